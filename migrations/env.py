@@ -1,0 +1,88 @@
+"""Alembic environment for celery-mcp-tasks' own tables.
+
+It only ever looks at tables prefixed `mcp_tasks_` and keeps its history in
+`mcp_tasks_alembic_version`, so it can share a database (and a host
+application's own alembic setup) without touching anything else. The URL
+comes from `-x url=...`, then `MCP_TASKS_DATABASE_URL`, then the ini.
+"""
+
+from __future__ import annotations
+
+import os
+from logging.config import fileConfig
+
+from alembic import context
+from sqlalchemy import pool, text
+
+from celery_mcp_tasks.store.engine import create_store_engine
+from celery_mcp_tasks.store.schema import TABLE_PREFIX, VERSION_TABLE, metadata
+
+config = context.config
+if config.config_file_name is not None and config.file_config.has_section("formatters"):
+    fileConfig(config.config_file_name, disable_existing_loggers=False)
+
+# Any constant works; it only has to be the same for every migrator of this package.
+_ADVISORY_LOCK = 0x6D637074
+
+
+def _url() -> str:
+    url = (
+        context.get_x_argument(as_dictionary=True).get("url")
+        or os.environ.get("MCP_TASKS_DATABASE_URL")
+        or config.get_main_option("sqlalchemy.url")
+    )
+    if not url:
+        from celery_mcp_tasks.config import Settings
+
+        url = Settings.from_env().store_url
+    return url
+
+
+def include_name(name: str | None, type_: str, parent_names: dict[str, str | None]) -> bool:
+    if type_ == "table":
+        return bool(name and name.startswith(TABLE_PREFIX))
+    return True
+
+
+def _configure(**kwargs: object) -> None:
+    context.configure(
+        target_metadata=metadata,
+        version_table=VERSION_TABLE,
+        include_name=include_name,
+        compare_type=True,
+        **kwargs,
+    )
+
+
+def run_offline() -> None:
+    _configure(url=_url(), literal_binds=True)
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_online() -> None:
+    connection = config.attributes.get("connection")
+    if connection is not None:
+        _run(connection)
+        return
+    engine = create_store_engine(_url(), poolclass=pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            _run(conn)
+    finally:
+        engine.dispose()
+
+
+def _run(connection) -> None:  # type: ignore[no-untyped-def]
+    _configure(connection=connection, render_as_batch=connection.dialect.name == "sqlite")
+    with context.begin_transaction():
+        if connection.dialect.name == "postgresql":
+            # Two migrators starting at once (several web replicas) must not race.
+            connection.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _ADVISORY_LOCK})
+        context.run_migrations()
+
+
+if context.is_offline_mode():
+    run_offline()
+else:
+    run_online()

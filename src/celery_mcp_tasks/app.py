@@ -1,0 +1,193 @@
+"""`McpTasks`: the composition root a user instantiates once per application.
+
+It owns the Celery app, the SDK `MCPServer` (with the Tasks extension), the
+settings, and one store and service per process. The web process and the
+workers import the same module, so `celery -A APP worker` and
+`celery-mcp-tasks serve APP` share every definition.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import Any, Literal, overload
+
+from celery import Celery
+from mcp.server.mcpserver import MCPServer
+
+from celery_mcp_tasks.config import Settings
+from celery_mcp_tasks.context import TaskContext
+from celery_mcp_tasks.janitor import MetricHook, SweepReport, sweep
+from celery_mcp_tasks.mcp.extension import TasksExtension
+from celery_mcp_tasks.notify.base import Notifier
+from celery_mcp_tasks.service import TaskService
+from celery_mcp_tasks.store.sql import SqlStore
+from celery_mcp_tasks.toolspec import Prepare, TaskMode, TaskTool
+from celery_mcp_tasks.worker import bridge
+from celery_mcp_tasks.worker.dispatch import CeleryDispatcher
+from celery_mcp_tasks.worker.janitor import install_janitor
+from celery_mcp_tasks.worker.job import McpJob, make_run
+
+__all__ = ["McpTasks"]
+
+logger = logging.getLogger("celery_mcp_tasks")
+
+
+def configure_celery(app: Celery, settings: Settings) -> None:
+    """Broker and safe defaults, without overriding what the user configured."""
+    conf = app.conf
+    if settings.broker_url or not conf.broker_url:
+        conf.broker_url = settings.celery_broker_url
+    if str(conf.broker_url).startswith("filesystem://"):
+        folder = settings.broker_folder
+        for sub in ("queue", "processed", "control"):
+            (folder / sub).mkdir(parents=True, exist_ok=True)
+        options = dict(conf.broker_transport_options or {})
+        options.setdefault("data_folder_in", str(folder / "queue"))
+        options.setdefault("data_folder_out", str(folder / "queue"))
+        options.setdefault("processed_folder", str(folder / "processed"))
+        options.setdefault("control_folder", str(folder / "control"))
+        options.setdefault("store_processed", False)
+        # The 1 s default grows to seconds of latency; 0.1 s costs ~1% CPU idle.
+        options.setdefault("polling_interval", 0.1)
+        conf.broker_transport_options = options
+    conf.broker_connection_retry_on_startup = True
+
+
+class McpTasks:
+    """Declare task tools with `@tasks.mcp_task`; serve `tasks.server`; run workers on `tasks.celery`."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        celery: Celery | None = None,
+        settings: Settings | None = None,
+        notifier: Notifier | None = None,
+        metric: MetricHook | None = None,
+        version: str = "0.1.0",
+        **server_options: Any,
+    ) -> None:
+        self.name = name
+        self.settings = settings or Settings.from_env()
+        self.celery = celery or Celery(name)
+        configure_celery(self.celery, self.settings)
+        self.tools: dict[str, TaskTool] = {}
+        self.notifier = notifier
+        self.metric = metric
+        self.dispatcher = CeleryDispatcher(self.celery, self.tools)
+        self._lock = threading.Lock()
+        self._service: TaskService | None = None
+        self._service_pid: int | None = None
+        self.extension = TasksExtension(
+            self.tools,
+            self.service,
+            revoke=self.dispatcher.revoke,
+            known_tool=self._known_tool,
+            sync_timeout_s=self.settings.sync_timeout_s,
+        )
+        self.server: MCPServer[Any] = MCPServer(name, version=version, extensions=[self.extension], **server_options)
+        bridge.install()
+        install_janitor(self.celery, self.sweep, self.settings.janitor_interval_s)
+
+    # -- per-process state ---------------------------------------------------------------
+
+    @property
+    def heartbeat_interval_s(self) -> float:
+        return max(self.settings.stale_timeout_s / 4, 0.5)
+
+    def service(self) -> TaskService:
+        """This process's service. Rebuilt after a fork: an engine must never cross one."""
+        pid = os.getpid()
+        if self._service is not None and self._service_pid == pid:
+            return self._service
+        with self._lock:
+            if self._service is None or self._service_pid != pid:
+                store = SqlStore.from_url(self.settings.store_url)
+                self._service = TaskService(
+                    store,
+                    notifier=self.notifier,
+                    dispatcher=self.dispatcher,
+                    max_rows=self.settings.max_rows,
+                    default_ttl_ms=self.settings.default_ttl_ms,
+                    default_poll_interval_ms=self.settings.poll_interval_ms,
+                )
+                self._service_pid = pid
+        return self._service
+
+    def task_handle(self, key: str) -> TaskContext:
+        """Drive a task from outside a job (e.g. a webhook) by its row key."""
+        return TaskContext(self.service(), key, record=self.service().status(key))
+
+    def sweep(self) -> SweepReport:
+        return sweep(self.service(), self.settings, metric=self.metric)
+
+    def _known_tool(self, name: str) -> bool:
+        return self.server._tool_manager.get_tool(name) is not None  # pinned: mcp 2.3.x
+
+    # -- declaring tools ------------------------------------------------------------------
+
+    @overload
+    def mcp_task(self, fn: Callable[..., Any], /) -> Any: ...
+
+    @overload
+    def mcp_task(
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        mode: TaskMode = "optional",
+        needs: tuple[Literal["elicitation", "sampling", "roots"], ...] = (),
+        ttl_ms: int | None | Literal["default"] = "default",
+        poll_interval_ms: int | None | Literal["default"] = "default",
+        sync_timeout_s: float | None = None,
+        prepare: Prepare | None = None,
+        **celery_options: Any,
+    ) -> Callable[[Callable[..., Any]], Any]: ...
+
+    def mcp_task(self, fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
+        """Make `fn` a Celery task and an MCP tool that answers `tools/call` with a task.
+
+        `mode`: "optional" (a task when the client declared the extension, else run
+        and wait), "required" (-32021 without the extension) or "forbidden" (always
+        run and wait). `needs`: client capabilities the job's input requests use.
+        Other keyword arguments go to Celery's `@app.task`.
+        """
+        if fn is None:
+            return lambda f: self._register(f, **options)
+        return self._register(fn, **options)
+
+    def _register(self, fn: Callable[..., Any], *, name: str | None = None, description: str | None = None,
+                  mode: TaskMode = "optional", needs: tuple[str, ...] = (), ttl_ms: Any = "default",
+                  poll_interval_ms: Any = "default", sync_timeout_s: float | None = None,
+                  prepare: Prepare | None = None, **celery_options: Any) -> Any:
+        tool = TaskTool(
+            fn=fn,
+            name=name or fn.__name__,
+            description=description or (fn.__doc__ or "").strip() or fn.__name__,
+            mode=mode,
+            needs=frozenset(needs),
+            ttl_ms=ttl_ms,
+            poll_interval_ms=poll_interval_ms,
+            sync_timeout_s=sync_timeout_s,
+            prepare=prepare,
+        )
+        if tool.name in self.tools:
+            raise ValueError(f"task tool {tool.name!r} is already registered")
+        celery_options.setdefault("acks_late", True)
+        celery_options.setdefault("ignore_result", True)
+        job = self.celery.task(base=McpJob, mcp_tool=tool, mcp_runtime=self, **celery_options)(make_run(tool))
+        tool.celery_name = job.name
+        self.tools[tool.name] = tool
+        self.server.add_tool(tool.schema_function(), name=tool.name, description=tool.description)
+        return job
+
+    # -- serving ---------------------------------------------------------------------------
+
+    def asgi_app(self, *, host: str = "127.0.0.1", path: str = "/mcp") -> Any:
+        """The Starlette app serving the MCP endpoint (uvicorn runs it)."""
+        return self.server.streamable_http_app(streamable_http_path=path, host=host)

@@ -1,0 +1,126 @@
+"""Settings, read once at start-up and validated there.
+
+Every setting has an environment variable; a wrong value stops the process
+with a message that names the variable, instead of surfacing as a confusing
+failure on the first task. With nothing set, everything lives in one local
+data directory (SQLite store, Celery `filesystem://` broker): the embedded
+default that needs no servers.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ConfigError", "Settings"]
+
+_NOTIFY_MODES = ("auto", "postgres", "broker", "poll", "off")
+
+
+class ConfigError(ValueError):
+    """A setting has a wrong value; the message names the setting."""
+
+
+def _int(env: Mapping[str, str], name: str, default: int | None, *, minimum: int = 1, allow_none: bool = False) -> int | None:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    text = raw.strip().lower()
+    if allow_none and text in ("none", "null", "unlimited", "off"):
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(f"{name}: expected an integer{' or none' if allow_none else ''}, got {raw!r}") from None
+    if value < minimum:
+        raise ConfigError(f"{name}: must be >= {minimum}, got {value}")
+    return value
+
+
+def _float(env: Mapping[str, str], name: str, default: float, *, allow_off: bool = False) -> float | None:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    if allow_off and raw.strip().lower() in ("off", "none", "0"):
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}: expected a number of seconds, got {raw!r}") from None
+    if value <= 0:
+        raise ConfigError(f"{name}: must be > 0, got {raw!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    data_dir: Path = Path(".celery-mcp-tasks")
+    database_url: str | None = None
+    broker_url: str | None = None
+    max_rows: int | None = 10_000
+    default_ttl_ms: int | None = 3_600_000
+    poll_interval_ms: int | None = 1_000
+    retention_ms: int = 3_600_000
+    janitor_interval_s: float | None = 60.0
+    stale_timeout_s: float = 300.0
+    max_dispatches: int = 3
+    sync_timeout_s: float = 60.0
+    notify: str = "auto"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.notify not in _NOTIFY_MODES:
+            raise ConfigError(f"MCP_TASKS_NOTIFY: expected one of {', '.join(_NOTIFY_MODES)}, got {self.notify!r}")
+        for name in ("database_url", "broker_url"):
+            value = getattr(self, name)
+            if value is not None and "://" not in value:
+                env = "MCP_TASKS_DATABASE_URL" if name == "database_url" else "CELERY_BROKER_URL"
+                raise ConfigError(f"{env}: expected a URL such as scheme://..., got {value!r}")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {
+            "data_dir": Path(env.get("MCP_TASKS_DATA_DIR") or ".celery-mcp-tasks"),
+            "database_url": env.get("MCP_TASKS_DATABASE_URL") or None,
+            "broker_url": env.get("CELERY_BROKER_URL") or None,
+            "max_rows": _int(env, "MCP_TASKS_MAX_ROWS", 10_000, allow_none=True),
+            "default_ttl_ms": _int(env, "MCP_TASKS_DEFAULT_TTL_MS", 3_600_000, allow_none=True),
+            "poll_interval_ms": _int(env, "MCP_TASKS_POLL_INTERVAL_MS", 1_000, allow_none=True),
+            "retention_ms": _int(env, "MCP_TASKS_RETENTION_MS", 3_600_000, minimum=0),
+            "janitor_interval_s": _float(env, "MCP_TASKS_JANITOR_INTERVAL_S", 60.0, allow_off=True),
+            "stale_timeout_s": _float(env, "MCP_TASKS_STALE_TIMEOUT_S", 300.0),
+            "max_dispatches": _int(env, "MCP_TASKS_MAX_DISPATCHES", 3),
+            "sync_timeout_s": _float(env, "MCP_TASKS_SYNC_TIMEOUT_S", 60.0),
+            "notify": (env.get("MCP_TASKS_NOTIFY") or "auto").strip().lower(),
+        }
+        values.update(overrides)
+        return cls(**values)
+
+    def with_overrides(self, **changes: Any) -> Settings:
+        return replace(self, **changes)
+
+    @property
+    def resolved_data_dir(self) -> Path:
+        return self.data_dir.expanduser().resolve()
+
+    @property
+    def store_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{self.resolved_data_dir / 'tasks.db'}"
+
+    @property
+    def celery_broker_url(self) -> str:
+        return self.broker_url or "filesystem://"
+
+    @property
+    def embedded_broker(self) -> bool:
+        return self.celery_broker_url.startswith("filesystem://")
+
+    @property
+    def broker_folder(self) -> Path:
+        return self.resolved_data_dir / "broker"

@@ -1,0 +1,216 @@
+"""`TasksExtension`: the Tasks extension on the SDK's `MCPServer`.
+
+It intercepts `tools/call` for task tools and serves `tasks/get`,
+`tasks/update` and `tasks/cancel`. Everything it knows about a task it reads
+from the store through the service, on a bounded thread pool (the store and
+the Celery publish are synchronous; nothing may block the event loop).
+
+Check order on `tasks/*`: the routing header (-32020), the client's opt-in
+(-32021, before any lookup), then the owner-scoped lookup (-32602, the same
+answer for a missing, expired-and-evicted or foreign task; the id is never
+echoed).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any, TypeVar
+
+import anyio
+import anyio.to_thread
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.extension import Extension, MethodBinding
+from mcp.shared.exceptions import MCPError
+from mcp_types import CallToolRequestParams, InputRequiredResult
+from pydantic import BaseModel, ValidationError
+
+from celery_mcp_tasks.mcp.principal import current_principal
+from celery_mcp_tasks.mcp.wire import (
+    EXTENSION_ID,
+    TaskIdParams,
+    UpdateParams,
+    declared_capability,
+    declared_extension,
+    internal,
+    invalid_params,
+    missing_capability,
+    not_found,
+    require_extension,
+    require_routing_name,
+)
+from celery_mcp_tasks.model import TaskRecord, TaskStatus, render_create_result, render_task
+from celery_mcp_tasks.service import TaskExpired, TaskService
+from celery_mcp_tasks.store.base import TaskLimitReached, TaskNotFound
+from celery_mcp_tasks.toolspec import TaskTool
+
+logger = logging.getLogger("celery_mcp_tasks.mcp")
+
+T = TypeVar("T")
+VERSIONS = frozenset({"2026-07-28"})
+_COMPLETE = {"resultType": "complete"}
+
+
+class TasksExtension(Extension):
+    identifier = EXTENSION_ID
+
+    def __init__(
+        self,
+        tools: Mapping[str, TaskTool],
+        service: Callable[[], TaskService],
+        *,
+        revoke: Callable[[TaskRecord], None] | None = None,
+        known_tool: Callable[[str], bool] | None = None,
+        sync_timeout_s: float = 60.0,
+        max_threads: int = 32,
+    ) -> None:
+        self._tools = tools
+        self._service = service
+        self._revoke = revoke
+        self._known_tool = known_tool
+        self._sync_timeout_s = sync_timeout_s
+        self._limiter = anyio.CapacityLimiter(max_threads)
+
+    async def _run(self, fn: Callable[[], T]) -> T:
+        return await anyio.to_thread.run_sync(fn, limiter=self._limiter)
+
+    def methods(self) -> list[MethodBinding]:
+        return [
+            MethodBinding("tasks/get", TaskIdParams, self.get, VERSIONS),
+            MethodBinding("tasks/update", UpdateParams, self.update, VERSIONS),
+            MethodBinding("tasks/cancel", TaskIdParams, self.cancel, VERSIONS),
+        ]
+
+    # -- tools/call -------------------------------------------------------------------
+
+    async def intercept_tool_call(
+        self, params: CallToolRequestParams, ctx: ServerRequestContext[Any, Any], call_next: CallNext
+    ) -> HandlerResult:
+        tool = self._tools.get(params.name)
+        if tool is None:
+            if self._known_tool is not None and not self._known_tool(params.name):
+                raise invalid_params(f"Unknown tool: {params.name}")
+            return await call_next(ctx)
+
+        with_tasks = declared_extension(ctx) and tool.mode != "forbidden"
+        if tool.mode == "required" and not with_tasks:
+            raise missing_capability({"extensions": {EXTENSION_ID: {}}}, EXTENSION_ID)
+        missing = sorted(name for name in tool.needs if not declared_capability(ctx, name))
+        if missing:
+            raise missing_capability({name: {} for name in missing}, ", ".join(missing))
+
+        arguments = dict(params.arguments or {})
+        try:
+            tool.validate(arguments)
+        except ValidationError as exc:
+            raise invalid_params(f"Invalid arguments for tool {tool.name}: {', '.join(tool.invalid_fields(exc))}") from None
+
+        seeded: dict[str, Any] = {}
+        if tool.prepare is not None:
+            answers = {k: _plain(v) for k, v in (params.input_responses or {}).items()}
+            prepared = await tool.prepare(arguments, answers)
+            if isinstance(prepared, InputRequiredResult):
+                return prepared
+            seeded = dict(prepared or {})
+
+        owner = current_principal()
+        create = partial(
+            self._create, tool=tool, owner=owner, arguments=arguments, seeded=seeded,
+            message="Queued" if with_tasks else None,
+        )
+        if with_tasks:
+            task_id, record = await self._run(create)
+            return render_create_result(task_id, record)
+        return await self._call_synchronously(tool, create)
+
+    def _create(self, *, tool: TaskTool, owner: str | None, arguments: dict[str, Any], seeded: dict[str, Any],
+                message: str | None) -> tuple[str, TaskRecord]:
+        service = self._service()
+        options: dict[str, Any] = {}
+        if tool.ttl_ms != "default":
+            options["ttl_ms"] = tool.ttl_ms
+        if tool.poll_interval_ms != "default":
+            options["poll_interval_ms"] = tool.poll_interval_ms
+        try:
+            return service.create(
+                owner=owner, tool=tool.name, arguments=arguments, status_message=message,
+                input_responses=seeded, **options,
+            )
+        except TaskLimitReached:
+            raise internal("Task limit reached") from None
+
+    async def _call_synchronously(self, tool: TaskTool, create: Callable[[], tuple[str, TaskRecord]]) -> HandlerResult:
+        """A task tool called without the extension: run the job, wait for its outcome, answer plainly."""
+        _, record = await self._run(create)
+        service = self._service()
+        deadline = time.monotonic() + (tool.sync_timeout_s or self._sync_timeout_s)
+        delay = 0.02
+        while not record.terminal:
+            if record.status is TaskStatus.INPUT_REQUIRED:
+                await self._run(partial(service.cancel_by_key, record.key, "The job needs input; call it as a task"))
+                raise internal(f"Tool {tool.name} needs input from the user; call it with the tasks extension")
+            if time.monotonic() >= deadline:
+                await self._run(partial(service.cancel_by_key, record.key, "Timed out waiting synchronously"))
+                raise internal(f"Tool {tool.name} did not finish in time; call it with the tasks extension")
+            await anyio.sleep(delay)
+            delay = min(delay * 1.5, 0.25)
+            record = await self._run(partial(service.status, record.key)) or record
+        if record.status is TaskStatus.COMPLETED and record.result is not None:
+            return record.result
+        error = record.error or {"code": -32603, "message": record.status_message or "The job did not complete"}
+        raise MCPError(code=int(error.get("code", -32603)), message=str(error.get("message")), data=error.get("data"))
+
+    # -- tasks/get | update | cancel --------------------------------------------------------
+
+    def _guard(self, ctx: ServerRequestContext[Any, Any], task_id: str) -> None:
+        require_routing_name(ctx, task_id)
+        require_extension(ctx)
+
+    async def _lookup(self, fn: Callable[[], T]) -> T:
+        try:
+            return await self._run(fn)
+        except TaskNotFound:
+            raise not_found() from None
+        except TaskExpired:
+            raise not_found(expired=True) from None
+
+    async def get(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
+        self._guard(ctx, params.task_id)
+        owner = current_principal()
+        record = await self._lookup(partial(self._service().get, params.task_id, owner))
+        return {**_COMPLETE, **render_task(params.task_id, record)}
+
+    async def update(self, ctx: ServerRequestContext[Any, Any], params: UpdateParams) -> dict[str, Any]:
+        self._guard(ctx, params.task_id)
+        responses = params.input_responses
+        if not isinstance(responses, dict):
+            raise invalid_params("inputResponses must be an object")
+        owner = current_principal()
+        service = self._service()
+        record = await self._lookup(partial(service.get, params.task_id, owner))
+        bad = [key for key in responses if key in record.input_requests and not isinstance(responses[key], dict)]
+        if bad:
+            raise invalid_params("each input response must be an object")
+        await self._lookup(partial(service.answer, params.task_id, owner, responses))
+        return dict(_COMPLETE)
+
+    async def cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
+        self._guard(ctx, params.task_id)
+        owner = current_principal()
+        service = self._service()
+
+        def cancel() -> None:
+            record, changed = service.cancel(params.task_id, owner)
+            if changed and self._revoke is not None:
+                self._revoke(record)
+
+        await self._lookup(cancel)
+        return dict(_COMPLETE)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(by_alias=True, mode="json", exclude_none=True)
+    return value

@@ -1,0 +1,80 @@
+"""Wire helpers for the tasks methods: errors with the right codes, and the
+`Mcp-Name` routing-header rule the SDK does not know for `tasks/*`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mcp.server.context import ServerRequestContext
+from mcp.shared.exceptions import MCPError
+from mcp.shared.inbound import decode_header_value
+from mcp_types import (
+    HEADER_MISMATCH,
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    MISSING_REQUIRED_CLIENT_CAPABILITY,
+    RequestParams,
+)
+from pydantic import Field
+
+EXTENSION_ID = "io.modelcontextprotocol/tasks"
+NOT_FOUND = "Failed to retrieve task: Task not found"
+EXPIRED = "Failed to retrieve task: Task has expired"
+
+
+class TaskIdParams(RequestParams):
+    task_id: str = Field(alias="taskId")
+
+
+class UpdateParams(TaskIdParams):
+    # Any JSON here: a non-object must be answered with our -32602, not a generic one.
+    input_responses: Any = Field(default=None, alias="inputResponses")
+
+
+def declared_extension(ctx: ServerRequestContext[Any, Any]) -> bool:
+    capabilities = ctx.session.client_capabilities
+    extensions = capabilities.extensions if capabilities else None
+    return bool(extensions) and EXTENSION_ID in extensions
+
+
+def declared_capability(ctx: ServerRequestContext[Any, Any], name: str) -> bool:
+    capabilities = ctx.session.client_capabilities
+    return capabilities is not None and getattr(capabilities, name, None) is not None
+
+
+def missing_capability(required: dict[str, Any], what: str) -> MCPError:
+    return MCPError(
+        code=MISSING_REQUIRED_CLIENT_CAPABILITY,
+        message=f"Missing required client capability: {what}",
+        data={"requiredCapabilities": required},
+    )
+
+
+def require_extension(ctx: ServerRequestContext[Any, Any]) -> None:
+    if not declared_extension(ctx):
+        raise missing_capability({"extensions": {EXTENSION_ID: {}}}, EXTENSION_ID)
+
+
+def require_routing_name(ctx: ServerRequestContext[Any, Any], task_id: str) -> None:
+    """`Mcp-Name` must be present and equal `params.taskId` on HTTP (-32020 otherwise)."""
+    request = ctx.request
+    headers = getattr(request, "headers", None)
+    if headers is None:
+        return  # not HTTP (in-process or stdio): there are no routing headers to check
+    raw = headers.get("mcp-name")
+    if raw is None:
+        raise MCPError(code=HEADER_MISMATCH, message="Missing Mcp-Name header; it must equal params.taskId")
+    if decode_header_value(raw.strip(" \t")) != task_id:
+        raise MCPError(code=HEADER_MISMATCH, message="Mcp-Name header does not match params.taskId")
+
+
+def not_found(expired: bool = False) -> MCPError:
+    return MCPError(code=INVALID_PARAMS, message=EXPIRED if expired else NOT_FOUND)
+
+
+def invalid_params(message: str) -> MCPError:
+    return MCPError(code=INVALID_PARAMS, message=message)
+
+
+def internal(message: str) -> MCPError:
+    return MCPError(code=INTERNAL_ERROR, message=message)

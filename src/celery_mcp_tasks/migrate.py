@@ -1,0 +1,42 @@
+"""Programmatic migrations: `upgrade(url)` without an alembic.ini.
+
+The migration scripts ship inside the package (`celery_mcp_tasks/migrations`),
+so this works from a plain `pip install`; the repository keeps them at the
+top level and links them in.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+
+from celery_mcp_tasks.store.engine import normalize_url
+
+SCRIPT_LOCATION = str(Path(__file__).resolve().parent / "migrations")
+
+
+def alembic_config(url: str) -> Config:
+    config = Config()
+    config.set_main_option("script_location", SCRIPT_LOCATION)
+    # configparser interpolation: a URL-encoded password carries '%'.
+    config.set_main_option("sqlalchemy.url", normalize_url(url).replace("%", "%%"))
+    return config
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    command.upgrade(alembic_config(url), revision)
+
+
+def downgrade(url: str, revision: str) -> None:
+    command.downgrade(alembic_config(url), revision)
+
+
+def check(url: str) -> None:
+    """Raise if the models and the migrated schema differ (alembic's `check`)."""
+    command.check(alembic_config(url))
+
+
+def current(url: str) -> None:
+    command.current(alembic_config(url))

@@ -1,0 +1,245 @@
+"""The task record, its legal transitions and its wire rendering.
+
+Pure: no I/O, no `mcp`, no `celery`. Every transition is a function from one
+immutable `TaskRecord` to the next, so the store can apply it as a
+compare-and-swap and a racing writer simply recomputes from the fresh row.
+
+The raw task id is a bearer capability. It exists in exactly two places: the
+`CreateTaskResult` sent to the creator, and the client's own later requests.
+Rows are keyed by `task_key(task_id)` (a SHA-256), so a database dump, a log
+line or a Celery message never holds an id that would open the task.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import secrets
+import time
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from enum import Enum
+from typing import Any
+
+__all__ = [
+    "TERMINAL",
+    "DuplicateInputKeys",
+    "InvalidTransition",
+    "TaskRecord",
+    "TaskStatus",
+    "TerminalTask",
+    "format_timestamp",
+    "new_task_id",
+    "now_ms",
+    "render_create_result",
+    "render_task",
+    "task_key",
+]
+
+
+class TaskStatus(str, Enum):
+    WORKING = "working"
+    INPUT_REQUIRED = "input_required"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED})
+ACTIVE = frozenset({TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED})
+
+CANCELLED_BY_CLIENT = "Cancelled by the client"
+
+
+class TerminalTask(Exception):
+    """The task already reached `completed`, `failed` or `cancelled`; nothing may change it."""
+
+
+class InvalidTransition(Exception):
+    """A transition that the status machine does not allow (e.g. answering a working task)."""
+
+
+class DuplicateInputKeys(ValueError):
+    """Input request keys are single-use over the task's whole life."""
+
+    def __init__(self, keys: list[str]) -> None:
+        super().__init__(f"input request keys already used by this task: {', '.join(sorted(keys))}")
+        self.keys = sorted(keys)
+
+
+def new_task_id() -> str:
+    """32 random bytes, base64url without padding: 43 header-safe characters."""
+    return base64.urlsafe_b64encode(secrets.token_bytes(32)).rstrip(b"=").decode("ascii")
+
+
+def task_key(task_id: str) -> str:
+    """The row key for a task id: its SHA-256, hex. One-way, so the key opens nothing."""
+    return hashlib.sha256(task_id.encode("utf-8")).hexdigest()
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def format_timestamp(epoch_ms: int) -> str:
+    """`YYYY-MM-DDTHH:MM:SS.mmmZ`, always UTC, always milliseconds."""
+    moment = datetime.fromtimestamp(epoch_ms / 1000, tz=timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{epoch_ms % 1000:03d}Z"
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    """One task as the store keeps it. `version` increases on every write."""
+
+    key: str
+    owner: str | None
+    tool: str
+    status: TaskStatus
+    created_at: int
+    updated_at: int
+    ttl_ms: int | None
+    poll_interval_ms: int | None = None
+    status_message: str | None = None
+    arguments: dict[str, Any] = field(default_factory=dict)
+    input_requests: dict[str, Any] = field(default_factory=dict)
+    input_responses: dict[str, Any] = field(default_factory=dict)
+    issued_keys: tuple[str, ...] = ()
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    version: int = 1
+    dispatches: int = 0
+    heartbeat_at: int | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL
+
+    @property
+    def expires_at(self) -> int | None:
+        return None if self.ttl_ms is None else self.created_at + self.ttl_ms
+
+    def expired(self, at_ms: int) -> bool:
+        expires = self.expires_at
+        return expires is not None and at_ms >= expires
+
+    # -- transitions -------------------------------------------------------------
+    # Each returns the next record (version bumped) or raises. The store writes the
+    # result only if the row still has `self.version`.
+
+    def _next(self, at_ms: int, **changes: Any) -> TaskRecord:
+        return replace(self, updated_at=max(at_ms, self.updated_at), version=self.version + 1, **changes)
+
+    def _require_active(self) -> None:
+        if self.terminal:
+            raise TerminalTask("task is already terminal")
+
+    def with_progress(self, message: str | None, at_ms: int) -> TaskRecord:
+        self._require_active()
+        return self._next(at_ms, status_message=message)
+
+    def with_heartbeat(self, at_ms: int) -> TaskRecord:
+        """Liveness only: not a client-visible change, so `updated_at` stays."""
+        self._require_active()
+        return replace(self, heartbeat_at=at_ms, version=self.version + 1)
+
+    def dispatched(self, at_ms: int, message: str | None = None) -> TaskRecord:
+        """A (re-)send of the Celery message: counts attempts for the stale reaper."""
+        self._require_active()
+        changes: dict[str, Any] = {"dispatches": self.dispatches + 1, "heartbeat_at": at_ms}
+        if message is not None:
+            changes["status_message"] = message
+        return replace(self, version=self.version + 1, **changes)
+
+    def completed(self, result: dict[str, Any], at_ms: int, message: str | None = None) -> TaskRecord:
+        self._require_active()
+        return self._next(
+            at_ms, status=TaskStatus.COMPLETED, result=result, input_requests={}, status_message=message
+        )
+
+    def failed(self, error: dict[str, Any], at_ms: int, message: str | None = None) -> TaskRecord:
+        self._require_active()
+        return self._next(
+            at_ms,
+            status=TaskStatus.FAILED,
+            error=error,
+            input_requests={},
+            status_message=message if message is not None else str(error.get("message", "Failed")),
+        )
+
+    def cancelled(self, at_ms: int, message: str = CANCELLED_BY_CLIENT) -> TaskRecord:
+        self._require_active()
+        return self._next(at_ms, status=TaskStatus.CANCELLED, input_requests={}, status_message=message)
+
+    def requiring_input(self, requests: dict[str, Any], at_ms: int, message: str | None = None) -> TaskRecord:
+        self._require_active()
+        if not requests:
+            raise ValueError("require_input needs at least one input request")
+        reused = [key for key in requests if key in self.issued_keys]
+        if reused:
+            raise DuplicateInputKeys(reused)
+        return self._next(
+            at_ms,
+            status=TaskStatus.INPUT_REQUIRED,
+            input_requests={**self.input_requests, **requests},
+            issued_keys=self.issued_keys + tuple(requests),
+            status_message=message,
+        )
+
+    def answered(self, responses: dict[str, Any], at_ms: int) -> tuple[TaskRecord, bool]:
+        """Record answers to outstanding keys; others are ignored.
+
+        Returns the next record and whether it just went back to `working` (the
+        moment the job must be enqueued again). Raises `InvalidTransition` when
+        nothing outstanding was answered, so callers can skip the write.
+        """
+        if self.terminal or self.status is not TaskStatus.INPUT_REQUIRED:
+            raise InvalidTransition("no input is outstanding")
+        taken = {key: value for key, value in responses.items() if key in self.input_requests}
+        if not taken:
+            raise InvalidTransition("no outstanding key was answered")
+        remaining = {key: value for key, value in self.input_requests.items() if key not in taken}
+        resumed = not remaining
+        nxt = self._next(
+            at_ms,
+            input_requests=remaining,
+            input_responses={**self.input_responses, **taken},
+            status=TaskStatus.WORKING if resumed else TaskStatus.INPUT_REQUIRED,
+            status_message="Resuming with the answers" if resumed else self.status_message,
+        )
+        return nxt, resumed
+
+
+# -- wire rendering ------------------------------------------------------------------
+
+
+def _task_fields(task_id: str, record: TaskRecord) -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        "taskId": task_id,
+        "status": record.status.value,
+        "createdAt": format_timestamp(record.created_at),
+        "lastUpdatedAt": format_timestamp(record.updated_at),
+        # Never 0: a positive lifetime or null (unlimited).
+        "ttlMs": record.ttl_ms if record.ttl_ms and record.ttl_ms > 0 else None,
+    }
+    if record.poll_interval_ms:
+        fields["pollIntervalMs"] = record.poll_interval_ms
+    if record.status_message is not None:
+        fields["statusMessage"] = record.status_message
+    return fields
+
+
+def render_create_result(task_id: str, record: TaskRecord) -> dict[str, Any]:
+    """The flat `CreateTaskResult`: task fields and `resultType: "task"`, nothing else."""
+    return {"resultType": "task", **_task_fields(task_id, record)}
+
+
+def render_task(task_id: str, record: TaskRecord) -> dict[str, Any]:
+    """The `DetailedTask`: what `tasks/get` returns (plus `resultType`) and `notifications/tasks` carries."""
+    fields = _task_fields(task_id, record)
+    if record.status is TaskStatus.INPUT_REQUIRED and record.input_requests:
+        fields["inputRequests"] = dict(record.input_requests)
+    elif record.status is TaskStatus.COMPLETED and record.result is not None:
+        fields["result"] = record.result
+    elif record.status is TaskStatus.FAILED:
+        fields["error"] = record.error or {"code": -32603, "message": "Internal error"}
+    return fields

@@ -1,0 +1,233 @@
+"""The domain operations, shared by the web process, the workers and the janitor.
+
+Every write goes through here: the store applies it atomically, then the
+notifier hears of it. Sending the job is a `Dispatcher` injected by the
+composition root (Celery in practice), always called *after* the row is
+committed, so a worker can never run a job whose task does not exist yet.
+
+Request-side calls take the raw task id and the caller's principal and are
+owner-scoped; worker-side calls take the row key and are not.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from celery_mcp_tasks.model import (
+    DuplicateInputKeys,
+    InvalidTransition,
+    TaskRecord,
+    TaskStatus,
+    TerminalTask,
+    new_task_id,
+    now_ms,
+    task_key,
+)
+from celery_mcp_tasks.notify.base import Notifier, safe_notify
+from celery_mcp_tasks.store.base import ANY, Store, TaskNotFound
+
+__all__ = [
+    "DEFAULT",
+    "Dispatcher",
+    "DuplicateInputKeys",
+    "EnqueueFailed",
+    "TaskExpired",
+    "TaskNotFound",
+    "TaskService",
+    "TerminalTask",
+]
+
+logger = logging.getLogger(__name__)
+
+Dispatcher = Callable[[TaskRecord], None]
+"""Sends the job for a committed record (e.g. a Celery message). May raise."""
+
+INTERNAL_ERROR = -32603
+
+
+class _Default:
+    def __repr__(self) -> str:
+        return "DEFAULT"
+
+
+DEFAULT: Final = _Default()
+
+
+class TaskExpired(LookupError):
+    """The owner's task outlived its TTL (the janitor has not evicted it yet)."""
+
+
+class EnqueueFailed(RuntimeError):
+    """The row exists (now `failed`) but its job could not be sent."""
+
+
+def internal_error(message: str, data: Any = None) -> dict[str, Any]:
+    error: dict[str, Any] = {"code": INTERNAL_ERROR, "message": message}
+    if data is not None:
+        error["data"] = data
+    return error
+
+
+@dataclass
+class TaskService:
+    store: Store
+    notifier: Notifier | None = None
+    dispatcher: Dispatcher | None = None
+    max_rows: int | None = 10_000
+    default_ttl_ms: int | None = 3_600_000
+    default_poll_interval_ms: int | None = 1_000
+    clock: Callable[[], int] = now_ms
+
+    # -- request side (raw id, owner-scoped) ----------------------------------------
+
+    def create(
+        self,
+        *,
+        owner: str | None,
+        tool: str,
+        arguments: dict[str, Any],
+        ttl_ms: int | None | _Default = DEFAULT,
+        poll_interval_ms: int | None | _Default = DEFAULT,
+        status_message: str | None = None,
+        input_responses: dict[str, Any] | None = None,
+        dispatch: bool = True,
+    ) -> tuple[str, TaskRecord]:
+        """Store a new `working` task, then send its job. Returns (task id, record).
+
+        Raises `TaskLimitReached` before anything is stored. If sending fails
+        the task is marked `failed` (-32603) and the failed record is returned:
+        the client learns an id only for a row that exists and tells the truth.
+        `input_responses` seeds answers gathered before the task existed (MRTR);
+        their keys count as used.
+        """
+        at = self.clock()
+        task_id = new_task_id()
+        record = TaskRecord(
+            key=task_key(task_id),
+            owner=owner,
+            tool=tool,
+            status=TaskStatus.WORKING,
+            created_at=at,
+            updated_at=at,
+            ttl_ms=self.default_ttl_ms if isinstance(ttl_ms, _Default) else ttl_ms,
+            poll_interval_ms=(
+                self.default_poll_interval_ms if isinstance(poll_interval_ms, _Default) else poll_interval_ms
+            ),
+            status_message=status_message,
+            arguments=arguments,
+            input_responses=dict(input_responses or {}),
+            issued_keys=tuple(input_responses or ()),
+        )
+        self.store.create(record, max_rows=self.max_rows)
+        safe_notify(self.notifier, record)
+        if dispatch:
+            record = self._dispatch(record)
+        return task_id, record
+
+    def get(self, task_id: str, owner: str | None) -> TaskRecord:
+        record = self.store.get(task_key(task_id), owner)
+        if record is None:
+            raise TaskNotFound()
+        if record.expired(self.clock()):
+            raise TaskExpired()
+        return record
+
+    def answer(self, task_id: str, owner: str | None, responses: dict[str, Any]) -> TaskRecord:
+        """Record answers for outstanding keys; resend the job when none remain.
+
+        Keys that are not outstanding are ignored; a terminal task is left alone.
+        """
+        self.get(task_id, owner)  # expiry and ownership, with the right error
+        changed = resumed = False
+
+        def transition(record: TaskRecord) -> TaskRecord:
+            nonlocal changed, resumed
+            changed = resumed = False  # a CAS retry recomputes from the fresh row
+            try:
+                nxt, resumed = record.answered(responses, self.clock())
+            except InvalidTransition:
+                return record
+            changed = True
+            return nxt
+
+        record = self.store.update(task_key(task_id), owner, transition)
+        if changed:
+            safe_notify(self.notifier, record)
+        if resumed:
+            record = self._dispatch(record, message="Resuming with the answers")
+        return record
+
+    def cancel(self, task_id: str, owner: str | None, message: str | None = None) -> tuple[TaskRecord, bool]:
+        """Cancel synchronously. Returns (record, whether this call changed it)."""
+        self.get(task_id, owner)
+        return self._cancel(task_key(task_id), owner, message)
+
+    def _cancel(self, key: str, owner: Any, message: str | None) -> tuple[TaskRecord, bool]:
+        changed = False
+
+        def transition(record: TaskRecord) -> TaskRecord:
+            nonlocal changed
+            changed = not record.terminal
+            if not changed:
+                return record
+            return record.cancelled(self.clock(), message) if message else record.cancelled(self.clock())
+
+        record = self.store.update(key, owner, transition)
+        if changed:
+            safe_notify(self.notifier, record)
+        return record, changed
+
+    # -- worker side (row key, not owner-scoped) --------------------------------------
+
+    def status(self, key: str) -> TaskRecord | None:
+        return self.store.get(key, ANY)
+
+    def progress(self, key: str, message: str | None) -> TaskRecord:
+        return self._write(key, lambda r: r.with_progress(message, self.clock()))
+
+    def heartbeat(self, key: str) -> TaskRecord:
+        return self.store.update(key, ANY, lambda r: r.with_heartbeat(self.clock()))
+
+    def complete(self, key: str, result: dict[str, Any], message: str | None = None) -> TaskRecord:
+        return self._write(key, lambda r: r.completed(result, self.clock(), message))
+
+    def fail(self, key: str, error: dict[str, Any], message: str | None = None) -> TaskRecord:
+        return self._write(key, lambda r: r.failed(error, self.clock(), message))
+
+    def require_input(self, key: str, requests: dict[str, Any], message: str | None = None) -> TaskRecord:
+        return self._write(key, lambda r: r.requiring_input(requests, self.clock(), message))
+
+    def cancel_by_key(self, key: str, message: str) -> tuple[TaskRecord, bool]:
+        return self._cancel(key, ANY, message)
+
+    def redispatch(self, key: str, message: str) -> TaskRecord:
+        """Send the job again for an active task (the stale reaper's move)."""
+        record = self.store.get(key, ANY)
+        if record is None:
+            raise TaskNotFound()
+        return self._dispatch(record, message=message)
+
+    def _write(self, key: str, transition: Callable[[TaskRecord], TaskRecord]) -> TaskRecord:
+        record = self.store.update(key, ANY, transition)
+        safe_notify(self.notifier, record)
+        return record
+
+    def _dispatch(self, record: TaskRecord, message: str | None = None) -> TaskRecord:
+        if self.dispatcher is None:
+            return record
+        try:
+            record = self.store.update(record.key, ANY, lambda r: r.dispatched(self.clock(), message))
+        except TerminalTask:
+            return self.store.get(record.key, ANY) or record
+        try:
+            self.dispatcher(record)
+        except Exception as exc:  # broker down, serialization, routing: the task must still end readable
+            logger.error("could not send the job for tool %r: %s", record.tool, type(exc).__name__)
+            try:
+                return self.fail(record.key, internal_error("Could not enqueue the job", type(exc).__name__))
+            except TerminalTask:
+                return self.store.get(record.key, ANY) or record
+        return record

@@ -1,0 +1,77 @@
+"""The `Store` contract: how task state is kept, whatever the database.
+
+A store holds `TaskRecord`s keyed by the hash of the task id. It never lists
+tasks to a caller (there is deliberately no `list`), and every read-modify-write
+is atomic: `update` applies a pure transition as a compare-and-swap on the
+record's `version`, so a client's `tasks/update` can never write `working` back
+over a worker's `completed`.
+
+Owner scoping lives here too: `get(key, owner)` answers `None` for a record
+owned by someone else, exactly as for a missing one. `ANY` is for server-side
+callers only (the worker, the janitor), never for a request handler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Final, Protocol
+
+from celery_mcp_tasks.model import TaskRecord
+
+
+class _Any:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "ANY"
+
+
+ANY: Final = _Any()
+"""Owner wildcard for server-side callers (worker, janitor). Never from a request."""
+
+Owner = str | None | _Any
+
+
+class TaskLimitReached(Exception):
+    """The row cap is reached: no new task until the janitor evicts some."""
+
+
+class TaskNotFound(LookupError):
+    """No such task for this owner (missing and foreign look the same)."""
+
+
+class StoreConflict(RuntimeError):
+    """A compare-and-swap kept losing; the caller may retry later."""
+
+
+Transition = Callable[[TaskRecord], TaskRecord]
+
+
+class Store(Protocol):
+    def create(self, record: TaskRecord, *, max_rows: int | None) -> None:
+        """Insert a new record. Raises `TaskLimitReached` at the cap. Durable on return."""
+        ...
+
+    def get(self, key: str, owner: Owner = ANY) -> TaskRecord | None:
+        """The record, or `None` when missing or owned by another principal."""
+        ...
+
+    def update(self, key: str, owner: Owner, transition: Transition) -> TaskRecord:
+        """Atomically replace the record with `transition(record)` and return the new one.
+
+        Raises `TaskNotFound`; anything `transition` raises propagates and leaves
+        the record unchanged.
+        """
+        ...
+
+    def versions(self, keys: Iterable[str]) -> dict[str, int]:
+        """Current version of each existing key (used by the polling notifier)."""
+        ...
+
+    def cleanup(self, *, now_ms: int, retention_ms: int, batch_size: int) -> int:
+        """Evict expired records in batches; return how many were removed."""
+        ...
+
+    def stale(self, *, heartbeat_before_ms: int, limit: int) -> list[TaskRecord]:
+        """`working` records whose heartbeat is older than the bound (for the reaper)."""
+        ...

@@ -1,0 +1,68 @@
+"""Engines tuned for atomic transitions on SQLite and PostgreSQL.
+
+SQLite needs three things or updates are lost or fail with "database is
+locked": WAL, a busy timeout, and `BEGIN IMMEDIATE` so a transaction that
+reads and then writes holds the write lock from its start. PostgreSQL needs
+nothing special: transitions are conditional UPDATEs checked by rowcount.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine, make_url
+
+
+READ_ONLY = "mcp_tasks_read_only"
+"""Execution option marking a read-only connection (a deferred BEGIN on SQLite)."""
+
+
+def normalize_url(url: str) -> str:
+    """`postgresql://` and `postgres://` mean psycopg 3 here (psycopg2 is not a dependency)."""
+    parsed = make_url(url)
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed.render_as_string(hide_password=False)
+
+
+def create_store_engine(url: str, **kwargs: Any) -> Engine:
+    url = normalize_url(url)
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return _sqlite_engine(url, parsed.database, **kwargs)
+    kwargs.setdefault("pool_pre_ping", True)
+    if "poolclass" not in kwargs:
+        kwargs.setdefault("pool_size", 10)
+        kwargs.setdefault("max_overflow", 10)
+    return sa.create_engine(url, **kwargs)
+
+
+def _sqlite_engine(url: str, database: str | None, **kwargs: Any) -> Engine:
+    if database and database != ":memory:" and not database.startswith("file:"):
+        Path(database).parent.mkdir(parents=True, exist_ok=True)
+    connect_args = dict(kwargs.pop("connect_args", {}))
+    connect_args.setdefault("timeout", 30)
+    connect_args.setdefault("check_same_thread", False)
+    engine = sa.create_engine(url, connect_args=connect_args, **kwargs)
+
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # SQLAlchemy's "begin" event issues BEGIN itself
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        # Reads take a deferred BEGIN (WAL readers never wait for the writer);
+        # every other transaction takes the write lock at once.
+        if connection.get_execution_options().get(READ_ONLY):
+            connection.exec_driver_sql("BEGIN")
+        else:
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine

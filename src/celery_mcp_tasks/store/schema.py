@@ -1,0 +1,48 @@
+"""The package's own tables. Prefixed `mcp_tasks_` so they sit beside a host
+application's tables (and its alembic history) without touching them."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+TABLE_PREFIX = "mcp_tasks_"
+VERSION_TABLE = "mcp_tasks_alembic_version"
+
+metadata = sa.MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+tasks = sa.Table(
+    f"{TABLE_PREFIX}task",
+    metadata,
+    # sha256(task id), hex. The raw id is never stored.
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("owner", sa.String(512), nullable=True),
+    sa.Column("tool", sa.String(128), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("status_message", sa.Text, nullable=True),
+    # Epoch milliseconds: portable, exact, and what the wire renders from.
+    sa.Column("created_at", sa.BigInteger, nullable=False),
+    sa.Column("updated_at", sa.BigInteger, nullable=False),
+    sa.Column("ttl_ms", sa.BigInteger, nullable=True),
+    sa.Column("expires_at", sa.BigInteger, nullable=True),
+    sa.Column("poll_interval_ms", sa.Integer, nullable=True),
+    sa.Column("arguments", sa.JSON, nullable=False),
+    sa.Column("input_requests", sa.JSON, nullable=False),
+    sa.Column("input_responses", sa.JSON, nullable=False),
+    sa.Column("issued_keys", sa.JSON, nullable=False),
+    sa.Column("result", sa.JSON, nullable=True),
+    sa.Column("error", sa.JSON, nullable=True),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("dispatches", sa.Integer, nullable=False),
+    sa.Column("heartbeat_at", sa.BigInteger, nullable=True),
+    sa.Index(None, "expires_at"),
+    sa.Index(None, "status", "heartbeat_at"),
+    sa.Index(None, "status", "updated_at"),
+)

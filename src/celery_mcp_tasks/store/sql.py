@@ -1,0 +1,184 @@
+"""`SqlStore`: the `Store` on SQLAlchemy Core, for SQLite and PostgreSQL alike.
+
+Every transition is read, computed (a pure `TaskRecord` method) and written
+with `UPDATE ... WHERE key = :key AND version = :version`; a rowcount of 0
+means another writer won, and the transition is recomputed from the fresh
+row. That is correct on both databases in every isolation mode, unlike
+`SELECT ... FOR UPDATE`, which SQLite silently ignores.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import fields
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine, RowMapping
+
+from celery_mcp_tasks.model import TERMINAL, TaskRecord, TaskStatus
+from celery_mcp_tasks.store.base import ANY, Owner, StoreConflict, TaskLimitReached, TaskNotFound, Transition
+from celery_mcp_tasks.store.engine import READ_ONLY, create_store_engine
+from celery_mcp_tasks.store.schema import tasks
+
+logger = logging.getLogger(__name__)
+
+WriteHook = Callable[[Connection, TaskRecord], None]
+"""Runs inside the writing transaction (e.g. `pg_notify`, delivered at commit)."""
+
+_MAX_CAS_ATTEMPTS = 64
+_COLUMNS = [f.name for f in fields(TaskRecord)]
+_TERMINAL_VALUES = [status.value for status in TERMINAL]
+
+
+def _to_row(record: TaskRecord) -> dict[str, Any]:
+    row = {name: getattr(record, name) for name in _COLUMNS}
+    row["status"] = record.status.value
+    row["issued_keys"] = list(record.issued_keys)
+    row["expires_at"] = record.expires_at
+    return row
+
+
+def _from_row(row: RowMapping) -> TaskRecord:
+    values = {name: row[name] for name in _COLUMNS}
+    values["status"] = TaskStatus(values["status"])
+    values["issued_keys"] = tuple(values["issued_keys"] or ())
+    for name in ("arguments", "input_requests", "input_responses"):
+        values[name] = values[name] or {}
+    return TaskRecord(**values)
+
+
+def _owner_clause(owner: Owner) -> sa.ColumnElement[bool] | None:
+    if owner is ANY:
+        return None
+    if owner is None:
+        return tasks.c.owner.is_(None)
+    return tasks.c.owner == owner
+
+
+class SqlStore:
+    """The durable store. Thread-safe; share one per process (one engine, one pool)."""
+
+    def __init__(self, engine: Engine, *, write_hook: WriteHook | None = None) -> None:
+        self.engine = engine
+        self.write_hook = write_hook
+
+    @classmethod
+    def from_url(cls, url: str, **engine_kwargs: Any) -> SqlStore:
+        return cls(create_store_engine(url, **engine_kwargs))
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    def create_schema(self) -> None:
+        """Create the tables directly (tests, throwaway databases). Production uses alembic."""
+        tasks.metadata.create_all(self.engine)
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+    # -- reads ---------------------------------------------------------------------
+
+    def get(self, key: str, owner: Owner = ANY) -> TaskRecord | None:
+        with self.engine.connect().execution_options(**{READ_ONLY: True}) as conn:
+            row = self._select(conn, key, owner)
+            conn.rollback()
+        return row
+
+    def _select(self, conn: Connection, key: str, owner: Owner) -> TaskRecord | None:
+        query = sa.select(tasks).where(tasks.c.key == key)
+        clause = _owner_clause(owner)
+        if clause is not None:
+            query = query.where(clause)
+        row = conn.execute(query).mappings().first()
+        return None if row is None else _from_row(row)
+
+    def versions(self, keys: Iterable[str]) -> dict[str, int]:
+        wanted = list(keys)
+        if not wanted:
+            return {}
+        with self.engine.connect().execution_options(**{READ_ONLY: True}) as conn:
+            rows = conn.execute(sa.select(tasks.c.key, tasks.c.version).where(tasks.c.key.in_(wanted))).all()
+            conn.rollback()
+        return {key: version for key, version in rows}
+
+    def stale(self, *, heartbeat_before_ms: int, limit: int) -> list[TaskRecord]:
+        query = (
+            sa.select(tasks)
+            .where(tasks.c.status == TaskStatus.WORKING.value)
+            .where(sa.or_(tasks.c.heartbeat_at.is_(None), tasks.c.heartbeat_at < heartbeat_before_ms))
+            .limit(limit)
+        )
+        with self.engine.connect().execution_options(**{READ_ONLY: True}) as conn:
+            rows = conn.execute(query).mappings().all()
+            conn.rollback()
+        return [_from_row(row) for row in rows]
+
+    # -- writes --------------------------------------------------------------------
+
+    def create(self, record: TaskRecord, *, max_rows: int | None) -> None:
+        with self.engine.begin() as conn:
+            if max_rows is not None:
+                # Bounded count: never scans more than the cap itself.
+                capped = sa.select(sa.literal(1)).select_from(tasks).limit(max_rows).subquery()
+                count = conn.execute(sa.select(sa.func.count()).select_from(capped)).scalar_one()
+                if count >= max_rows:
+                    raise TaskLimitReached()
+            conn.execute(tasks.insert().values(**_to_row(record)))
+            if self.write_hook is not None:
+                self.write_hook(conn, record)
+
+    def update(self, key: str, owner: Owner, transition: Transition) -> TaskRecord:
+        for _ in range(_MAX_CAS_ATTEMPTS):
+            with self.engine.begin() as conn:
+                current = self._select(conn, key, owner)
+                if current is None:
+                    raise TaskNotFound()
+                nxt = transition(current)
+                if nxt is current:
+                    return current
+                if nxt.version != current.version + 1:
+                    raise ValueError("a transition must bump the version by exactly one")
+                row = _to_row(nxt)
+                del row["key"]
+                written = conn.execute(
+                    tasks.update()
+                    .where(tasks.c.key == key)
+                    .where(tasks.c.version == current.version)
+                    .values(**row)
+                ).rowcount
+                if written == 1:
+                    if self.write_hook is not None:
+                        self.write_hook(conn, nxt)
+                    return nxt
+        raise StoreConflict("the task kept changing under this write; try again")
+
+    def cleanup(self, *, now_ms: int, retention_ms: int, batch_size: int) -> int:
+        """Delete expired rows, one bounded batch per transaction.
+
+        A batch is selected and deleted by key inside one short transaction, so
+        a concurrent writer waits for at most one batch. Rows without a TTL go
+        only once terminal and older than `retention_ms`.
+        """
+        expired = sa.or_(
+            tasks.c.expires_at <= now_ms,
+            sa.and_(
+                tasks.c.expires_at.is_(None),
+                tasks.c.status.in_(_TERMINAL_VALUES),
+                tasks.c.updated_at <= now_ms - retention_ms,
+            ),
+        )
+        removed = 0
+        while True:
+            victims = sa.select(tasks.c.key).where(expired).limit(batch_size)
+            with self.engine.begin() as conn:
+                if self.dialect == "postgresql":
+                    victims = victims.with_for_update(skip_locked=True)
+                keys = list(conn.execute(victims).scalars())
+                if keys:
+                    conn.execute(tasks.delete().where(tasks.c.key.in_(keys)))
+            removed += len(keys)
+            if len(keys) < batch_size:
+                return removed

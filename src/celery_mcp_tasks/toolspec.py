@@ -1,0 +1,106 @@
+"""`TaskTool`: one job's description, shared by the web side and the worker side.
+
+The input schema, argument validation and result conversion all come from the
+SDK's own function metadata, so a task tool accepts exactly the arguments and
+returns exactly the `CallToolResult` that the same function would as a plain
+synchronous MCP tool. The job's `TaskContext` parameter is hidden from the schema.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from mcp.server.mcpserver.tools.base import Tool
+from pydantic import ValidationError
+
+from celery_mcp_tasks.context import TaskContext
+
+__all__ = ["Prepare", "TaskMode", "TaskTool", "find_context_parameter"]
+
+TaskMode = Literal["optional", "required", "forbidden"]
+_MODES = ("optional", "required", "forbidden")
+_CAPABILITIES = ("elicitation", "sampling", "roots")
+
+Prepare = Callable[[dict[str, Any], Mapping[str, Any]], Awaitable[Any]]
+"""Web-side hook run before the task exists: `(arguments, input_responses)` ->
+extra arguments (a dict) or an SDK `InputRequiredResult` to ask the client first."""
+
+
+def find_context_parameter(fn: Callable[..., Any]) -> str | None:
+    signature = inspect.signature(fn, eval_str=True)
+    for name, parameter in signature.parameters.items():
+        annotation = parameter.annotation
+        if isinstance(annotation, type) and issubclass(annotation, TaskContext):
+            return name
+    return None
+
+
+def _public_signature(fn: Callable[..., Any], hidden: str | None) -> inspect.Signature:
+    signature = inspect.signature(fn, eval_str=True)
+    return signature.replace(parameters=[p for n, p in signature.parameters.items() if n != hidden])
+
+
+@dataclass
+class TaskTool:
+    fn: Callable[..., Any]
+    name: str
+    description: str
+    mode: TaskMode = "optional"
+    needs: frozenset[str] = frozenset()
+    ttl_ms: int | None | Literal["default"] = "default"
+    poll_interval_ms: int | None | Literal["default"] = "default"
+    sync_timeout_s: float | None = None
+    prepare: Prepare | None = None
+    celery_name: str = ""
+    context_param: str | None = None
+    sdk_tool: Tool = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.mode not in _MODES:
+            raise ValueError(f"task tool {self.name!r}: mode must be one of {_MODES}, got {self.mode!r}")
+        unknown = set(self.needs) - set(_CAPABILITIES)
+        if unknown:
+            raise ValueError(f"task tool {self.name!r}: unknown client capabilities in needs: {sorted(unknown)}")
+        if inspect.iscoroutinefunction(self.fn):
+            raise TypeError(f"task tool {self.name!r}: Celery jobs are synchronous; define it with `def`")
+        self.context_param = find_context_parameter(self.fn)
+        self.sdk_tool = Tool.from_function(self.schema_function(), name=self.name, description=self.description)
+
+    def schema_function(self) -> Callable[..., Any]:
+        """A stand-in with the job's public signature, for the SDK to derive the tool from."""
+        spec_name = self.name
+
+        def stand_in(**_: Any) -> Any:
+            raise RuntimeError(f"task tool {spec_name!r} runs as a Celery job, not in the web process")
+
+        stand_in.__name__ = self.fn.__name__
+        stand_in.__qualname__ = self.fn.__qualname__
+        stand_in.__module__ = self.fn.__module__
+        stand_in.__doc__ = self.fn.__doc__
+        stand_in.__signature__ = _public_signature(self.fn, self.context_param)  # type: ignore[attr-defined]
+        return stand_in
+
+    @property
+    def input_schema(self) -> dict[str, Any]:
+        return self.sdk_tool.parameters
+
+    def validate(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        """Validated keyword arguments for the job. Raises `pydantic.ValidationError`."""
+        return self.sdk_tool.fn_metadata.validate_arguments(dict(arguments))
+
+    def invalid_fields(self, exc: ValidationError) -> list[str]:
+        return sorted({".".join(str(part) for part in err["loc"]) or "(arguments)" for err in exc.errors()})
+
+    def to_result(self, value: Any) -> dict[str, Any]:
+        """The CallToolResult the same function would return synchronously, as wire JSON."""
+        result = self.sdk_tool.fn_metadata.convert_result(value)
+        return result.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+    def call(self, arguments: Mapping[str, Any], ctx: TaskContext) -> Any:
+        kwargs = self.validate(arguments)
+        if self.context_param is not None:
+            kwargs[self.context_param] = ctx
+        return self.fn(**kwargs)

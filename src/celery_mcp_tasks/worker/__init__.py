@@ -1,0 +1,1 @@
+"""The Celery adapter: jobs, the signal bridge, dispatch and the janitor."""

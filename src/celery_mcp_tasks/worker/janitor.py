@@ -1,0 +1,40 @@
+"""The janitor as a Celery task on beat.
+
+The beat entry is added in `on_after_configure` and re-inserted at
+`beat_init`: either alone can be clobbered by a user's own `beat_schedule`
+assignment. `MCP_TASKS_JANITOR_INTERVAL_S=off` opts out.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from celery import Celery, signals
+
+logger = logging.getLogger("celery_mcp_tasks.janitor")
+
+JANITOR_TASK = "celery_mcp_tasks.janitor"
+
+
+def install_janitor(app: Celery, run_sweep: Callable[[], Any], interval_s: float | None) -> None:
+    @app.task(name=JANITOR_TASK, ignore_result=True, shared=False)
+    def janitor() -> None:
+        run_sweep()
+
+    if interval_s is None:
+        return
+    entry = {"task": JANITOR_TASK, "schedule": interval_s}
+
+    @app.on_after_configure.connect(weak=False)
+    def _add(sender: Celery, **_: Any) -> None:
+        sender.conf.beat_schedule.setdefault(JANITOR_TASK, entry)
+
+    @signals.beat_init.connect(weak=False)
+    def _ensure(sender: Any = None, **_: Any) -> None:
+        scheduler = getattr(sender, "scheduler", None)
+        if scheduler is None or scheduler.app is not app or JANITOR_TASK in scheduler.schedule:
+            return
+        logger.info("re-inserting the janitor into a beat schedule that dropped it")
+        scheduler.update_from_dict({JANITOR_TASK: entry})
