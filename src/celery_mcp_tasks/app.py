@@ -54,6 +54,8 @@ def configure_celery(app: Celery, settings: Settings) -> None:
         options.setdefault("polling_interval", 0.1)
         conf.broker_transport_options = options
     conf.broker_connection_retry_on_startup = True
+    if settings.queue:
+        conf.task_default_queue = settings.queue
 
 
 class McpTasks:

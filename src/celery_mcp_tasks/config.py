@@ -69,6 +69,7 @@ class Settings:
     max_dispatches: int = 3
     sync_timeout_s: float = 60.0
     notify: str = "auto"
+    queue: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -96,6 +97,7 @@ class Settings:
             "max_dispatches": _int(env, "MCP_TASKS_MAX_DISPATCHES", 3),
             "sync_timeout_s": _float(env, "MCP_TASKS_SYNC_TIMEOUT_S", 60.0),
             "notify": (env.get("MCP_TASKS_NOTIFY") or "auto").strip().lower(),
+            "queue": env.get("MCP_TASKS_QUEUE") or None,
         }
         values.update(overrides)
         return cls(**values)
