@@ -87,8 +87,13 @@ class SqlStore:
             conn.rollback()
         return row
 
-    def _select(self, conn: Connection, key: str, owner: Owner) -> TaskRecord | None:
+    def _select(self, conn: Connection, key: str, owner: Owner, *, for_update: bool = False) -> TaskRecord | None:
         query = sa.select(tasks).where(tasks.c.key == key)
+        if for_update:
+            # PostgreSQL: the read blocks until a concurrent writer commits, so the CAS
+            # below almost never loses (without it a fast writer can starve a slow one).
+            # SQLite: a no-op; BEGIN IMMEDIATE already serializes the transaction.
+            query = query.with_for_update()
         clause = _owner_clause(owner)
         if clause is not None:
             query = query.where(clause)
@@ -133,7 +138,7 @@ class SqlStore:
     def update(self, key: str, owner: Owner, transition: Transition) -> TaskRecord:
         for _ in range(_MAX_CAS_ATTEMPTS):
             with self.engine.begin() as conn:
-                current = self._select(conn, key, owner)
+                current = self._select(conn, key, owner, for_update=True)
                 if current is None:
                     raise TaskNotFound()
                 nxt = transition(current)
@@ -154,6 +159,17 @@ class SqlStore:
                         self.write_hook(conn, nxt)
                     return nxt
         raise StoreConflict("the task kept changing under this write; try again")
+
+    def touch(self, key: str, at_ms: int, *, dispatch: int | None = None) -> bool:
+        """Record a heartbeat: one conditional UPDATE, no version bump (liveness is not a change
+        clients see), never moving it backwards. False when the task is final, gone, or (with
+        `dispatch`) owned by a newer run."""
+        query = tasks.update().where(tasks.c.key == key).where(tasks.c.status.not_in(_TERMINAL_VALUES))
+        if dispatch is not None:
+            query = query.where(tasks.c.dispatches == dispatch)
+        later = sa.case((tasks.c.heartbeat_at > at_ms, tasks.c.heartbeat_at), else_=sa.literal(at_ms))
+        with self.engine.begin() as conn:
+            return conn.execute(query.values(heartbeat_at=later)).rowcount == 1
 
     def cleanup(self, *, now_ms: int, retention_ms: int, batch_size: int) -> int:
         """Delete expired rows, one bounded batch per transaction.

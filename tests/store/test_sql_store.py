@@ -1,0 +1,102 @@
+"""The SQL store on SQLite and PostgreSQL: owner scoping, CAS, row cap, eviction."""
+
+import threading
+import time
+
+import pytest
+
+from celery_mcp_tasks.model import TaskRecord, TaskStatus, TerminalTask
+from celery_mcp_tasks.store import ANY, TaskLimitReached, TaskNotFound
+from celery_mcp_tasks.store.sql import SqlStore
+
+
+def make(key: str, owner: str | None = None, **changes: object) -> TaskRecord:
+    values: dict[str, object] = dict(key=key, owner=owner, tool="t", status=TaskStatus.WORKING, created_at=1_000,
+                                     updated_at=1_000, ttl_ms=60_000)
+    values.update(changes)
+    return TaskRecord(**values)  # type: ignore[arg-type]
+
+
+def test_a_created_task_reads_back_whole(store: SqlStore):
+    rec = make("k1", "sub:alice", arguments={"n": 1}, issued_keys=("a",), input_responses={"a": {"x": 1}})
+    store.create(rec, max_rows=None)
+    assert store.get("k1") == rec
+
+
+def test_a_foreign_task_reads_exactly_like_a_missing_one(store: SqlStore):
+    store.create(make("k1", "sub:alice"), max_rows=None)
+    store.create(make("k2", None), max_rows=None)
+    assert store.get("k1", "sub:alice") is not None
+    assert store.get("k1", "sub:bob") is None and store.get("nope", "sub:bob") is None
+    assert store.get("k1", None) is None  # unauthenticated callers never see an owned task
+    assert store.get("k2", "sub:alice") is None and store.get("k2", None) is not None
+    with pytest.raises(TaskNotFound):
+        store.update("k1", "sub:bob", lambda r: r.cancelled(2))
+
+
+def test_row_cap_refuses_before_storing(store: SqlStore):
+    for n in range(3):
+        store.create(make(f"k{n}"), max_rows=3)
+    with pytest.raises(TaskLimitReached):
+        store.create(make("k3"), max_rows=3)
+    assert store.get("k3") is None
+
+
+def test_update_applies_the_transition_and_bumps_the_version(store: SqlStore):
+    store.create(make("k1"), max_rows=None)
+    out = store.update("k1", ANY, lambda r: r.with_progress("step 1", 2_000))
+    assert out.version == 2 and store.get("k1") == out
+
+
+def test_a_refused_transition_leaves_the_row_unchanged(store: SqlStore):
+    store.create(make("k1"), max_rows=None)
+    done = store.update("k1", ANY, lambda r: r.completed({"content": []}, 2_000))
+    with pytest.raises(TerminalTask):
+        store.update("k1", ANY, lambda r: r.cancelled(3_000))
+    assert store.get("k1") == done
+
+
+def test_a_concurrent_writer_waits_and_then_sees_the_final_state(store: SqlStore):
+    """A cancel that arrives while a completion is mid-write can never overwrite it."""
+    store.create(make("k1"), max_rows=None)
+    inside, outcome = threading.Event(), []
+
+    def slow_completion(record: TaskRecord) -> TaskRecord:
+        inside.set()
+        time.sleep(0.3)  # the cancel below starts while this transaction is open
+        return record.completed({"content": []}, 2_000)
+
+    def cancel() -> None:
+        inside.wait(5)
+        try:
+            store.update("k1", ANY, lambda r: r.cancelled(3_000))
+            outcome.append("cancelled")
+        except TerminalTask:
+            outcome.append("refused")
+
+    canceller = threading.Thread(target=cancel)
+    canceller.start()
+    store.update("k1", ANY, slow_completion)
+    canceller.join(10)
+    assert outcome == ["refused"]
+    assert store.get("k1").status is TaskStatus.COMPLETED  # type: ignore[union-attr]
+
+
+def test_cleanup_evicts_expired_and_old_finished_unlimited_tasks_in_batches(store: SqlStore):
+    for n in range(7):
+        store.create(make(f"exp{n}", created_at=0, ttl_ms=10), max_rows=None)
+    store.create(make("live", created_at=0, ttl_ms=10_000), max_rows=None)
+    store.create(make("forever-working", created_at=0, ttl_ms=None), max_rows=None)
+    store.create(make("forever-done", created_at=0, updated_at=0, ttl_ms=None, status=TaskStatus.COMPLETED),
+                 max_rows=None)
+    assert store.cleanup(now_ms=5_000, retention_ms=1_000, batch_size=3) == 8
+    assert store.get("live") and store.get("forever-working") and not store.get("forever-done")
+    assert store.cleanup(now_ms=5_000, retention_ms=1_000, batch_size=3) == 0
+
+
+def test_versions_and_stale_are_server_side_reads(store: SqlStore):
+    store.create(make("a", heartbeat_at=100), max_rows=None)
+    store.create(make("b", heartbeat_at=10_000), max_rows=None)
+    store.create(make("c", status=TaskStatus.INPUT_REQUIRED, heartbeat_at=0), max_rows=None)
+    assert store.versions(["a", "b", "missing"]) == {"a": 1, "b": 1}
+    assert [r.key for r in store.stale(heartbeat_before_ms=5_000, limit=10)] == ["a"]
