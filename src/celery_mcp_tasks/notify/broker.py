@@ -1,0 +1,130 @@
+"""Broker transport: a kombu fanout exchange on the Celery broker (Redis, RabbitMQ).
+
+For deployments whose store is not PostgreSQL. The writer publishes a
+transient hint after its write (~2.6 ms over Redis, CELERY.md §5); every web
+process binds an exclusive, auto-deleted queue to the exchange and consumes
+it in a thread (kombu is synchronous), handing each hint to the hub on the
+event loop. Publishing uses the Celery app's producer pool, so it shares the
+broker connection settings and pays no new connection per write.
+
+Body: `{"k": row key, "v": version}`. Never a task id, never a result.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import anyio.to_thread
+from kombu import Connection, Consumer, Exchange, Queue
+
+from celery_mcp_tasks.model import TaskRecord
+from celery_mcp_tasks.notify.hub import Hub
+
+__all__ = ["BrokerListener", "BrokerPublisher", "hint_exchange"]
+
+logger = logging.getLogger(__name__)
+
+# A hint is worth one quick retry, not a stalled job: the seam swallows the failure.
+_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.1, "interval_max": 0.1}
+_DRAIN_TIMEOUT_S = 0.5
+_RETRY_MAX_S = 5.0
+
+
+def hint_exchange(namespace: str) -> Exchange:
+    """The fanout exchange, namespaced by the Celery queue so deployments sharing a broker stay apart."""
+    return Exchange(f"celery_mcp_tasks.hints.{namespace}", type="fanout", durable=False, auto_delete=True,
+                    delivery_mode="transient")
+
+
+def parse_body(body: Any) -> tuple[str, int] | None:
+    if not isinstance(body, dict):
+        return None
+    key, version = body.get("k"), body.get("v")
+    if not isinstance(key, str) or len(key) != 64 or not isinstance(version, int):
+        return None
+    return key, version
+
+
+class BrokerPublisher:
+    """A `Notifier`: one small transient message per change, through the producer pool."""
+
+    def __init__(self, producer_pool: Callable[[], Any], exchange: Exchange) -> None:
+        self._producer_pool = producer_pool
+        self._exchange = exchange
+
+    def task_changed(self, record: TaskRecord) -> None:
+        with self._producer_pool().acquire(block=True, timeout=2) as producer:
+            producer.publish(
+                {"k": record.key, "v": record.version},
+                exchange=self._exchange,
+                routing_key="",
+                serializer="json",
+                declare=[self._exchange],
+                delivery_mode="transient",
+                retry=True,
+                retry_policy=_RETRY_POLICY,
+            )
+
+
+class BrokerListener:
+    """Consumes the fanout in a daemon thread; `run` lives as long as the web app."""
+
+    def __init__(self, connection: Callable[[], Connection], exchange: Exchange, hub: Hub) -> None:
+        self._connection = connection
+        self._exchange = exchange
+        self._hub = hub
+        self._stop = threading.Event()
+        self._connected = threading.Event()
+        self.ready = anyio.Event()
+
+    async def run(self) -> None:
+        self._hub.bind()
+        thread = threading.Thread(target=self._consume, name="mcp-tasks-hints", daemon=True)
+        thread.start()
+        try:
+            while not self._connected.is_set():
+                await anyio.sleep(0.02)
+            self.ready.set()
+            await anyio.sleep_forever()
+        finally:
+            self._stop.set()
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(thread.join, _DRAIN_TIMEOUT_S * 4)
+
+    def _consume(self) -> None:
+        delay = 0.1
+        connected_before = False
+        while not self._stop.is_set():
+            try:
+                with self._connection() as conn:
+                    queue = Queue(f"{self._exchange.name}.{uuid.uuid4().hex}", exchange=self._exchange,
+                                  routing_key="", exclusive=True, auto_delete=True, durable=False)
+                    with Consumer(conn, queues=[queue], callbacks=[self._on_message], accept=["json"],
+                                  no_ack=True):
+                        if connected_before:
+                            self._hub.resync_threadsafe()
+                        connected_before = True
+                        self._connected.set()
+                        delay = 0.1
+                        while not self._stop.is_set():
+                            try:
+                                conn.drain_events(timeout=_DRAIN_TIMEOUT_S)
+                            except socket.timeout:
+                                continue
+            except Exception as exc:  # any broker failure: back off, reconnect, resync
+                if self._stop.is_set():
+                    return
+                logger.warning("task change listener lost the broker (%s); reconnecting", type(exc).__name__)
+            self._stop.wait(delay)
+            delay = min(delay * 2, _RETRY_MAX_S)
+
+    def _on_message(self, body: Any, _message: Any) -> None:
+        hint = parse_body(body)
+        if hint is not None:
+            self._hub.hint_threadsafe(*hint)

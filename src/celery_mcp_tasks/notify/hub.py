@@ -1,0 +1,155 @@
+"""The in-process hub: a hint about a row wakes the listen streams watching it.
+
+One hub per web process. Transports (PostgreSQL LISTEN, a broker fanout, row
+polling) feed it hints `(row key, version)`; listen streams register the row
+keys they follow. A hint is only a nudge: the stream re-reads the row, checks
+the owner and decides what to send, so a lost or duplicated hint costs
+latency, never correctness, and a burst of hints for one row coalesces into
+one wake-up.
+
+The hub knows nothing of task ids, owners or the wire: keys in, wake-ups out.
+Everything here runs on the event loop; a transport living in a thread hands
+its hints over with `hint_threadsafe`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+
+__all__ = ["Hub", "Watch"]
+
+logger = logging.getLogger(__name__)
+
+UNKNOWN: None = None
+"""A hint without a version ("re-read to find out"), e.g. after a transport reconnected."""
+
+
+class Watch:
+    """One stream's registration: the keys it follows and the hints not yet taken.
+
+    Usable without a hub (push off): it is then only the stream's wake-up for
+    other inputs (core events, shutdown) through `wake`.
+    """
+
+    def __init__(self, keys: Iterable[str] = (), hub: Hub | None = None) -> None:
+        self._keys = set(keys)
+        self._hub = hub
+        self._pending: dict[str, int | None] = {}
+        self._event = anyio.Event()
+        self.closed = False
+
+    @property
+    def keys(self) -> frozenset[str]:
+        return frozenset(self._keys)
+
+    def offer(self, key: str, version: int | None) -> None:
+        """Record a hint (keeping the highest version seen) and wake the stream."""
+        if key not in self._keys:
+            return
+        if key in self._pending:
+            known = self._pending[key]
+            version = None if known is None or version is None else max(known, version)
+        self._pending[key] = version
+        self._event.set()
+
+    def wake(self) -> None:
+        self._event.set()
+
+    async def next(self, timeout: float | None = None) -> dict[str, int | None] | None:
+        """Wait until woken, then take the pending hints (maybe none); None when `timeout` s passed first."""
+        if not self._event.is_set():
+            with anyio.move_on_after(timeout):
+                await self._event.wait()
+            if not self._event.is_set():
+                return None
+        self._event = anyio.Event()
+        taken, self._pending = self._pending, {}
+        return taken
+
+    def forget(self, key: str) -> None:
+        """Stop following `key` (its task finished, or it is not the caller's)."""
+        self._keys.discard(key)
+        self._pending.pop(key, None)
+        if self._hub is not None:
+            self._hub._unindex(self, [key])
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._hub is not None:
+            self._hub._unindex(self, list(self._keys))
+        self._keys.clear()
+        self._pending.clear()
+        self._event.set()
+
+
+class Hub:
+    """Routes hints to the watches that follow a key. One per web process."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[str, set[Watch]] = {}
+        self._token: anyio.lowlevel.EventLoopToken | None = None
+
+    def bind(self) -> None:
+        """Remember the running event loop so threads can hand hints over. Call from the loop."""
+        self._token = anyio.lowlevel.current_token()
+
+    # -- streams --------------------------------------------------------------------
+
+    def watch(self, keys: Iterable[str]) -> Watch:
+        watch = Watch(keys, self)
+        for key in watch.keys:
+            self._by_key.setdefault(key, set()).add(watch)
+        return watch
+
+    def _unindex(self, watch: Watch, keys: Iterable[str]) -> None:
+        for key in keys:
+            watchers = self._by_key.get(key)
+            if watchers is None:
+                continue
+            watchers.discard(watch)
+            if not watchers:
+                del self._by_key[key]
+
+    def watched_keys(self) -> list[str]:
+        """Every key some stream follows (the polling transport asks for these rows)."""
+        return list(self._by_key)
+
+    @property
+    def watch_count(self) -> int:
+        return len({watch for watchers in self._by_key.values() for watch in watchers})
+
+    # -- transports -----------------------------------------------------------------
+
+    def hint(self, key: str, version: int | None = UNKNOWN) -> None:
+        """A row changed (on the loop). Unwatched keys cost one dict lookup."""
+        for watch in list(self._by_key.get(key, ())):
+            watch.offer(key, version)
+
+    def resync(self) -> None:
+        """Wake every stream to re-read everything it follows (hints may have been lost)."""
+        for key, watchers in list(self._by_key.items()):
+            for watch in list(watchers):
+                watch.offer(key, UNKNOWN)
+
+    def hint_threadsafe(self, key: str, version: int | None = UNKNOWN) -> None:
+        """`hint` from a transport thread. Dropped (harmlessly) when the loop is gone."""
+        self._from_thread(self.hint, key, version)
+
+    def resync_threadsafe(self) -> None:
+        self._from_thread(self.resync)
+
+    def _from_thread(self, fn: object, *args: object) -> None:
+        if self._token is None:
+            logger.debug("hub not bound to a loop yet; hint dropped")
+            return
+        try:
+            anyio.from_thread.run_sync(fn, *args, token=self._token)  # type: ignore[arg-type]
+        except (RuntimeError, anyio.RunFinishedError):
+            logger.debug("event loop gone; hint dropped")

@@ -1,0 +1,67 @@
+"""Polling transport: the embedded default (SQLite + filesystem broker) has no fan-out.
+
+Every ~100 ms the web process reads the versions of the rows its streams
+watch, in one batched query whatever the number of streams, and hints the
+hub about each version it has not seen. Nothing is published: every writer
+already bumps the version. The cost is one small read per interval while at
+least one stream is open, and none at all when nobody listens.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+
+import anyio
+import anyio.to_thread
+
+from celery_mcp_tasks.notify.hub import Hub
+
+__all__ = ["RowPoller"]
+
+logger = logging.getLogger(__name__)
+
+Versions = Callable[[Iterable[str]], dict[str, int]]
+
+DEFAULT_INTERVAL_S = 0.1
+_BATCH = 500  # stays under SQLite's bound-parameter limit on old builds
+
+
+class RowPoller:
+    def __init__(self, versions: Versions, hub: Hub, *, interval_s: float = DEFAULT_INTERVAL_S) -> None:
+        self._versions = versions
+        self._hub = hub
+        self._interval_s = interval_s
+        self._seen: dict[str, int] = {}
+        self.ready = anyio.Event()
+
+    def _read(self, keys: list[str]) -> dict[str, int]:
+        found: dict[str, int] = {}
+        for start in range(0, len(keys), _BATCH):
+            found.update(self._versions(keys[start:start + _BATCH]))
+        return found
+
+    async def poll_once(self) -> None:
+        keys = self._hub.watched_keys()
+        if not keys:
+            self._seen.clear()
+            return
+        try:
+            found = await anyio.to_thread.run_sync(self._read, keys)
+        except Exception as exc:  # a locked or unreachable store: try again next tick
+            logger.warning("task change poll failed (%s); retrying", type(exc).__name__)
+            return
+        seen: dict[str, int] = {}
+        for key, version in found.items():
+            seen[key] = version
+            # A key seen for the first time is hinted too: its stream may have read it
+            # just before a change, and it drops a hint that brings nothing new.
+            if self._seen.get(key) != version:
+                self._hub.hint(key, version)
+        self._seen = seen
+
+    async def run(self) -> None:
+        self.ready.set()
+        while True:
+            await self.poll_once()
+            await anyio.sleep(self._interval_s)

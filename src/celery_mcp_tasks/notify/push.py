@@ -1,0 +1,178 @@
+"""Push: which transport carries change hints in this deployment, and its life in a web process.
+
+Chosen by `settings.notify` (MCP_TASKS_NOTIFY), so a deployment changes
+transport without a code change:
+
+- `auto`: a PostgreSQL store -> `postgres` (hint sent in the writing
+  transaction); otherwise a networked Celery broker (Redis, RabbitMQ) ->
+  `broker` (kombu fanout); otherwise, the embedded default -> `poll`.
+- `postgres`, `broker`, `poll`: forced (a wrong pairing is a start-up error).
+- `off`: nothing is published and nothing listens; streams only acknowledge.
+
+Every process (web, worker, janitor) publishes; only web processes listen,
+one listener per process feeding its hub.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import anyio
+from sqlalchemy.engine import Engine, make_url
+
+from celery_mcp_tasks.config import ConfigError, Settings
+from celery_mcp_tasks.notify.base import Notifier
+from celery_mcp_tasks.notify.hub import Hub
+from celery_mcp_tasks.notify.polling import DEFAULT_INTERVAL_S, RowPoller
+from celery_mcp_tasks.notify.postgres import PgNotifier, pg_notify_hook
+from celery_mcp_tasks.service import DEFAULT, _Default
+from celery_mcp_tasks.store.engine import normalize_url
+from celery_mcp_tasks.store.sql import WriteHook
+
+__all__ = ["BrokerAccess", "Mode", "Push", "select_mode"]
+
+logger = logging.getLogger(__name__)
+
+Mode = Literal["postgres", "broker", "poll", "off"]
+
+# Brokers with no cross-process fanout worth using (CELERY.md §3, §5).
+_LOCAL_BROKERS = frozenset({"filesystem", "memory", "sqla", "sqlalchemy", "cache"})
+_READY_TIMEOUT_S = 10.0
+
+
+def broker_scheme(url: str) -> str:
+    first = url.split(";", 1)[0].strip()
+    return first.split("://", 1)[0].split("+", 1)[0].lower()
+
+
+def select_mode(settings: Settings, broker_url: str) -> Mode:
+    """The transport for these settings; `ConfigError` names MCP_TASKS_NOTIFY when it cannot work."""
+    postgres = make_url(normalize_url(settings.store_url)).get_backend_name() == "postgresql"
+    networked = broker_scheme(broker_url) not in _LOCAL_BROKERS
+    mode = settings.notify
+    if mode == "auto":
+        return "postgres" if postgres else "broker" if networked else "poll"
+    if mode == "postgres" and not postgres:
+        raise ConfigError("MCP_TASKS_NOTIFY: postgres needs a PostgreSQL store (MCP_TASKS_DATABASE_URL)")
+    if mode == "broker" and not networked:
+        raise ConfigError(
+            f"MCP_TASKS_NOTIFY: broker needs a Redis or RabbitMQ broker, not {broker_scheme(broker_url)}://"
+        )
+    return mode  # type: ignore[return-value]
+
+
+class _Listener(Protocol):
+    ready: anyio.Event
+
+    async def run(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class BrokerAccess:
+    """How to reach the Celery broker without importing Celery here."""
+
+    url: str
+    namespace: str
+    connection: Callable[[], Any]  # a kombu Connection for reading (the listener)
+    producer_pool: Callable[[], Any]  # a kombu ProducerPool (the publisher)
+
+    @classmethod
+    def of(cls, app: Any) -> BrokerAccess:
+        """From a configured Celery app (read by attribute: notify/ does not import Celery)."""
+        return cls(
+            url=str(app.conf.broker_url),
+            namespace=str(app.conf.task_default_queue or "celery"),
+            connection=app.connection_for_read,
+            producer_pool=lambda: app.producer_pool,
+        )
+
+
+class Push:
+    """The push side of one `McpTasks`: publisher for every process, hub and listener for web ones.
+
+    `notifier`: `DEFAULT` publishes on the selected transport; `None` turns
+    push off; any other `Notifier` replaces the publisher (web processes still
+    listen, so it can keep push by calling `push.publisher`).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        notifier: Notifier | None | _Default = DEFAULT,
+        broker: BrokerAccess,
+        versions: Callable[[Iterable[str]], dict[str, int]],
+        engine: Callable[[], Engine],
+        poll_interval_s: float = DEFAULT_INTERVAL_S,
+    ) -> None:
+        self.mode: Mode = "off" if notifier is None else select_mode(settings, broker.url)
+        self._custom: Notifier | None = None if isinstance(notifier, _Default) else notifier
+        self._settings = settings
+        self._broker = broker
+        self._versions = versions
+        self._engine = engine
+        self._poll_interval_s = poll_interval_s
+        self._publisher: Notifier | None = None
+        self.hub = Hub()
+
+    @property
+    def publisher(self) -> Notifier | None:
+        """The transport's own publisher as a `Notifier` (None when polling or off)."""
+        if self._publisher is None:
+            if self.mode == "broker":
+                from celery_mcp_tasks.notify.broker import BrokerPublisher, hint_exchange
+
+                self._publisher = BrokerPublisher(self._broker.producer_pool, hint_exchange(self._broker.namespace))
+            elif self.mode == "postgres":
+                self._publisher = PgNotifier(self._engine)
+        return self._publisher
+
+    @property
+    def notifier(self) -> Notifier | None:
+        """What the service calls after each write."""
+        if self._custom is not None:
+            return self._custom
+        return self.publisher if self.mode == "broker" else None
+
+    def write_hook(self, dialect: str) -> WriteHook | None:
+        """What the store runs inside each writing transaction (PostgreSQL's NOTIFY)."""
+        if self.mode == "postgres" and self._custom is None and dialect == "postgresql":
+            return pg_notify_hook
+        return None
+
+    def _listener(self) -> _Listener | None:
+        if self.mode == "postgres":
+            from celery_mcp_tasks.notify.postgres import PgListener
+
+            return PgListener(self._settings.store_url, self.hub)
+        if self.mode == "broker":
+            from celery_mcp_tasks.notify.broker import BrokerListener, hint_exchange
+
+            return BrokerListener(self._broker.connection, hint_exchange(self._broker.namespace), self.hub)
+        if self.mode == "poll":
+            return RowPoller(self._versions, self.hub, interval_s=self._poll_interval_s)
+        return None
+
+    @asynccontextmanager
+    async def serving(self) -> AsyncIterator[None]:
+        """Run this web process's listener for the duration (the ASGI lifespan)."""
+        listener = self._listener()
+        if listener is None:
+            yield
+            return
+        self.hub.bind()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(listener.run)
+            with anyio.move_on_after(_READY_TIMEOUT_S):
+                await listener.ready.wait()
+            if not listener.ready.is_set():
+                logger.warning("task change listener (%s) is not connected yet; streams catch up once it is",
+                               self.mode)
+            try:
+                yield
+            finally:
+                tg.cancel_scope.cancel()

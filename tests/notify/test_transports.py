@@ -1,0 +1,124 @@
+"""Transport selection, and each cross-process transport against its real server."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import pytest
+import sqlalchemy as sa
+
+from celery_mcp_tasks.config import ConfigError, Settings
+from celery_mcp_tasks.model import TaskRecord, TaskStatus
+from celery_mcp_tasks.notify.hub import Hub
+from celery_mcp_tasks.notify.postgres import PgListener, parse_hint, pg_notify_hook
+from celery_mcp_tasks.notify.push import select_mode
+from celery_mcp_tasks.store.engine import normalize_url
+from tests.support import REDIS_URL
+
+KEY = "a" * 64
+PG = "postgresql://u@db/tasks"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def _record(version: int = 1) -> TaskRecord:
+    return TaskRecord(key=KEY, owner=None, tool="t", status=TaskStatus.WORKING, created_at=1, updated_at=1,
+                      ttl_ms=None, version=version)
+
+
+@pytest.mark.parametrize(
+    ("database", "broker", "notify", "mode"),
+    [
+        (PG, "redis://r/0", "auto", "postgres"),
+        (None, "redis://r/0", "auto", "broker"),
+        (None, "amqp://guest@mq//", "auto", "broker"),
+        (None, None, "auto", "poll"),  # the embedded default
+        (None, "memory://", "auto", "poll"),
+        (PG, "redis://r/0", "broker", "broker"),
+        (PG, None, "poll", "poll"),
+        (None, None, "off", "off"),
+    ],
+)
+def test_the_transport_follows_the_deployment(database: str | None, broker: str | None, notify: str,
+                                              mode: str) -> None:
+    settings = Settings(database_url=database, notify=notify)  # no connection is made
+    assert select_mode(settings, broker or settings.celery_broker_url) == mode
+
+
+@pytest.mark.parametrize(("database", "broker", "notify"), [(None, None, "postgres"), (PG, None, "broker")])
+def test_a_transport_that_cannot_work_here_is_a_start_up_error(database: str | None, broker: str | None,
+                                                               notify: str) -> None:
+    settings = Settings(database_url=database, notify=notify)
+    with pytest.raises(ConfigError, match="MCP_TASKS_NOTIFY"):
+        select_mode(settings, broker or settings.celery_broker_url)
+
+
+def test_a_hint_is_the_row_key_and_version_only() -> None:
+    assert parse_hint(f"{KEY}:12") == (KEY, 12)
+    assert parse_hint("not-a-key:1") is None
+    assert parse_hint(f"{KEY}:x") is None
+
+
+@asynccontextmanager
+async def _running(listener: Any) -> AsyncIterator[None]:
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(listener.run)
+        with anyio.fail_after(20):
+            await listener.ready.wait()
+        yield
+        tg.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+@pytest.mark.postgres
+async def test_postgres_delivers_a_hint_at_commit_and_never_for_a_rollback(postgres_url: str) -> None:
+    hub = Hub()
+    watch = hub.watch([KEY])
+    engine = sa.create_engine(normalize_url(postgres_url))
+
+    def write(version: int, commit: bool) -> None:
+        with engine.connect() as conn:
+            pg_notify_hook(conn, _record(version))
+            conn.commit() if commit else conn.rollback()
+
+    try:
+        async with _running(PgListener(postgres_url, hub)):
+            await anyio.to_thread.run_sync(write, 2, False)
+            await anyio.to_thread.run_sync(write, 3, True)
+            with anyio.fail_after(20):
+                assert await watch.next(20) == {KEY: 3}
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.anyio
+@pytest.mark.redis
+async def test_the_broker_fanout_reaches_every_listener() -> None:
+    if not REDIS_URL:
+        pytest.skip("set MCP_TASKS_TEST_REDIS_URL to run")
+    from kombu import Connection
+    from kombu.pools import producers
+
+    from celery_mcp_tasks.notify.broker import BrokerListener, BrokerPublisher, hint_exchange
+
+    exchange = hint_exchange("test-transports")
+    hubs = [Hub(), Hub()]
+    watches = [hub.watch([KEY]) for hub in hubs]
+    publish_conn = Connection(REDIS_URL)
+    publisher = BrokerPublisher(lambda: producers[publish_conn], exchange)
+    try:
+        async with _running(BrokerListener(lambda: Connection(REDIS_URL), exchange, hubs[0])):
+            async with _running(BrokerListener(lambda: Connection(REDIS_URL), exchange, hubs[1])):
+                await anyio.to_thread.run_sync(publisher.task_changed, _record(4))
+                for watch in watches:
+                    with anyio.fail_after(20):
+                        assert await watch.next(20) == {KEY: 4}
+    finally:
+        publish_conn.release()
