@@ -21,8 +21,10 @@ from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.context import TaskContext
 from celery_mcp_tasks.janitor import MetricHook, SweepReport, sweep
 from celery_mcp_tasks.mcp.extension import TasksExtension
+from celery_mcp_tasks.mcp.serving import attach_listen, listen_bus, with_push
 from celery_mcp_tasks.notify.base import Notifier
-from celery_mcp_tasks.service import TaskService
+from celery_mcp_tasks.notify.push import BrokerAccess, Push
+from celery_mcp_tasks.service import DEFAULT, TaskService, _Default
 from celery_mcp_tasks.store.sql import SqlStore
 from celery_mcp_tasks.toolspec import Prepare, TaskMode, TaskTool
 from celery_mcp_tasks.worker import bridge
@@ -67,15 +69,25 @@ class McpTasks:
         *,
         celery: Celery | None = None,
         settings: Settings | None = None,
-        notifier: Notifier | None = None,
+        notifier: Notifier | None | _Default = DEFAULT,
         metric: MetricHook | None = None,
         version: str = "0.1.0",
         **server_options: Any,
     ) -> None:
+        """`notifier`: left out, every change is pushed to listen streams over the transport
+        MCP_TASKS_NOTIFY selects (PostgreSQL NOTIFY, the broker's fanout, or row polling);
+        `None` turns push off (streams only acknowledge; clients poll `tasks/get`); a
+        `Notifier` replaces the publisher in every process (call `tasks.push.publisher`
+        from it to keep push). Other keyword arguments go to `MCPServer`.
+        """
         self.name = name
         self.settings = settings or Settings.from_env()
         self.celery = celery or Celery(name)
         configure_celery(self.celery, self.settings)
+        self.push = Push(
+            self.settings, notifier=notifier, broker=BrokerAccess.of(self.celery),
+            versions=lambda keys: self.service().store.versions(keys), engine=lambda: self.service().store.engine,
+        )
         self.tools: dict[str, TaskTool] = {}
         self.notifier = notifier
         self.metric = metric
@@ -90,7 +102,9 @@ class McpTasks:
             known_tool=self._known_tool,
             sync_timeout_s=self.settings.sync_timeout_s,
         )
+        bus = listen_bus(server_options)
         self.server: MCPServer[Any] = MCPServer(name, version=version, extensions=[self.extension], **server_options)
+        self.listen = attach_listen(self.server, bus, self.service, self.push)
         bridge.install()
         install_janitor(self.celery, self.sweep, self.settings.janitor_interval_s)
 
@@ -108,9 +122,10 @@ class McpTasks:
         with self._lock:
             if self._service is None or self._service_pid != pid:
                 store = SqlStore.from_url(self.settings.store_url)
+                store.write_hook = self.push.write_hook(store.dialect)
                 self._service = TaskService(
                     store,
-                    notifier=self.notifier,
+                    notifier=self.push.notifier,
                     dispatcher=self.dispatcher,
                     max_rows=self.settings.max_rows,
                     default_ttl_ms=self.settings.default_ttl_ms,
@@ -191,5 +206,5 @@ class McpTasks:
     # -- serving ---------------------------------------------------------------------------
 
     def asgi_app(self, *, host: str = "127.0.0.1", path: str = "/mcp") -> Any:
-        """The Starlette app serving the MCP endpoint (uvicorn runs it)."""
-        return self.server.streamable_http_app(streamable_http_path=path, host=host)
+        """The Starlette app serving the MCP endpoint (uvicorn runs it); its lifespan runs the push listener."""
+        return with_push(self.server.streamable_http_app(streamable_http_path=path, host=host), self.push, self.listen)

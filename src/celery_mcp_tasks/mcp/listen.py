@@ -1,0 +1,294 @@
+"""`subscriptions/listen` that honours the Tasks extension's `taskIds`.
+
+It replaces the SDK's stock handler, which drops `taskIds`, and keeps
+everything that one serves: the core change events published on the SDK's
+subscription bus (tools, prompts, resources list changes and resource
+updates) reach the stream exactly as before.
+
+Per stream: validate (-32602 for a wrong `taskIds`, -32021 without the
+extension on this request, both before the stream opens), keep only the ids
+the caller owns (foreign and unknown dropped alike), acknowledge first, then
+for every hint about a followed row re-read it owner-scoped and send
+`notifications/tasks` when the client-visible state moved on, in version
+order; after a task's terminal notification it is no longer followed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+import anyio
+import anyio.to_thread
+from mcp.server.context import ServerRequestContext
+from mcp.server.subscriptions import SubscriptionBus
+from mcp.shared.exceptions import MCPError
+from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY, ServerEvent, event_matches, event_to_notification
+from mcp_types import (
+    INTERNAL_ERROR,
+    INVALID_REQUEST,
+    SubscriptionFilter,
+    SubscriptionsAcknowledgedNotification,
+    SubscriptionsAcknowledgedNotificationParams,
+    SubscriptionsListenRequestParams,
+    SubscriptionsListenResult,
+)
+from pydantic import BaseModel
+
+from celery_mcp_tasks.mcp.principal import current_principal
+from celery_mcp_tasks.mcp.wire import EXTENSION_ID, declared_extension, invalid_params, missing_capability
+from celery_mcp_tasks.model import TaskRecord, render_task, task_key
+from celery_mcp_tasks.notify.hub import Hub, Watch
+from celery_mcp_tasks.service import TaskExpired, TaskService
+from celery_mcp_tasks.store.base import TaskNotFound
+
+__all__ = ["MAX_TASK_IDS", "TaskListenHandler", "requested_task_ids"]
+
+logger = logging.getLogger("celery_mcp_tasks.mcp")
+
+T = TypeVar("T")
+
+MAX_TASK_IDS = 1000
+TASK_IDS = "taskIds"
+
+
+class TasksNotification(BaseModel):
+    """`notifications/tasks`: the DetailedTask as `tasks/get` renders it (null `ttlMs` kept), plus `_meta`."""
+
+    method: Literal["notifications/tasks"] = "notifications/tasks"
+    params: dict[str, Any]
+
+
+def requested_task_ids(requested: SubscriptionFilter) -> list[str] | None:
+    """The `taskIds` filter field, de-duplicated in order; None when absent. -32602 when malformed."""
+    ids = (requested.model_extra or {}).get(TASK_IDS)
+    if ids is None:
+        return None
+    if not isinstance(ids, list) or not all(isinstance(item, str) for item in ids):
+        raise invalid_params("taskIds must be an array of task id strings")
+    if len(ids) > MAX_TASK_IDS:
+        raise invalid_params(f"taskIds may name at most {MAX_TASK_IDS} tasks")
+    return list(dict.fromkeys(ids))
+
+
+def honored_core(requested: SubscriptionFilter) -> SubscriptionFilter:
+    """The core kinds this server honours: all that were asked for (as the SDK's own handler)."""
+    return SubscriptionFilter(
+        tools_list_changed=True if requested.tools_list_changed else None,
+        prompts_list_changed=True if requested.prompts_list_changed else None,
+        resources_list_changed=True if requested.resources_list_changed else None,
+        resource_subscriptions=list(requested.resource_subscriptions) if requested.resource_subscriptions else None,
+    )
+
+
+@dataclass
+class _Followed:
+    task_id: str
+    version: int
+    rendered: dict[str, Any]
+
+
+class _Stream:
+    """One open listen stream: its filter, the tasks it follows and its inbox."""
+
+    def __init__(self, honored: SubscriptionFilter, watch: Watch, max_buffered: int) -> None:
+        self.honored = honored
+        self.uris = frozenset(honored.resource_subscriptions or ())
+        self.watch = watch
+        self.events: deque[ServerEvent] = deque()
+        self.max_buffered = max_buffered
+        self.followed: dict[str, _Followed] = {}
+        self.ending = False
+
+    def deliver(self, event: ServerEvent) -> None:
+        """Bus listener (sync, on the loop): queue a matching core event and wake the stream."""
+        if self.ending or not event_matches(self.honored, self.uris, event):
+            return
+        if len(self.events) >= self.max_buffered:
+            logger.warning("listen stream backlog full; ending the stream")
+            self.end()
+            return
+        self.events.append(event)
+        self.watch.wake()
+
+    def unfollow(self, key: str) -> None:
+        self.followed.pop(key, None)
+        self.watch.forget(key)
+
+    def end(self) -> None:
+        self.ending = True
+        self.watch.wake()
+
+
+class TaskListenHandler:
+    """The `subscriptions/listen` handler for one server (registered on its low-level server)."""
+
+    def __init__(
+        self,
+        bus: SubscriptionBus,
+        service: Callable[[], TaskService],
+        hub: Callable[[], Hub | None],
+        *,
+        max_streams: int = 1024,
+        max_buffered_events: int = 1024,
+        resync_interval_s: float = 30.0,
+        max_threads: int = 16,
+    ) -> None:
+        self._bus = bus
+        self._service = service
+        self._hub = hub
+        self._max_streams = max_streams
+        self._max_buffered = max_buffered_events
+        self._resync_interval_s = resync_interval_s
+        self._limiter = anyio.CapacityLimiter(max_threads)
+        self._streams: set[_Stream] = set()
+        self._closing = False
+
+    @property
+    def open_streams(self) -> int:
+        return len(self._streams)
+
+    def reopen(self) -> None:
+        """Accept streams again (a new serving run of the same app in this process)."""
+        self._closing = False
+
+    def close(self) -> None:
+        """End every open stream gracefully: each sends its listen result and closes (server exit)."""
+        self._closing = True
+        for stream in list(self._streams):
+            stream.end()
+
+    async def __call__(
+        self, ctx: ServerRequestContext[Any, Any], params: SubscriptionsListenRequestParams
+    ) -> SubscriptionsListenResult:
+        subscription_id = ctx.request_id
+        if subscription_id is None:
+            raise MCPError(INVALID_REQUEST, "subscriptions/listen requires a request id")
+        task_ids = requested_task_ids(params.notifications)
+        if task_ids is not None and not declared_extension(ctx):
+            raise missing_capability({"extensions": {EXTENSION_ID: {}}}, EXTENSION_ID)
+        if len(self._streams) >= self._max_streams:
+            raise MCPError(INTERNAL_ERROR, "Subscription limit reached")
+        meta: dict[str, Any] = {SUBSCRIPTION_ID_META_KEY: subscription_id}
+        owner = current_principal()
+        # With push off there is no hub: `taskIds` is then left out of the ack (not honoured).
+        hub = self._hub() if task_ids is not None else None
+        followed_ids = task_ids if hub is not None else None
+        # Watch before reading, so a change between the read and the ack is not missed.
+        watch = hub.watch(map(task_key, followed_ids or ())) if hub is not None else Watch()
+        stream = _Stream(honored_core(params.notifications), watch, self._max_buffered)
+        self._streams.add(stream)
+        unsubscribe = self._bus.subscribe(stream.deliver)
+        try:
+            if followed_ids:
+                await self._follow_owned(stream, followed_ids, owner)
+            await ctx.session.send_notification(
+                SubscriptionsAcknowledgedNotification(
+                    params=SubscriptionsAcknowledgedNotificationParams(
+                        notifications=self._acknowledged(stream, followed_ids), _meta=meta
+                    )
+                ),
+                related_request_id=subscription_id,
+            )
+            await self._pump(ctx, stream, owner, meta)
+        finally:
+            stream.ending = True
+            try:
+                unsubscribe()
+            except Exception:  # a custom bus must not keep the stream's slot
+                logger.exception("subscription bus unsubscribe raised")
+            watch.close()
+            self._streams.discard(stream)
+        return SubscriptionsListenResult(_meta=meta)
+
+    # -- tasks -----------------------------------------------------------------------
+
+    def _read(self, task_id: str, owner: str | None) -> TaskRecord | None:
+        try:
+            return self._service().get(task_id, owner)
+        except (TaskNotFound, TaskExpired):
+            return None
+
+    async def _in_thread(self, fn: Callable[[], T]) -> T:
+        return await anyio.to_thread.run_sync(fn, limiter=self._limiter)
+
+    async def _follow_owned(self, stream: _Stream, task_ids: list[str], owner: str | None) -> None:
+        records = await self._in_thread(lambda: {task_id: self._read(task_id, owner) for task_id in task_ids})
+        for task_id in task_ids:
+            key = task_key(task_id)
+            record = records[task_id]
+            if record is None:
+                stream.watch.forget(key)  # unknown and foreign look the same: simply not followed
+                continue
+            stream.followed[key] = _Followed(task_id, record.version, render_task(task_id, record))
+            if record.terminal:
+                stream.watch.forget(key)  # acknowledged (it is the caller's), but nothing more will come
+
+    def _acknowledged(self, stream: _Stream, task_ids: list[str] | None) -> SubscriptionFilter:
+        honored = stream.honored.model_dump(by_alias=True, exclude_none=True)
+        if task_ids is not None:
+            honored[TASK_IDS] = [followed.task_id for followed in stream.followed.values()]
+        return SubscriptionFilter.model_validate(honored)
+
+    def _reread(self, due: dict[str, tuple[_Followed, int | None]], owner: str | None) -> dict[str, TaskRecord | None]:
+        """Owner-scoped reads of the rows that may have moved on (in a worker thread).
+
+        A hint without a version (a resync) first asks the versions of all such
+        rows in one query, and reads in full only those that changed.
+        """
+        unknown = [key for key, (_, hint) in due.items() if hint is None]
+        current = self._service().store.versions(unknown) if unknown else {}
+        records: dict[str, TaskRecord | None] = {}
+        for key, (followed, hint) in due.items():
+            if hint is None and key in current and current[key] <= followed.version:
+                continue
+            records[key] = self._read(followed.task_id, owner)
+        return records
+
+    async def _refresh(self, ctx: Any, stream: _Stream, hints: dict[str, int | None], owner: str | None,
+                       meta: dict[str, Any]) -> None:
+        """Re-read the hinted rows the stream follows and send what the client has not seen."""
+        due: dict[str, tuple[_Followed, int | None]] = {}
+        for key, hint in hints.items():
+            followed = stream.followed.get(key)
+            if followed is not None and (hint is None or hint > followed.version):
+                due[key] = (followed, hint)
+        if not due:
+            return
+        records = await self._in_thread(lambda: self._reread(due, owner))
+        for key, record in records.items():
+            followed = due[key][0]
+            if record is None:
+                stream.unfollow(key)  # evicted, expired, or no longer the caller's
+                continue
+            if record.version <= followed.version:
+                continue
+            followed.version = record.version
+            rendered = render_task(followed.task_id, record)
+            if rendered == followed.rendered:
+                continue  # a write clients cannot see (heartbeat, dispatch bookkeeping)
+            followed.rendered = rendered
+            await ctx.session.send_notification(
+                TasksNotification(params={**rendered, "_meta": meta}), related_request_id=ctx.request_id
+            )
+            if record.terminal:
+                stream.unfollow(key)
+
+    # -- the stream ------------------------------------------------------------------
+
+    async def _pump(self, ctx: Any, stream: _Stream, owner: str | None, meta: dict[str, Any]) -> None:
+        while not (stream.ending or self._closing):
+            hints = await stream.watch.next(self._resync_interval_s if stream.followed else None)
+            while stream.events:
+                event = stream.events.popleft()
+                await ctx.session.send_notification(event_to_notification(event, meta),
+                                                    related_request_id=ctx.request_id)
+            if stream.ending or self._closing:
+                return
+            if hints is None:
+                hints = dict.fromkeys(stream.followed)  # the periodic safety re-read: hints can be lost
+            if hints:
+                await self._refresh(ctx, stream, hints, owner, meta)

@@ -1,0 +1,234 @@
+"""The listen handler on a fake request context: validation, ownership, what is sent and when it stops."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import anyio
+import pytest
+from mcp.server.subscriptions import InMemorySubscriptionBus, ToolsListChanged
+from mcp.shared.exceptions import MCPError
+from mcp_types import ClientCapabilities, SubscriptionsListenRequestParams, SubscriptionsListenResult
+
+from celery_mcp_tasks.mcp import listen as listen_module
+from celery_mcp_tasks.mcp.listen import TaskListenHandler
+from celery_mcp_tasks.migrate import upgrade
+from celery_mcp_tasks.model import render_task
+from celery_mcp_tasks.notify.hub import Hub
+from celery_mcp_tasks.service import TaskService
+from celery_mcp_tasks.store.base import ANY
+from celery_mcp_tasks.store.sql import SqlStore
+from tests.support import EXT
+
+pytestmark = pytest.mark.anyio
+SID = "io.modelcontextprotocol/subscriptionId"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class FakeSession:
+    def __init__(self, extension: bool) -> None:
+        self.client_capabilities = ClientCapabilities(extensions={EXT: {}} if extension else None)
+        self.sent, self._recv = anyio.create_memory_object_stream[dict[str, Any]](100)
+
+    async def send_notification(self, notification: Any, related_request_id: Any = None) -> None:
+        await self.sent.send(notification.model_dump(by_alias=True, mode="json", exclude_none=True))
+
+    async def next(self) -> dict[str, Any]:
+        with anyio.fail_after(10):
+            return await self._recv.receive()
+
+    def idle(self) -> bool:
+        return self._recv.statistics().current_buffer_used == 0
+
+
+class World:
+    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        url = f"sqlite:///{tmp_path / 'tasks.db'}"
+        upgrade(url)
+        self.store = SqlStore.from_url(url)
+        self.service = TaskService(self.store)
+        self.hub: Hub | None = Hub()
+        self.bus = InMemorySubscriptionBus()
+        self.owner: str | None = "sub:alice"
+        monkeypatch.setattr(listen_module, "current_principal", lambda: self.owner)
+
+    def handler(self, **options: Any) -> TaskListenHandler:
+        return TaskListenHandler(self.bus, lambda: self.service, lambda: self.hub, **options)
+
+    def task(self, owner: str | None = "sub:alice") -> tuple[str, str]:
+        task_id, record = self.service.create(owner=owner, tool="t", arguments={}, dispatch=False)
+        return task_id, record.key
+
+    def changed(self, key: str) -> None:
+        """What a transport does: hint the hub with the row's current version."""
+        record = self.store.get(key, ANY)
+        assert record is not None and self.hub is not None
+        self.hub.hint(key, record.version)
+
+
+@pytest.fixture
+def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> World:
+    return World(tmp_path, monkeypatch)
+
+
+def _params(**notifications: Any) -> SubscriptionsListenRequestParams:
+    return SubscriptionsListenRequestParams.model_validate({"notifications": notifications})
+
+
+@asynccontextmanager
+async def _open(handler: TaskListenHandler, params: SubscriptionsListenRequestParams, *, extension: bool = True,
+                request_id: int = 9) -> AsyncIterator[tuple[FakeSession, list[Any]]]:
+    session = FakeSession(extension)
+    ctx = SimpleNamespace(request_id=request_id, session=session, request=None)
+    outcome: list[Any] = []
+
+    async def run() -> None:
+        outcome.append(await handler(ctx, params))  # type: ignore[arg-type]
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run)
+        yield session, outcome
+        tg.cancel_scope.cancel()
+
+
+async def _refused(world: World, extension: bool = True, **notifications: Any) -> MCPError:
+    session = FakeSession(extension)
+    ctx = SimpleNamespace(request_id=9, session=session, request=None)
+    with pytest.raises(MCPError) as caught:
+        await world.handler()(ctx, _params(**notifications))  # type: ignore[arg-type]
+    assert session.idle()  # refused before the stream opened: nothing was sent
+    return caught.value
+
+
+@pytest.mark.parametrize("task_ids", ["one", [1], [None], {"a": "b"}, [f"id{n}" for n in range(1001)]])
+async def test_malformed_task_ids_are_invalid_params(world: World, task_ids: Any) -> None:
+    assert (await _refused(world, taskIds=task_ids)).error.code == -32602
+
+
+async def test_task_ids_need_the_extension_declared_on_this_request(world: World) -> None:
+    error = (await _refused(world, extension=False, taskIds=["x"])).error
+    assert error.code == -32021
+    assert error.data == {"requiredCapabilities": {"extensions": {EXT: {}}}}
+
+
+async def test_the_ack_keeps_only_the_callers_tasks_dropping_foreign_and_unknown_alike(world: World) -> None:
+    mine, _ = world.task()
+    theirs, _ = world.task(owner="sub:mallory")
+    unowned, _ = world.task(owner=None)
+    async with _open(world.handler(), _params(taskIds=[mine, theirs, "no-such-task", unowned, mine])) as (session, _):
+        ack = await session.next()
+    assert ack["method"] == "notifications/subscriptions/acknowledged"
+    assert ack["params"] == {"_meta": {SID: 9}, "notifications": {"taskIds": [mine]}}
+
+
+async def test_each_visible_change_is_sent_as_tasks_get_renders_it(world: World) -> None:
+    task_id, key = world.task()
+    async with _open(world.handler(), _params(taskIds=[task_id])) as (session, _):
+        await session.next()
+        world.service.progress(key, "half way")
+        world.changed(key)
+        sent = await session.next()
+    record = world.store.get(key, ANY)
+    assert record is not None
+    assert sent == {"method": "notifications/tasks", "params": {**render_task(task_id, record), "_meta": {SID: 9}}}
+    assert sent["params"]["statusMessage"] == "half way"
+
+
+async def test_a_write_clients_cannot_see_sends_nothing(world: World) -> None:
+    task_id, key = world.task()
+    async with _open(world.handler(), _params(taskIds=[task_id])) as (session, _):
+        await session.next()
+        world.store.update(key, ANY, lambda r: replace(r, version=r.version + 1))  # bookkeeping only
+        world.changed(key)
+        world.changed(key)  # a duplicate hint, too
+        world.service.progress(key, "visible")
+        world.changed(key)
+        assert (await session.next())["params"]["statusMessage"] == "visible"
+
+
+async def test_after_its_terminal_notification_a_task_is_no_longer_followed(world: World) -> None:
+    task_id, key = world.task()
+    other_id, other_key = world.task()
+    async with _open(world.handler(), _params(taskIds=[task_id, other_id])) as (session, _):
+        await session.next()
+        world.service.complete(key, {"content": [{"type": "text", "text": "ok"}]})
+        world.changed(key)
+        assert (await session.next())["params"]["status"] == "completed"
+        assert world.hub is not None and world.hub.watched_keys() == [other_key]
+        world.hub.hint(key, 99)  # even a (bogus) later hint is not followed
+        world.service.progress(other_key, "still going")
+        world.changed(other_key)
+        assert (await session.next())["params"]["taskId"] == other_id
+
+
+async def test_another_principals_stream_hears_nothing_of_the_task(world: World) -> None:
+    task_id, key = world.task()
+    world.owner = "sub:mallory"
+    sentinel, sentinel_key = world.task(owner="sub:mallory")
+    async with _open(world.handler(), _params(taskIds=[task_id, sentinel])) as (session, _):
+        assert (await session.next())["params"]["notifications"] == {"taskIds": [sentinel]}
+        world.service.progress(key, "secret")
+        world.changed(key)
+        world.service.progress(sentinel_key, "mine")
+        world.changed(sentinel_key)
+        assert (await session.next())["params"]["taskId"] == sentinel
+
+
+async def test_a_lost_hint_is_made_up_by_the_periodic_re_read(world: World) -> None:
+    task_id, key = world.task()
+    async with _open(world.handler(resync_interval_s=0.05), _params(taskIds=[task_id])) as (session, _):
+        await session.next()
+        world.service.progress(key, "never hinted")
+        assert (await session.next())["params"]["statusMessage"] == "never hinted"
+
+
+async def test_closing_ends_every_stream_with_its_listen_result(world: World) -> None:
+    handler = world.handler()
+    async with _open(handler, _params(toolsListChanged=True), request_id=5) as (session, outcome):
+        await session.next()
+        handler.close()
+        with anyio.fail_after(10):
+            while not outcome:
+                await anyio.sleep(0.01)
+    assert isinstance(outcome[0], SubscriptionsListenResult)
+    assert outcome[0].meta == {SID: 5}
+    assert handler.open_streams == 0
+
+
+async def test_streams_beyond_the_limit_are_refused(world: World) -> None:
+    handler = world.handler(max_streams=1)
+    async with _open(handler, _params(toolsListChanged=True)) as (session, _):
+        await session.next()
+        ctx = SimpleNamespace(request_id=10, session=FakeSession(True), request=None)
+        with pytest.raises(MCPError) as caught:
+            await handler(ctx, _params(toolsListChanged=True))  # type: ignore[arg-type]
+    assert caught.value.error.code == -32603
+
+
+async def test_core_events_reach_only_the_streams_that_asked(world: World) -> None:
+    handler = world.handler()
+    async with _open(handler, _params(toolsListChanged=True)) as (asked, _):
+        async with _open(handler, _params(promptsListChanged=True), request_id=10) as (other, _):
+            await asked.next()
+            await other.next()
+            await world.bus.publish(ToolsListChanged())
+            sent = await asked.next()
+            assert sent == {"method": "notifications/tools/list_changed", "params": {"_meta": {SID: 9}}}
+            assert other.idle()
+
+
+async def test_with_push_off_task_ids_are_not_acknowledged(world: World) -> None:
+    world.hub = None
+    task_id, _ = world.task()
+    async with _open(world.handler(), _params(taskIds=[task_id], toolsListChanged=True)) as (session, _):
+        assert (await session.next())["params"]["notifications"] == {"toolsListChanged": True}
+

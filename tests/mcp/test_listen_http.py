@@ -1,0 +1,119 @@
+"""`subscriptions/listen` over real HTTP: validation before the stream, core events kept, clean exit."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.mcp.listen_client import SUBSCRIPTION_ID, ListenStream
+from tests.support import EXT, Backend, Deployment, McpHttp, wait_until
+
+pytestmark = pytest.mark.integration
+
+APP = "tests.apps.push_app"
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    root = tmp_path_factory.mktemp("listen-http")
+    dep = Deployment(APP, Backend("embedded", {"MCP_TASKS_DATA_DIR": str(root / "data")}), root)
+    try:
+        yield dep
+    finally:
+        dep.stop()
+
+
+@pytest.fixture(scope="module")
+def url(deployment: Deployment) -> str:
+    return deployment.web("web")
+
+
+def _refused(url: str, notifications: dict[str, object], **kwargs: object) -> dict[str, object]:
+    stream = ListenStream(url, notifications, token="alice", **kwargs)  # type: ignore[arg-type]
+    try:
+        assert stream.status == 400, stream.status
+        assert stream.error_body is not None and stream.error_body["id"] == stream.request_id
+        return stream.error_body["error"]  # type: ignore[return-value]
+    finally:
+        stream.close()
+
+
+def test_task_ids_without_the_extension_on_the_request_are_refused_before_the_stream(url: str) -> None:
+    error = _refused(url, {"taskIds": ["x"]}, capabilities={})
+    assert error["code"] == -32021
+    assert error["data"] == {"requiredCapabilities": {"extensions": {EXT: {}}}}
+
+
+@pytest.mark.parametrize("task_ids", ["one-id", [1, 2], {"a": 1}, ["x"] * 1001 + ["y"]],
+                         ids=["string", "numbers", "object", "too-many"])
+def test_malformed_task_ids_are_invalid_params(url: str, task_ids: object) -> None:
+    if isinstance(task_ids, list) and len(task_ids) > 1000:
+        task_ids = [f"id-{n}" for n in range(1001)]
+    assert _refused(url, {"taskIds": task_ids})["code"] == -32602
+
+
+def test_core_subscriptions_still_work_beside_task_ids(url: str) -> None:
+    stream = ListenStream(url, {"toolsListChanged": True, "resourceSubscriptions": ["push://a"],
+                                "promptsListChanged": False, "taskIds": ["unknown"]}, token="alice")
+    try:
+        assert stream.ack()["notifications"] == {"toolsListChanged": True, "resourceSubscriptions": ["push://a"],
+                                                 "taskIds": []}
+        client = McpHttp(url, headers={"Authorization": "Bearer alice"})
+        assert "error" not in client.call_tool("announce", {"uri": "push://a"})
+        client.close()
+        tools = stream.next()
+        updated = stream.next()
+        assert tools is not None and tools["method"] == "notifications/tools/list_changed"
+        assert tools["params"]["_meta"] == {SUBSCRIPTION_ID: stream.request_id}
+        assert updated is not None and updated["method"] == "notifications/resources/updated"
+        assert updated["params"]["uri"] == "push://a"
+    finally:
+        stream.close()
+
+
+def test_a_core_listen_needs_no_extension(url: str) -> None:
+    stream = ListenStream(url, {"promptsListChanged": True}, token="alice", capabilities={})
+    try:
+        assert stream.ack()["notifications"] == {"promptsListChanged": True}
+    finally:
+        stream.close()
+
+
+def test_the_stream_sends_keep_alive_comments(url: str) -> None:
+    """The transport pings after 15 s of silence once the stream is open (the ack opens it at once)."""
+    stream = ListenStream(url, {"toolsListChanged": True}, token="alice")
+    try:
+        stream.ack()
+        wait_until(lambda: stream.comments, 60, "a keep-alive comment", 0.1)
+        assert stream.messages.empty()
+    finally:
+        stream.close()
+
+
+def test_sigterm_ends_open_streams_with_their_result_and_the_server_exits(tmp_path: Path) -> None:
+    dep = Deployment(APP, Backend("embedded", {"MCP_TASKS_DATA_DIR": str(tmp_path / "data")}), tmp_path)
+    streams: list[ListenStream] = []
+    try:
+        url = dep.web("web")
+        streams = [ListenStream(url, {"toolsListChanged": True, "taskIds": []}, token="alice", request_id=n)
+                   for n in (41, 42)]
+        for stream in streams:
+            stream.ack()
+        web = dep.procs[0]
+        web.popen.send_signal(signal.SIGTERM)
+        # uvicorn re-raises the signal it handled once it has shut down cleanly
+        assert web.popen.wait(timeout=30) in (0, -signal.SIGTERM)
+        for stream in streams:
+            final = stream.next(timeout=10)
+            assert final is not None and final["id"] == stream.request_id, final
+            assert final["result"]["resultType"] == "complete"
+            assert final["result"]["_meta"][SUBSCRIPTION_ID] == stream.request_id
+            assert stream.next(timeout=10) is None  # and then the stream ends
+        assert "timeout graceful shutdown exceeded" not in web.text()
+    finally:
+        for stream in streams:
+            stream.close()
+        dep.stop()
