@@ -223,6 +223,7 @@ class Deployment:
     log_dir: Path
     queue: str = field(default_factory=lambda: f"mcp-test-{uuid.uuid4().hex[:10]}")
     procs: list[Proc] = field(default_factory=list)
+    url: str = ""
 
     def env(self, **extra: str) -> dict[str, str]:
         return {"MCP_TASKS_QUEUE": self.queue, **extra}
@@ -230,6 +231,7 @@ class Deployment:
     def web(self, name: str = "web", **extra: str) -> str:
         proc, url = start_web(self.app, self.backend, self.log_dir, name, **self.env(**extra))
         self.procs.append(proc)
+        self.url = self.url or url
         return url
 
     def worker(self, name: str = "worker", **kwargs: Any) -> Proc:

@@ -1,0 +1,245 @@
+"""Every method, error and edge case of the Tasks extension on the wire, over real HTTP,
+against the conformance app served by `celery-mcp-tasks serve` with a separate worker."""
+
+from __future__ import annotations
+
+import base64
+import time
+
+import pytest
+import sqlalchemy as sa
+
+from celery_mcp_tasks.store.engine import normalize_url
+from tests.support import EXT, Deployment, McpHttp, wait_until
+
+pytestmark = pytest.mark.integration
+
+NOT_FOUND = "Failed to retrieve task: Task not found"
+NO_EXT = {"elicitation": {}, "sampling": {}}
+
+
+def rows(deployment: Deployment) -> int:
+    engine = sa.create_engine(normalize_url(deployment.backend.store_url))
+    with engine.connect() as conn:
+        count = conn.execute(sa.text("SELECT count(*) FROM mcp_tasks_task")).scalar_one()
+    engine.dispose()
+    return count
+
+
+def error_of(response) -> dict:  # type: ignore[no-untyped-def]
+    body = response.json()
+    assert "error" in body and "result" not in body, body
+    return body["error"]
+
+
+# -- bad input leaves nothing behind ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments", "message"),
+    [
+        ("no_such_tool", {}, "Unknown tool: no_such_tool"),
+        ("slow_compute", {"seconds": "soon"}, "Invalid arguments for tool slow_compute: seconds"),
+        ("slow_compute", {"seconds": -1}, "Invalid arguments for tool slow_compute: seconds"),
+        ("slow_compute", {}, "Invalid arguments for tool slow_compute: seconds"),
+    ],
+)
+def test_bad_tool_calls_get_invalid_params_and_store_nothing(conformance: Deployment, client: McpHttp, tool,
+                                                            arguments, message):
+    before = rows(conformance)
+    error = error_of(client.raw("tools/call", {"name": tool, "arguments": arguments}, name=tool))
+    assert error["code"] == -32602 and error["message"] == message
+    assert rows(conformance) == before
+
+
+def test_unknown_task_is_not_found_and_the_id_is_never_echoed(client: McpHttp):
+    probe = "unknown-task-id-that-must-not-be-echoed"
+    for method, extra in (("tasks/get", {}), ("tasks/cancel", {}), ("tasks/update", {"inputResponses": {}})):
+        response = client.raw(method, {"taskId": probe, **extra}, name=probe)
+        error = error_of(response)
+        assert error == {"code": -32602, "message": NOT_FOUND}
+        assert probe not in response.text
+
+
+@pytest.mark.parametrize(
+    ("headers", "accepted"),
+    [
+        ({"Mcp-Name": None}, False),
+        ({"Mcp-Name": "someone-else"}, False),
+        ({"Mcp-Name": "=?base64?{b64}?="}, True),
+        ({"Mcp-Name": "=?base64?{b64}"}, False),
+        ({"Mcp-Name": "=?base64?not!!base64?="}, False),
+    ],
+)
+def test_mcp_name_must_equal_the_task_id(client: McpHttp, headers, accepted):
+    task_id = client.create("slow_compute", {"seconds": 0})
+    b64 = base64.b64encode(task_id.encode()).decode()
+    value = headers["Mcp-Name"]
+    sent = {} if value is None else {"Mcp-Name": value.format(id=task_id, b64=b64)}
+    response = client.raw("tasks/get", {"taskId": task_id}, headers=sent)
+    if accepted:
+        assert response.status_code == 200 and response.json()["result"]["taskId"] == task_id
+    else:
+        assert response.status_code == 400 and error_of(response)["code"] == -32020
+        assert task_id not in response.text
+
+
+def test_mcp_name_is_compared_without_surrounding_whitespace(client: McpHttp):
+    """httpx refuses to send such a header; the standard library's client does not."""
+    import http.client
+    import json
+    from urllib.parse import urlsplit
+
+    task_id = client.create("slow_compute", {"seconds": 0})
+    url = urlsplit(client.url)
+    body = {"jsonrpc": "2.0", "id": 7, "method": "tasks/get", "params": {"taskId": task_id, "_meta": {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {"extensions": {EXT: {}}}}}}
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    conn.request("POST", url.path, body=json.dumps(body), headers={
+        "Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "tasks/get", "Mcp-Name": f"  {task_id}\t "})
+    response = conn.getresponse()
+    reply = json.loads(response.read())
+    conn.close()
+    assert response.status == 200 and reply["result"]["taskId"] == task_id
+
+
+def test_tasks_methods_need_the_extension_before_any_lookup(client: McpHttp):
+    for method in ("tasks/get", "tasks/cancel", "tasks/update"):
+        response = client.raw(method, {"taskId": "gate-test", "inputResponses": {}}, name="gate-test",
+                              capabilities=NO_EXT)
+        assert response.status_code == 400
+        error = error_of(response)
+        assert error["code"] == -32021
+        assert error["data"]["requiredCapabilities"] == {"extensions": {EXT: {}}}
+
+
+@pytest.mark.parametrize("method", ["tasks/list", "tasks/result"])
+def test_enumeration_methods_do_not_exist(client: McpHttp, method: str):
+    response = client.raw(method, {"taskId": "x"} if method == "tasks/result" else {})
+    assert response.status_code == 404 and error_of(response)["code"] == -32601
+
+
+# -- task modes and capabilities ----------------------------------------------------------
+
+
+def test_required_tool_without_the_extension_is_refused_before_a_task_exists(conformance: Deployment,
+                                                                               client: McpHttp):
+    before = rows(conformance)
+    response = client.raw("tools/call", {"name": "failing_job", "arguments": {}}, name="failing_job",
+                          capabilities=NO_EXT)
+    assert response.status_code == 400
+    assert error_of(response)["data"] == {"requiredCapabilities": {"extensions": {EXT: {}}}}
+    assert rows(conformance) == before
+
+
+def test_a_tool_needing_elicitation_is_refused_when_the_client_cannot_elicit(conformance: Deployment,
+                                                                            client: McpHttp):
+    before = rows(conformance)
+    response = client.raw("tools/call", {"name": "confirm_delete", "arguments": {"filename": "x"}},
+                          name="confirm_delete", capabilities={"extensions": {EXT: {}}})
+    assert response.status_code == 400
+    error = error_of(response)
+    assert error["code"] == -32021 and error["data"] == {"requiredCapabilities": {"elicitation": {}}}
+    assert rows(conformance) == before
+
+
+def test_an_optional_tool_without_the_extension_runs_and_answers_plainly(client: McpHttp):
+    reply = client.call_tool("slow_compute", {"seconds": 1, "label": "sync"}, capabilities=NO_EXT)
+    result = reply["result"]
+    assert result["resultType"] == "complete" and "taskId" not in result
+    assert result["content"][0]["text"] == "Computed sync after 1 second(s)"
+
+
+def test_a_failing_optional_call_without_the_extension_is_a_jsonrpc_error(client: McpHttp):
+    reply = client.call_tool("slow_compute", {"seconds": 0}, capabilities=NO_EXT)
+    assert reply["result"]["content"]  # sanity: the same tool works
+    error = client.call_tool("protocol_error_job", {}, capabilities=NO_EXT)["error"]
+    assert error["code"] == -32021  # protocol_error_job is task-required
+
+
+def test_the_legacy_task_param_is_ignored(client: McpHttp):
+    reply = client.rpc("tools/call", {"name": "greet", "arguments": {"name": "legacy"},
+                                      "task": {"ttl": 60000, "pollInterval": 100}}, name="greet")
+    assert reply["result"]["content"][0]["text"] == "Hello, legacy!" and "taskId" not in reply["result"]
+
+
+# -- tasks/update ---------------------------------------------------------------------------
+
+
+def test_update_validates_records_at_once_ignores_strangers_and_resumes(client: McpHttp):
+    task_id = client.create("multi_input")
+    asked = client.wait_for(task_id, "input_required")
+    assert set(asked["inputRequests"]) == {"first", "second"}
+
+    bad = client.task("tasks/update", task_id, inputResponses=["not", "an", "object"])
+    assert bad["error"]["code"] == -32602
+
+    ack = client.task("tasks/update", task_id, inputResponses={
+        "first": {"action": "accept", "content": {"name": "one"}}, "never-issued": {"ignored": True}})
+    assert ack["result"] == {"resultType": "complete", "_meta": ack["result"]["_meta"]}
+    partial = client.get(task_id)  # read right after the ack: the answered key is already gone
+    assert partial["status"] == "input_required" and list(partial["inputRequests"]) == ["second"]
+
+    again = client.task("tasks/update", task_id, inputResponses={"first": {"action": "accept",
+                                                                           "content": {"name": "twice"}}})
+    assert "result" in again  # an already answered key is ignored, not an error
+    client.task("tasks/update", task_id, inputResponses={"second": {"action": "accept", "content": {"name": "two"}}})
+    done = client.wait_for(task_id)
+    assert done["status"] == "completed"
+    assert done["result"]["content"][0]["text"] == "Received first=one and second=two"
+
+    late = client.task("tasks/update", task_id, inputResponses={"second": {"action": "decline"}})
+    assert late["result"]["resultType"] == "complete" and client.get(task_id)["status"] == "completed"
+
+
+# -- tasks/cancel ---------------------------------------------------------------------------
+
+
+def test_cancel_is_synchronous_final_and_idempotent(client: McpHttp):
+    task_id = client.create("slow_compute", {"seconds": 30})
+    ack = client.task("tasks/cancel", task_id)["result"]
+    assert set(ack) <= {"resultType", "_meta"} and ack["resultType"] == "complete"
+    cancelled = client.get(task_id)  # no waiting: the store already says so
+    assert cancelled["status"] == "cancelled" and cancelled["statusMessage"] == "Cancelled by the client"
+    assert client.task("tasks/cancel", task_id)["result"]["resultType"] == "complete"
+    time.sleep(0.5)  # the job notices within 100 ms and returns; its late result must change nothing
+    assert client.get(task_id) == {**cancelled, "_meta": client.get(task_id)["_meta"]}
+
+
+def test_cancel_racing_a_completion_leaves_exactly_one_final_state(client: McpHttp):
+    outcomes = set()
+    for _ in range(5):
+        task_id = client.create("slow_compute", {"seconds": 0})
+        client.task("tasks/cancel", task_id)
+        first = wait_until(lambda: (t := client.get(task_id))["status"] in ("completed", "cancelled") and t, 30,
+                           "a final state")
+        time.sleep(0.3)
+        assert client.get(task_id)["status"] == first["status"]  # never flips afterwards
+        outcomes.add(first["status"])
+    assert outcomes <= {"completed", "cancelled"}
+
+
+def test_cancel_of_a_finished_task_acks_and_changes_nothing(client: McpHttp):
+    task_id = client.create("slow_compute", {"seconds": 0})
+    done = client.wait_for(task_id)
+    assert client.task("tasks/cancel", task_id)["result"]["resultType"] == "complete"
+    assert client.get(task_id)["status"] == done["status"] == "completed"
+
+
+# -- the row cap ----------------------------------------------------------------------------
+
+
+def test_the_row_cap_answers_task_limit_reached(backend, tmp_path):  # type: ignore[no-untyped-def]
+    capped = Deployment("examples.conformance.app", backend, tmp_path)
+    try:
+        capped.web("capped", MCP_TASKS_MAX_ROWS="1")
+        http = McpHttp(capped.url)
+        base = rows(capped)
+        replies = [http.call_tool("slow_compute", {"seconds": 60}) for _ in range(base + 2)]
+        errors = [r["error"] for r in replies if "error" in r]
+        assert errors and errors[-1] == {"code": -32603, "message": "Task limit reached"}
+        http.close()
+    finally:
+        capped.stop()
