@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -45,10 +46,17 @@ def load_app(path: str) -> Any:
     return candidates[0]
 
 
+def _quiet_libraries() -> None:
+    """The SDK configures root logging at INFO; migrations and HTTP client chatter are noise here."""
+    for name in ("alembic", "httpx"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def _serve(app_path: str, host: str, port: int, migrate: bool, log_level: str) -> None:
     import uvicorn
 
     tasks = load_app(app_path)
+    _quiet_libraries()
     if migrate:
         from celery_mcp_tasks.migrate import upgrade
 
@@ -65,11 +73,12 @@ def _dev(args: argparse.Namespace) -> int:
         for name in ("MCP_TASKS_DATABASE_URL", "CELERY_BROKER_URL"):
             os.environ.pop(name, None)
     tasks = load_app(args.app)
+    _quiet_libraries()
     from celery_mcp_tasks.migrate import upgrade
 
     upgrade(tasks.settings.store_url)
     worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", args.app, "worker", "-B", "-P", "threads", "-c", "4",
+        [sys.executable, "-m", "celery", "--quiet", "-A", args.app, "worker", "-B", "-P", "threads", "-c", "4",
          "--loglevel", "WARNING", "--without-mingle", "--without-gossip",
          "-s", str(tasks.settings.resolved_data_dir / "beat-schedule")],
         env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))},
