@@ -17,7 +17,7 @@ from typing import Any, Literal, overload
 from celery import Celery
 from mcp.server.mcpserver import MCPServer
 
-from celery_mcp_tasks.config import Settings
+from celery_mcp_tasks.config import ConfigError, Settings
 from celery_mcp_tasks.context import TaskContext
 from celery_mcp_tasks.janitor import MetricHook, SweepReport, sweep
 from celery_mcp_tasks.mcp.extension import TasksExtension
@@ -60,6 +60,18 @@ def configure_celery(app: Celery, settings: Settings) -> None:
         conf.task_default_queue = settings.queue
 
 
+def _settings_from_env() -> Settings:
+    """Start-up validation: a wrong setting stops the process with one line naming it.
+
+    A `SystemExit`, not a traceback: `celery -A app worker` would otherwise
+    print its 40-line "Unable to load celery application" around it.
+    """
+    try:
+        return Settings.from_env()
+    except ConfigError as exc:
+        raise SystemExit(f"celery-mcp-tasks: configuration error: {exc}") from None
+
+
 class McpTasks:
     """Declare task tools with `@tasks.mcp_task`; serve `tasks.server`; run workers on `tasks.celery`."""
 
@@ -81,7 +93,7 @@ class McpTasks:
         from it to keep push). Other keyword arguments go to `MCPServer`.
         """
         self.name = name
-        self.settings = settings or Settings.from_env()
+        self.settings = settings or _settings_from_env()
         self.celery = celery or Celery(name)
         configure_celery(self.celery, self.settings)
         self.push = Push(
@@ -135,11 +147,15 @@ class McpTasks:
         return self._service
 
     def task_handle(self, key: str) -> TaskContext:
-        """Drive a task from outside a job (e.g. a webhook) by its row key."""
+        """Drive a task from outside a job (e.g. a webhook) by its row key (`ctx.key` in the job)."""
         return TaskContext(self.service(), key, record=self.service().status(key))
 
     def sweep(self) -> SweepReport:
-        return sweep(self.service(), self.settings, metric=self.metric)
+        return sweep(self.service(), self.settings, metric=self.metric, max_dispatches=self._max_dispatches)
+
+    def _max_dispatches(self, tool: str) -> int | None:
+        spec = self.tools.get(tool)
+        return spec.max_dispatches if spec is not None else None
 
     def _known_tool(self, name: str) -> bool:
         return self.server._tool_manager.get_tool(name) is not None  # pinned: mcp 2.3.x
@@ -163,6 +179,8 @@ class McpTasks:
         poll_interval_ms: int | None | Literal["default"] = "default",
         sync_timeout_s: float | None = None,
         prepare: Prepare | None = None,
+        terminate: bool = False,
+        max_dispatches: int | None = None,
         **celery_options: Any,
     ) -> Callable[[Callable[..., Any]], Any]: ...
 
@@ -172,7 +190,12 @@ class McpTasks:
         `mode`: "optional" (a task when the client declared the extension, else run
         and wait), "required" (-32021 without the extension) or "forbidden" (always
         run and wait). `needs`: client capabilities the job's input requests use.
-        Other keyword arguments go to Celery's `@app.task`.
+        `terminate`: tasks/cancel also kills a running job (prefork pools, best
+        effort). `max_dispatches`: sends of one run before a lost job fails
+        (default MCP_TASKS_MAX_DISPATCHES). Other keyword arguments go to
+        Celery's `@app.task`: with `bind=True` the function takes the job
+        first (`self.retry(...)`); `autoretry_for` works as usual; jobs default
+        to `acks_late` with a bounded `retry_on_worker_lost`.
         """
         if fn is None:
             return lambda f: self._register(f, **options)
@@ -181,7 +204,8 @@ class McpTasks:
     def _register(self, fn: Callable[..., Any], *, name: str | None = None, description: str | None = None,
                   mode: TaskMode = "optional", needs: tuple[str, ...] = (), ttl_ms: Any = "default",
                   poll_interval_ms: Any = "default", sync_timeout_s: float | None = None,
-                  prepare: Prepare | None = None, **celery_options: Any) -> Any:
+                  prepare: Prepare | None = None, terminate: bool = False, max_dispatches: int | None = None,
+                  **celery_options: Any) -> Any:
         tool = TaskTool(
             fn=fn,
             name=name or fn.__name__,
@@ -192,10 +216,14 @@ class McpTasks:
             poll_interval_ms=poll_interval_ms,
             sync_timeout_s=sync_timeout_s,
             prepare=prepare,
+            bound=bool(celery_options.get("bind")),
+            terminate=terminate,
+            max_dispatches=max_dispatches,
         )
         if tool.name in self.tools:
             raise ValueError(f"task tool {tool.name!r} is already registered")
         celery_options.setdefault("acks_late", True)
+        celery_options.setdefault("retry_on_worker_lost", True)  # bounded by max_retries, unlike reject_on_worker_lost
         celery_options.setdefault("ignore_result", True)
         job = self.celery.task(base=McpJob, mcp_tool=tool, mcp_runtime=self, **celery_options)(make_run(tool))
         tool.celery_name = job.name

@@ -1,45 +1,66 @@
-"""`TaskContext`: what a job sees of its task.
+"""`TaskContext`: what a job sees of its task, and the handle for work that ends elsewhere.
 
 It talks to the store through the service, never to Celery, so the same
 handle drives a task from inside a Celery job, from a webhook that finishes
-work elsewhere, or from a test. After a final state every write raises
-`TerminalTask`; inside a job that simply ends the run (the worker treats it
-as "the task was settled elsewhere", e.g. cancelled).
+the work elsewhere (`McpTasks.task_handle(key)`), or from a test. After a
+final state every write raises `TerminalTask`; inside a job that simply ends
+the run (the task was settled elsewhere, e.g. cancelled). A job's writes name
+its run, so once a newer dispatch or attempt owns the task they raise
+`Superseded` (a `TerminalTask`) instead of moving it backwards.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from celery_mcp_tasks.inputs import validate_input_requests
-from celery_mcp_tasks.model import TaskRecord, TaskStatus, TerminalTask
+from celery_mcp_tasks.model import Run, Superseded, TaskRecord, TaskStatus, TerminalTask
 from celery_mcp_tasks.service import TaskService, internal_error
 
-__all__ = ["InputRequested", "TaskContext", "TerminalTask"]
+__all__ = ["EndRun", "HandedOff", "InputRequested", "InputTimeout", "Superseded", "TaskContext", "TerminalTask"]
 
 
-class InputRequested(BaseException):
-    """Ends the current run: the task now waits in `input_required`.
+class EndRun(BaseException):
+    """Ends the current run without settling the task.
 
-    A `BaseException` on purpose, like `GeneratorExit`: it is control flow, and
-    a job's own `except Exception` must not swallow it.
+    A `BaseException` on purpose, like `GeneratorExit`: it is control flow, and a
+    job's own `except Exception` (or Celery's `autoretry_for=(Exception,)`) must
+    not swallow it.
+    """
+
+
+class InputRequested(EndRun):
+    """The task now waits in `input_required`; the job runs again once every key is answered."""
+
+
+class HandedOff(EndRun):
+    """The task stays `working`; something outside the job settles it through a task handle."""
+
+
+class InputTimeout(TimeoutError):
+    """`wait_for_input` saw no complete answer in time.
+
+    The task still waits in `input_required` (a later answer enqueues the job
+    again). Let it propagate and the task fails with this message; catch it to
+    decide otherwise (e.g. complete with a partial result).
     """
 
 
 class TaskContext:
-    """The job's handle on its task. Cheap to create; holds only the row key."""
+    """The handle on one task. Cheap to create; holds the row key and the last record read."""
 
     #: How long `cancelled()` may answer from its last read (keeps tight loops cheap).
     cancel_check_interval: float = 0.05
 
     def __init__(self, service: TaskService | None, key: str | None, *, record: TaskRecord | None = None,
-                 attempt: int = 0) -> None:
+                 run: Run | None = None) -> None:
         self._service = service
         self._key = key
         self._record = record
+        self._run = run
         self._checked_at = time.monotonic() if record is not None else 0.0
-        self.attempt = attempt
 
     @classmethod
     def detached(cls) -> TaskContext:
@@ -51,21 +72,30 @@ class TaskContext:
         return self._service is not None and self._key is not None
 
     @property
+    def key(self) -> str | None:
+        """The row key (a hash of the task id, which it cannot open): give it to whatever finishes the work."""
+        return self._key
+
+    @property
+    def attempt(self) -> int:
+        """Celery's retry count for this run (0 on the first attempt)."""
+        return self._run.attempt if self._run is not None else 0
+
+    @property
     def input_responses(self) -> dict[str, Any]:
         """Every answer the client gave so far, by input request key."""
         return dict(self._record.input_responses) if self._record is not None else {}
 
     def status(self) -> TaskRecord | None:
         """A fresh read of the task (None when detached or evicted)."""
-        if not self.attached:
+        if self._service is None or self._key is None:
             return None
-        assert self._service is not None and self._key is not None
-        self._record = self._service.status(self._key) or self._record
+        self._record = self._service.status(self._key)
         self._checked_at = time.monotonic()
         return self._record
 
     def cancelled(self) -> bool:
-        """True once the client cancelled (or the task ended elsewhere). Safe to call in a loop."""
+        """True once the client cancelled (or the task is gone). At most one read per 50 ms: call it in loops."""
         if not self.attached:
             return False
         if time.monotonic() - self._checked_at >= self.cancel_check_interval:
@@ -74,37 +104,102 @@ class TaskContext:
 
     def progress(self, message: str) -> None:
         """Show `message` as the task's statusMessage. Raises `TerminalTask` once the task is final."""
-        self._write(lambda s, k: s.progress(k, message))
+        self._write(lambda s, k: s.progress(k, message, self._run))
 
     def complete(self, result: dict[str, Any] | str, message: str | None = None) -> None:
-        """Finish with a CallToolResult (a str becomes one text block). For work that ends outside a job."""
+        """Finish with a CallToolResult (a str becomes one text block). Mostly for work that ends outside a job."""
         if isinstance(result, str):
             result = {"content": [{"type": "text", "text": result}], "isError": False}
-        self._write(lambda s, k: s.complete(k, result, message))
+        self._write(lambda s, k: s.complete(k, result, message, self._run))
 
     def fail(self, error: dict[str, Any] | str, message: str | None = None) -> None:
         """Fail with a JSON-RPC error (`{"code", "message"}`, or a message for -32603)."""
         if isinstance(error, str):
             error = internal_error(error)
-        self._write(lambda s, k: s.fail(k, error, message))
+        self._write(lambda s, k: s.fail(k, error, message, self._run))
+
+    def heartbeat(self, within_s: float = 0.0) -> None:
+        """Tell the stale reaper the work is alive (and will report again within `within_s` plus the stale timeout).
+
+        A job gets this for free from a background thread; use it from outside a job.
+        """
+        if self._service is None or self._key is None:
+            return
+        if not self._service.heartbeat(self._key, self._run, ahead_ms=int(within_s * 1000)):
+            raise Superseded("the task is final or a newer run owns it")
 
     def require_input(self, requests: dict[str, Any], message: str | None = None) -> NoReturn:
         """Ask the client for input and end this run; the job runs again once every key is answered.
 
-        Keys must be new for this task (a reused key raises `DuplicateInputKeys`).
+        Keys must be new for this task (a reused key raises `DuplicateInputKeys`),
+        so guard the call with `if "key" not in ctx.input_responses`.
         """
         checked = validate_input_requests(requests)
-        if not self.attached:
-            raise RuntimeError("require_input needs an MCP task; this job was called without one")
-        self._write(lambda s, k: s.require_input(k, checked, message))
+        self._require_attached("require_input")
+        self._write(lambda s, k: s.require_input(k, checked, message, run=self._run))
         raise InputRequested()
 
-    def _write(self, op: Any) -> None:
+    def wait_for_input(self, requests: dict[str, Any], message: str | None = None, *, timeout: float,
+                       poll_interval: float = 0.2) -> dict[str, Any]:
+        """Ask for input and block this worker until every key is answered; return the answers by key.
+
+        For short waits only: the worker slot stays busy meanwhile. Keys already
+        answered are not asked again, so a re-run of the job gets its answers at
+        once. Raises `InputTimeout` after `timeout` seconds and `TerminalTask`
+        when the task is cancelled meanwhile.
+        """
+        self._require_attached("wait_for_input")
+        assert self._service is not None and self._key is not None
+        pending = {key: value for key, value in requests.items() if key not in self.input_responses}
+        if pending:
+            checked = validate_input_requests(pending)
+            self._write(lambda s, k: s.require_input(k, checked, message, park=True, run=self._run))
+            self._await_answers(list(pending), timeout, poll_interval)
+        answers = self.input_responses
+        return {key: answers[key] for key in requests}
+
+    def hand_off(self, message: str | None = None, *, within_s: float) -> NoReturn:
+        """End this run leaving the task `working`, to be settled from outside through `task_handle(ctx.key)`.
+
+        Unless something reports (`heartbeat`, `progress`, `complete`, `fail`)
+        within `within_s` seconds plus the stale timeout, the janitor treats the
+        work as lost: it runs the job again while sends are left, then fails it.
+        """
+        self._require_attached("hand_off")
+        if message is not None:
+            self.progress(message)
+        self.heartbeat(within_s)
+        raise HandedOff()
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _await_answers(self, keys: list[str], timeout: float, poll_interval: float) -> None:
+        assert self._service is not None and self._key is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            record = self.status()
+            if record is None or record.terminal:
+                raise TerminalTask("the task ended while waiting for input")
+            if record.status is TaskStatus.WORKING and all(key in record.input_responses for key in keys):
+                return
+            if time.monotonic() >= deadline:
+                # Stop being parked; if the answers won that race, take them.
+                self._record = self._service.unpark(self._key)
+                if self._record.status is TaskStatus.WORKING:
+                    return
+                raise InputTimeout(f"no answer to the input request within {timeout:g}s")
+            time.sleep(min(poll_interval, max(deadline - time.monotonic(), 0.0)))
+
+    def _require_attached(self, what: str) -> None:
         if not self.attached:
+            raise RuntimeError(f"{what} needs an MCP task; this job was called without one")
+
+    def _write(self, op: Callable[[TaskService, str], TaskRecord]) -> None:
+        if self._service is None or self._key is None:
             return
         try:
             self._record = op(self._service, self._key)
         except TerminalTask:
-            self._record = self._service.status(self._key) if self._service and self._key else None
+            self._record = self._service.status(self._key)
             raise
         self._checked_at = time.monotonic()

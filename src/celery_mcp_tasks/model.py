@@ -25,6 +25,8 @@ __all__ = [
     "TERMINAL",
     "DuplicateInputKeys",
     "InvalidTransition",
+    "Run",
+    "Superseded",
     "TaskRecord",
     "TaskStatus",
     "TerminalTask",
@@ -55,6 +57,10 @@ class TerminalTask(Exception):
     """The task already reached `completed`, `failed` or `cancelled`; nothing may change it."""
 
 
+class Superseded(TerminalTask):
+    """A newer dispatch or attempt of the job owns the task: this run's writes no longer count."""
+
+
 class InvalidTransition(Exception):
     """A transition that the status machine does not allow (e.g. answering a working task)."""
 
@@ -65,6 +71,22 @@ class DuplicateInputKeys(ValueError):
     def __init__(self, keys: list[str]) -> None:
         super().__init__(f"input request keys already used by this task: {', '.join(sorted(keys))}")
         self.keys = sorted(keys)
+
+
+@dataclass(frozen=True)
+class Run:
+    """Which run of the job is writing: the dispatch (message generation) and Celery's attempt (0-based).
+
+    Signals from different processes arrive out of order; a write that names its
+    run is refused (`Superseded`) once a newer dispatch or attempt exists.
+    """
+
+    dispatch: int
+    attempt: int = 0
+
+
+def retry_message(attempt: int) -> str:
+    return f"Retrying (attempt {attempt + 1})"
 
 
 def new_task_id() -> str:
@@ -109,6 +131,9 @@ class TaskRecord:
     version: int = 1
     dispatches: int = 0
     heartbeat_at: int | None = None
+    attempt: int = 0  # Celery attempt (retries) of the current dispatch, scheduled or running
+    resends: int = 0  # the reaper's re-sends of the current run
+    parked: bool = False  # a job blocks in `wait_for_input`: answering must not enqueue another
 
     @property
     def terminal(self) -> bool:
@@ -122,6 +147,10 @@ class TaskRecord:
         expires = self.expires_at
         return expires is not None and at_ms >= expires
 
+    def stale(self, heartbeat_before_ms: int) -> bool:
+        """`working` with no sign of life since the bound: its job was probably lost."""
+        return self.status is TaskStatus.WORKING and (self.heartbeat_at is None or self.heartbeat_at < heartbeat_before_ms)
+
     # -- transitions -------------------------------------------------------------
     # Each returns the next record (version bumped) or raises. The store writes the
     # result only if the row still has `self.version`.
@@ -129,35 +158,74 @@ class TaskRecord:
     def _next(self, at_ms: int, **changes: Any) -> TaskRecord:
         return replace(self, updated_at=max(at_ms, self.updated_at), version=self.version + 1, **changes)
 
-    def _require_active(self) -> None:
+    def _require_active(self, run: Run | None = None) -> None:
         if self.terminal:
             raise TerminalTask("task is already terminal")
+        if run is not None and (run.dispatch != self.dispatches or run.attempt < self.attempt):
+            raise Superseded("a newer run of the job owns this task")
 
-    def with_progress(self, message: str | None, at_ms: int) -> TaskRecord:
-        self._require_active()
+    def with_progress(self, message: str | None, at_ms: int, run: Run | None = None) -> TaskRecord:
+        self._require_active(run)
         return self._next(at_ms, status_message=message)
 
-    def with_heartbeat(self, at_ms: int) -> TaskRecord:
-        """Liveness only: not a client-visible change, so `updated_at` stays."""
-        self._require_active()
-        return replace(self, heartbeat_at=at_ms, version=self.version + 1)
+    def began(self, run: Run, at_ms: int) -> TaskRecord:
+        """A job run starts. Returns `self` (no write) in the common case, the first attempt.
 
-    def dispatched(self, at_ms: int, message: str | None = None) -> TaskRecord:
-        """A (re-)send of the Celery message: counts attempts for the stale reaper."""
-        self._require_active()
-        changes: dict[str, Any] = {"dispatches": self.dispatches + 1, "heartbeat_at": at_ms}
-        if message is not None:
-            changes["status_message"] = message
-        return replace(self, version=self.version + 1, **changes)
+        Raises `Superseded` for a message that is not the current run (an older
+        dispatch or attempt, or any run while the task waits for input).
+        """
+        self._require_active(run)
+        if self.status is not TaskStatus.WORKING:
+            raise Superseded("no run is expected while the task waits for input")
+        if run.attempt > self.attempt:  # the retry signal is late (or was lost): say it now
+            return self._next(at_ms, attempt=run.attempt, status_message=retry_message(run.attempt), heartbeat_at=at_ms)
+        return self
 
-    def completed(self, result: dict[str, Any], at_ms: int, message: str | None = None) -> TaskRecord:
+    def retrying(self, run: Run, at_ms: int, start_by_ms: int) -> TaskRecord:
+        """Attempt `run.attempt` is scheduled (a Celery retry). A late signal changes nothing.
+
+        The heartbeat moves to the scheduled start, so a long countdown is not mistaken for a lost job.
+        """
         self._require_active()
+        if run.dispatch != self.dispatches or run.attempt <= self.attempt or self.status is not TaskStatus.WORKING:
+            return self
+        return self._next(at_ms, attempt=run.attempt, status_message=retry_message(run.attempt),
+                          heartbeat_at=max(start_by_ms, self.heartbeat_at or 0))
+
+    def dispatched(self, at_ms: int, message: str | None = None, *, resend: bool = False) -> TaskRecord:
+        """A send of the Celery message: a new run (`resend=False`) or the reaper's re-send of a lost one.
+
+        Every send is a new dispatch number, so an older message still in flight is superseded.
+        """
+        self._require_active()
+        changes: dict[str, Any] = {
+            "dispatches": self.dispatches + 1,
+            "heartbeat_at": at_ms,
+            "attempt": 0,
+            "resends": self.resends + 1 if resend else 0,
+            "parked": False,
+        }
+        if message is None:
+            return replace(self, version=self.version + 1, **changes)
+        return self._next(at_ms, status_message=message, **changes)
+
+    def unparked(self) -> TaskRecord:
+        """The blocked job gave up waiting: from now on an answer enqueues the job again."""
+        self._require_active()
+        if not self.parked:
+            return self
+        return replace(self, parked=False, version=self.version + 1)
+
+    def completed(self, result: dict[str, Any], at_ms: int, message: str | None = None,
+                  run: Run | None = None) -> TaskRecord:
+        self._require_active(run)
         return self._next(
             at_ms, status=TaskStatus.COMPLETED, result=result, input_requests={}, status_message=message
         )
 
-    def failed(self, error: dict[str, Any], at_ms: int, message: str | None = None) -> TaskRecord:
-        self._require_active()
+    def failed(self, error: dict[str, Any], at_ms: int, message: str | None = None,
+               run: Run | None = None) -> TaskRecord:
+        self._require_active(run)
         return self._next(
             at_ms,
             status=TaskStatus.FAILED,
@@ -170,8 +238,10 @@ class TaskRecord:
         self._require_active()
         return self._next(at_ms, status=TaskStatus.CANCELLED, input_requests={}, status_message=message)
 
-    def requiring_input(self, requests: dict[str, Any], at_ms: int, message: str | None = None) -> TaskRecord:
-        self._require_active()
+    def requiring_input(self, requests: dict[str, Any], at_ms: int, message: str | None = None, *,
+                        park: bool = False, run: Run | None = None) -> TaskRecord:
+        """Ask for input. `park`: the asking job stays and waits, so answering must not enqueue it again."""
+        self._require_active(run)
         if not requests:
             raise ValueError("require_input needs at least one input request")
         reused = [key for key in requests if key in self.issued_keys]
@@ -183,14 +253,16 @@ class TaskRecord:
             input_requests={**self.input_requests, **requests},
             issued_keys=self.issued_keys + tuple(requests),
             status_message=message,
+            parked=park,
         )
 
     def answered(self, responses: dict[str, Any], at_ms: int) -> tuple[TaskRecord, bool]:
         """Record answers to outstanding keys; others are ignored.
 
-        Returns the next record and whether it just went back to `working` (the
-        moment the job must be enqueued again). Raises `InvalidTransition` when
-        nothing outstanding was answered, so callers can skip the write.
+        Returns the next record and whether the job must be enqueued again: the
+        task just went back to `working` and no parked job is waiting for these
+        answers. Raises `InvalidTransition` when nothing outstanding was
+        answered, so callers can skip the write.
         """
         if self.terminal or self.status is not TaskStatus.INPUT_REQUIRED:
             raise InvalidTransition("no input is outstanding")
@@ -205,8 +277,9 @@ class TaskRecord:
             input_responses={**self.input_responses, **taken},
             status=TaskStatus.WORKING if resumed else TaskStatus.INPUT_REQUIRED,
             status_message="Resuming with the answers" if resumed else self.status_message,
+            parked=self.parked and not resumed,
         )
-        return nxt, resumed
+        return nxt, resumed and not self.parked
 
 
 # -- wire rendering ------------------------------------------------------------------

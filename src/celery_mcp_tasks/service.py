@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from celery_mcp_tasks.model import (
     DuplicateInputKeys,
     InvalidTransition,
+    Run,
     TaskRecord,
     TaskStatus,
     TerminalTask,
@@ -121,10 +122,13 @@ class TaskService:
             input_responses=dict(input_responses or {}),
             issued_keys=tuple(input_responses or ()),
         )
+        will_send = dispatch and self.dispatcher is not None
+        if will_send:  # the first dispatch is part of the insert: one write, then the send
+            record = replace(record, dispatches=1, heartbeat_at=at)
         self.store.create(record, max_rows=self.max_rows)
         safe_notify(self.notifier, record)
-        if dispatch:
-            record = self._dispatch(record)
+        if will_send:
+            record = self._send(record)
         return task_id, record
 
     def get(self, task_id: str, owner: str | None) -> TaskRecord:
@@ -185,43 +189,104 @@ class TaskService:
     def status(self, key: str) -> TaskRecord | None:
         return self.store.get(key, ANY)
 
-    def progress(self, key: str, message: str | None) -> TaskRecord:
-        return self._write(key, lambda r: r.with_progress(message, self.clock()))
+    # Writes that name a `run` are refused with `Superseded` once a newer dispatch
+    # or attempt owns the task, so a late signal or a lost-then-found job cannot
+    # move the task backwards.
 
-    def heartbeat(self, key: str) -> TaskRecord:
-        return self.store.update(key, ANY, lambda r: r.with_heartbeat(self.clock()))
+    def progress(self, key: str, message: str | None, run: Run | None = None) -> TaskRecord:
+        return self._write(key, lambda r: r.with_progress(message, self.clock(), run))
 
-    def complete(self, key: str, result: dict[str, Any], message: str | None = None) -> TaskRecord:
-        return self._write(key, lambda r: r.completed(result, self.clock(), message))
+    def heartbeat(self, key: str, run: Run | None = None, *, ahead_ms: int = 0) -> bool:
+        """Liveness for the stale reaper (`ahead_ms`: a promise to report again by then).
 
-    def fail(self, key: str, error: dict[str, Any], message: str | None = None) -> TaskRecord:
-        return self._write(key, lambda r: r.failed(error, self.clock(), message))
+        False once the task is final or a newer dispatch owns it.
+        """
+        return self.store.touch(key, self.clock() + ahead_ms, dispatch=None if run is None else run.dispatch)
 
-    def require_input(self, key: str, requests: dict[str, Any], message: str | None = None) -> TaskRecord:
-        return self._write(key, lambda r: r.requiring_input(requests, self.clock(), message))
+    def complete(self, key: str, result: dict[str, Any], message: str | None = None,
+                 run: Run | None = None) -> TaskRecord:
+        return self._write(key, lambda r: r.completed(result, self.clock(), message, run))
+
+    def fail(self, key: str, error: dict[str, Any], message: str | None = None, run: Run | None = None) -> TaskRecord:
+        return self._write(key, lambda r: r.failed(error, self.clock(), message, run))
+
+    def require_input(self, key: str, requests: dict[str, Any], message: str | None = None, *,
+                      park: bool = False, run: Run | None = None) -> TaskRecord:
+        return self._write(key, lambda r: r.requiring_input(requests, self.clock(), message, park=park, run=run))
+
+    def begin(self, key: str, run: Run, *, beat_before_ms: int) -> TaskRecord:
+        """A job run starts: `Superseded`/`TerminalTask` when it must not run; refreshes an old heartbeat."""
+        record = self._write(key, lambda r: r.began(run, self.clock()))
+        if record.heartbeat_at is None or record.heartbeat_at < beat_before_ms:
+            self.heartbeat(key, run)
+        return record
+
+    def retrying(self, key: str, run: Run, start_by_ms: int) -> TaskRecord:
+        """Celery scheduled attempt `run.attempt`: the task stays `working` and says so."""
+        return self._write(key, lambda r: r.retrying(run, self.clock(), start_by_ms))
+
+    def unpark(self, key: str) -> TaskRecord:
+        return self._write(key, lambda r: r.unparked())
 
     def cancel_by_key(self, key: str, message: str) -> tuple[TaskRecord, bool]:
         return self._cancel(key, ANY, message)
 
-    def redispatch(self, key: str, message: str) -> TaskRecord:
-        """Send the job again for an active task (the stale reaper's move)."""
-        record = self.store.get(key, ANY)
-        if record is None:
-            raise TaskNotFound()
-        return self._dispatch(record, message=message)
+    def reap(self, key: str, *, stale_before_ms: int, max_dispatches: int, lost_message: str) -> str:
+        """Settle a task whose job seems lost: send it again while the run has sends left, then fail it.
+
+        Decided inside the compare-and-swap, so two janitors at once act only once.
+        Returns "resent", "failed" or "skipped" (it showed life or ended meanwhile).
+        """
+        outcome = "skipped"
+
+        def transition(record: TaskRecord) -> TaskRecord:
+            nonlocal outcome
+            outcome = "skipped"
+            if not record.stale(stale_before_ms):
+                return record
+            sends = record.resends + 1
+            if sends < max_dispatches:
+                outcome = "resent"
+                message = f"The worker was lost; running the job again (send {sends + 1} of {max_dispatches})"
+                return record.dispatched(self.clock(), message, resend=True)
+            outcome = "failed"
+            return record.failed(internal_error(lost_message), self.clock(), lost_message)
+
+        try:
+            record = self._write(key, transition)
+        except (TerminalTask, TaskNotFound):
+            return "skipped"
+        if outcome == "resent":
+            self._send(record)
+        return outcome
 
     def _write(self, key: str, transition: Callable[[TaskRecord], TaskRecord]) -> TaskRecord:
-        record = self.store.update(key, ANY, transition)
-        safe_notify(self.notifier, record)
+        """Apply `transition` atomically; tell the notifier only when the row really changed."""
+        seen: list[int] = []
+
+        def tracked(record: TaskRecord) -> TaskRecord:
+            seen.append(record.version)
+            return transition(record)
+
+        record = self.store.update(key, ANY, tracked)
+        if not seen or record.version != seen[-1]:
+            safe_notify(self.notifier, record)
         return record
 
     def _dispatch(self, record: TaskRecord, message: str | None = None) -> TaskRecord:
+        """Start a new run of the job (after the last answer came in)."""
         if self.dispatcher is None:
             return record
         try:
-            record = self.store.update(record.key, ANY, lambda r: r.dispatched(self.clock(), message))
+            record = self._write(record.key, lambda r: r.dispatched(self.clock(), message))
         except TerminalTask:
             return self.store.get(record.key, ANY) or record
+        return self._send(record)
+
+    def _send(self, record: TaskRecord) -> TaskRecord:
+        """Hand a committed dispatch to the broker; if that fails the task fails, readable."""
+        if self.dispatcher is None:
+            return record
         try:
             self.dispatcher(record)
         except Exception as exc:  # broker down, serialization, routing: the task must still end readable

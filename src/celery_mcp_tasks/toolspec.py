@@ -38,9 +38,11 @@ def find_context_parameter(fn: Callable[..., Any]) -> str | None:
     return None
 
 
-def _public_signature(fn: Callable[..., Any], hidden: str | None) -> inspect.Signature:
+def _public_signature(fn: Callable[..., Any], hidden: str | None, *, bound: bool = False) -> inspect.Signature:
+    """The tool's arguments: without the context parameter, and without `self` for a `bind=True` job."""
     signature = inspect.signature(fn, eval_str=True)
-    return signature.replace(parameters=[p for n, p in signature.parameters.items() if n != hidden])
+    parameters = [p for n, p in signature.parameters.items() if n != hidden]
+    return signature.replace(parameters=parameters[1:] if bound else parameters)
 
 
 @dataclass
@@ -55,6 +57,9 @@ class TaskTool:
     sync_timeout_s: float | None = None
     prepare: Prepare | None = None
     celery_name: str = ""
+    bound: bool = False  # `bind=True`: Celery passes the job (`self`) first, e.g. for `self.retry()`
+    terminate: bool = False  # tasks/cancel also terminates a running job (prefork pools; best effort)
+    max_dispatches: int | None = None  # sends of one run before a lost job fails; None: the setting
     context_param: str | None = None
     sdk_tool: Tool = field(init=False, repr=False)
 
@@ -66,6 +71,8 @@ class TaskTool:
             raise ValueError(f"task tool {self.name!r}: unknown client capabilities in needs: {sorted(unknown)}")
         if inspect.iscoroutinefunction(self.fn):
             raise TypeError(f"task tool {self.name!r}: Celery jobs are synchronous; define it with `def`")
+        if self.max_dispatches is not None and self.max_dispatches < 1:
+            raise ValueError(f"task tool {self.name!r}: max_dispatches must be >= 1, got {self.max_dispatches}")
         self.context_param = find_context_parameter(self.fn)
         self.sdk_tool = Tool.from_function(self.schema_function(), name=self.name, description=self.description)
 
@@ -80,7 +87,7 @@ class TaskTool:
         stand_in.__qualname__ = self.fn.__qualname__
         stand_in.__module__ = self.fn.__module__
         stand_in.__doc__ = self.fn.__doc__
-        stand_in.__signature__ = _public_signature(self.fn, self.context_param)  # type: ignore[attr-defined]
+        stand_in.__signature__ = _public_signature(self.fn, self.context_param, bound=self.bound)  # type: ignore[attr-defined]
         return stand_in
 
     @property
@@ -99,8 +106,6 @@ class TaskTool:
         result = self.sdk_tool.fn_metadata.convert_result(value)
         return result.model_dump(by_alias=True, mode="json", exclude_none=True)
 
-    def call(self, arguments: Mapping[str, Any], ctx: TaskContext) -> Any:
-        kwargs = self.validate(arguments)
-        if self.context_param is not None:
-            kwargs[self.context_param] = ctx
-        return self.fn(**kwargs)
+    def job_signature(self) -> inspect.Signature:
+        """What Celery checks `.delay()` against: the function without its context parameter."""
+        return _public_signature(self.fn, self.context_param)

@@ -64,6 +64,10 @@ class Store(Protocol):
         """
         ...
 
+    def touch(self, key: str, at_ms: int, *, dispatch: int | None = None) -> bool:
+        """Set the heartbeat of an active record (of that dispatch) without a version bump."""
+        ...
+
     def versions(self, keys: Iterable[str]) -> dict[str, int]:
         """Current version of each existing key (used by the polling notifier)."""
         ...

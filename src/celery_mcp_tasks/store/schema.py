@@ -42,6 +42,11 @@ tasks = sa.Table(
     sa.Column("version", sa.Integer, nullable=False),
     sa.Column("dispatches", sa.Integer, nullable=False),
     sa.Column("heartbeat_at", sa.BigInteger, nullable=True),
+    # The job's run bookkeeping (migration 0002): Celery attempt of the current
+    # dispatch, the reaper's re-sends, and whether a job blocks waiting for input.
+    sa.Column("attempt", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("resends", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("parked", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Index(None, "expires_at"),
     sa.Index(None, "status", "heartbeat_at"),
     sa.Index(None, "status", "updated_at"),

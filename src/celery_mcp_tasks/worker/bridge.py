@@ -1,26 +1,31 @@
 """The signal bridge: Celery outcomes become task states.
 
 success -> `completed` with the CallToolResult; failure (an exception in the
-body, or the worker process lost) -> `failed` with -32603; a retry keeps the
-task `working` and says which attempt is next; a revoke after our own cancel
-is a no-op (the store already says `cancelled`), any other revoke fails the
-task. Every write is a compare-and-swap that refuses to leave a final state,
-so signals that arrive late or out of order never move a task backwards.
+body, retries exhausted, or the worker process lost) -> `failed` with -32603;
+a retry keeps the task `working` and says which attempt is next; a revoke
+after our own cancel changes nothing (the store already says `cancelled`),
+any other revoke fails the task.
 
-Celery swallows exceptions raised in signal handlers; ours log them loudly.
+Signals come from different processes and out of order (`task_retry` can land
+after the next attempt started). Every write names the run it belongs to
+(dispatch header + Celery attempt) and is a compare-and-swap that refuses to
+leave a final state or to overwrite a newer run, so a late signal never moves
+a task backwards. Celery swallows exceptions raised in signal handlers; ours
+log them loudly.
 """
 
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 from typing import Any
 
 from celery import signals
 
-from celery_mcp_tasks.model import TerminalTask
-from celery_mcp_tasks.service import internal_error
+from celery_mcp_tasks.model import Run, TerminalTask, now_ms
+from celery_mcp_tasks.service import TaskService, internal_error
 from celery_mcp_tasks.store.base import TaskNotFound
-from celery_mcp_tasks.worker.job import McpJob, row_key
+from celery_mcp_tasks.worker.job import McpJob, row_key, run_of
 
 logger = logging.getLogger("celery_mcp_tasks.worker")
 
@@ -28,15 +33,18 @@ _MAX_MESSAGE = 500
 _installed = False
 
 
-def _ours(sender: Any) -> bool:
-    return isinstance(sender, McpJob)
-
-
-def _settle(sender: McpJob, key: str, what: str, op: Any) -> None:
+def _settle(sender: Any, request: Any, what: str, op: Any, *, next_attempt: bool = False) -> None:
+    """Apply `op(service, key, run)` for one of our jobs; anything else is not ours to touch."""
+    if not isinstance(sender, McpJob):
+        return
+    key = row_key(request)
+    if key is None:
+        return  # a plain `.delay()` of the job: no MCP task behind it
+    run = run_of(request, next_attempt=next_attempt)
     try:
-        op(sender.mcp_runtime.service())
+        op(sender.mcp_runtime.service(), key, run)
     except (TerminalTask, TaskNotFound):
-        logger.debug("tool %r: %s ignored, task already final or gone", sender.mcp_tool.name, what)
+        logger.debug("tool %r: %s ignored, task final, superseded or gone", sender.mcp_tool.name, what)
     except Exception:
         logger.exception("tool %r: could not record %s; the reaper will settle the task", sender.mcp_tool.name, what)
 
@@ -50,45 +58,52 @@ def describe_failure(exc: BaseException | None) -> str:
     return message[:_MAX_MESSAGE]
 
 
+def _start_by_ms(reason: Any) -> int:
+    """When the retried attempt is due (Retry.when is a countdown in seconds or an ETA)."""
+    when = getattr(reason, "when", None)
+    if isinstance(when, datetime):
+        return int(when.timestamp() * 1000)
+    if isinstance(when, (int, float)):
+        return now_ms() + int(when * 1000)
+    return now_ms()
+
+
 def on_success(sender: Any = None, result: Any = None, **_: Any) -> None:
-    if not _ours(sender) or result is None:
+    if result is None:  # the run ended without an outcome: skipped, asked for input, handed off
         return
-    key = row_key(sender.request)
-    if key is None:
-        return
-    _settle(sender, key, "completion", lambda s: s.complete(key, result))
+
+    def complete(service: TaskService, key: str, run: Run | None) -> None:
+        service.complete(key, result, run=run)
+
+    _settle(sender, getattr(sender, "request", None), "completion", complete)
 
 
 def on_failure(sender: Any = None, exception: BaseException | None = None, **_: Any) -> None:
-    if not _ours(sender):
-        return
-    key = row_key(sender.request)
-    if key is None:
-        return
     message = describe_failure(exception)
-    _settle(sender, key, "failure", lambda s: s.fail(key, internal_error(message), message))
+
+    def fail(service: TaskService, key: str, run: Run | None) -> None:
+        service.fail(key, internal_error(message), message, run=run)
+
+    _settle(sender, getattr(sender, "request", None), "failure", fail)
 
 
 def on_retry(sender: Any = None, request: Any = None, reason: Any = None, **_: Any) -> None:
-    if not _ours(sender):
-        return
-    key = row_key(request)
-    if key is None:
-        return
-    attempt = (getattr(request, "retries", 0) or 0) + 2
-    message = f"Retrying (attempt {attempt})"
-    _settle(sender, key, "retry", lambda s: s.progress(key, message))
+    start_by = _start_by_ms(reason)
+
+    def retrying(service: TaskService, key: str, run: Run | None) -> None:
+        if run is not None:
+            service.retrying(key, run, start_by)
+
+    _settle(sender, request, "retry", retrying, next_attempt=True)
 
 
-def on_revoked(sender: Any = None, request: Any = None, terminated: bool = False, expired: bool = False,
-               **_: Any) -> None:
-    if not _ours(sender):
-        return
-    key = row_key(request)
-    if key is None:
-        return
+def on_revoked(sender: Any = None, request: Any = None, expired: bool = False, **_: Any) -> None:
     message = "The job expired before a worker ran it" if expired else "The job was revoked in Celery"
-    _settle(sender, key, "revoke", lambda s: s.fail(key, internal_error(message), message))
+
+    def fail(service: TaskService, key: str, run: Run | None) -> None:
+        service.fail(key, internal_error(message), message, run=run)
+
+    _settle(sender, request, "revoke", fail)
 
 
 def install() -> None:

@@ -2,12 +2,13 @@
 
 A job is a normal Celery task: `.delay(...)` runs the function with a
 detached context. When the message carries our row-key header it is an MCP
-task: the body is skipped if the task is already final (cancelled before it
-started, or a duplicate delivery), the stored arguments are validated the
-way the SDK would, the function runs with a live `TaskContext`, and the
-return value becomes the CallToolResult. Recording the outcome is the signal
-bridge's job (`worker.bridge`), so every path through Celery, including a
-worker killed mid-job, ends in the store.
+task: the body runs only if this message is the task's current run (the task
+is `working`, not cancelled before it started, and no newer dispatch or
+attempt exists), with the stored arguments validated the way the SDK would,
+a live `TaskContext`, and a heartbeat thread. The body goes through
+`self.run`, so Celery's `autoretry_for` wrapper and `bind=True` work as usual.
+Recording the outcome is the signal bridge's job (`worker.bridge`), so every
+path through Celery, including a worker killed mid-job, ends in the store.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from typing import Any, Protocol
 from celery import Task
 from mcp.server.mcpserver.exceptions import ToolError
 
-from celery_mcp_tasks.context import InputRequested, TaskContext
-from celery_mcp_tasks.model import TaskStatus, TerminalTask
+from celery_mcp_tasks.context import EndRun, TaskContext
+from celery_mcp_tasks.model import Run, Superseded, TerminalTask, now_ms
 from celery_mcp_tasks.service import TaskService
+from celery_mcp_tasks.store.base import TaskNotFound
 from celery_mcp_tasks.toolspec import TaskTool
 
 logger = logging.getLogger("celery_mcp_tasks.worker")
@@ -42,18 +44,26 @@ class WorkerRuntime(Protocol):
     def service(self) -> TaskService: ...
 
 
-def row_key(request: Any) -> str | None:
-    """Our header from a Celery request context, a request dict, or None."""
+def _header(request: Any, name: str) -> Any:
     if request is None:
         return None
     if isinstance(request, dict):
-        return request.get(KEY_HEADER) or (request.get("headers") or {}).get(KEY_HEADER)
-    return getattr(request, KEY_HEADER, None) or (getattr(request, "headers", None) or {}).get(KEY_HEADER)
+        return request.get(name) or (request.get("headers") or {}).get(name)
+    return getattr(request, name, None) or (getattr(request, "headers", None) or {}).get(name)
 
 
-def dispatch_number(request: Any) -> int | None:
-    value = getattr(request, DISPATCH_HEADER, None) or (getattr(request, "headers", None) or {}).get(DISPATCH_HEADER)
-    return int(value) if value is not None else None
+def row_key(request: Any) -> str | None:
+    """Our row-key header from a Celery request context, a request dict, or None."""
+    return _header(request, KEY_HEADER)
+
+
+def run_of(request: Any, *, next_attempt: bool = False) -> Run | None:
+    """The run a request belongs to (dispatch header + Celery's retry count), or None without the header."""
+    dispatch = _header(request, DISPATCH_HEADER)
+    if dispatch is None:
+        return None
+    retries = (request.get("retries") if isinstance(request, dict) else getattr(request, "retries", 0)) or 0
+    return Run(int(dispatch), int(retries) + (1 if next_attempt else 0))
 
 
 def current_context() -> TaskContext:
@@ -63,7 +73,7 @@ def current_context() -> TaskContext:
 class _Heartbeat:
     """Marks the task alive while its job runs, so the janitor's reaper can tell a dead job."""
 
-    def __init__(self, beat: Callable[[], Any], interval: float) -> None:
+    def __init__(self, beat: Callable[[], bool], interval: float) -> None:
         self._beat = beat
         self._interval = interval
         self._stop = threading.Event()
@@ -79,9 +89,8 @@ class _Heartbeat:
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
             try:
-                self._beat()
-            except TerminalTask:
-                return
+                if not self._beat():
+                    return  # final, or a newer run owns the task: nothing left to keep alive
             except Exception:  # a missed beat is only a later reap; never kill the job for it
                 logger.warning("task heartbeat failed; will retry", exc_info=True)
 
@@ -100,36 +109,48 @@ class McpJob(Task):
         return self._run_for_task(key)
 
     def _run_for_task(self, key: str) -> dict[str, Any] | None:
+        tool = self.mcp_tool
         service = self.mcp_runtime.service()
-        record = service.status(key)
-        if record is None or record.status is not TaskStatus.WORKING:
-            # Cancelled before it started, evicted, or a late duplicate delivery.
-            logger.info("job for tool %r skipped: its task is not working", self.mcp_tool.name)
+        interval = self.mcp_runtime.heartbeat_interval_s
+        run = run_of(self.request)
+        try:
+            if run is None:  # a message from before the dispatch header: adopt the current run
+                record = service.status(key)
+                run = Run(record.dispatches if record else 0, self.request.retries or 0)
+            record = service.begin(key, run, beat_before_ms=now_ms() - int(interval * 1000))
+        except TaskNotFound:
+            logger.info("job for tool %r skipped: its task no longer exists", tool.name)
             return None
-        dispatch = dispatch_number(self.request)
-        if dispatch is not None and dispatch != record.dispatches:
-            logger.info("job for tool %r skipped: superseded by a newer dispatch", self.mcp_tool.name)
+        except Superseded:
+            logger.info("job for tool %r skipped: superseded by a newer dispatch or attempt", tool.name)
             return None
-        ctx = TaskContext(service, key, record=record, attempt=self.request.retries or 0)
+        except TerminalTask:
+            logger.info("job for tool %r skipped: its task is already final", tool.name)
+            return None
+        kwargs = tool.validate(record.arguments)
+        ctx = TaskContext(service, key, record=record, run=run)
         token = _current.set(ctx)
         try:
-            with _Heartbeat(lambda: service.heartbeat(key), self.mcp_runtime.heartbeat_interval_s):
-                value = self.mcp_tool.call(record.arguments, ctx)
+            with _Heartbeat(lambda: service.heartbeat(key, run), interval):
+                value = self.run(**kwargs)
         except ToolError as exc:
             # As a synchronous MCP tool: a deliberate tool error is a result with isError.
             return {"content": [{"type": "text", "text": str(exc)}], "isError": True}
-        except InputRequested:
+        except EndRun:
             return None
         except TerminalTask:
-            logger.info("job for tool %r stopped: its task was settled elsewhere", self.mcp_tool.name)
+            logger.info("job for tool %r stopped: its task was settled elsewhere", tool.name)
             return None
         finally:
             _current.reset(token)
-        return self.mcp_tool.to_result(value)
+        return tool.to_result(value)
 
 
 def make_run(tool: TaskTool) -> Callable[..., Any]:
-    """The Celery `run` for a tool: the user's function with the context injected."""
+    """The Celery `run` for a tool: the user's function with the context injected.
+
+    With `bind=True` Celery passes the job first (`self`), as for any bound task.
+    """
     fn = tool.fn
 
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -141,5 +162,5 @@ def make_run(tool: TaskTool) -> Callable[..., Any]:
     run.__qualname__ = fn.__qualname__
     run.__module__ = fn.__module__
     run.__doc__ = fn.__doc__
-    run.__signature__ = tool.schema_function().__signature__  # type: ignore[attr-defined]
+    run.__signature__ = tool.job_signature()  # type: ignore[attr-defined]
     return run
