@@ -9,11 +9,14 @@ default that needs no servers.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from sqlalchemy.engine import make_url
 
 __all__ = ["ConfigError", "Settings"]
 
@@ -51,8 +54,28 @@ def _float(env: Mapping[str, str], name: str, default: float, *, allow_off: bool
     except ValueError:
         raise ConfigError(f"{name}: expected a number of seconds, got {raw!r}") from None
     if value <= 0:
-        raise ConfigError(f"{name}: must be > 0, got {raw!r}")
+        raise ConfigError(f"{name}: must be > 0{' (or off)' if allow_off else ''}, got {raw!r}")
     return value
+
+
+_STORE_DRIVERS = {"sqlite": "sqlite3", "postgresql": "psycopg"}
+
+
+def _check_store_url(url: str) -> None:
+    """The store must be SQLite or PostgreSQL, with its driver installed (not a surprise on the first task)."""
+    name = "MCP_TASKS_DATABASE_URL"
+    try:
+        parsed = make_url(url)
+    except Exception:
+        raise ConfigError(f"{name}: not a database URL (expected postgresql://... or sqlite:///...)") from None
+    backend = "postgresql" if parsed.get_backend_name() in ("postgresql", "postgres") else parsed.get_backend_name()
+    if backend not in _STORE_DRIVERS:
+        raise ConfigError(f"{name}: unsupported database {backend!r}; use postgresql://... or sqlite:///...")
+    driver = parsed.get_driver_name() if "+" in parsed.drivername else _STORE_DRIVERS[backend]
+    if backend == "postgresql" and driver not in ("psycopg", "psycopg_async"):
+        raise ConfigError(f"{name}: the store speaks psycopg 3; use postgresql:// or postgresql+psycopg://")
+    if importlib.util.find_spec(_STORE_DRIVERS[backend]) is None:
+        raise ConfigError(f"{name}: the {backend} driver is not installed (pip install 'celery-mcp-tasks[postgres]')")
 
 
 @dataclass(frozen=True)
@@ -75,11 +98,12 @@ class Settings:
     def __post_init__(self) -> None:
         if self.notify not in _NOTIFY_MODES:
             raise ConfigError(f"MCP_TASKS_NOTIFY: expected one of {', '.join(_NOTIFY_MODES)}, got {self.notify!r}")
-        for name in ("database_url", "broker_url"):
-            value = getattr(self, name)
-            if value is not None and "://" not in value:
-                env = "MCP_TASKS_DATABASE_URL" if name == "database_url" else "CELERY_BROKER_URL"
-                raise ConfigError(f"{env}: expected a URL such as scheme://..., got {value!r}")
+        if self.broker_url is not None and "://" not in self.broker_url:
+            raise ConfigError(f"CELERY_BROKER_URL: expected a URL such as redis://host:6379/0, got {self.broker_url!r}")
+        if self.database_url is not None:
+            _check_store_url(self.database_url)
+        if self.stale_timeout_s < 1:
+            raise ConfigError(f"MCP_TASKS_STALE_TIMEOUT_S: must be >= 1 (heartbeats need room), got {self.stale_timeout_s:g}")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
