@@ -3,7 +3,9 @@
 The Celery message gets its own id (derived from the row key and the dispatch
 number, so a cancel can revoke it without storing anything more); the row key
 travels in a header, which survives retries and redelivery and reaches every
-signal. Neither the id nor the body holds the MCP task id.
+signal. Neither the id nor the body holds the MCP task id. The message is
+shadowed with the tool's name, which is what worker logs, `celery events` and
+Flower show.
 """
 
 from __future__ import annotations
@@ -42,12 +44,20 @@ class CeleryDispatcher:
             kwargs=record.arguments,
             task_id=celery_id(record),
             headers={KEY_HEADER: record.key, DISPATCH_HEADER: record.dispatches},
+            shadow=tool.name,
             retry=True,
             retry_policy=_RETRY_POLICY,
         )
 
-    def revoke(self, record: TaskRecord, *, terminate: bool = False) -> None:
-        """Best effort: a revoke is lost when no worker is up; the store's cancel is what counts."""
+    def revoke(self, record: TaskRecord, *, terminate: bool | None = None) -> None:
+        """Best effort: a revoke is lost when no worker is up; the store's cancel is what counts.
+
+        `terminate` (default: the tool's `terminate=` option) also kills a running
+        job's pool process with SIGTERM; only prefork pools honour it.
+        """
+        tool = self.tools.get(record.tool)
+        if terminate is None:
+            terminate = tool.terminate if tool is not None else False
         try:
             self.app.control.revoke(celery_id(record), terminate=terminate, signal="SIGTERM")
         except Exception as exc:  # best effort by design

@@ -1,8 +1,11 @@
 """The janitor as a Celery task on beat.
 
-The beat entry is added in `on_after_configure` and re-inserted at
-`beat_init`: either alone can be clobbered by a user's own `beat_schedule`
-assignment. `MCP_TASKS_JANITOR_INTERVAL_S=off` opts out.
+The beat entry is added in `on_after_configure` (or at once when the app is
+already configured) and re-inserted at `beat_init`: either alone can be
+clobbered by a user's own `beat_schedule` assignment. Each sweep message
+expires after one interval, so sweeps missed while no worker ran do not pile
+up. `MCP_TASKS_JANITOR_INTERVAL_S=off` opts out of the schedule; the task
+stays registered for a hand-run sweep.
 """
 
 from __future__ import annotations
@@ -18,6 +21,10 @@ logger = logging.getLogger("celery_mcp_tasks.janitor")
 JANITOR_TASK = "celery_mcp_tasks.janitor"
 
 
+def janitor_entry(interval_s: float) -> dict[str, Any]:
+    return {"task": JANITOR_TASK, "schedule": interval_s, "options": {"expires": interval_s}}
+
+
 def install_janitor(app: Celery, run_sweep: Callable[[], Any], interval_s: float | None) -> None:
     @app.task(name=JANITOR_TASK, ignore_result=True, shared=False)
     def janitor() -> None:
@@ -25,11 +32,19 @@ def install_janitor(app: Celery, run_sweep: Callable[[], Any], interval_s: float
 
     if interval_s is None:
         return
-    entry = {"task": JANITOR_TASK, "schedule": interval_s}
+    entry = janitor_entry(interval_s)
+
+    def add(conf: Any) -> None:
+        schedule = conf.beat_schedule or {}
+        if JANITOR_TASK not in schedule:  # a copy: the default dict may be shared between apps
+            conf.beat_schedule = {**schedule, JANITOR_TASK: entry}
 
     @app.on_after_configure.connect(weak=False)
     def _add(sender: Celery, **_: Any) -> None:
-        sender.conf.beat_schedule.setdefault(JANITOR_TASK, entry)
+        add(sender.conf)
+
+    if app.configured:
+        add(app.conf)
 
     @signals.beat_init.connect(weak=False)
     def _ensure(sender: Any = None, **_: Any) -> None:
