@@ -1,0 +1,69 @@
+"""Owner scoping over real HTTP with bearer-token principals: another principal's task
+answers exactly like a missing one on every method, and is never changed by it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support import Backend, Deployment, McpHttp
+
+pytestmark = pytest.mark.integration
+
+NOT_FOUND = {"code": -32602, "message": "Failed to retrieve task: Task not found"}
+
+
+@pytest.fixture(scope="module")
+def authed(backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    deployment = Deployment("tests.apps.push_app", backend, tmp_path_factory.mktemp("owners"))
+    try:
+        deployment.web()  # no worker: ownership is the web process's and the store's business
+        yield deployment
+    finally:
+        deployment.stop()
+
+
+def as_user(deployment: Deployment, token: str) -> McpHttp:
+    return McpHttp(deployment.url, headers={"Authorization": f"Bearer {token}"})
+
+
+def test_a_foreign_task_is_not_found_on_every_method_and_stays_untouched(authed: Deployment, tmp_path: Path):
+    alice, mallory = as_user(authed, "alice"), as_user(authed, "mallory")
+    task_id = alice.create("idle", {"gate_dir": str(tmp_path)})
+    before = alice.get(task_id)
+
+    for method, extra in (("tasks/get", {}), ("tasks/update", {"inputResponses": {"x": {}}}), ("tasks/cancel", {})):
+        foreign = mallory.task(method, task_id, **extra)
+        missing = mallory.task(method, "no-such-task-id-at-all-just-a-probe-000000", **extra)
+        assert foreign["error"] == missing["error"] == NOT_FOUND
+        assert task_id not in str(foreign)
+
+    after = alice.get(task_id)
+    assert after["status"] == "working" and after["lastUpdatedAt"] == before["lastUpdatedAt"]
+    assert alice.task("tasks/cancel", task_id)["result"]["resultType"] == "complete"
+    assert alice.get(task_id)["status"] == "cancelled"
+    alice.close()
+    mallory.close()
+
+
+def test_requests_without_a_token_are_refused_before_anything_runs(authed: Deployment):
+    anonymous = McpHttp(authed.url)
+    response = anonymous.raw("tasks/get", {"taskId": "x"}, name="x")
+    assert response.status_code == 401
+    anonymous.close()
+
+
+def test_principals_are_namespaced_by_claim_and_issuer():
+    from mcp.server.auth.provider import AccessToken
+
+    from celery_mcp_tasks.mcp.principal import principal_of
+
+    user = AccessToken(token="t", client_id="app", scopes=[], subject="42", claims={"iss": "https://a"})
+    client_only = AccessToken(token="t", client_id="42", scopes=[], claims={"iss": "https://a"})
+    other_issuer = AccessToken(token="t", client_id="app", scopes=[], subject="42", claims={"iss": "https://b"})
+    assert principal_of(user) == "sub:https%3A%2F%2Fa:42"
+    assert principal_of(client_only) == "client_id:https%3A%2F%2Fa:42"
+    assert len({principal_of(user), principal_of(client_only), principal_of(other_issuer)}) == 3
+    assert principal_of(None) is None
