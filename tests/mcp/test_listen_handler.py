@@ -232,3 +232,23 @@ async def test_with_push_off_task_ids_are_not_acknowledged(world: World) -> None
     async with _open(world.handler(), _params(taskIds=[task_id], toolsListChanged=True)) as (session, _):
         assert (await session.next())["params"]["notifications"] == {"toolsListChanged": True}
 
+
+
+async def test_a_store_outage_keeps_the_stream_and_the_change_arrives_later(world: World,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    task_id, key = world.task()
+    real_get = world.service.get
+    failures = [RuntimeError("database is down")]
+
+    def flaky_get(*args: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return real_get(*args)
+
+    async with _open(world.handler(), _params(taskIds=[task_id])) as (session, outcome):
+        await session.next()
+        monkeypatch.setattr(world.service, "get", flaky_get)
+        world.service.progress(key, "after the outage")
+        world.changed(key)
+        assert (await session.next())["params"]["statusMessage"] == "after the outage"
+        assert not outcome  # still open

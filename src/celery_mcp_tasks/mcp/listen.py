@@ -52,6 +52,7 @@ logger = logging.getLogger("celery_mcp_tasks.mcp")
 T = TypeVar("T")
 
 MAX_TASK_IDS = 1000
+_RETRY_S = 1.0
 TASK_IDS = "taskIds"
 
 
@@ -124,7 +125,13 @@ class _Stream:
 
 
 class TaskListenHandler:
-    """The `subscriptions/listen` handler for one server (registered on its low-level server)."""
+    """The `subscriptions/listen` handler for one server (`McpTasks.listen`).
+
+    `max_streams` bounds the streams open in this process (one more is refused
+    with -32603 before it opens); `max_buffered_events` bounds a stream's
+    backlog of core events (a client that stopped reading is ended there).
+    Task hints never queue up: they coalesce per row.
+    """
 
     def __init__(
         self,
@@ -140,7 +147,7 @@ class TaskListenHandler:
         self._bus = bus
         self._service = service
         self._hub = hub
-        self._max_streams = max_streams
+        self.max_streams = max_streams
         self._max_buffered = max_buffered_events
         self._resync_interval_s = resync_interval_s
         self._limiter = anyio.CapacityLimiter(max_threads)
@@ -170,7 +177,7 @@ class TaskListenHandler:
         task_ids = requested_task_ids(params.notifications)
         if task_ids is not None and not declared_extension(ctx):
             raise missing_capability({"extensions": {EXTENSION_ID: {}}}, EXTENSION_ID)
-        if len(self._streams) >= self._max_streams:
+        if len(self._streams) >= self.max_streams:
             raise MCPError(INTERNAL_ERROR, "Subscription limit reached")
         meta: dict[str, Any] = {SUBSCRIPTION_ID_META_KEY: subscription_id}
         owner = current_principal()
@@ -291,4 +298,10 @@ class TaskListenHandler:
             if hints is None:
                 hints = dict.fromkeys(stream.followed)  # the periodic safety re-read: hints can be lost
             if hints:
-                await self._refresh(ctx, stream, hints, owner, meta)
+                try:
+                    await self._refresh(ctx, stream, hints, owner, meta)
+                except Exception as exc:  # the store is unreachable: keep the stream, retry shortly
+                    logger.warning("listen stream could not re-read its tasks (%s); retrying", type(exc).__name__)
+                    await anyio.sleep(_RETRY_S)
+                    for key in hints:
+                        stream.watch.offer(key, None)
