@@ -48,15 +48,21 @@ def sweep(service: TaskService, settings: Settings, *, batch_size: int = 1000, m
     removed = service.store.cleanup(now_ms=at, retention_ms=settings.retention_ms, batch_size=batch_size)
     outcomes = {"resent": 0, "failed": 0, "skipped": 0}
     stale_before = at - int(settings.stale_timeout_s * 1000)
-    for record in service.store.stale(heartbeat_before_ms=stale_before, limit=batch_size):
-        limit = (max_dispatches(record.tool) if max_dispatches else None) or settings.max_dispatches
-        outcome = service.reap(
-            record.key,
-            stale_before_ms=stale_before,
-            max_dispatches=limit,
-            lost_message=lost_message(settings.stale_timeout_s, record.resends + 1),
-        )
-        outcomes[outcome] += 1
+    while True:  # in batches; a batch where another janitor got there first ends the pass
+        batch = service.store.stale(heartbeat_before_ms=stale_before, limit=batch_size)
+        acted = 0
+        for record in batch:
+            limit = (max_dispatches(record.tool) if max_dispatches else None) or settings.max_dispatches
+            outcome = service.reap(
+                record.key,
+                stale_before_ms=stale_before,
+                max_dispatches=limit,
+                lost_message=lost_message(settings.stale_timeout_s, record.resends + 1),
+            )
+            outcomes[outcome] += 1
+            acted += outcome != "skipped"
+        if len(batch) < batch_size or not acted:
+            break
     report = SweepReport(removed=removed, resent=outcomes["resent"], failed=outcomes["failed"])
     # An idle sweep is not news: INFO only when it did something (no log spam every interval).
     level = logging.INFO if report.removed or report.resent or report.failed else logging.DEBUG
