@@ -1,0 +1,184 @@
+"""The janitor's sweep on SQLite and PostgreSQL: eviction in batches, the stale reaper, reporting."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from celery_mcp_tasks.config import Settings
+from celery_mcp_tasks.janitor import METRIC, SweepReport, sweep
+from celery_mcp_tasks.model import TaskRecord, TaskStatus, now_ms
+from celery_mcp_tasks.service import TaskService
+from celery_mcp_tasks.store.base import ANY
+from celery_mcp_tasks.store.sql import SqlStore
+
+SETTINGS = Settings(stale_timeout_s=60, max_dispatches=3, retention_ms=3_600_000)
+MINUTE = 60_000
+
+
+class Sends:
+    """A dispatcher that records what the reaper sent (and can fail like a broker that is down)."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        self.sent: list[TaskRecord] = []
+        self.error = error
+        self.lock = threading.Lock()
+
+    def __call__(self, record: TaskRecord) -> None:
+        with self.lock:
+            self.sent.append(record)
+        if self.error is not None:
+            raise self.error
+
+
+def add(store: SqlStore, key: str, *, age_ms: int = 0, **changes: Any) -> TaskRecord:
+    at = now_ms() - age_ms
+    values: dict[str, Any] = dict(key=key, owner=None, tool="t", status=TaskStatus.WORKING, created_at=at,
+                                  updated_at=at, ttl_ms=3_600_000, dispatches=1, heartbeat_at=at)
+    values.update(changes)
+    record = TaskRecord(**values)
+    store.create(record, max_rows=None)
+    return record
+
+
+def service(store: SqlStore, sends: Sends | None = None) -> TaskService:
+    return TaskService(store, dispatcher=sends or Sends())
+
+
+# -- eviction --------------------------------------------------------------------------------
+
+
+def test_expired_tasks_are_evicted_in_batches_by_ttl_from_creation(store: SqlStore) -> None:
+    for n in range(7):
+        add(store, f"old{n}", age_ms=2 * MINUTE, ttl_ms=MINUTE, status=TaskStatus.COMPLETED)
+    add(store, "busy-but-expired", age_ms=2 * MINUTE, ttl_ms=MINUTE)  # TTL counts from createdAt, whatever the status
+    add(store, "young", age_ms=2 * MINUTE, ttl_ms=5 * MINUTE)
+    report = sweep(service(store), SETTINGS, batch_size=3)
+    assert report.removed == 8
+    assert store.get("young") is not None and store.get("old0") is None and store.get("busy-but-expired") is None
+
+
+def test_unlimited_tasks_go_only_once_final_and_older_than_the_retention(store: SqlStore) -> None:
+    hour = 3_600_000
+    add(store, "final-old", age_ms=2 * hour, ttl_ms=None, status=TaskStatus.FAILED)
+    add(store, "final-recent", age_ms=10 * MINUTE, ttl_ms=None, status=TaskStatus.CANCELLED)
+    add(store, "working-old", age_ms=2 * hour, ttl_ms=None, heartbeat_at=now_ms())
+    add(store, "waiting-old", age_ms=2 * hour, ttl_ms=None, status=TaskStatus.INPUT_REQUIRED)
+    assert sweep(service(store), SETTINGS).removed == 1
+    assert store.get("final-old") is None
+    assert all(store.get(k) is not None for k in ("final-recent", "working-old", "waiting-old"))
+
+
+# -- the stale reaper ------------------------------------------------------------------------
+
+
+def lose(store: SqlStore, key: str) -> None:
+    """Make the task's last sign of life two minutes old (as if its worker died then)."""
+    store.update(key, ANY, lambda r: replace(r, heartbeat_at=now_ms() - 2 * MINUTE, version=r.version + 1))
+
+
+def test_a_stale_working_task_is_sent_again_then_failed_once_its_sends_are_spent(store: SqlStore) -> None:
+    sends = Sends()
+    svc = service(store, sends)
+    add(store, "lost", heartbeat_at=now_ms() - 2 * MINUTE)
+
+    assert sweep(svc, SETTINGS) == SweepReport(resent=1)
+    record = store.get("lost")
+    assert record is not None and (record.status, record.dispatches, record.resends) == (TaskStatus.WORKING, 2, 1)
+    assert record.status_message == "The worker was lost; running the job again (send 2 of 3)"
+    assert [r.dispatches for r in sends.sent] == [2]
+    assert sweep(svc, SETTINGS) == SweepReport()  # the re-sent job has a fresh stale window
+
+    lose(store, "lost")
+    assert sweep(svc, SETTINGS) == SweepReport(resent=1)
+    lose(store, "lost")
+    assert sweep(svc, SETTINGS) == SweepReport(failed=1)
+    final = store.get("lost")
+    assert final is not None and final.status is TaskStatus.FAILED and len(sends.sent) == 2
+    assert final.error == {"code": -32603, "message": "The job was lost: no worker reported for 60s (sent 3 times)"}
+
+
+def test_a_tool_can_bound_its_own_sends(store: SqlStore) -> None:
+    add(store, "lost", heartbeat_at=now_ms() - 2 * MINUTE)
+    assert sweep(service(store), SETTINGS, max_dispatches=lambda tool: 1) == SweepReport(failed=1)
+
+
+def test_live_waiting_or_promised_tasks_are_left_alone(store: SqlStore) -> None:
+    now = now_ms()
+    add(store, "beating", heartbeat_at=now - 1_000)
+    add(store, "waiting", status=TaskStatus.INPUT_REQUIRED, heartbeat_at=now - 10 * MINUTE)
+    add(store, "retry-due-later", heartbeat_at=now + 5 * MINUTE)  # a long retry countdown, or a hand-off
+    assert sweep(service(store), SETTINGS) == SweepReport()
+
+
+def test_a_resend_that_cannot_reach_the_broker_fails_the_task(store: SqlStore) -> None:
+    add(store, "lost", heartbeat_at=now_ms() - 2 * MINUTE)
+    sweep(service(store, Sends(ConnectionError("broker down"))), SETTINGS)
+    record = store.get("lost")
+    assert record is not None and record.status is TaskStatus.FAILED
+    assert record.error == {"code": -32603, "message": "Could not enqueue the job", "data": "ConnectionError"}
+
+
+def test_a_sweep_is_idempotent(store: SqlStore) -> None:
+    add(store, "expired", age_ms=2 * MINUTE, ttl_ms=MINUTE)
+    add(store, "lost", heartbeat_at=now_ms() - 2 * MINUTE)
+    svc = service(store)
+    assert sweep(svc, SETTINGS) == SweepReport(removed=1, resent=1)
+    assert sweep(svc, SETTINGS) == SweepReport()
+
+
+def test_two_janitors_at_once_act_on_each_task_once(store_url: str) -> None:
+    """Two beats by mistake: every stale task is sent again exactly once, every expired row removed once."""
+    stores = [SqlStore.from_url(store_url) for _ in range(2)]
+    try:
+        for n in range(40):
+            add(stores[0], f"lost{n}", heartbeat_at=now_ms() - 2 * MINUTE)
+            add(stores[0], f"expired{n}", age_ms=2 * MINUTE, ttl_ms=MINUTE)
+        sends = Sends()
+        reports: list[SweepReport] = []
+        barrier = threading.Barrier(2)
+
+        def janitor(store: SqlStore) -> None:
+            barrier.wait()
+            reports.append(sweep(service(store, sends), SETTINGS, batch_size=7))
+
+        threads = [threading.Thread(target=janitor, args=(s,)) for s in stores]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert sum(r.resent for r in reports) == 40 and len(sends.sent) == 40
+        assert len({r.key for r in sends.sent}) == 40
+        assert sum(r.removed for r in reports) == 40
+    finally:
+        for s in stores:
+            s.dispose()
+
+
+# -- reporting --------------------------------------------------------------------------------
+
+
+def test_counts_go_to_the_log_and_the_metric_hook_never_ids(store: SqlStore, caplog: pytest.LogCaptureFixture) -> None:
+    add(store, "expired", age_ms=2 * MINUTE, ttl_ms=MINUTE)
+    seen: list[tuple[str, dict[str, int]]] = []
+    with caplog.at_level(logging.INFO, logger="celery_mcp_tasks.janitor"):
+        sweep(service(store), SETTINGS, metric=lambda name, counts: seen.append((name, counts)))
+    assert seen == [(METRIC, {"removed": 1, "resent": 0, "failed": 0})]
+    (line,) = [r for r in caplog.records if r.name == "celery_mcp_tasks.janitor"]
+    assert line.getMessage() == "janitor sweep: removed=1 resent=0 failed=0"
+    assert line.event == METRIC and line.removed == 1  # type: ignore[attr-defined]
+    assert "expired" not in caplog.text
+
+
+def test_an_idle_sweep_is_quiet_and_a_broken_metric_hook_is_contained(store: SqlStore,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    def broken(name: str, counts: dict[str, int]) -> None:
+        raise RuntimeError("statsd is down")
+
+    with caplog.at_level(logging.INFO, logger="celery_mcp_tasks.janitor"):
+        assert sweep(service(store), SETTINGS, metric=broken) == SweepReport()
+    assert [r.levelname for r in caplog.records] == ["ERROR"]  # only the contained hook failure

@@ -1,0 +1,69 @@
+"""The janitor on Celery beat: installed so a user's schedule cannot drop it, and opt-out."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from celery import Celery, signals
+from celery.beat import Scheduler, Service
+
+from celery_mcp_tasks import McpTasks, Settings
+from celery_mcp_tasks.worker.janitor import JANITOR_TASK, janitor_entry
+from tests.support import Backend, process_env, spawn, wait_until
+
+
+def runtime(tmp_path: Path, **settings: object) -> McpTasks:
+    return McpTasks("beat-unit", celery=Celery("beat-unit"), settings=Settings(data_dir=tmp_path, **settings))
+
+
+def beat_schedule_at_init(app: Celery) -> dict[str, object]:
+    """The schedule a beat process runs once `beat_init` has fired."""
+    service = Service(app, scheduler_cls=Scheduler)
+    signals.beat_init.send(sender=service)
+    return service.scheduler.schedule
+
+
+def test_the_janitor_is_scheduled_every_interval_and_expires_if_missed(tmp_path: Path) -> None:
+    tasks = runtime(tmp_path, janitor_interval_s=30.0)
+    assert tasks.celery.conf.beat_schedule[JANITOR_TASK] == janitor_entry(30.0)
+    assert janitor_entry(30.0)["options"] == {"expires": 30.0}
+
+
+def test_a_user_schedule_assigned_after_configure_does_not_drop_it(tmp_path: Path) -> None:
+    tasks = runtime(tmp_path, janitor_interval_s=30.0)
+    tasks.celery.conf.beat_schedule = {"user.job": {"task": "user.job", "schedule": 10.0}}
+    assert JANITOR_TASK not in tasks.celery.conf.beat_schedule
+    schedule = beat_schedule_at_init(tasks.celery)
+    assert {"user.job", JANITOR_TASK} <= set(schedule)
+    assert schedule[JANITOR_TASK].schedule.run_every.total_seconds() == 30.0
+
+
+def test_a_user_schedule_from_config_from_object_keeps_it(tmp_path: Path) -> None:
+    class UserConfig:
+        beat_schedule = {"user.job": {"task": "user.job", "schedule": 10.0}}
+
+    tasks = runtime(tmp_path, janitor_interval_s=30.0)
+    tasks.celery.config_from_object(UserConfig)
+    assert {"user.job", JANITOR_TASK} <= set(tasks.celery.conf.beat_schedule)
+
+
+def test_opting_out_leaves_the_schedule_alone_but_keeps_the_task(tmp_path: Path) -> None:
+    tasks = runtime(tmp_path, janitor_interval_s=None)
+    assert JANITOR_TASK not in (tasks.celery.conf.beat_schedule or {})
+    assert JANITOR_TASK not in beat_schedule_at_init(tasks.celery)
+    assert JANITOR_TASK in tasks.celery.tasks  # a sweep can still be run by hand
+    assert Settings.from_env({"MCP_TASKS_JANITOR_INTERVAL_S": "off"}).janitor_interval_s is None
+
+
+def test_a_real_beat_sends_the_janitor_next_to_the_users_own_schedule(tmp_path: Path) -> None:
+    backend = Backend("embedded", {"MCP_TASKS_DATA_DIR": str(tmp_path), "MCP_TASKS_JANITOR_INTERVAL_S": "0.5"})
+    beat = spawn("beat", [sys.executable, "-m", "celery", "-A", "tests.apps.beat_app", "beat", "--loglevel", "INFO",
+                          "-s", str(tmp_path / "schedule")], process_env(backend), tmp_path)
+    try:
+        wait_until(lambda: beat.text().count(f"Sending due task {JANITOR_TASK}") >= 2 or beat.popen.poll() is not None,
+                   30, "beat to send the janitor twice")
+        assert "Sending due task user.job" in beat.text()
+        assert "re-inserting the janitor" in beat.text()
+    finally:
+        beat.stop()

@@ -1,0 +1,68 @@
+"""Configuration is validated at start-up: a wrong value stops the process with one line naming the setting."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from celery_mcp_tasks import ConfigError, McpTasks, Settings
+from tests.support import ROOT
+
+WRONG = [
+    ("MCP_TASKS_DATABASE_URL", "mysql://db/tasks", "unsupported database 'mysql'"),
+    ("MCP_TASKS_DATABASE_URL", "not a url", "not a database URL"),
+    ("MCP_TASKS_DATABASE_URL", "postgresql+psycopg2://db/tasks", "psycopg 3"),
+    ("MCP_TASKS_MAX_ROWS", "0", "must be >= 1"),
+    ("MCP_TASKS_MAX_ROWS", "lots", "expected an integer or none"),
+    ("MCP_TASKS_DEFAULT_TTL_MS", "-5", "must be >= 1"),
+    ("MCP_TASKS_POLL_INTERVAL_MS", "1.5", "expected an integer"),
+    ("MCP_TASKS_RETENTION_MS", "-1", "must be >= 0"),
+    ("MCP_TASKS_JANITOR_INTERVAL_S", "-60", "must be > 0 (or off)"),
+    ("MCP_TASKS_STALE_TIMEOUT_S", "0.2", "must be >= 1"),
+    ("MCP_TASKS_STALE_TIMEOUT_S", "soon", "expected a number of seconds"),
+    ("MCP_TASKS_MAX_DISPATCHES", "0", "must be >= 1"),
+    ("MCP_TASKS_NOTIFY", "carrier-pigeon", "expected one of"),
+    ("CELERY_BROKER_URL", "localhost:6379", "expected a URL"),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "why"), WRONG)
+def test_a_wrong_setting_is_refused_naming_it(name: str, value: str, why: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_env({name: value})
+    assert str(refused.value).startswith(f"{name}: ") and why in str(refused.value)
+
+
+def test_the_defaults_and_the_off_switches_are_valid() -> None:
+    settings = Settings.from_env({"MCP_TASKS_DEFAULT_TTL_MS": "none", "MCP_TASKS_MAX_ROWS": "unlimited",
+                                  "MCP_TASKS_JANITOR_INTERVAL_S": "off"})
+    assert (settings.default_ttl_ms, settings.max_rows, settings.janitor_interval_s) == (None, None, None)
+    assert Settings.from_env({}).stale_timeout_s == 300.0
+
+
+def test_the_app_stops_with_one_line_when_built_from_a_wrong_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MCP_TASKS_STALE_TIMEOUT_S", "soon")
+    with pytest.raises(SystemExit) as stopped:
+        McpTasks("wrong")
+    assert str(stopped.value) == (
+        "celery-mcp-tasks: configuration error: MCP_TASKS_STALE_TIMEOUT_S: expected a number of seconds, got 'soon'"
+    )
+
+
+@pytest.mark.parametrize("argv", [
+    ["-m", "celery", "-A", "tests.apps.runtime_app", "worker"],
+    ["-m", "celery", "-A", "tests.apps.runtime_app", "beat"],
+    ["-m", "celery_mcp_tasks.cli", "serve", "tests.apps.runtime_app"],
+], ids=["worker", "beat", "serve"])
+def test_every_process_refuses_to_start_with_one_line(argv: list[str], tmp_path: Path) -> None:
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "MCP_TASKS_DATA_DIR": str(tmp_path),
+           "MCP_TASKS_MAX_ROWS": "lots"}
+    done = subprocess.run([sys.executable, *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == [
+        "celery-mcp-tasks: configuration error: MCP_TASKS_MAX_ROWS: expected an integer or none, got 'lots'"
+    ]
+    assert "Traceback" not in done.stdout + done.stderr
