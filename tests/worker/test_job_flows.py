@@ -1,0 +1,165 @@
+"""A job's life on real worker processes: input rounds, cancellation, retries, a killed pool process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from celery_mcp_tasks.context import TaskContext
+from celery_mcp_tasks.model import task_key
+from celery_mcp_tasks.service import TaskService
+from celery_mcp_tasks.store.sql import SqlStore
+from tests.support import Backend, McpHttp, wait_until
+from tests.worker.conftest import accept, alive, follow, job_pid, text_of
+
+pytestmark = pytest.mark.usefixtures("worker")
+
+
+# -- input without parking a worker ---------------------------------------------------------
+
+
+def test_two_input_rounds_each_end_the_run_and_resume_with_all_answers(client: McpHttp) -> None:
+    task_id = client.create("two_rounds")
+    first = client.wait_for(task_id, "input_required")
+    assert list(first["inputRequests"]) == ["name"]
+
+    ack = client.task("tasks/update", task_id, inputResponses={"name": accept(name="Ada")})["result"]
+    assert ack["resultType"] == "complete" and "status" not in ack
+    second = client.wait_for(task_id, "input_required", "completed", "failed")
+    assert second["status"] == "input_required" and list(second["inputRequests"]) == ["colour"]
+
+    client.task("tasks/update", task_id, inputResponses={"colour": accept(colour="teal")})
+    done = client.wait_for(task_id)
+    assert done["status"] == "completed"
+    assert text_of(done).startswith("Ada likes teal")
+
+
+def test_an_input_key_is_never_asked_twice(client: McpHttp) -> None:
+    task_id = client.create("ask_again")
+    client.wait_for(task_id, "input_required")
+    client.task("tasks/update", task_id, inputResponses={"same": accept(v="x")})
+    failed = client.wait_for(task_id)
+    assert failed["status"] == "failed"
+    assert "DuplicateInputKeys" in failed["error"]["message"] and "same" in failed["error"]["message"]
+
+
+def test_a_parked_job_gets_its_answer_in_the_same_run(client: McpHttp) -> None:
+    task_id = client.create("wait_here", {"timeout": 20})
+    asked = client.wait_for(task_id, "input_required")
+    assert asked["statusMessage"].endswith("waiting")
+    client.task("tasks/update", task_id, inputResponses={"ok": accept(ok=True)})
+    done = client.wait_for(task_id)
+    assert done["status"] == "completed"
+    # One run answered: no second job was enqueued for the answer.
+    assert text_of(done).startswith("answered True") and text_of(done).endswith("same run=True")
+
+
+def test_a_parked_job_that_times_out_decides_itself(client: McpHttp) -> None:
+    task_id = client.create("wait_or_give_up", {"timeout": 0.5})
+    done = client.wait_for(task_id)
+    assert done["status"] == "completed" and text_of(done) == "nobody answered"
+
+
+def test_a_parked_job_that_times_out_fails_the_task_by_default(client: McpHttp) -> None:
+    task_id = client.create("wait_here", {"timeout": 0.5})
+    failed = client.wait_for(task_id)
+    assert failed["status"] == "failed"
+    assert failed["error"]["message"] == "Job failed: InputTimeout: no answer to the input request within 0.5s"
+
+
+# -- cancellation ---------------------------------------------------------------------------
+
+
+def test_cancel_while_running_stops_a_cooperative_job(client: McpHttp, tmp_path: Path) -> None:
+    marker = tmp_path / "work"
+    task_id = client.create("work", {"seconds": 30, "marker": str(marker)})
+    job_pid(client, task_id)
+    client.task("tasks/cancel", task_id)
+    assert client.get(task_id)["status"] == "cancelled"  # synchronous in tasks/cancel
+    # The job notices within its check interval and returns; its outcome is ignored.
+    wait_until(lambda: Path(f"{marker}.stopped").exists(), 5, "the job to stop")
+    time.sleep(0.3)
+    assert client.get(task_id)["status"] == "cancelled"
+
+
+def test_cancel_terminates_a_stubborn_job_when_the_tool_asks_for_it(client: McpHttp) -> None:
+    task_id = client.create("stubborn", {"seconds": 60})
+    pid = job_pid(client, task_id)
+    client.task("tasks/cancel", task_id)
+    wait_until(lambda: not alive(pid), 15, "the pool process to be terminated")
+    time.sleep(0.5)
+    task = client.get(task_id)
+    assert task["status"] == "cancelled" and task["statusMessage"] == "Cancelled by the client"
+
+
+def test_cancel_after_completion_changes_nothing(client: McpHttp) -> None:
+    task_id = client.create("work", {"seconds": 0.1})
+    done = client.wait_for(task_id)
+    assert done["status"] == "completed"
+    ack = client.task("tasks/cancel", task_id)["result"]
+    assert ack["resultType"] == "complete" and "status" not in ack
+    assert client.get(task_id) == done
+
+
+# -- retries --------------------------------------------------------------------------------
+
+
+def test_self_retry_twice_keeps_the_task_working_then_completes(client: McpHttp) -> None:
+    task_id = client.create("flaky", {"failures": 2})
+    done, seen = follow(client, task_id)
+    assert done["status"] == "completed" and text_of(done) == "succeeded on attempt 3"
+    statuses = [status for status, _ in seen]
+    assert set(statuses[:-1]) == {"working"}, seen  # never failed on the way
+    messages = [message for _, message in seen]
+    assert messages.index("Retrying (attempt 2)") < messages.index("Retrying (attempt 3)"), seen
+
+
+def test_autoretry_that_runs_out_fails_only_at_the_end(client: McpHttp) -> None:
+    task_id = client.create("hopeless")
+    failed, seen = follow(client, task_id)
+    assert failed["status"] == "failed"
+    assert failed["error"] == {"code": -32603, "message": "Job failed: RuntimeError: broken on attempt 3"}
+    assert ("working", "Retrying (attempt 3)") in seen and [s for s, _ in seen].count("failed") == 1, seen
+
+
+# -- lost pool processes ----------------------------------------------------------------------
+
+
+def test_killing_the_pool_process_retries_the_job_once_and_it_completes(client: McpHttp) -> None:
+    task_id = client.create("survivor", {"seconds": 2})
+    pid = job_pid(client, task_id)
+    os.kill(pid, signal.SIGKILL)
+    done, seen = follow(client, task_id)
+    assert done["status"] == "completed" and text_of(done) == "survived on attempt 2", seen
+    assert any(message and "attempt 2" in message for _, message in seen), seen
+
+
+def test_a_job_that_always_kills_its_process_fails_after_its_retries(client: McpHttp) -> None:
+    task_id = client.create("poison")
+    failed = client.wait_for(task_id, timeout=30)
+    assert failed["status"] == "failed"
+    assert failed["error"]["message"].startswith("Job failed: WorkerLostError")
+
+
+# -- work that ends elsewhere ------------------------------------------------------------------
+
+
+def test_a_handed_off_task_is_completed_from_outside_by_its_row_key(client: McpHttp, backend: Backend) -> None:
+    task_id = client.create("elsewhere")
+    waiting = wait_until(lambda: (t := client.get(task_id)).get("statusMessage") == "Waiting for the webhook" and t,
+                         20, "the hand-off")
+    assert waiting["status"] == "working"
+    store = SqlStore.from_url(backend.store_url)
+    try:
+        handle = TaskContext(TaskService(store), task_key(task_id))  # what McpTasks.task_handle(key) builds
+        handle.complete("built elsewhere")
+        done = client.get(task_id)
+        assert done["status"] == "completed" and text_of(done) == "built elsewhere"
+        with pytest.raises(Exception, match="terminal"):
+            handle.progress("too late")
+    finally:
+        store.dispose()

@@ -1,0 +1,253 @@
+"""In-process checks of the job, the bridge and the context: which run may write, and when a body runs.
+
+Jobs run eagerly (`job.apply(headers=...)`), so Celery's signals fire in this
+process and the bridge writes to a SQLite store in a temporary directory.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.app.task import Context
+
+from celery_mcp_tasks import McpTasks, Settings, TaskContext, TaskStatus, elicit
+from celery_mcp_tasks.context import InputTimeout
+from celery_mcp_tasks.migrate import upgrade
+from celery_mcp_tasks.model import Run, Superseded, TaskRecord, TerminalTask, task_key
+from celery_mcp_tasks.service import TaskService
+from celery_mcp_tasks.store.sql import SqlStore
+from celery_mcp_tasks.worker import bridge
+from celery_mcp_tasks.worker.job import DISPATCH_HEADER, KEY_HEADER
+
+
+@pytest.fixture
+def tasks(tmp_path: Path) -> McpTasks:
+    settings = Settings(data_dir=tmp_path, janitor_interval_s=None)
+    upgrade(settings.store_url)
+    return McpTasks("guards", celery=Celery("guards"), settings=settings)
+
+
+def headers(task_id: str, dispatch: int = 1) -> dict[str, Any]:
+    return {KEY_HEADER: task_key(task_id), DISPATCH_HEADER: dispatch}
+
+
+def status(tasks: McpTasks, task_id: str) -> TaskRecord:
+    record = tasks.service().status(task_key(task_id))
+    assert record is not None
+    return record
+
+
+def test_a_task_cancelled_before_its_job_starts_never_runs_the_body(tasks: McpTasks) -> None:
+    calls: list[int] = []
+
+    @tasks.mcp_task
+    def body(n: int) -> str:
+        calls.append(n)
+        return "ran"
+
+    task_id, _ = tasks.service().create(owner=None, tool="body", arguments={"n": 1})
+    tasks.service().cancel(task_id, None)
+    body.apply(kwargs={"n": 1}, headers=headers(task_id))
+    assert calls == [] and status(tasks, task_id).status is TaskStatus.CANCELLED
+
+
+def test_a_message_of_an_older_dispatch_is_skipped_and_the_current_one_runs(tasks: McpTasks) -> None:
+    calls: list[str] = []
+
+    @tasks.mcp_task
+    def body() -> str:
+        calls.append("ran")
+        return "ran"
+
+    service = tasks.service()
+    task_id, record = service.create(owner=None, tool="body", arguments={})
+    service.store.update(record.key, None, lambda r: r.dispatched(0, "sent again", resend=True))  # dispatch 2
+    body.apply(headers=headers(task_id, dispatch=1))
+    assert calls == [] and status(tasks, task_id).status is TaskStatus.WORKING
+    body.apply(headers=headers(task_id, dispatch=2))
+    assert calls == ["ran"] and status(tasks, task_id).status is TaskStatus.COMPLETED
+
+
+def test_a_retry_signal_that_lands_after_the_next_attempt_changes_nothing(tasks: McpTasks) -> None:
+    """Eager retries run the next attempt *inside* `self.retry()`: its task_retry fires after the retry finished."""
+
+    @tasks.mcp_task(bind=True, max_retries=3)
+    def flaky(self: Any, ctx: TaskContext) -> str:
+        if self.request.retries < 2:
+            raise self.retry(countdown=0)
+        return f"attempt {ctx.attempt + 1}"
+
+    task_id, _ = tasks.service().create(owner=None, tool="flaky", arguments={})
+    flaky.apply(headers=headers(task_id))
+    done = status(tasks, task_id)
+    assert done.status is TaskStatus.COMPLETED and done.result is not None
+    assert done.result["content"][0]["text"] == "attempt 3" and done.attempt == 2
+
+    late = Context(retries=0, headers=headers(task_id))
+    bridge.on_retry(sender=flaky, request=late, reason=None)
+    assert status(tasks, task_id) == done
+
+
+def test_retry_signal_and_next_attempt_in_either_order_say_the_same_once(tmp_path: Path) -> None:
+    store = SqlStore.from_url(f"sqlite:///{tmp_path / 't.db'}")
+    store.create_schema()
+    service = TaskService(store)
+    for order in ("signal first", "attempt first"):
+        key = order
+        store.create(TaskRecord(key=key, owner=None, tool="t", status=TaskStatus.WORKING, created_at=1, updated_at=1,
+                                ttl_ms=None, dispatches=1), max_rows=None)
+        steps = [lambda: service.retrying(key, Run(1, 1), start_by_ms=0), lambda: service.begin(key, Run(1, 1),
+                                                                                              beat_before_ms=0)]
+        for step in steps if order == "signal first" else reversed(steps):
+            step()
+        record = store.get(key)
+        assert record is not None and record.version == 2 and record.attempt == 1
+        assert record.status_message == "Retrying (attempt 2)"
+        with pytest.raises(Superseded):  # the failed attempt can no longer write
+            service.fail(key, {"code": -32603, "message": "late"}, run=Run(1, 0))
+    store.dispose()
+
+
+def test_writes_of_a_superseded_run_are_refused_and_its_heartbeat_stops(tasks: McpTasks) -> None:
+    service = tasks.service()
+    task_id, record = service.create(owner=None, tool="unused", arguments={}, dispatch=False)
+    service.store.update(record.key, None, lambda r: r.dispatched(0))  # dispatch 1 (the old run)
+    old = TaskContext(service, record.key, record=record, run=Run(1))
+    service.store.update(record.key, None, lambda r: r.dispatched(0, resend=True))  # dispatch 2
+    with pytest.raises(Superseded):
+        old.progress("still here")
+    with pytest.raises(Superseded):
+        old.heartbeat()
+    assert service.heartbeat(record.key, Run(2))
+
+
+def test_bind_true_hands_the_job_first_and_hides_it_from_the_tool_schema(tasks: McpTasks) -> None:
+    @tasks.mcp_task(bind=True)
+    def bound(self: Any, city: str, ctx: TaskContext) -> str:
+        return f"{self.name}:{city}:{ctx.attached}"
+
+    assert list(tasks.tools["bound"].input_schema["properties"]) == ["city"]
+    task_id, _ = tasks.service().create(owner=None, tool="bound", arguments={"city": "Oslo"})
+    bound.apply(kwargs={"city": "Oslo"}, headers=headers(task_id))
+    done = status(tasks, task_id)
+    assert done.result is not None and done.result["content"][0]["text"] == f"{bound.name}:Oslo:True"
+    # Still a plain Celery task: called without an MCP task it gets a detached context.
+    assert bound.apply(kwargs={"city": "Rome"}).get() == f"{bound.name}:Rome:False"
+
+
+class DownStore(SqlStore):
+    def update(self, *args: Any, **kwargs: Any) -> TaskRecord:
+        raise OSError("the database is down")
+
+
+def test_a_bridge_that_cannot_write_says_so_loudly(tasks: McpTasks, caplog: pytest.LogCaptureFixture,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    @tasks.mcp_task
+    def body() -> str:
+        return "ran"
+
+    task_id, _ = tasks.service().create(owner=None, tool="body", arguments={})
+    down = TaskService(DownStore(tasks.service().store.engine))
+    monkeypatch.setattr(tasks, "service", lambda: down)
+    body.push_request(headers=headers(task_id), retries=0)
+    try:
+        with caplog.at_level(logging.ERROR, logger="celery_mcp_tasks.worker"):
+            bridge.on_success(sender=body, result={"content": []})
+    finally:
+        body.pop_request()
+    assert "tool 'body': could not record completion; the reaper will settle the task" in caplog.text
+    assert task_id not in caplog.text
+
+
+# -- the context ---------------------------------------------------------------------------------
+
+
+class CountingStore(SqlStore):
+    reads = 0
+
+    def get(self, key: str, owner: Any = None) -> TaskRecord | None:  # type: ignore[override]
+        type(self).reads += 1
+        return super().get(key) if owner is None else super().get(key, owner)
+
+
+@pytest.fixture
+def parked(tmp_path: Path) -> Iterator[tuple[TaskService, list[TaskRecord]]]:
+    store = CountingStore.from_url(f"sqlite:///{tmp_path / 'ctx.db'}")
+    store.create_schema()
+    sends: list[TaskRecord] = []
+    yield TaskService(store, dispatcher=sends.append), sends
+    store.dispose()
+
+
+def job_context(service: TaskService) -> tuple[str, TaskContext]:
+    task_id, record = service.create(owner=None, tool="t", arguments={})
+    return task_id, TaskContext(service, record.key, record=record, run=Run(record.dispatches))
+
+
+def ask() -> dict[str, Any]:
+    return {"ok": elicit("Proceed?", {"ok": bool})}
+
+
+def test_wait_for_input_returns_the_answer_in_the_same_run_without_a_new_job(parked: Any) -> None:
+    service, sends = parked
+    task_id, ctx = job_context(service)
+    answers: list[dict[str, Any]] = []
+    waiter = threading.Thread(target=lambda: answers.append(ctx.wait_for_input(ask(), timeout=10, poll_interval=0.02)))
+    waiter.start()
+    while service.get(task_id, None).status is not TaskStatus.INPUT_REQUIRED:
+        time.sleep(0.01)
+    service.answer(task_id, None, {"ok": {"action": "accept", "content": {"ok": True}}})
+    waiter.join(10)
+    assert answers == [{"ok": {"action": "accept", "content": {"ok": True}}}]
+    assert len(sends) == 1  # only the first send; the answer enqueued nothing
+    assert ctx.wait_for_input(ask(), timeout=0) == answers[0]  # a re-run gets it at once
+
+
+def test_wait_for_input_that_times_out_unparks_so_a_late_answer_enqueues_the_job(parked: Any) -> None:
+    service, sends = parked
+    task_id, ctx = job_context(service)
+    with pytest.raises(InputTimeout):
+        ctx.wait_for_input(ask(), timeout=0.1, poll_interval=0.02)
+    assert not service.get(task_id, None).parked
+    service.answer(task_id, None, {"ok": {"action": "accept", "content": {"ok": False}}})
+    assert len(sends) == 2
+
+
+def test_wait_for_input_ends_when_the_task_is_cancelled(parked: Any) -> None:
+    service, _ = parked
+    task_id, ctx = job_context(service)
+    threading.Timer(0.2, lambda: service.cancel(task_id, None)).start()
+    with pytest.raises(TerminalTask):
+        ctx.wait_for_input(ask(), timeout=10, poll_interval=0.02)
+
+
+def test_cancelled_is_cheap_enough_for_a_tight_loop(parked: Any) -> None:
+    service, _ = parked
+    task_id, ctx = job_context(service)
+    CountingStore.reads = 0
+    calls, deadline = 0, time.monotonic() + 0.3
+    while time.monotonic() < deadline:
+        assert not ctx.cancelled()
+        calls += 1
+    assert calls > 10_000 and CountingStore.reads <= 8
+    service.cancel(task_id, None)
+    time.sleep(ctx.cancel_check_interval)
+    assert ctx.cancelled()
+
+
+def test_a_handle_outside_any_job_drives_the_task_and_answers_terminal_after(tasks: McpTasks) -> None:
+    task_id, record = tasks.service().create(owner=None, tool="unused", arguments={}, dispatch=False)
+    handle = tasks.task_handle(record.key)
+    handle.progress("half way")
+    handle.complete("done elsewhere")
+    assert tasks.service().get(task_id, None).status is TaskStatus.COMPLETED
+    for write in (lambda: handle.progress("again"), lambda: handle.fail("late"), lambda: handle.complete("twice")):
+        with pytest.raises(TerminalTask, match="terminal"):
+            write()
