@@ -21,6 +21,7 @@ from celery_mcp_tasks.config import ConfigError, Settings
 from celery_mcp_tasks.context import TaskContext
 from celery_mcp_tasks.janitor import MetricHook, SweepReport, sweep
 from celery_mcp_tasks.mcp.extension import TasksExtension
+from celery_mcp_tasks.mcp.security import transport_security
 from celery_mcp_tasks.mcp.serving import attach_listen, listen_bus, with_push
 from celery_mcp_tasks.notify.base import Notifier
 from celery_mcp_tasks.notify.push import BrokerAccess, Push
@@ -235,4 +236,6 @@ class McpTasks:
 
     def asgi_app(self, *, host: str = "127.0.0.1", path: str = "/mcp") -> Any:
         """The Starlette app serving the MCP endpoint (uvicorn runs it); its lifespan runs the push listener."""
-        return with_push(self.server.streamable_http_app(streamable_http_path=path, host=host), self.push, self.listen)
+        security = transport_security(host, self.settings.allowed_hosts)
+        app = self.server.streamable_http_app(streamable_http_path=path, host=host, transport_security=security)
+        return with_push(app, self.push, self.listen)

@@ -93,6 +93,7 @@ class Settings:
     sync_timeout_s: float = 60.0
     notify: str = "auto"
     queue: str | None = None
+    allowed_hosts: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -122,6 +123,7 @@ class Settings:
             "sync_timeout_s": _float(env, "MCP_TASKS_SYNC_TIMEOUT_S", 60.0),
             "notify": (env.get("MCP_TASKS_NOTIFY") or "auto").strip().lower(),
             "queue": env.get("MCP_TASKS_QUEUE") or None,
+            "allowed_hosts": tuple(h.strip() for h in (env.get("MCP_TASKS_ALLOWED_HOSTS") or "").split(",") if h.strip()),
         }
         values.update(overrides)
         return cls(**values)
