@@ -172,29 +172,31 @@ class SqlStore:
             return conn.execute(query.values(heartbeat_at=later)).rowcount == 1
 
     def cleanup(self, *, now_ms: int, retention_ms: int, batch_size: int) -> int:
-        """Delete expired rows, one bounded batch per transaction.
+        """Delete expired rows, one bounded batch per short transaction.
 
-        A batch is selected and deleted by key inside one short transaction, so
-        a concurrent writer waits for at most one batch. Rows without a TTL go
-        only once terminal and older than `retention_ms`.
+        A batch is one `DELETE ... WHERE key IN (SELECT key ... LIMIT n)`: no
+        keys travel to the client, the TTL pass walks the `expires_at` index
+        (never rescanning rows it already removed), and on PostgreSQL `FOR
+        UPDATE SKIP LOCKED` lets two janitors take disjoint batches. A concurrent
+        writer waits for at most one small commit. Rows without a TTL go only
+        once terminal and older than `retention_ms`.
         """
-        expired = sa.or_(
-            tasks.c.expires_at <= now_ms,
-            sa.and_(
-                tasks.c.expires_at.is_(None),
-                tasks.c.status.in_(_TERMINAL_VALUES),
-                tasks.c.updated_at <= now_ms - retention_ms,
-            ),
+        passes = (
+            (tasks.c.expires_at <= now_ms, tasks.c.expires_at),
+            (sa.and_(tasks.c.status.in_(_TERMINAL_VALUES), tasks.c.updated_at <= now_ms - retention_ms,
+                     tasks.c.expires_at.is_(None)), None),
         )
         removed = 0
-        while True:
-            victims = sa.select(tasks.c.key).where(expired).limit(batch_size)
-            with self.engine.begin() as conn:
+        for condition, order in passes:
+            while True:
+                victims = sa.select(tasks.c.key).where(condition).limit(batch_size)
+                if order is not None:
+                    victims = victims.order_by(order)
                 if self.dialect == "postgresql":
                     victims = victims.with_for_update(skip_locked=True)
-                keys = list(conn.execute(victims).scalars())
-                if keys:
-                    conn.execute(tasks.delete().where(tasks.c.key.in_(keys)))
-            removed += len(keys)
-            if len(keys) < batch_size:
-                return removed
+                with self.engine.begin() as conn:
+                    count = conn.execute(tasks.delete().where(tasks.c.key.in_(victims.scalar_subquery()))).rowcount
+                removed += count
+                if count < batch_size:
+                    break
+        return removed
