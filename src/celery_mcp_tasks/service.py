@@ -215,8 +215,15 @@ class TaskService:
         return self._write(key, lambda r: r.requiring_input(requests, self.clock(), message, park=park, run=run))
 
     def begin(self, key: str, run: Run, *, beat_before_ms: int) -> TaskRecord:
-        """A job run starts: `Superseded`/`TerminalTask` when it must not run; refreshes an old heartbeat."""
-        record = self._write(key, lambda r: r.began(run, self.clock()))
+        """A job run starts: `Superseded`/`TerminalTask` when it must not run; refreshes an old heartbeat.
+
+        The common case is one plain read: a write (and its row lock) only when the run has news.
+        """
+        record = self.store.get(key, ANY)
+        if record is None:
+            raise TaskNotFound()
+        if record.began(run, self.clock()) is not record:
+            record = self._write(key, lambda r: r.began(run, self.clock()))
         if record.heartbeat_at is None or record.heartbeat_at < beat_before_ms:
             self.heartbeat(key, run)
         return record
