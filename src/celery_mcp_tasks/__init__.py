@@ -2,15 +2,17 @@
 
 from celery_mcp_tasks.app import McpTasks
 from celery_mcp_tasks.config import ConfigError, Settings
-from celery_mcp_tasks.context import TaskContext
+from celery_mcp_tasks.context import InputTimeout, TaskContext
 from celery_mcp_tasks.inputs import elicit, list_roots, sample
-from celery_mcp_tasks.model import DuplicateInputKeys, TaskStatus, TerminalTask
+from celery_mcp_tasks.model import DuplicateInputKeys, Superseded, TaskStatus, TerminalTask
 
 __all__ = [
     "ConfigError",
     "DuplicateInputKeys",
+    "InputTimeout",
     "McpTasks",
     "Settings",
+    "Superseded",
     "TaskContext",
     "TaskStatus",
     "TerminalTask",

@@ -14,8 +14,7 @@ import signal
 import time
 from typing import Any
 
-from celery_mcp_tasks import McpTasks, TaskContext, elicit
-from celery_mcp_tasks.context import InputTimeout
+from celery_mcp_tasks import InputTimeout, McpTasks, TaskContext, elicit
 
 tasks = McpTasks("runtime-tests")
 celery = tasks.celery
