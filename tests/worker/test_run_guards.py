@@ -16,11 +16,12 @@ from typing import Any
 import pytest
 from celery import Celery
 from celery.app.task import Context
+from celery.exceptions import Retry, WorkerLostError
 
 from celery_mcp_tasks import McpTasks, Settings, TaskContext, TaskStatus, elicit
 from celery_mcp_tasks.context import InputTimeout
 from celery_mcp_tasks.migrate import upgrade
-from celery_mcp_tasks.model import Run, Superseded, TaskRecord, TerminalTask, task_key
+from celery_mcp_tasks.model import Run, Superseded, TaskRecord, TerminalTask, now_ms, task_key
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.sql import SqlStore
 from celery_mcp_tasks.worker import bridge
@@ -93,6 +94,22 @@ def test_a_retry_signal_that_lands_after_the_next_attempt_changes_nothing(tasks:
     late = Context(retries=0, headers=headers(task_id))
     bridge.on_retry(sender=flaky, request=late, reason=None)
     assert status(tasks, task_id) == done
+
+
+def test_a_countdown_retry_is_not_reaped_early_but_a_lost_process_retry_is_not_waited_for(tasks: McpTasks) -> None:
+    @tasks.mcp_task
+    def body() -> str:
+        return "ran"
+
+    for exc, countdown, deferred in ((RuntimeError("busy"), 600, True), (WorkerLostError("signal 9"), 180, False)):
+        task_id, _ = tasks.service().create(owner=None, tool="body", arguments={})
+        before = now_ms()
+        bridge.on_retry(sender=body, request=Context(retries=0, headers=headers(task_id)),
+                        reason=Retry(exc=exc, when=countdown))
+        record = status(tasks, task_id)
+        assert record.status_message == "Retrying (attempt 2)"
+        assert record.heartbeat_at is not None
+        assert (record.heartbeat_at >= before + countdown * 1000) is deferred
 
 
 def test_retry_signal_and_next_attempt_in_either_order_say_the_same_once(tmp_path: Path) -> None:

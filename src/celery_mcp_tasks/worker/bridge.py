@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import Any
 
 from celery import signals
+from celery.exceptions import WorkerLostError
 
 from celery_mcp_tasks.model import Run, TerminalTask, now_ms
 from celery_mcp_tasks.service import TaskService, internal_error
@@ -59,7 +60,14 @@ def describe_failure(exc: BaseException | None) -> str:
 
 
 def _start_by_ms(reason: Any) -> int:
-    """When the retried attempt is due (Retry.when is a countdown in seconds or an ETA)."""
+    """When the retried attempt is due (Retry.when is a countdown in seconds or an ETA).
+
+    A retry after a lost pool process is due now as far as the reaper is concerned:
+    its delay is Celery's `default_retry_delay`, not a promise the job made, and its
+    message often dies with the worker that held it.
+    """
+    if isinstance(getattr(reason, "exc", None), WorkerLostError):
+        return now_ms()
     when = getattr(reason, "when", None)
     if isinstance(when, datetime):
         return int(when.timestamp() * 1000)
