@@ -23,6 +23,12 @@ class Notifier(Protocol):
         ...
 
 
+def listeners_possible(record: TaskRecord) -> bool:
+    """False for a record just created: its id has not left the creating process yet,
+    so no stream can follow it and a cross-process hint would be wasted on the hot path."""
+    return record.version > 1
+
+
 def safe_notify(notifier: Notifier | None, record: TaskRecord) -> None:
     if notifier is None:
         return

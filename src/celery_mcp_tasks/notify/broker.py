@@ -24,6 +24,7 @@ import anyio.to_thread
 from kombu import Connection, Consumer, Exchange, Queue
 
 from celery_mcp_tasks.model import TaskRecord
+from celery_mcp_tasks.notify.base import listeners_possible
 from celery_mcp_tasks.notify.hub import Hub
 
 __all__ = ["BrokerListener", "BrokerPublisher", "hint_exchange"]
@@ -59,6 +60,8 @@ class BrokerPublisher:
         self._exchange = exchange
 
     def task_changed(self, record: TaskRecord) -> None:
+        if not listeners_possible(record):
+            return
         with self._producer_pool().acquire(block=True, timeout=2) as producer:
             producer.publish(
                 {"k": record.key, "v": record.version},

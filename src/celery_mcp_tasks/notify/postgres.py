@@ -21,6 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, make_url
 
 from celery_mcp_tasks.model import TaskRecord
+from celery_mcp_tasks.notify.base import listeners_possible
 from celery_mcp_tasks.notify.hub import Hub
 
 __all__ = ["CHANNEL", "PgListener", "PgNotifier", "format_hint", "parse_hint", "pg_notify_hook"]
@@ -47,6 +48,8 @@ def parse_hint(payload: str) -> tuple[str, int] | None:
 
 def pg_notify_hook(conn: Connection, record: TaskRecord) -> None:
     """The store's write hook: queue the hint in the writing transaction (sent at commit)."""
+    if not listeners_possible(record):
+        return
     conn.execute(_NOTIFY, {"channel": CHANNEL, "payload": format_hint(record)})
 
 

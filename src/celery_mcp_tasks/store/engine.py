@@ -32,7 +32,7 @@ def create_store_engine(url: str, **kwargs: Any) -> Engine:
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         return _sqlite_engine(url, parsed.database, **kwargs)
-    kwargs.setdefault("pool_pre_ping", True)
+    kwargs.setdefault("pool_pre_ping", False)
     if "poolclass" not in kwargs:
         kwargs.setdefault("pool_size", 10)
         kwargs.setdefault("max_overflow", 10)

@@ -10,9 +10,10 @@ row. That is correct on both databases in every isolation mode, unlike
 from __future__ import annotations
 
 import logging
+import functools
 from collections.abc import Callable, Iterable
 from dataclasses import fields
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, RowMapping
@@ -30,6 +31,44 @@ WriteHook = Callable[[Connection, TaskRecord], None]
 _MAX_CAS_ATTEMPTS = 64
 _COLUMNS = [f.name for f in fields(TaskRecord)]
 _TERMINAL_VALUES = [status.value for status in TERMINAL]
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _reconnecting(method: F) -> F:
+    """Run again, once, when the database dropped the pooled connection (a restart, a failover).
+
+    The pool does not ping before every checkout (a round trip on the hot path);
+    instead the first statement on a dead connection fails, SQLAlchemy invalidates
+    the pool, and the operation is retried on a fresh connection.
+    """
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except sa.exc.DBAPIError as exc:
+            if not exc.connection_invalidated:
+                raise
+            logger.warning("store connection was lost (%s); retrying once", type(exc.orig).__name__)
+            return method(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _insert_if_room() -> sa.Insert:
+    """`INSERT ... SELECT :values WHERE (bounded count) < :max_rows RETURNING key`, built once.
+
+    RETURNING rather than rowcount: psycopg reports -1 for INSERT ... SELECT.
+    """
+    capped = sa.select(sa.literal(1)).select_from(tasks).limit(sa.bindparam("max_rows")).subquery()
+    room = sa.select(sa.func.count()).select_from(capped).scalar_subquery() < sa.bindparam("max_rows")
+    values = sa.select(*(sa.bindparam(c.name, type_=c.type).label(c.name) for c in tasks.columns)).where(room)
+    return tasks.insert().from_select([c.name for c in tasks.columns], values).returning(tasks.c.key)
+
+
+_INSERT_IF_ROOM = _insert_if_room()
 
 
 def _to_row(record: TaskRecord) -> dict[str, Any]:
@@ -81,6 +120,7 @@ class SqlStore:
 
     # -- reads ---------------------------------------------------------------------
 
+    @_reconnecting
     def get(self, key: str, owner: Owner = ANY) -> TaskRecord | None:
         with self.engine.connect().execution_options(**{READ_ONLY: True}) as conn:
             row = self._select(conn, key, owner)
@@ -100,6 +140,7 @@ class SqlStore:
         row = conn.execute(query).mappings().first()
         return None if row is None else _from_row(row)
 
+    @_reconnecting
     def versions(self, keys: Iterable[str]) -> dict[str, int]:
         wanted = list(keys)
         if not wanted:
@@ -109,6 +150,7 @@ class SqlStore:
             conn.rollback()
         return {key: version for key, version in rows}
 
+    @_reconnecting
     def stale(self, *, heartbeat_before_ms: int, limit: int) -> list[TaskRecord]:
         query = (
             sa.select(tasks)
@@ -123,18 +165,24 @@ class SqlStore:
 
     # -- writes --------------------------------------------------------------------
 
+    @_reconnecting
     def create(self, record: TaskRecord, *, max_rows: int | None) -> None:
+        """Insert; at the cap, refuse. One statement: the row goes in only if there is room.
+
+        The count is bounded (it never scans more rows than the cap) and part of
+        the INSERT itself, so the hot path pays one round trip, not two. Under
+        concurrency the cap is approximate by at most the number of racing creates.
+        """
+        row = _to_row(record)
         with self.engine.begin() as conn:
-            if max_rows is not None:
-                # Bounded count: never scans more than the cap itself.
-                capped = sa.select(sa.literal(1)).select_from(tasks).limit(max_rows).subquery()
-                count = conn.execute(sa.select(sa.func.count()).select_from(capped)).scalar_one()
-                if count >= max_rows:
-                    raise TaskLimitReached()
-            conn.execute(tasks.insert().values(**_to_row(record)))
+            if max_rows is None:
+                conn.execute(tasks.insert(), row)
+            elif conn.execute(_INSERT_IF_ROOM, {**row, "max_rows": max_rows}).first() is None:
+                raise TaskLimitReached()
             if self.write_hook is not None:
                 self.write_hook(conn, record)
 
+    @_reconnecting
     def update(self, key: str, owner: Owner, transition: Transition) -> TaskRecord:
         for _ in range(_MAX_CAS_ATTEMPTS):
             with self.engine.begin() as conn:
@@ -160,6 +208,7 @@ class SqlStore:
                     return nxt
         raise StoreConflict("the task kept changing under this write; try again")
 
+    @_reconnecting
     def touch(self, key: str, at_ms: int, *, dispatch: int | None = None) -> bool:
         """Record a heartbeat: one conditional UPDATE, no version bump (liveness is not a change
         clients see), never moving it backwards. False when the task is final, gone, or (with
@@ -171,6 +220,7 @@ class SqlStore:
         with self.engine.begin() as conn:
             return conn.execute(query.values(heartbeat_at=later)).rowcount == 1
 
+    @_reconnecting
     def cleanup(self, *, now_ms: int, retention_ms: int, batch_size: int) -> int:
         """Delete expired rows, one bounded batch per short transaction.
 
