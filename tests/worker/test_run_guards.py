@@ -49,13 +49,13 @@ def test_a_task_cancelled_before_its_job_starts_never_runs_the_body(tasks: McpTa
     calls: list[int] = []
 
     @tasks.mcp_task
-    def body(n: int) -> str:
+    def cancelled_body(n: int) -> str:
         calls.append(n)
         return "ran"
 
-    task_id, _ = tasks.service().create(owner=None, tool="body", arguments={"n": 1})
+    task_id, _ = tasks.service().create(owner=None, tool="cancelled_body", arguments={"n": 1})
     tasks.service().cancel(task_id, None)
-    body.apply(kwargs={"n": 1}, headers=headers(task_id))
+    cancelled_body.apply(kwargs={"n": 1}, headers=headers(task_id))
     assert calls == [] and status(tasks, task_id).status is TaskStatus.CANCELLED
 
 
@@ -63,16 +63,16 @@ def test_a_message_of_an_older_dispatch_is_skipped_and_the_current_one_runs(task
     calls: list[str] = []
 
     @tasks.mcp_task
-    def body() -> str:
+    def superseded_body() -> str:
         calls.append("ran")
         return "ran"
 
     service = tasks.service()
-    task_id, record = service.create(owner=None, tool="body", arguments={})
+    task_id, record = service.create(owner=None, tool="superseded_body", arguments={})
     service.store.update(record.key, None, lambda r: r.dispatched(0, "sent again", resend=True))  # dispatch 2
-    body.apply(headers=headers(task_id, dispatch=1))
+    superseded_body.apply(headers=headers(task_id, dispatch=1))
     assert calls == [] and status(tasks, task_id).status is TaskStatus.WORKING
-    body.apply(headers=headers(task_id, dispatch=2))
+    superseded_body.apply(headers=headers(task_id, dispatch=2))
     assert calls == ["ran"] and status(tasks, task_id).status is TaskStatus.COMPLETED
 
 
@@ -98,13 +98,13 @@ def test_a_retry_signal_that_lands_after_the_next_attempt_changes_nothing(tasks:
 
 def test_a_countdown_retry_is_not_reaped_early_but_a_lost_process_retry_is_not_waited_for(tasks: McpTasks) -> None:
     @tasks.mcp_task
-    def body() -> str:
+    def retried_body() -> str:
         return "ran"
 
     for exc, countdown, deferred in ((RuntimeError("busy"), 600, True), (WorkerLostError("signal 9"), 180, False)):
-        task_id, _ = tasks.service().create(owner=None, tool="body", arguments={})
+        task_id, _ = tasks.service().create(owner=None, tool="retried_body", arguments={})
         before = now_ms()
-        bridge.on_retry(sender=body, request=Context(retries=0, headers=headers(task_id)),
+        bridge.on_retry(sender=retried_body, request=Context(retries=0, headers=headers(task_id)),
                         reason=Retry(exc=exc, when=countdown))
         record = status(tasks, task_id)
         assert record.status_message == "Retrying (attempt 2)"
@@ -167,19 +167,19 @@ class DownStore(SqlStore):
 def test_a_bridge_that_cannot_write_says_so_loudly(tasks: McpTasks, caplog: pytest.LogCaptureFixture,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     @tasks.mcp_task
-    def body() -> str:
+    def unwritable_body() -> str:
         return "ran"
 
-    task_id, _ = tasks.service().create(owner=None, tool="body", arguments={})
+    task_id, _ = tasks.service().create(owner=None, tool="unwritable_body", arguments={})
     down = TaskService(DownStore(tasks.service().store.engine))
     monkeypatch.setattr(tasks, "service", lambda: down)
-    body.push_request(headers=headers(task_id), retries=0)
+    unwritable_body.push_request(headers=headers(task_id), retries=0)
     try:
         with caplog.at_level(logging.ERROR, logger="celery_mcp_tasks.worker"):
-            bridge.on_success(sender=body, result={"content": []})
+            bridge.on_success(sender=unwritable_body, result={"content": []})
     finally:
-        body.pop_request()
-    assert "tool 'body': could not record completion; the reaper will settle the task" in caplog.text
+        unwritable_body.pop_request()
+    assert "tool 'unwritable_body': could not record completion; the reaper will settle the task" in caplog.text
     assert task_id not in caplog.text
 
 
