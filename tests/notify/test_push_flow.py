@@ -59,8 +59,6 @@ class Flow:
 @pytest.fixture(params=["auto", "broker"])
 def flow(request: pytest.FixtureRequest, backend: Backend, tmp_path: Path) -> Iterator[Flow]:
     notify = request.param
-    if notify == "broker" and backend.name == "embedded":
-        pytest.skip("the broker transport needs a networked broker")
     dep = Deployment(APP, backend, tmp_path)
     env = {"MCP_TASKS_NOTIFY": notify}
     try:
