@@ -246,3 +246,9 @@ class Deployment:
     def stop(self) -> None:
         for proc in reversed(self.procs):
             proc.stop()
+
+    def __enter__(self) -> Deployment:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()

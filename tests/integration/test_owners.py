@@ -17,12 +17,9 @@ NOT_FOUND = {"code": -32602, "message": "Failed to retrieve task: Task not found
 
 @pytest.fixture(scope="module")
 def authed(backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    deployment = Deployment("tests.apps.push_app", backend, tmp_path_factory.mktemp("owners"))
-    try:
+    with Deployment("tests.apps.push_app", backend, tmp_path_factory.mktemp("owners")) as deployment:
         deployment.web()  # no worker: ownership is the web process's and the store's business
         yield deployment
-    finally:
-        deployment.stop()
 
 
 def as_user(deployment: Deployment, token: str) -> McpHttp:

@@ -232,8 +232,7 @@ def test_cancel_of_a_finished_task_acks_and_changes_nothing(client: McpHttp):
 
 
 def test_the_row_cap_answers_task_limit_reached(backend, tmp_path):  # type: ignore[no-untyped-def]
-    capped = Deployment("examples.conformance.app", backend, tmp_path)
-    try:
+    with Deployment("examples.conformance.app", backend, tmp_path) as capped:
         capped.web("capped", MCP_TASKS_MAX_ROWS="1")
         http = McpHttp(capped.url)
         base = rows(capped)
@@ -241,5 +240,3 @@ def test_the_row_cap_answers_task_limit_reached(backend, tmp_path):  # type: ign
         errors = [r["error"] for r in replies if "error" in r]
         assert errors and errors[-1] == {"code": -32603, "message": "Task limit reached"}
         http.close()
-    finally:
-        capped.stop()

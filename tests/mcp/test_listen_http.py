@@ -19,11 +19,8 @@ APP = "tests.apps.push_app"
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     root = tmp_path_factory.mktemp("listen-http")
-    dep = Deployment(APP, Backend("embedded", {"MCP_TASKS_DATA_DIR": str(root / "data")}), root)
-    try:
+    with Deployment(APP, Backend("embedded", {"MCP_TASKS_DATA_DIR": str(root / "data")}), root) as dep:
         yield dep
-    finally:
-        dep.stop()
 
 
 @pytest.fixture(scope="module")

@@ -26,11 +26,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def deployment(backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    deployment = Deployment(RUNTIME_APP, backend, tmp_path_factory.mktemp(f"runtime-{backend.name}"))
-    try:
+    with Deployment(RUNTIME_APP, backend, tmp_path_factory.mktemp(f"runtime-{backend.name}")) as deployment:
         yield deployment
-    finally:
-        deployment.stop()
 
 
 @pytest.fixture(scope="module")
