@@ -4,6 +4,7 @@ import pytest
 
 from celery_mcp_tasks.model import (
     DuplicateInputKeys,
+    InvalidInputResponse,
     InvalidTransition,
     TaskRecord,
     TaskStatus,
@@ -106,3 +107,11 @@ def test_input_keys_are_single_use_for_the_whole_life():
     with pytest.raises(DuplicateInputKeys) as raised:
         resumed.requiring_input({"a": {}, "b": {}}, 4)
     assert raised.value.keys == ["a"]
+
+
+def test_only_answers_to_outstanding_keys_must_be_objects():
+    asked = record().requiring_input({"a": {}}, 2)
+    with pytest.raises(InvalidInputResponse):
+        asked.answered({"a": "yes"}, 3)
+    nxt, resumed = asked.answered({"a": {"action": "accept"}, "stranger": "not checked"}, 3)
+    assert resumed and "stranger" not in nxt.input_responses

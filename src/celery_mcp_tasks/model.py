@@ -24,6 +24,7 @@ from typing import Any
 __all__ = [
     "TERMINAL",
     "DuplicateInputKeys",
+    "InvalidInputResponse",
     "InvalidTransition",
     "Run",
     "Superseded",
@@ -63,6 +64,10 @@ class Superseded(TerminalTask):
 
 class InvalidTransition(Exception):
     """A transition that the status machine does not allow (e.g. answering a working task)."""
+
+
+class InvalidInputResponse(ValueError):
+    """An answer to an outstanding input request that is not a JSON object."""
 
 
 class DuplicateInputKeys(ValueError):
@@ -262,11 +267,14 @@ class TaskRecord:
         Returns the next record and whether the job must be enqueued again: the
         task just went back to `working` and no parked job is waiting for these
         answers. Raises `InvalidTransition` when nothing outstanding was
-        answered, so callers can skip the write.
+        answered, so callers can skip the write, and `InvalidInputResponse` when
+        an outstanding key's answer is not an object (only those are validated).
         """
         if self.terminal or self.status is not TaskStatus.INPUT_REQUIRED:
             raise InvalidTransition("no input is outstanding")
         taken = {key: value for key, value in responses.items() if key in self.input_requests}
+        if any(not isinstance(value, dict) for value in taken.values()):
+            raise InvalidInputResponse("each input response must be an object")
         if not taken:
             raise InvalidTransition("no outstanding key was answered")
         remaining = {key: value for key, value in self.input_requests.items() if key not in taken}

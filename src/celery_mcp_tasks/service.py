@@ -135,21 +135,25 @@ class TaskService:
         record = self.store.get(task_key(task_id), owner)
         if record is None:
             raise TaskNotFound()
+        self._require_unexpired(record)
+        return record
+
+    def _require_unexpired(self, record: TaskRecord) -> None:
         if record.expired(self.clock()):
             raise TaskExpired()
-        return record
 
     def answer(self, task_id: str, owner: str | None, responses: dict[str, Any]) -> TaskRecord:
         """Record answers for outstanding keys; resend the job when none remain.
 
         Keys that are not outstanding are ignored; a terminal task is left alone.
+        Ownership and expiry are checked on the row the write reads (one read, not two).
         """
-        self.get(task_id, owner)  # expiry and ownership, with the right error
         changed = resumed = False
 
         def transition(record: TaskRecord) -> TaskRecord:
             nonlocal changed, resumed
             changed = resumed = False  # a CAS retry recomputes from the fresh row
+            self._require_unexpired(record)
             try:
                 nxt, resumed = record.answered(responses, self.clock())
             except InvalidTransition:
@@ -166,14 +170,16 @@ class TaskService:
 
     def cancel(self, task_id: str, owner: str | None, message: str | None = None) -> tuple[TaskRecord, bool]:
         """Cancel synchronously. Returns (record, whether this call changed it)."""
-        self.get(task_id, owner)
-        return self._cancel(task_key(task_id), owner, message)
+        return self._cancel(task_key(task_id), owner, message, check_expiry=True)
 
-    def _cancel(self, key: str, owner: Any, message: str | None) -> tuple[TaskRecord, bool]:
+    def _cancel(self, key: str, owner: Any, message: str | None, *, check_expiry: bool = False
+                ) -> tuple[TaskRecord, bool]:
         changed = False
 
         def transition(record: TaskRecord) -> TaskRecord:
             nonlocal changed
+            if check_expiry:
+                self._require_unexpired(record)
             changed = not record.terminal
             if not changed:
                 return record

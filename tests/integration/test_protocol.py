@@ -175,6 +175,9 @@ def test_update_validates_records_at_once_ignores_strangers_and_resumes(client: 
 
     bad = client.task("tasks/update", task_id, inputResponses=["not", "an", "object"])
     assert bad["error"]["code"] == -32602
+    bad_value = client.task("tasks/update", task_id, inputResponses={"first": "not an object"})
+    assert bad_value["error"] == {"code": -32602, "message": "each input response must be an object"}
+    assert set(client.get(task_id)["inputRequests"]) == {"first", "second"}  # nothing recorded
 
     ack = client.task("tasks/update", task_id, inputResponses={
         "first": {"action": "accept", "content": {"name": "one"}}, "never-issued": {"ignored": True}})

@@ -41,7 +41,7 @@ from celery_mcp_tasks.mcp.wire import (
     require_extension,
     require_routing_name,
 )
-from celery_mcp_tasks.model import TaskRecord, TaskStatus, render_create_result, render_task
+from celery_mcp_tasks.model import InvalidInputResponse, TaskRecord, TaskStatus, render_create_result, render_task
 from celery_mcp_tasks.service import TaskExpired, TaskService
 from celery_mcp_tasks.store.base import TaskLimitReached, TaskNotFound
 from celery_mcp_tasks.toolspec import TaskTool
@@ -187,13 +187,11 @@ class TasksExtension(Extension):
         responses = params.input_responses
         if not isinstance(responses, dict):
             raise invalid_params("inputResponses must be an object")
-        owner = current_principal()
-        service = self._service()
-        record = await self._lookup(partial(service.get, params.task_id, owner))
-        bad = [key for key in responses if key in record.input_requests and not isinstance(responses[key], dict)]
-        if bad:
-            raise invalid_params("each input response must be an object")
-        await self._lookup(partial(service.answer, params.task_id, owner, responses))
+        answer = partial(self._service().answer, params.task_id, current_principal(), responses)
+        try:
+            await self._lookup(answer)
+        except InvalidInputResponse as exc:
+            raise invalid_params(str(exc)) from None
         return dict(_COMPLETE)
 
     async def cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
