@@ -5,15 +5,18 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 from celery import Celery, signals
 from celery.beat import Scheduler, Service
 
 from celery_mcp_tasks import McpTasks, Settings
+from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.worker.janitor import JANITOR_TASK, janitor_entry
 from tests.support import Backend, process_env, spawn, wait_until
 
 
 def runtime(tmp_path: Path, **settings: object) -> McpTasks:
+    upgrade(Settings(data_dir=tmp_path).store_url)  # beat_init refuses an unmigrated store
     return McpTasks("beat-unit", celery=Celery("beat-unit"), settings=Settings(data_dir=tmp_path, **settings))
 
 
@@ -56,8 +59,10 @@ def test_opting_out_leaves_the_schedule_alone_but_keeps_the_task(tmp_path: Path)
     assert Settings.from_env({"MCP_TASKS_JANITOR_INTERVAL_S": "off"}).janitor_interval_s is None
 
 
+@pytest.mark.integration
 def test_a_real_beat_sends_the_janitor_next_to_the_users_own_schedule(tmp_path: Path) -> None:
     backend = Backend("embedded", {"MCP_TASKS_DATA_DIR": str(tmp_path), "MCP_TASKS_JANITOR_INTERVAL_S": "0.5"})
+    upgrade(backend.store_url)  # beat refuses an unmigrated store
     beat = spawn("beat", [sys.executable, "-m", "celery", "-A", "tests.apps.beat_app", "beat", "--loglevel", "INFO",
                           "-s", str(tmp_path / "schedule")], process_env(backend), tmp_path)
     try:

@@ -15,16 +15,20 @@ from collections.abc import Callable
 from typing import Any, Literal, overload
 
 from celery import Celery
-from mcp.server.mcpserver import MCPServer
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
-from celery_mcp_tasks.config import ConfigError, Settings
+from celery_mcp_tasks.config import ConfigError, Settings, redact_url
 from celery_mcp_tasks.context import TaskContext
 from celery_mcp_tasks.janitor import MetricHook, SweepReport, sweep
 from celery_mcp_tasks.mcp.extension import TasksExtension
 from celery_mcp_tasks.mcp.security import transport_security
+from celery_mcp_tasks.mcp.server import TasksServer
 from celery_mcp_tasks.mcp.serving import attach_listen, listen_bus, with_push
 from celery_mcp_tasks.notify.base import Notifier
 from celery_mcp_tasks.notify.push import BrokerAccess, Push
+from celery_mcp_tasks.preflight import preflight
 from celery_mcp_tasks.service import DEFAULT, TaskService, _Default
 from celery_mcp_tasks.store.sql import SqlStore
 from celery_mcp_tasks.toolspec import Prepare, TaskMode, TaskTool
@@ -32,11 +36,9 @@ from celery_mcp_tasks.worker import bridge
 from celery_mcp_tasks.worker.dispatch import CeleryDispatcher
 from celery_mcp_tasks.worker.janitor import install_janitor
 from celery_mcp_tasks.worker.job import McpJob, make_run
+from celery_mcp_tasks.worker.startup import install_startup
 
 __all__ = ["McpTasks"]
-
-logger = logging.getLogger("celery_mcp_tasks")
-
 
 def configure_celery(app: Celery, settings: Settings) -> None:
     """Broker and safe defaults, without overriding what the user configured."""
@@ -44,6 +46,7 @@ def configure_celery(app: Celery, settings: Settings) -> None:
     if settings.broker_url or not conf.broker_url:
         conf.broker_url = settings.celery_broker_url
     if str(conf.broker_url).startswith("filesystem://"):
+        _quiet_filesystem_host_warning()
         folder = settings.broker_folder
         for sub in ("queue", "processed", "control"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
@@ -59,6 +62,19 @@ def configure_celery(app: Celery, settings: Settings) -> None:
     conf.broker_connection_retry_on_startup = True
     if settings.queue:
         conf.task_default_queue = settings.queue
+
+
+class _DefaultHostWarning(logging.Filter):
+    """kombu warns "No hostname was supplied" for every `filesystem://` connection: it has no host."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("No hostname was supplied")
+
+
+def _quiet_filesystem_host_warning() -> None:
+    target = logging.getLogger("kombu.connection")
+    if not any(isinstance(f, _DefaultHostWarning) for f in target.filters):
+        target.addFilter(_DefaultHostWarning())
 
 
 def _settings_from_env() -> Settings:
@@ -116,9 +132,10 @@ class McpTasks:
             sync_timeout_s=self.settings.sync_timeout_s,
         )
         bus = listen_bus(server_options)
-        self.server: MCPServer[Any] = MCPServer(name, version=version, extensions=[self.extension], **server_options)
+        self.server = TasksServer(name, version=version, extensions=[self.extension], **server_options)
         self.listen = attach_listen(self.server, bus, self.service, self.push)
         bridge.install()
+        install_startup(self.celery, self.preflight, self._startup_lines)
         install_janitor(self.celery, self.sweep, self.settings.janitor_interval_s)
 
     # -- per-process state ---------------------------------------------------------------
@@ -159,7 +176,15 @@ class McpTasks:
         return spec.max_dispatches if spec is not None else None
 
     def _known_tool(self, name: str) -> bool:
-        return self.server._tool_manager.get_tool(name) is not None  # pinned: mcp 2.3.x
+        return self.server.has_tool(name)
+
+    def preflight(self, role: str, *, need_schema: bool = True) -> None:
+        """Raise `ConfigError` if a `role` process ("serve", "worker", "beat") must not start; once per start."""
+        preflight(self.settings, role=role, need_schema=need_schema, broker_url=str(self.celery.conf.broker_url))
+
+    def _startup_lines(self) -> list[str]:
+        return [f"celery-mcp-tasks: store {redact_url(self.settings.store_url)}",
+                f"celery-mcp-tasks: task tools {', '.join(sorted(self.tools)) or '(none)'}"]
 
     # -- declaring tools ------------------------------------------------------------------
 
@@ -221,8 +246,8 @@ class McpTasks:
             terminate=terminate,
             max_dispatches=max_dispatches,
         )
-        if tool.name in self.tools:
-            raise ValueError(f"task tool {tool.name!r} is already registered")
+        if tool.name in self.tools or self._known_tool(tool.name):
+            raise ValueError(f"task tool {tool.name!r}: a tool of that name is already registered on this server")
         celery_options.setdefault("acks_late", True)
         celery_options.setdefault("retry_on_worker_lost", True)  # bounded by max_retries, unlike reject_on_worker_lost
         celery_options.setdefault("ignore_result", True)
@@ -238,4 +263,10 @@ class McpTasks:
         """The Starlette app serving the MCP endpoint (uvicorn runs it); its lifespan runs the push listener."""
         security = transport_security(host, self.settings.allowed_hosts)
         app = self.server.streamable_http_app(streamable_http_path=path, host=host, transport_security=security)
+        app.router.routes.append(Route("/healthz", healthz, methods=["GET"]))
         return with_push(app, self.push, self.listen)
+
+
+async def healthz(_request: Request) -> JSONResponse:
+    """Liveness: the process is up and its event loop answers (no store or broker round trip)."""
+    return JSONResponse({"status": "ok"})

@@ -74,7 +74,28 @@ class TaskTool:
         if self.max_dispatches is not None and self.max_dispatches < 1:
             raise ValueError(f"task tool {self.name!r}: max_dispatches must be >= 1, got {self.max_dispatches}")
         self.context_param = find_context_parameter(self.fn)
-        self.sdk_tool = Tool.from_function(self.schema_function(), name=self.name, description=self.description)
+        try:
+            self.sdk_tool = Tool.from_function(self.schema_function(), name=self.name, description=self.description)
+        except Exception as exc:
+            raise self._schema_error(exc) from exc
+
+    def _schema_error(self, exc: Exception) -> Exception:
+        """The SDK's error names neither the tool nor the parameter: find the parameter by trying each alone."""
+        signature = _public_signature(self.fn, self.context_param, bound=self.bound)
+        for name, parameter in signature.parameters.items():
+            probe = self.schema_function()
+            probe.__signature__ = signature.replace(parameters=[parameter])  # type: ignore[attr-defined]
+            try:
+                Tool.from_function(probe, name=self.name, description=self.description)
+            except Exception:
+                shown = getattr(parameter.annotation, "__qualname__", None) or repr(parameter.annotation)
+                module = getattr(parameter.annotation, "__module__", "builtins")
+                shown = shown if module == "builtins" else f"{module}.{shown}"
+                return TypeError(
+                    f"task tool {self.name!r}: parameter {name!r} has a type the MCP SDK cannot make a JSON schema "
+                    f"for ({shown}); use JSON-friendly types (str, int, float, bool, lists, dicts, pydantic models)"
+                )
+        return TypeError(f"task tool {self.name!r}: the MCP SDK cannot make a tool of it: {exc}")
 
     def schema_function(self) -> Callable[..., Any]:
         """A stand-in with the job's public signature, for the SDK to derive the tool from."""

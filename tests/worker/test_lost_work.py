@@ -19,6 +19,8 @@ from celery_mcp_tasks.store.sql import SqlStore
 from tests.support import Backend, Deployment, McpHttp, free_port, wait_until
 from tests.worker.conftest import FAST, JANITOR_INTERVAL_S, STALE_TIMEOUT_S, follow, job_pid, text_of
 
+pytestmark = pytest.mark.integration
+
 
 def kill_whole_worker(deployment: Deployment) -> None:
     """SIGKILL every worker process at once (main, pool children, beat): no clean-up of any kind."""
@@ -86,7 +88,9 @@ def test_a_job_out_of_sends_fails_with_a_clear_message(deployment: Deployment, c
 def test_a_broker_that_is_down_at_tools_call_leaves_a_failed_task(deployment: Deployment) -> None:
     closed = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
     # Change hints by row polling: this test is about the job's message, not the broker notifier.
-    url = deployment.web("web-no-broker", CELERY_BROKER_URL=closed, MCP_TASKS_NOTIFY="poll", **FAST)
+    # The store named explicitly: a remote broker with the embedded default store is refused at start.
+    url = deployment.web("web-no-broker", CELERY_BROKER_URL=closed, MCP_TASKS_NOTIFY="poll",
+                         MCP_TASKS_DATABASE_URL=deployment.backend.store_url, **FAST)
     client = McpHttp(url)
     try:
         started = time.monotonic()

@@ -7,10 +7,12 @@ events (what Flower shows) are captured from a worker started with `-E`.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import threading
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,8 +21,11 @@ from celery import Celery
 from celery_mcp_tasks.app import configure_celery
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.model import task_key
+from celery_mcp_tasks.worker.job import HIDDEN_ARGS
 from tests.support import Backend, Deployment, McpHttp, process_env, spawn, wait_until
 from tests.worker.conftest import FAST
+
+pytestmark = pytest.mark.integration
 
 
 def raw_messages(backend: Backend, queue: str) -> list[bytes]:
@@ -100,6 +105,7 @@ def test_celery_events_show_the_tool_name_and_never_the_task_id(
                       20, "the task events")
     received = [e for e in mine if e["type"] == "task-received"]
     assert received and all(e["name"] == "work" for e in received)
+    assert all((e["args"], e["kwargs"]) == ("()", HIDDEN_ARGS["kwargsrepr"]) for e in received)  # not {'seconds': ...}
     assert {"task-received", "task-started", "task-succeeded"} <= {e["type"] for e in mine}
     assert task_id not in repr(events)
 
@@ -113,3 +119,40 @@ def test_celery_events_show_the_tool_name_and_never_the_task_id(
     worker.stop()
     logs = deployment.logs()
     assert "Task hopeless[" in logs and not [i for i in ids if i in logs]
+    # Retries are new messages (autoretry_for): they hide the arguments too.
+    retried = [e for e in events if e.get("type") == "task-received" and e.get("name") == "hopeless"]
+    assert len(retried) >= 2 and all(e["kwargs"] == HIDDEN_ARGS["kwargsrepr"] for e in retried)
+
+
+def test_the_worker_log_at_info_holds_no_result_and_no_argument_and_no_succeeded_none(
+    deployment: Deployment, web_only: McpHttp, tmp_path: Path
+) -> None:
+    worker = deployment.worker("worker-logs", beat=True, env=FAST)  # --loglevel INFO, prefork, janitor every 1 s
+    secret = f"secret-{uuid.uuid4().hex[:8]}"
+    worked = web_only.create("work", {"seconds": 0.05, "marker": str(tmp_path / secret)})
+    asks = web_only.create("two_rounds")
+    handed = web_only.create("elsewhere")
+    failing = web_only.create("hopeless")
+    assert web_only.wait_for(worked)["status"] == "completed"
+    web_only.wait_for(asks, "input_required")
+    web_only.task("tasks/update", asks, inputResponses={"name": {"action": "accept", "content": {"name": secret}}})
+    web_only.wait_for(asks, "input_required", "completed", timeout=20)
+    web_only.task("tasks/update", asks, inputResponses={"colour": {"action": "accept", "content": {"colour": secret}}})
+    answered = web_only.wait_for(asks, timeout=20)
+    assert answered["status"] == "completed" and secret in answered["result"]["content"][0]["text"]
+    assert web_only.wait_for(failing, timeout=20)["status"] == "failed"
+    wait_until(lambda: "ended its run" in worker.text() and "handed off" in worker.text(), 20, "the hand-off line")
+    wait_until(lambda: re.search(r"Task celery_mcp_tasks\.janitor\[\S+\] succeeded in \S+s: None", worker.text()),
+               20, "a plain task's own success line (the janitor keeps Celery's logging)")
+    worker.stop()
+
+    log = worker.text()
+    assert secret not in log and "worked 0.05s" not in log and " likes " not in log
+    assert re.search(r"^.*Task work\[\S+\] succeeded in [\d.]+s$", log, re.M)
+    # Both rounds that asked (an earlier test's leftover message may add one more).
+    assert len(re.findall(r"Task two_rounds\[\S+\] ended its run in [\d.]+s: waiting for input$", log, re.M)) >= 2
+    assert re.search(r"Task elsewhere\[\S+\] ended its run in [\d.]+s: handed off$", log, re.M)
+    assert re.search(r"Task hopeless\[\S+\] retry: ", log) and re.search(r"Task hopeless\[\S+\] raised unexpected", log)
+    tools = "|".join(("work", "two_rounds", "elsewhere", "hopeless"))
+    assert not re.search(rf"Task ({tools})\[\S+\] succeeded in \S+: ", log)  # no value, not even None
+    assert log.count("celery-mcp-tasks: task tools ") == 1

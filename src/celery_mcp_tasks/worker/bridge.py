@@ -26,6 +26,7 @@ from celery.exceptions import WorkerLostError
 from celery_mcp_tasks.model import Run, TerminalTask, now_ms
 from celery_mcp_tasks.service import TaskService, internal_error
 from celery_mcp_tasks.store.base import TaskNotFound
+from celery_mcp_tasks.worker import tracelog
 from celery_mcp_tasks.worker.job import McpJob, row_key, run_of
 
 logger = logging.getLogger("celery_mcp_tasks.worker")
@@ -123,4 +124,5 @@ def install() -> None:
     signals.task_failure.connect(on_failure, weak=False)
     signals.task_retry.connect(on_retry, weak=False)
     signals.task_revoked.connect(on_revoked, weak=False)
+    tracelog.install()  # the trace's log lines of our jobs: no result, no arguments
     _installed = True

@@ -18,7 +18,7 @@ from celery import Celery
 
 from celery_mcp_tasks.model import TaskRecord
 from celery_mcp_tasks.toolspec import TaskTool
-from celery_mcp_tasks.worker.job import DISPATCH_HEADER, KEY_HEADER
+from celery_mcp_tasks.worker.job import DISPATCH_HEADER, HIDDEN_ARGS, KEY_HEADER
 
 logger = logging.getLogger("celery_mcp_tasks.worker")
 
@@ -45,6 +45,7 @@ class CeleryDispatcher:
             task_id=celery_id(record),
             headers={KEY_HEADER: record.key, DISPATCH_HEADER: record.dispatches},
             shadow=tool.name,
+            **HIDDEN_ARGS,  # what worker logs and events show instead of the arguments
             retry=True,
             retry_policy=_RETRY_POLICY,
         )

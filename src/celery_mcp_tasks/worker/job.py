@@ -21,8 +21,9 @@ from typing import Any, Protocol
 
 from celery import Task
 from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import ValidationError
 
-from celery_mcp_tasks.context import EndRun, TaskContext
+from celery_mcp_tasks.context import EndRun, HandedOff, InputRequested, TaskContext
 from celery_mcp_tasks.model import Run, Superseded, TerminalTask, now_ms
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.base import TaskNotFound
@@ -34,6 +35,10 @@ KEY_HEADER = "mcp_task_key"
 """Celery message header carrying the row key (a hash; never the task id)."""
 DISPATCH_HEADER = "mcp_task_dispatch"
 """Which dispatch of the task this message is; an older message than the row's is superseded."""
+HIDDEN_ARGS = {"argsrepr": "()", "kwargsrepr": "<tool arguments are not logged>"}
+"""What Celery's logs and events (Flower) show instead of an MCP task's arguments."""
+RUN_END = "mcp_run_end"
+"""Request attribute: why a run ended without an outcome (the log line says it instead of "succeeded: None")."""
 
 _current: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar("mcp_task_context", default=None)
 
@@ -108,6 +113,18 @@ class McpJob(Task):
             return super().__call__(*args, **kwargs)
         return self._run_for_task(key)
 
+    def signature_from_request(self, request: Any = None, args: Any = None, kwargs: Any = None,
+                               queue: Any = None, **extra_options: Any) -> Any:
+        """Retries (ours, `autoretry_for`, a lost worker's) keep the arguments out of logs and events."""
+        if row_key(self.request if request is None else request) is not None:
+            for option, text in HIDDEN_ARGS.items():
+                extra_options.setdefault(option, text)
+        return super().signature_from_request(request, args, kwargs, queue, **extra_options)
+
+    def _ended(self, why: str) -> None:
+        setattr(self.request, RUN_END, why)
+        return None
+
     def _run_for_task(self, key: str) -> dict[str, Any] | None:
         tool = self.mcp_tool
         service = self.mcp_runtime.service()
@@ -120,14 +137,17 @@ class McpJob(Task):
             record = service.begin(key, run, beat_before_ms=now_ms() - int(interval * 1000))
         except TaskNotFound:
             logger.info("job for tool %r skipped: its task no longer exists", tool.name)
-            return None
+            return self._ended("skipped, its task no longer exists")
         except Superseded:
             logger.info("job for tool %r skipped: superseded by a newer dispatch or attempt", tool.name)
-            return None
+            return self._ended("skipped, superseded by a newer dispatch or attempt")
         except TerminalTask:
             logger.info("job for tool %r skipped: its task is already final", tool.name)
-            return None
-        kwargs = tool.validate(record.arguments)
+            return self._ended("skipped, its task is already final")
+        try:
+            kwargs = tool.validate(record.arguments)
+        except ValidationError as exc:  # its text quotes the values: name the fields only
+            raise ValueError(f"stored arguments do not fit the tool: {', '.join(tool.invalid_fields(exc))}") from None
         ctx = TaskContext(service, key, record=record, run=run)
         token = _current.set(ctx)
         try:
@@ -136,11 +156,15 @@ class McpJob(Task):
         except ToolError as exc:
             # As a synchronous MCP tool: a deliberate tool error is a result with isError.
             return {"content": [{"type": "text", "text": str(exc)}], "isError": True}
+        except InputRequested:
+            return self._ended("waiting for input")
+        except HandedOff:
+            return self._ended("handed off")
         except EndRun:
-            return None
+            return self._ended("ended without an outcome")
         except TerminalTask:
             logger.info("job for tool %r stopped: its task was settled elsewhere", tool.name)
-            return None
+            return self._ended("stopped, its task was settled elsewhere")
         finally:
             _current.reset(token)
         return tool.to_result(value)

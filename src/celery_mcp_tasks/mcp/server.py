@@ -1,0 +1,29 @@
+"""`TasksServer`: the SDK's `MCPServer`, refusing a tool name twice.
+
+The SDK's tool manager only logs a warning for a second tool of the same name
+and keeps the first, so `@tasks.mcp_task` and `tasks.server.tool()` on one
+name would leave one of the two silently unreachable. Every registration
+(the `tool()` decorator included) goes through the public `add_tool`, so
+overriding it catches both orders at registration time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from mcp.server.mcpserver import MCPServer
+
+__all__ = ["TasksServer"]
+
+
+class TasksServer(MCPServer[Any]):
+    def has_tool(self, name: str) -> bool:
+        return self._tool_manager.get_tool(name) is not None  # pinned: mcp 2.3.x
+
+    def add_tool(self, fn: Callable[..., Any], name: str | None = None, *args: Any, **kwargs: Any) -> None:
+        tool_name = name or getattr(fn, "__name__", None)
+        if tool_name is not None and self.has_tool(tool_name):
+            raise ValueError(f"tool {tool_name!r} is already registered on this server; give one of the two "
+                             f"another name (a task tool and a plain tool cannot share one)")
+        super().add_tool(fn, name, *args, **kwargs)

@@ -1,0 +1,50 @@
+"""Start-up of the Celery processes: refuse to start when misconfigured, say what this worker serves.
+
+The check runs where each process begins, once: `celeryd_init` in the worker's
+main process (before the pool forks, so prefork children never repeat it) and
+`beat_init` in a standalone beat. The embedded beat of `worker -B` is covered
+by its worker's check. Celery's `Signal.send` logs and swallows an `Exception`
+from a handler, but not a `SystemExit`: after its one line on stderr, that
+stops the process with exit status 1 before a task is taken.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from celery import Celery, signals
+
+from celery_mcp_tasks.config import ConfigError
+
+__all__ = ["install_startup"]
+
+
+def install_startup(app: Celery, check: Callable[[str], None], describe: Callable[[], list[str]]) -> None:
+    """`check(role)` raises `ConfigError` to refuse; `describe()` gives the lines printed before the banner."""
+    checked: list[str] = []  # this process (or the worker it was forked from) passed the check
+
+    def refuse_unless_ready(role: str) -> None:
+        try:
+            check(role)
+        except ConfigError as exc:
+            # The real stderr: beat has already redirected sys.stderr into its logger by now.
+            print(f"celery-mcp-tasks: configuration error: {exc}", file=sys.__stderr__, flush=True)
+            raise SystemExit(1) from None
+        checked.append(role)
+
+    @signals.celeryd_init.connect(weak=False)
+    def _worker(sender: Any = None, instance: Any = None, **_: Any) -> None:
+        if getattr(instance, "app", None) is app:
+            refuse_unless_ready("worker")
+
+    @signals.celeryd_after_setup.connect(weak=False)
+    def _banner(sender: Any = None, instance: Any = None, **_: Any) -> None:
+        if getattr(instance, "app", None) is app and not getattr(instance, "quiet", False):
+            print("\n".join(describe()), file=sys.__stdout__, flush=True)
+
+    @signals.beat_init.connect(weak=False)
+    def _beat(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is app and not checked:
+            refuse_unless_ready("beat")

@@ -1,0 +1,71 @@
+"""What Celery's task trace logs about our jobs: the outcome's fact, never its content.
+
+Celery logs every return value at INFO ("Task work[id] succeeded in 4.02s:
+{...}") and puts the arguments in each record's `data`: a tool's result and
+arguments are often more sensitive than its ids. For an MCP task's run (a job
+whose message carries our row-key header) this filter on the
+`celery.app.trace` logger drops the return value, hides the arguments, and says
+how a run without an outcome ended (waiting for input, handed off, skipped)
+instead of "succeeded in 0.01s: None". Everything else, a user's plain Celery
+task or a `.delay()` of a job, keeps Celery's own lines.
+
+The record is read while the trace still has the task pushed, so
+`current_task.request` is the request the line is about (checked by id).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import current_task
+from celery.app import trace
+
+from celery_mcp_tasks.worker.job import HIDDEN_ARGS, RUN_END, McpJob, row_key
+
+__all__ = ["JobTraceFilter", "install"]
+
+_HIDDEN = "<not logged>"
+_SUCCEEDED = "Task %(name)s[%(id)s] succeeded in %(runtime)ss"
+_ENDED = "Task %(name)s[%(id)s] ended its run in %(runtime)ss: %(run_end)s"
+
+
+class JobTraceFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        context = record.args
+        if not isinstance(context, dict) or "id" not in context or not self._ours(context["id"]):
+            return True
+        scrubbed: dict[str, Any] = dict(context)
+        for field in ("args", "kwargs"):
+            if field in scrubbed:
+                scrubbed[field] = HIDDEN_ARGS[f"{field}repr"]
+        if record.msg == trace.LOG_SUCCESS:
+            scrubbed["return_value"] = _HIDDEN
+            run_end = getattr(current_task.request, RUN_END, None)
+            if run_end is not None:
+                scrubbed["run_end"] = run_end
+                record.msg = _ENDED
+            else:
+                record.msg = _SUCCEEDED
+        record.args = scrubbed
+        if isinstance(getattr(record, "data", None), dict):
+            record.data = scrubbed  # what custom (e.g. JSON) handlers read
+        return True
+
+    @staticmethod
+    def _ours(celery_id: Any) -> bool:
+        if not isinstance(current_task, McpJob):  # the proxy forwards isinstance; None outside a task
+            return False
+        request = current_task.request
+        return getattr(request, "id", None) == celery_id and row_key(request) is not None
+
+
+_installed = False
+
+
+def install() -> None:
+    """Once per process; forked pool children inherit it."""
+    global _installed
+    if not _installed:
+        trace.logger.addFilter(JobTraceFilter())
+        _installed = True

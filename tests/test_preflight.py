@@ -1,0 +1,156 @@
+"""The start-up checks, in process: what each misconfiguration says, and where the checks run.
+
+The same refusals from real `serve`, `db`, worker and beat processes: tests/test_start_refusals.py.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from celery import Celery, signals
+
+from celery_mcp_tasks import ConfigError, McpTasks, Settings
+from celery_mcp_tasks.migrate import downgrade, upgrade
+from celery_mcp_tasks.preflight import CONNECT_TIMEOUT_S, preflight
+from celery_mcp_tasks.store.schema import VERSION_TABLE
+from tests.conftest import needs_postgres
+from tests.support import POSTGRES_URL, free_port, fresh_postgres_database
+
+
+def refusal(settings: Settings, **kwargs: object) -> str:
+    kwargs.setdefault("role", "worker")
+    with pytest.raises(ConfigError) as refused:
+        preflight(settings, **kwargs)  # type: ignore[arg-type]
+    message = str(refused.value)
+    assert message.startswith("MCP_TASKS_DATABASE_URL") and "\n" not in message
+    return message
+
+
+def test_the_embedded_store_before_its_first_upgrade_is_refused_and_not_created(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path)
+    assert "does not exist yet; run `celery-mcp-tasks db upgrade`" in refusal(settings)
+    assert not (tmp_path / "tasks.db").exists()
+    preflight(settings, role="db", need_schema=False)  # `db upgrade` may create it
+    upgrade(settings.store_url)
+    preflight(settings, role="worker")
+
+
+def test_a_schema_behind_head_is_refused_and_one_at_head_passes(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path)
+    upgrade(settings.store_url, "0001")
+    assert "is at revision 0001, behind 0002; run `celery-mcp-tasks db upgrade`" in refusal(settings, role="beat")
+    preflight(settings, role="serve", need_schema=False)  # serve migrates right after this one
+    upgrade(settings.store_url)
+    preflight(settings, role="serve")
+
+
+def test_an_empty_database_file_is_not_migrated(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    sa.create_engine(url).connect().close()
+    assert "is not migrated; run `celery-mcp-tasks db upgrade`" in refusal(Settings(database_url=url))
+
+
+def test_a_schema_from_a_newer_release_is_refused(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path)
+    upgrade(settings.store_url)
+    engine = sa.create_engine(settings.store_url)
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"UPDATE {VERSION_TABLE} SET version_num = '0099'"))
+    engine.dispose()
+    assert "revision 0099, which this release of celery-mcp-tasks does not know" in refusal(settings)
+
+
+def test_a_remote_broker_needs_a_named_store(tmp_path: Path) -> None:
+    remote = Settings(data_dir=tmp_path, broker_url="amqp://guest:guest@127.0.0.1:5672//")
+    message = refusal(remote, role="serve")
+    assert "unset" in message and "amqp://guest:***@127.0.0.1:5672//" in message and ":guest@" not in message
+    # A broker configured on the Celery app itself (not through CELERY_BROKER_URL) counts the same.
+    assert "remote broker redis://h:6379/0" in refusal(Settings(data_dir=tmp_path), broker_url="redis://h:6379/0")
+    explicit = f"sqlite:///{tmp_path / 'shared.db'}"
+    upgrade(explicit)
+    preflight(Settings(data_dir=tmp_path, database_url=explicit, broker_url="redis://h:6379/0"), role="worker")
+    upgrade(remote.store_url)
+    preflight(remote, role="db", need_schema=False)  # migrating is not serving: no broker involved
+    preflight(Settings(data_dir=tmp_path), role="worker", broker_url="memory://")
+
+
+def test_an_unreachable_database_is_named_with_its_password_redacted_quickly() -> None:
+    url = f"postgresql://mcp:hunter2@127.0.0.1:{free_port()}/tasks"
+    started = time.monotonic()
+    message = refusal(Settings(database_url=url), role="db", need_schema=False)
+    assert time.monotonic() - started < CONNECT_TIMEOUT_S
+    assert message.startswith("MCP_TASKS_DATABASE_URL=postgresql://mcp:***@127.0.0.1:")
+    assert "cannot connect to the task store" in message and "hunter2" not in message
+
+
+@needs_postgres
+def test_a_missing_postgres_database_says_so() -> None:
+    assert POSTGRES_URL
+    url = sa.engine.make_url(POSTGRES_URL).set(database="mcp_tasks_no_such_db").render_as_string(hide_password=False)
+    assert 'database "mcp_tasks_no_such_db" does not exist' in refusal(Settings(database_url=url))
+
+
+@needs_postgres
+def test_a_migrated_postgres_store_passes() -> None:
+    assert POSTGRES_URL
+    with fresh_postgres_database(POSTGRES_URL) as url:
+        assert "not migrated" in refusal(Settings(database_url=url))
+        upgrade(url)
+        preflight(Settings(database_url=url), role="worker")
+
+
+# -- where the checks run: Celery's start-up signals ----------------------------------------------
+
+
+class Sender:
+    """What the signals carry: a beat `Service` or a worker, each knowing its app (hashable, as Celery needs)."""
+
+    def __init__(self, app: Celery, quiet: bool = False) -> None:
+        self.app, self.quiet = app, quiet
+
+
+def runtime(tmp_path: Path) -> McpTasks:
+    return McpTasks("preflight-unit", celery=Celery("preflight-unit"), settings=Settings(data_dir=tmp_path))
+
+
+def test_a_standalone_beat_refuses_with_one_line_and_exit_status_1(tmp_path: Path,
+                                                                  capfd: pytest.CaptureFixture[str]) -> None:
+    tasks = runtime(tmp_path)
+    with pytest.raises(SystemExit) as stopped:
+        signals.beat_init.send(sender=Sender(tasks.celery))
+    assert stopped.value.code == 1
+    assert capfd.readouterr().err.strip().splitlines() == [
+        "celery-mcp-tasks: configuration error: MCP_TASKS_DATABASE_URL (unset: the embedded store "
+        f"sqlite:///{tmp_path / 'tasks.db'}): the task store does not exist yet; run `celery-mcp-tasks db upgrade`"
+    ]
+
+
+def test_the_worker_main_process_checks_once_and_its_embedded_beat_trusts_it(tmp_path: Path) -> None:
+    tasks = runtime(tmp_path)
+    runtime(tmp_path / "other")  # unmigrated: it would refuse, were another app's worker its business
+    upgrade(tasks.settings.store_url)
+    signals.celeryd_init.send(sender="w@h", instance=Sender(tasks.celery), conf=None, options={})
+    downgrade(tasks.settings.store_url, "base")
+    signals.beat_init.send(sender=Sender(tasks.celery))  # `worker -B`: already checked
+    with pytest.raises(SystemExit):
+        signals.celeryd_init.send(sender="w@h", instance=Sender(tasks.celery), conf=None, options={})
+
+
+def test_the_worker_prints_its_store_and_tools_before_the_banner(tmp_path: Path,
+                                                                 capfd: pytest.CaptureFixture[str]) -> None:
+    tasks = runtime(tmp_path)
+
+    @tasks.mcp_task
+    def write_report(topic: str) -> str:
+        return topic
+
+    signals.celeryd_after_setup.send(sender="w@h", instance=Sender(tasks.celery), conf=None)
+    assert capfd.readouterr().out.splitlines() == [
+        f"celery-mcp-tasks: store sqlite:///{tmp_path / 'tasks.db'}",
+        "celery-mcp-tasks: task tools write_report",
+    ]
+    signals.celeryd_after_setup.send(sender="w@h", instance=Sender(tasks.celery, quiet=True), conf=None)
+    assert capfd.readouterr().out == ""

@@ -1,0 +1,75 @@
+"""Registering tools: a mistake is an error at registration that names the tool (and the parameter)."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+from celery import Celery
+
+from celery_mcp_tasks import McpTasks, Settings, TaskContext
+
+
+@pytest.fixture
+def tasks(tmp_path: Path) -> McpTasks:
+    return McpTasks("registration", celery=Celery("registration"), settings=Settings(data_dir=tmp_path))
+
+
+def test_a_task_tool_named_like_a_plain_tool_is_refused(tasks: McpTasks) -> None:
+    @tasks.server.tool()
+    def lookup(query: str) -> str:
+        return query
+
+    with pytest.raises(ValueError, match="'lookup'"):
+        @tasks.mcp_task(name="lookup")
+        def slow_lookup(query: str) -> str:
+            return query
+
+    assert "lookup" not in tasks.tools
+    assert not [name for name in tasks.celery.tasks if name.endswith("slow_lookup")]
+
+
+def test_a_plain_tool_named_like_a_task_tool_is_refused(tasks: McpTasks) -> None:
+    @tasks.mcp_task
+    def report(topic: str) -> str:
+        return topic
+
+    with pytest.raises(ValueError, match="'report'"):
+        tasks.server.tool(name="report")(lambda topic: topic)
+    with pytest.raises(ValueError, match="'report'"):
+        @tasks.server.tool()
+        def report(topic: str) -> str:  # noqa: F811 - the clash is the point
+            return topic
+
+
+def test_the_same_task_tool_twice_is_refused(tasks: McpTasks) -> None:
+    @tasks.mcp_task
+    def once() -> str:
+        return "ok"
+
+    with pytest.raises(ValueError, match="'once'"):
+        tasks.mcp_task(name="once")(lambda: "again")
+
+
+def test_a_parameter_without_a_json_schema_names_the_tool_and_the_parameter(tasks: McpTasks) -> None:
+    with pytest.raises(TypeError) as refused:
+        @tasks.mcp_task
+        def job(count: int, sock: socket.socket, ctx: TaskContext) -> str:
+            return "never"
+
+    message = str(refused.value)
+    assert message.startswith("task tool 'job': parameter 'sock' ") and "socket.socket" in message
+    assert "job" not in tasks.tools and not tasks.server.has_tool("job")
+
+
+def test_distinct_tools_of_both_kinds_live_side_by_side(tasks: McpTasks) -> None:
+    @tasks.server.tool()
+    def quick(x: int) -> int:
+        return x
+
+    @tasks.mcp_task
+    def slow(x: int) -> int:
+        return x
+
+    assert tasks.server.has_tool("quick") and tasks.server.has_tool("slow") and list(tasks.tools) == ["slow"]

@@ -1,0 +1,181 @@
+"""A misconfigured process refuses to start: exit status != 0, one stderr line naming the setting and
+the fix, no traceback, the password redacted, and nothing written to the store.
+
+Real `celery -A ... worker|beat` and `celery-mcp-tasks serve|db` processes, one per case.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from celery_mcp_tasks import migrate
+from celery_mcp_tasks.store.schema import VERSION_TABLE
+from tests.conftest import needs_pg_redis, needs_postgres
+from tests.support import POSTGRES_URL, REDIS_URL, ROOT, fresh_postgres_database, free_port, spawn, wait_until
+
+pytestmark = pytest.mark.integration
+
+APP = "tests.apps.runtime_app"
+WORKER = ["-m", "celery", "-A", APP, "worker", "-P", "solo", "--without-mingle", "--without-gossip"]
+BEAT = ["-m", "celery", "-A", APP, "beat"]
+SERVE = ["-m", "celery_mcp_tasks.cli", "serve", APP, "--port", "0"]
+SERVE_NO_MIGRATE = [*SERVE, "--no-migrate"]
+DB_UPGRADE = ["-m", "celery_mcp_tasks.cli", "db", "upgrade"]
+SECRET = "s3cr3t-pw"
+UPGRADE_HINT = "run `celery-mcp-tasks db upgrade`"
+
+
+def run(argv: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    base = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "MCP_TASKS_DATA_DIR": str(tmp_path / "data")}
+    beat_schedule = ["-s", str(tmp_path / "beat-schedule")] if "beat" in argv else []
+    return subprocess.run([sys.executable, *argv, *beat_schedule], cwd=tmp_path, env={**base, **env},
+                          capture_output=True, text=True, timeout=90)
+
+
+def assert_refused(done: subprocess.CompletedProcess[str], *expected: str) -> str:
+    """Exit != 0 and exactly one stderr line, starting with the setting, saying what to do."""
+    assert done.returncode != 0, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    line = lines[0]
+    assert line.startswith("celery-mcp-tasks: configuration error: MCP_TASKS_DATABASE_URL"), line
+    for text in expected:
+        assert text in line, line
+    output = done.stdout + done.stderr
+    assert "Traceback" not in output and SECRET not in output
+    return line
+
+
+def tables(url: str) -> set[str]:
+    engine = sa.create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        with engine.connect() as conn:
+            return set(sa.inspect(conn).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def task_rows(url: str) -> int:
+    engine = sa.create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(sa.text("SELECT count(*) FROM mcp_tasks_task")).scalar_one())
+    finally:
+        engine.dispose()
+
+
+def revision(url: str) -> str:
+    engine = sa.create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        with engine.connect() as conn:
+            return str(conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar_one())
+    finally:
+        engine.dispose()
+
+
+def with_password(url: str) -> str:
+    return sa.engine.make_url(url).set(password=SECRET).render_as_string(hide_password=False)
+
+
+@pytest.fixture
+def empty_postgres() -> Iterator[str]:
+    """A database that exists and answers, with no schema (trust auth ignores the password)."""
+    if not POSTGRES_URL:
+        pytest.skip("set MCP_TASKS_TEST_POSTGRES_URL to run")
+    with fresh_postgres_database(POSTGRES_URL) as url:
+        yield url
+
+
+EVERY_PROCESS = [WORKER, BEAT, SERVE, SERVE_NO_MIGRATE, DB_UPGRADE]
+IDS = ["worker", "beat", "serve", "serve-no-migrate", "db-upgrade"]
+
+
+@pytest.mark.parametrize("argv", EVERY_PROCESS, ids=IDS)
+def test_an_unreachable_database_is_one_line_naming_it_with_the_password_redacted(
+    argv: list[str], tmp_path: Path
+) -> None:
+    url = f"postgresql://mcp:{SECRET}@127.0.0.1:{free_port()}/tasks"  # nothing listens on that port
+    line = assert_refused(run(argv, tmp_path, MCP_TASKS_DATABASE_URL=url), "cannot connect", "mcp:***@127.0.0.1")
+    assert "Connection refused" in line
+
+
+@pytest.mark.parametrize("argv", EVERY_PROCESS, ids=IDS)
+def test_a_malformed_database_url_is_one_line_naming_it(argv: list[str], tmp_path: Path) -> None:
+    assert_refused(run(argv, tmp_path, MCP_TASKS_DATABASE_URL=f"mysql://mcp:{SECRET}@db/tasks"),
+                   "unsupported database 'mysql'")
+
+
+@pytest.mark.parametrize("argv", [WORKER, BEAT, SERVE_NO_MIGRATE], ids=["worker", "beat", "serve-no-migrate"])
+@needs_postgres
+def test_an_unmigrated_database_is_refused_and_left_untouched(argv: list[str], tmp_path: Path,
+                                                              empty_postgres: str) -> None:
+    done = run(argv, tmp_path, MCP_TASKS_DATABASE_URL=with_password(empty_postgres))
+    assert_refused(done, "not migrated", UPGRADE_HINT)
+    assert tables(empty_postgres) == set()
+
+
+@pytest.mark.parametrize("argv", [WORKER, BEAT, SERVE_NO_MIGRATE], ids=["worker", "beat", "serve-no-migrate"])
+@needs_postgres
+def test_a_schema_behind_head_is_refused(argv: list[str], tmp_path: Path, empty_postgres: str) -> None:
+    migrate.upgrade(empty_postgres, "0001")
+    assert_refused(run(argv, tmp_path, MCP_TASKS_DATABASE_URL=empty_postgres), "at revision 0001, behind", UPGRADE_HINT)
+    assert revision(empty_postgres) == "0001" and task_rows(empty_postgres) == 0
+
+
+@pytest.mark.parametrize("argv", [WORKER, BEAT, SERVE_NO_MIGRATE], ids=["worker", "beat", "serve-no-migrate"])
+def test_the_embedded_store_not_yet_created_is_refused_without_creating_it(argv: list[str], tmp_path: Path) -> None:
+    assert_refused(run(argv, tmp_path), "does not exist yet", UPGRADE_HINT)
+    assert not (tmp_path / "data" / "tasks.db").exists()
+
+
+@pytest.mark.parametrize("argv", [WORKER, BEAT, SERVE, SERVE_NO_MIGRATE], ids=IDS[:4])
+def test_a_remote_broker_with_the_embedded_default_store_is_refused(argv: list[str], tmp_path: Path) -> None:
+    broker = f"redis://:{SECRET}@127.0.0.1:{free_port()}/13"
+    line = assert_refused(run(argv, tmp_path, CELERY_BROKER_URL=broker), "unset", "remote broker", "redis://:***@")
+    assert "set MCP_TASKS_DATABASE_URL" in line
+    assert not (tmp_path / "data" / "tasks.db").exists()  # serve did not migrate it either
+
+
+def test_db_upgrade_creates_the_schema_on_an_empty_database_and_serve_no_migrate_then_starts(
+    tmp_path: Path, empty_postgres: str
+) -> None:
+    assert run(DB_UPGRADE, tmp_path, MCP_TASKS_DATABASE_URL=empty_postgres).returncode == 0
+    assert {"mcp_tasks_task", VERSION_TABLE} <= tables(empty_postgres)
+    port = free_port()
+    web = spawn("web", [sys.executable, "-m", "celery_mcp_tasks.cli", "serve", APP, "--port", str(port),
+                        "--no-migrate"],
+                {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "MCP_TASKS_DATABASE_URL": empty_postgres,
+                 "MCP_TASKS_DATA_DIR": str(tmp_path / "data"), "MCP_TASKS_NOTIFY": "poll"}, tmp_path)
+    try:
+        wait_until(lambda: "Uvicorn running" in web.text() or web.popen.poll() is not None, 60, "serve to start")
+        assert web.popen.poll() is None, web.text()
+    finally:
+        web.stop()
+
+
+@needs_pg_redis
+def test_an_explicit_sqlite_store_on_a_remote_broker_is_the_users_choice_and_the_worker_says_what_it_serves(
+    tmp_path: Path,
+) -> None:
+    assert REDIS_URL
+    url = f"sqlite:///{tmp_path / 'explicit.db'}"
+    migrate.upgrade(url)
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "MCP_TASKS_DATABASE_URL": url,
+           "CELERY_BROKER_URL": REDIS_URL, "MCP_TASKS_QUEUE": f"refusals-{free_port()}"}
+    worker = spawn("worker", [sys.executable, *WORKER[:5], "-P", "prefork", "-c", "2", "--loglevel", "INFO",
+                              "--without-mingle", "--without-gossip"], env, tmp_path)
+    try:
+        wait_until(lambda: " ready." in worker.text() or worker.popen.poll() is not None, 60, "the worker")
+        text = worker.text()
+        assert worker.popen.poll() is None, text
+        assert text.count(f"celery-mcp-tasks: store {url}") == 1  # once, by the main process
+        tools = next(line for line in text.splitlines() if line.startswith("celery-mcp-tasks: task tools "))
+        assert {"two_rounds", "work", "hopeless"} <= set(tools.removeprefix("celery-mcp-tasks: task tools ").split(", "))
+    finally:
+        worker.stop()

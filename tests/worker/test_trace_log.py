@@ -1,0 +1,156 @@
+"""What Celery's trace logs about a job's run, checked in process (`job.apply(headers=...)` runs the trace).
+
+An MCP task's run never shows its result or its arguments, in the line or in the
+record's `data` that custom handlers read; a run without an outcome says how it
+ended. A user's plain Celery task, and a `.delay()` of a job, keep Celery's lines.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_mcp_tasks import McpTasks, Settings, TaskContext, elicit
+from celery_mcp_tasks.migrate import upgrade
+from celery_mcp_tasks.model import task_key
+from celery_mcp_tasks.worker.job import DISPATCH_HEADER, KEY_HEADER
+
+SECRET = "attack-at-dawn"
+
+
+@pytest.fixture
+def tasks(tmp_path: Path) -> McpTasks:
+    settings = Settings(data_dir=tmp_path, janitor_interval_s=None)
+    upgrade(settings.store_url)
+    return McpTasks("trace-log", celery=Celery("trace-log"), settings=settings)
+
+
+class TraceRecords:
+    """The `celery.app.trace` records of the test so far (caplog's list is per phase: read it late)."""
+
+    def __init__(self, caplog: pytest.LogCaptureFixture) -> None:
+        self.caplog = caplog
+
+    def __iter__(self) -> Iterator[logging.LogRecord]:
+        return iter([r for r in self.caplog.records if r.name == "celery.app.trace"])
+
+
+@pytest.fixture
+def trace_records(caplog: pytest.LogCaptureFixture) -> TraceRecords:
+    caplog.set_level(logging.INFO, logger="celery.app.trace")
+    return TraceRecords(caplog)
+
+
+def run_as_task(tasks: McpTasks, job: Any, tool: str, **arguments: Any) -> str:
+    task_id, _ = tasks.service().create(owner=None, tool=tool, arguments=arguments)
+    job.apply(kwargs=arguments, headers={KEY_HEADER: task_key(task_id), DISPATCH_HEADER: 1})
+    return task_id
+
+
+def lines(records: TraceRecords, name: str) -> list[str]:
+    """Lines about `name` (eager runs are not shadowed: the job's full Celery name ends in it)."""
+    return [r.getMessage() for r in records if re.match(rf"Task (\S+\.)?{re.escape(name)}\[", r.getMessage())]
+
+
+def assert_nothing_secret(records: TraceRecords) -> None:
+    for record in records:
+        assert SECRET not in record.getMessage()
+        assert SECRET not in repr(getattr(record, "data", None))
+
+
+def test_a_completed_run_logs_that_it_succeeded_but_not_its_result_or_arguments(
+    tasks: McpTasks, trace_records: TraceRecords
+) -> None:
+    @tasks.mcp_task
+    def secret_report(topic: str) -> str:
+        return f"report on {topic}"
+
+    run_as_task(tasks, secret_report, "secret_report", topic=SECRET)
+    [line] = lines(trace_records, "secret_report")
+    assert " succeeded in " in line and line.endswith("s")
+    assert_nothing_secret(trace_records)
+    data = next(r for r in trace_records if "secret_report" in r.getMessage()).data  # type: ignore[attr-defined]
+    assert data["return_value"] == "<not logged>" and data["kwargs"] == "<tool arguments are not logged>"
+
+
+def test_a_run_that_asks_for_input_is_not_logged_as_succeeded_none(
+    tasks: McpTasks, trace_records: TraceRecords
+) -> None:
+    @tasks.mcp_task(needs=("elicitation",))
+    def ask(topic: str, ctx: TaskContext) -> str:
+        ctx.require_input({"ok": elicit(f"Write about {topic}?", {"ok": bool})})
+
+    @tasks.mcp_task
+    def elsewhere(ctx: TaskContext) -> str:
+        ctx.hand_off("webhook", within_s=60)
+
+    run_as_task(tasks, ask, "ask", topic=SECRET)
+    run_as_task(tasks, elsewhere, "elsewhere")
+    [asked] = lines(trace_records, "ask")
+    [handed] = lines(trace_records, "elsewhere")
+    assert " ended its run in " in asked and asked.endswith("s: waiting for input")
+    assert handed.endswith("s: handed off")
+    assert not [line for line in asked + handed if "succeeded" in line or "None" in line]
+    assert_nothing_secret(trace_records)
+
+
+def test_a_skipped_run_says_why(tasks: McpTasks, trace_records: TraceRecords) -> None:
+    @tasks.mcp_task
+    def late(topic: str) -> str:
+        return topic
+
+    task_id, _ = tasks.service().create(owner=None, tool="late", arguments={"topic": SECRET})
+    tasks.service().cancel(task_id, None)
+    late.apply(kwargs={"topic": SECRET}, headers={KEY_HEADER: task_key(task_id), DISPATCH_HEADER: 1})
+    [line] = lines(trace_records, "late")
+    assert line.endswith("s: skipped, its task is already final")
+
+
+def test_failures_and_retries_carry_no_arguments(tasks: McpTasks, trace_records: TraceRecords) -> None:
+    @tasks.mcp_task(autoretry_for=(RuntimeError,), max_retries=1, retry_kwargs={"countdown": 0}, retry_jitter=False)
+    def grumpy(topic: str) -> str:
+        raise RuntimeError("not today")
+
+    run_as_task(tasks, grumpy, "grumpy", topic=SECRET)
+    logged = lines(trace_records, "grumpy")
+    assert any(" retry: " in line for line in logged) and any(" raised unexpected: " in line for line in logged)
+    assert_nothing_secret(trace_records)
+
+
+def test_plain_celery_tasks_and_a_delay_of_a_job_keep_celerys_own_lines(
+    tasks: McpTasks, trace_records: TraceRecords
+) -> None:
+    @tasks.celery.task(name="plain_echo")
+    def plain_echo(text: str) -> str:
+        return f"echo {text}"
+
+    @tasks.mcp_task
+    def direct(text: str) -> str:
+        return f"direct {text}"
+
+    plain_echo.apply(kwargs={"text": "hello"})
+    direct.apply(kwargs={"text": "hi"})  # no row-key header: a plain Celery call of the job
+    [plain] = lines(trace_records, "plain_echo")
+    [called] = lines(trace_records, "direct")
+    assert plain.endswith(": 'echo hello'")
+    assert called.endswith(": 'direct hi'")
+
+
+def test_stored_arguments_that_no_longer_fit_fail_naming_the_field_not_its_value(
+    tasks: McpTasks, trace_records: TraceRecords
+) -> None:
+    @tasks.mcp_task
+    def count(n: int) -> str:
+        return str(n)
+
+    task_id = run_as_task(tasks, count, "count", n=SECRET)  # written past the web side's validation
+    record = tasks.service().status(task_key(task_id))
+    assert record is not None and record.status.value == "failed"
+    assert record.status_message == "Job failed: ValueError: stored arguments do not fit the tool: n"
+    assert_nothing_secret(trace_records)
