@@ -40,7 +40,15 @@ def test_the_defaults_and_the_off_switches_are_valid() -> None:
     settings = Settings.from_env({"MCP_TASKS_DEFAULT_TTL_MS": "none", "MCP_TASKS_MAX_ROWS": "unlimited",
                                   "MCP_TASKS_JANITOR_INTERVAL_S": "off"})
     assert (settings.default_ttl_ms, settings.max_rows, settings.janitor_interval_s) == (None, None, None)
-    assert Settings.from_env({}).stale_timeout_s == 300.0
+    production = Settings.from_env({"MCP_TASKS_DATABASE_URL": "postgresql://db/tasks", "CELERY_BROKER_URL": "redis://r"})
+    assert (production.stale_timeout_s, production.janitor_interval_s) == (300.0, 60.0)
+
+
+def test_the_embedded_default_recovers_lost_work_in_seconds() -> None:
+    embedded = Settings.from_env({})
+    assert embedded.stale_timeout_s <= 30 and embedded.janitor_interval_s is not None
+    assert embedded.janitor_interval_s <= 10
+    assert Settings.from_env({"MCP_TASKS_STALE_TIMEOUT_S": "120"}).stale_timeout_s == 120.0  # an explicit value wins
 
 
 def test_the_app_stops_with_one_line_when_built_from_a_wrong_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -52,6 +60,7 @@ def test_the_app_stops_with_one_line_when_built_from_a_wrong_environment(monkeyp
     )
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("argv", [
     ["-m", "celery", "-A", "tests.apps.runtime_app", "worker"],
     ["-m", "celery", "-A", "tests.apps.runtime_app", "beat"],

@@ -18,9 +18,12 @@ from typing import Any
 
 from sqlalchemy.engine import make_url
 
-__all__ = ["ConfigError", "Settings"]
+__all__ = ["ConfigError", "Settings", "redact_url"]
 
 _NOTIFY_MODES = ("auto", "postgres", "broker", "poll", "off")
+EMBEDDED_STALE_TIMEOUT_S = 15.0
+EMBEDDED_JANITOR_INTERVAL_S = 5.0
+"""Defaults on the embedded default (no store or broker URL): a laptop recovers lost work in seconds."""
 
 
 class ConfigError(ValueError):
@@ -56,6 +59,15 @@ def _float(env: Mapping[str, str], name: str, default: float, *, allow_off: bool
     if value <= 0:
         raise ConfigError(f"{name}: must be > 0{' (or off)' if allow_off else ''}, got {raw!r}")
     return value
+
+
+def redact_url(url: str) -> str:
+    """A URL fit for a log line or a banner: the password replaced by `***`."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not an RFC-1738 URL: keep only what follows the credentials
+        scheme, sep, rest = url.partition("://")
+        return f"{scheme}{sep}***@{rest.rsplit('@', 1)[1]}" if "@" in rest else url
 
 
 _STORE_DRIVERS = {"sqlite": "sqlite3", "postgresql": "psycopg"}
@@ -109,16 +121,21 @@ class Settings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
         env = os.environ if env is None else env
+        database_url = env.get("MCP_TASKS_DATABASE_URL") or None
+        broker_url = env.get("CELERY_BROKER_URL") or None
+        # The embedded default is one machine: lost work is recovered in seconds, not minutes.
+        embedded = database_url is None and broker_url is None
         values: dict[str, Any] = {
             "data_dir": Path(env.get("MCP_TASKS_DATA_DIR") or ".celery-mcp-tasks"),
-            "database_url": env.get("MCP_TASKS_DATABASE_URL") or None,
-            "broker_url": env.get("CELERY_BROKER_URL") or None,
+            "database_url": database_url,
+            "broker_url": broker_url,
             "max_rows": _int(env, "MCP_TASKS_MAX_ROWS", 10_000, allow_none=True),
             "default_ttl_ms": _int(env, "MCP_TASKS_DEFAULT_TTL_MS", 3_600_000, allow_none=True),
             "poll_interval_ms": _int(env, "MCP_TASKS_POLL_INTERVAL_MS", 1_000, allow_none=True),
             "retention_ms": _int(env, "MCP_TASKS_RETENTION_MS", 3_600_000, minimum=0),
-            "janitor_interval_s": _float(env, "MCP_TASKS_JANITOR_INTERVAL_S", 60.0, allow_off=True),
-            "stale_timeout_s": _float(env, "MCP_TASKS_STALE_TIMEOUT_S", 300.0),
+            "janitor_interval_s": _float(env, "MCP_TASKS_JANITOR_INTERVAL_S", EMBEDDED_JANITOR_INTERVAL_S
+                                         if embedded else 60.0, allow_off=True),
+            "stale_timeout_s": _float(env, "MCP_TASKS_STALE_TIMEOUT_S", EMBEDDED_STALE_TIMEOUT_S if embedded else 300.0),
             "max_dispatches": _int(env, "MCP_TASKS_MAX_DISPATCHES", 3),
             "sync_timeout_s": _float(env, "MCP_TASKS_SYNC_TIMEOUT_S", 60.0),
             "notify": (env.get("MCP_TASKS_NOTIFY") or "auto").strip().lower(),

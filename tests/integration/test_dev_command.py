@@ -1,31 +1,153 @@
-"""The README's first command: `celery-mcp-tasks dev APP --call ...` on the embedded default."""
+"""`celery-mcp-tasks dev`: the README's first command, and the ways `dev` must never mislead.
+
+Each test runs `dev` as a user does, in a process group of its own (the terminal's
+foreground group): a busy port, a worker that cannot start, an app module that
+`celery -A` cannot read, Ctrl-C while a job runs.
+"""
 
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT, free_port
+from tests.support import ROOT, McpHttp, free_port, wait_until
 
 pytestmark = pytest.mark.integration
 
 
-def test_dev_runs_the_quickstart_from_working_to_completed(tmp_path: Path):
+def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MCP_TASKS_", "CELERY_"))}
     env["PYTHONPATH"] = str(ROOT)
-    run = subprocess.run(
-        [sys.executable, "-m", "celery_mcp_tasks.cli", "dev", "examples.quickstart.app", "--data-dir",
-         str(tmp_path / "data"), "--port", str(free_port()), "--call", "write_report", '{"topic": "tides"}'],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=180,
-    )
+    env.update(extra)
+    return env
+
+
+def _dev(*args: str, env: dict[str, str] | None = None, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "celery_mcp_tasks.cli", "dev", *args], cwd=ROOT, env=env or _env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    """Every live process whose command line names `text` (our data dir: the worker and its beat)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = next((line for line in (entry / "status").read_text().splitlines() if line.startswith("State:")), "")
+        except OSError:
+            continue
+        if text in cmdline and "zombie" not in state:
+            found.append(int(entry.name))
+    return found
+
+
+def test_dev_runs_the_quickstart_from_working_to_completed(tmp_path: Path):
+    data = tmp_path / "data"
+    run = _dev("examples.quickstart.app", "--data-dir", str(data), "--port", str(free_port()),
+               "--call", "write_report", '{"topic": "tides"}')
     assert run.returncode == 0, run.stdout + run.stderr
     lines = run.stdout.splitlines()
-    assert lines[0] == "created task: status=working"
+    assert lines[0].startswith("celery-mcp-tasks dev: MCP endpoint http://127.0.0.1:")
+    assert f"  store   sqlite:///{data / 'tasks.db'}" in lines
+    assert f"  data    {data}" in lines
+    assert "created task: status=working" in lines
     assert "status=working  (Writing section 3 of 3)" in lines
-    assert "status=completed" in lines
-    assert "A 3-section report on tides." in run.stdout
-    assert (tmp_path / "data" / "tasks.db").is_file()  # SQLite, no servers
+    assert lines[-2:] == ["status=completed", "A 3-section report on tides."]
+    assert (data / "tasks.db").is_file()  # SQLite, no servers
+    assert not _processes_mentioning(str(data))
+
+
+def test_a_busy_port_is_an_error_before_anything_happens(tmp_path: Path):
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen(8)
+        other.settimeout(0.5)
+        port = other.getsockname()[1]
+        run = _dev("examples.quickstart.app", "--data-dir", str(tmp_path / "data"), "--port", str(port),
+                   "--call", "write_report", '{"topic": "tides"}', timeout=60)
+        with pytest.raises(socket.timeout):
+            other.accept()  # --call never talked to the process that owns the port
+    assert run.returncode != 0
+    assert run.stderr.strip().splitlines() == [
+        f"celery-mcp-tasks dev: port {port} on 127.0.0.1 is already in use (another server?); "
+        "stop it or pick another with --port"
+    ]
+    assert not (tmp_path / "data").exists()  # nothing was started or written
+
+
+def test_a_worker_that_cannot_start_ends_dev_with_its_error(tmp_path: Path):
+    run = _dev("tests.apps.broken_worker_app", "--data-dir", str(tmp_path / "data"), "--port", str(free_port()),
+               "--call", "never_runs", "{}", timeout=90)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert run.stderr.strip().splitlines()[-1] == (
+        "celery-mcp-tasks dev: the worker exited (status 1): "
+        "ModuleNotFoundError: No module named 'tests.apps.module_that_does_not_exist'"
+    )
+    assert "status=completed" not in run.stdout
+    assert not _processes_mentioning(str(tmp_path / "data"))
+
+
+def test_an_app_module_celery_cannot_read_gets_one_line_saying_what_to_add(tmp_path: Path):
+    for app in ("tests.apps.no_celery_attribute_app", "tests.apps.no_celery_attribute_app:jobs"):
+        run = _dev(app, "--data-dir", str(tmp_path / "data"), "--port", str(free_port()), timeout=60)
+        assert run.returncode != 0
+        assert run.stderr.strip().splitlines() == [
+            "celery-mcp-tasks: `celery -A tests.apps.no_celery_attribute_app worker` cannot find this app's "
+            "Celery app: add `celery = jobs.celery` to tests.apps.no_celery_attribute_app"
+        ]
+
+
+def test_module_colon_attribute_names_the_app_and_data_dir_wins_over_the_environment(tmp_path: Path):
+    chosen, ignored = tmp_path / "chosen", tmp_path / "ignored"
+    run = _dev("examples.quickstart.app:tasks", "--data-dir", str(chosen), "--port", str(free_port()),
+               "--call", "write_report", '{"topic": "eels", "sections": 1}',
+               env=_env(MCP_TASKS_DATA_DIR=str(ignored)))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert f"  data    {chosen}" in run.stdout.splitlines()
+    assert run.stdout.splitlines()[-1] == "A 1-section report on eels."
+    assert (chosen / "tasks.db").is_file() and not ignored.exists()
+
+
+def test_ctrl_c_while_a_job_runs_ends_everything_within_seconds(tmp_path: Path):
+    data, port = tmp_path / "data", free_port()
+    dev = subprocess.Popen(
+        [sys.executable, "-m", "celery_mcp_tasks.cli", "dev", "tests.apps.runtime_app", "--data-dir", str(data),
+         "--port", str(port)],
+        cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    client = McpHttp(f"http://127.0.0.1:{port}/mcp")
+    try:
+        task_id = wait_until(lambda: _try_create(client), 60, "dev to serve")
+        client.wait_for(task_id, "working", timeout=30)
+        wait_until(lambda: "sleeping" in (client.get(task_id).get("statusMessage") or ""), 30, "the job to run")
+        assert _processes_mentioning(str(data)), "the worker should be running"
+        os.killpg(dev.pid, signal.SIGINT)  # what the terminal does on Ctrl-C: the whole foreground group
+        started = time.monotonic()
+        dev.wait(timeout=20)
+        assert time.monotonic() - started < 15
+        output = dev.stdout.read().decode(errors="replace") if dev.stdout else ""
+        assert dev.returncode == 130, output
+        assert "Traceback" not in output
+        wait_until(lambda: not _processes_mentioning(str(data)), 5, "no process left behind")
+    finally:
+        client.close()
+        if dev.poll() is None:
+            os.killpg(dev.pid, signal.SIGKILL)
+        for pid in _processes_mentioning(str(data)):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _try_create(client: McpHttp) -> str | None:
+    try:
+        return client.create("stubborn", {"seconds": 120})
+    except Exception:  # noqa: BLE001 - not listening yet
+        return None
