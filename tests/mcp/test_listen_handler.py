@@ -88,7 +88,7 @@ def _params(**notifications: Any) -> SubscriptionsListenRequestParams:
 async def _open(handler: TaskListenHandler, params: SubscriptionsListenRequestParams, *, extension: bool = True,
                 request_id: int = 9) -> AsyncIterator[tuple[FakeSession, list[Any]]]:
     session = FakeSession(extension)
-    ctx = SimpleNamespace(request_id=request_id, session=session, request=None)
+    ctx = SimpleNamespace(request_id=request_id, session=session, request=None, protocol_version="2026-07-28")
     outcome: list[Any] = []
 
     async def run() -> None:
@@ -102,7 +102,7 @@ async def _open(handler: TaskListenHandler, params: SubscriptionsListenRequestPa
 
 async def _refused(world: World, extension: bool = True, **notifications: Any) -> MCPError:
     session = FakeSession(extension)
-    ctx = SimpleNamespace(request_id=9, session=session, request=None)
+    ctx = SimpleNamespace(request_id=9, session=session, request=None, protocol_version="2026-07-28")
     with pytest.raises(MCPError) as caught:
         await world.handler()(ctx, _params(**notifications))  # type: ignore[arg-type]
     assert session.idle()  # refused before the stream opened: nothing was sent
@@ -208,7 +208,7 @@ async def test_streams_beyond_the_limit_are_refused(world: World) -> None:
     handler = world.handler(max_streams=1)
     async with _open(handler, _params(toolsListChanged=True)) as (session, _):
         await session.next()
-        ctx = SimpleNamespace(request_id=10, session=FakeSession(True), request=None)
+        ctx = SimpleNamespace(request_id=10, session=FakeSession(True), request=None, protocol_version="2026-07-28")
         with pytest.raises(MCPError) as caught:
             await handler(ctx, _params(toolsListChanged=True))  # type: ignore[arg-type]
     assert caught.value.error.code == -32603
@@ -252,3 +252,4 @@ async def test_a_store_outage_keeps_the_stream_and_the_change_arrives_later(worl
         world.changed(key)
         assert (await session.next())["params"]["statusMessage"] == "after the outage"
         assert not outcome  # still open
+

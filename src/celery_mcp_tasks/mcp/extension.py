@@ -30,6 +30,7 @@ from pydantic import BaseModel, ValidationError
 from celery_mcp_tasks.mcp.principal import current_principal
 from celery_mcp_tasks.mcp.wire import (
     EXTENSION_ID,
+    TASKS_VERSIONS,
     TaskIdParams,
     UpdateParams,
     declared_capability,
@@ -49,7 +50,6 @@ from celery_mcp_tasks.toolspec import TaskTool
 logger = logging.getLogger("celery_mcp_tasks.mcp")
 
 T = TypeVar("T")
-VERSIONS = frozenset({"2026-07-28"})
 _COMPLETE = {"resultType": "complete"}
 
 
@@ -78,9 +78,9 @@ class TasksExtension(Extension):
 
     def methods(self) -> list[MethodBinding]:
         return [
-            MethodBinding("tasks/get", TaskIdParams, self.get, VERSIONS),
-            MethodBinding("tasks/update", UpdateParams, self.update, VERSIONS),
-            MethodBinding("tasks/cancel", TaskIdParams, self.cancel, VERSIONS),
+            MethodBinding("tasks/get", TaskIdParams, self.get, TASKS_VERSIONS),
+            MethodBinding("tasks/update", UpdateParams, self.update, TASKS_VERSIONS),
+            MethodBinding("tasks/cancel", TaskIdParams, self.cancel, TASKS_VERSIONS),
         ]
 
     # -- tools/call -------------------------------------------------------------------
@@ -96,7 +96,11 @@ class TasksExtension(Extension):
 
         with_tasks = declared_extension(ctx) and tool.mode != "forbidden"
         if tool.mode == "required" and not with_tasks:
-            raise missing_capability({"extensions": {EXTENSION_ID: {}}}, EXTENSION_ID)
+            what = EXTENSION_ID
+            if ctx.protocol_version not in TASKS_VERSIONS:
+                what += (f" (this session negotiated protocol {ctx.protocol_version}; tool {tool.name} runs only as"
+                         " a task, which needs protocol 2026-07-28)")
+            raise missing_capability({"extensions": {EXTENSION_ID: {}}}, what)
         missing = sorted(name for name in tool.needs if not declared_capability(ctx, name))
         if missing:
             raise missing_capability({name: {} for name in missing}, ", ".join(missing))
@@ -142,25 +146,46 @@ class TasksExtension(Extension):
             raise internal("Task limit reached") from None
 
     async def _call_synchronously(self, tool: TaskTool, create: Callable[[], tuple[str, TaskRecord]]) -> HandlerResult:
-        """A task tool called without the extension: run the job, wait for its outcome, answer plainly."""
-        _, record = await self._run(create)
+        """A task tool called without the extension: run the job, wait for its outcome, answer plainly.
+
+        The row is an implementation detail the client never sees: whenever the
+        answer can no longer be delivered (the job needs input, the wait timed
+        out, the caller cancelled the request) it is cancelled, so no job keeps
+        running for nobody.
+        """
+        _, record = await self._run(create)  # not abandoned on cancel: a cancel lands at the next await
         service = self._service()
         deadline = time.monotonic() + (tool.sync_timeout_s or self._sync_timeout_s)
         delay = 0.02
-        while not record.terminal:
-            if record.status is TaskStatus.INPUT_REQUIRED:
-                await self._run(partial(service.cancel_by_key, record.key, "The job needs input; call it as a task"))
-                raise internal(f"Tool {tool.name} needs input from the user; call it with the tasks extension")
-            if time.monotonic() >= deadline:
-                await self._run(partial(service.cancel_by_key, record.key, "Timed out waiting synchronously"))
-                raise internal(f"Tool {tool.name} did not finish in time; call it with the tasks extension")
-            await anyio.sleep(delay)
-            delay = min(delay * 1.5, 0.25)
-            record = await self._run(partial(service.status, record.key)) or record
+        try:
+            while not record.terminal:
+                if record.status is TaskStatus.INPUT_REQUIRED:
+                    await self._abandon(record, "The job needs input; call it as a task")
+                    raise internal(f"Tool {tool.name} needs input from the user; call it with the tasks extension")
+                if time.monotonic() >= deadline:
+                    await self._abandon(record, "Timed out waiting synchronously")
+                    raise internal(f"Tool {tool.name} did not finish in time; call it with the tasks extension")
+                await anyio.sleep(delay)
+                delay = min(delay * 1.5, 0.25)
+                record = await self._run(partial(service.status, record.key)) or record
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                await self._abandon(record, "The synchronous caller cancelled the request")
+            raise
         if record.status is TaskStatus.COMPLETED and record.result is not None:
             return record.result
         error = record.error or {"code": -32603, "message": record.status_message or "The job did not complete"}
         raise MCPError(code=int(error.get("code", -32603)), message=str(error.get("message")), data=error.get("data"))
+
+    async def _abandon(self, record: TaskRecord, message: str) -> None:
+        """Cancel a synchronous call's hidden task (a no-op once it is terminal) and revoke its job."""
+
+        def cancel() -> None:
+            cancelled, changed = self._service().cancel_by_key(record.key, message)
+            if changed and self._revoke is not None:
+                self._revoke(cancelled)
+
+        await self._run(cancel)
 
     # -- tasks/get | update | cancel --------------------------------------------------------
 

@@ -18,6 +18,8 @@ from mcp_types import (
 from pydantic import Field
 
 EXTENSION_ID = "io.modelcontextprotocol/tasks"
+TASKS_VERSIONS = frozenset({"2026-07-28"})
+"""Protocol versions on which a task can be returned: the extension is defined for these only."""
 NOT_FOUND = "Failed to retrieve task: Task not found"
 EXPIRED = "Failed to retrieve task: Task has expired"
 
@@ -32,6 +34,14 @@ class UpdateParams(TaskIdParams):
 
 
 def declared_extension(ctx: ServerRequestContext[Any, Any]) -> bool:
+    """The request may be answered with a task: a 2026-07-28 request that declared the extension.
+
+    An earlier-era session (2025-06-18, 2025-11-25) can name the extension in its
+    `initialize` capabilities, but its `tools/call` result schema has no task
+    shape (the SDK rejects a `CreateTaskResult` there): the era decides.
+    """
+    if ctx.protocol_version not in TASKS_VERSIONS:
+        return False
     capabilities = ctx.session.client_capabilities
     extensions = capabilities.extensions if capabilities else None
     return bool(extensions) and EXTENSION_ID in extensions
