@@ -1,13 +1,38 @@
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.store.sql import SqlStore
 from tests.support import POSTGRES_URL, REDIS_URL, Backend, fresh_postgres_database
+
+_running: pytest.Item | None = None
+_popen_init = subprocess.Popen.__init__
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    global _running
+    _running = item
+    try:
+        yield
+    finally:
+        _running = None
+
+
+def _guarded_popen_init(self: subprocess.Popen[Any], *args: Any, **kwargs: Any) -> None:
+    """`-m "not integration"` is the fast loop: a test (or its fixtures) that starts a process must say so."""
+    if _running is not None and _running.get_closest_marker("integration") is None:
+        raise RuntimeError(f"{_running.nodeid} starts a process: mark its module `pytestmark = pytest.mark.integration`")
+    _popen_init(self, *args, **kwargs)
+
+
+subprocess.Popen.__init__ = _guarded_popen_init  # type: ignore[method-assign]
 
 needs_postgres = pytest.mark.skipif(not POSTGRES_URL, reason="set MCP_TASKS_TEST_POSTGRES_URL to run")
 needs_pg_redis = pytest.mark.skipif(

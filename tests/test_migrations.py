@@ -52,11 +52,13 @@ def _check_both_entry_points(url_a: str, url_b: str) -> None:
     _assert_migrated_without_drift(url_b)
 
 
+@pytest.mark.integration
 def test_sqlite_upgrade_head_then_check_reports_no_drift(tmp_path: Path):
     _check_both_entry_points(f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'b.db'}")
 
 
 @needs_postgres
+@pytest.mark.integration
 def test_postgres_upgrade_head_then_check_reports_no_drift():
     assert POSTGRES_URL
     with fresh_postgres_database(POSTGRES_URL) as url_a, fresh_postgres_database(POSTGRES_URL) as url_b:

@@ -21,9 +21,6 @@ STALE_TIMEOUT_S = 3.0
 JANITOR_INTERVAL_S = 1.0
 FAST = {"MCP_TASKS_STALE_TIMEOUT_S": f"{STALE_TIMEOUT_S:g}", "MCP_TASKS_JANITOR_INTERVAL_S": f"{JANITOR_INTERVAL_S:g}"}
 
-pytestmark = pytest.mark.integration
-
-
 @pytest.fixture(scope="module")
 def deployment(backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     with Deployment(RUNTIME_APP, backend, tmp_path_factory.mktemp(f"runtime-{backend.name}")) as deployment:

@@ -16,7 +16,7 @@ from celery_mcp_tasks.store.sql import SqlStore
 from tests.support import Backend, McpHttp, wait_until
 from tests.worker.conftest import accept, alive, follow, job_pid, text_of
 
-pytestmark = pytest.mark.usefixtures("worker")
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("worker")]
 
 
 # -- input without parking a worker ---------------------------------------------------------
