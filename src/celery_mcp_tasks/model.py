@@ -100,8 +100,12 @@ def new_task_id() -> str:
 
 
 def task_key(task_id: str) -> str:
-    """The row key for a task id: its SHA-256, hex. One-way, so the key opens nothing."""
-    return hashlib.sha256(task_id.encode("utf-8")).hexdigest()
+    """The row key for a task id: its SHA-256, hex. One-way, so the key opens nothing.
+
+    Any string hashes, even one no UTF-8 encoder accepts (a lone surrogate is valid
+    JSON): an id that cannot be ours simply matches no row.
+    """
+    return hashlib.sha256(task_id.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def now_ms() -> int:

@@ -253,3 +253,20 @@ async def test_a_store_outage_keeps_the_stream_and_the_change_arrives_later(worl
         assert (await session.next())["params"]["statusMessage"] == "after the outage"
         assert not outcome  # still open
 
+
+async def test_a_stream_keeps_no_payload_and_drops_tasks_once_final(world: World) -> None:
+    running, running_key = world.task()
+    done, done_key = world.task()
+    world.service.complete(done_key, {"content": [{"type": "text", "text": "a large result"}]})
+    handler = world.handler()
+    async with _open(handler, _params(taskIds=[running, done, "\ud800"])) as (session, _):
+        ack = await session.next()
+        assert ack["params"]["notifications"]["taskIds"] == [running, done]  # a lone surrogate is simply unknown
+        (stream,) = handler._streams
+        assert set(stream.followed) == {running_key}  # the finished one is acknowledged, not followed
+        assert all(not isinstance(value, dict) for value in vars(stream.followed[running_key]).values())
+        world.service.complete(running_key, {"content": [{"type": "text", "text": "another large result"}]})
+        world.changed(running_key)
+        final = await session.next()
+        assert final["params"]["status"] == "completed"
+        assert stream.followed == {}

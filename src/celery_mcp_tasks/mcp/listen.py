@@ -15,6 +15,8 @@ order; after a task's terminal notification it is no longer followed.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -87,9 +89,20 @@ def honored_core(requested: SubscriptionFilter) -> SubscriptionFilter:
 
 @dataclass
 class _Followed:
+    """What a stream remembers of a task it follows: the version and a digest of what it last sent.
+
+    Never the rendered payload itself (results can be large): 10 000 streams
+    following tasks must not hold 10 000 copies of their results.
+    """
+
     task_id: str
     version: int
-    rendered: dict[str, Any]
+    seen: bytes
+
+
+def _digest(rendered: dict[str, Any]) -> bytes:
+    """The client-visible state, fingerprinted (a write clients cannot see leaves it unchanged)."""
+    return hashlib.blake2b(json.dumps(rendered, sort_keys=True, default=str).encode(), digest_size=16).digest()
 
 
 class _Stream:
@@ -102,6 +115,7 @@ class _Stream:
         self.events: deque[ServerEvent] = deque()
         self.max_buffered = max_buffered
         self.followed: dict[str, _Followed] = {}
+        self.acknowledged: list[str] = []
         self.ending = False
 
     def deliver(self, event: ServerEvent) -> None:
@@ -230,14 +244,17 @@ class TaskListenHandler:
             if record is None:
                 stream.watch.forget(key)  # unknown and foreign look the same: simply not followed
                 continue
-            stream.followed[key] = _Followed(task_id, record.version, render_task(task_id, record))
+            stream.acknowledged.append(task_id)
             if record.terminal:
                 stream.watch.forget(key)  # acknowledged (it is the caller's), but nothing more will come
+                continue
+            stream.followed[key] = _Followed(task_id, record.version, _digest(render_task(task_id, record)))
 
     def _acknowledged(self, stream: _Stream, task_ids: list[str] | None) -> SubscriptionFilter:
         honored = stream.honored.model_dump(by_alias=True, exclude_none=True)
         if task_ids is not None:
-            honored[TASK_IDS] = [followed.task_id for followed in stream.followed.values()]
+            honored[TASK_IDS] = list(stream.acknowledged)
+        stream.acknowledged = []  # the ack is sent once; only the followed versions stay
         return SubscriptionFilter.model_validate(honored)
 
     def _reread(self, due: dict[str, tuple[_Followed, int | None]], owner: str | None) -> dict[str, TaskRecord | None]:
@@ -275,9 +292,10 @@ class TaskListenHandler:
                 continue
             followed.version = record.version
             rendered = render_task(followed.task_id, record)
-            if rendered == followed.rendered:
+            seen = _digest(rendered)
+            if seen == followed.seen:
                 continue  # a write clients cannot see (heartbeat, dispatch bookkeeping)
-            followed.rendered = rendered
+            followed.seen = seen
             await ctx.session.send_notification(
                 TasksNotification(params={**rendered, "_meta": meta}), related_request_id=ctx.request_id
             )

@@ -28,6 +28,8 @@ def normalize_url(url: str) -> str:
 
 
 def create_store_engine(url: str, **kwargs: Any) -> Engine:
+    """An engine whose errors never carry bound parameters (arguments, results, owners)."""
+    kwargs.setdefault("hide_parameters", True)
     url = normalize_url(url)
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
