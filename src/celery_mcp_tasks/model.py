@@ -265,12 +265,14 @@ class TaskRecord:
             parked=park,
         )
 
-    def answered(self, responses: dict[str, Any], at_ms: int) -> tuple[TaskRecord, bool]:
+    def answered(self, responses: dict[str, Any], at_ms: int, *, dispatch: bool = True) -> tuple[TaskRecord, bool]:
         """Record answers to outstanding keys; others are ignored.
 
         Returns the next record and whether the job must be enqueued again: the
         task just went back to `working` and no parked job is waiting for these
-        answers. Raises `InvalidTransition` when nothing outstanding was
+        answers. With `dispatch`, that new run is part of the same transition (one
+        write, one notification, no window in which the reaper sees a run that was
+        never sent). Raises `InvalidTransition` when nothing outstanding was
         answered, so callers can skip the write, and `InvalidInputResponse` when
         an outstanding key's answer is not an object (only those are validated).
         """
@@ -283,15 +285,17 @@ class TaskRecord:
             raise InvalidTransition("no outstanding key was answered")
         remaining = {key: value for key, value in self.input_requests.items() if key not in taken}
         resumed = not remaining
-        nxt = self._next(
-            at_ms,
-            input_requests=remaining,
-            input_responses={**self.input_responses, **taken},
-            status=TaskStatus.WORKING if resumed else TaskStatus.INPUT_REQUIRED,
-            status_message="Resuming with the answers" if resumed else self.status_message,
-            parked=self.parked and not resumed,
-        )
-        return nxt, resumed and not self.parked
+        enqueue = resumed and not self.parked
+        changes: dict[str, Any] = {
+            "input_requests": remaining,
+            "input_responses": {**self.input_responses, **taken},
+            "status": TaskStatus.WORKING if resumed else TaskStatus.INPUT_REQUIRED,
+            "status_message": "Resuming with the answers" if resumed else self.status_message,
+            "parked": self.parked and not resumed,
+        }
+        if enqueue and dispatch:  # the new run, as `dispatched` would record it
+            changes.update(dispatches=self.dispatches + 1, heartbeat_at=at_ms, attempt=0, resends=0)
+        return self._next(at_ms, **changes), enqueue
 
 
 # -- wire rendering ------------------------------------------------------------------

@@ -34,7 +34,6 @@ __all__ = [
     "DEFAULT",
     "Dispatcher",
     "DuplicateInputKeys",
-    "EnqueueFailed",
     "TaskExpired",
     "TaskNotFound",
     "TaskService",
@@ -59,10 +58,6 @@ DEFAULT: Final = _Default()
 
 class TaskExpired(LookupError):
     """The owner's task outlived its TTL (the janitor has not evicted it yet)."""
-
-
-class EnqueueFailed(RuntimeError):
-    """The row exists (now `failed`) but its job could not be sent."""
 
 
 def internal_error(message: str, data: Any = None) -> dict[str, Any]:
@@ -143,19 +138,21 @@ class TaskService:
             raise TaskExpired()
 
     def answer(self, task_id: str, owner: str | None, responses: dict[str, Any]) -> TaskRecord:
-        """Record answers for outstanding keys; resend the job when none remain.
+        """Record answers for outstanding keys; send the job again when none remain.
 
         Keys that are not outstanding are ignored; a terminal task is left alone.
-        Ownership and expiry are checked on the row the write reads (one read, not two).
+        Ownership and expiry are checked on the row the write reads (one read, not two),
+        and the answers and the new run are one transition: one commit, one notification.
         """
         changed = resumed = False
+        dispatch = self.dispatcher is not None
 
         def transition(record: TaskRecord) -> TaskRecord:
             nonlocal changed, resumed
             changed = resumed = False  # a CAS retry recomputes from the fresh row
             self._require_unexpired(record)
             try:
-                nxt, resumed = record.answered(responses, self.clock())
+                nxt, resumed = record.answered(responses, self.clock(), dispatch=dispatch)
             except InvalidTransition:
                 return record
             changed = True
@@ -164,8 +161,8 @@ class TaskService:
         record = self.store.update(task_key(task_id), owner, transition)
         if changed:
             safe_notify(self.notifier, record)
-        if resumed:
-            record = self._dispatch(record, message="Resuming with the answers")
+        if resumed and dispatch:
+            record = self._send(record)
         return record
 
     def cancel(self, task_id: str, owner: str | None, message: str | None = None) -> tuple[TaskRecord, bool]:
@@ -285,16 +282,6 @@ class TaskService:
         if not seen or record.version != seen[-1]:
             safe_notify(self.notifier, record)
         return record
-
-    def _dispatch(self, record: TaskRecord, message: str | None = None) -> TaskRecord:
-        """Start a new run of the job (after the last answer came in)."""
-        if self.dispatcher is None:
-            return record
-        try:
-            record = self._write(record.key, lambda r: r.dispatched(self.clock(), message))
-        except TerminalTask:
-            return self.store.get(record.key, ANY) or record
-        return self._send(record)
 
     def _send(self, record: TaskRecord) -> TaskRecord:
         """Hand a committed dispatch to the broker; if that fails the task fails, readable."""
