@@ -40,6 +40,25 @@ from celery_mcp_tasks.worker.startup import install_startup
 
 __all__ = ["McpTasks"]
 
+_KOMBU_REDIS = "kombu.transport.redis:Transport"
+REDIS_TRANSPORT = "celery_mcp_tasks.worker.redis_transport:Transport"
+"""kombu's Redis transport with the fix for a broker outage mid-job (imported by kombu only when used)."""
+
+
+def use_redis_transport_fix() -> None:
+    """`redis://` and `rediss://` resolve to our subclass of kombu's transport (URLs and logs unchanged).
+
+    Only where they still name kombu's own class: a transport someone else registered is left alone.
+    """
+    from kombu.transport import TRANSPORT_ALIASES
+
+    for scheme in ("redis", "rediss"):
+        if TRANSPORT_ALIASES.get(scheme) == _KOMBU_REDIS:
+            TRANSPORT_ALIASES[scheme] = REDIS_TRANSPORT
+
+logger = logging.getLogger("celery_mcp_tasks")
+
+
 def configure_celery(app: Celery, settings: Settings) -> None:
     """Broker and safe defaults, without overriding what the user configured."""
     conf = app.conf
@@ -59,6 +78,8 @@ def configure_celery(app: Celery, settings: Settings) -> None:
         # The 1 s default grows to seconds of latency; 0.1 s costs ~1% CPU idle.
         options.setdefault("polling_interval", 0.1)
         conf.broker_transport_options = options
+    if str(conf.broker_url).startswith(("redis://", "rediss://")):
+        use_redis_transport_fix()
     conf.broker_connection_retry_on_startup = True
     if settings.queue:
         conf.task_default_queue = settings.queue
