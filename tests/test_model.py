@@ -9,12 +9,10 @@ from celery_mcp_tasks.model import (
     TaskRecord,
     TaskStatus,
     TerminalTask,
-    format_timestamp,
     new_task_id,
-    render_create_result,
-    render_task,
     task_key,
 )
+from celery_mcp_tasks.protocol import format_timestamp, render_create_result, render_task
 
 
 def record(**changes: object) -> TaskRecord:

@@ -61,8 +61,7 @@ def test_a_job_that_cannot_be_sent_leaves_a_failed_task_the_client_can_read(stor
     service = TaskService(store, dispatcher=Recorder(fail=True).dispatch)
     task_id, record = service.create(owner=None, tool="t", arguments={})
     assert record.status is TaskStatus.FAILED
-    assert service.get(task_id, None).error == {"code": -32603, "message": "Could not enqueue the job",
-                                                "data": "ConnectionError"}
+    assert service.get(task_id, None).error == {"message": "Could not enqueue the job", "data": "ConnectionError"}
 
 
 def test_the_last_answer_resumes_in_one_write_one_notification_one_send(service: TaskService, seen: Recorder) -> None:

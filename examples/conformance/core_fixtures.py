@@ -1,7 +1,7 @@
 """Core (non-tasks) fixtures for the official MCP conformance suite, protocol 2026-07-28.
 
 The suite's server scenarios call tools, prompts and resources by fixed names and
-check exact texts, keys and shapes (see PROTOCOL.md §5.3 and §5.5).  This module
+check exact texts, keys and shapes (the suite's scenario sources say which).  This module
 registers all of them on an existing SDK `MCPServer`, using only the SDK's own
 mechanisms: decorators, `Context`, hand-built `InputRequiredResult`s whose plaintext
 `requestState` is sealed by the SDK's `RequestStateBoundary`, the subscription bus

@@ -17,24 +17,23 @@ from typing import Any, Literal, overload
 from celery import Celery
 from starlette.requests import Request
 from starlette.responses import JSONResponse
-from starlette.routing import Route
 
 from celery_mcp_tasks.config import ConfigError, Settings, redact_url
-from celery_mcp_tasks.context import TaskContext
 from celery_mcp_tasks.janitor import MetricHook, SweepReport, sweep
 from celery_mcp_tasks.mcp.extension import TasksExtension
 from celery_mcp_tasks.mcp.security import transport_security
 from celery_mcp_tasks.mcp.server import TasksServer
+from celery_mcp_tasks.mcp.toolspec import Prepare, TaskMode, TaskTool
 from celery_mcp_tasks.mcp.serving import attach_listen, listen_bus, with_push
 from celery_mcp_tasks.notify.base import Notifier
 from celery_mcp_tasks.notify.push import BrokerAccess, Push
 from celery_mcp_tasks.preflight import preflight
 from celery_mcp_tasks.service import DEFAULT, TaskService, _Default
 from celery_mcp_tasks.store.sql import SqlStore
-from celery_mcp_tasks.toolspec import Prepare, TaskMode, TaskTool
 from celery_mcp_tasks.worker import bridge
+from celery_mcp_tasks.worker.context import TaskContext
 from celery_mcp_tasks.worker.dispatch import CeleryDispatcher
-from celery_mcp_tasks.worker.janitor import install_janitor
+from celery_mcp_tasks.worker.beat import install_janitor
 from celery_mcp_tasks.worker.job import McpJob, make_run
 from celery_mcp_tasks.worker.startup import install_startup
 
@@ -121,7 +120,7 @@ class McpTasks:
         settings: Settings | None = None,
         notifier: Notifier | None | _Default = DEFAULT,
         metric: MetricHook | None = None,
-        version: str = "0.1.0",
+        version: str | None = None,
         **server_options: Any,
     ) -> None:
         """`notifier`: left out, every change is pushed to listen streams over the transport
@@ -130,21 +129,22 @@ class McpTasks:
         `Notifier` replaces the publisher in every process (call `tasks.push.publisher`
         from it to keep push). Other keyword arguments go to `MCPServer`.
         """
+        # One construction order, nothing calling back into a half-built object:
+        # settings -> Celery -> tools and their dispatcher -> push -> (per process:
+        # store -> push bound to it -> service) -> the SDK server with our extension
+        # and listen handler -> the Celery signals.
         self.name = name
         self.settings = settings or _settings_from_env()
         self.celery = celery or Celery(name)
         configure_celery(self.celery, self.settings)
-        self.push = Push(
-            self.settings, notifier=notifier, broker=BrokerAccess.of(self.celery),
-            versions=lambda keys: self.service().store.versions(keys), engine=lambda: self.service().store.engine,
-        )
         self.tools: dict[str, TaskTool] = {}
-        self.notifier = notifier
         self.metric = metric
         self.dispatcher = CeleryDispatcher(self.celery, self.tools)
+        self.push = Push(self.settings, notifier=notifier, broker=BrokerAccess.of(self.celery))
         self._lock = threading.Lock()
         self._service: TaskService | None = None
         self._service_pid: int | None = None
+        self._app: Any = None
         self.extension = TasksExtension(
             self.tools,
             self.service,
@@ -153,7 +153,10 @@ class McpTasks:
             sync_timeout_s=self.settings.sync_timeout_s,
         )
         bus = listen_bus(server_options)
-        self.server = TasksServer(name, version=version, extensions=[self.extension], **server_options)
+        if version is not None:  # the server's version is the application's; the SDK's default otherwise
+            server_options["version"] = version
+        self.server = TasksServer(name, extensions=[self.extension], **server_options)
+        self.server.custom_route("/healthz", methods=["GET"], include_in_schema=False)(healthz)
         self.listen = attach_listen(self.server, bus, self.service, self.push)
         bridge.install()
         install_startup(self.celery, self.preflight, self._startup_lines)
@@ -173,7 +176,7 @@ class McpTasks:
         with self._lock:
             if self._service is None or self._service_pid != pid:
                 store = SqlStore.from_url(self.settings.store_url)
-                store.write_hook = self.push.write_hook(store.dialect)
+                self.push.bind_store(store)
                 self._service = TaskService(
                     store,
                     notifier=self.push.notifier,
@@ -187,7 +190,7 @@ class McpTasks:
 
     def task_handle(self, key: str) -> TaskContext:
         """Drive a task from outside a job (e.g. a webhook) by its row key (`ctx.key` in the job)."""
-        return TaskContext(self.service(), key, record=self.service().status(key))
+        return TaskContext(self.service(), key, record=self.service().record(key))
 
     def sweep(self) -> SweepReport:
         return sweep(self.service(), self.settings, metric=self.metric, max_dispatches=self._max_dispatches)
@@ -255,6 +258,7 @@ class McpTasks:
                   **celery_options: Any) -> Any:
         tool = TaskTool(
             fn=fn,
+            context_type=TaskContext,
             name=name or fn.__name__,
             description=description or (fn.__doc__ or "").strip() or fn.__name__,
             mode=mode,
@@ -284,8 +288,22 @@ class McpTasks:
         """The Starlette app serving the MCP endpoint (uvicorn runs it); its lifespan runs the push listener."""
         security = transport_security(host, self.settings.allowed_hosts)
         app = self.server.streamable_http_app(streamable_http_path=path, host=host, transport_security=security)
-        app.router.routes.append(Route("/healthz", healthz, methods=["GET"]))
-        return with_push(app, self.push, self.listen)
+        self._app = with_push(app, self.push, self.listen, self.service)
+        return self._app
+
+    def lifespan(self, _parent: Any = None) -> Any:
+        """The served app's lifespan (the SDK's session manager, the push listener), for an
+        application that mounts `asgi_app()` inside its own Starlette or FastAPI app:
+
+            mcp_app = tasks.asgi_app()
+            app = FastAPI(lifespan=tasks.lifespan)
+            app.mount("/", mcp_app)          # MCP at /mcp
+
+        A mounted app's own lifespan never runs, so without this push would never start.
+        """
+        if self._app is None:
+            raise RuntimeError("call tasks.asgi_app() before using tasks.lifespan")
+        return self._app.router.lifespan_context(self._app)
 
 
 async def healthz(_request: Request) -> JSONResponse:

@@ -90,7 +90,7 @@ def call(url: str, tool: str, arguments: str, *, abort: Callable[[], bool] | Non
     """
     import httpx2 as httpx  # the SDK's own HTTP client: no second stack
 
-    from celery_mcp_tasks.mcp.wire import EXTENSION_ID
+    from celery_mcp_tasks.protocol import EXTENSION_ID
 
     try:
         parsed = json.loads(arguments)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +106,6 @@ class Settings:
     notify: str = "auto"
     queue: str | None = None
     allowed_hosts: tuple[str, ...] = ()
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.notify not in _NOTIFY_MODES:

@@ -1,6 +1,6 @@
-"""The task record, its legal transitions and its wire rendering.
+"""The task record and its legal transitions.
 
-Pure: no I/O, no `mcp`, no `celery`. Every transition is a function from one
+Pure: no I/O, no `mcp`, no `celery`, no wire casing (`protocol` renders a record). Every transition is a function from one
 immutable `TaskRecord` to the next, so the store can apply it as a
 compare-and-swap and a racing writer simply recomputes from the fresh row.
 
@@ -17,7 +17,6 @@ import hashlib
 import secrets
 import time
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
 from enum import Enum
 from typing import Any
 
@@ -31,11 +30,8 @@ __all__ = [
     "TaskRecord",
     "TaskStatus",
     "TerminalTask",
-    "format_timestamp",
     "new_task_id",
     "now_ms",
-    "render_create_result",
-    "render_task",
     "task_key",
 ]
 
@@ -110,12 +106,6 @@ def task_key(task_id: str) -> str:
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def format_timestamp(epoch_ms: int) -> str:
-    """`YYYY-MM-DDTHH:MM:SS.mmmZ`, always UTC, always milliseconds."""
-    moment = datetime.fromtimestamp(epoch_ms / 1000, tz=timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{epoch_ms % 1000:03d}Z"
 
 
 @dataclass(frozen=True)
@@ -296,39 +286,3 @@ class TaskRecord:
         if enqueue and dispatch:  # the new run, as `dispatched` would record it
             changes.update(dispatches=self.dispatches + 1, heartbeat_at=at_ms, attempt=0, resends=0)
         return self._next(at_ms, **changes), enqueue
-
-
-# -- wire rendering ------------------------------------------------------------------
-
-
-def _task_fields(task_id: str, record: TaskRecord) -> dict[str, Any]:
-    fields: dict[str, Any] = {
-        "taskId": task_id,
-        "status": record.status.value,
-        "createdAt": format_timestamp(record.created_at),
-        "lastUpdatedAt": format_timestamp(record.updated_at),
-        # Never 0: a positive lifetime or null (unlimited).
-        "ttlMs": record.ttl_ms if record.ttl_ms and record.ttl_ms > 0 else None,
-    }
-    if record.poll_interval_ms:
-        fields["pollIntervalMs"] = record.poll_interval_ms
-    if record.status_message is not None:
-        fields["statusMessage"] = record.status_message
-    return fields
-
-
-def render_create_result(task_id: str, record: TaskRecord) -> dict[str, Any]:
-    """The flat `CreateTaskResult`: task fields and `resultType: "task"`, nothing else."""
-    return {"resultType": "task", **_task_fields(task_id, record)}
-
-
-def render_task(task_id: str, record: TaskRecord) -> dict[str, Any]:
-    """The `DetailedTask`: what `tasks/get` returns (plus `resultType`) and `notifications/tasks` carries."""
-    fields = _task_fields(task_id, record)
-    if record.status is TaskStatus.INPUT_REQUIRED and record.input_requests:
-        fields["inputRequests"] = dict(record.input_requests)
-    elif record.status is TaskStatus.COMPLETED and record.result is not None:
-        fields["result"] = record.result
-    elif record.status is TaskStatus.FAILED:
-        fields["error"] = record.error or {"code": -32603, "message": "Internal error"}
-    return fields

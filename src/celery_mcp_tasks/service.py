@@ -45,9 +45,6 @@ logger = logging.getLogger(__name__)
 Dispatcher = Callable[[TaskRecord], None]
 """Sends the job for a committed record (e.g. a Celery message). May raise."""
 
-INTERNAL_ERROR = -32603
-
-
 class _Default:
     def __repr__(self) -> str:
         return "DEFAULT"
@@ -60,8 +57,12 @@ class TaskExpired(LookupError):
     """The owner's task outlived its TTL (the janitor has not evicted it yet)."""
 
 
-def internal_error(message: str, data: Any = None) -> dict[str, Any]:
-    error: dict[str, Any] = {"code": INTERNAL_ERROR, "message": message}
+def failure(message: str, data: Any = None) -> dict[str, Any]:
+    """What a failed task records when the runtime fails it: a message and optional data.
+
+    No protocol code: the wire renders it (as JSON-RPC -32603, see `protocol.render_error`).
+    """
+    error: dict[str, Any] = {"message": message}
     if data is not None:
         error["data"] = data
     return error
@@ -94,7 +95,7 @@ class TaskService:
         """Store a new `working` task, then send its job. Returns (task id, record).
 
         Raises `TaskLimitReached` before anything is stored. If sending fails
-        the task is marked `failed` (-32603) and the failed record is returned:
+        the task is marked `failed` and the failed record is returned:
         the client learns an id only for a row that exists and tells the truth.
         `input_responses` seeds answers gathered before the task existed (MRTR);
         their keys count as used.
@@ -189,7 +190,7 @@ class TaskService:
 
     # -- worker side (row key, not owner-scoped) --------------------------------------
 
-    def status(self, key: str) -> TaskRecord | None:
+    def record(self, key: str) -> TaskRecord | None:
         return self.store.get(key, ANY)
 
     # Writes that name a `run` are refused with `Superseded` once a newer dispatch
@@ -260,7 +261,7 @@ class TaskService:
                 message = f"The worker was lost; running the job again (send {sends + 1} of {max_dispatches})"
                 return record.dispatched(self.clock(), message, resend=True)
             outcome = "failed"
-            return record.failed(internal_error(lost_message), self.clock(), lost_message)
+            return record.failed(failure(lost_message), self.clock(), lost_message)
 
         try:
             record = self._write(key, transition)
@@ -292,7 +293,7 @@ class TaskService:
         except Exception as exc:  # broker down, serialization, routing: the task must still end readable
             logger.error("could not send the job for tool %r: %s", record.tool, type(exc).__name__)
             try:
-                return self.fail(record.key, internal_error("Could not enqueue the job", type(exc).__name__))
+                return self.fail(record.key, failure("Could not enqueue the job", type(exc).__name__))
             except TerminalTask:
                 return self.store.get(record.key, ANY) or record
         return record

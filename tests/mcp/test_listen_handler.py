@@ -18,7 +18,7 @@ from mcp_types import ClientCapabilities, SubscriptionsListenRequestParams, Subs
 from celery_mcp_tasks.mcp import listen as listen_module
 from celery_mcp_tasks.mcp.listen import TaskListenHandler
 from celery_mcp_tasks.migrate import upgrade
-from celery_mcp_tasks.model import render_task
+from celery_mcp_tasks.protocol import render_task
 from celery_mcp_tasks.notify.hub import Hub
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.base import ANY

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from celery_mcp_tasks.context import TaskContext
+from celery_mcp_tasks.worker.context import TaskContext
 from celery_mcp_tasks.model import task_key
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.sql import SqlStore

@@ -19,7 +19,7 @@ from celery.app.task import Context
 from celery.exceptions import Retry, WorkerLostError
 
 from celery_mcp_tasks import McpTasks, Settings, TaskContext, TaskStatus, elicit
-from celery_mcp_tasks.context import InputTimeout
+from celery_mcp_tasks.worker.context import InputTimeout
 from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.model import Run, Superseded, TaskRecord, TerminalTask, now_ms, task_key
 from celery_mcp_tasks.service import TaskService
@@ -40,7 +40,7 @@ def headers(task_id: str, dispatch: int = 1) -> dict[str, Any]:
 
 
 def status(tasks: McpTasks, task_id: str) -> TaskRecord:
-    record = tasks.service().status(task_key(task_id))
+    record = tasks.service().record(task_key(task_id))
     assert record is not None
     return record
 

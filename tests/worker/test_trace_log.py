@@ -96,7 +96,7 @@ def test_a_run_that_asks_for_input_is_not_logged_as_succeeded_none(
     [handed] = lines(trace_records, "elsewhere")
     assert " ended its run in " in asked and asked.endswith("s: waiting for input")
     assert handed.endswith("s: handed off")
-    assert not [line for line in asked + handed if "succeeded" in line or "None" in line]
+    assert not [line for line in (asked, handed) if "succeeded" in line or "None" in line]
     assert_nothing_secret(trace_records)
 
 
@@ -150,7 +150,9 @@ def test_stored_arguments_that_no_longer_fit_fail_naming_the_field_not_its_value
         return str(n)
 
     task_id = run_as_task(tasks, count, "count", n=SECRET)  # written past the web side's validation
-    record = tasks.service().status(task_key(task_id))
+    record = tasks.service().record(task_key(task_id))
     assert record is not None and record.status.value == "failed"
     assert record.status_message == "Job failed: ValueError: stored arguments do not fit the tool: n"
+    [line] = lines(trace_records, "count")  # the failure was logged (so the check below looked at something)
+    assert " raised unexpected: ValueError" in line
     assert_nothing_secret(trace_records)

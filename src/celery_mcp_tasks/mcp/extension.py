@@ -29,7 +29,6 @@ from pydantic import BaseModel, ValidationError
 
 from celery_mcp_tasks.mcp.principal import current_principal
 from celery_mcp_tasks.mcp.wire import (
-    EXTENSION_ID,
     TASKS_VERSIONS,
     TaskIdParams,
     UpdateParams,
@@ -42,10 +41,11 @@ from celery_mcp_tasks.mcp.wire import (
     require_extension,
     require_routing_name,
 )
-from celery_mcp_tasks.model import InvalidInputResponse, TaskRecord, TaskStatus, render_create_result, render_task
+from celery_mcp_tasks.model import InvalidInputResponse, TaskRecord, TaskStatus
+from celery_mcp_tasks.protocol import EXTENSION_ID, render_create_result, render_error, render_task
 from celery_mcp_tasks.service import TaskExpired, TaskService
 from celery_mcp_tasks.store.base import TaskLimitReached, TaskNotFound
-from celery_mcp_tasks.toolspec import TaskTool
+from celery_mcp_tasks.mcp.toolspec import TaskTool
 
 logger = logging.getLogger("celery_mcp_tasks.mcp")
 
@@ -167,15 +167,15 @@ class TasksExtension(Extension):
                     raise internal(f"Tool {tool.name} did not finish in time; call it with the tasks extension")
                 await anyio.sleep(delay)
                 delay = min(delay * 1.5, 0.25)
-                record = await self._run(partial(service.status, record.key)) or record
+                record = await self._run(partial(service.record, record.key)) or record
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
                 await self._abandon(record, "The synchronous caller cancelled the request")
             raise
         if record.status is TaskStatus.COMPLETED and record.result is not None:
             return record.result
-        error = record.error or {"code": -32603, "message": record.status_message or "The job did not complete"}
-        raise MCPError(code=int(error.get("code", -32603)), message=str(error.get("message")), data=error.get("data"))
+        error = render_error(record.error, record.status_message or "The job did not complete")
+        raise MCPError(code=error["code"], message=error["message"], data=error.get("data"))
 
     async def _abandon(self, record: TaskRecord, message: str) -> None:
         """Cancel a synchronous call's hidden task (a no-op once it is terminal) and revoke its job."""

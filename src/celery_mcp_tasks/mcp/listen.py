@@ -41,8 +41,9 @@ from mcp_types import (
 from pydantic import BaseModel
 
 from celery_mcp_tasks.mcp.principal import current_principal
-from celery_mcp_tasks.mcp.wire import EXTENSION_ID, declared_extension, invalid_params, missing_capability
-from celery_mcp_tasks.model import TaskRecord, render_task, task_key
+from celery_mcp_tasks.mcp.wire import declared_extension, invalid_params, missing_capability
+from celery_mcp_tasks.model import TaskRecord, task_key
+from celery_mcp_tasks.protocol import EXTENSION_ID, render_task
 from celery_mcp_tasks.notify.hub import Hub, Watch
 from celery_mcp_tasks.service import TaskExpired, TaskService
 from celery_mcp_tasks.store.base import TaskNotFound

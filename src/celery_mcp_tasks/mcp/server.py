@@ -14,12 +14,14 @@ from typing import Any
 
 from mcp.server.mcpserver import MCPServer
 
+from celery_mcp_tasks.mcp.sdk_internals import tool_registered
+
 __all__ = ["TasksServer"]
 
 
 class TasksServer(MCPServer[Any]):
     def has_tool(self, name: str) -> bool:
-        return self._tool_manager.get_tool(name) is not None  # pinned: mcp 2.3.x
+        return tool_registered(self, name)
 
     def add_tool(self, fn: Callable[..., Any], name: str | None = None, *args: Any, **kwargs: Any) -> None:
         tool_name = name or getattr(fn, "__name__", None)

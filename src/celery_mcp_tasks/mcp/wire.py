@@ -17,7 +17,8 @@ from mcp_types import (
 )
 from pydantic import Field
 
-EXTENSION_ID = "io.modelcontextprotocol/tasks"
+from celery_mcp_tasks.protocol import EXTENSION_ID
+
 TASKS_VERSIONS = frozenset({"2026-07-28"})
 """Protocol versions on which a task can be returned: the extension is defined for these only."""
 NOT_FOUND = "Failed to retrieve task: Task not found"

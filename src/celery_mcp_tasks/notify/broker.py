@@ -1,7 +1,7 @@
 """Broker transport: a kombu fanout exchange on the Celery broker (Redis, RabbitMQ).
 
 For deployments whose store is not PostgreSQL. The writer publishes a
-transient hint after its write (~2.6 ms over Redis, CELERY.md §5); every web
+transient hint after its write (~2.6 ms over Redis, measured); every web
 process binds an exclusive, auto-deleted queue to the exchange and consumes
 it in a thread (kombu is synchronous), handing each hint to the hub on the
 event loop. Publishing uses the Celery app's producer pool, so it shares the

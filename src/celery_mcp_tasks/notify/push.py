@@ -31,7 +31,7 @@ from celery_mcp_tasks.notify.polling import DEFAULT_INTERVAL_S, RowPoller
 from celery_mcp_tasks.notify.postgres import PgNotifier, pg_notify_hook
 from celery_mcp_tasks.service import DEFAULT, _Default
 from celery_mcp_tasks.store.engine import normalize_url
-from celery_mcp_tasks.store.sql import WriteHook
+from celery_mcp_tasks.store.sql import SqlStore, WriteHook
 
 __all__ = ["BrokerAccess", "Mode", "Push", "select_mode"]
 
@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 
 Mode = Literal["postgres", "broker", "poll", "off"]
 
-# Brokers with no cross-process fanout worth using (CELERY.md §3, §5).
+# Brokers with no cross-process fanout worth using (single-machine or polling transports).
 _LOCAL_BROKERS = frozenset({"filesystem", "memory", "sqla", "sqlalchemy", "cache"})
 _READY_TIMEOUT_S = 10.0
 
@@ -105,19 +105,34 @@ class Push:
         *,
         notifier: Notifier | None | _Default = DEFAULT,
         broker: BrokerAccess,
-        versions: Callable[[Iterable[str]], dict[str, int]],
-        engine: Callable[[], Engine],
         poll_interval_s: float = DEFAULT_INTERVAL_S,
     ) -> None:
         self.mode: Mode = "off" if notifier is None else select_mode(settings, broker.url)
         self._custom: Notifier | None = None if isinstance(notifier, _Default) else notifier
         self._settings = settings
         self._broker = broker
-        self._versions = versions
-        self._engine = engine
+        self._store: SqlStore | None = None
         self._poll_interval_s = poll_interval_s
         self._publisher: Notifier | None = None
         self.hub = Hub()
+
+    def bind_store(self, store: SqlStore) -> None:
+        """This process's store: push writes its hint inside the store's transactions (PostgreSQL)
+        and reads versions from it (polling). Called once per process, before the service exists."""
+        self._store = store
+        self._publisher = None  # a publisher bound to an inherited (pre-fork) store must not be reused
+        store.write_hook = self.write_hook(store.dialect)
+
+    def _bound_store(self) -> SqlStore:
+        if self._store is None:
+            raise RuntimeError("Push.bind_store() was not called in this process")
+        return self._store
+
+    def _versions(self, keys: Iterable[str]) -> dict[str, int]:
+        return self._bound_store().versions(keys)
+
+    def _engine(self) -> Engine:
+        return self._bound_store().engine
 
     @property
     def publisher(self) -> Notifier | None:

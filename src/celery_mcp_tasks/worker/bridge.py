@@ -24,7 +24,7 @@ from celery import signals
 from celery.exceptions import WorkerLostError
 
 from celery_mcp_tasks.model import Run, TerminalTask, now_ms
-from celery_mcp_tasks.service import TaskService, internal_error
+from celery_mcp_tasks.service import TaskService, failure
 from celery_mcp_tasks.store.base import TaskNotFound
 from celery_mcp_tasks.worker import tracelog
 from celery_mcp_tasks.worker.job import McpJob, row_key, run_of
@@ -91,7 +91,7 @@ def on_failure(sender: Any = None, exception: BaseException | None = None, **_: 
     message = describe_failure(exception)
 
     def fail(service: TaskService, key: str, run: Run | None) -> None:
-        service.fail(key, internal_error(message), message, run=run)
+        service.fail(key, failure(message), message, run=run)
 
     _settle(sender, getattr(sender, "request", None), "failure", fail)
 
@@ -110,7 +110,7 @@ def on_revoked(sender: Any = None, request: Any = None, expired: bool = False, *
     message = "The job expired before a worker ran it" if expired else "The job was revoked in Celery"
 
     def fail(service: TaskService, key: str, run: Run | None) -> None:
-        service.fail(key, internal_error(message), message, run=run)
+        service.fail(key, failure(message), message, run=run)
 
     _settle(sender, request, "revoke", fail)
 

@@ -17,8 +17,7 @@ from collections.abc import Mapping
 from celery import Celery
 
 from celery_mcp_tasks.model import TaskRecord
-from celery_mcp_tasks.toolspec import TaskTool
-from celery_mcp_tasks.worker.job import DISPATCH_HEADER, HIDDEN_ARGS, KEY_HEADER
+from celery_mcp_tasks.worker.job import DISPATCH_HEADER, HIDDEN_ARGS, KEY_HEADER, JobTool
 
 logger = logging.getLogger("celery_mcp_tasks.worker")
 
@@ -33,7 +32,7 @@ def celery_id(record: TaskRecord) -> str:
 
 
 class CeleryDispatcher:
-    def __init__(self, app: Celery, tools: Mapping[str, TaskTool]) -> None:
+    def __init__(self, app: Celery, tools: Mapping[str, JobTool]) -> None:
         self.app = app
         self.tools = tools
 

@@ -14,20 +14,20 @@ path through Celery, including a worker killed mid-job, ends in the store.
 from __future__ import annotations
 
 import contextvars
+import inspect
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from celery import Task
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import ValidationError
 
-from celery_mcp_tasks.context import EndRun, HandedOff, InputRequested, TaskContext
+from celery_mcp_tasks.worker.context import EndRun, HandedOff, InputRequested, TaskContext
 from celery_mcp_tasks.model import Run, Superseded, TerminalTask, now_ms
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.base import TaskNotFound
-from celery_mcp_tasks.toolspec import TaskTool
 
 logger = logging.getLogger("celery_mcp_tasks.worker")
 
@@ -41,6 +41,28 @@ RUN_END = "mcp_run_end"
 """Request attribute: why a run ended without an outcome (the log line says it instead of "succeeded: None")."""
 
 _current: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar("mcp_task_context", default=None)
+
+
+class JobTool(Protocol):
+    """What the Celery side needs of a task tool (the SDK adapter's `TaskTool` is one).
+
+    A protocol, not an import: the worker adapter never imports the SDK adapter;
+    the composition root hands it the tools.
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    celery_name: str
+    terminate: bool
+    context_param: str | None
+
+    def validate(self, arguments: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    def invalid_fields(self, exc: ValidationError) -> list[str]: ...
+
+    def to_result(self, value: Any) -> dict[str, Any]: ...
+
+    def job_signature(self) -> inspect.Signature: ...
 
 
 class WorkerRuntime(Protocol):
@@ -103,7 +125,7 @@ class _Heartbeat:
 class McpJob(Task):
     """Base class of every `@mcp_task` job."""
 
-    mcp_tool: TaskTool
+    mcp_tool: JobTool
     mcp_runtime: WorkerRuntime
     typing = True
 
@@ -132,7 +154,7 @@ class McpJob(Task):
         run = run_of(self.request)
         try:
             if run is None:  # a message from before the dispatch header: adopt the current run
-                record = service.status(key)
+                record = service.record(key)
                 run = Run(record.dispatches if record else 0, self.request.retries or 0)
             record = service.begin(key, run, beat_before_ms=now_ms() - int(interval * 1000))
         except TaskNotFound:
@@ -170,7 +192,7 @@ class McpJob(Task):
         return tool.to_result(value)
 
 
-def make_run(tool: TaskTool) -> Callable[..., Any]:
+def make_run(tool: JobTool) -> Callable[..., Any]:
     """The Celery `run` for a tool: the user's function with the context injected.
 
     With `bind=True` Celery passes the job first (`self`), as for any bound task.

@@ -16,7 +16,6 @@ from typing import Any, Literal
 from mcp.server.mcpserver.tools.base import Tool
 from pydantic import ValidationError
 
-from celery_mcp_tasks.context import TaskContext
 
 __all__ = ["Prepare", "TaskMode", "TaskTool", "find_context_parameter"]
 
@@ -29,11 +28,14 @@ Prepare = Callable[[dict[str, Any], Mapping[str, Any]], Awaitable[Any]]
 extra arguments (a dict) or an SDK `InputRequiredResult` to ask the client first."""
 
 
-def find_context_parameter(fn: Callable[..., Any]) -> str | None:
+def find_context_parameter(fn: Callable[..., Any], context_type: type | None) -> str | None:
+    """The parameter annotated with the job's context class (handed in by the composition root)."""
+    if context_type is None:
+        return None
     signature = inspect.signature(fn, eval_str=True)
     for name, parameter in signature.parameters.items():
         annotation = parameter.annotation
-        if isinstance(annotation, type) and issubclass(annotation, TaskContext):
+        if isinstance(annotation, type) and issubclass(annotation, context_type):
             return name
     return None
 
@@ -60,6 +62,7 @@ class TaskTool:
     bound: bool = False  # `bind=True`: Celery passes the job (`self`) first, e.g. for `self.retry()`
     terminate: bool = False  # tasks/cancel also terminates a running job (prefork pools; best effort)
     max_dispatches: int | None = None  # sends of one run before a lost job fails; None: the setting
+    context_type: type | None = None  # the job's context class; its parameter is hidden from the schema
     context_param: str | None = None
     sdk_tool: Tool = field(init=False, repr=False)
 
@@ -73,7 +76,7 @@ class TaskTool:
             raise TypeError(f"task tool {self.name!r}: Celery jobs are synchronous; define it with `def`")
         if self.max_dispatches is not None and self.max_dispatches < 1:
             raise ValueError(f"task tool {self.name!r}: max_dispatches must be >= 1, got {self.max_dispatches}")
-        self.context_param = find_context_parameter(self.fn)
+        self.context_param = find_context_parameter(self.fn, self.context_type)
         try:
             self.sdk_tool = Tool.from_function(self.schema_function(), name=self.name, description=self.description)
         except Exception as exc:

@@ -1,4 +1,4 @@
-"""The janitor as a Celery task on beat.
+"""The janitor's Celery side: its task and its beat schedule (the sweep itself is `celery_mcp_tasks.janitor`).
 
 The beat entry is added in `on_after_configure` (or at once when the app is
 already configured) and re-inserted at `beat_init`: either alone can be

@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from celery_mcp_tasks.inputs import validate_input_requests
+from celery_mcp_tasks.protocol import validate_input_requests
 from celery_mcp_tasks.model import Run, Superseded, TaskRecord, TaskStatus, TerminalTask
-from celery_mcp_tasks.service import TaskService, internal_error
+from celery_mcp_tasks.service import TaskService, failure
 
 __all__ = ["EndRun", "HandedOff", "InputRequested", "InputTimeout", "Superseded", "TaskContext", "TerminalTask"]
 
@@ -86,11 +86,11 @@ class TaskContext:
         """Every answer the client gave so far, by input request key."""
         return dict(self._record.input_responses) if self._record is not None else {}
 
-    def status(self) -> TaskRecord | None:
+    def record(self) -> TaskRecord | None:
         """A fresh read of the task (None when detached or evicted)."""
         if self._service is None or self._key is None:
             return None
-        self._record = self._service.status(self._key)
+        self._record = self._service.record(self._key)
         self._checked_at = time.monotonic()
         return self._record
 
@@ -99,7 +99,7 @@ class TaskContext:
         if not self.attached:
             return False
         if time.monotonic() - self._checked_at >= self.cancel_check_interval:
-            self.status()
+            self.record()
         return self._record is None or self._record.status is TaskStatus.CANCELLED
 
     def progress(self, message: str) -> None:
@@ -115,7 +115,7 @@ class TaskContext:
     def fail(self, error: dict[str, Any] | str, message: str | None = None) -> None:
         """Fail with a JSON-RPC error (`{"code", "message"}`, or a message for -32603)."""
         if isinstance(error, str):
-            error = internal_error(error)
+            error = failure(error)
         self._write(lambda s, k: s.fail(k, error, message, self._run))
 
     def heartbeat(self, within_s: float = 0.0) -> None:
@@ -177,7 +177,7 @@ class TaskContext:
         assert self._service is not None and self._key is not None
         deadline = time.monotonic() + timeout
         while True:
-            record = self.status()
+            record = self.record()
             if record is None or record.terminal:
                 raise TerminalTask("the task ended while waiting for input")
             if record.status is TaskStatus.WORKING and all(key in record.input_responses for key in keys):
@@ -200,6 +200,6 @@ class TaskContext:
         try:
             self._record = op(self._service, self._key)
         except TerminalTask:
-            self._record = self._service.status(self._key)
+            self._record = self._service.record(self._key)
             raise
         self._checked_at = time.monotonic()

@@ -1,0 +1,163 @@
+"""The Tasks extension's wire shapes, shared by every side: the one module both adapters use.
+
+The domain (`model`, `store`, `service`) keeps task state in its own terms;
+this module says how that state looks on the wire (`CreateTaskResult`,
+`DetailedTask`, JSON-RPC errors) and builds the input requests a job can ask
+for mid-flight, checked against the SDK's own wire models (`mcp_types`), so a
+typo in a schema is an error in the job that made it rather than a broken
+`tasks/get` for the client. It imports `mcp_types` (the protocol's types) and
+nothing of the SDK's server or client, nor Celery.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+from mcp_types import CreateMessageRequest, ElicitRequest, ListRootsRequest
+from pydantic import TypeAdapter, ValidationError
+
+from celery_mcp_tasks.model import TaskRecord, TaskStatus
+
+__all__ = [
+    "EXTENSION_ID",
+    "INTERNAL_ERROR",
+    "InvalidInputRequest",
+    "elicit",
+    "format_timestamp",
+    "list_roots",
+    "render_create_result",
+    "render_error",
+    "render_task",
+    "required_capabilities",
+    "sample",
+    "validate_input_requests",
+]
+
+EXTENSION_ID = "io.modelcontextprotocol/tasks"
+INTERNAL_ERROR = -32603
+"""The JSON-RPC code of a failed task whose error names none (every failure the runtime records)."""
+
+
+# -- rendering -----------------------------------------------------------------------
+
+
+def format_timestamp(epoch_ms: int) -> str:
+    """`YYYY-MM-DDTHH:MM:SS.mmmZ`, always UTC, always milliseconds."""
+    moment = datetime.fromtimestamp(epoch_ms / 1000, tz=timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{epoch_ms % 1000:03d}Z"
+
+
+def render_error(error: Mapping[str, Any] | None, fallback: str = "Internal error") -> dict[str, Any]:
+    """A stored error as a JSON-RPC error object: `code` (-32603 unless it names one), `message`, `data`."""
+    error = dict(error or {})
+    rendered: dict[str, Any] = {"code": int(error.pop("code", INTERNAL_ERROR)),
+                                "message": str(error.pop("message", None) or fallback)}
+    rendered.update(error)
+    return rendered
+
+
+def _task_fields(task_id: str, record: TaskRecord) -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        "taskId": task_id,
+        "status": record.status.value,
+        "createdAt": format_timestamp(record.created_at),
+        "lastUpdatedAt": format_timestamp(record.updated_at),
+        # Never 0: a positive lifetime or null (unlimited).
+        "ttlMs": record.ttl_ms if record.ttl_ms and record.ttl_ms > 0 else None,
+    }
+    if record.poll_interval_ms:
+        fields["pollIntervalMs"] = record.poll_interval_ms
+    if record.status_message is not None:
+        fields["statusMessage"] = record.status_message
+    return fields
+
+
+def render_create_result(task_id: str, record: TaskRecord) -> dict[str, Any]:
+    """The flat `CreateTaskResult`: task fields and `resultType: "task"`, nothing else."""
+    return {"resultType": "task", **_task_fields(task_id, record)}
+
+
+def render_task(task_id: str, record: TaskRecord) -> dict[str, Any]:
+    """The `DetailedTask`: what `tasks/get` returns (plus `resultType`) and `notifications/tasks` carries."""
+    fields = _task_fields(task_id, record)
+    if record.status is TaskStatus.INPUT_REQUIRED and record.input_requests:
+        fields["inputRequests"] = dict(record.input_requests)
+    elif record.status is TaskStatus.COMPLETED and record.result is not None:
+        fields["result"] = record.result
+    elif record.status is TaskStatus.FAILED:
+        fields["error"] = render_error(record.error)
+    return fields
+
+
+# -- input requests ------------------------------------------------------------------
+
+_JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
+_REQUEST = TypeAdapter(ElicitRequest | CreateMessageRequest | ListRootsRequest)
+_CAPABILITY = {"elicitation/create": "elicitation", "sampling/createMessage": "sampling", "roots/list": "roots"}
+
+
+class InvalidInputRequest(ValueError):
+    """An input request that is not a valid elicitation, sampling or roots request."""
+
+
+def _property(spec: Any) -> dict[str, Any]:
+    if isinstance(spec, Mapping):
+        return dict(spec)
+    if spec in _JSON_TYPES:
+        return {"type": _JSON_TYPES[spec]}
+    raise InvalidInputRequest(f"unsupported elicitation field type {spec!r}; use str, int, float, bool or a schema")
+
+
+def elicit(message: str, fields: Mapping[str, Any], *, required: list[str] | None = None) -> dict[str, Any]:
+    """A form elicitation. `fields` maps names to `str`/`int`/`float`/`bool` or a flat JSON schema.
+
+    Every field is required unless `required` says otherwise.
+    """
+    properties = {name: _property(spec) for name, spec in fields.items()}
+    schema = {
+        "type": "object",
+        "properties": properties,
+        "required": list(properties) if required is None else list(required),
+    }
+    return _checked({"method": "elicitation/create", "params": {"message": message, "requestedSchema": schema}})
+
+
+def sample(prompt: str | list[dict[str, Any]], *, max_tokens: int, **params: Any) -> dict[str, Any]:
+    """A sampling request: a text prompt (or full messages) and the token bound the spec requires."""
+    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": {"type": "text", "text": prompt}}]
+    return _checked(
+        {"method": "sampling/createMessage", "params": {"messages": messages, "maxTokens": max_tokens, **params}}
+    )
+
+
+def list_roots() -> dict[str, Any]:
+    return _checked({"method": "roots/list", "params": {}})
+
+
+def _checked(request: dict[str, Any]) -> dict[str, Any]:
+    try:
+        _REQUEST.validate_python(request)
+    except ValidationError as exc:
+        raise InvalidInputRequest(f"invalid input request: {exc.error_count()} problem(s): {exc.errors()[0]['msg']}") from None
+    return request
+
+
+def validate_input_requests(requests: Mapping[str, Any]) -> dict[str, Any]:
+    """Check a whole `inputRequests` map: non-empty, string keys, each value a valid request."""
+    if not requests:
+        raise InvalidInputRequest("require_input needs at least one input request")
+    checked: dict[str, Any] = {}
+    for key, request in requests.items():
+        if not isinstance(key, str) or not key:
+            raise InvalidInputRequest("input request keys must be non-empty strings")
+        if not isinstance(request, Mapping):
+            raise InvalidInputRequest(f"input request {key!r} must be a mapping; build it with elicit/sample/list_roots")
+        checked[key] = _checked(dict(request))
+    return checked
+
+
+def required_capabilities(requests: Mapping[str, Any]) -> set[str]:
+    """The client capabilities a set of input requests needs (elicitation, sampling, roots)."""
+    return {_CAPABILITY[r["method"]] for r in requests.values() if r.get("method") in _CAPABILITY}

@@ -1,0 +1,60 @@
+"""Contract tests for every SDK internal this package uses (`celery_mcp_tasks.mcp.sdk_internals`).
+
+Each fails with the installed SDK's version in its message the day the internal moves.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from typing import Any
+
+import uvicorn
+from mcp.server.mcpserver import MCPServer
+from mcp_types import SubscriptionsListenRequestParams
+
+from celery_mcp_tasks.mcp import sdk_internals
+
+SDK = importlib.metadata.version("mcp")
+WHERE = f"mcp {SDK}: an SDK internal moved; update celery_mcp_tasks/mcp/sdk_internals.py"
+
+
+def test_the_tool_manager_answers_by_name() -> None:
+    server: MCPServer[Any] = MCPServer("contract")
+    assert hasattr(server, "_tool_manager") and callable(getattr(server._tool_manager, "get_tool", None)), WHERE
+
+    @server.tool()
+    def present() -> str:
+        return "here"
+
+    assert sdk_internals.tool_registered(server, "present"), WHERE
+    assert not sdk_internals.tool_registered(server, "absent"), WHERE
+
+
+def test_the_listen_handler_can_be_replaced_on_the_lowlevel_server() -> None:
+    server: MCPServer[Any] = MCPServer("contract")
+    lowlevel = getattr(server, "_lowlevel_server", None)
+    assert lowlevel is not None and callable(getattr(lowlevel, "get_request_handler", None)), WHERE
+    assert lowlevel.get_request_handler(sdk_internals.LISTEN) is not None, f"{WHERE} (no stock listen handler)"
+
+    async def ours(ctx: Any, params: Any) -> Any:
+        return None
+
+    assert sdk_internals.replace_listen_handler(server, SubscriptionsListenRequestParams, ours), WHERE
+    assert lowlevel.get_request_handler(sdk_internals.LISTEN) is not None, WHERE
+    assert not sdk_internals.replace_listen_handler(MCPServer("off", subscriptions=False),
+                                                    SubscriptionsListenRequestParams, ours), WHERE
+
+
+def test_the_http_app_has_a_lifespan_to_wrap() -> None:
+    app = MCPServer("contract").streamable_http_app()
+    original = app.router.lifespan_context
+    assert callable(original), WHERE
+    seen: list[Any] = []
+    sdk_internals.wrap_lifespan(app, lambda inner: seen.append(inner) or inner)
+    assert seen == [original] and app.router.lifespan_context is original, WHERE
+
+
+def test_uvicorn_installs_the_exit_handler_that_on_server_exit_chains_onto() -> None:
+    server = uvicorn.Server(uvicorn.Config(app=None))
+    assert callable(getattr(server, "handle_exit", None)), f"uvicorn {uvicorn.__version__}: handle_exit moved"
+    assert callable(getattr(server, "capture_signals", None)), f"uvicorn {uvicorn.__version__}: capture_signals moved"
