@@ -16,7 +16,7 @@ from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.base import ANY
 from celery_mcp_tasks.store.sql import SqlStore
 
-SETTINGS = Settings(stale_timeout_s=60, max_dispatches=3, retention_ms=3_600_000)
+SETTINGS = Settings(stale_timeout_s=60, max_sends=3, retention_ms=3_600_000)
 MINUTE = 60_000
 
 
@@ -104,7 +104,7 @@ def test_a_stale_working_task_is_sent_again_then_failed_once_its_sends_are_spent
 
 def test_a_tool_can_bound_its_own_sends(store: SqlStore) -> None:
     add(store, "lost", heartbeat_at=now_ms() - 2 * MINUTE)
-    assert sweep(service(store), SETTINGS, max_dispatches=lambda tool: 1) == SweepReport(failed=1)
+    assert sweep(service(store), SETTINGS, max_sends=lambda tool: 1) == SweepReport(failed=1)
 
 
 def test_live_waiting_or_promised_tasks_are_left_alone(store: SqlStore) -> None:

@@ -23,7 +23,7 @@ WRONG = [
     ("MCP_TASKS_JANITOR_INTERVAL_S", "-60", "must be > 0 (or off)"),
     ("MCP_TASKS_STALE_TIMEOUT_S", "0.2", "must be >= 1"),
     ("MCP_TASKS_STALE_TIMEOUT_S", "soon", "expected a number of seconds"),
-    ("MCP_TASKS_MAX_DISPATCHES", "0", "must be >= 1"),
+    ("MCP_TASKS_MAX_SENDS", "0", "must be >= 1"),
     ("MCP_TASKS_NOTIFY", "carrier-pigeon", "expected one of"),
     ("CELERY_BROKER_URL", "localhost:6379", "expected a URL"),
 ]

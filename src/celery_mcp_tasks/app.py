@@ -193,11 +193,11 @@ class McpTasks:
         return TaskContext(self.service(), key, record=self.service().record(key))
 
     def sweep(self) -> SweepReport:
-        return sweep(self.service(), self.settings, metric=self.metric, max_dispatches=self._max_dispatches)
+        return sweep(self.service(), self.settings, metric=self.metric, max_sends=self._max_sends)
 
-    def _max_dispatches(self, tool: str) -> int | None:
+    def _max_sends(self, tool: str) -> int | None:
         spec = self.tools.get(tool)
-        return spec.max_dispatches if spec is not None else None
+        return spec.max_sends if spec is not None else None
 
     def _known_tool(self, name: str) -> bool:
         return self.server.has_tool(name)
@@ -230,7 +230,7 @@ class McpTasks:
         sync_timeout_s: float | None = None,
         prepare: Prepare | None = None,
         terminate: bool = False,
-        max_dispatches: int | None = None,
+        max_sends: int | None = None,
         **celery_options: Any,
     ) -> Callable[[Callable[..., Any]], Any]: ...
 
@@ -241,8 +241,8 @@ class McpTasks:
         and wait), "required" (-32021 without the extension) or "forbidden" (always
         run and wait). `needs`: client capabilities the job's input requests use.
         `terminate`: tasks/cancel also kills a running job (prefork pools, best
-        effort). `max_dispatches`: sends of one run before a lost job fails
-        (default MCP_TASKS_MAX_DISPATCHES). Other keyword arguments go to
+        effort). `max_sends`: sends of one run before a lost job fails
+        (default MCP_TASKS_MAX_SENDS). Other keyword arguments go to
         Celery's `@app.task`: with `bind=True` the function takes the job
         first (`self.retry(...)`); `autoretry_for` works as usual; jobs default
         to `acks_late` with a bounded `retry_on_worker_lost`.
@@ -254,7 +254,7 @@ class McpTasks:
     def _register(self, fn: Callable[..., Any], *, name: str | None = None, description: str | None = None,
                   mode: TaskMode = "optional", needs: tuple[str, ...] = (), ttl_ms: Any = "default",
                   poll_interval_ms: Any = "default", sync_timeout_s: float | None = None,
-                  prepare: Prepare | None = None, terminate: bool = False, max_dispatches: int | None = None,
+                  prepare: Prepare | None = None, terminate: bool = False, max_sends: int | None = None,
                   **celery_options: Any) -> Any:
         tool = TaskTool(
             fn=fn,
@@ -269,7 +269,7 @@ class McpTasks:
             prepare=prepare,
             bound=bool(celery_options.get("bind")),
             terminate=terminate,
-            max_dispatches=max_dispatches,
+            max_sends=max_sends,
         )
         if tool.name in self.tools or self._known_tool(tool.name):
             raise ValueError(f"task tool {tool.name!r}: a tool of that name is already registered on this server")

@@ -101,7 +101,7 @@ class Settings:
     retention_ms: int = 3_600_000
     janitor_interval_s: float | None = 60.0
     stale_timeout_s: float = 300.0
-    max_dispatches: int = 3
+    max_sends: int = 3
     sync_timeout_s: float = 60.0
     notify: str = "auto"
     queue: str | None = None
@@ -135,7 +135,9 @@ class Settings:
             "janitor_interval_s": _float(env, "MCP_TASKS_JANITOR_INTERVAL_S", EMBEDDED_JANITOR_INTERVAL_S
                                          if embedded else 60.0, allow_off=True),
             "stale_timeout_s": _float(env, "MCP_TASKS_STALE_TIMEOUT_S", EMBEDDED_STALE_TIMEOUT_S if embedded else 300.0),
-            "max_dispatches": _int(env, "MCP_TASKS_MAX_DISPATCHES", 3),
+            # MCP_TASKS_MAX_DISPATCHES: the setting's name in 0.1.0, still read when the new one is unset
+            "max_sends": _int(env, "MCP_TASKS_MAX_SENDS", None)
+            or _int(env, "MCP_TASKS_MAX_DISPATCHES", 3),
             "sync_timeout_s": _float(env, "MCP_TASKS_SYNC_TIMEOUT_S", 60.0),
             "notify": (env.get("MCP_TASKS_NOTIFY") or "auto").strip().lower(),
             "queue": env.get("MCP_TASKS_QUEUE") or None,

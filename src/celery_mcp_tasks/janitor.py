@@ -39,10 +39,10 @@ def lost_message(stale_timeout_s: float, sends: int) -> str:
 
 
 def sweep(service: TaskService, settings: Settings, *, batch_size: int = 1000, metric: MetricHook | None = None,
-          max_dispatches: Callable[[str], int | None] | None = None) -> SweepReport:
+          max_sends: Callable[[str], int | None] | None = None) -> SweepReport:
     """One pass: evict expired rows, then re-send or fail `working` tasks with a stale heartbeat.
 
-    `max_dispatches(tool)` is a tool's own bound (None: the setting's).
+    `max_sends(tool)` is a tool's own bound (None: the setting's).
     """
     at = now_ms()
     removed = service.store.cleanup(now_ms=at, retention_ms=settings.retention_ms, batch_size=batch_size)
@@ -52,11 +52,11 @@ def sweep(service: TaskService, settings: Settings, *, batch_size: int = 1000, m
         batch = service.store.stale(heartbeat_before_ms=stale_before, limit=batch_size)
         acted = 0
         for record in batch:
-            limit = (max_dispatches(record.tool) if max_dispatches else None) or settings.max_dispatches
+            limit = (max_sends(record.tool) if max_sends else None) or settings.max_sends
             outcome = service.reap(
                 record.key,
                 stale_before_ms=stale_before,
-                max_dispatches=limit,
+                max_sends=limit,
                 lost_message=lost_message(settings.stale_timeout_s, record.resends + 1),
             )
             outcomes[outcome] += 1

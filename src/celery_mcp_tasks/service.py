@@ -242,7 +242,7 @@ class TaskService:
     def cancel_by_key(self, key: str, message: str) -> tuple[TaskRecord, bool]:
         return self._cancel(key, ANY, message)
 
-    def reap(self, key: str, *, stale_before_ms: int, max_dispatches: int, lost_message: str) -> str:
+    def reap(self, key: str, *, stale_before_ms: int, max_sends: int, lost_message: str) -> str:
         """Settle a task whose job seems lost: send it again while the run has sends left, then fail it.
 
         Decided inside the compare-and-swap, so two janitors at once act only once.
@@ -256,9 +256,9 @@ class TaskService:
             if not record.stale(stale_before_ms):
                 return record
             sends = record.resends + 1
-            if sends < max_dispatches:
+            if sends < max_sends:
                 outcome = "resent"
-                message = f"The worker was lost; running the job again (send {sends + 1} of {max_dispatches})"
+                message = f"The worker was lost; running the job again (send {sends + 1} of {max_sends})"
                 return record.dispatched(self.clock(), message, resend=True)
             outcome = "failed"
             return record.failed(failure(lost_message), self.clock(), lost_message)

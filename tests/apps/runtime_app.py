@@ -106,7 +106,7 @@ def poison() -> str:
     return "unreachable"
 
 
-@tasks.mcp_task(max_dispatches=1)
+@tasks.mcp_task(max_sends=1)
 def fragile(seconds: float, ctx: TaskContext) -> str:
     """Never sent again after a lost worker: the janitor fails it."""
     ctx.progress(f"pid={os.getpid()}: working")

@@ -75,7 +75,7 @@ def test_a_whole_worker_killed_mid_job_is_sent_again_and_completes(deployment: D
 
 def test_a_job_out_of_sends_fails_with_a_clear_message(deployment: Deployment, client: McpHttp) -> None:
     deployment.worker("worker-doomed", env=FAST)
-    task_id = client.create("fragile", {"seconds": 30})  # max_dispatches=1: never sent again
+    task_id = client.create("fragile", {"seconds": 30})  # max_sends=1: never sent again
     job_pid(client, task_id)
     kill_whole_worker(deployment)
 

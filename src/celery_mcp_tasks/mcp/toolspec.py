@@ -61,7 +61,7 @@ class TaskTool:
     celery_name: str = ""
     bound: bool = False  # `bind=True`: Celery passes the job (`self`) first, e.g. for `self.retry()`
     terminate: bool = False  # tasks/cancel also terminates a running job (prefork pools; best effort)
-    max_dispatches: int | None = None  # sends of one run before a lost job fails; None: the setting
+    max_sends: int | None = None  # sends of one run before a lost job fails; None: the setting
     context_type: type | None = None  # the job's context class; its parameter is hidden from the schema
     context_param: str | None = None
     sdk_tool: Tool = field(init=False, repr=False)
@@ -74,8 +74,8 @@ class TaskTool:
             raise ValueError(f"task tool {self.name!r}: unknown client capabilities in needs: {sorted(unknown)}")
         if inspect.iscoroutinefunction(self.fn):
             raise TypeError(f"task tool {self.name!r}: Celery jobs are synchronous; define it with `def`")
-        if self.max_dispatches is not None and self.max_dispatches < 1:
-            raise ValueError(f"task tool {self.name!r}: max_dispatches must be >= 1, got {self.max_dispatches}")
+        if self.max_sends is not None and self.max_sends < 1:
+            raise ValueError(f"task tool {self.name!r}: max_sends must be >= 1, got {self.max_sends}")
         self.context_param = find_context_parameter(self.fn, self.context_type)
         try:
             self.sdk_tool = Tool.from_function(self.schema_function(), name=self.name, description=self.description)
