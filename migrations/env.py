@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import os
 from logging.config import fileConfig
+from typing import Any
 
 from alembic import context
+from alembic.runtime.environment import NameFilterParentNames, NameFilterType
 from sqlalchemy import pool, text
 
 from celery_mcp_tasks.store.engine import create_store_engine
@@ -38,13 +40,13 @@ def _url() -> str:
     return url
 
 
-def include_name(name: str | None, type_: str, parent_names: dict[str, str | None]) -> bool:
+def include_name(name: str | None, type_: NameFilterType, parent_names: NameFilterParentNames) -> bool:
     if type_ == "table":
         return bool(name and name.startswith(TABLE_PREFIX))
     return True
 
 
-def _configure(**kwargs: object) -> None:
+def _configure(**kwargs: Any) -> None:
     context.configure(
         target_metadata=metadata,
         version_table=VERSION_TABLE,

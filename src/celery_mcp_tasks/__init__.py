@@ -38,7 +38,27 @@ _EXPORTS = {
     "sample": "celery_mcp_tasks.protocol",
 }
 
-__all__ = sorted(_EXPORTS)
+# A literal list, not `sorted(_EXPORTS)`: type checkers read it to know these names are
+# re-exported (mypy --strict rejects `from celery_mcp_tasks import McpTasks` otherwise).
+__all__ = [
+    "ConfigError",
+    "DuplicateInputKeys",
+    "InputTimeout",
+    "InvalidInputRequest",
+    "McpTasks",
+    "MetricHook",
+    "Notifier",
+    "Settings",
+    "Superseded",
+    "SweepReport",
+    "TaskContext",
+    "TaskRecord",
+    "TaskStatus",
+    "TerminalTask",
+    "elicit",
+    "list_roots",
+    "sample",
+]
 __version__ = "0.1.0"
 
 

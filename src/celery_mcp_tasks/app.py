@@ -12,7 +12,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from typing import Any, Literal, overload
+from typing import Any, Literal, TypeVar, overload
 
 from celery import Celery
 from starlette.requests import Request
@@ -23,18 +23,18 @@ from celery_mcp_tasks.janitor import MetricHook, SweepReport, sweep
 from celery_mcp_tasks.mcp.extension import TasksExtension
 from celery_mcp_tasks.mcp.security import transport_security
 from celery_mcp_tasks.mcp.server import TasksServer
-from celery_mcp_tasks.mcp.toolspec import Prepare, TaskMode, TaskTool
 from celery_mcp_tasks.mcp.serving import attach_listen, listen_bus, with_push
+from celery_mcp_tasks.mcp.toolspec import Prepare, TaskMode, TaskTool
 from celery_mcp_tasks.notify.base import Notifier
 from celery_mcp_tasks.notify.push import BrokerAccess, Push
 from celery_mcp_tasks.preflight import preflight
 from celery_mcp_tasks.service import DEFAULT, TaskService, _Default
 from celery_mcp_tasks.store.sql import SqlStore
 from celery_mcp_tasks.worker import bridge
+from celery_mcp_tasks.worker.beat import install_janitor
 from celery_mcp_tasks.worker.context import TaskContext
 from celery_mcp_tasks.worker.dispatch import CeleryDispatcher
-from celery_mcp_tasks.worker.beat import install_janitor
-from celery_mcp_tasks.worker.job import McpJob, make_run
+from celery_mcp_tasks.worker.job import McpJob, McpTaskDecorator, McpTaskJob, make_run
 from celery_mcp_tasks.worker.startup import install_startup
 
 __all__ = ["McpTasks"]
@@ -55,7 +55,11 @@ def use_redis_transport_fix() -> None:
         if TRANSPORT_ALIASES.get(scheme) == _KOMBU_REDIS:
             TRANSPORT_ALIASES[scheme] = REDIS_TRANSPORT
 
+
 logger = logging.getLogger("celery_mcp_tasks")
+
+_R = TypeVar("_R")
+_T = TypeVar("_T")
 
 
 def configure_celery(app: Celery, settings: Settings) -> None:
@@ -118,7 +122,7 @@ class McpTasks:
         *,
         celery: Celery | None = None,
         settings: Settings | None = None,
-        notifier: Notifier | None | _Default = DEFAULT,
+        notifier: Notifier | _Default | None = DEFAULT,
         metric: MetricHook | None = None,
         version: str | None = None,
         **server_options: Any,
@@ -148,7 +152,6 @@ class McpTasks:
         self.extension = TasksExtension(
             self.tools,
             self.service,
-            revoke=self.dispatcher.revoke,
             known_tool=self._known_tool,
             sync_timeout_s=self.settings.sync_timeout_s,
         )
@@ -167,6 +170,10 @@ class McpTasks:
     @property
     def heartbeat_interval_s(self) -> float:
         return max(self.settings.stale_timeout_s / 4, 0.5)
+
+    @property
+    def stale_timeout_s(self) -> float:
+        return self.settings.stale_timeout_s
 
     def service(self) -> TaskService:
         """This process's service. Rebuilt after a fork: an engine must never cross one."""
@@ -207,13 +214,15 @@ class McpTasks:
         preflight(self.settings, role=role, need_schema=need_schema, broker_url=str(self.celery.conf.broker_url))
 
     def _startup_lines(self) -> list[str]:
-        return [f"celery-mcp-tasks: store {redact_url(self.settings.store_url)}",
-                f"celery-mcp-tasks: task tools {', '.join(sorted(self.tools)) or '(none)'}"]
+        return [
+            f"celery-mcp-tasks: store {redact_url(self.settings.store_url)}",
+            f"celery-mcp-tasks: task tools {', '.join(sorted(self.tools)) or '(none)'}",
+        ]
 
     # -- declaring tools ------------------------------------------------------------------
 
     @overload
-    def mcp_task(self, fn: Callable[..., Any], /) -> Any: ...
+    def mcp_task(self, fn: Callable[..., _R], /) -> McpTaskJob[_R]: ...
 
     @overload
     def mcp_task(
@@ -225,16 +234,16 @@ class McpTasks:
         description: str | None = None,
         mode: TaskMode = "optional",
         needs: tuple[Literal["elicitation", "sampling", "roots"], ...] = (),
-        ttl_ms: int | None | Literal["default"] = "default",
-        poll_interval_ms: int | None | Literal["default"] = "default",
+        ttl_ms: int | Literal["default"] | None = "default",
+        poll_interval_ms: int | Literal["default"] | None = "default",
         sync_timeout_s: float | None = None,
         prepare: Prepare | None = None,
         terminate: bool = False,
         max_sends: int | None = None,
         **celery_options: Any,
-    ) -> Callable[[Callable[..., Any]], Any]: ...
+    ) -> McpTaskDecorator: ...
 
-    def mcp_task(self, fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
+    def mcp_task(self, fn: Callable[..., _R] | None = None, /, **options: Any) -> McpTaskJob[_R] | McpTaskDecorator:
         """Make `fn` a Celery task and an MCP tool that answers `tools/call` with a task.
 
         `mode`: "optional" (a task when the client declared the extension, else run
@@ -248,14 +257,29 @@ class McpTasks:
         to `acks_late` with a bounded `retry_on_worker_lost`.
         """
         if fn is None:
-            return lambda f: self._register(f, **options)
+
+            def decorate(f: Callable[..., _T]) -> McpTaskJob[_T]:
+                return self._register(f, **options)
+
+            return decorate
         return self._register(fn, **options)
 
-    def _register(self, fn: Callable[..., Any], *, name: str | None = None, description: str | None = None,
-                  mode: TaskMode = "optional", needs: tuple[str, ...] = (), ttl_ms: Any = "default",
-                  poll_interval_ms: Any = "default", sync_timeout_s: float | None = None,
-                  prepare: Prepare | None = None, terminate: bool = False, max_sends: int | None = None,
-                  **celery_options: Any) -> Any:
+    def _register(
+        self,
+        fn: Callable[..., _R],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        mode: TaskMode = "optional",
+        needs: tuple[str, ...] = (),
+        ttl_ms: Any = "default",
+        poll_interval_ms: Any = "default",
+        sync_timeout_s: float | None = None,
+        prepare: Prepare | None = None,
+        terminate: bool = False,
+        max_sends: int | None = None,
+        **celery_options: Any,
+    ) -> McpTaskJob[_R]:
         tool = TaskTool(
             fn=fn,
             context_type=TaskContext,
@@ -276,7 +300,9 @@ class McpTasks:
         celery_options.setdefault("acks_late", True)
         celery_options.setdefault("retry_on_worker_lost", True)  # bounded by max_retries, unlike reject_on_worker_lost
         celery_options.setdefault("ignore_result", True)
-        job = self.celery.task(base=McpJob, mcp_tool=tool, mcp_runtime=self, **celery_options)(make_run(tool))
+        job: McpTaskJob[_R] = self.celery.task(base=McpJob, mcp_tool=tool, mcp_runtime=self, **celery_options)(
+            make_run(tool)
+        )
         tool.celery_name = job.name
         self.tools[tool.name] = tool
         self.server.add_tool(tool.schema_function(), name=tool.name, description=tool.description)

@@ -36,8 +36,10 @@ def load_app(path: str) -> Any:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name and module_name.startswith(exc.name):
-            raise SystemExit(f"celery-mcp-tasks: cannot import {module_name!r} (APP is a module path such as "
-                             f"myapp.tasks, importable from {os.getcwd()})") from None
+            raise SystemExit(
+                f"celery-mcp-tasks: cannot import {module_name!r} (APP is a module path such as "
+                f"myapp.tasks, importable from {os.getcwd()})"
+            ) from None
         raise
     if attribute:
         found = getattr(module, attribute, None)
@@ -46,8 +48,10 @@ def load_app(path: str) -> Any:
         return found
     candidates = [value for value in vars(module).values() if isinstance(value, McpTasks)]
     if len(candidates) != 1:
-        raise SystemExit(f"celery-mcp-tasks: {module_name} must define exactly one McpTasks "
-                         f"(found {len(candidates)}); name it as {module_name}:NAME")
+        raise SystemExit(
+            f"celery-mcp-tasks: {module_name} must define exactly one McpTasks "
+            f"(found {len(candidates)}); name it as {module_name}:NAME"
+        )
     return candidates[0]
 
 
@@ -69,15 +73,27 @@ def _serve(app_path: str, host: str, port: int, migrate: bool, log_level: str) -
         upgrade(tasks.settings.store_url)
     tasks.preflight("serve")  # once per start: never an "Internal server error" at the first call
     uvicorn.run(
-        tasks.asgi_app(host=host), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5,
+        tasks.asgi_app(host=host),
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_graceful_shutdown=5,
     )
 
 
 def _dev(args: argparse.Namespace) -> int:
     from celery_mcp_tasks.dev import DevOptions, run_dev
 
-    return run_dev(DevOptions(app=args.app, host=args.host, port=args.port, data_dir=args.data_dir,
-                              keep_env=args.keep_env, call=tuple(args.call) if args.call else None))
+    return run_dev(
+        DevOptions(
+            app=args.app,
+            host=args.host,
+            port=args.port,
+            data_dir=args.data_dir,
+            keep_env=args.keep_env,
+            call=tuple(args.call) if args.call else None,
+        )
+    )
 
 
 _FINAL = ("completed", "failed", "cancelled")
@@ -97,15 +113,19 @@ def call(url: str, tool: str, arguments: str, *, abort: Callable[[], bool] | Non
     except json.JSONDecodeError as exc:
         raise SystemExit(f"celery-mcp-tasks call: ARGS is not JSON: {exc}") from None
     if not isinstance(parsed, dict):
-        raise SystemExit("celery-mcp-tasks call: ARGS must be a JSON object, e.g. '{\"topic\": \"tides\"}'")
+        raise SystemExit('celery-mcp-tasks call: ARGS must be a JSON object, e.g. \'{"topic": "tides"}\'')
     meta = {
         "io.modelcontextprotocol/protocolVersion": "2026-07-28",
         "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}, "extensions": {EXTENSION_ID: {}}},
     }
 
     def post(client: httpx.Client, method: str, params: dict[str, Any], name: str) -> dict[str, Any]:
-        headers = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2026-07-28",
-                   "Mcp-Method": method, "Mcp-Name": name}
+        headers = {
+            "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": "2026-07-28",
+            "Mcp-Method": method,
+            "Mcp-Name": name,
+        }
         body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": {**params, "_meta": meta}}
         try:
             reply = client.post(url, json=body, headers=headers).json()
@@ -196,9 +216,12 @@ def _parser() -> argparse.ArgumentParser:
     dev.add_argument("app")
     dev.add_argument("--host", default="127.0.0.1")
     dev.add_argument("--port", type=int, default=8000)
-    dev.add_argument("--data-dir", default=None,
-                     help="where the embedded store and broker live (wins over MCP_TASKS_DATA_DIR; "
-                          "default: MCP_TASKS_DATA_DIR or .celery-mcp-tasks)")
+    dev.add_argument(
+        "--data-dir",
+        default=None,
+        help="where the embedded store and broker live (wins over MCP_TASKS_DATA_DIR; "
+        "default: MCP_TASKS_DATA_DIR or .celery-mcp-tasks)",
+    )
     dev.add_argument("--keep-env", action="store_true", help="keep MCP_TASKS_DATABASE_URL / CELERY_BROKER_URL")
     dev.add_argument("--call", nargs=2, metavar=("TOOL", "ARGS_JSON"), help="call one tool, follow it, then exit")
 

@@ -30,7 +30,9 @@ class ConfigError(ValueError):
     """A setting has a wrong value; the message names the setting."""
 
 
-def _int(env: Mapping[str, str], name: str, default: int | None, *, minimum: int = 1, allow_none: bool = False) -> int | None:
+def _int(
+    env: Mapping[str, str], name: str, default: int | None, *, minimum: int = 1, allow_none: bool = False
+) -> int | None:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
@@ -65,7 +67,7 @@ def redact_url(url: str) -> str:
     """A URL fit for a log line or a banner: the password replaced by `***`."""
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # not an RFC-1738 URL: keep only what follows the credentials
+    except Exception:  # noqa: BLE001 - not an RFC-1738 URL: keep only what follows the credentials
         scheme, sep, rest = url.partition("://")
         return f"{scheme}{sep}***@{rest.rsplit('@', 1)[1]}" if "@" in rest else url
 
@@ -78,7 +80,7 @@ def _check_store_url(url: str) -> None:
     name = "MCP_TASKS_DATABASE_URL"
     try:
         parsed = make_url(url)
-    except Exception:
+    except Exception:  # noqa: BLE001 - whatever make_url rejects, the one-line answer is the same
         raise ConfigError(f"{name}: not a database URL (expected postgresql://... or sqlite:///...)") from None
     backend = "postgresql" if parsed.get_backend_name() in ("postgresql", "postgres") else parsed.get_backend_name()
     if backend not in _STORE_DRIVERS:
@@ -115,7 +117,9 @@ class Settings:
         if self.database_url is not None:
             _check_store_url(self.database_url)
         if self.stale_timeout_s < 1:
-            raise ConfigError(f"MCP_TASKS_STALE_TIMEOUT_S: must be >= 1 (heartbeats need room), got {self.stale_timeout_s:g}")
+            raise ConfigError(
+                f"MCP_TASKS_STALE_TIMEOUT_S: must be >= 1 (heartbeats need room), got {self.stale_timeout_s:g}"
+            )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -132,16 +136,20 @@ class Settings:
             "default_ttl_ms": _int(env, "MCP_TASKS_DEFAULT_TTL_MS", 3_600_000, allow_none=True),
             "poll_interval_ms": _int(env, "MCP_TASKS_POLL_INTERVAL_MS", 1_000, allow_none=True),
             "retention_ms": _int(env, "MCP_TASKS_RETENTION_MS", 3_600_000, minimum=0),
-            "janitor_interval_s": _float(env, "MCP_TASKS_JANITOR_INTERVAL_S", EMBEDDED_JANITOR_INTERVAL_S
-                                         if embedded else 60.0, allow_off=True),
-            "stale_timeout_s": _float(env, "MCP_TASKS_STALE_TIMEOUT_S", EMBEDDED_STALE_TIMEOUT_S if embedded else 300.0),
+            "janitor_interval_s": _float(
+                env, "MCP_TASKS_JANITOR_INTERVAL_S", EMBEDDED_JANITOR_INTERVAL_S if embedded else 60.0, allow_off=True
+            ),
+            "stale_timeout_s": _float(
+                env, "MCP_TASKS_STALE_TIMEOUT_S", EMBEDDED_STALE_TIMEOUT_S if embedded else 300.0
+            ),
             # MCP_TASKS_MAX_DISPATCHES: the setting's name in 0.1.0, still read when the new one is unset
-            "max_sends": _int(env, "MCP_TASKS_MAX_SENDS", None)
-            or _int(env, "MCP_TASKS_MAX_DISPATCHES", 3),
+            "max_sends": _int(env, "MCP_TASKS_MAX_SENDS", None) or _int(env, "MCP_TASKS_MAX_DISPATCHES", 3),
             "sync_timeout_s": _float(env, "MCP_TASKS_SYNC_TIMEOUT_S", 60.0),
             "notify": (env.get("MCP_TASKS_NOTIFY") or "auto").strip().lower(),
             "queue": env.get("MCP_TASKS_QUEUE") or None,
-            "allowed_hosts": tuple(h.strip() for h in (env.get("MCP_TASKS_ALLOWED_HOSTS") or "").split(",") if h.strip()),
+            "allowed_hosts": tuple(
+                h.strip() for h in (env.get("MCP_TASKS_ALLOWED_HOSTS") or "").split(",") if h.strip()
+            ),
         }
         values.update(overrides)
         return cls(**values)

@@ -64,8 +64,10 @@ def bind_port(host: str, port: int) -> socket.socket:
     except OSError as exc:
         sock.close()
         if exc.errno == errno.EADDRINUSE:
-            raise SystemExit(f"{PREFIX}: port {port} on {host} is already in use (another server?); "
-                             f"stop it or pick another with --port") from None
+            raise SystemExit(
+                f"{PREFIX}: port {port} on {host} is already in use (another server?); "
+                f"stop it or pick another with --port"
+            ) from None
         raise SystemExit(f"{PREFIX}: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     sock.listen(2048)
     sock.set_inheritable(False)
@@ -139,8 +141,13 @@ class WorkerSupervisor:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            self._argv, env=self._env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            start_new_session=True, preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            self._argv,
+            env=self._env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
         )
         threading.Thread(target=self._forward, name="dev-worker-output", daemon=True).start()
 
@@ -197,9 +204,26 @@ def _raise_stop(signum: int, frame: FrameType | None) -> None:
 
 def _worker_argv(target: str, settings: Any) -> list[str]:
     return [
-        sys.executable, "-m", "celery", "--quiet", "-A", target, "worker", "-B", "-P", "threads", "-c", "4",
-        "--loglevel", "WARNING", "--without-mingle", "--without-gossip", "-n", "dev@%h",
-        "-s", str(settings.resolved_data_dir / "beat-schedule"),
+        sys.executable,
+        "-m",
+        "celery",
+        "--quiet",
+        "-A",
+        target,
+        "worker",
+        "-B",
+        "-P",
+        "threads",
+        "-c",
+        "4",
+        "--loglevel",
+        "WARNING",
+        "--without-mingle",
+        "--without-gossip",
+        "-n",
+        "dev@%h",
+        "-s",
+        str(settings.resolved_data_dir / "beat-schedule"),
     ]
 
 
@@ -229,8 +253,10 @@ def run_dev(options: DevOptions) -> int:
     print("\n".join(banner(tasks.settings, url)), flush=True)
 
     config = uvicorn.Config(
-        tasks.asgi_app(host=options.host), log_level="warning" if options.call else "info",
-        timeout_graceful_shutdown=3, lifespan="on",
+        tasks.asgi_app(host=options.host),
+        log_level="warning" if options.call else "info",
+        timeout_graceful_shutdown=3,
+        lifespan="on",
     )
     server = uvicorn.Server(config)
     stopped = threading.Event()
@@ -240,8 +266,11 @@ def run_dev(options: DevOptions) -> int:
         server.should_exit = True
 
     cwd = os.getcwd()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [cwd, os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [cwd, os.environ.get("PYTHONPATH")])),
+    }
     worker = WorkerSupervisor(_worker_argv(target, tasks.settings), env, on_death=on_worker_death)
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM,)}
     status = 0

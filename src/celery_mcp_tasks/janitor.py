@@ -35,11 +35,19 @@ class SweepReport:
 
 
 def lost_message(stale_timeout_s: float, sends: int) -> str:
-    return f"The job was lost: no worker reported for {stale_timeout_s:g}s (sent {sends} time{'s' if sends != 1 else ''})"
+    return (
+        f"The job was lost: no worker reported for {stale_timeout_s:g}s (sent {sends} time{'s' if sends != 1 else ''})"
+    )
 
 
-def sweep(service: TaskService, settings: Settings, *, batch_size: int = 1000, metric: MetricHook | None = None,
-          max_sends: Callable[[str], int | None] | None = None) -> SweepReport:
+def sweep(
+    service: TaskService,
+    settings: Settings,
+    *,
+    batch_size: int = 1000,
+    metric: MetricHook | None = None,
+    max_sends: Callable[[str], int | None] | None = None,
+) -> SweepReport:
     """One pass: evict expired rows, then re-send or fail `working` tasks with a stale heartbeat.
 
     `max_sends(tool)` is a tool's own bound (None: the setting's).
@@ -66,8 +74,14 @@ def sweep(service: TaskService, settings: Settings, *, batch_size: int = 1000, m
     report = SweepReport(removed=removed, resent=outcomes["resent"], failed=outcomes["failed"])
     # An idle sweep is not news: INFO only when it did something (no log spam every interval).
     level = logging.INFO if report.removed or report.resent or report.failed else logging.DEBUG
-    logger.log(level, "janitor sweep: removed=%d resent=%d failed=%d", report.removed, report.resent, report.failed,
-               extra={"event": METRIC, **asdict(report)})
+    logger.log(
+        level,
+        "janitor sweep: removed=%d resent=%d failed=%d",
+        report.removed,
+        report.resent,
+        report.failed,
+        extra={"event": METRIC, **asdict(report)},
+    )
     if metric is not None:
         try:
             metric(METRIC, asdict(report))

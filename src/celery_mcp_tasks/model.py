@@ -26,6 +26,7 @@ __all__ = [
     "InvalidInputResponse",
     "InvalidTransition",
     "Run",
+    "RunInProgress",
     "Superseded",
     "TaskRecord",
     "TaskStatus",
@@ -56,6 +57,10 @@ class TerminalTask(Exception):
 
 class Superseded(TerminalTask):
     """A newer dispatch or attempt of the job owns the task: this run's writes no longer count."""
+
+
+class RunInProgress(Superseded):
+    """Another copy of the current run's message (a redelivery) started first and still heartbeats."""
 
 
 class InvalidTransition(Exception):
@@ -133,6 +138,7 @@ class TaskRecord:
     attempt: int = 0  # Celery attempt (retries) of the current dispatch, scheduled or running
     resends: int = 0  # the reaper's re-sends of the current run
     parked: bool = False  # a job blocks in `wait_for_input`: answering must not enqueue another
+    started_at: int | None = None  # when a copy of the job claimed the current run (None: not yet)
 
     @property
     def terminal(self) -> bool:
@@ -148,7 +154,9 @@ class TaskRecord:
 
     def stale(self, heartbeat_before_ms: int) -> bool:
         """`working` with no sign of life since the bound: its job was probably lost."""
-        return self.status is TaskStatus.WORKING and (self.heartbeat_at is None or self.heartbeat_at < heartbeat_before_ms)
+        return self.status is TaskStatus.WORKING and (
+            self.heartbeat_at is None or self.heartbeat_at < heartbeat_before_ms
+        )
 
     # -- transitions -------------------------------------------------------------
     # Each returns the next record (version bumped) or raises. The store writes the
@@ -167,18 +175,31 @@ class TaskRecord:
         self._require_active(run)
         return self._next(at_ms, status_message=message)
 
-    def began(self, run: Run, at_ms: int) -> TaskRecord:
-        """A job run starts. Returns `self` (no write) in the common case, the first attempt.
+    def began(self, run: Run, at_ms: int, *, stale_before_ms: int) -> TaskRecord:
+        """A copy of the job's message starts `run`: it claims the run (and beats), or it raises.
 
         Raises `Superseded` for a message that is not the current run (an older
-        dispatch or attempt, or any run while the task waits for input).
+        dispatch or attempt, or any run while the task waits for input), and
+        `RunInProgress` for a second copy of the current run (a broker redelivering
+        a message whose job still runs) while the copy that claimed it heartbeats
+        after `stale_before_ms`; once that heartbeat is stale, this copy takes over.
+        The claim is bookkeeping clients do not see (`lastUpdatedAt` stays).
         """
         self._require_active(run)
         if self.status is not TaskStatus.WORKING:
             raise Superseded("no run is expected while the task waits for input")
         if run.attempt > self.attempt:  # the retry signal is late (or was lost): say it now
-            return self._next(at_ms, attempt=run.attempt, status_message=retry_message(run.attempt), heartbeat_at=at_ms)
-        return self
+            return self._next(
+                at_ms,
+                attempt=run.attempt,
+                status_message=retry_message(run.attempt),
+                heartbeat_at=max(at_ms, self.heartbeat_at or 0),
+                started_at=at_ms,
+            )
+        if self.started_at is not None and self.heartbeat_at is not None and self.heartbeat_at >= stale_before_ms:
+            raise RunInProgress("another copy of this run is running")
+        beat = max(at_ms, self.heartbeat_at or 0)
+        return replace(self, version=self.version + 1, started_at=at_ms, heartbeat_at=beat)
 
     def retrying(self, run: Run, at_ms: int, start_by_ms: int) -> TaskRecord:
         """Attempt `run.attempt` is scheduled (a Celery retry). A late signal changes nothing.
@@ -188,8 +209,13 @@ class TaskRecord:
         self._require_active()
         if run.dispatch != self.dispatches or run.attempt <= self.attempt or self.status is not TaskStatus.WORKING:
             return self
-        return self._next(at_ms, attempt=run.attempt, status_message=retry_message(run.attempt),
-                          heartbeat_at=max(start_by_ms, self.heartbeat_at or 0))
+        return self._next(
+            at_ms,
+            attempt=run.attempt,
+            status_message=retry_message(run.attempt),
+            heartbeat_at=max(start_by_ms, self.heartbeat_at or 0),
+            started_at=None,
+        )
 
     def dispatched(self, at_ms: int, message: str | None = None, *, resend: bool = False) -> TaskRecord:
         """A send of the Celery message: a new run (`resend=False`) or the reaper's re-send of a lost one.
@@ -203,6 +229,7 @@ class TaskRecord:
             "attempt": 0,
             "resends": self.resends + 1 if resend else 0,
             "parked": False,
+            "started_at": None,
         }
         if message is None:
             return replace(self, version=self.version + 1, **changes)
@@ -215,15 +242,15 @@ class TaskRecord:
             return self
         return replace(self, parked=False, version=self.version + 1)
 
-    def completed(self, result: dict[str, Any], at_ms: int, message: str | None = None,
-                  run: Run | None = None) -> TaskRecord:
+    def completed(
+        self, result: dict[str, Any], at_ms: int, message: str | None = None, run: Run | None = None
+    ) -> TaskRecord:
         self._require_active(run)
-        return self._next(
-            at_ms, status=TaskStatus.COMPLETED, result=result, input_requests={}, status_message=message
-        )
+        return self._next(at_ms, status=TaskStatus.COMPLETED, result=result, input_requests={}, status_message=message)
 
-    def failed(self, error: dict[str, Any], at_ms: int, message: str | None = None,
-               run: Run | None = None) -> TaskRecord:
+    def failed(
+        self, error: dict[str, Any], at_ms: int, message: str | None = None, run: Run | None = None
+    ) -> TaskRecord:
         self._require_active(run)
         return self._next(
             at_ms,
@@ -237,8 +264,15 @@ class TaskRecord:
         self._require_active()
         return self._next(at_ms, status=TaskStatus.CANCELLED, input_requests={}, status_message=message)
 
-    def requiring_input(self, requests: dict[str, Any], at_ms: int, message: str | None = None, *,
-                        park: bool = False, run: Run | None = None) -> TaskRecord:
+    def requiring_input(
+        self,
+        requests: dict[str, Any],
+        at_ms: int,
+        message: str | None = None,
+        *,
+        park: bool = False,
+        run: Run | None = None,
+    ) -> TaskRecord:
         """Ask for input. `park`: the asking job stays and waits, so answering must not enqueue it again."""
         self._require_active(run)
         if not requests:
@@ -284,5 +318,5 @@ class TaskRecord:
             "parked": self.parked and not resumed,
         }
         if enqueue and dispatch:  # the new run, as `dispatched` would record it
-            changes.update(dispatches=self.dispatches + 1, heartbeat_at=at_ms, attempt=0, resends=0)
+            changes.update(dispatches=self.dispatches + 1, heartbeat_at=at_ms, attempt=0, resends=0, started_at=None)
         return self._next(at_ms, **changes), enqueue

@@ -12,7 +12,7 @@ nothing of the SDK's server or client, nor Celery.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from mcp_types import CreateMessageRequest, ElicitRequest, ListRootsRequest
@@ -45,15 +45,17 @@ INTERNAL_ERROR = -32603
 
 def format_timestamp(epoch_ms: int) -> str:
     """`YYYY-MM-DDTHH:MM:SS.mmmZ`, always UTC, always milliseconds."""
-    moment = datetime.fromtimestamp(epoch_ms / 1000, tz=timezone.utc)
+    moment = datetime.fromtimestamp(epoch_ms / 1000, tz=UTC)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{epoch_ms % 1000:03d}Z"
 
 
 def render_error(error: Mapping[str, Any] | None, fallback: str = "Internal error") -> dict[str, Any]:
     """A stored error as a JSON-RPC error object: `code` (-32603 unless it names one), `message`, `data`."""
     error = dict(error or {})
-    rendered: dict[str, Any] = {"code": int(error.pop("code", INTERNAL_ERROR)),
-                                "message": str(error.pop("message", None) or fallback)}
+    rendered: dict[str, Any] = {
+        "code": int(error.pop("code", INTERNAL_ERROR)),
+        "message": str(error.pop("message", None) or fallback),
+    }
     rendered.update(error)
     return rendered
 
@@ -140,7 +142,9 @@ def _checked(request: dict[str, Any]) -> dict[str, Any]:
     try:
         _REQUEST.validate_python(request)
     except ValidationError as exc:
-        raise InvalidInputRequest(f"invalid input request: {exc.error_count()} problem(s): {exc.errors()[0]['msg']}") from None
+        raise InvalidInputRequest(
+            f"invalid input request: {exc.error_count()} problem(s): {exc.errors()[0]['msg']}"
+        ) from None
     return request
 
 
@@ -153,7 +157,9 @@ def validate_input_requests(requests: Mapping[str, Any]) -> dict[str, Any]:
         if not isinstance(key, str) or not key:
             raise InvalidInputRequest("input request keys must be non-empty strings")
         if not isinstance(request, Mapping):
-            raise InvalidInputRequest(f"input request {key!r} must be a mapping; build it with elicit/sample/list_roots")
+            raise InvalidInputRequest(
+                f"input request {key!r} must be a mapping; build it with elicit/sample/list_roots"
+            )
         checked[key] = _checked(dict(request))
     return checked
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from celery_mcp_tasks.model import (
     DuplicateInputKeys,
@@ -42,8 +42,22 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-Dispatcher = Callable[[TaskRecord], None]
-"""Sends the job for a committed record (e.g. a Celery message). May raise."""
+
+class Dispatcher(Protocol):
+    """The seam to the job runner (Celery in practice), called only for committed rows.
+
+    A plain callable is accepted too: it sends, and never revokes.
+    """
+
+    def __call__(self, record: TaskRecord) -> None:
+        """Send the job for this record (e.g. a Celery message). May raise."""
+
+    def revoke(self, record: TaskRecord) -> None:
+        """This call just cancelled the task: stop its job, if its tool asked for that.
+
+        Must return at once (a broker outage may not hold a request); best effort.
+        """
+
 
 class _Default:
     def __repr__(self) -> str:
@@ -72,7 +86,7 @@ def failure(message: str, data: Any = None) -> dict[str, Any]:
 class TaskService:
     store: Store
     notifier: Notifier | None = None
-    dispatcher: Dispatcher | None = None
+    dispatcher: Dispatcher | Callable[[TaskRecord], None] | None = None
     max_rows: int | None = 10_000
     default_ttl_ms: int | None = 3_600_000
     default_poll_interval_ms: int | None = 1_000
@@ -86,8 +100,8 @@ class TaskService:
         owner: str | None,
         tool: str,
         arguments: dict[str, Any],
-        ttl_ms: int | None | _Default = DEFAULT,
-        poll_interval_ms: int | None | _Default = DEFAULT,
+        ttl_ms: int | _Default | None = DEFAULT,
+        poll_interval_ms: int | _Default | None = DEFAULT,
         status_message: str | None = None,
         input_responses: dict[str, Any] | None = None,
         dispatch: bool = True,
@@ -170,8 +184,9 @@ class TaskService:
         """Cancel synchronously. Returns (record, whether this call changed it)."""
         return self._cancel(task_key(task_id), owner, message, check_expiry=True)
 
-    def _cancel(self, key: str, owner: Any, message: str | None, *, check_expiry: bool = False
-                ) -> tuple[TaskRecord, bool]:
+    def _cancel(
+        self, key: str, owner: Any, message: str | None, *, check_expiry: bool = False
+    ) -> tuple[TaskRecord, bool]:
         changed = False
 
         def transition(record: TaskRecord) -> TaskRecord:
@@ -186,7 +201,18 @@ class TaskService:
         record = self.store.update(key, owner, transition)
         if changed:
             safe_notify(self.notifier, record)
+            self._revoke(record)
         return record, changed
+
+    def _revoke(self, record: TaskRecord) -> None:
+        """The store's cancel is what counts; stopping the job is the runner's best effort."""
+        revoke = getattr(self.dispatcher, "revoke", None)
+        if revoke is None:
+            return
+        try:
+            revoke(record)
+        except Exception as exc:  # noqa: BLE001 - the cancel is already stored and final
+            logger.warning("could not revoke the job for tool %r: %s", record.tool, type(exc).__name__)
 
     # -- worker side (row key, not owner-scoped) --------------------------------------
 
@@ -207,29 +233,45 @@ class TaskService:
         """
         return self.store.touch(key, self.clock() + ahead_ms, dispatch=None if run is None else run.dispatch)
 
-    def complete(self, key: str, result: dict[str, Any], message: str | None = None,
-                 run: Run | None = None) -> TaskRecord:
+    def complete(
+        self, key: str, result: dict[str, Any], message: str | None = None, run: Run | None = None
+    ) -> TaskRecord:
         return self._write(key, lambda r: r.completed(result, self.clock(), message, run))
 
     def fail(self, key: str, error: dict[str, Any], message: str | None = None, run: Run | None = None) -> TaskRecord:
         return self._write(key, lambda r: r.failed(error, self.clock(), message, run))
 
-    def require_input(self, key: str, requests: dict[str, Any], message: str | None = None, *,
-                      park: bool = False, run: Run | None = None) -> TaskRecord:
+    def require_input(
+        self,
+        key: str,
+        requests: dict[str, Any],
+        message: str | None = None,
+        *,
+        park: bool = False,
+        run: Run | None = None,
+    ) -> TaskRecord:
         return self._write(key, lambda r: r.requiring_input(requests, self.clock(), message, park=park, run=run))
 
-    def begin(self, key: str, run: Run, *, beat_before_ms: int) -> TaskRecord:
-        """A job run starts: `Superseded`/`TerminalTask` when it must not run; refreshes an old heartbeat.
+    def begin(self, key: str, run: Run, *, stale_before_ms: int) -> TaskRecord:
+        """A copy of the job's message starts `run`: it claims the run, or it must not run the body.
 
-        The common case is one plain read: a write (and its row lock) only when the run has news.
+        One write: a compare-and-swap that records the claim and beats. Raises
+        `TaskNotFound`, `TerminalTask`, `Superseded` (not the current run) or
+        `RunInProgress` (a redelivered copy, while the copy that claimed this run
+        has beaten since `stale_before_ms`). Clients hear of it only when it says
+        something (a late retry signal).
         """
-        record = self.store.get(key, ANY)
-        if record is None:
-            raise TaskNotFound()
-        if record.began(run, self.clock()) is not record:
-            record = self._write(key, lambda r: r.began(run, self.clock()))
-        if record.heartbeat_at is None or record.heartbeat_at < beat_before_ms:
-            self.heartbeat(key, run)
+        said = False
+
+        def transition(record: TaskRecord) -> TaskRecord:
+            nonlocal said
+            nxt = record.began(run, self.clock(), stale_before_ms=stale_before_ms)
+            said = nxt.status_message != record.status_message  # a late retry signal, said now
+            return nxt
+
+        record = self.store.update(key, ANY, transition)
+        if said:
+            safe_notify(self.notifier, record)
         return record
 
     def retrying(self, key: str, run: Run, start_by_ms: int) -> TaskRecord:
@@ -290,7 +332,7 @@ class TaskService:
             return record
         try:
             self.dispatcher(record)
-        except Exception as exc:  # broker down, serialization, routing: the task must still end readable
+        except Exception as exc:  # noqa: BLE001 - broker down, serialization, routing: the task must still end readable
             logger.error("could not send the job for tool %r: %s", record.tool, type(exc).__name__)
             try:
                 return self.fail(record.key, failure("Could not enqueue the job", type(exc).__name__))

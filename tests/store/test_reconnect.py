@@ -1,27 +1,60 @@
-"""After PostgreSQL drops every connection (a restart, a failover), the next operation still works."""
+"""After PostgreSQL drops every connection (a restart, a failover), the next operation still works.
 
+PostgreSQL only: a SQLite file has no server that could drop a connection.
+"""
+
+from collections.abc import Iterator
+
+import pytest
 import sqlalchemy as sa
 
+from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.model import TaskRecord, TaskStatus
 from celery_mcp_tasks.store import ANY
+from celery_mcp_tasks.store.engine import normalize_url
 from celery_mcp_tasks.store.sql import SqlStore
-from tests.conftest import needs_postgres
+from tests.support import POSTGRES_URL, fresh_postgres_database
+
+pytestmark = pytest.mark.postgres
 
 
-@needs_postgres
-def test_operations_survive_the_server_dropping_pooled_connections(store_url: str):
-    if not store_url.startswith("postgresql"):
-        return
-    store = SqlStore.from_url(store_url)
-    record = TaskRecord(key="k", owner=None, tool="t", status=TaskStatus.WORKING, created_at=1, updated_at=1,
-                        ttl_ms=None)
-    store.create(record, max_rows=None)
-    admin = sa.create_engine(store_url.replace("postgresql://", "postgresql+psycopg://", 1))
-    with admin.connect() as conn:  # kill every other session on this database: the pool's connections die
-        conn.execute(sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                             "WHERE datname = current_database() AND pid <> pg_backend_pid()"))
-        conn.commit()
-    admin.dispose()
-    assert store.get("k") == record
-    assert store.update("k", ANY, lambda r: r.with_progress("after the restart", 2)).version == 2
-    store.dispose()
+@pytest.fixture
+def pg_store() -> Iterator[SqlStore]:
+    if not POSTGRES_URL:
+        pytest.skip("set MCP_TASKS_TEST_POSTGRES_URL to run")
+    with fresh_postgres_database(POSTGRES_URL) as url:
+        upgrade(url)
+        store = SqlStore.from_url(url)
+        yield store
+        store.dispose()
+
+
+def drop_every_connection(store: SqlStore) -> int:
+    """Terminate every other session on the store's database, as a server restart does; returns how many."""
+    admin = sa.create_engine(normalize_url(store.engine.url.render_as_string(hide_password=False)))
+    try:
+        with admin.connect() as conn:
+            killed = conn.execute(
+                sa.text(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            )
+            count = int(killed.scalar_one())
+            conn.commit()
+    finally:
+        admin.dispose()
+    return count
+
+
+def test_operations_survive_the_server_dropping_pooled_connections(pg_store: SqlStore):
+    record = TaskRecord(
+        key="k", owner=None, tool="t", status=TaskStatus.WORKING, created_at=1, updated_at=1, ttl_ms=None
+    )
+    pg_store.create(record, max_rows=None)
+    assert pg_store.engine.pool.checkedin() >= 1  # a pooled connection that the restart will kill
+    assert drop_every_connection(pg_store) >= 1
+    assert pg_store.get("k") == record  # a read on a dead pooled connection
+    assert drop_every_connection(pg_store) >= 1
+    assert pg_store.update("k", ANY, lambda r: r.with_progress("after the restart", 2)).version == 2  # and a write
+    assert pg_store.get("k").status_message == "after the restart"  # type: ignore[union-attr]

@@ -8,7 +8,8 @@ the Celery publish are synchronous; nothing may block the event loop).
 Check order on `tasks/*`: the routing header (-32020), the client's opt-in
 (-32021, before any lookup), then the owner-scoped lookup (-32602, the same
 answer for a missing, expired-and-evicted or foreign task; the id is never
-echoed).
+echoed). A store outage is -32603 "The task store is unavailable" on every
+path and every protocol era, with one log line naming the method.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from mcp_types import CallToolRequestParams, InputRequiredResult
 from pydantic import BaseModel, ValidationError
 
 from celery_mcp_tasks.mcp.principal import current_principal
+from celery_mcp_tasks.mcp.toolspec import TaskTool
 from celery_mcp_tasks.mcp.wire import (
     TASKS_VERSIONS,
     TaskIdParams,
@@ -40,12 +42,12 @@ from celery_mcp_tasks.mcp.wire import (
     not_found,
     require_extension,
     require_routing_name,
+    store_unavailable,
 )
 from celery_mcp_tasks.model import InvalidInputResponse, TaskRecord, TaskStatus
 from celery_mcp_tasks.protocol import EXTENSION_ID, render_create_result, render_error, render_task
 from celery_mcp_tasks.service import TaskExpired, TaskService
-from celery_mcp_tasks.store.base import TaskLimitReached, TaskNotFound
-from celery_mcp_tasks.mcp.toolspec import TaskTool
+from celery_mcp_tasks.store.base import StoreUnavailable, TaskLimitReached, TaskNotFound
 
 logger = logging.getLogger("celery_mcp_tasks.mcp")
 
@@ -61,20 +63,22 @@ class TasksExtension(Extension):
         tools: Mapping[str, TaskTool],
         service: Callable[[], TaskService],
         *,
-        revoke: Callable[[TaskRecord], None] | None = None,
         known_tool: Callable[[str], bool] | None = None,
         sync_timeout_s: float = 60.0,
         max_threads: int = 32,
     ) -> None:
         self._tools = tools
         self._service = service
-        self._revoke = revoke
         self._known_tool = known_tool
         self._sync_timeout_s = sync_timeout_s
         self._limiter = anyio.CapacityLimiter(max_threads)
 
-    async def _run(self, fn: Callable[[], T]) -> T:
-        return await anyio.to_thread.run_sync(fn, limiter=self._limiter)
+    async def _run(self, fn: Callable[[], T], method: str) -> T:
+        """`fn` on the bounded pool; a store outage answers -32603 with a fixed message."""
+        try:
+            return await anyio.to_thread.run_sync(fn, limiter=self._limiter)
+        except StoreUnavailable as exc:
+            raise store_unavailable(method, exc) from None
 
     def methods(self) -> list[MethodBinding]:
         return [
@@ -98,8 +102,10 @@ class TasksExtension(Extension):
         if tool.mode == "required" and not with_tasks:
             what = EXTENSION_ID
             if ctx.protocol_version not in TASKS_VERSIONS:
-                what += (f" (this session negotiated protocol {ctx.protocol_version}; tool {tool.name} runs only as"
-                         " a task, which needs protocol 2026-07-28)")
+                what += (
+                    f" (this session negotiated protocol {ctx.protocol_version}; tool {tool.name} runs only as"
+                    " a task, which needs protocol 2026-07-28)"
+                )
             raise missing_capability({"extensions": {EXTENSION_ID: {}}}, what)
         missing = sorted(name for name in tool.needs if not declared_capability(ctx, name))
         if missing:
@@ -109,7 +115,9 @@ class TasksExtension(Extension):
         try:
             tool.validate(arguments)
         except ValidationError as exc:
-            raise invalid_params(f"Invalid arguments for tool {tool.name}: {', '.join(tool.invalid_fields(exc))}") from None
+            raise invalid_params(
+                f"Invalid arguments for tool {tool.name}: {', '.join(tool.invalid_fields(exc))}"
+            ) from None
 
         seeded: dict[str, Any] = {}
         if tool.prepare is not None:
@@ -121,16 +129,27 @@ class TasksExtension(Extension):
 
         owner = current_principal()
         create = partial(
-            self._create, tool=tool, owner=owner, arguments=arguments, seeded=seeded,
+            self._create,
+            tool=tool,
+            owner=owner,
+            arguments=arguments,
+            seeded=seeded,
             message="Queued" if with_tasks else None,
         )
         if with_tasks:
-            task_id, record = await self._run(create)
+            task_id, record = await self._run(create, "tools/call")
             return render_create_result(task_id, record)
         return await self._call_synchronously(tool, create)
 
-    def _create(self, *, tool: TaskTool, owner: str | None, arguments: dict[str, Any], seeded: dict[str, Any],
-                message: str | None) -> tuple[str, TaskRecord]:
+    def _create(
+        self,
+        *,
+        tool: TaskTool,
+        owner: str | None,
+        arguments: dict[str, Any],
+        seeded: dict[str, Any],
+        message: str | None,
+    ) -> tuple[str, TaskRecord]:
         service = self._service()
         options: dict[str, Any] = {}
         if tool.ttl_ms != "default":
@@ -139,8 +158,12 @@ class TasksExtension(Extension):
             options["poll_interval_ms"] = tool.poll_interval_ms
         try:
             return service.create(
-                owner=owner, tool=tool.name, arguments=arguments, status_message=message,
-                input_responses=seeded, **options,
+                owner=owner,
+                tool=tool.name,
+                arguments=arguments,
+                status_message=message,
+                input_responses=seeded,
+                **options,
             )
         except TaskLimitReached:
             raise internal("Task limit reached") from None
@@ -153,7 +176,8 @@ class TasksExtension(Extension):
         out, the caller cancelled the request) it is cancelled, so no job keeps
         running for nobody.
         """
-        _, record = await self._run(create)  # not abandoned on cancel: a cancel lands at the next await
+        # Not abandoned on cancel: a cancel lands at the next await.
+        _, record = await self._run(create, "tools/call")
         service = self._service()
         deadline = time.monotonic() + (tool.sync_timeout_s or self._sync_timeout_s)
         delay = 0.02
@@ -167,7 +191,8 @@ class TasksExtension(Extension):
                     raise internal(f"Tool {tool.name} did not finish in time; call it with the tasks extension")
                 await anyio.sleep(delay)
                 delay = min(delay * 1.5, 0.25)
-                record = await self._run(partial(service.record, record.key)) or record
+                latest = await self._run(partial(service.record, record.key), "tools/call")
+                record = latest or record
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
                 await self._abandon(record, "The synchronous caller cancelled the request")
@@ -178,14 +203,15 @@ class TasksExtension(Extension):
         raise MCPError(code=error["code"], message=error["message"], data=error.get("data"))
 
     async def _abandon(self, record: TaskRecord, message: str) -> None:
-        """Cancel a synchronous call's hidden task (a no-op once it is terminal) and revoke its job."""
+        """Cancel a synchronous call's hidden task (a no-op once it is terminal; the service revokes its job).
 
-        def cancel() -> None:
-            cancelled, changed = self._service().cancel_by_key(record.key, message)
-            if changed and self._revoke is not None:
-                self._revoke(cancelled)
-
-        await self._run(cancel)
+        Never raises: it runs on the way out of another answer (or of a cancellation).
+        With the store down the job ends on its own, or the reaper ends it.
+        """
+        try:
+            await self._run(partial(self._service().cancel_by_key, record.key, message), "tools/call")
+        except MCPError:
+            pass  # the store is unavailable: already logged
 
     # -- tasks/get | update | cancel --------------------------------------------------------
 
@@ -193,9 +219,9 @@ class TasksExtension(Extension):
         require_routing_name(ctx, task_id)
         require_extension(ctx)
 
-    async def _lookup(self, fn: Callable[[], T]) -> T:
+    async def _lookup(self, fn: Callable[[], T], method: str) -> T:
         try:
-            return await self._run(fn)
+            return await self._run(fn, method)
         except TaskNotFound:
             raise not_found() from None
         except TaskExpired:
@@ -204,7 +230,7 @@ class TasksExtension(Extension):
     async def get(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
         self._guard(ctx, params.task_id)
         owner = current_principal()
-        record = await self._lookup(partial(self._service().get, params.task_id, owner))
+        record = await self._lookup(partial(self._service().get, params.task_id, owner), "tasks/get")
         return {**_COMPLETE, **render_task(params.task_id, record)}
 
     async def update(self, ctx: ServerRequestContext[Any, Any], params: UpdateParams) -> dict[str, Any]:
@@ -214,22 +240,15 @@ class TasksExtension(Extension):
             raise invalid_params("inputResponses must be an object")
         answer = partial(self._service().answer, params.task_id, current_principal(), responses)
         try:
-            await self._lookup(answer)
+            await self._lookup(answer, "tasks/update")
         except InvalidInputResponse as exc:
             raise invalid_params(str(exc)) from None
         return dict(_COMPLETE)
 
     async def cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
         self._guard(ctx, params.task_id)
-        owner = current_principal()
-        service = self._service()
-
-        def cancel() -> None:
-            record, changed = service.cancel(params.task_id, owner)
-            if changed and self._revoke is not None:
-                self._revoke(record)
-
-        await self._lookup(cancel)
+        # The service revokes the job (off this request's path) when this call cancelled it.
+        await self._lookup(partial(self._service().cancel, params.task_id, current_principal()), "tasks/cancel")
         return dict(_COMPLETE)
 
 

@@ -19,7 +19,7 @@ import hashlib
 import json
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -41,12 +41,12 @@ from mcp_types import (
 from pydantic import BaseModel
 
 from celery_mcp_tasks.mcp.principal import current_principal
-from celery_mcp_tasks.mcp.wire import declared_extension, invalid_params, missing_capability
+from celery_mcp_tasks.mcp.wire import declared_extension, invalid_params, missing_capability, store_unavailable
 from celery_mcp_tasks.model import TaskRecord, task_key
-from celery_mcp_tasks.protocol import EXTENSION_ID, render_task
 from celery_mcp_tasks.notify.hub import Hub, Watch
+from celery_mcp_tasks.protocol import EXTENSION_ID, render_task
 from celery_mcp_tasks.service import TaskExpired, TaskService
-from celery_mcp_tasks.store.base import TaskNotFound
+from celery_mcp_tasks.store.base import StoreUnavailable, TaskNotFound
 
 __all__ = ["MAX_TASK_IDS", "TaskListenHandler", "requested_task_ids"]
 
@@ -238,7 +238,10 @@ class TaskListenHandler:
         return await anyio.to_thread.run_sync(fn, limiter=self._limiter)
 
     async def _follow_owned(self, stream: _Stream, task_ids: list[str], owner: str | None) -> None:
-        records = await self._in_thread(lambda: {task_id: self._read(task_id, owner) for task_id in task_ids})
+        try:
+            records = await self._in_thread(lambda: {task_id: self._read(task_id, owner) for task_id in task_ids})
+        except StoreUnavailable as exc:  # before the stream opens: an error with a fixed text, not the store's
+            raise store_unavailable("subscriptions/listen", exc) from None
         for task_id in task_ids:
             key = task_key(task_id)
             record = records[task_id]
@@ -273,8 +276,9 @@ class TaskListenHandler:
             records[key] = self._read(followed.task_id, owner)
         return records
 
-    async def _refresh(self, ctx: Any, stream: _Stream, hints: dict[str, int | None], owner: str | None,
-                       meta: dict[str, Any]) -> None:
+    async def _refresh(
+        self, ctx: Any, stream: _Stream, hints: dict[str, int | None], owner: str | None, meta: dict[str, Any]
+    ) -> None:
         """Re-read the hinted rows the stream follows and send what the client has not seen."""
         due: dict[str, tuple[_Followed, int | None]] = {}
         for key, hint in hints.items():
@@ -310,8 +314,9 @@ class TaskListenHandler:
             hints = await stream.watch.next(self._resync_interval_s if stream.followed else None)
             while stream.events:
                 event = stream.events.popleft()
-                await ctx.session.send_notification(event_to_notification(event, meta),
-                                                    related_request_id=ctx.request_id)
+                await ctx.session.send_notification(
+                    event_to_notification(event, meta), related_request_id=ctx.request_id
+                )
             if stream.ending or self._closing:
                 return
             if hints is None:
@@ -319,7 +324,7 @@ class TaskListenHandler:
             if hints:
                 try:
                     await self._refresh(ctx, stream, hints, owner, meta)
-                except Exception as exc:  # the store is unreachable: keep the stream, retry shortly
+                except Exception as exc:  # noqa: BLE001 - the store is unreachable: keep the stream, retry shortly
                     logger.warning("listen stream could not re-read its tasks (%s); retrying", type(exc).__name__)
                     await anyio.sleep(_RETRY_S)
                     for key in hints:

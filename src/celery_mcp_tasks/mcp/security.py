@@ -31,5 +31,4 @@ def transport_security(bind_host: str, allowed_hosts: tuple[str, ...]) -> Transp
         return TransportSecuritySettings(enable_dns_rebinding_protection=False)
     hosts = [pattern for name in (*LOCAL_NAMES, *allowed_hosts) for pattern in _with_any_port(name)]
     origins = [f"{scheme}://{pattern}" for pattern in hosts for scheme in ("http", "https")]
-    return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts,
-                                     allowed_origins=origins)
+    return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins)

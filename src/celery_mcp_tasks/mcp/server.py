@@ -26,6 +26,8 @@ class TasksServer(MCPServer[Any]):
     def add_tool(self, fn: Callable[..., Any], name: str | None = None, *args: Any, **kwargs: Any) -> None:
         tool_name = name or getattr(fn, "__name__", None)
         if tool_name is not None and self.has_tool(tool_name):
-            raise ValueError(f"tool {tool_name!r} is already registered on this server; give one of the two "
-                             f"another name (a task tool and a plain tool cannot share one)")
+            raise ValueError(
+                f"tool {tool_name!r} is already registered on this server; give one of the two "
+                f"another name (a task tool and a plain tool cannot share one)"
+            )
         super().add_tool(fn, name, *args, **kwargs)

@@ -72,8 +72,9 @@ def listen_bus(server_options: dict[str, Any]) -> SubscriptionBus | None:
     return bus
 
 
-def attach_listen(server: MCPServer[Any], bus: SubscriptionBus | None, service: Callable[[], TaskService],
-                  push: Push) -> TaskListenHandler | None:
+def attach_listen(
+    server: MCPServer[Any], bus: SubscriptionBus | None, service: Callable[[], TaskService], push: Push
+) -> TaskListenHandler | None:
     """Our listen handler on `server`, fed by `bus` (core events) and `push.hub` (task hints)."""
     if bus is None:
         return None

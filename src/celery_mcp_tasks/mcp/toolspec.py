@@ -16,7 +16,6 @@ from typing import Any, Literal
 from mcp.server.mcpserver.tools.base import Tool
 from pydantic import ValidationError
 
-
 __all__ = ["Prepare", "TaskMode", "TaskTool", "find_context_parameter"]
 
 TaskMode = Literal["optional", "required", "forbidden"]
@@ -54,8 +53,8 @@ class TaskTool:
     description: str
     mode: TaskMode = "optional"
     needs: frozenset[str] = frozenset()
-    ttl_ms: int | None | Literal["default"] = "default"
-    poll_interval_ms: int | None | Literal["default"] = "default"
+    ttl_ms: int | Literal["default"] | None = "default"
+    poll_interval_ms: int | Literal["default"] | None = "default"
     sync_timeout_s: float | None = None
     prepare: Prepare | None = None
     celery_name: str = ""
@@ -90,7 +89,7 @@ class TaskTool:
             probe.__signature__ = signature.replace(parameters=[parameter])  # type: ignore[attr-defined]
             try:
                 Tool.from_function(probe, name=self.name, description=self.description)
-            except Exception:
+            except Exception:  # noqa: BLE001 - any SDK failure on this parameter alone names it
                 shown = getattr(parameter.annotation, "__qualname__", None) or repr(parameter.annotation)
                 module = getattr(parameter.annotation, "__module__", "builtins")
                 shown = shown if module == "builtins" else f"{module}.{shown}"

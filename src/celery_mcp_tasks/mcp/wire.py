@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from mcp.server.context import ServerRequestContext
@@ -18,6 +19,9 @@ from mcp_types import (
 from pydantic import Field
 
 from celery_mcp_tasks.protocol import EXTENSION_ID
+from celery_mcp_tasks.store.base import StoreUnavailable
+
+logger = logging.getLogger("celery_mcp_tasks.mcp")
 
 TASKS_VERSIONS = frozenset({"2026-07-28"})
 """Protocol versions on which a task can be returned: the extension is defined for these only."""
@@ -45,7 +49,7 @@ def declared_extension(ctx: ServerRequestContext[Any, Any]) -> bool:
         return False
     capabilities = ctx.session.client_capabilities
     extensions = capabilities.extensions if capabilities else None
-    return bool(extensions) and EXTENSION_ID in extensions
+    return extensions is not None and EXTENSION_ID in extensions
 
 
 def declared_capability(ctx: ServerRequestContext[Any, Any], name: str) -> bool:
@@ -89,3 +93,19 @@ def invalid_params(message: str) -> MCPError:
 
 def internal(message: str) -> MCPError:
     return MCPError(code=INTERNAL_ERROR, message=message)
+
+
+def store_unavailable(method: str, exc: StoreUnavailable) -> MCPError:
+    """-32603 with a fixed message, and one log line naming the method and the store operation.
+
+    Never the database's text on the wire (it quotes SQL), and never the SDK's own
+    fallback for an unexpected exception, which on earlier-era sessions sends `str(exc)`.
+    """
+    cause = exc.__cause__
+    logger.error(
+        "%s: the task store is unavailable (%s failed: %s)",
+        method,
+        exc.operation or "store",
+        type(cause).__name__ if cause is not None else "unknown",
+    )
+    return MCPError(code=INTERNAL_ERROR, message=StoreUnavailable.MESSAGE)

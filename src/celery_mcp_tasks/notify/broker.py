@@ -13,7 +13,6 @@ Body: `{"k": row key, "v": version}`. Never a task id, never a result.
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 import uuid
 from collections.abc import Callable
@@ -21,7 +20,9 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
-from kombu import Connection, Consumer, Exchange, Queue
+from kombu.connection import Connection  # not `from kombu import`: its lazy re-exports are invisible to mypy
+from kombu.entity import Exchange, Queue
+from kombu.messaging import Consumer
 
 from celery_mcp_tasks.model import TaskRecord
 from celery_mcp_tasks.notify.base import listeners_possible
@@ -39,8 +40,9 @@ _RETRY_MAX_S = 5.0
 
 def hint_exchange(namespace: str) -> Exchange:
     """The fanout exchange, namespaced by the Celery queue so deployments sharing a broker stay apart."""
-    return Exchange(f"celery_mcp_tasks.hints.{namespace}", type="fanout", durable=False, auto_delete=True,
-                    delivery_mode="transient")
+    return Exchange(
+        f"celery_mcp_tasks.hints.{namespace}", type="fanout", durable=False, auto_delete=True, delivery_mode="transient"
+    )
 
 
 def parse_body(body: Any) -> tuple[str, int] | None:
@@ -91,7 +93,7 @@ class BrokerListener:
         thread = threading.Thread(target=self._consume, name="mcp-tasks-hints", daemon=True)
         thread.start()
         try:
-            while not self._connected.is_set():
+            while not self._connected.is_set():  # noqa: ASYNC110 - a threading.Event, set by the consumer thread
                 await anyio.sleep(0.02)
             self.ready.set()
             await anyio.sleep_forever()
@@ -106,10 +108,15 @@ class BrokerListener:
         while not self._stop.is_set():
             try:
                 with self._connection() as conn:
-                    queue = Queue(f"{self._exchange.name}.{uuid.uuid4().hex}", exchange=self._exchange,
-                                  routing_key="", exclusive=True, auto_delete=True, durable=False)
-                    with Consumer(conn, queues=[queue], callbacks=[self._on_message], accept=["json"],
-                                  no_ack=True):
+                    queue = Queue(
+                        f"{self._exchange.name}.{uuid.uuid4().hex}",
+                        exchange=self._exchange,
+                        routing_key="",
+                        exclusive=True,
+                        auto_delete=True,
+                        durable=False,
+                    )
+                    with Consumer(conn, queues=[queue], callbacks=[self._on_message], accept=["json"], no_ack=True):
                         if connected_before:
                             self._hub.resync_threadsafe()
                         connected_before = True
@@ -118,9 +125,9 @@ class BrokerListener:
                         while not self._stop.is_set():
                             try:
                                 conn.drain_events(timeout=_DRAIN_TIMEOUT_S)
-                            except socket.timeout:
+                            except TimeoutError:
                                 continue
-            except Exception as exc:  # any broker failure: back off, reconnect, resync
+            except Exception as exc:  # noqa: BLE001 - any broker failure: back off, reconnect, resync
                 if self._stop.is_set():
                     return
                 logger.warning("task change listener lost the broker (%s); reconnecting", type(exc).__name__)

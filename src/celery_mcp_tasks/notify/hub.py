@@ -60,7 +60,7 @@ class Watch:
     def wake(self) -> None:
         self._event.set()
 
-    async def next(self, timeout: float | None = None) -> dict[str, int | None] | None:
+    async def next(self, timeout: float | None = None) -> dict[str, int | None] | None:  # noqa: ASYNC109 - None on timeout, not an exception
         """Wait until woken, then take the pending hints (maybe none); None when `timeout` s passed first."""
         if not self._event.is_set():
             with anyio.move_on_after(timeout):

@@ -38,7 +38,7 @@ class RowPoller:
     def _read(self, keys: list[str]) -> dict[str, int]:
         found: dict[str, int] = {}
         for start in range(0, len(keys), _BATCH):
-            found.update(self._versions(keys[start:start + _BATCH]))
+            found.update(self._versions(keys[start : start + _BATCH]))
         return found
 
     async def poll_once(self) -> None:
@@ -48,7 +48,7 @@ class RowPoller:
             return
         try:
             found = await anyio.to_thread.run_sync(self._read, keys)
-        except Exception as exc:  # a locked or unreachable store: try again next tick
+        except Exception as exc:  # noqa: BLE001 - a locked or unreachable store: try again next tick
             logger.warning("task change poll failed (%s); retrying", type(exc).__name__)
             return
         seen: dict[str, int] = {}

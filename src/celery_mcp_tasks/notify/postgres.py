@@ -105,7 +105,7 @@ class PgListener:
                         hint = parse_hint(note.payload)
                         if hint is not None:
                             self._hub.hint(*hint)
-            except Exception as exc:  # never let the listener take the web app down: back off, reconnect
+            except Exception as exc:  # noqa: BLE001 - never let the listener take the web app down: back off, reconnect
                 logger.warning("task change listener lost PostgreSQL (%s); reconnecting", type(exc).__name__)
             await anyio.sleep(delay)
             delay = min(delay * 2, _RETRY_MAX_S)

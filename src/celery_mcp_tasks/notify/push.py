@@ -103,7 +103,7 @@ class Push:
         self,
         settings: Settings,
         *,
-        notifier: Notifier | None | _Default = DEFAULT,
+        notifier: Notifier | _Default | None = DEFAULT,
         broker: BrokerAccess,
         poll_interval_s: float = DEFAULT_INTERVAL_S,
     ) -> None:
@@ -185,8 +185,7 @@ class Push:
             with anyio.move_on_after(_READY_TIMEOUT_S):
                 await listener.ready.wait()
             if not listener.ready.is_set():
-                logger.warning("task change listener (%s) is not connected yet; streams catch up once it is",
-                               self.mode)
+                logger.warning("task change listener (%s) is not connected yet; streams catch up once it is", self.mode)
             try:
                 yield
             finally:

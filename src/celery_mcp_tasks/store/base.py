@@ -44,10 +44,30 @@ class StoreConflict(RuntimeError):
     """A compare-and-swap kept losing; the caller may retry later."""
 
 
+class StoreUnavailable(RuntimeError):
+    """The database could not be reached, or failed the operation.
+
+    Its text is fixed: the database's own message (SQL, sometimes values) stays in
+    the chained cause, for the server's log only, so whatever shows this exception
+    (a client's error, a failed task's message) shows nothing of the store.
+    """
+
+    MESSAGE = "The task store is unavailable"
+
+    def __init__(self, operation: str = "") -> None:
+        super().__init__(operation)
+        self.operation = operation  # the store method, e.g. "update": for a log line
+
+    def __str__(self) -> str:
+        return self.MESSAGE
+
+
 Transition = Callable[[TaskRecord], TaskRecord]
 
 
 class Store(Protocol):
+    # Every method raises `StoreUnavailable` when the database fails it.
+
     def create(self, record: TaskRecord, *, max_rows: int | None) -> None:
         """Insert a new record. Raises `TaskLimitReached` at the cap. Durable on return."""
         ...

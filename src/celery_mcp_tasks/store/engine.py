@@ -8,15 +8,33 @@ nothing special: transitions are conditional UPDATEs checked by rowcount.
 
 from __future__ import annotations
 
+import os
+import weakref
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine, make_url
 
-
 READ_ONLY = "mcp_tasks_read_only"
 """Execution option marking a read-only connection (a deferred BEGIN on SQLite)."""
+
+_ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+def _leave_the_parents_connections() -> None:
+    """In a forked child (Celery's prefork pool, a forking server): a new pool for every engine.
+
+    The child inherits the parent's pooled connections, sockets and all. Using one
+    (a service or store object built before the fork) would talk over the parent's
+    socket; closing one would end the parent's session. `dispose(close=False)`
+    drops the old pool without touching it, so anything in the child connects anew.
+    """
+    for engine in list(_ENGINES):
+        engine.dispose(close=False)
+
+
+os.register_at_fork(after_in_child=_leave_the_parents_connections)
 
 
 def normalize_url(url: str) -> str:
@@ -28,17 +46,21 @@ def normalize_url(url: str) -> str:
 
 
 def create_store_engine(url: str, **kwargs: Any) -> Engine:
-    """An engine whose errors never carry bound parameters (arguments, results, owners)."""
+    """An engine whose errors never carry bound parameters (arguments, results, owners),
+    and which a forked child never shares with its parent."""
     kwargs.setdefault("hide_parameters", True)
     url = normalize_url(url)
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
-        return _sqlite_engine(url, parsed.database, **kwargs)
-    kwargs.setdefault("pool_pre_ping", False)
-    if "poolclass" not in kwargs:
-        kwargs.setdefault("pool_size", 10)
-        kwargs.setdefault("max_overflow", 10)
-    return sa.create_engine(url, **kwargs)
+        engine = _sqlite_engine(url, parsed.database, **kwargs)
+    else:
+        kwargs.setdefault("pool_pre_ping", False)
+        if "poolclass" not in kwargs:
+            kwargs.setdefault("pool_size", 10)
+            kwargs.setdefault("max_overflow", 10)
+        engine = sa.create_engine(url, **kwargs)
+    _ENGINES.add(engine)
+    return engine
 
 
 def _sqlite_engine(url: str, database: str | None, **kwargs: Any) -> Engine:

@@ -47,6 +47,9 @@ tasks = sa.Table(
     sa.Column("attempt", sa.Integer, nullable=False, server_default="0"),
     sa.Column("resends", sa.Integer, nullable=False, server_default="0"),
     sa.Column("parked", sa.Boolean, nullable=False, server_default=sa.false()),
+    # When a copy of the job claimed the current run (migration 0003): a redelivered
+    # second copy of the same run stands aside while the first one heartbeats.
+    sa.Column("started_at", sa.BigInteger, nullable=True),
     sa.Index(None, "expires_at"),
     sa.Index(None, "status", "heartbeat_at"),
     sa.Index(None, "status", "updated_at"),

@@ -5,12 +5,18 @@ with `UPDATE ... WHERE key = :key AND version = :version`; a rowcount of 0
 means another writer won, and the transition is recomputed from the fresh
 row. That is correct on both databases in every isolation mode, unlike
 `SELECT ... FOR UPDATE`, which SQLite silently ignores.
+
+A dropped connection is retried once, but never past a COMMIT whose outcome is
+unknown: `create` and `update` then read what the row became (so a retried
+answer cannot be applied twice, nor a created row be inserted twice). Every
+failure leaves the store as `StoreUnavailable`, whose text names nothing of SQL.
 """
 
 from __future__ import annotations
 
-import logging
 import functools
+import json
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import fields
 from typing import Any, TypeVar
@@ -19,7 +25,15 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, RowMapping
 
 from celery_mcp_tasks.model import TERMINAL, TaskRecord, TaskStatus
-from celery_mcp_tasks.store.base import ANY, Owner, StoreConflict, TaskLimitReached, TaskNotFound, Transition
+from celery_mcp_tasks.store.base import (
+    ANY,
+    Owner,
+    StoreConflict,
+    StoreUnavailable,
+    TaskLimitReached,
+    TaskNotFound,
+    Transition,
+)
 from celery_mcp_tasks.store.engine import READ_ONLY, create_store_engine
 from celery_mcp_tasks.store.schema import tasks
 
@@ -41,7 +55,10 @@ def _reconnecting(method: F) -> F:
 
     The pool does not ping before every checkout (a round trip on the hot path);
     instead the first statement on a dead connection fails, SQLAlchemy invalidates
-    the pool, and the operation is retried on a fresh connection.
+    the pool, and the operation is retried on a fresh connection. That is safe for
+    work the server never committed (it rolls back a transaction whose connection is
+    gone) and for idempotent writes. A connection lost *during* a COMMIT is another
+    matter: `_commit` reports it as `_CommitInDoubt`, which is never retried blindly.
     """
 
     @functools.wraps(method)
@@ -55,6 +72,55 @@ def _reconnecting(method: F) -> F:
             return method(*args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _reported(method: F) -> F:
+    """The store's failures leave it as `StoreUnavailable`: a fixed text, the database's own in the cause."""
+    operation = method.__name__
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except _CommitInDoubt as doubt:
+            raise StoreUnavailable(operation) from doubt.cause
+        except sa.exc.SQLAlchemyError as exc:
+            raise StoreUnavailable(operation) from exc
+
+    return wrapper  # type: ignore[return-value]
+
+
+class _CommitInDoubt(Exception):
+    """The connection was lost while COMMIT was in flight: applied or not, nobody knows yet.
+
+    `before` and `after` are the record read and the record written, for a compare-and-swap.
+    """
+
+    def __init__(
+        self, cause: sa.exc.DBAPIError, before: TaskRecord | None = None, after: TaskRecord | None = None
+    ) -> None:
+        super().__init__("the outcome of a COMMIT is unknown")
+        self.cause = cause
+        self.before = before
+        self.after = after
+
+
+def _commit(conn: Connection, before: TaskRecord | None = None, after: TaskRecord | None = None) -> None:
+    try:
+        conn.commit()
+    except sa.exc.DBAPIError as exc:
+        if not exc.connection_invalidated:
+            raise
+        raise _CommitInDoubt(exc, before, after) from exc
+
+
+def _same(a: TaskRecord, b: TaskRecord) -> bool:
+    """Equal as stored (JSON values compared as JSON: a tuple written reads back as a list)."""
+
+    def stored(record: TaskRecord) -> str:
+        return json.dumps(_to_row(record), sort_keys=True, default=str)
+
+    return stored(a) == stored(b)
 
 
 def _insert_if_room() -> sa.Insert:
@@ -120,6 +186,7 @@ class SqlStore:
 
     # -- reads ---------------------------------------------------------------------
 
+    @_reported
     @_reconnecting
     def get(self, key: str, owner: Owner = ANY) -> TaskRecord | None:
         with self.engine.connect().execution_options(**{READ_ONLY: True}) as conn:
@@ -140,6 +207,7 @@ class SqlStore:
         row = conn.execute(query).mappings().first()
         return None if row is None else _from_row(row)
 
+    @_reported
     @_reconnecting
     def versions(self, keys: Iterable[str]) -> dict[str, int]:
         wanted = list(keys)
@@ -148,8 +216,9 @@ class SqlStore:
         with self.engine.connect().execution_options(**{READ_ONLY: True}) as conn:
             rows = conn.execute(sa.select(tasks.c.key, tasks.c.version).where(tasks.c.key.in_(wanted))).all()
             conn.rollback()
-        return {key: version for key, version in rows}
+        return dict(rows)
 
+    @_reported
     @_reconnecting
     def stale(self, *, heartbeat_before_ms: int, limit: int) -> list[TaskRecord]:
         query = (
@@ -165,54 +234,116 @@ class SqlStore:
 
     # -- writes --------------------------------------------------------------------
 
-    @_reconnecting
+    @_reported
     def create(self, record: TaskRecord, *, max_rows: int | None) -> None:
         """Insert; at the cap, refuse. One statement: the row goes in only if there is room.
 
         The count is bounded (it never scans more rows than the cap) and part of
         the INSERT itself, so the hot path pays one round trip, not two. Under
         concurrency the cap is approximate by at most the number of racing creates.
+        A connection lost during the COMMIT is settled by reading the row: there
+        with this content, the create succeeded; absent, it is inserted again.
         """
+        try:
+            self._insert(record, max_rows)
+            return
+        except _CommitInDoubt as doubt:
+            lost = doubt
+        logger.warning("store connection was lost during a COMMIT (create); checking whether it was applied")
+        found = self.get(record.key)
+        if found is None:
+            try:
+                self._insert(record, max_rows)
+                return
+            except sa.exc.IntegrityError:  # the lost COMMIT landed meanwhile
+                found = self.get(record.key)
+        if found is None or not _same(found, record):
+            raise lost.cause
+
+    @_reconnecting
+    def _insert(self, record: TaskRecord, max_rows: int | None) -> None:
         row = _to_row(record)
-        with self.engine.begin() as conn:
+        with self.engine.connect() as conn:
+            conn.begin()
             if max_rows is None:
                 conn.execute(tasks.insert(), row)
             elif conn.execute(_INSERT_IF_ROOM, {**row, "max_rows": max_rows}).first() is None:
                 raise TaskLimitReached()
             if self.write_hook is not None:
                 self.write_hook(conn, record)
+            _commit(conn)
 
-    @_reconnecting
+    @_reported
     def update(self, key: str, owner: Owner, transition: Transition) -> TaskRecord:
         for _ in range(_MAX_CAS_ATTEMPTS):
-            with self.engine.begin() as conn:
-                current = self._select(conn, key, owner, for_update=True)
-                if current is None:
-                    raise TaskNotFound()
-                nxt = transition(current)
-                if nxt is current:
-                    return current
-                if nxt.version != current.version + 1:
-                    raise ValueError("a transition must bump the version by exactly one")
-                row = _to_row(nxt)
-                del row["key"]
-                written = conn.execute(
-                    tasks.update()
-                    .where(tasks.c.key == key)
-                    .where(tasks.c.version == current.version)
-                    .values(**row)
-                ).rowcount
-                if written == 1:
-                    if self.write_hook is not None:
-                        self.write_hook(conn, nxt)
-                    return nxt
+            try:
+                written = self._swap(key, owner, transition)
+            except _CommitInDoubt as doubt:
+                written = self._settle(doubt)
+            if written is not None:
+                return written
         raise StoreConflict("the task kept changing under this write; try again")
 
+    @_reconnecting
+    def _swap(self, key: str, owner: Owner, transition: Transition) -> TaskRecord | None:
+        """One compare-and-swap: the record now stored, or None when another writer won (recompute)."""
+        with self.engine.connect() as conn:
+            conn.begin()
+            current = self._select(conn, key, owner, for_update=True)
+            if current is None:
+                raise TaskNotFound()
+            nxt = transition(current)
+            if nxt is current:
+                conn.rollback()
+                return current
+            if nxt.version != current.version + 1:
+                raise ValueError("a transition must bump the version by exactly one")
+            row = _to_row(nxt)
+            del row["key"]
+            written = conn.execute(
+                tasks.update().where(tasks.c.key == key).where(tasks.c.version == current.version).values(**row)
+            ).rowcount
+            if written != 1:
+                conn.rollback()
+                return None
+            if self.write_hook is not None:
+                self.write_hook(conn, nxt)
+            _commit(conn, current, nxt)
+        return nxt
+
+    def _settle(self, doubt: _CommitInDoubt) -> TaskRecord | None:
+        """After a COMMIT lost in flight: the written record if it was applied, None if it was not.
+
+        Decided on the row as it is once the lost transaction is resolved (the
+        locking read waits for it on PostgreSQL). Versions only grow, one per write:
+        still at the version read, nothing was applied; at the version written, it
+        is ours exactly when it holds what we wrote. Further along, nobody can tell,
+        and the write fails rather than being applied twice.
+        """
+        before, after = doubt.before, doubt.after
+        assert before is not None and after is not None
+        logger.warning("store connection was lost during a COMMIT (update); checking whether it was applied")
+        found = self._locked(after.key)
+        if found is None:
+            raise TaskNotFound()
+        if found.version == before.version:
+            return None
+        if found.version == after.version:
+            return after if _same(found, after) else None
+        raise doubt.cause
+
+    @_reported
+    @_reconnecting
+    def _locked(self, key: str) -> TaskRecord | None:
+        with self.engine.begin() as conn:
+            return self._select(conn, key, ANY, for_update=True)
+
+    @_reported
     @_reconnecting
     def touch(self, key: str, at_ms: int, *, dispatch: int | None = None) -> bool:
         """Record a heartbeat: one conditional UPDATE, no version bump (liveness is not a change
         clients see), never moving it backwards. False when the task is final, gone, or (with
-        `dispatch`) owned by a newer run."""
+        `dispatch`) owned by a newer run. Idempotent, so retried even after a lost COMMIT."""
         query = tasks.update().where(tasks.c.key == key).where(tasks.c.status.not_in(_TERMINAL_VALUES))
         if dispatch is not None:
             query = query.where(tasks.c.dispatches == dispatch)
@@ -220,6 +351,7 @@ class SqlStore:
         with self.engine.begin() as conn:
             return conn.execute(query.values(heartbeat_at=later)).rowcount == 1
 
+    @_reported
     @_reconnecting
     def cleanup(self, *, now_ms: int, retention_ms: int, batch_size: int) -> int:
         """Delete expired rows, one bounded batch per short transaction.
@@ -233,8 +365,14 @@ class SqlStore:
         """
         passes = (
             (tasks.c.expires_at <= now_ms, tasks.c.expires_at),
-            (sa.and_(tasks.c.status.in_(_TERMINAL_VALUES), tasks.c.updated_at <= now_ms - retention_ms,
-                     tasks.c.expires_at.is_(None)), None),
+            (
+                sa.and_(
+                    tasks.c.status.in_(_TERMINAL_VALUES),
+                    tasks.c.updated_at <= now_ms - retention_ms,
+                    tasks.c.expires_at.is_(None),
+                ),
+                None,
+            ),
         )
         removed = 0
         for condition, order in passes:

@@ -26,7 +26,7 @@ def janitor_entry(interval_s: float) -> dict[str, Any]:
 
 
 def install_janitor(app: Celery, run_sweep: Callable[[], Any], interval_s: float | None) -> None:
-    @app.task(name=JANITOR_TASK, ignore_result=True, shared=False)
+    @app.task(name=JANITOR_TASK, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]  # Celery ships no types
     def janitor() -> None:
         run_sweep()
 
@@ -39,17 +39,19 @@ def install_janitor(app: Celery, run_sweep: Callable[[], Any], interval_s: float
         if JANITOR_TASK not in schedule:  # a copy: the default dict may be shared between apps
             conf.beat_schedule = {**schedule, JANITOR_TASK: entry}
 
-    @app.on_after_configure.connect(weak=False)
     def _add(sender: Celery, **_: Any) -> None:
         add(sender.conf)
+
+    app.on_after_configure.connect(_add, weak=False)  # connected by call, as in the bridge: Celery is untyped
 
     if app.configured:
         add(app.conf)
 
-    @signals.beat_init.connect(weak=False)
     def _ensure(sender: Any = None, **_: Any) -> None:
         scheduler = getattr(sender, "scheduler", None)
         if scheduler is None or scheduler.app is not app or JANITOR_TASK in scheduler.schedule:
             return
         logger.info("re-inserting the janitor into a beat schedule that dropped it")
         scheduler.update_from_dict({JANITOR_TASK: entry})
+
+    signals.beat_init.connect(_ensure, weak=False)

@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from celery_mcp_tasks.protocol import validate_input_requests
 from celery_mcp_tasks.model import Run, Superseded, TaskRecord, TaskStatus, TerminalTask
+from celery_mcp_tasks.protocol import validate_input_requests
 from celery_mcp_tasks.service import TaskService, failure
 
 __all__ = ["EndRun", "HandedOff", "InputRequested", "InputTimeout", "Superseded", "TaskContext", "TerminalTask"]
@@ -54,8 +54,9 @@ class TaskContext:
     #: How long `cancelled()` may answer from its last read (keeps tight loops cheap).
     cancel_check_interval: float = 0.05
 
-    def __init__(self, service: TaskService | None, key: str | None, *, record: TaskRecord | None = None,
-                 run: Run | None = None) -> None:
+    def __init__(
+        self, service: TaskService | None, key: str | None, *, record: TaskRecord | None = None, run: Run | None = None
+    ) -> None:
         self._service = service
         self._key = key
         self._record = record
@@ -139,8 +140,9 @@ class TaskContext:
         self._write(lambda s, k: s.require_input(k, checked, message, run=self._run))
         raise InputRequested()
 
-    def wait_for_input(self, requests: dict[str, Any], message: str | None = None, *, timeout: float,
-                       poll_interval: float = 0.2) -> dict[str, Any]:
+    def wait_for_input(
+        self, requests: dict[str, Any], message: str | None = None, *, timeout: float, poll_interval: float = 0.2
+    ) -> dict[str, Any]:
         """Ask for input and block this worker until every key is answered; return the answers by key.
 
         For short waits only: the worker slot stays busy meanwhile. Keys already

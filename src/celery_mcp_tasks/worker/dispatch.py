@@ -18,6 +18,7 @@ from celery import Celery
 
 from celery_mcp_tasks.model import TaskRecord
 from celery_mcp_tasks.worker.job import DISPATCH_HEADER, HIDDEN_ARGS, KEY_HEADER, JobTool
+from celery_mcp_tasks.worker.revoker import BackgroundRevoker
 
 logger = logging.getLogger("celery_mcp_tasks.worker")
 
@@ -32,9 +33,10 @@ def celery_id(record: TaskRecord) -> str:
 
 
 class CeleryDispatcher:
-    def __init__(self, app: Celery, tools: Mapping[str, JobTool]) -> None:
+    def __init__(self, app: Celery, tools: Mapping[str, JobTool], *, revoker: BackgroundRevoker | None = None) -> None:
         self.app = app
         self.tools = tools
+        self.revoker = revoker or BackgroundRevoker(app)
 
     def __call__(self, record: TaskRecord) -> None:
         tool = self.tools[record.tool]
@@ -49,16 +51,15 @@ class CeleryDispatcher:
             retry_policy=_RETRY_POLICY,
         )
 
-    def revoke(self, record: TaskRecord, *, terminate: bool | None = None) -> None:
-        """Best effort: a revoke is lost when no worker is up; the store's cancel is what counts.
+    def revoke(self, record: TaskRecord) -> None:
+        """The service cancelled the task: terminate its running job when the tool asked for it.
 
-        `terminate` (default: the tool's `terminate=` option) also kills a running
-        job's pool process with SIGTERM; only prefork pools honour it.
+        Only a tool declared with `terminate=True` is revoked (with SIGTERM to the
+        pool process running it; prefork pools honour it): any other job checks
+        `ctx.cancelled()`, and a message not yet started is skipped at its start
+        anyway, so a broadcast would buy nothing. Queued, never published here:
+        see `worker.revoker`. Best effort: a revoke is lost when no worker is up.
         """
         tool = self.tools.get(record.tool)
-        if terminate is None:
-            terminate = tool.terminate if tool is not None else False
-        try:
-            self.app.control.revoke(celery_id(record), terminate=terminate, signal="SIGTERM")
-        except Exception as exc:  # best effort by design
-            logger.info("revoke not delivered for tool %r: %s", record.tool, type(exc).__name__)
+        if tool is not None and tool.terminate:
+            self.revoker.submit(celery_id(record), tool.name, terminate=True)

@@ -18,16 +18,19 @@ import inspect
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from celery import Task
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import ValidationError
 
-from celery_mcp_tasks.worker.context import EndRun, HandedOff, InputRequested, TaskContext
-from celery_mcp_tasks.model import Run, Superseded, TerminalTask, now_ms
+from celery_mcp_tasks.model import Run, RunInProgress, Superseded, TerminalTask, now_ms
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.base import TaskNotFound
+from celery_mcp_tasks.worker.context import EndRun, HandedOff, InputRequested, TaskContext
+
+if TYPE_CHECKING:
+    from celery.result import AsyncResult
 
 logger = logging.getLogger("celery_mcp_tasks.worker")
 
@@ -50,11 +53,21 @@ class JobTool(Protocol):
     the composition root hands it the tools.
     """
 
-    name: str
-    fn: Callable[..., Any]
-    celery_name: str
-    terminate: bool
-    context_param: str | None
+    # Read-only: the worker side only reads a tool (and a dataclass field satisfies a property).
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def fn(self) -> Callable[..., Any]: ...
+
+    @property
+    def celery_name(self) -> str: ...
+
+    @property
+    def terminate(self) -> bool: ...
+
+    @property
+    def context_param(self) -> str | None: ...
 
     def validate(self, arguments: Mapping[str, Any]) -> dict[str, Any]: ...
 
@@ -65,8 +78,39 @@ class JobTool(Protocol):
     def job_signature(self) -> inspect.Signature: ...
 
 
+_R = TypeVar("_R")
+_R_co = TypeVar("_R_co", covariant=True)
+
+
+class McpTaskJob(Protocol[_R_co]):
+    """What `@tasks.mcp_task` returns: the Celery task (an `McpJob`), typed by the function's result.
+
+    The arguments are not checked statically: the job's `TaskContext` parameter is injected,
+    never passed (`write_report.delay(topic="x")`). Every other attribute of a Celery task is
+    there too, typed `Any` (Celery ships no types).
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    def __call__(self, *args: Any, **kwargs: Any) -> _R_co: ...
+
+    def delay(self, *args: Any, **kwargs: Any) -> AsyncResult: ...
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> AsyncResult: ...
+
+    def __getattr__(self, name: str) -> Any: ...
+
+
+class McpTaskDecorator(Protocol):
+    """What `@tasks.mcp_task(...)` with options returns: a decorator making a function an `McpTaskJob`."""
+
+    def __call__(self, fn: Callable[..., _R], /) -> McpTaskJob[_R]: ...
+
+
 class WorkerRuntime(Protocol):
     heartbeat_interval_s: float
+    stale_timeout_s: float  # silence after which a job counts as lost (a redelivered copy may take over)
 
     def service(self) -> TaskService: ...
 
@@ -81,7 +125,7 @@ def _header(request: Any, name: str) -> Any:
 
 def row_key(request: Any) -> str | None:
     """Our row-key header from a Celery request context, a request dict, or None."""
-    return _header(request, KEY_HEADER)
+    return cast("str | None", _header(request, KEY_HEADER))
 
 
 def run_of(request: Any, *, next_attempt: bool = False) -> Run | None:
@@ -122,7 +166,7 @@ class _Heartbeat:
                 logger.warning("task heartbeat failed; will retry", exc_info=True)
 
 
-class McpJob(Task):
+class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is Any to mypy
     """Base class of every `@mcp_task` job."""
 
     mcp_tool: JobTool
@@ -135,15 +179,17 @@ class McpJob(Task):
             return super().__call__(*args, **kwargs)
         return self._run_for_task(key)
 
-    def signature_from_request(self, request: Any = None, args: Any = None, kwargs: Any = None,
-                               queue: Any = None, **extra_options: Any) -> Any:
+    def signature_from_request(
+        self, request: Any = None, args: Any = None, kwargs: Any = None, queue: Any = None, **extra_options: Any
+    ) -> Any:
         """Retries (ours, `autoretry_for`, a lost worker's) keep the arguments out of logs and events."""
         if row_key(self.request if request is None else request) is not None:
             for option, text in HIDDEN_ARGS.items():
                 extra_options.setdefault(option, text)
         return super().signature_from_request(request, args, kwargs, queue, **extra_options)
 
-    def _ended(self, why: str) -> None:
+    def _ended(self, why: str) -> dict[str, Any] | None:
+        """The job's value for a run that ended without an outcome (always None), after noting why."""
         setattr(self.request, RUN_END, why)
         return None
 
@@ -156,10 +202,18 @@ class McpJob(Task):
             if run is None:  # a message from before the dispatch header: adopt the current run
                 record = service.record(key)
                 run = Run(record.dispatches if record else 0, self.request.retries or 0)
-            record = service.begin(key, run, beat_before_ms=now_ms() - int(interval * 1000))
+            stale_before = now_ms() - int(self.mcp_runtime.stale_timeout_s * 1000)
+            record = service.begin(key, run, stale_before_ms=stale_before)
         except TaskNotFound:
             logger.info("job for tool %r skipped: its task no longer exists", tool.name)
             return self._ended("skipped, its task no longer exists")
+        except RunInProgress:  # e.g. Redis redelivered the message after its visibility timeout
+            logger.info(
+                "job for tool %r skipped: another copy of this run is already running (a redelivered "
+                "message; that copy still heartbeats)",
+                tool.name,
+            )
+            return self._ended("skipped, another copy of this run is already running")
         except Superseded:
             logger.info("job for tool %r skipped: superseded by a newer dispatch or attempt", tool.name)
             return self._ended("skipped, superseded by a newer dispatch or attempt")

@@ -41,7 +41,7 @@ class Channel(kombu_redis.Channel):
         connection = self.connection
         if connection is None or connection.client is None:
             raise RedisConnectionError("the broker connection is already closed")
-        return super()._connparams(asynchronous=asynchronous)
+        return super()._connparams(asynchronous=asynchronous)  # type: ignore[no-untyped-call]  # unannotated in kombu
 
 
 class Transport(kombu_redis.Transport):

@@ -34,17 +34,19 @@ def install_startup(app: Celery, check: Callable[[str], None], describe: Callabl
             raise SystemExit(1) from None
         checked.append(role)
 
-    @signals.celeryd_init.connect(weak=False)
+    # Connected by call, not as decorators (as in the bridge): Celery's signals are untyped.
     def _worker(sender: Any = None, instance: Any = None, **_: Any) -> None:
         if getattr(instance, "app", None) is app:
             refuse_unless_ready("worker")
 
-    @signals.celeryd_after_setup.connect(weak=False)
     def _banner(sender: Any = None, instance: Any = None, **_: Any) -> None:
         if getattr(instance, "app", None) is app and not getattr(instance, "quiet", False):
             print("\n".join(describe()), file=sys.__stdout__, flush=True)
 
-    @signals.beat_init.connect(weak=False)
     def _beat(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", None) is app and not checked:
             refuse_unless_ready("beat")
+
+    signals.celeryd_init.connect(_worker, weak=False)
+    signals.celeryd_after_setup.connect(_banner, weak=False)
+    signals.beat_init.connect(_beat, weak=False)

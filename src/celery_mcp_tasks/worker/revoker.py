@@ -1,0 +1,118 @@
+"""Revokes off the request path: a bounded queue, one thread, a bounded publish.
+
+`tasks/cancel` must answer at once whatever the broker does. Celery's
+`control.revoke` publishes with kombu's default retry policy, which retries a
+lost broker forever; run on a request's thread, a broker outage would hold that
+thread, and enough cancels would hold them all. Here a revoke is only queued (and
+dropped with a log line when too many are pending); a thread of its own publishes
+it, with whatever else is pending, as one broadcast on a connection of its own
+with a few short retries, and gives up after a few seconds with one log line.
+The store's cancel has happened before any of this: a revoke only stops a
+running job sooner.
+
+Never a task id or a Celery id in a log line: the tools' names only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from celery import Celery
+
+__all__ = ["BackgroundRevoker"]
+
+logger = logging.getLogger("celery_mcp_tasks.worker")
+
+# Connecting: ~0.2 + 0.5 + 0.5 s of pauses between three tries, each try bounded by
+# the connect timeout; publishing: two more tries at most. A few seconds in all.
+_CONNECT_TIMEOUT_S = 1.0
+_RETRY_POLICY: dict[str, Any] = {"max_retries": 2, "interval_start": 0.2, "interval_step": 0.3, "interval_max": 0.5}
+_BATCH = 100
+
+Publish = Callable[[list[str], bool], None]
+
+
+class BackgroundRevoker:
+    """Queues revokes and publishes them from one daemon thread (started on first use, again after a fork)."""
+
+    def __init__(
+        self, app: Celery, *, max_pending: int = 1000, deadline_s: float = 3.0, publish: Publish | None = None
+    ) -> None:
+        self.app = app
+        self.max_pending = max_pending
+        self.deadline_s = deadline_s
+        self._publish = publish or self._broadcast
+        self._lock = threading.Lock()
+        self._pid: int | None = None
+        self._queue: queue.Queue[tuple[str, str, bool]] = queue.Queue(max_pending)
+
+    def submit(self, celery_id: str, tool: str, *, terminate: bool) -> None:
+        """Queue one revoke; returns at once."""
+        pending = self._started()
+        try:
+            pending.put_nowait((celery_id, tool, terminate))
+        except queue.Full:
+            logger.warning("revoke for tool %r dropped: %d revokes already wait for the broker", tool, self.max_pending)
+
+    def _started(self) -> queue.Queue[tuple[str, str, bool]]:
+        pid = os.getpid()
+        if self._pid != pid:
+            with self._lock:
+                if self._pid != pid:  # first use, or a forked child: neither the queue nor the thread crossed
+                    self._queue = queue.Queue(self.max_pending)
+                    threading.Thread(
+                        target=self._drain, args=(self._queue,), name="mcp-task-revoke", daemon=True
+                    ).start()
+                    self._pid = pid
+        return self._queue
+
+    def _drain(self, pending: queue.Queue[tuple[str, str, bool]]) -> None:
+        while True:
+            batch = [pending.get()]
+            while len(batch) < _BATCH:
+                try:
+                    batch.append(pending.get_nowait())
+                except queue.Empty:
+                    break
+            for terminate in (True, False):
+                group = [(celery_id, tool) for celery_id, tool, kill in batch if kill is terminate]
+                if group:
+                    self._send(group, terminate)
+
+    def _send(self, group: list[tuple[str, str]], terminate: bool) -> None:
+        started = time.monotonic()
+        try:
+            self._publish([celery_id for celery_id, _ in group], terminate)
+        except Exception as exc:  # noqa: BLE001 - best effort by design: the task is already cancelled
+            tools = ", ".join(sorted({repr(tool) for _, tool in group}))
+            logger.warning(
+                "revoke of %d job(s) of tool %s given up after %.1fs (%s); the tasks stay cancelled",
+                len(group),
+                tools,
+                time.monotonic() - started,
+                type(exc).__name__,
+            )
+
+    def _broadcast(self, celery_ids: list[str], terminate: bool) -> None:
+        """One `revoke` broadcast for every id, with a bounded retry policy on a connection of its own."""
+        with self.app.connection_for_write(connect_timeout=_CONNECT_TIMEOUT_S) as conn:
+            conn.ensure_connection(timeout=self.deadline_s, **_RETRY_POLICY)
+            _bound_publish_retries(conn)
+            self.app.control.revoke(celery_ids, terminate=terminate, signal="SIGTERM", connection=conn)
+
+
+def _bound_publish_retries(conn: Any) -> None:
+    """kombu's mailbox publishes with `retry=True` and no policy, which retries forever:
+    this connection's `ensure` (what the producer calls for it) retries a few times only."""
+    unbounded = conn.ensure
+
+    def ensure(obj: Any, fun: Any, **policy: Any) -> Any:
+        return unbounded(obj, fun, **{**policy, **_RETRY_POLICY})
+
+    conn.ensure = ensure

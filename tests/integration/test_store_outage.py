@@ -1,0 +1,103 @@
+"""The task store goes down under a running web process: every method answers -32603 "The task store
+is unavailable", on every protocol era, with nothing of the database's text on the wire, and the
+server logs one line per failed request naming the method (never a task id, never a traceback).
+
+The outage is real: the PostgreSQL database stops accepting connections and its sessions are
+terminated (`ALLOW_CONNECTIONS false` + `pg_terminate_backend`), as a failover or a maintenance
+window would. Before, a 2026 client got the SDK's "Internal server error" and the log a traceback
+per request; an earlier-era session got the exception's own text (SQL included) as the message.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from tests.integration.test_protocol_eras import WITHOUT_EXT, LegacySession
+from tests.support import POSTGRES_URL, Backend, Deployment, McpHttp, fresh_postgres_database
+
+pytestmark = pytest.mark.integration
+
+UNAVAILABLE = {"code": -32603, "message": "The task store is unavailable"}
+LEAKS = ("SELECT", "INSERT", "UPDATE", "mcp_tasks_task", "psycopg", "sqlalchemy", "accepting connections")
+
+
+class Outage:
+    def __init__(self, url: str) -> None:
+        self.name = sa.engine.make_url(url).database
+        admin_url = sa.engine.make_url(url).set(database="postgres", drivername="postgresql+psycopg")
+        self.admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+
+    def begin(self) -> None:
+        with self.admin.connect() as conn:
+            conn.execute(sa.text(f'ALTER DATABASE "{self.name}" ALLOW_CONNECTIONS false'))
+            conn.execute(
+                sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :name"),
+                {"name": self.name},
+            )
+
+    def end(self) -> None:
+        with self.admin.connect() as conn:
+            conn.execute(sa.text(f'ALTER DATABASE "{self.name}" ALLOW_CONNECTIONS true'))
+
+
+@pytest.fixture
+def down(tmp_path: Path) -> Iterator[tuple[Deployment, Outage]]:
+    if not POSTGRES_URL:
+        pytest.skip("set MCP_TASKS_TEST_POSTGRES_URL to run")
+    with fresh_postgres_database(POSTGRES_URL) as url:
+        outage = Outage(url)
+        backend = Backend(
+            "pg_filesystem", {"MCP_TASKS_DATABASE_URL": url, "CELERY_BROKER_URL": f"filesystem://{tmp_path / 'broker'}"}
+        )
+        try:
+            with Deployment("tests.apps.runtime_app", backend, tmp_path) as deployment:
+                deployment.web(MCP_TASKS_NOTIFY="poll")
+                yield deployment, outage
+        finally:
+            outage.end()
+            outage.admin.dispose()
+
+
+def _assert_unavailable(reply: dict[str, Any], what: str) -> None:
+    assert reply.get("error") == UNAVAILABLE, (what, reply)
+    text = json.dumps(reply)
+    assert not [leak for leak in LEAKS if leak in text], (what, text)
+
+
+def test_a_store_outage_answers_a_fixed_internal_error_on_every_method_and_era(
+    down: tuple[Deployment, Outage],
+) -> None:
+    deployment, outage = down
+    client = McpHttp(deployment.url)
+    plain = McpHttp(deployment.url, capabilities={"elicitation": {}})  # no extension: the synchronous path
+    legacy = LegacySession(deployment.url, "2025-11-25", WITHOUT_EXT).open()
+    try:
+        task_id = client.create("work", {"seconds": 30})
+        outage.begin()
+        _assert_unavailable(client.call_tool("work", {"seconds": 1}), "tools/call")
+        _assert_unavailable(plain.call_tool("work", {"seconds": 1}), "tools/call, synchronously")
+        _assert_unavailable(client.task("tasks/get", task_id), "tasks/get")
+        _assert_unavailable(client.task("tasks/update", task_id, inputResponses={}), "tasks/update")
+        _assert_unavailable(client.task("tasks/cancel", task_id), "tasks/cancel")
+        _assert_unavailable(
+            client.rpc("subscriptions/listen", {"notifications": {"taskIds": [task_id]}}), "subscriptions/listen"
+        )
+        _assert_unavailable(legacy.call_tool("work", {"seconds": 1}), "tools/call, 2025-11-25")
+        outage.end()
+        assert client.get(task_id)["status"] == "working"  # back once the database is: nothing was lost
+    finally:
+        outage.end()
+        legacy.close()
+        plain.close()
+        client.close()
+    log = deployment.procs[0].text()
+    for method in ("tools/call", "tasks/get", "tasks/update", "tasks/cancel", "subscriptions/listen"):
+        assert f"{method}: the task store is unavailable (" in log, log
+    assert log.count("the task store is unavailable (") == 7, log
+    assert "Traceback" not in log and task_id not in log

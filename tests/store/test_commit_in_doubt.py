@@ -1,0 +1,150 @@
+"""A connection lost during COMMIT: the store never applies a write twice, nor fails one that landed.
+
+The fault is injected in the dialect's `do_commit`, on SQLite and PostgreSQL:
+`applied` commits for real and then loses the connection (the server committed,
+the client never heard), `lost` rolls back and loses it (nothing committed). Both
+read as a dropped connection to SQLAlchemy, which invalidates the pool as it
+would after a server restart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from celery_mcp_tasks.model import TaskRecord, TaskStatus
+from celery_mcp_tasks.service import TaskService
+from celery_mcp_tasks.store.base import ANY, StoreUnavailable
+from celery_mcp_tasks.store.sql import SqlStore
+
+ELICIT = {"method": "elicitation/create", "params": {"message": "ok?", "requestedSchema": {"type": "object"}}}
+
+
+DROPPED = "injected: server closed the connection unexpectedly"
+
+
+class CommitFault:
+    """Arms one COMMIT to fail after (`applied`) or instead of (`lost`) really committing."""
+
+    def __init__(self, store: SqlStore) -> None:
+        self.mode: str | None = None
+        self.fired = 0
+        self.before_raising: Callable[[], None] | None = None
+        dialect = store.engine.dialect
+        real = dialect.do_commit
+
+        def do_commit(dbapi_connection: Any) -> None:
+            mode, self.mode = self.mode, None
+            if mode is None:
+                return real(dbapi_connection)
+            self.fired += 1
+            if mode == "applied":
+                real(dbapi_connection)
+            else:
+                dbapi_connection.rollback()
+            if self.before_raising is not None:
+                self.before_raising()
+            raise dialect.loaded_dbapi.OperationalError(DROPPED)  # the driver's own error type
+
+        dialect.do_commit = do_commit  # type: ignore[method-assign]
+
+        @sa.event.listens_for(store.engine, "handle_error")
+        def as_disconnect(context: Any) -> None:
+            if DROPPED in str(context.original_exception):
+                context.is_disconnect = True
+
+    def arm(self, mode: str) -> None:
+        self.mode = mode
+
+
+@pytest.fixture
+def fault(store: SqlStore) -> CommitFault:
+    return CommitFault(store)
+
+
+class Sent:
+    def __init__(self) -> None:
+        self.records: list[TaskRecord] = []
+
+    def __call__(self, record: TaskRecord) -> None:
+        self.records.append(record)
+
+
+def _record(key: str = "k") -> TaskRecord:
+    return TaskRecord(
+        key=key,
+        owner="sub:alice",
+        tool="t",
+        status=TaskStatus.WORKING,
+        created_at=1,
+        updated_at=1,
+        ttl_ms=None,
+        arguments={"items": [1, 2]},
+        issued_keys=("a",),
+    )
+
+
+def _rows(store: SqlStore) -> int:
+    with store.engine.connect() as conn:
+        return int(conn.execute(sa.text("SELECT count(*) FROM mcp_tasks_task")).scalar_one())
+
+
+def test_a_create_whose_commit_landed_succeeds_once(store: SqlStore, fault: CommitFault) -> None:
+    fault.arm("applied")
+    store.create(_record(), max_rows=100)  # before: the blind retry hit the row it had just inserted
+    assert fault.fired == 1
+    assert store.get("k") == _record() and _rows(store) == 1
+
+
+def test_a_create_whose_commit_was_lost_is_inserted_again(store: SqlStore, fault: CommitFault) -> None:
+    fault.arm("lost")
+    store.create(_record(), max_rows=None)
+    assert fault.fired == 1
+    assert store.get("k") == _record() and _rows(store) == 1
+
+
+def test_an_answer_whose_commit_landed_still_resumes_and_sends_the_job(store: SqlStore, fault: CommitFault) -> None:
+    sent = Sent()
+    service = TaskService(store, dispatcher=sent)
+    task_id, record = service.create(owner="sub:alice", tool="t", arguments={})
+    service.require_input(record.key, {"q": ELICIT})
+    sent.records.clear()
+    fault.arm("applied")
+    resumed = service.answer(task_id, "sub:alice", {"q": {"action": "accept", "content": {}}})
+    # Before: the retry recomputed on the already answered row, found nothing outstanding
+    # ("invalid transition"), and the new run was never sent.
+    assert fault.fired == 1
+    assert resumed.status is TaskStatus.WORKING and resumed.dispatches == record.dispatches + 1
+    assert [r.dispatches for r in sent.records] == [resumed.dispatches]
+    assert store.get(record.key) == resumed
+
+
+def test_an_update_whose_commit_was_lost_is_applied_once(store: SqlStore, fault: CommitFault) -> None:
+    store.create(_record(), max_rows=None)
+    fault.arm("lost")
+    written = store.update("k", ANY, lambda r: r.with_progress("half way", 2))
+    assert fault.fired == 1
+    assert written.version == 2 and store.get("k") == written
+
+
+def test_an_update_that_cannot_tell_whether_it_landed_fails_rather_than_applying_twice(
+    store: SqlStore, fault: CommitFault
+) -> None:
+    store.create(_record(), max_rows=None)
+    other = SqlStore(sa.create_engine(store.engine.url))  # another writer moves the row on meanwhile
+
+    def another_write() -> None:
+        fault.before_raising = None
+        other.update("k", ANY, lambda r: r.with_progress("someone else", 3))
+
+    fault.before_raising = another_write
+    fault.arm("applied")
+    with pytest.raises(StoreUnavailable) as raised:
+        store.update("k", ANY, lambda r: r.with_progress("mine", 2))
+    assert str(raised.value) == "The task store is unavailable" and raised.value.operation == "update"
+    final = store.get("k")
+    assert final is not None and (final.version, final.status_message) == (3, "someone else")
+    other.dispose()

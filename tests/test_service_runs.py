@@ -1,0 +1,107 @@
+"""`TaskService.begin`: one copy of a run's message runs the body, however often the broker delivers it.
+
+Redis hands an unacknowledged message out again after its visibility timeout, while
+the first copy may still be running. The first copy claims the run; a second copy
+of the same run stands aside while the first one heartbeats, and takes over once
+the heartbeat is stale (the first copy died with its worker).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from celery_mcp_tasks.model import Run, RunInProgress, Superseded, TaskRecord, TaskStatus
+from celery_mcp_tasks.service import TaskService
+from celery_mcp_tasks.store.sql import SqlStore
+
+STALE_MS = 3_000
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100_000
+
+    def __call__(self) -> int:
+        return self.now
+
+
+class Seen:
+    def __init__(self) -> None:
+        self.notified: list[TaskRecord] = []
+        self.sent: list[TaskRecord] = []
+
+    def task_changed(self, record: TaskRecord) -> None:
+        self.notified.append(record)
+
+    def __call__(self, record: TaskRecord) -> None:
+        self.sent.append(record)
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def seen() -> Seen:
+    return Seen()
+
+
+@pytest.fixture
+def service(store: SqlStore, clock: Clock, seen: Seen) -> TaskService:
+    return TaskService(store, notifier=seen, dispatcher=seen, clock=clock)
+
+
+def _begin(service: TaskService, clock: Clock, key: str, run: Run) -> TaskRecord:
+    return service.begin(key, run, stale_before_ms=clock.now - STALE_MS)
+
+
+def test_the_first_copy_claims_the_run_and_a_second_copy_stands_aside(
+    service: TaskService, clock: Clock, seen: Seen
+) -> None:
+    _, created = service.create(owner=None, tool="t", arguments={})
+    seen.notified.clear()
+    clock.now += 10
+    first = _begin(service, clock, created.key, Run(1))
+    assert (first.started_at, first.heartbeat_at) == (clock.now, clock.now)
+    assert first.updated_at == created.updated_at and seen.notified == []  # bookkeeping clients never see
+    clock.now += STALE_MS - 1  # the first copy's heartbeat is still fresh
+    with pytest.raises(RunInProgress):
+        _begin(service, clock, created.key, Run(1))
+    service.heartbeat(created.key, Run(1))
+    clock.now += STALE_MS - 1
+    with pytest.raises(RunInProgress):
+        _begin(service, clock, created.key, Run(1))
+
+
+def test_a_copy_takes_over_once_the_first_ones_heartbeat_is_stale(service: TaskService, clock: Clock) -> None:
+    _, created = service.create(owner=None, tool="t", arguments={})
+    _begin(service, clock, created.key, Run(1))
+    clock.now += STALE_MS + 1  # the first copy died with its worker: nobody beats
+    taken = _begin(service, clock, created.key, Run(1))
+    assert (taken.started_at, taken.heartbeat_at) == (clock.now, clock.now)
+    with pytest.raises(RunInProgress):  # and now this copy is the one that runs
+        _begin(service, clock, created.key, Run(1))
+
+
+def test_every_new_run_or_attempt_is_claimed_afresh(service: TaskService, clock: Clock, seen: Seen) -> None:
+    task_id, created = service.create(owner=None, tool="t", arguments={})
+    _begin(service, clock, created.key, Run(1))
+    retried = _begin(service, clock, created.key, Run(1, 1))  # Celery's next attempt (its retry signal was late)
+    assert retried.attempt == 1 and retried.status_message == "Retrying (attempt 2)"
+    assert seen.notified[-1] == retried  # that one clients see
+    service.require_input(created.key, {"q": {"method": "roots/list", "params": {}}}, run=Run(1, 1))
+    resumed = service.answer(task_id, None, {"q": {"roots": []}})
+    assert resumed.dispatches == 2 and resumed.started_at is None
+    assert _begin(service, clock, created.key, Run(2)).started_at == clock.now
+    with pytest.raises(Superseded):  # a copy of the old run stays superseded, not "in progress"
+        _begin(service, clock, created.key, Run(1, 1))
+
+
+def test_a_retry_scheduled_for_later_is_claimed_when_it_starts(service: TaskService, clock: Clock) -> None:
+    _, created = service.create(owner=None, tool="t", arguments={})
+    _begin(service, clock, created.key, Run(1))
+    service.retrying(created.key, Run(1, 1), start_by_ms=clock.now + 60_000)  # the heartbeat moves ahead
+    assert _begin(service, clock, created.key, Run(1, 1)).started_at == clock.now
+    record = service.record(created.key)
+    assert record is not None and record.status is TaskStatus.WORKING

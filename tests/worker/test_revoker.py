@@ -1,0 +1,95 @@
+"""Revoking off the request path: `submit` returns at once, the publish gives up within its bound,
+pending revokes are bounded, and only a tool that asked for termination is revoked at all.
+
+In process, no worker: the broker is a Redis URL nobody listens on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import pytest
+from celery import Celery
+
+from celery_mcp_tasks.app import use_redis_transport_fix
+from celery_mcp_tasks.model import TaskRecord, TaskStatus
+from celery_mcp_tasks.worker.dispatch import CeleryDispatcher, celery_id
+from celery_mcp_tasks.worker.revoker import BackgroundRevoker
+from tests.support import free_port, wait_until
+
+
+@dataclass
+class Tool:
+    name: str
+    terminate: bool
+    celery_name: str = "job"
+
+
+def _record(tool: str) -> TaskRecord:
+    return TaskRecord(
+        key="k" * 64,
+        owner=None,
+        tool=tool,
+        status=TaskStatus.CANCELLED,
+        created_at=1,
+        updated_at=1,
+        ttl_ms=None,
+        dispatches=1,
+    )
+
+
+def test_a_revoke_with_the_broker_down_returns_at_once_and_gives_up_within_its_bound(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    use_redis_transport_fix()
+    app = Celery("revoker", broker=f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
+    revoker = BackgroundRevoker(app)
+    caplog.set_level(logging.WARNING, "celery_mcp_tasks.worker")
+    started = time.monotonic()
+    revoker.submit("a-celery-id", "stubborn", terminate=True)
+    assert time.monotonic() - started < 0.1
+    wait_until(lambda: "given up" in caplog.text, 10, "the revoke to give up")
+    assert time.monotonic() - started < revoker.deadline_s + 3
+    lines = [r.getMessage() for r in caplog.records if "given up" in r.getMessage()]
+    assert len(lines) == 1 and "'stubborn'" in lines[0] and "a-celery-id" not in caplog.text
+
+
+def test_pending_revokes_are_bounded_and_sent_as_one_broadcast(caplog: pytest.LogCaptureFixture) -> None:
+    release = threading.Event()
+    published: list[tuple[list[str], bool]] = []
+
+    def publish(ids: list[str], terminate: bool) -> None:
+        release.wait(10)
+        published.append((ids, terminate))
+
+    revoker = BackgroundRevoker(Celery("revoker"), max_pending=3, publish=publish)
+    caplog.set_level(logging.WARNING, "celery_mcp_tasks.worker")
+    revoker.submit("first", "t", terminate=True)  # taken by the thread, which then blocks in publish
+    wait_until(lambda: revoker._queue.empty(), 5, "the first revoke to be taken")
+    for n in range(5):
+        revoker.submit(f"id-{n}", "t", terminate=True)
+    assert caplog.text.count("dropped") == 2  # three wait, two are dropped (with a line each, no id)
+    assert "id-" not in caplog.text
+    release.set()
+    wait_until(lambda: len(published) == 2, 5, "the pending revokes to be sent")
+    assert published == [(["first"], True), (["id-0", "id-1", "id-2"], True)]
+
+
+def test_only_a_tool_that_asked_for_termination_is_revoked() -> None:
+    class Recording(BackgroundRevoker):
+        def __init__(self) -> None:
+            self.submitted: list[tuple[str, str, bool]] = []
+
+        def submit(self, celery_id: str, tool: str, *, terminate: bool) -> None:
+            self.submitted.append((celery_id, tool, terminate))
+
+    recording = Recording()
+    tools = {"stubborn": Tool("stubborn", terminate=True), "polite": Tool("polite", terminate=False)}
+    dispatcher = CeleryDispatcher(Celery("revoker"), tools, revoker=recording)  # type: ignore[arg-type]
+    dispatcher.revoke(_record("polite"))  # it checks ctx.cancelled(); a queued message is skipped at its start
+    dispatcher.revoke(_record("gone"))  # a tool no longer registered
+    dispatcher.revoke(_record("stubborn"))
+    assert recording.submitted == [(celery_id(_record("stubborn")), "stubborn", True)]
