@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.support import POSTGRES_URL, REDIS_URL, Backend, Deployment, McpHttp, fresh_postgres_database  # noqa: E402
+from tests.support import POSTGRES_URL, REDIS_URL, Backend, Deployment, McpHttp, fresh_postgres_database
 
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "300"))
 

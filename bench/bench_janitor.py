@@ -23,15 +23,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import sqlalchemy as sa  # noqa: E402
+import sqlalchemy as sa
 
-from celery_mcp_tasks.config import Settings  # noqa: E402
-from celery_mcp_tasks.janitor import sweep  # noqa: E402
-from celery_mcp_tasks.migrate import upgrade  # noqa: E402
-from celery_mcp_tasks.model import now_ms  # noqa: E402
-from celery_mcp_tasks.service import TaskService  # noqa: E402
-from celery_mcp_tasks.store.sql import SqlStore  # noqa: E402
-from tests.support import POSTGRES_URL, fresh_postgres_database  # noqa: E402
+from celery_mcp_tasks.config import Settings
+from celery_mcp_tasks.janitor import sweep
+from celery_mcp_tasks.migrate import upgrade
+from celery_mcp_tasks.model import now_ms
+from celery_mcp_tasks.service import TaskService
+from celery_mcp_tasks.store.sql import SqlStore
+from tests.support import POSTGRES_URL, fresh_postgres_database
 
 ROWS = int(os.environ.get("BENCH_ROWS", "1000000"))
 BATCH = int(os.environ.get("BENCH_BATCH", str(inspect.signature(sweep).parameters["batch_size"].default)))
@@ -66,11 +66,13 @@ class Writers:
         with self.lock:
             self.latencies.append(elapsed)
             if elapsed > 0.05 and os.environ.get("BENCH_DEBUG"):
-                print(f"    stall {elapsed * 1e3:.0f} ms at {time.strftime('%H:%M:%S')} in {getattr(op, '__name__', op)}")
+                print(
+                    f"    stall {elapsed * 1e3:.0f} ms at {time.strftime('%H:%M:%S')} in {getattr(op, '__name__', op)}"
+                )
 
     def _run(self) -> None:
+        holder: dict[str, str] = {}  # the current round's task (each create replaces it)
         while not self.stop.is_set():
-            holder: dict[str, str] = {}
 
             def create() -> None:
                 holder["key"] = self.service.create(owner="sub:live", tool="bench", arguments={}, dispatch=False)[1].key
@@ -109,8 +111,10 @@ def evict_all(url: str) -> dict[str, float]:
 def describe(label: str, latencies: list[float]) -> str:
     ordered = sorted(latencies)
     p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
-    return (f"  {label:<28} {len(ordered):6d} writes  p50 {statistics.median(ordered) * 1e3:6.2f} ms  "
-            f"p99 {p99 * 1e3:6.2f} ms  max {ordered[-1] * 1e3:7.2f} ms")
+    return (
+        f"  {label:<28} {len(ordered):6d} writes  p50 {statistics.median(ordered) * 1e3:6.2f} ms  "
+        f"p99 {p99 * 1e3:6.2f} ms  max {ordered[-1] * 1e3:7.2f} ms"
+    )
 
 
 def main() -> None:
@@ -126,8 +130,10 @@ def main() -> None:
         with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.execute(sa.text("VACUUM ANALYZE mcp_tasks_task"))
             conn.execute(sa.text("CHECKPOINT"))  # the fill's own WAL must not checkpoint during the measurement
-        print(f"PostgreSQL: {ROWS} expired rows inserted in {time.perf_counter() - started:.1f} s; "
-              f"batch {BATCH}, {WRITERS} writer threads")
+        print(
+            f"PostgreSQL: {ROWS} expired rows inserted in {time.perf_counter() - started:.1f} s; "
+            f"batch {BATCH}, {WRITERS} writer threads"
+        )
 
         baseline = Writers(service, WRITERS).run_for(5.0)
 
@@ -146,12 +152,16 @@ def main() -> None:
         janitor.join()
 
         seconds = report["seconds"]
-        print(f"  evicted {int(report['removed'])} rows in {seconds:.1f} s ({report['removed'] / seconds:,.0f} rows/s)"
-              f"  target < 60 s")
+        print(
+            f"  evicted {int(report['removed'])} rows in {seconds:.1f} s ({report['removed'] / seconds:,.0f} rows/s)"
+            f"  target < 60 s"
+        )
         print(describe("writers, janitor idle", baseline))
         print(describe("writers, janitor evicting", during))
-        print(f"  max writer stall during eviction {max(during) * 1e3:.1f} ms (target < 100 ms); "
-              f"ratio of max to idle max {max(during) / max(baseline):.2f}x")
+        print(
+            f"  max writer stall during eviction {max(during) * 1e3:.1f} ms (target < 100 ms); "
+            f"ratio of max to idle max {max(during) / max(baseline):.2f}x"
+        )
         store.dispose()
 
 

@@ -53,8 +53,11 @@ def measure() -> dict[str, Any]:
     service = job_app.tasks.service()
     backend = Backend(os.environ["BENCH_BACKEND"], json.loads(os.environ["BENCH_ENV"]))
     with tempfile.TemporaryDirectory() as logs:
-        worker = start_worker("bench.job_app", backend, Path(logs), concurrency=2, **json.loads(os.environ["BENCH_EXTRA"]))
+        worker = start_worker(
+            "bench.job_app", backend, Path(logs), concurrency=2, **json.loads(os.environ["BENCH_EXTRA"])
+        )
         try:
+
             def ours() -> None:
                 _, record = service.create(owner=None, tool="noop", arguments={})
                 _wait(lambda: service.status(record.key).terminal)
@@ -84,13 +87,13 @@ def measure() -> dict[str, Any]:
                 start = time.perf_counter()
                 keys = [service.create(owner=None, tool="noop", arguments={})[1].key for _ in range(BURST)]
                 done = sa.select(sa.func.count()).where(task_table.c.key.in_(keys), task_table.c.status == "completed")
-                _wait(lambda: count(done) == BURST)
+                _wait(lambda done=done: count(done) == BURST)
                 burst["ours"].append((time.perf_counter() - start) / BURST)
 
                 start = time.perf_counter()
                 ids = [job_app.plain_noop.apply_async().id for _ in range(BURST)]
                 done = sa.select(sa.func.count()).where(meta.c.task_id.in_(ids), meta.c.status == "SUCCESS")
-                _wait(lambda: count(done) == BURST)
+                _wait(lambda done=done: count(done) == BURST)
                 burst["plain"].append((time.perf_counter() - start) / BURST)
         finally:
             worker.stop()
@@ -102,19 +105,25 @@ def report(name: str, result: dict[str, Any]) -> None:
     p50 = {k: statistics.median(v) for k, v in lat.items()}
     per_job = {k: min(v) for k, v in burst.items()}
     print(f"[{name}] {ROUNDS} sequential jobs each, then bursts of {BURST}")
-    print(f"  latency p50   plain {p50['plain'] * 1e3:7.2f} ms   @mcp_task {p50['ours'] * 1e3:7.2f} ms   "
-          f"ratio {p50['ours'] / p50['plain']:.2f}x (target <= 1.5x)")
-    print(f"  burst per job plain {per_job['plain'] * 1e3:7.2f} ms   @mcp_task {per_job['ours'] * 1e3:7.2f} ms   "
-          f"ratio {per_job['ours'] / per_job['plain']:.2f}x (target <= 1.5x)")
+    print(
+        f"  latency p50   plain {p50['plain'] * 1e3:7.2f} ms   @mcp_task {p50['ours'] * 1e3:7.2f} ms   "
+        f"ratio {p50['ours'] / p50['plain']:.2f}x (target <= 1.5x)"
+    )
+    print(
+        f"  burst per job plain {per_job['plain'] * 1e3:7.2f} ms   @mcp_task {per_job['ours'] * 1e3:7.2f} ms   "
+        f"ratio {per_job['ours'] / per_job['plain']:.2f}x (target <= 1.5x)"
+    )
 
 
 def run_backend(name: str, env: dict[str, str]) -> None:
     extra = {"MCP_TASKS_QUEUE": f"bench-{uuid.uuid4().hex[:8]}", "MCP_TASKS_MAX_ROWS": "none"}
     child_env = {k: v for k, v in os.environ.items() if not k.startswith(("MCP_TASKS_", "CELERY_"))}
-    child_env.update(env, **extra, BENCH_BACKEND=name, BENCH_ENV=json.dumps(env), BENCH_EXTRA=json.dumps(extra),
-                     PYTHONPATH=str(ROOT))
-    out = subprocess.run([sys.executable, __file__, "--measure"], env=child_env, cwd=ROOT, check=True,
-                         capture_output=True, text=True)
+    child_env.update(
+        env, **extra, BENCH_BACKEND=name, BENCH_ENV=json.dumps(env), BENCH_EXTRA=json.dumps(extra), PYTHONPATH=str(ROOT)
+    )
+    out = subprocess.run(
+        [sys.executable, __file__, "--measure"], env=child_env, cwd=ROOT, check=True, capture_output=True, text=True
+    )
     report(name, json.loads(out.stdout.strip().splitlines()[-1]))
 
 

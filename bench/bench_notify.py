@@ -105,8 +105,11 @@ def measure(config: Config, samples: int, workdir: Path) -> Result:
 def configs(postgres: str | None, redis: str | None, workdir: Path) -> list[Config]:
     found = [Config("embedded", "p99 < 300 ms", {"MCP_TASKS_DATA_DIR": str(workdir / "embedded")})]
     if postgres and redis:
-        base = {"MCP_TASKS_DATABASE_URL": postgres, "CELERY_BROKER_URL": redis,
-                "MCP_TASKS_DATA_DIR": str(workdir / "server")}
+        base = {
+            "MCP_TASKS_DATABASE_URL": postgres,
+            "CELERY_BROKER_URL": redis,
+            "MCP_TASKS_DATA_DIR": str(workdir / "server"),
+        }
         found = [
             Config("poll-pg", "baseline", {**base, "MCP_TASKS_NOTIFY": "poll"}),
             Config("postgres", "p50 < 10, p99 < 50 ms", {**base, "MCP_TASKS_NOTIFY": "postgres"}),
@@ -124,8 +127,10 @@ def report(results: list[Result]) -> None:
         ratios = "       -       -"
         if baseline is not None:
             ratios = f"{p50 / baseline.quantile(0.5):>8.3f}{p99 / baseline.quantile(0.99):>8.3f}"
-        print(f"{result.config.name:<14}{p50:>9.2f}{p99:>9.2f}{statistics.fmean(result.samples):>9.2f}{ratios}"
-              f"  {result.config.target}")
+        print(
+            f"{result.config.name:<14}{p50:>9.2f}{p99:>9.2f}{statistics.fmean(result.samples):>9.2f}{ratios}"
+            f"  {result.config.target}"
+        )
     for result in results:
         if result.poll_query_ms is not None:
             print(f"row-poll query cost ({result.config.name}): {result.poll_query_ms:.3f} ms per 100 ms tick")

@@ -28,7 +28,9 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 def _guarded_popen_init(self: subprocess.Popen[Any], *args: Any, **kwargs: Any) -> None:
     """`-m "not integration"` is the fast loop: a test (or its fixtures) that starts a process must say so."""
     if _running is not None and _running.get_closest_marker("integration") is None:
-        raise RuntimeError(f"{_running.nodeid} starts a process: mark its module `pytestmark = pytest.mark.integration`")
+        raise RuntimeError(
+            f"{_running.nodeid} starts a process: mark its module `pytestmark = pytest.mark.integration`"
+        )
     _popen_init(self, *args, **kwargs)
 
 
@@ -74,8 +76,9 @@ def _embedded(tmp: Path) -> Backend:
     return Backend("embedded", {"MCP_TASKS_DATA_DIR": str(tmp)})
 
 
-@pytest.fixture(scope="session", params=["embedded", pytest.param("pg_redis", marks=[pytest.mark.postgres,
-                                                                                  pytest.mark.redis])])
+@pytest.fixture(
+    scope="session", params=["embedded", pytest.param("pg_redis", marks=[pytest.mark.postgres, pytest.mark.redis])]
+)
 def backend(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
     """A deployment's worth of infrastructure: embedded (no servers) or PostgreSQL + Redis."""
     if request.param == "embedded":

@@ -43,7 +43,9 @@ def free_port() -> int:
 def fresh_postgres_database(base_url: str) -> Iterator[str]:
     """A new, empty database on the test server, dropped afterwards."""
     name = f"mcp_tasks_test_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(base_url.replace("postgresql://", "postgresql+psycopg://", 1), isolation_level="AUTOCOMMIT")
+    admin = sa.create_engine(
+        base_url.replace("postgresql://", "postgresql+psycopg://", 1), isolation_level="AUTOCOMMIT"
+    )
     with admin.connect() as conn:
         conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
     url = sa.engine.make_url(base_url).set(database=name).render_as_string(hide_password=False)
@@ -118,10 +120,35 @@ def start_web(app: str, backend: Backend, log_dir: Path, name: str = "web", **ex
     return proc, url
 
 
-def start_worker(app: str, backend: Backend, log_dir: Path, name: str = "worker", *, pool: str = "prefork",
-                 concurrency: int = 2, beat: bool = False, **extra_env: str) -> Proc:
-    argv = [sys.executable, "-m", "celery", "-A", app, "worker", "-P", pool, "-c", str(concurrency),
-            "--loglevel", "INFO", "--without-mingle", "--without-gossip", "-n", f"{name}-{uuid.uuid4().hex[:6]}@%h"]
+def start_worker(
+    app: str,
+    backend: Backend,
+    log_dir: Path,
+    name: str = "worker",
+    *,
+    pool: str = "prefork",
+    concurrency: int = 2,
+    beat: bool = False,
+    **extra_env: str,
+) -> Proc:
+    argv = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        app,
+        "worker",
+        "-P",
+        pool,
+        "-c",
+        str(concurrency),
+        "--loglevel",
+        "INFO",
+        "--without-mingle",
+        "--without-gossip",
+        "-n",
+        f"{name}-{uuid.uuid4().hex[:6]}@%h",
+    ]
     if beat:
         argv += ["-B", "-s", str(log_dir / f"{name}-beat-schedule")]
     proc = spawn(name, argv, process_env(backend, **extra_env), log_dir)
@@ -151,6 +178,67 @@ def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.05
     raise TimeoutError(f"timed out waiting for {what}")
 
 
+def without_meta(task: dict[str, Any]) -> dict[str, Any]:
+    """A task as tasks/get renders it, minus the per-response `_meta`: what must not change between reads."""
+    return {key: value for key, value in task.items() if key != "_meta"}
+
+
+def celery_id_of(task_id: str, dispatch: int = 1) -> str:
+    """The Celery message id of a task's `dispatch`-th send (derived from the row key, never the id itself)."""
+    from types import SimpleNamespace
+
+    from celery_mcp_tasks.model import task_key
+    from celery_mcp_tasks.worker.dispatch import celery_id
+
+    return celery_id(SimpleNamespace(key=task_key(task_id), dispatches=dispatch))  # type: ignore[arg-type]
+
+
+_RUN_ENDS = (" succeeded in ", " ended its run in ", " raised unexpected", "Discarding revoked task")
+
+
+def run_ended(proc: Proc, task_id: str, dispatch: int = 1, timeout: float = 30) -> str:
+    """Wait for the worker's trace line that closes the job's run, and return it.
+
+    Celery writes it after the task_success/task_failure signal, i.e. after the signal
+    bridge tried to record the outcome: once it is there, a late result had its chance.
+    A message discarded as revoked counts too (the job never ran).
+    """
+    marker = f"[{celery_id_of(task_id, dispatch)}]"
+
+    def closing_line() -> str | None:
+        for line in proc.text().splitlines():
+            if marker in line and any(end in line for end in _RUN_ENDS):
+                return line
+        return None
+
+    return wait_until(closing_line, timeout, f"the trace line closing run {dispatch} of the job")
+
+
+def worker_caught_up(backend: Backend, proc: Proc, timeout: float = 20) -> None:
+    """Ping the worker over its control channel and wait for the reply.
+
+    A worker handles control messages one at a time, in order: once it answers a ping
+    sent now, it has finished handling every revoke sent before (a terminate, and the
+    `task_revoked` signal the bridge hears, run inside that handler).
+    """
+    import re
+
+    from celery import Celery
+
+    from celery_mcp_tasks.app import configure_celery
+    from celery_mcp_tasks.config import Settings
+
+    match = re.search(r"(\S+@\S+) ready\.", proc.text())
+    assert match, "the worker never said it was ready"
+    app = Celery("test-control")
+    configure_celery(app, Settings.from_env(backend.env))
+    try:
+        replies = app.control.ping(destination=[match.group(1)], timeout=timeout, limit=1)
+    finally:
+        app.close()
+    assert replies, f"{match.group(1)} did not answer a ping within {timeout}s"
+
+
 @dataclass
 class McpHttp:
     """A raw 2026-07-28 client: every header and envelope field under the test's control."""
@@ -166,16 +254,22 @@ class McpHttp:
     def close(self) -> None:
         self.http.close()
 
-    def raw(self, method: str, params: dict[str, Any] | None = None, *, name: str | None = None,
-            headers: dict[str, str] | None = None, capabilities: dict[str, Any] | None = None) -> httpx.Response:
+    def raw(
+        self,
+        method: str,
+        params: dict[str, Any] | None = None,
+        *,
+        name: str | None = None,
+        headers: dict[str, str] | None = None,
+        capabilities: dict[str, Any] | None = None,
+    ) -> httpx.Response:
         self._next_id += 1
         body_params = dict(params or {})
         body_params["_meta"] = {
             "io.modelcontextprotocol/protocolVersion": PROTOCOL,
             "io.modelcontextprotocol/clientCapabilities": self.capabilities if capabilities is None else capabilities,
         }
-        sent = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": PROTOCOL,
-                "Mcp-Method": method}
+        sent = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": PROTOCOL, "Mcp-Method": method}
         if name is not None:
             sent["Mcp-Name"] = name
         sent.update(headers or {})
@@ -242,6 +336,9 @@ class Deployment:
 
     def logs(self) -> str:
         return "\n".join(proc.text() for proc in self.procs)
+
+    def first_worker(self) -> Proc:
+        return next(proc for proc in self.procs if proc.name.startswith("worker"))
 
     def stop(self) -> None:
         for proc in reversed(self.procs):

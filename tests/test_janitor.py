@@ -37,8 +37,17 @@ class Sends:
 
 def add(store: SqlStore, key: str, *, age_ms: int = 0, **changes: Any) -> TaskRecord:
     at = now_ms() - age_ms
-    values: dict[str, Any] = dict(key=key, owner=None, tool="t", status=TaskStatus.WORKING, created_at=at,
-                                  updated_at=at, ttl_ms=3_600_000, dispatches=1, heartbeat_at=at)
+    values: dict[str, Any] = dict(
+        key=key,
+        owner=None,
+        tool="t",
+        status=TaskStatus.WORKING,
+        created_at=at,
+        updated_at=at,
+        ttl_ms=3_600_000,
+        dispatches=1,
+        heartbeat_at=at,
+    )
     values.update(changes)
     record = TaskRecord(**values)
     store.create(record, max_rows=None)
@@ -174,8 +183,9 @@ def test_counts_go_to_the_log_and_the_metric_hook_never_ids(store: SqlStore, cap
     assert "expired" not in caplog.text
 
 
-def test_an_idle_sweep_is_quiet_and_a_broken_metric_hook_is_contained(store: SqlStore,
-                                                                     caplog: pytest.LogCaptureFixture) -> None:
+def test_an_idle_sweep_is_quiet_and_a_broken_metric_hook_is_contained(
+    store: SqlStore, caplog: pytest.LogCaptureFixture
+) -> None:
     def broken(name: str, counts: dict[str, int]) -> None:
         raise RuntimeError("statsd is down")
 

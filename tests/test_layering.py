@@ -12,8 +12,17 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "src" / "celery_mcp_tasks"
 DOMAIN = ["model.py", "service.py", "store"]
 ADAPTERS = ["mcp", "worker", "client"]
-OUTSIDE = ("mcp", "mcp_types", "celery", "kombu", "celery_mcp_tasks.mcp", "celery_mcp_tasks.worker",
-           "celery_mcp_tasks.client", "celery_mcp_tasks.protocol", "celery_mcp_tasks.app")
+OUTSIDE = (
+    "mcp",
+    "mcp_types",
+    "celery",
+    "kombu",
+    "celery_mcp_tasks.mcp",
+    "celery_mcp_tasks.worker",
+    "celery_mcp_tasks.client",
+    "celery_mcp_tasks.protocol",
+    "celery_mcp_tasks.app",
+)
 
 
 def _imports(path: Path) -> set[str]:
@@ -54,7 +63,9 @@ def test_an_adapter_never_imports_another(adapter: str) -> None:
 
 @pytest.mark.integration
 def test_importing_the_domain_loads_neither_the_sdk_nor_celery() -> None:
-    probe = ("import sys, celery_mcp_tasks, celery_mcp_tasks.model, celery_mcp_tasks.store.sql, celery_mcp_tasks.service; "
-             "print(sorted(m for m in ('mcp', 'mcp_types', 'celery', 'kombu') if m in sys.modules))")
+    probe = (
+        "import sys, celery_mcp_tasks, celery_mcp_tasks.model, celery_mcp_tasks.store.sql, celery_mcp_tasks.service; "
+        "print(sorted(m for m in ('mcp', 'mcp_types', 'celery', 'kombu') if m in sys.modules))"
+    )
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60)
     assert loaded.stdout.strip() == "[]"

@@ -1,18 +1,25 @@
 """Alembic: the repository's `alembic upgrade head`, the CLI and the programmatic API agree
-with the models, leave other tables alone, and never drift (`alembic check`)."""
+with the models, leave other tables alone, never drift (`alembic check`), and carry a
+populated database from the first revision to head."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from dataclasses import MISSING, fields, replace
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
 from celery_mcp_tasks import migrate
+from celery_mcp_tasks.model import TaskRecord, TaskStatus, new_task_id, now_ms, task_key
+from celery_mcp_tasks.service import TaskService
+from celery_mcp_tasks.store.engine import normalize_url
 from celery_mcp_tasks.store.schema import VERSION_TABLE
+from celery_mcp_tasks.store.sql import SqlStore
 from tests.conftest import needs_postgres
 from tests.support import POSTGRES_URL, ROOT, fresh_postgres_database
 
@@ -76,11 +83,180 @@ def test_downgrade_to_base_and_up_again(tmp_path: Path):
     _assert_migrated_without_drift(url)
 
 
-def test_the_wheel_ships_the_migrations_inside_the_package():
-    shipped = Path(migrate.SCRIPT_LOCATION)
-    assert (shipped / "env.py").is_file() and list((shipped / "versions").glob("0001_*.py"))
+# What the wheel holds is proven on the real wheel, built from the sdist, by .ci/check_wheel.py
+# (run from .ci/install_paths.sh). The tests below prove that check can fail.
+
+
+def _check_wheel(tmp_path: Path, drop: str | None = None) -> tuple[int, str]:
+    """Run .ci/check_wheel.py on a wheel and an sdist laid out like the real ones, minus `drop`."""
+    import importlib.util
+    import io
+    import tarfile
+    import zipfile
+    from contextlib import redirect_stderr, redirect_stdout
+
+    versions = sorted(p.name for p in (ROOT / "migrations" / "versions").glob("*.py"))
+    info = "celery_mcp_tasks-0.1.0.dist-info"
+    members = {
+        "celery_mcp_tasks/migrations/env.py": "",
+        "celery_mcp_tasks/migrations/script.py.mako": "",
+        **{f"celery_mcp_tasks/migrations/versions/{v}": "" for v in versions},
+        "celery_mcp_tasks/py.typed": "",
+        f"{info}/licenses/LICENSE": "Apache",
+        f"{info}/METADATA": "Name: celery-mcp-tasks\nLicense-Expression: Apache-2.0\nLicense-File: LICENSE\n",
+    }
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    with zipfile.ZipFile(dist / "celery_mcp_tasks-0.1.0-py3-none-any.whl", "w") as wheel:
+        for name, text in members.items():
+            if name != drop:
+                wheel.writestr(name, text)
+    with tarfile.open(dist / "celery_mcp_tasks-0.1.0.tar.gz", "w:gz") as sdist:
+        for name in ("LICENSE", "src/celery_mcp_tasks/migrations/env.py"):
+            data = b"x"
+            entry = tarfile.TarInfo(f"celery_mcp_tasks-0.1.0/{name}")
+            entry.size = len(data)
+            sdist.addfile(entry, io.BytesIO(data))
+    spec = importlib.util.spec_from_file_location("check_wheel", ROOT / ".ci" / "check_wheel.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = io.StringIO()
+    argv, sys.argv = sys.argv, ["check_wheel.py", str(dist), str(ROOT)]
+    try:
+        with redirect_stdout(out), redirect_stderr(out):
+            status = module.main()
+    finally:
+        sys.argv = argv
+    return status, out.getvalue()
+
+
+def test_the_ci_wheel_check_passes_a_wheel_with_every_migration(tmp_path: Path):
+    status, output = _check_wheel(tmp_path)
+    assert status == 0, output
+    assert all(v.name in output for v in (ROOT / "migrations" / "versions").glob("*.py"))
+
+
+def test_the_ci_wheel_check_fails_a_wheel_missing_the_newest_migration(tmp_path: Path):
+    newest = sorted(p.name for p in (ROOT / "migrations" / "versions").glob("*.py"))[-1]
+    status, output = _check_wheel(tmp_path, drop=f"celery_mcp_tasks/migrations/versions/{newest}")
+    assert status == 1 and f"missing celery_mcp_tasks/migrations/versions/{newest}" in output
+
+
+# -- a database migrated long ago, with tasks in it ------------------------------------------------
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def unmigrated_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'old.db'}"
+        return
+    if not POSTGRES_URL:
+        pytest.skip("set MCP_TASKS_TEST_POSTGRES_URL to run")
+    with fresh_postgres_database(POSTGRES_URL) as url:
+        yield url
+
+
+def _tasks_written_at_0001() -> list[tuple[str, TaskRecord]]:
+    """One task in each state, every 0001 column holding something other than its default."""
+    asked = {
+        "ok": {
+            "method": "elicitation/create",
+            "params": {
+                "message": "Go?",
+                "requestedSchema": {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]},
+            },
+        }
+    }
+    at = now_ms() - 120_000  # two minutes ago: alive by TTL, long silent by heartbeat
+    base = dict(
+        tool="report",
+        created_at=at,
+        updated_at=at + 1_000,
+        ttl_ms=86_400_000,
+        poll_interval_ms=750,
+        arguments={"topic": "tides", "n": 3},
+        version=4,
+        dispatches=1,
+        heartbeat_at=at + 500,
+    )
+    states = [
+        dict(owner="sub:alice", status=TaskStatus.WORKING, status_message="Writing section 2"),
+        dict(
+            owner="sub:bob",
+            status=TaskStatus.INPUT_REQUIRED,
+            status_message="Waiting",
+            input_requests=asked,
+            issued_keys=("ok",),
+        ),
+        dict(
+            owner=None,
+            status=TaskStatus.COMPLETED,
+            input_responses={"ok": {"action": "accept"}},
+            issued_keys=("ok",),
+            result={"content": [{"type": "text", "text": "done"}], "isError": False},
+        ),
+        dict(
+            owner="client_id:app",
+            status=TaskStatus.FAILED,
+            status_message="Job failed: boom",
+            error={"code": -32603, "message": "Job failed: boom"},
+            ttl_ms=None,
+        ),
+        dict(owner="sub:alice", status=TaskStatus.CANCELLED, status_message="Cancelled by the client"),
+    ]
+    tasks = []
+    for state in states:
+        task_id = new_task_id()
+        tasks.append((task_id, TaskRecord(key=task_key(task_id), **{**base, **state})))  # type: ignore[arg-type]
+    return tasks
+
+
+def test_tasks_written_at_revision_0001_survive_upgrading_to_head(unmigrated_url: str):
+    """The first upgrade a user runs on a live database: every row reads back whole, columns added
+    since 0001 read as a new record's defaults, and the tasks go on (answer, cancel, reap)."""
+    migrate.upgrade(unmigrated_url, "0001")
+    written = _tasks_written_at_0001()
+    engine = sa.create_engine(normalize_url(unmigrated_url))
+    try:
+        old_table = sa.Table("mcp_tasks_task", sa.MetaData(), autoload_with=engine)
+        old_columns = set(old_table.c.keys())
+        with engine.begin() as conn:
+            for _, record in written:
+                row = {f.name: getattr(record, f.name) for f in fields(TaskRecord)}
+                row.update(
+                    status=record.status.value, issued_keys=list(record.issued_keys), expires_at=record.expires_at
+                )
+                conn.execute(old_table.insert(), {k: v for k, v in row.items() if k in old_columns})
+    finally:
+        engine.dispose()
+    added = [f for f in fields(TaskRecord) if f.name not in old_columns]
+    assert added, "no column was added since 0001: this test no longer tests an upgrade"
+
+    migrate.upgrade(unmigrated_url)
+    migrate.check(unmigrated_url)  # and the upgraded schema is exactly head's
+    store = SqlStore.from_url(unmigrated_url)
+    try:
+        for _, record in written:
+            defaults = {f.name: f.default_factory() if f.default_factory is not MISSING else f.default for f in added}
+            assert store.get(record.key) == replace(record, **defaults), record.status
+        sends: list[TaskRecord] = []
+        service = TaskService(store, dispatcher=sends.append)
+        (working_id, working), (asking_id, _), (done_id, _), _, _ = written
+        assert service.get(working_id, "sub:alice").status_message == "Writing section 2"
+        resumed = service.answer(asking_id, "sub:bob", {"ok": {"action": "accept", "content": {"ok": True}}})
+        assert resumed.status is TaskStatus.WORKING and [r.key for r in sends] == [resumed.key]
+        # The reaper sees the pre-upgrade run whose heartbeat is long gone (not the one just sent).
+        assert [r.key for r in store.stale(heartbeat_before_ms=now_ms() - 60_000, limit=10)] == [working.key]
+        cancelled, changed = service.cancel(working_id, "sub:alice")
+        assert changed and cancelled.status is TaskStatus.CANCELLED
+        assert service.cancel(done_id, None) == (store.get(written[2][1].key), False)  # final stays final
+    finally:
+        store.dispose()
 
 
 @pytest.mark.parametrize("url", ["postgresql://user:p%40ss@localhost/db"])
 def test_urls_with_percent_escapes_survive_the_ini_interpolation(url: str):
-    assert migrate.alembic_config(url).get_main_option("sqlalchemy.url") == "postgresql+psycopg://user:p%40ss@localhost/db"
+    assert (
+        migrate.alembic_config(url).get_main_option("sqlalchemy.url") == "postgresql+psycopg://user:p%40ss@localhost/db"
+    )

@@ -1,4 +1,6 @@
+import hashlib
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -6,18 +8,28 @@ from celery_mcp_tasks.model import (
     DuplicateInputKeys,
     InvalidInputResponse,
     InvalidTransition,
+    Run,
+    Superseded,
     TaskRecord,
     TaskStatus,
     TerminalTask,
     new_task_id,
     task_key,
 )
-from celery_mcp_tasks.protocol import format_timestamp, render_create_result, render_task
+from celery_mcp_tasks.protocol import render_task
 
 
 def record(**changes: object) -> TaskRecord:
-    values: dict[str, object] = dict(key="k", owner=None, tool="t", status=TaskStatus.WORKING, created_at=1_000,
-                                     updated_at=1_000, ttl_ms=60_000, poll_interval_ms=500)
+    values: dict[str, object] = dict(
+        key="k",
+        owner=None,
+        tool="t",
+        status=TaskStatus.WORKING,
+        created_at=1_000,
+        updated_at=1_000,
+        ttl_ms=60_000,
+        poll_interval_ms=500,
+    )
     values.update(changes)
     return TaskRecord(**values)  # type: ignore[arg-type]
 
@@ -28,57 +40,116 @@ def test_task_id_is_43_char_base64url_and_unique():
     assert all(re.fullmatch(r"[A-Za-z0-9_-]{43}", i) for i in ids)
 
 
-def test_row_key_is_a_one_way_hash_not_the_id():
+def test_row_key_is_the_sha256_of_the_id_in_hex():
+    # The published contract (DESIGN, decision 1): a known vector, so a weaker or different hash fails here.
+    assert task_key("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
     task_id = new_task_id()
-    assert task_key(task_id) != task_id and len(task_key(task_id)) == 64
-    assert task_key(task_id) == task_key(task_id)
+    assert task_key(task_id) == hashlib.sha256(task_id.encode("ascii")).hexdigest() != task_id
+    assert len({task_key(new_task_id()) for _ in range(100)}) == 100
 
 
-def test_timestamps_are_utc_with_milliseconds():
-    assert format_timestamp(0) == "1970-01-01T00:00:00.000Z"
-    assert format_timestamp(1_790_000_000_123) == "2026-09-21T14:13:20.123Z"
-
-
-def test_create_result_is_flat_with_only_task_fields():
-    result = render_create_result("ID", record(status_message="Queued"))
-    assert result == {"resultType": "task", "taskId": "ID", "status": "working", "createdAt": format_timestamp(1000),
-                      "lastUpdatedAt": format_timestamp(1000), "ttlMs": 60_000, "pollIntervalMs": 500,
-                      "statusMessage": "Queued"}
-
-
-@pytest.mark.parametrize("ttl", [None, 0])
-def test_ttl_is_never_zero_on_the_wire(ttl):
-    assert render_task("ID", record(ttl_ms=ttl))["ttlMs"] is None
-
-
-def test_each_status_renders_only_its_own_payload():
-    asked = record().requiring_input({"k1": {"method": "roots/list", "params": {}}}, 2000)
-    assert render_task("ID", asked)["inputRequests"] == {"k1": {"method": "roots/list", "params": {}}}
-    done = record().completed({"content": []}, 2000)
-    assert "result" in render_task("ID", done) and "error" not in render_task("ID", done)
-    failed = record().failed({"code": -32603, "message": "boom"}, 2000)
-    rendered = render_task("ID", failed)
-    assert rendered["error"] == {"code": -32603, "message": "boom"} and rendered["statusMessage"] == "boom"
-    assert "result" not in rendered and "inputRequests" not in rendered
-    assert set(render_task("ID", record().cancelled(2000))) == {"taskId", "status", "createdAt", "lastUpdatedAt",
-                                                                "ttlMs", "pollIntervalMs", "statusMessage"}
+def test_an_id_no_encoder_accepts_still_hashes_to_a_key_that_is_no_one_elses():
+    keys = {task_key("\ud800"), task_key("\udfff"), task_key("")}
+    assert len(keys) == 3 and all(re.fullmatch(r"[0-9a-f]{64}", key) for key in keys)
 
 
 @pytest.mark.parametrize("final", ["completed", "failed", "cancelled"])
 def test_terminal_states_are_final(final):
-    ended = {"completed": lambda r: r.completed({"content": []}, 2),
-             "failed": lambda r: r.failed({"code": -32603, "message": "x"}, 2),
-             "cancelled": lambda r: r.cancelled(2)}[final](record())
-    for move in (lambda r: r.with_progress("x", 3), lambda r: r.completed({}, 3), lambda r: r.cancelled(3),
-                 lambda r: r.failed({"code": 1, "message": "m"}, 3),
-                 lambda r: r.requiring_input({"a": {}}, 3)):
+    ended = {
+        "completed": lambda r: r.completed({"content": []}, 2),
+        "failed": lambda r: r.failed({"code": -32603, "message": "x"}, 2),
+        "cancelled": lambda r: r.cancelled(2),
+    }[final](record())
+    for move in (
+        lambda r: r.with_progress("x", 3),
+        lambda r: r.completed({}, 3),
+        lambda r: r.cancelled(3),
+        lambda r: r.failed({"code": 1, "message": "m"}, 3),
+        lambda r: r.requiring_input({"a": {}}, 3),
+    ):
         with pytest.raises(TerminalTask):
             move(ended)
 
 
-def test_every_transition_bumps_the_version_and_last_updated():
-    nxt = record().with_progress("half way", 5000)
-    assert nxt.version == 2 and nxt.updated_at == 5000 and nxt.status_message == "half way"
+ASKED = {"a": {"method": "roots/list", "params": {}}}
+
+# (name, the record it starts from, the transition at 5000 ms, what it must have changed)
+VISIBLE = [
+    ("progress", record(), lambda r: r.with_progress("half way", 5000), {"status_message": "half way"}),
+    (
+        "a late retry signal said at the start",
+        record(dispatches=1),
+        lambda r: r.began(Run(1, 1), 5000, stale_before_ms=0),
+        {"attempt": 1, "status_message": "Retrying (attempt 2)"},
+    ),
+    (
+        "retrying",
+        record(dispatches=1),
+        lambda r: r.retrying(Run(1, 1), 5000, start_by_ms=9000),
+        {"attempt": 1, "heartbeat_at": 9000},
+    ),
+    (
+        "a re-send that says so",
+        record(dispatches=1),
+        lambda r: r.dispatched(5000, "again", resend=True),
+        {"dispatches": 2, "resends": 1, "status_message": "again"},
+    ),
+    ("completed", record(), lambda r: r.completed({"content": []}, 5000), {"status": TaskStatus.COMPLETED}),
+    ("failed", record(), lambda r: r.failed({"message": "boom"}, 5000), {"status": TaskStatus.FAILED}),
+    ("cancelled", record(), lambda r: r.cancelled(5000), {"status": TaskStatus.CANCELLED}),
+    ("requiring input", record(), lambda r: r.requiring_input(ASKED, 5000), {"status": TaskStatus.INPUT_REQUIRED}),
+    (
+        "answered",
+        record().requiring_input(ASKED, 2000),
+        lambda r: r.answered({"a": {}}, 5000)[0],
+        {"status": TaskStatus.WORKING, "input_requests": {}},
+    ),
+]
+
+
+@pytest.mark.parametrize(("start", "move", "changed"), [case[1:] for case in VISIBLE], ids=[c[0] for c in VISIBLE])
+def test_every_visible_transition_bumps_the_version_and_last_updated(start, move, changed):
+    nxt = move(start)
+    assert (nxt.version, nxt.updated_at) == (start.version + 1, 5000)
+    assert {name: getattr(nxt, name) for name in changed} == changed
+    assert move(replace(start, updated_at=9000)).updated_at == 9000  # a late clock never moves it backwards
+
+
+BOOKKEEPING = [
+    (
+        "a run claimed",
+        record(dispatches=1),
+        lambda r: r.began(Run(1), 5000, stale_before_ms=0),
+        {"started_at": 5000, "heartbeat_at": 5000},
+    ),
+    ("a send", record(), lambda r: r.dispatched(5000), {"dispatches": 1, "heartbeat_at": 5000}),
+    ("unparking", record().requiring_input(ASKED, 1000, park=True), lambda r: r.unparked(), {"parked": False}),
+]
+
+
+@pytest.mark.parametrize(("start", "move", "changed"), [c[1:] for c in BOOKKEEPING], ids=[c[0] for c in BOOKKEEPING])
+def test_bookkeeping_bumps_the_version_but_not_what_clients_see(start, move, changed):
+    nxt = move(start)
+    assert nxt.version == start.version + 1 and nxt.updated_at == start.updated_at
+    assert {name: getattr(nxt, name) for name in changed} == changed
+    assert render_task("ID", nxt) == render_task("ID", start)
+
+
+def test_transitions_with_nothing_to_record_return_the_same_record():
+    current = record(dispatches=1)
+    assert current.retrying(Run(1, 0), 5000, start_by_ms=0) is current  # not a newer attempt
+    assert current.unparked() is current  # nothing was parked
+
+
+def test_a_run_that_is_not_the_current_one_may_not_write():
+    current = record(dispatches=2, attempt=1)
+    for run in (Run(1, 1), Run(3, 1), Run(2, 0)):  # older dispatch, a dispatch never sent, older attempt
+        with pytest.raises(Superseded):
+            current.with_progress("stale", 5000, run=run)
+        with pytest.raises(Superseded):
+            current.completed({"content": []}, 5000, run=run)
+    with pytest.raises(Superseded):
+        record(dispatches=1).requiring_input(ASKED, 2).began(Run(1), 5000, stale_before_ms=0)  # waiting for input
 
 
 def test_partial_answer_keeps_remaining_keys_then_last_answer_resumes():

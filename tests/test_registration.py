@@ -22,6 +22,7 @@ def test_a_task_tool_named_like_a_plain_tool_is_refused(tasks: McpTasks) -> None
         return query
 
     with pytest.raises(ValueError, match="'lookup'"):
+
         @tasks.mcp_task(name="lookup")
         def slow_lookup(query: str) -> str:
             return query
@@ -38,8 +39,9 @@ def test_a_plain_tool_named_like_a_task_tool_is_refused(tasks: McpTasks) -> None
     with pytest.raises(ValueError, match="'report'"):
         tasks.server.tool(name="report")(lambda topic: topic)
     with pytest.raises(ValueError, match="'report'"):
+
         @tasks.server.tool()
-        def report(topic: str) -> str:  # noqa: F811 - the clash is the point
+        def report(topic: str) -> str:
             return topic
 
 
@@ -54,6 +56,7 @@ def test_the_same_task_tool_twice_is_refused(tasks: McpTasks) -> None:
 
 def test_a_parameter_without_a_json_schema_names_the_tool_and_the_parameter(tasks: McpTasks) -> None:
     with pytest.raises(TypeError) as refused:
+
         @tasks.mcp_task
         def job(count: int, sock: socket.socket, ctx: TaskContext) -> str:
             return "never"

@@ -45,7 +45,7 @@ def service(store: SqlStore, seen: Recorder) -> TaskService:
 
 def _asking(service: TaskService, *keys: str) -> tuple[str, TaskRecord]:
     task_id, record = service.create(owner="sub:alice", tool="t", arguments={"x": 1})
-    record = service.require_input(record.key, {key: ELICIT for key in keys}, "Waiting")
+    record = service.require_input(record.key, dict.fromkeys(keys, ELICIT), "Waiting")
     return task_id, record
 
 

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from celery_mcp_tasks import migrate
 from celery_mcp_tasks.store.schema import VERSION_TABLE
 from tests.conftest import needs_pg_redis, needs_postgres
-from tests.support import POSTGRES_URL, REDIS_URL, ROOT, fresh_postgres_database, free_port, spawn, wait_until
+from tests.support import POSTGRES_URL, REDIS_URL, ROOT, free_port, fresh_postgres_database, spawn, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -34,8 +34,14 @@ UPGRADE_HINT = "run `celery-mcp-tasks db upgrade`"
 def run(argv: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
     base = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "MCP_TASKS_DATA_DIR": str(tmp_path / "data")}
     beat_schedule = ["-s", str(tmp_path / "beat-schedule")] if "beat" in argv else []
-    return subprocess.run([sys.executable, *argv, *beat_schedule], cwd=tmp_path, env={**base, **env},
-                          capture_output=True, text=True, timeout=90)
+    return subprocess.run(
+        [sys.executable, *argv, *beat_schedule],
+        cwd=tmp_path,
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
 
 
 def assert_refused(done: subprocess.CompletedProcess[str], *expected: str) -> str:
@@ -107,14 +113,16 @@ def test_an_unreachable_database_is_one_line_naming_it_with_the_password_redacte
 
 @pytest.mark.parametrize("argv", EVERY_PROCESS, ids=IDS)
 def test_a_malformed_database_url_is_one_line_naming_it(argv: list[str], tmp_path: Path) -> None:
-    assert_refused(run(argv, tmp_path, MCP_TASKS_DATABASE_URL=f"mysql://mcp:{SECRET}@db/tasks"),
-                   "unsupported database 'mysql'")
+    assert_refused(
+        run(argv, tmp_path, MCP_TASKS_DATABASE_URL=f"mysql://mcp:{SECRET}@db/tasks"), "unsupported database 'mysql'"
+    )
 
 
 @pytest.mark.parametrize("argv", [WORKER, BEAT, SERVE_NO_MIGRATE], ids=["worker", "beat", "serve-no-migrate"])
 @needs_postgres
-def test_an_unmigrated_database_is_refused_and_left_untouched(argv: list[str], tmp_path: Path,
-                                                              empty_postgres: str) -> None:
+def test_an_unmigrated_database_is_refused_and_left_untouched(
+    argv: list[str], tmp_path: Path, empty_postgres: str
+) -> None:
     done = run(argv, tmp_path, MCP_TASKS_DATABASE_URL=with_password(empty_postgres))
     assert_refused(done, "not migrated", UPGRADE_HINT)
     assert tables(empty_postgres) == set()
@@ -148,10 +156,18 @@ def test_db_upgrade_creates_the_schema_on_an_empty_database_and_serve_no_migrate
     assert run(DB_UPGRADE, tmp_path, MCP_TASKS_DATABASE_URL=empty_postgres).returncode == 0
     assert {"mcp_tasks_task", VERSION_TABLE} <= tables(empty_postgres)
     port = free_port()
-    web = spawn("web", [sys.executable, "-m", "celery_mcp_tasks.cli", "serve", APP, "--port", str(port),
-                        "--no-migrate"],
-                {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "MCP_TASKS_DATABASE_URL": empty_postgres,
-                 "MCP_TASKS_DATA_DIR": str(tmp_path / "data"), "MCP_TASKS_NOTIFY": "poll"}, tmp_path)
+    web = spawn(
+        "web",
+        [sys.executable, "-m", "celery_mcp_tasks.cli", "serve", APP, "--port", str(port), "--no-migrate"],
+        {
+            "PATH": "/usr/bin:/bin",
+            "PYTHONPATH": str(ROOT),
+            "MCP_TASKS_DATABASE_URL": empty_postgres,
+            "MCP_TASKS_DATA_DIR": str(tmp_path / "data"),
+            "MCP_TASKS_NOTIFY": "poll",
+        },
+        tmp_path,
+    )
     try:
         wait_until(lambda: "Uvicorn running" in web.text() or web.popen.poll() is not None, 60, "serve to start")
         assert web.popen.poll() is None, web.text()
@@ -166,16 +182,38 @@ def test_an_explicit_sqlite_store_on_a_remote_broker_is_the_users_choice_and_the
     assert REDIS_URL
     url = f"sqlite:///{tmp_path / 'explicit.db'}"
     migrate.upgrade(url)
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "MCP_TASKS_DATABASE_URL": url,
-           "CELERY_BROKER_URL": REDIS_URL, "MCP_TASKS_QUEUE": f"refusals-{free_port()}"}
-    worker = spawn("worker", [sys.executable, *WORKER[:5], "-P", "prefork", "-c", "2", "--loglevel", "INFO",
-                              "--without-mingle", "--without-gossip"], env, tmp_path)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(ROOT),
+        "MCP_TASKS_DATABASE_URL": url,
+        "CELERY_BROKER_URL": REDIS_URL,
+        "MCP_TASKS_QUEUE": f"refusals-{free_port()}",
+    }
+    worker = spawn(
+        "worker",
+        [
+            sys.executable,
+            *WORKER[:5],
+            "-P",
+            "prefork",
+            "-c",
+            "2",
+            "--loglevel",
+            "INFO",
+            "--without-mingle",
+            "--without-gossip",
+        ],
+        env,
+        tmp_path,
+    )
     try:
         wait_until(lambda: " ready." in worker.text() or worker.popen.poll() is not None, 60, "the worker")
         text = worker.text()
         assert worker.popen.poll() is None, text
         assert text.count(f"celery-mcp-tasks: store {url}") == 1  # once, by the main process
         tools = next(line for line in text.splitlines() if line.startswith("celery-mcp-tasks: task tools "))
-        assert {"two_rounds", "work", "hopeless"} <= set(tools.removeprefix("celery-mcp-tasks: task tools ").split(", "))
+        assert {"two_rounds", "work", "hopeless"} <= set(
+            tools.removeprefix("celery-mcp-tasks: task tools ").split(", ")
+        )
     finally:
         worker.stop()

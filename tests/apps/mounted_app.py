@@ -1,6 +1,6 @@
 """The quickstart's MCP app mounted inside a FastAPI application (the README's recipe).
 
-    uvicorn tests.apps.mounted_app:app
+uvicorn tests.apps.mounted_app:app
 """
 
 from fastapi import FastAPI

@@ -14,7 +14,10 @@ import signal
 import time
 from typing import Any
 
-from celery_mcp_tasks import InputTimeout, McpTasks, TaskContext, elicit
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import CallToolResult, ElicitRequest, InputRequiredResult, TextContent
+
+from celery_mcp_tasks import InputTimeout, McpTasks, TaskContext, elicit, list_roots, sample
 
 tasks = McpTasks("runtime-tests")
 celery = tasks.celery
@@ -132,3 +135,80 @@ def hopeless(ctx: TaskContext) -> str:
 def elsewhere(ctx: TaskContext) -> str:
     """Hands the task to something outside the job, which completes it by row key."""
     ctx.hand_off("Waiting for the webhook", within_s=60)
+
+
+# -- the synchronous path (optional tools called without the extension) ---------------------
+
+
+@tasks.mcp_task
+def explode(message: str) -> str:
+    """Raises in the worker: a task ends `failed`, a synchronous call gets the JSON-RPC error."""
+    raise RuntimeError(message)
+
+
+@tasks.mcp_task
+def refuse(message: str) -> CallToolResult:
+    """Returns a tool error (isError: true), as any MCP tool may."""
+    return CallToolResult(content=[TextContent(type="text", text=message)], is_error=True)
+
+
+@tasks.mcp_task
+def refuse_by_raising(message: str) -> str:
+    """Raises the SDK's ToolError: the same tool error result as for a synchronous SDK tool."""
+    raise ToolError(message)
+
+
+@tasks.mcp_task(sync_timeout_s=1)
+def impatient(seconds: float, ctx: TaskContext, marker: str) -> str:
+    """`work` with its own 1 s bound on a synchronous call; creates `<marker>.stopped` when cancelled."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if ctx.cancelled():
+            open(f"{marker}.stopped", "w").close()
+            return "stopped early"
+        time.sleep(0.01)
+    return f"worked {seconds:g}s"
+
+
+@tasks.mcp_task(sync_timeout_s=60)
+def patient(seconds: float) -> str:
+    """Outlasts a short MCP_TASKS_SYNC_TIMEOUT_S: its own bound wins."""
+    time.sleep(seconds)
+    return f"waited {seconds:g}s"
+
+
+# -- lifetimes and input of every kind ------------------------------------------------------------
+
+
+@tasks.mcp_task(ttl_ms=1500)
+def short_lived() -> str:
+    """Done at once; its task expires 1.5 s after it was created."""
+    return "done"
+
+
+async def _ask_name(arguments: dict[str, Any], answers: dict[str, Any]) -> InputRequiredResult | dict[str, Any]:
+    """Before the task exists: ask for a name (MRTR) until the answer is there, then seed the task with it."""
+    answer = answers.get("user_name") or {}
+    if answer.get("action") == "accept" and isinstance((answer.get("content") or {}).get("name"), str):
+        return {"user_name": answer}
+    request = elicit("What is your name?", {"name": str})
+    return InputRequiredResult(input_requests={"user_name": ElicitRequest.model_validate(request)})
+
+
+@tasks.mcp_task(needs=("elicitation",), prepare=_ask_name)
+def greet_after_asking(greeting: str, ctx: TaskContext) -> str:
+    """Greets with the name the client gave before the task existed."""
+    return f"{greeting}, {_answer(ctx, 'user_name', 'name')}! (answers: {', '.join(sorted(ctx.input_responses))})"
+
+
+@tasks.mcp_task(needs=("sampling", "roots"))
+def ask_model_and_roots(ctx: TaskContext) -> str:
+    """Asks the client's model for a summary and the client for its roots, in one round."""
+    if "summary" not in ctx.input_responses:
+        ctx.require_input(
+            {"summary": sample("Summarize the plan", max_tokens=50), "roots": list_roots()},
+            "Waiting for the model and the roots",
+        )
+    summary = ctx.input_responses["summary"]["content"]["text"]
+    roots = [root["uri"] for root in ctx.input_responses["roots"]["roots"]]
+    return f"{summary} over {', '.join(roots)}"

@@ -58,8 +58,14 @@ def _install(target: Path) -> None:
     staging = target.with_name(f"{target.name}.{uuid.uuid4().hex[:8]}")
     staging.mkdir(parents=True)
     try:
-        done = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--no-save", "--silent", *packages],
-                              check=False, cwd=staging, capture_output=True, text=True, timeout=600)
+        done = subprocess.run(
+            [npm, "install", "--no-audit", "--no-fund", "--no-save", "--silent", *packages],
+            check=False,
+            cwd=staging,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         if done.returncode != 0 or not (staging / LAUNCHER).exists():
             _unavailable(f"`npm install {' '.join(packages)}` failed: {(done.stderr or done.stdout)[-2000:]}")
         try:
@@ -79,8 +85,19 @@ class Inspector:
 
     def call(self, url: str, tool: str, *args: str, era: str | None = None, timeout: float = 120) -> dict[str, Any]:
         """`mcp-inspector --cli URL --method tools/call ... --format json`: its one JSON object on stdout."""
-        argv = [self.node, str(self.launcher), "--cli", url, "--method", "tools/call", "--tool-name", tool,
-                *args, "--format", "json"]
+        argv = [
+            self.node,
+            str(self.launcher),
+            "--cli",
+            url,
+            "--method",
+            "tools/call",
+            "--tool-name",
+            tool,
+            *args,
+            "--format",
+            "json",
+        ]
         if era is not None:
             argv += ["--protocol-era", era]
         # Its catalog, storage and secrets go to ~/.mcp-inspector: keep the user's home out of it.
@@ -91,7 +108,9 @@ class Inspector:
         try:
             return {"exit": done.returncode, **json.loads(output.splitlines()[-1])}
         except (ValueError, IndexError):
-            raise AssertionError(f"no JSON from the Inspector (exit {done.returncode}):\n{done.stdout}\n{done.stderr}")
+            raise AssertionError(
+                f"no JSON from the Inspector (exit {done.returncode}):\n{done.stdout}\n{done.stderr}"
+            ) from None
 
 
 @pytest.fixture(scope="session")
@@ -142,17 +161,20 @@ def test_the_inspector_in_its_default_mode_gets_a_task_tools_result(inspector: I
     assert len(rows) == before + 1 and rows[-1]["status"] == "completed"  # the hidden row ended; nothing runs on
 
 
-def test_the_inspector_with_protocol_era_auto_follows_the_task_to_its_result(inspector: Inspector,
-                                                                             quickstart: Deployment):
-    reply = inspector.call(quickstart.url, "write_report", "--tool-arg", "topic=beavers", "--tool-arg", "sections=1",
-                           era="auto")
+def test_the_inspector_with_protocol_era_auto_follows_the_task_to_its_result(
+    inspector: Inspector, quickstart: Deployment
+):
+    reply = inspector.call(
+        quickstart.url, "write_report", "--tool-arg", "topic=beavers", "--tool-arg", "sections=1", era="auto"
+    )
     assert reply["exit"] == 0 and text_of(reply) == "A 1-section report on beavers."
     assert reply["result"]["resultType"] == "complete"  # a 2026-07-28 result: the era was negotiated up
 
 
 @pytest.mark.parametrize("backend", ["embedded"], indirect=True)
 def test_a_task_only_tool_is_refused_by_era_in_default_mode_and_runs_as_a_task_with_auto(
-        inspector: Inspector, conformance: Deployment):
+    inspector: Inspector, conformance: Deployment
+):
     """`failing_job` (mode="required") can only answer with a task: the clearest proof of each path."""
     refused = inspector.call(conformance.url, "failing_job")
     assert refused["exit"] != 0, refused

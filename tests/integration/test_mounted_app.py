@@ -19,8 +19,12 @@ def test_the_app_mounted_under_fastapi_pushes_task_changes(tmp_path: Path) -> No
     backend = Backend("embedded", {"MCP_TASKS_DATA_DIR": str(tmp_path / "data")})
     upgrade(backend.store_url)
     port = free_port()
-    web = spawn("web", [sys.executable, "-m", "uvicorn", "tests.apps.mounted_app:app", "--port", str(port),
-                        "--log-level", "warning"], process_env(backend), tmp_path)
+    web = spawn(
+        "web",
+        [sys.executable, "-m", "uvicorn", "tests.apps.mounted_app:app", "--port", str(port), "--log-level", "warning"],
+        process_env(backend),
+        tmp_path,
+    )
     worker = None
     try:
         base = f"http://127.0.0.1:{port}"

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -46,8 +45,14 @@ class LegacySession:
     _next_id: int = 0
 
     def open(self) -> LegacySession:
-        reply = self.request("initialize", {"protocolVersion": self.version, "capabilities": self.capabilities,
-                                            "clientInfo": {"name": "era-test", "version": "0"}})
+        reply = self.request(
+            "initialize",
+            {
+                "protocolVersion": self.version,
+                "capabilities": self.capabilities,
+                "clientInfo": {"name": "era-test", "version": "0"},
+            },
+        )
         self.negotiated = reply["result"]["protocolVersion"]
         assert self.session_id, "the 2025 Streamable HTTP transport must hand out a session id"
         response = self.post({"jsonrpc": "2.0", "method": "notifications/initialized"})
@@ -68,8 +73,9 @@ class LegacySession:
         self.session_id = self.session_id or response.headers.get("mcp-session-id", "")
         return response
 
-    def request(self, method: str, params: dict[str, Any], *, request_id: int | None = None,
-                http: httpx.Client | None = None) -> dict[str, Any]:
+    def request(
+        self, method: str, params: dict[str, Any], *, request_id: int | None = None, http: httpx.Client | None = None
+    ) -> dict[str, Any]:
         if request_id is None:
             self._next_id += 1
             request_id = self._next_id
@@ -92,8 +98,10 @@ def _final_message(response: httpx.Response) -> dict[str, Any]:
     raise AssertionError(f"SSE response without a final message: {response.text!r}")
 
 
-@pytest.fixture(params=[(v, declared) for v in EARLIER_ERAS for declared in (True, False)],
-                ids=[f"{v}-{'ext' if d else 'no-ext'}" for v in EARLIER_ERAS for d in (True, False)])
+@pytest.fixture(
+    params=[(v, declared) for v in EARLIER_ERAS for declared in (True, False)],
+    ids=[f"{v}-{'ext' if d else 'no-ext'}" for v in EARLIER_ERAS for d in (True, False)],
+)
 def legacy(request: pytest.FixtureRequest, conformance: Deployment) -> Iterator[LegacySession]:
     version, declared = request.param
     session = LegacySession(conformance.url, version, WITH_EXT if declared else WITHOUT_EXT).open()
@@ -134,7 +142,8 @@ def test_the_sdk_keeps_a_declared_extension_in_an_earlier_era_initialize():
 
     params = InitializeRequestParams.model_validate(
         {"protocolVersion": "2025-11-25", "capabilities": WITH_EXT, "clientInfo": {"name": "x", "version": "0"}},
-        by_name=False)
+        by_name=False,
+    )
     assert params.capabilities.extensions == {EXT: {}}
 
 
@@ -146,7 +155,8 @@ def test_an_earlier_era_session_negotiates_its_own_version(legacy: LegacySession
 
 
 def test_an_optional_task_tool_on_an_earlier_era_answers_plainly_and_its_row_ends_completed(
-        conformance: Deployment, legacy: LegacySession):
+    conformance: Deployment, legacy: LegacySession
+):
     label = unique(legacy.version)
     reply = legacy.call_tool("slow_compute", {"seconds": 1, "label": label})
     result = reply["result"]
@@ -161,14 +171,16 @@ def test_an_optional_task_tool_on_an_earlier_era_answers_plainly_and_its_row_end
 
 def test_the_legacy_task_augmentation_param_still_gets_a_plain_answer(legacy: LegacySession):
     """A 2025-11-25 `params.task` asks for a core (legacy) task; this server offers none."""
-    reply = legacy.request("tools/call", {"name": "slow_compute", "arguments": {"seconds": 0, "label": "aug"},
-                                          "task": {"ttl": 60000}})
+    reply = legacy.request(
+        "tools/call", {"name": "slow_compute", "arguments": {"seconds": 0, "label": "aug"}, "task": {"ttl": 60000}}
+    )
     assert reply["result"]["content"][0]["text"] == "Computed aug after 0 second(s)"
     assert "taskId" not in reply["result"]
 
 
 def test_a_required_task_tool_on_an_earlier_era_is_refused_and_nothing_is_created(
-        conformance: Deployment, legacy: LegacySession):
+    conformance: Deployment, legacy: LegacySession
+):
     before = {row["key"] for row in task_rows(conformance)}
     for tool, arguments in (("failing_job", {}), ("confirm_delete", {"filename": "kept.txt"})):
         error = legacy.call_tool(tool, arguments)["error"]
@@ -177,8 +189,13 @@ def test_a_required_task_tool_on_an_earlier_era_is_refused_and_nothing_is_create
         assert tool in error["message"] and "2026-07-28" in error["message"]
         assert error["data"] == {"requiredCapabilities": {"extensions": {EXT: {}}}}
     assert {row["key"] for row in task_rows(conformance)} == before
-    time.sleep(0.3)  # a send would have reached the worker by now
+    # A probe sent after the refusals has reached the worker and run: a message sent before it would have
+    # been received first (one queue, first in, first out).
+    probe = unique("probe")
+    assert "result" in legacy.call_tool("slow_compute", {"seconds": 0, "label": probe})
+    wait_until(lambda: [r for r in rows_labelled(conformance, probe) if r["status"] == "completed"], 30, "the probe")
     assert "failing_job[" not in worker_log(conformance) and "confirm_delete[" not in worker_log(conformance)
+    assert "slow_compute[" in worker_log(conformance)
 
 
 def test_the_tasks_methods_do_not_exist_on_an_earlier_era(legacy: LegacySession):
@@ -195,8 +212,9 @@ def test_cancelling_a_synchronous_call_cancels_its_hidden_task(conformance: Depl
 
     def call() -> None:  # on its own connection: the cancel goes out while this one waits
         with httpx.Client(timeout=60) as http:
-            replies.append(session.call_tool("slow_compute", {"seconds": 30, "label": label}, request_id=900,
-                                             http=http))
+            replies.append(
+                session.call_tool("slow_compute", {"seconds": 30, "label": label}, request_id=900, http=http)
+            )
 
     caller = threading.Thread(target=call)
     caller.start()
@@ -204,8 +222,9 @@ def test_cancelling_a_synchronous_call_cancels_its_hidden_task(conformance: Depl
     session.post({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 900}})
     caller.join(15)
     assert replies and replies[0]["error"]["code"] == -32800  # the SDK's answer to a cancelled request
-    (row,) = wait_until(lambda: [r for r in rows_labelled(conformance, label) if r["status"] != "working"], 5,
-                        "the hidden row to end")
+    (row,) = wait_until(
+        lambda: [r for r in rows_labelled(conformance, label) if r["status"] != "working"], 5, "the hidden row to end"
+    )
     assert row["status"] == "cancelled"  # what the job's `ctx.cancelled()` reads: it stops within 100 ms
     session.close()
 
@@ -241,6 +260,7 @@ def test_a_2026_synchronous_caller_that_hangs_up_cancels_the_hidden_task(conform
     with pytest.raises(httpx.ReadTimeout):
         client.call_tool("slow_compute", {"seconds": 30, "label": label}, capabilities=WITHOUT_EXT)
     client.close()
-    (row,) = wait_until(lambda: [r for r in rows_labelled(conformance, label) if r["status"] != "working"], 10,
-                        "the hidden row to end")
+    (row,) = wait_until(
+        lambda: [r for r in rows_labelled(conformance, label) if r["status"] != "working"], 10, "the hidden row to end"
+    )
     assert row["status"] == "cancelled"

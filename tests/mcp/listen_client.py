@@ -17,23 +17,42 @@ SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
 class ListenStream:
     """Opens the stream at once; `next()` returns the JSON-RPC messages in order, `comments` the SSE comments."""
 
-    def __init__(self, url: str, notifications: dict[str, Any], *, request_id: int | str = 9,
-                 token: str | None = None, capabilities: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        notifications: dict[str, Any],
+        *,
+        request_id: int | str = 9,
+        token: str | None = None,
+        capabilities: dict[str, Any] | None = None,
+    ) -> None:
         self.request_id = request_id
         self.messages: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self.comments: list[str] = []
         self.status: int | None = None
         self.error_body: dict[str, Any] | None = None
         self._opened = threading.Event()
-        headers = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": PROTOCOL,
-                   "Mcp-Method": "subscriptions/listen", "Content-Type": "application/json"}
+        headers = {
+            "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": PROTOCOL,
+            "Mcp-Method": "subscriptions/listen",
+            "Content-Type": "application/json",
+        }
         if token is not None:
             headers["Authorization"] = f"Bearer {token}"
         caps = {"extensions": {EXT: {}}} if capabilities is None else capabilities
-        body = {"jsonrpc": "2.0", "id": request_id, "method": "subscriptions/listen",
-                "params": {"notifications": notifications,
-                           "_meta": {"io.modelcontextprotocol/protocolVersion": PROTOCOL,
-                                     "io.modelcontextprotocol/clientCapabilities": caps}}}
+        body = {
+            "jsonrpc": "2.0",
+            "id": request_id,
+            "method": "subscriptions/listen",
+            "params": {
+                "notifications": notifications,
+                "_meta": {
+                    "io.modelcontextprotocol/protocolVersion": PROTOCOL,
+                    "io.modelcontextprotocol/clientCapabilities": caps,
+                },
+            },
+        }
         self._client = httpx.Client(timeout=httpx.Timeout(10, read=None))
         self._thread = threading.Thread(target=self._read, args=(url, headers, body), daemon=True)
         self._thread.start()

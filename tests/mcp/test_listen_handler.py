@@ -18,8 +18,8 @@ from mcp_types import ClientCapabilities, SubscriptionsListenRequestParams, Subs
 from celery_mcp_tasks.mcp import listen as listen_module
 from celery_mcp_tasks.mcp.listen import TaskListenHandler
 from celery_mcp_tasks.migrate import upgrade
-from celery_mcp_tasks.protocol import render_task
 from celery_mcp_tasks.notify.hub import Hub
+from celery_mcp_tasks.protocol import render_task
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.base import ANY
 from celery_mcp_tasks.store.sql import SqlStore
@@ -85,8 +85,9 @@ def _params(**notifications: Any) -> SubscriptionsListenRequestParams:
 
 
 @asynccontextmanager
-async def _open(handler: TaskListenHandler, params: SubscriptionsListenRequestParams, *, extension: bool = True,
-                request_id: int = 9) -> AsyncIterator[tuple[FakeSession, list[Any]]]:
+async def _open(
+    handler: TaskListenHandler, params: SubscriptionsListenRequestParams, *, extension: bool = True, request_id: int = 9
+) -> AsyncIterator[tuple[FakeSession, list[Any]]]:
     session = FakeSession(extension)
     ctx = SimpleNamespace(request_id=request_id, session=session, request=None, protocol_version="2026-07-28")
     outcome: list[Any] = []
@@ -216,14 +217,16 @@ async def test_streams_beyond_the_limit_are_refused(world: World) -> None:
 
 async def test_core_events_reach_only_the_streams_that_asked(world: World) -> None:
     handler = world.handler()
-    async with _open(handler, _params(toolsListChanged=True)) as (asked, _):
-        async with _open(handler, _params(promptsListChanged=True), request_id=10) as (other, _):
-            await asked.next()
-            await other.next()
-            await world.bus.publish(ToolsListChanged())
-            sent = await asked.next()
-            assert sent == {"method": "notifications/tools/list_changed", "params": {"_meta": {SID: 9}}}
-            assert other.idle()
+    async with (
+        _open(handler, _params(toolsListChanged=True)) as (asked, _),
+        _open(handler, _params(promptsListChanged=True), request_id=10) as (other, _),
+    ):
+        await asked.next()
+        await other.next()
+        await world.bus.publish(ToolsListChanged())
+        sent = await asked.next()
+        assert sent == {"method": "notifications/tools/list_changed", "params": {"_meta": {SID: 9}}}
+        assert other.idle()
 
 
 async def test_with_push_off_task_ids_are_not_acknowledged(world: World) -> None:
@@ -233,9 +236,9 @@ async def test_with_push_off_task_ids_are_not_acknowledged(world: World) -> None
         assert (await session.next())["params"]["notifications"] == {"toolsListChanged": True}
 
 
-
-async def test_a_store_outage_keeps_the_stream_and_the_change_arrives_later(world: World,
-                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_store_outage_keeps_the_stream_and_the_change_arrives_later(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
     task_id, key = world.task()
     real_get = world.service.get
     failures = [RuntimeError("database is down")]

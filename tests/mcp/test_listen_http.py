@@ -44,8 +44,9 @@ def test_task_ids_without_the_extension_on_the_request_are_refused_before_the_st
     assert error["data"] == {"requiredCapabilities": {"extensions": {EXT: {}}}}
 
 
-@pytest.mark.parametrize("task_ids", ["one-id", [1, 2], {"a": 1}, ["x"] * 1001 + ["y"]],
-                         ids=["string", "numbers", "object", "too-many"])
+@pytest.mark.parametrize(
+    "task_ids", ["one-id", [1, 2], {"a": 1}, ["x"] * 1001 + ["y"]], ids=["string", "numbers", "object", "too-many"]
+)
 def test_malformed_task_ids_are_invalid_params(url: str, task_ids: object) -> None:
     if isinstance(task_ids, list) and len(task_ids) > 1000:
         task_ids = [f"id-{n}" for n in range(1001)]
@@ -53,11 +54,22 @@ def test_malformed_task_ids_are_invalid_params(url: str, task_ids: object) -> No
 
 
 def test_core_subscriptions_still_work_beside_task_ids(url: str) -> None:
-    stream = ListenStream(url, {"toolsListChanged": True, "resourceSubscriptions": ["push://a"],
-                                "promptsListChanged": False, "taskIds": ["unknown"]}, token="alice")
+    stream = ListenStream(
+        url,
+        {
+            "toolsListChanged": True,
+            "resourceSubscriptions": ["push://a"],
+            "promptsListChanged": False,
+            "taskIds": ["unknown"],
+        },
+        token="alice",
+    )
     try:
-        assert stream.ack()["notifications"] == {"toolsListChanged": True, "resourceSubscriptions": ["push://a"],
-                                                 "taskIds": []}
+        assert stream.ack()["notifications"] == {
+            "toolsListChanged": True,
+            "resourceSubscriptions": ["push://a"],
+            "taskIds": [],
+        }
         client = McpHttp(url, headers={"Authorization": "Bearer alice"})
         assert "error" not in client.call_tool("announce", {"uri": "push://a"})
         client.close()
@@ -95,8 +107,9 @@ def test_sigterm_ends_open_streams_with_their_result_and_the_server_exits(tmp_pa
     streams: list[ListenStream] = []
     try:
         url = dep.web("web")
-        streams = [ListenStream(url, {"toolsListChanged": True, "taskIds": []}, token="alice", request_id=n)
-                   for n in (41, 42)]
+        streams = [
+            ListenStream(url, {"toolsListChanged": True, "taskIds": []}, token="alice", request_id=n) for n in (41, 42)
+        ]
         for stream in streams:
             stream.ack()
         web = dep.procs[0]

@@ -41,8 +41,9 @@ def test_the_listen_handler_can_be_replaced_on_the_lowlevel_server() -> None:
 
     assert sdk_internals.replace_listen_handler(server, SubscriptionsListenRequestParams, ours), WHERE
     assert lowlevel.get_request_handler(sdk_internals.LISTEN) is not None, WHERE
-    assert not sdk_internals.replace_listen_handler(MCPServer("off", subscriptions=False),
-                                                    SubscriptionsListenRequestParams, ours), WHERE
+    assert not sdk_internals.replace_listen_handler(
+        MCPServer("off", subscriptions=False), SubscriptionsListenRequestParams, ours
+    ), WHERE
 
 
 def test_the_http_app_has_a_lifespan_to_wrap() -> None:

@@ -1,7 +1,7 @@
+from mcp.server.transport_security import TransportSecurityMiddleware
 from starlette.requests import Request
 
 from celery_mcp_tasks.mcp.security import transport_security
-from mcp.server.transport_security import TransportSecurityMiddleware
 
 
 def _request(host: str, origin: str | None = None) -> Request:

@@ -106,8 +106,9 @@ def test_a_task_followed_from_another_web_process_reports_every_change_in_order(
     assert asking["status"] == "input_required"
     assert list(asking["inputRequests"]) == ["confirm"]
 
-    reply = flow.alice.task("tasks/update", task_id, inputResponses={"confirm": {"action": "accept",
-                                                                                  "content": {"ok": True}}})
+    reply = flow.alice.task(
+        "tasks/update", task_id, inputResponses={"confirm": {"action": "accept", "content": {"ok": True}}}
+    )
     assert reply["result"] == {"resultType": "complete", **_meta_of(reply)}
     resumed = [_task(stream, task_id)]
     while resumed[-1].get("statusMessage") != "resumed":  # the answer, then the job's run starts

@@ -29,8 +29,16 @@ def anyio_backend() -> str:
 
 
 def _record(version: int = 1) -> TaskRecord:
-    return TaskRecord(key=KEY, owner=None, tool="t", status=TaskStatus.WORKING, created_at=1, updated_at=1,
-                      ttl_ms=None, version=version)
+    return TaskRecord(
+        key=KEY,
+        owner=None,
+        tool="t",
+        status=TaskStatus.WORKING,
+        created_at=1,
+        updated_at=1,
+        ttl_ms=None,
+        version=version,
+    )
 
 
 @pytest.mark.parametrize(
@@ -46,15 +54,15 @@ def _record(version: int = 1) -> TaskRecord:
         (None, None, "off", "off"),
     ],
 )
-def test_the_transport_follows_the_deployment(database: str | None, broker: str | None, notify: str,
-                                              mode: str) -> None:
+def test_the_transport_follows_the_deployment(database: str | None, broker: str | None, notify: str, mode: str) -> None:
     settings = Settings(database_url=database, notify=notify)  # no connection is made
     assert select_mode(settings, broker or settings.celery_broker_url) == mode
 
 
 @pytest.mark.parametrize(("database", "broker", "notify"), [(None, None, "postgres"), (PG, None, "broker")])
-def test_a_transport_that_cannot_work_here_is_a_start_up_error(database: str | None, broker: str | None,
-                                                               notify: str) -> None:
+def test_a_transport_that_cannot_work_here_is_a_start_up_error(
+    database: str | None, broker: str | None, notify: str
+) -> None:
     settings = Settings(database_url=database, notify=notify)
     with pytest.raises(ConfigError, match="MCP_TASKS_NOTIFY"):
         select_mode(settings, broker or settings.celery_broker_url)
@@ -114,11 +122,13 @@ async def test_the_broker_fanout_reaches_every_listener() -> None:
     publish_conn = Connection(REDIS_URL)
     publisher = BrokerPublisher(lambda: producers[publish_conn], exchange)
     try:
-        async with _running(BrokerListener(lambda: Connection(REDIS_URL), exchange, hubs[0])):
-            async with _running(BrokerListener(lambda: Connection(REDIS_URL), exchange, hubs[1])):
-                await anyio.to_thread.run_sync(publisher.task_changed, _record(4))
-                for watch in watches:
-                    with anyio.fail_after(20):
-                        assert await watch.next(20) == {KEY: 4}
+        async with (
+            _running(BrokerListener(lambda: Connection(REDIS_URL), exchange, hubs[0])),
+            _running(BrokerListener(lambda: Connection(REDIS_URL), exchange, hubs[1])),
+        ):
+            await anyio.to_thread.run_sync(publisher.task_changed, _record(4))
+            for watch in watches:
+                with anyio.fail_after(20):
+                    assert await watch.next(20) == {KEY: 4}
     finally:
         publish_conn.release()

@@ -20,8 +20,9 @@ def _count(url: str, barrier: mp.synchronize.Barrier) -> None:
     store = SqlStore.from_url(url)
     barrier.wait()
     for _ in range(ROUNDS):
-        store.update("counter", ANY, lambda r: replace(r, status_message=str(int(r.status_message) + 1),
-                                                       version=r.version + 1))
+        store.update(
+            "counter", ANY, lambda r: replace(r, status_message=str(int(r.status_message) + 1), version=r.version + 1)
+        )
     store.dispose()
 
 
@@ -45,8 +46,16 @@ def _finish(url: str, barrier: mp.synchronize.Barrier, me: str, results: mp.Queu
 
 
 def _record(key: str, message: str | None = None) -> TaskRecord:
-    return TaskRecord(key=key, owner=None, tool="t", status=TaskStatus.WORKING, created_at=1, updated_at=1,
-                      ttl_ms=None, status_message=message)
+    return TaskRecord(
+        key=key,
+        owner=None,
+        tool="t",
+        status=TaskStatus.WORKING,
+        created_at=1,
+        updated_at=1,
+        ttl_ms=None,
+        status_message=message,
+    )
 
 
 def _run(target, args_per_process) -> None:

@@ -4,6 +4,7 @@ import threading
 import time
 
 import pytest
+import sqlalchemy as sa
 
 from celery_mcp_tasks.model import TaskRecord, TaskStatus, TerminalTask
 from celery_mcp_tasks.store import ANY, TaskLimitReached, TaskNotFound
@@ -11,8 +12,9 @@ from celery_mcp_tasks.store.sql import SqlStore
 
 
 def make(key: str, owner: str | None = None, **changes: object) -> TaskRecord:
-    values: dict[str, object] = dict(key=key, owner=owner, tool="t", status=TaskStatus.WORKING, created_at=1_000,
-                                     updated_at=1_000, ttl_ms=60_000)
+    values: dict[str, object] = dict(
+        key=key, owner=owner, tool="t", status=TaskStatus.WORKING, created_at=1_000, updated_at=1_000, ttl_ms=60_000
+    )
     values.update(changes)
     return TaskRecord(**values)  # type: ignore[arg-type]
 
@@ -56,29 +58,60 @@ def test_a_refused_transition_leaves_the_row_unchanged(store: SqlStore):
     assert store.get("k1") == done
 
 
-def test_a_concurrent_writer_waits_and_then_sees_the_final_state(store: SqlStore):
-    """A cancel that arrives while a completion is mid-write can never overwrite it."""
-    store.create(make("k1"), max_rows=None)
-    inside, outcome = threading.Event(), []
+class InFlight:
+    """The statement an engine's connection is executing right now, and since when."""
 
-    def slow_completion(record: TaskRecord) -> TaskRecord:
-        inside.set()
-        time.sleep(0.3)  # the cancel below starts while this transaction is open
-        return record.completed({"content": []}, 2_000)
+    def __init__(self, engine: sa.Engine) -> None:
+        self.since: float | None = None
+        sa.event.listen(engine, "before_cursor_execute", lambda *_: setattr(self, "since", time.monotonic()))
+        sa.event.listen(engine, "after_cursor_execute", lambda *_: setattr(self, "since", None))
+
+    def stuck(self, for_s: float) -> bool:
+        since = self.since
+        return since is not None and time.monotonic() - since >= for_s
+
+
+def test_a_concurrent_writer_waits_and_then_sees_the_final_state(store: SqlStore, store_url: str):
+    """A cancel that arrives while a completion is mid-write can never overwrite it.
+
+    The completion's transaction stays open until the cancel (on an engine of its own, as
+    another process would be) has either read the row - what a store without locking does,
+    and then overwrites - or is blocked in the database on the completion's lock.
+    """
+    store.create(make("k1"), max_rows=None)
+    other = SqlStore.from_url(store_url)
+    in_flight = InFlight(other.engine)
+    seen: list[TaskStatus] = []
+    outcome: list[str] = []
+
+    def cancel_transition(record: TaskRecord) -> TaskRecord:
+        seen.append(record.status)
+        return record.cancelled(3_000)
 
     def cancel() -> None:
-        inside.wait(5)
         try:
-            store.update("k1", ANY, lambda r: r.cancelled(3_000))
+            other.update("k1", ANY, cancel_transition)
             outcome.append("cancelled")
         except TerminalTask:
             outcome.append("refused")
 
     canceller = threading.Thread(target=cancel)
-    canceller.start()
-    store.update("k1", ANY, slow_completion)
-    canceller.join(10)
+
+    def completion_while_the_cancel_is_under_way(record: TaskRecord) -> TaskRecord:
+        canceller.start()
+        deadline = time.monotonic() + 20
+        while not (seen or in_flight.stuck(0.2)):  # read the row, or blocked on our lock
+            assert time.monotonic() < deadline, "the cancel neither read the row nor waited for the lock"
+            time.sleep(0.005)
+        return record.completed({"content": []}, 2_000)
+
+    try:
+        store.update("k1", ANY, completion_while_the_cancel_is_under_way)
+        canceller.join(20)
+    finally:
+        other.dispose()
     assert outcome == ["refused"]
+    assert seen and seen[-1] is TaskStatus.COMPLETED  # it decided on the final row, not the one it raced
     assert store.get("k1").status is TaskStatus.COMPLETED  # type: ignore[union-attr]
 
 
@@ -87,8 +120,9 @@ def test_cleanup_evicts_expired_and_old_finished_unlimited_tasks_in_batches(stor
         store.create(make(f"exp{n}", created_at=0, ttl_ms=10), max_rows=None)
     store.create(make("live", created_at=0, ttl_ms=10_000), max_rows=None)
     store.create(make("forever-working", created_at=0, ttl_ms=None), max_rows=None)
-    store.create(make("forever-done", created_at=0, updated_at=0, ttl_ms=None, status=TaskStatus.COMPLETED),
-                 max_rows=None)
+    store.create(
+        make("forever-done", created_at=0, updated_at=0, ttl_ms=None, status=TaskStatus.COMPLETED), max_rows=None
+    )
     assert store.cleanup(now_ms=5_000, retention_ms=1_000, batch_size=3) == 8
     assert store.get("live") and store.get("forever-working") and not store.get("forever-done")
     assert store.cleanup(now_ms=5_000, retention_ms=1_000, batch_size=3) == 0

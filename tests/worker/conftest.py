@@ -21,6 +21,7 @@ STALE_TIMEOUT_S = 3.0
 JANITOR_INTERVAL_S = 1.0
 FAST = {"MCP_TASKS_STALE_TIMEOUT_S": f"{STALE_TIMEOUT_S:g}", "MCP_TASKS_JANITOR_INTERVAL_S": f"{JANITOR_INTERVAL_S:g}"}
 
+
 @pytest.fixture(scope="module")
 def deployment(backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     with Deployment(RUNTIME_APP, backend, tmp_path_factory.mktemp(f"runtime-{backend.name}")) as deployment:
@@ -66,6 +67,7 @@ def follow(client: McpHttp, task_id: str, timeout: float = 30) -> tuple[dict[str
 
 def job_pid(client: McpHttp, task_id: str, timeout: float = 20) -> int:
     """The pool process running a fixture job (it reports `pid=N: ...` as its statusMessage)."""
+
     def reported() -> int | None:
         match = re.match(r"pid=(\d+)", client.get(task_id).get("statusMessage") or "")
         return int(match.group(1)) if match else None

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -42,7 +41,8 @@ class OwnRedis:
         log = (self.log_dir / "redis.log").open("ab")
         self.proc = subprocess.Popen(
             [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-            stdout=log, stderr=subprocess.STDOUT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         wait_until(lambda: self._answers(), 10, "redis-server to answer")
 
@@ -82,7 +82,15 @@ def test_a_worker_survives_redis_going_away_mid_job_and_resumes_consuming(outage
         task_id = client.create("work", {"seconds": 6})
         wait_until(lambda: "working" in (client.get(task_id).get("statusMessage") or ""), 30, "the job to start")
         broker.stop()
-        time.sleep(2)
+        # The outage reached the worker, which is now failing to reconnect: only then does Redis come back.
+        wait_until(
+            lambda: (
+                "consumer: Connection to broker lost" in worker.text()
+                and "consumer: Cannot connect to redis://" in worker.text()
+            ),
+            30,
+            "the worker to see the outage",
+        )
         broker.start()
         done = client.wait_for(task_id, timeout=60)
         assert done["status"] == "completed", done

@@ -4,16 +4,24 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
 
-from celery_mcp_tasks.worker.context import TaskContext
 from celery_mcp_tasks.model import task_key
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.sql import SqlStore
-from tests.support import Backend, McpHttp, wait_until
+from celery_mcp_tasks.worker.context import TaskContext
+from tests.support import (
+    Backend,
+    McpHttp,
+    Proc,
+    celery_id_of,
+    run_ended,
+    wait_until,
+    without_meta,
+    worker_caught_up,
+)
 from tests.worker.conftest import accept, alive, follow, job_pid, text_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("worker")]
@@ -74,26 +82,31 @@ def test_a_parked_job_that_times_out_fails_the_task_by_default(client: McpHttp) 
 # -- cancellation ---------------------------------------------------------------------------
 
 
-def test_cancel_while_running_stops_a_cooperative_job(client: McpHttp, tmp_path: Path) -> None:
+def test_cancel_while_running_stops_a_cooperative_job(client: McpHttp, worker: Proc, tmp_path: Path) -> None:
     marker = tmp_path / "work"
     task_id = client.create("work", {"seconds": 30, "marker": str(marker)})
     job_pid(client, task_id)
     client.task("tasks/cancel", task_id)
-    assert client.get(task_id)["status"] == "cancelled"  # synchronous in tasks/cancel
+    cancelled = client.get(task_id)
+    assert cancelled["status"] == "cancelled"  # synchronous in tasks/cancel
     # The job notices within its check interval and returns; its outcome is ignored.
     wait_until(lambda: Path(f"{marker}.stopped").exists(), 5, "the job to stop")
-    time.sleep(0.3)
-    assert client.get(task_id)["status"] == "cancelled"
+    assert "succeeded in" in run_ended(worker, task_id)  # the bridge was handed "stopped early" ...
+    assert without_meta(client.get(task_id)) == without_meta(cancelled)  # ... and refused it
 
 
-def test_cancel_terminates_a_stubborn_job_when_the_tool_asks_for_it(client: McpHttp) -> None:
+def test_cancel_terminates_a_stubborn_job_when_the_tool_asks_for_it(
+    client: McpHttp, backend: Backend, worker: Proc
+) -> None:
     task_id = client.create("stubborn", {"seconds": 60})
     pid = job_pid(client, task_id)
     client.task("tasks/cancel", task_id)
+    cancelled = client.get(task_id)
+    assert cancelled["status"] == "cancelled" and cancelled["statusMessage"] == "Cancelled by the client"
     wait_until(lambda: not alive(pid), 15, "the pool process to be terminated")
-    time.sleep(0.5)
-    task = client.get(task_id)
-    assert task["status"] == "cancelled" and task["statusMessage"] == "Cancelled by the client"
+    worker_caught_up(backend, worker)  # the revoke, and the bridge's task_revoked, are handled
+    assert f"Terminating {celery_id_of(task_id)}" in worker.text()
+    assert without_meta(client.get(task_id)) == without_meta(cancelled)  # not "revoked in Celery": still ours
 
 
 def test_cancel_after_completion_changes_nothing(client: McpHttp) -> None:
@@ -138,11 +151,17 @@ def test_killing_the_pool_process_retries_the_job_once_and_it_completes(client: 
     assert any(message and "attempt 2" in message for _, message in seen), seen
 
 
-def test_a_job_that_always_kills_its_process_fails_after_its_retries(client: McpHttp) -> None:
-    task_id = client.create("poison")
+def test_a_job_that_always_kills_its_process_fails_after_its_retries(client: McpHttp, backend: Backend) -> None:
+    task_id = client.create("poison")  # max_retries=1
     failed = client.wait_for(task_id, timeout=30)
     assert failed["status"] == "failed"
     assert failed["error"]["message"].startswith("Job failed: WorkerLostError")
+    store = SqlStore.from_url(backend.store_url)
+    try:  # it ran twice (the first attempt and its one retry), not once and not in a loop
+        record = store.get(task_key(task_id))
+        assert record is not None and (record.dispatches, record.attempt) == (1, 1)
+    finally:
+        store.dispose()
 
 
 # -- work that ends elsewhere ------------------------------------------------------------------
@@ -150,8 +169,9 @@ def test_a_job_that_always_kills_its_process_fails_after_its_retries(client: Mcp
 
 def test_a_handed_off_task_is_completed_from_outside_by_its_row_key(client: McpHttp, backend: Backend) -> None:
     task_id = client.create("elsewhere")
-    waiting = wait_until(lambda: (t := client.get(task_id)).get("statusMessage") == "Waiting for the webhook" and t,
-                         20, "the hand-off")
+    waiting = wait_until(
+        lambda: (t := client.get(task_id)).get("statusMessage") == "Waiting for the webhook" and t, 20, "the hand-off"
+    )
     assert waiting["status"] == "working"
     store = SqlStore.from_url(backend.store_url)
     try:

@@ -17,7 +17,7 @@ import pytest
 from celery_mcp_tasks.model import task_key
 from celery_mcp_tasks.store.sql import SqlStore
 from tests.support import Backend, Deployment, McpHttp, free_port, wait_until
-from tests.worker.conftest import FAST, JANITOR_INTERVAL_S, STALE_TIMEOUT_S, follow, job_pid, text_of
+from tests.worker.conftest import FAST, follow, job_pid, text_of
 
 pytestmark = pytest.mark.integration
 
@@ -46,22 +46,25 @@ def test_a_task_cancelled_before_any_worker_ran_it_never_starts_its_body(
     task_id = client.create("work", {"seconds": 1, "marker": str(marker)})
     client.task("tasks/cancel", task_id)  # the revoke is lost: no worker is up
     worker = deployment.worker("worker-late", env=FAST)
-    wait_until(lambda: "job for tool 'work' skipped: its task is already final" in worker.text(), 20,
-               "the worker to reach the message")
+    wait_until(
+        lambda: "job for tool 'work' skipped: its task is already final" in worker.text(),
+        20,
+        "the worker to reach the message",
+    )
     assert not marker.exists()
     assert client.get(task_id)["status"] == "cancelled"
 
 
-def test_a_whole_worker_killed_mid_job_is_sent_again_and_completes(deployment: Deployment, client: McpHttp,
-                                                                    backend: Backend) -> None:
+def test_a_whole_worker_killed_mid_job_is_sent_again_and_completes(
+    deployment: Deployment, client: McpHttp, backend: Backend
+) -> None:
     deployment.worker("worker-doomed", env=FAST)
     task_id = client.create("work", {"seconds": 2})
     job_pid(client, task_id)
     kill_whole_worker(deployment)
-    killed_at = time.monotonic()
 
     deployment.worker("worker-rescue", beat=True, env=FAST)
-    done, seen = follow(client, task_id, timeout=40)
+    done, seen = follow(client, task_id, timeout=40)  # bounds a hang; when the reaper acts: tests/test_janitor.py
     assert done["status"] == "completed" and text_of(done) == "worked 2s on attempt 1", seen
     store = SqlStore.from_url(backend.store_url)
     try:  # the janitor sent it again (the statusMessage saying so may be overwritten before a poll sees it)
@@ -69,8 +72,6 @@ def test_a_whole_worker_killed_mid_job_is_sent_again_and_completes(deployment: D
         assert record is not None and (record.dispatches, record.resends) == (2, 1)
     finally:
         store.dispose()
-    # Never `working` past the stale timeout: reaped within one janitor interval of it (plus start-up and the run).
-    assert time.monotonic() - killed_at < STALE_TIMEOUT_S + JANITOR_INTERVAL_S + 2 + 15
 
 
 def test_a_job_out_of_sends_fails_with_a_clear_message(deployment: Deployment, client: McpHttp) -> None:
@@ -89,13 +90,18 @@ def test_a_broker_that_is_down_at_tools_call_leaves_a_failed_task(deployment: De
     closed = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
     # Change hints by row polling: this test is about the job's message, not the broker notifier.
     # The store named explicitly: a remote broker with the embedded default store is refused at start.
-    url = deployment.web("web-no-broker", CELERY_BROKER_URL=closed, MCP_TASKS_NOTIFY="poll",
-                         MCP_TASKS_DATABASE_URL=deployment.backend.store_url, **FAST)
+    url = deployment.web(
+        "web-no-broker",
+        CELERY_BROKER_URL=closed,
+        MCP_TASKS_NOTIFY="poll",
+        MCP_TASKS_DATABASE_URL=deployment.backend.store_url,
+        **FAST,
+    )
     client = McpHttp(url)
     try:
         started = time.monotonic()
         reply = client.call_tool("work", {"seconds": 1})["result"]
-        assert time.monotonic() - started < 15
+        assert time.monotonic() - started < 15  # a hang bound: the send gives up, it does not retry forever
         assert reply["resultType"] == "task" and reply["status"] == "failed"
         task = client.get(reply["taskId"])
         assert task["status"] == "failed"

@@ -7,6 +7,7 @@ process and the bridge writes to a SQLite store in a temporary directory.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -19,12 +20,12 @@ from celery.app.task import Context
 from celery.exceptions import Retry, WorkerLostError
 
 from celery_mcp_tasks import McpTasks, Settings, TaskContext, TaskStatus, elicit
-from celery_mcp_tasks.worker.context import InputTimeout
 from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.model import Run, Superseded, TaskRecord, TerminalTask, now_ms, task_key
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.sql import SqlStore
 from celery_mcp_tasks.worker import bridge
+from celery_mcp_tasks.worker.context import InputTimeout
 from celery_mcp_tasks.worker.job import DISPATCH_HEADER, KEY_HEADER
 
 
@@ -104,8 +105,11 @@ def test_a_countdown_retry_is_not_reaped_early_but_a_lost_process_retry_is_not_w
     for exc, countdown, deferred in ((RuntimeError("busy"), 600, True), (WorkerLostError("signal 9"), 180, False)):
         task_id, _ = tasks.service().create(owner=None, tool="retried_body", arguments={})
         before = now_ms()
-        bridge.on_retry(sender=retried_body, request=Context(retries=0, headers=headers(task_id)),
-                        reason=Retry(exc=exc, when=countdown))
+        bridge.on_retry(
+            sender=retried_body,
+            request=Context(retries=0, headers=headers(task_id)),
+            reason=Retry(exc=exc, when=countdown),
+        )
         record = status(tasks, task_id)
         assert record.status_message == "Retrying (attempt 2)"
         assert record.heartbeat_at is not None
@@ -118,14 +122,29 @@ def test_retry_signal_and_next_attempt_in_either_order_say_the_same_once(tmp_pat
     service = TaskService(store)
     for order in ("signal first", "attempt first"):
         key = order
-        store.create(TaskRecord(key=key, owner=None, tool="t", status=TaskStatus.WORKING, created_at=1, updated_at=1,
-                                ttl_ms=None, dispatches=1), max_rows=None)
-        steps = [lambda: service.retrying(key, Run(1, 1), start_by_ms=0), lambda: service.begin(key, Run(1, 1),
-                                                                                              beat_before_ms=0)]
+        store.create(
+            TaskRecord(
+                key=key,
+                owner=None,
+                tool="t",
+                status=TaskStatus.WORKING,
+                created_at=1,
+                updated_at=1,
+                ttl_ms=None,
+                dispatches=1,
+            ),
+            max_rows=None,
+        )
+        steps = [
+            lambda key=key: service.retrying(key, Run(1, 1), start_by_ms=0),
+            lambda key=key: service.begin(key, Run(1, 1), stale_before_ms=0),
+        ]
         for step in steps if order == "signal first" else reversed(steps):
             step()
         record = store.get(key)
-        assert record is not None and record.version == 2 and record.attempt == 1
+        # One visible change either way; the attempt's claim of its run is one more write when the signal came first.
+        assert record is not None and record.version == (3 if order == "signal first" else 2) and record.attempt == 1
+        assert record.started_at is not None
         assert record.status_message == "Retrying (attempt 2)"
         with pytest.raises(Superseded):  # the failed attempt can no longer write
             service.fail(key, {"code": -32603, "message": "late"}, run=Run(1, 0))
@@ -134,7 +153,7 @@ def test_retry_signal_and_next_attempt_in_either_order_say_the_same_once(tmp_pat
 
 def test_writes_of_a_superseded_run_are_refused_and_its_heartbeat_stops(tasks: McpTasks) -> None:
     service = tasks.service()
-    task_id, record = service.create(owner=None, tool="unused", arguments={}, dispatch=False)
+    _, record = service.create(owner=None, tool="unused", arguments={}, dispatch=False)
     service.store.update(record.key, None, lambda r: r.dispatched(0))  # dispatch 1 (the old run)
     old = TaskContext(service, record.key, record=record, run=Run(1))
     service.store.update(record.key, None, lambda r: r.dispatched(0, resend=True))  # dispatch 2
@@ -164,8 +183,9 @@ class DownStore(SqlStore):
         raise OSError("the database is down")
 
 
-def test_a_bridge_that_cannot_write_says_so_loudly(tasks: McpTasks, caplog: pytest.LogCaptureFixture,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_bridge_that_cannot_write_says_so_loudly(
+    tasks: McpTasks, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     @tasks.mcp_task
     def unwritable_body() -> str:
         return "ran"
@@ -245,18 +265,37 @@ def test_wait_for_input_ends_when_the_task_is_cancelled(parked: Any) -> None:
         ctx.wait_for_input(ask(), timeout=10, poll_interval=0.02)
 
 
-def test_cancelled_is_cheap_enough_for_a_tight_loop(parked: Any) -> None:
+class FrozenClock:
+    """Stands in for the context module's `time`: the monotonic clock moves only when the test says so."""
+
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_cancelled_reads_the_store_at_most_once_per_check_interval(
+    parked: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What makes it cheap enough for a tight loop (how cheap, against a store read: bench/bench_cancel_check.py)."""
+    clock = FrozenClock()
+    monkeypatch.setattr(sys.modules[TaskContext.__module__], "time", clock)
     service, _ = parked
     task_id, ctx = job_context(service)
     CountingStore.reads = 0
-    calls, deadline = 0, time.monotonic() + 0.3
-    while time.monotonic() < deadline:
-        assert not ctx.cancelled()
-        calls += 1
-    assert calls > 10_000 and CountingStore.reads <= 8
+    assert not any(ctx.cancelled() for _ in range(10_000))
+    assert CountingStore.reads == 0  # the record the job started with is fresh for one interval
+    clock.now += ctx.cancel_check_interval + 1e-6
+    assert not any(ctx.cancelled() for _ in range(10_000))
+    assert CountingStore.reads == 1  # one read per interval, however often it is asked
     service.cancel(task_id, None)
-    time.sleep(ctx.cancel_check_interval)
-    assert ctx.cancelled()
+    assert not ctx.cancelled()  # not seen until the next interval ...
+    clock.now += ctx.cancel_check_interval + 1e-6
+    assert ctx.cancelled() and CountingStore.reads == 2  # ... then seen with one read
 
 
 def test_a_handle_outside_any_job_drives_the_task_and_answers_terminal_after(tasks: McpTasks) -> None:

@@ -82,7 +82,7 @@ def test_celery_events_show_the_tool_name_and_never_the_task_id(
             connected.set()
             try:
                 receiver.capture(limit=None, timeout=30, wakeup=False)
-            except Exception:  # the timeout ends the capture
+            except Exception:  # noqa: BLE001 - the timeout ends the capture
                 pass
 
     watcher = threading.Thread(target=capture, daemon=True)
@@ -90,8 +90,25 @@ def test_celery_events_show_the_tool_name_and_never_the_task_id(
     assert connected.wait(10)
     worker = spawn(
         "worker-events",
-        [sys.executable, "-m", "celery", "-A", deployment.app, "worker", "-E", "-P", "prefork", "-c", "1",
-         "--loglevel", "INFO", "--without-mingle", "--without-gossip", "-n", f"events-{uuid.uuid4().hex[:6]}@%h"],
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            deployment.app,
+            "worker",
+            "-E",
+            "-P",
+            "prefork",
+            "-c",
+            "1",
+            "--loglevel",
+            "INFO",
+            "--without-mingle",
+            "--without-gossip",
+            "-n",
+            f"events-{uuid.uuid4().hex[:6]}@%h",
+        ],
         process_env(backend, **deployment.env(**FAST)),
         deployment.log_dir,
     )
@@ -100,9 +117,16 @@ def test_celery_events_show_the_tool_name_and_never_the_task_id(
 
     task_id = web_only.create("work", {"seconds": 0.1})
     assert web_only.wait_for(task_id)["status"] == "completed"
-    mine = wait_until(lambda: [e for e in events if e.get("type", "").startswith("task-")
-                               and any(x["type"] == "task-succeeded" for x in events if x.get("uuid") == e.get("uuid"))],
-                      20, "the task events")
+    mine = wait_until(
+        lambda: [
+            e
+            for e in events
+            if e.get("type", "").startswith("task-")
+            and any(x["type"] == "task-succeeded" for x in events if x.get("uuid") == e.get("uuid"))
+        ],
+        20,
+        "the task events",
+    )
     received = [e for e in mine if e["type"] == "task-received"]
     assert received and all(e["name"] == "work" for e in received)
     assert all((e["args"], e["kwargs"]) == ("()", HIDDEN_ARGS["kwargsrepr"]) for e in received)  # not {'seconds': ...}
@@ -110,7 +134,12 @@ def test_celery_events_show_the_tool_name_and_never_the_task_id(
     assert task_id not in repr(events)
 
     # Nor in any log line, whatever the job does: ask for input, fail with a traceback, get cancelled.
-    ids = [task_id, web_only.create("two_rounds"), web_only.create("hopeless"), web_only.create("work", {"seconds": 30})]
+    ids = [
+        task_id,
+        web_only.create("two_rounds"),
+        web_only.create("hopeless"),
+        web_only.create("work", {"seconds": 30}),
+    ]
     web_only.wait_for(ids[1], "input_required")
     web_only.task("tasks/update", ids[1], inputResponses={"name": {"action": "accept", "content": {"name": "x"}}})
     web_only.task("tasks/cancel", ids[3])
@@ -131,7 +160,7 @@ def test_the_worker_log_at_info_holds_no_result_and_no_argument_and_no_succeeded
     secret = f"secret-{uuid.uuid4().hex[:8]}"
     worked = web_only.create("work", {"seconds": 0.05, "marker": str(tmp_path / secret)})
     asks = web_only.create("two_rounds")
-    handed = web_only.create("elsewhere")
+    web_only.create("elsewhere")
     failing = web_only.create("hopeless")
     assert web_only.wait_for(worked)["status"] == "completed"
     web_only.wait_for(asks, "input_required")
@@ -142,8 +171,11 @@ def test_the_worker_log_at_info_holds_no_result_and_no_argument_and_no_succeeded
     assert answered["status"] == "completed" and secret in answered["result"]["content"][0]["text"]
     assert web_only.wait_for(failing, timeout=20)["status"] == "failed"
     wait_until(lambda: "ended its run" in worker.text() and "handed off" in worker.text(), 20, "the hand-off line")
-    wait_until(lambda: re.search(r"Task celery_mcp_tasks\.janitor\[\S+\] succeeded in \S+s: None", worker.text()),
-               20, "a plain task's own success line (the janitor keeps Celery's logging)")
+    wait_until(
+        lambda: re.search(r"Task celery_mcp_tasks\.janitor\[\S+\] succeeded in \S+s: None", worker.text()),
+        20,
+        "a plain task's own success line (the janitor keeps Celery's logging)",
+    )
     worker.stop()
 
     log = worker.text()

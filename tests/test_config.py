@@ -37,10 +37,13 @@ def test_a_wrong_setting_is_refused_naming_it(name: str, value: str, why: str) -
 
 
 def test_the_defaults_and_the_off_switches_are_valid() -> None:
-    settings = Settings.from_env({"MCP_TASKS_DEFAULT_TTL_MS": "none", "MCP_TASKS_MAX_ROWS": "unlimited",
-                                  "MCP_TASKS_JANITOR_INTERVAL_S": "off"})
+    settings = Settings.from_env(
+        {"MCP_TASKS_DEFAULT_TTL_MS": "none", "MCP_TASKS_MAX_ROWS": "unlimited", "MCP_TASKS_JANITOR_INTERVAL_S": "off"}
+    )
     assert (settings.default_ttl_ms, settings.max_rows, settings.janitor_interval_s) == (None, None, None)
-    production = Settings.from_env({"MCP_TASKS_DATABASE_URL": "postgresql://db/tasks", "CELERY_BROKER_URL": "redis://r"})
+    production = Settings.from_env(
+        {"MCP_TASKS_DATABASE_URL": "postgresql://db/tasks", "CELERY_BROKER_URL": "redis://r"}
+    )
     assert (production.stale_timeout_s, production.janitor_interval_s) == (300.0, 60.0)
 
 
@@ -61,14 +64,22 @@ def test_the_app_stops_with_one_line_when_built_from_a_wrong_environment(monkeyp
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("argv", [
-    ["-m", "celery", "-A", "tests.apps.runtime_app", "worker"],
-    ["-m", "celery", "-A", "tests.apps.runtime_app", "beat"],
-    ["-m", "celery_mcp_tasks.cli", "serve", "tests.apps.runtime_app"],
-], ids=["worker", "beat", "serve"])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["-m", "celery", "-A", "tests.apps.runtime_app", "worker"],
+        ["-m", "celery", "-A", "tests.apps.runtime_app", "beat"],
+        ["-m", "celery_mcp_tasks.cli", "serve", "tests.apps.runtime_app"],
+    ],
+    ids=["worker", "beat", "serve"],
+)
 def test_every_process_refuses_to_start_with_one_line(argv: list[str], tmp_path: Path) -> None:
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "MCP_TASKS_DATA_DIR": str(tmp_path),
-           "MCP_TASKS_MAX_ROWS": "lots"}
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(ROOT),
+        "MCP_TASKS_DATA_DIR": str(tmp_path),
+        "MCP_TASKS_MAX_ROWS": "lots",
+    }
     done = subprocess.run([sys.executable, *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert done.stderr.strip().splitlines() == [

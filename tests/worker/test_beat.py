@@ -11,7 +11,7 @@ from celery.beat import Scheduler, Service
 
 from celery_mcp_tasks import McpTasks, Settings
 from celery_mcp_tasks.migrate import upgrade
-from celery_mcp_tasks.worker.beat import JANITOR_TASK, janitor_entry
+from celery_mcp_tasks.worker.beat import JANITOR_TASK
 from tests.support import Backend, process_env, spawn, wait_until
 
 
@@ -29,8 +29,10 @@ def beat_schedule_at_init(app: Celery) -> dict[str, object]:
 
 def test_the_janitor_is_scheduled_every_interval_and_expires_if_missed(tmp_path: Path) -> None:
     tasks = runtime(tmp_path, janitor_interval_s=30.0)
-    assert tasks.celery.conf.beat_schedule[JANITOR_TASK] == janitor_entry(30.0)
-    assert janitor_entry(30.0)["options"] == {"expires": 30.0}
+    entry = tasks.celery.conf.beat_schedule[JANITOR_TASK]
+    assert entry == {"task": "celery_mcp_tasks.janitor", "schedule": 30.0, "options": {"expires": 30.0}}
+    assert tasks.celery.tasks[entry["task"]].name == JANITOR_TASK  # the entry names a task the worker has
+    assert runtime(tmp_path / "b", janitor_interval_s=5.0).celery.conf.beat_schedule[JANITOR_TASK]["schedule"] == 5.0
 
 
 def test_a_user_schedule_assigned_after_configure_does_not_drop_it(tmp_path: Path) -> None:
@@ -44,7 +46,7 @@ def test_a_user_schedule_assigned_after_configure_does_not_drop_it(tmp_path: Pat
 
 def test_a_user_schedule_from_config_from_object_keeps_it(tmp_path: Path) -> None:
     class UserConfig:
-        beat_schedule = {"user.job": {"task": "user.job", "schedule": 10.0}}
+        beat_schedule = {"user.job": {"task": "user.job", "schedule": 10.0}}  # noqa: RUF012 - a config object as Celery reads it
 
     tasks = runtime(tmp_path, janitor_interval_s=30.0)
     tasks.celery.config_from_object(UserConfig)
@@ -63,11 +65,29 @@ def test_opting_out_leaves_the_schedule_alone_but_keeps_the_task(tmp_path: Path)
 def test_a_real_beat_sends_the_janitor_next_to_the_users_own_schedule(tmp_path: Path) -> None:
     backend = Backend("embedded", {"MCP_TASKS_DATA_DIR": str(tmp_path), "MCP_TASKS_JANITOR_INTERVAL_S": "0.5"})
     upgrade(backend.store_url)  # beat refuses an unmigrated store
-    beat = spawn("beat", [sys.executable, "-m", "celery", "-A", "tests.apps.beat_app", "beat", "--loglevel", "INFO",
-                          "-s", str(tmp_path / "schedule")], process_env(backend), tmp_path)
+    beat = spawn(
+        "beat",
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.apps.beat_app",
+            "beat",
+            "--loglevel",
+            "INFO",
+            "-s",
+            str(tmp_path / "schedule"),
+        ],
+        process_env(backend),
+        tmp_path,
+    )
     try:
-        wait_until(lambda: beat.text().count(f"Sending due task {JANITOR_TASK}") >= 2 or beat.popen.poll() is not None,
-                   30, "beat to send the janitor twice")
+        wait_until(
+            lambda: beat.text().count(f"Sending due task {JANITOR_TASK}") >= 2 or beat.popen.poll() is not None,
+            30,
+            "beat to send the janitor twice",
+        )
         assert "Sending due task user.job" in beat.text()
         assert "re-inserting the janitor" in beat.text()
     finally:

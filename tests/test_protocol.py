@@ -1,0 +1,154 @@
+"""The wire module: how a record looks on the wire, and the input requests a job can build."""
+
+import pytest
+
+from celery_mcp_tasks.model import TaskRecord, TaskStatus
+from celery_mcp_tasks.protocol import (
+    InvalidInputRequest,
+    elicit,
+    format_timestamp,
+    list_roots,
+    render_create_result,
+    render_error,
+    render_task,
+    required_capabilities,
+    sample,
+    validate_input_requests,
+)
+
+
+def record(**changes: object) -> TaskRecord:
+    values: dict[str, object] = dict(
+        key="k",
+        owner=None,
+        tool="t",
+        status=TaskStatus.WORKING,
+        created_at=1_000,
+        updated_at=1_000,
+        ttl_ms=60_000,
+        poll_interval_ms=500,
+    )
+    values.update(changes)
+    return TaskRecord(**values)  # type: ignore[arg-type]
+
+
+# -- rendering -----------------------------------------------------------------------------------
+
+
+def test_timestamps_are_utc_with_milliseconds():
+    assert format_timestamp(0) == "1970-01-01T00:00:00.000Z"
+    assert format_timestamp(1_790_000_000_123) == "2026-09-21T14:13:20.123Z"
+
+
+def test_create_result_is_flat_with_only_task_fields():
+    result = render_create_result("ID", record(status_message="Queued"))
+    assert result == {
+        "resultType": "task",
+        "taskId": "ID",
+        "status": "working",
+        "createdAt": format_timestamp(1000),
+        "lastUpdatedAt": format_timestamp(1000),
+        "ttlMs": 60_000,
+        "pollIntervalMs": 500,
+        "statusMessage": "Queued",
+    }
+
+
+@pytest.mark.parametrize("ttl", [None, 0])
+def test_ttl_is_never_zero_on_the_wire(ttl):
+    assert render_task("ID", record(ttl_ms=ttl))["ttlMs"] is None
+
+
+def test_each_status_renders_only_its_own_payload():
+    asked = record().requiring_input({"k1": {"method": "roots/list", "params": {}}}, 2000)
+    assert render_task("ID", asked)["inputRequests"] == {"k1": {"method": "roots/list", "params": {}}}
+    done = record().completed({"content": []}, 2000)
+    assert "result" in render_task("ID", done) and "error" not in render_task("ID", done)
+    failed = record().failed({"code": -32603, "message": "boom"}, 2000)
+    rendered = render_task("ID", failed)
+    assert rendered["error"] == {"code": -32603, "message": "boom"} and rendered["statusMessage"] == "boom"
+    assert "result" not in rendered and "inputRequests" not in rendered
+    assert set(render_task("ID", record().cancelled(2000))) == {
+        "taskId",
+        "status",
+        "createdAt",
+        "lastUpdatedAt",
+        "ttlMs",
+        "pollIntervalMs",
+        "statusMessage",
+    }
+
+
+def test_a_stored_failure_renders_as_internal_error_unless_it_names_its_code():
+    assert render_error({"message": "Could not enqueue the job", "data": "ConnectionError"}) == {
+        "code": -32603,
+        "message": "Could not enqueue the job",
+        "data": "ConnectionError",
+    }
+    assert render_error({"code": -32000, "message": "mine"}) == {"code": -32000, "message": "mine"}
+    assert render_error(None, "The job did not complete") == {"code": -32603, "message": "The job did not complete"}
+    # Rows written before the domain stopped storing codes (revision 0001) render the same.
+    assert render_task("ID", record().failed({"code": -32603, "message": "boom"}, 2))["error"] == {
+        "code": -32603,
+        "message": "boom",
+    }
+
+
+# -- input requests --------------------------------------------------------------------------------
+
+
+def test_elicit_builds_a_form_with_every_field_required_unless_told():
+    assert elicit("Ship it?", {"ok": bool, "note": str, "n": int, "x": float}) == {
+        "method": "elicitation/create",
+        "params": {
+            "message": "Ship it?",
+            "requestedSchema": {
+                "type": "object",
+                "properties": {
+                    "ok": {"type": "boolean"},
+                    "note": {"type": "string"},
+                    "n": {"type": "integer"},
+                    "x": {"type": "number"},
+                },
+                "required": ["ok", "note", "n", "x"],
+            },
+        },
+    }
+    schema = elicit("Why?", {"why": {"type": "string", "maxLength": 80}}, required=[])["params"]["requestedSchema"]
+    assert schema == {"type": "object", "properties": {"why": {"type": "string", "maxLength": 80}}, "required": []}
+
+
+def test_sample_and_list_roots_build_the_requests_the_client_answers():
+    assert sample("Summarize", max_tokens=50, temperature=0.2) == {
+        "method": "sampling/createMessage",
+        "params": {
+            "messages": [{"role": "user", "content": {"type": "text", "text": "Summarize"}}],
+            "maxTokens": 50,
+            "temperature": 0.2,
+        },
+    }
+    assert list_roots() == {"method": "roots/list", "params": {}}
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: elicit("Pick", {"when": list}),  # a field type with no JSON schema
+        lambda: sample("Summarize", max_tokens="many"),  # type: ignore[arg-type]
+        lambda: validate_input_requests({}),
+        lambda: validate_input_requests({"": list_roots()}),
+        lambda: validate_input_requests({"k": "roots please"}),
+        lambda: validate_input_requests({"k": {"method": "sampling/createMessage", "params": {}}}),
+    ],
+    ids=["field-type", "max-tokens", "empty", "empty-key", "not-a-mapping", "invalid-params"],
+)
+def test_a_malformed_input_request_is_refused_in_the_job_that_built_it(build):
+    with pytest.raises(InvalidInputRequest):
+        build()
+
+
+def test_input_requests_name_the_client_capabilities_they_need():
+    asked = {"a": elicit("?", {"ok": bool}), "b": sample("?", max_tokens=5), "c": list_roots()}
+    assert validate_input_requests(asked) == asked
+    assert required_capabilities(asked) == {"elicitation", "sampling", "roots"}
+    assert required_capabilities({"c": list_roots()}) == {"roots"}
