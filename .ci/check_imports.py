@@ -38,7 +38,9 @@ def requirements(dist: str, extras: frozenset[str]) -> list[tuple[str, frozenset
             continue
         found = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[([^\]]*)\])?", spec)
         if found:
-            out.append((norm(found.group(1)), frozenset(norm(e) for e in (found.group(2) or "").split(",") if e.strip())))
+            out.append(
+                (norm(found.group(1)), frozenset(norm(e) for e in (found.group(2) or "").split(",") if e.strip()))
+            )
     return out
 
 
@@ -72,7 +74,8 @@ def modules_of(dists: set[str]) -> set[str]:
 
 def is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def imports(tree: ast.AST, guarded: bool = False):
@@ -83,8 +86,12 @@ def imports(tree: ast.AST, guarded: bool = False):
                 yield alias.name.split(".")[0], node.lineno, guarded
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             yield node.module.split(".")[0], node.lineno, guarded
-        inner = guarded or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or (
-            isinstance(node, ast.Try) and bool(node.handlers)) or (isinstance(node, ast.If) and is_type_checking(node.test))
+        inner = (
+            guarded
+            or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            or (isinstance(node, ast.Try) and bool(node.handlers))
+            or (isinstance(node, ast.If) and is_type_checking(node.test))
+        )
         yield from imports(node, inner)
 
 
@@ -120,17 +127,25 @@ def main() -> int:
             elif not extras:
                 problems.append(f"{where}:{line}: {top} is brought by no base dependency and no extra")
             elif not guarded:
-                problems.append(f"{where}:{line}: {top} (extra {'/'.join(extras)}) is imported at module level: "
-                                "the base install cannot import this module")
+                problems.append(
+                    f"{where}:{line}: {top} (extra {'/'.join(extras)}) is imported at module level: "
+                    "the base install cannot import this module"
+                )
             elif set(extras) & named and importlib.util.find_spec(top) is None:
-                problems.append(f"{where}:{line}: {top} is not importable although [{','.join(sorted(named))}] is installed")
+                problems.append(
+                    f"{where}:{line}: {top} is not importable although [{','.join(sorted(named))}] is installed"
+                )
     if problems:
         print("\n".join(f"check_imports: {p}" for p in problems), file=sys.stderr)
         return 1
     if transitive:
-        print(f"check_imports: note: imported directly but only a dependency of a dependency: {', '.join(sorted(transitive))}")
-    print(f"check_imports: {len(files)} files under {root}: every import is covered"
-          f" by the base dependencies{' and [' + ','.join(sorted(named)) + ']' if named else ''}")
+        print(
+            f"check_imports: note: imported directly but only a dependency of a dependency: {', '.join(sorted(transitive))}"
+        )
+    print(
+        f"check_imports: {len(files)} files under {root}: every import is covered"
+        f" by the base dependencies{' and [' + ','.join(sorted(named)) + ']' if named else ''}"
+    )
     return 0
 
 

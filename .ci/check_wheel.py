@@ -58,8 +58,9 @@ def main() -> int:
     if missing:
         print("\n".join(f"check_wheel: {line}" for line in missing), file=sys.stderr)
         return 1
-    print(f"check_wheel: {wheel.name} and {sdist.name} hold the migrations ({', '.join(versions)}), "
-          f"py.typed and LICENSE")
+    print(
+        f"check_wheel: {wheel.name} and {sdist.name} hold the migrations ({', '.join(versions)}), py.typed and LICENSE"
+    )
     return 0
 
 

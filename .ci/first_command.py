@@ -27,8 +27,18 @@ import sys
 import time
 from pathlib import Path
 
-from outside import (ROOT, Failure, Proc, check_imports, clean_env, copy_app, kill_leftovers, make_venv,
-                     package_location, step)
+from outside import (
+    ROOT,
+    Failure,
+    Proc,
+    check_imports,
+    clean_env,
+    copy_app,
+    kill_leftovers,
+    make_venv,
+    package_location,
+    step,
+)
 
 PREFIX = "pip install . && "
 COMMAND_MARKER = "<!-- ci:first-command -->"
@@ -42,7 +52,7 @@ def block_after(readme: Path, marker: str, fence: str) -> list[str]:
     at = [i for i, line in enumerate(lines) if line.strip() == marker]
     if len(at) != 1:
         raise Failure(f"{readme}: expected the marker {marker} exactly once, found it {len(at)} times")
-    rest = iter(lines[at[0] + 1:])
+    rest = iter(lines[at[0] + 1 :])
     opening = next((line for line in rest if line.strip()), "")
     if opening.strip() != fence:
         raise Failure(f"{readme}: the line after {marker} must open a {fence} block, found {opening!r}")
@@ -57,11 +67,15 @@ def block_after(readme: Path, marker: str, fence: str) -> list[str]:
 def first_command(readme: Path) -> str:
     lines = [line.strip() for line in block_after(readme, COMMAND_MARKER, "```sh") if line.strip()]
     if len(lines) != 1:
-        raise Failure(f"{readme}: the block after {COMMAND_MARKER} must hold exactly one command line, found {len(lines)}")
+        raise Failure(
+            f"{readme}: the block after {COMMAND_MARKER} must hold exactly one command line, found {len(lines)}"
+        )
     if not lines[0].startswith(PREFIX):
-        raise Failure(f"{readme}: the first command must start with {PREFIX!r} (CI replaces it by installing the "
-                      f"wheel), found {lines[0]!r}")
-    return lines[0][len(PREFIX):]
+        raise Failure(
+            f"{readme}: the first command must start with {PREFIX!r} (CI replaces it by installing the "
+            f"wheel), found {lines[0]!r}"
+        )
+    return lines[0][len(PREFIX) :]
 
 
 def missing_in_order(expected: list[str], output: list[str]) -> str | None:
@@ -110,8 +124,10 @@ def main() -> int:
         left = kill_leftovers(app)
         if left or run.group_alive():
             run.kill()
-            raise Failure("the first command left processes running after it exited (killed): "
-                          + "; ".join(f"{pid}: {cmd}" for pid, cmd in left.items()))
+            raise Failure(
+                "the first command left processes running after it exited (killed): "
+                + "; ".join(f"{pid}: {cmd}" for pid, cmd in left.items())
+            )
     except Failure as failure:
         print(f"FAILED: {failure}", file=sys.stderr, flush=True)
         kill_leftovers(work)

@@ -29,8 +29,13 @@ def make_venv(venv: Path, requirement: str) -> Path:
     """A fresh venv (no system site-packages) with `requirement` (the wheel, maybe with extras) installed."""
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = venv / "bin" / "python"
-    result = subprocess.run([str(python), "-m", "pip", "install", "-q", requirement], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    result = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", requirement],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     if result.returncode != 0:
         raise Failure(f"pip install {requirement} into a fresh venv failed:\n{result.stdout}")
     return python
@@ -39,11 +44,17 @@ def make_venv(venv: Path, requirement: str) -> Path:
 def check_imports(python: Path, cwd: Path, extras: str = "") -> None:
     """.ci/check_imports.py in the venv of `python`, away from the checkout (no source-tree imports)."""
     venv = python.parent.parent
-    result = subprocess.run([str(python), str(ROOT / ".ci" / "check_imports.py"), "--extras", extras],
-                            cwd=cwd, env=clean_env(venv), stdin=subprocess.DEVNULL)
+    result = subprocess.run(
+        [str(python), str(ROOT / ".ci" / "check_imports.py"), "--extras", extras],
+        cwd=cwd,
+        env=clean_env(venv),
+        stdin=subprocess.DEVNULL,
+    )
     if result.returncode != 0:
-        raise Failure(f"the installed package imports what its dependencies"
-                      f"{' with [' + extras + ']' if extras else ''} do not bring (see above)")
+        raise Failure(
+            f"the installed package imports what its dependencies"
+            f"{' with [' + extras + ']' if extras else ''} do not bring (see above)"
+        )
 
 
 def copy_app(examples: Path, dest: Path) -> Path:
@@ -58,10 +69,16 @@ def copy_app(examples: Path, dest: Path) -> Path:
 def clean_env(venv: Path, **settings: str) -> dict[str, str]:
     """The caller's environment without MCP_TASKS_*/CELERY_*, PYTHONPATH or an active venv; VENV's bin first."""
     caller_venv = os.environ.get("VIRTUAL_ENV")
-    path = [p for p in os.environ.get("PATH", "").split(os.pathsep)
-            if p and not (caller_venv and Path(p) == Path(caller_venv) / "bin")]
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("MCP_TASKS_", "CELERY_")) and k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    path = [
+        p
+        for p in os.environ.get("PATH", "").split(os.pathsep)
+        if p and not (caller_venv and Path(p) == Path(caller_venv) / "bin")
+    ]
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("MCP_TASKS_", "CELERY_")) and k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
+    }
     env.update(PATH=os.pathsep.join([str(venv / "bin"), *path]), VIRTUAL_ENV=str(venv), PYTHONNOUSERSITE="1")
     env.update(settings)
     return env
@@ -69,8 +86,14 @@ def clean_env(venv: Path, **settings: str) -> dict[str, str]:
 
 def package_location(python: Path, cwd: Path, env: dict[str, str]) -> Path:
     """Where `import celery_mcp_tasks` comes from when run as the user runs it; it must be the venv."""
-    out = subprocess.run([str(python), "-c", "import celery_mcp_tasks; print(celery_mcp_tasks.__file__)"],
-                         cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    out = subprocess.run(
+        [str(python), "-c", "import celery_mcp_tasks; print(celery_mcp_tasks.__file__)"],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+    )
     if out.returncode != 0:
         raise Failure(f"import celery_mcp_tasks failed in {python.parent.parent}:\n{out.stderr}")
     where = Path(out.stdout.strip()).resolve()
@@ -111,8 +134,15 @@ class Proc:
     def __init__(self, name: str, argv: list[str], *, cwd: Path, env: dict[str, str], log: Path) -> None:
         self.name, self.log = name, log
         with log.open("wb") as out:
-            self.popen = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                          stderr=subprocess.STDOUT, start_new_session=True)
+            self.popen = subprocess.Popen(
+                argv,
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")

@@ -24,8 +24,18 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from outside import (ROOT, Failure, Proc, check_imports, clean_env, copy_app, kill_leftovers, make_venv,
-                     package_location, step)
+from outside import (
+    ROOT,
+    Failure,
+    Proc,
+    check_imports,
+    clean_env,
+    copy_app,
+    kill_leftovers,
+    make_venv,
+    package_location,
+    step,
+)
 
 APP = "examples.quickstart.app"
 EXTRAS = "postgres,redis"
@@ -39,8 +49,12 @@ def free_port() -> int:
 
 
 def psql(admin_url: str, sql: str) -> None:
-    subprocess.run(["psql", admin_url, "-v", "ON_ERROR_STOP=1", "-qc", sql], check=True, stdin=subprocess.DEVNULL,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        ["psql", admin_url, "-v", "ON_ERROR_STOP=1", "-qc", sql],
+        check=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+    )
 
 
 def wait_until(what: str, ready, procs: list[Proc], timeout: float) -> None:
@@ -67,35 +81,73 @@ def healthz(url: str) -> bool:
 def smoke(python: Path, app: Path, env: dict[str, str], work: Path) -> None:
     bin_dir = python.parent
     step("celery-mcp-tasks db upgrade")
-    upgrade = subprocess.run([str(bin_dir / "celery-mcp-tasks"), "db", "upgrade"], cwd=app, env=env,
-                             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    upgrade = subprocess.run(
+        [str(bin_dir / "celery-mcp-tasks"), "db", "upgrade"],
+        cwd=app,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if upgrade.returncode != 0:
-        raise Failure(f"celery-mcp-tasks db upgrade exited with {upgrade.returncode}:\n{upgrade.stdout}{upgrade.stderr}")
+        raise Failure(
+            f"celery-mcp-tasks db upgrade exited with {upgrade.returncode}:\n{upgrade.stdout}{upgrade.stderr}"
+        )
 
     port = free_port()
     step(f"web (serve --port {port} --no-migrate), worker and beat")
     procs = [
-        Proc("web", [str(bin_dir / "celery-mcp-tasks"), "serve", APP, "--port", str(port), "--no-migrate"],
-             cwd=app, env=env, log=work / "web.log"),
-        Proc("worker", [str(bin_dir / "celery"), "-A", APP, "worker", "--loglevel", "INFO"],
-             cwd=app, env=env, log=work / "worker.log"),
-        Proc("beat", [str(bin_dir / "celery"), "-A", APP, "beat", "--loglevel", "INFO"],
-             cwd=app, env=env, log=work / "beat.log"),
+        Proc(
+            "web",
+            [str(bin_dir / "celery-mcp-tasks"), "serve", APP, "--port", str(port), "--no-migrate"],
+            cwd=app,
+            env=env,
+            log=work / "web.log",
+        ),
+        Proc(
+            "worker",
+            [str(bin_dir / "celery"), "-A", APP, "worker", "--loglevel", "INFO"],
+            cwd=app,
+            env=env,
+            log=work / "worker.log",
+        ),
+        Proc(
+            "beat",
+            [str(bin_dir / "celery"), "-A", APP, "beat", "--loglevel", "INFO"],
+            cwd=app,
+            env=env,
+            log=work / "beat.log",
+        ),
     ]
-    web, worker, beat = procs
+    _web, worker, beat = procs
     try:
-        wait_until(f"GET http://127.0.0.1:{port}/healthz to answer 200", lambda: healthz(f"http://127.0.0.1:{port}/healthz"),
-                   procs, 60)
+        wait_until(
+            f"GET http://127.0.0.1:{port}/healthz to answer 200",
+            lambda: healthz(f"http://127.0.0.1:{port}/healthz"),
+            procs,
+            60,
+        )
         wait_until("the worker to be ready", lambda: " ready." in worker.output(), procs, 60)
-        wait_until("beat to send the janitor (celery_mcp_tasks.janitor)",
-                   lambda: JANITOR_SENT.search(beat.output()) is not None, procs, 30)
+        wait_until(
+            "beat to send the janitor (celery_mcp_tasks.janitor)",
+            lambda: JANITOR_SENT.search(beat.output()) is not None,
+            procs,
+            30,
+        )
         print("   web healthy, worker ready, beat sent the janitor", flush=True)
 
         arguments = '{"topic": "smoke", "sections": 1}'
         step(f"celery-mcp-tasks call http://127.0.0.1:{port}/mcp write_report '{arguments}'")
-        call = subprocess.run([str(bin_dir / "celery-mcp-tasks"), "call", f"http://127.0.0.1:{port}/mcp",
-                               "write_report", arguments], cwd=app, env=env, stdin=subprocess.DEVNULL,
-                              capture_output=True, text=True, timeout=90)
+        call = subprocess.run(
+            [str(bin_dir / "celery-mcp-tasks"), "call", f"http://127.0.0.1:{port}/mcp", "write_report", arguments],
+            cwd=app,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
         print("\n".join(f"   | {line}" for line in (call.stdout + call.stderr).splitlines()), flush=True)
         if call.returncode != 0 or "status=completed" not in call.stdout:
             raise Failure(f"the task did not reach completed (call exited with {call.returncode})")
@@ -107,7 +159,9 @@ def smoke(python: Path, app: Path, env: dict[str, str], work: Path) -> None:
     except BaseException:
         for proc in procs:
             proc.kill()
-            print(f"== {proc.name} log (last 60 lines)\n" + "\n".join(proc.output().splitlines()[-60:]), file=sys.stderr)
+            print(
+                f"== {proc.name} log (last 60 lines)\n" + "\n".join(proc.output().splitlines()[-60:]), file=sys.stderr
+            )
         raise
 
 
@@ -115,9 +169,11 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--wheel", type=Path, required=True)
     parser.add_argument("--work", type=Path, required=True, help="an empty directory outside the checkout")
-    parser.add_argument("--postgres", default=os.environ.get("MCP_TASKS_TEST_POSTGRES_URL",
-                                                             "postgresql://postgres@127.0.0.1:5432/test"),
-                        help="a PostgreSQL URL allowed to CREATE DATABASE (a throwaway one is made)")
+    parser.add_argument(
+        "--postgres",
+        default=os.environ.get("MCP_TASKS_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"),
+        help="a PostgreSQL URL allowed to CREATE DATABASE (a throwaway one is made)",
+    )
     parser.add_argument("--redis", default=os.environ.get("MCP_TASKS_SMOKE_REDIS_URL", "redis://127.0.0.1:6379/14"))
     args = parser.parse_args()
     work = args.work.resolve()
@@ -129,15 +185,22 @@ def main() -> int:
         python = make_venv(venv, f"{args.wheel.resolve()}[{EXTRAS}]")
         check_imports(python, work, EXTRAS)
         app = copy_app(ROOT / "examples", work / "app")
-        services = subprocess.run([str(python), str(ROOT / ".ci" / "check_services.py")], cwd=work,
-                                  env=clean_env(venv, MCP_TASKS_TEST_POSTGRES_URL=args.postgres,
-                                                MCP_TASKS_TEST_REDIS_URL=args.redis), stdin=subprocess.DEVNULL)
+        services = subprocess.run(
+            [str(python), str(ROOT / ".ci" / "check_services.py")],
+            cwd=work,
+            env=clean_env(venv, MCP_TASKS_TEST_POSTGRES_URL=args.postgres, MCP_TASKS_TEST_REDIS_URL=args.redis),
+            stdin=subprocess.DEVNULL,
+        )
         if services.returncode != 0:
             raise Failure("PostgreSQL or Redis does not answer (see above)")
         psql(args.postgres, f"CREATE DATABASE {database}")
         created = True
-        env = clean_env(venv, MCP_TASKS_DATABASE_URL=f"{args.postgres.rsplit('/', 1)[0]}/{database}",
-                        CELERY_BROKER_URL=args.redis, MCP_TASKS_JANITOR_INTERVAL_S="2")
+        env = clean_env(
+            venv,
+            MCP_TASKS_DATABASE_URL=f"{args.postgres.rsplit('/', 1)[0]}/{database}",
+            CELERY_BROKER_URL=args.redis,
+            MCP_TASKS_JANITOR_INTERVAL_S="2",
+        )
         print(f"   celery_mcp_tasks from {package_location(python, app, env)}; store {database}, broker {args.redis}")
         smoke(python, app, env, work)
     except (Failure, subprocess.TimeoutExpired) as failure:
@@ -146,8 +209,10 @@ def main() -> int:
     finally:
         left = kill_leftovers(work)
         if left:
-            print("production smoke: killed leftover processes: " + "; ".join(f"{p}: {c}" for p, c in left.items()),
-                  file=sys.stderr)
+            print(
+                "production smoke: killed leftover processes: " + "; ".join(f"{p}: {c}" for p, c in left.items()),
+                file=sys.stderr,
+            )
         if created:
             psql(args.postgres, f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
     if left:

@@ -237,7 +237,7 @@ def _register_content_tools(mcp: MCPServer) -> None:
     def json_schema_2020_12_tool(
         name: str | None = None,
         address: dict[str, Any] | None = None,
-        contactMethod: str | None = None,  # noqa: N803 - wire name fixed by the suite
+        contactMethod: str | None = None,
         phone: str | None = None,
         email: str | None = None,
     ) -> str:
@@ -383,7 +383,7 @@ def _register_resources(mcp: MCPServer) -> None:
     @mcp.resource(
         "test://template/{id}/data", name="template", description="A templated resource", mime_type="application/json"
     )
-    def template(id: str) -> str:  # noqa: A002 - the template variable is named by the suite
+    def template(id: str) -> str:
         return json.dumps({"id": id, "templateTest": True, "data": f"Data for ID: {id}"})
 
 
@@ -401,7 +401,7 @@ def _register_prompts(mcp: MCPServer) -> None:
 
     @mcp.prompt(description="A prompt that embeds a resource")
     def test_prompt_with_embedded_resource(
-        resourceUri: Annotated[str, Field(description="URI of the resource to embed")],  # noqa: N803
+        resourceUri: Annotated[str, Field(description="URI of the resource to embed")],
     ) -> list[UserMessage]:
         embedded = _resource(resourceUri, "Embedded resource content for testing.")
         return [UserMessage(embedded), UserMessage("Please process the embedded resource above.")]

@@ -1,8 +1,8 @@
 """The README's app: one tool that takes a few seconds, run as an MCP task.
 
-    celery-mcp-tasks dev examples.quickstart.app      # web + worker, SQLite, no servers
-    celery -A examples.quickstart.app worker          # or run the pieces yourself
-    celery-mcp-tasks serve examples.quickstart.app
+celery-mcp-tasks dev examples.quickstart.app      # web + worker, SQLite, no servers
+celery -A examples.quickstart.app worker          # or run the pieces yourself
+celery-mcp-tasks serve examples.quickstart.app
 """
 
 import time
