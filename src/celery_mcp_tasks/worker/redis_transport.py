@@ -31,7 +31,6 @@ from __future__ import annotations
 from typing import Any
 
 from kombu.transport import redis as kombu_redis
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 __all__ = ["Channel", "Transport"]
 
@@ -40,6 +39,9 @@ class Channel(kombu_redis.Channel):
     def _connparams(self, asynchronous: bool = False) -> Any:
         connection = self.connection
         if connection is None or connection.client is None:
+            # Imported here: kombu loads this module only for a redis:// broker (the `redis` extra).
+            from redis.exceptions import ConnectionError as RedisConnectionError
+
             raise RedisConnectionError("the broker connection is already closed")
         return super()._connparams(asynchronous=asynchronous)  # type: ignore[no-untyped-call]  # unannotated in kombu
 
