@@ -113,11 +113,6 @@ def test_a_tool_error_result_reaches_the_synchronous_caller_as_a_result_with_is_
     assert hidden_row(deployment, "refuse", message=message)["status"] == "completed"  # a result, not a failure
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="worker/job.py builds the ToolError result by hand without resultType; "
-    "the SDK's result sieve refuses it: -32603 'Handler returned an invalid result'",
-)
 def test_a_raised_tool_error_is_a_result_with_is_error_too(deployment: Deployment, client: McpHttp) -> None:
     message = unique("quota exceeded")
     reply = client.call_tool("refuse_by_raising", {"message": message}, capabilities=WITHOUT_EXT)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from celery import Task
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import CallToolResult, TextContent
 from pydantic import ValidationError
 
 from celery_mcp_tasks.model import Run, RunInProgress, Superseded, TerminalTask, now_ms
@@ -230,8 +231,9 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
             with _Heartbeat(lambda: service.heartbeat(key, run), interval):
                 value = self.run(**kwargs)
         except ToolError as exc:
-            # As a synchronous MCP tool: a deliberate tool error is a result with isError.
-            return {"content": [{"type": "text", "text": str(exc)}], "isError": True}
+            # As a synchronous MCP tool: a deliberate tool error is a result with isError (built by the
+            # SDK's own model, so it carries everything a result needs on every era, resultType included).
+            return tool.to_result(CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True))
         except InputRequested:
             return self._ended("waiting for input")
         except HandedOff:
