@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.model import task_key
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.sql import SqlStore
@@ -157,9 +158,12 @@ def test_a_job_that_always_kills_its_process_fails_after_its_retries(client: Mcp
     assert failed["status"] == "failed"
     assert failed["error"]["message"].startswith("Job failed: WorkerLostError")
     store = SqlStore.from_url(backend.store_url)
-    try:  # it ran twice (the first attempt and its one retry), not once and not in a loop
+    try:  # its last send ran twice (the first attempt and its one retry): bounded, never a loop
         record = store.get(task_key(task_id))
-        assert record is not None and (record.dispatches, record.attempt) == (1, 1)
+        assert record is not None and record.attempt == 1
+        # Under load the reaper (3 s stale timeout here) may also re-send it while Celery's own retry is
+        # pending; the sends stay bounded too.
+        assert 1 <= record.dispatches <= Settings.from_env({}).max_sends
     finally:
         store.dispose()
 
