@@ -1,0 +1,113 @@
+"""Every private part of the SDK's client that the tasks client uses, in one place.
+
+mcp 2.3's public `listen()` builds its filter from four keyword arguments, so
+it cannot name `taskIds`; this module opens the same stream with the filter
+the Tasks extension defines, the way the SDK's own driver does (register the
+demux route before the request is written, wait for the acknowledgment, end
+the stream by cancelling the request). tests/client/test_sdk_contract.py pins
+each attribute used here to the SDK release it was written against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from itertools import count
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+from mcp.shared.dispatcher import CallOptions
+from mcp.shared.exceptions import MCPError
+from mcp_types import INTERNAL_ERROR, SubscriptionFilter
+
+if TYPE_CHECKING:
+    from mcp.client.session import ClientSession
+
+__all__ = ["SDK_VERSIONS", "ListenClosed", "listen_tasks", "task_group"]
+
+SDK_VERSIONS = ("2.3",)
+"""The SDK releases whose internals this module was checked against (mcp>=2.3,<2.4)."""
+
+_ids = count(1)
+
+
+class ListenClosed(Exception):
+    """The listen stream ended (gracefully or not); the caller re-opens or polls."""
+
+
+class TaskStream:
+    """One open listen stream following some tasks: what the server honoured, and how it ended."""
+
+    def __init__(self, route: Any, honored: SubscriptionFilter) -> None:
+        self._route = route
+        self.honored = honored
+
+    @property
+    def task_ids(self) -> list[str] | None:
+        """The `taskIds` the server agreed to follow (None: it does not follow tasks on listen)."""
+        ids = (self.honored.model_extra or {}).get("taskIds")
+        return list(ids) if isinstance(ids, list) else None
+
+    @property
+    def ended(self) -> bool:
+        return self._route.end is not None
+
+    async def wait_closed(self) -> None:
+        """Return when the stream has ended, for whatever reason."""
+        while self._route.end is None:
+            outcome = await self._route.next_event()  # core events are not ours: drop them
+            if isinstance(outcome, str):
+                return
+            self._route.consume(outcome)
+
+
+def task_group(session: ClientSession) -> anyio.abc.TaskGroup:
+    """The session's own task group: background work that lives exactly as long as the connection."""
+    group = session._task_group  # pyright: ignore[reportPrivateUsage]
+    if group is None:
+        raise RuntimeError("the client session is not entered")
+    return group
+
+
+@asynccontextmanager
+async def listen_tasks(session: ClientSession, task_ids: list[str], ack_timeout: float) -> AsyncIterator[TaskStream]:
+    """`subscriptions/listen` with `{"taskIds": [...]}`; yields once acknowledged, ends the stream on exit.
+
+    Raises `MCPError` when the server refuses the request, `ListenClosed` when the
+    stream ends before its acknowledgment, `TimeoutError` past `ack_timeout`.
+    """
+    request_id = f"tasks-listen-{next(_ids)}"
+    data: dict[str, Any] = {"method": "subscriptions/listen", "params": {"notifications": {"taskIds": task_ids}}}
+    opts: CallOptions = {"request_id": request_id}
+    session._stamp(data, opts)  # pyright: ignore[reportPrivateUsage]
+    scope = anyio.CancelScope()
+    route = session._register_listen_route(request_id)  # pyright: ignore[reportPrivateUsage]
+    dispatcher = session._dispatcher  # pyright: ignore[reportPrivateUsage]
+
+    async def drive() -> None:
+        with scope:
+            try:
+                await dispatcher.send_raw_request(data["method"], data["params"], opts)
+            except MCPError as error:
+                route.settle("lost", error=error)
+                return
+            except ValueError as error:  # an id collision: fail this stream only
+                route.settle("lost", error=MCPError(INTERNAL_ERROR, str(error)))
+                return
+            route.set_acked(SubscriptionFilter())
+            route.settle("graceful")
+
+    try:
+        task_group(session).start_soon(drive)
+        with anyio.fail_after(ack_timeout):
+            await route.acked.wait()
+        if route.honored is None:
+            if route.error is not None:
+                raise route.error
+            raise ListenClosed("the listen stream ended before it was acknowledged")
+        yield TaskStream(route, route.honored)
+    finally:
+        route.settle("local")
+        scope.cancel()
+        session._unregister_listen_route(request_id)  # pyright: ignore[reportPrivateUsage]

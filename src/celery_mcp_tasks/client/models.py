@@ -1,0 +1,122 @@
+"""The Tasks extension's shapes as the client reads them: a created task, a task's state, the requests.
+
+Plain pydantic models over the SDK's wire base classes (`mcp_types`): nothing
+here talks to a server.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from mcp_types import CallToolResult, ErrorData, Request, RequestParams, Result
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+__all__ = [
+    "TERMINAL",
+    "CancelTaskRequest",
+    "CreateTaskResult",
+    "GetTaskRequest",
+    "TaskState",
+    "TaskStatus",
+    "UpdateTaskRequest",
+]
+
+TaskStatus = Literal["working", "input_required", "completed", "failed", "cancelled"]
+TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
+
+
+class _TaskFields(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow")
+
+    task_id: str
+    status: TaskStatus
+    status_message: str | None = None
+    created_at: str
+    last_updated_at: str
+    ttl_ms: int | None = None
+    poll_interval_ms: int | None = None
+
+
+class CreateTaskResult(Result, _TaskFields):
+    """`tools/call` answered with a task (`resultType: "task"`): the flat task fields, nothing else."""
+
+    model_config = ConfigDict(extra="allow")
+
+    result_type: Literal["task"] = "task"
+
+    def state(self) -> TaskState:
+        return TaskState.model_validate(self.model_dump(by_alias=True, exclude={"result_type", "meta"}))
+
+
+class TaskState(_TaskFields):
+    """A task as `tasks/get` or `notifications/tasks` renders it.
+
+    `result` (completed) is the `CallToolResult` the synchronous call would have
+    returned, `error` (failed) the JSON-RPC error, `input_requests`
+    (input_required) the outstanding requests keyed as the server chose.
+    """
+
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    input_requests: dict[str, Any] | None = None
+    meta: dict[str, Any] | None = Field(default=None, alias="_meta")
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL
+
+    def call_tool_result(self) -> CallToolResult:
+        """The completed task's result as the SDK's `CallToolResult`."""
+        return CallToolResult.model_validate(self.result or {}, by_name=False)
+
+    def error_data(self) -> ErrorData:
+        raw = self.error or {}
+        return ErrorData(
+            code=int(raw.get("code", -32603)),
+            message=str(raw.get("message") or self.status_message or "The task failed"),
+            data=raw.get("data"),
+        )
+
+    def progress(self) -> tuple[float, float | None] | None:
+        """`(current, total)` when the job reported numbers (this server's `_meta` progress key)."""
+        found = (self.meta or {}).get(PROGRESS_META_KEY)
+        if not isinstance(found, dict) or not isinstance(found.get("progress"), int | float):
+            return None
+        total = found.get("total")
+        return float(found["progress"]), float(total) if isinstance(total, int | float) else None
+
+
+PROGRESS_META_KEY = "io.github.celery-mcp-tasks/progress"
+
+
+class TaskIdParams(RequestParams):
+    task_id: str
+
+
+class UpdateParams(TaskIdParams):
+    input_responses: dict[str, Any]
+
+
+class GetTaskRequest(Request[TaskIdParams, Literal["tasks/get"]]):
+    method: Literal["tasks/get"] = "tasks/get"
+    params: TaskIdParams
+    name_param = "taskId"  # the SDK mirrors it into the Mcp-Name header
+
+
+class UpdateTaskRequest(Request[UpdateParams, Literal["tasks/update"]]):
+    method: Literal["tasks/update"] = "tasks/update"
+    params: UpdateParams
+    name_param = "taskId"
+
+
+class CancelTaskRequest(Request[TaskIdParams, Literal["tasks/cancel"]]):
+    method: Literal["tasks/cancel"] = "tasks/cancel"
+    params: TaskIdParams
+    name_param = "taskId"
+
+
+class Ack(Result):
+    """`{"resultType": "complete"}`: the answer to tasks/update and tasks/cancel."""
+
+    model_config = ConfigDict(extra="allow")

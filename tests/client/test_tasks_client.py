@@ -1,0 +1,287 @@
+"""`TasksClient` in the SDK's own `Client`, against a real web process and a separate Celery worker.
+
+Both backends (embedded, and PostgreSQL + Redis). What a user sees: a plain
+`call_tool` that waits, questions answered by the client's callbacks, a
+cancelled caller that cancels its task, push used when offered.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client
+from mcp.client.session import ClientRequestContext
+from mcp.shared.exceptions import MCPError
+from mcp_types import CallToolResult, ElicitRequestParams, ElicitResult, ErrorData
+
+import celery_mcp_tasks.client.extension as extension
+from celery_mcp_tasks.client import InputNotAnswered, TaskCancelled, TaskNotFound, TasksClient
+from tests.support import Backend, Deployment, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def runtime(backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    logs = tmp_path_factory.mktemp(f"client-{backend.name}")
+    with Deployment("tests.apps.runtime_app", backend, logs) as deployment:
+        deployment.web()
+        deployment.worker(concurrency=4)
+        yield deployment
+
+
+def text(result: CallToolResult) -> str:
+    return "".join(getattr(item, "text", "") for item in result.content)
+
+
+class Answers:
+    """An elicitation callback that answers each question from a script, keyed by a word of its message."""
+
+    def __init__(self, **by_word: dict[str, Any]) -> None:
+        self.by_word = by_word
+        self.asked: list[str] = []
+
+    async def __call__(self, ctx: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult | ErrorData:
+        self.asked.append(params.message)
+        for word, content in self.by_word.items():
+            if word in params.message.lower():
+                return ElicitResult(action="accept", content=content)
+        return ElicitResult(action="decline")
+
+
+def run(scenario: Any, *args: Any) -> Any:
+    return anyio.run(scenario, *args)
+
+
+def test_a_plain_call_tool_waits_for_the_task_and_returns_its_result(runtime: Deployment):
+    async def scenario() -> CallToolResult:
+        async with Client(runtime.url, extensions=[TasksClient()]) as client:
+            return await client.call_tool("work", {"seconds": 0.5})
+
+    result = run(scenario)
+    assert isinstance(result, CallToolResult) and not result.is_error
+    assert text(result) == "worked 0.5s on attempt 1"
+
+
+def test_a_failed_task_raises_the_sdk_error_and_an_iserror_result_is_returned(runtime: Deployment):
+    async def scenario() -> tuple[MCPError, CallToolResult]:
+        async with Client(runtime.url, extensions=[TasksClient()]) as client:
+            with pytest.raises(MCPError) as failed:
+                await client.call_tool("explode", {"message": "boom"})
+            refused = await client.call_tool("refuse", {"message": "no"})
+            return failed.value, refused
+
+    failed, refused = run(scenario)
+    assert failed.code == -32603 and not isinstance(failed, TaskNotFound)
+    assert refused.is_error and "no" in text(refused)
+
+
+def test_two_questions_are_answered_by_the_elicitation_callback(runtime: Deployment):
+    answers = Answers(name={"name": "Ada"}, colour={"colour": "teal"})
+
+    async def scenario() -> CallToolResult:
+        async with Client(runtime.url, extensions=[TasksClient()], elicitation_callback=answers) as client:
+            return await client.call_tool("two_rounds", {})
+
+    result = run(scenario)
+    assert text(result).startswith("Ada likes teal")
+    assert answers.asked == ["Your name?", "Favourite colour?"]
+
+
+def test_a_question_the_client_refuses_cancels_the_task_with_a_clear_error(runtime: Deployment):
+    async def refuse(ctx: ClientRequestContext, params: ElicitRequestParams) -> ErrorData:
+        return ErrorData(code=-32600, message="nobody is here to answer")
+
+    async def scenario() -> tuple[InputNotAnswered, str]:
+        tasks = TasksClient()
+        async with Client(runtime.url, extensions=[tasks], elicitation_callback=refuse) as client:
+            handle = await tasks.start(client, "two_rounds", {})
+            with pytest.raises(InputNotAnswered) as refused:
+                await handle.result()
+            return refused.value, handle.status
+
+    refused, status = run(scenario)
+    assert "elicitation/create" in refused.message and "nobody is here" in refused.message
+    assert "cancelled" in refused.message and status == "cancelled"
+
+
+def test_cancelling_the_caller_cancels_the_task_and_its_job_stops(runtime: Deployment, tmp_path: Path):
+    marker = tmp_path / "started"
+
+    async def scenario() -> None:
+        async with Client(runtime.url, extensions=[TasksClient()]) as client:
+            with anyio.fail_after(60), anyio.CancelScope() as scope:
+
+                async def cancel_when_started() -> None:
+                    while not marker.exists():
+                        await anyio.sleep(0.05)
+                    scope.cancel()
+
+                async with anyio.create_task_group() as group:
+                    group.start_soon(cancel_when_started)
+                    await client.call_tool("work", {"seconds": 60, "marker": str(marker)})
+
+    run(scenario)
+    wait_until(lambda: Path(f"{marker}.stopped").exists(), 30, "the job to stop for the cancel")
+
+
+def test_a_wait_past_the_clients_timeout_cancels_the_task(runtime: Deployment, tmp_path: Path):
+    marker = tmp_path / "started"
+
+    async def scenario() -> None:
+        async with Client(runtime.url, extensions=[TasksClient(timeout=1.5)]) as client:
+            with pytest.raises(TimeoutError):
+                await client.call_tool("work", {"seconds": 60, "marker": str(marker)})
+
+    run(scenario)
+    wait_until(lambda: Path(f"{marker}.stopped").exists(), 30, "the job to stop for the cancel")
+
+
+def test_the_handle_api_start_follow_attach_and_cancel(runtime: Deployment):
+    async def scenario() -> dict[str, Any]:
+        tasks = TasksClient()
+        async with Client(runtime.url, extensions=[tasks]) as client:
+            handle = await tasks.start(client, "work", {"seconds": 1})
+            assert handle.id and handle.status == "working"
+            seen = [state.status async for state in handle.updates()]
+            first = text(await handle.result())
+            keep = await tasks.start(client, "work", {"seconds": 60})
+            kept_id = keep.id
+        assert kept_id is not None
+        other = TasksClient()  # another process, later: the id is all it has
+        async with Client(runtime.url, extensions=[other]) as client:
+            again = await other.attach(client, kept_id)
+            assert again.status == "working"
+            await again.cancel()
+            with pytest.raises(TaskCancelled) as cancelled:
+                await again.result()
+        return {"seen": seen, "first": first, "cancelled": str(cancelled.value)}
+
+    outcome = run(scenario)
+    assert outcome["seen"][0] == "working" and outcome["seen"][-1] == "completed"
+    assert outcome["first"]
+    assert outcome["cancelled"].startswith("The task was cancelled")
+
+
+def test_a_task_that_expired_is_a_clear_error(runtime: Deployment):
+    async def scenario() -> None:
+        tasks = TasksClient()
+        async with Client(runtime.url, extensions=[tasks]) as client:
+            handle = await tasks.start(client, "short_lived", {})
+            await handle.result()
+            await anyio.sleep(2.0)  # the tool's ttl is 1.5 s
+            with pytest.raises(TaskNotFound):
+                await tasks.attach(client, handle.id or "")
+
+    run(scenario)
+
+
+def test_push_is_used_when_the_server_offers_it(runtime: Deployment, monkeypatch: pytest.MonkeyPatch):
+    """Five concurrent tasks followed on one listen stream cost about one tasks/get each; polling costs more."""
+    gets = {"n": 0}
+    original = extension._get
+
+    async def counting(session: Any, task_id: str) -> Any:
+        gets["n"] += 1
+        return await original(session, task_id)
+
+    monkeypatch.setattr(extension, "_get", counting)
+
+    async def scenario(listen: bool) -> tuple[int, list[str]]:
+        gets["n"] = 0
+        results: list[str] = []
+        tasks = TasksClient(listen=listen, poll_floor_s=0.1, poll_ceiling_s=0.5)
+        async with Client(runtime.url, extensions=[tasks]) as client:
+
+            async def one(n: int) -> None:
+                results.append(text(await client.call_tool("work", {"seconds": 2})))
+
+            async with anyio.create_task_group() as group:
+                for n in range(5):
+                    group.start_soon(one, n)
+        return gets["n"], results
+
+    pushed, pushed_results = run(scenario, True)
+    polled, polled_results = run(scenario, False)
+    assert len(pushed_results) == len(polled_results) == 5
+    assert pushed <= 5 + 2, pushed  # one read per task after the acknowledgment (and a spare)
+    assert polled > pushed, (polled, pushed)
+
+
+def test_tasks_followed_at_once_share_one_listen_stream(runtime: Deployment, monkeypatch: pytest.MonkeyPatch):
+    from celery_mcp_tasks.client import _sdk
+
+    opened: list[list[str]] = []
+    original = _sdk.listen_tasks
+
+    def recording(session: Any, task_ids: list[str], ack_timeout: float) -> Any:
+        opened.append(list(task_ids))
+        return original(session, task_ids, ack_timeout)
+
+    monkeypatch.setattr(_sdk, "listen_tasks", recording)
+
+    async def scenario() -> None:
+        tasks = TasksClient()
+        async with Client(runtime.url, extensions=[tasks]) as client:
+            handles = [await tasks.start(client, "work", {"seconds": 1.5}) for _ in range(3)]
+            for handle in handles:
+                await handle.result()
+
+    started = time.monotonic()
+    run(scenario)
+    assert time.monotonic() - started < 60
+    assert 1 <= len(opened) <= 3  # re-opened only as tasks joined, never one stream per task and change
+    assert len(opened[-1]) >= 1
+
+
+def test_a_server_that_does_not_follow_tasks_on_listen_is_polled(runtime: Deployment, monkeypatch: pytest.MonkeyPatch):
+    """The acknowledgment leaves `taskIds` out (a server without task push): the client polls instead."""
+    from contextlib import asynccontextmanager
+
+    from mcp.client.subscriptions import ListenRoute
+    from mcp_types import SubscriptionFilter
+
+    from celery_mcp_tasks.client import _sdk
+
+    @asynccontextmanager
+    async def core_only(session: Any, task_ids: list[str], ack_timeout: float) -> Any:
+        yield _sdk.TaskStream(ListenRoute(), SubscriptionFilter())
+
+    monkeypatch.setattr(_sdk, "listen_tasks", core_only)
+
+    async def scenario() -> str:
+        async with Client(runtime.url, extensions=[TasksClient(poll_floor_s=0.1)]) as client:
+            return text(await client.call_tool("work", {"seconds": 1}))
+
+    assert run(scenario) == "worked 1s on attempt 1"
+
+
+def test_a_listen_stream_that_drops_is_reopened(runtime: Deployment, monkeypatch: pytest.MonkeyPatch):
+    from contextlib import asynccontextmanager
+
+    from celery_mcp_tasks.client import _sdk
+
+    original = _sdk.listen_tasks
+    opened: list[int] = []
+
+    @asynccontextmanager
+    async def dropping(session: Any, task_ids: list[str], ack_timeout: float) -> Any:
+        async with original(session, task_ids, ack_timeout) as stream:
+            opened.append(len(task_ids))
+            if len(opened) == 1:
+                stream._route.settle("lost")  # the first stream breaks right after its acknowledgment
+            yield stream
+
+    monkeypatch.setattr(_sdk, "listen_tasks", dropping)
+
+    async def scenario() -> str:
+        async with Client(runtime.url, extensions=[TasksClient()]) as client:
+            return text(await client.call_tool("work", {"seconds": 1.5}))
+
+    assert run(scenario) == "worked 1.5s on attempt 1"
+    assert len(opened) >= 2

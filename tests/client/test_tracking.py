@@ -1,0 +1,84 @@
+"""How the client keeps one task's state: newer wins, terminal is final, out-of-order notifications are dropped."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from celery_mcp_tasks.client.extension import _Tracked, _translate
+from celery_mcp_tasks.client.models import CreateTaskResult, TaskState
+
+
+def state(status: str = "working", at: str = "2026-12-01T10:00:00.000Z", **extra: Any) -> TaskState:
+    return TaskState.model_validate(
+        {"taskId": "t", "status": status, "createdAt": "2026-12-01T10:00:00.000Z", "lastUpdatedAt": at, **extra}
+    )
+
+
+def test_a_newer_state_replaces_the_current_one_and_fires():
+    tracked = _Tracked(state=state())
+    event = tracked.changed
+    assert tracked.offer(state("input_required", "2026-12-01T10:00:01.000Z"))
+    assert event.is_set() and tracked.version == 1 and tracked.state.status == "input_required"
+
+
+def test_an_older_or_identical_state_is_ignored():
+    tracked = _Tracked(state=state("working", "2026-12-01T10:00:05.000Z"))
+    assert not tracked.offer(state("input_required", "2026-12-01T10:00:04.000Z"))  # arrived out of order
+    assert not tracked.offer(state("working", "2026-12-01T10:00:05.000Z"))
+    assert tracked.version == 0
+
+
+def test_a_terminal_state_is_final():
+    tracked = _Tracked(state=state("completed", "2026-12-01T10:00:05.000Z", result={"content": []}))
+    assert not tracked.offer(state("working", "2026-12-01T10:00:09.000Z"))
+    assert tracked.state.terminal
+
+
+def test_another_tasks_state_is_never_taken():
+    tracked = _Tracked(state=state())
+    other = state("completed", "2026-12-01T10:00:09.000Z").model_copy(update={"task_id": "u"})
+    assert not tracked.offer(other)
+
+
+def test_the_created_result_reads_as_a_state_and_progress_is_parsed():
+    created = CreateTaskResult.model_validate(
+        {
+            "resultType": "task",
+            "taskId": "t",
+            "status": "working",
+            "createdAt": "x",
+            "lastUpdatedAt": "x",
+            "ttlMs": None,
+            "pollIntervalMs": 500,
+            "statusMessage": "Queued",
+        },
+        by_name=False,
+    )
+    assert created.state().poll_interval_ms == 500 and created.state().status_message == "Queued"
+    progressed = state(_meta={"io.github.celery-mcp-tasks/progress": {"progress": 3, "total": 10}})
+    assert progressed.progress() == (3.0, 10.0)
+    assert state().progress() is None
+
+
+def test_a_failed_state_gives_its_jsonrpc_error():
+    failed = state("failed", error={"code": -32603, "message": "RuntimeError: boom", "data": {"x": 1}})
+    error = failed.error_data()
+    assert (error.code, error.message, error.data) == (-32603, "RuntimeError: boom", {"x": 1})
+
+
+@pytest.mark.parametrize(
+    ("message", "gone"),
+    [
+        ("Failed to retrieve task: Task not found", True),
+        ("Failed to retrieve task: Task has expired", True),
+        ("inputResponses must be an object", False),
+    ],
+)
+def test_only_a_missing_task_is_task_not_found(message: str, gone: bool):
+    from mcp.shared.exceptions import MCPError
+
+    from celery_mcp_tasks.client import TaskNotFound
+
+    assert isinstance(_translate(MCPError(-32602, message)), TaskNotFound) is gone
