@@ -5,6 +5,8 @@ from dataclasses import replace
 import pytest
 
 from celery_mcp_tasks.model import (
+    RESTARTED_AFTER_LOSS,
+    RESUMED,
     DuplicateInputKeys,
     InvalidInputResponse,
     InvalidTransition,
@@ -77,10 +79,22 @@ ASKED = {"a": {"method": "roots/list", "params": {}}}
 VISIBLE = [
     ("progress", record(), lambda r: r.with_progress("half way", 5000), {"status_message": "half way"}),
     (
+        "numeric progress",
+        record(),
+        lambda r: r.with_progress("2 of 4", 5000, current=2, total=4),
+        {"status_message": "2 of 4", "progress": 2.0, "progress_total": 4.0},
+    ),
+    (
+        "a run started",
+        record(dispatches=1, status_message="Queued"),
+        lambda r: r.began(Run(1), 5000, stale_before_ms=0),
+        {"status_message": "Started", "started_at": 5000, "heartbeat_at": 5000},
+    ),
+    (
         "a late retry signal said at the start",
         record(dispatches=1),
         lambda r: r.began(Run(1, 1), 5000, stale_before_ms=0),
-        {"attempt": 1, "status_message": "Retrying (attempt 2)"},
+        {"attempt": 1, "status_message": "Started (attempt 2)"},
     ),
     (
         "retrying",
@@ -117,9 +131,9 @@ def test_every_visible_transition_bumps_the_version_and_last_updated(start, move
 
 BOOKKEEPING = [
     (
-        "a run claimed",
-        record(dispatches=1),
-        lambda r: r.began(Run(1), 5000, stale_before_ms=0),
+        "a run claimed that already says so",  # a stale copy taken over a second time
+        record(dispatches=1, started_at=2000, heartbeat_at=2000, status_message=RESTARTED_AFTER_LOSS),
+        lambda r: r.began(Run(1), 5000, stale_before_ms=3000),
         {"started_at": 5000, "heartbeat_at": 5000},
     ),
     ("a send", record(), lambda r: r.dispatched(5000), {"dispatches": 1, "heartbeat_at": 5000}),
@@ -184,3 +198,80 @@ def test_only_answers_to_outstanding_keys_must_be_objects():
         asked.answered({"a": "yes"}, 3)
     nxt, resumed = asked.answered({"a": {"action": "accept"}, "stranger": "not checked"}, 3)
     assert resumed and "stranger" not in nxt.input_responses
+
+
+# -- a run's start is visible ------------------------------------------------------------------
+
+FIRST = record(dispatches=1, status_message="Queued")
+STARTS = [
+    ("the first run", FIRST, Run(1), "Started"),
+    ("the first run of a synchronous call", replace(FIRST, status_message=None), Run(1), "Started"),
+    ("a first run with answers given before the task", replace(FIRST, input_responses={"a": {}}), Run(1), "Started"),
+    ("a Celery retry", FIRST.retrying(Run(1, 1), 2000, start_by_ms=2000), Run(1, 1), "Started (attempt 2)"),
+    ("a Celery retry whose signal is late", FIRST, Run(1, 2), "Started (attempt 3)"),
+    (
+        "the reaper's re-send",
+        FIRST.dispatched(2000, "The worker was lost; running the job again", resend=True),
+        Run(2),
+        RESTARTED_AFTER_LOSS,
+    ),
+    (
+        "a stale copy of the run taken over",
+        FIRST.began(Run(1), 2000, stale_before_ms=0).with_progress("Writing", 2500),
+        Run(1),
+        RESTARTED_AFTER_LOSS,
+    ),
+    ("a run after the answers", FIRST.requiring_input(ASKED, 2000).answered({"a": {}}, 3000)[0], Run(2), RESUMED),
+]
+
+
+@pytest.mark.parametrize(("start", "run", "said"), [c[1:] for c in STARTS], ids=[c[0] for c in STARTS])
+def test_a_start_says_which_start_it_is_and_moves_last_updated(start: TaskRecord, run: Run, said: str) -> None:
+    began = start.began(run, 5000, stale_before_ms=4000)
+    assert (began.status_message, began.updated_at, began.version) == (said, 5000, start.version + 1)
+    assert began.started_at == 5000 and began.attempt == run.attempt
+
+
+def test_a_start_keeps_the_numeric_progress_of_an_earlier_run() -> None:
+    reported = FIRST.with_progress("2 of 4", 2000, current=2, total=4)
+    began = reported.dispatched(3000, "again", resend=True).began(Run(2), 5000, stale_before_ms=0)
+    assert (began.progress, began.progress_total) == (2.0, 4.0)
+
+
+# -- numeric progress ----------------------------------------------------------------------------
+
+
+def test_a_report_with_current_replaces_both_numbers_and_one_without_keeps_them() -> None:
+    counted = record().with_progress("a", 2, current=1, total=10)
+    assert (counted.progress, counted.progress_total) == (1.0, 10.0)
+    worded = counted.with_progress("b", 3)
+    assert (worded.status_message, worded.progress, worded.progress_total) == ("b", 1.0, 10.0)
+    unbounded = worded.with_progress("c", 4, current=2.5)
+    assert (unbounded.progress, unbounded.progress_total) == (2.5, None)
+
+
+def test_a_final_state_keeps_the_last_numbers() -> None:
+    counted = record().with_progress("a", 2, current=3, total=3)
+    for final in (
+        counted.completed({"content": []}, 3),
+        counted.failed({"message": "boom"}, 3),
+        counted.cancelled(3),
+    ):
+        assert (final.progress, final.progress_total) == (3.0, 3.0)
+
+
+@pytest.mark.parametrize(
+    ("current", "total", "complaint"),
+    [
+        (None, 10, "total needs a current value"),
+        (-1, None, "current must not be negative"),
+        (1, -5, "total must not be negative"),
+        (float("nan"), None, "current must be a finite number"),
+        (1, float("inf"), "total must be a finite number"),
+        (True, None, "current must be a number, not bool"),
+        ("3", None, "current must be a number, not str"),
+    ],
+)
+def test_bad_progress_numbers_are_refused_with_a_clear_message(current: object, total: object, complaint: str) -> None:
+    with pytest.raises(ValueError, match=complaint):
+        record().with_progress("x", 2, current=current, total=total)  # type: ignore[arg-type]

@@ -4,6 +4,7 @@ import pytest
 
 from celery_mcp_tasks.model import TaskRecord, TaskStatus
 from celery_mcp_tasks.protocol import (
+    PROGRESS_META_KEY,
     InvalidInputRequest,
     elicit,
     format_timestamp,
@@ -52,6 +53,18 @@ def test_create_result_is_flat_with_only_task_fields():
         "pollIntervalMs": 500,
         "statusMessage": "Queued",
     }
+
+
+def test_numeric_progress_rides_in_meta_only_once_reported():
+    assert "_meta" not in render_task("ID", record(status_message="Started"))
+    counted = record().with_progress("2 of 3", 2000, current=2, total=3)
+    assert render_task("ID", counted)["_meta"] == {PROGRESS_META_KEY: {"progress": 2, "total": 3}}
+    assert render_task("ID", counted.completed({"content": []}, 3000))["_meta"] == {
+        PROGRESS_META_KEY: {"progress": 2, "total": 3}
+    }
+    unbounded = counted.with_progress("more", 4000, current=2.5)
+    assert render_task("ID", unbounded)["_meta"] == {PROGRESS_META_KEY: {"progress": 2.5}}  # no total: unknown
+    assert "_meta" not in render_create_result("ID", counted)
 
 
 @pytest.mark.parametrize("ttl", [None, 0])

@@ -116,6 +116,23 @@ def test_cancel_is_final_and_a_late_result_cannot_overwrite_it(service: TaskServ
     assert service.get(task_id, None).status is TaskStatus.CANCELLED
 
 
+def test_numeric_progress_is_stored_and_notified_and_bad_numbers_never_write(
+    service: TaskService, seen: Recorder
+) -> None:
+    _, record = service.create(owner=None, tool="t", arguments={})
+    counted = service.progress(record.key, "Section 2 of 3", current=2, total=3)
+    assert (counted.status_message, counted.progress, counted.progress_total) == ("Section 2 of 3", 2.0, 3.0)
+    assert seen.notified[-1] == counted and service.record(record.key) == counted
+    notified = len(seen.notified)
+    with pytest.raises(ValueError, match="total needs a current value"):
+        service.progress(record.key, "x", total=3)
+    with pytest.raises(ValueError, match="must not be negative"):
+        service.progress(record.key, "x", current=-1)
+    assert service.record(record.key) == counted and len(seen.notified) == notified
+    done = service.complete(record.key, {"content": []})
+    assert (done.progress, done.progress_total) == (2.0, 3.0)  # a final state keeps the last numbers
+
+
 @pytest.mark.parametrize("finish", ["complete", "fail"])
 def test_each_final_state_refuses_every_later_write(service: TaskService, finish: str) -> None:
     _, record = service.create(owner=None, tool="t", arguments={})

@@ -64,7 +64,8 @@ def test_the_first_copy_claims_the_run_and_a_second_copy_stands_aside(
     clock.now += 10
     first = _begin(service, clock, created.key, Run(1))
     assert (first.started_at, first.heartbeat_at) == (clock.now, clock.now)
-    assert first.updated_at == created.updated_at and seen.notified == []  # bookkeeping clients never see
+    assert (first.status_message, first.updated_at) == ("Started", clock.now) and seen.notified == [first]
+    seen.notified.clear()
     clock.now += STALE_MS - 1  # the first copy's heartbeat is still fresh
     with pytest.raises(RunInProgress):
         _begin(service, clock, created.key, Run(1))
@@ -72,6 +73,7 @@ def test_the_first_copy_claims_the_run_and_a_second_copy_stands_aside(
     clock.now += STALE_MS - 1
     with pytest.raises(RunInProgress):
         _begin(service, clock, created.key, Run(1))
+    assert seen.notified == []  # a copy standing aside writes nothing
 
 
 def test_a_copy_takes_over_once_the_first_ones_heartbeat_is_stale(service: TaskService, clock: Clock) -> None:
@@ -80,6 +82,7 @@ def test_a_copy_takes_over_once_the_first_ones_heartbeat_is_stale(service: TaskS
     clock.now += STALE_MS + 1  # the first copy died with its worker: nobody beats
     taken = _begin(service, clock, created.key, Run(1))
     assert (taken.started_at, taken.heartbeat_at) == (clock.now, clock.now)
+    assert taken.status_message == "Started again after the worker was lost"
     with pytest.raises(RunInProgress):  # and now this copy is the one that runs
         _begin(service, clock, created.key, Run(1))
 
@@ -88,12 +91,13 @@ def test_every_new_run_or_attempt_is_claimed_afresh(service: TaskService, clock:
     task_id, created = service.create(owner=None, tool="t", arguments={})
     _begin(service, clock, created.key, Run(1))
     retried = _begin(service, clock, created.key, Run(1, 1))  # Celery's next attempt (its retry signal was late)
-    assert retried.attempt == 1 and retried.status_message == "Retrying (attempt 2)"
+    assert retried.attempt == 1 and retried.status_message == "Started (attempt 2)"
     assert seen.notified[-1] == retried  # that one clients see
     service.require_input(created.key, {"q": {"method": "roots/list", "params": {}}}, run=Run(1, 1))
     resumed = service.answer(task_id, None, {"q": {"roots": []}})
     assert resumed.dispatches == 2 and resumed.started_at is None
-    assert _begin(service, clock, created.key, Run(2)).started_at == clock.now
+    again = _begin(service, clock, created.key, Run(2))
+    assert again.started_at == clock.now and again.status_message == "Resumed with the answers"
     with pytest.raises(Superseded):  # a copy of the old run stays superseded, not "in progress"
         _begin(service, clock, created.key, Run(1, 1))
 
@@ -101,7 +105,27 @@ def test_every_new_run_or_attempt_is_claimed_afresh(service: TaskService, clock:
 def test_a_retry_scheduled_for_later_is_claimed_when_it_starts(service: TaskService, clock: Clock) -> None:
     _, created = service.create(owner=None, tool="t", arguments={})
     _begin(service, clock, created.key, Run(1))
-    service.retrying(created.key, Run(1, 1), start_by_ms=clock.now + 60_000)  # the heartbeat moves ahead
-    assert _begin(service, clock, created.key, Run(1, 1)).started_at == clock.now
+    scheduled = service.retrying(created.key, Run(1, 1), start_by_ms=clock.now + 60_000)  # the heartbeat moves ahead
+    assert scheduled.status_message == "Retrying (attempt 2)"
+    clock.now += 10
+    started = _begin(service, clock, created.key, Run(1, 1))
+    assert (started.started_at, started.status_message) == (clock.now, "Started (attempt 2)")
     record = service.record(created.key)
     assert record is not None and record.status is TaskStatus.WORKING
+
+
+def test_a_start_is_visible_once_and_a_start_that_changes_nothing_is_not_notified(
+    service: TaskService, clock: Clock, seen: Seen
+) -> None:
+    """A job that never reports: its start moves lastUpdatedAt and the version, and clients hear of it."""
+    _, created = service.create(owner=None, tool="t", arguments={}, status_message="Queued")
+    clock.now += 10
+    started = _begin(service, clock, created.key, Run(1))
+    assert started.status_message == "Started" and started.updated_at == clock.now > created.updated_at
+    assert started.version > created.version and seen.notified[-1] == started
+    clock.now += STALE_MS + 1  # taken over twice: the second take-over has nothing new to say
+    _begin(service, clock, created.key, Run(1))
+    notified = len(seen.notified)
+    clock.now += STALE_MS + 1
+    quiet = _begin(service, clock, created.key, Run(1))
+    assert quiet.started_at == clock.now and quiet.updated_at < clock.now and len(seen.notified) == notified

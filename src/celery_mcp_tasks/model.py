@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import math
 import secrets
 import time
 from dataclasses import dataclass, field, replace
@@ -31,6 +32,7 @@ __all__ = [
     "TaskRecord",
     "TaskStatus",
     "TerminalTask",
+    "checked_progress",
     "new_task_id",
     "now_ms",
     "task_key",
@@ -95,6 +97,36 @@ def retry_message(attempt: int) -> str:
     return f"Retrying (attempt {attempt + 1})"
 
 
+STARTED = "Started"
+RESTARTED_AFTER_LOSS = "Started again after the worker was lost"
+RESUMED = "Resumed with the answers"
+
+
+def start_message(attempt: int) -> str:
+    """What a task says when attempt `attempt` (0-based) of a Celery retry starts."""
+    return STARTED if attempt == 0 else f"Started (attempt {attempt + 1})"
+
+
+def _progress_number(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"progress {name} must be a number, not {type(value).__name__}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"progress {name} must be a finite number")
+    if number < 0:
+        raise ValueError(f"progress {name} must not be negative")
+    return number
+
+
+def checked_progress(current: float | None, total: float | None) -> tuple[float | None, float | None]:
+    """Validate a job's numeric progress: finite, not negative; a `total` only beside a `current`."""
+    if current is None:
+        if total is not None:
+            raise ValueError("progress total needs a current value: call progress(message, current, total)")
+        return None, None
+    return _progress_number("current", current), None if total is None else _progress_number("total", total)
+
+
 def new_task_id() -> str:
     """32 random bytes, base64url without padding: 43 header-safe characters."""
     return base64.urlsafe_b64encode(secrets.token_bytes(32)).rstrip(b"=").decode("ascii")
@@ -139,6 +171,8 @@ class TaskRecord:
     resends: int = 0  # the reaper's re-sends of the current run
     parked: bool = False  # a job blocks in `wait_for_input`: answering must not enqueue another
     started_at: int | None = None  # when a copy of the job claimed the current run (None: not yet)
+    progress: float | None = None  # the job's last reported `current` (kept until the next report)
+    progress_total: float | None = None  # the job's last reported `total` (None: unknown)
 
     @property
     def terminal(self) -> bool:
@@ -171,9 +205,26 @@ class TaskRecord:
         if run is not None and (run.dispatch != self.dispatches or run.attempt < self.attempt):
             raise Superseded("a newer run of the job owns this task")
 
-    def with_progress(self, message: str | None, at_ms: int, run: Run | None = None) -> TaskRecord:
+    def with_progress(
+        self,
+        message: str | None,
+        at_ms: int,
+        run: Run | None = None,
+        *,
+        current: float | None = None,
+        total: float | None = None,
+    ) -> TaskRecord:
+        """Show `message`; with `current` (and optionally `total`) also record numeric progress.
+
+        A report with `current` replaces both numbers (`total` None: unknown); one
+        without keeps the last numbers, so a message-only report never moves a
+        progress bar backwards. A final state keeps them too.
+        """
         self._require_active(run)
-        return self._next(at_ms, status_message=message)
+        current, total = checked_progress(current, total)
+        if current is None:
+            return self._next(at_ms, status_message=message)
+        return self._next(at_ms, status_message=message, progress=current, progress_total=total)
 
     def began(self, run: Run, at_ms: int, *, stale_before_ms: int) -> TaskRecord:
         """A copy of the job's message starts `run`: it claims the run (and beats), or it raises.
@@ -183,23 +234,42 @@ class TaskRecord:
         `RunInProgress` for a second copy of the current run (a broker redelivering
         a message whose job still runs) while the copy that claimed it heartbeats
         after `stale_before_ms`; once that heartbeat is stale, this copy takes over.
-        The claim is bookkeeping clients do not see (`lastUpdatedAt` stays).
+
+        The start is visible: the status message says which start this is
+        (`_start_message`) and `lastUpdatedAt` moves, unless the message already
+        says exactly that. Whatever it replaces is the runtime's own word ("Queued",
+        "Retrying ...", "Resuming ...") or a word of a copy of the job that is gone.
         """
         self._require_active(run)
         if self.status is not TaskStatus.WORKING:
             raise Superseded("no run is expected while the task waits for input")
-        if run.attempt > self.attempt:  # the retry signal is late (or was lost): say it now
-            return self._next(
-                at_ms,
-                attempt=run.attempt,
-                status_message=retry_message(run.attempt),
-                heartbeat_at=max(at_ms, self.heartbeat_at or 0),
-                started_at=at_ms,
-            )
-        if self.started_at is not None and self.heartbeat_at is not None and self.heartbeat_at >= stale_before_ms:
+        late_retry = run.attempt > self.attempt  # the retry signal is late (or was lost)
+        if (
+            not late_retry
+            and self.started_at is not None
+            and self.heartbeat_at is not None
+            and self.heartbeat_at >= stale_before_ms
+        ):
             raise RunInProgress("another copy of this run is running")
-        beat = max(at_ms, self.heartbeat_at or 0)
-        return replace(self, version=self.version + 1, started_at=at_ms, heartbeat_at=beat)
+        message = self._start_message(run)
+        changes: dict[str, Any] = {
+            "attempt": run.attempt,
+            "started_at": at_ms,
+            "heartbeat_at": max(at_ms, self.heartbeat_at or 0),
+        }
+        if message == self.status_message:
+            return replace(self, version=self.version + 1, **changes)
+        return self._next(at_ms, status_message=message, **changes)
+
+    def _start_message(self, run: Run) -> str:
+        """Which start this is: a Celery retry, a run again after a lost worker, a run after answers, the first."""
+        if run.attempt > 0:
+            return start_message(run.attempt)
+        if self.started_at is not None or self.resends > 0:  # a stale copy taken over, or the reaper's re-send
+            return RESTARTED_AFTER_LOSS
+        if self.dispatches > 1:  # only an answer sends a new run without a resend
+            return RESUMED
+        return STARTED
 
     def retrying(self, run: Run, at_ms: int, start_by_ms: int) -> TaskRecord:
         """Attempt `run.attempt` is scheduled (a Celery retry). A late signal changes nothing.

@@ -23,6 +23,7 @@ from celery_mcp_tasks.model import TaskRecord, TaskStatus
 __all__ = [
     "EXTENSION_ID",
     "INTERNAL_ERROR",
+    "PROGRESS_META_KEY",
     "InvalidInputRequest",
     "elicit",
     "format_timestamp",
@@ -38,6 +39,10 @@ __all__ = [
 EXTENSION_ID = "io.modelcontextprotocol/tasks"
 INTERNAL_ERROR = -32603
 """The JSON-RPC code of a failed task whose error names none (every failure the runtime records)."""
+PROGRESS_META_KEY = "io.github.celery-mcp-tasks/progress"
+"""A DetailedTask's `_meta` entry for the job's numeric progress: `{"progress": n, "total": m}` (no total: unknown).
+
+The Tasks extension has no progress field; `_meta` is where an implementation may add one."""
 
 
 # -- rendering -----------------------------------------------------------------------
@@ -76,13 +81,22 @@ def _task_fields(task_id: str, record: TaskRecord) -> dict[str, Any]:
     return fields
 
 
+def _number(value: float) -> int | float:
+    """A whole number renders as one (`3`, not `3.0`)."""
+    return int(value) if value.is_integer() else value
+
+
 def render_create_result(task_id: str, record: TaskRecord) -> dict[str, Any]:
     """The flat `CreateTaskResult`: task fields and `resultType: "task"`, nothing else."""
     return {"resultType": "task", **_task_fields(task_id, record)}
 
 
 def render_task(task_id: str, record: TaskRecord) -> dict[str, Any]:
-    """The `DetailedTask`: what `tasks/get` returns (plus `resultType`) and `notifications/tasks` carries."""
+    """The `DetailedTask`: what `tasks/get` returns (plus `resultType`) and `notifications/tasks` carries.
+
+    With numeric progress it holds `_meta` (`PROGRESS_META_KEY`): a caller adding its own `_meta`
+    entries merges them into this one.
+    """
     fields = _task_fields(task_id, record)
     if record.status is TaskStatus.INPUT_REQUIRED and record.input_requests:
         fields["inputRequests"] = dict(record.input_requests)
@@ -90,6 +104,11 @@ def render_task(task_id: str, record: TaskRecord) -> dict[str, Any]:
         fields["result"] = record.result
     elif record.status is TaskStatus.FAILED:
         fields["error"] = render_error(record.error)
+    if record.progress is not None:
+        progress: dict[str, Any] = {"progress": _number(record.progress)}
+        if record.progress_total is not None:
+            progress["total"] = _number(record.progress_total)
+        fields["_meta"] = {PROGRESS_META_KEY: progress}
     return fields
 
 

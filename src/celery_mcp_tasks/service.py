@@ -23,6 +23,7 @@ from celery_mcp_tasks.model import (
     TaskRecord,
     TaskStatus,
     TerminalTask,
+    checked_progress,
     new_task_id,
     now_ms,
     task_key,
@@ -180,6 +181,30 @@ class TaskService:
             record = self._send(record)
         return record
 
+    def answer_by_key(self, key: str, responses: dict[str, Any]) -> TaskRecord:
+        """`answer` for a task known by its row key (a synchronous call's hidden task): the caller
+        checked the owner. The same transition, notification and new run as `tasks/update`."""
+        changed = resumed = False
+        dispatch = self.dispatcher is not None
+
+        def transition(record: TaskRecord) -> TaskRecord:
+            nonlocal changed, resumed
+            changed = resumed = False
+            self._require_unexpired(record)
+            try:
+                nxt, resumed = record.answered(responses, self.clock(), dispatch=dispatch)
+            except InvalidTransition:
+                return record
+            changed = True
+            return nxt
+
+        record = self.store.update(key, ANY, transition)
+        if changed:
+            safe_notify(self.notifier, record)
+        if resumed and dispatch:
+            record = self._send(record)
+        return record
+
     def cancel(self, task_id: str, owner: str | None, message: str | None = None) -> tuple[TaskRecord, bool]:
         """Cancel synchronously. Returns (record, whether this call changed it)."""
         return self._cancel(task_key(task_id), owner, message, check_expiry=True)
@@ -223,8 +248,18 @@ class TaskService:
     # or attempt owns the task, so a late signal or a lost-then-found job cannot
     # move the task backwards.
 
-    def progress(self, key: str, message: str | None, run: Run | None = None) -> TaskRecord:
-        return self._write(key, lambda r: r.with_progress(message, self.clock(), run))
+    def progress(
+        self,
+        key: str,
+        message: str | None,
+        run: Run | None = None,
+        *,
+        current: float | None = None,
+        total: float | None = None,
+    ) -> TaskRecord:
+        """Show `message` and, with `current` (and `total`), numeric progress. ValueError for bad numbers."""
+        checked_progress(current, total)  # before the write: a bad number never reaches the store
+        return self._write(key, lambda r: r.with_progress(message, self.clock(), run, current=current, total=total))
 
     def heartbeat(self, key: str, run: Run | None = None, *, ahead_ms: int = 0) -> bool:
         """Liveness for the stale reaper (`ahead_ms`: a promise to report again by then).
@@ -258,15 +293,15 @@ class TaskService:
         One write: a compare-and-swap that records the claim and beats. Raises
         `TaskNotFound`, `TerminalTask`, `Superseded` (not the current run) or
         `RunInProgress` (a redelivered copy, while the copy that claimed this run
-        has beaten since `stale_before_ms`). Clients hear of it only when it says
-        something (a late retry signal).
+        has beaten since `stale_before_ms`). The start says so ("Started", "Started
+        (attempt 2)", ...) and clients hear of it, unless the task already said exactly that.
         """
         said = False
 
         def transition(record: TaskRecord) -> TaskRecord:
             nonlocal said
             nxt = record.began(run, self.clock(), stale_before_ms=stale_before_ms)
-            said = nxt.status_message != record.status_message  # a late retry signal, said now
+            said = nxt.status_message != record.status_message
             return nxt
 
         record = self.store.update(key, ANY, transition)

@@ -86,6 +86,18 @@ def work(seconds: float, ctx: TaskContext, marker: str | None = None) -> str:
     return f"worked {seconds:g}s on attempt {ctx.attempt + 1}"
 
 
+@tasks.mcp_task
+def gated(marker: str, ctx: TaskContext, steps: int = 0, timeout: float = 60) -> str:
+    """Reports `steps` numeric steps (none by default), creates `marker`, then waits for `<marker>.go`."""
+    for n in range(1, steps + 1):
+        ctx.progress(f"Step {n} of {steps}", n, steps)
+    open(marker, "w").close()
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(f"{marker}.go") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return "through the gate"
+
+
 @tasks.mcp_task(terminate=True)
 def stubborn(seconds: float, ctx: TaskContext) -> str:
     """Never checks for cancellation; tasks/cancel terminates its process (terminate=True)."""
@@ -212,3 +224,46 @@ def ask_model_and_roots(ctx: TaskContext) -> str:
     summary = ctx.input_responses["summary"]["content"]["text"]
     roots = [root["uri"] for root in ctx.input_responses["roots"]["roots"]]
     return f"{summary} over {', '.join(roots)}"
+
+
+# -- the synchronous path: progress, idle bound, questions (tests/integration/test_sync_clients.py) ---------------
+
+
+@tasks.mcp_task(sync_timeout_s=3)
+def count_up(steps: int, interval: float, ctx: TaskContext) -> str:
+    """Reports step i of `steps` (current/total) every `interval` s: a 3 s idle bound never cuts it."""
+    for step in range(1, steps + 1):
+        time.sleep(interval)
+        ctx.progress(f"step {step} of {steps}", current=step, total=steps)
+    return f"counted to {steps}"
+
+
+@tasks.mcp_task(sync_timeout_s=3)
+def goes_silent(seconds: float, ctx: TaskContext, marker: str) -> str:
+    """Reports once, then says nothing for `seconds`; creates `<marker>.stopped` when it sees a cancel."""
+    ctx.progress("started", current=1, total=2)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if ctx.cancelled():
+            open(f"{marker}.stopped", "w").close()
+            return "stopped early"
+        time.sleep(0.01)
+    return "woke up"
+
+
+@tasks.mcp_task(needs=("elicitation",))
+def ask_name_then_wait(seconds: float, ctx: TaskContext) -> str:
+    """Asks for a name (ending its run), then works `seconds` with progress before greeting."""
+    if "name" not in ctx.input_responses:
+        ctx.require_input({"name": elicit("Your name?", {"name": str})}, "Waiting for a name")
+    ctx.progress("greeting", current=1, total=1)
+    time.sleep(seconds)
+    return f"Hello, {_answer(ctx, 'name', 'name')}"
+
+
+@tasks.mcp_task
+def asks_undeclared(ctx: TaskContext) -> str:
+    """Asks for a sampling answer without declaring `needs`: a client without sampling cannot answer it."""
+    if "summary" not in ctx.input_responses:
+        ctx.require_input({"summary": sample("Summarize", max_tokens=10)}, "Waiting for the model")
+    return str(ctx.input_responses["summary"]["content"]["text"])

@@ -25,6 +25,14 @@ def test_a_created_task_reads_back_whole(store: SqlStore):
     assert store.get("k1") == rec
 
 
+def test_numeric_progress_reads_back_exactly(store: SqlStore):
+    store.create(make("k1"), max_rows=None)
+    counted = store.update("k1", ANY, lambda r: r.with_progress("a third", 2_000, current=1 / 3, total=1))
+    assert (counted.progress, counted.progress_total) == (1 / 3, 1.0) and store.get("k1") == counted
+    unbounded = store.update("k1", ANY, lambda r: r.with_progress("more", 3_000, current=1e12))
+    assert store.get("k1") == unbounded and unbounded.progress_total is None
+
+
 def test_a_foreign_task_reads_exactly_like_a_missing_one(store: SqlStore):
     store.create(make("k1", "sub:alice"), max_rows=None)
     store.create(make("k2", None), max_rows=None)

@@ -10,6 +10,7 @@ import pytest
 
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.model import task_key
+from celery_mcp_tasks.protocol import PROGRESS_META_KEY
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.sql import SqlStore
 from celery_mcp_tasks.worker.context import TaskContext
@@ -80,6 +81,36 @@ def test_a_parked_job_that_times_out_fails_the_task_by_default(client: McpHttp) 
     assert failed["error"]["message"] == "Job failed: InputTimeout: no answer to the input request within 0.5s"
 
 
+# -- what a running job shows ----------------------------------------------------------------
+
+
+def test_a_job_that_never_reports_shows_it_started_while_it_runs(client: McpHttp, tmp_path: Path) -> None:
+    marker = tmp_path / "quiet"
+    created = client.call_tool("gated", {"marker": str(marker)})["result"]
+    assert created["statusMessage"] == "Queued"
+    task_id = created["taskId"]
+    wait_until(marker.exists, 20, "the job to start")
+    running = client.get(task_id)  # the start was written before the body ran
+    assert (running["status"], running["statusMessage"]) == ("working", "Started"), running
+    assert running["lastUpdatedAt"] > created["lastUpdatedAt"]  # ISO timestamps in UTC sort as text
+    assert PROGRESS_META_KEY not in running.get("_meta", {})  # it never reported a number
+    Path(f"{marker}.go").touch()
+    assert client.wait_for(task_id)["status"] == "completed"
+
+
+def test_numeric_progress_is_on_the_wire_of_tasks_get_and_kept_at_the_end(client: McpHttp, tmp_path: Path) -> None:
+    marker = tmp_path / "counted"
+    task_id = client.create("gated", {"marker": str(marker), "steps": 3})
+    wait_until(marker.exists, 20, "the job to count")
+    running = client.get(task_id)
+    assert running["statusMessage"] == "Step 3 of 3"
+    assert running["_meta"][PROGRESS_META_KEY] == {"progress": 3, "total": 3}
+    assert "io.modelcontextprotocol/serverInfo" in running["_meta"]  # merged, not replaced
+    Path(f"{marker}.go").touch()
+    done = client.wait_for(task_id)
+    assert done["status"] == "completed" and done["_meta"][PROGRESS_META_KEY] == {"progress": 3, "total": 3}
+
+
 # -- cancellation ---------------------------------------------------------------------------
 
 
@@ -128,8 +159,9 @@ def test_self_retry_twice_keeps_the_task_working_then_completes(client: McpHttp)
     assert done["status"] == "completed" and text_of(done) == "succeeded on attempt 3"
     statuses = [status for status, _ in seen]
     assert set(statuses[:-1]) == {"working"}, seen  # never failed on the way
-    messages = [message for _, message in seen]
-    assert messages.index("Retrying (attempt 2)") < messages.index("Retrying (attempt 3)"), seen
+    # "Retrying (attempt n)" once the retry is scheduled, "Started (attempt n)" once it runs (only the latter
+    # when the retry signal lands late).
+    assert _first_about(seen, "(attempt 2)") < _first_about(seen, "(attempt 3)"), seen
 
 
 def test_autoretry_that_runs_out_fails_only_at_the_end(client: McpHttp) -> None:
@@ -137,7 +169,12 @@ def test_autoretry_that_runs_out_fails_only_at_the_end(client: McpHttp) -> None:
     failed, seen = follow(client, task_id)
     assert failed["status"] == "failed"
     assert failed["error"] == {"code": -32603, "message": "Job failed: RuntimeError: broken on attempt 3"}
-    assert ("working", "Retrying (attempt 3)") in seen and [s for s, _ in seen].count("failed") == 1, seen
+    assert seen[_first_about(seen, "(attempt 3)")][0] == "working" and [s for s, _ in seen].count("failed") == 1, seen
+
+
+def _first_about(seen: list[tuple[str, str | None]], attempt: str) -> int:
+    """Where the first statusMessage about `attempt` ("(attempt 2)") is among the states seen."""
+    return next(n for n, (_, message) in enumerate(seen) if message and message.endswith(attempt))
 
 
 # -- lost pool processes ----------------------------------------------------------------------

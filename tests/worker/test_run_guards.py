@@ -116,7 +116,7 @@ def test_a_countdown_retry_is_not_reaped_early_but_a_lost_process_retry_is_not_w
         assert (record.heartbeat_at >= before + countdown * 1000) is deferred
 
 
-def test_retry_signal_and_next_attempt_in_either_order_say_the_same_once(tmp_path: Path) -> None:
+def test_retry_signal_and_next_attempt_in_either_order_end_saying_the_attempt_started(tmp_path: Path) -> None:
     store = SqlStore.from_url(f"sqlite:///{tmp_path / 't.db'}")
     store.create_schema()
     service = TaskService(store)
@@ -142,10 +142,11 @@ def test_retry_signal_and_next_attempt_in_either_order_say_the_same_once(tmp_pat
         for step in steps if order == "signal first" else reversed(steps):
             step()
         record = store.get(key)
-        # One visible change either way; the attempt's claim of its run is one more write when the signal came first.
+        # Signal first: "Retrying (attempt 2)", then the start. Attempt first: the start, and the late signal
+        # changes nothing.
         assert record is not None and record.version == (3 if order == "signal first" else 2) and record.attempt == 1
         assert record.started_at is not None
-        assert record.status_message == "Retrying (attempt 2)"
+        assert record.status_message == "Started (attempt 2)"
         with pytest.raises(Superseded):  # the failed attempt can no longer write
             service.fail(key, {"code": -32603, "message": "late"}, run=Run(1, 0))
     store.dispose()
@@ -307,3 +308,38 @@ def test_a_handle_outside_any_job_drives_the_task_and_answers_terminal_after(tas
     for write in (lambda: handle.progress("again"), lambda: handle.fail("late"), lambda: handle.complete("twice")):
         with pytest.raises(TerminalTask, match="terminal"):
             write()
+
+
+def test_a_job_that_never_reports_shows_its_start_and_numbers_ride_along_when_it_does(tasks: McpTasks) -> None:
+    seen: list[tuple[str | None, float | None, float | None]] = []
+
+    @tasks.mcp_task
+    def counting(ctx: TaskContext) -> str:
+        record = ctx.record()
+        assert record is not None
+        seen.append((record.status_message, record.progress, record.progress_total))
+        ctx.progress("1 of 4", 1, 4)
+        ctx.progress("still 1 of 4")  # the numbers stay
+        record = ctx.record()
+        assert record is not None
+        seen.append((record.status_message, record.progress, record.progress_total))
+        return "counted"
+
+    task_id, created = tasks.service().create(owner=None, tool="counting", arguments={}, status_message="Queued")
+    counting.apply(headers=headers(task_id))
+    assert seen == [("Started", None, None), ("still 1 of 4", 1.0, 4.0)]
+    done = status(tasks, task_id)
+    assert done.status is TaskStatus.COMPLETED and (done.progress, done.progress_total) == (1.0, 4.0)
+    assert done.updated_at >= created.updated_at
+
+
+def test_progress_numbers_are_checked_even_without_a_task(tasks: McpTasks) -> None:
+    _, record = tasks.service().create(owner=None, tool="unused", arguments={}, dispatch=False)
+    for ctx in (TaskContext.detached(), tasks.task_handle(record.key)):
+        with pytest.raises(ValueError, match=r"total needs a current value: call progress\(message, current, total\)"):
+            ctx.progress("x", total=10)
+        with pytest.raises(ValueError, match="current must not be negative"):
+            ctx.progress("x", -1)
+        ctx.progress("fine", 0, 10)
+    stored = tasks.service().record(record.key)
+    assert stored is not None and (stored.status_message, stored.progress, stored.progress_total) == ("fine", 0, 10)

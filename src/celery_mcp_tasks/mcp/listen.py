@@ -302,7 +302,8 @@ class TaskListenHandler:
                 continue  # a write clients cannot see (heartbeat, dispatch bookkeeping)
             followed.seen = seen
             await ctx.session.send_notification(
-                TasksNotification(params={**rendered, "_meta": meta}), related_request_id=ctx.request_id
+                TasksNotification(params={**rendered, "_meta": {**rendered.get("_meta", {}), **meta}}),
+                related_request_id=ctx.request_id,
             )
             if record.terminal:
                 stream.unfollow(key)

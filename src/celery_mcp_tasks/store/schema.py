@@ -50,6 +50,10 @@ tasks = sa.Table(
     # When a copy of the job claimed the current run (migration 0003): a redelivered
     # second copy of the same run stands aside while the first one heartbeats.
     sa.Column("started_at", sa.BigInteger, nullable=True),
+    # The job's last numeric progress report (migration 0004): how much is done and,
+    # when known, how much there is. NULL: never reported.
+    sa.Column("progress", sa.Float, nullable=True),
+    sa.Column("progress_total", sa.Float, nullable=True),
     sa.Index(None, "expires_at"),
     sa.Index(None, "status", "heartbeat_at"),
     sa.Index(None, "status", "updated_at"),

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from celery_mcp_tasks.model import Run, Superseded, TaskRecord, TaskStatus, TerminalTask
+from celery_mcp_tasks.model import Run, Superseded, TaskRecord, TaskStatus, TerminalTask, checked_progress
 from celery_mcp_tasks.protocol import validate_input_requests
 from celery_mcp_tasks.service import TaskService, failure
 
@@ -103,9 +103,16 @@ class TaskContext:
             self.record()
         return self._record is None or self._record.status is TaskStatus.CANCELLED
 
-    def progress(self, message: str) -> None:
-        """Show `message` as the task's statusMessage. Raises `TerminalTask` once the task is final."""
-        self._write(lambda s, k: s.progress(k, message, self._run))
+    def progress(self, message: str, current: float | None = None, total: float | None = None) -> None:
+        """Show `message` as the task's statusMessage, and optionally how far the job is.
+
+        `current` is how much is done (not negative, and it should only grow from
+        one call to the next); `total` how much there is, when known. A call with
+        `current` replaces both numbers; one without keeps the last ones. `total`
+        without `current` is a `ValueError`. Raises `TerminalTask` once the task is final.
+        """
+        checked_progress(current, total)  # even when detached: a bad call fails in a plain `.delay()` too
+        self._write(lambda s, k: s.progress(k, message, self._run, current=current, total=total))
 
     def complete(self, result: dict[str, Any] | str, message: str | None = None) -> None:
         """Finish with a CallToolResult (a str becomes one text block). Mostly for work that ends outside a job."""
