@@ -23,7 +23,7 @@ from celery_mcp_tasks.janitor import MetricHook, SweepReport, sweep
 from celery_mcp_tasks.mcp.extension import TasksExtension
 from celery_mcp_tasks.mcp.security import transport_security
 from celery_mcp_tasks.mcp.server import TasksServer
-from celery_mcp_tasks.mcp.serving import attach_listen, listen_bus, with_push
+from celery_mcp_tasks.mcp.serving import attach_listen, listen_bus, push_hub, request_state_sealed, with_push
 from celery_mcp_tasks.mcp.toolspec import Prepare, TaskMode, TaskTool
 from celery_mcp_tasks.notify.base import Notifier
 from celery_mcp_tasks.notify.push import BrokerAccess, Push
@@ -154,6 +154,8 @@ class McpTasks:
             self.service,
             known_tool=self._known_tool,
             sync_timeout_s=self.settings.sync_timeout_s,
+            hub=push_hub(self.push),
+            sealed_state=lambda: request_state_sealed(self.server),
         )
         bus = listen_bus(server_options)
         if version is not None:  # the server's version is the application's; the SDK's default otherwise

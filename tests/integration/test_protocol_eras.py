@@ -28,8 +28,8 @@ from tests.support import EXT, Deployment, McpHttp, wait_until
 pytestmark = pytest.mark.integration
 
 EARLIER_ERAS = ("2025-06-18", "2025-11-25")
-WITH_EXT = {"elicitation": {}, "extensions": {EXT: {}}}
-WITHOUT_EXT = {"elicitation": {}}
+WITH_EXT: dict[str, Any] = {"elicitation": {}, "extensions": {EXT: {}}}
+WITHOUT_EXT: dict[str, Any] = {"elicitation": {}}
 
 
 @dataclass
@@ -89,10 +89,11 @@ class LegacySession:
 
 def _final_message(response: httpx.Response) -> dict[str, Any]:
     if not response.headers.get("content-type", "").startswith("text/event-stream"):
-        return response.json()
+        reply: dict[str, Any] = response.json()
+        return reply
     for line in response.text.splitlines():
         if line.startswith("data:"):
-            message = json.loads(line[5:])
+            message: dict[str, Any] = json.loads(line[5:])
             if "id" in message:
                 return message
     raise AssertionError(f"SSE response without a final message: {response.text!r}")
@@ -136,7 +137,7 @@ def unique(prefix: str) -> str:
 # -- what the SDK does with an earlier-era `initialize` -------------------------------------
 
 
-def test_the_sdk_keeps_a_declared_extension_in_an_earlier_era_initialize():
+def test_the_sdk_keeps_a_declared_extension_in_an_earlier_era_initialize() -> None:
     """Why the era must decide: the capability alone is present on a 2025-11-25 session too."""
     from mcp_types import InitializeRequestParams
 
@@ -150,13 +151,13 @@ def test_the_sdk_keeps_a_declared_extension_in_an_earlier_era_initialize():
 # -- earlier eras ---------------------------------------------------------------------------
 
 
-def test_an_earlier_era_session_negotiates_its_own_version(legacy: LegacySession):
+def test_an_earlier_era_session_negotiates_its_own_version(legacy: LegacySession) -> None:
     assert legacy.negotiated == legacy.version
 
 
 def test_an_optional_task_tool_on_an_earlier_era_answers_plainly_and_its_row_ends_completed(
     conformance: Deployment, legacy: LegacySession
-):
+) -> None:
     label = unique(legacy.version)
     reply = legacy.call_tool("slow_compute", {"seconds": 1, "label": label})
     result = reply["result"]
@@ -169,7 +170,7 @@ def test_an_optional_task_tool_on_an_earlier_era_answers_plainly_and_its_row_end
     assert row["status"] == "completed"
 
 
-def test_the_legacy_task_augmentation_param_still_gets_a_plain_answer(legacy: LegacySession):
+def test_the_legacy_task_augmentation_param_still_gets_a_plain_answer(legacy: LegacySession) -> None:
     """A 2025-11-25 `params.task` asks for a core (legacy) task; this server offers none."""
     reply = legacy.request(
         "tools/call", {"name": "slow_compute", "arguments": {"seconds": 0, "label": "aug"}, "task": {"ttl": 60000}}
@@ -180,7 +181,7 @@ def test_the_legacy_task_augmentation_param_still_gets_a_plain_answer(legacy: Le
 
 def test_a_required_task_tool_on_an_earlier_era_is_refused_and_nothing_is_created(
     conformance: Deployment, legacy: LegacySession
-):
+) -> None:
     before = {row["key"] for row in task_rows(conformance)}
     for tool, arguments in (("failing_job", {}), ("confirm_delete", {"filename": "kept.txt"})):
         error = legacy.call_tool(tool, arguments)["error"]
@@ -198,13 +199,13 @@ def test_a_required_task_tool_on_an_earlier_era_is_refused_and_nothing_is_create
     assert "slow_compute[" in worker_log(conformance)
 
 
-def test_the_tasks_methods_do_not_exist_on_an_earlier_era(legacy: LegacySession):
+def test_the_tasks_methods_do_not_exist_on_an_earlier_era(legacy: LegacySession) -> None:
     for method in ("tasks/get", "tasks/update", "tasks/cancel"):
         error = legacy.request(method, {"taskId": "x", "inputResponses": {}})["error"]
         assert error["code"] == -32601, (method, error)
 
 
-def test_cancelling_a_synchronous_call_cancels_its_hidden_task(conformance: Deployment):
+def test_cancelling_a_synchronous_call_cancels_its_hidden_task(conformance: Deployment) -> None:
     """`notifications/cancelled` ends the wait; the row is cancelled and the job told to stop."""
     session = LegacySession(conformance.url, "2025-11-25", WITH_EXT).open()
     label = unique("cancel")
@@ -232,7 +233,7 @@ def test_cancelling_a_synchronous_call_cancels_its_hidden_task(conformance: Depl
 # -- 2026-07-28 ---------------------------------------------------------------------------------
 
 
-def test_a_2026_request_that_declares_the_extension_gets_a_task(conformance: Deployment):
+def test_a_2026_request_that_declares_the_extension_gets_a_task(conformance: Deployment) -> None:
     client = McpHttp(conformance.url)
     label = unique("modern")
     task_id = client.create("slow_compute", {"seconds": 0, "label": label})
@@ -240,7 +241,7 @@ def test_a_2026_request_that_declares_the_extension_gets_a_task(conformance: Dep
     client.close()
 
 
-def test_a_2026_request_without_the_extension_gets_the_synchronous_result(conformance: Deployment):
+def test_a_2026_request_without_the_extension_gets_the_synchronous_result(conformance: Deployment) -> None:
     client = McpHttp(conformance.url)
     label = unique("modern-sync")
     result = client.call_tool("slow_compute", {"seconds": 0, "label": label}, capabilities=WITHOUT_EXT)["result"]
@@ -252,7 +253,7 @@ def test_a_2026_request_without_the_extension_gets_the_synchronous_result(confor
     client.close()
 
 
-def test_a_2026_synchronous_caller_that_hangs_up_cancels_the_hidden_task(conformance: Deployment):
+def test_a_2026_synchronous_caller_that_hangs_up_cancels_the_hidden_task(conformance: Deployment) -> None:
     """On 2026-07-28 a closed response stream cancels the request: the job must not run on for nobody."""
     client = McpHttp(conformance.url)
     client.http.timeout = httpx.Timeout(1.5)

@@ -24,8 +24,10 @@ from tests.support import EXT, Backend, Deployment, McpHttp, wait_until
 pytestmark = pytest.mark.integration
 
 APP = "tests.apps.runtime_app"
-WITHOUT_EXT = {"elicitation": {}}  # a 2026-07-28 client that did not opt in: optional tools run synchronously
-EVERY_KIND = {"elicitation": {}, "sampling": {}, "roots": {}, "extensions": {EXT: {}}}
+WITHOUT_EXT: dict[str, Any] = {
+    "elicitation": {}
+}  # a 2026-07-28 client that did not opt in: optional tools run synchronously
+EVERY_KIND: dict[str, Any] = {"elicitation": {}, "sampling": {}, "roots": {}, "extensions": {EXT: {}}}
 EXPIRED = {"code": -32602, "message": "Failed to retrieve task: Task has expired"}
 NOT_FOUND = {"code": -32602, "message": "Failed to retrieve task: Task not found"}
 
@@ -128,16 +130,41 @@ def test_a_raised_tool_error_ends_the_task_completed_with_is_error(client: McpHt
     assert done["result"]["isError"] is True and done["result"]["content"] == [{"type": "text", "text": message}]
 
 
-def test_a_job_that_asks_for_input_cannot_answer_a_synchronous_call_and_is_cancelled(
+def test_a_2026_synchronous_caller_answers_the_jobs_questions_by_mrtr_rounds(
     deployment: Deployment, client: McpHttp
 ) -> None:
+    """Each question is an `InputRequiredResult`; its sealed `requestState` names the hidden task for the retry."""
     before = set(rows_of(deployment, "two_rounds"))  # it takes no arguments to tell its row by
-    error = client.call_tool("two_rounds", {}, capabilities=WITHOUT_EXT)["error"]
+    asked = client.call_tool("two_rounds", {}, capabilities=WITHOUT_EXT)["result"]
+    assert asked["resultType"] == "input_required" and "taskId" not in asked
+    assert asked["inputRequests"]["name"]["method"] == "elicitation/create"
+    (key,) = [key for key in rows_of(deployment, "two_rounds") if key not in before]
+    assert key not in asked["requestState"]  # sealed by the SDK: opaque to the client
+    assert rows_of(deployment, "two_rounds")[key]["status"] == "input_required"
+
+    def retry(state: str, **answers: dict[str, Any]) -> dict[str, Any]:
+        params = {"name": "two_rounds", "arguments": {}, "inputResponses": answers, "requestState": state}
+        return client.rpc("tools/call", params, name="two_rounds", capabilities=WITHOUT_EXT)
+
+    tampered = retry(asked["requestState"][:-4] + "AAAA", name={"action": "accept", "content": {"name": "Ada"}})
+    assert tampered["error"]["code"] == -32602
+    again = retry(asked["requestState"], name={"action": "accept", "content": {"name": "Ada"}})["result"]
+    assert again["resultType"] == "input_required" and list(again["inputRequests"]) == ["colour"]
+    done = retry(again["requestState"], colour={"action": "accept", "content": {"colour": "blue"}})["result"]
+    assert done["content"][0]["text"].startswith("Ada likes blue")
+    assert rows_of(deployment, "two_rounds")[key]["status"] == "completed"
+
+
+def test_a_job_whose_question_the_client_cannot_answer_fails_the_synchronous_call_and_is_cancelled(
+    deployment: Deployment, client: McpHttp
+) -> None:
+    before = set(rows_of(deployment, "asks_undeclared"))
+    error = client.call_tool("asks_undeclared", {}, capabilities=WITHOUT_EXT)["error"]  # it asks for sampling
     assert error == {
         "code": -32603,
-        "message": "Tool two_rounds needs input from the user; call it with the tasks extension",
+        "message": "Tool asks_undeclared needs input from the user; call it with the tasks extension",
     }
-    (row,) = [row for key, row in rows_of(deployment, "two_rounds").items() if key not in before]
+    (row,) = [row for key, row in rows_of(deployment, "asks_undeclared").items() if key not in before]
     assert (row["status"], row["status_message"]) == ("cancelled", "The job needs input; call it as a task")
 
 

@@ -17,15 +17,17 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from mcp.server.mcpserver import MCPServer
+from mcp.server.request_state import RequestStateBoundary
 from mcp.server.subscriptions import InMemorySubscriptionBus, SubscriptionBus
 from mcp_types import SubscriptionsListenRequestParams
 
 from celery_mcp_tasks.mcp.listen import TaskListenHandler
 from celery_mcp_tasks.mcp.sdk_internals import Lifespan, on_server_exit, replace_listen_handler, wrap_lifespan
+from celery_mcp_tasks.notify.hub import Hub
 from celery_mcp_tasks.notify.push import Push
 from celery_mcp_tasks.service import TaskService
 
-__all__ = ["attach_listen", "listen_bus", "with_push"]
+__all__ = ["attach_listen", "listen_bus", "push_hub", "request_state_sealed", "with_push"]
 
 logger = logging.getLogger("celery_mcp_tasks.mcp")
 
@@ -72,11 +74,22 @@ def listen_bus(server_options: dict[str, Any]) -> SubscriptionBus | None:
     return bus
 
 
+def push_hub(push: Push) -> Callable[[], Hub | None]:
+    """This process's hub for streams and synchronous calls to watch; None when push is off."""
+    return lambda: None if push.mode == "off" else push.hub
+
+
+def request_state_sealed(server: MCPServer[Any]) -> bool:
+    """Whether the SDK's `RequestStateBoundary` seals `requestState` on `server` (`MCPServer` installs
+    one by default, under a process-local key unless `request_state_security=` shares one)."""
+    return any(isinstance(middleware, RequestStateBoundary) for middleware in server.middleware)
+
+
 def attach_listen(
     server: MCPServer[Any], bus: SubscriptionBus | None, service: Callable[[], TaskService], push: Push
 ) -> TaskListenHandler | None:
     """Our listen handler on `server`, fed by `bus` (core events) and `push.hub` (task hints)."""
     if bus is None:
         return None
-    handler = TaskListenHandler(bus, service, lambda: None if push.mode == "off" else push.hub)
+    handler = TaskListenHandler(bus, service, push_hub(push))
     return handler if replace_listen_handler(server, SubscriptionsListenRequestParams, handler) else None

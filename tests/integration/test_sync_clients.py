@@ -1,0 +1,314 @@
+"""Clients that did not declare the tasks extension, through the official SDK client (issue 9 item 3, issue 12 item 3).
+
+An earlier-era client (`mode="legacy"`: the 2025 `initialize` handshake over
+Streamable HTTP) and a 2026-07-28 client without the extension both get the
+synchronous path: the job runs as a hidden task and the call answers with its
+outcome. What they see of it: the job's reports as `notifications/progress`,
+its questions asked through their own callbacks (mid-call on the request's
+stream, or as MRTR rounds on 2026-07-28), an idle bound that a reporting job
+never hits, and a hidden task that ends `cancelled` (its job stopped) whenever
+the caller stops waiting.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+import sqlalchemy as sa
+from mcp import Client
+from mcp.client.session import ClientRequestContext
+from mcp.shared.exceptions import MCPError
+from mcp_types import (
+    CallToolResult,
+    CreateMessageRequestParams,
+    CreateMessageResult,
+    ElicitRequestParams,
+    ElicitResult,
+    ErrorData,
+    TextContent,
+)
+
+from celery_mcp_tasks.store.engine import normalize_url
+from tests.integration.test_protocol_eras import LegacySession
+from tests.support import Backend, Deployment, wait_until
+
+pytestmark = pytest.mark.integration
+
+APP = "tests.apps.runtime_app"
+
+
+@pytest.fixture(scope="module")
+def runtime(backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    with Deployment(APP, backend, tmp_path_factory.mktemp(f"sync-{backend.name}")) as deployment:
+        deployment.web()
+        deployment.worker(concurrency=4)
+        yield deployment
+
+
+def rows_of(deployment: Deployment, tool: str) -> list[dict[str, Any]]:
+    """Every row of `tool` in the store (the backend's store is shared with other modules)."""
+    engine = sa.create_engine(normalize_url(deployment.backend.store_url))
+    try:
+        with engine.connect() as conn:
+            found = conn.execute(
+                sa.text("SELECT key, status, status_message, arguments FROM mcp_tasks_task WHERE tool = :tool"),
+                {"tool": tool},
+            )
+            rows = [dict(row) for row in found.mappings()]
+    finally:
+        engine.dispose()
+    for row in rows:
+        if isinstance(row["arguments"], str):  # JSON is text on SQLite
+            row["arguments"] = json.loads(row["arguments"])
+    return rows
+
+
+def hidden_row(deployment: Deployment, tool: str, **arguments: Any) -> dict[str, Any]:
+    """The one row of `tool` whose arguments include `arguments`: a synchronous call's hidden task."""
+    (row,) = [row for row in rows_of(deployment, tool) if arguments.items() <= row["arguments"].items()]
+    return row
+
+
+def ended_row(deployment: Deployment, tool: str, **arguments: Any) -> dict[str, Any]:
+    row: dict[str, Any] = wait_until(
+        lambda: (row := hidden_row(deployment, tool, **arguments))["status"] != "working" and row,
+        15,
+        f"the hidden {tool} task to end",
+    )
+    return row
+
+
+def text(result: CallToolResult) -> str:
+    return "".join(item.text for item in result.content if isinstance(item, TextContent))
+
+
+def run(scenario: Any) -> Any:
+    return anyio.run(scenario)
+
+
+class Progress:
+    """A progress callback that records what arrives."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[float, float | None, str | None]] = []
+
+    async def __call__(self, progress: float, total: float | None, message: str | None) -> None:
+        self.seen.append((progress, total, message))
+
+    def values(self) -> list[float]:
+        return [value for value, _, _ in self.seen]
+
+
+class Answers:
+    """An elicitation callback answering each question from a script, by a word of its message."""
+
+    def __init__(self, **by_word: dict[str, Any]) -> None:
+        self.by_word = by_word
+        self.asked: list[str] = []
+
+    async def __call__(self, context: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult | ErrorData:
+        self.asked.append(params.message)
+        for word, content in self.by_word.items():
+            if word in params.message.lower():
+                return ElicitResult(action="accept", content=content)
+        return ElicitResult(action="decline")
+
+
+# -- progress -------------------------------------------------------------------------------------
+
+
+def assert_counted(progress: Progress, steps: int) -> None:
+    values = progress.values()
+    assert values, "no notifications/progress arrived"
+    assert values == sorted(set(values)), f"progress must strictly increase: {values}"
+    numbered = [(value, total, message) for value, total, message in progress.seen if total is not None]
+    assert numbered, progress.seen
+    for value, total, message in numbered:  # the job's own numbers and its statusMessage
+        assert (total, message) == (steps, f"step {value:g} of {steps}")
+    # Before the job's first number: the runtime's word for the start, counted from 0.
+    assert all(message == "Started" for _, total, message in progress.seen if total is None), progress.seen
+
+
+def test_a_legacy_caller_receives_the_jobs_progress_with_its_numbers(runtime: Deployment) -> None:
+    progress = Progress()
+
+    async def scenario() -> CallToolResult:
+        async with Client(runtime.url, mode="legacy") as client:
+            return await client.call_tool("count_up", {"steps": 4, "interval": 0.3}, progress_callback=progress)
+
+    assert text(run(scenario)) == "counted to 4"
+    assert_counted(progress, 4)
+
+
+def test_a_2026_caller_without_the_extension_receives_progress_too(runtime: Deployment) -> None:
+    progress = Progress()
+
+    async def scenario() -> tuple[str, CallToolResult]:
+        async with Client(runtime.url) as client:
+            result = await client.call_tool("count_up", {"steps": 3, "interval": 0.3}, progress_callback=progress)
+            return client.protocol_version, result
+
+    version, result = run(scenario)
+    assert version == "2026-07-28" and text(result) == "counted to 3"
+    assert_counted(progress, 3)
+
+
+# -- the idle bound -------------------------------------------------------------------------------
+
+
+def test_a_job_that_keeps_reporting_outlives_its_idle_bound(runtime: Deployment) -> None:
+    """count_up's bound is 3 s of silence; it reports every second for 6 s and completes."""
+    progress = Progress()
+
+    async def scenario() -> CallToolResult:
+        async with Client(runtime.url, mode="legacy") as client:
+            return await client.call_tool("count_up", {"steps": 6, "interval": 1.0}, progress_callback=progress)
+
+    assert text(run(scenario)) == "counted to 6"
+    assert len(progress.seen) >= 3
+    assert hidden_row(runtime, "count_up", steps=6, interval=1.0)["status"] == "completed"
+
+
+def test_a_job_that_goes_silent_is_cut_at_its_idle_bound_and_cancelled(runtime: Deployment, tmp_path: Path) -> None:
+    marker = str(tmp_path / "silent")
+
+    async def scenario() -> MCPError:
+        async with Client(runtime.url, mode="legacy") as client:
+            with pytest.raises(MCPError) as cut:
+                await client.call_tool("goes_silent", {"seconds": 60, "marker": marker})
+            return cut.value
+
+    cut = run(scenario)
+    assert (cut.code, cut.message) == (
+        -32603,
+        "Tool goes_silent did not finish in time; call it with the tasks extension",
+    )
+    row = hidden_row(runtime, "goes_silent", marker=marker)
+    assert (row["status"], row["status_message"]) == ("cancelled", "Timed out waiting synchronously")
+    wait_until(lambda: Path(f"{marker}.stopped").exists(), 15, "the job to see the cancel and stop")
+
+
+# -- questions --------------------------------------------------------------------------------------
+
+
+def test_a_legacy_caller_answers_the_jobs_question_mid_call_and_gets_its_result(runtime: Deployment) -> None:
+    answers = Answers(name={"name": "Ada"})
+
+    async def scenario() -> CallToolResult:
+        async with Client(runtime.url, mode="legacy", elicitation_callback=answers) as client:
+            return await client.call_tool("ask_name_then_wait", {"seconds": 0.5})
+
+    assert text(run(scenario)) == "Hello, Ada"
+    assert answers.asked == ["Your name?"]
+    assert hidden_row(runtime, "ask_name_then_wait", seconds=0.5)["status"] == "completed"
+
+
+def test_a_legacy_caller_answers_every_round_of_a_job_that_asks_twice(runtime: Deployment) -> None:
+    answers = Answers(name={"name": "Ada"}, colour={"colour": "blue"})
+
+    async def scenario() -> CallToolResult:
+        async with Client(runtime.url, mode="legacy", elicitation_callback=answers) as client:
+            return await client.call_tool("two_rounds", {})
+
+    assert text(run(scenario)).startswith("Ada likes blue")
+    assert answers.asked == ["Your name?", "Favourite colour?"]
+
+
+def test_a_legacy_caller_answers_a_sampling_question_with_its_model(runtime: Deployment) -> None:
+    async def model(context: ClientRequestContext, params: CreateMessageRequestParams) -> CreateMessageResult:
+        return CreateMessageResult(role="assistant", content=TextContent(type="text", text="All good"), model="m-1")
+
+    async def scenario() -> CallToolResult:
+        async with Client(runtime.url, mode="legacy", sampling_callback=model) as client:
+            return await client.call_tool("asks_undeclared", {})
+
+    assert text(run(scenario)) == "All good"
+
+
+def test_a_legacy_caller_that_cannot_answer_gets_an_error_and_the_task_is_cancelled(runtime: Deployment) -> None:
+    before = {row["key"] for row in rows_of(runtime, "asks_undeclared")}
+
+    async def scenario() -> MCPError:
+        async with Client(runtime.url, mode="legacy") as client:  # no sampling callback: no sampling capability
+            with pytest.raises(MCPError) as refused:
+                await client.call_tool("asks_undeclared", {})
+            return refused.value
+
+    refused = run(scenario)
+    assert (refused.code, refused.message) == (
+        -32603,
+        "Tool asks_undeclared needs input from the user; call it with the tasks extension",
+    )
+    (row,) = [row for row in rows_of(runtime, "asks_undeclared") if row["key"] not in before]
+    assert (row["status"], row["status_message"]) == ("cancelled", "The job needs input; call it as a task")
+
+
+def test_a_2026_caller_without_the_extension_answers_by_mrtr_rounds(runtime: Deployment) -> None:
+    """The SDK client drives each `InputRequiredResult` through its callback and retries with the sealed state."""
+    answers = Answers(name={"name": "Grace"}, colour={"colour": "green"})
+
+    async def scenario() -> CallToolResult:
+        async with Client(runtime.url, elicitation_callback=answers) as client:
+            return await client.call_tool("two_rounds", {})
+
+    assert text(run(scenario)).startswith("Grace likes green")
+    assert answers.asked == ["Your name?", "Favourite colour?"]
+
+
+# -- the caller stops waiting -----------------------------------------------------------------------
+
+
+def test_a_legacy_caller_cancelling_its_call_cancels_the_task_and_the_job_stops(
+    runtime: Deployment, tmp_path: Path
+) -> None:
+    marker = tmp_path / "cancelled"
+
+    async def scenario() -> None:
+        async with Client(runtime.url, mode="legacy") as client, anyio.create_task_group() as tg:
+            tg.start_soon(client.call_tool, "work", {"seconds": 60, "marker": str(marker)})
+            with anyio.fail_after(30):
+                while not marker.exists():  # the job's body started
+                    await anyio.sleep(0.05)
+            tg.cancel_scope.cancel()
+
+    run(scenario)
+    row = ended_row(runtime, "work", marker=str(marker))
+    assert row["status"] == "cancelled", row
+    wait_until(lambda: Path(f"{marker}.stopped").exists(), 15, "the job to see the cancel and stop")
+
+
+def test_a_legacy_caller_that_hangs_up_cancels_the_task_and_the_job_stops(runtime: Deployment, tmp_path: Path) -> None:
+    """No `notifications/cancelled`: the HTTP connection closes while the SSE response streams."""
+    marker = tmp_path / "hung-up"
+    session = LegacySession(runtime.url, "2025-11-25", {}).open()
+    try:
+        with httpx.Client(timeout=3) as http, pytest.raises(httpx.ReadTimeout):
+            session.call_tool("work", {"seconds": 60, "marker": str(marker)}, http=http)
+    finally:
+        session.close()
+    row = ended_row(runtime, "work", marker=str(marker))
+    assert (row["status"], row["status_message"]) == ("cancelled", "The synchronous caller went away")
+    wait_until(lambda: Path(f"{marker}.stopped").exists(), 15, "the job to see the cancel and stop")
+
+
+def test_closing_a_2026_client_mid_call_cancels_the_task_and_the_job_stops(runtime: Deployment, tmp_path: Path) -> None:
+    marker = tmp_path / "closed"
+
+    async def scenario() -> None:
+        with anyio.CancelScope() as scope:
+            async with Client(runtime.url) as client, anyio.create_task_group() as tg:
+                tg.start_soon(client.call_tool, "work", {"seconds": 60, "marker": str(marker)})
+                with anyio.fail_after(30):
+                    while not marker.exists():
+                        await anyio.sleep(0.05)
+                scope.cancel()  # leaves the client's context: its HTTP connection closes
+
+    run(scenario)
+    assert ended_row(runtime, "work", marker=str(marker))["status"] == "cancelled"
+    wait_until(lambda: Path(f"{marker}.stopped").exists(), 15, "the job to see the cancel and stop")
