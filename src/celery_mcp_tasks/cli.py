@@ -1,7 +1,8 @@
-"""`celery-mcp-tasks`: dev | serve | db | call.
+"""`celery-mcp-tasks`: dev | serve | stdio | db | call.
 
     celery-mcp-tasks dev APP [--call TOOL ARGS]   web + worker + beat on the embedded default
     celery-mcp-tasks serve APP [--host --port]    the web process (uvicorn), MCP at /mcp
+    celery-mcp-tasks stdio APP [--[no-]worker]    the same app over stdin/stdout (desktop and IDE clients)
     celery-mcp-tasks db upgrade|check|current     migrate the store (MCP_TASKS_DATABASE_URL)
     celery-mcp-tasks call URL TOOL ARGS           call a tool as a task and follow it to the end
 
@@ -12,11 +13,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import logging
 import os
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -96,91 +95,61 @@ def _dev(args: argparse.Namespace) -> int:
     )
 
 
-_FINAL = ("completed", "failed", "cancelled")
+def _stdio(args: argparse.Namespace) -> int:
+    from celery_mcp_tasks.stdio import StdioOptions, run_stdio
+
+    return run_stdio(
+        StdioOptions(
+            app=args.app,
+            worker=args.worker,
+            directory=args.directory,
+            data_dir=args.data_dir,
+            migrate=not args.no_migrate,
+        )
+    )
 
 
-def call(url: str, tool: str, arguments: str, *, abort: Callable[[], bool] | None = None) -> int:
-    """Call `tool` with the tasks extension declared and print each state until the task ends.
+def call(
+    url: str,
+    tool: str | None,
+    arguments: str | None = None,
+    *,
+    abort: Callable[[], bool] | None = None,
+    resume: str | None = None,
+    token: str | None = None,
+    json_output: bool = False,
+    no_wait: bool = False,
+    timeout: float | None = None,
+) -> int:
+    """Call `tool` as a task (or follow `resume`) and show it until it ends: the tasks client's terminal front.
 
-    Exit status: 0 completed, 1 failed (or the server went away), 130 cancelled by Ctrl-C.
+    Exit status: 0 completed, 1 failed / isError / unreachable, 2 usage, 124 --timeout, 130 cancelled.
+    `abort` (dev --call): polled; once true the call returns 1 at once.
     """
-    import httpx2 as httpx  # the SDK's own HTTP client: no second stack
+    from celery_mcp_tasks.client.terminal import CallOptions, run_call
 
-    from celery_mcp_tasks.protocol import EXTENSION_ID
+    options = CallOptions(
+        url=url,
+        tool=tool,
+        arguments=arguments,
+        resume=resume,
+        token=token,
+        json_output=json_output,
+        no_wait=no_wait,
+        timeout=timeout,
+    )
+    return run_call(options, abort=abort)
 
-    try:
-        parsed = json.loads(arguments)
-    except json.JSONDecodeError as exc:
-        raise SystemExit(f"celery-mcp-tasks call: ARGS is not JSON: {exc}") from None
-    if not isinstance(parsed, dict):
-        raise SystemExit('celery-mcp-tasks call: ARGS must be a JSON object, e.g. \'{"topic": "tides"}\'')
-    meta = {
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}, "extensions": {EXTENSION_ID: {}}},
+
+def _call_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The `call` subcommand's options, as `call()` takes them."""
+    return {
+        "resume": args.resume,
+        "token": args.token,
+        "json_output": args.json_output,
+        "no_wait": args.no_wait,
+        "timeout": args.timeout,
     }
-
-    def post(client: httpx.Client, method: str, params: dict[str, Any], name: str) -> dict[str, Any]:
-        headers = {
-            "Accept": "application/json, text/event-stream",
-            "MCP-Protocol-Version": "2026-07-28",
-            "Mcp-Method": method,
-            "Mcp-Name": name,
-        }
-        body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": {**params, "_meta": meta}}
-        try:
-            reply = client.post(url, json=body, headers=headers).json()
-        except httpx.TransportError as exc:
-            raise SystemExit(f"celery-mcp-tasks call: cannot reach {url}: {type(exc).__name__}") from None
-        if "error" in reply:
-            raise SystemExit(f"{method}: error {reply['error']['code']}: {reply['error']['message']}")
-        return dict(reply["result"])
-
-    with httpx.Client(timeout=30) as client:
-        created = post(client, "tools/call", {"name": tool, "arguments": parsed}, tool)
-        if created.get("resultType") != "task":
-            _print_result(created)
-            return 1 if created.get("isError") else 0
-        task_id = created["taskId"]
-        print(f"created task: status={created['status']}", flush=True)
-        last = None
-        try:
-            while True:
-                if abort is not None and abort():
-                    return 1
-                task = post(client, "tasks/get", {"taskId": task_id}, task_id)
-                seen = (task["status"], task.get("statusMessage"))
-                if seen != last:
-                    message = f"  ({task['statusMessage']})" if task.get("statusMessage") else ""
-                    print(f"status={task['status']}{message}", flush=True)
-                    last = seen
-                if task["status"] in _FINAL:
-                    if task["status"] == "completed":
-                        _print_result(task.get("result") or {})
-                        return 1 if (task.get("result") or {}).get("isError") else 0
-                    error = task.get("error") or {}
-                    if error:
-                        print(f"error {error.get('code')}: {error.get('message')}", flush=True)
-                    return 1 if task["status"] == "failed" else 130
-                time.sleep(0.2)
-        except KeyboardInterrupt:
-            print("interrupted: cancelling the task", file=sys.stderr, flush=True)
-            try:
-                client.timeout = httpx.Timeout(2.0)
-                post(client, "tasks/cancel", {"taskId": task_id}, task_id)
-            except (SystemExit, httpx.HTTPError):
-                pass
-            return 130
-
-
-def _print_result(result: dict[str, Any]) -> None:
-    """Text content as text (what a person wants to read); anything else as JSON."""
-    texts = [item.get("text", "") for item in result.get("content") or [] if item.get("type") == "text"]
-    if texts:
-        for text in texts:
-            print(text, flush=True)
-    else:
-        shown = {k: v for k, v in result.items() if k not in ("resultType", "_meta")}
-        print(json.dumps(shown, indent=2), flush=True)
 
 
 def _db(args: argparse.Namespace) -> int:
@@ -229,10 +198,66 @@ def _parser() -> argparse.ArgumentParser:
     db.add_argument("action", choices=["upgrade", "downgrade", "check", "current"])
     db.add_argument("revision", nargs="?")
 
-    caller = sub.add_parser("call", help="call a tool as a task and follow it")
-    caller.add_argument("url")
-    caller.add_argument("tool")
-    caller.add_argument("arguments", nargs="?", default="{}")
+    stdio = sub.add_parser(
+        "stdio",
+        help="serve over stdin/stdout, for clients that launch a command (desktop, IDE)",
+        description="Serve APP over stdin/stdout (JSON-RPC only on stdout; logs, banner and worker output on "
+        "stderr). Store and broker as for serve (MCP_TASKS_DATABASE_URL, CELERY_BROKER_URL); on the embedded "
+        "default (SQLite + filesystem broker) it starts and supervises its own worker with beat, so one "
+        "command in the client's configuration is the whole deployment. Everything it started ends when "
+        "the client closes stdin or sends SIGTERM.",
+    )
+    stdio.add_argument("app")
+    stdio.add_argument(
+        "--worker",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="start a supervised worker (with beat) beside the server; default: on when the broker is the "
+        "embedded filesystem:// one, off for a networked broker whose workers run elsewhere",
+    )
+    stdio.add_argument(
+        "--directory",
+        default=None,
+        metavar="DIR",
+        help="change to DIR first: APP is imported from it and the default data dir lives in it "
+        "(for clients whose configuration cannot set a working directory)",
+    )
+    stdio.add_argument(
+        "--data-dir",
+        default=None,
+        help="where the embedded store and broker live (wins over MCP_TASKS_DATA_DIR; "
+        "default: MCP_TASKS_DATA_DIR or .celery-mcp-tasks)",
+    )
+    stdio.add_argument("--no-migrate", action="store_true", help="do not apply migrations at start")
+
+    caller = sub.add_parser(
+        "call",
+        help="call a tool as a task and follow it",
+        usage="%(prog)s URL TOOL [ARGS] [options]\n       %(prog)s URL --resume TASK_ID [options]",
+        description="Call TOOL at URL (the MCP endpoint) as a task and follow it to the end: a live status "
+        "line on a terminal, plain lines otherwise. Questions from the job are asked at the prompt; "
+        "Ctrl-C cancels the task, a second Ctrl-C leaves at once.",
+        epilog="exit status: 0 completed; 1 failed, a result with isError, or the server unreachable or "
+        "refusing; 2 bad usage (ARGS not a JSON object, ...); 124 --timeout expired (the task keeps "
+        "running: follow it with --resume); 130 the task was cancelled.",
+    )
+    caller.add_argument("url", metavar="URL", help="the MCP endpoint, e.g. http://127.0.0.1:8000/mcp")
+    caller.add_argument("tool", metavar="TOOL", nargs="?", help="the tool to call (not with --resume)")
+    caller.add_argument("arguments", metavar="ARGS", nargs="?", help="the tool's arguments, a JSON object (default {})")
+    caller.add_argument("--resume", metavar="TASK_ID", help="follow a task started earlier instead of calling a tool")
+    caller.add_argument("--no-wait", action="store_true", help="print the new task's id alone and exit 0")
+    caller.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help="wait at most this long; then exit 124 and leave the task running (the message says how to resume)",
+    )
+    caller.add_argument("--json", dest="json_output", action="store_true", help="print only the final result, as JSON")
+    caller.add_argument(
+        "--token",
+        default=None,
+        help="bearer token sent as `Authorization: Bearer ...` (default: $MCP_TASKS_TOKEN); never printed",
+    )
     return parser
 
 
@@ -244,9 +269,11 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "dev":
             return _dev(args)
+        if args.command == "stdio":
+            return _stdio(args)
         if args.command == "db":
             return _db(args)
-        return call(args.url, args.tool, args.arguments)
+        return call(args.url, args.tool, args.arguments, **_call_options(args))
     except ConfigError as exc:
         print(f"celery-mcp-tasks: configuration error: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,294 @@
+"""`celery-mcp-tasks call` against a real deployment: plain lines, --json, --no-wait/--resume, a real terminal.
+
+The terminal tests run the CLI under a pseudo-terminal it owns as its controlling
+terminal: Ctrl-C is the \\x03 byte the terminal turns into SIGINT, answers are typed.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import select
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support import ROOT, Backend, Deployment, McpHttp, free_port, wait_until
+
+pytestmark = pytest.mark.integration
+
+PID_LINE = re.compile(r"status=working  \(pid=\d+: working\)")
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Z0-9]")
+
+
+@pytest.fixture(scope="module")
+def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    tmp = tmp_path_factory.mktemp("cli-call")
+    backend = Backend("embedded", {"MCP_TASKS_DATA_DIR": str(tmp / "data")})
+    with Deployment("tests.apps.runtime_app", backend, tmp) as deployment:
+        deployment.web()
+        deployment.worker()
+        yield deployment
+
+
+@pytest.fixture(scope="module")
+def authed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    tmp = tmp_path_factory.mktemp("cli-call-auth")
+    backend = Backend("embedded", {"MCP_TASKS_DATA_DIR": str(tmp / "data")})
+    with Deployment("tests.apps.push_app", backend, tmp) as deployment:
+        deployment.web()  # no worker: the task only needs to exist
+        yield deployment
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MCP_TASKS_", "CELERY_"))}
+    env["PYTHONPATH"] = str(ROOT)
+    env.update(extra)
+    return env
+
+
+def _call(*args: str, timeout: float = 90, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "celery_mcp_tasks.cli", "call", *args],
+        cwd=ROOT,
+        env=_env(**env),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _ok(run: subprocess.CompletedProcess[str], code: int = 0) -> list[str]:
+    assert run.returncode == code, run.stdout + run.stderr
+    assert "Traceback" not in run.stderr, run.stderr
+    return run.stdout.splitlines()
+
+
+# -- plain lines, --json, --no-wait / --resume, failures -----------------------------------------
+
+
+def test_a_plain_run_prints_one_line_per_change_then_the_result(runtime: Deployment) -> None:
+    lines = _ok(_call(runtime.url, "work", '{"seconds": 0.5}'))
+    assert lines[:2] == ["created task: status=working", "status=working  (Queued)"]
+    assert lines[-2:] == ["status=completed", "worked 0.5s on attempt 1"]
+    assert all(PID_LINE.fullmatch(line) for line in lines[2:-2]), lines
+
+
+def test_json_prints_only_the_final_result(runtime: Deployment) -> None:
+    run = _call(runtime.url, "work", '{"seconds": 0.2}', "--json")
+    _ok(run)
+    result = json.loads(run.stdout)
+    assert result["content"] == [{"type": "text", "text": "worked 0.2s on attempt 1"}]
+    assert result["isError"] is False
+
+
+def test_no_wait_prints_the_id_alone_and_resume_follows_it_to_the_end(runtime: Deployment) -> None:
+    lines = _ok(_call(runtime.url, "work", '{"seconds": 1.5}', "--no-wait"))
+    assert len(lines) == 1
+    task_id = lines[0]
+    client = McpHttp(runtime.url)
+    try:
+        assert client.get(task_id)["status"] == "working"  # leaving did not cancel it
+    finally:
+        client.close()
+    resumed = _ok(_call(runtime.url, f"--resume={task_id}"))
+    assert resumed[0] == "following task: status=working"
+    assert resumed[-2:] == ["status=completed", "worked 1.5s on attempt 1"]
+    again = _ok(_call(runtime.url, f"--resume={task_id}", "--json"))  # a finished task: its result at once
+    assert json.loads("\n".join(again))["content"][0]["text"] == "worked 1.5s on attempt 1"
+
+
+def test_timeout_leaves_the_task_running_and_says_how_to_resume(runtime: Deployment) -> None:
+    run = _call(runtime.url, "work", '{"seconds": 60}', "--timeout", "1")
+    _ok(run, 124)
+    found = re.search(rf"celery-mcp-tasks call {re.escape(runtime.url)} --resume=(\S+)$", run.stderr.strip())
+    assert found, run.stderr
+    client = McpHttp(runtime.url)
+    try:
+        assert client.get(found.group(1))["status"] == "working"
+        client.task("tasks/cancel", found.group(1))
+    finally:
+        client.close()
+
+
+def test_a_failed_task_exits_1_with_its_error(runtime: Deployment) -> None:
+    lines = _ok(_call(runtime.url, "explode", '{"message": "boom"}'), 1)
+    assert lines[-2:] == [
+        "status=failed  (Job failed: RuntimeError: boom)",
+        "error -32603: Job failed: RuntimeError: boom",
+    ]
+
+
+def test_a_tool_error_result_exits_1_with_its_text(runtime: Deployment) -> None:
+    lines = _ok(_call(runtime.url, "refuse", '{"message": "not today"}'), 1)
+    assert lines[-2:] == ["status=completed", "not today"]
+
+
+def test_mistakes_are_one_line_each(runtime: Deployment) -> None:
+    unknown = _call(runtime.url, "no_such_tool", "{}")
+    assert (unknown.returncode, unknown.stderr) == (1, "celery-mcp-tasks call: Unknown tool: no_such_tool\n")
+    not_json = _call(runtime.url, "work", "{seconds: 1}")
+    assert not_json.returncode == 2 and not_json.stderr.startswith("celery-mcp-tasks call: ARGS is not JSON: ")
+    not_object = _call(runtime.url, "work", "[1]")
+    assert not_object.returncode == 2 and "ARGS must be a JSON object" in not_object.stderr
+    url = f"http://127.0.0.1:{free_port()}/mcp"
+    unreachable = _call(url, "work", "{}")
+    assert (unreachable.returncode, unreachable.stderr) == (
+        1,
+        f"celery-mcp-tasks call: cannot reach {url}: ConnectError\n",
+    )
+    gone = _call(runtime.url, "--resume=no-such-task-id-at-all-just-a-probe-000000")
+    assert (gone.returncode, gone.stderr) == (
+        1,
+        "celery-mcp-tasks call: no such task: it expired, or it belongs to another user\n",
+    )
+
+
+def test_the_bearer_token_comes_from_the_flag_or_the_environment_and_is_never_printed(authed: Deployment) -> None:
+    arguments = json.dumps({"gate_dir": str(ROOT / "no-such-gate-dir")})
+    anonymous = _call(authed.url, "idle", arguments, "--no-wait")
+    assert anonymous.returncode == 1
+    assert anonymous.stderr == (
+        "celery-mcp-tasks call: the server requires a token (HTTP 401): pass --token or set MCP_TASKS_TOKEN\n"
+    )
+    by_flag = _call(authed.url, "idle", arguments, "--no-wait", "--token", "alice")
+    by_env = _call(authed.url, "idle", arguments, "--no-wait", MCP_TASKS_TOKEN="alice")
+    for run in (by_flag, by_env):
+        assert run.returncode == 0, run.stderr
+        assert "alice" not in run.stdout + run.stderr
+    foreign = _call(authed.url, f"--resume={by_flag.stdout.strip()}", "--token", "mallory")
+    assert foreign.returncode == 1 and "no such task" in foreign.stderr and "mallory" not in foreign.stderr
+    wrong = _call(authed.url, "idle", arguments, "--token", "s3cret-but-wrong")
+    assert wrong.stderr == "celery-mcp-tasks call: the server refused the token (HTTP 401)\n"
+    client = McpHttp(authed.url, headers={"Authorization": "Bearer alice"})
+    try:
+        for run in (by_flag, by_env):
+            client.task("tasks/cancel", run.stdout.strip())
+    finally:
+        client.close()
+
+
+# -- a real terminal ------------------------------------------------------------------------------
+
+
+class Terminal:
+    """The CLI on a pseudo-terminal of its own (its controlling terminal), 120 columns wide."""
+
+    def __init__(self, *args: str) -> None:
+        master, slave = os.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+        self.master = master
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "celery_mcp_tasks.cli", "call", *args],
+            cwd=ROOT,
+            env=_env(TERM="xterm-256color"),
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            start_new_session=True,
+            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),  # the pty becomes its controlling terminal
+        )
+        os.close(slave)
+        self.raw = b""
+        self._seen = 0
+
+    @property
+    def text(self) -> str:
+        return ANSI.sub("", self.raw.decode(errors="replace"))
+
+    def _pump(self, wait: float) -> None:
+        ready, _, _ = select.select([self.master], [], [], wait)
+        if ready:
+            try:
+                chunk = os.read(self.master, 65536)
+            except OSError:  # the child closed the terminal
+                chunk = b""
+            self.raw += chunk
+
+    def expect(self, text: str, timeout: float = 30) -> None:
+        """Wait until `text` shows after what the last expect matched."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            at = self.text.find(text, self._seen)
+            if at >= 0:
+                self._seen = at + len(text)
+                return
+            self._pump(0.1)
+        raise AssertionError(f"{text!r} never showed; the terminal shows:\n{self.text[-3000:]}")
+
+    def send(self, data: bytes) -> None:
+        time.sleep(0.2)  # like a person: after the prompt is drawn
+        os.write(self.master, data)
+
+    def wait(self, timeout: float = 30) -> int:
+        deadline = time.monotonic() + timeout
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            self._pump(0.1)
+        self._pump(0.2)
+        return self.proc.wait(timeout=1)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=5)
+        os.close(self.master)
+
+
+@pytest.fixture
+def terminal() -> Iterator[list[Terminal]]:
+    opened: list[Terminal] = []
+    yield opened
+    for each in opened:
+        each.close()
+
+
+def test_on_a_terminal_questions_are_answered_at_the_prompt(runtime: Deployment, terminal: list[Terminal]) -> None:
+    term = Terminal(runtime.url, "two_rounds")
+    terminal.append(term)
+    term.expect("started task ")
+    term.expect("Waiting for a name")  # the live status line, re-rendered as the task moves
+    term.expect("The task asks: Your name?")
+    term.expect("[c]ancel (a): ")
+    term.send(b"\r")
+    term.expect("name *: ")
+    term.send(b"Ada\r")
+    term.expect("The task asks: Favourite colour?")
+    term.expect("[c]ancel (a): ")
+    term.send(b"a\r")
+    term.expect("colour *: ")
+    term.send(b"blue\r")
+    term.expect("completed")
+    term.expect("Ada likes blue")
+    assert term.wait() == 0, term.text
+    assert "input_required" in term.text and "working" in term.text
+
+
+def test_on_a_terminal_ctrl_c_cancels_the_task(runtime: Deployment, terminal: list[Terminal], tmp_path: Path) -> None:
+    marker = tmp_path / "started"
+    term = Terminal(runtime.url, "work", json.dumps({"seconds": 60, "marker": str(marker)}))
+    terminal.append(term)
+    term.expect("started task ")
+    found = re.search(r"started task (\S+)", term.text)
+    assert found
+    wait_until(marker.exists, 30, "the job to start")
+    term.expect(": working")  # the statusMessage the job wrote, on the live line
+    term.send(b"\x03")
+    term.expect("interrupted: cancelling the task")
+    assert term.wait() == 130, term.text
+    assert "Traceback" not in term.text
+    client = McpHttp(runtime.url)
+    try:
+        assert client.get(found.group(1))["status"] == "cancelled"
+    finally:
+        client.close()
+    wait_until(Path(f"{marker}.stopped").exists, 30, "the job to stop for the cancel")
