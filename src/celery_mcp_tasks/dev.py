@@ -202,7 +202,8 @@ def _raise_stop(signum: int, frame: FrameType | None) -> None:
     raise DevStop(signal.Signals(signum).name)
 
 
-def _worker_argv(target: str, settings: Any) -> list[str]:
+def _worker_argv(target: str, settings: Any, *, node: str = "dev@%h", schedule: str = "beat-schedule") -> list[str]:
+    """`celery worker -B` as `dev` runs it; `stdio` names its own node and beat schedule file."""
     return [
         sys.executable,
         "-m",
@@ -221,9 +222,9 @@ def _worker_argv(target: str, settings: Any) -> list[str]:
         "--without-mingle",
         "--without-gossip",
         "-n",
-        "dev@%h",
+        node,
         "-s",
-        str(settings.resolved_data_dir / "beat-schedule"),
+        str(settings.resolved_data_dir / schedule),
     ]
 
 

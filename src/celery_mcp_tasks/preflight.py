@@ -1,7 +1,7 @@
 """Start-up checks: a process that cannot work refuses to start, in one line that names the fix.
 
-Run once per process start (never per request) by `serve`, `db`, the worker's
-main process and beat, before anything is written to the store:
+Run once per process start (never per request) by `serve`, `stdio`, `db`, the
+worker's main process and beat, before anything is written to the store:
 
 - the store is reachable (a short connect timeout, not a hang or a traceback);
 - its schema is at the head of the package's own migrations (else: run
@@ -37,7 +37,7 @@ _UPGRADE = "run `celery-mcp-tasks db upgrade`"
 def preflight(settings: Settings, *, role: str, need_schema: bool = True, broker_url: str | None = None) -> None:
     """Raise `ConfigError` (one line, naming the setting) if a `role` process must not start.
 
-    `role`: "serve", "worker", "beat" or "db" (which neither checks the broker nor
+    `role`: "serve", "stdio", "worker", "beat" or "db" (which neither checks the broker nor
     needs a schema). `broker_url`: the Celery app's effective broker (default: the
     settings'). `need_schema=False` for a caller that migrates right after.
     """

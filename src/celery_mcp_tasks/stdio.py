@@ -1,0 +1,215 @@
+"""`celery-mcp-tasks stdio`: the same app over stdin/stdout, for clients that launch a local command.
+
+Desktop and IDE clients start the server themselves and speak JSON-RPC over its
+pipes, so four promises shape this module:
+
+- stdout is the wire and nothing else: from the first line of start-up, file
+  descriptor 1 points at stderr (an app's `print` at import, a library's
+  banner), until the SDK's stdio transport claims it for the JSON-RPC frames
+  (it keeps diverting stray writes to stderr while it serves). Logs, the
+  banner and the worker's output all go to stderr, which clients keep as the
+  server's log.
+- One command in the client's configuration just works: on the embedded
+  default (no MCP_TASKS_DATABASE_URL, no CELERY_BROKER_URL) the command starts
+  and supervises its own worker (with beat), as `dev` does; with a networked
+  broker it is a web-process twin that expects workers elsewhere (`--worker`
+  starts one anyway, `--no-worker` never does).
+- The server is the app's whole life, as under `serve`: start-up checks,
+  migrations, the push listener that feeds `subscriptions/listen`.
+- Nothing outlives the client: stdin closing (the client's normal goodbye), a
+  SIGTERM or SIGINT ends the worker's process group and then the server, within
+  the grace the SDK's client gives before it kills the server (2 s); the worker
+  also gets SIGTERM on Linux if this process is killed outright.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from celery_mcp_tasks.config import redact_url
+from celery_mcp_tasks.dev import DevStop, WorkerSupervisor, _raise_stop, _worker_argv, banner, celery_target
+
+__all__ = ["StdioOptions", "run_stdio"]
+
+PREFIX = "celery-mcp-tasks stdio"
+WARM_SHUTDOWN_S = 1.5
+"""How long the worker gets to finish after the client leaves: under the SDK client's 2 s grace.
+
+A job still running then is killed; its task is `working` with a heartbeat that stops, and the
+janitor re-sends it (or fails it) once its stale timeout passes, as for any lost worker.
+"""
+_WATCH_INTERVAL_S = 0.2
+_LOCAL_BROKERS = ("filesystem://", "memory://")
+
+
+@dataclass(frozen=True)
+class StdioOptions:
+    app: str
+    worker: bool | None = None
+    """None: start a worker when the app's broker is the embedded `filesystem://` one."""
+    directory: str | None = None
+    data_dir: str | None = None
+    migrate: bool = True
+
+
+@contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Point file descriptor 1 at stderr for the duration (restored after): the wire stays clean."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        try:
+            sys.stdout.flush()
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
+def wants_worker(option: bool | None, broker_url: str) -> bool:
+    """`--worker`/`--no-worker` when given; otherwise a worker exactly when the broker is local."""
+    return option if option is not None else broker_url.startswith(_LOCAL_BROKERS)
+
+
+@asynccontextmanager
+async def push_serving(tasks: Any) -> AsyncIterator[None]:
+    """What `asgi_app()`'s lifespan runs around the HTTP server, around the stdio one.
+
+    This process's store and service first (push binds to them), then the change
+    listener that feeds the listen streams; the streams end when serving ends.
+    """
+    tasks.service()
+    listen = tasks.listen
+    async with tasks.push.serving():
+        if listen is not None:
+            listen.reopen()
+        try:
+            yield
+        finally:
+            if listen is not None:
+                listen.close()
+
+
+async def serve(tasks: Any, worker: WorkerSupervisor | None) -> None:
+    """Serve over stdin/stdout until the client closes stdin; a signal or the worker's death ends the process.
+
+    The SDK reads stdin in a thread that no cancellation reaches (it returns only
+    with a line or at EOF), so those two do not unwind the serve loop: they end the
+    worker and exit right there (`finish`), the way a killed server would, minus
+    the orphans.
+    """
+    import anyio
+
+    async def on_signal() -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                _exit(finish(worker, signal.Signals(signum).name))
+
+    async def on_worker_death() -> None:
+        while worker is not None and worker.died is None:  # noqa: ASYNC110 - set by the supervisor's thread
+            await anyio.sleep(_WATCH_INTERVAL_S)
+        _exit(finish(worker, "worker"))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(on_signal)
+        if worker is not None:
+            group.start_soon(on_worker_death)
+        async with push_serving(tasks):
+            await tasks.server.run_stdio_async()
+        group.cancel_scope.cancel()
+
+
+def finish(worker: WorkerSupervisor | None, outcome: str) -> int:
+    """End the worker's process group (warm, then killed) and say how the server ends: its exit status."""
+    previous = signal.signal(signal.SIGTERM, _raise_stop)  # a second SIGTERM cuts the warm shutdown short
+    try:
+        if worker is not None:
+            worker.stop(WARM_SHUTDOWN_S)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if worker is not None and worker.died is not None:
+        _say(f"{PREFIX}: the worker exited (status {worker.died}): {worker.why()}")
+        return 1
+    return 0 if outcome in ("closed", "SIGTERM") else 130
+
+
+def _exit(status: int) -> None:
+    """Leave now (see `serve`): what is buffered is written, nothing else runs."""
+    logging.shutdown()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+def _worker_env() -> dict[str, str]:
+    cwd = os.getcwd()
+    return {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [cwd, os.environ.get("PYTHONPATH")])),
+    }
+
+
+def _say(*lines: str) -> None:
+    for line in lines:
+        print(line, file=sys.stderr, flush=True)
+
+
+def run_stdio(options: StdioOptions) -> int:
+    """Serve APP over stdio (with a supervised worker when asked); the exit status says what happened."""
+    import anyio
+
+    from celery_mcp_tasks.cli import load_app, quiet_libraries
+
+    worker: WorkerSupervisor | None = None
+    previous = signal.signal(signal.SIGTERM, _raise_stop)  # until the serve loop listens: leave via `finally`
+    try:
+        with stdout_to_stderr():
+            if options.directory:
+                try:
+                    os.chdir(options.directory)
+                except OSError as exc:
+                    raise SystemExit(f"{PREFIX}: --directory {options.directory}: {exc.strerror or exc}") from None
+            if options.data_dir:  # wins over MCP_TASKS_DATA_DIR; the worker inherits it
+                os.environ["MCP_TASKS_DATA_DIR"] = str(Path(options.data_dir).expanduser().resolve())
+            tasks = load_app(options.app)
+            quiet_libraries()
+            broker_url = str(tasks.celery.conf.broker_url)
+            start_worker = wants_worker(options.worker, broker_url)
+            target = celery_target(options.app, tasks) if start_worker else None
+            if options.migrate:  # checked first: a store that cannot be reached, or must not be used, is never migrated
+                from celery_mcp_tasks.migrate import upgrade
+
+                tasks.preflight("stdio", need_schema=False)
+                upgrade(tasks.settings.store_url)
+            tasks.preflight("stdio")
+            _say(f"{PREFIX}: serving {options.app} over stdin/stdout", *banner(tasks.settings, "")[1:])
+            if target is not None:
+                argv = _worker_argv(target, tasks.settings, node="stdio@%h", schedule="stdio-beat-schedule")
+                worker = WorkerSupervisor(argv, _worker_env(), on_death=lambda: None)
+                worker.start()
+                assert worker.proc is not None
+                _say(f"  worker  pid {worker.proc.pid} (celery -A {target} worker -B, supervised)")
+            else:
+                _say(f"  worker  none started: jobs run on workers of {redact_url(broker_url)}")
+        anyio.run(serve, tasks, worker)
+        outcome = "closed"
+    except KeyboardInterrupt:
+        outcome = "SIGINT"
+    except DevStop as stop:
+        outcome = str(stop)
+    except BaseException:
+        finish(worker, "error")
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return finish(worker, outcome)

@@ -1,0 +1,336 @@
+"""pytest fixtures: your app served for real (web process + Celery worker), and a connected client.
+
+Installed as a pytest plugin (entry point `celery_mcp_tasks`); its fixtures do
+nothing until a test asks for one. Name the app once, in the pytest
+configuration or as a fixture:
+
+    [tool.pytest.ini_options]
+    mcp_tasks_app = "myapp.tasks"
+
+    @pytest.fixture(scope="module")     # or in a test module / conftest.py
+    def mcp_tasks_app() -> str:
+        return "myapp.tasks"
+
+Then, with anyio's own pytest plugin (installed with the SDK):
+
+    @pytest.mark.anyio
+    async def test_report(mcp_tasks_client):
+        result = await mcp_tasks_client.call_tool("write_report", {"topic": "tides"})
+        assert result.content[0].text == "A 3-section report on tides."
+
+    @pytest.mark.anyio
+    async def test_asks_for_a_name(mcp_tasks_client, mcp_tasks_answers):
+        mcp_tasks_answers.when("name", {"name": "Ada"})
+        result = await mcp_tasks_client.call_tool("greet", {})
+
+    @pytest.mark.anyio
+    async def test_cancel(mcp_tasks_client, mcp_tasks_extension):
+        handle = await mcp_tasks_extension.start(mcp_tasks_client, "work", {"seconds": 60})
+        await handle.cancel()
+        assert handle.status == "cancelled"
+
+What runs: `celery-mcp-tasks dev APP` on a free port with a temporary data
+directory (the embedded default: SQLite store and filesystem broker, no
+servers; MCP_TASKS_DATABASE_URL / CELERY_BROKER_URL are ignored), i.e. the
+real web process and a real supervised worker with beat. It is started once
+per app (and `mcp_tasks_env`) for the whole session, waited for until the web
+process answers and the worker replies to a ping, and ended at the end of the
+session. Its output goes to `<data dir>/dev.log`, quoted when it fails to start.
+
+This module imports only the standard library and pytest at import time: the
+plugin costs nothing to a test run that does not use it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from mcp import Client
+    from mcp.client.session import ClientRequestContext
+    from mcp_types import ElicitRequestParams, ElicitResult, ErrorData
+
+    from celery_mcp_tasks.client import TasksClient
+
+__all__ = [
+    "Deployment",
+    "ScriptedAnswers",
+    "mcp_tasks_answers",
+    "mcp_tasks_app",
+    "mcp_tasks_client",
+    "mcp_tasks_env",
+    "mcp_tasks_extension",
+    "mcp_tasks_server",
+    "start_deployment",
+]
+
+INI_APP = "mcp_tasks_app"
+START_TIMEOUT_S = 90.0
+"""A cold start (imports, migrations, the worker's boot) takes seconds; this bounds a broken one."""
+CALL_TIMEOUT_S = 60.0
+"""The longest a plain `call_tool` in a test waits for its task (then the task is cancelled)."""
+_STOP_TIMEOUT_S = 15.0
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini(INI_APP, "celery-mcp-tasks: the APP (module path) that the mcp_tasks_* fixtures serve", default="")
+
+
+# -- the deployment ------------------------------------------------------------------
+
+
+@dataclass
+class Deployment:
+    """One `celery-mcp-tasks dev APP` process: the web process and its supervised worker."""
+
+    app: str
+    url: str
+    data_dir: Path
+    proc: subprocess.Popen[bytes]
+    log: Path = field(repr=False)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def stop(self) -> None:
+        """SIGTERM: `dev` ends its worker's process group (warm, then killed) and exits."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                _killpg(self.proc.pid)
+                self.proc.wait(timeout=5)
+
+
+def _killpg(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _answers(host: str, port: int) -> bool:
+    """The web process is up: /healthz answers 200 (the app's lifespan has run)."""
+    try:
+        with socket.create_connection((host, port), timeout=0.5) as sock:
+            sock.sendall(f"GET /healthz HTTP/1.0\r\nHost: {host}:{port}\r\n\r\n".encode())
+            return sock.recv(64).startswith(b"HTTP/1.1 200")
+    except OSError:
+        return False
+
+
+def _worker_replies(data_dir: Path, timeout_s: float) -> bool:
+    """The worker is consuming: it answers a control ping over the embedded broker."""
+    from celery import Celery
+
+    from celery_mcp_tasks.app import configure_celery
+    from celery_mcp_tasks.config import Settings
+
+    app = Celery(f"mcp-tasks-ping-{uuid.uuid4().hex[:6]}")
+    configure_celery(app, Settings(data_dir=data_dir))
+    try:
+        return bool(app.control.ping(timeout=timeout_s, limit=1))
+    finally:
+        app.close()
+
+
+def _process_env(cwd: Path, data_dir: Path, extra: Mapping[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("MCP_TASKS_DATABASE_URL", "CELERY_BROKER_URL")}
+    env.update(extra)
+    env["MCP_TASKS_DATA_DIR"] = str(data_dir)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(filter(None, [str(cwd), os.getcwd(), env.get("PYTHONPATH")])))
+    return env
+
+
+def start_deployment(
+    app: str,
+    data_dir: Path,
+    *,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout_s: float = START_TIMEOUT_S,
+) -> Deployment:
+    """Start `celery-mcp-tasks dev APP` on a free port; return once the web process and the worker answer.
+
+    `cwd`: where APP is importable from (default: the current directory).
+    Raises `RuntimeError` with the process's output if it exits or is not ready in time.
+    """
+    host = "127.0.0.1"
+    port = _free_port(host)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log = data_dir / "dev.log"
+    workdir = cwd or Path.cwd()
+    argv = [sys.executable, "-m", "celery_mcp_tasks.cli", "dev", app, "--port", str(port), "--data-dir", str(data_dir)]
+    with log.open("wb") as handle:
+        proc = subprocess.Popen(
+            argv,
+            cwd=workdir,
+            env=_process_env(workdir, data_dir, env or {}),
+            stdin=subprocess.DEVNULL,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    deployment = Deployment(app, f"http://{host}:{port}/mcp", data_dir, proc, log)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not _answers(host, port):
+            _check_alive(deployment, deadline)
+            time.sleep(0.05)
+        while not _worker_replies(data_dir, timeout_s=1.0):
+            _check_alive(deployment, deadline)
+    except BaseException:
+        deployment.stop()
+        raise
+    return deployment
+
+
+def _check_alive(deployment: Deployment, deadline: float) -> None:
+    status = deployment.proc.poll()
+    if status is not None:
+        raise RuntimeError(f"celery-mcp-tasks dev {deployment.app} exited ({status}):\n{deployment.output()[-4000:]}")
+    if time.monotonic() > deadline:
+        raise RuntimeError(
+            f"celery-mcp-tasks dev {deployment.app} was not ready in time:\n{deployment.output()[-4000:]}"
+        )
+
+
+class _Deployments:
+    """The session's running deployments, one per (app, env): modules that serve the same app share it."""
+
+    def __init__(self, factory: pytest.TempPathFactory, cwd: Path) -> None:
+        self._factory = factory
+        self._cwd = cwd
+        self._running: dict[tuple[str, tuple[tuple[str, str], ...]], Deployment] = {}
+
+    def get(self, app: str, env: Mapping[str, str]) -> Deployment:
+        key = (app, tuple(sorted(env.items())))
+        found = self._running.get(key)
+        if found is None or found.proc.poll() is not None:
+            data_dir = self._factory.mktemp(f"mcp-tasks-{app.replace(':', '.')}")
+            found = self._running[key] = start_deployment(app, data_dir, cwd=self._cwd, env=env)
+        return found
+
+    def stop(self) -> None:
+        for deployment in self._running.values():
+            deployment.stop()
+        self._running.clear()
+
+
+# -- answering questions ---------------------------------------------------------------
+
+
+class ScriptedAnswers:
+    """An elicitation callback answering from a script: the first rule whose text the question contains.
+
+        answers.when("name", {"name": "Ada"}).when("colour", {"colour": "teal"})
+        answers.when("proceed", action="decline")
+
+    A question no rule matches is answered with `otherwise` (default: decline).
+    `asked` lists every question's message, in order.
+    """
+
+    def __init__(self, *, otherwise: str = "decline") -> None:
+        self.rules: list[tuple[str, str, dict[str, Any] | None]] = []
+        self.otherwise = otherwise
+        self.asked: list[str] = []
+
+    def when(self, text: str, content: dict[str, Any] | None = None, *, action: str = "accept") -> ScriptedAnswers:
+        """Answer a question whose message contains `text` (case-insensitive) with `content`."""
+        self.rules.append((text.lower(), action, content))
+        return self
+
+    async def __call__(self, context: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult | ErrorData:
+        from mcp_types import ElicitResult
+
+        message = params.message
+        self.asked.append(message)
+        for text, action, content in self.rules:
+            if text in message.lower():
+                return ElicitResult(action=action, content=content if action == "accept" else None)  # type: ignore[arg-type]
+        return ElicitResult(action=self.otherwise)  # type: ignore[arg-type]
+
+
+# -- the fixtures ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def _mcp_tasks_deployments(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Iterator[Any]:
+    deployments = _Deployments(tmp_path_factory, pytestconfig.rootpath)
+    try:
+        yield deployments
+    finally:
+        deployments.stop()
+
+
+@pytest.fixture(scope="module")
+def mcp_tasks_app(pytestconfig: pytest.Config) -> str:
+    """The APP to serve: the `mcp_tasks_app` ini option; override this fixture to choose per module."""
+    app = str(pytestconfig.getini(INI_APP) or "").strip()
+    if not app:
+        raise pytest.UsageError(
+            "celery-mcp-tasks: name the app to serve: `mcp_tasks_app = myapp.tasks` in the pytest configuration, "
+            "or a fixture `mcp_tasks_app` returning it"
+        )
+    return app
+
+
+@pytest.fixture(scope="module")
+def mcp_tasks_env() -> dict[str, str]:
+    """Extra environment for the served app's processes (e.g. MCP_TASKS_* settings); override to set."""
+    return {}
+
+
+@pytest.fixture(scope="module")
+def mcp_tasks_server(mcp_tasks_app: str, mcp_tasks_env: dict[str, str], _mcp_tasks_deployments: Any) -> str:
+    """The MCP endpoint URL of the app, served by a real web process with a real worker (shared per session)."""
+    deployment: Deployment = _mcp_tasks_deployments.get(mcp_tasks_app, mcp_tasks_env)
+    return deployment.url
+
+
+@pytest.fixture
+def mcp_tasks_answers() -> ScriptedAnswers:
+    """The client's elicitation callback: script answers with `.when(text, content)` before calling."""
+    return ScriptedAnswers()
+
+
+@pytest.fixture
+def mcp_tasks_extension() -> TasksClient:
+    """The client's `TasksClient`: `start(client, tool, args)` gives a `TaskHandle` (follow, answer, cancel)."""
+    from celery_mcp_tasks.client import TasksClient
+
+    return TasksClient(timeout=CALL_TIMEOUT_S)
+
+
+@pytest.fixture
+async def mcp_tasks_client(
+    mcp_tasks_server: str, mcp_tasks_extension: TasksClient, mcp_tasks_answers: ScriptedAnswers
+) -> AsyncIterator[Client]:
+    """An SDK `Client` connected to the app, with the Tasks extension and the scripted answers."""
+    from mcp import Client
+
+    async with Client(
+        mcp_tasks_server, extensions=[mcp_tasks_extension], elicitation_callback=mcp_tasks_answers
+    ) as client:
+        yield client

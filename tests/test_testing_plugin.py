@@ -1,0 +1,125 @@
+"""`celery_mcp_tasks.testing`: the pytest plugin a user tests their task tools with.
+
+Used the way a user would: a tiny project run by pytester (the app named in its
+pytest configuration, the plugin found through its entry point), and directly
+here, against tests.apps.runtime_app (questions answered by the script, a
+running job cancelled on the real worker).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp import Client
+
+from celery_mcp_tasks.client import TasksClient
+from celery_mcp_tasks.testing import ScriptedAnswers
+from tests.support import ROOT
+
+pytestmark = pytest.mark.integration
+pytest_plugins = ["pytester"]
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def mcp_tasks_app() -> str:
+    return "tests.apps.runtime_app"
+
+
+USER_TESTS = """
+import pytest
+
+
+@pytest.mark.anyio
+async def test_the_report_is_written(mcp_tasks_client) -> None:
+    result = await mcp_tasks_client.call_tool("write_report", {"topic": "tides", "sections": 1})
+    assert result.content[0].text == "A 1-section report on tides."
+
+
+@pytest.mark.anyio
+async def test_its_progress_is_seen(mcp_tasks_client, mcp_tasks_extension) -> None:
+    handle = await mcp_tasks_extension.start(mcp_tasks_client, "write_report", {"topic": "tides", "sections": 2})
+    messages = [state.status_message async for state in handle.updates()]
+    assert handle.status == "completed"
+    assert "Writing section 2 of 2" in messages
+"""
+
+
+def test_a_user_project_tests_the_quickstart_in_a_few_lines(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # where the user's app (examples.quickstart.app) imports from
+    monkeypatch.delenv("MCP_TASKS_DATABASE_URL", raising=False)
+    pytester.makeini("[pytest]\nmcp_tasks_app = examples.quickstart.app\n")
+    pytester.makepyfile(test_quickstart=USER_TESTS)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=240)
+    result.assert_outcomes(passed=2)
+
+
+def test_without_an_app_named_the_fixtures_say_how_to_name_one(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_nothing="""
+        def test_server(mcp_tasks_server):
+            pass
+
+        def test_unrelated():
+            pass
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=120)
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["*name the app to serve: `mcp_tasks_app = myapp.tasks` in the pytest configuration*"])
+
+
+def test_the_plugin_imports_nothing_heavy() -> None:
+    code = (
+        "import sys, celery_mcp_tasks.testing\n"
+        "heavy = [m for m in ('mcp', 'mcp_types', 'celery', 'kombu', 'sqlalchemy', 'anyio') if m in sys.modules]\n"
+        "print(heavy)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert run.stdout.strip() == "[]"
+
+
+# -- direct use, as in this project's own tests -----------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_questions_are_answered_from_the_script(
+    mcp_tasks_client: Client, mcp_tasks_answers: ScriptedAnswers
+) -> None:
+    mcp_tasks_answers.when("name", {"name": "Ada"}).when("colour", {"colour": "teal"})
+    result = await mcp_tasks_client.call_tool("two_rounds", {})
+    assert "".join(getattr(item, "text", "") for item in result.content).startswith("Ada likes teal")
+    assert mcp_tasks_answers.asked == ["Your name?", "Favourite colour?"]
+
+
+@pytest.mark.anyio
+async def test_a_running_job_is_cancelled_on_the_real_worker(
+    mcp_tasks_client: Client, mcp_tasks_extension: TasksClient, tmp_path: Path
+) -> None:
+    marker = tmp_path / "work"
+    handle = await mcp_tasks_extension.start(mcp_tasks_client, "work", {"seconds": 120, "marker": str(marker)})
+    with anyio.fail_after(60):
+        async for state in handle.updates():
+            if (state.status_message or "").endswith(": working"):
+                break
+        await handle.cancel()
+        assert handle.status == "cancelled"
+        while not await anyio.Path(f"{marker}.stopped").exists():  # the job itself saw the cancel and stopped
+            await anyio.sleep(0.05)
+
+
+@pytest.mark.anyio
+async def test_an_unanswered_question_is_declined(mcp_tasks_client: Client, mcp_tasks_answers: ScriptedAnswers) -> None:
+    result = await mcp_tasks_client.call_tool("wait_or_give_up", {"timeout": 30})
+    assert mcp_tasks_answers.asked == ["Proceed?"]
+    assert "".join(getattr(item, "text", "") for item in result.content) == "answered"  # a decline is an answer
