@@ -1,0 +1,338 @@
+"""The synchronous path: a task tool called by a client without the Tasks extension.
+
+A client that did not declare the extension (every earlier-era client, and a
+2026-07-28 one without the opt-in) gets the synchronous path: the job runs
+as a hidden task the client never sees, and the call answers with its outcome.
+The wait wakes on the push hub's change hints; the job's reports reach the
+caller as `notifications/progress`; its questions are asked on the request's
+own stream (earlier eras) or as an MRTR `InputRequiredResult` (2026-07-28);
+and a cancelled, abandoned or timed-out call cancels the hidden task.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
+from typing import Any, Protocol, TypeVar
+
+import anyio
+from mcp.server.context import HandlerResult, ServerRequestContext
+from mcp.shared.exceptions import MCPError
+from mcp.shared.message import ServerMessageMetadata
+from mcp_types import (
+    CallToolRequestParams,
+    CreateMessageResult,
+    CreateMessageResultWithTools,
+    ElicitResult,
+    InputRequest,
+    InputRequiredResult,
+    ListRootsResult,
+    Result,
+)
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import TypeAdapter, ValidationError
+
+from celery_mcp_tasks.mcp.principal import current_principal
+from celery_mcp_tasks.mcp.toolspec import TaskTool
+from celery_mcp_tasks.mcp.wire import declared_capability, internal, invalid_params, plain_responses
+from celery_mcp_tasks.model import InvalidInputResponse, TaskRecord, TaskStatus
+from celery_mcp_tasks.notify.hub import Hub, Watch
+from celery_mcp_tasks.protocol import render_error
+from celery_mcp_tasks.service import TaskExpired, TaskService
+from celery_mcp_tasks.store.base import TaskNotFound
+
+logger = logging.getLogger("celery_mcp_tasks.mcp")
+
+T = TypeVar("T")
+_SYNC_STATE = "celery-mcp-tasks/sync/1:"
+"""`requestState` of a synchronous call's MRTR round: this prefix, then the hidden row's key (sealed by the SDK)."""
+_SAFETY_REREAD_S = 1.0  # with push on: a hint can be lost (or land before the watch exists); re-read anyway
+_POLL_FIRST_S, _POLL_MAX_S = 0.02, 0.25  # with push off: poll the row, growing delay
+
+INPUT_CAPABILITIES = {"elicitation/create": "elicitation", "sampling/createMessage": "sampling", "roots/list": "roots"}
+"""The client capability each kind of input request needs (the Tasks extension's three)."""
+_INPUT_REQUEST: TypeAdapter[InputRequest] = TypeAdapter(InputRequest)
+_CALLER_CHECK_S = 0.5
+
+
+class Run(Protocol):
+    """`fn` on the bounded pool; a store outage answers -32603 (`TasksExtension._run`)."""
+
+    def __call__(self, fn: Callable[[], T], method: str) -> Awaitable[T]: ...
+
+
+class SyncCalls:
+    """The synchronous path of `TasksExtension` (which builds it with its own service, pool and settings).
+
+    `service`: the service factory. `run`: the extension's bounded pool runner.
+    `hub`: this process's push hub (None: push is off, the wait polls the row).
+    `sealed_state`: whether the SDK seals `requestState` on this server.
+    `sync_timeout_s`: the default bound on a call's silence (a tool's own wins).
+    """
+
+    def __init__(
+        self,
+        service: Callable[[], TaskService],
+        run: Run,
+        *,
+        sync_timeout_s: float,
+        hub: Callable[[], Hub | None] | None,
+        sealed_state: Callable[[], bool] | None,
+    ) -> None:
+        self._service = service
+        self._run = run
+        self._sync_timeout_s = sync_timeout_s
+        self._hub = hub
+        self._sealed_state = sealed_state
+
+    async def call(self, tool: TaskTool, ctx: ServerRequestContext[Any, Any], record: TaskRecord) -> HandlerResult:
+        """A task tool called without the extension: wait for the hidden task's outcome, answer plainly.
+
+        The row is an implementation detail the client never sees: whenever the
+        answer can no longer be delivered (a question the client cannot answer,
+        `sync_timeout_s` of silence, a cancelled request, a caller that went
+        away) it is cancelled, so no job keeps running for nobody. An MRTR round
+        is the one exit that leaves it waiting: for the retry.
+        """
+        hub = self._hub() if self._hub is not None else None
+        watch = hub.watch([record.key]) if hub is not None else None
+        latest = [record]
+        try:
+            outcome, gone = await unless_caller_leaves(ctx, lambda: self._follow(tool, ctx, latest, watch))
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                await self._abandon(latest[-1], "The synchronous caller cancelled the request")
+            raise
+        finally:
+            if watch is not None:
+                watch.close()
+        if gone:
+            await self._abandon(latest[-1], "The synchronous caller went away")
+            raise internal(f"Tool {tool.name}: the caller disconnected")
+        return outcome
+
+    async def _follow(
+        self, tool: TaskTool, ctx: ServerRequestContext[Any, Any], latest: list[TaskRecord], watch: Watch | None
+    ) -> HandlerResult:
+        """Wait (woken by `watch`, else polling) until the task ends, bridging its reports and questions.
+
+        `latest` holds the last record read, for the caller to abandon on the way out.
+        """
+        service = self._service()
+        record = latest[-1]
+        idle_s = tool.sync_timeout_s or self._sync_timeout_s
+        deadline = anyio.current_time() + idle_s
+        reported = _reported(record)
+        progress = CallProgress(ctx)
+        delay = _POLL_FIRST_S
+        while not record.terminal:
+            if record.status is TaskStatus.INPUT_REQUIRED:
+                asked = await self._ask(tool, ctx, record)
+                if isinstance(asked, InputRequiredResult):
+                    return asked
+                latest.append(record := asked)
+                deadline, reported = anyio.current_time() + idle_s, _reported(record)
+                continue
+            remaining = deadline - anyio.current_time()
+            if remaining <= 0:
+                await self._abandon(record, "Timed out waiting synchronously")
+                raise internal(f"Tool {tool.name} did not finish in time; call it with the tasks extension")
+            if watch is not None:
+                hints = await watch.next(min(_SAFETY_REREAD_S, remaining))
+                if hints and all(version is not None and version <= record.version for version in hints.values()):
+                    continue  # nothing newer than what was read (the poller's first sight of the row)
+            else:
+                await anyio.sleep(min(delay, remaining))
+                delay = min(delay * 1.5, _POLL_MAX_S)
+            read = await self._run(partial(service.record, record.key), "tools/call")
+            if read is None:
+                raise internal(f"Tool {tool.name}: the job's task is gone")
+            latest.append(record := read)
+            if _reported(record) != reported:
+                deadline, reported = anyio.current_time() + idle_s, _reported(record)
+                if not record.terminal:
+                    await progress.report(record.progress, record.progress_total, record.status_message)
+        if record.status is TaskStatus.COMPLETED and record.result is not None:
+            return record.result
+        error = render_error(record.error, record.status_message or "The job did not complete")
+        raise MCPError(code=error["code"], message=error["message"], data=error.get("data"))
+
+    async def _ask(
+        self, tool: TaskTool, ctx: ServerRequestContext[Any, Any], record: TaskRecord
+    ) -> TaskRecord | InputRequiredResult:
+        """The job asked: the client answers (the task resumes) or, when it cannot, the task is cancelled.
+
+        2026-07-28: an MRTR round naming the row in its (sealed) `requestState`.
+        Earlier eras: each question as a request on the call's own stream; the
+        answers go into the task as `tasks/update` would put them.
+        """
+        requests = record.input_requests
+        if can_answer(ctx, requests):
+            if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+                if self._sealed_state is not None and self._sealed_state():
+                    return input_required(requests, _SYNC_STATE + record.key)
+            elif ctx.session.can_send_request:
+                try:
+                    answers = {key: await ask_client(ctx, request) for key, request in requests.items()}
+                except (MCPError, ValidationError) as exc:
+                    await self._abandon(record, "The client did not answer the job's question")
+                    raise internal(
+                        f"Tool {tool.name}: the client did not answer its input request ({type(exc).__name__})"
+                    ) from None
+                return await self._run(partial(self._service().answer_by_key, record.key, answers), "tools/call")
+        await self._abandon(record, "The job needs input; call it as a task")
+        raise internal(f"Tool {tool.name} needs input from the user; call it with the tasks extension")
+
+    async def resume(self, tool: TaskTool, params: CallToolRequestParams) -> TaskRecord | None:
+        """The hidden task an MRTR retry names (answered with its `inputResponses`); None for any other call.
+
+        The SDK has verified the seal (and the tool, arguments and principal it
+        binds); the row must still be the caller's and this tool's.
+        """
+        state = params.request_state
+        if not (isinstance(state, str) and state.startswith(_SYNC_STATE)):
+            return None
+        if self._sealed_state is None or not self._sealed_state():
+            raise invalid_params("Invalid or expired requestState")  # never minted here: the key would be in clear
+        key = state.removeprefix(_SYNC_STATE)
+        owner = current_principal()
+        responses = plain_responses(params.input_responses)
+        service = self._service()
+
+        def answer() -> TaskRecord | None:
+            record = service.store.get(key, owner)
+            if record is None or record.tool != tool.name or record.expired(service.clock()):
+                return None
+            return service.answer_by_key(key, responses) if responses else record
+
+        try:
+            record = await self._run(answer, "tools/call")
+        except (TaskNotFound, TaskExpired):
+            record = None
+        except InvalidInputResponse as exc:
+            raise invalid_params(str(exc)) from None
+        if record is None:
+            raise invalid_params("Invalid or expired requestState")
+        return record
+
+    async def _abandon(self, record: TaskRecord, message: str) -> None:
+        """Cancel a synchronous call's hidden task (a no-op once it is terminal; the service revokes its job).
+
+        Never raises: it runs on the way out of another answer (or of a cancellation).
+        With the store down the job ends on its own, or the reaper ends it.
+        """
+        try:
+            await self._run(partial(self._service().cancel_by_key, record.key, message), "tools/call")
+        except MCPError:
+            pass  # the store is unavailable: already logged
+
+
+def _reported(record: TaskRecord) -> tuple[Any, ...]:
+    """What the job reports (state, message, progress, questions): a change restarts the idle bound.
+
+    Not the version: a run's claim and other bookkeeping bump it without the job saying anything.
+    """
+    return (record.status, record.status_message, record.progress, record.progress_total, tuple(record.input_requests))
+
+
+# -- the calling request: its input capabilities, its back-channel, whether its HTTP caller is still there -------
+
+
+def can_answer(ctx: ServerRequestContext[Any, Any], requests: Mapping[str, Any]) -> bool:
+    """The client declared the capability for every one of `requests` (wire shapes, by key)."""
+    methods = [request.get("method") if isinstance(request, Mapping) else None for request in requests.values()]
+    return bool(methods) and all(
+        method in INPUT_CAPABILITIES and declared_capability(ctx, INPUT_CAPABILITIES[method]) for method in methods
+    )
+
+
+def input_required(requests: Mapping[str, Any], request_state: str) -> InputRequiredResult:
+    """An MRTR round (2026-07-28) asking `requests`; the SDK's `RequestStateBoundary` seals the state."""
+    return InputRequiredResult(
+        input_requests={
+            key: _INPUT_REQUEST.validate_python(request, by_alias=True, by_name=False)
+            for key, request in requests.items()
+        },
+        request_state=request_state,
+    )
+
+
+async def ask_client(ctx: ServerRequestContext[Any, Any], request: Mapping[str, Any]) -> dict[str, Any]:
+    """Ask one input request (a wire shape) on the calling request's own stream (earlier eras).
+
+    Returns the client's answer as `tasks/update` would carry it. Raises `MCPError`
+    (the client answered with an error) or `ValidationError` (a malformed request or answer).
+    """
+    typed = _INPUT_REQUEST.validate_python(request, by_alias=True, by_name=False)
+    params = request.get("params") or {}
+    result_type: type[Result] = ElicitResult
+    if typed.method == "roots/list":
+        result_type = ListRootsResult
+    elif typed.method == "sampling/createMessage":
+        with_tools = "tools" in params or "toolChoice" in params
+        result_type = CreateMessageResultWithTools if with_tools else CreateMessageResult
+    answer = await ctx.session.send_request(
+        typed, result_type, metadata=ServerMessageMetadata(related_request_id=ctx.request_id)
+    )
+    return answer.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+
+class CallProgress:
+    """`notifications/progress` for the calling request (a no-op without a progressToken), strictly increasing.
+
+    The job's own numbers when it reports them, else a count of the changes seen
+    from 0 (the runtime's own "Started" is the first), so a job that reports from 1
+    keeps its numbers; a number that does not exceed the last one sent is skipped.
+    """
+
+    def __init__(self, ctx: ServerRequestContext[Any, Any]) -> None:
+        self._session = ctx.session
+        self._last: float | None = None
+
+    async def report(self, current: float | None, total: float | None, message: str | None) -> None:
+        value = current if current is not None else 0 if self._last is None else self._last + 1
+        if self._last is not None and value <= self._last:
+            return  # a message without a step forward: progress must never repeat or go back
+        self._last = value
+        try:
+            await self._session.report_progress(value, total if current is not None else None, message)
+        except Exception as exc:  # noqa: BLE001 - progress is best effort; the answer still goes out
+            logger.debug("could not send progress for a synchronous call: %s", type(exc).__name__)
+
+
+async def unless_caller_leaves(
+    ctx: ServerRequestContext[Any, Any], fn: Callable[[], Awaitable[T]]
+) -> tuple[T | None, bool]:
+    """Run `fn`: `(its result, False)`, or `(None, True)` once the HTTP caller disconnected (`fn` is then cancelled).
+
+    Needed on the earlier eras' Streamable HTTP, where a closed response stream does
+    not cancel the handler (the session outlives the POST). Without an HTTP request
+    (stdio, in-process) `fn` simply runs.
+    """
+    disconnected: Callable[[], Awaitable[bool]] | None = getattr(ctx.request, "is_disconnected", None)
+    if disconnected is None:
+        return await fn(), False
+    results: list[T] = []
+    failures: list[Exception] = []
+    gone = False
+    async with anyio.create_task_group() as tg:
+
+        async def body() -> None:
+            try:
+                results.append(await fn())
+            except Exception as exc:  # noqa: BLE001 - re-raised below, outside the task group (no ExceptionGroup)
+                failures.append(exc)
+            finally:
+                tg.cancel_scope.cancel()
+
+        tg.start_soon(body)
+        while not await disconnected():  # noqa: ASYNC110 - a Request offers no disconnect event, only this check
+            await anyio.sleep(_CALLER_CHECK_S)
+        gone = True
+        tg.cancel_scope.cancel()
+    if failures:
+        raise failures[0]
+    if results:
+        return results[0], False
+    return None, gone
