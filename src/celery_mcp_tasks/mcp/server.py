@@ -9,6 +9,7 @@ overriding it catches both orders at registration time.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,10 @@ __all__ = ["TasksServer"]
 
 
 class TasksServer(MCPServer[Any]):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        plain_root_logging(kwargs.get("log_level", "INFO"))
+        super().__init__(*args, **kwargs)
+
     def has_tool(self, name: str) -> bool:
         return tool_registered(self, name)
 
@@ -31,3 +36,16 @@ class TasksServer(MCPServer[Any]):
                 f"another name (a task tool and a plain tool cannot share one)"
             )
         super().add_tool(fn, name, *args, **kwargs)
+
+
+def plain_root_logging(level: str) -> None:
+    """One plain line per record on stderr, unless the process configured logging already.
+
+    The SDK's `MCPServer` calls `logging.basicConfig` with rich's handler whenever
+    `rich` is importable (it is: `celery-mcp-tasks call` renders with it), and that
+    handler pads and wraps every line to the terminal's width, 80 columns in a
+    container: log lines a collector cannot parse. Configured first, the SDK's
+    `basicConfig` is a no-op.
+    """
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=level, format="%(message)s", handlers=[logging.StreamHandler()])
