@@ -160,6 +160,14 @@ class TaskService:
         Ownership and expiry are checked on the row the write reads (one read, not two),
         and the answers and the new run are one transition: one commit, one notification.
         """
+        return self._answer(task_key(task_id), owner, responses)
+
+    def answer_by_key(self, key: str, responses: dict[str, Any]) -> TaskRecord:
+        """`answer` for a task known by its row key (a synchronous call's hidden task): the caller
+        checked the owner. The same transition, notification and new run as `tasks/update`."""
+        return self._answer(key, ANY, responses)
+
+    def _answer(self, key: str, owner: Any, responses: dict[str, Any]) -> TaskRecord:
         changed = resumed = False
         dispatch = self.dispatcher is not None
 
@@ -174,31 +182,7 @@ class TaskService:
             changed = True
             return nxt
 
-        record = self.store.update(task_key(task_id), owner, transition)
-        if changed:
-            safe_notify(self.notifier, record)
-        if resumed and dispatch:
-            record = self._send(record)
-        return record
-
-    def answer_by_key(self, key: str, responses: dict[str, Any]) -> TaskRecord:
-        """`answer` for a task known by its row key (a synchronous call's hidden task): the caller
-        checked the owner. The same transition, notification and new run as `tasks/update`."""
-        changed = resumed = False
-        dispatch = self.dispatcher is not None
-
-        def transition(record: TaskRecord) -> TaskRecord:
-            nonlocal changed, resumed
-            changed = resumed = False
-            self._require_unexpired(record)
-            try:
-                nxt, resumed = record.answered(responses, self.clock(), dispatch=dispatch)
-            except InvalidTransition:
-                return record
-            changed = True
-            return nxt
-
-        record = self.store.update(key, ANY, transition)
+        record = self.store.update(key, owner, transition)
         if changed:
             safe_notify(self.notifier, record)
         if resumed and dispatch:
