@@ -82,3 +82,24 @@ def test_only_a_missing_task_is_task_not_found(message: str, gone: bool):
     from celery_mcp_tasks.client import TaskNotFound
 
     assert isinstance(_translate(MCPError(-32602, message)), TaskNotFound) is gone
+
+
+def test_a_final_state_wins_whatever_its_timestamp_says():
+    """Another server's clock or format must never keep a waiter from seeing the end."""
+    tracked = _Tracked(state=state("working", "2026-12-01T10:00:01.500Z"))
+    assert tracked.offer(state("completed", "2026-12-01T10:00:01Z", result={"content": []}))
+
+
+def test_timestamps_are_compared_as_moments_not_text():
+    tracked = _Tracked(state=state("working", "2026-12-01T10:00:01Z"))
+    assert tracked.offer(state("input_required", "2026-12-01T10:00:01.5+00:00"))  # later, though it sorts lower
+    assert not tracked.offer(state("working", "2026-12-01T11:00:00+02:00"))  # 09:00 UTC: older
+
+
+def test_a_task_that_ends_wakes_its_follower():
+    woken: list[bool] = []
+    tracked = _Tracked(state=state(), on_end=lambda: woken.append(True))
+    tracked.offer(state("working", "2026-12-01T10:00:02.000Z", statusMessage="still going"))
+    assert woken == []
+    tracked.offer(state("cancelled", "2026-12-01T10:00:03.000Z"))
+    assert woken == [True]

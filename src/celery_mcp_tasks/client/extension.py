@@ -29,12 +29,14 @@ from __future__ import annotations
 import contextvars
 import logging
 import weakref
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 
 import anyio
+import anyio.abc
 from mcp.client.extension import ClaimContext, ClientExtension, NotificationBinding, ResultClaim
 from mcp.shared.exceptions import MCPError
 from mcp_types import (
@@ -74,6 +76,7 @@ logger = logging.getLogger("celery_mcp_tasks.client")
 
 TASKS_VERSIONS = frozenset({"2026-07-28"}) & frozenset(MODERN_PROTOCOL_VERSIONS)
 _INPUT_REQUEST: TypeAdapter[Any] = TypeAdapter(InputRequest)
+_ACK_TIMEOUT_S = 5.0  # the acknowledgment is the stream's first frame: it comes at once or not at all
 _SAFETY_READ_S = 30.0  # with push on, each followed task is still read this often (a lost notification heals)
 
 
@@ -110,16 +113,16 @@ class _Tracked:
     changed: anyio.Event = field(default_factory=anyio.Event)
     gone: MCPError | None = None
     refs: int = 0
-    listened: bool = False  # covered by an acknowledged listen stream
     next_poll: float = 0.0
     interval: float = 0.0
+    on_end: Callable[[], None] | None = None  # the follower's wake-up: one task fewer to follow
 
     def offer(self, state: TaskState) -> bool:
-        """Take a newer state; never leave a terminal one, never go back in time."""
+        """Take a newer state; never leave a terminal one, never go back in time (but a final state always wins)."""
         current = self.state
         if current.terminal or state.task_id != current.task_id:
             return False
-        if state.last_updated_at < current.last_updated_at:
+        if not state.terminal and _moment(state.last_updated_at) < _moment(current.last_updated_at):
             return False  # notifications may arrive out of wire order
         if state == current:
             return False
@@ -136,6 +139,17 @@ class _Tracked:
         self.version += 1
         event, self.changed = self.changed, anyio.Event()
         event.set()
+        if (self.state.terminal or self.gone is not None) and self.on_end is not None:
+            self.on_end()
+
+
+def _moment(stamp: str) -> tuple[int, float | str]:
+    """A timestamp to order states by: parsed (servers differ in precision and offsets), else the text."""
+    try:
+        moment = datetime.fromisoformat(stamp)
+    except ValueError:
+        return (1, stamp)
+    return (0, (moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)).timestamp())
 
 
 class TasksClient(ClientExtension):
@@ -337,7 +351,7 @@ class TaskHandle:
 
         Raises `TaskNotFound` when the task disappears while followed.
         """
-        tracked = self._tracked
+        tracked = self._open()
         if tracked is None:
             return
         seen = -1
@@ -357,20 +371,47 @@ class TaskHandle:
 
         With `answer_input`, questions are answered with the session's callbacks.
         """
-        tracked = self._tracked
+        tracked = self._open()
         if tracked is None:
             return None
         while True:
             state = tracked.state
             if state.terminal:
-                return state
+                if (state.status == "completed" and state.result is None) or (
+                    state.status == "failed" and state.error is None
+                ):
+                    await self.refresh()  # e.g. a CreateTaskResult that was already final: read the outcome
+                return tracked.state
             if tracked.gone is not None:
                 raise tracked.gone
             version = tracked.version
             if answer_input and state.status == "input_required":
-                await self.respond(state)
+                await self._respond_while_asked(tracked, state)
             if tracked.version == version:
                 await tracked.changed.wait()
+
+    async def _respond_while_asked(self, tracked: _Tracked, state: TaskState) -> None:
+        """`respond`, given up as soon as the questions are gone (answered elsewhere, task ended or lost)."""
+        asked = set(state.input_requests or {}) - self._answered
+
+        async def watch(group: anyio.abc.TaskGroup) -> None:
+            while True:
+                await tracked.changed.wait()
+                now = tracked.state
+                if now.terminal or tracked.gone is not None or not asked & set(now.input_requests or {}):
+                    group.cancel_scope.cancel()
+                    return
+
+        failure: Exception | None = None
+        async with anyio.create_task_group() as group:
+            group.start_soon(watch, group)
+            try:
+                await self.respond(state)
+            except Exception as exc:  # noqa: BLE001 - re-raised below, outside the group (no ExceptionGroup)
+                failure = exc
+            group.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
 
     async def result(self, *, answer_input: bool = True) -> CallToolResult:
         """The task's `CallToolResult` once it completes (bound it with `anyio.fail_after`).
@@ -435,7 +476,8 @@ class TaskHandle:
                 " the task was cancelled",
             )
         self._answered.update(pending)
-        await self.answer(responses)
+        with anyio.CancelScope(shield=True):  # once asked and answered, the answers are delivered
+            await self.answer(responses)
 
     async def answer(self, responses: Mapping[str, Any]) -> None:
         """Send answers (`tasks/update`), keyed as the task's `inputRequests` are."""
@@ -471,6 +513,13 @@ class TaskHandle:
             return
         self._closed = True
         self._tracked.refs -= 1
+        if self._tracked.refs <= 0 and self._tracked.on_end is not None:
+            self._tracked.on_end()  # nobody follows it any more: the follower may let it go
+
+    def _open(self) -> _Tracked | None:
+        if self._closed:
+            raise RuntimeError("this TaskHandle is closed; attach() again to follow the task")
+        return self._tracked
 
     def _require(self) -> _Tracked:
         if self._tracked is None:
@@ -498,7 +547,9 @@ class _Follower:
     def track(self, state: TaskState) -> _Tracked:
         tracked = self._tracked.get(state.task_id)
         if tracked is None:
-            tracked = self._tracked[state.task_id] = _Tracked(state=state, interval=self._first_interval(state))
+            tracked = self._tracked[state.task_id] = _Tracked(
+                state=state, interval=self._first_interval(state), on_end=self._membership_changed
+            )
             tracked.next_poll = anyio.current_time() + tracked.interval
             self._membership.set()
         else:
@@ -508,12 +559,13 @@ class _Follower:
             _sdk.task_group(self._session).start_soon(self._run)
         return tracked
 
+    def _membership_changed(self) -> None:
+        self._membership.set()
+
     def offer(self, state: TaskState) -> None:
         tracked = self._tracked.get(state.task_id)
         if tracked is not None and tracked.offer(state):
             tracked.interval = self._first_interval(tracked.state)
-            if tracked.state.terminal:
-                self._membership.set()  # one task fewer to follow: the stream may close
 
     def _first_interval(self, state: TaskState) -> float:
         suggested = (state.poll_interval_ms or 1000) / 1000
@@ -558,12 +610,18 @@ class _Follower:
         return False
 
     async def _listen(self) -> None:
-        """Follow every live task on one stream; re-open (overlapping the old one) when tasks join."""
+        """Follow every live task on one stream; re-open (overlapping the old one) when tasks join.
+
+        Falls back to polling (for good, on this connection) when the server refuses
+        listen, does not follow tasks on it, leaves a live task out of its
+        acknowledgment, or does not acknowledge within `_ACK_TIMEOUT_S` (a proxy
+        that buffers the stream would deliver nothing either).
+        """
         failures = 0
-        async with AsyncExitStack() as outer:
-            current: AsyncExitStack | None = None
-            covered: set[str] = set()
-            watching: _sdk.TaskStream | None = None
+        current: AsyncExitStack | None = None
+        covered: set[str] = set()
+        watching: _sdk.TaskStream | None = None
+        try:
             while True:
                 live = self._live()
                 if not live:
@@ -575,14 +633,18 @@ class _Follower:
                     stack = AsyncExitStack()
                     try:
                         stream = await stack.enter_async_context(
-                            _sdk.listen_tasks(self._session, sorted(ids), ack_timeout=30)
+                            _sdk.listen_tasks(self._session, sorted(ids), ack_timeout=_ACK_TIMEOUT_S)
                         )
                     except (MCPError, _sdk.ListenClosed, TimeoutError) as exc:
                         await stack.aclose()
                         if isinstance(exc, MCPError) and exc.code == CONNECTION_CLOSED:
                             raise anyio.ClosedResourceError from None
                         failures += 1
-                        if (isinstance(exc, MCPError) and failures >= 3) or failures >= 6:
+                        if (
+                            isinstance(exc, TimeoutError)
+                            or (isinstance(exc, MCPError) and failures >= 3)
+                            or failures >= 6
+                        ):
                             logger.warning("subscriptions/listen failed (%s); polling tasks instead", _brief(exc))
                             self._listen_ok = False
                             return
@@ -596,13 +658,16 @@ class _Follower:
                     self._listen_ok = True
                     failures = 0
                     old, current = current, stack
-                    outer.push_async_callback(stack.aclose)
                     if old is not None:
                         await old.aclose()
                     # Read each task not covered before once, now that changes are pushed.
                     fresh = [t for t in self._live() if t.state.task_id not in covered]
                     covered = set(stream.task_ids)
                     await self._poll_once(fresh)
+                    if any(t.state.task_id in ids and t.state.task_id not in covered for t in self._live()):
+                        logger.warning("the server left followed tasks out of its listen acknowledgment; polling")
+                        self._listen_ok = False
+                        return
                     watching = stream
                 assert watching is not None
                 changed = False
@@ -625,6 +690,10 @@ class _Follower:
                     await anyio.sleep(min(0.1 * 2**failures, 5.0))
                 elif not changed:
                     await self._poll_once(self._live())  # a slow safety read while nothing is heard
+        finally:
+            if current is not None:
+                with anyio.CancelScope(shield=True):
+                    await current.aclose()
 
     async def _poll(self) -> None:
         """Poll each live task when it is due; wake early when a task joins."""
