@@ -13,20 +13,32 @@ if TYPE_CHECKING:
     from celery_mcp_tasks.app import McpTasks
     from celery_mcp_tasks.config import ConfigError, Settings
     from celery_mcp_tasks.janitor import MetricHook, SweepReport
-    from celery_mcp_tasks.model import DuplicateInputKeys, Superseded, TaskRecord, TaskStatus, TerminalTask
+    from celery_mcp_tasks.model import (
+        DuplicateInputKeys,
+        RunInProgress,
+        Superseded,
+        TaskRecord,
+        TaskStatus,
+        TerminalTask,
+    )
     from celery_mcp_tasks.notify.base import Notifier
     from celery_mcp_tasks.protocol import InvalidInputRequest, elicit, list_roots, sample
+    from celery_mcp_tasks.store.base import StoreUnavailable
     from celery_mcp_tasks.worker.context import InputTimeout, TaskContext
+    from celery_mcp_tasks.worker.job import McpTaskJob
 
 _EXPORTS = {
     "ConfigError": "celery_mcp_tasks.config",
     "DuplicateInputKeys": "celery_mcp_tasks.model",
     "InputTimeout": "celery_mcp_tasks.worker.context",
     "InvalidInputRequest": "celery_mcp_tasks.protocol",
+    "McpTaskJob": "celery_mcp_tasks.worker.job",
     "McpTasks": "celery_mcp_tasks.app",
     "MetricHook": "celery_mcp_tasks.janitor",
     "Notifier": "celery_mcp_tasks.notify.base",
+    "RunInProgress": "celery_mcp_tasks.model",
     "Settings": "celery_mcp_tasks.config",
+    "StoreUnavailable": "celery_mcp_tasks.store.base",
     "Superseded": "celery_mcp_tasks.model",
     "SweepReport": "celery_mcp_tasks.janitor",
     "TaskContext": "celery_mcp_tasks.worker.context",
@@ -45,10 +57,13 @@ __all__ = [
     "DuplicateInputKeys",
     "InputTimeout",
     "InvalidInputRequest",
+    "McpTaskJob",
     "McpTasks",
     "MetricHook",
     "Notifier",
+    "RunInProgress",
     "Settings",
+    "StoreUnavailable",
     "Superseded",
     "SweepReport",
     "TaskContext",
