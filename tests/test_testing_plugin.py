@@ -8,6 +8,7 @@ running job cancelled on the real worker).
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,9 +17,10 @@ import anyio
 import pytest
 from mcp import Client
 
+from celery_mcp_tasks import testing
 from celery_mcp_tasks.client import TasksClient
 from celery_mcp_tasks.testing import ScriptedAnswers
-from tests.support import ROOT
+from tests.support import ROOT, wait_until
 
 pytestmark = pytest.mark.integration
 pytest_plugins = ["pytester"]
@@ -87,6 +89,43 @@ def test_the_plugin_imports_nothing_heavy() -> None:
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert run.stdout.strip() == "[]"
+
+
+STUBBORN_DEV = """
+import signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+worker = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"]
+child = subprocess.Popen([*worker, sys.argv[1] + "/beat-schedule"], start_new_session=True)
+open(sys.argv[1] + "/worker.pid", "w").write(str(child.pid))
+time.sleep(120)
+"""
+
+
+def test_a_dev_that_ignores_sigterm_is_killed_with_its_worker_in_its_own_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`dev` and a worker as `dev` starts it (a session of its own, the data dir on its command line)."""
+    monkeypatch.setattr(testing, "_STOP_TIMEOUT_S", 0.5)
+    data = tmp_path / "data"
+    data.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", STUBBORN_DEV, str(data)], start_new_session=True)
+    try:
+        worker_pid = int(
+            wait_until(lambda: (data / "worker.pid").exists() and (data / "worker.pid").read_text(), 30, "the worker")
+        )
+        testing.Deployment("app", "http://unused", data, proc, data / "dev.log").stop()
+        assert proc.returncode == -signal.SIGKILL
+        wait_until(lambda: not _alive(worker_pid), 10, "the worker's group to be killed too")
+    finally:
+        for pgid in testing._groups_mentioning(data) | ({proc.pid} if proc.poll() is None else set()):
+            testing._killpg(pgid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
 
 
 # -- direct use, as in this project's own tests -----------------------------------------------

@@ -31,6 +31,7 @@ import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,11 @@ WARM_SHUTDOWN_S = 1.5
 
 A job still running then is killed; its task is `working` with a heartbeat that stops, and the
 janitor re-sends it (or fails it) once its stale timeout passes, as for any lost worker.
+"""
+ABANDON_S = 1.0
+"""How long a signal or the worker's death waits for the in-flight synchronous calls' tasks to be cancelled.
+
+Milliseconds normally; bounded so that a hung store cannot hold the exit (the warm shutdown comes after).
 """
 _WATCH_INTERVAL_S = 0.2
 _LOCAL_BROKERS = ("filesystem://", "memory://")
@@ -106,18 +112,21 @@ async def serve(tasks: Any, worker: WorkerSupervisor | None) -> None:
     The SDK reads stdin in a thread that no cancellation reaches (it returns only
     with a line or at EOF), so those two do not unwind the serve loop: they end the
     worker and exit right there (`finish`), the way a killed server would, minus
-    the orphans.
+    the orphans. The hidden tasks of synchronous calls still waiting are cancelled
+    first (`abandon_calls`): their handlers never get to.
     """
     import anyio
 
     async def on_signal() -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
+                await abandon_calls(tasks)
                 _exit(finish(worker, signal.Signals(signum).name))
 
     async def on_worker_death() -> None:
         while worker is not None and worker.died is None:  # noqa: ASYNC110 - set by the supervisor's thread
             await anyio.sleep(_WATCH_INTERVAL_S)
+        await abandon_calls(tasks)
         _exit(finish(worker, "worker"))
 
     async with anyio.create_task_group() as group:
@@ -127,6 +136,15 @@ async def serve(tasks: Any, worker: WorkerSupervisor | None) -> None:
         async with push_serving(tasks):
             await tasks.server.run_stdio_async()
         group.cancel_scope.cancel()
+
+
+async def abandon_calls(tasks: Any, bound_s: float = ABANDON_S) -> None:
+    """Cancel the hidden task of every synchronous call in flight, within `bound_s`: no job runs on for nobody."""
+    import anyio
+
+    abandon = partial(tasks.extension.abandon_synchronous_calls, "The server stopped before the job finished")
+    with anyio.move_on_after(bound_s):
+        await anyio.to_thread.run_sync(abandon, abandon_on_cancel=True)  # a hung store is left to the exit
 
 
 def finish(worker: WorkerSupervisor | None, outcome: str) -> int:

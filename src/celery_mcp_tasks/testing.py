@@ -105,13 +105,18 @@ class Deployment:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
     def stop(self) -> None:
-        """SIGTERM: `dev` ends its worker's process group (warm, then killed) and exits."""
+        """SIGTERM: `dev` ends its worker's process group (warm, then killed) and exits.
+
+        If it has not in time, its process group is killed, and so is the worker's (a
+        session of its own, found by the data directory on its command line).
+        """
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=_STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
-                _killpg(self.proc.pid)
+                for pgid in {self.proc.pid, *_groups_mentioning(self.data_dir)}:
+                    _killpg(pgid)
                 self.proc.wait(timeout=5)
 
 
@@ -120,6 +125,28 @@ def _killpg(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _groups_mentioning(data_dir: Path) -> set[int]:
+    """The process groups of live processes whose command line names `data_dir` (Linux: /proc), never ours."""
+    names = {str(data_dir).encode(), str(data_dir.resolve()).encode()}
+    own = {os.getpgid(0)}
+    found: set[int] = set()
+    try:
+        entries = list(Path("/proc").iterdir())
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            pgid = os.getpgid(int(entry.name))
+        except OSError:
+            continue
+        if pgid not in own and any(name in cmdline for name in names):
+            found.add(pgid)
+    return found
 
 
 def _free_port(host: str) -> int:

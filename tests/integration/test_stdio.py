@@ -14,8 +14,10 @@ import os
 import re
 import select
 import signal
+import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -138,7 +140,9 @@ def test_on_postgres_and_redis_it_serves_the_configured_store_and_workers_elsewh
         backend = Backend("pg_redis", {"MCP_TASKS_DATABASE_URL": url, "CELERY_BROKER_URL": REDIS_URL})
         queue = {"MCP_TASKS_QUEUE": f"stdio-{tmp_path.name[-12:]}"}
         upgrade(url)  # the separate worker refuses an unmigrated store
-        worker = start_worker("tests.apps.runtime_app", backend, tmp_path, pool="threads", **queue)
+        worker = start_worker(
+            "tests.apps.runtime_app", backend, tmp_path, pool="threads", MCP_TASKS_QUEUE=queue["MCP_TASKS_QUEUE"]
+        )
         tasks = TasksClient(poll_floor_s=120, poll_ceiling_s=120)  # followed by push (PostgreSQL NOTIFY) only
         params = _params(tmp_path / "unused")
         params.env = {**(params.env or {}), **backend.env, **queue}
@@ -230,6 +234,38 @@ def test_stdout_carries_json_rpc_only_even_from_an_app_that_prints(tmp_path: Pat
     assert "  data    .celery-mcp-tasks" in log  # the default data dir, in --directory
     assert (project / ".celery-mcp-tasks" / "tasks.db").is_file()
     _nothing_left(project)
+
+
+def _initialize_legacy(proc: subprocess.Popen[bytes]) -> None:
+    """The 2025-11-25 handshake: an earlier-era client, so a task tool answers synchronously."""
+    params = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}
+    _send(proc, {"id": 1, "method": "initialize", "params": params})
+    assert _read_message(proc, 60)["id"] == 1
+    _send(proc, {"method": "notifications/initialized"})
+
+
+def _statuses(data: Path, tool: str) -> list[str]:
+    with closing(sqlite3.connect(data / "tasks.db")) as conn:
+        return [row[0] for row in conn.execute("SELECT status FROM mcp_tasks_task WHERE tool = ?", (tool,))]
+
+
+def test_a_signal_during_a_synchronous_call_cancels_its_hidden_task(tmp_path: Path) -> None:
+    data, marker = tmp_path / "data", tmp_path / "started"
+    proc, _ = _launch(tmp_path, "tests.apps.runtime_app", "--directory", str(ROOT), "--data-dir", str(data))
+    try:
+        _initialize_legacy(proc)
+        arguments = {"seconds": 120, "marker": str(marker)}
+        _send(proc, {"id": 2, "method": "tools/call", "params": {"name": "work", "arguments": arguments}})
+        wait_until(marker.exists, 60, "the job to start")
+        assert _statuses(data, "work") == ["working"]
+        proc.send_signal(signal.SIGTERM)  # the call is still waiting: its handler never unwinds
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert _statuses(data, "work") == ["cancelled"]  # not `working` with its job running for nobody
+    _nothing_left(data)
 
 
 def test_a_dead_worker_ends_the_server_with_one_line(tmp_path: Path) -> None:

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import anyio
 import httpx
@@ -23,6 +25,7 @@ import pytest
 import sqlalchemy as sa
 from mcp import Client
 from mcp.client.session import ClientRequestContext
+from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp_types import (
     CallToolResult,
@@ -34,6 +37,8 @@ from mcp_types import (
     TextContent,
 )
 
+from celery_mcp_tasks.mcp.sync import CallProgress
+from celery_mcp_tasks.model import TaskRecord, TaskStatus
 from celery_mcp_tasks.store.engine import normalize_url
 from tests.integration.test_protocol_eras import LegacySession
 from tests.support import Backend, Deployment, wait_until
@@ -131,8 +136,36 @@ def assert_counted(progress: Progress, steps: int) -> None:
     assert numbered, progress.seen
     for value, total, message in numbered:  # the job's own numbers and its statusMessage
         assert (total, message) == (steps, f"step {value:g} of {steps}")
-    # Before the job's first number: the runtime's word for the start, counted from 0.
-    assert all(message == "Started" for _, total, message in progress.seen if total is None), progress.seen
+    # The runtime's word for the start ("Started") carries no number of the job's: it is not sent.
+    assert all(total is not None for _, total, _ in progress.seen), progress.seen
+
+
+class Session:
+    """What `CallProgress` reports through: the request's session, recording every notification."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[float, float | None, str | None]] = []
+
+    async def report_progress(self, progress: float, total: float | None, message: str | None) -> None:
+        self.sent.append((progress, total, message))
+
+
+def test_a_job_counting_from_0_keeps_its_0_after_the_runtimes_started() -> None:
+    """The quickstart's shape: "Started", then the job's own 0, 1, 2 of 3 (a unit check, no process)."""
+    session = Session()
+    queued = TaskRecord("k", None, "write_report", TaskStatus.WORKING, 1, 1, None, status_message="Queued")
+    started = replace(queued, started_at=2, status_message="Started")
+    steps = [replace(started, progress=n, progress_total=3, status_message=f"section {n}") for n in range(3)]
+    retried = replace(steps[-1], started_at=None, progress=None, progress_total=None, status_message="Retrying")
+    alone = replace(retried, status_message="a message alone")
+
+    async def scenario() -> None:
+        progress = CallProgress(cast("ServerRequestContext[Any, Any]", SimpleNamespace(session=session)), queued)
+        for record in [started, *steps, retried, alone]:
+            await progress.report(record)
+
+    run(scenario)
+    assert session.sent == [(0, 3, "section 0"), (1, 3, "section 1"), (2, 3, "section 2"), (3, None, "a message alone")]
 
 
 def test_a_legacy_caller_receives_the_jobs_progress_with_its_numbers(runtime: Deployment) -> None:

@@ -91,6 +91,13 @@ class TasksExtension(Extension):
         self._limiter = anyio.CapacityLimiter(max_threads)
         self._sync = SyncCalls(service, self._run, sync_timeout_s=sync_timeout_s, hub=hub, sealed_state=sealed_state)
 
+    def abandon_synchronous_calls(self, message: str) -> None:
+        """Cancel the hidden task of every synchronous call in flight (blocking: call it from a thread).
+
+        For a process about to exit with requests still open (`stdio` on SIGTERM).
+        """
+        self._sync.abandon_all(message)
+
     async def _run(self, fn: Callable[[], T], method: str) -> T:
         """`fn` on the bounded pool; a store outage answers -32603 with a fixed message."""
         try:

@@ -54,6 +54,8 @@ INPUT_CAPABILITIES = {"elicitation/create": "elicitation", "sampling/createMessa
 """The client capability each kind of input request needs (the Tasks extension's three)."""
 _INPUT_REQUEST: TypeAdapter[InputRequest] = TypeAdapter(InputRequest)
 _CALLER_CHECK_S = 0.5
+_ABANDON_S = 5.0
+"""The bound on cancelling a hidden task on the way out of a cancelled call: a hung store does not hold it."""
 
 
 class Run(Protocol):
@@ -85,6 +87,8 @@ class SyncCalls:
         self._sync_timeout_s = sync_timeout_s
         self._hub = hub
         self._sealed_state = sealed_state
+        self._waiting: dict[object, str] = {}
+        """The hidden row's key of every call in `call` (for `abandon_all`)."""
 
     async def call(self, tool: TaskTool, ctx: ServerRequestContext[Any, Any], record: TaskRecord) -> HandlerResult:
         """A task tool called without the extension: wait for the hidden task's outcome, answer plainly.
@@ -98,13 +102,16 @@ class SyncCalls:
         hub = self._hub() if self._hub is not None else None
         watch = hub.watch([record.key]) if hub is not None else None
         latest = [record]
+        waiting = object()
+        self._waiting[waiting] = record.key
         try:
             outcome, gone = await unless_caller_leaves(ctx, lambda: self._follow(tool, ctx, latest, watch))
         except anyio.get_cancelled_exc_class():
-            with anyio.CancelScope(shield=True):
+            with anyio.CancelScope(shield=True), anyio.move_on_after(_ABANDON_S):
                 await self._abandon(latest[-1], "The synchronous caller cancelled the request")
             raise
         finally:
+            self._waiting.pop(waiting, None)
             if watch is not None:
                 watch.close()
         if gone:
@@ -124,7 +131,7 @@ class SyncCalls:
         idle_s = tool.sync_timeout_s or self._sync_timeout_s
         deadline = anyio.current_time() + idle_s
         reported = _reported(record)
-        progress = CallProgress(ctx)
+        progress = CallProgress(ctx, record)
         delay = _POLL_FIRST_S
         while not record.terminal:
             if record.status is TaskStatus.INPUT_REQUIRED:
@@ -152,7 +159,7 @@ class SyncCalls:
             if _reported(record) != reported:
                 deadline, reported = anyio.current_time() + idle_s, _reported(record)
                 if not record.terminal:
-                    await progress.report(record.progress, record.progress_total, record.status_message)
+                    await progress.report(record)
         if record.status is TaskStatus.COMPLETED and record.result is not None:
             return record.result
         error = render_error(record.error, record.status_message or "The job did not complete")
@@ -227,6 +234,24 @@ class SyncCalls:
         except MCPError:
             pass  # the store is unavailable: already logged
 
+    def abandon_all(self, message: str) -> int:
+        """Cancel the hidden task of every call still waiting here; how many there were. Blocking: run it in a thread.
+
+        For a server that exits before its handlers can unwind (`stdio` on a signal):
+        otherwise their jobs would run on for nobody. Never raises; bound it by the caller's
+        own time limit (a hung store is simply left behind).
+        """
+        keys = set(self._waiting.copy().values())  # one C-level copy: safe against the loop's changes
+        if not keys:
+            return 0
+        service = self._service()
+        for key in keys:
+            try:
+                service.cancel_by_key(key, message)
+            except Exception as exc:  # noqa: BLE001 - on the way out: the reaper ends what is left
+                logger.warning("could not cancel a synchronous call's task on shutdown: %s", type(exc).__name__)
+        return len(keys)
+
 
 def _reported(record: TaskRecord) -> tuple[Any, ...]:
     """What the job reports (state, message, progress, questions): a change restarts the idle bound.
@@ -281,16 +306,23 @@ async def ask_client(ctx: ServerRequestContext[Any, Any], request: Mapping[str, 
 class CallProgress:
     """`notifications/progress` for the calling request (a no-op without a progressToken), strictly increasing.
 
-    The job's own numbers when it reports them, else a count of the changes seen
-    from 0 (the runtime's own "Started" is the first), so a job that reports from 1
-    keeps its numbers; a number that does not exceed the last one sent is skipped.
+    The job's own numbers when it reports them (from 0 or from 1), else a count of
+    its reports from 0; a number that does not exceed the last one sent is skipped.
+    The runtime's own word for a start or a retry ("Started", "Retrying (attempt 2)":
+    a change that moves the run's start) is not sent without a number of the job's:
+    it would take the 0 that the job's first report may need.
     """
 
-    def __init__(self, ctx: ServerRequestContext[Any, Any]) -> None:
+    def __init__(self, ctx: ServerRequestContext[Any, Any], record: TaskRecord) -> None:
         self._session = ctx.session
         self._last: float | None = None
+        self._started_at = record.started_at
 
-    async def report(self, current: float | None, total: float | None, message: str | None) -> None:
+    async def report(self, record: TaskRecord) -> None:
+        current, total, message = record.progress, record.progress_total, record.status_message
+        restarted, self._started_at = record.started_at != self._started_at, record.started_at
+        if current is None and restarted:
+            return  # the runtime's word, not the job's
         value = current if current is not None else 0 if self._last is None else self._last + 1
         if self._last is not None and value <= self._last:
             return  # a message without a step forward: progress must never repeat or go back
