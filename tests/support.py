@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
+import redis
 import sqlalchemy as sa
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -349,3 +352,72 @@ class Deployment:
 
     def __exit__(self, *_: object) -> None:
         self.stop()
+
+
+class OwnRedis:
+    """A `redis-server` of a test's own on a free port: stopping and restarting it disturbs nothing else.
+
+    `start()` skips the test when `redis-server` is not installed (fails it in CI); `stop()` kills the
+    server at once, as a crashed or restarted server goes away; `start()` again brings it back on the
+    same port.
+    """
+
+    def __init__(self, log_dir: Path) -> None:
+        self.port = free_port()
+        self.log_dir = log_dir
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            if os.environ.get("CI"):
+                pytest.fail("redis-server is not installed: the tests that own a Redis must run in CI")
+            pytest.skip("redis-server is not installed")
+        log = (self.log_dir / "redis.log").open("ab")
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        wait_until(lambda: self._answers(), 10, "redis-server to answer")
+
+    def _answers(self) -> bool:
+        try:
+            return bool(redis.Redis.from_url(self.url, socket_connect_timeout=0.2).ping())
+        except redis.RedisError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()  # the broker goes away at once, as a crashed or restarted server does
+            self.proc.wait(timeout=10)
+
+
+@contextmanager
+def own_redis_server(log_dir: Path) -> Iterator[OwnRedis]:
+    """A started `OwnRedis` (its `url` is the broker URL), stopped afterwards."""
+    broker = OwnRedis(log_dir)
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@contextmanager
+def own_redis_deployment(app: str, log_dir: Path, **web_env: str) -> Iterator[tuple[Deployment, OwnRedis]]:
+    """`app` on a fresh Postgres database and an `OwnRedis` broker, its web process started.
+
+    Skips unless MCP_TASKS_TEST_POSTGRES_URL is set.
+    """
+    if not POSTGRES_URL:
+        pytest.skip("set MCP_TASKS_TEST_POSTGRES_URL to run")
+    with own_redis_server(log_dir) as broker, fresh_postgres_database(POSTGRES_URL) as url:
+        backend = Backend("pg_own_redis", {"MCP_TASKS_DATABASE_URL": url, "CELERY_BROKER_URL": broker.url})
+        with Deployment(app, backend, log_dir) as deployment:
+            deployment.web(**web_env)
+            yield deployment, broker

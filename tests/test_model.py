@@ -19,21 +19,7 @@ from celery_mcp_tasks.model import (
     task_key,
 )
 from celery_mcp_tasks.protocol import render_task
-
-
-def record(**changes: object) -> TaskRecord:
-    values: dict[str, object] = dict(
-        key="k",
-        owner=None,
-        tool="t",
-        status=TaskStatus.WORKING,
-        created_at=1_000,
-        updated_at=1_000,
-        ttl_ms=60_000,
-        poll_interval_ms=500,
-    )
-    values.update(changes)
-    return TaskRecord(**values)  # type: ignore[arg-type]
+from tests.builders import record
 
 
 def test_task_id_is_43_char_base64url_and_unique():

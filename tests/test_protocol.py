@@ -2,7 +2,6 @@
 
 import pytest
 
-from celery_mcp_tasks.model import TaskRecord, TaskStatus
 from celery_mcp_tasks.protocol import (
     PROGRESS_META_KEY,
     InvalidInputRequest,
@@ -16,22 +15,7 @@ from celery_mcp_tasks.protocol import (
     sample,
     validate_input_requests,
 )
-
-
-def record(**changes: object) -> TaskRecord:
-    values: dict[str, object] = dict(
-        key="k",
-        owner=None,
-        tool="t",
-        status=TaskStatus.WORKING,
-        created_at=1_000,
-        updated_at=1_000,
-        ttl_ms=60_000,
-        poll_interval_ms=500,
-    )
-    values.update(changes)
-    return TaskRecord(**values)  # type: ignore[arg-type]
-
+from tests.builders import record
 
 # -- rendering -----------------------------------------------------------------------------------
 

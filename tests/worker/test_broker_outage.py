@@ -8,73 +8,23 @@ and restarting it disturbs nothing else. Before the transport fix
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 
-from tests.support import POSTGRES_URL, Backend, Deployment, McpHttp, free_port, fresh_postgres_database, wait_until
+from tests.support import Deployment, McpHttp, OwnRedis, own_redis_deployment, wait_until
 
 pytestmark = pytest.mark.integration
 
 
-class OwnRedis:
-    def __init__(self, log_dir: Path) -> None:
-        self.port = free_port()
-        self.log_dir = log_dir
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            if os.environ.get("CI"):
-                pytest.fail("redis-server is not installed: the broker outage test must run in CI")
-            pytest.skip("redis-server is not installed")
-        log = (self.log_dir / "redis.log").open("ab")
-        self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        wait_until(lambda: self._answers(), 10, "redis-server to answer")
-
-    def _answers(self) -> bool:
-        try:
-            return bool(redis.Redis.from_url(self.url, socket_connect_timeout=0.2).ping())
-        except redis.RedisError:
-            return False
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()  # the broker goes away at once, as a crashed or restarted server does
-            self.proc.wait(timeout=10)
-
-
 @pytest.fixture
 def outage(tmp_path: Path) -> Iterator[tuple[Deployment, OwnRedis]]:
-    if not POSTGRES_URL:
-        pytest.skip("set MCP_TASKS_TEST_POSTGRES_URL to run")
-    broker = OwnRedis(tmp_path)
-    broker.start()
-    try:
-        with fresh_postgres_database(POSTGRES_URL) as url:
-            backend = Backend("pg_own_redis", {"MCP_TASKS_DATABASE_URL": url, "CELERY_BROKER_URL": broker.url})
-            with Deployment("tests.apps.runtime_app", backend, tmp_path) as deployment:
-                deployment.web()
-                yield deployment, broker
-    finally:
-        broker.stop()
+    with own_redis_deployment("tests.apps.runtime_app", tmp_path) as (deployment, broker):
+        yield deployment, broker
 
 
-def test_a_worker_survives_redis_going_away_mid_job_and_resumes_consuming(outage: tuple[Deployment, OwnRedis]):
+def test_a_worker_survives_redis_going_away_mid_job_and_resumes_consuming(outage: tuple[Deployment, OwnRedis]) -> None:
     deployment, broker = outage
     worker = deployment.worker(concurrency=2)
     client = McpHttp(deployment.url)

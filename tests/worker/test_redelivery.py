@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import POSTGRES_URL, Backend, Deployment, McpHttp, fresh_postgres_database
+from tests.support import Deployment, McpHttp, own_redis_deployment
 from tests.worker.conftest import FAST
-from tests.worker.test_broker_outage import OwnRedis
 
 pytestmark = pytest.mark.integration
 
@@ -25,18 +24,8 @@ SKIPPED = "job for tool 'counted' skipped: another copy of this run is already r
 
 @pytest.fixture
 def redelivering(tmp_path: Path) -> Iterator[Deployment]:
-    if not POSTGRES_URL:
-        pytest.skip("set MCP_TASKS_TEST_POSTGRES_URL to run")
-    broker = OwnRedis(tmp_path)
-    broker.start()
-    try:
-        with fresh_postgres_database(POSTGRES_URL) as url:
-            backend = Backend("pg_own_redis", {"MCP_TASKS_DATABASE_URL": url, "CELERY_BROKER_URL": broker.url})
-            with Deployment("tests.apps.redelivery_app", backend, tmp_path) as deployment:
-                deployment.web(**FAST)
-                yield deployment
-    finally:
-        broker.stop()
+    with own_redis_deployment("tests.apps.redelivery_app", tmp_path, **FAST) as (deployment, _):
+        yield deployment
 
 
 def test_a_redelivered_copy_of_a_running_job_skips_its_body(redelivering: Deployment, tmp_path: Path) -> None:

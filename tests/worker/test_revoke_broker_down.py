@@ -19,8 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support import POSTGRES_URL, Backend, Deployment, McpHttp, fresh_postgres_database, wait_until
-from tests.worker.test_broker_outage import OwnRedis
+from tests.support import Deployment, McpHttp, OwnRedis, own_redis_deployment, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -31,18 +30,8 @@ GAVE_UP = "given up after"
 
 @pytest.fixture
 def broker_down_later(tmp_path: Path) -> Iterator[tuple[Deployment, OwnRedis]]:
-    if not POSTGRES_URL:
-        pytest.skip("set MCP_TASKS_TEST_POSTGRES_URL to run")
-    broker = OwnRedis(tmp_path)
-    broker.start()
-    try:
-        with fresh_postgres_database(POSTGRES_URL) as url:
-            backend = Backend("pg_own_redis", {"MCP_TASKS_DATABASE_URL": url, "CELERY_BROKER_URL": broker.url})
-            with Deployment("tests.apps.runtime_app", backend, tmp_path) as deployment:
-                deployment.web()
-                yield deployment, broker
-    finally:
-        broker.stop()
+    with own_redis_deployment("tests.apps.runtime_app", tmp_path) as (deployment, broker):
+        yield deployment, broker
 
 
 def _timed(url: str, method: str, task_id: str) -> tuple[float, dict[str, Any]]:

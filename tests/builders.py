@@ -1,0 +1,21 @@
+"""Builders of domain values for unit tests."""
+
+from __future__ import annotations
+
+from celery_mcp_tasks.model import TaskRecord, TaskStatus
+
+
+def record(**changes: object) -> TaskRecord:
+    """A working `TaskRecord` with plain defaults; keyword arguments override any field."""
+    values: dict[str, object] = dict(
+        key="k",
+        owner=None,
+        tool="t",
+        status=TaskStatus.WORKING,
+        created_at=1_000,
+        updated_at=1_000,
+        ttl_ms=60_000,
+        poll_interval_ms=500,
+    )
+    values.update(changes)
+    return TaskRecord(**values)  # type: ignore[arg-type]
