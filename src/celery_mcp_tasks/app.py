@@ -44,6 +44,19 @@ REDIS_TRANSPORT = "celery_mcp_tasks.worker.redis_transport:Transport"
 """kombu's Redis transport with the fix for a broker outage mid-job (imported by kombu only when used)."""
 
 
+_KOMBU_FILESYSTEM = "kombu.transport.filesystem:Transport"
+FILESYSTEM_TRANSPORT = "celery_mcp_tasks.worker.filesystem_transport:Transport"
+"""kombu's filesystem transport with atomic message files (a reader never sees half a message)."""
+
+
+def use_filesystem_transport_fix() -> None:
+    """`filesystem://` resolves to our subclass of kombu's transport, where it still names kombu's own class."""
+    from kombu.transport import TRANSPORT_ALIASES
+
+    if TRANSPORT_ALIASES.get("filesystem") == _KOMBU_FILESYSTEM:
+        TRANSPORT_ALIASES["filesystem"] = FILESYSTEM_TRANSPORT
+
+
 def use_redis_transport_fix() -> None:
     """`redis://` and `rediss://` resolve to our subclass of kombu's transport (URLs and logs unchanged).
 
@@ -68,6 +81,7 @@ def configure_celery(app: Celery, settings: Settings) -> None:
     if settings.broker_url or not conf.broker_url:
         conf.broker_url = settings.celery_broker_url
     if str(conf.broker_url).startswith("filesystem://"):
+        use_filesystem_transport_fix()
         _quiet_filesystem_host_warning()
         folder = settings.broker_folder
         for sub in ("queue", "processed", "control"):

@@ -1,0 +1,106 @@
+"""kombu's `filesystem://` transport (the embedded default's broker), made safe for a reader and a writer at once.
+
+The failure (kombu 5.7.0, seen under load in this project's own test suite):
+`Channel._put` creates the message file under its final name and writes it
+afterwards, while `Channel._get` in another process lists the folder, moves
+the first file of its queue away and reads it. A reader that comes between
+the two reads an empty (or half written) file; `loads` raises
+`JSONDecodeError`, which Celery's consumer does not tolerate, and the worker
+ends with "Unrecoverable error": every task after it stays queued.
+
+The fix here, on both sides:
+- a message is written under a name no reader picks up (`....msg.part`) and
+  renamed to its final name once complete: a rename within a folder is atomic,
+  so a reader sees a whole message or none;
+- a reader that still meets an unreadable file (written by a process without
+  this fix) waits for the writer briefly, and otherwise logs one line and
+  moves on to the next message instead of ending the worker.
+
+`McpTasks` selects this transport for `filesystem://` unless the application
+set `broker_transport` itself. It overrides kombu's `_put` and `_get` and reads
+the channel's folder attributes; tests/worker/test_filesystem_transport.py
+names the kombu version it was written against.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from queue import Empty
+from typing import Any
+
+from kombu.exceptions import ChannelError
+from kombu.transport import filesystem as kombu_filesystem
+from kombu.utils.encoding import bytes_to_str, str_to_bytes
+from kombu.utils.json import dumps, loads
+
+__all__ = ["PARTIAL_SUFFIX", "Channel", "Transport"]
+
+logger = logging.getLogger("celery_mcp_tasks.worker")
+
+PARTIAL_SUFFIX = ".part"
+_SETTLE_S = (0.01, 0.05, 0.2)  # how long a reader waits, in steps, for a writer without the fix
+
+
+class Channel(kombu_filesystem.Channel):
+    # kombu's own classes disagree on the parameter's name (AbstractChannel: message; filesystem: payload)
+    def _put(self, queue: Any, payload: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        """Write the message under a name readers skip, then rename it into place (atomic)."""
+        name = f"{round(time.monotonic() * 1000)}_{uuid.uuid4()}.{queue}.msg"
+        final = os.path.join(self.data_folder_out, name)
+        partial = final + PARTIAL_SUFFIX
+        try:
+            with open(partial, "wb") as f:
+                f.write(str_to_bytes(dumps(payload)))
+            os.replace(partial, final)
+        except OSError as exc:
+            raise ChannelError(f"Cannot add file {name!r} to directory") from exc
+
+    def _get(self, queue: Any, timeout: Any = None) -> Any:
+        """The oldest whole message of `queue`; an unreadable one is skipped with a log line."""
+        wanted = f"{queue}.msg"
+        for name in sorted(os.listdir(self.data_folder_in)):
+            if name.partition(".")[2] != wanted:
+                continue  # another queue's message, or one still being written (.part)
+            target = self.processed_folder if self.store_processed else tempfile.gettempdir()
+            try:
+                shutil.move(os.path.join(self.data_folder_in, name), target)
+            except OSError:
+                continue  # another consumer took it first
+            path = os.path.join(target, name)
+            payload = self._read_whole(path)
+            if not self.store_processed:
+                try:
+                    os.remove(path)
+                except OSError:
+                    pass
+            if payload is None:
+                logger.error("filesystem broker: skipped an unreadable message file of queue %s", queue)
+                continue
+            return payload
+        raise Empty()
+
+    @staticmethod
+    def _read_whole(path: str) -> Any:
+        """The message in `path`, waiting briefly for a writer still at it; None when it never becomes whole."""
+        for pause in (*_SETTLE_S, None):
+            try:
+                with open(path, "rb") as f:
+                    raw = f.read()
+            except OSError as exc:
+                raise ChannelError(f"Cannot read file {path!r} from queue.") from exc
+            try:
+                return loads(bytes_to_str(raw))
+            except ValueError:
+                if pause is None:
+                    return None
+                time.sleep(pause)
+        return None
+
+
+class Transport(kombu_filesystem.Transport):
+    Channel = Channel

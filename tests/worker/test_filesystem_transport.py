@@ -1,0 +1,92 @@
+"""The embedded broker's transport: a reader never sees half a message, and an unreadable one never ends a worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from queue import Empty
+
+import kombu
+import pytest
+from kombu import Connection
+from kombu.transport import TRANSPORT_ALIASES
+from kombu.transport import filesystem as kombu_filesystem
+
+from celery_mcp_tasks.app import FILESYSTEM_TRANSPORT, use_filesystem_transport_fix
+from celery_mcp_tasks.worker.filesystem_transport import PARTIAL_SUFFIX, Channel, Transport
+
+
+def test_the_fix_is_written_against_this_kombu() -> None:
+    assert kombu.__version__.startswith("5.7."), (
+        f"kombu {kombu.__version__}: the filesystem transport fix was written against kombu 5.7.0; re-read "
+        "kombu.transport.filesystem.Channel._put/_get before moving on"
+    )
+    for name in ("_put", "_get"):
+        assert callable(getattr(kombu_filesystem.Channel, name, None)), f"kombu moved Channel.{name}"
+    assert Transport.Channel is Channel and issubclass(Transport, kombu_filesystem.Transport)
+
+
+def test_filesystem_urls_resolve_to_the_fixed_transport(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(TRANSPORT_ALIASES, "filesystem", "kombu.transport.filesystem:Transport")
+    use_filesystem_transport_fix()
+    assert TRANSPORT_ALIASES["filesystem"] == FILESYSTEM_TRANSPORT
+    monkeypatch.setitem(TRANSPORT_ALIASES, "filesystem", "someone.elses:Transport")
+    use_filesystem_transport_fix()
+    assert TRANSPORT_ALIASES["filesystem"] == "someone.elses:Transport"
+
+
+@pytest.fixture
+def channel(tmp_path: Path) -> Channel:
+    folder = tmp_path / "queue"
+    folder.mkdir()
+    options = {"data_folder_in": str(folder), "data_folder_out": str(folder), "processed_folder": str(tmp_path)}
+    connection = Connection("filesystem://", transport=Transport, transport_options=options)
+    opened = connection.default_channel
+    assert isinstance(opened, Channel)
+    return opened
+
+
+def test_a_message_is_whole_or_absent_while_it_is_written(channel: Channel, tmp_path: Path) -> None:
+    big = {"body": "x" * 2_000_000}
+    stop = threading.Event()
+    seen: list[object] = []
+    errors: list[BaseException] = []
+
+    def read() -> None:
+        while not stop.is_set():
+            try:
+                seen.append(channel._get("jobs"))
+            except Empty:
+                continue
+            except BaseException as exc:  # noqa: BLE001 - reported by the test
+                errors.append(exc)
+                return
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    for _ in range(20):
+        channel._put("jobs", big)
+    deadline = time.monotonic() + 20
+    while len(seen) < 20 and time.monotonic() < deadline and not errors:
+        time.sleep(0.01)
+    stop.set()
+    reader.join()
+    assert errors == [] and len(seen) == 20 and all(message == big for message in seen)
+    assert not [name for name in os.listdir(tmp_path / "queue") if name.endswith(PARTIAL_SUFFIX)]
+
+
+def test_an_unreadable_file_is_skipped_and_the_next_message_delivered(channel: Channel, tmp_path: Path) -> None:
+    (tmp_path / "queue" / f"{int(time.monotonic() * 1000) - 10}_broken.jobs.msg").write_bytes(b"")
+    channel._put("jobs", {"n": 1})
+    assert channel._get("jobs") == {"n": 1}
+    with pytest.raises(Empty):
+        channel._get("jobs")
+
+
+def test_a_file_still_being_written_is_not_picked_up(channel: Channel, tmp_path: Path) -> None:
+    (tmp_path / "queue" / f"1_x.jobs.msg{PARTIAL_SUFFIX}").write_text(json.dumps({"n": 0})[:3])
+    with pytest.raises(Empty):
+        channel._get("jobs")
