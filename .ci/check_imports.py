@@ -8,7 +8,8 @@ library, the package itself, or a module of a distribution in the base dependenc
 from the installed metadata, so a test extra cannot hide a missing one), and be importable here.
 An import only an extra brings (psycopg: `postgres`) must be guarded: inside a function, a `try`
 or `if TYPE_CHECKING`, never at a module's top level, since the base install would fail to import
-that module; when its extra is named it must be importable too.
+that module; when its extra is named it must be importable too. The one exception is a module
+only its extra's tool loads (the pytest plugin, `testing`: pytest).
 """
 
 import argparse
@@ -22,6 +23,9 @@ from pathlib import Path
 DIST = "celery-mcp-tasks"
 PACKAGE = "celery_mcp_tasks"
 NOT_RUNTIME_EXTRAS = {"test"}
+# Modules that only their extra's tool loads (a pytest plugin, through its entry point): their
+# top-level imports of that extra are fine, since nothing else imports them.
+LOADED_BY_EXTRA = {"celery_mcp_tasks/testing.py": "testing"}
 
 
 def norm(name: str) -> str:
@@ -126,6 +130,8 @@ def main() -> int:
                     transitive.add(top)
             elif not extras:
                 problems.append(f"{where}:{line}: {top} is brought by no base dependency and no extra")
+            elif not guarded and LOADED_BY_EXTRA.get(str(where)) in extras:
+                continue
             elif not guarded:
                 problems.append(
                     f"{where}:{line}: {top} (extra {'/'.join(extras)}) is imported at module level: "
