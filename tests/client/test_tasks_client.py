@@ -19,8 +19,7 @@ from mcp.client.session import ClientRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult, ElicitRequestParams, ElicitResult, ErrorData
 
-import celery_mcp_tasks.client.extension as extension
-from celery_mcp_tasks.client import InputNotAnswered, TaskCancelled, TaskNotFound, TasksClient
+from celery_mcp_tasks.client import InputNotAnswered, TaskCancelled, TaskNotFound, TasksClient, calls
 from tests.support import Backend, Deployment, wait_until
 
 pytestmark = pytest.mark.integration
@@ -184,13 +183,13 @@ def test_a_task_that_expired_is_a_clear_error(runtime: Deployment):
 def test_push_is_used_when_the_server_offers_it(runtime: Deployment, monkeypatch: pytest.MonkeyPatch):
     """Five concurrent tasks followed on one listen stream cost about one tasks/get each; polling costs more."""
     gets = {"n": 0}
-    original = extension._get
+    original = calls.get_task
 
     async def counting(session: Any, task_id: str) -> Any:
         gets["n"] += 1
         return await original(session, task_id)
 
-    monkeypatch.setattr(extension, "_get", counting)
+    monkeypatch.setattr(calls, "get_task", counting)
 
     async def scenario(listen: bool) -> tuple[int, list[str]]:
         gets["n"] = 0

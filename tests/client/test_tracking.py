@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from celery_mcp_tasks.client.extension import _Tracked, _translate
+from celery_mcp_tasks.client.calls import translate
+from celery_mcp_tasks.client.following import Tracked
 from celery_mcp_tasks.client.models import CreateTaskResult, TaskState
 
 
@@ -17,27 +18,27 @@ def state(status: str = "working", at: str = "2026-12-01T10:00:00.000Z", **extra
 
 
 def test_a_newer_state_replaces_the_current_one_and_fires():
-    tracked = _Tracked(state=state())
+    tracked = Tracked(state=state())
     event = tracked.changed
     assert tracked.offer(state("input_required", "2026-12-01T10:00:01.000Z"))
     assert event.is_set() and tracked.version == 1 and tracked.state.status == "input_required"
 
 
 def test_an_older_or_identical_state_is_ignored():
-    tracked = _Tracked(state=state("working", "2026-12-01T10:00:05.000Z"))
+    tracked = Tracked(state=state("working", "2026-12-01T10:00:05.000Z"))
     assert not tracked.offer(state("input_required", "2026-12-01T10:00:04.000Z"))  # arrived out of order
     assert not tracked.offer(state("working", "2026-12-01T10:00:05.000Z"))
     assert tracked.version == 0
 
 
 def test_a_terminal_state_is_final():
-    tracked = _Tracked(state=state("completed", "2026-12-01T10:00:05.000Z", result={"content": []}))
+    tracked = Tracked(state=state("completed", "2026-12-01T10:00:05.000Z", result={"content": []}))
     assert not tracked.offer(state("working", "2026-12-01T10:00:09.000Z"))
     assert tracked.state.terminal
 
 
 def test_another_tasks_state_is_never_taken():
-    tracked = _Tracked(state=state())
+    tracked = Tracked(state=state())
     other = state("completed", "2026-12-01T10:00:09.000Z").model_copy(update={"task_id": "u"})
     assert not tracked.offer(other)
 
@@ -81,24 +82,24 @@ def test_only_a_missing_task_is_task_not_found(message: str, gone: bool):
 
     from celery_mcp_tasks.client import TaskNotFound
 
-    assert isinstance(_translate(MCPError(-32602, message)), TaskNotFound) is gone
+    assert isinstance(translate(MCPError(-32602, message)), TaskNotFound) is gone
 
 
 def test_a_final_state_wins_whatever_its_timestamp_says():
     """Another server's clock or format must never keep a waiter from seeing the end."""
-    tracked = _Tracked(state=state("working", "2026-12-01T10:00:01.500Z"))
+    tracked = Tracked(state=state("working", "2026-12-01T10:00:01.500Z"))
     assert tracked.offer(state("completed", "2026-12-01T10:00:01Z", result={"content": []}))
 
 
 def test_timestamps_are_compared_as_moments_not_text():
-    tracked = _Tracked(state=state("working", "2026-12-01T10:00:01Z"))
+    tracked = Tracked(state=state("working", "2026-12-01T10:00:01Z"))
     assert tracked.offer(state("input_required", "2026-12-01T10:00:01.5+00:00"))  # later, though it sorts lower
     assert not tracked.offer(state("working", "2026-12-01T11:00:00+02:00"))  # 09:00 UTC: older
 
 
 def test_a_task_that_ends_wakes_its_follower():
     woken: list[bool] = []
-    tracked = _Tracked(state=state(), on_end=lambda: woken.append(True))
+    tracked = Tracked(state=state(), on_end=lambda: woken.append(True))
     tracked.offer(state("working", "2026-12-01T10:00:02.000Z", statusMessage="still going"))
     assert woken == []
     tracked.offer(state("cancelled", "2026-12-01T10:00:03.000Z"))

@@ -10,13 +10,9 @@ It imports the SDK's client side and the shared wire constants only: no
 server code, no Celery, no SQLAlchemy.
 """
 
-from celery_mcp_tasks.client.extension import (
-    InputNotAnswered,
-    TaskCancelled,
-    TaskHandle,
-    TaskNotFound,
-    TasksClient,
-)
+from celery_mcp_tasks.client.errors import InputNotAnswered, TaskCancelled, TaskNotFound
+from celery_mcp_tasks.client.extension import TasksClient
+from celery_mcp_tasks.client.handle import TaskHandle
 from celery_mcp_tasks.client.models import CreateTaskResult, TaskState
 
 __all__ = [

@@ -1,0 +1,50 @@
+"""The requests the client sends about a task (`tasks/get`, `tasks/update`, `tasks/cancel`), their errors translated."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
+
+from celery_mcp_tasks.client.errors import TaskNotFound
+from celery_mcp_tasks.client.models import Ack, GetTaskRequest, TaskIdParams, TaskState
+
+if TYPE_CHECKING:
+    from mcp.client.session import ClientSession
+
+__all__ = ["TASKS_VERSIONS", "brief", "get_task", "send", "translate"]
+
+TASKS_VERSIONS = frozenset({"2026-07-28"}) & frozenset(MODERN_PROTOCOL_VERSIONS)
+"""Protocol versions on which a tool may answer with a task."""
+
+
+async def send(session: ClientSession, request: Any) -> None:
+    try:
+        await session.send_request(request, Ack)
+    except MCPError as exc:
+        raise translate(exc) from None
+
+
+async def get_task(session: ClientSession, task_id: str) -> TaskState:
+    try:
+        return await session.send_request(GetTaskRequest(params=TaskIdParams(task_id=task_id)), TaskState)
+    except MCPError as exc:
+        raise translate(exc) from None
+    except ValidationError as exc:
+        raise MCPError(INVALID_PARAMS, f"tasks/get returned a malformed task: {exc.error_count()} errors") from None
+
+
+def translate(exc: MCPError) -> MCPError:
+    message = exc.message.lower()
+    if exc.code == INVALID_PARAMS and ("not found" in message or "expired" in message):
+        return TaskNotFound(exc.code, exc.message, exc.data)
+    return exc
+
+
+def brief(exc: BaseException) -> str:
+    if isinstance(exc, MCPError):
+        return f"{exc.code} {exc.message}"[:200]
+    return type(exc).__name__

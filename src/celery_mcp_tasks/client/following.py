@@ -1,0 +1,277 @@
+"""Keeping followed tasks current: one state per task (`Tracked`) and, per connection, one
+`subscriptions/listen` stream naming every followed task, or polling (`Follower`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+import anyio
+import anyio.abc
+from mcp.shared.exceptions import MCPError
+from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR
+
+from celery_mcp_tasks.client import _sdk, calls
+from celery_mcp_tasks.client.calls import TASKS_VERSIONS
+from celery_mcp_tasks.client.errors import TaskNotFound
+from celery_mcp_tasks.client.models import TaskState
+
+if TYPE_CHECKING:
+    from mcp.client.session import ClientSession
+
+    from celery_mcp_tasks.client.extension import TasksClient
+
+
+__all__ = ["Follower", "Tracked", "moment"]
+
+logger = logging.getLogger("celery_mcp_tasks.client")
+
+_ACK_TIMEOUT_S = 5.0  # the acknowledgment is the stream's first frame: it comes at once or not at all
+_SAFETY_READ_S = 30.0  # with push on, each followed task is still read this often (a lost notification heals)
+
+
+@dataclass
+class Tracked:
+    """One followed task: its latest state, a version, and an event fired on each change."""
+
+    state: TaskState
+    version: int = 0
+    changed: anyio.Event = field(default_factory=anyio.Event)
+    gone: MCPError | None = None
+    refs: int = 0
+    next_poll: float = 0.0
+    interval: float = 0.0
+    on_end: Callable[[], None] | None = None  # the follower's wake-up: one task fewer to follow
+
+    def offer(self, state: TaskState) -> bool:
+        """Take a newer state; never leave a terminal one, never go back in time (but a final state always wins)."""
+        current = self.state
+        if current.terminal or state.task_id != current.task_id:
+            return False
+        if not state.terminal and moment(state.last_updated_at) < moment(current.last_updated_at):
+            return False  # notifications may arrive out of wire order
+        if state == current:
+            return False
+        self.state = state
+        self._fire()
+        return True
+
+    def lose(self, error: MCPError) -> None:
+        if self.gone is None and not self.state.terminal:
+            self.gone = error
+            self._fire()
+
+    def _fire(self) -> None:
+        self.version += 1
+        event, self.changed = self.changed, anyio.Event()
+        event.set()
+        if (self.state.terminal or self.gone is not None) and self.on_end is not None:
+            self.on_end()
+
+
+def moment(stamp: str) -> tuple[int, float | str]:
+    """A timestamp to order states by: parsed (servers differ in precision and offsets), else the text."""
+    try:
+        moment = datetime.fromisoformat(stamp)
+    except ValueError:
+        return (1, stamp)
+    return (0, (moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)).timestamp())
+
+
+class Follower:
+    """Keeps the followed tasks of one connection current: one listen stream, or polling."""
+
+    def __init__(self, tasks: TasksClient, session: ClientSession) -> None:
+        self._tasks = tasks
+        self._session = session
+        self._tracked: dict[str, Tracked] = {}
+        self._membership = anyio.Event()
+        self._running = False
+        self._listen_ok: bool | None = None if tasks.listen else False
+
+    def track(self, state: TaskState) -> Tracked:
+        tracked = self._tracked.get(state.task_id)
+        if tracked is None:
+            tracked = self._tracked[state.task_id] = Tracked(
+                state=state, interval=self._first_interval(state), on_end=self._membership_changed
+            )
+            tracked.next_poll = anyio.current_time() + tracked.interval
+            self._membership.set()
+        else:
+            tracked.offer(state)
+        if not self._running and not tracked.state.terminal:
+            self._running = True
+            _sdk.task_group(self._session).start_soon(self._run)
+        return tracked
+
+    def _membership_changed(self) -> None:
+        self._membership.set()
+
+    def offer(self, state: TaskState) -> None:
+        tracked = self._tracked.get(state.task_id)
+        if tracked is not None and tracked.offer(state):
+            tracked.interval = self._first_interval(tracked.state)
+
+    def _first_interval(self, state: TaskState) -> float:
+        suggested = (state.poll_interval_ms or 1000) / 1000
+        return min(max(suggested, self._tasks.poll_floor_s), self._tasks.poll_ceiling_s)
+
+    def _live(self) -> list[Tracked]:
+        """Tasks someone still follows; finished or abandoned ones are dropped."""
+        for task_id, tracked in list(self._tracked.items()):
+            if tracked.state.terminal or tracked.gone is not None or tracked.refs <= 0:
+                del self._tracked[task_id]
+        return list(self._tracked.values())
+
+    async def _run(self) -> None:
+        lost = MCPError(CONNECTION_CLOSED, "The connection closed while a task was being followed")
+        try:
+            while True:
+                if not self._live():
+                    return
+                if self._listen_ok is not False and self._session.protocol_version in TASKS_VERSIONS:
+                    await self._listen()
+                else:
+                    await self._poll()
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass  # the connection is gone: the finally below tells every waiter
+        except Exception as exc:  # never take the client's connection down with us
+            logger.exception("following tasks stopped")
+            lost = MCPError(INTERNAL_ERROR, f"Following the task stopped: {type(exc).__name__}")
+        finally:
+            self._running = False
+            for tracked in self._tracked.values():
+                tracked.lose(lost)  # a no-op for finished tasks; nobody waits forever
+            self._tracked.clear()
+
+    async def _wait_membership(self, within_s: float) -> bool:
+        """True when the set of followed tasks changed within `within_s`."""
+        event = self._membership
+        with anyio.move_on_after(within_s):
+            await event.wait()
+        if event.is_set():
+            self._membership = anyio.Event()
+            return True
+        return False
+
+    async def _listen(self) -> None:
+        """Follow every live task on one stream; re-open (overlapping the old one) when tasks join.
+
+        Falls back to polling (for good, on this connection) when the server refuses
+        listen, does not follow tasks on it, leaves a live task out of its
+        acknowledgment, or does not acknowledge within `_ACK_TIMEOUT_S` (a proxy
+        that buffers the stream would deliver nothing either).
+        """
+        failures = 0
+        current: AsyncExitStack | None = None
+        covered: set[str] = set()
+        watching: _sdk.TaskStream | None = None
+        try:
+            while True:
+                live = self._live()
+                if not live:
+                    return
+                ids = {tracked.state.task_id for tracked in live}
+                if current is None or not ids <= covered:
+                    await anyio.sleep(0.01)  # let a burst of new tasks join one stream
+                    ids = {tracked.state.task_id for tracked in self._live()}
+                    stack = AsyncExitStack()
+                    try:
+                        stream = await stack.enter_async_context(
+                            _sdk.listen_tasks(self._session, sorted(ids), ack_timeout=_ACK_TIMEOUT_S)
+                        )
+                    except (MCPError, _sdk.ListenClosed, TimeoutError) as exc:
+                        await stack.aclose()
+                        if isinstance(exc, MCPError) and exc.code == CONNECTION_CLOSED:
+                            raise anyio.ClosedResourceError from None
+                        failures += 1
+                        if (
+                            isinstance(exc, TimeoutError)
+                            or (isinstance(exc, MCPError) and failures >= 3)
+                            or failures >= 6
+                        ):
+                            logger.warning("subscriptions/listen failed (%s); polling tasks instead", calls.brief(exc))
+                            self._listen_ok = False
+                            return
+                        await self._poll_once(self._live())  # keep the states moving meanwhile
+                        await anyio.sleep(min(0.2 * 2**failures, 5.0))
+                        continue
+                    if stream.task_ids is None:
+                        await stack.aclose()
+                        self._listen_ok = False  # the server does not follow tasks on listen
+                        return
+                    self._listen_ok = True
+                    failures = 0
+                    old, current = current, stack
+                    if old is not None:
+                        await old.aclose()
+                    # Read each task not covered before once, now that changes are pushed.
+                    fresh = [t for t in self._live() if t.state.task_id not in covered]
+                    covered = set(stream.task_ids)
+                    await self._poll_once(fresh)
+                    if any(t.state.task_id in ids and t.state.task_id not in covered for t in self._live()):
+                        logger.warning("the server left followed tasks out of its listen acknowledgment; polling")
+                        self._listen_ok = False
+                        return
+                    watching = stream
+                assert watching is not None
+                changed = False
+                ended = anyio.Event()
+                async with anyio.create_task_group() as group:
+
+                    async def closed(stream: _sdk.TaskStream = watching, done: anyio.Event = ended) -> None:
+                        await stream.wait_closed()
+                        done.set()
+                        group.cancel_scope.cancel()
+
+                    group.start_soon(closed)
+                    changed = await self._wait_membership(_SAFETY_READ_S)
+                    group.cancel_scope.cancel()
+                if ended.is_set() or watching.ended:
+                    if current is not None:
+                        await current.aclose()
+                    current, covered = None, set()
+                    failures += 1
+                    await anyio.sleep(min(0.1 * 2**failures, 5.0))
+                elif not changed:
+                    await self._poll_once(self._live())  # a slow safety read while nothing is heard
+        finally:
+            if current is not None:
+                with anyio.CancelScope(shield=True):
+                    await current.aclose()
+
+    async def _poll(self) -> None:
+        """Poll each live task when it is due; wake early when a task joins."""
+        live = self._live()
+        if not live:
+            return
+        now = anyio.current_time()
+        due = [tracked for tracked in live if tracked.next_poll <= now]
+        if due:
+            await self._poll_once(due)
+            return
+        await self._wait_membership(max(0.0, min(t.next_poll for t in live) - now))
+
+    async def _poll_once(self, tracked_list: list[Tracked]) -> None:
+        for tracked in tracked_list:
+            if tracked.state.terminal or tracked.gone is not None:
+                continue
+            try:
+                state = await calls.get_task(self._session, tracked.state.task_id)
+            except TaskNotFound as gone:
+                tracked.lose(gone)
+                continue
+            except MCPError as exc:
+                if exc.code == CONNECTION_CLOSED:
+                    tracked.lose(exc)
+                    raise anyio.ClosedResourceError from None
+                logger.warning("tasks/get failed (%s); trying again", calls.brief(exc))
+                state = tracked.state
+            if not tracked.offer(state):
+                tracked.interval = min(tracked.interval * self._tasks.backoff, self._tasks.poll_ceiling_s)
+            tracked.next_poll = anyio.current_time() + tracked.interval

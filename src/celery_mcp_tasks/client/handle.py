@@ -1,0 +1,281 @@
+"""`TaskHandle`: one task as an application holds it (its state, its changes, its questions, cancel)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+from mcp.shared.exceptions import MCPError
+from mcp_types import (
+    INVALID_PARAMS,
+    CallToolResult,
+    ErrorData,
+    InputRequest,
+)
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from celery_mcp_tasks.client import calls
+from celery_mcp_tasks.client.errors import InputNotAnswered, TaskCancelled, TaskNotFound
+from celery_mcp_tasks.client.following import Tracked
+from celery_mcp_tasks.client.models import (
+    CancelTaskRequest,
+    TaskIdParams,
+    TaskState,
+    UpdateParams,
+    UpdateTaskRequest,
+)
+
+if TYPE_CHECKING:
+    from mcp.client.session import ClientSession
+
+    from celery_mcp_tasks.client.extension import TasksClient
+
+
+__all__ = ["TaskHandle"]
+
+logger = logging.getLogger("celery_mcp_tasks.client")
+
+_INPUT_REQUEST: TypeAdapter[Any] = TypeAdapter(InputRequest)
+
+
+class TaskHandle:
+    """One task: its id, its latest state, its changes, and what a client can do with it."""
+
+    def __init__(
+        self,
+        tasks: TasksClient,
+        session: ClientSession,
+        tracked: Tracked | None,
+        tool: str | None,
+        *,
+        immediate: CallToolResult | None = None,
+    ) -> None:
+        self._tasks = tasks
+        self._session = session
+        self._tracked = tracked
+        self.tool = tool
+        self._immediate = immediate
+        self._answered: set[str] = set()
+        self._closed = False
+        if tracked is not None:
+            tracked.refs += 1
+
+    @property
+    def id(self) -> str | None:
+        """The task id (keep it to `attach` later); None when the tool answered at once."""
+        return self._tracked.state.task_id if self._tracked is not None else None
+
+    @property
+    def state(self) -> TaskState | None:
+        """The latest state seen (None when the tool answered at once)."""
+        return self._tracked.state if self._tracked is not None else None
+
+    @property
+    def status(self) -> str:
+        return self._tracked.state.status if self._tracked is not None else "completed"
+
+    @property
+    def finished(self) -> bool:
+        tracked = self._tracked
+        return tracked is None or tracked.state.terminal or tracked.gone is not None
+
+    async def refresh(self) -> TaskState | None:
+        """Read the task now (`tasks/get`)."""
+        tracked = self._tracked
+        if tracked is None:
+            return None
+        try:
+            tracked.offer(await calls.get_task(self._session, tracked.state.task_id))
+        except TaskNotFound as gone:
+            tracked.lose(gone)
+            raise
+        return tracked.state
+
+    async def updates(self) -> AsyncIterator[TaskState]:
+        """The current state, then each change, ending after the terminal one.
+
+        Raises `TaskNotFound` when the task disappears while followed.
+        """
+        tracked = self._open()
+        if tracked is None:
+            return
+        seen = -1
+        while True:
+            if tracked.version != seen:
+                seen = tracked.version
+                yield tracked.state
+                if tracked.state.terminal:
+                    return
+            if tracked.gone is not None:
+                raise tracked.gone
+            if tracked.version == seen:
+                await tracked.changed.wait()
+
+    async def wait(self, *, answer_input: bool = True) -> TaskState | None:
+        """Wait for the task to end and return its final state (no exception for failed/cancelled).
+
+        With `answer_input`, questions are answered with the session's callbacks.
+        """
+        tracked = self._open()
+        if tracked is None:
+            return None
+        while True:
+            state = tracked.state
+            if state.terminal:
+                if (state.status == "completed" and state.result is None) or (
+                    state.status == "failed" and state.error is None
+                ):
+                    await self.refresh()  # e.g. a CreateTaskResult that was already final: read the outcome
+                return tracked.state
+            if tracked.gone is not None:
+                raise tracked.gone
+            version = tracked.version
+            if answer_input and state.status == "input_required":
+                await self._respond_while_asked(tracked, state)
+            if tracked.version == version:
+                await tracked.changed.wait()
+
+    async def _respond_while_asked(self, tracked: Tracked, state: TaskState) -> None:
+        """`respond`, given up as soon as the questions are gone (answered elsewhere, task ended or lost)."""
+        asked = set(state.input_requests or {}) - self._answered
+
+        async def watch(group: anyio.abc.TaskGroup) -> None:
+            while True:
+                await tracked.changed.wait()
+                now = tracked.state
+                if now.terminal or tracked.gone is not None or not asked & set(now.input_requests or {}):
+                    group.cancel_scope.cancel()
+                    return
+
+        failure: Exception | None = None
+        async with anyio.create_task_group() as group:
+            group.start_soon(watch, group)
+            try:
+                await self.respond(state)
+            except Exception as exc:  # noqa: BLE001 - re-raised below, outside the group (no ExceptionGroup)
+                failure = exc
+            group.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
+
+    async def result(self, *, answer_input: bool = True) -> CallToolResult:
+        """The task's `CallToolResult` once it completes (bound it with `anyio.fail_after`).
+
+        failed -> `MCPError` with the task's error; cancelled -> `TaskCancelled`.
+        """
+        if self._immediate is not None:
+            return self._immediate
+        state = await self.wait(answer_input=answer_input)
+        assert state is not None
+        if state.status == "completed":
+            try:
+                return state.call_tool_result()
+            except ValidationError as exc:
+                raise MCPError(INVALID_PARAMS, f"The completed task's result is not a CallToolResult: {exc}") from None
+        if state.status == "failed":
+            error = state.error_data()
+            raise MCPError(error.code, error.message, error.data)
+        raise TaskCancelled(state)
+
+    async def respond(self, state: TaskState) -> None:
+        """Answer the outstanding questions in `state` with the session's callbacks, then `tasks/update`.
+
+        A question this client cannot answer (no callback for it, or the callback
+        refused with an error) cancels the task and raises `InputNotAnswered`.
+        """
+        from mcp.client.session import ClientRequestContext
+
+        pending = {k: v for k, v in (state.input_requests or {}).items() if k not in self._answered}
+        if not pending:
+            return
+        responses: dict[str, Any] = {}
+        refused: tuple[str, ErrorData] | None = None
+
+        async def ask(key: str, raw: Any) -> None:
+            nonlocal refused
+            try:
+                request = _INPUT_REQUEST.validate_python(raw, by_name=False)
+            except ValidationError:
+                refused = (
+                    str(raw.get("method") if isinstance(raw, dict) else "?"),
+                    ErrorData(code=INVALID_PARAMS, message="the server sent a malformed input request"),
+                )
+                return
+            ctx = ClientRequestContext(session=self._session, request_id=key, meta=None)
+            answer = await self._session.dispatch_input_request(ctx, request)
+            if isinstance(answer, ErrorData):
+                refused = (request.method, answer)
+                group.cancel_scope.cancel()
+                return
+            responses[key] = answer.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+        async with anyio.create_task_group() as group:
+            for key, raw in pending.items():
+                group.start_soon(ask, key, raw)
+        if refused is not None:
+            method, error = refused
+            await self._cancel_on_the_way_out()
+            raise InputNotAnswered(
+                error.code,
+                f"The task asked for {method}, which this client did not answer ({error.message});"
+                " the task was cancelled",
+            )
+        self._answered.update(pending)
+        with anyio.CancelScope(shield=True):  # once asked and answered, the answers are delivered
+            await self.answer(responses)
+
+    async def answer(self, responses: Mapping[str, Any]) -> None:
+        """Send answers (`tasks/update`), keyed as the task's `inputRequests` are."""
+        tracked = self._require()
+        plain = {
+            k: v.model_dump(by_alias=True, mode="json", exclude_none=True) if isinstance(v, BaseModel) else v
+            for k, v in responses.items()
+        }
+        request = UpdateTaskRequest(params=UpdateParams(task_id=tracked.state.task_id, input_responses=plain))
+        await calls.send(self._session, request)
+
+    async def cancel(self) -> None:
+        """Ask the server to cancel the task (`tasks/cancel`); a finished task stays as it is."""
+        tracked = self._require()
+        await calls.send(self._session, CancelTaskRequest(params=TaskIdParams(task_id=tracked.state.task_id)))
+        try:
+            await self.refresh()
+        except TaskNotFound:
+            pass
+
+    async def _cancel_on_the_way_out(self) -> None:
+        """Shielded and bounded: the caller is leaving (cancelled, timed out, failed to answer)."""
+        with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(self._tasks.cancel_timeout):
+                try:
+                    await self.cancel()
+                except (MCPError, OSError) as exc:
+                    logger.warning("could not cancel an abandoned task: %s", type(exc).__name__)
+
+    def close(self) -> None:
+        """Stop following the task (the server keeps it; `attach` again later)."""
+        if self._closed or self._tracked is None:
+            return
+        self._closed = True
+        self._tracked.refs -= 1
+        if self._tracked.refs <= 0 and self._tracked.on_end is not None:
+            self._tracked.on_end()  # nobody follows it any more: the follower may let it go
+
+    def _open(self) -> Tracked | None:
+        if self._closed:
+            raise RuntimeError("this TaskHandle is closed; attach() again to follow the task")
+        return self._tracked
+
+    def _require(self) -> Tracked:
+        if self._tracked is None:
+            raise RuntimeError("this tool answered at once: there is no task to update or cancel")
+        return self._tracked
+
+    async def __aenter__(self) -> TaskHandle:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        self.close()
