@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal, TypeVar, overload
 
 from celery import Celery
@@ -23,10 +24,19 @@ from celery_mcp_tasks.janitor import MetricHook, SweepReport, sweep
 from celery_mcp_tasks.mcp.extension import TasksExtension
 from celery_mcp_tasks.mcp.security import transport_security
 from celery_mcp_tasks.mcp.server import TasksServer
-from celery_mcp_tasks.mcp.serving import attach_listen, listen_bus, push_hub, request_state_sealed, with_push
+from celery_mcp_tasks.mcp.serving import (
+    attach_listen,
+    listen_bus,
+    push_hub,
+    request_state_sealed,
+    with_push,
+    with_serving_contexts,
+)
 from celery_mcp_tasks.mcp.toolspec import Prepare, TaskMode, TaskTool
 from celery_mcp_tasks.notify.base import Notifier
 from celery_mcp_tasks.notify.push import BrokerAccess, Push
+from celery_mcp_tasks.observe import Observers
+from celery_mcp_tasks.ops.wiring import install_operations
 from celery_mcp_tasks.preflight import preflight
 from celery_mcp_tasks.service import DEFAULT, TaskService, _Default
 from celery_mcp_tasks.store.sql import SqlStore
@@ -163,6 +173,10 @@ class McpTasks:
         self._service: TaskService | None = None
         self._service_pid: int | None = None
         self._app: Any = None
+        self.observers = Observers()  # metrics and traces (ops/) add theirs before the first service is built
+        self.sweep_hooks: list[MetricHook] = []  # told of every sweep's counts, after the user's `metric`
+        self.serving_contexts: list[Callable[[], AbstractAsyncContextManager[Any]]] = []
+        """Entered for the served app's whole life (inside its lifespan): e.g. the janitor watch."""
         self.extension = TasksExtension(
             self.tools,
             self.service,
@@ -180,6 +194,7 @@ class McpTasks:
         bridge.install()
         install_startup(self.celery, self.preflight, self._startup_lines)
         install_janitor(self.celery, self.sweep, self.settings.janitor_interval_s)
+        install_operations(self)
 
     # -- per-process state ---------------------------------------------------------------
 
@@ -207,6 +222,7 @@ class McpTasks:
                     max_rows=self.settings.max_rows,
                     default_ttl_ms=self.settings.default_ttl_ms,
                     default_poll_interval_ms=self.settings.poll_interval_ms,
+                    observer=self.observers,
                 )
                 self._service_pid = pid
         return self._service
@@ -216,7 +232,8 @@ class McpTasks:
         return TaskContext(self.service(), key, record=self.service().record(key))
 
     def sweep(self) -> SweepReport:
-        return sweep(self.service(), self.settings, metric=self.metric, max_sends=self._max_sends)
+        hooks = [hook for hook in (self.metric, *self.sweep_hooks) if hook is not None]
+        return sweep(self.service(), self.settings, metric=_all_of(hooks), max_sends=self._max_sends)
 
     def _max_sends(self, tool: str) -> int | None:
         spec = self.tools.get(tool)
@@ -330,7 +347,7 @@ class McpTasks:
         """The Starlette app serving the MCP endpoint (uvicorn runs it); its lifespan runs the push listener."""
         security = transport_security(host, self.settings.allowed_hosts)
         app = self.server.streamable_http_app(streamable_http_path=path, host=host, transport_security=security)
-        self._app = with_push(app, self.push, self.listen, self.service)
+        self._app = with_serving_contexts(with_push(app, self.push, self.listen, self.service), self.serving_contexts)
         return self._app
 
     def lifespan(self, _parent: Any = None) -> Any:
@@ -346,6 +363,21 @@ class McpTasks:
         if self._app is None:
             raise RuntimeError("call tasks.asgi_app() before using tasks.lifespan")
         return self._app.router.lifespan_context(self._app)
+
+
+def _all_of(hooks: list[MetricHook]) -> MetricHook | None:
+    """One hook that tells each of `hooks` in turn (the sweep contains whatever one raises)."""
+    if not hooks:
+        return None
+
+    def every(name: str, counts: dict[str, int]) -> None:
+        for hook in hooks:
+            try:
+                hook(name, counts)
+            except Exception:
+                logger.exception("a janitor metric hook raised")
+
+    return every
 
 
 async def healthz(_request: Request) -> JSONResponse:

@@ -21,6 +21,13 @@ from sqlalchemy.engine import make_url
 __all__ = ["ConfigError", "Settings", "redact_url"]
 
 _NOTIFY_MODES = ("auto", "postgres", "broker", "poll", "off")
+_JANITOR_MODES = ("beat", "worker")
+_LOG_FORMATS = ("text", "json")
+_TRACING_MODES = ("off", "otlp", "console")
+MIN_SECRET_BYTES = 32
+DEFAULT_WORKER_METRICS_PORT = 9808
+DEFAULT_INPUT_TIMEOUT_S = 86_400.0
+"""An `input_required` task nobody answers fails after a day (MCP_TASKS_INPUT_TIMEOUT_S), so it frees its row."""
 EMBEDDED_STALE_TIMEOUT_S = 15.0
 EMBEDDED_JANITOR_INTERVAL_S = 5.0
 """Defaults on the embedded default (no store or broker URL): a laptop recovers lost work in seconds."""
@@ -61,6 +68,22 @@ def _float(env: Mapping[str, str], name: str, default: float, *, allow_off: bool
     if value <= 0:
         raise ConfigError(f"{name}: must be > 0{' (or off)' if allow_off else ''}, got {raw!r}")
     return value
+
+
+def _switch(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = (env.get(name) or "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("1", "on", "true", "yes"):
+        return True
+    if raw in ("0", "off", "false", "no"):
+        return False
+    raise ConfigError(f"{name}: expected on or off, got {env.get(name)!r}")
+
+
+def _one_of(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{name}: expected one of {', '.join(choices)}, got {value!r}")
 
 
 def redact_url(url: str) -> str:
@@ -108,8 +131,28 @@ class Settings:
     notify: str = "auto"
     queue: str | None = None
     allowed_hosts: tuple[str, ...] = ()
+    metrics: bool = True
+    worker_metrics_port: int | None = DEFAULT_WORKER_METRICS_PORT
+    tracing: str = "off"
+    janitor: str = "beat"
+    input_timeout_s: float | None = DEFAULT_INPUT_TIMEOUT_S
+    log_format: str = "text"
+    request_state_secrets: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        _one_of("MCP_TASKS_JANITOR", self.janitor, _JANITOR_MODES)
+        _one_of("MCP_TASKS_LOG_FORMAT", self.log_format, _LOG_FORMATS)
+        _one_of("MCP_TASKS_TRACING", self.tracing, _TRACING_MODES)
+        for secret in self.request_state_secrets:
+            if len(secret.encode()) < MIN_SECRET_BYTES:
+                raise ConfigError(
+                    f"MCP_TASKS_REQUEST_STATE_SECRET: each secret must be at least {MIN_SECRET_BYTES} bytes "
+                    f"(got one of {len(secret.encode())}); generate one with `openssl rand -base64 48`"
+                )
+        if self.worker_metrics_port is not None and not 0 < self.worker_metrics_port < 65536:
+            raise ConfigError(
+                f"MCP_TASKS_WORKER_METRICS_PORT: expected a TCP port or off, got {self.worker_metrics_port}"
+            )
         if self.notify not in _NOTIFY_MODES:
             raise ConfigError(f"MCP_TASKS_NOTIFY: expected one of {', '.join(_NOTIFY_MODES)}, got {self.notify!r}")
         if self.broker_url is not None and "://" not in self.broker_url:
@@ -149,6 +192,18 @@ class Settings:
             "queue": env.get("MCP_TASKS_QUEUE") or None,
             "allowed_hosts": tuple(
                 h.strip() for h in (env.get("MCP_TASKS_ALLOWED_HOSTS") or "").split(",") if h.strip()
+            ),
+            "metrics": _switch(env, "MCP_TASKS_METRICS", True),
+            "worker_metrics_port": _int(
+                env, "MCP_TASKS_WORKER_METRICS_PORT", DEFAULT_WORKER_METRICS_PORT, allow_none=True
+            ),
+            "tracing": (env.get("MCP_TASKS_TRACING") or "off").strip().lower(),
+            "janitor": (env.get("MCP_TASKS_JANITOR") or "beat").strip().lower(),
+            "input_timeout_s": _float(env, "MCP_TASKS_INPUT_TIMEOUT_S", DEFAULT_INPUT_TIMEOUT_S, allow_off=True),
+            "log_format": (env.get("MCP_TASKS_LOG_FORMAT") or "text").strip().lower(),
+            # A rotation ring: the first secret seals, every one unseals (comma-separated).
+            "request_state_secrets": tuple(
+                s.strip() for s in (env.get("MCP_TASKS_REQUEST_STATE_SECRET") or "").split(",") if s.strip()
             ),
         }
         values.update(overrides)

@@ -173,6 +173,7 @@ class TaskRecord:
     started_at: int | None = None  # when a copy of the job claimed the current run (None: not yet)
     progress: float | None = None  # the job's last reported `current` (kept until the next report)
     progress_total: float | None = None  # the job's last reported `total` (None: unknown)
+    trace_context: str | None = None  # W3C `traceparent` of the call that created the task (tracing on)
 
     @property
     def terminal(self) -> bool:

@@ -29,6 +29,7 @@ from celery_mcp_tasks.model import (
     task_key,
 )
 from celery_mcp_tasks.notify.base import Notifier, safe_notify
+from celery_mcp_tasks.observe import Observer, safe_observe
 from celery_mcp_tasks.store.base import ANY, Store, TaskNotFound
 
 __all__ = [
@@ -42,6 +43,10 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+
+ENQUEUE_FAILED: Final = "Could not enqueue the job"
+"""The error message of a task whose job could not be sent (an observer counts these)."""
 
 
 class Dispatcher(Protocol):
@@ -92,6 +97,7 @@ class TaskService:
     default_ttl_ms: int | None = 3_600_000
     default_poll_interval_ms: int | None = 1_000
     clock: Callable[[], int] = now_ms
+    observer: Observer | None = None
 
     # -- request side (raw id, owner-scoped) ----------------------------------------
 
@@ -137,6 +143,7 @@ class TaskService:
         if will_send:  # the first dispatch is part of the insert: one write, then the send
             record = replace(record, dispatches=1, heartbeat_at=at)
         self.store.create(record, max_rows=self.max_rows)
+        safe_observe(self.observer, None, record)
         safe_notify(self.notifier, record)
         if will_send:
             record = self._send(record)
@@ -182,7 +189,7 @@ class TaskService:
             changed = True
             return nxt
 
-        record = self.store.update(key, owner, transition)
+        record = self._update(key, owner, transition)
         if changed:
             safe_notify(self.notifier, record)
         if resumed and dispatch:
@@ -207,7 +214,7 @@ class TaskService:
                 return record
             return record.cancelled(self.clock(), message) if message else record.cancelled(self.clock())
 
-        record = self.store.update(key, owner, transition)
+        record = self._update(key, owner, transition)
         if changed:
             safe_notify(self.notifier, record)
             self._revoke(record)
@@ -288,7 +295,7 @@ class TaskService:
             said = nxt.status_message != record.status_message
             return nxt
 
-        record = self.store.update(key, ANY, transition)
+        record = self._update(key, ANY, transition)
         if said:
             safe_notify(self.notifier, record)
         return record
@@ -332,6 +339,21 @@ class TaskService:
             self._send(record)
         return outcome
 
+    def _update(self, key: str, owner: Any, transition: Callable[[TaskRecord], TaskRecord]) -> TaskRecord:
+        """`store.update`, then the observer hears (before, after) when the row really changed."""
+        if self.observer is None:
+            return self.store.update(key, owner, transition)
+        seen: list[TaskRecord] = []
+
+        def remembered(record: TaskRecord) -> TaskRecord:
+            seen.append(record)
+            return transition(record)
+
+        record = self.store.update(key, owner, remembered)
+        if seen and record.version != seen[-1].version:
+            safe_observe(self.observer, seen[-1], record)
+        return record
+
     def _write(self, key: str, transition: Callable[[TaskRecord], TaskRecord]) -> TaskRecord:
         """Apply `transition` atomically; tell the notifier only when the row really changed."""
         seen: list[int] = []
@@ -340,7 +362,7 @@ class TaskService:
             seen.append(record.version)
             return transition(record)
 
-        record = self.store.update(key, ANY, tracked)
+        record = self._update(key, ANY, tracked)
         if not seen or record.version != seen[-1]:
             safe_notify(self.notifier, record)
         return record
@@ -354,7 +376,7 @@ class TaskService:
         except Exception as exc:  # noqa: BLE001 - broker down, serialization, routing: the task must still end readable
             logger.error("could not send the job for tool %r: %s", record.tool, type(exc).__name__)
             try:
-                return self.fail(record.key, failure("Could not enqueue the job", type(exc).__name__))
+                return self.fail(record.key, failure(ENQUEUE_FAILED, type(exc).__name__))
             except TerminalTask:
                 return self.store.get(record.key, ANY) or record
         return record

@@ -12,8 +12,8 @@ stream then sends its listen result and closes, letting the server exit at once.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import Any
 
 from mcp.server.mcpserver import MCPServer
@@ -27,7 +27,14 @@ from celery_mcp_tasks.notify.hub import Hub
 from celery_mcp_tasks.notify.push import Push
 from celery_mcp_tasks.service import TaskService
 
-__all__ = ["attach_listen", "listen_bus", "push_hub", "request_state_sealed", "with_push"]
+__all__ = [
+    "attach_listen",
+    "listen_bus",
+    "push_hub",
+    "request_state_sealed",
+    "with_push",
+    "with_serving_contexts",
+]
 
 logger = logging.getLogger("celery_mcp_tasks.mcp")
 
@@ -54,6 +61,23 @@ def with_push(app: Any, push: Push, listen: TaskListenHandler | None, service: C
                     restore()
                     if listen is not None:
                         listen.close()
+
+        return lifespan
+
+    wrap_lifespan(app, wrap)
+    return app
+
+
+def with_serving_contexts(app: Any, contexts: Sequence[Callable[[], AbstractAsyncContextManager[Any]]]) -> Any:
+    """Wrap a Starlette app's lifespan so each of `contexts` (read when it starts) lives as long as the app."""
+
+    def wrap(inner: Lifespan) -> Lifespan:
+        @asynccontextmanager
+        async def lifespan(asgi_app: Any) -> AsyncIterator[Any]:
+            async with inner(asgi_app) as state, AsyncExitStack() as stack:
+                for context in contexts:
+                    await stack.enter_async_context(context())
+                yield state
 
         return lifespan
 

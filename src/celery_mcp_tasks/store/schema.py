@@ -54,7 +54,28 @@ tasks = sa.Table(
     # when known, how much there is. NULL: never reported.
     sa.Column("progress", sa.Float, nullable=True),
     sa.Column("progress_total", sa.Float, nullable=True),
+    # The W3C `traceparent` of the call that created the task (migration 0005): every
+    # later run (a retry, a re-send, the run after an answer) joins the task's one trace.
+    sa.Column("trace_context", sa.String(512), nullable=True),
     sa.Index(None, "expires_at"),
     sa.Index(None, "status", "heartbeat_at"),
     sa.Index(None, "status", "updated_at"),
+)
+
+sweeps = sa.Table(
+    f"{TABLE_PREFIX}sweep",
+    metadata,
+    # One row per sweeping duty ("janitor"): the last sweep's time and counts, so
+    # `/readyz`, the metrics and `doctor` can tell a janitor that stopped; and the
+    # claim that lets many in-worker janitors sweep once per interval between them.
+    sa.Column("name", sa.String(32), primary_key=True),
+    sa.Column("claimed_at", sa.BigInteger, nullable=True),
+    sa.Column("claimed_by", sa.String(128), nullable=True),
+    sa.Column("swept_at", sa.BigInteger, nullable=True),
+    sa.Column("duration_ms", sa.BigInteger, nullable=True),
+    sa.Column("sweeps", sa.BigInteger, nullable=False, server_default="0"),
+    # The last sweep's report ({"removed": n, "resent": n, ...}) and the tasks in
+    # each status it counted ({"working": n, ...}).
+    sa.Column("report", sa.JSON, nullable=True),
+    sa.Column("statuses", sa.JSON, nullable=True),
 )

@@ -1,0 +1,43 @@
+"""The Observer seam: told of every committed change as (before, after), for metrics and traces.
+
+A notifier hears *that* a task changed, to wake listeners; an observer hears
+*what* changed (the row before and after one write), so it can count a
+creation, time a run, or close a span without another read. It runs in the
+process that wrote (a web request, a worker, the janitor) and must not fail
+it: `safe_observe` logs and swallows whatever an observer raises. Pure: no I/O
+here, and nothing of the wire, Celery or the SDK.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+from celery_mcp_tasks.model import TaskRecord
+
+__all__ = ["Observer", "Observers", "safe_observe"]
+
+logger = logging.getLogger(__name__)
+
+
+class Observer(Protocol):
+    def task_changed(self, before: TaskRecord | None, after: TaskRecord) -> None:
+        """`after` was committed; `before` is the row it replaced (None: `after` was just created)."""
+        ...
+
+
+def safe_observe(observer: Observer | None, before: TaskRecord | None, after: TaskRecord) -> None:
+    if observer is None:
+        return
+    try:
+        observer.task_changed(before, after)
+    except Exception:  # the seam's contract: observing never fails the write's caller
+        logger.exception("task observer raised; the change is stored")
+
+
+class Observers(list[Observer]):
+    """Every observer the composition root installed, heard in order; one that raises never stops the rest."""
+
+    def task_changed(self, before: TaskRecord | None, after: TaskRecord) -> None:
+        for observer in self:
+            safe_observe(observer, before, after)
