@@ -172,15 +172,15 @@ def test_two_janitors_at_once_act_on_each_task_once(store_url: str) -> None:
 
 
 def test_counts_go_to_the_log_and_the_metric_hook_never_ids(store: SqlStore, caplog: pytest.LogCaptureFixture) -> None:
-    add(store, "expired", age_ms=2 * MINUTE, ttl_ms=MINUTE)
+    add(store, "key-past-its-ttl", age_ms=2 * MINUTE, ttl_ms=MINUTE)
     seen: list[tuple[str, dict[str, int]]] = []
     with caplog.at_level(logging.INFO, logger="celery_mcp_tasks.janitor"):
         sweep(service(store), SETTINGS, metric=lambda name, counts: seen.append((name, counts)))
-    assert seen == [(METRIC, {"removed": 1, "resent": 0, "failed": 0})]
+    assert seen == [(METRIC, {"removed": 1, "resent": 0, "failed": 0, "expired_inputs": 0})]
     (line,) = [r for r in caplog.records if r.name == "celery_mcp_tasks.janitor"]
-    assert line.getMessage() == "janitor sweep: removed=1 resent=0 failed=0"
+    assert line.getMessage() == "janitor sweep: removed=1 resent=0 failed=0 expired_inputs=0"
     assert line.event == METRIC and line.removed == 1  # type: ignore[attr-defined]
-    assert "expired" not in caplog.text
+    assert "key-past-its-ttl" not in caplog.text
 
 
 def test_an_idle_sweep_is_quiet_and_a_broken_metric_hook_is_contained(

@@ -193,6 +193,10 @@ class TaskRecord:
             self.heartbeat_at is None or self.heartbeat_at < heartbeat_before_ms
         )
 
+    def unanswered(self, changed_before_ms: int) -> bool:
+        """`input_required` and unchanged since the bound (no answer, not even a partial one)."""
+        return self.status is TaskStatus.INPUT_REQUIRED and self.updated_at < changed_before_ms
+
     # -- transitions -------------------------------------------------------------
     # Each returns the next record (version bumped) or raises. The store writes the
     # result only if the row still has `self.version`.

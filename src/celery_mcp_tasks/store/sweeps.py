@@ -1,0 +1,166 @@
+"""The sweep ledger: when each sweeping duty last ran, what it did, and who may run it next.
+
+A janitor that stops must be visible: every sweep records itself here (time,
+duration, counts, the tasks in each status), so `/readyz`, the metrics and
+`doctor` read its age from the store instead of trusting that a `celery beat`
+is somewhere. The same row is the claim that lets many in-worker janitors
+sweep once per interval between them: `claim` is one atomic upsert whose
+`WHERE` admits a claimant only when the last claim is an interval old, so of
+N workers asking at once exactly one wins (PostgreSQL re-checks the condition
+on the row it waited for; SQLite's `BEGIN IMMEDIATE` serializes the writers).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Engine, RowMapping
+
+from celery_mcp_tasks.model import TaskStatus
+from celery_mcp_tasks.store.engine import READ_ONLY
+from celery_mcp_tasks.store.schema import sweeps, tasks
+from celery_mcp_tasks.store.sql import SqlStore, _reconnecting, _reported
+
+__all__ = ["JANITOR", "SweepLedger", "SweepRecord", "count_by_status", "ledger_for", "unanswered"]
+
+JANITOR = "janitor"
+"""The janitor's row in the ledger."""
+
+
+@dataclass(frozen=True)
+class SweepRecord:
+    """One duty's row: the last recorded sweep (None before the first) and the current claim."""
+
+    name: str
+    swept_at: int | None
+    duration_ms: int | None
+    sweeps: int
+    report: dict[str, int]
+    statuses: dict[str, int]
+    claimed_at: int | None
+    claimed_by: str | None
+
+
+def _from_row(row: RowMapping) -> SweepRecord:
+    return SweepRecord(
+        name=row["name"],
+        swept_at=row["swept_at"],
+        duration_ms=row["duration_ms"],
+        sweeps=int(row["sweeps"] or 0),
+        report=dict(row["report"] or {}),
+        statuses=dict(row["statuses"] or {}),
+        claimed_at=row["claimed_at"],
+        claimed_by=row["claimed_by"],
+    )
+
+
+def _upsert(engine: Engine, values: dict[str, Any]) -> Any:
+    """`INSERT ... ON CONFLICT (name)` in the engine's dialect (both speak it, spelled alike)."""
+    if engine.dialect.name == "postgresql":
+        return postgresql.insert(sweeps).values(**values)
+    if engine.dialect.name == "sqlite":
+        return sqlite.insert(sweeps).values(**values)
+    raise NotImplementedError(f"the sweep ledger supports PostgreSQL and SQLite, not {engine.dialect.name}")
+
+
+class SweepLedger:
+    """The `sweeps` table on the store's engine. Thread-safe; every call is one short transaction.
+
+    Failures leave as `StoreUnavailable` (operation "last", "claim" or "record"), as the store's do.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    @_reported
+    @_reconnecting
+    def last(self, name: str = JANITOR) -> SweepRecord | None:
+        with self.engine.connect().execution_options(**{READ_ONLY: True}) as conn:
+            row = conn.execute(sa.select(sweeps).where(sweeps.c.name == name)).mappings().first()
+            conn.rollback()
+        return None if row is None else _from_row(row)
+
+    @_reported
+    @_reconnecting
+    def claim(self, name: str, *, now_ms: int, interval_ms: int, by: str) -> bool:
+        """Take the duty for this interval: True for exactly one of any number of claimants at once.
+
+        Inserts the row when there is none; otherwise moves the claim only when the
+        last one is at least `interval_ms` old. A claimant whose sweep then fails
+        simply holds the interval; the next interval is anyone's again. A retry after
+        a lost connection may answer False for a claim that landed: one missed
+        interval, never two sweeps.
+        """
+        stmt = _upsert(self.engine, {"name": name, "claimed_at": now_ms, "claimed_by": by[:128], "sweeps": 0})
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[sweeps.c.name],
+            set_={"claimed_at": stmt.excluded.claimed_at, "claimed_by": stmt.excluded.claimed_by},
+            where=sa.or_(sweeps.c.claimed_at.is_(None), sweeps.c.claimed_at <= now_ms - interval_ms),
+        ).returning(sweeps.c.name)
+        with self.engine.begin() as conn:  # RETURNING, not rowcount: psycopg reports -1 for an upsert
+            return conn.execute(stmt).first() is not None
+
+    @_reported
+    @_reconnecting
+    def record(
+        self, name: str, *, at_ms: int, duration_ms: int, report: dict[str, int], statuses: dict[str, int]
+    ) -> None:
+        """A sweep that ran at `at_ms` for `duration_ms`: the row now shows it, and `sweeps` counts it."""
+        values = {
+            "swept_at": at_ms,
+            "duration_ms": duration_ms,
+            "report": dict(report),
+            "statuses": dict(statuses),
+        }
+        stmt = _upsert(self.engine, {"name": name, "sweeps": 1, **values})
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[sweeps.c.name],
+            set_={**{key: stmt.excluded[key] for key in values}, "sweeps": sweeps.c.sweeps + 1},
+        )
+        with self.engine.begin() as conn:
+            conn.execute(stmt)
+
+
+_LEDGERS: weakref.WeakKeyDictionary[SqlStore, SweepLedger] = weakref.WeakKeyDictionary()
+
+
+def ledger_for(store: SqlStore) -> SweepLedger:
+    """The ledger on `store`'s engine, one per store (a store rebuilt after a fork gets its own)."""
+    ledger = _LEDGERS.get(store)
+    if ledger is None or ledger.engine is not store.engine:
+        ledger = _LEDGERS[store] = SweepLedger(store.engine)
+    return ledger
+
+
+@_reported
+@_reconnecting
+def count_by_status(engine: Engine) -> dict[str, int]:
+    """Tasks in each status right now, every status named (0 when none): one `GROUP BY` on the status."""
+    counts = {status.value: 0 for status in TaskStatus}
+    query = sa.select(tasks.c.status, sa.func.count()).group_by(tasks.c.status)
+    with engine.connect().execution_options(**{READ_ONLY: True}) as conn:
+        for status, count in conn.execute(query).all():
+            counts[str(status)] = int(count)
+        conn.rollback()
+    return counts
+
+
+@_reported
+@_reconnecting
+def unanswered(engine: Engine, *, changed_before_ms: int, limit: int) -> list[str]:
+    """Row keys of `input_required` tasks unchanged since the bound, for the input timeout (walks
+    the (status, updated_at) index). Only keys: the janitor decides each inside a compare-and-swap."""
+    query = (
+        sa.select(tasks.c.key)
+        .where(tasks.c.status == TaskStatus.INPUT_REQUIRED.value)
+        .where(tasks.c.updated_at < changed_before_ms)
+        .limit(limit)
+    )
+    with engine.connect().execution_options(**{READ_ONLY: True}) as conn:
+        keys = list(conn.execute(query).scalars())
+        conn.rollback()
+    return keys
