@@ -1,10 +1,11 @@
-"""`celery-mcp-tasks`: dev | serve | stdio | db | call.
+"""`celery-mcp-tasks`: dev | serve | stdio | db | call | doctor.
 
     celery-mcp-tasks dev APP [--call TOOL ARGS]   web + worker + beat on the embedded default
     celery-mcp-tasks serve APP [--host --port]    the web process (uvicorn), MCP at /mcp
     celery-mcp-tasks stdio APP [--[no-]worker]    the same app over stdin/stdout (desktop and IDE clients)
     celery-mcp-tasks db upgrade|check|current     migrate the store (MCP_TASKS_DATABASE_URL)
     celery-mcp-tasks call URL TOOL ARGS           call a tool as a task and follow it to the end
+    celery-mcp-tasks doctor APP [--json]          check the deployment: OK / WARN / FAIL and the fix for each
 
 APP is a module path such as `examples.quickstart.app` holding one `McpTasks`.
 """
@@ -71,11 +72,14 @@ def _serve(app_path: str, host: str, port: int, migrate: bool, log_level: str) -
         tasks.preflight("serve", need_schema=False)
         upgrade(tasks.settings.store_url)
     tasks.preflight("serve")  # once per start: never an "Internal server error" at the first call
+    from celery_mcp_tasks.ops.logs import uvicorn_log_config
+
     uvicorn.run(
         tasks.asgi_app(host=host),
         host=host,
         port=port,
         log_level=log_level,
+        log_config=uvicorn_log_config(tasks.settings),  # json: uvicorn's lines go through the JSON root handler
         timeout_graceful_shutdown=5,
     )
 
@@ -258,7 +262,33 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="bearer token sent as `Authorization: Bearer ...` (default: $MCP_TASKS_TOKEN); never printed",
     )
+
+    doctor = sub.add_parser(
+        "doctor",
+        help="check a deployment: configuration, database, broker, workers, janitor, push, clock",
+        description="Check APP's deployment with its own settings (run it with the environment the web process "
+        "and the workers have): the configuration, the database and its schema, the broker, a worker consuming "
+        "each task tool's queue with the tools registered, the janitor's last sweep, push delivering a hint end "
+        "to end, and this host's clock against the database's. One row per check: OK, WARN or FAIL with the fix "
+        "(SKIP when a check it needs failed).",
+        epilog="exit status: 0 no check failed (warnings allowed); 1 at least one FAIL.",
+    )
+    doctor.add_argument("app")
+    doctor.add_argument("--json", dest="json_output", action="store_true", help="print the checks as one JSON document")
+    doctor.add_argument(
+        "--timeout",
+        type=float,
+        default=3.0,
+        metavar="SECONDS",
+        help="how long to wait for worker replies and for the push hint (default 3)",
+    )
     return parser
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from celery_mcp_tasks.ops.doctor import doctor
+
+    return doctor(args.app, json_output=args.json_output, timeout_s=args.timeout)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -273,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
             return _stdio(args)
         if args.command == "db":
             return _db(args)
+        if args.command == "doctor":
+            return _doctor(args)
         return call(args.url, args.tool, args.arguments, **_call_options(args))
     except ConfigError as exc:
         print(f"celery-mcp-tasks: configuration error: {exc}", file=sys.stderr)

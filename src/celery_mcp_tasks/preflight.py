@@ -11,11 +11,13 @@ worker's main process and beat, before anything is written to the store:
   process and a worker that meet over Redis would each see their own tasks.
 
 Every failure is a `ConfigError` whose message starts with the setting to
-change; URLs in it have their password replaced by `***`.
+change; URLs in it have their password replaced by `***`. `/readyz` and `doctor`
+reuse the probes and the revision check (`revision_problem`).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 
@@ -24,14 +26,28 @@ from sqlalchemy.engine import make_url
 
 from celery_mcp_tasks.config import ConfigError, Settings, redact_url
 
-__all__ = ["CONNECT_TIMEOUT_S", "LOCAL_BROKERS", "preflight"]
+__all__ = [
+    "CONNECT_TIMEOUT_S",
+    "LOCAL_BROKERS",
+    "NOT_CREATED",
+    "UPGRADE",
+    "current_revisions",
+    "db_reason",
+    "missing_sqlite_file",
+    "preflight",
+    "probe_engine",
+    "revision_problem",
+    "script_heads",
+    "shared_store_problem",
+]
 
 CONNECT_TIMEOUT_S = 5
 """How long the start-up probe waits for the database before it says the store is unreachable."""
 LOCAL_BROKERS = ("filesystem://", "memory://")
 """Brokers that cannot cross a machine: the embedded SQLite store is the right partner for them."""
 _DATABASE = "MCP_TASKS_DATABASE_URL"
-_UPGRADE = "run `celery-mcp-tasks db upgrade`"
+UPGRADE = "run `celery-mcp-tasks db upgrade`"
+NOT_CREATED = f"the task store does not exist yet; {UPGRADE}"
 
 
 def preflight(settings: Settings, *, role: str, need_schema: bool = True, broker_url: str | None = None) -> None:
@@ -43,23 +59,27 @@ def preflight(settings: Settings, *, role: str, need_schema: bool = True, broker
     """
     schema = need_schema and role != "db"
     if role != "db":
-        _check_shared_store(settings, role, broker_url or settings.celery_broker_url)
+        problem = shared_store_problem(settings, role, broker_url or settings.celery_broker_url)
+        if problem is not None:
+            raise ConfigError(problem)
     url = settings.store_url
-    if schema and _missing_sqlite_file(url):  # said without creating the file
-        raise ConfigError(f"{_store(settings)}: the task store does not exist yet; {_UPGRADE}")
-    engine = _probe_engine(url)
+    if schema and missing_sqlite_file(url):  # said without creating the file
+        raise ConfigError(f"{_store(settings)}: {NOT_CREATED}")
+    engine = probe_engine(url)
     try:
         try:
             with engine.connect() as conn:
-                current = _current_revisions(conn) if schema else ()
+                current = current_revisions(conn) if schema else ()
         except sa.exc.DBAPIError as exc:
-            raise ConfigError(f"{_store(settings)}: cannot connect to the task store ({_reason(exc)})") from None
+            raise ConfigError(f"{_store(settings)}: cannot connect to the task store ({db_reason(exc)})") from None
         except OSError as exc:  # e.g. the SQLite file's directory cannot be created
             raise ConfigError(f"{_store(settings)}: cannot open the task store ({exc.strerror or exc})") from None
     finally:
         engine.dispose()
     if schema:
-        _check_revisions(settings, current)
+        problem = revision_problem(current)
+        if problem is not None:
+            raise ConfigError(f"{_store(settings)}: {problem}")
 
 
 def _store(settings: Settings) -> str:
@@ -69,17 +89,19 @@ def _store(settings: Settings) -> str:
     return f"{_DATABASE} (unset: the embedded store {settings.store_url})"
 
 
-def _check_shared_store(settings: Settings, role: str, broker_url: str) -> None:
+def shared_store_problem(settings: Settings, role: str, broker_url: str) -> str | None:
+    """Why a `role` process on `broker_url` would keep tasks no other process sees (None: it would not)."""
     if settings.database_url is not None or str(broker_url).startswith(LOCAL_BROKERS):
-        return
-    raise ConfigError(
+        return None
+    return (
         f"{_DATABASE}: unset, so this {role} keeps tasks in the embedded SQLite file {settings.store_url}, "
         f"which processes on the remote broker {redact_url(str(broker_url))} do not share; set {_DATABASE} "
         f"to the database every web process and worker uses (or an explicit sqlite:/// URL on one machine)"
     )
 
 
-def _missing_sqlite_file(url: str) -> bool:
+def missing_sqlite_file(url: str) -> bool:
+    """A SQLite store whose file does not exist (connecting would create it, empty)."""
     parsed = make_url(url)
     database = parsed.database or ""
     if parsed.get_backend_name() != "sqlite" or database in ("", ":memory:") or database.startswith("file:"):
@@ -87,21 +109,23 @@ def _missing_sqlite_file(url: str) -> bool:
     return not Path(database).exists()
 
 
-def _probe_engine(url: str) -> sa.Engine:
+def probe_engine(url: str, *, connect_timeout_s: int | None = None) -> sa.Engine:
+    """An engine for a check: no pool, and a PostgreSQL connect that gives up (default `CONNECT_TIMEOUT_S`)."""
     from celery_mcp_tasks.store.engine import create_store_engine
 
-    connect_args = {"connect_timeout": CONNECT_TIMEOUT_S} if make_url(url).get_backend_name() == "postgresql" else {}
+    timeout = CONNECT_TIMEOUT_S if connect_timeout_s is None else connect_timeout_s
+    connect_args = {"connect_timeout": timeout} if make_url(url).get_backend_name() == "postgresql" else {}
     return create_store_engine(url, poolclass=sa.pool.NullPool, connect_args=connect_args)
 
 
-def _reason(exc: sa.exc.DBAPIError) -> str:
+def db_reason(exc: sa.exc.DBAPIError) -> str:
     """The driver's own first line (e.g. "Connection refused"), without SQLAlchemy's statement dump."""
     lines = str(exc.orig or exc).strip().splitlines()
     text = lines[0].removeprefix("connection failed: ") if lines else type(exc.orig or exc).__name__
     return text[:300]
 
 
-def _current_revisions(conn: sa.Connection) -> tuple[str, ...]:
+def current_revisions(conn: sa.Connection) -> tuple[str, ...]:
     """The package's own version table, read as alembic writes it (without alembic's INFO chatter)."""
     from celery_mcp_tasks.store.schema import VERSION_TABLE
 
@@ -110,8 +134,9 @@ def _current_revisions(conn: sa.Connection) -> tuple[str, ...]:
     return tuple(str(row[0]) for row in conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")))
 
 
-def _script_heads() -> tuple[set[str], set[str]]:
-    """(heads, every known revision) of the migrations shipped in the package."""
+@functools.cache
+def script_heads() -> tuple[frozenset[str], frozenset[str]]:
+    """(heads, every known revision) of the migrations shipped in the package (read once per process)."""
     alembic_logger = logging.getLogger("alembic")
     level = alembic_logger.level
     alembic_logger.setLevel(logging.WARNING)  # it logs its plugin set-up at INFO: not one line any more
@@ -121,24 +146,22 @@ def _script_heads() -> tuple[set[str], set[str]]:
         from celery_mcp_tasks.migrate import SCRIPT_LOCATION
 
         scripts = ScriptDirectory(SCRIPT_LOCATION)
-        return set(scripts.get_heads()), {revision.revision for revision in scripts.walk_revisions()}
+        return frozenset(scripts.get_heads()), frozenset(revision.revision for revision in scripts.walk_revisions())
     finally:
         alembic_logger.setLevel(level)
 
 
-def _check_revisions(settings: Settings, current: tuple[str, ...]) -> None:
-    heads, known = _script_heads()
+def revision_problem(current: tuple[str, ...]) -> str | None:
+    """What is wrong with a store at `current` revisions, ending with the fix (None: it is at head)."""
+    heads, known = script_heads()
     if set(current) == heads:
-        return
+        return None
     if not current:
-        raise ConfigError(f"{_store(settings)}: the task store is not migrated; {_UPGRADE}")
+        return f"the task store is not migrated; {UPGRADE}"
     unknown = sorted(set(current) - known)
     if unknown:
-        raise ConfigError(
-            f"{_store(settings)}: the task store is at revision {', '.join(unknown)}, which this release of "
+        return (
+            f"the task store is at revision {', '.join(unknown)}, which this release of "
             f"celery-mcp-tasks does not know (migrated by a newer one?); upgrade the package"
         )
-    raise ConfigError(
-        f"{_store(settings)}: the task store is at revision {', '.join(sorted(current))}, behind "
-        f"{', '.join(sorted(heads))}; {_UPGRADE}"
-    )
+    return f"the task store is at revision {', '.join(sorted(current))}, behind {', '.join(sorted(heads))}; {UPGRADE}"

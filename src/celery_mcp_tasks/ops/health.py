@@ -1,0 +1,153 @@
+"""`/healthz` (liveness) and `/readyz` (readiness) on the web process.
+
+`/healthz` answers from the event loop alone: the process is up. A probe that
+touched the database there would have an orchestrator restart every replica
+during a database outage, which no restart fixes.
+
+`/readyz` names each check (store, schema, broker, janitor) with a status and
+a short detail, and answers 503 when one of them fails. It must answer within
+2 s even when the database hangs, and a probe every few seconds must never
+pile up threads. So the checks run in a small pool of their own (one thread
+per check, off the event loop), a request waits for them until a deadline,
+and a check still running from an earlier request is waited on again, never
+started twice: a hung check costs one thread and reports "timed out".
+
+A stale janitor is a "warn", not a failure: readiness decides whether this
+replica gets traffic, and taking every replica out because beat stopped would
+turn a slow leak into an outage; `doctor` and the alert rules treat it as one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from celery_mcp_tasks.model import now_ms
+from celery_mcp_tasks.ops.probes import (
+    Finding,
+    ProbeEngine,
+    broker_probe,
+    janitor_probe,
+    schema_probe,
+    short_reason,
+    store_probe,
+)
+
+if TYPE_CHECKING:
+    from celery_mcp_tasks.app import McpTasks
+
+__all__ = ["DEADLINE_S", "CheckRunner", "healthz", "install", "readiness_checks"]
+
+logger = logging.getLogger("celery_mcp_tasks.ops.health")
+
+DEADLINE_S = 1.5
+"""How long `/readyz` waits for its checks: the answer comes well within 2 s whatever hangs."""
+
+Check = Callable[[], Finding]
+
+
+def install(tasks: McpTasks) -> None:
+    """Add `/healthz` and `/readyz` to the app's server (routes only: nothing connects until a probe)."""
+    runner = CheckRunner(readiness_checks(tasks))
+
+    async def readyz(_request: Request) -> JSONResponse:
+        return await readiness_response(runner)
+
+    tasks.server.custom_route("/healthz", methods=["GET"], include_in_schema=False)(healthz)
+    tasks.server.custom_route("/readyz", methods=["GET"], include_in_schema=False)(readyz)
+
+
+async def healthz(_request: Request) -> JSONResponse:
+    """Liveness: the process is up and its event loop answers (no store or broker round trip)."""
+    return JSONResponse({"status": "ok"})
+
+
+def readiness_checks(tasks: McpTasks) -> dict[str, Check]:
+    """The four checks, in the order the body lists them."""
+    probe = ProbeEngine(tasks.settings.store_url)
+    since = now_ms()  # a fresh deployment has three intervals for its first sweep
+    return {
+        "store": lambda: store_probe(probe),
+        "schema": lambda: schema_probe(probe),
+        "broker": lambda: broker_probe(tasks.celery),
+        "janitor": lambda: janitor_probe(probe, tasks.settings, since_ms=since),
+    }
+
+
+async def readiness_response(runner: CheckRunner) -> JSONResponse:
+    """200 when no check fails, 503 otherwise; a failure of the runner itself is a 503, never a 500."""
+    try:
+        findings = await runner.run()
+    except Exception as exc:  # noqa: BLE001 - readiness answers, whatever happened
+        logger.warning("readiness checks could not run (%s)", type(exc).__name__)
+        return JSONResponse({"status": "fail", "checks": {}, "detail": short_reason(exc)}, status_code=503)
+    failed = any(finding.status == "fail" for finding in findings.values())
+    body = {"status": "fail" if failed else "ok", "checks": {name: f.as_dict() for name, f in findings.items()}}
+    return JSONResponse(body, status_code=503 if failed else 200)
+
+
+def _contained(check: Check) -> Finding:
+    try:
+        return check()
+    except Exception as exc:  # noqa: BLE001 - a probe that raises is a failed check
+        return Finding("fail", short_reason(exc))
+
+
+class CheckRunner:
+    """Runs named checks in a dedicated pool with a deadline; at most one run of each check in flight.
+
+    Concurrent requests share a running check's result; a check that outlives
+    the deadline keeps its one thread and answers "timed out" until it returns.
+    The pool is made on first use, and anew in a forked child.
+    """
+
+    def __init__(self, checks: Mapping[str, Check], *, deadline_s: float = DEADLINE_S) -> None:
+        self.checks = dict(checks)
+        self.deadline_s = deadline_s
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._pid: int | None = None
+        self._running: dict[str, Future[Finding]] = {}
+
+    def _start(self, name: str) -> Future[Finding]:
+        with self._lock:
+            if self._pool is None or self._pid != os.getpid():
+                self._pool = ThreadPoolExecutor(max_workers=len(self.checks), thread_name_prefix="mcp-tasks-readyz")
+                self._pid = os.getpid()
+                self._running = {}
+            future = self._running.get(name)
+            if future is None or future.done():
+                future = self._running[name] = self._pool.submit(_contained, self.checks[name])
+            return future
+
+    @property
+    def in_flight(self) -> int:
+        """Checks running now (a hung one counts until it returns)."""
+        with self._lock:
+            return sum(not future.done() for future in self._running.values())
+
+    async def run(self) -> dict[str, Finding]:
+        """Every check's finding, or "timed out" for those still running at the deadline."""
+        started = time.monotonic()
+        futures = {name: self._start(name) for name in self.checks}
+        waiting = [asyncio.wrap_future(future) for future in futures.values() if not future.done()]
+        if waiting:
+            await asyncio.wait(waiting, timeout=max(self.deadline_s - (time.monotonic() - started), 0))
+        return {name: _finding(future, self.deadline_s) for name, future in futures.items()}
+
+
+def _finding(future: Future[Finding], deadline_s: float) -> Finding:
+    if not future.done():
+        return Finding("fail", f"timed out (no answer within {deadline_s:g}s)")
+    if future.cancelled():
+        return Finding("fail", "cancelled")
+    return future.result()

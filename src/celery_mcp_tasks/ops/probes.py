@@ -1,0 +1,199 @@
+"""The deployment's vital signs, each one bounded blocking call: what `/readyz` and `doctor` both ask.
+
+Every probe returns a `Finding` and never raises: a failure is an answer
+("fail" with the driver's first line), not a traceback. Each one gives up on
+its own within a few seconds (a connect timeout, a statement timeout), so a
+thread that runs it comes back even when the database or the broker hangs; the
+callers add their own, shorter deadline on top. Details carry no URL, no
+password and no task id: a host and port at most, as the drivers word them.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine, make_url
+
+from celery_mcp_tasks.config import Settings
+from celery_mcp_tasks.model import now_ms
+from celery_mcp_tasks.preflight import (
+    NOT_CREATED,
+    current_revisions,
+    db_reason,
+    missing_sqlite_file,
+    probe_engine,
+    revision_problem,
+    script_heads,
+)
+from celery_mcp_tasks.store.engine import READ_ONLY
+
+__all__ = [
+    "PROBE_TIMEOUT_S",
+    "Finding",
+    "ProbeEngine",
+    "Status",
+    "broker_probe",
+    "janitor_probe",
+    "schema_probe",
+    "short_reason",
+    "store_probe",
+]
+
+Status = Literal["ok", "warn", "fail", "skipped"]
+
+PROBE_TIMEOUT_S = 3
+"""How long one probe waits for the database or the broker before it gives up on its own."""
+
+_FILESYSTEM_FOLDERS = ("data_folder_in", "data_folder_out", "control_folder")
+
+
+@dataclass(frozen=True)
+class Finding:
+    status: Status
+    detail: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"status": self.status, "detail": self.detail}
+
+
+def short_reason(exc: BaseException) -> str:
+    """One line about a failure: the driver's own first line, or the exception's type."""
+    if isinstance(exc, sa.exc.DBAPIError):
+        return db_reason(exc)
+    lines = str(exc).strip().splitlines()
+    return (lines[0] if lines else type(exc).__name__)[:300]
+
+
+def _elapsed_ms(start: float) -> int:
+    return round((time.monotonic() - start) * 1000)
+
+
+class ProbeEngine:
+    """One pool-less engine per process for the probes: each probe is a fresh connection, which is what
+    a new request would need, and a hung one never holds a pooled connection others wait for."""
+
+    def __init__(self, url: str, *, connect_timeout_s: int = PROBE_TIMEOUT_S) -> None:
+        self.url = url
+        self._timeout = connect_timeout_s
+        self._engine: Engine | None = None
+        self._pid: int | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def engine(self) -> Engine:
+        with self._lock:  # checks run in parallel threads: one engine between them
+            if self._engine is None or self._pid != os.getpid():
+                self._engine = probe_engine(self.url, connect_timeout_s=self._timeout)
+                self._pid = os.getpid()
+            return self._engine
+
+    @property
+    def postgres(self) -> bool:
+        return make_url(self.url).get_backend_name() == "postgresql"
+
+    def read(self, work: Callable[[sa.Connection], Any]) -> Any:
+        """Run `work` in a read-only transaction that the server ends after `PROBE_TIMEOUT_S` (a lock wait too)."""
+        with self.engine.connect().execution_options(**{READ_ONLY: True}) as conn:
+            if self.postgres:  # SET LOCAL, not a startup option: PgBouncer refuses `options`
+                conn.execute(sa.text(f"SET LOCAL statement_timeout = {self._timeout * 1000}"))
+            try:
+                return work(conn)
+            finally:
+                conn.rollback()
+
+
+def store_probe(probe: ProbeEngine) -> Finding:
+    """The store answers a `SELECT 1` on a new connection."""
+    if missing_sqlite_file(probe.url):
+        return Finding("fail", NOT_CREATED)
+    start = time.monotonic()
+    try:
+        probe.read(lambda conn: conn.execute(sa.text("SELECT 1")).scalar())
+    except Exception as exc:  # noqa: BLE001 - any failure is the answer
+        return Finding("fail", f"cannot reach the task store: {short_reason(exc)}")
+    return Finding("ok", f"reachable ({_elapsed_ms(start)} ms)")
+
+
+def schema_probe(probe: ProbeEngine) -> Finding:
+    """The store's migrations are at the package's head (the same verdict as the start-up check)."""
+    if missing_sqlite_file(probe.url):
+        return Finding("fail", NOT_CREATED)
+    try:
+        current = probe.read(current_revisions)
+    except Exception as exc:  # noqa: BLE001
+        return Finding("fail", f"cannot read the schema revision: {short_reason(exc)}")
+    problem = revision_problem(current)
+    if problem is not None:
+        return Finding("fail", problem)
+    return Finding("ok", f"at head {', '.join(sorted(script_heads()[0]))}")
+
+
+def broker_probe(celery: Any, *, timeout_s: float = PROBE_TIMEOUT_S) -> Finding:
+    """The Celery broker accepts a connection (one attempt, no retries); the embedded one: its folders exist."""
+    url = str(celery.conf.broker_url)
+    scheme = url.split("://", 1)[0].lower()
+    if scheme == "filesystem":
+        options = dict(celery.conf.broker_transport_options or {})
+        missing = [name for name in _FILESYSTEM_FOLDERS if options.get(name) and not Path(options[name]).is_dir()]
+        if missing:
+            return Finding("fail", f"the embedded broker's folder {options[missing[0]]} is missing")
+        return Finding("ok", "embedded filesystem broker: folders present")
+    if scheme == "memory":
+        return Finding("ok", "in-memory broker (this process only)")
+    start = time.monotonic()
+    conn = celery.connection_for_write(
+        connect_timeout=timeout_s,
+        transport_options={"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s},
+    )
+    try:
+        conn.ensure_connection(max_retries=0)
+    except Exception as exc:  # noqa: BLE001
+        return Finding("fail", f"cannot reach the broker: {short_reason(exc)}")
+    finally:
+        conn.release()
+    return Finding("ok", f"{scheme} reachable ({_elapsed_ms(start)} ms)")
+
+
+def janitor_probe(probe: ProbeEngine, settings: Settings, *, since_ms: int | None = None) -> Finding:
+    """The janitor's last recorded sweep is recent: "warn" when it is stale (`janitor_stale`, the one definition).
+
+    Stale: no sweep for three intervals, or none ever recorded (`since_ms`: when the
+    caller started looking, so a fresh deployment has three intervals for its first
+    sweep). "skipped" when MCP_TASKS_JANITOR_INTERVAL_S=off: nothing is scheduled to sweep.
+    """
+    interval = settings.janitor_interval_s
+    if interval is None:
+        return Finding("skipped", "no scheduled sweeps (MCP_TASKS_JANITOR_INTERVAL_S=off)")
+    from celery_mcp_tasks.ops.janitor_watch import janitor_age, janitor_stale
+    from celery_mcp_tasks.store.sweeps import JANITOR, SweepLedger
+
+    if missing_sqlite_file(probe.url):
+        return Finding("fail", NOT_CREATED)
+    try:
+        record = SweepLedger(probe.engine).last(JANITOR)
+    except Exception as exc:  # noqa: BLE001
+        return Finding("fail", f"cannot read the sweep ledger: {short_reason(exc.__cause__ or exc)}")
+    at = now_ms()
+    age = janitor_age(record, at)
+    stale = janitor_stale(settings, record, at, since_ms=since_ms)
+    every = f"expected every {interval:g}s"
+    if age is None:
+        return Finding("warn" if stale else "ok", f"no sweep recorded yet ({every})")
+    if stale:
+        return Finding("warn", f"stale: last sweep {_ago(age)} ago, {every}")
+    return Finding("ok", f"last sweep {_ago(age)} ago ({every})")
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"

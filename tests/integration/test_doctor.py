@@ -1,0 +1,139 @@
+"""`celery-mcp-tasks doctor APP` against real deployments: all OK when healthy, then the matching FAIL
+and its fix as the worker, the broker and the schema are each broken for real.
+
+The deployment is `serve` + a real `celery worker -B` (so the janitor sweeps for real) on a
+PostgreSQL database and a `redis-server` of the test's own, which the test stops; the schema
+case is a database of its own migrated to 0004 only.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from celery_mcp_tasks.migrate import upgrade
+from tests.support import (
+    POSTGRES_URL,
+    ROOT,
+    Backend,
+    Deployment,
+    fresh_postgres_database,
+    own_redis_deployment,
+    process_env,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.postgres]
+
+APP = "examples.quickstart.app"
+INTERVAL = "2"
+
+
+def doctor(backend: Backend, *extra: str, **env: str) -> tuple[int, dict[str, Any], str]:
+    """Run the command as a user would, with the deployment's environment; (exit status, JSON, plain table)."""
+    argv = [sys.executable, "-m", "celery_mcp_tasks.cli", "doctor", APP, "--timeout", "2", *extra]
+    environment = process_env(backend, **env)
+    as_json = subprocess.run([*argv, "--json"], cwd=ROOT, env=environment, capture_output=True, text=True, timeout=90)
+    table = subprocess.run(argv, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=90)
+    assert as_json.returncode == table.returncode, table.stdout + table.stderr
+    assert not table.stderr.strip(), table.stderr
+    return as_json.returncode, json.loads(as_json.stdout), table.stdout
+
+
+def statuses(document: dict[str, Any]) -> dict[str, str]:
+    return {check["name"]: check["status"] for check in document["checks"]}
+
+
+def row(document: dict[str, Any], name: str) -> dict[str, str]:
+    return next(check for check in document["checks"] if check["name"] == name)
+
+
+def readyz(deployment: Deployment) -> tuple[int, dict[str, Any]]:
+    start = time.monotonic()
+    response = httpx.get(deployment.url.removesuffix("/mcp") + "/readyz", timeout=10)
+    assert time.monotonic() - start < 2
+    return response.status_code, response.json()
+
+
+def test_healthy_then_worker_stopped_then_broker_stopped(tmp_path: Path) -> None:
+    with own_redis_deployment(APP, tmp_path, MCP_TASKS_JANITOR_INTERVAL_S=INTERVAL) as (deployment, broker):
+        env = deployment.env(MCP_TASKS_JANITOR_INTERVAL_S=INTERVAL)
+        worker = deployment.worker(beat=True, env={"MCP_TASKS_JANITOR_INTERVAL_S": INTERVAL})
+        wait_until(
+            lambda: readyz(deployment)[1]["checks"]["janitor"]["detail"].startswith("last sweep"),
+            30,
+            "the janitor's first recorded sweep",
+            interval=0.5,
+        )
+
+        code, document, table = doctor(deployment.backend, **env)
+        assert code == 0, table
+        assert set(statuses(document).values()) == {"OK"}, table
+        assert document["status"] == "ok"
+        assert row(document, "workers")["detail"] == f"{deployment.queue!r}: 1 worker(s); every task tool registered"
+        assert row(document, "push")["detail"].startswith("postgres: a hint published and received in ")
+        assert table.splitlines()[0].split() == ["CHECK", "STATUS", "DETAIL"]
+        assert readyz(deployment)[0] == 200
+
+        worker.stop()
+        code, document, table = doctor(deployment.backend, **env)
+        assert code == 1
+        workers = row(document, "workers")
+        assert workers["status"] == "FAIL", table
+        assert workers["detail"] == "no worker answered within 2s"
+        assert workers["fix"] == f"start a worker with this app's settings: `celery -A {APP} worker`"
+        assert f"fix: start a worker with this app's settings: `celery -A {APP} worker`" in table
+        assert statuses(document)["broker"] == "OK"
+        assert readyz(deployment)[0] == 200, "readiness is the web process's: a missing worker does not fail it"
+
+        # The worker ran beat too: three intervals later the janitor is stale everywhere.
+        wait_until(
+            lambda: readyz(deployment)[1]["checks"]["janitor"]["status"] == "warn",
+            3 * int(INTERVAL) + 5,
+            "/readyz to call the janitor stale",
+            interval=0.5,
+        )
+        assert readyz(deployment)[0] == 200, "a stale janitor is a warning, not an unready replica"
+        code, document, table = doctor(deployment.backend, **env)
+        janitor = row(document, "janitor")
+        assert janitor["status"] == "FAIL" and janitor["detail"].startswith("stale: last sweep "), table
+        assert janitor["fix"] == (
+            f"run `celery -A {APP} beat`, or set MCP_TASKS_JANITOR=worker to sweep inside the workers"
+        )
+
+        broker.stop()
+        code, document, table = doctor(deployment.backend, **env)
+        assert code == 1
+        found = row(document, "broker")
+        assert found["status"] == "FAIL", table
+        assert found["detail"].startswith("cannot reach the broker: ")
+        assert found["fix"] == f"start the broker or fix CELERY_BROKER_URL (now {broker.url})"
+        assert row(document, "workers") == {"name": "workers", "status": "SKIP", "detail": "needs broker", "fix": ""}
+        assert statuses(document)["database"] == statuses(document)["schema"] == "OK"
+        status, body = readyz(deployment)
+        assert status == 503 and body["checks"]["broker"]["status"] == "fail"
+        assert body["checks"]["store"]["status"] == "ok"
+
+
+def test_a_schema_behind_head_is_a_schema_fail_naming_the_upgrade(tmp_path: Path) -> None:
+    if not POSTGRES_URL:
+        pytest.skip("set MCP_TASKS_TEST_POSTGRES_URL to run")
+    with fresh_postgres_database(POSTGRES_URL) as url:
+        upgrade(url, "0004")
+        backend = Backend("pg_behind", {"MCP_TASKS_DATABASE_URL": url, "MCP_TASKS_DATA_DIR": str(tmp_path)})
+        code, document, table = doctor(backend)
+    assert code == 1
+    schema = row(document, "schema")
+    assert schema["status"] == "FAIL", table
+    assert schema["detail"] == "the task store is at revision 0004, behind 0005; run `celery-mcp-tasks db upgrade`"
+    assert "celery-mcp-tasks db upgrade" in schema["fix"]
+    assert statuses(document)["database"] == "OK"
+    assert statuses(document)["janitor"] == "SKIP"
+    assert "fix: run `celery-mcp-tasks db upgrade`" in table

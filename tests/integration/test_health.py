@@ -1,0 +1,161 @@
+"""`/healthz` and `/readyz` from real `serve` processes, and a database that hangs under one.
+
+The hang is real TCP: the web process reaches PostgreSQL through a forwarder of
+the test's own that, on demand, accepts connections and passes no byte either way
+(what a stalled server, a dead NAT entry or a saturated proxy looks like). Each
+`/readyz` must still answer within 2 s, and a probe every few hundred ms must not
+leave a thread behind per probe.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import sqlalchemy as sa
+
+from celery_mcp_tasks.migrate import upgrade
+from tests.support import POSTGRES_URL, Backend, Deployment, fresh_postgres_database, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+class StallingForwarder:
+    """A TCP forwarder to `target`; `stall()` holds every byte (old and new connections) until `flow()`."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.flowing = threading.Event()
+        self.flowing.set()
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def stall(self) -> None:
+        self.flowing.clear()
+
+    def flow(self) -> None:
+        self.flowing.set()
+
+    def close(self) -> None:
+        self.flowing.set()
+        self.server.close()
+        for sock in self.sockets:
+            sock.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            self.sockets += [client, upstream]
+            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                while not self.flowing.wait(0.05):
+                    pass
+                sink.sendall(data)
+        except OSError:
+            return
+        finally:
+            for sock in (source, sink):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+@pytest.fixture
+def through_forwarder(tmp_path: Path) -> Iterator[tuple[Deployment, StallingForwarder]]:
+    if not POSTGRES_URL:
+        pytest.skip("set MCP_TASKS_TEST_POSTGRES_URL to run")
+    with fresh_postgres_database(POSTGRES_URL) as url:
+        upgrade(url)
+        parsed = sa.engine.make_url(url)
+        forwarder = StallingForwarder((parsed.host or "127.0.0.1", parsed.port or 5432))
+        proxied = parsed.set(port=forwarder.port).render_as_string(hide_password=False)
+        backend = Backend("pg_stalling", {"MCP_TASKS_DATABASE_URL": proxied, "MCP_TASKS_DATA_DIR": str(tmp_path)})
+        try:
+            with Deployment("examples.quickstart.app", backend, tmp_path) as deployment:
+                deployment.web(CELERY_BROKER_URL="filesystem://", MCP_TASKS_JANITOR_INTERVAL_S="off")
+                yield deployment, forwarder
+        finally:
+            forwarder.close()
+
+
+def threads_of(deployment: Deployment) -> int:
+    pid = deployment.procs[0].popen.pid
+    return len(list(Path(f"/proc/{pid}/task").iterdir()))
+
+
+def readyz(base: str) -> tuple[httpx.Response, float]:
+    start = time.monotonic()
+    response = httpx.get(f"{base}/readyz", timeout=10)
+    return response, time.monotonic() - start
+
+
+@pytest.mark.postgres
+def test_readyz_answers_within_two_seconds_while_the_database_hangs(
+    through_forwarder: tuple[Deployment, StallingForwarder],
+) -> None:
+    deployment, forwarder = through_forwarder
+    base = deployment.url.removesuffix("/mcp")
+    response, _ = readyz(base)
+    assert response.status_code == 200, response.text
+    assert response.json()["checks"]["janitor"]["status"] == "skipped"
+
+    forwarder.stall()
+    response, elapsed = readyz(base)
+    assert elapsed < 2, f"/readyz took {elapsed:.2f}s with the database hanging"
+    assert response.status_code == 503
+    checks = response.json()["checks"]
+    assert checks["store"] == {"status": "fail", "detail": "timed out (no answer within 1.5s)"}
+    assert checks["schema"]["status"] == "fail"
+    assert checks["broker"]["status"] == "ok", "the broker does not hang with the database"
+    threads = threads_of(deployment)
+    for _ in range(8):
+        response, elapsed = readyz(base)
+        assert response.status_code == 503 and elapsed < 2
+        started = time.monotonic()
+        assert httpx.get(f"{base}/healthz", timeout=5).status_code == 200, "liveness never waits for the store"
+        assert time.monotonic() - started < 0.5
+    assert threads_of(deployment) <= threads + 1, "a hung check must not pile up a thread per probe"
+
+    forwarder.flow()
+    wait_until(lambda: readyz(base)[0].status_code == 200, 20, "/readyz to recover with the database")
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_readyz_on_a_postgres_and_redis_deployment_names_each_check(tmp_path: Path) -> None:
+    from tests.support import REDIS_URL
+
+    if not (POSTGRES_URL and REDIS_URL):
+        pytest.skip("set MCP_TASKS_TEST_POSTGRES_URL and MCP_TASKS_TEST_REDIS_URL to run")
+    with fresh_postgres_database(POSTGRES_URL) as url:
+        backend = Backend("pg_redis", {"MCP_TASKS_DATABASE_URL": url, "CELERY_BROKER_URL": REDIS_URL})
+        with Deployment("examples.quickstart.app", backend, tmp_path) as deployment:
+            deployment.web()  # migrates the fresh database at start
+            response, elapsed = readyz(deployment.url.removesuffix("/mcp"))
+    assert response.status_code == 200 and elapsed < 2
+    body = response.json()
+    assert body["status"] == "ok"
+    assert {name: check["status"] for name, check in body["checks"].items()} == {
+        "store": "ok",
+        "schema": "ok",
+        "broker": "ok",
+        "janitor": "ok",
+    }
+    assert body["checks"]["broker"]["detail"].startswith("redis reachable (")
+    assert body["checks"]["janitor"]["detail"] == "no sweep recorded yet (expected every 60s)"

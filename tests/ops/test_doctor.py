@@ -1,0 +1,231 @@
+"""`doctor` in process: each check's row on a real store, broker and transport, the table, and the redaction.
+
+The command against real deployments (a worker, a broker and a schema each broken
+in turn): tests/integration/test_doctor.py.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import sys
+import textwrap
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from celery_mcp_tasks import McpTasks, Settings
+from celery_mcp_tasks.migrate import upgrade
+from celery_mcp_tasks.ops.doctor import Row, diagnose, doctor, render
+from celery_mcp_tasks.ops.doctor_checks import clock_check, push_check, tool_queues
+from celery_mcp_tasks.ops.probes import ProbeEngine
+from tests.conftest import needs_pg_redis, needs_postgres
+from tests.support import POSTGRES_URL, REDIS_URL, free_port, fresh_postgres_database
+
+APP = """
+from celery_mcp_tasks import McpTasks
+
+tasks = McpTasks("doctor-test")
+tasks.celery.conf.task_routes = {"*.report": {"queue": "reports"}}
+
+
+@tasks.mcp_task
+def summarize(text: str) -> str:
+    return text[:10]
+
+
+@tasks.mcp_task
+def report(topic: str) -> str:
+    return topic
+"""
+
+
+@pytest.fixture
+def app_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """An app module of this test's own (imported fresh), on the embedded default under tmp_path."""
+    name = f"doctor_app_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(APP))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for key in ("MCP_TASKS_DATABASE_URL", "CELERY_BROKER_URL", "MCP_TASKS_NOTIFY", "MCP_TASKS_QUEUE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("MCP_TASKS_DATA_DIR", str(tmp_path / "data"))
+    yield name
+    sys.modules.pop(name, None)
+
+
+def by_name(rows: list[Row]) -> dict[str, Row]:
+    return {row.name: row for row in rows}
+
+
+def test_an_app_that_does_not_load_is_a_config_fail_and_nothing_else_runs() -> None:
+    rows = diagnose("no_such_module_for_doctor")
+    assert rows[0].name == "config" and rows[0].status == "FAIL"
+    assert "cannot import 'no_such_module_for_doctor'" in rows[0].detail
+    assert [row.status for row in rows[1:]] == ["SKIP"] * 7
+
+
+def test_the_embedded_store_before_its_first_upgrade_is_a_database_fail_with_its_fix(app_module: str) -> None:
+    rows = by_name(diagnose(app_module, timeout_s=0.5))
+    assert rows["config"].status == "OK"
+    assert rows["config"].detail.startswith("2 task tool(s) (report, summarize); store sqlite:///")
+    assert rows["database"].status == "FAIL"
+    assert rows["database"].detail == "the task store does not exist yet; run `celery-mcp-tasks db upgrade`"
+    assert "celery-mcp-tasks db upgrade" in rows["database"].fix
+    assert rows["schema"] == Row("schema", "SKIP", "needs database")
+    assert rows["janitor"].status == rows["clock"].status == "SKIP"
+    assert rows["broker"].status == "OK"
+
+
+def test_a_schema_behind_head_is_a_schema_fail_with_the_upgrade_command(app_module: str, tmp_path: Path) -> None:
+    upgrade(Settings(data_dir=tmp_path / "data").store_url, "0004")
+    rows = by_name(diagnose(app_module, timeout_s=0.5))
+    assert rows["database"].status == "OK"
+    assert rows["schema"].status == "FAIL"
+    assert "behind 0005" in rows["schema"].detail
+    assert rows["schema"].fix.startswith("run `celery-mcp-tasks db upgrade`")
+    assert rows["janitor"] == Row("janitor", "SKIP", "needs schema")
+
+
+def test_on_a_swept_embedded_store_only_the_missing_worker_fails(app_module: str, tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path / "data")
+    upgrade(settings.store_url)
+    stream = io.StringIO()
+    rows = diagnose(app_module, timeout_s=0.5)
+    statuses = {row.name: row.status for row in rows}
+    assert statuses["janitor"] == "FAIL", "never swept: nothing evicts or reaps"
+    sys.modules[app_module].tasks.sweep()
+    rows = diagnose(app_module, timeout_s=0.5)
+    statuses = {row.name: row.status for row in rows}
+    assert statuses == {
+        "config": "OK",
+        "database": "OK",
+        "schema": "OK",
+        "broker": "OK",
+        "workers": "FAIL",
+        "janitor": "OK",
+        "push": "SKIP",
+        "clock": "OK",
+    }
+    workers = by_name(rows)["workers"]
+    assert workers.detail == "no worker answered within 0.5s"
+    assert workers.fix == f"start a worker with this app's settings: `celery -A {app_module} worker -Q celery,reports`"
+    render(rows, stream=stream)
+    text = stream.getvalue()
+    assert text.splitlines()[0].split() == ["CHECK", "STATUS", "DETAIL"]
+    assert f"fix: start a worker with this app's settings: `celery -A {app_module} worker -Q celery,reports`" in text
+
+
+def test_json_output_and_the_exit_status(app_module: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert doctor(app_module, json_output=True, timeout_s=0.3) == 1
+    document = json.loads(capsys.readouterr().out)
+    assert document["status"] == "fail"
+    assert [check["name"] for check in document["checks"]] == [
+        "config",
+        "database",
+        "schema",
+        "broker",
+        "workers",
+        "janitor",
+        "push",
+        "clock",
+    ]
+    assert set(document["checks"][0]) == {"name", "status", "detail", "fix"}
+
+
+def test_no_password_is_printed(app_module: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    port = free_port()  # nothing listens: the database check fails with the driver's own words
+    monkeypatch.setenv("MCP_TASKS_DATABASE_URL", f"postgresql://doctor:s3cr3t-pw@127.0.0.1:{port}/db")
+    monkeypatch.setenv("CELERY_BROKER_URL", f"redis://:br0ker-pw@127.0.0.1:{free_port()}/0")
+    rows = diagnose(app_module, timeout_s=0.3)
+    stream = io.StringIO()
+    render(rows, stream=stream)
+    render(rows, json_output=True, stream=stream)
+    text = stream.getvalue()
+    assert by_name(rows)["database"].status == "FAIL" and by_name(rows)["broker"].status == "FAIL"
+    assert "s3cr3t-pw" not in text and "br0ker-pw" not in text
+    assert f"postgresql://doctor:***@127.0.0.1:{port}/db" in text
+
+
+def test_tool_queues_follow_the_jobs_own_routing(tmp_path: Path) -> None:
+    tasks = McpTasks("queues", settings=Settings(data_dir=tmp_path, queue="main"))
+
+    @tasks.mcp_task
+    def one() -> None: ...
+
+    @tasks.mcp_task
+    def two() -> None: ...
+
+    tasks.celery.conf.task_routes = {"*.two": {"queue": "slow"}}
+
+    assert tool_queues(tasks) == {"main": ["one"], "slow": ["two"]}
+
+
+# -- with real servers -------------------------------------------------------------------
+
+
+@pytest.fixture
+def postgres_store() -> Iterator[str]:
+    if not POSTGRES_URL:
+        pytest.skip("set MCP_TASKS_TEST_POSTGRES_URL to run")
+    with fresh_postgres_database(POSTGRES_URL) as url:
+        upgrade(url)
+        yield url
+
+
+@pytest.mark.postgres
+@needs_postgres
+def test_the_clock_of_this_host_agrees_with_the_databases(postgres_store: str) -> None:
+    verdict = clock_check(ProbeEngine(postgres_store))
+    assert verdict.status == "OK" and "±" in verdict.detail
+
+
+@pytest.mark.postgres
+@needs_postgres
+def test_a_hint_goes_round_postgres_notify_and_listen(postgres_store: str, tmp_path: Path) -> None:
+    tasks = McpTasks("push-pg", settings=Settings(database_url=postgres_store, broker_url="filesystem://"))
+    verdict = push_check(tasks, ProbeEngine(postgres_store), timeout_s=5)
+    assert verdict.status == "OK", verdict
+    assert verdict.detail.startswith("postgres: a hint published and received in ")
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+@needs_pg_redis
+def test_a_hint_goes_round_the_brokers_fanout(postgres_store: str) -> None:
+    assert REDIS_URL
+    settings = Settings(database_url=postgres_store, broker_url=REDIS_URL, notify="broker")
+    tasks = McpTasks("push-broker", settings=settings)
+    verdict = push_check(tasks, ProbeEngine(postgres_store), timeout_s=5)
+    assert verdict.status == "OK", verdict
+    assert verdict.detail.startswith("broker: a hint published and received in ")
+
+
+@pytest.mark.postgres
+@needs_postgres
+def test_a_listener_that_cannot_connect_is_a_push_fail(postgres_store: str) -> None:
+    unreachable = f"postgresql://postgres@127.0.0.1:{free_port()}/nothing"
+    tasks = McpTasks("push-down", settings=Settings(database_url=unreachable, broker_url="filesystem://"))
+    verdict = push_check(tasks, ProbeEngine(postgres_store), timeout_s=1)
+    assert verdict.status == "FAIL"
+    assert verdict.detail == "postgres: the listener did not connect within 1s"
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_terminal_gets_the_rich_table_with_each_fix() -> None:
+    rows = [
+        Row("database", "OK", "reachable (3 ms)"),
+        Row("workers", "FAIL", "no worker answered within 3s", "start a worker: `celery -A app worker [-Q q]`"),
+    ]
+    stream = Terminal()
+    render(rows, stream=stream)
+    text = re.sub(r"\x1b\[[0-9;]*m", "", stream.getvalue())
+    assert text.startswith("┏") and "┃ check" in text
+    assert "fix: start a worker: `celery -A app worker [-Q q]`" in text, "markup in a fix is printed, not parsed"
+    assert "CHECK     STATUS" not in text

@@ -1,0 +1,195 @@
+"""`/healthz` and `/readyz` in process: each check's verdict on a real store and broker, and the runner's
+deadline, with real threads that really hang.
+
+The same endpoints served by real `serve` processes, with a database that hangs:
+tests/integration/test_health.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from starlette.testclient import TestClient
+
+from celery_mcp_tasks import McpTasks, Settings
+from celery_mcp_tasks.migrate import upgrade
+from celery_mcp_tasks.model import now_ms
+from celery_mcp_tasks.ops.health import CheckRunner
+from celery_mcp_tasks.ops.probes import Finding
+from celery_mcp_tasks.store.sweeps import JANITOR, SweepLedger
+from tests.support import free_port
+
+
+def app_on(settings: Settings) -> McpTasks:
+    tasks = McpTasks(f"health-{time.monotonic_ns()}", settings=settings)
+
+    @tasks.mcp_task(shared=False)  # a new app per test: not one more Celery-wide task of that name
+    def noop() -> str:
+        return "ok"
+
+    return tasks
+
+
+@pytest.fixture
+def embedded(tmp_path: Path) -> McpTasks:
+    return app_on(Settings(data_dir=tmp_path, janitor_interval_s=5.0))
+
+
+def readyz(tasks: McpTasks) -> tuple[int, dict[str, Any], float]:
+    client = TestClient(tasks.asgi_app())  # no `with`: the lifespan (push, watches) is not what is tested
+    start = time.monotonic()
+    response = client.get("/readyz")
+    return response.status_code, response.json(), time.monotonic() - start
+
+
+def test_healthz_answers_without_touching_the_store(embedded: McpTasks) -> None:
+    response = TestClient(embedded.asgi_app()).get("/healthz")
+    assert response.status_code == 200 and response.json() == {"status": "ok"}
+    assert not (embedded.settings.resolved_data_dir / "tasks.db").exists()
+
+
+def test_readyz_names_every_check_and_fails_on_a_store_never_created(embedded: McpTasks) -> None:
+    code, body, _ = readyz(embedded)
+    assert code == 503 and body["status"] == "fail"
+    assert list(body["checks"]) == ["store", "schema", "broker", "janitor"]
+    assert body["checks"]["store"] == {
+        "status": "fail",
+        "detail": "the task store does not exist yet; run `celery-mcp-tasks db upgrade`",
+    }
+    assert body["checks"]["broker"]["status"] == "ok"
+    assert not (embedded.settings.resolved_data_dir / "tasks.db").exists(), "a probe must not create the store"
+
+
+def test_readyz_is_200_on_a_migrated_store_and_the_janitor_has_three_intervals_for_its_first_sweep(
+    embedded: McpTasks,
+) -> None:
+    upgrade(embedded.settings.store_url)
+    code, body, _ = readyz(embedded)
+    assert code == 200, body
+    assert {name: check["status"] for name, check in body["checks"].items()} == dict.fromkeys(
+        ["store", "schema", "broker", "janitor"], "ok"
+    )
+    assert body["checks"]["schema"]["detail"] == "at head 0005"
+    assert body["checks"]["janitor"]["detail"] == "no sweep recorded yet (expected every 5s)"
+    embedded.sweep()
+    _, body, _ = readyz(embedded)
+    assert body["checks"]["janitor"] == {"status": "ok", "detail": "last sweep 0s ago (expected every 5s)"}
+
+
+def test_a_stale_janitor_is_a_warning_that_keeps_the_replica_ready(embedded: McpTasks) -> None:
+    upgrade(embedded.settings.store_url)
+    ledger = SweepLedger(embedded.service().store.engine)
+    ledger.record(JANITOR, at_ms=now_ms() - 16_000, duration_ms=3, report={}, statuses={})
+    code, body, _ = readyz(embedded)
+    assert code == 200 and body["status"] == "ok"
+    assert body["checks"]["janitor"] == {"status": "warn", "detail": "stale: last sweep 16s ago, expected every 5s"}
+
+
+def test_the_janitor_check_is_skipped_when_sweeps_are_off(tmp_path: Path) -> None:
+    tasks = app_on(Settings(data_dir=tmp_path, janitor_interval_s=None))
+    upgrade(tasks.settings.store_url)
+    code, body, _ = readyz(tasks)
+    assert code == 200
+    assert body["checks"]["janitor"]["status"] == "skipped"
+
+
+def test_a_schema_behind_head_fails_readiness_with_the_upgrade_command(embedded: McpTasks) -> None:
+    upgrade(embedded.settings.store_url, "0004")
+    code, body, _ = readyz(embedded)
+    assert code == 503
+    assert body["checks"]["store"]["status"] == "ok"
+    assert body["checks"]["schema"] == {
+        "status": "fail",
+        "detail": "the task store is at revision 0004, behind 0005; run `celery-mcp-tasks db upgrade`",
+    }
+
+
+def test_a_broker_that_refuses_connections_fails_readiness_quickly(tmp_path: Path) -> None:
+    port = free_port()  # nothing listens there: a real refused connection
+    tasks = app_on(
+        Settings(database_url=f"sqlite:///{tmp_path / 'tasks.db'}", broker_url=f"redis://127.0.0.1:{port}/0")
+    )
+    upgrade(tasks.settings.store_url)
+    code, body, elapsed = readyz(tasks)
+    assert code == 503 and elapsed < 2
+    broker = body["checks"]["broker"]
+    assert broker["status"] == "fail" and broker["detail"].startswith("cannot reach the broker: ")
+    assert "Connection refused" in broker["detail"]
+
+
+def test_a_missing_embedded_broker_folder_fails_readiness(embedded: McpTasks) -> None:
+    upgrade(embedded.settings.store_url)
+    (embedded.settings.broker_folder / "control").rmdir()
+    code, body, _ = readyz(embedded)
+    assert code == 503
+    assert body["checks"]["broker"]["detail"].startswith("the embedded broker's folder ")
+
+
+# -- the runner ----------------------------------------------------------------------------
+
+
+class Hanging:
+    """A check that blocks until released, counting how often it was started."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.started = 0
+
+    def __call__(self) -> Finding:
+        self.started += 1
+        self.release.wait(30)
+        return Finding("ok", "answered at last")
+
+
+def test_a_hung_check_times_out_at_the_deadline_and_is_never_started_twice() -> None:
+    hanging = Hanging()
+    runner = CheckRunner({"slow": hanging, "quick": lambda: Finding("ok", "fine")}, deadline_s=0.3)
+    try:
+        for _ in range(5):
+            start = time.monotonic()
+            findings = anyio.run(runner.run)
+            assert time.monotonic() - start < 0.6
+            assert findings["slow"] == Finding("fail", "timed out (no answer within 0.3s)")
+            assert findings["quick"] == Finding("ok", "fine")
+        assert hanging.started == 1, "a check still running must be waited on, not started again"
+        assert runner.in_flight == 1
+    finally:
+        hanging.release.set()
+    time.sleep(0.1)
+    assert anyio.run(runner.run)["slow"] == Finding("ok", "answered at last")
+    assert hanging.started == 2 and runner.in_flight == 0
+
+
+def test_concurrent_requests_share_one_run_of_each_check() -> None:
+    hanging = Hanging()
+    runner = CheckRunner({"slow": hanging}, deadline_s=0.5)
+
+    async def three_at_once() -> list[dict[str, Finding]]:
+        results: list[dict[str, Finding]] = []
+
+        async def one() -> None:
+            results.append(await runner.run())
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(3):
+                tg.start_soon(one)
+            await anyio.sleep(0.1)
+            hanging.release.set()
+        return results
+
+    results = anyio.run(three_at_once)
+    assert [r["slow"] for r in results] == [Finding("ok", "answered at last")] * 3
+    assert hanging.started == 1
+
+
+def test_a_check_that_raises_is_a_failed_check() -> None:
+    def broken() -> Finding:
+        raise RuntimeError("probe exploded\nsecond line")
+
+    findings = anyio.run(CheckRunner({"broken": broken}).run)
+    assert findings["broken"] == Finding("fail", "probe exploded")
