@@ -253,11 +253,14 @@ def run_dev(options: DevOptions) -> int:
     url = f"http://{host}:{options.port}/mcp"
     print("\n".join(banner(tasks.settings, url)), flush=True)
 
+    from celery_mcp_tasks.ops.logs import uvicorn_log_config
+
     config = uvicorn.Config(
         tasks.asgi_app(host=options.host),
         log_level="warning" if options.call else "info",
         timeout_graceful_shutdown=3,
         lifespan="on",
+        log_config=uvicorn_log_config(tasks.settings),  # json: uvicorn's lines go through the JSON root handler
     )
     server = uvicorn.Server(config)
     stopped = threading.Event()

@@ -17,7 +17,10 @@ from mcp.server.mcpserver import MCPServer
 
 from celery_mcp_tasks.mcp.sdk_internals import tool_registered
 
-__all__ = ["TasksServer"]
+__all__ = ["ROOT_HANDLER", "TasksServer"]
+
+ROOT_HANDLER = "celery-mcp-tasks"
+"""The name of the root handler `plain_root_logging` installs: `ops.logs` styles that one, never the app's own."""
 
 
 class TasksServer(MCPServer[Any]):
@@ -45,7 +48,11 @@ def plain_root_logging(level: str) -> None:
     `rich` is importable (it is: `celery-mcp-tasks call` renders with it), and that
     handler pads and wraps every line to the terminal's width, 80 columns in a
     container: log lines a collector cannot parse. Configured first, the SDK's
-    `basicConfig` is a no-op.
+    `basicConfig` is a no-op. The handler is named (`ROOT_HANDLER`) so that the
+    JSON log format (`ops.logs`) restyles this default and never a handler the
+    application configured itself.
     """
     if not logging.getLogger().handlers:
-        logging.basicConfig(level=level, format="%(message)s", handlers=[logging.StreamHandler()])
+        handler = logging.StreamHandler()
+        handler.set_name(ROOT_HANDLER)
+        logging.basicConfig(level=level, format="%(message)s", handlers=[handler])

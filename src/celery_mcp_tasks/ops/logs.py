@@ -1,0 +1,364 @@
+"""Structured logs: one JSON object a line for web, worker and beat, and the task lifecycle as log events.
+
+`MCP_TASKS_LOG_FORMAT=json` restyles the handlers this package or Celery set
+up (never a handler the application configured itself): the web process's
+root handler (`mcp.server.plain_root_logging`, and uvicorn's loggers routed
+to it by `uvicorn_log_config`), and the handlers `celery worker` and
+`celery beat` create (`after_setup_logger` / `after_setup_task_logger`), so
+Celery's own "received" and "succeeded" lines become JSON too. Text stays the
+default and looks as it always did.
+
+Whatever the format, a record is never allowed to carry a task id: the id is a
+bearer capability. Our code logs at most the row key's first 8 hex digits;
+`RedactTaskIds` is the net under that rule, on every handler styled here, for
+whatever a library's exception or a job's own line might echo.
+
+`LifecycleLog` is an `Observer`: one line per transition worth knowing
+(created, started, input required, finished), in the process that wrote it.
+Only `task.finished` is INFO, so a busy server at the default level says one
+line per task, its outcome, and the rest is there at DEBUG when asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from celery_mcp_tasks.mcp.server import ROOT_HANDLER
+from celery_mcp_tasks.model import TaskRecord, TaskStatus
+
+if TYPE_CHECKING:
+    from celery_mcp_tasks.app import McpTasks
+    from celery_mcp_tasks.config import Settings
+
+__all__ = [
+    "LIFECYCLE_LOGGER",
+    "JsonFormatter",
+    "LifecycleLog",
+    "RedactTaskIds",
+    "install",
+    "redact",
+    "uvicorn_log_config",
+]
+
+LIFECYCLE_LOGGER = "celery_mcp_tasks.tasks"
+KEY_PREFIX = 8
+"""Hex digits of the row key a log line may show: enough to follow one task, useless to open it."""
+REDACTED = "<redacted>"
+
+# A task id: 32 random bytes in base64url, 43 characters standing alone. The last one
+# carries 4 bits and 2 zero bits, so it is one of 16; mixed case rules out a long
+# snake_case name. A random id always matches (the chance of no upper or no lower case
+# letter among 43 is ~1e-9); a row key (64 hex) or a Celery id (a UUID) never does.
+_TOKEN = re.compile(r"(?<![A-Za-z0-9_-])[A-Za-z0-9_-]{42}[AEIMQUYcgkosw048](?![A-Za-z0-9_-])")
+
+
+def _replace(match: re.Match[str]) -> str:
+    token = match.group(0)
+    if any(c.isupper() for c in token) and any(c.islower() for c in token):
+        return REDACTED
+    return token
+
+
+def redact(text: str) -> str:
+    """`text` with every token shaped like a task id replaced by `<redacted>`."""
+    return _TOKEN.sub(_replace, text) if len(text) >= 43 else text
+
+
+def _message(record: logging.LogRecord) -> str:
+    try:
+        return record.getMessage()
+    except Exception:  # noqa: BLE001 - bad args: say so in the line, not with a traceback on stderr
+        return f"{record.msg} (unformattable arguments)"
+
+
+class RedactTaskIds(logging.Filter):
+    """A handler's filter: the message and exception text lose anything shaped like a task id.
+
+    The record is rewritten only when something was redacted (its template is
+    kept for `JsonFormatter`'s event names), so the common case costs one regex scan.
+    """
+
+    _exceptions = logging.Formatter()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = _message(record)
+        cleaned = redact(message)
+        if cleaned != message:
+            record.__dict__.setdefault("_mcp_template", record.msg)
+            record.msg, record.args = cleaned, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self._exceptions.formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        if record.stack_info:
+            record.stack_info = redact(record.stack_info)
+        return True
+
+
+_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
+_DROPPED = frozenset({"data", "color_message", "task_id", "task_name", "taskId"})
+"""Extras never rendered: Celery's `data` (a task's arguments and return value),
+uvicorn's colour copy of the message, and anything called a task id."""
+_FIRST = ("tool", "key", "status", "duration_ms")
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line: time (ISO-8601 UTC), level, logger, event, message, then what is known.
+
+    Known fields: the record's scalar `extra` values (`event`, `tool`, `key`
+    (cut to 8 hex digits), `status`, `duration_ms`, ...), the tool and key of
+    the MCP job running in this thread (worker), `trace_id` / `span_id` of the
+    current OpenTelemetry span when one is valid, and `exception` for errors.
+    Every string is passed through `redact`. Usable from `logging.config`:
+    `{"()": "celery_mcp_tasks.ops.logs.JsonFormatter"}`; format strings are ignored.
+    """
+
+    def __init__(self, *_args: Any, **_kwargs: Any) -> None:
+        super().__init__()
+        self._span_ids = _span_reader()
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC)
+            .isoformat(timespec="milliseconds")
+            .replace("+00:00", "Z"),
+            "level": record.levelname,
+            "logger": record.name,
+            "event": _event(record),
+            "message": redact(_message(record)),
+        }
+        fields = {**_job_fields(), **_access_fields(record), **_extras(record)}
+        for name in _FIRST:
+            if name in fields:
+                line[name] = fields.pop(name)
+        for name, value in fields.items():
+            line.setdefault(name, value)  # an extra never overwrites the time, level, logger or message
+        ids = self._span_ids()
+        if ids is not None:
+            line["trace_id"], line["span_id"] = ids
+        if record.exc_info:
+            line["error_type"] = getattr(record.exc_info[0], "__name__", None)
+        exception = record.exc_text or (self.formatException(record.exc_info) if record.exc_info else None)
+        if exception:
+            line["exception"] = redact(exception)
+        if record.stack_info:
+            line["stack"] = redact(record.stack_info)
+        return json.dumps(line, ensure_ascii=False, default=str)
+
+
+def _extras(record: logging.LogRecord) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for name, value in vars(record).items():
+        if name in _STANDARD or name in _DROPPED or name.startswith("_") or name == "event":
+            continue
+        if isinstance(value, str):
+            found[name] = value[:KEY_PREFIX] if name == "key" else redact(value)
+        elif value is None or isinstance(value, (bool, int, float)):
+            found[name] = value
+    return found
+
+
+_CELERY_EVENTS: dict[str, str] | None = None
+
+
+def _celery_events() -> dict[str, str]:
+    """Celery's trace-line templates (and the ones `worker.tracelog` swaps in for our jobs) to event names."""
+    global _CELERY_EVENTS
+    if _CELERY_EVENTS is None:
+        from celery.app import trace
+
+        from celery_mcp_tasks.worker import tracelog
+
+        _CELERY_EVENTS = {
+            trace.LOG_RECEIVED: "celery.task.received",
+            trace.LOG_SUCCESS: "celery.task.succeeded",
+            tracelog._SUCCEEDED: "celery.task.succeeded",
+            tracelog._ENDED: "celery.task.run_ended",
+            trace.LOG_FAILURE: "celery.task.failed",
+            trace.LOG_RETRY: "celery.task.retry",
+            trace.LOG_IGNORED: "celery.task.ignored",
+            trace.LOG_REJECTED: "celery.task.rejected",
+        }
+    return _CELERY_EVENTS
+
+
+def _event(record: logging.LogRecord) -> str:
+    explicit = record.__dict__.get("event")
+    if explicit is not None:
+        return str(explicit)
+    if record.name.startswith("celery.") and "celery.app.trace" in sys.modules:
+        template = record.__dict__.get("_mcp_template", record.msg)
+        if isinstance(template, str) and template in _celery_events():
+            return _celery_events()[template]
+    if record.name == "uvicorn.access":
+        return "http.request"
+    return "log"
+
+
+def _access_fields(record: logging.LogRecord) -> dict[str, Any]:
+    """uvicorn's access line as fields (client, method, path, HTTP version, status are its arguments)."""
+    if record.name != "uvicorn.access" or not isinstance(record.args, tuple) or len(record.args) != 5:
+        return {}
+    _client, method, path, _version, status = record.args
+    return {"http_method": str(method), "http_path": redact(str(path)), "http_status": status}
+
+
+def _job_fields() -> dict[str, str]:
+    """The tool and key prefix of the MCP job this thread runs (a worker), so its own lines name their task."""
+    state = sys.modules.get("celery._state")
+    task: Any = state.get_current_task() if state is not None else None
+    tool = getattr(task, "mcp_tool", None)
+    if tool is None:
+        return {}
+    from celery_mcp_tasks.worker.job import row_key
+
+    key = row_key(task.request)
+    fields = {"tool": str(tool.name)}
+    if key:
+        fields["key"] = key[:KEY_PREFIX]
+    return fields
+
+
+def _span_reader() -> Callable[[], tuple[str, str] | None]:
+    """Reads the current span's ids with opentelemetry-api (the SDK brings it); nothing when it is absent."""
+    try:
+        from opentelemetry import trace
+    except ImportError:  # pragma: no cover - a dependency of `mcp`
+        return lambda: None
+
+    def ids() -> tuple[str, str] | None:
+        context = trace.get_current_span().get_span_context()
+        if not context.is_valid:
+            return None
+        return format(context.trace_id, "032x"), format(context.span_id, "016x")
+
+    return ids
+
+
+# -- the lifecycle as log events -----------------------------------------------------------
+
+
+class LifecycleLog:
+    """An `Observer` that logs each task's creation, starts, questions and end, with fields, never content.
+
+    `task.finished` (status, duration_ms from creation) is INFO, the rest DEBUG:
+    `logging.getLogger("celery_mcp_tasks.tasks").setLevel("DEBUG")` shows them all.
+    """
+
+    def __init__(self, logger: logging.Logger | None = None) -> None:
+        self.logger = logger or logging.getLogger(LIFECYCLE_LOGGER)
+
+    def task_changed(self, before: TaskRecord | None, after: TaskRecord) -> None:
+        for event, level, fields in lifecycle_events(before, after):
+            if self.logger.isEnabledFor(level):
+                detail = "".join(f" {name}={value}" for name, value in fields.items())
+                self.logger.log(
+                    level,
+                    "%s tool=%s key=%s%s",
+                    event,
+                    after.tool,
+                    after.key[:KEY_PREFIX],
+                    detail,
+                    extra={"event": event, "tool": after.tool, "key": after.key[:KEY_PREFIX], **fields},
+                )
+
+
+def lifecycle_events(before: TaskRecord | None, after: TaskRecord) -> list[tuple[str, int, dict[str, Any]]]:
+    """The events one committed change makes: (name, level, fields)."""
+    events: list[tuple[str, int, dict[str, Any]]] = []
+    if before is None:
+        events.append(("task.created", logging.DEBUG, {"status": after.status.value}))
+    if after.started_at is not None and (before is None or before.started_at != after.started_at):
+        sent_at = after.created_at
+        if before is not None and before.started_at is None and before.heartbeat_at is not None:
+            sent_at = before.heartbeat_at  # the send (or a retry's scheduled start) this run answers
+        wait = max(after.started_at - sent_at, 0)
+        events.append(("task.started", logging.DEBUG, {"queue_wait_ms": wait, "attempt": after.attempt + 1}))
+    if after.status is TaskStatus.INPUT_REQUIRED and (before is None or before.status is not after.status):
+        events.append(("task.input_required", logging.DEBUG, {"inputs": len(after.input_requests)}))
+    if after.terminal and (before is None or not before.terminal):
+        duration = max(after.updated_at - after.created_at, 0)
+        events.append(("task.finished", logging.INFO, {"status": after.status.value, "duration_ms": duration}))
+    return events
+
+
+# -- installing ----------------------------------------------------------------------------
+
+
+def style_handler(handler: logging.Handler, json_format: bool) -> None:
+    """Redaction always; the JSON formatter in json mode. Idempotent."""
+    if not any(isinstance(f, RedactTaskIds) for f in handler.filters):
+        handler.addFilter(RedactTaskIds())
+    if json_format and not isinstance(handler.formatter, JsonFormatter):
+        handler.setFormatter(JsonFormatter())
+
+
+def style_web_root(json_format: bool) -> bool:
+    """Style the root handler `plain_root_logging` installed, if it is there; True when it was."""
+    ours = [h for h in logging.getLogger().handlers if h.get_name() == ROOT_HANDLER]
+    for handler in ours:
+        style_handler(handler, json_format)
+    if ours and json_format:
+        logging.captureWarnings(True)  # a warning is one JSON line too, not a bare line on stderr
+    return bool(ours)
+
+
+def uvicorn_log_config(settings: Settings) -> dict[str, Any] | None:
+    """The `log_config` for uvicorn: its own default for text; in json mode none, so that its
+    loggers propagate to the root handler (JSON on stderr, access lines included)."""
+    if settings.log_format == "json":
+        return None
+    from uvicorn.config import LOGGING_CONFIG
+
+    return LOGGING_CONFIG
+
+
+_celery = {"json": False, "connected": False}
+
+
+def _celery_styled(handlers: list[logging.Handler]) -> None:
+    from celery.utils.log import ColorFormatter
+
+    for handler in handlers:
+        if isinstance(handler.formatter, (ColorFormatter, JsonFormatter)) or handler.get_name() == ROOT_HANDLER:
+            style_handler(handler, _celery["json"])
+
+
+def _after_setup_logger(sender: Any = None, logger: logging.Logger | None = None, **_: Any) -> None:
+    """Celery configured the root (and multiprocessing) logger of a worker or beat: restyle what it made."""
+    from celery.utils.log import get_multiprocessing_logger
+
+    multiprocessing = get_multiprocessing_logger()
+    for target in (logger, multiprocessing):
+        if target is not None:
+            _celery_styled(list(target.handlers))
+
+
+def _after_setup_task_logger(sender: Any = None, logger: logging.Logger | None = None, **_: Any) -> None:
+    if logger is not None:
+        _celery_styled(list(logger.handlers))
+
+
+def _connect_celery(json_format: bool) -> None:
+    """Once per process; the format is the last installed app's (a worker or beat serves one app)."""
+    from celery import signals
+
+    _celery["json"] = json_format
+    if not _celery["connected"]:
+        signals.after_setup_logger.connect(_after_setup_logger, weak=False)
+        signals.after_setup_task_logger.connect(_after_setup_task_logger, weak=False)
+        _celery["connected"] = True
+
+
+def install(tasks: McpTasks) -> None:
+    """Lifecycle events on, the web root handler styled now, Celery's handlers when a worker or beat makes them."""
+    json_format = tasks.settings.log_format == "json"
+    tasks.observers.append(LifecycleLog())
+    style_web_root(json_format)
+    _connect_celery(json_format)
