@@ -154,6 +154,8 @@ def start_worker(
     ]
     if beat:
         argv += ["-B", "-s", str(log_dir / f"{name}-beat-schedule")]
+    # Many test workers share one machine: none claims the default metrics port unless a test asks.
+    extra_env.setdefault("MCP_TASKS_WORKER_METRICS_PORT", "off")
     proc = spawn(name, argv, process_env(backend, **extra_env), log_dir)
     wait_until(lambda: " ready." in proc.text() or _died(proc), 60, f"{name} to be ready")
     if proc.popen.poll() is not None:

@@ -18,10 +18,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -48,7 +49,7 @@ from celery_mcp_tasks.protocol import EXTENSION_ID, render_task
 from celery_mcp_tasks.service import TaskExpired, TaskService
 from celery_mcp_tasks.store.base import StoreUnavailable, TaskNotFound
 
-__all__ = ["MAX_TASK_IDS", "TaskListenHandler", "requested_task_ids"]
+__all__ = ["MAX_TASK_IDS", "ListenObserver", "ListenObservers", "TaskListenHandler", "requested_task_ids"]
 
 logger = logging.getLogger("celery_mcp_tasks.mcp")
 
@@ -139,6 +140,38 @@ class _Stream:
         self.watch.wake()
 
 
+class ListenObserver(Protocol):
+    """Told of the streams' life (metrics): must be cheap, and may not fail a stream."""
+
+    def stream_opened(self) -> None: ...
+
+    def stream_closed(self) -> None: ...
+
+    def notified(self, latency_s: float) -> None:
+        """A notification went out `latency_s` after a hint woke its stream."""
+        ...
+
+
+class ListenObservers(list[ListenObserver]):
+    """Every observer installed (`McpTasks.listen.observers`); one that raises is logged and skipped."""
+
+    def _each(self, tell: Callable[[ListenObserver], None]) -> None:
+        for observer in self:
+            try:
+                tell(observer)
+            except Exception:
+                logger.exception("listen observer raised")
+
+    def stream_opened(self) -> None:
+        self._each(lambda observer: observer.stream_opened())
+
+    def stream_closed(self) -> None:
+        self._each(lambda observer: observer.stream_closed())
+
+    def notified(self, latency_s: float) -> None:
+        self._each(lambda observer: observer.notified(latency_s))
+
+
 class TaskListenHandler:
     """The `subscriptions/listen` handler for one server (`McpTasks.listen`).
 
@@ -168,6 +201,7 @@ class TaskListenHandler:
         self._limiter = anyio.CapacityLimiter(max_threads)
         self._streams: set[_Stream] = set()
         self._closing = False
+        self.observers = ListenObservers()
 
     @property
     def open_streams(self) -> int:
@@ -204,6 +238,7 @@ class TaskListenHandler:
         stream = _Stream(honored_core(params.notifications), watch, self._max_buffered)
         self._streams.add(stream)
         unsubscribe = self._bus.subscribe(stream.deliver)
+        self.observers.stream_opened()
         try:
             if followed_ids:
                 await self._follow_owned(stream, followed_ids, owner)
@@ -224,6 +259,7 @@ class TaskListenHandler:
                 logger.exception("subscription bus unsubscribe raised")
             watch.close()
             self._streams.discard(stream)
+            self.observers.stream_closed()
         return SubscriptionsListenResult(_meta=meta)
 
     # -- tasks -----------------------------------------------------------------------
@@ -277,9 +313,18 @@ class TaskListenHandler:
         return records
 
     async def _refresh(
-        self, ctx: Any, stream: _Stream, hints: dict[str, int | None], owner: str | None, meta: dict[str, Any]
+        self,
+        ctx: Any,
+        stream: _Stream,
+        hints: dict[str, int | None],
+        owner: str | None,
+        meta: dict[str, Any],
+        woke: float | None = None,
     ) -> None:
-        """Re-read the hinted rows the stream follows and send what the client has not seen."""
+        """Re-read the hinted rows the stream follows and send what the client has not seen.
+
+        `woke`: when a hint woke the stream (monotonic), to time hint -> notification.
+        """
         due: dict[str, tuple[_Followed, int | None]] = {}
         for key, hint in hints.items():
             followed = stream.followed.get(key)
@@ -305,6 +350,8 @@ class TaskListenHandler:
                 TasksNotification(params={**rendered, "_meta": {**rendered.get("_meta", {}), **meta}}),
                 related_request_id=ctx.request_id,
             )
+            if woke is not None:
+                self.observers.notified(time.monotonic() - woke)
             if record.terminal:
                 stream.unfollow(key)
 
@@ -313,6 +360,7 @@ class TaskListenHandler:
     async def _pump(self, ctx: Any, stream: _Stream, owner: str | None, meta: dict[str, Any]) -> None:
         while not (stream.ending or self._closing):
             hints = await stream.watch.next(self._resync_interval_s if stream.followed else None)
+            woke = time.monotonic() if hints else None
             while stream.events:
                 event = stream.events.popleft()
                 await ctx.session.send_notification(
@@ -324,7 +372,7 @@ class TaskListenHandler:
                 hints = dict.fromkeys(stream.followed)  # the periodic safety re-read: hints can be lost
             if hints:
                 try:
-                    await self._refresh(ctx, stream, hints, owner, meta)
+                    await self._refresh(ctx, stream, hints, owner, meta, woke)
                 except Exception as exc:  # noqa: BLE001 - the store is unreachable: keep the stream, retry shortly
                     logger.warning("listen stream could not re-read its tasks (%s); retrying", type(exc).__name__)
                     await anyio.sleep(_RETRY_S)

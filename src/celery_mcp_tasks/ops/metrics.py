@@ -1,0 +1,235 @@
+"""Prometheus metrics: each process counts the changes it committed, from the Observer seam.
+
+Every process counts what it did (the web process creates and cancels, the
+workers start and finish runs, the janitor reaps and expires), so summed over
+the scrape targets the counts tell the whole story: created = finished + in
+flight. Timings come from the row before and after each write (`task_changed`),
+never from another read of the store.
+
+No task id, row key, argument or result ever becomes a label. The `tool` label
+takes the names of the app's registered task tools only ("other" for anything
+else), so its values are bounded by the code, not by callers.
+
+prometheus_client picks its value class (in memory, or the per-process files a
+prefork worker needs) when `prometheus_client.values` is imported, and every
+metric object keeps the class it was made with. So no metric object exists at
+import or `install` time: `families()` makes them on first use, after a worker
+has decided how it counts (`worker_metrics`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING
+
+from celery_mcp_tasks.model import TaskRecord, TaskStatus
+from celery_mcp_tasks.observe import Observer
+from celery_mcp_tasks.service import ENQUEUE_FAILED
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from celery_mcp_tasks.app import McpTasks
+
+__all__ = [
+    "OTHER",
+    "PREFIX",
+    "Families",
+    "JanitorMetrics",
+    "PushMetrics",
+    "TaskMetrics",
+    "families",
+    "install",
+    "use_multiprocess",
+]
+
+logger = logging.getLogger("celery_mcp_tasks.ops.metrics")
+
+PREFIX = "mcp_tasks"
+OTHER = "other"
+"""The `tool` label of a record whose tool this app does not register (bounded cardinality)."""
+
+QUEUE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+RUN_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600)
+INPUT_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 43200, 86400)
+PUSH_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+
+JANITOR_ACTIONS = {"removed": "evicted", "resent": "resent", "failed": "failed_lost", "expired_inputs": "expired_input"}
+"""Sweep report keys -> the `action` label of `mcp_tasks_janitor_tasks_total` (other keys are not counted)."""
+
+
+class Families:
+    """Every metric this package exports, registered in one registry."""
+
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        from prometheus_client import Counter, Gauge, Histogram
+
+        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+            return Counter(f"{PREFIX}_{name}", doc, labels, registry=registry)
+
+        def histogram(name: str, doc: str, labels: tuple[str, ...], buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(f"{PREFIX}_{name}", doc, labels, registry=registry, buckets=buckets)
+
+        tool = ("tool",)
+        self.created = counter("created", "Tasks created", tool)
+        self.finished = counter("finished", "Tasks that reached a final status", ("tool", "status"))
+        self.enqueue_failures = counter("enqueue_failures", "Tasks failed because their job could not be sent", tool)
+        self.queue_wait = histogram(
+            "queue_wait_seconds", "From the write that queued a run to the run's start", tool, QUEUE_BUCKETS
+        )
+        self.run = histogram(
+            "run_seconds", "From a run's start to its end (a final status or a question)", tool, RUN_BUCKETS
+        )
+        self.duration = histogram(
+            "duration_seconds", "From creation to the final status", ("tool", "status"), RUN_BUCKETS
+        )
+        self.input_wait = histogram(
+            "input_wait_seconds", "Time in input_required, from its last write to the answer", tool, INPUT_BUCKETS
+        )
+        self.janitor_sweeps = counter("janitor_sweeps", "Janitor sweeps this process ran")
+        self.janitor_tasks = counter("janitor_tasks", "Tasks the janitor acted on, by action", ("action",))
+        self.listen_streams = Gauge(
+            f"{PREFIX}_listen_streams",
+            "Open subscriptions/listen streams",
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
+        self.push_latency = histogram(
+            "push_notify_latency_seconds", "From a hint waking a listen stream to its notification", (), PUSH_BUCKETS
+        )
+        self.store_errors = counter(
+            "store_errors", "Database errors met by the task store, by operation", ("operation",)
+        )
+        self.scrape_errors = counter("scrape_errors", "Parts of a /metrics scrape that could not be read", ("source",))
+
+
+_lock = threading.Lock()
+_families: Families | None = None
+
+
+def families() -> Families:
+    """This process's metrics in prometheus_client's default registry, made on first use."""
+    global _families
+    if _families is None:
+        with _lock:
+            if _families is None:
+                from prometheus_client import REGISTRY
+
+                _families = Families(REGISTRY)
+    return _families
+
+
+def use_multiprocess(directory: str) -> bool:
+    """Count in per-process files under `directory` from now on (a worker, before its pool forks).
+
+    False when this process already made its metric objects in memory: they would
+    keep counting there, unseen by the exporter that reads the files.
+    """
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
+    from prometheus_client import values
+
+    if getattr(values.ValueClass, "_multiprocess", False):
+        return True
+    if _families is not None:
+        logger.warning("metrics: counted in memory before the worker started; its pool's counts are not exported")
+        return False
+    values.ValueClass = values.MultiProcessValue()  # type: ignore[no-untyped-call]
+    return True
+
+
+def multiprocess() -> bool:
+    """Whether this process counts in multiprocess files (so an exporter must read them all)."""
+    from prometheus_client import values
+
+    return bool(getattr(values.ValueClass, "_multiprocess", False)) and bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+
+
+def _seconds(later_ms: int, earlier_ms: int) -> float:
+    """Clocks of two processes: a small skew must not become a negative duration."""
+    return max(later_ms - earlier_ms, 0) / 1000.0
+
+
+class TaskMetrics:
+    """The Observer: counts and times each committed change from (before, after) alone."""
+
+    def __init__(self, tools: Collection[str], metrics: Callable[[], Families] = families) -> None:
+        self._tools = tools  # the app's live registry of task tools: tools declared later count too
+        self._metrics = metrics
+
+    def tool(self, name: str) -> str:
+        return name if name in self._tools else OTHER
+
+    def task_changed(self, before: TaskRecord | None, after: TaskRecord) -> None:
+        m = self._metrics()
+        tool = self.tool(after.tool)
+        if before is None:
+            m.created.labels(tool).inc()
+        else:
+            self._timings(m, tool, before, after)
+        if after.terminal and (before is None or not before.terminal):
+            status = after.status.value
+            m.finished.labels(tool, status).inc()
+            m.duration.labels(tool, status).observe(_seconds(after.updated_at, after.created_at))
+            if after.status is TaskStatus.FAILED and (after.error or {}).get("message") == ENQUEUE_FAILED:
+                m.enqueue_failures.labels(tool).inc()
+
+    @staticmethod
+    def _timings(m: Families, tool: str, before: TaskRecord, after: TaskRecord) -> None:
+        if before.started_at is None and after.started_at is not None:  # a queued run started
+            m.queue_wait.labels(tool).observe(_seconds(after.started_at, before.updated_at))
+        asked = after.status is TaskStatus.INPUT_REQUIRED and not after.parked  # a parked job still runs
+        if before.started_at is not None and before.status is TaskStatus.WORKING and (after.terminal or asked):
+            m.run.labels(tool).observe(_seconds(after.updated_at, before.started_at))
+        if before.status is TaskStatus.INPUT_REQUIRED and after.status is not TaskStatus.INPUT_REQUIRED:
+            m.input_wait.labels(tool).observe(_seconds(after.updated_at, before.updated_at))
+
+
+class JanitorMetrics:
+    """A sweep hook: the sweeps this process ran and what they did (known report keys only)."""
+
+    def __init__(self, metrics: Callable[[], Families] = families) -> None:
+        self._metrics = metrics
+
+    def __call__(self, name: str, counts: dict[str, int]) -> None:
+        m = self._metrics()
+        m.janitor_sweeps.inc()
+        for key, action in JANITOR_ACTIONS.items():
+            count = counts.get(key, 0)
+            if count > 0:
+                m.janitor_tasks.labels(action).inc(count)
+
+
+class PushMetrics:
+    """The listen handler's observer: open streams, and how fast a hint becomes a notification."""
+
+    def __init__(self, metrics: Callable[[], Families] = families) -> None:
+        self._metrics = metrics
+
+    def stream_opened(self) -> None:
+        self._metrics().listen_streams.inc()
+
+    def stream_closed(self) -> None:
+        self._metrics().listen_streams.dec()
+
+    def notified(self, latency_s: float) -> None:
+        self._metrics().push_latency.observe(max(latency_s, 0.0))
+
+
+def install(tasks: McpTasks) -> None:
+    """Count in every process of this app (off with MCP_TASKS_METRICS=off): observers, hooks, routes."""
+    if not tasks.settings.metrics:
+        return
+    from celery_mcp_tasks.ops import metrics_scrape
+    from celery_mcp_tasks.ops.worker_metrics import install as install_worker_exporter
+
+    observer: Observer = TaskMetrics(tasks.tools)
+    tasks.observers.append(observer)
+    tasks.sweep_hooks.append(JanitorMetrics())
+    if tasks.listen is not None:
+        tasks.listen.observers.append(PushMetrics())
+    metrics_scrape.count_store_errors(tasks.settings.store_url)
+    tasks.server.custom_route("/metrics", methods=["GET"], include_in_schema=False)(metrics_scrape.endpoint(tasks))
+    install_worker_exporter(tasks)

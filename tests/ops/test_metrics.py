@@ -1,0 +1,232 @@
+"""The metrics observer: real service transitions on a real store, counted and timed from (before, after) alone."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from celery_mcp_tasks.model import Run, TaskRecord, TaskStatus
+from celery_mcp_tasks.observe import Observers
+from celery_mcp_tasks.ops.metrics import OTHER, Families, JanitorMetrics, PushMetrics, TaskMetrics
+from celery_mcp_tasks.service import TaskService, failure
+from celery_mcp_tasks.store.sql import SqlStore
+from tests.builders import record
+
+STALE_MS = 3_000
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100_000
+
+    def __call__(self) -> int:
+        return self.now
+
+
+class Broker:
+    """The dispatcher: records sends, or refuses them like a broker that is down."""
+
+    def __init__(self) -> None:
+        self.down = False
+        self.sent: list[TaskRecord] = []
+
+    def __call__(self, sent: TaskRecord) -> None:
+        if self.down:
+            raise ConnectionError("broker down")
+        self.sent.append(sent)
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+@pytest.fixture
+def metrics(registry: CollectorRegistry) -> Families:
+    return Families(registry)
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def broker() -> Broker:
+    return Broker()
+
+
+@pytest.fixture
+def service(store: SqlStore, clock: Clock, broker: Broker, metrics: Families) -> TaskService:
+    observers = Observers([TaskMetrics({"report", "ask"}, lambda: metrics)])
+    return TaskService(store, dispatcher=broker, clock=clock, observer=observers)
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+def histogram(registry: CollectorRegistry, name: str, **labels: str) -> tuple[float, float]:
+    """(count, sum) of a histogram's series."""
+    return value(registry, f"{name}_count", **labels), value(registry, f"{name}_sum", **labels)
+
+
+def test_a_run_is_counted_and_timed_from_creation_to_completion(
+    service: TaskService, clock: Clock, registry: CollectorRegistry
+) -> None:
+    _, created = service.create(owner=None, tool="report", arguments={"secret": "x"})
+    clock.now += 250  # in the queue
+    service.begin(created.key, Run(1), stale_before_ms=clock.now - STALE_MS)
+    clock.now += 2_000  # running
+    service.complete(created.key, {"content": []}, run=Run(1))
+
+    assert value(registry, "mcp_tasks_created_total", tool="report") == 1
+    assert value(registry, "mcp_tasks_finished_total", tool="report", status="completed") == 1
+    assert histogram(registry, "mcp_tasks_queue_wait_seconds", tool="report") == pytest.approx((1, 0.25))
+    assert histogram(registry, "mcp_tasks_run_seconds", tool="report") == pytest.approx((1, 2.0))
+    assert histogram(registry, "mcp_tasks_duration_seconds", tool="report", status="completed") == pytest.approx(
+        (1, 2.25)
+    )
+    assert value(registry, "mcp_tasks_enqueue_failures_total", tool="report") == 0
+
+
+def test_a_question_ends_the_run_and_the_answer_times_the_wait_and_queues_the_next_run(
+    service: TaskService, clock: Clock, registry: CollectorRegistry
+) -> None:
+    task_id, created = service.create(owner="alice", tool="ask", arguments={})
+    service.begin(created.key, Run(1), stale_before_ms=clock.now - STALE_MS)
+    clock.now += 500
+    service.require_input(created.key, {"confirm": {"method": "elicitation/create"}}, run=Run(1))
+    clock.now += 30_000  # the user thinks
+    service.answer(task_id, "alice", {"confirm": {"action": "accept", "content": {}}})
+    clock.now += 100
+    service.begin(created.key, Run(2), stale_before_ms=clock.now - STALE_MS)
+    clock.now += 400
+    service.complete(created.key, {"content": []}, run=Run(2))
+
+    assert histogram(registry, "mcp_tasks_input_wait_seconds", tool="ask") == pytest.approx((1, 30.0))
+    assert histogram(registry, "mcp_tasks_run_seconds", tool="ask") == pytest.approx(
+        (2, 0.9)
+    )  # the run that asked, the one after
+    assert histogram(registry, "mcp_tasks_queue_wait_seconds", tool="ask") == pytest.approx(
+        (2, 0.1)
+    )  # the first started at once
+    assert value(registry, "mcp_tasks_finished_total", tool="ask", status="completed") == 1
+
+
+def test_a_parked_question_does_not_end_the_run(
+    service: TaskService, clock: Clock, registry: CollectorRegistry
+) -> None:
+    task_id, created = service.create(owner=None, tool="ask", arguments={})
+    service.begin(created.key, Run(1), stale_before_ms=clock.now - STALE_MS)
+    service.require_input(created.key, {"q": {}}, park=True, run=Run(1))
+    clock.now += 5_000
+    service.answer(task_id, None, {"q": {"action": "accept"}})
+    service.complete(created.key, {"content": []}, run=Run(1))
+
+    assert histogram(registry, "mcp_tasks_run_seconds", tool="ask") == pytest.approx(
+        (1, 5.0)
+    )  # one run, waiting included
+    assert histogram(registry, "mcp_tasks_input_wait_seconds", tool="ask") == pytest.approx((1, 5.0))
+
+
+def test_a_job_that_could_not_be_sent_is_an_enqueue_failure_and_a_failed_task(
+    service: TaskService, broker: Broker, registry: CollectorRegistry
+) -> None:
+    broker.down = True
+    _, sent = service.create(owner=None, tool="report", arguments={})
+
+    assert sent.status is TaskStatus.FAILED
+    assert value(registry, "mcp_tasks_created_total", tool="report") == 1
+    assert value(registry, "mcp_tasks_enqueue_failures_total", tool="report") == 1
+    assert value(registry, "mcp_tasks_finished_total", tool="report", status="failed") == 1
+    assert histogram(registry, "mcp_tasks_queue_wait_seconds", tool="report")[0] == 0  # it never started
+
+
+def test_a_failure_and_a_cancel_count_once_each_and_a_late_write_counts_nothing(
+    service: TaskService, clock: Clock, registry: CollectorRegistry
+) -> None:
+    _, failing = service.create(owner=None, tool="report", arguments={})
+    service.begin(failing.key, Run(1), stale_before_ms=clock.now - STALE_MS)
+    service.fail(failing.key, failure("boom"), run=Run(1))
+    cancelled_id, _ = service.create(owner=None, tool="report", arguments={})
+    service.cancel(cancelled_id, None)
+    service.cancel(cancelled_id, None)  # already final: no change, no count
+
+    assert value(registry, "mcp_tasks_finished_total", tool="report", status="failed") == 1
+    assert value(registry, "mcp_tasks_finished_total", tool="report", status="cancelled") == 1
+    assert value(registry, "mcp_tasks_enqueue_failures_total", tool="report") == 0
+    assert histogram(registry, "mcp_tasks_run_seconds", tool="report")[0] == 1  # the cancelled one never ran
+
+
+def test_created_equals_finished_plus_in_flight(
+    service: TaskService, clock: Clock, registry: CollectorRegistry
+) -> None:
+    keys = [service.create(owner=None, tool="report", arguments={})[1].key for _ in range(5)]
+    for key in keys[:3]:
+        service.begin(key, Run(1), stale_before_ms=clock.now - STALE_MS)
+        service.complete(key, {"content": []}, run=Run(1))
+
+    created = value(registry, "mcp_tasks_created_total", tool="report")
+    finished = sum(
+        value(registry, "mcp_tasks_finished_total", tool="report", status=s)
+        for s in ("completed", "failed", "cancelled")
+    )
+    assert (created, finished) == (5, 3)
+
+
+def test_a_tool_the_app_does_not_register_is_labelled_other(metrics: Families, registry: CollectorRegistry) -> None:
+    observer = TaskMetrics({"report"}, lambda: metrics)
+    observer.task_changed(None, record(tool="k" * 43))
+
+    assert value(registry, "mcp_tasks_created_total", tool=OTHER) == 1
+    assert value(registry, "mcp_tasks_created_total", tool="k" * 43) == 0
+
+
+def test_a_clock_behind_another_process_never_makes_a_negative_duration(
+    metrics: Families, registry: CollectorRegistry
+) -> None:
+    observer = TaskMetrics({"t"}, lambda: metrics)
+    queued = record(updated_at=5_000)
+    started = record(updated_at=5_000, started_at=4_000, version=2)  # the worker's clock is a second behind
+    observer.task_changed(queued, started)
+
+    assert histogram(registry, "mcp_tasks_queue_wait_seconds", tool="t") == (1, 0.0)
+
+
+def test_tools_declared_after_install_are_labelled_by_name(metrics: Families, registry: CollectorRegistry) -> None:
+    tools: dict[str, object] = {}
+    observer = TaskMetrics(tools, lambda: metrics)
+    tools["late"] = object()
+    observer.task_changed(None, record(tool="late"))
+
+    assert value(registry, "mcp_tasks_created_total", tool="late") == 1
+
+
+def test_the_janitor_hook_counts_sweeps_and_known_actions_only(metrics: Families, registry: CollectorRegistry) -> None:
+    hook = JanitorMetrics(lambda: metrics)
+    hook("celery_mcp_tasks.janitor.sweep", {"removed": 4, "resent": 1, "failed": 2, "expired_inputs": 3, "new": 9})
+    hook("celery_mcp_tasks.janitor.sweep", {"removed": 0, "resent": 0, "failed": 0})
+
+    assert value(registry, "mcp_tasks_janitor_sweeps_total") == 2
+    assert value(registry, "mcp_tasks_janitor_tasks_total", action="evicted") == 4
+    assert value(registry, "mcp_tasks_janitor_tasks_total", action="resent") == 1
+    assert value(registry, "mcp_tasks_janitor_tasks_total", action="failed_lost") == 2
+    assert value(registry, "mcp_tasks_janitor_tasks_total", action="expired_input") == 3
+    assert {s.labels["action"] for s in registry.collect() for s in s.samples if "action" in s.labels} == {
+        "evicted",
+        "resent",
+        "failed_lost",
+        "expired_input",
+    }
+
+
+def test_push_metrics_follow_streams_and_time_notifications(metrics: Families, registry: CollectorRegistry) -> None:
+    push = PushMetrics(lambda: metrics)
+    push.stream_opened()
+    push.stream_opened()
+    push.stream_closed()
+    push.notified(0.003)
+
+    assert value(registry, "mcp_tasks_listen_streams") == 1
+    assert histogram(registry, "mcp_tasks_push_notify_latency_seconds") == pytest.approx((1, 0.003))

@@ -1,0 +1,172 @@
+"""`/metrics` on the web app: this process's counts plus the sweep record, and an answer even when the store is not.
+
+Real apps on a real SQLite store, a PostgreSQL URL nobody answers, and one that accepts
+connections and never speaks (a database that hangs).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+from prometheus_client import REGISTRY
+from prometheus_client.parser import text_string_to_metric_families
+from starlette.testclient import TestClient
+
+from celery_mcp_tasks import McpTasks
+from celery_mcp_tasks.config import Settings
+from celery_mcp_tasks.migrate import upgrade
+from celery_mcp_tasks.ops.metrics_scrape import Scrape
+from celery_mcp_tasks.store.base import StoreUnavailable
+from celery_mcp_tasks.store.sql import SqlStore
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def store_errors(operation: str) -> float:
+    return REGISTRY.get_sample_value("mcp_tasks_store_errors_total", {"operation": operation}) or 0.0
+
+
+def ledger_errors() -> float:
+    return REGISTRY.get_sample_value("mcp_tasks_scrape_errors_total", {"source": "ledger"}) or 0.0
+
+
+def app_on(url: str | None, tmp_path: Path, **settings: object) -> McpTasks:
+    values: dict[str, object] = {"data_dir": tmp_path, "database_url": url, "notify": "off", "janitor_interval_s": 30.0}
+    values.update(settings)
+    tasks = McpTasks("metrics-test", settings=Settings(**values))  # type: ignore[arg-type]
+
+    @tasks.mcp_task
+    def report() -> str:
+        return "ok"
+
+    return tasks
+
+
+def test_the_route_serves_this_process_counts_and_the_last_sweep(tmp_path: Path) -> None:
+    tasks = app_on(None, tmp_path)
+    upgrade(tasks.settings.store_url)
+    tasks.service().create(owner=None, tool="report", arguments={})  # sent to the embedded broker
+    tasks.service().create(owner=None, tool="not-a-tool", arguments={})  # no such job: the send fails
+    tasks.sweep()
+
+    with TestClient(tasks.asgi_app()) as client:
+        response = client.get("/metrics")
+
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    seen = samples(response.text)
+    assert seen[("mcp_tasks_created_total", (("tool", "report"),))] >= 1
+    assert seen[("mcp_tasks_created_total", (("tool", "other"),))] >= 1
+    assert seen[("mcp_tasks_ledger_up", ())] == 1
+    assert seen[("mcp_tasks_janitor_interval_seconds", ())] == 30
+    assert seen[("mcp_tasks_enqueue_failures_total", (("tool", "other"),))] >= 1
+    assert seen[("mcp_tasks_in_status", (("status", "working"),))] == 1
+    assert seen[("mcp_tasks_in_status", (("status", "failed"),))] == 1
+    assert seen[("mcp_tasks_in_status", (("status", "completed"),))] == 0
+    assert abs(seen[("mcp_tasks_janitor_last_sweep_timestamp_seconds", ())] - time.time()) < 60
+    assert ("mcp_tasks_janitor_sweeps_total", ()) in seen
+    assert ("mcp_tasks_listen_streams", ()) in seen
+
+
+def test_with_metrics_off_there_is_no_route(tmp_path: Path) -> None:
+    tasks = app_on(None, tmp_path, metrics=False)
+
+    with TestClient(tasks.asgi_app()) as client:
+        assert client.get("/metrics").status_code == 404
+
+
+def test_a_scrape_while_the_database_refuses_answers_and_counts_the_failure(tmp_path: Path) -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    tasks = app_on(f"postgresql://postgres@127.0.0.1:{port}/nowhere", tmp_path)
+    before = (ledger_errors(), store_errors("connect"))
+
+    response = anyio.run(Scrape(tasks).respond)
+
+    assert response.status_code == 200
+    seen = samples(bytes(response.body).decode())
+    assert seen[("mcp_tasks_ledger_up", ())] == 0
+    assert ("mcp_tasks_in_status", (("status", "working"),)) not in seen
+    assert seen[("mcp_tasks_janitor_interval_seconds", ())] == 30  # configuration still shows
+    assert (ledger_errors(), store_errors("connect")) >= (before[0] + 1, before[1] + 1)
+
+
+@pytest.fixture
+def hanging_database() -> Iterator[int]:
+    """A port that accepts connections and never answers: a database that hangs."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                accepted.append(server.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    thread.join()
+    for conn in accepted:  # the abandoned read fails now and its thread ends
+        conn.close()
+    server.close()
+
+
+def test_a_scrape_while_the_database_hangs_answers_within_its_deadline(tmp_path: Path, hanging_database: int) -> None:
+    tasks = app_on(f"postgresql://postgres@127.0.0.1:{hanging_database}/hangs", tmp_path)
+    scrape = Scrape(tasks, timeout_s=0.5)
+    before = ledger_errors()
+
+    started = time.monotonic()
+    first = anyio.run(scrape.respond)
+    second = anyio.run(scrape.respond)  # the first read still hangs: no second thread joins it
+    took = time.monotonic() - started
+
+    assert (first.status_code, second.status_code) == (200, 200)
+    assert took < 2.0
+    assert samples(bytes(second.body).decode())[("mcp_tasks_ledger_up", ())] == 0
+    assert ledger_errors() == before + 2
+
+
+def test_store_errors_are_counted_by_operation_once_each(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'unmigrated.db'}"
+    app_on(url, tmp_path)  # watches this store's database
+    store = SqlStore.from_url(url)
+    before = store_errors("select")
+
+    with pytest.raises(StoreUnavailable):
+        store.get("k")
+
+    assert store_errors("select") == before + 1
+    store.dispose()
+
+
+def test_errors_of_other_databases_are_not_the_store_s(tmp_path: Path) -> None:
+    app_on(f"sqlite:///{tmp_path / 'watched.db'}", tmp_path)
+    other = SqlStore.from_url(f"sqlite:///{tmp_path / 'someone-else.db'}")
+    before = store_errors("select")
+
+    with pytest.raises(StoreUnavailable):
+        other.get("k")
+
+    assert store_errors("select") == before
+    other.dispose()

@@ -1,0 +1,129 @@
+"""A worker's metrics endpoint: real `celery worker --pool=prefork -c 2` processes on the embedded backend.
+
+The children's counts reach the main process's endpoint through the multiprocess files; a port
+in use costs one warning line, never the worker; a private directory goes with its worker.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from celery_mcp_tasks.ops.worker_metrics import PRIVATE_PREFIX, WorkerExporter, remove_orphans
+from tests.support import Backend, Deployment, McpHttp, free_port, wait_until
+
+APP = "examples.conformance.app"
+NO_SUCH_PID = 2**22 + 1  # above Linux's largest pid_max: never a live process
+
+
+def finished(text: str) -> float:
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "mcp_tasks_finished_total"
+    )
+
+
+@pytest.fixture
+def deployment(tmp_path: Path) -> Iterator[Deployment]:
+    backend = Backend("embedded", {"MCP_TASKS_DATA_DIR": str(tmp_path / "data")})
+    with Deployment(APP, backend, tmp_path) as running:
+        running.web()  # migrates the embedded store
+        yield running
+
+
+def run_one(deployment: Deployment) -> None:
+    client = McpHttp(deployment.url)
+    try:
+        assert client.wait_for(client.create("slow_compute", {"seconds": 0}))["status"] == "completed"
+    finally:
+        client.close()
+
+
+@pytest.mark.integration
+def test_the_pool_children_counts_are_served_by_the_main_process(deployment: Deployment, tmp_path: Path) -> None:
+    directory = tmp_path / "multiproc"
+    port = free_port()
+    worker = deployment.worker(
+        pool="prefork",
+        concurrency=2,
+        env={"MCP_TASKS_WORKER_METRICS_PORT": str(port), "PROMETHEUS_MULTIPROC_DIR": str(directory)},
+    )
+    run_one(deployment)
+
+    url = f"http://127.0.0.1:{port}/metrics"
+    wait_until(lambda: finished(httpx.get(url, timeout=5).text) == 1, 20, "the child's finish on the endpoint")
+    writers = {path.stem.rsplit("_", 1)[1] for path in directory.glob("counter_*.db")}
+    assert str(worker.popen.pid) not in writers and writers  # a child counted, not the main process
+    worker.stop()
+    assert list(directory.glob("counter_*.db"))  # the deployment's directory is left as it was
+
+
+@pytest.mark.integration
+def test_a_port_in_use_is_one_warning_and_the_worker_runs_on(deployment: Deployment, tmp_path: Path) -> None:
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))  # the address the exporter binds
+        taken.listen()
+        port = taken.getsockname()[1]
+        worker = deployment.worker(
+            pool="prefork", concurrency=2, env={"MCP_TASKS_WORKER_METRICS_PORT": str(port), "TMPDIR": str(temp)}
+        )
+        run_one(deployment)
+
+        warnings = [line for line in worker.text().splitlines() if "is not free" in line]
+        assert len(warnings) == 1, worker.text()
+        assert f"worker metrics port {port} is not free" in warnings[0]
+        assert worker.popen.poll() is None
+        assert [path.name for path in temp.iterdir() if path.name.startswith(PRIVATE_PREFIX)]
+        worker.stop()
+    assert not [path for path in temp.iterdir() if path.name.startswith(PRIVATE_PREFIX)]  # removed on shutdown
+
+
+@pytest.mark.integration
+def test_with_the_port_off_no_endpoint_and_no_directory(deployment: Deployment, tmp_path: Path) -> None:
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    worker = deployment.worker(
+        pool="prefork", concurrency=2, env={"MCP_TASKS_WORKER_METRICS_PORT": "off", "TMPDIR": str(temp)}
+    )
+    run_one(deployment)
+
+    assert "worker metrics on" not in worker.text()
+    assert not [path for path in temp.iterdir() if path.name.startswith(PRIVATE_PREFIX)]
+
+
+def test_a_killed_workers_private_directory_is_removed_by_the_next(tmp_path: Path) -> None:
+    orphan = tmp_path / f"{PRIVATE_PREFIX}{NO_SUCH_PID}-abc"
+    mine = tmp_path / f"{PRIVATE_PREFIX}{os.getpid()}-def"
+    unrelated = tmp_path / f"{PRIVATE_PREFIX}notapid-x"
+    for path in (orphan, mine, unrelated):
+        path.mkdir()
+        (path / "counter_1.db").write_bytes(b"")
+
+    assert remove_orphans(str(tmp_path)) == [str(orphan)]
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted([mine.name, unrelated.name])
+
+
+def test_an_exporter_that_could_not_bind_stops_cleanly(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        exporter = WorkerExporter(taken.getsockname()[1], addr="127.0.0.1")
+        exporter.directory = tempfile.mkdtemp(prefix=f"{PRIVATE_PREFIX}{os.getpid()}-", dir=tmp_path)
+        exporter.private = True
+        with caplog.at_level("WARNING", logger="celery_mcp_tasks.ops.metrics"):
+            exporter.serve()
+    assert exporter.server is None
+    assert [record.levelname for record in caplog.records] == ["WARNING"]
+    exporter.stop()
+    assert not list(tmp_path.iterdir())
