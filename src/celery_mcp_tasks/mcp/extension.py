@@ -48,6 +48,7 @@ from celery_mcp_tasks.mcp.wire import (
 )
 from celery_mcp_tasks.model import InvalidInputResponse, TaskRecord
 from celery_mcp_tasks.notify.hub import Hub
+from celery_mcp_tasks.ops.tracing import creating
 from celery_mcp_tasks.protocol import EXTENSION_ID, render_create_result, render_task
 from celery_mcp_tasks.service import TaskExpired, TaskService
 from celery_mcp_tasks.store.base import StoreUnavailable, TaskLimitReached, TaskNotFound
@@ -188,14 +189,16 @@ class TasksExtension(Extension):
         if tool.poll_interval_ms != "default":
             options["poll_interval_ms"] = tool.poll_interval_ms
         try:
-            return service.create(
-                owner=owner,
-                tool=tool.name,
-                arguments=arguments,
-                status_message=message,
-                input_responses=seeded,
-                **options,
-            )
+            with creating(tool.name) as trace_context:  # a child of the SDK's tools/call span
+                return service.create(
+                    owner=owner,
+                    tool=tool.name,
+                    arguments=arguments,
+                    status_message=message,
+                    input_responses=seeded,
+                    trace_context=trace_context,
+                    **options,
+                )
         except TaskLimitReached:
             raise internal("Task limit reached") from None
 

@@ -5,7 +5,7 @@ number, so a cancel can revoke it without storing anything more); the row key
 travels in a header, which survives retries and redelivery and reaches every
 signal. Neither the id nor the body holds the MCP task id. The message is
 shadowed with the tool's name, which is what worker logs, `celery events` and
-Flower show.
+Flower show. The headers also carry the task's trace context (`ops.tracing`).
 """
 
 from __future__ import annotations
@@ -13,10 +13,12 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Mapping
+from typing import Any
 
 from celery import Celery
 
 from celery_mcp_tasks.model import TaskRecord
+from celery_mcp_tasks.ops.tracing import sending
 from celery_mcp_tasks.worker.job import DISPATCH_HEADER, HIDDEN_ARGS, KEY_HEADER, JobTool
 from celery_mcp_tasks.worker.revoker import BackgroundRevoker
 
@@ -40,16 +42,18 @@ class CeleryDispatcher:
 
     def __call__(self, record: TaskRecord) -> None:
         tool = self.tools[record.tool]
-        self.app.send_task(
-            tool.celery_name,
-            kwargs=record.arguments,
-            task_id=celery_id(record),
-            headers={KEY_HEADER: record.key, DISPATCH_HEADER: record.dispatches},
-            shadow=tool.name,
-            **HIDDEN_ARGS,  # what worker logs and events show instead of the arguments
-            retry=True,
-            retry_policy=_RETRY_POLICY,
-        )
+        headers: dict[str, Any] = {KEY_HEADER: record.key, DISPATCH_HEADER: record.dispatches}
+        with sending(record.trace_context, headers):  # the task's trace context, in the message headers
+            self.app.send_task(
+                tool.celery_name,
+                kwargs=record.arguments,
+                task_id=celery_id(record),
+                headers=headers,
+                shadow=tool.name,
+                **HIDDEN_ARGS,  # what worker logs and events show instead of the arguments
+                retry=True,
+                retry_policy=_RETRY_POLICY,
+            )
 
     def revoke(self, record: TaskRecord) -> None:
         """The service cancelled the task: terminate its running job when the tool asked for it.

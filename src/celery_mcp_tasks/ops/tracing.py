@@ -1,0 +1,398 @@
+"""Traces: one trace per task, from `tools/call` through every Celery send and run to the final write.
+
+"tasks create <tool>" (a child of the SDK's `tools/call` span) stores its W3C `traceparent`
+in the row; every send of the job (first, reaper's, after `tasks/update`) makes that context
+current and injects it into the Celery message headers with the global propagator, as
+`opentelemetry-instrumentation-celery` does (Celery copies headers into retries). In the
+worker each run is "mcp_task run <tool>", a child of the headers' context, open from
+`task_prerun` to `task_postrun`, so the bridge's final write happens inside it. When the
+Celery instrumentor is active, its publish and run spans are the message's: ours is not
+started, and its run span gets our attributes. Never a task id, an argument, a result or
+an exception's text in a span; the row key's first 8 hex digits at most.
+
+`creating` and `sending` need only opentelemetry-api (a no-op that still propagates, so a
+user's own `opentelemetry-instrument` setup works). "otlp"/"console" configure a provider
+with a `BatchSpanProcessor` in the web process and in each worker process (after the fork):
+an unreachable collector only drops spans and logs.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import logging
+import os
+import sys
+import threading
+from collections.abc import AsyncIterator, Iterator, MutableMapping
+from contextlib import asynccontextmanager, contextmanager
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.propagators.textmap import Getter
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from celery_mcp_tasks.config import ConfigError
+from celery_mcp_tasks.model import TaskRecord
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from celery_mcp_tasks.app import McpTasks
+
+__all__ = ["creating", "current_traceparent", "install", "require_extra", "sending"]
+
+logger = logging.getLogger("celery_mcp_tasks.ops")
+
+TRACER = trace.get_tracer("celery_mcp_tasks")
+EXTRA = "pip install 'celery-mcp-tasks[otel]'"
+TOOL = "mcp_task.tool"
+KEY_PREFIX = "mcp_task.key_prefix"
+DISPATCH = "mcp_task.dispatch"
+ATTEMPT = "mcp_task.attempt"
+STATUS = "mcp_task.status"
+RUN_END = "mcp_task.run_end"
+_PREFIX = 8
+_STOP_S = 5.0
+"""The bound on the last flush at exit: a collector that is down never holds a process's shutdown."""
+_W3C = TraceContextTextMapPropagator()
+_SPAN = "_mcp_run_span"  # request attribute: our run span and the context token of its run
+
+
+# -- the web side and every send (opentelemetry-api only) ----------------------------------------------
+
+
+def current_traceparent() -> str | None:
+    """The W3C `traceparent` of the current span, or None when there is no valid one."""
+    carrier: dict[str, str] = {}
+    _W3C.inject(carrier)
+    return carrier.get("traceparent")
+
+
+def _no_provider() -> bool:
+    """No tracer provider is set: a span would only be its parent again, so none is started (it costs ~20 us)."""
+    return isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
+@contextmanager
+def creating(tool: str) -> Iterator[str | None]:
+    """The span "tasks create <tool>" around one creation and its first send; yields what the row stores."""
+    if _no_provider():  # the caller's context (if any) is what the row keeps and every send carries
+        yield current_traceparent()
+        return
+    with TRACER.start_as_current_span(
+        f"tasks create {tool}", attributes={TOOL: tool}, record_exception=False, set_status_on_exception=False
+    ) as span:
+        try:
+            yield current_traceparent()
+        except Exception as exc:  # its type's name only: a message may quote arguments
+            span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+            raise
+
+
+@contextmanager
+def sending(trace_context: str | None, headers: MutableMapping[str, Any]) -> Iterator[None]:
+    """One send of a task's job: the task's own context is current, and written into the message `headers`.
+
+    The stored context, not the caller's: a resend by the reaper or after `tasks/update` belongs to
+    the task's trace. A row without one sends in the caller's. Never raises for tracing's sake.
+    """
+    token = None
+    try:
+        if trace_context and trace_context != current_traceparent():  # not the first send, in `creating`
+            token = otel_context.attach(_W3C.extract({"traceparent": trace_context}))
+        propagate.inject(headers)
+    except Exception:  # a broken propagator costs the trace, never the job
+        logger.warning("tracing: could not put the trace context in a job's headers", exc_info=True)
+    try:
+        yield
+    finally:
+        if token is not None:
+            otel_context.detach(token)
+
+
+class StatusEvents:
+    """An observer: each status a write sets is an event on the span current there (create, a run, a `tasks/*`)."""
+
+    def task_changed(self, before: TaskRecord | None, after: TaskRecord) -> None:
+        if before is not None and before.status is after.status:
+            return
+        span = trace.get_current_span()
+        if not span.is_recording():
+            return
+        if before is None:
+            span.set_attribute(KEY_PREFIX, after.key[:_PREFIX])
+        span.set_attribute(STATUS, after.status.value)
+        span.add_event("mcp_task.status", {STATUS: after.status.value})
+
+
+# -- the worker's run spans (Celery signals) -------------------------------------------------------------
+
+
+class _RequestGetter(Getter[Any]):
+    """Reads a propagator's fields from a Celery request: message headers are its attributes (or `.headers`)."""
+
+    def get(self, carrier: Any, key: str) -> list[str] | None:
+        value = getattr(carrier, key, None)
+        if value is None:
+            value = (getattr(carrier, "headers", None) or {}).get(key)
+        return [value] if isinstance(value, str) else None
+
+    def keys(self, carrier: Any) -> list[str]:
+        return list(getattr(carrier, "headers", None) or {})
+
+
+_GETTER = _RequestGetter()
+
+
+def _celery_instrumented() -> bool:
+    """opentelemetry-instrumentation-celery is active here: its spans are the message's, ours would duplicate them."""
+    module = sys.modules.get("opentelemetry.instrumentation.celery")
+    if module is None:
+        return False
+    try:
+        return bool(module.CeleryInstrumentor().is_instrumented_by_opentelemetry)
+    except Exception:  # noqa: BLE001 - an instrumentor we cannot ask is one we do not defer to
+        return False
+
+
+def _ours(task: Any) -> tuple[Any, str, Any] | None:
+    """(request, row key, run) when `task` runs an MCP task's message; None for anything else."""
+    from celery_mcp_tasks.worker.job import McpJob, row_key, run_of
+
+    if not isinstance(task, McpJob):
+        return None
+    request = task.request
+    key = row_key(request)
+    if key is None:
+        return None
+    return request, key, run_of(request)
+
+
+def _attributes(tool: str, key: str, run: Any) -> dict[str, Any]:
+    attributes: dict[str, Any] = {TOOL: tool, KEY_PREFIX: key[:_PREFIX]}
+    if run is not None:
+        attributes[DISPATCH] = run.dispatch
+        attributes[ATTEMPT] = run.attempt + 1
+    return attributes
+
+
+def _on_prerun(sender: Any = None, task: Any = None, **_: Any) -> None:
+    job = task or sender
+    found = _ours(job)
+    if found is None or _celery_instrumented():
+        return
+    request, key, run = found
+    tool = job.mcp_tool.name
+    parent = propagate.extract(request, getter=_GETTER)
+    span = TRACER.start_span(
+        f"mcp_task run {tool}", context=parent, kind=SpanKind.CONSUMER, attributes=_attributes(tool, key, run)
+    )
+    token = otel_context.attach(trace.set_span_in_context(span, parent))
+    setattr(request, _SPAN, (span, token))
+
+
+def _run_span(task: Any) -> tuple[trace.Span, bool] | None:
+    """The span of the run `task` is in: ours (True), or the Celery instrumentor's (False)."""
+    found = _ours(task)
+    if found is None:
+        return None
+    request, key, run = found
+    held = getattr(request, _SPAN, None)
+    if held is not None:
+        return held[0], True
+    span = trace.get_current_span()
+    if not span.is_recording():
+        return None
+    span.set_attributes(_attributes(task.mcp_tool.name, key, run))  # the instrumentor's run span
+    return span, False
+
+
+def _on_success(sender: Any = None, **_: Any) -> None:
+    from celery_mcp_tasks.worker.job import RUN_END as ended
+
+    found = _run_span(sender)
+    if found is not None:
+        why = getattr(sender.request, ended, None)
+        if isinstance(why, str):
+            found[0].set_attribute(RUN_END, why)
+
+
+def _on_failure(sender: Any = None, exception: BaseException | None = None, **_: Any) -> None:
+    found = _run_span(sender)
+    if found is not None and found[1]:  # the instrumentor sets its own span's status
+        found[0].set_status(Status(StatusCode.ERROR, type(exception).__name__ if exception else None))
+
+
+def _on_retry(sender: Any = None, **_: Any) -> None:
+    found = _run_span(sender)
+    if found is not None:
+        found[0].add_event("mcp_task.retry")
+
+
+def _on_postrun(sender: Any = None, task: Any = None, **_: Any) -> None:
+    request = getattr(task or sender, "request", None)
+    held = getattr(request, _SPAN, None)
+    if held is None:
+        return
+    span, token = held
+    delattr(request, _SPAN)
+    try:
+        otel_context.detach(token)
+    finally:
+        span.end()
+
+
+_signals_connected = False
+
+
+def _connect_run_spans() -> None:
+    """Once per process (forked pool children inherit the receivers), like the signal bridge."""
+    global _signals_connected
+    if _signals_connected:
+        return
+    from celery import signals
+
+    for signal, receiver in (
+        (signals.task_prerun, _on_prerun),
+        (signals.task_success, _on_success),
+        (signals.task_failure, _on_failure),
+        (signals.task_retry, _on_retry),
+        (signals.task_postrun, _on_postrun),
+    ):
+        signal.connect(receiver, weak=False)
+    _signals_connected = True
+
+
+# -- the providers MCP_TASKS_TRACING=otlp|console configure ----------------------------------------------
+
+
+def require_extra(mode: str) -> None:
+    """Raise `ConfigError` (one line naming the extra) when `mode` needs packages that are not installed."""
+    needed = ["opentelemetry.sdk"]
+    if mode == "otlp":
+        needed.append("opentelemetry.exporter.otlp.proto.http")
+    for module in needed:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise ConfigError(f"MCP_TASKS_TRACING={mode} needs the otel extra ({module} is missing): {EXTRA}")
+
+
+class _Process:
+    """This process's provider (at most one: a pool child builds its own after the fork)."""
+
+    lock = threading.Lock()
+    pid: int | None = None
+    provider: TracerProvider | None = None
+
+
+_process = _Process()
+
+
+def configure(mode: str, service_name: str) -> TracerProvider | None:
+    """Set the global tracer provider for `mode` in this process, once; None if one was already set."""
+    with _process.lock:
+        if _process.pid == os.getpid():
+            return _process.provider
+        _process.pid = os.getpid()
+        _process.provider = None
+        if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+            logger.info("tracing: a tracer provider is already set (e.g. opentelemetry-instrument); using it")
+            return None
+        provider = _provider(mode, service_name)
+        trace.set_tracer_provider(provider)
+        _process.provider = provider
+        atexit.register(shutdown)
+        return provider
+
+
+def _provider(mode: str, service_name: str) -> TracerProvider:
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+
+    named = "OTEL_SERVICE_NAME" in os.environ or "service.name=" in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
+    provider = TracerProvider(
+        resource=Resource.create({} if named else {SERVICE_NAME: service_name}), shutdown_on_exit=False
+    )
+    exporter: SpanExporter
+    if mode == "otlp":  # endpoint, headers, timeout, compression: the standard OTEL_EXPORTER_OTLP_* variables
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        exporter = OTLPSpanExporter()
+    else:  # one JSON object a line on the real stdout (Celery redirects sys.stdout into its logger)
+        exporter = ConsoleSpanExporter(
+            out=sys.__stdout__ or sys.stdout, formatter=lambda span: str(span.to_json(indent=None)) + "\n"
+        )
+    provider.add_span_processor(BatchSpanProcessor(exporter))  # drops, never blocks, when the export fails
+    return provider
+
+
+def shutdown() -> None:
+    """Flush and stop this process's provider, within `_STOP_S` (a flush to a dead collector is left behind)."""
+    with _process.lock:
+        provider, _process.provider = _process.provider, None
+    if provider is None:
+        return
+    stopping = threading.Thread(target=provider.shutdown, name="mcp-tasks-trace-flush", daemon=True)
+    stopping.start()
+    stopping.join(_STOP_S)
+
+
+def _forks(pool_cls: Any) -> bool:
+    """A prefork (billiard) pool: its children run the jobs, so each configures itself after the fork."""
+    name = pool_cls if isinstance(pool_cls, str) else getattr(pool_cls, "__module__", "")
+    return "prefork" in str(name)
+
+
+def _install_worker_provider(tasks: McpTasks, mode: str) -> None:
+    from celery import signals
+
+    def in_child(**_: Any) -> None:
+        configure(mode, tasks.name)
+
+    def in_worker(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is tasks.celery and not _forks(getattr(sender, "pool_cls", "prefork")):
+            configure(mode, tasks.name)  # solo, threads, gevent: the jobs run in this very process
+
+    signals.worker_process_init.connect(in_child, weak=False)
+    signals.worker_init.connect(in_worker, weak=False)
+    for stopping in (signals.worker_process_shutdown, signals.worker_shutdown):
+        stopping.connect(lambda **_: shutdown(), weak=False)
+
+
+def _serving(tasks: McpTasks, mode: str) -> Any:
+    @asynccontextmanager
+    async def provider() -> AsyncIterator[None]:
+        import anyio.to_thread
+
+        configure(mode, tasks.name)
+        try:
+            yield
+        finally:
+            await anyio.to_thread.run_sync(shutdown)
+
+    return provider
+
+
+def install(tasks: McpTasks) -> None:
+    """Spans for every task of `tasks`; with MCP_TASKS_TRACING=otlp|console, a provider in each process.
+
+    Only registers (an observer, signals, a serving context); a missing extra stops the process in one line.
+    """
+    mode = tasks.settings.tracing
+    if mode != "off":
+        try:
+            require_extra(mode)
+        except ConfigError as exc:
+            raise SystemExit(f"celery-mcp-tasks: configuration error: {exc}") from None
+    tasks.observers.append(StatusEvents())
+    _connect_run_spans()
+    if mode != "off":
+        tasks.serving_contexts.append(_serving(tasks, mode))
+        _install_worker_provider(tasks, mode)

@@ -1,0 +1,194 @@
+"""Traces without processes: what a creation stores, what a send puts in a real Celery message, the extra.
+
+No SDK provider is set in this process (a global one would leak into other tests):
+opentelemetry-api alone still propagates a context, which is what MCP_TASKS_TRACING=off
+relies on. The SDK pieces (`_provider`) are exercised on providers of their own.
+The real processes, exporting to a collector: tests/integration/test_tracing.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from celery import Celery
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+from celery_mcp_tasks.config import ConfigError, Settings
+from celery_mcp_tasks.ops import tracing
+from celery_mcp_tasks.worker.dispatch import CeleryDispatcher
+from tests.builders import record
+from tests.support import free_port
+
+CLIENT_TRACE = 0x4BF92F3577B34DA6A3CE929D0E0E4736
+OTHER_TRACE = 0x0AF7651916CD43DD8448EB211C80319C
+
+
+def remote(trace_id: int, span_id: int = 0x00F067AA0BA902B7) -> NonRecordingSpan:
+    """A span context as a caller's `traceparent` brings it (sampled)."""
+    return NonRecordingSpan(SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED)))
+
+
+def trace_id_of(traceparent: str | None) -> int | None:
+    return None if traceparent is None else int(traceparent.split("-")[1], 16)
+
+
+def test_a_creation_stores_the_traceparent_of_the_call_it_is_part_of():
+    with trace.use_span(remote(CLIENT_TRACE)), tracing.creating("report") as stored:
+        assert trace_id_of(stored) == CLIENT_TRACE
+    assert stored is not None and len(stored) == 55  # 00-<32 hex>-<16 hex>-<2 hex>: fits the 512-char column
+
+
+def test_a_creation_outside_any_trace_stores_nothing():
+    with tracing.creating("report") as stored:
+        assert stored is None
+
+
+def test_a_failed_creation_still_raises_through_its_span():
+    with pytest.raises(RuntimeError, match="row cap"), tracing.creating("report"):
+        raise RuntimeError("row cap")
+
+
+@pytest.fixture
+def memory_celery() -> Iterator[tuple[Celery, str]]:
+    app = Celery(f"tracing-{uuid.uuid4().hex[:6]}", broker="memory://")
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    app.conf.task_default_queue = queue
+    yield app, queue
+    app.close()
+
+
+def _sent_headers(app: Celery, queue: str) -> dict[str, Any]:
+    with app.connection_for_read() as connection:
+        inbox = connection.SimpleQueue(queue)
+        try:
+            message = inbox.get(timeout=5)
+            message.ack()
+            return dict(message.headers)
+        finally:
+            inbox.close()
+
+
+def test_every_send_carries_the_tasks_own_context_in_the_message_headers(memory_celery: tuple[Celery, str]):
+    """A resend after `tasks/update` runs inside that request's span: the message still names the task's trace."""
+    app, queue = memory_celery
+    tools = {"report": SimpleNamespace(name="report", celery_name="jobs.report", terminate=False)}
+    dispatcher = CeleryDispatcher(app, tools)  # type: ignore[arg-type]
+    with trace.use_span(remote(CLIENT_TRACE)), tracing.creating("report") as stored:
+        pass
+    task = replace(record(key="ab" * 32, tool="report", dispatches=2), trace_context=stored)
+    with trace.use_span(remote(OTHER_TRACE)):  # the answering request's own trace
+        dispatcher(task)
+    headers = _sent_headers(app, queue)
+    assert trace_id_of(headers["traceparent"]) == CLIENT_TRACE
+    assert headers["mcp_task_key"] == task.key and headers["mcp_task_dispatch"] == 2
+    assert trace_id_of(tracing.current_traceparent()) is None  # the send's context was detached after it
+
+
+def test_a_row_without_a_context_sends_in_the_callers(memory_celery: tuple[Celery, str]):
+    app, queue = memory_celery
+    tools = {"report": SimpleNamespace(name="report", celery_name="jobs.report", terminate=False)}
+    with trace.use_span(remote(OTHER_TRACE)):
+        CeleryDispatcher(app, tools)(record(key="cd" * 32, tool="report", dispatches=1))  # type: ignore[arg-type]
+    assert trace_id_of(_sent_headers(app, queue)["traceparent"]) == OTHER_TRACE
+
+
+def test_a_worker_reads_the_context_from_a_request_like_celery_builds_it():
+    """Message headers become request attributes; a retry's copy keeps them in `request.headers`."""
+    from celery.app.task import Context
+    from opentelemetry import propagate
+
+    traceparent = f"00-{CLIENT_TRACE:032x}-00f067aa0ba902b7-01"
+    for request in (Context(traceparent=traceparent), Context(headers={"traceparent": traceparent})):
+        found = trace.get_current_span(propagate.extract(request, getter=tracing._GETTER)).get_span_context()
+        assert found.trace_id == CLIENT_TRACE
+
+
+def test_a_status_change_becomes_an_event_on_the_current_span_only_when_it_records():
+    events = tracing.StatusEvents()
+    before = record(key="ef" * 32)
+    events.task_changed(None, before)  # a non-recording span: nothing to do, nothing raised
+    with trace.use_span(remote(CLIENT_TRACE)):
+        events.task_changed(before, replace(before, version=2))
+
+
+# -- the extra ---------------------------------------------------------------------------------------
+
+
+def test_a_mode_without_its_extra_says_which_pip_install(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setitem(sys.modules, "opentelemetry.sdk", None)  # as if opentelemetry-sdk were not installed
+    for mode in ("otlp", "console"):
+        with pytest.raises(
+            ConfigError, match=r"MCP_TASKS_TRACING=\w+ needs the otel extra .*pip install 'celery-mcp-tasks\[otel\]'"
+        ):
+            tracing.require_extra(mode)
+
+
+def test_the_otlp_mode_needs_the_exporter_too(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setitem(sys.modules, "opentelemetry.exporter.otlp.proto.http", None)
+    tracing.require_extra("console")
+    with pytest.raises(ConfigError, match=r"opentelemetry\.exporter\.otlp\.proto\.http is missing"):
+        tracing.require_extra("otlp")
+
+
+def test_an_app_asking_for_traces_without_the_extra_stops_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    from celery_mcp_tasks import McpTasks
+
+    monkeypatch.setitem(sys.modules, "opentelemetry.sdk", None)
+    with pytest.raises(SystemExit) as stopped:
+        McpTasks("no-extra", settings=Settings(data_dir=tmp_path, tracing="otlp"))
+    message = str(stopped.value)
+    assert message.startswith("celery-mcp-tasks: configuration error: MCP_TASKS_TRACING=otlp") and "\n" not in message
+
+
+def test_tracing_off_needs_nothing_more(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    from celery_mcp_tasks import McpTasks
+
+    monkeypatch.setitem(sys.modules, "opentelemetry.sdk", None)
+    tasks = McpTasks("off", settings=Settings(data_dir=tmp_path))
+    assert any(isinstance(observer, tracing.StatusEvents) for observer in tasks.observers)
+    assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)  # no provider of ours, ever
+
+
+# -- the providers (each its own, never the global one) -------------------------------------------------
+
+
+def test_the_console_exporter_writes_one_json_span_a_line_on_the_real_stdout(capfd: pytest.CaptureFixture[str]):
+    provider = tracing._provider("console", "console-test")
+    span = provider.get_tracer("t").start_span("tasks create report", attributes={tracing.TOOL: "report"})
+    span.end()
+    provider.shutdown()
+    lines = [line for line in capfd.readouterr().out.splitlines() if line.startswith("{")]
+    assert len(lines) == 1
+    exported = json.loads(lines[0])
+    assert exported["name"] == "tasks create report" and exported["attributes"] == {tracing.TOOL: "report"}
+    assert exported["resource"]["attributes"]["service.name"] == "console-test"
+
+
+def test_an_unreachable_collector_never_holds_the_caller(monkeypatch: pytest.MonkeyPatch):
+    """Spans end at once while the exporter fails behind them, and the last flush at exit is bounded."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{free_port()}")  # nothing listens
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "4")  # the exporter alone would retry for 4 s at exit
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "10")
+    provider = tracing._provider("otlp", "down-test")
+    tracer = provider.get_tracer("t")
+    started = time.monotonic()
+    for n in range(3000):  # more than the queue holds (2048): the rest is dropped, not waited for
+        tracer.start_span(f"span {n}").end()
+    assert time.monotonic() - started < 2.0
+    monkeypatch.setattr(tracing._process, "provider", provider)
+    monkeypatch.setattr(tracing, "_STOP_S", 1.0)
+    started = time.monotonic()
+    tracing.shutdown()
+    assert time.monotonic() - started < 2.5  # our bound, not the exporter's
