@@ -15,8 +15,12 @@ from pydantic import Field
 
 from celery_mcp_tasks import McpTasks, TaskContext, elicit
 from examples.conformance.core_fixtures import register_core_fixtures
+from examples.conformance.replica_bus import ReplicaBus
 
-tasks = McpTasks("celery-mcp-tasks-conformance")
+# Core list-changed events cross web replicas (a round-robin proxy in front of several `serve`s).
+bus = ReplicaBus()
+tasks = McpTasks("celery-mcp-tasks-conformance", subscriptions=bus)
+bus.attach(tasks)
 celery = tasks.celery
 server = tasks.server
 
