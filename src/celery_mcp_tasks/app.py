@@ -16,12 +16,11 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal, TypeVar, overload
 
 from celery import Celery
-from starlette.requests import Request
-from starlette.responses import JSONResponse
 
 from celery_mcp_tasks.config import ConfigError, Settings, redact_url
-from celery_mcp_tasks.janitor import MetricHook, SweepReport, sweep
+from celery_mcp_tasks.janitor import MetricHook, SweepReport, ledger_of, sweep
 from celery_mcp_tasks.mcp.extension import TasksExtension
+from celery_mcp_tasks.mcp.request_state import share_request_state, warn_unless_shared
 from celery_mcp_tasks.mcp.security import transport_security
 from celery_mcp_tasks.mcp.server import TasksServer
 from celery_mcp_tasks.mcp.serving import (
@@ -40,6 +39,7 @@ from celery_mcp_tasks.ops.wiring import install_operations
 from celery_mcp_tasks.preflight import preflight
 from celery_mcp_tasks.service import DEFAULT, TaskService, _Default
 from celery_mcp_tasks.store.sql import SqlStore
+from celery_mcp_tasks.store.sweeps import SweepLedger
 from celery_mcp_tasks.worker import bridge
 from celery_mcp_tasks.worker.beat import install_janitor
 from celery_mcp_tasks.worker.context import TaskContext
@@ -186,14 +186,17 @@ class McpTasks:
             sealed_state=lambda: request_state_sealed(self.server),
         )
         bus = listen_bus(server_options)
+        self._shared_state = share_request_state(self.settings, server_options)  # MCP_TASKS_REQUEST_STATE_SECRET
         if version is not None:  # the server's version is the application's; the SDK's default otherwise
             server_options["version"] = version
         self.server = TasksServer(name, extensions=[self.extension], **server_options)
-        self.server.custom_route("/healthz", methods=["GET"], include_in_schema=False)(healthz)
         self.listen = attach_listen(self.server, bus, self.service, self.push)
         bridge.install()
         install_startup(self.celery, self.preflight, self._startup_lines)
-        install_janitor(self.celery, self.sweep, self.settings.janitor_interval_s)
+        in_worker = self.settings.janitor == "worker"
+        install_janitor(
+            self.celery, self.sweep, self.settings.janitor_interval_s, in_worker=in_worker, ledger=self.ledger
+        )
         install_operations(self)
 
     # -- per-process state ---------------------------------------------------------------
@@ -230,6 +233,10 @@ class McpTasks:
     def task_handle(self, key: str) -> TaskContext:
         """Drive a task from outside a job (e.g. a webhook) by its row key (`ctx.key` in the job)."""
         return TaskContext(self.service(), key, record=self.service().record(key))
+
+    def ledger(self) -> SweepLedger | None:
+        """This process's sweep ledger (when the janitor last swept), on the service's store."""
+        return ledger_of(self.service())
 
     def sweep(self) -> SweepReport:
         hooks = [hook for hook in (self.metric, *self.sweep_hooks) if hook is not None]
@@ -346,6 +353,7 @@ class McpTasks:
     def asgi_app(self, *, host: str = "127.0.0.1", path: str = "/mcp") -> Any:
         """The Starlette app serving the MCP endpoint (uvicorn runs it); its lifespan runs the push listener."""
         security = transport_security(host, self.settings.allowed_hosts)
+        warn_unless_shared(self._shared_state, str(self.celery.conf.broker_url))
         app = self.server.streamable_http_app(streamable_http_path=path, host=host, transport_security=security)
         self._app = with_serving_contexts(with_push(app, self.push, self.listen, self.service), self.serving_contexts)
         return self._app
@@ -378,8 +386,3 @@ def _all_of(hooks: list[MetricHook]) -> MetricHook | None:
                 logger.exception("a janitor metric hook raised")
 
     return every
-
-
-async def healthz(_request: Request) -> JSONResponse:
-    """Liveness: the process is up and its event loop answers (no store or broker round trip)."""
-    return JSONResponse({"status": "ok"})

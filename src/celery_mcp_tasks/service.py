@@ -112,6 +112,7 @@ class TaskService:
         status_message: str | None = None,
         input_responses: dict[str, Any] | None = None,
         dispatch: bool = True,
+        trace_context: str | None = None,
     ) -> tuple[str, TaskRecord]:
         """Store a new `working` task, then send its job. Returns (task id, record).
 
@@ -119,7 +120,7 @@ class TaskService:
         the task is marked `failed` and the failed record is returned:
         the client learns an id only for a row that exists and tells the truth.
         `input_responses` seeds answers gathered before the task existed (MRTR);
-        their keys count as used.
+        their keys count as used. `trace_context`: the W3C `traceparent` every send of the job carries.
         """
         at = self.clock()
         task_id = new_task_id()
@@ -138,6 +139,7 @@ class TaskService:
             arguments=arguments,
             input_responses=dict(input_responses or {}),
             issued_keys=tuple(input_responses or ()),
+            trace_context=trace_context,
         )
         will_send = dispatch and self.dispatcher is not None
         if will_send:  # the first dispatch is part of the insert: one write, then the send
@@ -309,6 +311,21 @@ class TaskService:
 
     def cancel_by_key(self, key: str, message: str) -> tuple[TaskRecord, bool]:
         return self._cancel(key, ANY, message)
+
+    def expire_input(self, key: str, *, changed_before_ms: int, message: str) -> bool:
+        """Fail a task nobody answered since the bound (the input timeout), inside the CAS: an answer first wins."""
+        expired = False
+
+        def transition(record: TaskRecord) -> TaskRecord:
+            nonlocal expired
+            expired = record.unanswered(changed_before_ms)
+            return record.failed(failure(message), self.clock(), message) if expired else record
+
+        try:
+            self._write(key, transition)
+        except (TerminalTask, TaskNotFound):
+            return False
+        return expired
 
     def reap(self, key: str, *, stale_before_ms: int, max_sends: int, lost_message: str) -> str:
         """Settle a task whose job seems lost: send it again while the run has sends left, then fail it.
