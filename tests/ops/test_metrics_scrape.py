@@ -47,7 +47,7 @@ def app_on(url: str | None, tmp_path: Path, **settings: object) -> McpTasks:
     values.update(settings)
     tasks = McpTasks("metrics-test", settings=Settings(**values))  # type: ignore[arg-type]
 
-    @tasks.mcp_task
+    @tasks.mcp_task(shared=False)  # each test's app has its own `report`; none leaks into later apps
     def report() -> str:
         return "ok"
 
