@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from celery_mcp_tasks.config import Settings
-from celery_mcp_tasks.janitor import METRIC, SweepReport, sweep
+from celery_mcp_tasks.janitor import EXPIRED_UNFINISHED, METRIC, SweepReport, sweep
 from celery_mcp_tasks.model import TaskRecord, TaskStatus, now_ms
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.base import ANY
@@ -176,11 +176,35 @@ def test_counts_go_to_the_log_and_the_metric_hook_never_ids(store: SqlStore, cap
     seen: list[tuple[str, dict[str, int]]] = []
     with caplog.at_level(logging.INFO, logger="celery_mcp_tasks.janitor"):
         sweep(service(store), SETTINGS, metric=lambda name, counts: seen.append((name, counts)))
-    assert seen == [(METRIC, {"removed": 1, "resent": 0, "failed": 0, "expired_inputs": 0})]
+    assert seen == [
+        (METRIC, {"removed": 1, "resent": 0, "failed": 0, "expired_inputs": 0}),
+        (EXPIRED_UNFINISHED, {"t": 1}),  # it was still working: nothing else will ever count its end
+    ]
     (line,) = [r for r in caplog.records if r.name == "celery_mcp_tasks.janitor"]
     assert line.getMessage() == "janitor sweep: removed=1 resent=0 failed=0 expired_inputs=0"
     assert line.event == METRIC and line.removed == 1  # type: ignore[attr-defined]
     assert "key-past-its-ttl" not in caplog.text
+
+
+def test_the_hook_hears_the_expired_unfinished_tasks_by_tool_and_nothing_more_for_final_ones(
+    store: SqlStore,
+) -> None:
+    for n in range(3):
+        add(store, f"working{n}", age_ms=2 * MINUTE, ttl_ms=MINUTE, tool="report")
+    add(store, "asking", age_ms=2 * MINUTE, ttl_ms=MINUTE, tool="ask", status=TaskStatus.INPUT_REQUIRED)
+    add(store, "done", age_ms=2 * MINUTE, ttl_ms=MINUTE, tool="ask", status=TaskStatus.COMPLETED)
+    seen: list[tuple[str, dict[str, int]]] = []
+
+    def hook(name: str, counts: dict[str, int]) -> None:
+        seen.append((name, counts))
+
+    assert sweep(service(store), SETTINGS, metric=hook, batch_size=2).removed == 5
+    add(store, "done-later", age_ms=2 * MINUTE, ttl_ms=MINUTE, status=TaskStatus.FAILED)
+    assert sweep(service(store), SETTINGS, metric=hook).removed == 1
+
+    assert [name for name, _ in seen] == [METRIC, EXPIRED_UNFINISHED, METRIC]  # the sweep's dict, unchanged
+    assert seen[1][1] == {"report": 3, "ask": 1}
+    assert set(seen[0][1]) == set(seen[2][1]) == {"removed", "resent", "failed", "expired_inputs"}
 
 
 def test_an_idle_sweep_is_quiet_and_a_broken_metric_hook_is_contained(

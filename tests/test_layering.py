@@ -1,4 +1,6 @@
-"""The house's layering, checked from the tree: the domain loads no adapter, adapters never import each other."""
+"""The house's layering, checked from the tree: the domain loads no adapter, adapters never import each other,
+not even through a shared module (lazy imports inside functions count).
+"""
 
 from __future__ import annotations
 
@@ -69,3 +71,93 @@ def test_importing_the_domain_loads_neither_the_sdk_nor_celery() -> None:
     )
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60)
     assert loaded.stdout.strip() == "[]"
+
+
+# -- indirect links: an adapter reaches another through a shared module ------------------------------------
+
+
+def _runtime_imports(path: Path) -> set[str]:
+    """Every package module `path` imports when it runs (lazy imports in functions included, `TYPE_CHECKING`
+    blocks not): `from pkg import name` counts `pkg.name` when that is a module of its own."""
+    tree = ast.parse(path.read_text())
+    skipped = {
+        id(node)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+        for node in ast.walk(block)
+    }
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names if _file(f"{node.module}.{alias.name}"))
+    return {name for name in found if _reaches(name, "celery_mcp_tasks") and _file(name)}
+
+
+def _file(module: str) -> Path | None:
+    parts = module.split(".")[1:]
+    for candidate in (PACKAGE.joinpath(*parts).with_suffix(".py"), PACKAGE.joinpath(*parts, "__init__.py")):
+        if parts and candidate.exists():
+            return candidate
+    return None
+
+
+def _loaded_with(module: str) -> set[str]:
+    """`module` and its parent packages: importing it runs each of their `__init__`."""
+    parts = module.split(".")
+    return {".".join(parts[:n]) for n in range(2, len(parts) + 1)}
+
+
+def _adapter_of(module: str) -> str | None:
+    return next((a for a in ADAPTERS if _reaches(module, f"celery_mcp_tasks.{a}")), None)
+
+
+def _reachable_adapters(adapter: str) -> dict[str, list[str]]:
+    """Other adapters (and app) reached from `adapter`'s files through non-adapter modules: the import chain to each."""
+    chains: dict[str, list[str]] = {}
+    seen: set[str] = set()
+    todo: list[tuple[str, list[str]]] = []
+    for path in _files(adapter):
+        for name in _runtime_imports(path):
+            todo += [(loaded, [str(path.relative_to(PACKAGE)), loaded]) for loaded in _loaded_with(name)]
+    while todo:
+        module, chain = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        owner = _adapter_of(module)
+        if owner == adapter:
+            continue  # its own modules are checked as its files
+        if owner is not None or module == "celery_mcp_tasks.app":
+            chains.setdefault(module, chain)
+            continue
+        path = _file(module)
+        for name in _runtime_imports(path) if path else ():
+            todo += [(loaded, [*chain, loaded]) for loaded in _loaded_with(name) if loaded not in seen]
+    return chains
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_an_adapter_reaches_no_other_through_a_shared_module(adapter: str) -> None:
+    """e.g. `mcp/` importing an `ops` module that imports `worker/`, even lazily inside a function."""
+    chains = _reachable_adapters(adapter)
+    assert not chains, "\n".join(" -> ".join(chain) for chain in chains.values())
+
+
+@pytest.mark.parametrize("module", ["ops/propagation.py", "ops/root_handler.py"])
+def test_the_modules_adapters_share_with_ops_import_neither_celery_nor_the_sdk(module: str) -> None:
+    """What `mcp/` and `worker/` import of tracing and logging: opentelemetry-api and the standard library only."""
+    outside = ("mcp", "mcp_types", "celery", "kombu", "celery_mcp_tasks.ops.tracing", "celery_mcp_tasks.ops.logs")
+    wrong = sorted(name for name in _imports(PACKAGE / module) if any(_reaches(name, p) for p in (*outside, *OUTSIDE)))
+    assert not wrong, f"{module} imports {wrong}"
+
+
+@pytest.mark.parametrize("module", ["ops/logs.py", "ops/redaction.py", "ops/tracing.py", "ops/propagation.py"])
+def test_logging_and_tracing_import_nothing_of_the_sdk_adapter(module: str) -> None:
+    """The root handler's name lives in `ops.root_handler`, which `mcp.server` imports: not the other way round."""
+    wrong = sorted(name for name in _runtime_imports(PACKAGE / module) if _reaches(name, "celery_mcp_tasks.mcp"))
+    assert not wrong, f"{module} imports {wrong}"

@@ -175,6 +175,7 @@ class McpTasks:
         self._app: Any = None
         self.observers = Observers()  # metrics and traces (ops/) add theirs before the first service is built
         self.sweep_hooks: list[MetricHook] = []  # told of every sweep's counts, after the user's `metric`
+        self.store_hooks: list[Callable[[SqlStore], None]] = []  # told of each store built (once per process)
         self.serving_contexts: list[Callable[[], AbstractAsyncContextManager[Any]]] = []
         """Entered for the served app's whole life (inside its lifespan): e.g. the janitor watch."""
         self.extension = TasksExtension(
@@ -217,6 +218,8 @@ class McpTasks:
         with self._lock:
             if self._service is None or self._service_pid != pid:
                 store = SqlStore.from_url(self.settings.store_url)
+                for hook in self.store_hooks:  # e.g. the metrics' error listener on this engine only
+                    hook(store)
                 self.push.bind_store(store)
                 self._service = TaskService(
                     store,

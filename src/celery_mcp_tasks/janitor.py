@@ -30,17 +30,25 @@ from dataclasses import asdict, dataclass
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.model import now_ms
 from celery_mcp_tasks.service import TaskService
+from celery_mcp_tasks.store.cleanup import Eviction
 from celery_mcp_tasks.store.sql import SqlStore
 from celery_mcp_tasks.store.sweeps import JANITOR, SweepLedger, count_by_status, ledger_for, unanswered
 
-__all__ = ["METRIC", "MetricHook", "SweepReport", "ledger_of", "sweep"]
+__all__ = ["EXPIRED_UNFINISHED", "METRIC", "MetricHook", "SweepReport", "ledger_of", "sweep"]
 
 logger = logging.getLogger("celery_mcp_tasks.janitor")
 
 MetricHook = Callable[[str, dict[str, int]], None]
-"""`(name, counts)`, e.g. to feed a StatsD or Prometheus counter. Exceptions are logged, never raised."""
+"""`(name, counts)`, e.g. to feed a StatsD or Prometheus counter. Exceptions are logged, never raised.
+
+Every sweep calls it with `METRIC` and the `SweepReport` as a dict; a sweep that
+evicted tasks before they were final calls it again with `EXPIRED_UNFINISHED` and
+`{tool: count}`. A hook should ignore names it does not know.
+"""
 
 METRIC = "celery_mcp_tasks.janitor.sweep"
+EXPIRED_UNFINISHED = "celery_mcp_tasks.janitor.expired_unfinished"
+"""Tasks the TTL removed while `working` or `input_required`: they end here, with no final status."""
 CAP_WARNING = "celery_mcp_tasks.janitor.near_cap"
 NEAR_CAP = 0.9
 """The share of MCP_TASKS_MAX_ROWS from which every sweep warns."""
@@ -92,10 +100,10 @@ def sweep(
     """
     started = time.monotonic()
     at = now_ms()
-    removed = service.store.cleanup(now_ms=at, retention_ms=settings.retention_ms, batch_size=batch_size)
+    eviction = _evict(service, settings, at, batch_size)
     outcomes = _reap(service, settings, at, batch_size, max_sends)
     report = SweepReport(
-        removed=removed,
+        removed=eviction.removed,
         resent=outcomes["resent"],
         failed=outcomes["failed"],
         expired_inputs=_expire_inputs(service, settings, at, batch_size),
@@ -113,12 +121,25 @@ def sweep(
         extra={"event": METRIC, **counts},
     )
     if metric is not None:
-        try:
-            metric(METRIC, counts)
-        except Exception:
-            logger.exception("janitor metric hook raised")
+        _tell(metric, METRIC, counts)
+        if eviction.unfinished:
+            _tell(metric, EXPIRED_UNFINISHED, dict(eviction.unfinished))
     _record(service, settings, at, started, counts)
     return report
+
+
+def _evict(service: TaskService, settings: Settings, at: int, batch_size: int) -> Eviction:
+    """Expired rows out; which of them were unfinished only the SQL store can tell."""
+    if isinstance(service.store, SqlStore):
+        return service.store.evict(now_ms=at, retention_ms=settings.retention_ms, batch_size=batch_size)
+    return Eviction(removed=service.store.cleanup(now_ms=at, retention_ms=settings.retention_ms, batch_size=batch_size))
+
+
+def _tell(metric: MetricHook, name: str, counts: dict[str, int]) -> None:
+    try:
+        metric(name, counts)
+    except Exception:
+        logger.exception("janitor metric hook raised")
 
 
 def _reap(
@@ -171,7 +192,7 @@ def _record(service: TaskService, settings: Settings, at: int, started: float, c
     try:
         statuses = count_by_status(ledger.engine)
         duration_ms = int((time.monotonic() - started) * 1000)
-        ledger.record(JANITOR, at_ms=at, duration_ms=duration_ms, report=counts, statuses=statuses)
+        ledger.record(JANITOR, duration_ms=duration_ms, report=counts, statuses=statuses)
     except Exception as exc:  # noqa: BLE001 - the sweep ran; only its record is missing
         logger.warning("could not record the janitor sweep in the store: %s", type(exc).__name__)
         return

@@ -2,14 +2,19 @@
 
 The hang is real TCP: the web process reaches PostgreSQL through a forwarder of
 the test's own that, on demand, accepts connections and passes no byte either way
-(what a stalled server, a dead NAT entry or a saturated proxy looks like). Each
-`/readyz` must still answer within 2 s, and a probe every few hundred ms must not
-leave a thread behind per probe.
+(what a stalled server, a dead NAT entry or a saturated proxy looks like), or lets
+new connections log in and then holds their first query forever (a socket that goes
+silent after connecting, which no connect timeout bounds). Each `/readyz` must still
+answer within 2 s, a probe every few hundred ms (and the janitor watch every
+interval) must not leave a thread behind per probe, and SIGTERM must end the
+process even with a probe stuck for good.
 """
 
 from __future__ import annotations
 
+import signal
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -20,18 +25,21 @@ import pytest
 import sqlalchemy as sa
 
 from celery_mcp_tasks.migrate import upgrade
+from celery_mcp_tasks.ops.probes import PROBE_TIMEOUT_S
 from tests.support import POSTGRES_URL, Backend, Deployment, fresh_postgres_database, wait_until
 
 pytestmark = pytest.mark.integration
 
 
 class StallingForwarder:
-    """A TCP forwarder to `target`; `stall()` holds every byte (old and new connections) until `flow()`."""
+    """A TCP forwarder to `target`; `stall()` holds every byte (old and new connections) until `flow()`;
+    `stall_queries()` lets connections made from then on log in, and holds their first query."""
 
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
         self.flowing = threading.Event()
         self.flowing.set()
+        self.hold_queries = False
         self.server = socket.create_server(("127.0.0.1", 0))
         self.port = self.server.getsockname()[1]
         self.sockets: list[socket.socket] = []
@@ -41,7 +49,11 @@ class StallingForwarder:
         self.flowing.clear()
 
     def flow(self) -> None:
+        self.hold_queries = False
         self.flowing.set()
+
+    def stall_queries(self) -> None:
+        self.hold_queries = True
 
     def close(self) -> None:
         self.flowing.set()
@@ -57,13 +69,15 @@ class StallingForwarder:
                 return
             upstream = socket.create_connection(self.target)
             self.sockets += [client, upstream]
-            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
+            hold = self.hold_queries
+            threading.Thread(target=self._pump, args=(client, upstream, hold), daemon=True).start()
             threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
 
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+    def _pump(self, source: socket.socket, sink: socket.socket, hold_queries: bool = False) -> None:
         try:
             while data := source.recv(65536):
-                while not self.flowing.wait(0.05):
+                # A typed frontend message (Query, Parse) after the untyped startup packets: a statement.
+                while not self.flowing.wait(0.05) or (hold_queries and self.hold_queries and data[:1] in (b"Q", b"P")):
                     pass
                 sink.sendall(data)
         except OSError:
@@ -88,7 +102,8 @@ def through_forwarder(tmp_path: Path) -> Iterator[tuple[Deployment, StallingForw
         backend = Backend("pg_stalling", {"MCP_TASKS_DATABASE_URL": proxied, "MCP_TASKS_DATA_DIR": str(tmp_path)})
         try:
             with Deployment("examples.quickstart.app", backend, tmp_path) as deployment:
-                deployment.web(CELERY_BROKER_URL="filesystem://", MCP_TASKS_JANITOR_INTERVAL_S="off")
+                # The janitor watch reads the ledger every half second: through the hang, it must hold one thread.
+                deployment.web(CELERY_BROKER_URL="filesystem://", MCP_TASKS_JANITOR_INTERVAL_S="0.5")
                 yield deployment, forwarder
         finally:
             forwarder.close()
@@ -113,7 +128,7 @@ def test_readyz_answers_within_two_seconds_while_the_database_hangs(
     base = deployment.url.removesuffix("/mcp")
     response, _ = readyz(base)
     assert response.status_code == 200, response.text
-    assert response.json()["checks"]["janitor"]["status"] == "skipped"
+    assert response.json()["checks"]["janitor"]["status"] == "ok"
 
     forwarder.stall()
     response, elapsed = readyz(base)
@@ -122,7 +137,9 @@ def test_readyz_answers_within_two_seconds_while_the_database_hangs(
     checks = response.json()["checks"]
     assert checks["store"] == {"status": "fail", "detail": "timed out (no answer within 1.5s)"}
     assert checks["schema"]["status"] == "fail"
+    assert checks["janitor"]["status"] == "fail"
     assert checks["broker"]["status"] == "ok", "the broker does not hang with the database"
+    time.sleep(1)  # the janitor watch's read has started and hangs too
     threads = threads_of(deployment)
     for _ in range(8):
         response, elapsed = readyz(base)
@@ -130,10 +147,41 @@ def test_readyz_answers_within_two_seconds_while_the_database_hangs(
         started = time.monotonic()
         assert httpx.get(f"{base}/healthz", timeout=5).status_code == 200, "liveness never waits for the store"
         assert time.monotonic() - started < 0.5
-    assert threads_of(deployment) <= threads + 1, "a hung check must not pile up a thread per probe"
+    assert threads_of(deployment) <= threads + 1, "a hung check or watch must not pile up a thread per probe"
 
     forwarder.flow()
     wait_until(lambda: readyz(base)[0].status_code == 200, 20, "/readyz to recover with the database")
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_serve_process_with_a_probe_stuck_for_good_exits_promptly(
+    through_forwarder: tuple[Deployment, StallingForwarder], stop: signal.Signals
+) -> None:
+    """Stuck for good: logged in, then the query never answered (no connect or statement timeout applies).
+    Before, the probes ran in a ThreadPoolExecutor, whose threads the interpreter joins at exit: on SIGINT
+    (Ctrl-C, or any exit through the interpreter's shutdown) `serve` waited forever. uvicorn ends a SIGTERM
+    by re-raising it, which kills the process before that join; the daemon threads make both prompt."""
+    deployment, forwarder = through_forwarder
+    base = deployment.url.removesuffix("/mcp")
+    assert readyz(base)[0].status_code == 200
+    forwarder.stall_queries()
+    response, elapsed = readyz(base)
+    assert response.status_code == 503 and elapsed < 2
+    assert response.json()["checks"]["store"] == {"status": "fail", "detail": "timed out (no answer within 1.5s)"}
+    time.sleep(PROBE_TIMEOUT_S + 1)  # past every timeout the probe has: it is stuck, not slow
+    assert readyz(base)[1] < 2
+    web = deployment.procs[0]
+    started = time.monotonic()
+    web.popen.send_signal(stop)
+    try:
+        web.popen.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        waited = time.monotonic() - started
+        forwarder.flow()
+    assert waited < 5, f"{stop.name} waited for a hung probe:\n{web.text()}"
 
 
 @pytest.mark.postgres

@@ -1,9 +1,11 @@
 """A janitor that cannot silently stop, with real processes on PostgreSQL + Redis.
 
 - Web + worker without beat: the web process warns, once, within three intervals.
-- MCP_TASKS_JANITOR=worker with three real `celery worker` processes: the ledger's
-  sweep count grows by about one per interval between them, not three; the web
-  process, watching the same ledger, stays quiet.
+- MCP_TASKS_JANITOR=worker with three real `celery worker` processes (prefork): the
+  ledger's sweep count grows by about one per interval between them, not three; the
+  claims and sweeps happen in pool processes, never in a worker's main process (whose
+  fork would copy a lock held by a sweep's metrics); the web process, watching the
+  same ledger, stays quiet.
 - An `input_required` task nobody answers within MCP_TASKS_INPUT_TIMEOUT_S is failed
   by a sweep, and `tasks/get` says why.
 """
@@ -115,8 +117,14 @@ def test_three_in_worker_janitors_sweep_once_per_interval_between_them(
     assert round(elapsed) - 1 <= grown <= round(elapsed) + 1, (grown, elapsed)  # ~5, never ~15
     assert (last.swept_at - first.swept_at) / grown >= 0.9 * INTERVAL_S * 1000  # never two in one interval
     assert last.claimed_by is not None and "@" in last.claimed_by
+    node, pid = last.claimed_by.rsplit(":", 1)
+    main_pids = {proc.popen.pid for proc in in_worker.procs if proc.name.startswith("worker")}
+    assert int(pid) not in main_pids, "the sweep was claimed in a worker's main process, not in its pool"
+    assert node.startswith("worker-"), node  # the worker's node name, as `-n` gave it
     assert set(last.statuses) == {"working", "input_required", "completed", "failed", "cancelled"}
     assert "in-worker janitor: claiming a sweep every 1s" in in_worker.first_worker().text()
+    assert "could not send this interval's sweep" not in in_worker.logs()
+    assert "Error in timer" not in in_worker.logs()
     web = next(proc for proc in in_worker.procs if proc.name == "web")
     assert STALE_WARNING not in web.text()
 

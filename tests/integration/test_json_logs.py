@@ -3,7 +3,8 @@
 Each process's stderr is captured apart from its stdout: stderr must be JSON and
 nothing else, stdout is where Celery's banner goes (and nothing else does).
 Tasks are run through the web process, then every process is stopped, so start-up
-and shutdown lines are judged too.
+and shutdown lines are judged too. A request whose path holds a task id shows it
+redacted, in JSON and (uvicorn's own handlers, text mode) in plain lines alike.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from celery_mcp_tasks.janitor import METRIC
-from celery_mcp_tasks.model import task_key
+from celery_mcp_tasks.model import new_task_id, task_key
 from tests.support import ROOT, Backend, McpHttp, _port_open, free_port, process_env, wait_until
 
 pytestmark = pytest.mark.integration
@@ -89,6 +91,8 @@ class Run:
     beat: Captured
     ids: dict[str, str]
     secrets: list[str]
+    probe: str
+    """A task id in a request's path (`mcp-<id>`, next to a `-`): the access line must not show it."""
 
     @property
     def procs(self) -> list[Captured]:
@@ -126,6 +130,8 @@ def run(backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> Run:
         for proc in procs:
             assert proc.popen.poll() is None, f"{proc.name} exited:\n{proc.stderr()}"
         secrets = [f"arg-{uuid.uuid4().hex}", f"answer-{uuid.uuid4().hex}"]
+        probe = new_task_id()
+        assert httpx.get(f"http://127.0.0.1:{port}/t/mcp-{probe}", timeout=30).status_code == 404
         client = McpHttp(f"http://127.0.0.1:{port}/mcp")
         try:
             ids = {"echo": client.create("echo", {"secret": secrets[0]})}
@@ -149,7 +155,7 @@ def run(backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> Run:
     finally:
         for proc in reversed(procs):
             proc.stop()
-    return Run(web, worker, beat, ids, [*secrets, *(s[::-1] for s in secrets)])
+    return Run(web, worker, beat, ids, [*secrets, *(s[::-1] for s in secrets)], probe)
 
 
 def test_every_line_on_stderr_is_one_json_object_with_the_common_fields(run: Run) -> None:
@@ -214,9 +220,32 @@ def test_the_janitor_sweep_renders_its_event_fields(run: Run) -> None:
 
 
 def test_no_line_holds_a_task_id_a_row_key_an_argument_or_a_result(run: Run) -> None:
-    forbidden = [*run.ids.values(), *(task_key(i) for i in run.ids.values()), *run.secrets, "result-"]
+    forbidden = [*run.ids.values(), *(task_key(i) for i in run.ids.values()), *run.secrets, "result-", run.probe]
     for proc in run.procs:
         for stream, text in (("stderr", proc.stderr()), ("stdout", proc.stdout())):
             for line in text.splitlines():
                 leaked = [value for value in forbidden if value in line]
                 assert not leaked, f"{proc.name} {stream}: {line}"
+
+
+def test_an_access_line_shows_a_task_id_in_its_path_redacted_with_its_fields(run: Run) -> None:
+    probes = [r for r in run.web.records() if r["event"] == "http.request" and r.get("http_path", "").startswith("/t/")]
+    assert [(r["http_method"], r["http_path"], r["http_status"]) for r in probes] == [("GET", "/t/mcp-<redacted>", 404)]
+
+
+def test_in_text_mode_uvicorns_own_lines_redact_task_ids(backend: Backend, tmp_path: Path) -> None:
+    """uvicorn's stock handlers (access lines on stdout), plus the redaction filter: the docs' promise in text."""
+    port = free_port()
+    env = process_env(backend, MCP_TASKS_QUEUE=f"mcp-test-{uuid.uuid4().hex[:10]}", MCP_TASKS_LOG_FORMAT="text")
+    serve = [sys.executable, "-m", "celery_mcp_tasks.cli", "serve", APP, "--port", str(port)]
+    web = _spawn("web-text", serve, env, tmp_path)
+    probe = new_task_id()
+    try:
+        wait_until(lambda: _port_open(port) or web.popen.poll() is not None, 60, "web to listen")
+        assert httpx.get(f"http://127.0.0.1:{port}/t/{probe}-1", timeout=30).status_code == 404
+        wait_until(lambda: "/t/" in web.stdout(), 10, "the access line")
+    finally:
+        web.stop()
+    assert probe not in web.stdout() + web.stderr()
+    (line,) = [line for line in web.stdout().splitlines() if "/t/" in line]
+    assert '"GET /t/<redacted>-1 HTTP/1.1" 404' in line and not line.startswith("{")  # uvicorn's own text format

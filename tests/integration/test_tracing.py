@@ -5,7 +5,8 @@ Proven: the SDK's `tools/call` server span, our "tasks create" span and every ru
 retry, and the runs after each `tasks/update` answer) share one trace, each run a child of the create
 span with its final write inside it; no span carries a task id; with
 opentelemetry-instrumentation-celery active its publish and run spans take the place of ours (no
-duplicates, same trace); a collector that is down costs no request and no job.
+duplicates, same trace); a collector that is down costs no request and no job, nor does a user's
+tracer provider whose sampler raises for our spans.
 """
 
 from __future__ import annotations
@@ -317,3 +318,37 @@ def test_a_collector_that_is_down_fails_no_request_and_no_job(backend: Backend, 
     for proc in procs:  # each stopped by itself on SIGTERM (the exit flush is bounded), none killed
         assert proc.popen.returncode not in (None, -signal.SIGKILL), proc.text()
     assert "exporting spans batch" in "\n".join(proc.text() for proc in procs)  # OTel's own log line says it
+
+
+BROKEN_SAMPLER = """
+\"\"\"As a user's own tracing setup might be: a provider whose sampler raises for this package's spans.\"\"\"
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Sampler
+
+
+class Raising(Sampler):
+    def should_sample(self, parent_context, trace_id, name, *args, **kwargs):
+        if name.startswith(("tasks create", "mcp_task run")):
+            raise RuntimeError("this sampler is broken")
+        return ALWAYS_ON.should_sample(parent_context, trace_id, name, *args, **kwargs)
+
+    def get_description(self):
+        return "raising"
+
+
+trace.set_tracer_provider(TracerProvider(sampler=Raising()))
+"""
+
+
+def test_a_sampler_that_raises_fails_no_request_and_no_job(backend: Backend, tmp_path: Path) -> None:
+    """The user's provider (set before the app loads, as `opentelemetry-instrument` would) is used as it is."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(BROKEN_SAMPLER)
+    with served(backend, tmp_path, {"PYTHONPATH": str(site)}) as deployment:
+        drive(deployment.url)  # both tasks complete: a retry, two tasks/update rounds
+        logs = deployment.logs()
+    said = logs.count("tracing: could not start a span")
+    assert 1 <= said <= 3, logs  # once per process that tried: the web process and the worker's two children
+    assert "this sampler is broken" in logs and "Signal handler" not in logs

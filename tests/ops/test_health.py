@@ -7,6 +7,8 @@ tests/integration/test_health.py.
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 import time
 from pathlib import Path
@@ -14,13 +16,15 @@ from typing import Any
 
 import anyio
 import pytest
+import sqlalchemy as sa
 from starlette.testclient import TestClient
 
 from celery_mcp_tasks import McpTasks, Settings
 from celery_mcp_tasks.migrate import upgrade
-from celery_mcp_tasks.model import now_ms
 from celery_mcp_tasks.ops.health import CheckRunner
-from celery_mcp_tasks.ops.probes import Finding
+from celery_mcp_tasks.ops.probes import PROBE_TIMEOUT_S, Finding, ProbeEngine, janitor_probe
+from celery_mcp_tasks.store.engine import create_store_engine
+from celery_mcp_tasks.store.schema import sweeps
 from celery_mcp_tasks.store.sweeps import JANITOR, SweepLedger
 from tests.support import free_port
 
@@ -83,8 +87,10 @@ def test_readyz_is_200_on_a_migrated_store_and_the_janitor_has_three_intervals_f
 
 def test_a_stale_janitor_is_a_warning_that_keeps_the_replica_ready(embedded: McpTasks) -> None:
     upgrade(embedded.settings.store_url)
-    ledger = SweepLedger(embedded.service().store.engine)
-    ledger.record(JANITOR, at_ms=now_ms() - 16_000, duration_ms=3, report={}, statuses={})
+    engine = embedded.service().store.engine
+    SweepLedger(engine).record(JANITOR, duration_ms=3, report={}, statuses={})
+    with engine.begin() as conn:  # as if that sweep began 16 s ago (on the database's clock)
+        conn.execute(sa.update(sweeps).values(swept_at=sweeps.c.swept_at - 16_000))
     code, body, _ = readyz(embedded)
     assert code == 200 and body["status"] == "ok"
     assert body["checks"]["janitor"] == {"status": "warn", "detail": "stale: last sweep 16s ago, expected every 5s"}
@@ -128,6 +134,55 @@ def test_a_missing_embedded_broker_folder_fails_readiness(embedded: McpTasks) ->
     code, body, _ = readyz(embedded)
     assert code == 503
     assert body["checks"]["broker"]["detail"].startswith("the embedded broker's folder ")
+
+
+@pytest.mark.postgres
+def test_the_janitor_probe_has_the_statement_timeout_every_probe_has(postgres_url: str) -> None:
+    """Before, it read the ledger outside `probe.read`: a lock on the sweep table held it as long as the lock."""
+    upgrade(postgres_url)
+    engine = create_store_engine(postgres_url)
+    release, locked = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with engine.begin() as conn:
+            conn.execute(sa.text("LOCK TABLE mcp_tasks_sweep IN ACCESS EXCLUSIVE MODE"))
+            locked.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    try:
+        assert locked.wait(10)
+        started = time.monotonic()
+        finding = janitor_probe(ProbeEngine(postgres_url), Settings(janitor_interval_s=5.0))
+        elapsed = time.monotonic() - started
+    finally:
+        release.set()
+        holder.join(10)
+        engine.dispose()
+    assert finding.status == "fail" and finding.detail.startswith("cannot read the sweep ledger: "), finding
+    assert "statement timeout" in finding.detail
+    assert elapsed < PROBE_TIMEOUT_S + 2
+
+
+@pytest.mark.postgres
+def test_a_probe_connection_drops_a_silent_peer_within_seconds(postgres_url: str) -> None:
+    """libpq's keepalives and `tcp_user_timeout` on the probe's own socket (a partition, a dead NAT entry)."""
+    probe = ProbeEngine(postgres_url)
+
+    def options(conn: sa.Connection) -> tuple[int, int, int]:
+        fd = conn.connection.dbapi_connection.pgconn.socket  # type: ignore[union-attr]
+        sock = socket.socket(fileno=os.dup(fd))
+        try:
+            return (
+                sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+                sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+                sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT),
+            )
+        finally:
+            sock.close()
+
+    assert probe.read(options) == (1, PROBE_TIMEOUT_S, PROBE_TIMEOUT_S * 1000)
 
 
 # -- the runner ----------------------------------------------------------------------------
@@ -185,6 +240,18 @@ def test_concurrent_requests_share_one_run_of_each_check() -> None:
     results = anyio.run(three_at_once)
     assert [r["slow"] for r in results] == [Finding("ok", "answered at last")] * 3
     assert hanging.started == 1
+
+
+def test_checks_run_in_daemon_threads_that_never_hold_the_exit() -> None:
+    """A pool's worker threads are joined at interpreter exit: after SIGTERM a hung probe kept `serve` alive."""
+    seen: list[bool] = []
+
+    def check() -> Finding:
+        seen.append(threading.current_thread().daemon)
+        return Finding("ok", "fine")
+
+    anyio.run(CheckRunner({"one": check, "two": check}).run)
+    assert seen == [True, True]
 
 
 def test_a_check_that_raises_is_a_failed_check() -> None:

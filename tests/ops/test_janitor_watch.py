@@ -1,18 +1,26 @@
-"""The janitor watch: one shared definition of stale, and a web process that says so once per change."""
+"""The janitor watch: one shared definition of stale (on the database's clock), and a web process that says
+so once per change, with at most one read in flight however long the database hangs."""
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
 import pytest
+import sqlalchemy as sa
 
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.migrate import upgrade
-from celery_mcp_tasks.ops.janitor_watch import JanitorWatch, janitor_age, janitor_stale, watch
+from celery_mcp_tasks.model import now_ms
+from celery_mcp_tasks.ops.janitor_watch import JanitorWatch, LedgerReads, janitor_age, janitor_stale, watch
+from celery_mcp_tasks.ops.probes import ProbeEngine
+from celery_mcp_tasks.store.engine import create_store_engine
 from celery_mcp_tasks.store.sql import SqlStore
-from celery_mcp_tasks.store.sweeps import SweepLedger, SweepRecord, ledger_for
+from celery_mcp_tasks.store.sweeps import JANITOR, SweepRecord, ledger_for
 
 EVERY_10S = Settings(janitor_interval_s=10)
 T0 = 1_000_000
@@ -27,6 +35,32 @@ def test_the_age_is_seconds_since_the_last_sweep_and_none_before_the_first() -> 
     assert janitor_age(swept(None), T0) is None
     assert janitor_age(swept(T0 - 2_500), T0) == 2.5
     assert janitor_age(swept(T0 + 100), T0) == 0  # another host's clock a little ahead
+
+
+def test_the_age_is_on_the_database_clock_the_record_was_read_with() -> None:
+    read = SweepRecord("janitor", T0 - 2_000, 5, 1, {}, {}, None, None, read_at=T0)
+    assert janitor_age(read) == 2.0  # whatever this host's clock says
+    assert not janitor_stale(EVERY_10S, read)
+    assert janitor_stale(EVERY_10S, SweepRecord("janitor", T0 - 30_000, 5, 1, {}, {}, None, None, read_at=T0))
+
+
+def test_a_web_host_whose_clock_is_off_still_reads_a_fresh_sweep_as_fresh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"sqlite:///{tmp_path / 'tasks.db'}"
+    upgrade(url)
+    store = SqlStore.from_url(url)
+    try:
+        ledger_for(store).record(JANITOR, duration_ms=0, report={}, statuses={})
+        real_ns, real = time.time_ns, time.time
+        monkeypatch.setattr(time, "time_ns", lambda: real_ns() + 120 * 10**9)  # this host: two minutes ahead
+        monkeypatch.setattr(time, "time", lambda: real() + 120)
+        record = ledger_for(store).last()
+    finally:
+        store.dispose()
+    age = janitor_age(record)
+    assert age is not None and age < 5
+    assert not janitor_stale(EVERY_10S, record)
 
 
 def test_stale_means_no_sweep_for_three_intervals() -> None:
@@ -78,18 +112,101 @@ def test_an_unreadable_ledger_is_one_warning_per_outage(caplog: pytest.LogCaptur
 def test_the_watch_loop_reads_a_real_ledger_and_warns(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     url = f"sqlite:///{tmp_path / 'tasks.db'}"
     upgrade(url)
-    store = SqlStore.from_url(url)
     settings = Settings(janitor_interval_s=0.05)
-    ledger: SweepLedger = ledger_for(store)
 
     async def main() -> None:
         with anyio.move_on_after(0.5):
-            await watch(settings, lambda: ledger, since_ms=0)
+            await watch(settings, ProbeEngine(url), since_ms=0)
 
-    try:
-        with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks.janitor"):
-            anyio.run(main)
-    finally:
-        store.dispose()
-    (line,) = caplog.records
+    with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks.janitor"):
+        anyio.run(main)
+    (line,) = [r for r in caplog.records if r.name == "celery_mcp_tasks.janitor"]
     assert line.getMessage().startswith("the janitor is not sweeping: no sweep was ever recorded")
+
+
+# -- a database that hangs (real PostgreSQL, a real lock) -------------------------------------
+
+
+def waiting_on_locks(url: str) -> int:
+    """Backends of this database waiting for a lock right now."""
+    engine = create_store_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            query = (
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+            return int(conn.execute(sa.text(query)).scalar_one())
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def locked_ledger(postgres_url: str) -> Iterator[tuple[str, threading.Event]]:
+    """The sweep table locked (ACCESS EXCLUSIVE) by another session until the event is set: every read waits."""
+    upgrade(postgres_url)
+    release = threading.Event()
+    locked = threading.Event()
+    engine = create_store_engine(postgres_url)
+
+    def hold() -> None:
+        with engine.begin() as conn:
+            conn.execute(sa.text("LOCK TABLE mcp_tasks_sweep IN ACCESS EXCLUSIVE MODE"))
+            locked.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    assert locked.wait(10)
+    try:
+        yield postgres_url, release
+    finally:
+        release.set()
+        holder.join(10)
+        engine.dispose()
+
+
+@pytest.mark.postgres
+def test_while_the_database_hangs_the_watch_keeps_one_read_in_flight(
+    locked_ledger: tuple[str, threading.Event], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: every interval abandoned the hung read and started another on the store's pool (ten intervals,
+    ten connections waiting). Now a read still running is waited for, and the probe's statement timeout ends it."""
+    url, release = locked_ledger
+    settings = Settings(janitor_interval_s=0.1)
+    most = 0
+
+    async def main() -> None:
+        nonlocal most
+        async with anyio.create_task_group() as group:
+            group.start_soon(lambda: watch(settings, ProbeEngine(url), since_ms=now_ms()))
+            for _ in range(12):
+                await anyio.sleep(0.1)
+                most = max(most, await anyio.to_thread.run_sync(waiting_on_locks, url))
+            group.cancel_scope.cancel()
+
+    with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks.janitor"):
+        anyio.run(main)
+    release.set()
+    assert most == 1, f"{most} reads waited on the lock at once"
+    said = [r.getMessage() for r in caplog.records if r.name == "celery_mcp_tasks.janitor"]
+    assert said == ["janitor watch: cannot read the sweep ledger (TimeoutError)"], said  # once per outage
+
+
+@pytest.mark.postgres
+def test_a_hung_read_ends_at_the_probe_statement_timeout(locked_ledger: tuple[str, threading.Event]) -> None:
+    url, _ = locked_ledger
+    reads = LedgerReads(ProbeEngine(url))
+
+    async def main() -> BaseException | None:
+        try:
+            await reads.read(10)
+        except Exception as exc:  # noqa: BLE001 - the answer under test
+            return exc
+        return None
+
+    started = time.monotonic()
+    failed = anyio.run(main)
+    elapsed = time.monotonic() - started
+    assert isinstance(failed, sa.exc.OperationalError) and "statement timeout" in str(failed), failed
+    assert 2.5 < elapsed < 6, elapsed  # PROBE_TIMEOUT_S, not the lock holder's 30 s
+    assert not reads.in_flight

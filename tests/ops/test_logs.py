@@ -1,4 +1,4 @@
-"""Structured logs: the JSON line, the task-id redaction, the lifecycle events and where they are installed."""
+"""Structured logs: the JSON line, the lifecycle events and where they are installed (redaction: test_redaction)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.janitor import METRIC
-from celery_mcp_tasks.mcp.server import ROOT_HANDLER
 from celery_mcp_tasks.model import Run, new_task_id, task_key
 from celery_mcp_tasks.ops import logs
 from celery_mcp_tasks.ops.logs import (
@@ -29,13 +28,10 @@ from celery_mcp_tasks.ops.logs import (
     LifecycleLog,
     RedactTaskIds,
     lifecycle_events,
-    redact,
     uvicorn_log_config,
 )
+from celery_mcp_tasks.ops.root_handler import ROOT_HANDLER
 from tests.builders import record
-
-SHAPED = "Yt3kQ9vLmN2pR7sX4wZ8aB1cD5eF6gH0iJ-_uVoKqEw"
-"""43 base64url characters, mixed case, a possible last one: what an id looks like."""
 
 
 def _record(
@@ -56,50 +52,17 @@ def _line(made: logging.LogRecord) -> dict[str, Any]:
 # -- redaction -----------------------------------------------------------------------------
 
 
-def test_every_task_id_is_redacted_wherever_it_stands() -> None:
-    for _ in range(2000):
-        task_id = new_task_id()
-        for text in (task_id, f"task {task_id} done", f'{{"taskId":"{task_id}"}}', f"/mcp?taskId={task_id}&x=1"):
-            assert task_id not in redact(text) and REDACTED in redact(text)
+def test_redacting_an_argument_keeps_the_template_and_the_arguments_shape() -> None:
+    """uvicorn's access formatter unpacks `args`: an id in the path must not turn into a logging error."""
+    from uvicorn.logging import AccessFormatter
 
-
-@pytest.mark.parametrize(
-    "kept",
-    [
-        task_key("any id"),  # a row key: 64 hex digits
-        "8c5b2f7e-1a0d-5f3e-9b4c-2d6e8f0a1b3c",  # a Celery message id (a UUID)
-        "a_rather_long_snake_case_identifier_of_43ch",  # one case only
-        SHAPED + "A",  # 44 characters: not an id's shape
-        SHAPED[:-1] + "x",  # 43, but an id never ends in `x` (its last character holds 4 bits)
-        "celery_mcp_tasks.worker.job.McpJob.signature_from_request",
-    ],
-    ids=["row-key", "uuid", "snake-case", "44-chars", "impossible-last", "dotted"],
-)
-def test_what_only_looks_long_is_kept(kept: str) -> None:
-    assert redact(f"see {SHAPED} here") == f"see {REDACTED} here"
-    assert redact(f"see {kept} here") == f"see {kept} here"
-
-
-def test_the_filter_redacts_message_and_traceback_and_keeps_the_template() -> None:
     task_id = new_task_id()
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.addFilter(RedactTaskIds())
-    logger = logging.getLogger("tests.logs.redact")
-    logger.addHandler(handler)
-    logger.propagate = False
-    try:
-        logger.warning("unknown task %s", task_id)
-        try:
-            raise KeyError(task_id)
-        except KeyError:
-            logger.exception("lookup failed")
-    finally:
-        logger.removeHandler(handler)
-        logger.propagate = True
-    written = stream.getvalue()
-    assert task_id not in written
-    assert f"unknown task {REDACTED}" in written and f"KeyError: '{REDACTED}'" in written
+    made = _record('%s - "%s %s HTTP/%s" %d', "127.0.0.1:5", "GET", f"/t/{task_id}", "1.1", 404, name="uvicorn.access")
+    RedactTaskIds().filter(made)
+    assert made.args == ("127.0.0.1:5", "GET", f"/t/{REDACTED}", "1.1", 404)
+    text = AccessFormatter("%(client_addr)s - %(request_line)s %(status_code)s", use_colors=False).format(made)
+    assert text == f"127.0.0.1:5 - GET /t/{REDACTED} HTTP/1.1 404 Not Found"
+    assert _line(made)["http_path"] == f"/t/{REDACTED}"
 
 
 def test_a_redacted_celery_line_keeps_its_event_name() -> None:
@@ -310,8 +273,34 @@ def test_install_adds_the_lifecycle_observer(tmp_path: Path, celery_format: None
     assert sum(isinstance(o, LifecycleLog) for o in tasks.observers) == 1
 
 
-def test_uvicorn_keeps_its_own_config_in_text_mode_and_none_in_json() -> None:
+@pytest.fixture
+def uvicorn_loggers() -> Iterator[None]:
+    """uvicorn's loggers as they were: `dictConfig` below configures them for the whole process."""
+    names = ("uvicorn", "uvicorn.error", "uvicorn.access")
+    saved = {name: (logging.getLogger(name).handlers[:], logging.getLogger(name).propagate) for name in names}
+    yield
+    for name, (handlers, propagate) in saved.items():
+        logging.getLogger(name).handlers, logging.getLogger(name).propagate = handlers, propagate
+
+
+def test_uvicorn_keeps_its_own_lines_in_text_mode_with_redaction_and_none_in_json(
+    capsys: pytest.CaptureFixture[str], uvicorn_loggers: None
+) -> None:
     from uvicorn.config import LOGGING_CONFIG
 
-    assert uvicorn_log_config(Settings()) is LOGGING_CONFIG
+    pristine = json.dumps(LOGGING_CONFIG, default=str)
+    config = uvicorn_log_config(Settings())
+    assert config is not None and json.dumps(LOGGING_CONFIG, default=str) == pristine  # a copy: uvicorn's is untouched
+    assert config["formatters"] == LOGGING_CONFIG["formatters"]
+    logging.config.dictConfig(config)  # as uvicorn applies it
+    for name in ("uvicorn", "uvicorn.access"):
+        assert all(any(isinstance(f, RedactTaskIds) for f in h.filters) for h in logging.getLogger(name).handlers)
+    task_id = new_task_id()
+    logging.getLogger("uvicorn.error").warning("Invalid request for %s", task_id)
+    logging.getLogger("uvicorn.access").info(
+        '%s - "%s %s HTTP/%s" %d', "127.0.0.1:5", "GET", f"/mcp?taskId={task_id}", "1.1", 200
+    )
+    out, err = capsys.readouterr()
+    assert task_id not in out + err
+    assert f"Invalid request for {REDACTED}" in err and f'"GET /mcp?taskId={REDACTED} HTTP/1.1" 200 OK' in out
     assert uvicorn_log_config(Settings(log_format="json")) is None

@@ -5,11 +5,15 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from celery_mcp_tasks.model import Run, TaskRecord, TaskStatus
+from celery_mcp_tasks.config import Settings
+from celery_mcp_tasks.janitor import EXPIRED_UNFINISHED, METRIC, sweep
+from celery_mcp_tasks.model import Run, TaskRecord, TaskStatus, TerminalTask
 from celery_mcp_tasks.observe import Observers
+from celery_mcp_tasks.ops.logs import lifecycle_events
 from celery_mcp_tasks.ops.metrics import OTHER, Families, JanitorMetrics, PushMetrics, TaskMetrics
 from celery_mcp_tasks.service import TaskService, failure
 from celery_mcp_tasks.store.sql import SqlStore
+from celery_mcp_tasks.store.sweeps import count_by_status
 from tests.builders import record
 
 STALE_MS = 3_000
@@ -56,10 +60,25 @@ def broker() -> Broker:
     return Broker()
 
 
+class Changes:
+    """An observer that keeps every committed (before, after), e.g. for the log's view of the same change."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[TaskRecord | None, TaskRecord]] = []
+
+    def task_changed(self, before: TaskRecord | None, after: TaskRecord) -> None:
+        self.seen.append((before, after))
+
+
 @pytest.fixture
-def service(store: SqlStore, clock: Clock, broker: Broker, metrics: Families) -> TaskService:
-    observers = Observers([TaskMetrics({"report", "ask"}, lambda: metrics)])
-    return TaskService(store, dispatcher=broker, clock=clock, observer=observers)
+def changes() -> Changes:
+    return Changes()
+
+
+@pytest.fixture
+def service(store: SqlStore, clock: Clock, broker: Broker, metrics: Families, changes: Changes) -> TaskService:
+    observers = Observers([TaskMetrics({"report", "ask"}, lambda: metrics), changes])
+    return TaskService(store, dispatcher=broker, clock=clock, observer=observers, default_ttl_ms=60_000)
 
 
 def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
@@ -159,20 +178,70 @@ def test_a_failure_and_a_cancel_count_once_each_and_a_late_write_counts_nothing(
     assert histogram(registry, "mcp_tasks_run_seconds", tool="report")[0] == 1  # the cancelled one never ran
 
 
-def test_created_equals_finished_plus_in_flight(
+def test_a_retry_s_countdown_is_not_queue_wait_in_the_metric_nor_the_log(
+    service: TaskService, clock: Clock, registry: CollectorRegistry, changes: Changes
+) -> None:
+    _, created = service.create(owner=None, tool="report", arguments={})
+    clock.now += 100
+    service.begin(created.key, Run(1), stale_before_ms=clock.now - STALE_MS)
+    clock.now += 1_000
+    service.retrying(created.key, Run(1, attempt=1), start_by_ms=clock.now + 60_000)  # countdown=60
+    clock.now += 60_000 + 300  # the countdown, then 0.3 s in the queue
+    service.begin(created.key, Run(1, attempt=1), stale_before_ms=clock.now - STALE_MS)
+
+    assert histogram(registry, "mcp_tasks_queue_wait_seconds", tool="report") == pytest.approx((2, 0.4))
+    waits = [
+        fields["queue_wait_ms"]
+        for before, after in changes.seen
+        for event, _, fields in lifecycle_events(before, after)
+        if event == "task.started"
+    ]
+    assert waits == [100, 300]  # the JSON log says what the metric says
+
+
+def test_a_cancel_ends_the_task_not_the_run_and_the_job_s_late_end_counts_nothing(
     service: TaskService, clock: Clock, registry: CollectorRegistry
 ) -> None:
+    task_id, created = service.create(owner=None, tool="report", arguments={})
+    service.begin(created.key, Run(1), stale_before_ms=clock.now - STALE_MS)
+    clock.now += 5_000
+    service.cancel(task_id, None)  # the web process: the job is still running
+    clock.now += 20_000
+    with pytest.raises(TerminalTask):
+        service.complete(created.key, {"content": []}, run=Run(1))  # the job's real end: refused, unseen
+
+    assert value(registry, "mcp_tasks_finished_total", tool="report", status="cancelled") == 1
+    assert histogram(registry, "mcp_tasks_duration_seconds", tool="report", status="cancelled") == pytest.approx(
+        (1, 5.0)
+    )
+    assert histogram(registry, "mcp_tasks_run_seconds", tool="report")[0] == 0  # time-to-cancel is not a run
+
+
+def test_created_equals_finished_plus_in_flight_when_the_ttl_removes_unfinished_tasks(
+    service: TaskService, clock: Clock, registry: CollectorRegistry, metrics: Families, store: SqlStore
+) -> None:
     keys = [service.create(owner=None, tool="report", arguments={})[1].key for _ in range(5)]
+    asking = service.create(owner=None, tool="ask", arguments={})[1].key
+    service.create(owner=None, tool="report", arguments={}, ttl_ms=None)  # in flight for good
     for key in keys[:3]:
         service.begin(key, Run(1), stale_before_ms=clock.now - STALE_MS)
         service.complete(key, {"content": []}, run=Run(1))
+    service.begin(asking, Run(1), stale_before_ms=clock.now - STALE_MS)
+    service.require_input(asking, {"q": {}}, run=Run(1))
 
-    created = value(registry, "mcp_tasks_created_total", tool="report")
-    finished = sum(
-        value(registry, "mcp_tasks_finished_total", tool="report", status=s)
-        for s in ("completed", "failed", "cancelled")
-    )
-    assert (created, finished) == (5, 3)
+    # Their TTL (60 s from a clock at 100 s) ran out long ago: the janitor removes all six.
+    hook = JanitorMetrics(lambda: metrics, tools={"report", "ask"})
+    assert sweep(service, Settings(), metric=hook).removed == 6
+
+    def total(name: str) -> float:
+        return sum(s.value for f in registry.collect() for s in f.samples if s.name == name)
+
+    statuses = count_by_status(store.engine)
+    in_flight = statuses.get("working", 0) + statuses.get("input_required", 0)
+    assert (total("mcp_tasks_created_total"), total("mcp_tasks_finished_total"), in_flight) == (7, 6, 1)
+    assert value(registry, "mcp_tasks_finished_total", tool="report", status="expired") == 2
+    assert value(registry, "mcp_tasks_finished_total", tool="ask", status="expired") == 1
+    assert value(registry, "mcp_tasks_janitor_sweeps_total") == 1  # one sweep, though the hook heard twice
 
 
 def test_a_tool_the_app_does_not_register_is_labelled_other(metrics: Families, registry: CollectorRegistry) -> None:
@@ -201,6 +270,19 @@ def test_tools_declared_after_install_are_labelled_by_name(metrics: Families, re
     observer.task_changed(None, record(tool="late"))
 
     assert value(registry, "mcp_tasks_created_total", tool="late") == 1
+
+
+def test_expired_unfinished_tasks_are_finished_as_expired_with_a_bounded_tool(
+    metrics: Families, registry: CollectorRegistry
+) -> None:
+    hook = JanitorMetrics(lambda: metrics, tools={"report"})
+    hook(EXPIRED_UNFINISHED, {"report": 2, "k" * 43: 1})
+    hook("celery_mcp_tasks.janitor.some_future_event", {"report": 5})  # an unknown name counts nothing
+
+    assert value(registry, "mcp_tasks_finished_total", tool="report", status="expired") == 2
+    assert value(registry, "mcp_tasks_finished_total", tool=OTHER, status="expired") == 1
+    assert value(registry, "mcp_tasks_janitor_sweeps_total") == 0
+    assert METRIC != EXPIRED_UNFINISHED
 
 
 def test_the_janitor_hook_counts_sweeps_and_known_actions_only(metrics: Families, registry: CollectorRegistry) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+import sqlalchemy as sa
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
@@ -24,6 +25,7 @@ from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.ops.metrics_scrape import Scrape
 from celery_mcp_tasks.store.base import StoreUnavailable
 from celery_mcp_tasks.store.sql import SqlStore
+from tests.support import POSTGRES_URL, fresh_postgres_database
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -148,25 +150,86 @@ def test_a_scrape_while_the_database_hangs_answers_within_its_deadline(tmp_path:
 
 
 def test_store_errors_are_counted_by_operation_once_each(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'unmigrated.db'}"
-    app_on(url, tmp_path)  # watches this store's database
-    store = SqlStore.from_url(url)
+    tasks = app_on(f"sqlite:///{tmp_path / 'unmigrated.db'}", tmp_path)
+    store = tasks.service().store
     before = store_errors("select")
 
     with pytest.raises(StoreUnavailable):
         store.get("k")
 
     assert store_errors("select") == before + 1
-    store.dispose()
 
 
-def test_errors_of_other_databases_are_not_the_store_s(tmp_path: Path) -> None:
-    app_on(f"sqlite:///{tmp_path / 'watched.db'}", tmp_path)
-    other = SqlStore.from_url(f"sqlite:///{tmp_path / 'someone-else.db'}")
-    before = store_errors("select")
+def _errors_elsewhere_on_the_same_database(url: str, tmp_path: Path) -> None:
+    tasks = app_on(url, tmp_path)
+    tasks.service()  # this process's store: the one whose errors count
+    own_engine = sa.create_engine(url)  # the application's own engine on the same database
+    other_store = SqlStore.from_url(url)  # a store this app did not build (a script, a test helper)
+    before = (store_errors("select"), store_errors("other"))
+    try:
+        missing = sa.exc.ProgrammingError if url.startswith("postgresql") else sa.exc.OperationalError
+        with pytest.raises(missing), own_engine.connect() as conn:
+            conn.execute(sa.text("SELECT * FROM the_application_s_table_that_is_not_there"))
+        with pytest.raises(StoreUnavailable):
+            other_store.get("k")
+        assert (store_errors("select"), store_errors("other")) == before
 
-    with pytest.raises(StoreUnavailable):
-        other.get("k")
+        with pytest.raises(StoreUnavailable):
+            tasks.service().store.versions(["k"])  # the store's own failure still counts
+        assert store_errors("select") == before[0] + 1
+    finally:
+        own_engine.dispose()
+        other_store.dispose()
+        tasks.service().store.dispose()
 
-    assert store_errors("select") == before
-    other.dispose()
+
+def test_errors_of_other_engines_on_the_store_s_database_are_not_the_store_s(tmp_path: Path) -> None:
+    _errors_elsewhere_on_the_same_database(f"sqlite:///{tmp_path / 'unmigrated.db'}", tmp_path)
+
+
+@pytest.mark.postgres
+def test_on_postgresql_too_only_the_store_s_engine_counts(tmp_path: Path) -> None:
+    if not POSTGRES_URL:
+        pytest.skip("set MCP_TASKS_TEST_POSTGRES_URL to run")
+    with fresh_postgres_database(POSTGRES_URL) as url:  # empty: every query of the store fails
+        _errors_elsewhere_on_the_same_database(url, tmp_path)
+
+
+@pytest.mark.postgres
+def test_a_task_its_ttl_removed_unfinished_is_scraped_as_finished_expired(tmp_path: Path) -> None:
+    """Real PostgreSQL: created = finished + in flight still holds once the janitor evicts a task that never ended."""
+    if not POSTGRES_URL:
+        pytest.skip("set MCP_TASKS_TEST_POSTGRES_URL to run")
+    with fresh_postgres_database(POSTGRES_URL) as url:
+        upgrade(url)
+        tasks = app_on(url, tmp_path)
+        service = tasks.service()
+        try:
+            service.create(owner=None, tool="report", arguments={}, ttl_ms=500)  # queued, no worker: never ends
+            service.create(owner=None, tool="report", arguments={})  # in flight, within its TTL
+            done = service.create(owner=None, tool="report", arguments={}, ttl_ms=500)[0]
+            service.cancel(done, None)
+            before = _scraped(tasks)
+            time.sleep(0.6)
+            assert tasks.sweep().removed == 2
+            after = _scraped(tasks)
+        finally:
+            service.store.dispose()
+
+    def delta(name: str, **labels: str) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert delta("mcp_tasks_finished_total", tool="report", status="expired") == 1
+    assert delta("mcp_tasks_finished_total", tool="report", status="cancelled") == 0  # counted once, at the cancel
+    in_flight = after[("mcp_tasks_in_status", (("status", "working"),))]
+    created = sum(v for (name, _), v in after.items() if name == "mcp_tasks_created_total")
+    finished = sum(v for (name, _), v in after.items() if name == "mcp_tasks_finished_total")
+    assert in_flight == 1
+    assert delta("mcp_tasks_created_total", tool="report") == 0  # both scrapes follow every creation
+    assert created >= finished + in_flight  # other tests of this process counted in the same registry
+
+
+def _scraped(tasks: McpTasks) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with TestClient(tasks.asgi_app()) as client:
+        return samples(client.get("/metrics").text)

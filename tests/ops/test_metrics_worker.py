@@ -8,16 +8,22 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import tempfile
+import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.mmap_dict import MmapedDict, mmap_key
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
-from celery_mcp_tasks.ops.worker_metrics import PRIVATE_PREFIX, WorkerExporter, remove_orphans
-from tests.support import Backend, Deployment, McpHttp, free_port, wait_until
+from celery_mcp_tasks.ops.worker_metrics import MERGED, PRIVATE_PREFIX, WorkerExporter, fold_files, remove_orphans
+from tests.support import Backend, Deployment, McpHttp, Proc, free_port, process_env, spawn, wait_until
 
 APP = "examples.conformance.app"
 NO_SUCH_PID = 2**22 + 1  # above Linux's largest pid_max: never a live process
@@ -127,3 +133,96 @@ def test_an_exporter_that_could_not_bind_stops_cleanly(tmp_path: Path, caplog: p
     assert [record.levelname for record in caplog.records] == ["WARNING"]
     exporter.stop()
     assert not list(tmp_path.iterdir())
+
+
+# -- a child's files folded at its exit ---------------------------------------------------------
+
+
+def write_files(directory: Path, pid: int, finished: float, run_bucket: float) -> None:
+    """What a pool process leaves: a counter and a histogram file, written as prometheus_client writes them."""
+    counter = MmapedDict(str(directory / f"counter_{pid}.db"))
+    key = mmap_key("mcp_tasks_finished", "mcp_tasks_finished_total", ["tool", "status"], ["t", "completed"], "F")
+    counter.write_value(key, finished, 0.0)
+    counter.close()
+    histogram = MmapedDict(str(directory / f"histogram_{pid}.db"))
+    for name, labels, number in (("_bucket", ["1.0"], run_bucket), ("_bucket", ["+Inf"], 0.0), ("_sum", [], 0.5)):
+        names = ["tool", "le"] if labels else ["tool"]
+        histogram.write_value(
+            mmap_key("mcp_tasks_run", f"mcp_tasks_run_seconds{name}", names, ["t", *labels], "R"), number, 0.0
+        )
+    histogram.close()
+
+
+def collected(directory: Path) -> bytes:
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(directory))
+    return generate_latest(registry)
+
+
+def test_a_folded_child_s_counts_read_exactly_as_before(tmp_path: Path) -> None:
+    write_files(tmp_path, 101, finished=2, run_bucket=2)
+    write_files(tmp_path, 102, finished=3, run_bucket=1)
+    before = collected(tmp_path)
+
+    assert fold_files(str(tmp_path), 101) == 2
+    assert collected(tmp_path) == before
+    assert fold_files(str(tmp_path), 102) == 2
+    assert collected(tmp_path) == before
+    assert sorted(path.name for path in tmp_path.glob("*.db")) == [f"counter_{MERGED}.db", f"histogram_{MERGED}.db"]
+    assert fold_files(str(tmp_path), 103) == 0  # a process that counted nothing
+
+
+def test_a_scrape_during_folds_sees_every_child_s_count_exactly_once(tmp_path: Path) -> None:
+    directory = tempfile.mkdtemp(prefix=f"{PRIVATE_PREFIX}{os.getpid()}-", dir=tmp_path)
+    pids = range(1000, 1060)
+    for pid in pids:
+        write_files(Path(directory), pid, finished=1, run_bucket=1)
+    exporter = WorkerExporter(free_port(), addr="127.0.0.1")
+    exporter.directory, exporter.private = directory, True
+    exporter.serve()
+    assert exporter.server is not None
+    folding = threading.Thread(target=lambda: [exporter.child_exited(pid) for pid in pids])
+    totals: list[float] = []
+    try:
+        folding.start()
+        while folding.is_alive() or not totals:
+            response = httpx.get(f"http://127.0.0.1:{exporter.port}/metrics", timeout=5)
+            assert response.status_code == 200
+            totals.append(finished(response.text))
+        folding.join()
+        totals.append(finished(httpx.get(f"http://127.0.0.1:{exporter.port}/metrics", timeout=5).text))
+    finally:
+        exporter.stop()
+    assert set(totals) == {len(pids)}, totals  # never one short, never one twice, never a failed scrape
+
+
+def _worker_with_short_lived_children(deployment: Deployment, port: int, temp: Path) -> Proc:
+    """`celery worker --max-tasks-per-child 1`: a new pool process for every task."""
+    argv = [sys.executable, "-m", "celery", "-A", APP, "worker", "-P", "prefork", "-c", "2"]
+    argv += ["--max-tasks-per-child", "1", "--loglevel", "INFO", "--without-mingle", "--without-gossip"]
+    argv += ["-n", f"short-{uuid.uuid4().hex[:6]}@%h"]
+    env = process_env(deployment.backend, **deployment.env(MCP_TASKS_WORKER_METRICS_PORT=str(port), TMPDIR=str(temp)))
+    proc = spawn("short-lived-children", argv, env, deployment.log_dir)
+    deployment.procs.append(proc)
+    wait_until(lambda: " ready." in proc.text() or proc.popen.poll() is not None, 60, "the worker to be ready")
+    assert proc.popen.poll() is None, proc.text()
+    return proc
+
+
+@pytest.mark.integration
+def test_short_lived_children_leave_one_merged_file_not_one_per_child(deployment: Deployment, tmp_path: Path) -> None:
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    port = free_port()
+    worker = _worker_with_short_lived_children(deployment, port, temp)
+    for _ in range(6):
+        run_one(deployment)
+
+    url = f"http://127.0.0.1:{port}/metrics"
+    wait_until(lambda: finished(httpx.get(url, timeout=5).text) == 6, 20, "every child's finish on the endpoint")
+    (directory,) = [path for path in temp.iterdir() if path.name.startswith(PRIVATE_PREFIX)]
+    wait_until(lambda: (directory / f"counter_{MERGED}.db").exists(), 20, "the exited children folded")
+    writers = {path.stem.split("_", 1)[1] for path in directory.glob("counter_*.db")}
+    assert MERGED in writers and len(writers) <= 4, writers  # merged, the main process, at most two live children
+    assert finished(httpx.get(url, timeout=5).text) == 6
+    assert "could not fold" not in worker.text()

@@ -1,15 +1,20 @@
-"""The sweep ledger on SQLite and PostgreSQL: a recorded sweep reads back, and of many
-claimants at once exactly one wins each interval."""
+"""The sweep ledger on SQLite and PostgreSQL: a recorded sweep reads back, of many
+claimants at once exactly one wins each interval, and every time is the database's clock."""
 
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import pytest
+import sqlalchemy as sa
 
-from celery_mcp_tasks.model import TaskRecord, TaskStatus
+from celery_mcp_tasks.model import TaskRecord, TaskStatus, now_ms
 from celery_mcp_tasks.store import StoreUnavailable
+from celery_mcp_tasks.store.schema import sweeps
 from celery_mcp_tasks.store.sql import SqlStore
 from celery_mcp_tasks.store.sweeps import SweepLedger, count_by_status, ledger_for
 
@@ -28,59 +33,108 @@ def test_ledger_for_is_one_ledger_per_store(store: SqlStore):
     assert ledger_for(store).engine is store.engine
 
 
+def age_claim(store: SqlStore, by_ms: int, name: str = "janitor") -> None:
+    """Move the row's claim `by_ms` into the past, as if that much time had passed since."""
+    with store.engine.begin() as conn:
+        conn.execute(sa.update(sweeps).where(sweeps.c.name == name).values(claimed_at=sweeps.c.claimed_at - by_ms))
+
+
+@contextmanager
+def clock_behind(monkeypatch: pytest.MonkeyPatch, seconds: float) -> Iterator[None]:
+    """This process's wall clock `seconds` behind (a host whose NTP is off); the database's is untouched."""
+    real_ns, real = time.time_ns, time.time
+    with monkeypatch.context() as patched:
+        patched.setattr(time, "time_ns", lambda: real_ns() - int(seconds * 1e9))
+        patched.setattr(time, "time", lambda: real() - seconds)
+        yield
+
+
 def test_a_recorded_sweep_reads_back_and_counts(store: SqlStore):
     ledger = ledger_for(store)
-    ledger.record("janitor", at_ms=1_000, duration_ms=12, report={"removed": 3}, statuses={"working": 2})
-    ledger.record("janitor", at_ms=2_000, duration_ms=7, report={"removed": 0, "resent": 1}, statuses={})
+    ledger.record("janitor", duration_ms=12, report={"removed": 3}, statuses={"working": 2})
+    before = now_ms()
+    ledger.record("janitor", duration_ms=7, report={"removed": 0, "resent": 1}, statuses={})
     last = ledger.last()
     assert last is not None
-    assert (last.swept_at, last.duration_ms, last.sweeps) == (2_000, 7, 2)
+    assert (last.duration_ms, last.sweeps) == (7, 2)
+    assert last.swept_at is not None and before - 7 <= last.swept_at <= now_ms() - 7  # began duration_ms ago
+    assert last.read_at is not None and last.swept_at + 7 <= last.read_at <= now_ms()
     assert last.report == {"removed": 0, "resent": 1}
     assert last.statuses == {}
     assert (last.claimed_at, last.claimed_by) == (None, None)  # a beat sweep never claims
 
 
+def test_a_record_is_stamped_by_the_database_clock_not_the_callers(store: SqlStore, monkeypatch: pytest.MonkeyPatch):
+    ledger = ledger_for(store)
+    with clock_behind(monkeypatch, 600):
+        ledger.record("janitor", duration_ms=0, report={}, statuses={})
+    last = ledger.last()
+    assert last is not None and last.swept_at is not None and last.read_at is not None
+    assert abs(last.swept_at - now_ms()) < 5_000, "swept_at must not carry the caller's 10-minute skew"
+    assert 0 <= last.read_at - last.swept_at < 5_000
+
+
 def test_a_claim_keeps_the_sweep_history(store: SqlStore):
     ledger = ledger_for(store)
-    ledger.record("janitor", at_ms=1_000, duration_ms=1, report={"removed": 1}, statuses={"working": 1})
-    assert ledger.claim("janitor", now_ms=5_000, interval_ms=1_000, by="host-1")
+    ledger.record("janitor", duration_ms=1, report={"removed": 1}, statuses={"working": 1})
+    swept_at = ledger.last().swept_at  # type: ignore[union-attr]
+    before = now_ms()
+    assert ledger.claim("janitor", interval_ms=1_000, by="host-1")
     last = ledger.last()
-    assert last is not None
-    assert (last.claimed_at, last.claimed_by, last.sweeps, last.swept_at) == (5_000, "host-1", 1, 1_000)
+    assert last is not None and last.claimed_at is not None
+    assert (last.claimed_by, last.sweeps, last.swept_at) == ("host-1", 1, swept_at)
+    assert before <= last.claimed_at <= now_ms()
 
 
 def test_a_claim_holds_for_one_interval(store: SqlStore):
     ledger = ledger_for(store)
-    assert ledger.claim("janitor", now_ms=10_000, interval_ms=1_000, by="a")
-    assert not ledger.claim("janitor", now_ms=10_999, interval_ms=1_000, by="b")
-    assert ledger.claim("janitor", now_ms=11_000, interval_ms=1_000, by="b")
-    assert not ledger.claim("janitor", now_ms=11_500, interval_ms=1_000, by="a")
+    assert ledger.claim("janitor", interval_ms=60_000, by="a")
+    assert not ledger.claim("janitor", interval_ms=60_000, by="b")
+    age_claim(store, 59_000)  # 59 s later: still a's interval
+    assert not ledger.claim("janitor", interval_ms=60_000, by="b")
+    age_claim(store, 1_000)  # a full interval since a's claim
+    assert ledger.claim("janitor", interval_ms=60_000, by="b")
+    assert not ledger.claim("janitor", interval_ms=60_000, by="a")
     last = ledger.last()
-    assert last is not None and (last.claimed_at, last.claimed_by) == (11_000, "b")
+    assert last is not None and last.claimed_by == "b"
+
+
+def test_a_claimant_whose_clock_is_behind_does_not_open_the_next_interval_early(
+    store: SqlStore, monkeypatch: pytest.MonkeyPatch
+):
+    """With the callers' clocks, a claim stamped 30 s in the past let a worker with a right clock claim (and
+    sweep) again at once: two sweeps within one 10 s interval. On the database's clock, one."""
+    ledger = ledger_for(store)
+    with clock_behind(monkeypatch, 30):
+        assert ledger.claim("janitor", interval_ms=10_000, by="behind")
+    assert not ledger.claim("janitor", interval_ms=10_000, by="right")
+    with clock_behind(monkeypatch, -30):  # nor does one whose clock is ahead
+        assert not ledger.claim("janitor", interval_ms=10_000, by="ahead")
+    last = ledger.last()
+    assert last is not None and last.claimed_by == "behind"
+    assert last.claimed_at is not None and abs(last.claimed_at - now_ms()) < 5_000
 
 
 def test_duties_claim_independently(store: SqlStore):
     ledger = ledger_for(store)
-    assert ledger.claim("janitor", now_ms=1, interval_ms=1_000, by="a")
-    assert ledger.claim("other", now_ms=1, interval_ms=1_000, by="a")
+    assert ledger.claim("janitor", interval_ms=1_000, by="a")
+    assert ledger.claim("other", interval_ms=1_000, by="a")
 
 
 @pytest.mark.parametrize("claimants", [8])
 def test_of_many_claimants_at_once_exactly_one_wins_each_interval(store_url: str, claimants: int):
-    """Threads on their own engines (as separate workers are), released together by a barrier."""
+    """Threads on their own engines (as separate workers are), released together by a barrier; between
+    rounds the claim is aged by one interval, as if the interval had passed."""
     rounds = 15
     stores = [SqlStore.from_url(store_url) for _ in range(claimants)]
-    barrier = threading.Barrier(claimants)
+    barrier = threading.Barrier(claimants, action=lambda: age_claim(stores[0], 60_000))
 
     def claimant(n: int) -> list[int]:
         ledger = SweepLedger(stores[n].engine)
         won = []
         for interval in range(rounds):
             barrier.wait(timeout=60)
-            # Clocks differ a little between hosts: every claimant is inside the same interval.
-            if ledger.claim(
-                "janitor", now_ms=1_000_000 + interval * 1_000 + n, interval_ms=1_000 - claimants, by=f"w{n}"
-            ):
+            if ledger.claim("janitor", interval_ms=60_000, by=f"w{n}"):
                 won.append(interval)
         return won
 
@@ -114,6 +168,6 @@ def test_a_ledger_whose_table_is_missing_reports_the_store_unavailable(tmp_path)
             ledger_for(store).last()
         assert caught.value.operation == "last"
         with pytest.raises(StoreUnavailable):
-            ledger_for(store).claim("janitor", now_ms=1, interval_ms=1, by="a")
+            ledger_for(store).claim("janitor", interval_ms=1, by="a")
     finally:
         store.dispose()

@@ -1,25 +1,34 @@
 """The in-worker janitor (MCP_TASKS_JANITOR=worker): many workers, one sweep per interval, a loop that never stops.
 
-Threads on a real SQLite ledger here; real worker processes in tests/integration/test_janitor_ops.py.
+Threads on a real SQLite ledger, and a real in-process Celery worker with a prefork pool
+(whose main process must only send); real worker processes in tests/integration/test_janitor_ops.py.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from celery import Celery, signals
+from celery.concurrency import solo
+from celery.contrib.testing.worker import TestWorkController
+from celery.utils.timer2 import Timer
 
 from celery_mcp_tasks import McpTasks, Settings
 from celery_mcp_tasks.migrate import upgrade
-from celery_mcp_tasks.model import now_ms
 from celery_mcp_tasks.store.sql import SqlStore
 from celery_mcp_tasks.store.sweeps import JANITOR, SweepLedger, ledger_for
-from celery_mcp_tasks.worker.beat import JANITOR_TASK, InWorkerJanitor
+from celery_mcp_tasks.worker.beat import JANITOR_TASK, InWorkerJanitor, JanitorMessages, install_janitor
 from tests.worker.test_beat import beat_schedule_at_init
+
+JANITOR_LOGGER = "celery_mcp_tasks.janitor"
 
 
 @pytest.fixture
@@ -37,7 +46,7 @@ def recording(ledger: SweepLedger, who: str, swept: list[str]):  # type: ignore[
     def run_sweep() -> None:
         with lock:
             swept.append(who)
-        ledger.record(JANITOR, at_ms=now_ms(), duration_ms=0, report={}, statuses={})
+        ledger.record(JANITOR, duration_ms=0, report={}, statuses={})
 
     return run_sweep
 
@@ -68,12 +77,13 @@ def test_a_failing_sweep_is_a_log_line_and_the_loop_goes_on(
             raise RuntimeError("store down")
 
     janitor = InWorkerJanitor(flaky, lambda: ledger, 0.1, "w")
-    with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks.janitor"):
+    with caplog.at_level(logging.WARNING, logger=JANITOR_LOGGER):
         janitor.start()
         time.sleep(0.45)
         janitor.stop()
     assert len(calls) >= 3
-    assert [r.getMessage() for r in caplog.records] == [
+    # Only the janitor's own records: a thread another test left behind (an OTLP exporter) may log here too.
+    assert [r.getMessage() for r in caplog.records if r.name == JANITOR_LOGGER] == [
         "in-worker janitor: the sweep failed (RuntimeError); trying again next interval"
     ]
 
@@ -87,18 +97,36 @@ def test_a_tick_that_loses_the_claim_does_not_sweep(ledger: SweepLedger) -> None
     assert ledger.last().claimed_by == "a"  # type: ignore[union-attr]
 
 
+def test_a_worker_whose_clock_is_behind_does_not_let_another_sweep_in_the_same_interval(
+    ledger: SweepLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    swept: list[str] = []
+    behind = InWorkerJanitor(recording(ledger, "behind", swept), lambda: ledger, 10, "behind")
+    right = InWorkerJanitor(recording(ledger, "right", swept), lambda: ledger, 10, "right")
+    real_ns, real = time.time_ns, time.time
+    with monkeypatch.context() as patched:  # this host's clock 30 s (three intervals) behind the database's
+        patched.setattr(time, "time_ns", lambda: real_ns() - 30 * 10**9)
+        patched.setattr(time, "time", lambda: real() - 30)
+        assert behind.tick()
+    assert not right.tick(), "a claim stamped with a clock 30 s behind let the next interval open at once"
+    assert swept == ["behind"]
+
+
 def _runtime(tmp_path: Path, **settings: object) -> McpTasks:
     upgrade(Settings(data_dir=tmp_path).store_url)
     return McpTasks("in-worker", celery=Celery("in-worker"), settings=Settings(data_dir=tmp_path, **settings))
 
 
 class _Consumer:
+    """What `worker_ready` sends for a solo worker (nothing forks: the janitor sweeps in a thread)."""
+
     def __init__(self, app: Celery) -> None:
         self.app = app
         self.hostname = "celery@test"
+        self.pool = solo.TaskPool()
 
 
-def test_in_worker_mode_installs_no_beat_entry_and_sweeps_from_worker_ready_to_shutdown(tmp_path: Path) -> None:
+def test_in_worker_mode_on_a_solo_pool_sweeps_in_process_from_worker_ready_to_shutdown(tmp_path: Path) -> None:
     tasks = _runtime(tmp_path, janitor="worker", janitor_interval_s=0.1)
     assert JANITOR_TASK not in (tasks.celery.conf.beat_schedule or {})
     assert JANITOR_TASK not in beat_schedule_at_init(tasks.celery)
@@ -118,3 +146,109 @@ def test_in_worker_mode_installs_no_beat_entry_and_sweeps_from_worker_ready_to_s
         signals.worker_shutdown.send(sender=consumer)
     threads = [t for t in threading.enumerate() if t.name == "celery-mcp-tasks-janitor"]
     assert threads == []
+
+
+# -- a forking pool: the main process sends, a pool process claims and sweeps ----------------
+
+
+class ReadyWorker(TestWorkController):
+    """An in-process worker that announces `worker_ready` as `celery worker` does."""
+
+    __test__ = False
+
+    def on_consumer_ready(self, consumer: Any) -> None:
+        super().on_consumer_ready(consumer)
+        signals.worker_ready.send(sender=consumer)
+
+
+@contextmanager
+def running_worker(app: Celery, pool: str) -> Iterator[ReadyWorker]:
+    """`celery.contrib.testing.worker.start_worker` without its logging setup (which would take over the root
+    logger of the whole test process)."""
+    from celery.worker import state
+
+    app.finalize()
+    worker = ReadyWorker(
+        app=app,
+        concurrency=1,
+        pool=pool,
+        hostname="prefork-test@localhost",
+        without_heartbeat=True,
+        without_mingle=True,
+        without_gossip=True,
+    )
+    thread = threading.Thread(target=worker.start, daemon=True)
+    thread.start()
+    worker.ensure_started()
+    try:
+        yield worker
+    finally:
+        state.should_terminate = 0
+        thread.join(30)
+        state.should_terminate = None
+    assert not thread.is_alive(), "the worker did not stop"
+
+
+def test_with_a_forking_pool_the_main_process_only_sends_and_a_pool_process_claims_and_sweeps(
+    ledger: SweepLedger,
+) -> None:
+    """The deadlock this prevents: a sweep (metrics and all) in a thread of the prefork main process held
+    prometheus_client's multiprocess lock while billiard forked, and the new child hung on its first metric."""
+    interval = 0.3
+    touched: list[int] = []  # in the process that appends: a pool process's appends stay in that process
+
+    def ledger_here() -> SweepLedger:
+        touched.append(os.getpid())
+        return ledger
+
+    def run_sweep() -> None:
+        touched.append(os.getpid())
+        ledger.record(JANITOR, duration_ms=0, report={}, statuses={})
+
+    app = Celery(f"prefork-janitor-{time.monotonic_ns()}", broker="memory://", set_as_current=False)
+    app.conf.task_default_queue = f"janitor-{time.monotonic_ns()}"
+    app.conf.broker_transport_options = {"polling_interval": 0.01}  # the virtual transport's default is 1 s
+    install_janitor(app, run_sweep, interval, in_worker=True, ledger=ledger_here)
+    second = JanitorMessages(app, Timer(), interval)  # another worker's main process, on the same queue
+    with running_worker(app, "prefork"):
+        second.start()
+        deadline = time.monotonic() + 20
+        while (last := ledger.last()) is None or last.sweeps < 1:
+            assert time.monotonic() < deadline, "no sweep from the pool"
+            time.sleep(0.05)
+        first = last
+        time.sleep(interval * 6)
+        last = ledger.last()
+        second.stop()
+    assert last is not None and first is not None
+    assert touched == [], "the worker's main process touched the store"
+    assert last.claimed_by is not None  # "<node>:<pid>" of the pool process that claimed
+    assert int(last.claimed_by.rsplit(":", 1)[1]) != os.getpid(), "claimed outside the pool"
+    grown = last.sweeps - first.sweeps
+    assert 4 <= grown <= 7, grown  # about one per interval between two senders, not two
+
+
+def test_a_message_the_broker_refuses_is_one_log_line_and_the_next_interval_tries_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app = Celery(f"refused-{time.monotonic_ns()}", broker="redis://127.0.0.1:1/0", set_as_current=False)
+    app.conf.broker_connection_timeout = 0.2
+    sent = JanitorMessages(app, Timer(), 60)
+    with caplog.at_level(logging.WARNING, logger=JANITOR_LOGGER):
+        started = time.monotonic()
+        sent.send()
+        sent.send()
+    assert time.monotonic() - started < 10
+    said = [r.getMessage() for r in caplog.records if r.name == JANITOR_LOGGER]
+    assert len(said) == 2 and all(
+        line.startswith("in-worker janitor: could not send this interval's sweep (") for line in said
+    )
+
+
+def test_a_janitor_message_goes_to_a_queue_this_worker_consumes() -> None:
+    app = Celery(f"queues-{time.monotonic_ns()}", broker="memory://", set_as_current=False)
+    app.conf.task_default_queue = "tools"
+    messages = JanitorMessages(app, Timer(), 60)
+    assert messages.queue() == "tools"
+    app.amqp.queues.select(["only-this"])  # `celery worker -Q only-this`: the default queue is nobody's here
+    assert messages.queue() == "only-this"

@@ -48,7 +48,7 @@ from celery_mcp_tasks.mcp.wire import (
 )
 from celery_mcp_tasks.model import InvalidInputResponse, TaskRecord
 from celery_mcp_tasks.notify.hub import Hub
-from celery_mcp_tasks.ops.tracing import creating
+from celery_mcp_tasks.ops.propagation import creating
 from celery_mcp_tasks.protocol import EXTENSION_ID, render_create_result, render_task
 from celery_mcp_tasks.service import TaskExpired, TaskService
 from celery_mcp_tasks.store.base import StoreUnavailable, TaskLimitReached, TaskNotFound

@@ -16,11 +16,9 @@ from typing import Any
 from mcp.server.mcpserver import MCPServer
 
 from celery_mcp_tasks.mcp.sdk_internals import tool_registered
+from celery_mcp_tasks.ops.root_handler import ROOT_HANDLER
 
-__all__ = ["ROOT_HANDLER", "TasksServer"]
-
-ROOT_HANDLER = "celery-mcp-tasks"
-"""The name of the root handler `plain_root_logging` installs: `ops.logs` styles that one, never the app's own."""
+__all__ = ["TasksServer"]
 
 
 class TasksServer(MCPServer[Any]):

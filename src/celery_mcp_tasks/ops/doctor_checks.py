@@ -220,7 +220,8 @@ def push_check(tasks: McpTasks, probe: ProbeEngine, *, timeout_s: float) -> Verd
 
 
 def clock_check(probe: ProbeEngine) -> Verdict:
-    """This host's clock against the database's: heartbeats, TTLs and sweep claims compare times across hosts."""
+    """This host's clock against the database's: heartbeats and TTLs compare times across hosts (the sweep
+    ledger alone stamps and ages everything on the database's clock)."""
     if not probe.postgres:
         return Verdict("OK", "SQLite: the store is on this machine, one clock")
 

@@ -7,10 +7,12 @@ during a database outage, which no restart fixes.
 `/readyz` names each check (store, schema, broker, janitor) with a status and
 a short detail, and answers 503 when one of them fails. It must answer within
 2 s even when the database hangs, and a probe every few seconds must never
-pile up threads. So the checks run in a small pool of their own (one thread
-per check, off the event loop), a request waits for them until a deadline,
-and a check still running from an earlier request is waited on again, never
-started twice: a hung check costs one thread and reports "timed out".
+pile up threads. So each check runs in a daemon thread of its own (off the
+event loop), a request waits for them until a deadline, and a check still
+running from an earlier request is waited on again, never started twice: a
+hung check costs one thread and reports "timed out". Daemon threads, not a
+`ThreadPoolExecutor`: the interpreter joins a pool's threads at exit, so after
+SIGTERM a probe hung on a silent socket would keep the process from exiting.
 
 A stale janitor is a "warn", not a failure: readiness decides whether this
 replica gets traffic, and taking every replica out because beat stopped would
@@ -25,7 +27,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from starlette.requests import Request
@@ -36,6 +38,7 @@ from celery_mcp_tasks.ops.probes import (
     Finding,
     ProbeEngine,
     broker_probe,
+    in_daemon_thread,
     janitor_probe,
     schema_probe,
     short_reason,
@@ -103,30 +106,29 @@ def _contained(check: Check) -> Finding:
 
 
 class CheckRunner:
-    """Runs named checks in a dedicated pool with a deadline; at most one run of each check in flight.
+    """Runs named checks in daemon threads with a deadline; at most one run of each check in flight.
 
     Concurrent requests share a running check's result; a check that outlives
     the deadline keeps its one thread and answers "timed out" until it returns.
-    The pool is made on first use, and anew in a forked child.
+    A forked child starts with no check in flight (the parent's threads did not cross).
     """
 
     def __init__(self, checks: Mapping[str, Check], *, deadline_s: float = DEADLINE_S) -> None:
         self.checks = dict(checks)
         self.deadline_s = deadline_s
         self._lock = threading.Lock()
-        self._pool: ThreadPoolExecutor | None = None
         self._pid: int | None = None
         self._running: dict[str, Future[Finding]] = {}
 
     def _start(self, name: str) -> Future[Finding]:
         with self._lock:
-            if self._pool is None or self._pid != os.getpid():
-                self._pool = ThreadPoolExecutor(max_workers=len(self.checks), thread_name_prefix="mcp-tasks-readyz")
+            if self._pid != os.getpid():
                 self._pid = os.getpid()
                 self._running = {}
             future = self._running.get(name)
             if future is None or future.done():
-                future = self._running[name] = self._pool.submit(_contained, self.checks[name])
+                check = self.checks[name]
+                future = self._running[name] = in_daemon_thread(lambda: _contained(check), name="mcp-tasks-readyz")
             return future
 
     @property

@@ -4,24 +4,34 @@ Everything that keeps tasks healthy (TTL eviction, the lost-job reaper, the inpu
 timeout) runs in the janitor, and the janitor runs only where someone started
 `celery beat` or set MCP_TASKS_JANITOR=worker. Forgetting both used to be silent
 until "Task limit reached". Each sweep records itself in the store's sweep ledger;
-this watch reads it every interval, in a thread (a hanging database never blocks
-the event loop), and says so once when it goes stale, once when sweeps come back,
-and once more if they stop again: a log line per change, not per interval.
+this watch reads it every interval and says so once when it goes stale, once
+when sweeps come back, and once more if they stop again: a log line per change,
+not per interval.
+
+A hanging database must cost the watch one thread, never one per interval: each
+read runs like a readiness probe (a daemon thread, the pool-less probe engine with
+its connect and statement timeouts, never a pooled connection the requests need),
+and no read starts while the last one is still running.
 
 `janitor_age` and `janitor_stale` are the one definition of "stale" that
-`/readyz`, `doctor` and the metrics share with this watch.
+`/readyz`, `doctor` and the metrics share with this watch. Ages are measured on
+the database's clock (the record's `read_at`), which is also where sweeps stamp
+`swept_at`: a web host whose clock differs from the sweepers' still reads them right.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
+from concurrent.futures import Future
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.model import now_ms as _now_ms
-from celery_mcp_tasks.store.sweeps import JANITOR, SweepLedger, SweepRecord
+from celery_mcp_tasks.ops.probes import ProbeEngine, in_daemon_thread, janitor_record
+from celery_mcp_tasks.store.sweeps import SweepRecord
 
 if TYPE_CHECKING:
     from celery_mcp_tasks.app import McpTasks
@@ -40,10 +50,16 @@ FIX = "run `celery -A APP beat`, or set MCP_TASKS_JANITOR=worker to sweep inside
 
 
 def janitor_age(record: SweepRecord | None, now_ms: int | None = None) -> float | None:
-    """Seconds since the last recorded sweep began; None when none was ever recorded."""
+    """Seconds since the last recorded sweep began; None when none was ever recorded.
+
+    Measured against `now_ms` when given, else the database's clock when the record
+    was read (`read_at`), else, for a record made by hand, this host's clock.
+    """
     if record is None or record.swept_at is None:
         return None
-    at = _now_ms() if now_ms is None else now_ms
+    at = now_ms if now_ms is not None else record.read_at
+    if at is None:
+        at = _now_ms()
     return max(0, at - record.swept_at) / 1000
 
 
@@ -53,16 +69,17 @@ def janitor_stale(
     """No sweep for `STALE_INTERVALS` janitor intervals. Never stale when the interval is off.
 
     Without any recorded sweep: stale, unless `since_ms` (e.g. when this process
-    started watching) is less than three intervals ago: a fresh deployment's first
-    sweep comes one interval after beat starts.
+    started watching, on this host's clock) is less than three intervals ago: a
+    fresh deployment's first sweep comes one interval after beat starts. Without
+    `now_ms`, the age is on the database's clock (`janitor_age`), `since_ms` on this host's.
     """
     interval = settings.janitor_interval_s
     if interval is None:
         return False
-    at = _now_ms() if now_ms is None else now_ms
     bound_s = STALE_INTERVALS * interval
-    age = janitor_age(record, at)
+    age = janitor_age(record, now_ms)
     if age is None:
+        at = _now_ms() if now_ms is None else now_ms
         return since_ms is None or (at - since_ms) / 1000 >= bound_s
     return age >= bound_s
 
@@ -76,7 +93,7 @@ class JanitorWatch:
         self.stale = False
         self.unreadable = False
 
-    def observe(self, record: SweepRecord | None, now_ms: int) -> None:
+    def observe(self, record: SweepRecord | None, now_ms: int | None = None) -> None:
         self.unreadable = False
         stale = janitor_stale(self.settings, record, now_ms, since_ms=self.since_ms)
         if stale and not self.stale:
@@ -101,27 +118,51 @@ class JanitorWatch:
         self.unreadable = True
 
 
-async def watch(settings: Settings, ledger: Callable[[], SweepLedger | None], *, since_ms: int) -> None:
-    """Read the ledger every interval until cancelled; each read in a thread, bounded by one interval."""
+class LedgerReads:
+    """The watch's reads of the ledger: each in a daemon thread through the probe engine, one at a time."""
+
+    def __init__(self, probe: ProbeEngine) -> None:
+        self.probe = probe
+        self._reading: Future[SweepRecord | None] | None = None
+
+    @property
+    def in_flight(self) -> bool:
+        return self._reading is not None and not self._reading.done()
+
+    async def read(self, timeout_s: float) -> SweepRecord | None:
+        """The janitor's record; `TimeoutError` after `timeout_s` (the read goes on) or while an earlier one runs."""
+        if self.in_flight:
+            raise TimeoutError("the previous read of the sweep ledger has not returned")
+        self._reading = in_daemon_thread(lambda: janitor_record(self.probe), name="mcp-tasks-janitor-watch")
+        waiting = asyncio.wrap_future(self._reading)
+        waiting.add_done_callback(_retrieved)  # a read that fails after the watch moved on is not "never retrieved"
+        done, _ = await asyncio.wait({waiting}, timeout=timeout_s)
+        if not done:
+            raise TimeoutError(f"no answer within {timeout_s:g}s")
+        return waiting.result()
+
+
+def _retrieved(future: asyncio.Future[SweepRecord | None]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+async def watch(settings: Settings, probe: ProbeEngine, *, since_ms: int) -> None:
+    """Read the ledger every interval until cancelled; each read bounded by one interval, never two at once."""
     import anyio
 
     interval = settings.janitor_interval_s
     assert interval is not None
     state = JanitorWatch(settings, since_ms=since_ms)
-
-    def read() -> SweepRecord | None:
-        found = ledger()
-        return None if found is None else found.last(JANITOR)
-
+    reads = LedgerReads(probe)
     while True:
         await anyio.sleep(interval)
         try:
-            with anyio.fail_after(interval):
-                record = await anyio.to_thread.run_sync(read, abandon_on_cancel=True)
+            record = await reads.read(interval)
         except Exception as exc:  # noqa: BLE001 - a watch that fails must not end the server
             state.failed(exc)
             continue
-        state.observe(record, _now_ms())
+        state.observe(record)
 
 
 def install(tasks: McpTasks) -> None:
@@ -135,7 +176,8 @@ def install(tasks: McpTasks) -> None:
         import anyio
 
         async with anyio.create_task_group() as group:
-            group.start_soon(lambda: watch(settings, tasks.ledger, since_ms=_now_ms()))
+            probe = ProbeEngine(settings.store_url)
+            group.start_soon(lambda: watch(settings, probe, since_ms=_now_ms()))
             try:
                 yield
             finally:

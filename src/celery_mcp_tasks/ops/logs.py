@@ -11,7 +11,8 @@ default and looks as it always did.
 Whatever the format, a record is never allowed to carry a task id: the id is a
 bearer capability. Our code logs at most the row key's first 8 hex digits;
 `RedactTaskIds` is the net under that rule, on every handler styled here, for
-whatever a library's exception or a job's own line might echo.
+whatever a library's exception or a job's own line might echo. In text mode
+too: uvicorn's own handlers (`uvicorn_log_config`) carry it.
 
 `LifecycleLog` is an `Observer`: one line per transition worth knowing
 (created, started, input required, finished), in the process that wrote it.
@@ -21,16 +22,18 @@ line per task, its outcome, and the rest is there at DEBUG when asked for.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
-import re
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from celery_mcp_tasks.mcp.server import ROOT_HANDLER
 from celery_mcp_tasks.model import TaskRecord, TaskStatus
+from celery_mcp_tasks.ops.metrics import queued_at
+from celery_mcp_tasks.ops.redaction import REDACTED, RedactTaskIds, record_message, redact
+from celery_mcp_tasks.ops.root_handler import ROOT_HANDLER
 
 if TYPE_CHECKING:
     from celery_mcp_tasks.app import McpTasks
@@ -38,6 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LIFECYCLE_LOGGER",
+    "REDACTED",
     "JsonFormatter",
     "LifecycleLog",
     "RedactTaskIds",
@@ -49,58 +53,6 @@ __all__ = [
 LIFECYCLE_LOGGER = "celery_mcp_tasks.tasks"
 KEY_PREFIX = 8
 """Hex digits of the row key a log line may show: enough to follow one task, useless to open it."""
-REDACTED = "<redacted>"
-
-# A task id: 32 random bytes in base64url, 43 characters standing alone. The last one
-# carries 4 bits and 2 zero bits, so it is one of 16; mixed case rules out a long
-# snake_case name. A random id always matches (the chance of no upper or no lower case
-# letter among 43 is ~1e-9); a row key (64 hex) or a Celery id (a UUID) never does.
-_TOKEN = re.compile(r"(?<![A-Za-z0-9_-])[A-Za-z0-9_-]{42}[AEIMQUYcgkosw048](?![A-Za-z0-9_-])")
-
-
-def _replace(match: re.Match[str]) -> str:
-    token = match.group(0)
-    if any(c.isupper() for c in token) and any(c.islower() for c in token):
-        return REDACTED
-    return token
-
-
-def redact(text: str) -> str:
-    """`text` with every token shaped like a task id replaced by `<redacted>`."""
-    return _TOKEN.sub(_replace, text) if len(text) >= 43 else text
-
-
-def _message(record: logging.LogRecord) -> str:
-    try:
-        return record.getMessage()
-    except Exception:  # noqa: BLE001 - bad args: say so in the line, not with a traceback on stderr
-        return f"{record.msg} (unformattable arguments)"
-
-
-class RedactTaskIds(logging.Filter):
-    """A handler's filter: the message and exception text lose anything shaped like a task id.
-
-    The record is rewritten only when something was redacted (its template is
-    kept for `JsonFormatter`'s event names), so the common case costs one regex scan.
-    """
-
-    _exceptions = logging.Formatter()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = _message(record)
-        cleaned = redact(message)
-        if cleaned != message:
-            record.__dict__.setdefault("_mcp_template", record.msg)
-            record.msg, record.args = cleaned, None
-        if record.exc_info and not record.exc_text:
-            record.exc_text = self._exceptions.formatException(record.exc_info)
-        if record.exc_text:
-            record.exc_text = redact(record.exc_text)
-        if record.stack_info:
-            record.stack_info = redact(record.stack_info)
-        return True
-
-
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
 _DROPPED = frozenset({"data", "color_message", "task_id", "task_name", "taskId"})
 """Extras never rendered: Celery's `data` (a task's arguments and return value),
@@ -131,7 +83,7 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname,
             "logger": record.name,
             "event": _event(record),
-            "message": redact(_message(record)),
+            "message": redact(record_message(record)),
         }
         fields = {**_job_fields(), **_access_fields(record), **_extras(record)}
         for name in _FIRST:
@@ -276,8 +228,8 @@ def lifecycle_events(before: TaskRecord | None, after: TaskRecord) -> list[tuple
         events.append(("task.created", logging.DEBUG, {"status": after.status.value}))
     if after.started_at is not None and (before is None or before.started_at != after.started_at):
         sent_at = after.created_at
-        if before is not None and before.started_at is None and before.heartbeat_at is not None:
-            sent_at = before.heartbeat_at  # the send (or a retry's scheduled start) this run answers
+        if before is not None and before.started_at is None:
+            sent_at = queued_at(before)  # the send (or a retry's due time) this run answers, as the metrics
         wait = max(after.started_at - sent_at, 0)
         events.append(("task.started", logging.DEBUG, {"queue_wait_ms": wait, "attempt": after.attempt + 1}))
     if after.status is TaskStatus.INPUT_REQUIRED and (before is None or before.status is not after.status):
@@ -310,13 +262,18 @@ def style_web_root(json_format: bool) -> bool:
 
 
 def uvicorn_log_config(settings: Settings) -> dict[str, Any] | None:
-    """The `log_config` for uvicorn: its own default for text; in json mode none, so that its
-    loggers propagate to the root handler (JSON on stderr, access lines included)."""
+    """The `log_config` for uvicorn: in json mode none, so that its loggers propagate to the root
+    handler (JSON on stderr, access lines included); for text a copy of its own default, its
+    lines as ever, with `RedactTaskIds` on each of its handlers."""
     if settings.log_format == "json":
         return None
     from uvicorn.config import LOGGING_CONFIG
 
-    return LOGGING_CONFIG
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config.setdefault("filters", {})["redact"] = {"()": RedactTaskIds}
+    for handler in config["handlers"].values():
+        handler["filters"] = [*handler.get("filters", []), "redact"]
+    return config
 
 
 _celery = {"json": False, "connected": False}

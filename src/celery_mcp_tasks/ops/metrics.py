@@ -1,10 +1,15 @@
 """Prometheus metrics: each process counts the changes it committed, from the Observer seam.
 
 Every process counts what it did (the web process creates and cancels, the
-workers start and finish runs, the janitor reaps and expires), so summed over
-the scrape targets the counts tell the whole story: created = finished + in
+workers start and finish runs, the janitor reaps, expires questions and evicts
+tasks whose TTL ran out before they were final: `status="expired"`), so summed
+over the scrape targets the counts tell the whole story: created = finished + in
 flight. Timings come from the row before and after each write (`task_changed`),
 never from another read of the store.
+
+A run ends when the job itself ends it (a final status, or a question); a cancel
+ends the task (`finished`, `duration_seconds`) but not the run, which goes on
+unseen until the job notices: no `run_seconds` sample would be true for it.
 
 No task id, row key, argument or result ever becomes a label. The `tool` label
 takes the names of the app's registered task tools only ("other" for anything
@@ -25,6 +30,7 @@ import threading
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
+from celery_mcp_tasks.janitor import EXPIRED_UNFINISHED, METRIC
 from celery_mcp_tasks.model import TaskRecord, TaskStatus
 from celery_mcp_tasks.observe import Observer
 from celery_mcp_tasks.service import ENQUEUE_FAILED
@@ -43,6 +49,7 @@ __all__ = [
     "TaskMetrics",
     "families",
     "install",
+    "queued_at",
     "use_multiprocess",
 ]
 
@@ -51,6 +58,8 @@ logger = logging.getLogger("celery_mcp_tasks.ops.metrics")
 PREFIX = "mcp_tasks"
 OTHER = "other"
 """The `tool` label of a record whose tool this app does not register (bounded cardinality)."""
+EXPIRED = "expired"
+"""The `status` label of `mcp_tasks_finished_total` for a task its TTL removed before it was final."""
 
 QUEUE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 RUN_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600)
@@ -75,7 +84,9 @@ class Families:
 
         tool = ("tool",)
         self.created = counter("created", "Tasks created", tool)
-        self.finished = counter("finished", "Tasks that reached a final status", ("tool", "status"))
+        self.finished = counter(
+            "finished", "Tasks that reached a final status, or expired before one", ("tool", "status")
+        )
         self.enqueue_failures = counter("enqueue_failures", "Tasks failed because their job could not be sent", tool)
         self.queue_wait = histogram(
             "queue_wait_seconds", "From the write that queued a run to the run's start", tool, QUEUE_BUCKETS
@@ -147,6 +158,17 @@ def multiprocess() -> bool:
     return bool(getattr(values.ValueClass, "_multiprocess", False)) and bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
 
 
+def queued_at(before: TaskRecord) -> int:
+    """When the run that starts after `before` was queued: its send, an answer, or a retry's due time.
+
+    A retry's write sets `updated_at` when Celery schedules it and moves
+    `heartbeat_at` to the end of its countdown; a send leaves `updated_at` alone
+    and sets `heartbeat_at`. The later of the two is when the run could start, so
+    a queue wait never includes a retry's countdown.
+    """
+    return max(before.updated_at, before.heartbeat_at or 0)
+
+
 def _seconds(later_ms: int, earlier_ms: int) -> float:
     """Clocks of two processes: a small skew must not become a negative duration."""
     return max(later_ms - earlier_ms, 0) / 1000.0
@@ -179,27 +201,36 @@ class TaskMetrics:
     @staticmethod
     def _timings(m: Families, tool: str, before: TaskRecord, after: TaskRecord) -> None:
         if before.started_at is None and after.started_at is not None:  # a queued run started
-            m.queue_wait.labels(tool).observe(_seconds(after.started_at, before.updated_at))
+            m.queue_wait.labels(tool).observe(_seconds(after.started_at, queued_at(before)))
         asked = after.status is TaskStatus.INPUT_REQUIRED and not after.parked  # a parked job still runs
-        if before.started_at is not None and before.status is TaskStatus.WORKING and (after.terminal or asked):
+        ended = (after.terminal and after.status is not TaskStatus.CANCELLED) or asked  # a cancel is not the job's
+        if before.started_at is not None and before.status is TaskStatus.WORKING and ended:
             m.run.labels(tool).observe(_seconds(after.updated_at, before.started_at))
         if before.status is TaskStatus.INPUT_REQUIRED and after.status is not TaskStatus.INPUT_REQUIRED:
             m.input_wait.labels(tool).observe(_seconds(after.updated_at, before.updated_at))
 
 
 class JanitorMetrics:
-    """A sweep hook: the sweeps this process ran and what they did (known report keys only)."""
+    """A sweep hook: the sweeps this process ran, what they did (known report keys only), and the
+    tasks they evicted unfinished (`finished{status="expired"}`, by tool). Other names are ignored."""
 
-    def __init__(self, metrics: Callable[[], Families] = families) -> None:
+    def __init__(self, metrics: Callable[[], Families] = families, *, tools: Collection[str] = ()) -> None:
         self._metrics = metrics
+        self._tools = tools  # the app's live registry of task tools, as for `TaskMetrics`
 
     def __call__(self, name: str, counts: dict[str, int]) -> None:
-        m = self._metrics()
-        m.janitor_sweeps.inc()
-        for key, action in JANITOR_ACTIONS.items():
-            count = counts.get(key, 0)
-            if count > 0:
-                m.janitor_tasks.labels(action).inc(count)
+        if name == METRIC:
+            m = self._metrics()
+            m.janitor_sweeps.inc()
+            for key, action in JANITOR_ACTIONS.items():
+                count = counts.get(key, 0)
+                if count > 0:
+                    m.janitor_tasks.labels(action).inc(count)
+        elif name == EXPIRED_UNFINISHED:
+            m = self._metrics()
+            for tool, count in counts.items():
+                if count > 0:
+                    m.finished.labels(tool if tool in self._tools else OTHER, EXPIRED).inc(count)
 
 
 class PushMetrics:
@@ -227,9 +258,9 @@ def install(tasks: McpTasks) -> None:
 
     observer: Observer = TaskMetrics(tasks.tools)
     tasks.observers.append(observer)
-    tasks.sweep_hooks.append(JanitorMetrics())
+    tasks.sweep_hooks.append(JanitorMetrics(tools=tasks.tools))
     if tasks.listen is not None:
         tasks.listen.observers.append(PushMetrics())
-    metrics_scrape.count_store_errors(tasks.settings.store_url)
+    tasks.store_hooks.append(lambda store: metrics_scrape.count_store_errors(store.engine))
     tasks.server.custom_route("/metrics", methods=["GET"], include_in_schema=False)(metrics_scrape.endpoint(tasks))
     install_worker_exporter(tasks)

@@ -17,8 +17,6 @@ and logs (at most once a minute): a scrape never fails with a 500.
 from __future__ import annotations
 
 import logging
-import os
-import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -34,7 +32,7 @@ from celery_mcp_tasks.ops.metrics import PREFIX, families, multiprocess
 
 if TYPE_CHECKING:
     from prometheus_client.registry import Collector
-    from sqlalchemy.engine import URL, ExceptionContext
+    from sqlalchemy.engine import Engine, ExceptionContext
 
     from celery_mcp_tasks.app import McpTasks
     from celery_mcp_tasks.store.sweeps import SweepRecord
@@ -190,17 +188,6 @@ def endpoint(tasks: McpTasks) -> Callable[[Request], Awaitable[Response]]:
 
 # -- the store's database errors -------------------------------------------------------------
 
-_lock = threading.Lock()
-_stores: set[tuple[str, str | None, int | None, str | None]] = set()
-_listening = False
-
-
-def _database(url: URL) -> tuple[str, str | None, int | None, str | None]:
-    """Which database a URL names, whatever the driver spelling (`postgresql://` vs `+psycopg`)."""
-    backend = url.get_backend_name()
-    database = os.path.abspath(url.database) if backend == "sqlite" and url.database else url.database
-    return (backend, url.host, url.port, database)
-
 
 def store_operation(context: ExceptionContext) -> str:
     """A bounded label: connect, select, insert, update, delete, transaction (commit/rollback) or other."""
@@ -215,27 +202,21 @@ def store_operation(context: ExceptionContext) -> str:
 
 def _on_error(context: ExceptionContext) -> None:
     try:
-        engine = context.engine
-        if engine is None or _database(engine.url) not in _stores:
-            return
         families().store_errors.labels(store_operation(context)).inc()
     except Exception:
         logger.debug("metrics: could not count a store error", exc_info=True)
 
 
-def count_store_errors(store_url: str) -> None:
-    """Count database errors on the engines of this store, in every process.
+def count_store_errors(engine: Engine) -> None:
+    """Count the database errors of the task store's own engine (each process builds its own).
 
-    A SQLAlchemy `handle_error` listener: it runs only when the database fails
-    (nothing on the success path), and sees each failure once, including a dropped
-    connection the store then retries and the connect of a database that is down.
+    A SQLAlchemy `handle_error` listener on that engine alone: the application's
+    own engines, even on the same database, are not the store's. It runs only
+    when the database fails (nothing on the success path), and sees each failure
+    once, including a dropped connection the store then retries and the connect
+    of a database that is down.
     """
-    global _listening
     from sqlalchemy import event
-    from sqlalchemy.engine import Engine, make_url
 
-    with _lock:
-        _stores.add(_database(make_url(store_url)))
-        if not _listening:
-            event.listen(Engine, "handle_error", _on_error)
-            _listening = True
+    if not event.contains(engine, "handle_error", _on_error):
+        event.listen(engine, "handle_error", _on_error)

@@ -2,10 +2,14 @@
 
 Every probe returns a `Finding` and never raises: a failure is an answer
 ("fail" with the driver's first line), not a traceback. Each one gives up on
-its own within a few seconds (a connect timeout, a statement timeout), so a
-thread that runs it comes back even when the database or the broker hangs; the
-callers add their own, shorter deadline on top. Details carry no URL, no
-password and no task id: a host and port at most, as the drivers word them.
+its own within a few seconds (a connect timeout; a statement timeout on every
+read; on PostgreSQL, TCP keepalives and `tcp_user_timeout`, so a socket whose
+peer vanished after connecting is dropped too), so a thread that runs it comes
+back even when the database or the broker hangs. The callers add their own,
+shorter deadline on top, and run probes in daemon threads (`in_daemon_thread`):
+a probe stuck in a way none of that bounds never holds the process's exit.
+Details carry no URL, no password and no task id: a host and port at most, as
+the drivers word them.
 """
 
 from __future__ import annotations
@@ -14,25 +18,27 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine, make_url
 
 from celery_mcp_tasks.config import Settings
-from celery_mcp_tasks.model import now_ms
 from celery_mcp_tasks.preflight import (
     NOT_CREATED,
     current_revisions,
     db_reason,
     missing_sqlite_file,
-    probe_engine,
     revision_problem,
     script_heads,
 )
-from celery_mcp_tasks.store.engine import READ_ONLY
+from celery_mcp_tasks.store.engine import READ_ONLY, create_store_engine
+
+if TYPE_CHECKING:
+    from celery_mcp_tasks.store.sweeps import SweepRecord
 
 __all__ = [
     "PROBE_TIMEOUT_S",
@@ -40,7 +46,9 @@ __all__ = [
     "ProbeEngine",
     "Status",
     "broker_probe",
+    "in_daemon_thread",
     "janitor_probe",
+    "janitor_record",
     "schema_probe",
     "short_reason",
     "store_probe",
@@ -52,6 +60,8 @@ PROBE_TIMEOUT_S = 3
 """How long one probe waits for the database or the broker before it gives up on its own."""
 
 _FILESYSTEM_FOLDERS = ("data_folder_in", "data_folder_out", "control_folder")
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,36 @@ def _elapsed_ms(start: float) -> int:
     return round((time.monotonic() - start) * 1000)
 
 
+def in_daemon_thread(work: Callable[[], T], *, name: str) -> Future[T]:
+    """`work` in a daemon thread of its own, as a future: a probe that hangs past every timeout costs
+    that one thread and never holds the interpreter's exit (a pool's threads are joined at exit)."""
+    future: Future[T] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(work())
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on the future
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return future
+
+
+def probe_connect_args(url: str, timeout_s: int) -> dict[str, Any]:
+    """libpq's own bounds on a probe's socket: the connect, then keepalives and `tcp_user_timeout`, so a
+    connection whose peer vanishes (a partition, a dead NAT entry) fails within seconds instead of hours."""
+    if make_url(url).get_backend_name() != "postgresql":
+        return {}
+    return {
+        "connect_timeout": timeout_s,
+        "keepalives": 1,
+        "keepalives_idle": timeout_s,
+        "keepalives_interval": 1,
+        "keepalives_count": 3,
+        "tcp_user_timeout": timeout_s * 1000,
+    }
+
+
 class ProbeEngine:
     """One pool-less engine per process for the probes: each probe is a fresh connection, which is what
     a new request would need, and a hung one never holds a pooled connection others wait for."""
@@ -90,7 +130,9 @@ class ProbeEngine:
     def engine(self) -> Engine:
         with self._lock:  # checks run in parallel threads: one engine between them
             if self._engine is None or self._pid != os.getpid():
-                self._engine = probe_engine(self.url, connect_timeout_s=self._timeout)
+                self._engine = create_store_engine(
+                    self.url, poolclass=sa.pool.NullPool, connect_args=probe_connect_args(self.url, self._timeout)
+                )
                 self._pid = os.getpid()
             return self._engine
 
@@ -172,23 +214,33 @@ def janitor_probe(probe: ProbeEngine, settings: Settings, *, since_ms: int | Non
     if interval is None:
         return Finding("skipped", "no scheduled sweeps (MCP_TASKS_JANITOR_INTERVAL_S=off)")
     from celery_mcp_tasks.ops.janitor_watch import janitor_age, janitor_stale
-    from celery_mcp_tasks.store.sweeps import JANITOR, SweepLedger
 
     if missing_sqlite_file(probe.url):
         return Finding("fail", NOT_CREATED)
     try:
-        record = SweepLedger(probe.engine).last(JANITOR)
+        record = janitor_record(probe)
     except Exception as exc:  # noqa: BLE001
-        return Finding("fail", f"cannot read the sweep ledger: {short_reason(exc.__cause__ or exc)}")
-    at = now_ms()
-    age = janitor_age(record, at)
-    stale = janitor_stale(settings, record, at, since_ms=since_ms)
+        return Finding("fail", f"cannot read the sweep ledger: {short_reason(exc)}")
+    age = janitor_age(record)  # on the database's clock: the sweeper's and this host's may differ
+    stale = janitor_stale(settings, record, since_ms=since_ms)
     every = f"expected every {interval:g}s"
     if age is None:
         return Finding("warn" if stale else "ok", f"no sweep recorded yet ({every})")
     if stale:
         return Finding("warn", f"stale: last sweep {_ago(age)} ago, {every}")
     return Finding("ok", f"last sweep {_ago(age)} ago ({every})")
+
+
+def janitor_record(probe: ProbeEngine) -> SweepRecord | None:
+    """The janitor's ledger row with the database's clock, read like every probe (statement timeout and all).
+
+    Raises `FileNotFoundError` for an embedded store never created (a connect would create it, empty).
+    """
+    from celery_mcp_tasks.store.sweeps import JANITOR, read_sweep
+
+    if missing_sqlite_file(probe.url):
+        raise FileNotFoundError(NOT_CREATED)
+    return probe.read(lambda conn: read_sweep(conn, JANITOR))  # type: ignore[no-any-return]
 
 
 def _ago(seconds: float) -> str:

@@ -1,19 +1,16 @@
-"""Traces: one trace per task, from `tools/call` through every Celery send and run to the final write.
+"""Traces: the worker's run spans (Celery signals), the status events, and the providers MCP_TASKS_TRACING sets.
 
-"tasks create <tool>" (a child of the SDK's `tools/call` span) stores its W3C `traceparent`
-in the row; every send of the job (first, reaper's, after `tasks/update`) makes that context
-current and injects it into the Celery message headers with the global propagator, as
-`opentelemetry-instrumentation-celery` does (Celery copies headers into retries). In the
-worker each run is "mcp_task run <tool>", a child of the headers' context, open from
-`task_prerun` to `task_postrun`, so the bridge's final write happens inside it. When the
-Celery instrumentor is active, its publish and run spans are the message's: ours is not
-started, and its run span gets our attributes. Never a task id, an argument, a result or
-an exception's text in a span; the row key's first 8 hex digits at most.
+One trace per task, from `tools/call` through every Celery send and run to the final write.
+The web side and every send are `ops.propagation`'s (opentelemetry-api only, what the
+adapters import). Here, in the worker, each run is "mcp_task run <tool>", a child of the
+message headers' context, open from `task_prerun` to `task_postrun`, so the bridge's final
+write happens inside it. When the Celery instrumentor is active, its publish and run spans
+are the message's: ours is not started, and its run span gets our attributes. Never a task
+id, an argument, a result or an exception's text in a span; the row key's first 8 hex digits
+at most. A span that cannot be started or ended costs that span, never the job.
 
-`creating` and `sending` need only opentelemetry-api (a no-op that still propagates, so a
-user's own `opentelemetry-instrument` setup works). "otlp"/"console" configure a provider
-with a `BatchSpanProcessor` in the web process and in each worker process (after the fork):
-an unreachable collector only drops spans and logs.
+"otlp"/"console" configure a provider with a `BatchSpanProcessor` in the web process and in
+each worker process (after the fork): an unreachable collector only drops spans and logs.
 """
 
 from __future__ import annotations
@@ -24,31 +21,29 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import AsyncIterator, Iterator, MutableMapping
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from functools import wraps
 from typing import TYPE_CHECKING, Any
 
-from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.propagators.textmap import Getter
-from opentelemetry.trace import SpanKind, Status, StatusCode
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.trace import SpanKind
 
 from celery_mcp_tasks.config import ConfigError
 from celery_mcp_tasks.model import TaskRecord
+from celery_mcp_tasks.ops.propagation import TOOL, end_span, mark_failed, start_span, warn_once
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
 
     from celery_mcp_tasks.app import McpTasks
 
-__all__ = ["creating", "current_traceparent", "install", "require_extra", "sending"]
+__all__ = ["StatusEvents", "configure", "install", "require_extra", "shutdown"]
 
 logger = logging.getLogger("celery_mcp_tasks.ops")
 
-TRACER = trace.get_tracer("celery_mcp_tasks")
 EXTRA = "pip install 'celery-mcp-tasks[otel]'"
-TOOL = "mcp_task.tool"
 KEY_PREFIX = "mcp_task.key_prefix"
 DISPATCH = "mcp_task.dispatch"
 ATTEMPT = "mcp_task.attempt"
@@ -57,60 +52,7 @@ RUN_END = "mcp_task.run_end"
 _PREFIX = 8
 _STOP_S = 5.0
 """The bound on the last flush at exit: a collector that is down never holds a process's shutdown."""
-_W3C = TraceContextTextMapPropagator()
 _SPAN = "_mcp_run_span"  # request attribute: our run span and the context token of its run
-
-
-# -- the web side and every send (opentelemetry-api only) ----------------------------------------------
-
-
-def current_traceparent() -> str | None:
-    """The W3C `traceparent` of the current span, or None when there is no valid one."""
-    carrier: dict[str, str] = {}
-    _W3C.inject(carrier)
-    return carrier.get("traceparent")
-
-
-def _no_provider() -> bool:
-    """No tracer provider is set: a span would only be its parent again, so none is started (it costs ~20 us)."""
-    return isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
-
-
-@contextmanager
-def creating(tool: str) -> Iterator[str | None]:
-    """The span "tasks create <tool>" around one creation and its first send; yields what the row stores."""
-    if _no_provider():  # the caller's context (if any) is what the row keeps and every send carries
-        yield current_traceparent()
-        return
-    with TRACER.start_as_current_span(
-        f"tasks create {tool}", attributes={TOOL: tool}, record_exception=False, set_status_on_exception=False
-    ) as span:
-        try:
-            yield current_traceparent()
-        except Exception as exc:  # its type's name only: a message may quote arguments
-            span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
-            raise
-
-
-@contextmanager
-def sending(trace_context: str | None, headers: MutableMapping[str, Any]) -> Iterator[None]:
-    """One send of a task's job: the task's own context is current, and written into the message `headers`.
-
-    The stored context, not the caller's: a resend by the reaper or after `tasks/update` belongs to
-    the task's trace. A row without one sends in the caller's. Never raises for tracing's sake.
-    """
-    token = None
-    try:
-        if trace_context and trace_context != current_traceparent():  # not the first send, in `creating`
-            token = otel_context.attach(_W3C.extract({"traceparent": trace_context}))
-        propagate.inject(headers)
-    except Exception:  # a broken propagator costs the trace, never the job
-        logger.warning("tracing: could not put the trace context in a job's headers", exc_info=True)
-    try:
-        yield
-    finally:
-        if token is not None:
-            otel_context.detach(token)
 
 
 class StatusEvents:
@@ -179,6 +121,23 @@ def _attributes(tool: str, key: str, run: Any) -> dict[str, Any]:
     return attributes
 
 
+_Receiver = Callable[..., None]
+
+
+def _contained(receiver: _Receiver) -> _Receiver:
+    """A run-span signal receiver that never raises: Celery would log each failure with a traceback."""
+
+    @wraps(receiver)
+    def contained(*args: Any, **kwargs: Any) -> None:
+        try:
+            receiver(*args, **kwargs)
+        except Exception as error:  # noqa: BLE001 - tracing costs the span, never the run or its log
+            warn_once(f"a run span's {receiver.__name__.removeprefix('_on_')} failed", error)
+
+    return contained
+
+
+@_contained
 def _on_prerun(sender: Any = None, task: Any = None, **_: Any) -> None:
     job = task or sender
     found = _ours(job)
@@ -187,11 +146,9 @@ def _on_prerun(sender: Any = None, task: Any = None, **_: Any) -> None:
     request, key, run = found
     tool = job.mcp_tool.name
     parent = propagate.extract(request, getter=_GETTER)
-    span = TRACER.start_span(
-        f"mcp_task run {tool}", context=parent, kind=SpanKind.CONSUMER, attributes=_attributes(tool, key, run)
-    )
-    token = otel_context.attach(trace.set_span_in_context(span, parent))
-    setattr(request, _SPAN, (span, token))
+    started = start_span(f"mcp_task run {tool}", _attributes(tool, key, run), parent=parent, kind=SpanKind.CONSUMER)
+    if started is not None:
+        setattr(request, _SPAN, started)
 
 
 def _run_span(task: Any) -> tuple[trace.Span, bool] | None:
@@ -210,6 +167,7 @@ def _run_span(task: Any) -> tuple[trace.Span, bool] | None:
     return span, False
 
 
+@_contained
 def _on_success(sender: Any = None, **_: Any) -> None:
     from celery_mcp_tasks.worker.job import RUN_END as ended
 
@@ -220,29 +178,28 @@ def _on_success(sender: Any = None, **_: Any) -> None:
             found[0].set_attribute(RUN_END, why)
 
 
+@_contained
 def _on_failure(sender: Any = None, exception: BaseException | None = None, **_: Any) -> None:
     found = _run_span(sender)
     if found is not None and found[1]:  # the instrumentor sets its own span's status
-        found[0].set_status(Status(StatusCode.ERROR, type(exception).__name__ if exception else None))
+        mark_failed(found[0], exception)
 
 
+@_contained
 def _on_retry(sender: Any = None, **_: Any) -> None:
     found = _run_span(sender)
     if found is not None:
         found[0].add_event("mcp_task.retry")
 
 
+@_contained
 def _on_postrun(sender: Any = None, task: Any = None, **_: Any) -> None:
     request = getattr(task or sender, "request", None)
     held = getattr(request, _SPAN, None)
     if held is None:
         return
-    span, token = held
     delattr(request, _SPAN)
-    try:
-        otel_context.detach(token)
-    finally:
-        span.end()
+    end_span(*held)
 
 
 _signals_connected = False
@@ -345,9 +302,19 @@ def shutdown() -> None:
 
 
 def _forks(pool_cls: Any) -> bool:
-    """A prefork (billiard) pool: its children run the jobs, so each configures itself after the fork."""
-    name = pool_cls if isinstance(pool_cls, str) else getattr(pool_cls, "__module__", "")
-    return "prefork" in str(name)
+    """A prefork (billiard) pool: its children run the jobs, so each configures itself after the fork.
+
+    At `worker_init` the pool may still be a name (`worker_pool`, `app.Worker(pool=...)`): Celery's
+    aliases resolve it (`prefork` and `processes` are both billiard's pool), as the worker does next.
+    """
+    from celery.concurrency import get_implementation
+
+    try:
+        cls = get_implementation(pool_cls) if isinstance(pool_cls, str) else pool_cls
+        from celery.concurrency.prefork import TaskPool
+    except Exception:  # noqa: BLE001 - a pool Celery cannot load either stops the worker right after this
+        return False
+    return isinstance(cls, type) and issubclass(cls, TaskPool)
 
 
 def _install_worker_provider(tasks: McpTasks, mode: str) -> None:
@@ -383,14 +350,12 @@ def _serving(tasks: McpTasks, mode: str) -> Any:
 def install(tasks: McpTasks) -> None:
     """Spans for every task of `tasks`; with MCP_TASKS_TRACING=otlp|console, a provider in each process.
 
-    Only registers (an observer, signals, a serving context); a missing extra stops the process in one line.
+    Only registers (an observer, signals, a serving context). A missing extra is a `ConfigError`
+    naming MCP_TASKS_TRACING and the extra, which stops a process in one line as any bad setting does.
     """
     mode = tasks.settings.tracing
     if mode != "off":
-        try:
-            require_extra(mode)
-        except ConfigError as exc:
-            raise SystemExit(f"celery-mcp-tasks: configuration error: {exc}") from None
+        require_extra(mode)
     tasks.observers.append(StatusEvents())
     _connect_run_spans()
     if mode != "off":

@@ -13,19 +13,31 @@ is marked dead: its live gauges go, its counters stay (totals never go back).
 A private directory left by a worker that was killed is removed by the next
 worker that starts on the host.
 
+Why a child folds its files at exit: prometheus_client keeps a dead process's
+counter and histogram files for ever, and every scrape reads every file, so
+with `--max-tasks-per-child` (a new child every few tasks) the directory and
+the scrape's cost would grow for the worker's whole life. In a private
+directory (ours alone) an exiting child adds its counts into one `*_merged.db`
+file per type and removes its own, under a lock the endpoint also takes, so a
+scrape sees the child's counts exactly once, before or after. A deployment's
+PROMETHEUS_MULTIPROC_DIR may have readers of its own: it is left as
+prometheus_client writes it.
+
 Only the `celery worker` command starts this (`celeryd_init` is its signal): an
 in-process test worker or a web process never opens a port here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import logging
 import os
 import shutil
 import tempfile
 import threading
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, cast
 
 from celery import signals
 
@@ -34,15 +46,84 @@ from celery_mcp_tasks.ops.metrics import use_multiprocess
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
+    from prometheus_client.registry import Collector
+
     from celery_mcp_tasks.app import McpTasks
 
-__all__ = ["MULTIPROC_DIR", "PRIVATE_PREFIX", "WorkerExporter", "install", "remove_orphans"]
+__all__ = ["MERGED", "MULTIPROC_DIR", "PRIVATE_PREFIX", "WorkerExporter", "fold_files", "install", "remove_orphans"]
 
 logger = logging.getLogger("celery_mcp_tasks.ops.metrics")
 
 MULTIPROC_DIR = "PROMETHEUS_MULTIPROC_DIR"
 PRIVATE_PREFIX = "celery-mcp-tasks-metrics-"
 """A private directory's name: this prefix, the worker's pid, a random tail."""
+MERGED = "merged"
+"""`counter_merged.db`, ...: the counts of the children that exited (the collector reads any `TYPE_*.db`)."""
+_ADDITIVE = ("counter", "histogram", "summary")  # values that sum across processes (gauges are per process)
+_LOCK_FILE = ".fold.lock"  # not `*.db`: the collector never reads it
+
+
+@contextlib.contextmanager
+def _locked(directory: str, *, exclusive: bool) -> Iterator[None]:
+    """The directory's fold lock: a fold is exclusive, a scrape shares it with other scrapes."""
+    import fcntl
+
+    with open(os.path.join(directory, _LOCK_FILE), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def fold_files(directory: str, pid: int) -> int:
+    """Add process `pid`'s counter, histogram and summary files into the `*_merged.db` ones; how many went.
+
+    The merged file is written beside, under a name no reader globs, and
+    replaces the old one before the process's own file is removed, all under
+    the lock: a scrape (which holds it too) sees the counts once.
+    """
+    from prometheus_client.mmap_dict import MmapedDict
+
+    folded = 0
+    with _locked(directory, exclusive=True):
+        for kind in _ADDITIVE:
+            own = os.path.join(directory, f"{kind}_{pid}.db")
+            if not os.path.exists(own):
+                continue
+            merged = os.path.join(directory, f"{kind}_{MERGED}.db")
+            totals: dict[str, float] = {}
+            for path in (merged, own):
+                if os.path.exists(path):
+                    for key, value, _timestamp, _pos in MmapedDict.read_all_values_from_file(path):  # type: ignore[no-untyped-call]
+                        totals[key] = totals.get(key, 0.0) + value
+            partial = f"{merged}.partial"
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(partial)  # left by a fold that was killed: never reopen (and add to) it
+            out = MmapedDict(partial)  # type: ignore[no-untyped-call]
+            try:
+                for key, value in totals.items():
+                    out.write_value(key, value, 0.0)  # type: ignore[no-untyped-call]
+            finally:
+                out.close()  # type: ignore[no-untyped-call]
+            os.replace(partial, merged)
+            os.unlink(own)
+            folded += 1
+    return folded
+
+
+class _Locked:
+    """The multiprocess collector, read under the fold lock (a scrape never meets a fold half done)."""
+
+    def __init__(self, directory: str) -> None:
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        self._directory = directory
+        self._inner = MultiProcessCollector(None, path=directory)  # type: ignore[no-untyped-call]
+
+    def collect(self) -> list[Any]:
+        with _locked(self._directory, exclusive=False):
+            return list(self._inner.collect())  # type: ignore[no-untyped-call]
 
 
 def remove_orphans(parent: str | None = None) -> list[str]:
@@ -99,7 +180,10 @@ class WorkerExporter:
         from prometheus_client.multiprocess import MultiProcessCollector
 
         registry = CollectorRegistry()
-        MultiProcessCollector(registry, path=self.directory)  # type: ignore[no-untyped-call]
+        if self.private:
+            registry.register(cast("Collector", _Locked(self.directory)))
+        else:
+            MultiProcessCollector(registry, path=self.directory)  # type: ignore[no-untyped-call]
         try:
             self.server, self._thread = start_http_server(self.port, addr=self.addr, registry=registry)
         except OSError as exc:
@@ -113,15 +197,18 @@ class WorkerExporter:
         logger.info("celery-mcp-tasks: worker metrics on http://%s:%d/metrics", self.addr, self.port)
 
     def child_exited(self, pid: int) -> None:
-        """A pool process ends: drop its live gauges (its counters stay in the directory)."""
+        """A pool process ends (in that process): drop its live gauges; in a private directory, fold its
+        counters and histograms into the merged files (elsewhere they stay as they are)."""
         if self.directory is None:
             return
         from prometheus_client.multiprocess import mark_process_dead
 
         try:
             mark_process_dead(pid, self.directory)  # type: ignore[no-untyped-call]
-        except OSError:
-            logger.debug("metrics: could not clean up after process %d", pid, exc_info=True)
+            if self.private:
+                fold_files(self.directory, pid)
+        except Exception:  # its files stay: counted still, only not folded
+            logger.warning("metrics: could not fold the counts of process %d", pid, exc_info=True)
 
     def stop(self) -> None:
         """The worker stops: close the endpoint, remove a private directory."""

@@ -34,6 +34,7 @@ from celery_mcp_tasks.store.base import (
     TaskNotFound,
     Transition,
 )
+from celery_mcp_tasks.store.cleanup import Eviction, evict
 from celery_mcp_tasks.store.engine import READ_ONLY, create_store_engine
 from celery_mcp_tasks.store.schema import tasks
 
@@ -351,40 +352,17 @@ class SqlStore:
         with self.engine.begin() as conn:
             return conn.execute(query.values(heartbeat_at=later)).rowcount == 1
 
-    @_reported
-    @_reconnecting
     def cleanup(self, *, now_ms: int, retention_ms: int, batch_size: int) -> int:
-        """Delete expired rows, one bounded batch per short transaction.
+        """Delete expired rows in bounded batches (`store.cleanup.evict`); how many went."""
+        return self.evict(now_ms=now_ms, retention_ms=retention_ms, batch_size=batch_size).removed
 
-        A batch is one `DELETE ... WHERE key IN (SELECT key ... LIMIT n)`: no
-        keys travel to the client, the TTL pass walks the `expires_at` index
-        (never rescanning rows it already removed), and on PostgreSQL `FOR
-        UPDATE SKIP LOCKED` lets two janitors take disjoint batches. A concurrent
-        writer waits for at most one small commit. Rows without a TTL go only
-        once terminal and older than `retention_ms`.
-        """
-        passes = (
-            (tasks.c.expires_at <= now_ms, tasks.c.expires_at),
-            (
-                sa.and_(
-                    tasks.c.status.in_(_TERMINAL_VALUES),
-                    tasks.c.updated_at <= now_ms - retention_ms,
-                    tasks.c.expires_at.is_(None),
-                ),
-                None,
-            ),
-        )
-        removed = 0
-        for condition, order in passes:
-            while True:
-                victims = sa.select(tasks.c.key).where(condition).limit(batch_size)
-                if order is not None:
-                    victims = victims.order_by(order)
-                if self.dialect == "postgresql":
-                    victims = victims.with_for_update(skip_locked=True)
-                with self.engine.begin() as conn:
-                    count = conn.execute(tasks.delete().where(tasks.c.key.in_(victims.scalar_subquery()))).rowcount
-                removed += count
-                if count < batch_size:
-                    break
-        return removed
+    @_reported
+    def evict(self, *, now_ms: int, retention_ms: int, batch_size: int) -> Eviction:
+        """`cleanup`, telling also which rows went before their task was final (by tool)."""
+        tally = Eviction()  # outside the retry: batches committed before a dropped connection stay counted
+        self._evict(tally, now_ms=now_ms, retention_ms=retention_ms, batch_size=batch_size)
+        return tally
+
+    @_reconnecting
+    def _evict(self, tally: Eviction, *, now_ms: int, retention_ms: int, batch_size: int) -> None:
+        evict(self.engine, tally, now_ms=now_ms, retention_ms=retention_ms, batch_size=batch_size)

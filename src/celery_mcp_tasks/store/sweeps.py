@@ -8,12 +8,18 @@ sweep once per interval between them: `claim` is one atomic upsert whose
 `WHERE` admits a claimant only when the last claim is an interval old, so of
 N workers asking at once exactly one wins (PostgreSQL re-checks the condition
 on the row it waited for; SQLite's `BEGIN IMMEDIATE` serializes the writers).
+
+Every time in this table is the database's clock, read inside the statement
+(`claimed_at`, `swept_at`, and `read_at` on a read), never the caller's: the
+claimants and the readers (web, `doctor`, metrics) run on hosts whose clocks
+differ, and a claimant whose clock is behind would otherwise stamp an old claim
+that lets another worker sweep again early.
 """
 
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
@@ -25,7 +31,16 @@ from celery_mcp_tasks.store.engine import READ_ONLY
 from celery_mcp_tasks.store.schema import sweeps, tasks
 from celery_mcp_tasks.store.sql import SqlStore, _reconnecting, _reported
 
-__all__ = ["JANITOR", "SweepLedger", "SweepRecord", "count_by_status", "ledger_for", "unanswered"]
+__all__ = [
+    "JANITOR",
+    "SweepLedger",
+    "SweepRecord",
+    "count_by_status",
+    "db_now_ms",
+    "ledger_for",
+    "read_sweep",
+    "unanswered",
+]
 
 JANITOR = "janitor"
 """The janitor's row in the ledger."""
@@ -33,7 +48,11 @@ JANITOR = "janitor"
 
 @dataclass(frozen=True)
 class SweepRecord:
-    """One duty's row: the last recorded sweep (None before the first) and the current claim."""
+    """One duty's row: the last recorded sweep (None before the first) and the current claim.
+
+    `read_at` is the database's clock when the row was read (None for a record made
+    by hand): ages are measured against it, so they hold whatever this host's clock says.
+    """
 
     name: str
     swept_at: int | None
@@ -43,6 +62,23 @@ class SweepRecord:
     statuses: dict[str, int]
     claimed_at: int | None
     claimed_by: str | None
+    read_at: int | None = field(default=None, compare=False)
+
+
+def db_now_ms(dialect: str) -> sa.ColumnElement[int]:
+    """The database's clock in epoch ms, as a SQL expression (floored, like `model.now_ms`)."""
+    if dialect == "postgresql":
+        return sa.literal_column("floor(extract(epoch from clock_timestamp()) * 1000)::bigint", sa.BigInteger)
+    if dialect == "sqlite":  # 'now' has millisecond precision and is one value for the whole statement
+        return sa.literal_column("CAST(round((julianday('now') - 2440587.5) * 86400000) AS INTEGER)", sa.BigInteger)
+    raise NotImplementedError(f"the sweep ledger supports PostgreSQL and SQLite, not {dialect}")
+
+
+def read_sweep(conn: sa.Connection, name: str = JANITOR) -> SweepRecord | None:
+    """`name`'s row and the database's clock, in one statement on `conn` (the caller owns the transaction)."""
+    query = sa.select(sweeps, db_now_ms(conn.dialect.name).label("read_at")).where(sweeps.c.name == name)
+    row = conn.execute(query).mappings().first()
+    return None if row is None else _from_row(row)
 
 
 def _from_row(row: RowMapping) -> SweepRecord:
@@ -55,6 +91,7 @@ def _from_row(row: RowMapping) -> SweepRecord:
         statuses=dict(row["statuses"] or {}),
         claimed_at=row["claimed_at"],
         claimed_by=row["claimed_by"],
+        read_at=row.get("read_at"),
     )
 
 
@@ -80,26 +117,27 @@ class SweepLedger:
     @_reconnecting
     def last(self, name: str = JANITOR) -> SweepRecord | None:
         with self.engine.connect().execution_options(**{READ_ONLY: True}) as conn:
-            row = conn.execute(sa.select(sweeps).where(sweeps.c.name == name)).mappings().first()
+            record = read_sweep(conn, name)
             conn.rollback()
-        return None if row is None else _from_row(row)
+        return record
 
     @_reported
     @_reconnecting
-    def claim(self, name: str, *, now_ms: int, interval_ms: int, by: str) -> bool:
+    def claim(self, name: str, *, interval_ms: int, by: str) -> bool:
         """Take the duty for this interval: True for exactly one of any number of claimants at once.
 
         Inserts the row when there is none; otherwise moves the claim only when the
-        last one is at least `interval_ms` old. A claimant whose sweep then fails
-        simply holds the interval; the next interval is anyone's again. A retry after
-        a lost connection may answer False for a claim that landed: one missed
-        interval, never two sweeps.
+        last one is at least `interval_ms` old, both times read from the database's
+        clock. A claimant whose sweep then fails simply holds the interval; the next
+        interval is anyone's again. A retry after a lost connection may answer False
+        for a claim that landed: one missed interval, never two sweeps.
         """
-        stmt = _upsert(self.engine, {"name": name, "claimed_at": now_ms, "claimed_by": by[:128], "sweeps": 0})
+        now = db_now_ms(self.engine.dialect.name)
+        stmt = _upsert(self.engine, {"name": name, "claimed_at": now, "claimed_by": by[:128], "sweeps": 0})
         stmt = stmt.on_conflict_do_update(
             index_elements=[sweeps.c.name],
             set_={"claimed_at": stmt.excluded.claimed_at, "claimed_by": stmt.excluded.claimed_by},
-            where=sa.or_(sweeps.c.claimed_at.is_(None), sweeps.c.claimed_at <= now_ms - interval_ms),
+            where=sa.or_(sweeps.c.claimed_at.is_(None), sweeps.c.claimed_at <= stmt.excluded.claimed_at - interval_ms),
         ).returning(sweeps.c.name)
         with self.engine.begin() as conn:  # RETURNING, not rowcount: psycopg reports -1 for an upsert
             return conn.execute(stmt).first() is not None
@@ -107,11 +145,20 @@ class SweepLedger:
     @_reported
     @_reconnecting
     def record(
-        self, name: str, *, at_ms: int, duration_ms: int, report: dict[str, int], statuses: dict[str, int]
+        self,
+        name: str,
+        *,
+        duration_ms: int,
+        report: dict[str, int],
+        statuses: dict[str, int],
     ) -> None:
-        """A sweep that ran at `at_ms` for `duration_ms`: the row now shows it, and `sweeps` counts it."""
+        """A sweep that just ended after `duration_ms`: the row now shows it, and `sweeps` counts it.
+
+        `swept_at` (when it began) is the database's clock minus `duration_ms`: one
+        clock for every writer and reader, whatever the hosts' own clocks say.
+        """
         values = {
-            "swept_at": at_ms,
+            "swept_at": db_now_ms(self.engine.dialect.name) - duration_ms,
             "duration_ms": duration_ms,
             "report": dict(report),
             "statuses": dict(statuses),

@@ -5,7 +5,7 @@ number, so a cancel can revoke it without storing anything more); the row key
 travels in a header, which survives retries and redelivery and reaches every
 signal. Neither the id nor the body holds the MCP task id. The message is
 shadowed with the tool's name, which is what worker logs, `celery events` and
-Flower show. The headers also carry the task's trace context (`ops.tracing`).
+Flower show. The headers also carry the task's trace context (`ops.propagation`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 from celery import Celery
 
 from celery_mcp_tasks.model import TaskRecord
-from celery_mcp_tasks.ops.tracing import sending
+from celery_mcp_tasks.ops.propagation import sending
 from celery_mcp_tasks.worker.job import DISPATCH_HEADER, HIDDEN_ARGS, KEY_HEADER, JobTool
 from celery_mcp_tasks.worker.revoker import BackgroundRevoker
 

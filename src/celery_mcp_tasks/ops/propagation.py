@@ -1,0 +1,150 @@
+"""Trace propagation for the adapters: the span around a creation, the context in every job's headers.
+
+"tasks create <tool>" (a child of the SDK's `tools/call` span) stores its W3C `traceparent`
+in the row; every send of the job (first, reaper's, after `tasks/update`) makes that context
+current and injects it into the Celery message headers with the global propagator, as
+`opentelemetry-instrumentation-celery` does (Celery copies headers into retries).
+
+This is the only tracing module `mcp/` and `worker/` import, so it needs opentelemetry-api
+alone (a no-op that still propagates, so a user's own `opentelemetry-instrument` setup works)
+and imports neither Celery nor the SDK nor an adapter: the run spans and the providers, which
+hold Celery signals, are `ops.tracing`'s. Tracing never fails the call it observes: a sampler,
+a processor or a propagator that raises costs that span (one warning per process), not the
+`tools/call` or the send.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping, MutableMapping
+from contextlib import contextmanager
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+__all__ = [
+    "TOOL",
+    "TRACER",
+    "creating",
+    "current_traceparent",
+    "end_span",
+    "mark_failed",
+    "sending",
+    "start_span",
+    "warn_once",
+]
+
+logger = logging.getLogger("celery_mcp_tasks.ops")
+
+TRACER = trace.get_tracer("celery_mcp_tasks")
+TOOL = "mcp_task.tool"
+_W3C = TraceContextTextMapPropagator()
+_warned: set[str] = set()
+
+
+def warn_once(what: str, error: BaseException) -> None:
+    """Log `what` failed, with its traceback, the first time in this process: a broken exporter setup
+    fails the same way on every call, and one line says it as well as a thousand."""
+    if what in _warned:
+        return
+    _warned.add(what)
+    logger.warning("tracing: %s; going on without it (said once per process)", what, exc_info=error)
+
+
+def current_traceparent() -> str | None:
+    """The W3C `traceparent` of the current span, or None when there is no valid one."""
+    carrier: dict[str, str] = {}
+    _W3C.inject(carrier)
+    return carrier.get("traceparent")
+
+
+def _no_provider() -> bool:
+    """No tracer provider is set: a span would only be its parent again, so none is started (it costs ~20 us)."""
+    return isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
+def start_span(
+    name: str,
+    attributes: Mapping[str, Any],
+    *,
+    parent: otel_context.Context | None = None,
+    kind: SpanKind = SpanKind.INTERNAL,
+) -> tuple[trace.Span, object] | None:
+    """Start `name` as the current span (a child of `parent`, else of the current context).
+
+    Returns the span and its context token for `end_span`, or None when the provider's
+    sampler or a processor raised: the caller goes on without a span.
+    """
+    try:
+        span = TRACER.start_span(name, context=parent, kind=kind, attributes=attributes)
+    except Exception as error:  # noqa: BLE001 - a span we cannot start is one we do without
+        warn_once("could not start a span", error)
+        return None
+    try:
+        token = otel_context.attach(trace.set_span_in_context(span, parent))
+    except Exception as error:  # noqa: BLE001 - attach only stores a context; should it fail, no span either
+        warn_once("could not make a span current", error)
+        end_span(span, None)
+        return None
+    return span, token
+
+
+def end_span(span: trace.Span, token: object | None) -> None:
+    """Detach `token` and end `span`; a processor that raises in `on_end` is logged once, never raised."""
+    try:
+        if token is not None:
+            otel_context.detach(token)  # type: ignore[arg-type]
+    finally:
+        try:
+            span.end()
+        except Exception as error:  # noqa: BLE001 - the span is lost, the call it measured is not
+            warn_once("could not end a span", error)
+
+
+def mark_failed(span: trace.Span, exc: BaseException | None) -> None:
+    """The span's status is ERROR with the exception's type name only: its message may quote arguments."""
+    try:
+        span.set_status(Status(StatusCode.ERROR, type(exc).__name__ if exc is not None else None))
+    except Exception as error:  # noqa: BLE001 - a status we cannot set is left unset
+        warn_once("could not set a span's status", error)
+
+
+@contextmanager
+def creating(tool: str) -> Iterator[str | None]:
+    """The span "tasks create <tool>" around one creation and its first send; yields what the row stores."""
+    started = None if _no_provider() else start_span(f"tasks create {tool}", {TOOL: tool})
+    if started is None:  # the caller's context (if any) is what the row keeps and every send carries
+        yield current_traceparent()
+        return
+    span, token = started
+    try:
+        yield current_traceparent()
+    except Exception as exc:
+        mark_failed(span, exc)
+        raise
+    finally:
+        end_span(span, token)
+
+
+@contextmanager
+def sending(trace_context: str | None, headers: MutableMapping[str, Any]) -> Iterator[None]:
+    """One send of a task's job: the task's own context is current, and written into the message `headers`.
+
+    The stored context, not the caller's: a resend by the reaper or after `tasks/update` belongs to
+    the task's trace. A row without one sends in the caller's. Never raises for tracing's sake.
+    """
+    token = None
+    try:
+        if trace_context and trace_context != current_traceparent():  # not the first send, in `creating`
+            token = otel_context.attach(_W3C.extract({"traceparent": trace_context}))
+        propagate.inject(headers)
+    except Exception as error:  # noqa: BLE001 - a broken propagator costs the trace, never the job
+        warn_once("could not put the trace context in a job's headers", error)
+    try:
+        yield
+    finally:
+        if token is not None:
+            otel_context.detach(token)
