@@ -126,7 +126,8 @@ class BrokerListener:
                             try:
                                 conn.drain_events(timeout=_DRAIN_TIMEOUT_S)
                             except TimeoutError:
-                                continue
+                                pass
+                            conn.heartbeat_check()  # sends ours, raises when the broker's stopped (a no-op off AMQP)
             except Exception as exc:  # noqa: BLE001 - any broker failure: back off, reconnect, resync
                 if self._stop.is_set():
                     return

@@ -86,7 +86,9 @@ class BrokerAccess:
         return cls(
             url=str(app.conf.broker_url),
             namespace=str(app.conf.task_default_queue or "celery"),
-            connection=app.connection_for_read,
+            # Heartbeats (AMQP, `broker_heartbeat`, 120 s by default) as a worker has them: a listener
+            # idle between changes notices a connection a NAT or a load balancer dropped silently.
+            connection=lambda: app.connection_for_read(heartbeat=app.conf.broker_heartbeat),
             producer_pool=lambda: app.producer_pool,
         )
 
