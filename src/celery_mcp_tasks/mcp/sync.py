@@ -35,12 +35,19 @@ from pydantic import TypeAdapter, ValidationError
 
 from celery_mcp_tasks.mcp.principal import current_principal
 from celery_mcp_tasks.mcp.toolspec import TaskTool
-from celery_mcp_tasks.mcp.wire import declared_capability, internal, invalid_params, plain_responses
+from celery_mcp_tasks.mcp.wire import (
+    declared_capability,
+    internal,
+    invalid_params,
+    plain_responses,
+    store_unavailable,
+)
 from celery_mcp_tasks.model import InvalidInputResponse, TaskRecord, TaskStatus
 from celery_mcp_tasks.notify.hub import Hub, Watch
 from celery_mcp_tasks.protocol import render_error
 from celery_mcp_tasks.service import TaskExpired, TaskService
-from celery_mcp_tasks.store.base import TaskNotFound
+from celery_mcp_tasks.store.base import StoreUnavailable, TaskNotFound
+from celery_mcp_tasks.store.loop_reads import loop_reads
 
 logger = logging.getLogger("celery_mcp_tasks.mcp")
 
@@ -152,7 +159,7 @@ class SyncCalls:
             else:
                 await anyio.sleep(min(delay, remaining))
                 delay = min(delay * 1.5, _POLL_MAX_S)
-            read = await self._run(partial(service.record, record.key), "tools/call")
+            read = await self._read(service, record.key)
             if read is None:
                 raise internal(f"Tool {tool.name}: the job's task is gone")
             latest.append(record := read)
@@ -233,6 +240,16 @@ class SyncCalls:
             await self._run(partial(self._service().cancel_by_key, record.key, message), "tools/call")
         except MCPError:
             pass  # the store is unavailable: already logged
+
+    async def _read(self, service: TaskService, key: str) -> TaskRecord | None:
+        """The row now: awaited on the loop where the store can (PostgreSQL), else on the pool."""
+        reads = loop_reads(service.store)
+        if reads is None:
+            return await self._run(partial(service.record, key), "tools/call")
+        try:
+            return await reads.get(key)
+        except StoreUnavailable as exc:
+            raise store_unavailable("tools/call", exc) from None
 
     def abandon_all(self, message: str) -> int:
         """Cancel the hidden task of every call still waiting here; how many there were. Blocking: run it in a thread.

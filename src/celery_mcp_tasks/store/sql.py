@@ -17,12 +17,12 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import fields
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine, RowMapping
+from sqlalchemy.engine import Connection, Engine
 
 from celery_mcp_tasks.model import TERMINAL, TaskRecord, TaskStatus
 from celery_mcp_tasks.store.base import (
@@ -146,7 +146,7 @@ def _to_row(record: TaskRecord) -> dict[str, Any]:
     return row
 
 
-def _from_row(row: RowMapping) -> TaskRecord:
+def _from_row(row: Mapping[Any, Any]) -> TaskRecord:
     values = {name: row[name] for name in _COLUMNS}
     values["status"] = TaskStatus(values["status"])
     values["issued_keys"] = tuple(values["issued_keys"] or ())
@@ -169,6 +169,8 @@ class SqlStore:
     def __init__(self, engine: Engine, *, write_hook: WriteHook | None = None) -> None:
         self.engine = engine
         self.write_hook = write_hook
+        # PostgreSQL reads in autocommit: one statement, one round trip (not BEGIN, SELECT, ROLLBACK).
+        self._reads = {READ_ONLY: True, **({"isolation_level": "AUTOCOMMIT"} if self.dialect == "postgresql" else {})}
 
     @classmethod
     def from_url(cls, url: str, **engine_kwargs: Any) -> SqlStore:
@@ -190,7 +192,7 @@ class SqlStore:
     @_reported
     @_reconnecting
     def get(self, key: str, owner: Owner = ANY) -> TaskRecord | None:
-        with self.engine.connect().execution_options(**{READ_ONLY: True}) as conn:
+        with self.engine.connect().execution_options(**self._reads) as conn:
             row = self._select(conn, key, owner)
             conn.rollback()
         return row
@@ -214,7 +216,7 @@ class SqlStore:
         wanted = list(keys)
         if not wanted:
             return {}
-        with self.engine.connect().execution_options(**{READ_ONLY: True}) as conn:
+        with self.engine.connect().execution_options(**self._reads) as conn:
             rows = conn.execute(sa.select(tasks.c.key, tasks.c.version).where(tasks.c.key.in_(wanted))).all()
             conn.rollback()
         return dict(rows)
@@ -228,7 +230,7 @@ class SqlStore:
             .where(sa.or_(tasks.c.heartbeat_at.is_(None), tasks.c.heartbeat_at < heartbeat_before_ms))
             .limit(limit)
         )
-        with self.engine.connect().execution_options(**{READ_ONLY: True}) as conn:
+        with self.engine.connect().execution_options(**self._reads) as conn:
             rows = conn.execute(query).mappings().all()
             conn.rollback()
         return [_from_row(row) for row in rows]
