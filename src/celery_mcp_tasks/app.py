@@ -28,6 +28,7 @@ from celery_mcp_tasks.mcp.serving import (
     listen_bus,
     push_hub,
     request_state_sealed,
+    with_listen_entry,
     with_push,
     with_serving_contexts,
 )
@@ -38,6 +39,7 @@ from celery_mcp_tasks.observe import Observers
 from celery_mcp_tasks.ops.wiring import install_operations
 from celery_mcp_tasks.preflight import preflight
 from celery_mcp_tasks.service import DEFAULT, TaskService, _Default
+from celery_mcp_tasks.store.loop_reads import closing_loop_reads
 from celery_mcp_tasks.store.sql import SqlStore
 from celery_mcp_tasks.store.sweeps import SweepLedger
 from celery_mcp_tasks.worker import bridge
@@ -178,6 +180,7 @@ class McpTasks:
         self.store_hooks: list[Callable[[SqlStore], None]] = []  # told of each store built (once per process)
         self.serving_contexts: list[Callable[[], AbstractAsyncContextManager[Any]]] = []
         """Entered for the served app's whole life (inside its lifespan): e.g. the janitor watch."""
+        self.serving_contexts.append(lambda: closing_loop_reads(lambda: self.service().store))
         self.extension = TasksExtension(
             self.tools,
             self.service,
@@ -358,6 +361,8 @@ class McpTasks:
         security = transport_security(host, self.settings.allowed_hosts)
         warn_unless_shared(self._shared_state, str(self.celery.conf.broker_url))
         app = self.server.streamable_http_app(streamable_http_path=path, host=host, transport_security=security)
+        if self.listen is not None and self.settings.listen_entry == "lean":
+            with_listen_entry(self.server, self.listen)
         self._app = with_serving_contexts(with_push(app, self.push, self.listen, self.service), self.serving_contexts)
         return self._app
 

@@ -10,13 +10,12 @@ extension on this request, both before the stream opens), keep only the ids
 the caller owns (foreign and unknown dropped alike), acknowledge first, then
 for every hint about a followed row re-read it owner-scoped and send
 `notifications/tasks` when the client-visible state moved on, in version
-order; after a task's terminal notification it is no longer followed.
+order; after a task's terminal notification it is no longer followed. The
+streams of one owner woken by one hint share the re-read (`listen_reads`).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import time
 from collections import deque
@@ -41,6 +40,7 @@ from mcp_types import (
 )
 from pydantic import BaseModel
 
+from celery_mcp_tasks.mcp.listen_reads import SharedRead, SharedReads, digest
 from celery_mcp_tasks.mcp.principal import current_principal
 from celery_mcp_tasks.mcp.wire import declared_extension, invalid_params, missing_capability, store_unavailable
 from celery_mcp_tasks.model import TaskRecord, task_key
@@ -102,11 +102,6 @@ class _Followed:
     seen: bytes
 
 
-def _digest(rendered: dict[str, Any]) -> bytes:
-    """The client-visible state, fingerprinted (a write clients cannot see leaves it unchanged)."""
-    return hashlib.blake2b(json.dumps(rendered, sort_keys=True, default=str).encode(), digest_size=16).digest()
-
-
 class _Stream:
     """One open listen stream: its filter, the tasks it follows and its inbox."""
 
@@ -114,7 +109,7 @@ class _Stream:
         self.honored = honored
         self.uris = frozenset(honored.resource_subscriptions or ())
         self.watch = watch
-        self.events: deque[ServerEvent] = deque()
+        self.events: deque[ServerEvent] | None = None  # made on the first core event (most streams get none)
         self.max_buffered = max_buffered
         self.followed: dict[str, _Followed] = {}
         self.acknowledged: list[str] = []
@@ -124,6 +119,8 @@ class _Stream:
         """Bus listener (sync, on the loop): queue a matching core event and wake the stream."""
         if self.ending or not event_matches(self.honored, self.uris, event):
             return
+        if self.events is None:
+            self.events = deque()
         if len(self.events) >= self.max_buffered:
             logger.warning("listen stream backlog full; ending the stream")
             self.end()
@@ -199,6 +196,7 @@ class TaskListenHandler:
         self._max_buffered = max_buffered_events
         self._resync_interval_s = resync_interval_s
         self._limiter = anyio.CapacityLimiter(max_threads)
+        self._reads = SharedReads(self._in_thread)
         self._streams: set[_Stream] = set()
         self._closing = False
         self.observers = ListenObservers()
@@ -288,7 +286,7 @@ class TaskListenHandler:
             if record.terminal:
                 stream.watch.forget(key)  # acknowledged (it is the caller's), but nothing more will come
                 continue
-            stream.followed[key] = _Followed(task_id, record.version, _digest(render_task(task_id, record)))
+            stream.followed[key] = _Followed(task_id, record.version, digest(render_task(task_id, record)))
 
     def _acknowledged(self, stream: _Stream, task_ids: list[str] | None) -> SubscriptionFilter:
         honored = stream.honored.model_dump(by_alias=True, exclude_none=True)
@@ -332,17 +330,28 @@ class TaskListenHandler:
                 due[key] = (followed, hint)
         if not due:
             return
-        records = await self._in_thread(lambda: self._reread(due, owner))
-        for key, record in records.items():
+        if len(due) == 1 and next(iter(due.values()))[1] is not None:
+            # one hinted row (a change fanned out to every stream following it): share the read
+            ((key, (followed, _)),) = due.items()
+            task_id = followed.task_id
+            read = await self._reads.read(key, owner, lambda: self._read(task_id, owner))
+            records: dict[str, SharedRead | TaskRecord | None] = {key: read}
+        else:
+            records = dict(await self._in_thread(lambda: self._reread(due, owner)))
+        for key, got in records.items():
             followed = due[key][0]
+            record = got.record if isinstance(got, SharedRead) else got
             if record is None:
                 stream.unfollow(key)  # evicted, expired, or no longer the caller's
                 continue
             if record.version <= followed.version:
                 continue
             followed.version = record.version
-            rendered = render_task(followed.task_id, record)
-            seen = _digest(rendered)
+            if isinstance(got, SharedRead):
+                rendered, seen = got.rendered(followed.task_id)
+            else:
+                rendered = render_task(followed.task_id, record)
+                seen = digest(rendered)
             if seen == followed.seen:
                 continue  # a write clients cannot see (heartbeat, dispatch bookkeeping)
             followed.seen = seen

@@ -22,7 +22,13 @@ from mcp.server.subscriptions import InMemorySubscriptionBus, SubscriptionBus
 from mcp_types import SubscriptionsListenRequestParams
 
 from celery_mcp_tasks.mcp.listen import TaskListenHandler
-from celery_mcp_tasks.mcp.sdk_internals import Lifespan, on_server_exit, replace_listen_handler, wrap_lifespan
+from celery_mcp_tasks.mcp.sdk_internals import (
+    Lifespan,
+    on_server_exit,
+    replace_listen_handler,
+    wrap_lifespan,
+    wrap_modern_entry,
+)
 from celery_mcp_tasks.notify.hub import Hub
 from celery_mcp_tasks.notify.push import Push
 from celery_mcp_tasks.service import TaskService
@@ -32,6 +38,7 @@ __all__ = [
     "listen_bus",
     "push_hub",
     "request_state_sealed",
+    "with_listen_entry",
     "with_push",
     "with_serving_contexts",
 ]
@@ -117,3 +124,13 @@ def attach_listen(
         return None
     handler = TaskListenHandler(bus, service, push_hub(push))
     return handler if replace_listen_handler(server, SubscriptionsListenRequestParams, handler) else None
+
+
+def with_listen_entry(server: MCPServer[Any], listen: TaskListenHandler) -> bool:
+    """Serve valid 2026-07-28 listen requests through the lean entry (`listen_entry`); after `streamable_http_app()`.
+
+    (`MCP_TASKS_LISTEN_ENTRY=sdk` keeps every request on the SDK's entry: the caller asks first.)
+    """
+    from celery_mcp_tasks.mcp.listen_entry import ListenEntry
+
+    return wrap_modern_entry(server, lambda app, security: ListenEntry(app, server, listen, security))
