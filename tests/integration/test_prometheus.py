@@ -69,7 +69,7 @@ def prometheus_config(web: str, worker: str, rules: Path) -> str:
     return f"""
 global:
   scrape_interval: 1s
-  scrape_timeout: 900ms
+  scrape_timeout: 1s
   evaluation_interval: 1s
 rule_files: ["{rules}"]
 scrape_configs:

@@ -49,7 +49,7 @@ __all__ = [
 
 logger = logging.getLogger("celery_mcp_tasks.ops.metrics")
 
-LEDGER_TIMEOUT_S = 1.0
+LEDGER_TIMEOUT_S = 0.5
 """How long a scrape waits for the sweep record before it answers without it."""
 _LOG_EVERY_S = 60.0
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
