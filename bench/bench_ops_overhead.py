@@ -3,7 +3,7 @@
     python bench/bench_ops_overhead.py
 
 Needs MCP_TASKS_TEST_POSTGRES_URL and MCP_TASKS_TEST_REDIS_URL (a fresh database is made
-and dropped). Four `celery-mcp-tasks serve bench.hot_path_app` processes on the same
+and dropped). Five `celery-mcp-tasks serve bench.hot_path_app` processes on the same
 database and Redis, no worker (creation only, as in bench_hot_path.py):
 
 - off: MCP_TASKS_METRICS=off, MCP_TASKS_TRACING=off, text logs: the baseline;
@@ -11,6 +11,8 @@ database and Redis, no worker (creation only, as in bench_hot_path.py):
   the run, as Prometheus would;
 - metrics+tracing: the same plus `otlp` tracing (the SDK's tools/call span, our creation
   and send spans, batched to a local OTLP/HTTP sink in this process that answers 200);
+- metrics+tracing 10 %: the same with the standard ratio sampler at 0.1
+  (OTEL_TRACES_SAMPLER=parentbased_traceidratio), as busy production services trace;
 - json logs: off, but MCP_TASKS_LOG_FORMAT=json (uvicorn's access line per request).
 
 Each is measured closed-loop with BENCH_CLIENTS (8) clients for BENCH_SECONDS (4) windows
@@ -114,7 +116,7 @@ def main() -> None:
     tracing = importlib.util.find_spec("opentelemetry.sdk") is not None
     sink, endpoint = otlp_sink()
     began = time.perf_counter()
-    names = ["off", "metrics", "metrics+tracing", "json logs"]
+    names = ["off", "metrics", "metrics+tracing", "metrics+tracing 10 %", "json logs"]
     many: dict[str, list[Sample]] = {name: [] for name in names}
     one: dict[str, list[Sample]] = {name: [] for name in names}
     scrapes = 0
@@ -133,6 +135,13 @@ def main() -> None:
                 "off": off,
                 "metrics": {**off, "MCP_TASKS_METRICS": "on"},
                 "metrics+tracing": {**off, "MCP_TASKS_METRICS": "on", **traced},
+                "metrics+tracing 10 %": {
+                    **off,
+                    "MCP_TASKS_METRICS": "on",
+                    **traced,
+                    "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+                    "OTEL_TRACES_SAMPLER_ARG": "0.1",
+                },
                 "json logs": {**off, "MCP_TASKS_LOG_FORMAT": "json"},
             }
             urls = {
