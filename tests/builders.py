@@ -19,3 +19,13 @@ def record(**changes: object) -> TaskRecord:
     )
     values.update(changes)
     return TaskRecord(**values)  # type: ignore[arg-type]
+
+
+class Clock:
+    """A service clock a test moves by hand (`clock.now += ms`)."""
+
+    def __init__(self) -> None:
+        self.now = 100_000
+
+    def __call__(self) -> int:
+        return self.now

@@ -13,16 +13,9 @@ import pytest
 from celery_mcp_tasks.model import Run, RunInProgress, Superseded, TaskRecord, TaskStatus
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.sql import SqlStore
+from tests.builders import Clock
 
 STALE_MS = 3_000
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100_000
-
-    def __call__(self) -> int:
-        return self.now
 
 
 class Seen:

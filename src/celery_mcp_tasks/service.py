@@ -45,8 +45,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-ENQUEUE_FAILED: Final = "Could not enqueue the job"
-"""The error message of a task whose job could not be sent (an observer counts these)."""
+ENQUEUE_FAILED: Final = "Could not enqueue the job"  # the error of a task whose job could not be sent
 
 
 class Dispatcher(Protocol):
@@ -152,7 +151,10 @@ class TaskService:
         return task_id, record
 
     def get(self, task_id: str, owner: str | None) -> TaskRecord:
-        record = self.store.get(task_key(task_id), owner)
+        return self.readable(self.store.get(task_key(task_id), owner))
+
+    def readable(self, record: TaskRecord | None) -> TaskRecord:
+        """What a request-side read answers, whichever face read the row: it, or TaskNotFound / TaskExpired."""
         if record is None:
             raise TaskNotFound()
         self._require_unexpired(record)
@@ -356,10 +358,11 @@ class TaskService:
             self._send(record)
         return outcome
 
-    def _update(self, key: str, owner: Any, transition: Callable[[TaskRecord], TaskRecord]) -> TaskRecord:
-        """`store.update`, then the observer hears (before, after) when the row really changed."""
-        if self.observer is None:
-            return self.store.update(key, owner, transition)
+    def _update(
+        self, key: str, owner: Any, transition: Callable[[TaskRecord], TaskRecord], *, notify: bool = False
+    ) -> TaskRecord:
+        """`store.update`; when the row really changed the observer hears (before, after), and with
+        `notify` the notifier too."""
         seen: list[TaskRecord] = []
 
         def remembered(record: TaskRecord) -> TaskRecord:
@@ -367,22 +370,16 @@ class TaskService:
             return transition(record)
 
         record = self.store.update(key, owner, remembered)
-        if seen and record.version != seen[-1].version:
-            safe_observe(self.observer, seen[-1], record)
+        if not seen or record.version != seen[-1].version:
+            if seen:
+                safe_observe(self.observer, seen[-1], record)
+            if notify:
+                safe_notify(self.notifier, record)
         return record
 
     def _write(self, key: str, transition: Callable[[TaskRecord], TaskRecord]) -> TaskRecord:
         """Apply `transition` atomically; tell the notifier only when the row really changed."""
-        seen: list[int] = []
-
-        def tracked(record: TaskRecord) -> TaskRecord:
-            seen.append(record.version)
-            return transition(record)
-
-        record = self._update(key, ANY, tracked)
-        if not seen or record.version != seen[-1]:
-            safe_notify(self.notifier, record)
-        return record
+        return self._update(key, ANY, transition, notify=True)
 
     def _send(self, record: TaskRecord) -> TaskRecord:
         """Hand a committed dispatch to the broker; if that fails the task fails, readable."""

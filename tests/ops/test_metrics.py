@@ -14,17 +14,9 @@ from celery_mcp_tasks.ops.metrics import OTHER, Families, JanitorMetrics, PushMe
 from celery_mcp_tasks.service import TaskService, failure
 from celery_mcp_tasks.store.sql import SqlStore
 from celery_mcp_tasks.store.sweeps import count_by_status
-from tests.builders import record
+from tests.builders import Clock, record
 
 STALE_MS = 3_000
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100_000
-
-    def __call__(self) -> int:
-        return self.now
 
 
 class Broker:

@@ -1,22 +1,26 @@
 """`LoopReads` (tasks/get on the event loop) answers what `SqlStore.get` answers, on PostgreSQL."""
 
-from collections.abc import Iterator
 from dataclasses import replace
 
 import anyio
 import pytest
 import sqlalchemy as sa
 
-from celery_mcp_tasks.migrate import upgrade
-from celery_mcp_tasks.model import TaskRecord, TaskStatus
+from celery_mcp_tasks.model import TaskRecord
 from celery_mcp_tasks.store import ANY
 from celery_mcp_tasks.store.base import StoreUnavailable
 from celery_mcp_tasks.store.loop_reads import LoopReads, loop_reads
 from celery_mcp_tasks.store.sql import SqlStore
+from tests.builders import record
 from tests.store.test_reconnect import drop_every_connection
-from tests.support import POSTGRES_URL, free_port, fresh_postgres_database
+from tests.support import free_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
+
+
+def _row(key: str, owner: str | None) -> TaskRecord:
+    """A row with JSON columns and a float, so a decoding slip on either path shows."""
+    return record(key=key, owner=owner, ttl_ms=None, arguments={"a": [1, 2]}, issued_keys=("q",), progress=2.5)
 
 
 @pytest.fixture
@@ -24,35 +28,9 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-@pytest.fixture
-def pg_store() -> Iterator[SqlStore]:
-    if not POSTGRES_URL:
-        pytest.skip("set MCP_TASKS_TEST_POSTGRES_URL to run")
-    with fresh_postgres_database(POSTGRES_URL) as url:
-        upgrade(url)
-        store = SqlStore.from_url(url)
-        yield store
-        store.dispose()
-
-
-def _record(key: str, owner: str | None) -> TaskRecord:
-    return TaskRecord(
-        key=key,
-        owner=owner,
-        tool="t",
-        status=TaskStatus.WORKING,
-        created_at=1,
-        updated_at=1,
-        ttl_ms=None,
-        arguments={"a": [1, 2]},
-        issued_keys=("q",),
-        progress=2.5,
-    )
-
-
 async def test_the_same_answers_as_the_threaded_read(pg_store: SqlStore):
     for key, owner in (("k-alice", "alice"), ("k-none", None)):
-        pg_store.create(_record(key, owner), max_rows=None)
+        pg_store.create(_row(key, owner), max_rows=None)
     reads = loop_reads(pg_store)
     assert reads is not None
     try:
@@ -64,7 +42,7 @@ async def test_the_same_answers_as_the_threaded_read(pg_store: SqlStore):
 
 
 async def test_every_committed_write_is_seen_at_once(pg_store: SqlStore):
-    pg_store.create(_record("k", "alice"), max_rows=None)
+    pg_store.create(_row("k", "alice"), max_rows=None)
     reads = LoopReads(pg_store.engine, size=2)
     try:
         for version in range(2, 30):
@@ -76,7 +54,7 @@ async def test_every_committed_write_is_seen_at_once(pg_store: SqlStore):
 
 
 async def test_pooled_connections_dropped_by_the_server_are_replaced(pg_store: SqlStore):
-    pg_store.create(_record("k", None), max_rows=None)
+    pg_store.create(_row("k", None), max_rows=None)
     reads = LoopReads(pg_store.engine, size=3)
     try:
         async with anyio.create_task_group() as tg:  # three connections in the pool
@@ -89,7 +67,7 @@ async def test_pooled_connections_dropped_by_the_server_are_replaced(pg_store: S
 
 
 async def test_a_cancelled_read_never_returns_its_connection(pg_store: SqlStore):
-    pg_store.create(_record("k", None), max_rows=None)
+    pg_store.create(_row("k", None), max_rows=None)
     reads = LoopReads(pg_store.engine, size=1)
     try:
         assert await reads.get("k", None) is not None

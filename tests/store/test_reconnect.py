@@ -3,30 +3,15 @@
 PostgreSQL only: a SQLite file has no server that could drop a connection.
 """
 
-from collections.abc import Iterator
-
 import pytest
 import sqlalchemy as sa
 
-from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.model import TaskRecord, TaskStatus
 from celery_mcp_tasks.store import ANY
 from celery_mcp_tasks.store.engine import normalize_url
 from celery_mcp_tasks.store.sql import SqlStore
-from tests.support import POSTGRES_URL, fresh_postgres_database
 
 pytestmark = pytest.mark.postgres
-
-
-@pytest.fixture
-def pg_store() -> Iterator[SqlStore]:
-    if not POSTGRES_URL:
-        pytest.skip("set MCP_TASKS_TEST_POSTGRES_URL to run")
-    with fresh_postgres_database(POSTGRES_URL) as url:
-        upgrade(url)
-        store = SqlStore.from_url(url)
-        yield store
-        store.dispose()
 
 
 def drop_every_connection(store: SqlStore) -> int:

@@ -230,7 +230,7 @@ class TasksExtension(Extension):
         if reads is None:  # SQLite, or a loop psycopg cannot use: the threaded read
             record = await self._lookup(partial(service.get, params.task_id, owner), "tasks/get")
         else:
-            record = await self._looked_up(_get_on_loop(service, reads, params.task_id, owner), "tasks/get")
+            record = await self._looked_up(_read_on_loop(service, reads, params.task_id, owner), "tasks/get")
         return {**_COMPLETE, **render_task(params.task_id, record)}
 
     async def update(self, ctx: ServerRequestContext[Any, Any], params: UpdateParams) -> dict[str, Any]:
@@ -252,11 +252,6 @@ class TasksExtension(Extension):
         return dict(_COMPLETE)
 
 
-async def _get_on_loop(service: TaskService, reads: LoopReads, task_id: str, owner: str | None) -> TaskRecord:
-    """`TaskService.get` awaited on the event loop, with its answers (TaskNotFound, TaskExpired)."""
-    record = await reads.get(task_key(task_id), owner)
-    if record is None:
-        raise TaskNotFound()
-    if record.expired(service.clock()):
-        raise TaskExpired()
-    return record
+async def _read_on_loop(service: TaskService, reads: LoopReads, task_id: str, owner: str | None) -> TaskRecord:
+    """`TaskService.get`, its row read on the event loop: the same answers (the service decides them)."""
+    return service.readable(await reads.get(task_key(task_id), owner))
