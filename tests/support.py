@@ -73,7 +73,12 @@ class Backend:
 
 
 def process_env(backend: Backend, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MCP_TASKS_", "CELERY_"))}
+    # PROMETHEUS_MULTIPROC_DIR too: a process under test counts where its test says, never where the runner did.
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("MCP_TASKS_", "CELERY_")) and k != "PROMETHEUS_MULTIPROC_DIR"
+    }
     env.update(backend.env)
     env.update(extra)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))

@@ -125,7 +125,9 @@ class Sender:
 
 
 def runtime(tmp_path: Path) -> McpTasks:
-    return McpTasks("preflight-unit", celery=Celery("preflight-unit"), settings=Settings(data_dir=tmp_path))
+    # No worker metrics: `celeryd_init` in this process would otherwise switch it to multiprocess files.
+    settings = Settings(data_dir=tmp_path, worker_metrics_port=None)
+    return McpTasks("preflight-unit", celery=Celery("preflight-unit"), settings=settings)
 
 
 def test_a_standalone_beat_refuses_with_one_line_and_exit_status_1(
