@@ -46,11 +46,24 @@ def parse_hint(payload: str) -> tuple[str, int] | None:
     return key, int(version)
 
 
-def pg_notify_hook(conn: Connection, record: TaskRecord) -> None:
-    """The store's write hook: queue the hint in the writing transaction (sent at commit)."""
-    if not listeners_possible(record):
-        return
-    conn.execute(_NOTIFY, {"channel": CHANNEL, "payload": format_hint(record)})
+class _PgNotifyHook:
+    """The store's write hook: queue the hint in the writing transaction (sent at commit).
+
+    `pg_notify_args` lets the store fold the hint into its one-statement UPDATE
+    (store/pg_swap.py): the same channel and payload, in the same transaction.
+    """
+
+    def __call__(self, conn: Connection, record: TaskRecord) -> None:
+        hint = self.pg_notify_args(record)
+        if hint is not None:
+            conn.execute(_NOTIFY, {"channel": hint[0], "payload": hint[1]})
+
+    @staticmethod
+    def pg_notify_args(record: TaskRecord) -> tuple[str, str] | None:
+        return (CHANNEL, format_hint(record)) if listeners_possible(record) else None
+
+
+pg_notify_hook = _PgNotifyHook()
 
 
 class PgNotifier:

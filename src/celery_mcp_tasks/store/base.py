@@ -65,6 +65,14 @@ class StoreUnavailable(RuntimeError):
 Transition = Callable[[TaskRecord], TaskRecord]
 
 
+def apply(transition: Transition, current: TaskRecord) -> TaskRecord:
+    """The record `transition` makes of `current`: itself (nothing to write) or its next version."""
+    nxt = transition(current)
+    if nxt is not current and nxt.version != current.version + 1:
+        raise ValueError("a transition must bump the version by exactly one")
+    return nxt
+
+
 class Store(Protocol):
     # Every method raises `StoreUnavailable` when the database fails it.
 

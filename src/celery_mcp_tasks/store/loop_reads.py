@@ -27,27 +27,15 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from celery_mcp_tasks.model import TaskRecord
 from celery_mcp_tasks.store.base import ANY, Owner, StoreUnavailable
-from celery_mcp_tasks.store.schema import tasks
+from celery_mcp_tasks.store.pg_swap import read_params, read_statements
 from celery_mcp_tasks.store.sql import _COLUMNS, SqlStore, _from_row
 
 POOL_SIZE = 8
 """Connections per event loop, opened as concurrent reads need them (the loop waits on them, never blocks)."""
-
-
-def _statements(engine: Engine) -> dict[str, str]:
-    """The three owner shapes of `SqlStore.get`, compiled once for psycopg (`%(name)s` parameters)."""
-    by_key = sa.select(*(tasks.c[name] for name in _COLUMNS)).where(tasks.c.key == sa.bindparam("key"))
-    shapes = {
-        "any": by_key,
-        "none": by_key.where(tasks.c.owner.is_(None)),
-        "owner": by_key.where(tasks.c.owner == sa.bindparam("owner")),
-    }
-    return {name: str(query.compile(dialect=engine.dialect)) for name, query in shapes.items()}
 
 
 @dataclass
@@ -61,18 +49,13 @@ class LoopReads:
         self.engine = engine
         self._size = size
         self._args, self._kwargs = engine.dialect.create_connect_args(engine.url)
-        self._sql = _statements(engine)
+        self._sql = read_statements(engine, _COLUMNS)
         self._pid = os.getpid()
         self._pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Pool] = weakref.WeakKeyDictionary()
         self._inherited: list[Any] = []  # a forked child keeps the parent's pools alive, untouched
 
     async def get(self, key: str, owner: Owner = ANY) -> TaskRecord | None:
-        if owner is None:
-            sql, params = self._sql["none"], {"key": key}
-        elif isinstance(owner, str):
-            sql, params = self._sql["owner"], {"key": key, "owner": owner}
-        else:  # ANY
-            sql, params = self._sql["any"], {"key": key}
+        sql, params = read_params(key, owner, self._sql)
         row = await self._fetch(sql, params)
         return None if row is None else _from_row(dict(zip(_COLUMNS, row, strict=True)))
 

@@ -33,9 +33,11 @@ from celery_mcp_tasks.store.base import (
     TaskLimitReached,
     TaskNotFound,
     Transition,
+    apply,
 )
 from celery_mcp_tasks.store.cleanup import Eviction, evict
 from celery_mcp_tasks.store.engine import READ_ONLY, create_store_engine
+from celery_mcp_tasks.store.pg_swap import PgSwap
 from celery_mcp_tasks.store.schema import tasks
 
 logger = logging.getLogger(__name__)
@@ -97,9 +99,7 @@ class _CommitInDoubt(Exception):
     `before` and `after` are the record read and the record written, for a compare-and-swap.
     """
 
-    def __init__(
-        self, cause: sa.exc.DBAPIError, before: TaskRecord | None = None, after: TaskRecord | None = None
-    ) -> None:
+    def __init__(self, cause: BaseException, before: TaskRecord | None = None, after: TaskRecord | None = None) -> None:
         super().__init__("the outcome of a COMMIT is unknown")
         self.cause = cause
         self.before = before
@@ -171,6 +171,8 @@ class SqlStore:
         self.write_hook = write_hook
         # PostgreSQL reads in autocommit: one statement, one round trip (not BEGIN, SELECT, ROLLBACK).
         self._reads = {READ_ONLY: True, **({"isolation_level": "AUTOCOMMIT"} if self.dialect == "postgresql" else {})}
+        # PostgreSQL on psycopg: every update's first attempt in two round trips (store/pg_swap.py).
+        self._pg = PgSwap(engine, _COLUMNS, _from_row, _to_row) if engine.dialect.driver == "psycopg" else None
 
     @classmethod
     def from_url(cls, url: str, **engine_kwargs: Any) -> SqlStore:
@@ -278,14 +280,28 @@ class SqlStore:
 
     @_reported
     def update(self, key: str, owner: Owner, transition: Transition) -> TaskRecord:
-        for _ in range(_MAX_CAS_ATTEMPTS):
+        for attempt in range(_MAX_CAS_ATTEMPTS):
             try:
-                written = self._swap(key, owner, transition)
+                written = (
+                    self._fast_swap(key, owner, transition) if attempt == 0 else self._swap(key, owner, transition)
+                )
             except _CommitInDoubt as doubt:
                 written = self._settle(doubt)
             if written is not None:
                 return written
         raise StoreConflict("the task kept changing under this write; try again")
+
+    def _fast_swap(self, key: str, owner: Owner, transition: Transition) -> TaskRecord | None:
+        """The first attempt: on psycopg, the same locked swap in fewer round trips (store/pg_swap.py).
+
+        None (the locking path runs next) when another writer won or the pooled
+        connection was dead. A write hook that is not one `pg_notify` keeps every
+        attempt on the locking path, where it runs inside the transaction."""
+        hook = self.write_hook
+        if self._pg is None or not (hook is None or hasattr(hook, "pg_notify_args")):
+            return self._swap(key, owner, transition)
+        with self.engine.connect() as conn:
+            return self._pg.swap(conn, key, owner, transition, hook, _commit)  # type: ignore[arg-type]
 
     @_reconnecting
     def _swap(self, key: str, owner: Owner, transition: Transition) -> TaskRecord | None:
@@ -295,12 +311,10 @@ class SqlStore:
             current = self._select(conn, key, owner, for_update=True)
             if current is None:
                 raise TaskNotFound()
-            nxt = transition(current)
+            nxt = apply(transition, current)
             if nxt is current:
                 conn.rollback()
                 return current
-            if nxt.version != current.version + 1:
-                raise ValueError("a transition must bump the version by exactly one")
             row = _to_row(nxt)
             del row["key"]
             written = conn.execute(
