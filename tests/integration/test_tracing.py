@@ -1,9 +1,9 @@
 """One trace per task, with real processes: `serve` and a prefork `celery worker` export OTLP/HTTP to a
 collector in the test, on PostgreSQL + Redis, driven by the official SDK client over real HTTP.
 
-Proven: the SDK's `tools/call` server span, our "tasks create" span and every run of the job (a Celery
-retry, and the runs after each `tasks/update` answer) share one trace, each run a child of the create
-span with its final write inside it; no span carries a task id; with
+Proven: the SDK's `tools/call` server span, which carries the creation (the tool, the row key prefix,
+the status), and every run of the job (a Celery retry, and the runs after each `tasks/update` answer)
+share one trace, each run a child of that span with its final write inside it; no span carries a task id; with
 opentelemetry-instrumentation-celery active its publish and run spans take the place of ours (no
 duplicates, same trace); a collector that is down costs no request and no job, nor does a user's
 tracer provider whose sampler raises for our spans.
@@ -206,26 +206,28 @@ def _runs(spans: list[Span], prefix: str) -> list[Span]:
     return sorted(runs, key=lambda span: (span.attributes["mcp_task.dispatch"], span.attributes["mcp_task.attempt"]))
 
 
-def traced(collector: Collector, task_id: str, tool: str, run_prefix: str, runs: int) -> tuple[Span, Span, list[Span]]:
-    """(the SDK's tools/call span, our create span, the run spans) of one task, once all were exported."""
+def traced(collector: Collector, task_id: str, tool: str, run_prefix: str, runs: int) -> tuple[Span, list[Span]]:
+    """(the SDK's tools/call span, which carries the creation, and the run spans) of one task, once all
+    were exported."""
 
     def exported() -> list[Span] | None:
-        """All of them, and the parent of each (the exporters send in batches: in no particular order)."""
+        """All of them, and the parent of each run (the exporters send in batches: in no particular order)."""
         spans = collector.of_task(task_id)
-        found = _runs(spans, run_prefix) + [span for span in spans if span.name == f"tasks create {tool}"]
+        calls = [span for span in spans if span.name == f"tools/call {tool}"]
+        found = _runs(spans, run_prefix)
         known = {span.span_id for span in collector.all()}
-        return spans if len(found) > runs and all(span.parent_id in known for span in found) else None
+        return spans if calls and len(found) >= runs and all(run.parent_id in known for run in found) else None
 
     spans = wait_until(exported, 30, f"the spans of the {tool} task")
-    create = _one([span for span in spans if span.name == f"tasks create {tool}"], "create span")
-    call = _one([span for span in collector.all() if span.span_id == create.parent_id], "parent of the create span")
-    assert call.name == f"tools/call {tool}" and call.kind == 2 and call.trace_id == create.trace_id  # SERVER
-    assert create.attributes["mcp_task.tool"] == tool and create.attributes["mcp_task.status"] == "working"
-    assert {create.service, call.service} == {SERVICE}
+    call = _one([span for span in spans if span.name == f"tools/call {tool}"], "tools/call span")
+    assert call.kind == 2  # SERVER: the SDK's own span, no span of ours beside it
+    assert call.attributes["mcp_task.tool"] == tool and call.attributes["mcp_task.status"] == "working"
+    assert call.service == SERVICE
+    assert not [span for span in collector.all() if span.name == f"tasks create {tool}"]  # one span per creation
     found = _runs(spans, run_prefix)
-    assert len(found) == runs and all(run.trace_id == create.trace_id for run in found)
+    assert len(found) == runs and all(run.trace_id == call.trace_id for run in found)
     assert all(run.attributes["mcp_task.tool"] == tool and run.service == SERVICE for run in found)
-    return call, create, found
+    return call, found
 
 
 def statuses(span: Span) -> list[str]:
@@ -246,20 +248,20 @@ def test_every_run_of_a_task_is_in_the_trace_of_its_tools_call(
     with served(backend, tmp_path, _otlp(collector.endpoint)) as deployment:
         retried, asked, _ = drive(deployment.url)
 
-        call, create, runs = traced(collector, retried, "flaky", "mcp_task run flaky", runs=2)
+        call, runs = traced(collector, retried, "flaky", "mcp_task run flaky", runs=2)
         assert call.parent_id == ""  # no caller context: the trace starts at the SDK's server span
         assert [(run.attributes["mcp_task.dispatch"], run.attributes["mcp_task.attempt"]) for run in runs] == [
             (1, 1),
             (1, 2),
         ]
-        assert all(run.parent_id == create.span_id and run.kind == 5 for run in runs)  # CONSUMER, from the headers
+        assert all(run.parent_id == call.span_id and run.kind == 5 for run in runs)  # CONSUMER, from the headers
         assert [name for name, _ in runs[0].events] == ["mcp_task.retry"]
         assert statuses(runs[1]) == ["completed"]  # the bridge's final write, inside the run's span
 
-        call, create, runs = traced(collector, asked, "two_rounds", "mcp_task run two_rounds", runs=3)
+        call, runs = traced(collector, asked, "two_rounds", "mcp_task run two_rounds", runs=3)
         assert call.trace_id == CLIENT_TRACE and call.parent_id == "00f067aa0ba902b7"  # the caller's trace
         assert [run.attributes["mcp_task.dispatch"] for run in runs] == [1, 2, 3]
-        assert all(run.parent_id == create.span_id for run in runs)  # sent after tasks/update: still the task's
+        assert all(run.parent_id == call.span_id for run in runs)  # sent after tasks/update: still the task's
         assert [statuses(run) for run in runs] == [["input_required"], ["input_required"], ["completed"]]
         assert [run.attributes.get("mcp_task.run_end") for run in runs] == ["waiting for input"] * 2 + [None]
         updates = wait_until(
@@ -287,12 +289,12 @@ def test_with_the_celery_instrumentor_its_spans_are_the_messages_and_the_trace_i
     with served(backend, tmp_path, env) as deployment:
         retried, asked, _ = drive(deployment.url)
         for task_id, tool, runs in ((retried, "flaky", 2), (asked, "two_rounds", 3)):
-            _, create, found = traced(collector, task_id, tool, "run/", runs)
-            spans = {span.span_id: span for span in collector.all() if span.trace_id == create.trace_id}
+            call, found = traced(collector, task_id, tool, "run/", runs)
+            spans = {span.span_id: span for span in collector.all() if span.trace_id == call.trace_id}
             for run in found:  # the instrumentor's CONSUMER span, with our attributes; its parent: a publish
                 publish = spans[run.parent_id]
                 assert run.kind == 5 and publish.name.startswith("apply_async/") and publish.kind == 4
-                assert publish.parent_id in (create.span_id, *(other.span_id for other in found))
+                assert publish.parent_id in (call.span_id, *(other.span_id for other in found))
             assert statuses(found[-1]) == ["completed"]
     assert not [span for span in collector.all() if span.name.startswith("mcp_task run")]  # no duplicates
     assert_no_task_id(collector, retried, asked)
@@ -306,7 +308,7 @@ def test_spans_still_buffered_at_shutdown_are_flushed_on_the_way_out(
         retried, asked, _ = drive(deployment.url)
         assert not collector.of_task(retried)
     names = {span.name for span in collector.of_task(retried) + collector.of_task(asked)}
-    assert names == {"tasks create flaky", "mcp_task run flaky", "tasks create two_rounds", "mcp_task run two_rounds"}
+    assert names == {"tools/call flaky", "mcp_task run flaky", "tools/call two_rounds", "mcp_task run two_rounds"}
 
 
 def test_a_collector_that_is_down_fails_no_request_and_no_job(backend: Backend, tmp_path: Path) -> None:

@@ -165,3 +165,17 @@ def test_a_broken_sampler_or_processor_costs_a_run_its_span_never_the_job(
             assert propagation.current_traceparent() is None
     warned = tracing_warnings(caplog)
     assert len(warned) == 1 and warned[0].startswith("tracing: could not"), warned
+
+
+def test_inside_a_recording_span_a_creation_adds_its_attributes_not_a_span(monkeypatch: pytest.MonkeyPatch):
+    """The SDK's `tools/call` span is the creation's: one span per creation, with the tool on it."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    use_provider(monkeypatch, provider)
+    sdk = provider.get_tracer("sdk")
+    with sdk.start_as_current_span("tools/call report") as call, propagation.creating("report") as stored:
+        assert trace_id_of(stored) == call.get_span_context().trace_id
+        assert stored is not None and f"{call.get_span_context().span_id:016x}" in stored  # runs hang off it
+    (span,) = exporter.get_finished_spans()
+    assert span.name == "tools/call report" and dict(span.attributes or {}) == {propagation.TOOL: "report"}
