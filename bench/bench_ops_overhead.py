@@ -10,15 +10,26 @@ database and Redis, no worker (creation only, as in bench_hot_path.py):
 - metrics: every creation counted, `/metrics` scraped every BENCH_SCRAPE_S (1) s during
   the run, as Prometheus would;
 - metrics+tracing: the same plus `otlp` tracing (the SDK's tools/call span, our creation
-  and send spans, batched to a local OTLP/HTTP sink in this process that answers 200);
+  span, the creation's attributes on it, our run spans, batched to a local OTLP/HTTP sink
+  that answers 200, in a process of its own: in the clients' process it would take the GIL
+  from the clients exactly during the traced windows, a cost no deployment pays);
 - metrics+tracing 10 %: the same with the standard ratio sampler at 0.1
   (OTEL_TRACES_SAMPLER=parentbased_traceidratio), as busy production services trace;
 - json logs: off, but MCP_TASKS_LOG_FORMAT=json (uvicorn's access line per request).
 
-Each is measured closed-loop with BENCH_CLIENTS (8) clients for BENCH_SECONDS (4) windows
-after BENCH_WARM_S (1), taking turns, the order rotated every run, BENCH_RUNS (5) runs;
-and with 1 client, call by call in turns (BENCH_ROUNDS (200) each). Shown: the median of
-the runs' ratios to off and their range. The target (issue 10): metrics and tracing cost
+Beside throughput, the serve process's own CPU time per creation (user + system, from
+/proc, over each window): on a shared 2-core machine throughput swings by +-10 % from
+window to window, while CPU per call shows what each switch adds to the process that
+pays for it (the sink's work is not in it; a collector runs elsewhere).
+
+Each configuration runs in two serve processes (a and b), ten in all; each process is measured
+closed-loop with BENCH_CLIENTS (8) clients for BENCH_SECONDS (4) windows after BENCH_WARM_S
+(1), taking turns, the order rotated every run, BENCH_RUNS (5) runs; and with 1 client,
+call by call in turns (BENCH_ROUNDS (200) each). Shown: per run, the mean of a
+configuration's two processes against the mean of off's two; the median of the runs'
+ratios and their range. The last row compares off's two processes with each other: two
+identical processes differ by that much on this machine, so a ratio within it is no cost
+this bench can see. The target (issue 10): metrics and tracing cost
 < 5 % of creation throughput (metrics+tracing ÷ off >= 0.95). Without the `otel` extra
 installed, tracing stays off and the table says so.
 
@@ -31,6 +42,7 @@ from __future__ import annotations
 
 import http.server
 import importlib.util
+import multiprocessing
 import os
 import statistics
 import sys
@@ -38,6 +50,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -63,14 +76,21 @@ SCRAPE_S = float(os.environ.get("BENCH_SCRAPE_S", "1"))
 APP = "bench.hot_path_app"
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (/proc/<pid>/stat, fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class _Sink(http.server.BaseHTTPRequestHandler):
     """An OTLP/HTTP endpoint that takes every export and answers 200 (what a healthy collector does)."""
 
-    received = 0
+    received: Any = None  # the shared counter of exports, set in the sink's process
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        type(self).received += 1
+        with self.received.get_lock():
+            self.received.value += 1
         self.send_response(200)
         self.send_header("Content-Type", "application/x-protobuf")
         self.send_header("Content-Length", "0")
@@ -80,10 +100,22 @@ class _Sink(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def otlp_sink() -> tuple[http.server.ThreadingHTTPServer, str]:
+def _serve_sink(port: Any, received: Any) -> None:
+    _Sink.received = received
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, f"http://127.0.0.1:{server.server_address[1]}"
+    port.value = server.server_address[1]
+    server.serve_forever()
+
+
+def otlp_sink() -> tuple[multiprocessing.Process, str, Any]:
+    """The sink in a process of its own: (the process, its endpoint, the count of exports it took)."""
+    port, received = multiprocessing.Value("i", 0), multiprocessing.Value("i", 0)
+    process = multiprocessing.Process(target=_serve_sink, args=(port, received), daemon=True)
+    process.start()
+    deadline = time.monotonic() + 10
+    while not port.value and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return process, f"http://127.0.0.1:{port.value}", received
 
 
 class Scraper:
@@ -114,11 +146,13 @@ def main() -> None:
         sys.exit(2)
     raise_fd_limit()
     tracing = importlib.util.find_spec("opentelemetry.sdk") is not None
-    sink, endpoint = otlp_sink()
+    sink, endpoint, exports = otlp_sink()
     began = time.perf_counter()
     names = ["off", "metrics", "metrics+tracing", "metrics+tracing 10 %", "json logs"]
-    many: dict[str, list[Sample]] = {name: [] for name in names}
-    one: dict[str, list[Sample]] = {name: [] for name in names}
+    replicas = [f"{name}/{r}" for name in names for r in "ab"]  # two processes of each: their spread is the noise
+    many: dict[str, list[Sample]] = {name: [] for name in replicas}
+    one: dict[str, list[Sample]] = {name: [] for name in replicas}
+    cpu: dict[str, list[float]] = {name: [] for name in replicas}  # serve process CPU seconds per call, per window
     scrapes = 0
     with tempfile.TemporaryDirectory(prefix="bench-ops-") as tmp, fresh_postgres_database(POSTGRES_URL) as db:
         backend = Backend("pg_redis", {"MCP_TASKS_DATABASE_URL": db, "CELERY_BROKER_URL": REDIS_URL})
@@ -145,19 +179,26 @@ def main() -> None:
                 "json logs": {**off, "MCP_TASKS_LOG_FORMAT": "json"},
             }
             urls = {
-                name: deployment.web(f"web-{n}", **config, **common) for n, (name, config) in enumerate(configs.items())
+                replica: deployment.web(f"web-{n}", **configs[replica[:-2]], **common)
+                for n, replica in enumerate(replicas)
             }
+            pids = {name: proc.popen.pid for name, proc in zip(urls, deployment.procs[-len(urls) :], strict=True)}
             factories = {name: tool_call(url, "noop", is_task) for name, url in urls.items()}
-            scrapers = [Scraper(urls["metrics"]), Scraper(urls["metrics+tracing"])]
+            scrapers = [Scraper(urls[f"{name}/{r}"]) for name in ("metrics", "metrics+tracing") for r in "ab"]
             for scraper in scrapers:
                 scraper.__enter__()
             try:
+                for name in replicas:  # every process's first calls (pools, caches) before anything is timed
+                    many_clients(factories[name], CLIENTS, 1, WARM_S)
                 for run in range(RUNS):
-                    for name in rotated(names, run):
-                        many[name].append(many_clients(factories[name], CLIENTS, SECONDS, WARM_S))
+                    for name in rotated(replicas, run):
+                        before = cpu_s(pids[name])
+                        sample = many_clients(factories[name], CLIENTS, SECONDS, WARM_S)
+                        cpu[name].append((cpu_s(pids[name]) - before) / max(sample.calls, 1))
+                        many[name].append(sample)
                     for name, sample in interleaved(factories, ROUNDS, WARMUP).items():
                         one[name].append(sample)
-                    say(f"run {run + 1}/{RUNS}: " + ", ".join(f"{n} {many[n][-1].ops_s:.0f} ops/s" for n in names))
+                    say(f"run {run + 1}/{RUNS}: " + ", ".join(f"{n} {many[n][-1].ops_s:.0f}" for n in replicas))
             finally:
                 for scraper in scrapers:
                     scraper.__exit__()
@@ -168,21 +209,36 @@ def main() -> None:
         finally:
             deployment.stop()
             purge(deployment.queue)
-            sink.shutdown()
+            sink.terminate()
     print(
         f"bench_ops_overhead: task creation, PostgreSQL + Redis, {RUNS} runs; tracing: "
         f"{'otlp, batched to a local sink' if tracing else 'NOT measured (otel extra missing)'}; ratio ÷ off"
     )
-    print(f"{'':28}{'ops/s':>8}{'÷ off':>8}  runs        {'1 client p50 ms':>16}{'÷ off':>8}")
-    for name in names:
-        ops = [b.ops_s / a.ops_s for a, b in zip(many["off"], many[name], strict=True)]
-        p50 = [b.p50_ms / a.p50_ms for a, b in zip(one["off"], one[name], strict=True)]
+    print(
+        f"{'':28}{'ops/s':>8}{'÷ off':>8}  runs        {'1 client p50 ms':>16}{'÷ off':>8}"
+        f"{'CPU us/call':>13}{'÷ off':>8}"
+    )
+
+    def pooled(values: dict[str, list[float]], name: str) -> list[float]:
+        """Per run, the mean of the configuration's two processes."""
+        return [(a + b) / 2 for a, b in zip(values[f"{name}/a"], values[f"{name}/b"], strict=True)]
+
+    ops_of = {name: [s.ops_s for s in samples] for name, samples in many.items()}
+    p50_of = {name: [s.p50_ms for s in samples] for name, samples in one.items()}
+    rows = [(name, pooled(ops_of, name), pooled(p50_of, name), pooled(cpu, name)) for name in names]
+    rows.append(("(noise: off/b ÷ off/a)", ops_of["off/b"], p50_of["off/b"], cpu["off/b"]))
+    base = (ops_of["off/a"], p50_of["off/a"], cpu["off/a"])
+    for name, ops, p50, per_call in rows:
+        ref = base if name.startswith("(noise") else rows[0][1:]
+        ops_r = [b / a for a, b in zip(ref[0], ops, strict=True)]
+        p50_r = [b / a for a, b in zip(ref[1], p50, strict=True)]
+        cpu_r = [b / a for a, b in zip(ref[2], per_call, strict=True)]
         print(
-            f"{name:28}{statistics.median(s.ops_s for s in many[name]):8.0f}{statistics.median(ops):8.3f}  "
-            f"{min(ops):.2f}-{max(ops):.2f}  {statistics.median(s.p50_ms for s in one[name]):16.2f}"
-            f"{statistics.median(p50):8.3f}"
+            f"{name:28}{statistics.median(ops):8.0f}{statistics.median(ops_r):8.3f}  "
+            f"{min(ops_r):.2f}-{max(ops_r):.2f}  {statistics.median(p50):16.2f}{statistics.median(p50_r):8.3f}"
+            f"{statistics.median(per_call) * 1e6:13.0f}{statistics.median(cpu_r):8.3f}"
         )
-    print(f"/metrics scrapes during the runs: {scrapes}; OTLP exports received: {_Sink.received}")
+    print(f"/metrics scrapes during the runs: {scrapes}; OTLP exports received: {exports.value}")
     print(f"({time.perf_counter() - began:.0f} s)")
 
 

@@ -34,6 +34,7 @@ class BenchError(RuntimeError):
 class Sample:
     latencies: list[float]  # seconds, one per timed call
     ops_s: float
+    calls: int = 0  # every call made after the start barrier, warm-up included (CPU per call: bench_ops_overhead)
 
     @property
     def p50_ms(self) -> float:
@@ -129,7 +130,7 @@ def many_clients(factory: Factory, clients: int, seconds: float, warm_s: float) 
     latencies = [e - s for s, e in ended if s >= window[0]]
     if not latencies:
         raise BenchError("no call completed inside the measurement window")
-    return Sample(latencies, len(ended) / seconds)
+    return Sample(latencies, len(ended) / seconds, sum(len(mine) for mine in spans))
 
 
 # -- the calls ---------------------------------------------------------------------------
