@@ -1,9 +1,10 @@
 """PostgreSQL's short swap (store/pg_swap.py): what the locking path writes, in fewer round trips.
 
 Against a real PostgreSQL: the row written is the row Core writes (JSON `null` included),
-the hint rides the UPDATE and arrives at commit, one Core-level statement per update
-(the read; the write is the driver's prepared statement), and a connection dropped
-between the read and the write costs nothing but the retry.
+the hint rides the UPDATE and arrives at commit, two driver-level statements per update
+(the locked read, the write), a failed write surfaces as SQLAlchemy's errors do and leaves
+the pool clean, and a connection dropped between the read and the write costs nothing but
+the retry.
 """
 
 from __future__ import annotations
@@ -63,13 +64,14 @@ def test_the_short_swap_writes_what_the_locking_swap_writes(pg_store: SqlStore) 
     assert nulls == [(False, "null"), (False, "null")]
 
 
-def test_one_core_statement_per_update_and_the_owner_still_scopes_it(pg_store: SqlStore) -> None:
+def test_two_statements_per_update_and_the_owner_still_scopes_it(pg_store: SqlStore) -> None:
     pg_store.create(make("c" * 64), max_rows=None)
     statements: list[str] = []
     sa.event.listen(pg_store.engine, "before_cursor_execute", lambda _c, _cur, sql, *_: statements.append(sql))
     done = pg_store.update("c" * 64, "sub:alice", lambda r: r.with_progress("step", 2))
+    assert [sql.split()[0] for sql in statements] == ["SELECT", "UPDATE"]  # no BEGIN/COMMIT statements: the driver's
+    assert "FOR UPDATE" in statements[0] and "version" in statements[1]
     assert done.version == 2 and pg_store.get("c" * 64) == done
-    assert len(statements) == 2 and "FOR UPDATE" in statements[0]  # the locked read (the second: the check above)
     from celery_mcp_tasks.store import TaskNotFound
 
     with pytest.raises(TaskNotFound):
@@ -103,3 +105,22 @@ def test_a_connection_dropped_between_the_read_and_the_write_is_applied_once(pg_
     done = pg_store.update("e" * 64, ANY, transition)
     assert calls == 2 and done.version == 2 and done.status_message == "call 2"
     assert pg_store.get("e" * 64) == done
+
+
+def test_a_write_the_database_refuses_is_store_unavailable_and_the_pool_stays_clean(pg_store: SqlStore) -> None:
+    from celery_mcp_tasks.store import StoreUnavailable
+
+    one = SqlStore.from_url(pg_store.engine.url.render_as_string(hide_password=False), pool_size=1, max_overflow=0)
+    try:
+        one.create(make("f" * 64), max_rows=None)
+        operations: list[str] = []
+        sa.event.listen(one.engine, "handle_error", lambda context: operations.append(context.statement.split()[0]))
+        too_long = lambda r: dataclasses.replace(r, version=r.version + 1, tool="t" * 200)  # noqa: E731 - varchar(128)
+        with pytest.raises(StoreUnavailable) as refused:
+            one.update("f" * 64, ANY, too_long)
+        assert str(refused.value) == StoreUnavailable.MESSAGE and operations == ["UPDATE"]  # the error metric sees it
+        assert one.update("f" * 64, ANY, lambda r: r).version == 1  # nothing to write: the same record
+        done = one.update("f" * 64, ANY, lambda r: r.with_progress("after", 2))  # the pool's one connection, clean
+        assert done.version == 2 and one.get("f" * 64) == done
+    finally:
+        one.dispose()

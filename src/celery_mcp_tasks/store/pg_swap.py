@@ -9,17 +9,19 @@ pooled connection, in four round trips:
 1. BEGIN and `SELECT <row> WHERE key = ... [AND owner ...] FOR UPDATE`, a driver-level
    statement (no compilation): the record now, locked as on the locking path, so a
    concurrent writer waits for this one and a slow writer is never starved;
-2. the transition computed, then one prepared statement on the driver's cursor:
-   `UPDATE ... WHERE key = ... AND version = <read>`, with the hint's `pg_notify`
+2. the transition computed, then one driver-level statement (psycopg prepares it once it
+   has run a few times): `UPDATE ... WHERE key = ... AND version = <read>`, with the hint's `pg_notify`
    folded in (`WITH written AS (UPDATE ... RETURNING 1) SELECT pg_notify(...) FROM
    written`: no hint for a write that did not happen);
 3. COMMIT through SQLAlchemy, so a connection lost during it is the same commit in
    doubt the locking path settles (`SqlStore._settle`).
 
 The same transaction, lock, compare-and-swap on the version and hint at commit.
-A connection found dead before the COMMIT leaves nothing applied (the server rolls
-back what was not committed): it is invalidated and the locking path runs, which
-reconnects. Any other database error is `StoreUnavailable("update")`.
+Both statements go through SQLAlchemy's driver-level execution, so its error handling,
+events and the store's error metric see them. A connection found dead before the COMMIT
+leaves nothing applied (the server rolls back what was not committed): it is
+invalidated and the locking path runs, which reconnects. Any other database error is
+`StoreUnavailable("update")` (`SqlStore`'s own wrapper).
 
 What it writes is what SQLAlchemy writes: JSON columns as JSON (None as JSON
 `null`), the same values from the same `_to_row`.
@@ -27,6 +29,7 @@ What it writes is what SQLAlchemy writes: JSON columns as JSON (None as JSON
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -34,10 +37,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from celery_mcp_tasks.model import TaskRecord
-from celery_mcp_tasks.store.base import ANY, Owner, StoreUnavailable, TaskNotFound, Transition, apply
+from celery_mcp_tasks.store.base import ANY, Owner, TaskNotFound, Transition, apply
 from celery_mcp_tasks.store.schema import tasks
 
 __all__ = ["FoldableHook", "PgSwap", "read_params", "read_statements"]
+
+logger = logging.getLogger("celery_mcp_tasks.store.sql")
 
 
 class FoldableHook(Protocol):
@@ -108,41 +113,32 @@ class PgSwap:
         """One attempt on `conn` (no transaction begun): the record stored, or None when another writer
         won meanwhile or the connection was found dead before the COMMIT (nothing applied either way).
 
-        Raises `TaskNotFound`, the transition's own errors, `StoreUnavailable`, or what `commit` raises
+        Raises `TaskNotFound`, the transition's own errors, SQLAlchemy's `DBAPIError`, or what `commit` raises
         (a commit in doubt)."""
-        import psycopg
-
         sql, params = read_params(key, owner, self._reads)
         with conn.begin() as tx:
             try:
                 found = conn.exec_driver_sql(sql + " FOR UPDATE", params).fetchone()
             except sa.exc.DBAPIError as exc:
-                if exc.connection_invalidated:
-                    tx.rollback()  # of an invalidated connection: ends the transaction, sends nothing
-                    return None
-                raise
+                _lost(tx, exc)
+                return None
             if found is None:
                 raise TaskNotFound()
             current = self._from_row(dict(zip(self._columns, found, strict=True)))
             nxt = apply(transition, current)
             if nxt is current:
-                tx.rollback()
+                tx.commit()  # nothing written; a ROLLBACK would also drop the connection's prepared statements
                 return current
             bound = self._bound(key, current, nxt)
             hint = hook.pg_notify_args(nxt) if hook is not None else None
             if hint is not None:
                 bound["cas_channel"], bound["cas_payload"] = hint
-            raw: Any = conn.connection.driver_connection  # the pooled psycopg.Connection, in this transaction
             try:
-                with raw.cursor() as cursor:
-                    sent = self._update if hint is None else self._update_notifying
-                    written = cursor.execute(sent, bound, prepare=True).fetchone()
-            except psycopg.Error as exc:
-                if raw.broken:
-                    conn.invalidate()
-                    tx.rollback()
-                    return None
-                raise StoreUnavailable("update") from exc
+                sent = self._update if hint is None else self._update_notifying
+                written = conn.exec_driver_sql(sent, bound).fetchone()  # psycopg prepares it after a few runs
+            except sa.exc.DBAPIError as exc:
+                _lost(tx, exc)
+                return None
             if written is None:
                 tx.rollback()
                 return None
@@ -157,3 +153,12 @@ class PgSwap:
         bound = {name: Json(value) if name in self._json else value for name, value in values.items()}
         bound["cas_key"], bound["cas_version"] = key, current.version
         return bound
+
+
+def _lost(tx: sa.RootTransaction, exc: sa.exc.DBAPIError) -> None:
+    """A statement failed: on a connection the database dropped, nothing was committed, so the
+    caller returns None and the locking path runs next, on a fresh one; any other failure is raised."""
+    if not exc.connection_invalidated:
+        raise exc
+    logger.warning("store connection was lost (%s); retrying once", type(exc.orig).__name__)
+    tx.rollback()  # of an invalidated connection: ends the transaction, sends nothing

@@ -171,7 +171,7 @@ class SqlStore:
         self.write_hook = write_hook
         # PostgreSQL reads in autocommit: one statement, one round trip (not BEGIN, SELECT, ROLLBACK).
         self._reads = {READ_ONLY: True, **({"isolation_level": "AUTOCOMMIT"} if self.dialect == "postgresql" else {})}
-        # PostgreSQL on psycopg: every update's first attempt in two round trips (store/pg_swap.py).
+        # PostgreSQL on psycopg: every update's first attempt in four round trips, not five (store/pg_swap.py).
         self._pg = PgSwap(engine, _COLUMNS, _from_row, _to_row) if engine.dialect.driver == "psycopg" else None
 
     @classmethod
