@@ -124,3 +124,20 @@ def test_a_write_the_database_refuses_is_store_unavailable_and_the_pool_stays_cl
         assert done.version == 2 and one.get("f" * 64) == done
     finally:
         one.dispose()
+
+
+def test_a_creation_writes_what_core_writes_and_the_row_cap_still_refuses(pg_store: SqlStore) -> None:
+    from celery_mcp_tasks.store import TaskLimitReached
+    from celery_mcp_tasks.store.schema import tasks
+    from celery_mcp_tasks.store.sql import _to_row
+
+    fields = dict(arguments={"n": 1, "s": "é"}, issued_keys=("a",), result=None, progress=0.5, trace_context="00-x")
+    pg_store.create(make("1" * 64, **fields), max_rows=None)  # the driver-level INSERT
+    with pg_store.engine.begin() as conn:
+        conn.execute(tasks.insert(), _to_row(make("2" * 64, **fields)))  # Core's
+    assert stored(pg_store, "1" * 64) == stored(pg_store, "2" * 64)
+    assert pg_store.get("1" * 64) == make("1" * 64, **fields)
+    pg_store.create(make("3" * 64), max_rows=4)  # the capped INSERT: room for one more
+    with pytest.raises(TaskLimitReached):
+        pg_store.create(make("4" * 64), max_rows=3)
+    assert pg_store.get("4" * 64) is None

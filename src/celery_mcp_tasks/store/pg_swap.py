@@ -23,6 +23,10 @@ leaves nothing applied (the server rolls back what was not committed): it is
 invalidated and the locking path runs, which reconnects. Any other database error is
 `StoreUnavailable("update")` (`SqlStore`'s own wrapper).
 
+A creation's INSERT (`SqlStore.create`) goes the same way: Core's own statement (with
+the row cap's bounded count), compiled once, run driver-level in the store's
+transaction, committed through SQLAlchemy.
+
 What it writes is what SQLAlchemy writes: JSON columns as JSON (None as JSON
 `null`), the same values from the same `_to_row`.
 """
@@ -84,8 +88,14 @@ class PgSwap:
         columns: list[str],
         from_row: Callable[[dict[str, Any]], TaskRecord],
         to_row: Callable[[TaskRecord], dict[str, Any]],
+        insert_if_room: sa.Insert,
     ) -> None:
         quote = engine.dialect.identifier_preparer.quote
+        # A creation: Core's own two INSERTs, compiled once (their casts included); no literal binds in them.
+        self._insert = str(tasks.insert().compile(dialect=engine.dialect))
+        capped = insert_if_room.compile(dialect=engine.dialect)
+        assert set(capped.binds) <= {*tasks.c.keys(), "max_rows"}, "the capped INSERT must bind only its values"
+        self._insert_if_room = str(capped)
         self._columns = columns
         self._from_row = from_row
         self._to_row = to_row
@@ -144,6 +154,17 @@ class PgSwap:
                 return None
             commit(conn, current, nxt)
         return nxt
+
+    def insert(self, conn: sa.Connection, row: dict[str, Any], max_rows: int | None) -> bool:
+        """`row` inserted in `conn`'s transaction (not committed); False when the row cap left no room."""
+        from psycopg.types.json import Json
+
+        bound: dict[str, Any] = {name: Json(value) if name in self._json else value for name, value in row.items()}
+        if max_rows is None:
+            conn.exec_driver_sql(self._insert, bound)
+            return True
+        bound["max_rows"] = max_rows
+        return conn.exec_driver_sql(self._insert_if_room, bound).fetchone() is not None
 
     def _bound(self, key: str, current: TaskRecord, nxt: TaskRecord) -> dict[str, Any]:
         from psycopg.types.json import Json

@@ -129,7 +129,7 @@ def _insert_if_room() -> sa.Insert:
 
     RETURNING rather than rowcount: psycopg reports -1 for INSERT ... SELECT.
     """
-    capped = sa.select(sa.literal(1)).select_from(tasks).limit(sa.bindparam("max_rows")).subquery()
+    capped = sa.select(sa.literal_column("1")).select_from(tasks).limit(sa.bindparam("max_rows")).subquery()
     room = sa.select(sa.func.count()).select_from(capped).scalar_subquery() < sa.bindparam("max_rows")
     values = sa.select(*(sa.bindparam(c.name, type_=c.type).label(c.name) for c in tasks.columns)).where(room)
     return tasks.insert().from_select([c.name for c in tasks.columns], values).returning(tasks.c.key)
@@ -172,7 +172,11 @@ class SqlStore:
         # PostgreSQL reads in autocommit: one statement, one round trip (not BEGIN, SELECT, ROLLBACK).
         self._reads = {READ_ONLY: True, **({"isolation_level": "AUTOCOMMIT"} if self.dialect == "postgresql" else {})}
         # PostgreSQL on psycopg: every update's first attempt in four round trips, not five (store/pg_swap.py).
-        self._pg = PgSwap(engine, _COLUMNS, _from_row, _to_row) if engine.dialect.driver == "psycopg" else None
+        self._pg = (
+            PgSwap(engine, _COLUMNS, _from_row, _to_row, _INSERT_IF_ROOM)
+            if engine.dialect.driver == "psycopg"
+            else None
+        )
 
     @classmethod
     def from_url(cls, url: str, **engine_kwargs: Any) -> SqlStore:
@@ -270,7 +274,10 @@ class SqlStore:
         row = _to_row(record)
         with self.engine.connect() as conn:
             conn.begin()
-            if max_rows is None:
+            if self._pg is not None:  # the same statements, driver-level (store/pg_swap.py)
+                if not self._pg.insert(conn, row, max_rows):
+                    raise TaskLimitReached()
+            elif max_rows is None:
                 conn.execute(tasks.insert(), row)
             elif conn.execute(_INSERT_IF_ROOM, {**row, "max_rows": max_rows}).first() is None:
                 raise TaskLimitReached()
