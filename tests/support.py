@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -428,3 +429,29 @@ def own_redis_deployment(app: str, log_dir: Path, **web_env: str) -> Iterator[tu
         with Deployment(app, backend, log_dir) as deployment:
             deployment.web(**web_env)
             yield deployment, broker
+
+
+@contextmanager
+def table_locked(url: str, table: str) -> Iterator[threading.Event]:
+    """`table` locked ACCESS EXCLUSIVE by another session (every read of it waits) until the block
+    ends or the yielded event is set."""
+    from celery_mcp_tasks.store.engine import create_store_engine
+
+    engine = create_store_engine(url)
+    release, locked = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"))
+            locked.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    try:
+        assert locked.wait(10), f"could not lock {table}"
+        yield release
+    finally:
+        release.set()
+        holder.join(10)
+        engine.dispose()

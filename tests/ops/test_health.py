@@ -23,10 +23,9 @@ from celery_mcp_tasks import McpTasks, Settings
 from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.ops.health import CheckRunner
 from celery_mcp_tasks.ops.probes import PROBE_TIMEOUT_S, Finding, ProbeEngine, janitor_probe
-from celery_mcp_tasks.store.engine import create_store_engine
 from celery_mcp_tasks.store.schema import sweeps
 from celery_mcp_tasks.store.sweeps import JANITOR, SweepLedger
-from tests.support import free_port
+from tests.support import free_port, table_locked
 
 
 def app_on(settings: Settings) -> McpTasks:
@@ -140,26 +139,10 @@ def test_a_missing_embedded_broker_folder_fails_readiness(embedded: McpTasks) ->
 def test_the_janitor_probe_has_the_statement_timeout_every_probe_has(postgres_url: str) -> None:
     """Before, it read the ledger outside `probe.read`: a lock on the sweep table held it as long as the lock."""
     upgrade(postgres_url)
-    engine = create_store_engine(postgres_url)
-    release, locked = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with engine.begin() as conn:
-            conn.execute(sa.text("LOCK TABLE mcp_tasks_sweep IN ACCESS EXCLUSIVE MODE"))
-            locked.set()
-            release.wait(30)
-
-    holder = threading.Thread(target=hold, daemon=True)
-    holder.start()
-    try:
-        assert locked.wait(10)
+    with table_locked(postgres_url, "mcp_tasks_sweep"):
         started = time.monotonic()
         finding = janitor_probe(ProbeEngine(postgres_url), Settings(janitor_interval_s=5.0))
         elapsed = time.monotonic() - started
-    finally:
-        release.set()
-        holder.join(10)
-        engine.dispose()
     assert finding.status == "fail" and finding.detail.startswith("cannot read the sweep ledger: "), finding
     assert "statement timeout" in finding.detail
     assert elapsed < PROBE_TIMEOUT_S + 2

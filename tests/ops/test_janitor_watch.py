@@ -21,6 +21,7 @@ from celery_mcp_tasks.ops.probes import ProbeEngine
 from celery_mcp_tasks.store.engine import create_store_engine
 from celery_mcp_tasks.store.sql import SqlStore
 from celery_mcp_tasks.store.sweeps import JANITOR, SweepRecord, ledger_for
+from tests.support import table_locked
 
 EVERY_10S = Settings(janitor_interval_s=10)
 T0 = 1_000_000
@@ -144,25 +145,8 @@ def waiting_on_locks(url: str) -> int:
 def locked_ledger(postgres_url: str) -> Iterator[tuple[str, threading.Event]]:
     """The sweep table locked (ACCESS EXCLUSIVE) by another session until the event is set: every read waits."""
     upgrade(postgres_url)
-    release = threading.Event()
-    locked = threading.Event()
-    engine = create_store_engine(postgres_url)
-
-    def hold() -> None:
-        with engine.begin() as conn:
-            conn.execute(sa.text("LOCK TABLE mcp_tasks_sweep IN ACCESS EXCLUSIVE MODE"))
-            locked.set()
-            release.wait(30)
-
-    holder = threading.Thread(target=hold, daemon=True)
-    holder.start()
-    assert locked.wait(10)
-    try:
+    with table_locked(postgres_url, "mcp_tasks_sweep") as release:
         yield postgres_url, release
-    finally:
-        release.set()
-        holder.join(10)
-        engine.dispose()
 
 
 @pytest.mark.postgres

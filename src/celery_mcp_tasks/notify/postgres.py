@@ -50,7 +50,7 @@ class _PgNotifyHook:
     """The store's write hook: queue the hint in the writing transaction (sent at commit).
 
     `pg_notify_args` lets the store fold the hint into its one-statement UPDATE
-    (store/pg_swap.py): the same channel and payload, in the same transaction.
+    (store/pg_writes.py): the same channel and payload, in the same transaction.
     """
 
     def __call__(self, conn: Connection, record: TaskRecord) -> None:

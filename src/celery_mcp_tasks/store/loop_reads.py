@@ -31,7 +31,7 @@ from sqlalchemy.engine import Engine
 
 from celery_mcp_tasks.model import TaskRecord
 from celery_mcp_tasks.store.base import ANY, Owner, StoreUnavailable
-from celery_mcp_tasks.store.pg_swap import read_params, read_statements
+from celery_mcp_tasks.store.pg_writes import read_params, read_statements
 from celery_mcp_tasks.store.sql import _COLUMNS, SqlStore, _from_row
 
 POOL_SIZE = 8

@@ -37,7 +37,7 @@ from celery_mcp_tasks.store.base import (
 )
 from celery_mcp_tasks.store.cleanup import Eviction, evict
 from celery_mcp_tasks.store.engine import READ_ONLY, create_store_engine
-from celery_mcp_tasks.store.pg_swap import PgSwap
+from celery_mcp_tasks.store.pg_writes import PgWrites
 from celery_mcp_tasks.store.schema import tasks
 
 logger = logging.getLogger(__name__)
@@ -171,9 +171,9 @@ class SqlStore:
         self.write_hook = write_hook
         # PostgreSQL reads in autocommit: one statement, one round trip (not BEGIN, SELECT, ROLLBACK).
         self._reads = {READ_ONLY: True, **({"isolation_level": "AUTOCOMMIT"} if self.dialect == "postgresql" else {})}
-        # PostgreSQL on psycopg: every update's first attempt in four round trips, not five (store/pg_swap.py).
+        # PostgreSQL on psycopg: every update's first attempt in four round trips, not five (store/pg_writes.py).
         self._pg = (
-            PgSwap(engine, _COLUMNS, _from_row, _to_row, _INSERT_IF_ROOM)
+            PgWrites(engine, _COLUMNS, _from_row, _to_row, _INSERT_IF_ROOM)
             if engine.dialect.driver == "psycopg"
             else None
         )
@@ -274,7 +274,7 @@ class SqlStore:
         row = _to_row(record)
         with self.engine.connect() as conn:
             conn.begin()
-            if self._pg is not None:  # the same statements, driver-level (store/pg_swap.py)
+            if self._pg is not None:  # the same statements, driver-level (store/pg_writes.py)
                 if not self._pg.insert(conn, row, max_rows):
                     raise TaskLimitReached()
             elif max_rows is None:
@@ -299,7 +299,7 @@ class SqlStore:
         raise StoreConflict("the task kept changing under this write; try again")
 
     def _fast_swap(self, key: str, owner: Owner, transition: Transition) -> TaskRecord | None:
-        """The first attempt: on psycopg, the same locked swap in fewer round trips (store/pg_swap.py).
+        """The first attempt: on psycopg, the same locked swap in fewer round trips (store/pg_writes.py).
 
         None (the locking path runs next) when another writer won or the pooled
         connection was dead. A write hook that is not one `pg_notify` keeps every

@@ -1,4 +1,4 @@
-"""PostgreSQL's short swap (store/pg_swap.py): what the locking path writes, in fewer round trips.
+"""PostgreSQL's driver-level writes (store/pg_writes.py): what the locking path and Core write, in fewer round trips.
 
 Against a real PostgreSQL: the row written is the row Core writes (JSON `null` included),
 the hint rides the UPDATE and arrives at commit, two driver-level statements per update

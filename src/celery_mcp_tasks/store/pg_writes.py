@@ -1,4 +1,4 @@
-"""PostgreSQL's compare-and-swap with fewer round trips and none of Core's per-statement work.
+"""PostgreSQL writes (an update's compare-and-swap, a creation's INSERT) without Core's per-statement work.
 
 `SqlStore.update` on SQLAlchemy Core is BEGIN, `SELECT ... FOR UPDATE`, UPDATE, the
 hint's `pg_notify` and COMMIT: five round trips, three of them compiled Core
@@ -44,7 +44,7 @@ from celery_mcp_tasks.model import TaskRecord
 from celery_mcp_tasks.store.base import ANY, Owner, TaskNotFound, Transition, apply
 from celery_mcp_tasks.store.schema import tasks
 
-__all__ = ["FoldableHook", "PgSwap", "read_params", "read_statements"]
+__all__ = ["FoldableHook", "PgWrites", "read_params", "read_statements"]
 
 logger = logging.getLogger("celery_mcp_tasks.store.sql")
 
@@ -79,7 +79,7 @@ def read_params(key: str, owner: Owner, statements: dict[str, str]) -> tuple[str
     return statements["any"], {"key": key}
 
 
-class PgSwap:
+class PgWrites:
     """The statements, built once per store from the schema's own column list."""
 
     def __init__(
