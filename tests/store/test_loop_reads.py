@@ -6,7 +6,7 @@ import anyio
 import pytest
 import sqlalchemy as sa
 
-from celery_mcp_tasks.model import TaskRecord
+from celery_mcp_tasks.model import TaskRecord, TaskStatus
 from celery_mcp_tasks.store import ANY
 from celery_mcp_tasks.store.base import StoreUnavailable
 from celery_mcp_tasks.store.loop_reads import LoopReads, loop_reads
@@ -37,6 +37,71 @@ async def test_the_same_answers_as_the_threaded_read(pg_store: SqlStore):
         for key in ("k-alice", "k-none", "missing"):
             for owner in (ANY, None, "alice", "bob"):
                 assert await reads.get(key, owner) == pg_store.get(key, owner), (key, owner)
+    finally:
+        await reads.aclose()
+
+
+def _shapes() -> list[TaskRecord]:
+    """Every column's awkward values: each row decodes through `json_build_array` as Core decodes it."""
+    text = 'quote " backslash \\ newline \n tab \t nul-free \u00e9 \u2603 \U0001f600'
+    return [
+        record(
+            key="k-input",
+            owner="ålice ☃",
+            status=TaskStatus.INPUT_REQUIRED,
+            status_message=text,
+            input_requests={"q": {"method": "elicitation/create", "params": {"message": text}}},
+            input_responses={"a": {"n": [1, 2.5, None, True, "x"]}},
+            issued_keys=("q", "r"),
+            parked=True,
+        ),
+        record(
+            key="k-done",
+            status=TaskStatus.COMPLETED,
+            result={"content": [{"type": "text", "text": text}]},
+            created_at=4_102_444_800_000,
+            updated_at=4_102_444_800_999,
+            ttl_ms=None,
+            poll_interval_ms=None,
+        ),
+        record(key="k-failed", status=TaskStatus.FAILED, error={"code": -32603, "message": text, "data": None}),
+        record(
+            key="k-floats",
+            progress=0.1 + 0.2,
+            progress_total=1e-300,
+            heartbeat_at=2**62,
+            started_at=1,
+            version=2**31 - 1,
+            dispatches=3,
+            attempt=2,
+            resends=1,
+            trace_context="00-" + "a" * 32 + "-" + "b" * 16 + "-01",
+        ),
+        record(key="k-big", progress=12345678901234567.0, progress_total=None, arguments={"n": 2**70, "f": -0.0}),
+    ]
+
+
+async def test_every_column_decodes_as_the_threaded_read(pg_store: SqlStore):
+    rows = _shapes()
+    for row in rows:
+        pg_store.create(row, max_rows=None)
+    # A server default that rounds floats to 15 digits: the read's own setting still makes them exact.
+    rounding = pg_store.engine.url.update_query_dict({"options": "-c extra_float_digits=0"})
+    reads = LoopReads(sa.create_engine(rounding), size=1)
+    try:
+        for row in rows:
+            seen = await reads.get(row.key, ANY)
+            assert seen == pg_store.get(row.key, ANY) == row, row.key
+    finally:
+        await reads.aclose()
+
+
+async def test_a_query_larger_than_the_socket_buffer_is_sent_in_full(pg_store: SqlStore):
+    pg_store.create(_row("k", "alice"), max_rows=None)
+    reads = LoopReads(pg_store.engine, size=1)
+    try:
+        assert await reads.get("k", "x" * 8_000_000) is None  # flushed as the socket drains, then answered
+        assert await reads.get("k", "alice") == pg_store.get("k", "alice")  # the same connection, reused
     finally:
         await reads.aclose()
 
