@@ -54,6 +54,17 @@ def test_a_creation_stores_the_traceparent_of_the_call_it_is_part_of():
     assert stored is not None and len(stored) == 55  # 00-<32 hex>-<16 hex>-<2 hex>: fits the 512-char column
 
 
+@pytest.mark.parametrize("flags", [TraceFlags.SAMPLED, TraceFlags.DEFAULT])
+def test_the_stored_traceparent_is_what_the_w3c_propagator_writes(flags: int):
+    span = NonRecordingSpan(
+        SpanContext(CLIENT_TRACE, 0x00000000000000AB, is_remote=False, trace_flags=TraceFlags(flags))
+    )
+    with trace.use_span(span):
+        carrier: dict[str, str] = {}
+        propagation._W3C.inject(carrier)
+        assert propagation.current_traceparent() == carrier["traceparent"]
+
+
 def test_a_creation_outside_any_trace_stores_nothing():
     with propagation.creating("report") as stored:
         assert stored is None

@@ -18,7 +18,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import Sampler, SamplingResult
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Sampler, SamplingResult
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, StatusCode, TraceFlags
 from opentelemetry.util.types import Attributes
 
@@ -113,6 +113,21 @@ def test_a_failed_creation_marks_its_span_with_the_exception_type_only(monkeypat
     (span,) = exporter.get_finished_spans()
     assert span.name == "tasks create report" and span.status.status_code is StatusCode.ERROR
     assert span.status.description == "RuntimeError" and not span.events  # no exception event with its message
+
+
+def test_a_call_the_sampler_left_out_gets_no_span_of_ours_and_its_task_stays_out(monkeypatch: pytest.MonkeyPatch):
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ALWAYS_ON)  # would record a span of ours: only our check keeps it out
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    use_provider(monkeypatch, provider)
+    unsampled = NonRecordingSpan(SpanContext(CLIENT_TRACE, 0x00F067AA0BA902B7, is_remote=False))
+    with trace.use_span(unsampled), propagation.creating("report") as stored:
+        pass
+    assert stored == f"00-{CLIENT_TRACE:032x}-00f067aa0ba902b7-00"  # the unsampled context, as the runs will see it
+    assert exporter.get_finished_spans() == ()
+    with trace.use_span(remote(CLIENT_TRACE)), propagation.creating("report"):  # a sampled caller: our span
+        pass
+    assert [span.name for span in exporter.get_finished_spans()] == ["tasks create report"]
 
 
 def test_a_broken_propagator_costs_a_send_its_context_never_the_send(
