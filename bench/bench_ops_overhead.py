@@ -118,6 +118,33 @@ def otlp_sink() -> tuple[multiprocessing.Process, str, Any]:
     return process, f"http://127.0.0.1:{port.value}", received
 
 
+COMMON = {"MCP_TASKS_MAX_ROWS": "none", "MCP_TASKS_WORKER_METRICS_PORT": "off"}
+"""Every configuration's: no row cap (the run creates many), no worker metrics port (no worker runs)."""
+
+
+def configurations(endpoint: str, tracing: bool) -> dict[str, dict[str, str]]:
+    """Each configuration's environment, by name; `endpoint` is the OTLP sink's."""
+    off = {"MCP_TASKS_METRICS": "off", "MCP_TASKS_TRACING": "off", "MCP_TASKS_LOG_FORMAT": "text"}
+    traced = {
+        "MCP_TASKS_TRACING": "otlp" if tracing else "off",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+        "OTEL_BSP_SCHEDULE_DELAY": "500",
+    }
+    return {
+        "off": off,
+        "metrics": {**off, "MCP_TASKS_METRICS": "on"},
+        "metrics+tracing": {**off, "MCP_TASKS_METRICS": "on", **traced},
+        "metrics+tracing 10 %": {
+            **off,
+            "MCP_TASKS_METRICS": "on",
+            **traced,
+            "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+            "OTEL_TRACES_SAMPLER_ARG": "0.1",
+        },
+        "json logs": {**off, "MCP_TASKS_LOG_FORMAT": "json"},
+    }
+
+
 class Scraper:
     """Scrapes `/metrics` every `SCRAPE_S` while a run goes on, so the scrape's cost is in the figure."""
 
@@ -140,6 +167,25 @@ class Scraper:
         self.thread.join()
 
 
+def at_once(pair: tuple[str, str], factories: dict[str, Any], pids: dict[str, int]) -> tuple[float, float]:
+    """Two processes under load in the same window, half the clients each: (ops/s, CPU per call) of the
+    second against the first."""
+    base, other = pair
+    samples: dict[str, Sample] = {}
+    before = {name: cpu_s(pids[name]) for name in pair}
+
+    def load(name: str) -> None:
+        samples[name] = many_clients(factories[name], max(CLIENTS // 2, 1), SECONDS, WARM_S)
+
+    threads = [threading.Thread(target=load, args=(name,)) for name in pair]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    per_call = {name: (cpu_s(pids[name]) - before[name]) / max(samples[name].calls, 1) for name in pair}
+    return samples[other].ops_s / samples[base].ops_s, per_call[other] / per_call[base]
+
+
 def main() -> None:
     if not (POSTGRES_URL and REDIS_URL):
         print("bench_ops_overhead: set MCP_TASKS_TEST_POSTGRES_URL and MCP_TASKS_TEST_REDIS_URL")
@@ -153,33 +199,15 @@ def main() -> None:
     many: dict[str, list[Sample]] = {name: [] for name in replicas}
     one: dict[str, list[Sample]] = {name: [] for name in replicas}
     cpu: dict[str, list[float]] = {name: [] for name in replicas}  # serve process CPU seconds per call, per window
+    paired: dict[str, list[tuple[float, float]]] = {name: [] for name in [*names[1:], "(noise)"]}
     scrapes = 0
     with tempfile.TemporaryDirectory(prefix="bench-ops-") as tmp, fresh_postgres_database(POSTGRES_URL) as db:
         backend = Backend("pg_redis", {"MCP_TASKS_DATABASE_URL": db, "CELERY_BROKER_URL": REDIS_URL})
         deployment = Deployment(APP, backend, Path(tmp))
         try:
-            common = {"MCP_TASKS_MAX_ROWS": "none", "MCP_TASKS_WORKER_METRICS_PORT": "off"}
-            off = {"MCP_TASKS_METRICS": "off", "MCP_TASKS_TRACING": "off", "MCP_TASKS_LOG_FORMAT": "text"}
-            traced = {
-                "MCP_TASKS_TRACING": "otlp" if tracing else "off",
-                "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
-                "OTEL_BSP_SCHEDULE_DELAY": "500",
-            }
-            configs = {
-                "off": off,
-                "metrics": {**off, "MCP_TASKS_METRICS": "on"},
-                "metrics+tracing": {**off, "MCP_TASKS_METRICS": "on", **traced},
-                "metrics+tracing 10 %": {
-                    **off,
-                    "MCP_TASKS_METRICS": "on",
-                    **traced,
-                    "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
-                    "OTEL_TRACES_SAMPLER_ARG": "0.1",
-                },
-                "json logs": {**off, "MCP_TASKS_LOG_FORMAT": "json"},
-            }
+            configs = configurations(endpoint, tracing)
             urls = {
-                replica: deployment.web(f"web-{n}", **configs[replica[:-2]], **common)
+                replica: deployment.web(f"web-{n}", **configs[replica[:-2]], **COMMON)
                 for n, replica in enumerate(replicas)
             }
             pids = {name: proc.popen.pid for name, proc in zip(urls, deployment.procs[-len(urls) :], strict=True)}
@@ -199,6 +227,12 @@ def main() -> None:
                     for name, sample in interleaved(factories, ROUNDS, WARMUP).items():
                         one[name].append(sample)
                     say(f"run {run + 1}/{RUNS}: " + ", ".join(f"{n} {many[n][-1].ops_s:.0f}" for n in replicas))
+                for run in range(RUNS):
+                    side = "ab"[run % 2]  # each configuration's two processes take turns against off's
+                    for name in [*rotated(names[1:], run), "(noise)"]:
+                        pair = ("off/a", "off/b") if name == "(noise)" else (f"off/{side}", f"{name}/{side}")
+                        paired[name].append(at_once(pair, factories, pids))
+                    say(f"paired run {run + 1}/{RUNS}: " + ", ".join(f"{n} {paired[n][-1][1]:.3f}" for n in paired))
             finally:
                 for scraper in scrapers:
                     scraper.__exit__()
@@ -237,6 +271,18 @@ def main() -> None:
             f"{name:28}{statistics.median(ops):8.0f}{statistics.median(ops_r):8.3f}  "
             f"{min(ops_r):.2f}-{max(ops_r):.2f}  {statistics.median(p50):16.2f}{statistics.median(p50_r):8.3f}"
             f"{statistics.median(per_call) * 1e6:13.0f}{statistics.median(cpu_r):8.3f}"
+        )
+    print(
+        f"paired: off and the configuration serving at once, {CLIENTS // 2} clients each, {RUNS} windows of "
+        f"{SECONDS:g} s: the machine's noise falls on both"
+    )
+    print(f"{'':28}{'ops/s ÷ off':>12}  runs        {'CPU/call ÷ off':>15}  runs")
+    for name, ratios in paired.items():
+        label = "(noise: off/b ÷ off/a)" if name == "(noise)" else name
+        ops_r, cpu_r = [r[0] for r in ratios], [r[1] for r in ratios]
+        print(
+            f"{label:28}{statistics.median(ops_r):12.3f}  {min(ops_r):.2f}-{max(ops_r):.2f}"
+            f"{statistics.median(cpu_r):17.3f}  {min(cpu_r):.3f}-{max(cpu_r):.3f}"
         )
     print(f"/metrics scrapes during the runs: {scrapes}; OTLP exports received: {exports.value}")
     print(f"({time.perf_counter() - began:.0f} s)")
