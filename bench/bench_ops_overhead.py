@@ -29,7 +29,10 @@ call by call in turns (BENCH_ROUNDS (200) each). Shown: per run, the mean of a
 configuration's two processes against the mean of off's two; the median of the runs'
 ratios and their range. The last row compares off's two processes with each other: two
 identical processes differ by that much on this machine, so a ratio within it is no cost
-this bench can see. The target (issue 10): metrics and tracing cost
+this bench can see. Then, BENCH_RUNS windows more: off and each configuration serving at the
+same time, half the clients each (the two processes take turns), so whatever the machine does
+in a window falls on both; shown: CPU per call (and throughput) against off's in the same
+window. For a count that does not move with the machine at all: bench_ops_instructions.py. The target (issue 10): metrics and tracing cost
 < 5 % of creation throughput (metrics+tracing ÷ off >= 0.95). Without the `otel` extra
 installed, tracing stays off and the table says so.
 
