@@ -1,5 +1,7 @@
 """`LoopReads` (tasks/get on the event loop) answers what `SqlStore.get` answers, on PostgreSQL."""
 
+import asyncio
+import time
 from dataclasses import replace
 
 import anyio
@@ -7,6 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from celery_mcp_tasks.model import TaskRecord, TaskStatus
+from celery_mcp_tasks.protocol import render_task
 from celery_mcp_tasks.store import ANY
 from celery_mcp_tasks.store.base import StoreUnavailable
 from celery_mcp_tasks.store.loop_reads import LoopReads, loop_reads
@@ -78,6 +81,7 @@ def _shapes() -> list[TaskRecord]:
             trace_context="00-" + "a" * 32 + "-" + "b" * 16 + "-01",
         ),
         record(key="k-big", progress=12345678901234567.0, progress_total=None, arguments={"n": 2**70, "f": -0.0}),
+        record(key="k-whole", progress=3.0, progress_total=10.0),  # whole floats stay floats (JSON would say 3)
     ]
 
 
@@ -92,8 +96,75 @@ async def test_every_column_decodes_as_the_threaded_read(pg_store: SqlStore):
         for row in rows:
             seen = await reads.get(row.key, ANY)
             assert seen == pg_store.get(row.key, ANY) == row, row.key
+            assert type(seen.progress) is type(row.progress) and type(seen.progress_total) is type(row.progress_total)
+            render_task("id", seen)  # what tasks/get does with it
     finally:
         await reads.aclose()
+
+
+async def test_a_key_or_owner_with_a_nul_matches_nothing(pg_store: SqlStore):
+    pg_store.create(_row("k", "alice"), max_rows=None)
+    reads = LoopReads(pg_store.engine, size=1)
+    try:  # libpq would cut the parameter at the NUL: "alice\x00x" must not read alice's row
+        assert await reads.get("k", "alice\x00x") is None and await reads.get("k\x00", ANY) is None
+        assert await reads.get("k", "alice") is not None
+    finally:
+        await reads.aclose()
+
+
+async def _delaying_proxy(target_port: int, delay_s: float) -> tuple[asyncio.AbstractServer, int]:
+    """A TCP proxy to PostgreSQL that holds every ReadyForQuery ('Z') message back for `delay_s`."""
+
+    async def pipe_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+        writer.close()
+
+    async def pipe_down(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:  # sslmode=disable: every byte from the server is in a framed message
+            kind = await reader.readexactly(1)
+            length = await reader.readexactly(4)
+            body = await reader.readexactly(int.from_bytes(length, "big") - 4)
+            if kind == b"Z":
+                await writer.drain()
+                await asyncio.sleep(delay_s)
+            writer.write(kind + length + body)
+
+    async def handle(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        server_r, server_w = await asyncio.open_connection("127.0.0.1", target_port)
+        await asyncio.gather(pipe_up(client_r, server_w), pipe_down(server_r, client_w), return_exceptions=True)
+        client_w.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+@pytest.mark.timeout(60)  # a read that blocks the loop blocks this proxy too: it would never end
+async def test_the_loop_never_blocks_while_the_end_of_an_answer_is_on_its_way(pg_store: SqlStore):
+    pg_store.create(_row("k", None), max_rows=None)
+    url = pg_store.engine.url
+    server, port = await _delaying_proxy(url.port or 5432, 0.3)
+    reads = LoopReads(sa.create_engine(url.set(host="127.0.0.1", port=port).update_query_dict({"sslmode": "disable"})))
+    gaps: list[float] = []
+
+    async def ticker() -> None:
+        last = time.perf_counter()
+        while True:
+            await asyncio.sleep(0.01)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    ticking = asyncio.create_task(ticker())
+    try:
+        assert await reads.get("k", None) == pg_store.get("k", None)  # the row first, ReadyForQuery 0.3 s later
+        assert await reads.get("k", None) == pg_store.get("k", None)  # a pooled connection, the same way
+        assert max(gaps) < 0.2, max(gaps)
+    finally:
+        ticking.cancel()
+        await reads.aclose()
+        server.close()
 
 
 async def test_a_query_larger_than_the_socket_buffer_is_sent_in_full(pg_store: SqlStore):

@@ -61,8 +61,9 @@ def warn_once(what: str, error: BaseException) -> None:
 def current_traceparent() -> str | None:
     """The W3C `traceparent` of the current span, or None when there is no valid one.
 
-    Formatted here as the W3C propagator formats it (a test holds the two equal): its `inject`
-    costs ~4 us more, and a creation asks twice (the row's, then its first send's check).
+    Formatted here as the W3C propagator formats a valid context (a test holds the two equal):
+    its `inject` costs ~4 us more, and a creation asks twice (the row's, then its first send's
+    check). An invalid context is None here, where `inject` would write an all-zero one.
     """
     context = trace.get_current_span().get_span_context()
     if not context.is_valid:
@@ -140,8 +141,9 @@ def creating(tool: str) -> Iterator[str | None]:
         return
     if current.get_span_context().is_valid and not current.get_span_context().trace_flags.sampled:
         # The sampler left this call out (the SDK's span, or a caller's unsampled context): a span of
-        # ours would be left out too (~10 us for nothing); the row keeps the unsampled context, so
-        # the task's runs follow that decision.
+        # ours would be left out too under the default ParentBased sampler (~10 us for nothing); the
+        # row keeps the unsampled context, so the task's runs follow that decision. A decision, for
+        # other samplers too (ALWAYS_ON, a bare ratio): a task is traced when its call is.
         yield current_traceparent()
         return
     started = start_span(f"tasks create {tool}", {TOOL: tool})

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import struct
 import sys
 import weakref
 from collections.abc import AsyncIterator, Callable
@@ -37,6 +38,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from celery_mcp_tasks.model import TaskRecord
@@ -59,15 +61,27 @@ class LoopReads:
         self.engine = engine
         self._size = size
         self._args, self._kwargs = engine.dialect.create_connect_args(engine.url)
+        self._connect = {**self._kwargs, "client_encoding": "UTF8"}  # what the read decodes, and sends
         self._prepare = prepare_statements(engine)
         self._pid = os.getpid()
         self._pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Pool] = weakref.WeakKeyDictionary()
         self._inherited: list[Any] = []  # a forked child keeps the parent's pools alive, untouched
 
     async def get(self, key: str, owner: Owner = ANY) -> TaskRecord | None:
+        if "\x00" in key or (isinstance(owner, str) and "\x00" in owner):
+            return None  # no stored text holds a NUL (and libpq would cut the parameter there)
         name, params = _statement(key, owner)
         value = await self._fetch(name, params)
-        return None if value is None else _from_row(dict(zip(_COLUMNS, json.loads(value), strict=True)))
+        if value is None:
+            return None
+        try:
+            values = json.loads(value)
+            for index in _FLOATS:  # float8send, hex: exact whatever the server's float settings
+                if values[index] is not None:
+                    values[index] = struct.unpack(">d", bytes.fromhex(values[index]))[0]
+        except ValueError:
+            raise StoreUnavailable("get") from None  # never the row's text in a cause
+        return _from_row(dict(zip(_COLUMNS, values, strict=True)))
 
     async def _fetch(self, name: bytes, params: list[bytes]) -> bytes | None:
         import psycopg
@@ -79,8 +93,9 @@ class LoopReads:
                 conn = pool.idle.pop() if pooled else None
                 try:
                     if conn is None:
-                        conn = await psycopg.AsyncConnection.connect(*self._args, **self._kwargs, autocommit=True)
-                        await conn.execute(self._prepare)
+                        conn = await psycopg.AsyncConnection.connect(*self._args, **self._connect, autocommit=True)
+                        for prepared, sql in self._prepare.items():
+                            await _prepare(conn.pgconn, prepared, sql)
                     value = await _query_prepared(conn.pgconn, name, params)
                 except psycopg.OperationalError as exc:
                     await _discard(conn)
@@ -113,25 +128,28 @@ class LoopReads:
             await conn.close()
 
 
+_FLOAT_NAMES = {name for name in _COLUMNS if isinstance(tasks.c[name].type, sa.Float)}
+_FLOATS = [index for index, name in enumerate(_COLUMNS) if name in _FLOAT_NAMES]
 _NAMES = {"any": b"mcp_tasks_get_any", "none": b"mcp_tasks_get_none", "owner": b"mcp_tasks_get_owner"}
 
 
-def prepare_statements(engine: Engine) -> str:
-    """What a new read connection runs once: the three owner shapes of the read, prepared.
+def prepare_statements(engine: Engine) -> dict[bytes, bytes]:
+    """The three owner shapes of the read, by statement name: prepared once per connection.
 
-    A row comes back as one `json_build_array` of the columns in `_COLUMNS` order: one
-    text value, decoded by one `json.loads`, the JSON columns nested as they are stored.
-    `extra_float_digits` makes the floats in it exact (the shortest form that reads back
-    the same double), whatever the server's default.
+    Protocol-level prepared statements (libpq's `PQsendPrepare`), which PgBouncer (1.21+)
+    keeps track of in transaction mode, as it does psycopg's own; no session setting is relied
+    on. A row comes back as one `json_build_array` of the columns in `_COLUMNS` order: one text
+    value, decoded by one `json.loads`, the JSON columns nested as they are stored, and each
+    float column as the hex of its eight bytes (`float8send`), so it reads back the same double
+    whatever `extra_float_digits` says (and 3.0 stays a float).
     """
     quote = engine.dialect.identifier_preparer.quote
-    row = f"SELECT json_build_array({', '.join(quote(name) for name in _COLUMNS)}) FROM {quote(tasks.name)}"
-    by_key = f"{row} WHERE {quote('key')} = $1"
+    columns = [f"encode(float8send({quote(n)}), 'hex')" if n in _FLOAT_NAMES else quote(n) for n in _COLUMNS]
+    row = f"SELECT json_build_array({', '.join(columns)}) FROM {quote(tasks.name)}"
+    by_key = f"{row} WHERE {quote('key')} = $1::text"
     owner = quote("owner")
-    shapes = {"any": by_key, "none": f"{by_key} AND {owner} IS NULL", "owner": f"{by_key} AND {owner} = $2"}
-    args = {"any": "(text)", "none": "(text)", "owner": "(text, text)"}
-    prepares = [f"PREPARE {_NAMES[shape].decode()} {args[shape]} AS {sql}" for shape, sql in shapes.items()]
-    return "; ".join(["SET extra_float_digits = 3", *prepares])
+    shapes = {"any": by_key, "none": f"{by_key} AND {owner} IS NULL", "owner": f"{by_key} AND {owner} = $2::text"}
+    return {_NAMES[shape]: sql.encode() for shape, sql in shapes.items()}
 
 
 def _statement(key: str, owner: Owner) -> tuple[bytes, list[bytes]]:
@@ -144,46 +162,70 @@ def _statement(key: str, owner: Owner) -> tuple[bytes, list[bytes]]:
     return _NAMES["any"], [encoded]
 
 
+async def _prepare(pgconn: Any, name: bytes, sql: bytes) -> None:
+    pgconn.send_prepare(name, sql)
+    failure = _failure(await _results(pgconn))
+    if failure is not None:
+        raise _error(pgconn, failure)
+
+
 async def _query_prepared(pgconn: Any, name: bytes, params: list[bytes]) -> bytes | None:
     """One prepared statement on libpq directly (psycopg's `pq`): send, wait readable, read the one value."""
     from psycopg.pq import ExecStatus
 
     pgconn.send_query_prepared(name, params)
+    results = await _results(pgconn)
+    failure = _failure(results)
+    if failure is not None:
+        raise _error(pgconn, failure)
+    rows = [result for result in results if result.status == ExecStatus.TUPLES_OK]
+    return rows[0].get_value(0, 0) if rows and rows[0].ntuples else None
+
+
+async def _results(pgconn: Any) -> list[Any]:
+    """Every result of what was sent, the loop awaiting the socket whenever libpq would block.
+
+    `get_result` blocks while libpq is busy, so it is only called when it is not: once
+    before the first result, and again before the end (the server's ReadyForQuery may come
+    in a later packet than the row)."""
     loop = asyncio.get_running_loop()
     fd = pgconn.socket
     if pgconn.flush():  # the query did not fit the socket's buffer at once (never for a key)
         await _flushed(loop, pgconn, fd)
-    done = loop.create_future()
-    loop.add_reader(fd, _readable, pgconn, done)
-    try:
-        await done
-    finally:
-        loop.remove_reader(fd)
-    value: bytes | None = None
-    failure: Any = None
-    while (result := pgconn.get_result()) is not None:
-        if result.status == ExecStatus.TUPLES_OK:
-            value = result.get_value(0, 0) if result.ntuples else None
-        else:
-            failure = failure or result
-    if failure is not None:
-        raise _error(pgconn, failure)
-    return value
+    results: list[Any] = []
+    while True:
+        if pgconn.is_busy():
+            done = loop.create_future()
+            loop.add_reader(fd, _readable, pgconn, done)
+            try:
+                await done
+            finally:
+                loop.remove_reader(fd)
+        result = pgconn.get_result()
+        if result is None:
+            return results
+        results.append(result)
 
 
-def _error(pgconn: Any, result: Any) -> Exception:
+def _failure(results: list[Any]) -> Any:
+    from psycopg.pq import ExecStatus
+
+    return next((r for r in results if r.status not in (ExecStatus.TUPLES_OK, ExecStatus.COMMAND_OK)), None)
+
+
+def _error(pgconn: Any, result: Any) -> Exception:  # psycopg.Error (imported lazily)
     """psycopg's own class for a failed result (by SQLSTATE); a connection left broken is an OperationalError."""
     import psycopg
     from psycopg.pq import ConnStatus, DiagnosticField
 
     state = result.error_field(DiagnosticField.SQLSTATE)
     try:
-        cls: type[Exception] = psycopg.errors.lookup(state.decode()) if state else psycopg.DatabaseError
+        cls: type[psycopg.Error] = psycopg.errors.lookup(state.decode()) if state else psycopg.DatabaseError
     except KeyError:
         cls = psycopg.DatabaseError
     if pgconn.status != ConnStatus.OK:
         cls = psycopg.OperationalError
-    return cls(result.error_message.decode("utf-8", "replace").strip())
+    return cls(result.error_message.decode("utf-8", "replace").strip(), info=result)
 
 
 def _readable(pgconn: Any, done: asyncio.Future[None]) -> None:
