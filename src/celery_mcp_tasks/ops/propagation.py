@@ -122,32 +122,32 @@ def mark_failed(span: trace.Span, exc: BaseException | None) -> None:
         warn_once("could not set a span's status", error)
 
 
+def _sampled_out(context: trace.SpanContext) -> bool:
+    """The sampler left this call out (the SDK's span, or a caller's unsampled context).
+
+    A span of ours would be left out too under the default ParentBased sampler (~10 us for
+    nothing); the row keeps the unsampled context, so the task's runs follow that decision.
+    A decision, for other samplers too (ALWAYS_ON, a bare ratio): a task is traced when its
+    call is."""
+    return context.is_valid and not context.trace_flags.sampled
+
+
 @contextmanager
 def creating(tool: str) -> Iterator[str | None]:
     """The span of one creation and its first send; yields what the row stores.
 
     The SDK's `tools/call` span when it is recording (one span per creation, not two: a span
     costs ~35 us with its export); else "tasks create <tool>", started here."""
-    if _no_provider():
-        yield current_traceparent()
-        return
-    current = trace.get_current_span()
-    if current.is_recording():
+    current = None if _no_provider() else trace.get_current_span()
+    started = None
+    if current is not None and current.is_recording():
         try:
             current.set_attribute(TOOL, tool)
         except Exception as error:  # noqa: BLE001 - an attribute we cannot set is left unset
             warn_once("could not set a span's attribute", error)
-        yield current_traceparent()
-        return
-    if current.get_span_context().is_valid and not current.get_span_context().trace_flags.sampled:
-        # The sampler left this call out (the SDK's span, or a caller's unsampled context): a span of
-        # ours would be left out too under the default ParentBased sampler (~10 us for nothing); the
-        # row keeps the unsampled context, so the task's runs follow that decision. A decision, for
-        # other samplers too (ALWAYS_ON, a bare ratio): a task is traced when its call is.
-        yield current_traceparent()
-        return
-    started = start_span(f"tasks create {tool}", {TOOL: tool})
-    if started is None:  # the caller's context (if any) is what the row keeps and every send carries
+    elif current is not None and not _sampled_out(current.get_span_context()):
+        started = start_span(f"tasks create {tool}", {TOOL: tool})
+    if started is None:  # no span of ours: the current context (if any) is what the row keeps and every send carries
         yield current_traceparent()
         return
     span, token = started

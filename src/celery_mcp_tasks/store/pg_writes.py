@@ -44,7 +44,7 @@ from celery_mcp_tasks.model import TaskRecord
 from celery_mcp_tasks.store.base import ANY, Owner, TaskNotFound, Transition, apply
 from celery_mcp_tasks.store.schema import tasks
 
-__all__ = ["FoldableHook", "PgWrites", "read_params", "read_statements"]
+__all__ = ["FoldableHook", "PgWrites"]
 
 logger = logging.getLogger("celery_mcp_tasks.store.sql")
 
