@@ -26,6 +26,7 @@ from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.model import new_task_id, task_key
 from celery_mcp_tasks.ops import propagation, tracing
 from celery_mcp_tasks.worker.job import DISPATCH_HEADER, KEY_HEADER
+from tests.builders import record
 
 CLIENT_TRACE = 0x4BF92F3577B34DA6A3CE929D0E0E4736
 
@@ -183,7 +184,8 @@ def test_a_broken_sampler_or_processor_costs_a_run_its_span_never_the_job(
 
 
 def test_inside_a_recording_span_a_creation_adds_its_attributes_not_a_span(monkeypatch: pytest.MonkeyPatch):
-    """The SDK's `tools/call` span is the creation's: one span per creation, with the tool on it."""
+    """The SDK's `tools/call` span is the creation's: one span per creation, with the tool, the key
+    prefix and the status on it (set with the row, by the observer), and no event."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -192,5 +194,11 @@ def test_inside_a_recording_span_a_creation_adds_its_attributes_not_a_span(monke
     with sdk.start_as_current_span("tools/call report") as call, propagation.creating("report") as stored:
         assert trace_id_of(stored) == call.get_span_context().trace_id
         assert stored is not None and f"{call.get_span_context().span_id:016x}" in stored  # runs hang off it
+        tracing.StatusEvents().task_changed(None, record(key="ab12cd34" * 8, tool="report"))
     (span,) = exporter.get_finished_spans()
-    assert span.name == "tools/call report" and dict(span.attributes or {}) == {propagation.TOOL: "report"}
+    assert span.name == "tools/call report" and not span.events
+    assert dict(span.attributes or {}) == {
+        propagation.TOOL: "report",
+        tracing.KEY_PREFIX: "ab12cd34",
+        tracing.STATUS: "working",
+    }

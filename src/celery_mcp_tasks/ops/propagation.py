@@ -137,15 +137,11 @@ def creating(tool: str) -> Iterator[str | None]:
     """The span of one creation and its first send; yields what the row stores.
 
     The SDK's `tools/call` span when it is recording (one span per creation, not two: a span
-    costs ~35 us with its export); else "tasks create <tool>", started here."""
+    costs ~35 us with its export), which gets the tool, the key prefix and the status with the
+    row, in one call (`ops.tracing.StatusEvents`); else "tasks create <tool>", started here."""
     current = None if _no_provider() else trace.get_current_span()
     started = None
-    if current is not None and current.is_recording():
-        try:
-            current.set_attribute(TOOL, tool)
-        except Exception as error:  # noqa: BLE001 - an attribute we cannot set is left unset
-            warn_once("could not set a span's attribute", error)
-    elif current is not None and not _sampled_out(current.get_span_context()):
+    if current is not None and not current.is_recording() and not _sampled_out(current.get_span_context()):
         started = start_span(f"tasks create {tool}", {TOOL: tool})
     if started is None:  # no span of ours: the current context (if any) is what the row keeps and every send carries
         yield current_traceparent()
