@@ -7,8 +7,8 @@ processes differ by up to 10 % there, so it cannot resolve the 5 % the target is
 This one counts what the serve process executes: each configuration's serve process runs
 under `valgrind --tool=callgrind`, which counts every instruction of every thread of the
 process (the span exporter's thread and the metrics included), whatever else the
-machine is doing. Counted: the instructions per creation over BENCH_INSTR_CALLS (1 000)
-creations from 4 closed-loop clients, after 800 warm-up calls (every lazy import, the
+machine is doing. Counted: the instructions per creation over BENCH_INSTR_CALLS (2 048)
+creations from 4 closed-loop clients, after 1 536 warm-up calls (every lazy import, the
 exporter's first requests and the first scrapes done by then); the counter is zeroed
 before the window and dumped after it (`callgrind_control -z / -d`). PYTHONHASHSEED is
 fixed; two processes of `off` show what is left of the noise.
@@ -21,10 +21,14 @@ GIL hand-offs are not in a count: the timed bench is the check on those.
 Time-driven work is made count-driven, so the count does not depend on how slow valgrind
 makes the process (at ~50x slower, a 500 ms span batch would hold one span and the
 exporter's per-request cost would be counted per creation):
-- spans leave in batches of BENCH_INSTR_BATCH (50), by size only (OTEL_BSP_MAX_EXPORT_BATCH_SIZE,
-  and a schedule longer than the run): the window's exports are its own spans' (1 000
-  traced creations, 20 exports); a busy deployment's batches are up to 512 spans, so the
-  exporter's per-request cost is counted here ten times as often as it is paid there;
+- spans leave in batches by size only (OTEL_BSP_MAX_EXPORT_BATCH_SIZE, and a schedule longer
+  than the run), of the size a busy process sends: 512 (the SDK's default: at 400 creations
+  a second the queue holds 512 spans long before the 5 s schedule) when every call is
+  traced, 64 at 10 % (40 spans a second would leave ~200 at a time: the exporter's
+  per-request cost is counted here three times as often as it is paid there). The window
+  (BENCH_INSTR_CALLS, 2 048 creations, after 1 536 warm-up calls: whole batches) holds its own
+  spans' exports, 4 of 512 when every call is traced; the counter is read once the sink (one
+  per counted process, HTTP/1.1 as a collector is) has taken no export for 2 s;
 - the GIL's switch interval is 250 ms, not 5 ms (a `sitecustomize` on the counted process's
   path): at valgrind's speed 5 ms is a few hundred native microseconds, and the forced
   hand-offs between the event loop and the store's threads would depend on the machine's
@@ -33,7 +37,7 @@ exporter's per-request cost would be counted per creation):
   15 s at bench_hot_path's 400 creations/s is once every 6 000).
 
 Needs valgrind (Debian's package), MCP_TASKS_TEST_POSTGRES_URL and MCP_TASKS_TEST_REDIS_URL.
-Takes ~4 minutes per configuration on 2 cores (`--parallel 2` runs two at once).
+Takes ~7 minutes per configuration on 2 cores (`--parallel 2` runs two at once).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -71,17 +76,21 @@ from tests.support import (  # noqa: E402
     wait_until,
 )
 
-CALLS = int(os.environ.get("BENCH_INSTR_CALLS", "1000"))
-BATCH = os.environ.get("BENCH_INSTR_BATCH", "50")
-WARMUP = 800  # > 10 span batches at 10 % sampling: the exporter's first request (its lazy imports, its connection) is not counted
+CALLS = int(os.environ.get("BENCH_INSTR_CALLS", "2048"))
+WARMUP = (
+    1536  # 3 batches of 512, ~2 of 64 at 10 %: the exporter's first requests (lazy imports, the connection) are done
+)
+BATCH = {"metrics+tracing 10 %": "64"}
+"""Span batch sizes (OTEL_BSP_MAX_EXPORT_BATCH_SIZE) where not the SDK's 512 (see above)."""
 CLIENTS = 4
 SCRAPE_EVERY = int(os.environ.get("BENCH_INSTR_SCRAPE_EVERY", "200"))
 SETTLE_S = 1.0  # the last answers' own work (a hint's delivery) before the counter is read
 BY_SIZE = {
-    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": BATCH,
-    "OTEL_BSP_MAX_QUEUE_SIZE": "4096",
+    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "512",
+    "OTEL_BSP_MAX_QUEUE_SIZE": "8192",
     "OTEL_BSP_SCHEDULE_DELAY": "3600000",
 }
+QUIET_S = 2.0  # the sink took no export for this long: the window's last batch is sent
 
 
 SITECUSTOMIZE = "import sys\nsys.setswitchinterval(0.25)\n"
@@ -162,23 +171,36 @@ def _calls(url: str, count: int, scrape: bool) -> None:
         raise errors[0]
 
 
-def count(name: str, env: dict[str, str], backend: Backend, out: Path, calls: int) -> float:
-    """Instructions per creation of one configuration's serve process."""
+def _settled(exports: Any) -> None:
+    """Once the last answers' own work is done (a hint's delivery) and the sink took no export for QUIET_S."""
+    time.sleep(SETTLE_S)
+    seen, quiet_since = exports.value, time.monotonic()
+    while time.monotonic() - quiet_since < QUIET_S:
+        time.sleep(0.2)
+        if exports.value != seen:
+            seen, quiet_since = exports.value, time.monotonic()
+
+
+def count(name: str, env: dict[str, str], backend: Backend, out: Path, calls: int) -> tuple[float, int]:
+    """Instructions per creation of one configuration's serve process, and the window's span exports."""
+    sink, endpoint, exports = otlp_sink()  # its own: "no export for 2 s" is this process's
+    env = {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint} if "OTEL_EXPORTER_OTLP_ENDPOINT" in env else env
     proc, url = start_counted(name.replace(" ", "_").replace("%", "pc").replace("/", "-"), backend, env, out)
     try:
         scrape = env.get("MCP_TASKS_METRICS") == "on"
         _calls(url, WARMUP, scrape)
-        time.sleep(SETTLE_S)
+        _settled(exports)
         _control("-z", proc.popen.pid)
-        began = time.perf_counter()
+        began, before = time.perf_counter(), exports.value
         _calls(url, calls, scrape)
-        time.sleep(SETTLE_S)
+        _settled(exports)
         _control("-d", proc.popen.pid)
         total = _dumped_total(out, proc.name, proc.popen.pid)
         say(f"{name}: {total / calls / 1e6:.2f} M instructions per creation ({time.perf_counter() - began:.0f} s)")
-        return total / calls
+        return total / calls, exports.value - before
     finally:
         proc.stop(timeout=120)
+        sink.terminate()
 
 
 def main() -> None:
@@ -196,11 +218,14 @@ def main() -> None:
         sys.exit(2)
     raise_fd_limit()
     tracing = importlib.util.find_spec("opentelemetry.sdk") is not None
-    sink, endpoint, exports = otlp_sink()
     began = time.perf_counter()
-    configs = configurations(endpoint, tracing)
+    configs = configurations("http://127.0.0.1:9", tracing)  # each counted process gets a sink of its own
     runs = {"off/a": configs["off"], **{n: c for n, c in configs.items() if n != "off"}, "off/b": configs["off"]}
-    runs = {n: {**c, **BY_SIZE} for n, c in runs.items() if n == "off/a" or not args.only or n in args.only}
+    runs = {
+        n: {**c, **BY_SIZE, **({"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": BATCH[n]} if n in BATCH else {})}
+        for n, c in runs.items()
+        if n == "off/a" or not args.only or n in args.only
+    }
     with tempfile.TemporaryDirectory(prefix="bench-instr-") as tmp, fresh_postgres_database(POSTGRES_URL) as db:
         out = args.keep or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
@@ -210,24 +235,23 @@ def main() -> None:
         try:
             with ThreadPoolExecutor(args.parallel) as pool:
                 futures = {n: pool.submit(count, n, {**env, **c}, backend, out, args.calls) for n, c in runs.items()}
-                per_call = {name: future.result() for name, future in futures.items()}
+                counted = {name: future.result() for name, future in futures.items()}
         finally:
             purge(queue)
-            sink.terminate()
+    per_call = {name: value for name, (value, _) in counted.items()}
     base = per_call["off/a"]
     print(
         f"bench_ops_instructions: task creation, PostgreSQL + Redis, serve process under callgrind, "
         f"{args.calls} creations from {CLIENTS} clients; tracing "
         f"{'otlp, batched to a local sink' if tracing else 'NOT measured (otel extra missing)'}"
     )
-    print(f"{'':28}{'M instr/creation':>18}{'÷ off':>8}")
+    print(f"{'':28}{'M instr/creation':>18}{'÷ off':>8}{'span exports':>14}")
     for name, value in per_call.items():
         if name == "off/a":
             continue
         label = "(noise: off/b ÷ off/a)" if name == "off/b" else name
-        print(f"{label:28}{value / 1e6:18.2f}{value / base:8.3f}")
-    print(f"{'off':28}{base / 1e6:18.2f}{1:8.3f}")
-    print(f"OTLP exports received: {exports.value}")
+        print(f"{label:28}{value / 1e6:18.2f}{value / base:8.3f}{counted[name][1]:14}")
+    print(f"{'off':28}{base / 1e6:18.2f}{1:8.3f}{counted['off/a'][1]:14}")
     print(f"({time.perf_counter() - began:.0f} s)")
 
 

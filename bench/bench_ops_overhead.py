@@ -86,8 +86,10 @@ def cpu_s(pid: int) -> float:
 
 
 class _Sink(http.server.BaseHTTPRequestHandler):
-    """An OTLP/HTTP endpoint that takes every export and answers 200 (what a healthy collector does)."""
+    """An OTLP/HTTP endpoint that takes every export and answers 200 (what a healthy collector does),
+    on HTTP/1.1 connections kept open between exports, as a collector's are."""
 
+    protocol_version = "HTTP/1.1"
     received: Any = None  # the shared counter of exports, set in the sink's process
 
     def do_POST(self) -> None:
