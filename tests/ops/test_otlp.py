@@ -45,10 +45,19 @@ def _provider(resource: Resource) -> tuple[TracerProvider, _Keep]:
     return provider, kept
 
 
+@pytest.fixture(autouse=True)
+def cold_caches() -> None:
+    """Each test starts with the encoder's caches empty, so the first encoding of each pair is exercised."""
+    for cache in (otlp._keys, otlp._pairs, otlp._resources, otlp._scopes):
+        cache.clear()
+
+
 def _same_as_official(spans: list[ReadableSpan]) -> ExportTraceServiceRequest:
-    ours = ExportTraceServiceRequest.FromString(otlp.encode(spans))
+    encoded = otlp.encode(spans)
+    ours = ExportTraceServiceRequest.FromString(encoded)
     official = encode_spans(spans)
     assert ours == official, f"ours:\n{ours}\nofficial:\n{official}"
+    assert encoded == otlp.official(spans)  # and byte for byte, field order included
     return ours
 
 
@@ -75,6 +84,7 @@ AWKWARD: dict[str, Any] = {
     "floats": (1.5, -0.0),
     "empty list": (),
     "bytes": b"\x00\xffraw",
+    "long": "x" * 500,  # longer than what the pair cache keeps
 }
 
 
@@ -140,6 +150,18 @@ def test_spans_of_two_resources_are_grouped_as_the_official_encoder_groups_them(
     assert len(request.resource_spans) == 2
 
 
+def test_equal_resources_of_two_providers_are_one_group_in_the_official_order():
+    first, kept_first = _provider(Resource.create({"service.name": "web"}))
+    second, kept_second = _provider(Resource.create({"service.name": "web"}))
+    for n in range(3):
+        for provider in (first, second):
+            with provider.get_tracer("t").start_as_current_span(f"span {n}"):
+                pass
+    interleaved = [span for pair in zip(kept_first.spans, kept_second.spans, strict=True) for span in pair]
+    request = _same_as_official(interleaved)
+    assert len(request.resource_spans) == 1
+
+
 def test_an_empty_batch_is_an_empty_request():
     assert otlp.encode([]) == b""
     assert encode_spans([]).SerializePartialToString() == b""
@@ -153,21 +175,50 @@ def test_many_distinct_values_never_grow_the_caches_past_their_bound():
             pass
     _same_as_official(kept.spans)
     assert len(otlp._pairs) <= otlp._CACHE_MAX and len(otlp._keys) <= otlp._CACHE_MAX
+    assert not [key for key in otlp._pairs if isinstance(key[2], str) and len(key[2]) > otlp._CACHED_LEN]
 
 
 class _Unusual:
     """A value no SDK validation lets through: only a processor that writes attributes raw could carry one."""
 
+    def __init__(self, text: str) -> None:
+        self.text = text
 
-def test_a_batch_our_encoder_cannot_write_goes_to_the_official_encoder(spans: list[ReadableSpan]):
-    odd = spans[0]
-    odd._attributes = {**dict(odd.attributes or {}), "odd": _Unusual(), "huge": 2**70}  # type: ignore[attr-defined]
-    with pytest.raises(otlp._Unencodable, match="a value of type _Unusual"):
-        otlp.encode([odd])
-    received = _Collector.run(lambda endpoint: otlp.LeanOTLPSpanExporter(endpoint=endpoint).export([odd, spans[1]]))
-    official = encode_spans([odd, spans[1]])  # it logs and drops the two values it cannot write
+    def __repr__(self) -> str:
+        return self.text
+
+
+def test_an_attribute_that_cannot_be_exported_is_dropped_as_officially_without_its_value(
+    spans: list[ReadableSpan], caplog: pytest.LogCaptureFixture
+):
+    odd = next(span for span in spans if span.name == "tools/call report")
+    secret = "do-not-log-me"
+    odd._attributes = {  # type: ignore[attr-defined]
+        **dict(odd.attributes or {}),
+        "odd": _Unusual(secret),
+        "huge": 2**70,
+        "nested": ("ok", _Unusual(secret)),
+    }
+    caplog.set_level(logging.WARNING, "celery_mcp_tasks.ops")
+    request = ExportTraceServiceRequest.FromString(otlp.encode([odd]))
+    assert request == encode_spans([odd])  # the official encoder drops the three keys too
+    (encoded,) = [one for scope in request.resource_spans[0].scope_spans for one in scope.spans if one.name == odd.name]
+    keys = {kv.key for kv in encoded.attributes}
+    assert {"odd", "huge", "nested"}.isdisjoint(keys) and "text" in keys
+    ours = [r.getMessage() for r in caplog.records if r.name == "celery_mcp_tasks.ops"]
+    assert ours and all(secret not in line and str(2**70) not in line for line in ours)
+
+
+def test_a_span_our_encoder_cannot_write_goes_to_the_official_encoder(
+    spans: list[ReadableSpan], monkeypatch: pytest.MonkeyPatch
+):
+    def cannot(span: ReadableSpan) -> bytes:
+        raise otlp._Unencodable("a negative count")
+
+    monkeypatch.setattr(otlp, "_span", cannot)
+    received = _Collector.run(lambda endpoint: otlp.LeanOTLPSpanExporter(endpoint=endpoint).export(spans))
     assert received.result is SpanExportResult.SUCCESS
-    assert received.requests == [official]
+    assert received.requests == [encode_spans(spans)]
 
 
 class _Collector(http.server.BaseHTTPRequestHandler):
@@ -203,7 +254,13 @@ class _Collector(http.server.BaseHTTPRequestHandler):
             server.server_close()
 
 
-def test_the_exporter_posts_our_bytes_and_the_collector_reads_the_official_request(spans: list[ReadableSpan]):
+def test_the_exporter_posts_our_bytes_and_the_collector_reads_the_official_request(
+    spans: list[ReadableSpan], monkeypatch: pytest.MonkeyPatch
+):
+    def official_unused(batch: Any) -> Any:
+        raise AssertionError("the official encoder ran")
+
+    monkeypatch.setattr("opentelemetry.exporter.otlp.proto.http.trace_exporter.encode_spans", official_unused)
     received = _Collector.run(lambda endpoint: otlp.LeanOTLPSpanExporter(endpoint=endpoint).export(spans))
     assert received.result is SpanExportResult.SUCCESS
     assert received.requests == [encode_spans(spans)]

@@ -183,6 +183,18 @@ def test_a_broken_sampler_or_processor_costs_a_run_its_span_never_the_job(
     assert len(warned) == 1 and warned[0].startswith("tracing: could not"), warned
 
 
+def test_a_creation_that_fails_before_its_row_still_names_the_tool_on_the_call(monkeypatch: pytest.MonkeyPatch):
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    use_provider(monkeypatch, provider)
+    call = provider.get_tracer("sdk").start_as_current_span("tools/call report")
+    with call, pytest.raises(RuntimeError, match="row cap"), propagation.creating("report"):
+        raise RuntimeError("row cap")
+    (span,) = exporter.get_finished_spans()
+    assert dict(span.attributes or {}) == {propagation.TOOL: "report"}
+
+
 def test_inside_a_recording_span_a_creation_adds_its_attributes_not_a_span(monkeypatch: pytest.MonkeyPatch):
     """The SDK's `tools/call` span is the creation's: one span per creation, with the tool, the key
     prefix and the status on it (set with the row, by the observer), and no event."""

@@ -14,10 +14,11 @@ value the SDK lets a span carry.
 timeout and retries from the standard OTEL_EXPORTER_OTLP_* variables; its own metrics) with
 `export` encoding here. It reaches the official client through private attributes, all in
 `_HOOKS`, checked when the exporter is made: on a version without them the official
-`export` runs, unchanged (and `ops.tracing` uses the official exporter if the two private
-encoder functions imported below have moved). A batch our encoder cannot write (a value the official
-encoder would drop with a log line, say) is encoded by the official encoder instead, so
-what reaches the collector never depends on which encoder ran.
+`export` runs, unchanged (and `ops.tracing` uses the official exporter if the private names
+imported below have moved). An attribute whose value it cannot write (a type or an int the
+official encoder drops too) is dropped, as officially, with a line naming its type, never its
+value; a span it cannot write at all goes to the official encoder with its batch. Either way
+the collector gets the request the official exporter would have sent.
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ from typing import Any
 
 from opentelemetry.exporter.otlp.proto.common._internal import _encode_instrumentation_scope, _encode_resource
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.exporter.otlp.proto.http._common import RequestPayloadTooLargeError
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
+from opentelemetry.semconv.attributes.http_attributes import HTTP_RESPONSE_STATUS_CODE
 from opentelemetry.trace import SpanKind
 
 __all__ = ["LeanOTLPSpanExporter", "encode"]
@@ -57,11 +60,15 @@ _FLAGS_REMOTE = b"\x85\x01" + _FIXED32(0x300)  # ... | SPAN_FLAGS_CONTEXT_IS_REM
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _CACHE_MAX = 4096
 """Cached encodings (attribute keys, key/value pairs): cleared when full, so ids in values cannot grow it."""
+_CACHED_LEN = 64
+"""Longer strings (a stack trace, a statement) are encoded each time, never kept."""
 
 
 def _varint(value: int) -> bytes:
-    if value < 0x80:
+    if 0 <= value < 0x80:
         return _VARINT1[value]
+    if value < 0:
+        raise _Unencodable("a negative count")
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)
@@ -127,17 +134,34 @@ def _attributes(tag: bytes, attributes: Mapping[str, Any] | None) -> bytes:
     parts = []
     for key, value in attributes.items():
         kind = type(value)
-        if kind is str or kind is bool or kind is int:
+        if kind is bool or kind is int or (kind is str and len(value) <= _CACHED_LEN):
             cached = _pairs.get((key, kind, value))
             if cached is None:
+                try:
+                    payload = _key_value(key, value)
+                except _Unencodable as error:
+                    _dropped(error)
+                    continue
                 if len(_pairs) >= _CACHE_MAX:
                     _pairs.clear()
-                payload = _key_value(key, value)
                 cached = _pairs[(key, kind, value)] = _varint(len(payload)) + payload
             parts.append(tag + cached)
         else:
-            parts.append(_field(tag, _key_value(key, value)))
+            try:
+                parts.append(_field(tag, _key_value(key, value)))
+            except _Unencodable as error:
+                _dropped(error)
     return b"".join(parts)
+
+
+_said: set[str] = set()
+
+
+def _dropped(error: _Unencodable) -> None:
+    """The official encoder drops such an attribute too (logging its value); here, once per kind, without it."""
+    if str(error) not in _said:
+        _said.add(str(error))
+        logger.warning("tracing: dropped a span attribute holding %s (it cannot be exported); said once", error)
 
 
 def _span(span: ReadableSpan) -> bytes:
@@ -223,16 +247,14 @@ def encode(spans: Sequence[ReadableSpan]) -> bytes:
 
     Raises for a span it cannot write (a value outside what the SDK lets a span hold); the exporter
     then hands the batch to the official encoder."""
-    by_id: dict[tuple[int, int], tuple[Any, Any, list[bytes]]] = {}
+    grouped: dict[Any, dict[Any, list[bytes]]] = {}  # equal resources (and scopes) are one group, as officially
+    by_id: dict[tuple[int, int], list[bytes]] = {}  # the group's list, found without hashing a Resource
     for span in spans:
         resource, scope = span.resource, span.instrumentation_scope or None
         group = by_id.get((id(resource), id(scope)))
         if group is None:
-            group = by_id[(id(resource), id(scope))] = (resource, scope, [])
-        group[2].append(_span(span))
-    grouped: dict[Any, dict[Any, list[bytes]]] = {}  # equal resources (and scopes) are one group, as officially
-    for resource, scope, encoded in by_id.values():
-        grouped.setdefault(resource, {}).setdefault(scope, []).extend(encoded)
+            group = by_id[(id(resource), id(scope))] = grouped.setdefault(resource, {}).setdefault(scope, [])
+        group.append(_span(span))
     out = []
     for resource, scopes in grouped.items():
         fields = [_once(_resources, resource, _encode_resource, 64)]
@@ -277,10 +299,15 @@ class LeanOTLPSpanExporter(OTLPSpanExporter):
         with self._metrics.export_operation(count) as result:
             if 0 < self._max_request_size < len(data):
                 logger.warning("tracing: dropped a span batch of %d bytes (over max_request_size)", len(data))
+                result.error = RequestPayloadTooLargeError(
+                    f"{len(data)} bytes exceed max_request_size {self._max_request_size}"
+                )
                 return SpanExportResult.FAILURE
             sent = self._client.export(data)
             if not sent.success:
                 result.error = sent.error
+                if sent.status_code is not None:
+                    result.error_attrs = {HTTP_RESPONSE_STATUS_CODE: sent.status_code}
                 return SpanExportResult.FAILURE
         return SpanExportResult.SUCCESS
 

@@ -1,8 +1,8 @@
 """Trace propagation for the adapters: the span around a creation, the context in every job's headers.
 
-A creation is the work of the SDK's `tools/call` span: that span gets the tool (and, from
-`ops.tracing.StatusEvents`, the row key prefix and the status) and its W3C `traceparent` is
-stored in the row. Only where no span is recording there (a caller's remote context, a
+A creation is the work of the SDK's `tools/call` span: that span gets the tool, the row key
+prefix and the status (from `ops.tracing.StatusEvents`, with the row; the tool from here when
+the creation fails first) and its W3C `traceparent` is stored in the row. Only where no span is recording there (a caller's remote context, a
 programmatic creation) is a span of our own, "tasks create <tool>", started around it; none
 where the sampler left the call out (a valid, unsampled span is current). Either
 way the row keeps the context; every send of the job (first, reaper's, after `tasks/update`) makes that context
@@ -122,6 +122,13 @@ def mark_failed(span: trace.Span, exc: BaseException | None) -> None:
         warn_once("could not set a span's status", error)
 
 
+def _set_tool(span: trace.Span, tool: str) -> None:
+    try:
+        span.set_attribute(TOOL, tool)
+    except Exception as error:  # noqa: BLE001 - an attribute we cannot set is left unset
+        warn_once("could not set a span's attribute", error)
+
+
 def _sampled_out(context: trace.SpanContext) -> bool:
     """The sampler left this call out (the SDK's span, or a caller's unsampled context).
 
@@ -144,7 +151,12 @@ def creating(tool: str) -> Iterator[str | None]:
     if current is not None and not current.is_recording() and not _sampled_out(current.get_span_context()):
         started = start_span(f"tasks create {tool}", {TOOL: tool})
     if started is None:  # no span of ours: the current context (if any) is what the row keeps and every send carries
-        yield current_traceparent()
+        try:
+            yield current_traceparent()
+        except Exception:
+            if current is not None and current.is_recording():  # no row, so no attributes from the observer
+                _set_tool(current, tool)
+            raise
         return
     span, token = started
     try:
