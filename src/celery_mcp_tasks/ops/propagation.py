@@ -2,8 +2,9 @@
 
 A creation is the work of the SDK's `tools/call` span: that span gets the tool, the row key
 prefix and the status (from `ops.tracing.StatusEvents`, with the row; the tool from here when
-the creation fails first) and its W3C `traceparent` is stored in the row. Only where no span is recording there (a caller's remote context, a
-programmatic creation) is a span of our own, "tasks create <tool>", started around it; none
+the creation fails first) and its W3C `traceparent` is stored in the row. Only where no span
+is recording there (a caller's remote context, a programmatic creation) is a span of our own,
+"tasks create <tool>", started around it; none
 where the sampler left the call out (a valid, unsampled span is current). Either
 way the row keeps the context; every send of the job (first, reaper's, after `tasks/update`) makes that context
 current and injects it into the Celery message headers with the global propagator, as

@@ -61,7 +61,7 @@ class StatusEvents:
     set in one call on the span the row is inserted in (the SDK's `tools/call`, or ours).
 
     No event at the creation: its time is the span's own (the insert is the call's work), and an
-    event costs that span ~40 000 instructions (~0.7 % of a creation, bench_ops_instructions.py)."""
+    event costs that span ~40 000 instructions (~0.7 % of a creation; counted under callgrind)."""
 
     def task_changed(self, before: TaskRecord | None, after: TaskRecord) -> None:
         if before is not None and before.status is after.status:
