@@ -24,6 +24,7 @@ import pytest
 
 from celery_mcp_tasks.janitor import METRIC
 from celery_mcp_tasks.model import new_task_id, task_key
+from celery_mcp_tasks.ops.redaction import redact
 from tests.support import ROOT, Backend, McpHttp, _port_open, free_port, process_env, wait_until
 
 pytestmark = pytest.mark.integration
@@ -230,7 +231,11 @@ def test_no_line_holds_a_task_id_a_row_key_an_argument_or_a_result(run: Run) -> 
 
 def test_an_access_line_shows_a_task_id_in_its_path_redacted_with_its_fields(run: Run) -> None:
     probes = [r for r in run.web.records() if r["event"] == "http.request" and r.get("http_path", "").startswith("/t/")]
-    assert [(r["http_method"], r["http_path"], r["http_status"]) for r in probes] == [("GET", "/t/mcp-<redacted>", 404)]
+    # Usually "/t/mcp-<redacted>"; "/t/<redacted>" when the id's 39th and 40th characters make "mcp-..." a
+    # window shaped like an id too (~1 in 100 ids): redaction errs on the side of hiding more.
+    expected = redact(f"/t/mcp-{run.probe}")
+    assert expected in ("/t/mcp-<redacted>", "/t/<redacted>")
+    assert [(r["http_method"], r["http_path"], r["http_status"]) for r in probes] == [("GET", expected, 404)]
 
 
 def test_in_text_mode_uvicorns_own_lines_redact_task_ids(backend: Backend, tmp_path: Path) -> None:
