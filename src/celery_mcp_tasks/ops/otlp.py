@@ -6,9 +6,9 @@ span, each attribute's KeyValue and AnyValue, each event) and then serializes th
 from the event loop under the GIL (bench/bench_ops_instructions.py counted it at 7 % of a
 creation). `encode` writes the same `ExportTraceServiceRequest` straight to protobuf wire
 bytes, caching what repeats from span to span (the resource and scope, each attribute's
-key, the common key/value pairs): ~100 000 instructions for the SDK's `tools/call` span. A test decodes its output with the official message
-classes and holds it equal to the official encoder's, field by field, for every kind of
-value the SDK lets a span carry.
+key, the common key/value pairs): ~100 000 instructions for the SDK's `tools/call` span.
+Tests decode its output with the official message classes and hold it equal to the official
+encoder's, field by field and byte for byte, for every kind of value the SDK lets a span carry.
 
 `LeanOTLPSpanExporter` is the official exporter (endpoint, headers, TLS, compression,
 timeout and retries from the standard OTEL_EXPORTER_OTLP_* variables; its own metrics) with
@@ -29,7 +29,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from opentelemetry.exporter.otlp.proto.common._internal import _encode_instrumentation_scope, _encode_resource
-from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.http._common import RequestPayloadTooLargeError
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace import ReadableSpan
@@ -310,8 +309,3 @@ class LeanOTLPSpanExporter(OTLPSpanExporter):
                     result.error_attrs = {HTTP_RESPONSE_STATUS_CODE: sent.status_code}
                 return SpanExportResult.FAILURE
         return SpanExportResult.SUCCESS
-
-
-def official(spans: Sequence[ReadableSpan]) -> bytes:
-    """The official encoder's bytes for `spans` (the tests' and the bench's reference)."""
-    return bytes(encode_spans(spans).SerializePartialToString())
