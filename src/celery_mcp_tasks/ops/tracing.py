@@ -276,11 +276,12 @@ def configure(mode: str, service_name: str) -> TracerProvider | None:
 
 def _provider(mode: str, service_name: str) -> TracerProvider:
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-    from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 
+    from celery_mcp_tasks.ops.lean_trace import LeanTracerProvider  # the SDK's provider, shorter span starts
+
     named = "OTEL_SERVICE_NAME" in os.environ or "service.name=" in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
-    provider = TracerProvider(
+    provider = LeanTracerProvider(
         resource=Resource.create({} if named else {SERVICE_NAME: service_name}), shutdown_on_exit=False
     )
     exporter: SpanExporter
