@@ -178,6 +178,20 @@ def test_many_distinct_values_never_grow_the_caches_past_their_bound():
     assert not [key for key in otlp._pairs if isinstance(key[2], str) and len(key[2]) > otlp._CACHED_LEN]
 
 
+@pytest.mark.parametrize("key", ["k", "k" * 40, "ключ" * 14])
+def test_a_value_seen_first_under_a_known_key_is_written_as_officially(key: str):
+    """The in-line path for a new string under a cached key: multi-byte UTF-8, empty, and lengths
+    on both sides of the single-byte length bound (124 bytes with the key's field)."""
+    provider, kept = _provider(Resource.create({"service.name": "web"}))
+    tracer = provider.get_tracer("t")
+    values = [""] + [char * n for char in ("a", "é", "☃", "\U0001f600") for n in (1, 15, 16, 29, 30, 31, 41, 60, 64)]
+    for value in ["first, so the key is known", *values, *values]:  # each value first, then again from the cache
+        with tracer.start_as_current_span("s", attributes={key: value}):
+            pass
+    _same_as_official(kept.spans)
+    assert (key, str, "\U0001f600" * 30) in otlp._pairs  # kept, as written in line
+
+
 class _Unusual:
     """A value no SDK validation lets through: only a processor that writes attributes raw could carry one."""
 

@@ -31,10 +31,11 @@ from typing import Any
 from opentelemetry.exporter.otlp.proto.common._internal import _encode_instrumentation_scope, _encode_resource
 from opentelemetry.exporter.otlp.proto.http._common import RequestPayloadTooLargeError
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.semconv.attributes.http_attributes import HTTP_RESPONSE_STATUS_CODE
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanContext, SpanKind
 
 __all__ = ["LeanOTLPSpanExporter", "encode"]
 
@@ -54,6 +55,7 @@ _KIND = {
     SpanKind.PRODUCER: b"\x30\x04",
     SpanKind.CONSUMER: b"\x30\x05",
 }
+_KIND_BY_ID = {id(kind): encoded for kind, encoded in _KIND.items()}  # an enum member's hash is a Python call
 _FLAGS_LOCAL = b"\x85\x01" + _FIXED32(0x100)  # Span.flags (16, fixed32): SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK
 _FLAGS_REMOTE = b"\x85\x01" + _FIXED32(0x300)  # ... | SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -131,19 +133,27 @@ def _attributes(tag: bytes, attributes: Mapping[str, Any] | None) -> bytes:
     if not attributes:
         return b""
     parts = []
-    for key, value in attributes.items():
+    for key, value in _items(attributes):
         kind = type(value)
         if kind is bool or kind is int or (kind is str and len(value) <= _CACHED_LEN):
             cached = _pairs.get((key, kind, value))
             if cached is None:
-                try:
-                    payload = _key_value(key, value)
-                except _Unencodable as error:
-                    _dropped(error)
-                    continue
+                key_tag = _keys.get(key)
+                if kind is str and key_tag is not None:  # a value seen first (an id's prefix): written in line
+                    raw = value.encode("utf-8")
+                    if len(key_tag) + len(raw) < 124:  # every length below a single varint byte
+                        payload = key_tag + b"\x12" + _VARINT1[len(raw) + 2] + b"\x0a" + _VARINT1[len(raw)] + raw
+                        cached = _VARINT1[len(payload)] + payload
+                if cached is None:
+                    try:
+                        payload = _key_value(key, value)
+                    except _Unencodable as error:
+                        _dropped(error)
+                        continue
+                    cached = _varint(len(payload)) + payload
                 if len(_pairs) >= _CACHE_MAX:
                     _pairs.clear()
-                cached = _pairs[(key, kind, value)] = _varint(len(payload)) + payload
+                _pairs[(key, kind, value)] = cached
             parts.append(tag + cached)
         else:
             try:
@@ -151,6 +161,19 @@ def _attributes(tag: bytes, attributes: Mapping[str, Any] | None) -> bytes:
             except _Unencodable as error:
                 _dropped(error)
     return b"".join(parts)
+
+
+def _items(attributes: Mapping[str, Any]) -> Any:
+    """`attributes.items()`, through a dict copy where the mapping makes one in C: a span's attributes are
+    `BoundedAttributes` (read from the SDK's `ReadableSpan` field) or a `MappingProxyType` over them, whose
+    items view is a Python generator over `__getitem__` (~2 000 instructions an attribute, counted)."""
+    if type(attributes) is not dict:
+        copy = getattr(attributes, "copy", None)
+        if copy is not None:
+            copied = copy()
+            if type(copied) is dict:
+                return copied.items()
+    return attributes.items()
 
 
 _said: set[str] = set()
@@ -165,26 +188,30 @@ def _dropped(error: _Unencodable) -> None:
 
 def _span(span: ReadableSpan) -> bytes:
     """A Span message's payload, field by field as the official `_encode_span` sets it (zeros left out)."""
-    context = span.context
+    if type(span) is ReadableSpan and _PLAIN_FIELDS:  # the SDK's copy at end(): its fields, not a property each
+        context, parent, name, kind = span._context, span._parent, span._name, span._kind
+        start, end, attributes, status = span._start_time, span._end_time, span._attributes, span._status
+    else:
+        context, parent, name, kind = span.context, span.parent, span.name, span.kind
+        start, end, attributes, status = span.start_time, span.end_time, span.attributes, span.status
     if context is None:
         raise _Unencodable("a span without a context")
-    parent = span.parent
-    parts = [b"\x0a\x10", context.trace_id.to_bytes(16, "big"), b"\x12\x08", context.span_id.to_bytes(8, "big")]
-    state = context.trace_state
+    if type(context) is SpanContext:  # a tuple: (trace id, span id, remote, flags, state, valid)
+        trace_id, span_id, _, _, state, _ = context
+    else:
+        trace_id, span_id, state = context.trace_id, context.span_id, context.trace_state
+    parts = [b"\x0a\x10", trace_id.to_bytes(16, "big"), b"\x12\x08", span_id.to_bytes(8, "big")]
     if state:
         parts.append(_string(b"\x1a", ",".join([f"{key}={value}" for key, value in state.items()])))
     if parent:
         parts += (b"\x22\x08", parent.span_id.to_bytes(8, "big"))
-    name = span.name
     if name:
         parts.append(_string(b"\x2a", name))
-    parts.append(_KIND[span.kind])
-    start, end = span.start_time, span.end_time
+    parts.append(_KIND_BY_ID[id(kind)])
     if start:
         parts += (b"\x39", _FIXED64(start))
     if end:
         parts += (b"\x41", _FIXED64(end))
-    attributes = span.attributes
     if attributes:
         parts.append(_attributes(b"\x4a", attributes))
     dropped = span.dropped_attributes
@@ -212,7 +239,6 @@ def _span(span: ReadableSpan) -> bytes:
     dropped = span.dropped_links
     if dropped:
         parts += (b"\x70", _varint(dropped))
-    status = span.status
     if status is not None:  # present even when unset, as the official encoder makes it
         code = status.status_code.value
         if status.description:
@@ -224,6 +250,10 @@ def _span(span: ReadableSpan) -> bytes:
     return b"".join(parts)
 
 
+_PLAIN_FIELDS = set(vars(ReadableSpan("x", resource=Resource.get_empty()))) >= {
+    "_context", "_parent", "_name", "_kind", "_start_time", "_end_time", "_attributes", "_status"
+}  # fmt: skip
+"""The SDK's `ReadableSpan` keeps what its properties return in these fields (opentelemetry-sdk 1.45)."""
 _STATUS = [b"\x7a\x00", b"\x7a\x02\x18\x01", b"\x7a\x02\x18\x02"]  # UNSET, OK, ERROR without a description
 _resources: dict[int, tuple[Any, bytes]] = {}
 _scopes: dict[int, tuple[Any, bytes]] = {}
