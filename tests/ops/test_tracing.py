@@ -26,8 +26,13 @@ from typing import Any
 
 import pytest
 from celery import Celery, signals
-from opentelemetry import trace
+from opentelemetry import baggage, propagate, trace
+from opentelemetry import context as otel_context
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
+from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.trace.span import TraceState
 
 from celery_mcp_tasks.config import ConfigError, Settings
 from celery_mcp_tasks.ops import propagation, tracing
@@ -63,6 +68,66 @@ def test_the_stored_traceparent_is_what_the_w3c_propagator_writes(flags: int):
         carrier: dict[str, str] = {}
         propagation._W3C.inject(carrier)
         assert propagation.current_traceparent() == carrier["traceparent"]
+
+
+@pytest.mark.parametrize(
+    "span",
+    [
+        remote(CLIENT_TRACE),
+        NonRecordingSpan(SpanContext(CLIENT_TRACE, 0xAB, is_remote=False, trace_flags=TraceFlags(0x03))),
+        NonRecordingSpan(
+            SpanContext(
+                CLIENT_TRACE,
+                0xAB,
+                is_remote=True,
+                trace_flags=TraceFlags(0),
+                trace_state=TraceState([("a", "1"), ("b", "2")]),
+            )
+        ),
+        NonRecordingSpan(SpanContext(0, 0xAB, is_remote=False)),  # invalid, yet not the all-zero one
+        trace.INVALID_SPAN,
+    ],
+    ids=["sampled", "random flag", "trace state", "invalid trace id", "none"],
+)
+@pytest.mark.parametrize("with_baggage", [False, True])
+def test_a_sends_headers_are_what_the_default_propagators_write(span: trace.Span, with_baggage: bool):
+    assert propagation._is_default(propagate.get_global_textmap())  # the test's premise: the default pair is set
+    context = trace.set_span_in_context(span)
+    if with_baggage:
+        context = baggage.set_baggage("tenant", "a b", context)
+    token = otel_context.attach(context)
+    try:
+        ours: dict[str, Any] = {"kept": 1}
+        propagation._inject(ours)
+        official: dict[str, Any] = {"kept": 1}
+        propagate.inject(official)
+    finally:
+        otel_context.detach(token)
+    assert list(ours.items()) == list(official.items())
+
+
+def test_any_other_propagator_writes_a_sends_headers_itself(monkeypatch: pytest.MonkeyPatch):
+    class Custom(TraceContextTextMapPropagator):  # the trace context's very fields, written otherwise
+        def inject(self, carrier: Any, context: Any = None, setter: Any = None) -> None:
+            carrier["x-custom"] = "1"
+
+    for textmap in (
+        Custom(),
+        CompositePropagator([TraceContextTextMapPropagator(), Custom()]),
+        CompositePropagator([Custom(), W3CBaggagePropagator()]),
+        CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator(), Custom()]),
+    ):
+        monkeypatch.setattr(propagation.propagate, "_HTTP_TEXT_FORMAT", textmap)
+        headers: dict[str, Any] = {}
+        with trace.use_span(remote(CLIENT_TRACE)):
+            propagation._inject(headers)
+        assert headers["x-custom"] == "1"
+    own_pair = CompositePropagator([W3CBaggagePropagator(), TraceContextTextMapPropagator()])
+    monkeypatch.setattr(propagation.propagate, "_HTTP_TEXT_FORMAT", own_pair)  # the default pair, built anew
+    assert propagation._is_default(propagate.get_global_textmap())
+    monkeypatch.undo()
+    monkeypatch.setenv("OTEL_PROPAGATORS", "tracecontext,baggage,b3")  # the pair, yet named otherwise
+    assert not propagation._is_default(propagate.get_global_textmap())
 
 
 def test_a_creation_outside_any_trace_stores_nothing():
