@@ -179,17 +179,37 @@ def test_many_distinct_values_never_grow_the_caches_past_their_bound():
 
 
 @pytest.mark.parametrize("key", ["k", "k" * 40, "ключ" * 14])
-def test_a_value_seen_first_under_a_known_key_is_written_as_officially(key: str):
+def test_a_value_seen_first_under_a_known_key_is_written_as_officially(key: str, monkeypatch: pytest.MonkeyPatch):
     """The in-line path for a new string under a cached key: multi-byte UTF-8, empty, and lengths
     on both sides of the single-byte length bound (124 bytes with the key's field)."""
     provider, kept = _provider(Resource.create({"service.name": "web"}))
     tracer = provider.get_tracer("t")
+    first = "first, so the key is known"
     values = [""] + [char * n for char in ("a", "é", "☃", "\U0001f600") for n in (1, 15, 16, 29, 30, 31, 41, 60, 64)]
-    for value in ["first, so the key is known", *values, *values]:  # each value first, then again from the cache
+    for value in [first, *values, *values]:  # each value first, then again from the cache
         with tracer.start_as_current_span("s", attributes={key: value}):
             pass
+    slow: list[Any] = []
+    official_key_value = otlp._key_value
+    monkeypatch.setattr(otlp, "_key_value", lambda k, v: slow.append(v) or official_key_value(k, v))
     _same_as_official(kept.spans)
-    assert (key, str, "\U0001f600" * 30) in otlp._pairs  # kept, as written in line
+    key_field = len(otlp._string(b"\x0a", key))
+    in_line = [v for v in values if len(v) <= otlp._CACHED_LEN and key_field + len(v.encode()) < 124]
+    assert slow == [first] + [v for v in values if v not in in_line]  # each once: the cache has it after
+    assert in_line, "no value took the in-line path"
+
+
+def test_a_span_that_is_not_the_sdks_copy_is_read_through_its_properties(spans: list[ReadableSpan]):
+    class Copied(ReadableSpan):  # a processor's own span class: not the SDK's `ReadableSpan` itself
+        pass
+
+    copies = []
+    for span in spans:
+        copy = Copied(span.name)
+        copy.__dict__.update(vars(span))
+        copies.append(copy)
+    assert otlp.encode(copies) == otlp.encode(spans)
+    _same_as_official(copies)
 
 
 class _Unusual:

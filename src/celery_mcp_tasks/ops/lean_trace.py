@@ -317,8 +317,6 @@ def compatible() -> bool:
     given, so neither the environment's settings nor its resource detectors play a part)."""
     if not _checked:
         _checked.append(_same_fields())
-        if not _checked[0]:
-            logger.info("tracing: this opentelemetry-sdk's spans have other fields; its own tracers start them")
     return _checked[0]
 
 
@@ -339,7 +337,7 @@ def _same_fields() -> bool:
             _shared_fields(tracer), "fields", official.get_span_context(), None, {"a": 1}, SpanKind.INTERNAL, True, True
         )
         official_attributes = getattr(official, "_attributes", None)
-        return (
+        same = (
             isinstance(official, Span)
             and vars(official).keys() == vars(ours).keys()
             and isinstance(official_attributes, BoundedAttributes)
@@ -347,5 +345,11 @@ def _same_fields() -> bool:
             and all(hasattr(tracer, name) for name in ("_span_limits", "_instrumentation_scope", "_is_enabled"))
         )
     except Exception as error:  # noqa: BLE001 - any surprise means: the SDK's own tracers
-        logger.info("tracing: could not compare span fields with the SDK's (%s)", type(error).__name__)
+        logger.info(
+            "tracing: could not compare span fields with the SDK's (%s); its own tracers start spans",
+            type(error).__name__,
+        )
         return False
+    if not same:
+        logger.info("tracing: this opentelemetry-sdk's spans have other fields; its own tracers start them")
+    return same

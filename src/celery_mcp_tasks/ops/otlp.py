@@ -6,7 +6,7 @@ span, each attribute's KeyValue and AnyValue, each event) and then serializes th
 from the event loop under the GIL (bench/bench_ops_instructions.py counted it at 7 % of a
 creation). `encode` writes the same `ExportTraceServiceRequest` straight to protobuf wire
 bytes, caching what repeats from span to span (the resource and scope, each attribute's
-key, the common key/value pairs): ~100 000 instructions for the SDK's `tools/call` span.
+key, the common key/value pairs): ~83 000 instructions for the SDK's `tools/call` span.
 Tests decode its output with the official message classes and hold it equal to the official
 encoder's, field by field and byte for byte, for every kind of value the SDK lets a span carry.
 
