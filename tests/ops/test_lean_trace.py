@@ -14,7 +14,7 @@ import asyncio
 import importlib.metadata
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -30,6 +30,13 @@ from opentelemetry.trace.span import TraceState
 
 from celery_mcp_tasks.ops import lean_trace
 from celery_mcp_tasks.ops.lean_trace import LeanTracerProvider
+
+
+@pytest.fixture(autouse=True)
+def fresh_check() -> Iterator[None]:
+    """No test leaves the once-a-process check decided by what it patched."""
+    yield
+    lean_trace.compatible.cache_clear()
 
 
 class _Counting(IdGenerator):
@@ -115,7 +122,7 @@ def test_the_fields_are_the_sdks_of_this_release() -> None:
     """Our spans set the SDK span's private fields: a release that changes them turns the fast path off.
 
     Written against opentelemetry-sdk 1.45; when this fails after an upgrade, compare `vars()` of
-    an SDK span with `_LeanSpan.__init__` and `_shared_fields`, and the tracer's fields."""
+    an SDK span with `_LeanSpan.__init__`, and the tracer's fields."""
     assert importlib.metadata.version("opentelemetry-sdk").startswith("1.45.")
     assert lean_trace.compatible()
     assert isinstance(LeanTracerProvider().get_tracer("x"), lean_trace._LeanTracer)
@@ -335,14 +342,14 @@ def test_an_sdk_whose_spans_have_another_field_gets_its_own_tracers(monkeypatch:
         self._new_in_a_later_release = None
 
     monkeypatch.setattr(sdk_trace.Span, "__init__", with_a_new_field)
-    monkeypatch.setattr(lean_trace, "_checked", [])
+    lean_trace.compatible.cache_clear()
     tracer = LeanTracerProvider(shutdown_on_exit=False).get_tracer("x")
     assert type(tracer) is Tracer
     span = tracer.start_span("official")
     span.end()
     assert _kind(span) == "_Span"
-    monkeypatch.setattr(lean_trace, "_checked", [])  # and with the SDK as it is, the check passes
     monkeypatch.setattr(sdk_trace.Span, "__init__", official_init)
+    lean_trace.compatible.cache_clear()  # and with the SDK as it is, the check passes
     assert lean_trace.compatible()
 
 
@@ -351,12 +358,12 @@ def test_the_check_does_not_depend_on_the_environment(monkeypatch: pytest.Monkey
     decide it: the check's provider has its own sampler, resource and meter."""
     monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")
     monkeypatch.setenv("OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED", "true")
-    monkeypatch.setattr(lean_trace, "_checked", [])
+    lean_trace.compatible.cache_clear()
     assert lean_trace.compatible()
     monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
-    monkeypatch.setattr(lean_trace, "_checked", [])
+    lean_trace.compatible.cache_clear()
     assert _kind(LeanTracerProvider(shutdown_on_exit=False).get_tracer("x")) == "NoOpTracer"
-    assert lean_trace._checked == []  # a disabled SDK has no spans to compare: not checked, not cached
+    assert lean_trace.compatible.cache_info().currsize == 0  # a disabled SDK has no spans to compare: not checked
 
 
 def test_a_context_manager_is_entered_once_as_the_sdks() -> None:

@@ -95,13 +95,13 @@ class _Attributes(BoundedAttributes):
 
 
 class _LeanSpan(Span):
-    """The SDK's `Span`, its fields set directly (the same fields, `compatible()` checks): those its
-    tracer gives every span (`_LeanTracer._shared`, one tuple), then its own. Assigned one by one:
-    `__dict__.update` would make CPython 3.11 give up the object's inline attribute values."""
+    """The SDK's `Span`, its fields set directly (the same fields, `compatible()` checks), from its
+    SDK tracer's. Assigned one by one: `__dict__.update` would make CPython 3.11 give up the
+    object's inline attribute values."""
 
     def __init__(
         self,
-        shared: tuple[Any, ...],
+        tracer: Tracer,
         name: str,
         context: SpanContext,
         parent: SpanContext | None,
@@ -110,14 +110,12 @@ class _LeanSpan(Span):
         record_exception: bool,
         set_status_on_exception: bool,
     ) -> None:
-        (
-            self._instrumentation_info,
-            self._instrumentation_scope,
-            self._resource,
-            self._sampler,
-            self._span_processor,
-            limits,
-        ) = shared
+        limits = tracer._span_limits
+        self._instrumentation_info = tracer.instrumentation_info
+        self._instrumentation_scope = tracer._instrumentation_scope
+        self._resource = tracer.resource  # the provider's, a process's merged in after a fork
+        self._sampler = tracer.sampler
+        self._span_processor = tracer.span_processor
         self._limits = limits
         self._start_time: int | None = None
         self._end_time: int | None = None
@@ -134,18 +132,6 @@ class _LeanSpan(Span):
         self._attributes = _Attributes(limits.max_span_attributes, limits.max_span_attribute_length, attributes)
         self._events = BoundedList(limits.max_events)
         self._links = BoundedList(limits.max_links)
-
-
-def _shared_fields(tracer: Tracer) -> tuple[Any, ...]:
-    """What every span of `tracer` starts with (the SDK tracer's private fields among them: see compatible())."""
-    return (
-        tracer.instrumentation_info,
-        tracer._instrumentation_scope,
-        tracer.resource,
-        tracer.sampler,
-        tracer.span_processor,
-        tracer._span_limits,
-    )
 
 
 class _Current:
@@ -215,7 +201,6 @@ class _LeanTracer(trace_api.Tracer):
 
     def __init__(self, sdk: Tracer) -> None:
         self._sdk = sdk
-        self._shared = _shared_fields(sdk)
         self._metered = type(getattr(sdk, "_tracer_metrics", None)).__name__ != "NoOpTracerMetrics"
 
     def start_span(
@@ -232,17 +217,20 @@ class _LeanTracer(trace_api.Tracer):
         sdk = self._sdk
         sampler = sdk.sampler
         always = sampler is sampling.ALWAYS_ON
-        if links or self._metered or not (always or sampler is sampling.DEFAULT_ON) or not sdk._is_enabled():
+        parent: SpanContext | None = trace_api.get_current_span(context).get_span_context()
+        valid = parent is not None and parent.is_valid
+        if (
+            links
+            or self._metered
+            or not (always or sampler is sampling.DEFAULT_ON)
+            or (valid and not always and not parent.trace_flags.sampled)  # type: ignore[union-attr]  # ParentBased's "no"
+            or not sdk._is_enabled()
+        ):
             return sdk.start_span(
                 name, context, kind, attributes, links, start_time, record_exception, set_status_on_exception
             )
-        parent: SpanContext | None = trace_api.get_current_span(context).get_span_context()
         ids = sdk.id_generator
-        if parent is not None and parent.is_valid:
-            if not always and not parent.trace_flags.sampled:  # ParentBased: the parent's "no"
-                return sdk.start_span(
-                    name, context, kind, attributes, links, start_time, record_exception, set_status_on_exception
-                )
+        if parent is not None and valid:
             flags = _SAMPLED_RANDOM if parent.trace_flags.random_trace_id else _SAMPLED
             span_context = SpanContext(parent.trace_id, ids.generate_span_id(), False, flags, parent.trace_state)
         else:
@@ -250,12 +238,7 @@ class _LeanTracer(trace_api.Tracer):
             trace_id = ids.generate_trace_id()
             flags = _SAMPLED_RANDOM if ids.is_trace_id_random() else _SAMPLED
             span_context = SpanContext(trace_id, ids.generate_span_id(), False, flags, None)
-        shared = self._shared
-        if shared[2] is not sdk.resource:  # the provider merged the process's into it (after a fork)
-            shared = self._shared = _shared_fields(sdk)
-        span = _LeanSpan(
-            shared, name, span_context, parent, attributes, kind, record_exception, set_status_on_exception
-        )
+        span = _LeanSpan(sdk, name, span_context, parent, attributes, kind, record_exception, set_status_on_exception)
         span.start(start_time=start_time, parent_context=context)
         return span
 
@@ -307,20 +290,12 @@ class LeanTracerProvider(TracerProvider):
         return wrapped
 
 
-_checked: list[bool] = []
-
-
+@functools.cache
 def compatible() -> bool:
     """A span and its attributes built here have exactly the fields of ones the SDK builds.
 
     Checked once per process, on a span of a provider of its own (its sampler, resource and meter
     given, so neither the environment's settings nor its resource detectors play a part)."""
-    if not _checked:
-        _checked.append(_same_fields())
-    return _checked[0]
-
-
-def _same_fields() -> bool:
     try:
         provider = TracerProvider(
             sampler=sampling.ALWAYS_ON,
@@ -333,9 +308,7 @@ def _same_fields() -> bool:
             return False
         official = tracer.start_span("fields", attributes={"a": 1})
         official.end()
-        ours = _LeanSpan(
-            _shared_fields(tracer), "fields", official.get_span_context(), None, {"a": 1}, SpanKind.INTERNAL, True, True
-        )
+        ours = _LeanSpan(tracer, "fields", official.get_span_context(), None, {"a": 1}, SpanKind.INTERNAL, True, True)
         official_attributes = getattr(official, "_attributes", None)
         same = (
             isinstance(official, Span)
