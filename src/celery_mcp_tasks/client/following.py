@@ -9,7 +9,7 @@ from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 import anyio.abc
@@ -24,12 +24,21 @@ from celery_mcp_tasks.client.models import TaskState
 if TYPE_CHECKING:
     from mcp.client.session import ClientSession
 
-    from celery_mcp_tasks.client.extension import TasksClient
-
 
 __all__ = ["Follower", "Tracked", "moment"]
 
 logger = logging.getLogger("celery_mcp_tasks.client")
+
+
+class Pacing(Protocol):
+    """What following and a handle read of the client's options (`TasksClient` is one), read live."""
+
+    poll_floor_s: float
+    poll_ceiling_s: float
+    backoff: float
+    cancel_timeout: float
+    listen: bool
+
 
 _ACK_TIMEOUT_S = 5.0  # the acknowledgment is the stream's first frame: it comes at once or not at all
 _SAFETY_READ_S = 30.0  # with push on, each followed task is still read this often (a lost notification heals)
@@ -86,7 +95,7 @@ def moment(stamp: str) -> tuple[int, float | str]:
 class Follower:
     """Keeps the followed tasks of one connection current: one listen stream, or polling."""
 
-    def __init__(self, tasks: TasksClient, session: ClientSession) -> None:
+    def __init__(self, tasks: Pacing, session: ClientSession) -> None:
         self._tasks = tasks
         self._session = session
         self._tracked: dict[str, Tracked] = {}

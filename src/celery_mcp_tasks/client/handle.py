@@ -19,7 +19,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from celery_mcp_tasks.client import calls
 from celery_mcp_tasks.client.errors import InputNotAnswered, TaskCancelled, TaskNotFound
-from celery_mcp_tasks.client.following import Tracked
+from celery_mcp_tasks.client.following import Pacing, Tracked
 from celery_mcp_tasks.client.models import (
     CancelTaskRequest,
     TaskIdParams,
@@ -30,8 +30,6 @@ from celery_mcp_tasks.client.models import (
 
 if TYPE_CHECKING:
     from mcp.client.session import ClientSession
-
-    from celery_mcp_tasks.client.extension import TasksClient
 
 
 __all__ = ["TaskHandle"]
@@ -46,7 +44,7 @@ class TaskHandle:
 
     def __init__(
         self,
-        tasks: TasksClient,
+        tasks: Pacing,
         session: ClientSession,
         tracked: Tracked | None,
         tool: str | None,

@@ -17,8 +17,8 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
+from celery_mcp_tasks.cli.outcome import PROG
 from celery_mcp_tasks.client.models import TaskState
-from celery_mcp_tasks.client.outcome import PROG
 
 __all__ = ["JsonView", "LiveView", "PlainView", "View", "result_text"]
 

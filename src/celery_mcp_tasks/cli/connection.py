@@ -9,20 +9,33 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mcp.shared.exceptions import MCPError
 
+from celery_mcp_tasks.cli.outcome import CallError
+from celery_mcp_tasks.cli.prompts import Prompter
 from celery_mcp_tasks.client import TaskHandle, TaskNotFound, TasksClient
-from celery_mcp_tasks.client.outcome import CallError
-from celery_mcp_tasks.client.prompts import Prompter
 
 if TYPE_CHECKING:
     from mcp.client.client import Client
 
-    from celery_mcp_tasks.client.terminal import CallOptions
+__all__ = ["CallOptions", "connect", "open_task"]
 
-__all__ = ["connect", "open_task"]
+
+@dataclass(frozen=True)
+class CallOptions:
+    """What `celery-mcp-tasks call` was given: where to connect, what to start or attach to, how to show it."""
+
+    url: str
+    tool: str | None = None
+    arguments: str | None = None  # the JSON text as typed
+    resume: str | None = None  # a task id to attach to instead of calling a tool
+    token: str | None = None  # bearer token (None: $MCP_TASKS_TOKEN)
+    json_output: bool = False
+    no_wait: bool = False
+    timeout: float | None = None  # seconds to wait for the end; None: as long as it runs
 
 
 @asynccontextmanager

@@ -130,7 +130,7 @@ def call(
     Exit status: 0 completed, 1 failed / isError / unreachable, 2 usage, 124 --timeout, 130 cancelled.
     `abort` (dev --call): polled; once true the call returns 1 at once.
     """
-    from celery_mcp_tasks.client.terminal import CallOptions, run_call
+    from celery_mcp_tasks.cli.call import CallOptions, run_call
 
     options = CallOptions(
         url=url,

@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-from celery_mcp_tasks.client.forms import FormField, Value, parse_form
+from celery_mcp_tasks.cli.forms import FormField, Value, parse_form
 
 if TYPE_CHECKING:
     from mcp.client.session import ClientRequestContext

@@ -25,12 +25,12 @@ from mcp_types import (
 )
 from rich.console import Console
 
-from celery_mcp_tasks.client.forms import parse_form
+from celery_mcp_tasks.cli.call import CallIo, CallOptions, _Interrupts, parse_arguments, run_call
+from celery_mcp_tasks.cli.forms import parse_form
+from celery_mcp_tasks.cli.outcome import EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, EXIT_USAGE, CallError, exit_code
+from celery_mcp_tasks.cli.prompts import FdLines, Prompter
+from celery_mcp_tasks.cli.views import JsonView, PlainView, _StatusLine, result_text
 from celery_mcp_tasks.client.models import PROGRESS_META_KEY, TaskState
-from celery_mcp_tasks.client.outcome import EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, EXIT_USAGE, CallError, exit_code
-from celery_mcp_tasks.client.prompts import FdLines, Prompter
-from celery_mcp_tasks.client.terminal import CallIo, CallOptions, _Interrupts, parse_arguments, run_call
-from celery_mcp_tasks.client.views import JsonView, PlainView, _StatusLine, result_text
 
 NO_CONTEXT = cast(Any, None)  # the callbacks never read the request context
 

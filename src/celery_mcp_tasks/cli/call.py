@@ -37,9 +37,8 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult
 from rich.console import Console
 
-from celery_mcp_tasks.client import TaskCancelled, TaskHandle, TaskNotFound, TasksClient
-from celery_mcp_tasks.client.connection import connect, open_task
-from celery_mcp_tasks.client.outcome import (
+from celery_mcp_tasks.cli.connection import CallOptions, connect, open_task
+from celery_mcp_tasks.cli.outcome import (
     EXIT_CANCELLED,
     EXIT_FAILED,
     EXIT_OK,
@@ -49,8 +48,9 @@ from celery_mcp_tasks.client.outcome import (
     CallError,
     exit_code,
 )
-from celery_mcp_tasks.client.prompts import FdLines, LineSource, Prompter
-from celery_mcp_tasks.client.views import JsonView, LiveView, PlainView, View
+from celery_mcp_tasks.cli.prompts import FdLines, LineSource, Prompter
+from celery_mcp_tasks.cli.views import JsonView, LiveView, PlainView, View
+from celery_mcp_tasks.client import TaskCancelled, TaskHandle, TaskNotFound, TasksClient
 
 __all__ = [
     "EXIT_CANCELLED",
@@ -66,18 +66,6 @@ __all__ = [
     "parse_arguments",
     "run_call",
 ]
-
-
-@dataclass(frozen=True)
-class CallOptions:
-    url: str
-    tool: str | None = None
-    arguments: str | None = None  # the JSON text as typed
-    resume: str | None = None  # a task id to attach to instead of calling a tool
-    token: str | None = None  # bearer token (None: $MCP_TASKS_TOKEN)
-    json_output: bool = False
-    no_wait: bool = False
-    timeout: float | None = None  # seconds to wait for the end; None: as long as it runs
 
 
 def parse_arguments(text: str | None) -> dict[str, Any]:
