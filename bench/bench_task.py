@@ -59,6 +59,7 @@ sys.path.insert(0, str(ROOT))
 import psycopg  # noqa: E402
 
 from bench.harness import Burst, Factory, interleaved, is_task, many_clients, says, tool_call  # noqa: E402
+from celery_mcp_tasks.store import schema  # noqa: E402
 from tests.support import (  # noqa: E402
     POSTGRES_URL,
     REDIS_URL,
@@ -82,7 +83,7 @@ POOL = os.environ.get("BENCH_WORKER_POOL", "prefork")
 CONCURRENCY = int(os.environ.get("BENCH_WORKER_CONCURRENCY", "2"))
 DRAIN_S = 180.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-TABLE = "mcp_tasks_task"  # the store's table (celery_mcp_tasks.store.schema.tasks), in every path's database
+TABLE = schema.tasks.name  # the store's table, in every path's database (the floor's made from the same metadata)
 FLOOR, OURS, EMBEDDED, SYNC = "floor", "ours", "embedded", "sync"
 
 
@@ -304,8 +305,6 @@ def worker_argv(app: str, name: str) -> list[str]:
 
 def start_floor(stack: ExitStack, url: str, queue: str, logs: Path) -> Deployment:
     import sqlalchemy as sa
-
-    from celery_mcp_tasks.store import schema
 
     engine = sa.create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
     schema.tasks.create(engine)  # the store's table, columns and indexes, from its own metadata
@@ -538,6 +537,8 @@ def header() -> list[str]:
         f"{RUNS} runs; 1 client: {WARMUP} warm-up + {ROUNDS} calls each, in turns; {CLIENTS} clients: {WARM_S:g} s + "
         f"{SECONDS:g} s windows, in turns; bursts of {BURST}; workers -P {POOL} -c {CONCURRENCY} "
         "(embedded: `dev`'s own); ratio = value / ref per run, median of the runs (range beside it)",
+        "ours as shipped but MCP_TASKS_MAX_ROWS=none and MCP_TASKS_WORKER_METRICS_PORT=off; CPU from /proc/<pid>/stat "
+        f"at {CLK_TCK} ticks/s; a redis-server or PostgreSQL shared with other work adds its noise to both sides",
     ]
 
 
