@@ -38,7 +38,7 @@ def test_a_task_is_created_at_once_found_at_once_and_completes(client: McpHttp):
 
 
 def test_the_reply_does_not_wait_for_the_job(client: McpHttp):
-    """The job still runs when the CreateTaskResult arrives (how fast creation is: bench/bench_create.py)."""
+    """The job still runs when the CreateTaskResult arrives (how fast creation is: bench/bench_task.py)."""
     task_id = client.create("slow_compute", {"seconds": 60, "label": "long"})
     assert client.get(task_id)["status"] == "working"
     client.task("tasks/cancel", task_id)

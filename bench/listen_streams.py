@@ -1,11 +1,11 @@
-"""The scale half of bench/bench_hot_path.py (`--scale`): a big table, and many open listen streams.
+"""`bench/bench_task.py --streams N`: N open listen streams on one web process.
 
-- Rows: the store's table is filled with SQL (`generate_series`, in one statement per
-  level) to each size, ANALYZEd, and `tasks/get` of tasks created over MCP is timed.
-- Streams: N `subscriptions/listen` streams, all following one task, on one web process;
-  a progress write (as a worker makes it) must reach every one. The streams are raw
-  asyncio connections (one thread per stream would not scale to 10 000 here), read
-  through a small chunked-transfer and SSE decoder.
+N `subscriptions/listen` streams, all following one task, on one web process; a
+progress write (as a worker makes it) must reach every one. Measured: the process's
+RSS idle, with the streams open and after the change, and the time from the write
+until the last stream heard it. The streams are raw asyncio connections (one thread
+per stream would not scale to 10 000 here), read through a small chunked-transfer and
+SSE decoder.
 """
 
 from __future__ import annotations
@@ -18,86 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import sqlalchemy as sa
-
 from tests.support import EXT, PROTOCOL
-
-# -- rows ------------------------------------------------------------------------------------
-
-
-def _bulk_values(now_ms: int) -> dict[str, str]:
-    """SQL for each column of a bulk row `g` (a mix of finished and running tasks, like a live table)."""
-    done = "(g % 10 <> 0)"
-    return {
-        "key": "encode(sha256(('bulk-' || g)::text::bytea), 'hex')",
-        "owner": "NULL",
-        "tool": "'noop'",
-        "status": f"CASE WHEN {done} THEN 'completed' ELSE 'working' END",
-        "status_message": "NULL",
-        "created_at": f"{now_ms} - g",
-        "updated_at": f"{now_ms} - g",
-        "ttl_ms": "3600000",
-        "expires_at": f"{now_ms} - g + 3600000",
-        "poll_interval_ms": "1000",
-        "arguments": "'{\"n\": 0}'",
-        "input_requests": "'{}'",
-        "input_responses": "'{}'",
-        "issued_keys": "'[]'",
-        "result": f'CASE WHEN {done} THEN \'{{"content": [{{"type": "text", "text": "ok"}}]}}\' END',
-        "error": "NULL",
-        "version": f"CASE WHEN {done} THEN 3 ELSE 2 END",
-        "dispatches": "1",
-        "heartbeat_at": f"{now_ms} - g",
-    }
-
-
-def fill_rows(url: str, start: int, stop: int) -> float:
-    """Insert bulk rows `start..stop-1` into the store's table; returns the seconds it took."""
-    from celery_mcp_tasks.store.engine import normalize_url
-    from celery_mcp_tasks.store.schema import tasks
-
-    values = _bulk_values(int(time.time() * 1000))
-    columns, exprs = [], []
-    for column in tasks.columns:
-        if column.name in values:
-            expr = values[column.name]
-            if isinstance(column.type, sa.JSON) and expr.startswith(("'", "CASE")):
-                expr = f"({expr})::json"
-        elif column.nullable:
-            expr = "NULL"
-        elif column.server_default is not None:
-            continue
-        else:
-            raise RuntimeError(f"{tasks.name}.{column.name}: the bulk rows do not know this column")
-        columns.append(column.name)
-        exprs.append(expr)
-    statement = (
-        f"INSERT INTO {tasks.name} ({', '.join(columns)}) "
-        f"SELECT {', '.join(exprs)} FROM generate_series({start}, {stop - 1}) AS g"
-    )
-    engine = sa.create_engine(normalize_url(url))
-    began = time.perf_counter()
-    try:
-        with engine.begin() as conn:
-            conn.execute(sa.text(statement))
-        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            conn.execute(sa.text(f"ANALYZE {tasks.name}"))
-    finally:
-        engine.dispose()
-    return time.perf_counter() - began
-
-
-def count_rows(url: str) -> int:
-    from celery_mcp_tasks.store.engine import normalize_url
-    from celery_mcp_tasks.store.schema import tasks
-
-    engine = sa.create_engine(normalize_url(url))
-    try:
-        with engine.connect() as conn:
-            return int(conn.execute(sa.select(sa.func.count()).select_from(tasks)).scalar_one())
-    finally:
-        engine.dispose()
-
 
 # -- streams ---------------------------------------------------------------------------------
 
