@@ -275,25 +275,20 @@ def configure(mode: str, service_name: str) -> TracerProvider | None:
 
 
 def _provider(mode: str, service_name: str) -> TracerProvider:
+    """The stock SDK provider with the stock exporter: nothing of ours between a span and the collector."""
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+    from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 
-    from celery_mcp_tasks.ops.lean_trace import LeanTracerProvider  # the SDK's provider, shorter span starts
-
     named = "OTEL_SERVICE_NAME" in os.environ or "service.name=" in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
-    provider = LeanTracerProvider(
+    provider = TracerProvider(
         resource=Resource.create({} if named else {SERVICE_NAME: service_name}), shutdown_on_exit=False
     )
     exporter: SpanExporter
     if mode == "otlp":  # endpoint, headers, timeout, compression: the standard OTEL_EXPORTER_OTLP_* variables
-        try:  # the official exporter with our encoder (ops/otlp.py)
-            from celery_mcp_tasks.ops.otlp import LeanOTLPSpanExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-            exporter = LeanOTLPSpanExporter()
-        except ImportError:  # an exporter release whose private encoder functions moved: the official one
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-            exporter = OTLPSpanExporter()
+        exporter = OTLPSpanExporter()
     else:  # one JSON object a line on the real stdout (Celery redirects sys.stdout into its logger)
         exporter = ConsoleSpanExporter(
             out=sys.__stdout__ or sys.stdout, formatter=lambda span: str(span.to_json(indent=None)) + "\n"
