@@ -51,34 +51,31 @@ from celery_mcp_tasks.worker.startup import install_startup
 
 __all__ = ["McpTasks"]
 
-_KOMBU_REDIS = "kombu.transport.redis:Transport"
 REDIS_TRANSPORT = "celery_mcp_tasks.worker.redis_transport:Transport"
 """kombu's Redis transport with the fix for a broker outage mid-job (imported by kombu only when used)."""
 
-
-_KOMBU_FILESYSTEM = "kombu.transport.filesystem:Transport"
 FILESYSTEM_TRANSPORT = "celery_mcp_tasks.worker.filesystem_transport:Transport"
 """kombu's filesystem transport with atomic message files (a reader never sees half a message)."""
 
 
-def use_filesystem_transport_fix() -> None:
-    """`filesystem://` resolves to our subclass of kombu's transport, where it still names kombu's own class."""
-    from kombu.transport import TRANSPORT_ALIASES
+def fixed_transport(conf: Any) -> str | None:
+    """Our transport for this app's broker URL, or None: selected through the app's own `broker_transport`.
 
-    if TRANSPORT_ALIASES.get("filesystem") == _KOMBU_FILESYSTEM:
-        TRANSPORT_ALIASES["filesystem"] = FILESYSTEM_TRANSPORT
-
-
-def use_redis_transport_fix() -> None:
-    """`redis://` and `rediss://` resolve to our subclass of kombu's transport (URLs and logs unchanged).
-
-    Only where they still name kombu's own class: a transport someone else registered is left alone.
+    kombu takes `transport` over the URL's scheme (`Connection.__init__`) and parses the URL as
+    before; kombu's process-wide alias table is never touched. (kombu's `as_uri`, in Celery's
+    banner and connection errors, shows the transport's path where the scheme was.) None when the application chose a transport itself, for any other scheme,
+    and for `rediss://` without TLS options: kombu gives that scheme its TLS default only
+    while the transport is named by the scheme (`Connection._init_params`).
     """
-    from kombu.transport import TRANSPORT_ALIASES
-
-    for scheme in ("redis", "rediss"):
-        if TRANSPORT_ALIASES.get(scheme) == _KOMBU_REDIS:
-            TRANSPORT_ALIASES[scheme] = REDIS_TRANSPORT
+    if conf.broker_transport:
+        return None
+    url = str(conf.broker_url)
+    scheme = url.partition("://")[0].lower()
+    if scheme == "filesystem":
+        return FILESYSTEM_TRANSPORT
+    if scheme == "redis" or (scheme == "rediss" and (conf.broker_use_ssl or "ssl_cert_reqs=" in url)):
+        return REDIS_TRANSPORT
+    return None
 
 
 logger = logging.getLogger("celery_mcp_tasks")
@@ -92,8 +89,10 @@ def configure_celery(app: Celery, settings: Settings) -> None:
     conf = app.conf
     if settings.broker_url or not conf.broker_url:
         conf.broker_url = settings.celery_broker_url
+    transport = fixed_transport(conf)
+    if transport is not None:
+        conf.broker_transport = transport
     if str(conf.broker_url).startswith("filesystem://"):
-        use_filesystem_transport_fix()
         _quiet_filesystem_host_warning()
         folder = settings.broker_folder
         for sub in ("queue", "processed", "control"):
@@ -107,8 +106,6 @@ def configure_celery(app: Celery, settings: Settings) -> None:
         # The 1 s default grows to seconds of latency; 0.1 s costs ~1% CPU idle.
         options.setdefault("polling_interval", 0.1)
         conf.broker_transport_options = options
-    if str(conf.broker_url).startswith(("redis://", "rediss://")):
-        use_redis_transport_fix()
     conf.broker_connection_retry_on_startup = True
     if settings.queue:
         conf.task_default_queue = settings.queue
