@@ -187,10 +187,9 @@ def test_installing_tracing_without_the_extra_is_a_config_error(monkeypatch: pyt
     from celery_mcp_tasks import McpTasks
 
     tasks = McpTasks("extra-check", settings=Settings(data_dir=tmp_path))
-    tasks.settings = replace(tasks.settings, tracing="console")
     monkeypatch.setitem(sys.modules, "opentelemetry.sdk", None)
     with pytest.raises(ConfigError, match=r"^MCP_TASKS_TRACING=console needs the otel extra"):
-        tracing.install(tasks)
+        tracing.Tracing(exporter="console").setup(tasks)
 
 
 def test_an_app_asking_for_traces_without_the_extra_stops_with_one_line(
@@ -209,8 +208,9 @@ def test_tracing_off_needs_nothing_more(monkeypatch: pytest.MonkeyPatch, tmp_pat
     from celery_mcp_tasks import McpTasks
 
     monkeypatch.setitem(sys.modules, "opentelemetry.sdk", None)
-    tasks = McpTasks("off", settings=Settings(data_dir=tmp_path))
-    assert any(isinstance(observer, tracing.StatusEvents) for observer in tasks.observers)
+    assert not McpTasks("off", settings=Settings(data_dir=tmp_path)).observers  # no plugin: no observer at all
+    on = McpTasks("on", settings=Settings(data_dir=tmp_path, tracing="on"))  # spans to the application's provider
+    assert [type(plugin) for plugin in on.plugins] == [tracing.Tracing] and list(on.observers) == on.plugins
     assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)  # no provider of ours, ever
 
 
@@ -303,7 +303,7 @@ def test_a_worker_with_a_processes_pool_leaves_the_provider_to_its_children(
     tasks = McpTasks("pools", settings=Settings(data_dir=tmp_path))
     configured: list[str] = []
     monkeypatch.setattr(tracing, "configure", lambda mode, name: configured.append(mode))
-    tracing._install_worker_provider(tasks, "console")
+    tracing._install_worker_provider(tasks.celery, tasks.name, "console")
 
     class Worker:  # what `worker_init` sends: the WorkController, its pool still a name (`app.Worker(pool=...)`)
         def __init__(self, pool: str) -> None:
