@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import Any, Literal, TypeVar, overload
 
 from celery import Celery
@@ -36,7 +36,7 @@ from celery_mcp_tasks.mcp.toolspec import Prepare, TaskMode, TaskTool
 from celery_mcp_tasks.notify.base import Notifier
 from celery_mcp_tasks.notify.push import BrokerAccess, Push
 from celery_mcp_tasks.observe import Observers
-from celery_mcp_tasks.ops.wiring import install_operations
+from celery_mcp_tasks.plugin import Plugin, overrides, plugins_from_settings
 from celery_mcp_tasks.preflight import preflight
 from celery_mcp_tasks.service import DEFAULT, TaskService, _Default
 from celery_mcp_tasks.store.loop_reads import closing_loop_reads
@@ -51,34 +51,31 @@ from celery_mcp_tasks.worker.startup import install_startup
 
 __all__ = ["McpTasks"]
 
-_KOMBU_REDIS = "kombu.transport.redis:Transport"
 REDIS_TRANSPORT = "celery_mcp_tasks.worker.redis_transport:Transport"
 """kombu's Redis transport with the fix for a broker outage mid-job (imported by kombu only when used)."""
 
-
-_KOMBU_FILESYSTEM = "kombu.transport.filesystem:Transport"
 FILESYSTEM_TRANSPORT = "celery_mcp_tasks.worker.filesystem_transport:Transport"
 """kombu's filesystem transport with atomic message files (a reader never sees half a message)."""
 
 
-def use_filesystem_transport_fix() -> None:
-    """`filesystem://` resolves to our subclass of kombu's transport, where it still names kombu's own class."""
-    from kombu.transport import TRANSPORT_ALIASES
+def fixed_transport(conf: Any) -> str | None:
+    """Our transport for this app's broker URL, or None: selected through the app's own `broker_transport`.
 
-    if TRANSPORT_ALIASES.get("filesystem") == _KOMBU_FILESYSTEM:
-        TRANSPORT_ALIASES["filesystem"] = FILESYSTEM_TRANSPORT
-
-
-def use_redis_transport_fix() -> None:
-    """`redis://` and `rediss://` resolve to our subclass of kombu's transport (URLs and logs unchanged).
-
-    Only where they still name kombu's own class: a transport someone else registered is left alone.
+    kombu takes `transport` over the URL's scheme (`Connection.__init__`) and parses the URL as
+    before; kombu's process-wide alias table is never touched. (kombu's `as_uri`, in Celery's
+    banner and connection errors, shows the transport's path where the scheme was.) None when the application chose a transport itself, for any other scheme,
+    and for `rediss://` without TLS options: kombu gives that scheme its TLS default only
+    while the transport is named by the scheme (`Connection._init_params`).
     """
-    from kombu.transport import TRANSPORT_ALIASES
-
-    for scheme in ("redis", "rediss"):
-        if TRANSPORT_ALIASES.get(scheme) == _KOMBU_REDIS:
-            TRANSPORT_ALIASES[scheme] = REDIS_TRANSPORT
+    if conf.broker_transport:
+        return None
+    url = str(conf.broker_url)
+    scheme = url.partition("://")[0].lower()
+    if scheme == "filesystem":
+        return FILESYSTEM_TRANSPORT
+    if scheme == "redis" or (scheme == "rediss" and (conf.broker_use_ssl or "ssl_cert_reqs=" in url)):
+        return REDIS_TRANSPORT
+    return None
 
 
 logger = logging.getLogger("celery_mcp_tasks")
@@ -92,8 +89,10 @@ def configure_celery(app: Celery, settings: Settings) -> None:
     conf = app.conf
     if settings.broker_url or not conf.broker_url:
         conf.broker_url = settings.celery_broker_url
+    transport = fixed_transport(conf)
+    if transport is not None:
+        conf.broker_transport = transport
     if str(conf.broker_url).startswith("filesystem://"):
-        use_filesystem_transport_fix()
         _quiet_filesystem_host_warning()
         folder = settings.broker_folder
         for sub in ("queue", "processed", "control"):
@@ -107,8 +106,6 @@ def configure_celery(app: Celery, settings: Settings) -> None:
         # The 1 s default grows to seconds of latency; 0.1 s costs ~1% CPU idle.
         options.setdefault("polling_interval", 0.1)
         conf.broker_transport_options = options
-    if str(conf.broker_url).startswith(("redis://", "rediss://")):
-        use_redis_transport_fix()
     conf.broker_connection_retry_on_startup = True
     if settings.queue:
         conf.task_default_queue = settings.queue
@@ -151,13 +148,17 @@ class McpTasks:
         notifier: Notifier | _Default | None = DEFAULT,
         metric: MetricHook | None = None,
         version: str | None = None,
+        plugins: Sequence[Plugin] = (),
         **server_options: Any,
     ) -> None:
         """`notifier`: left out, every change is pushed to listen streams over the transport
         MCP_TASKS_NOTIFY selects (PostgreSQL NOTIFY, the broker's fanout, or row polling);
         `None` turns push off (streams only acknowledge; clients poll `tasks/get`); a
         `Notifier` replaces the publisher in every process (call `tasks.push.publisher`
-        from it to keep push). Other keyword arguments go to `MCPServer`.
+        from it to keep push). `plugins`: operations to turn on (`celery_mcp_tasks.ops`:
+        `Prometheus()`, `Health()`, `Logs()`, `Tracing()`, `JanitorWatcher()`), beside
+        those the settings turn on (MCP_TASKS_METRICS=on, ...); none by default.
+        Other keyword arguments go to `MCPServer`.
         """
         # One construction order, nothing calling back into a half-built object:
         # settings -> Celery -> tools and their dispatcher -> push -> (per process:
@@ -175,9 +176,9 @@ class McpTasks:
         self._service: TaskService | None = None
         self._service_pid: int | None = None
         self._app: Any = None
-        self.observers = Observers()  # metrics and traces (ops/) add theirs before the first service is built
-        self.sweep_hooks: list[MetricHook] = []  # told of every sweep's counts, after the user's `metric`
-        self.store_hooks: list[Callable[[SqlStore], None]] = []  # told of each store built (once per process)
+        self.plugins = _chosen(plugins, self.settings)
+        self.observers = Observers(p for p in self.plugins if overrides(p, "task_changed"))
+        """Told of every committed change (add yours before the first service is built)."""
         self.serving_contexts: list[Callable[[], AbstractAsyncContextManager[Any]]] = []
         """Entered for the served app's whole life (inside its lifespan): e.g. the janitor watch."""
         self.serving_contexts.append(lambda: closing_loop_reads(lambda: self.service().store))
@@ -201,7 +202,11 @@ class McpTasks:
         install_janitor(
             self.celery, self.sweep, self.settings.janitor_interval_s, in_worker=in_worker, ledger=self.ledger
         )
-        install_operations(self)
+        for plugin in self.plugins:
+            _set_up(plugin, self)
+        if self.listen is not None:
+            self.listen.observers.extend(_StreamHooks(p) for p in self.plugins if overrides(p, "stream_opened"))
+        self.serving_contexts.extend(_serving(p) for p in self.plugins if overrides(p, "serving"))
 
     # -- per-process state ---------------------------------------------------------------
 
@@ -221,8 +226,9 @@ class McpTasks:
         with self._lock:
             if self._service is None or self._service_pid != pid:
                 store = SqlStore.from_url(self.settings.store_url)
-                for hook in self.store_hooks:  # e.g. the metrics' error listener on this engine only
-                    hook(store)
+                for plugin in self.plugins:  # e.g. the metrics' error listener on this engine only
+                    if overrides(plugin, "store_built"):
+                        plugin.store_built(store)
                 self.push.bind_store(store)
                 self._service = TaskService(
                     store,
@@ -245,7 +251,8 @@ class McpTasks:
         return ledger_of(self.service())
 
     def sweep(self) -> SweepReport:
-        hooks = [hook for hook in (self.metric, *self.sweep_hooks) if hook is not None]
+        hooks = [self.metric] if self.metric is not None else []
+        hooks += [plugin.swept for plugin in self.plugins if overrides(plugin, "swept")]
         return sweep(self.service(), self.settings, metric=_all_of(hooks), max_sends=self._max_sends)
 
     def _max_sends(self, tool: str) -> int | None:
@@ -366,6 +373,13 @@ class McpTasks:
         self._app = with_serving_contexts(with_push(app, self.push, self.listen, self.service), self.serving_contexts)
         return self._app
 
+    def ops_app(self) -> Any:
+        """A Starlette app of the plugins' operations routes (`/metrics`, `/healthz`, `/readyz`), to serve
+        apart from the MCP app: `celery-mcp-tasks serve --ops-port`, or a port or mount of your own."""
+        from starlette.applications import Starlette
+
+        return Starlette(routes=[route for plugin in self.plugins for route in plugin.routes()])
+
     def lifespan(self, _parent: Any = None) -> Any:
         """The served app's lifespan (the SDK's session manager, the push listener), for an
         application that mounts `asgi_app()` inside its own Starlette or FastAPI app:
@@ -379,6 +393,42 @@ class McpTasks:
         if self._app is None:
             raise RuntimeError("call tasks.asgi_app() before using tasks.lifespan")
         return self._app.router.lifespan_context(self._app)
+
+
+def _chosen(explicit: Sequence[Plugin], settings: Settings) -> list[Plugin]:
+    """The plugins given, then those the settings turn on whose kind was not given (the code's wins)."""
+    given = list(explicit)
+    kinds = {type(plugin) for plugin in given}
+    try:
+        by_setting = plugins_from_settings(settings)
+    except ImportError as exc:
+        raise SystemExit(f"celery-mcp-tasks: configuration error: a plugin could not be imported: {exc}") from None
+    return given + [plugin for plugin in by_setting if type(plugin) not in kinds]
+
+
+def _set_up(plugin: Plugin, runtime: McpTasks) -> None:
+    """A plugin refuses a setting with `ConfigError`: one line, as a bad setting in `_settings_from_env`."""
+    try:
+        plugin.setup(runtime)
+    except ConfigError as exc:
+        raise SystemExit(f"celery-mcp-tasks: configuration error: {exc}") from None
+
+
+class _StreamHooks:
+    """A plugin's stream hooks as the listen handler's observer."""
+
+    def __init__(self, plugin: Plugin) -> None:
+        self.stream_opened = plugin.stream_opened
+        self.stream_closed = plugin.stream_closed
+        self.notified = plugin.stream_notified
+
+
+def _serving(plugin: Plugin) -> Callable[[], AbstractAsyncContextManager[Any]]:
+    def context() -> AbstractAsyncContextManager[Any]:
+        entered = plugin.serving()
+        return entered if entered is not None else nullcontext()
+
+    return context
 
 
 def _all_of(hooks: list[MetricHook]) -> MetricHook | None:

@@ -24,7 +24,7 @@ _NOTIFY_MODES = ("auto", "postgres", "broker", "poll", "off")
 _JANITOR_MODES = ("beat", "worker")
 _LOG_FORMATS = ("text", "json")
 _LISTEN_ENTRIES = ("lean", "sdk")
-_TRACING_MODES = ("off", "otlp", "console")
+_TRACING_MODES = ("off", "on", "otlp", "console")
 MIN_SECRET_BYTES = 32
 DEFAULT_WORKER_METRICS_PORT = 9808
 DEFAULT_INPUT_TIMEOUT_S = 86_400.0
@@ -132,7 +132,9 @@ class Settings:
     notify: str = "auto"
     queue: str | None = None
     allowed_hosts: tuple[str, ...] = ()
-    metrics: bool = True
+    metrics: bool = False
+    health: bool = False
+    janitor_watch: bool = False
     worker_metrics_port: int | None = DEFAULT_WORKER_METRICS_PORT
     tracing: str = "off"
     janitor: str = "beat"
@@ -196,7 +198,10 @@ class Settings:
             "allowed_hosts": tuple(
                 h.strip() for h in (env.get("MCP_TASKS_ALLOWED_HOSTS") or "").split(",") if h.strip()
             ),
-            "metrics": _switch(env, "MCP_TASKS_METRICS", True),
+            # Operations are opt-in plugins (celery_mcp_tasks.plugin): each of these turns one on.
+            "metrics": _switch(env, "MCP_TASKS_METRICS", False),
+            "health": _switch(env, "MCP_TASKS_HEALTH", False),
+            "janitor_watch": _switch(env, "MCP_TASKS_JANITOR_WATCH", False),
             "worker_metrics_port": _int(
                 env, "MCP_TASKS_WORKER_METRICS_PORT", DEFAULT_WORKER_METRICS_PORT, allow_none=True
             ),

@@ -232,7 +232,7 @@ def run_dev(options: DevOptions) -> int:
     """Serve (or call one tool) with a supervised worker; the exit status says what happened."""
     import uvicorn
 
-    from celery_mcp_tasks.cli import call, load_app, quiet_libraries
+    from celery_mcp_tasks.cli import call, load_app, quiet_libraries, start_ops_server
     from celery_mcp_tasks.migrate import upgrade
 
     sock = bind_port(options.host, options.port)
@@ -278,6 +278,7 @@ def run_dev(options: DevOptions) -> int:
     worker = WorkerSupervisor(_worker_argv(target, tasks.settings), env, on_death=on_worker_death)
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM,)}
     status = 0
+    ops = start_ops_server(tasks, None, None)  # MCP_TASKS_OPS_HOST/PORT, when a plugin added routes
     try:
         worker.start()
         if options.call:
@@ -293,6 +294,8 @@ def run_dev(options: DevOptions) -> int:
     except (KeyboardInterrupt, DevStop):
         status = 130
     finally:
+        if ops is not None:
+            ops.stop()
         worker.stop()
         sock.close()
         for sig, handler in previous.items():

@@ -26,7 +26,7 @@ import sqlalchemy as sa
 
 from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.ops.probes import PROBE_TIMEOUT_S
-from tests.support import POSTGRES_URL, Backend, Deployment, fresh_postgres_database, wait_until
+from tests.support import POSTGRES_URL, Backend, Deployment, free_port, fresh_postgres_database, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -103,10 +103,29 @@ def through_forwarder(tmp_path: Path) -> Iterator[tuple[Deployment, StallingForw
         try:
             with Deployment("examples.quickstart.app", backend, tmp_path) as deployment:
                 # The janitor watch reads the ledger every half second: through the hang, it must hold one thread.
-                deployment.web(CELERY_BROKER_URL="filesystem://", MCP_TASKS_JANITOR_INTERVAL_S="0.5")
+                env, OPS[0] = ops_on()
+                deployment.web(CELERY_BROKER_URL="filesystem://", MCP_TASKS_JANITOR_INTERVAL_S="0.5", **env)
+                wait_until(lambda: _answers(OPS[0]), 20, "the operations port to listen")
                 yield deployment, forwarder
         finally:
             forwarder.close()
+
+
+OPS = [""]  # the operations base URL of the module's deployment
+
+
+def ops_on() -> tuple[dict[str, str], str]:
+    """The settings that turn the health plugin and the janitor watch on, their own port, and its base URL."""
+    port = free_port()
+    env = {"MCP_TASKS_HEALTH": "on", "MCP_TASKS_JANITOR_WATCH": "on", "MCP_TASKS_OPS_PORT": str(port)}
+    return env, f"http://127.0.0.1:{port}"
+
+
+def _answers(base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def threads_of(deployment: Deployment) -> int:
@@ -125,7 +144,7 @@ def test_readyz_answers_within_two_seconds_while_the_database_hangs(
     through_forwarder: tuple[Deployment, StallingForwarder],
 ) -> None:
     deployment, forwarder = through_forwarder
-    base = deployment.url.removesuffix("/mcp")
+    base = OPS[0]
     response, _ = readyz(base)
     assert response.status_code == 200, response.text
     assert response.json()["checks"]["janitor"]["status"] == "ok"
@@ -163,7 +182,7 @@ def test_a_serve_process_with_a_probe_stuck_for_good_exits_promptly(
     (Ctrl-C, or any exit through the interpreter's shutdown) `serve` waited forever. uvicorn ends a SIGTERM
     by re-raising it, which kills the process before that join; the daemon threads make both prompt."""
     deployment, forwarder = through_forwarder
-    base = deployment.url.removesuffix("/mcp")
+    base = OPS[0]
     assert readyz(base)[0].status_code == 200
     forwarder.stall_queries()
     response, elapsed = readyz(base)
@@ -194,8 +213,11 @@ def test_readyz_on_a_postgres_and_redis_deployment_names_each_check(tmp_path: Pa
     with fresh_postgres_database(POSTGRES_URL) as url:
         backend = Backend("pg_redis", {"MCP_TASKS_DATABASE_URL": url, "CELERY_BROKER_URL": REDIS_URL})
         with Deployment("examples.quickstart.app", backend, tmp_path) as deployment:
-            deployment.web()  # migrates the fresh database at start
-            response, elapsed = readyz(deployment.url.removesuffix("/mcp"))
+            env, base = ops_on()
+            deployment.web(**env)  # migrates the fresh database at start
+            wait_until(lambda: _answers(base), 20, "the operations port to listen")
+            assert httpx.get(deployment.url.removesuffix("/mcp") + "/readyz", timeout=5).status_code == 404
+            response, elapsed = readyz(base)
     assert response.status_code == 200 and elapsed < 2
     body = response.json()
     assert body["status"] == "ok"

@@ -63,7 +63,7 @@ def test_without_beat_the_web_process_warns_within_three_intervals(
     with Deployment(APP, backend, tmp_path_factory.mktemp("no-beat")) as deployment:
         deployment.worker(env={"MCP_TASKS_JANITOR_INTERVAL_S": f"{INTERVAL_S:g}"})  # no beat anywhere
         before = ledger.last()
-        deployment.web(MCP_TASKS_JANITOR_INTERVAL_S=f"{INTERVAL_S:g}")
+        deployment.web(MCP_TASKS_JANITOR_INTERVAL_S=f"{INTERVAL_S:g}", MCP_TASKS_JANITOR_WATCH="on")
         started = time.monotonic()
         web = deployment.procs[-1]
         wait_until(lambda: STALE_WARNING in web.text(), 3 * INTERVAL_S + 3, "the web process's stale warning")

@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -91,8 +90,9 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scraped]:
     with fresh_postgres_database(POSTGRES_URL) as url:
         backend = Backend("pg_redis", {"MCP_TASKS_DATABASE_URL": url, "CELERY_BROKER_URL": REDIS_URL})
         with Deployment(APP, backend, log_dir) as deployment:
-            every_second = {"MCP_TASKS_JANITOR_INTERVAL_S": "1"}
-            deployment.web(**every_second)
+            every_second = {"MCP_TASKS_JANITOR_INTERVAL_S": "1", "MCP_TASKS_METRICS": "on"}
+            ops_port = free_port()
+            deployment.web(**every_second, MCP_TASKS_OPS_PORT=str(ops_port))
             worker_port = free_port()
             worker = deployment.worker(
                 pool="prefork",
@@ -104,7 +104,7 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scraped]:
             config = log_dir / "prometheus.yml"
             config.write_text(
                 prometheus_config(
-                    urlsplit(deployment.url).netloc, f"127.0.0.1:{worker_port}", ROOT / "deploy/prometheus/alerts.yml"
+                    f"127.0.0.1:{ops_port}", f"127.0.0.1:{worker_port}", ROOT / "deploy/prometheus/alerts.yml"
                 )
             )
             argv = [binary, f"--config.file={config}", f"--storage.tsdb.path={log_dir / 'tsdb'}"]

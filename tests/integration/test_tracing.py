@@ -351,7 +351,7 @@ def test_a_sampler_that_raises_fails_no_request_and_no_job(backend: Backend, tmp
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(BROKEN_SAMPLER)
-    with served(backend, tmp_path, {"PYTHONPATH": str(site)}) as deployment:
+    with served(backend, tmp_path, {"PYTHONPATH": str(site), "MCP_TASKS_TRACING": "on"}) as deployment:
         drive(deployment.url)  # both tasks complete: a retry, two tasks/update rounds
         logs = deployment.logs()
     said = logs.count("tracing: could not start a span")

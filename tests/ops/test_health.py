@@ -21,7 +21,7 @@ from starlette.testclient import TestClient
 
 from celery_mcp_tasks import McpTasks, Settings
 from celery_mcp_tasks.migrate import upgrade
-from celery_mcp_tasks.ops.health import CheckRunner
+from celery_mcp_tasks.ops.health import CheckRunner, Health
 from celery_mcp_tasks.ops.probes import PROBE_TIMEOUT_S, Finding, ProbeEngine, janitor_probe
 from celery_mcp_tasks.store.schema import sweeps
 from celery_mcp_tasks.store.sweeps import JANITOR, SweepLedger
@@ -29,7 +29,7 @@ from tests.support import free_port, table_locked
 
 
 def app_on(settings: Settings) -> McpTasks:
-    tasks = McpTasks(f"health-{time.monotonic_ns()}", settings=settings)
+    tasks = McpTasks(f"health-{time.monotonic_ns()}", settings=settings, plugins=[Health()])
 
     @tasks.mcp_task(shared=False)  # a new app per test: not one more Celery-wide task of that name
     def noop() -> str:
@@ -44,15 +44,17 @@ def embedded(tmp_path: Path) -> McpTasks:
 
 
 def readyz(tasks: McpTasks) -> tuple[int, dict[str, Any], float]:
-    client = TestClient(tasks.asgi_app())  # no `with`: the lifespan (push, watches) is not what is tested
+    client = TestClient(tasks.ops_app())
     start = time.monotonic()
     response = client.get("/readyz")
     return response.status_code, response.json(), time.monotonic() - start
 
 
 def test_healthz_answers_without_touching_the_store(embedded: McpTasks) -> None:
-    response = TestClient(embedded.asgi_app()).get("/healthz")
+    response = TestClient(embedded.ops_app()).get("/healthz")
     assert response.status_code == 200 and response.json() == {"status": "ok"}
+    mcp = TestClient(embedded.asgi_app())  # no `with`: the lifespan (push) is not what is tested
+    assert mcp.get("/healthz").status_code == 404 and mcp.get("/readyz").status_code == 404
     assert not (embedded.settings.resolved_data_dir / "tasks.db").exists()
 
 

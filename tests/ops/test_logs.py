@@ -266,11 +266,14 @@ def test_text_mode_keeps_celerys_format_and_adds_redaction(celery_format: None) 
     assert isinstance(handler.formatter, ColorFormatter) and any(isinstance(f, RedactTaskIds) for f in handler.filters)
 
 
-def test_install_adds_the_lifecycle_observer(tmp_path: Path, celery_format: None) -> None:
+def test_the_logs_plugin_is_the_lifecycle_observer_only_when_turned_on(tmp_path: Path, celery_format: None) -> None:
     from celery_mcp_tasks.app import McpTasks
+    from celery_mcp_tasks.ops.logs import Logs
 
-    tasks = McpTasks("logs", settings=Settings(data_dir=tmp_path))
-    assert sum(isinstance(o, LifecycleLog) for o in tasks.observers) == 1
+    assert not McpTasks("logs", settings=Settings(data_dir=tmp_path)).observers
+    tasks = McpTasks("logs", settings=Settings(data_dir=tmp_path, log_format="json"))
+    assert [type(o) for o in tasks.observers] == [Logs] and tasks.plugins[0].json is True  # type: ignore[attr-defined]
+    assert isinstance(Logs()._lifecycle, LifecycleLog)
 
 
 @pytest.fixture

@@ -45,7 +45,13 @@ def ledger_errors() -> float:
 
 
 def app_on(url: str | None, tmp_path: Path, **settings: object) -> McpTasks:
-    values: dict[str, object] = {"data_dir": tmp_path, "database_url": url, "notify": "off", "janitor_interval_s": 30.0}
+    values: dict[str, object] = {
+        "data_dir": tmp_path,
+        "database_url": url,
+        "notify": "off",
+        "janitor_interval_s": 30.0,
+        "metrics": True,  # the Prometheus plugin, as MCP_TASKS_METRICS=on turns it on
+    }
     values.update(settings)
     tasks = McpTasks("metrics-test", settings=Settings(**values))  # type: ignore[arg-type]
 
@@ -64,7 +70,8 @@ def test_the_route_serves_this_process_counts_and_the_last_sweep(tmp_path: Path)
     tasks.sweep()
 
     with TestClient(tasks.asgi_app()) as client:
-        response = client.get("/metrics")
+        assert client.get("/metrics").status_code == 404  # never on the MCP app
+    response = TestClient(tasks.ops_app()).get("/metrics")
 
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
@@ -85,8 +92,8 @@ def test_the_route_serves_this_process_counts_and_the_last_sweep(tmp_path: Path)
 def test_with_metrics_off_there_is_no_route(tmp_path: Path) -> None:
     tasks = app_on(None, tmp_path, metrics=False)
 
-    with TestClient(tasks.asgi_app()) as client:
-        assert client.get("/metrics").status_code == 404
+    assert not tasks.plugins
+    assert TestClient(tasks.ops_app()).get("/metrics").status_code == 404
 
 
 def test_a_scrape_while_the_database_refuses_answers_and_counts_the_failure(tmp_path: Path) -> None:
@@ -96,7 +103,7 @@ def test_a_scrape_while_the_database_refuses_answers_and_counts_the_failure(tmp_
     tasks = app_on(f"postgresql://postgres@127.0.0.1:{port}/nowhere", tmp_path)
     before = (ledger_errors(), store_errors("connect"))
 
-    response = anyio.run(Scrape(tasks).respond)
+    response = anyio.run(Scrape(tasks.service, tasks.settings.janitor_interval_s).respond)
 
     assert response.status_code == 200
     seen = samples(bytes(response.body).decode())
@@ -135,7 +142,7 @@ def hanging_database() -> Iterator[int]:
 
 def test_a_scrape_while_the_database_hangs_answers_within_its_deadline(tmp_path: Path, hanging_database: int) -> None:
     tasks = app_on(f"postgresql://postgres@127.0.0.1:{hanging_database}/hangs", tmp_path)
-    scrape = Scrape(tasks, timeout_s=0.5)
+    scrape = Scrape(tasks.service, tasks.settings.janitor_interval_s, timeout_s=0.5)
     before = ledger_errors()
 
     started = time.monotonic()
@@ -231,5 +238,4 @@ def test_a_task_its_ttl_removed_unfinished_is_scraped_as_finished_expired(tmp_pa
 
 
 def _scraped(tasks: McpTasks) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    with TestClient(tasks.asgi_app()) as client:
-        return samples(client.get("/metrics").text)
+    return samples(TestClient(tasks.ops_app()).get("/metrics").text)

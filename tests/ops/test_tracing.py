@@ -28,11 +28,9 @@ import pytest
 from celery import Celery, signals
 from opentelemetry import baggage, propagate, trace
 from opentelemetry import context as otel_context
-from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-from opentelemetry.trace.span import TraceState
 
 from celery_mcp_tasks.config import ConfigError, Settings
 from celery_mcp_tasks.ops import propagation, tracing
@@ -70,64 +68,28 @@ def test_the_stored_traceparent_is_what_the_w3c_propagator_writes(flags: int):
         assert propagation.current_traceparent() == carrier["traceparent"]
 
 
-@pytest.mark.parametrize(
-    "span",
-    [
-        remote(CLIENT_TRACE),
-        NonRecordingSpan(SpanContext(CLIENT_TRACE, 0xAB, is_remote=False, trace_flags=TraceFlags(0x03))),
-        NonRecordingSpan(
-            SpanContext(
-                CLIENT_TRACE,
-                0xAB,
-                is_remote=True,
-                trace_flags=TraceFlags(0),
-                trace_state=TraceState([("a", "1"), ("b", "2")]),
-            )
-        ),
-        NonRecordingSpan(SpanContext(0, 0xAB, is_remote=False)),  # invalid, yet not the all-zero one
-        trace.INVALID_SPAN,
-    ],
-    ids=["sampled", "random flag", "trace state", "invalid trace id", "none"],
-)
-@pytest.mark.parametrize("with_baggage", [False, True])
-def test_a_sends_headers_are_what_the_default_propagators_write(span: trace.Span, with_baggage: bool):
-    assert propagation._is_default(propagate.get_global_textmap())  # the test's premise: the default pair is set
-    context = trace.set_span_in_context(span)
-    if with_baggage:
-        context = baggage.set_baggage("tenant", "a b", context)
-    token = otel_context.attach(context)
-    try:
-        ours: dict[str, Any] = {"kept": 1}
-        propagation._inject(ours)
-        official: dict[str, Any] = {"kept": 1}
-        propagate.inject(official)
-    finally:
-        otel_context.detach(token)
-    assert list(ours.items()) == list(official.items())
-
-
-def test_any_other_propagator_writes_a_sends_headers_itself(monkeypatch: pytest.MonkeyPatch):
+def test_a_send_writes_its_headers_with_the_applications_propagators(monkeypatch: pytest.MonkeyPatch):
     class Custom(TraceContextTextMapPropagator):  # the trace context's very fields, written otherwise
         def inject(self, carrier: Any, context: Any = None, setter: Any = None) -> None:
             carrier["x-custom"] = "1"
 
-    for textmap in (
-        Custom(),
-        CompositePropagator([TraceContextTextMapPropagator(), Custom()]),
-        CompositePropagator([Custom(), W3CBaggagePropagator()]),
-        CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator(), Custom()]),
-    ):
+    for textmap in (Custom(), CompositePropagator([TraceContextTextMapPropagator(), Custom()])):
         monkeypatch.setattr(propagation.propagate, "_HTTP_TEXT_FORMAT", textmap)
         headers: dict[str, Any] = {}
-        with trace.use_span(remote(CLIENT_TRACE)):
-            propagation._inject(headers)
+        with trace.use_span(remote(CLIENT_TRACE)), propagation.sending(None, headers):
+            pass
         assert headers["x-custom"] == "1"
-    own_pair = CompositePropagator([W3CBaggagePropagator(), TraceContextTextMapPropagator()])
-    monkeypatch.setattr(propagation.propagate, "_HTTP_TEXT_FORMAT", own_pair)  # the default pair, built anew
-    assert propagation._is_default(propagate.get_global_textmap())
-    monkeypatch.undo()
-    monkeypatch.setenv("OTEL_PROPAGATORS", "tracecontext,baggage,b3")  # the pair, yet named otherwise
-    assert not propagation._is_default(propagate.get_global_textmap())
+
+
+def test_a_send_carries_the_callers_baggage_with_the_default_propagators():
+    token = otel_context.attach(baggage.set_baggage("tenant", "a b", trace.set_span_in_context(remote(CLIENT_TRACE))))
+    try:
+        headers: dict[str, Any] = {}
+        with propagation.sending(None, headers):
+            pass
+    finally:
+        otel_context.detach(token)
+    assert trace_id_of(headers["traceparent"]) == CLIENT_TRACE and "tenant" in headers["baggage"]
 
 
 def test_a_creation_outside_any_trace_stores_nothing():
@@ -187,7 +149,6 @@ def test_a_row_without_a_context_sends_in_the_callers(memory_celery: tuple[Celer
 def test_a_worker_reads_the_context_from_a_request_like_celery_builds_it():
     """Message headers become request attributes; a retry's copy keeps them in `request.headers`."""
     from celery.app.task import Context
-    from opentelemetry import propagate
 
     traceparent = f"00-{CLIENT_TRACE:032x}-00f067aa0ba902b7-01"
     for request in (Context(traceparent=traceparent), Context(headers={"traceparent": traceparent})):
@@ -226,10 +187,9 @@ def test_installing_tracing_without_the_extra_is_a_config_error(monkeypatch: pyt
     from celery_mcp_tasks import McpTasks
 
     tasks = McpTasks("extra-check", settings=Settings(data_dir=tmp_path))
-    tasks.settings = replace(tasks.settings, tracing="console")
     monkeypatch.setitem(sys.modules, "opentelemetry.sdk", None)
     with pytest.raises(ConfigError, match=r"^MCP_TASKS_TRACING=console needs the otel extra"):
-        tracing.install(tasks)
+        tracing.Tracing(exporter="console").setup(tasks)
 
 
 def test_an_app_asking_for_traces_without_the_extra_stops_with_one_line(
@@ -248,8 +208,9 @@ def test_tracing_off_needs_nothing_more(monkeypatch: pytest.MonkeyPatch, tmp_pat
     from celery_mcp_tasks import McpTasks
 
     monkeypatch.setitem(sys.modules, "opentelemetry.sdk", None)
-    tasks = McpTasks("off", settings=Settings(data_dir=tmp_path))
-    assert any(isinstance(observer, tracing.StatusEvents) for observer in tasks.observers)
+    assert not McpTasks("off", settings=Settings(data_dir=tmp_path)).observers  # no plugin: no observer at all
+    on = McpTasks("on", settings=Settings(data_dir=tmp_path, tracing="on"))  # spans to the application's provider
+    assert [type(plugin) for plugin in on.plugins] == [tracing.Tracing] and list(on.observers) == on.plugins
     assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)  # no provider of ours, ever
 
 
@@ -342,7 +303,7 @@ def test_a_worker_with_a_processes_pool_leaves_the_provider_to_its_children(
     tasks = McpTasks("pools", settings=Settings(data_dir=tmp_path))
     configured: list[str] = []
     monkeypatch.setattr(tracing, "configure", lambda mode, name: configured.append(mode))
-    tracing._install_worker_provider(tasks, "console")
+    tracing._install_worker_provider(tasks.celery, tasks.name, "console")
 
     class Worker:  # what `worker_init` sends: the WorkController, its pool still a name (`app.Worker(pool=...)`)
         def __init__(self, pool: str) -> None:
@@ -372,7 +333,7 @@ def test_a_process_asking_for_traces_without_the_extra_stops_with_one_line(argv:
     (hidden / "sitecustomize.py").write_text("import sys\nsys.modules['opentelemetry.sdk'] = None  # not installed\n")
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("MCP_TASKS_", "CELERY_"))},
-        "PYTHONPATH": f"{hidden}:{ROOT}",
+        "PYTHONPATH": f"{hidden}:{ROOT / 'src'}:{ROOT}",
         "MCP_TASKS_DATA_DIR": str(tmp_path / "data"),
         "MCP_TASKS_TRACING": "otlp",
     }

@@ -15,7 +15,8 @@ from kombu import Connection
 from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import filesystem as kombu_filesystem
 
-from celery_mcp_tasks.app import FILESYSTEM_TRANSPORT, use_filesystem_transport_fix
+from celery_mcp_tasks.app import FILESYSTEM_TRANSPORT, configure_celery
+from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.worker.filesystem_transport import PARTIAL_SUFFIX, Channel, Transport
 
 
@@ -29,13 +30,21 @@ def test_the_fix_is_written_against_this_kombu() -> None:
     assert Transport.Channel is Channel and issubclass(Transport, kombu_filesystem.Transport)
 
 
-def test_filesystem_urls_resolve_to_the_fixed_transport(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(TRANSPORT_ALIASES, "filesystem", "kombu.transport.filesystem:Transport")
-    use_filesystem_transport_fix()
-    assert TRANSPORT_ALIASES["filesystem"] == FILESYSTEM_TRANSPORT
-    monkeypatch.setitem(TRANSPORT_ALIASES, "filesystem", "someone.elses:Transport")
-    use_filesystem_transport_fix()
-    assert TRANSPORT_ALIASES["filesystem"] == "someone.elses:Transport"
+def test_this_apps_filesystem_connections_use_the_fixed_transport_and_kombus_table_is_untouched(
+    tmp_path: Path,
+) -> None:
+    from celery import Celery
+
+    aliases = dict(TRANSPORT_ALIASES)
+    app = Celery("transport-choice", set_as_current=False)
+    configure_celery(app, Settings(data_dir=tmp_path))
+    assert app.conf.broker_transport == FILESYSTEM_TRANSPORT
+    assert app.connection_for_write().transport_cls == FILESYSTEM_TRANSPORT
+    assert aliases == TRANSPORT_ALIASES
+    chosen = Celery("chosen", set_as_current=False)
+    chosen.conf.broker_transport = "someone.elses:Transport"
+    configure_celery(chosen, Settings(data_dir=tmp_path))
+    assert chosen.conf.broker_transport == "someone.elses:Transport"
 
 
 @pytest.fixture

@@ -6,11 +6,13 @@ from types import SimpleNamespace
 
 import kombu
 import pytest
+from celery import Celery
 from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from celery_mcp_tasks.app import REDIS_TRANSPORT, use_redis_transport_fix
+from celery_mcp_tasks.app import REDIS_TRANSPORT, configure_celery
+from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.worker.redis_transport import Channel, Transport
 
 
@@ -31,9 +33,30 @@ def test_a_channel_whose_connection_is_gone_raises_a_connection_error() -> None:
     assert RedisConnectionError in kombu_redis.Transport.connection_errors  # what kombu's callers tolerate
 
 
-def test_redis_urls_resolve_to_the_fixed_transport_and_others_are_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(TRANSPORT_ALIASES, "redis", "kombu.transport.redis:Transport")
-    monkeypatch.setitem(TRANSPORT_ALIASES, "rediss", "someone.elses:Transport")
-    use_redis_transport_fix()
-    assert TRANSPORT_ALIASES["redis"] == REDIS_TRANSPORT
-    assert TRANSPORT_ALIASES["rediss"] == "someone.elses:Transport"
+def _configured(broker: str, **conf: object) -> Celery:
+    app = Celery("transport-choice", set_as_current=False)
+    app.conf.update(conf)
+    configure_celery(app, Settings(broker_url=broker))
+    return app
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:6379/0", "rediss://h:6380/0?ssl_cert_reqs=required"])
+def test_this_apps_redis_connections_use_the_fixed_transport_and_kombus_table_is_untouched(url: str) -> None:
+    aliases = dict(TRANSPORT_ALIASES)
+    app = _configured(url)
+    assert app.conf.broker_transport == REDIS_TRANSPORT
+    with app.connection_for_write() as conn:
+        assert conn.transport_cls == REDIS_TRANSPORT and conn.hostname in ("127.0.0.1", "h")
+    assert aliases == TRANSPORT_ALIASES
+    assert Celery("another", broker=url, set_as_current=False).connection_for_write().transport_cls != REDIS_TRANSPORT
+
+
+def test_a_transport_the_application_chose_and_an_unconfigured_rediss_are_left_to_kombu() -> None:
+    assert _configured("redis://h/0", broker_transport="someone.elses:Transport").conf.broker_transport == (
+        "someone.elses:Transport"
+    )
+    rediss = _configured("rediss://h:6380/0")  # kombu's TLS default holds only for the scheme's own transport
+    assert rediss.conf.broker_transport is None
+    assert _configured("rediss://h:6380/0", broker_use_ssl={"ssl_cert_reqs": 0}).conf.broker_transport == (
+        REDIS_TRANSPORT
+    )

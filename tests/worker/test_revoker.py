@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pytest
 from celery import Celery
 
-from celery_mcp_tasks.app import use_redis_transport_fix
+from celery_mcp_tasks.app import REDIS_TRANSPORT
 from celery_mcp_tasks.model import TaskRecord, TaskStatus
 from celery_mcp_tasks.worker.dispatch import CeleryDispatcher, celery_id
 from celery_mcp_tasks.worker.revoker import BackgroundRevoker
@@ -44,8 +44,8 @@ def _record(tool: str) -> TaskRecord:
 def test_a_revoke_with_the_broker_down_returns_at_once_and_gives_up_within_its_bound(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    use_redis_transport_fix()
     app = Celery("revoker", broker=f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
+    app.conf.broker_transport = REDIS_TRANSPORT
     revoker = BackgroundRevoker(app)
     caplog.set_level(logging.WARNING, "celery_mcp_tasks.worker")
     started = time.monotonic()

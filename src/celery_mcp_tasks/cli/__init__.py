@@ -61,7 +61,15 @@ def quiet_libraries() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-def _serve(app_path: str, host: str, port: int, migrate: bool, log_level: str) -> None:
+def _serve(
+    app_path: str,
+    host: str,
+    port: int,
+    migrate: bool,
+    log_level: str,
+    ops_host: str | None = None,
+    ops_port: int | None = None,
+) -> None:
     import uvicorn
 
     tasks = load_app(app_path)
@@ -74,14 +82,33 @@ def _serve(app_path: str, host: str, port: int, migrate: bool, log_level: str) -
     tasks.preflight("serve")  # once per start: never an "Internal server error" at the first call
     from celery_mcp_tasks.ops.logs import uvicorn_log_config
 
-    uvicorn.run(
-        tasks.asgi_app(host=host),
-        host=host,
-        port=port,
-        log_level=log_level,
-        log_config=uvicorn_log_config(tasks.settings),  # json: uvicorn's lines go through the JSON root handler
-        timeout_graceful_shutdown=5,
-    )
+    ops = start_ops_server(tasks, ops_host, ops_port)
+    try:
+        uvicorn.run(
+            tasks.asgi_app(host=host),
+            host=host,
+            port=port,
+            log_level=log_level,
+            log_config=uvicorn_log_config(tasks.settings),  # json: uvicorn's lines go through the JSON root handler
+            timeout_graceful_shutdown=5,
+        )
+    finally:
+        if ops is not None:
+            ops.stop()
+
+
+def start_ops_server(tasks: Any, host: str | None, port: int | None) -> Any:
+    """The plugins' operations routes on a listener of their own (None when no plugin added any, or off)."""
+    app = tasks.ops_app()
+    if not app.routes:
+        return None
+    from celery_mcp_tasks.ops.logs import uvicorn_log_config
+    from celery_mcp_tasks.ops.serving import OpsServer, ops_address
+
+    bind_host, bind_port = ops_address(host, port)
+    if bind_port is None:
+        return None
+    return OpsServer(app, bind_host, bind_port, log_config=uvicorn_log_config(tasks.settings)).start()
 
 
 def _dev(args: argparse.Namespace) -> int:
@@ -184,6 +211,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--no-migrate", action="store_true", help="do not apply migrations at start")
     serve.add_argument("--log-level", default="info")
+    serve.add_argument(
+        "--ops-host", default=None, help="where the plugins' /metrics, /healthz, /readyz listen (default 127.0.0.1)"
+    )
+    serve.add_argument("--ops-port", type=int, default=None, help="their port (default 9101; 0: none)")
 
     dev = sub.add_parser("dev", help="web + worker + beat on SQLite and the filesystem broker")
     dev.add_argument("app")
@@ -295,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "serve":
-            _serve(args.app, args.host, args.port, not args.no_migrate, args.log_level)
+            _serve(args.app, args.host, args.port, not args.no_migrate, args.log_level, args.ops_host, args.ops_port)
             return 0
         if args.command == "dev":
             return _dev(args)

@@ -1,4 +1,7 @@
-"""`/healthz` (liveness) and `/readyz` (readiness) on the web process.
+"""`/healthz` (liveness) and `/readyz` (readiness): the `Health` plugin's routes on the operations app.
+
+Served apart from the MCP endpoint (`McpTasks.ops_app()`, `serve --ops-port`): a probe
+needs no authorization, and the public MCP port carries none of it.
 
 `/healthz` answers from the event loop alone: the process is up. A probe that
 touched the database there would have an orchestrator restart every replica
@@ -28,11 +31,13 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
+from starlette.routing import BaseRoute, Route
 
+from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.model import now_ms
 from celery_mcp_tasks.ops.probes import (
     Finding,
@@ -44,11 +49,9 @@ from celery_mcp_tasks.ops.probes import (
     short_reason,
     store_probe,
 )
+from celery_mcp_tasks.plugin import Plugin, Runtime
 
-if TYPE_CHECKING:
-    from celery_mcp_tasks.app import McpTasks
-
-__all__ = ["DEADLINE_S", "CheckRunner", "healthz", "install", "readiness_checks"]
+__all__ = ["DEADLINE_S", "CheckRunner", "Health", "healthz", "readiness_checks"]
 
 logger = logging.getLogger("celery_mcp_tasks.ops.health")
 
@@ -58,15 +61,24 @@ DEADLINE_S = 1.5
 Check = Callable[[], Finding]
 
 
-def install(tasks: McpTasks) -> None:
-    """Add `/healthz` and `/readyz` to the app's server (routes only: nothing connects until a probe)."""
-    runner = CheckRunner(readiness_checks(tasks))
+class Health(Plugin):
+    """The health plugin: `/healthz` and `/readyz` on the operations app (nothing connects until a probe)."""
 
-    async def readyz(_request: Request) -> JSONResponse:
-        return await readiness_response(runner)
+    def __init__(self) -> None:
+        self._runner: CheckRunner | None = None
 
-    tasks.server.custom_route("/healthz", methods=["GET"], include_in_schema=False)(healthz)
-    tasks.server.custom_route("/readyz", methods=["GET"], include_in_schema=False)(readyz)
+    def setup(self, runtime: Runtime) -> None:
+        self._runner = CheckRunner(readiness_checks(runtime.settings, runtime.celery))
+
+    def routes(self) -> list[BaseRoute]:
+        runner = self._runner
+        if runner is None:
+            raise RuntimeError("Health: routes() before setup(): give the plugin to McpTasks(plugins=[...])")
+
+        async def readyz(_request: Request) -> JSONResponse:
+            return await readiness_response(runner)
+
+        return [Route("/healthz", healthz, methods=["GET"]), Route("/readyz", readyz, methods=["GET"])]
 
 
 async def healthz(_request: Request) -> JSONResponse:
@@ -74,15 +86,15 @@ async def healthz(_request: Request) -> JSONResponse:
     return JSONResponse({"status": "ok"})
 
 
-def readiness_checks(tasks: McpTasks) -> dict[str, Check]:
+def readiness_checks(settings: Settings, celery: Any) -> dict[str, Check]:
     """The four checks, in the order the body lists them."""
-    probe = ProbeEngine(tasks.settings.store_url)
+    probe = ProbeEngine(settings.store_url)
     since = now_ms()  # a fresh deployment has three intervals for its first sweep
     return {
         "store": lambda: store_probe(probe),
         "schema": lambda: schema_probe(probe),
-        "broker": lambda: broker_probe(tasks.celery),
-        "janitor": lambda: janitor_probe(probe, tasks.settings, since_ms=since),
+        "broker": lambda: broker_probe(celery),
+        "janitor": lambda: janitor_probe(probe, settings, since_ms=since),
     }
 
 

@@ -26,17 +26,15 @@ import logging
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import Any
 
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.model import now_ms as _now_ms
 from celery_mcp_tasks.ops.probes import ProbeEngine, in_daemon_thread, janitor_record
+from celery_mcp_tasks.plugin import Plugin, Runtime
 from celery_mcp_tasks.store.sweeps import SweepRecord
 
-if TYPE_CHECKING:
-    from celery_mcp_tasks.app import McpTasks
-
-__all__ = ["STALE_INTERVALS", "JanitorWatch", "install", "janitor_age", "janitor_stale"]
+__all__ = ["STALE_INTERVALS", "JanitorWatch", "JanitorWatcher", "janitor_age", "janitor_stale"]
 
 logger = logging.getLogger("celery_mcp_tasks.janitor")
 
@@ -165,22 +163,31 @@ async def watch(settings: Settings, probe: ProbeEngine, *, since_ms: int) -> Non
         state.observe(record)
 
 
-def install(tasks: McpTasks) -> None:
-    """Watch the janitor for as long as the app is served (nothing when sweeps are off)."""
-    settings = tasks.settings
-    if settings.janitor_interval_s is None:
-        return
+@asynccontextmanager
+async def _watching(settings: Settings) -> AsyncIterator[None]:
+    import anyio
 
-    @asynccontextmanager
-    async def watching() -> AsyncIterator[None]:
-        import anyio
+    async with anyio.create_task_group() as group:
+        probe = ProbeEngine(settings.store_url)
+        group.start_soon(lambda: watch(settings, probe, since_ms=_now_ms()))
+        try:
+            yield
+        finally:
+            group.cancel_scope.cancel()
 
-        async with anyio.create_task_group() as group:
-            probe = ProbeEngine(settings.store_url)
-            group.start_soon(lambda: watch(settings, probe, since_ms=_now_ms()))
-            try:
-                yield
-            finally:
-                group.cancel_scope.cancel()
 
-    tasks.serving_contexts.append(watching)
+class JanitorWatcher(Plugin):
+    """The janitor watch plugin: the served app warns once when nobody swept for three intervals
+    (MCP_TASKS_JANITOR_WATCH=on); nothing when sweeps are off."""
+
+    def __init__(self) -> None:
+        self._settings: Settings | None = None
+
+    def setup(self, runtime: Runtime) -> None:
+        self._settings = runtime.settings
+
+    def serving(self) -> Any:
+        settings = self._settings
+        if settings is None or settings.janitor_interval_s is None:
+            return None
+        return _watching(settings)

@@ -34,9 +34,9 @@ from celery_mcp_tasks.model import TaskRecord, TaskStatus
 from celery_mcp_tasks.ops.metrics import queued_at
 from celery_mcp_tasks.ops.redaction import REDACTED, RedactTaskIds, record_message, redact
 from celery_mcp_tasks.ops.root_handler import ROOT_HANDLER
+from celery_mcp_tasks.plugin import Plugin, Runtime
 
 if TYPE_CHECKING:
-    from celery_mcp_tasks.app import McpTasks
     from celery_mcp_tasks.config import Settings
 
 __all__ = [
@@ -44,8 +44,8 @@ __all__ = [
     "REDACTED",
     "JsonFormatter",
     "LifecycleLog",
+    "Logs",
     "RedactTaskIds",
-    "install",
     "redact",
     "uvicorn_log_config",
 ]
@@ -313,9 +313,18 @@ def _connect_celery(json_format: bool) -> None:
         _celery["connected"] = True
 
 
-def install(tasks: McpTasks) -> None:
-    """Lifecycle events on, the web root handler styled now, Celery's handlers when a worker or beat makes them."""
-    json_format = tasks.settings.log_format == "json"
-    tasks.observers.append(LifecycleLog())
-    style_web_root(json_format)
-    _connect_celery(json_format)
+class Logs(Plugin):
+    """The logs plugin: the task lifecycle as log events, task-id redaction on the handlers this package
+    or Celery made (the web root handler, a worker's and beat's), and with `json=True` one JSON object
+    a line on them (MCP_TASKS_LOG_FORMAT=json turns it on with JSON)."""
+
+    def __init__(self, *, json: bool = False) -> None:
+        self.json = json
+        self._lifecycle = LifecycleLog()
+
+    def setup(self, runtime: Runtime) -> None:
+        style_web_root(self.json)
+        _connect_celery(self.json)
+
+    def task_changed(self, before: TaskRecord | None, after: TaskRecord) -> None:
+        self._lifecycle.task_changed(before, after)

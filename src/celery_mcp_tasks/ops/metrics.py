@@ -28,27 +28,28 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from celery_mcp_tasks.janitor import EXPIRED_UNFINISHED, METRIC
 from celery_mcp_tasks.model import TaskRecord, TaskStatus
-from celery_mcp_tasks.observe import Observer
+from celery_mcp_tasks.plugin import Plugin, Runtime
 from celery_mcp_tasks.service import ENQUEUE_FAILED
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
+    from starlette.routing import BaseRoute
 
-    from celery_mcp_tasks.app import McpTasks
+    from celery_mcp_tasks.store.base import Store
 
 __all__ = [
     "OTHER",
     "PREFIX",
     "Families",
     "JanitorMetrics",
+    "Prometheus",
     "PushMetrics",
     "TaskMetrics",
     "families",
-    "install",
     "queued_at",
     "use_multiprocess",
 ]
@@ -249,18 +250,58 @@ class PushMetrics:
         self._metrics().push_latency.observe(max(latency_s, 0.0))
 
 
-def install(tasks: McpTasks) -> None:
-    """Count in every process of this app (off with MCP_TASKS_METRICS=off): observers, hooks, routes."""
-    if not tasks.settings.metrics:
-        return
-    from celery_mcp_tasks.ops import metrics_scrape
-    from celery_mcp_tasks.ops.worker_metrics import install as install_worker_exporter
+_DEFAULT_PORT: Any = object()
 
-    observer: Observer = TaskMetrics(tasks.tools)
-    tasks.observers.append(observer)
-    tasks.sweep_hooks.append(JanitorMetrics(tools=tasks.tools))
-    if tasks.listen is not None:
-        tasks.listen.observers.append(PushMetrics())
-    tasks.store_hooks.append(lambda store: metrics_scrape.count_store_errors(store.engine))
-    tasks.server.custom_route("/metrics", methods=["GET"], include_in_schema=False)(metrics_scrape.endpoint(tasks))
-    install_worker_exporter(tasks)
+
+class Prometheus(Plugin):
+    """The metrics plugin (MCP_TASKS_METRICS=on): every process counts what it committed; the web
+    process serves `/metrics` on the operations app (`McpTasks.ops_app()`), and each `celery worker`
+    serves its own and its prefork children's on `worker_port` (default MCP_TASKS_WORKER_METRICS_PORT,
+    9808; None: no worker endpoint). prometheus_client is imported on first use."""
+
+    def __init__(self, *, worker_port: int | None = _DEFAULT_PORT) -> None:
+        self._worker_port = worker_port
+        self._tasks: TaskMetrics | None = None
+        self._janitor: JanitorMetrics | None = None
+        self._push = PushMetrics()
+        self._route: BaseRoute | None = None
+
+    def setup(self, runtime: Runtime) -> None:
+        from starlette.routing import Route
+
+        from celery_mcp_tasks.ops import metrics_scrape, worker_metrics
+
+        settings = runtime.settings
+        self._tasks = TaskMetrics(runtime.tools)
+        self._janitor = JanitorMetrics(tools=runtime.tools)
+        port = settings.worker_metrics_port if self._worker_port is _DEFAULT_PORT else self._worker_port
+        # The embedded default is one machine (as `serve` binds 127.0.0.1); a deployment is scraped from afar.
+        local = settings.database_url is None and settings.embedded_broker
+        worker_metrics.install(runtime.celery, port, addr="127.0.0.1" if local else "0.0.0.0")
+        scrape = metrics_scrape.endpoint(runtime.service, settings.janitor_interval_s)
+        self._route = Route("/metrics", scrape, methods=["GET"])
+
+    def task_changed(self, before: TaskRecord | None, after: TaskRecord) -> None:
+        if self._tasks is not None:
+            self._tasks.task_changed(before, after)
+
+    def swept(self, name: str, counts: dict[str, int]) -> None:
+        if self._janitor is not None:
+            self._janitor(name, counts)
+
+    def store_built(self, store: Store) -> None:
+        from celery_mcp_tasks.ops.metrics_scrape import count_store_errors
+
+        count_store_errors(store)
+
+    def stream_opened(self) -> None:
+        self._push.stream_opened()
+
+    def stream_closed(self) -> None:
+        self._push.stream_closed()
+
+    def stream_notified(self, latency_s: float) -> None:
+        self._push.notified(latency_s)
+
+    def routes(self) -> list[BaseRoute]:
+        return [self._route] if self._route is not None else []

@@ -1,10 +1,7 @@
-"""`/metrics` on the web process's ASGI app, and the count of the task store's database errors.
+"""`/metrics` on the web process's operations app, and the count of the task store's database errors.
 
-Why a route on the MCP app and not a port of its own: the web process already
-listens (one uvicorn process, one port to open, probe and proxy), and a second
-listener would be one more thing to bind, secure and keep free in every replica.
-Like `/healthz` it needs no authorization; keep it off the public internet at
-the proxy if the tool names or counts are private.
+A route of the operations app (`McpTasks.ops_app()`, served by `serve --ops-port`),
+never of the MCP app: it needs no authorization, so it stays off the public port.
 
 The scrape answers even while the store is down. What only the store knows (the
 janitor's last sweep and the tasks in each status it sampled) is read in a
@@ -34,7 +31,8 @@ if TYPE_CHECKING:
     from prometheus_client.registry import Collector
     from sqlalchemy.engine import Engine, ExceptionContext
 
-    from celery_mcp_tasks.app import McpTasks
+    from celery_mcp_tasks.service import TaskService
+    from celery_mcp_tasks.store.base import Store
     from celery_mcp_tasks.store.sweeps import SweepRecord
 
 __all__ = [
@@ -107,8 +105,15 @@ class LedgerCollector:
 class Scrape:
     """One app's `/metrics`: this process's registry plus the store-derived series."""
 
-    def __init__(self, tasks: McpTasks, *, timeout_s: float = LEDGER_TIMEOUT_S) -> None:
-        self._tasks = tasks
+    def __init__(
+        self,
+        service: Callable[[], TaskService],
+        interval_s: float | None,
+        *,
+        timeout_s: float = LEDGER_TIMEOUT_S,
+    ) -> None:
+        self._service = service
+        self._interval_s = interval_s
         self._timeout_s = timeout_s
         self._reading = False  # a read that overran may still run: never start a second one
         self._logged_at = float("-inf")
@@ -141,11 +146,11 @@ class Scrape:
         return outcome[0] if outcome else self._failed(f"no answer within {self._timeout_s:g}s")
 
     def _last_sweep(self) -> SweepRecord | None:
-        from celery_mcp_tasks.store.sql import SqlStore
-        from celery_mcp_tasks.store.sweeps import JANITOR, ledger_for
+        from celery_mcp_tasks.janitor import ledger_of
+        from celery_mcp_tasks.store.sweeps import JANITOR
 
-        store = self._tasks.service().store
-        return ledger_for(store).last(JANITOR) if isinstance(store, SqlStore) else None
+        ledger = ledger_of(self._service())  # None for a store that keeps no sweep ledger
+        return ledger.last(JANITOR) if ledger is not None else None
 
     def _failed(self, why: str) -> LedgerView:
         families().scrape_errors.labels("ledger").inc()
@@ -171,14 +176,14 @@ class Scrape:
         except Exception:
             families().scrape_errors.labels("registry").inc()
             logger.exception("metrics: could not collect this process's registry")
-        collector = LedgerCollector(view, self._tasks.settings.janitor_interval_s)
+        collector = LedgerCollector(view, self._interval_s)
         parts.append(generate_latest(cast("Collector", collector)))
         return b"".join(parts)
 
 
-def endpoint(tasks: McpTasks) -> Callable[[Request], Awaitable[Response]]:
+def endpoint(service: Callable[[], TaskService], interval_s: float | None) -> Callable[[Request], Awaitable[Response]]:
     """The route handler (a plain function: Starlette treats any other callable as an ASGI app)."""
-    scrape = Scrape(tasks)
+    scrape = Scrape(service, interval_s)
 
     async def metrics(_request: Request) -> Response:
         return await scrape.respond()
@@ -207,8 +212,10 @@ def _on_error(context: ExceptionContext) -> None:
         logger.debug("metrics: could not count a store error", exc_info=True)
 
 
-def count_store_errors(engine: Engine) -> None:
+def count_store_errors(store: Store | Engine) -> None:
     """Count the database errors of the task store's own engine (each process builds its own).
+
+    A store without a SQLAlchemy `engine` is not counted here.
 
     A SQLAlchemy `handle_error` listener on that engine alone: the application's
     own engines, even on the same database, are not the store's. It runs only
@@ -217,6 +224,10 @@ def count_store_errors(engine: Engine) -> None:
     of a database that is down.
     """
     from sqlalchemy import event
+    from sqlalchemy.engine import Engine
 
+    engine = store if isinstance(store, Engine) else getattr(store, "engine", None)
+    if not isinstance(engine, Engine):
+        return
     if not event.contains(engine, "handle_error", _on_error):
         event.listen(engine, "handle_error", _on_error)

@@ -8,8 +8,8 @@ is recording there (a caller's remote context, a programmatic creation) is a spa
 where the sampler left the call out (a valid, unsampled span is current). Either
 way the row keeps the context; every send of the job (first, reaper's, after `tasks/update`) makes that context
 current and injects it into the Celery message headers with the global propagator, as
-`opentelemetry-instrumentation-celery` does (Celery copies headers into retries); for the
-default W3C pair, the same headers are written here (`_inject`).
+`opentelemetry-instrumentation-celery` does (Celery copies headers into retries), with
+`propagate.inject`: whatever propagators the application configured write them.
 
 This is the only tracing module `mcp/` and `worker/` import, so it needs opentelemetry-api
 alone (a no-op that still propagates, so a user's own `opentelemetry-instrument` setup works)
@@ -22,15 +22,12 @@ a processor or a propagator that raises costs that span (one warning per process
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from typing import Any
 
-from opentelemetry import baggage, propagate, trace
 from opentelemetry import context as otel_context
-from opentelemetry.baggage.propagation import W3CBaggagePropagator
-from opentelemetry.propagators.composite import CompositePropagator
+from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -51,7 +48,6 @@ logger = logging.getLogger("celery_mcp_tasks.ops")
 TRACER = trace.get_tracer("celery_mcp_tasks")
 TOOL = "mcp_task.tool"
 _W3C = TraceContextTextMapPropagator()
-_BAGGAGE = W3CBaggagePropagator()
 _warned: set[str] = set()
 
 
@@ -64,56 +60,13 @@ def warn_once(what: str, error: BaseException) -> None:
     logger.warning("tracing: %s; going on without it (said once per process)", what, exc_info=error)
 
 
-def _is_default(textmap: Any) -> bool:
-    """`textmap` is the pair OpenTelemetry builds when OTEL_PROPAGATORS is unset (or names those two):
-    a `CompositePropagator` of exactly the W3C trace context and the W3C baggage propagators, by type.
-    Its members are a private list (opentelemetry-api 1.45); where it moved, no propagator is ours to write."""
-    named = {name.strip() for name in os.environ.get("OTEL_PROPAGATORS", "tracecontext,baggage").split(",")}
-    members = getattr(textmap, "_propagators", None)
-    return (
-        type(textmap) is CompositePropagator
-        and named == {"tracecontext", "baggage"}
-        and isinstance(members, list)
-        and len(members) == 2
-        and {type(member) for member in members} == {TraceContextTextMapPropagator, W3CBaggagePropagator}
-    )
-
-
-_last_textmap: tuple[Any, bool] = (None, False)  # the global textmap last seen, and _is_default of it
-
-
-def _inject(headers: MutableMapping[str, Any]) -> None:
-    """`propagate.inject(headers)`: written here for the default propagators (~25 000 instructions less a
-    send; a test holds the headers equal), by the global propagator for any other."""
-    global _last_textmap
-    textmap = propagate.get_global_textmap()
-    known = _last_textmap
-    if known[0] is not textmap:
-        known = _last_textmap = (textmap, _is_default(textmap))
-    context = trace.get_current_span().get_span_context()
-    if not (known[1] and context.is_valid):  # an invalid one: as the propagator decides
-        textmap.inject(headers)
-        return
-    headers["traceparent"] = _traceparent(context)
-    if context.trace_state:
-        headers["tracestate"] = context.trace_state.to_header()
-    if baggage.get_all():
-        _BAGGAGE.inject(headers)
-
-
 def current_traceparent() -> str | None:
-    """The W3C `traceparent` of the current span, or None when there is no valid one.
-
-    Formatted here as the W3C propagator formats a valid context (a test holds the two equal):
-    its `inject` costs ~4 us more, and a creation asks twice (the row's, then its first send's
-    check). An invalid context is None here, where `inject` would write an all-zero one.
-    """
-    context = trace.get_current_span().get_span_context()
-    return _traceparent(context) if context.is_valid else None
-
-
-def _traceparent(context: trace.SpanContext) -> str:
-    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+    """The W3C `traceparent` of the current span (what the row stores), or None when there is no valid one."""
+    if not trace.get_current_span().get_span_context().is_valid:
+        return None
+    carrier: dict[str, str] = {}
+    _W3C.inject(carrier)
+    return carrier.get("traceparent")
 
 
 def _no_provider() -> bool:
@@ -224,7 +177,7 @@ def sending(trace_context: str | None, headers: MutableMapping[str, Any]) -> Ite
     try:
         if trace_context and trace_context != current_traceparent():  # not the first send, in `creating`
             token = otel_context.attach(_W3C.extract({"traceparent": trace_context}))
-        _inject(headers)
+        propagate.inject(headers)
     except Exception as error:  # noqa: BLE001 - a broken propagator costs the trace, never the job
         warn_once("could not put the trace context in a job's headers", error)
     try:

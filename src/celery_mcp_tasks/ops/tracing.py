@@ -33,13 +33,12 @@ from opentelemetry.trace import SpanKind
 from celery_mcp_tasks.config import ConfigError
 from celery_mcp_tasks.model import TaskRecord
 from celery_mcp_tasks.ops.propagation import TOOL, end_span, mark_failed, start_span, warn_once
+from celery_mcp_tasks.plugin import Plugin, Runtime
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
 
-    from celery_mcp_tasks.app import McpTasks
-
-__all__ = ["StatusEvents", "configure", "install", "require_extra", "shutdown"]
+__all__ = ["StatusEvents", "Tracing", "configure", "require_extra", "shutdown"]
 
 logger = logging.getLogger("celery_mcp_tasks.ops")
 
@@ -275,25 +274,20 @@ def configure(mode: str, service_name: str) -> TracerProvider | None:
 
 
 def _provider(mode: str, service_name: str) -> TracerProvider:
+    """The stock SDK provider with the stock exporter: nothing of ours between a span and the collector."""
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+    from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 
-    from celery_mcp_tasks.ops.lean_trace import LeanTracerProvider  # the SDK's provider, shorter span starts
-
     named = "OTEL_SERVICE_NAME" in os.environ or "service.name=" in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
-    provider = LeanTracerProvider(
+    provider = TracerProvider(
         resource=Resource.create({} if named else {SERVICE_NAME: service_name}), shutdown_on_exit=False
     )
     exporter: SpanExporter
     if mode == "otlp":  # endpoint, headers, timeout, compression: the standard OTEL_EXPORTER_OTLP_* variables
-        try:  # the official exporter with our encoder (ops/otlp.py)
-            from celery_mcp_tasks.ops.otlp import LeanOTLPSpanExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-            exporter = LeanOTLPSpanExporter()
-        except ImportError:  # an exporter release whose private encoder functions moved: the official one
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-            exporter = OTLPSpanExporter()
+        exporter = OTLPSpanExporter()
     else:  # one JSON object a line on the real stdout (Celery redirects sys.stdout into its logger)
         exporter = ConsoleSpanExporter(
             out=sys.__stdout__ or sys.stdout, formatter=lambda span: str(span.to_json(indent=None)) + "\n"
@@ -329,15 +323,15 @@ def _forks(pool_cls: Any) -> bool:
     return isinstance(cls, type) and issubclass(cls, TaskPool)
 
 
-def _install_worker_provider(tasks: McpTasks, mode: str) -> None:
+def _install_worker_provider(celery: Any, name: str, mode: str) -> None:
     from celery import signals
 
     def in_child(**_: Any) -> None:
-        configure(mode, tasks.name)
+        configure(mode, name)
 
     def in_worker(sender: Any = None, **_: Any) -> None:
-        if getattr(sender, "app", None) is tasks.celery and not _forks(getattr(sender, "pool_cls", "prefork")):
-            configure(mode, tasks.name)  # solo, threads, gevent: the jobs run in this very process
+        if getattr(sender, "app", None) is celery and not _forks(getattr(sender, "pool_cls", "prefork")):
+            configure(mode, name)  # solo, threads, gevent: the jobs run in this very process
 
     signals.worker_process_init.connect(in_child, weak=False)
     signals.worker_init.connect(in_worker, weak=False)
@@ -345,31 +339,42 @@ def _install_worker_provider(tasks: McpTasks, mode: str) -> None:
         stopping.connect(lambda **_: shutdown(), weak=False)
 
 
-def _serving(tasks: McpTasks, mode: str) -> Any:
-    @asynccontextmanager
-    async def provider() -> AsyncIterator[None]:
-        import anyio.to_thread
+@asynccontextmanager
+async def _provider_while_serving(mode: str, name: str) -> AsyncIterator[None]:
+    import anyio.to_thread
 
-        configure(mode, tasks.name)
-        try:
-            yield
-        finally:
-            await anyio.to_thread.run_sync(shutdown)
-
-    return provider
+    configure(mode, name)
+    try:
+        yield
+    finally:
+        await anyio.to_thread.run_sync(shutdown)
 
 
-def install(tasks: McpTasks) -> None:
-    """Spans for every task of `tasks`; with MCP_TASKS_TRACING=otlp|console, a provider in each process.
+class Tracing(Plugin):
+    """The tracing plugin: a span for each run of a job in the worker, and each status a write sets as
+    an attribute and event on the current span. The spans go to the application's tracer provider
+    (e.g. `opentelemetry-instrument`); with `exporter="otlp"|"console"` (MCP_TASKS_TRACING=otlp|console,
+    the otel extra) this plugin sets the stock SDK provider and exporter in the web process and in each
+    worker process, where none is set. Without this plugin, every task still carries its trace context
+    through the Celery headers (opentelemetry-api, a no-op without a provider)."""
 
-    Only registers (an observer, signals, a serving context). A missing extra is a `ConfigError`
-    naming MCP_TASKS_TRACING and the extra, which stops a process in one line as any bad setting does.
-    """
-    mode = tasks.settings.tracing
-    if mode != "off":
-        require_extra(mode)
-    tasks.observers.append(StatusEvents())
-    _connect_run_spans()
-    if mode != "off":
-        tasks.serving_contexts.append(_serving(tasks, mode))
-        _install_worker_provider(tasks, mode)
+    def __init__(self, *, exporter: str | None = None) -> None:
+        if exporter not in (None, "otlp", "console"):
+            raise ConfigError(f"MCP_TASKS_TRACING: expected on, otlp or console, got {exporter!r}")
+        self.exporter = exporter
+        self._name = "celery-mcp-tasks"
+        self._status_events = StatusEvents()
+
+    def setup(self, runtime: Runtime) -> None:
+        """Only registers (signals, a serving context). A missing extra is a `ConfigError` naming it."""
+        if self.exporter is not None:
+            require_extra(self.exporter)
+            self._name = runtime.name
+            _install_worker_provider(runtime.celery, runtime.name, self.exporter)
+        _connect_run_spans()
+
+    def task_changed(self, before: TaskRecord | None, after: TaskRecord) -> None:
+        self._status_events.task_changed(before, after)
+
+    def serving(self) -> Any:
+        return None if self.exporter is None else _provider_while_serving(self.exporter, self._name)

@@ -48,8 +48,6 @@ if TYPE_CHECKING:
 
     from prometheus_client.registry import Collector
 
-    from celery_mcp_tasks.app import McpTasks
-
 __all__ = ["MERGED", "MULTIPROC_DIR", "PRIVATE_PREFIX", "WorkerExporter", "fold_files", "install", "remove_orphans"]
 
 logger = logging.getLogger("celery_mcp_tasks.ops.metrics")
@@ -222,15 +220,12 @@ class WorkerExporter:
             self.private = False
 
 
-def install(tasks: McpTasks) -> None:
-    """Connect the exporter to this app's `celery worker` (by signal; nothing happens at install)."""
-    settings = tasks.settings
-    # The embedded default is one machine (as `serve` binds 127.0.0.1); a deployment is scraped from afar.
-    local = settings.database_url is None and settings.embedded_broker
-    exporter = WorkerExporter(settings.worker_metrics_port, addr="127.0.0.1" if local else "0.0.0.0")
+def install(celery: Any, port: int | None, *, addr: str = "0.0.0.0") -> None:
+    """Connect the exporter to the `celery worker` of `celery` (by signal; nothing happens at install)."""
+    exporter = WorkerExporter(port, addr=addr)
 
     def ours(instance: Any) -> bool:
-        return getattr(instance, "app", None) is tasks.celery
+        return getattr(instance, "app", None) is celery
 
     # Connected by call, as in worker/startup.py: Celery's signals are untyped.
     def _init(sender: Any = None, instance: Any = None, **_: Any) -> None:
@@ -245,7 +240,7 @@ def install(tasks: McpTasks) -> None:
         exporter.child_exited(pid if pid is not None else os.getpid())
 
     def _shutdown(sender: Any = None, **_: Any) -> None:
-        if getattr(sender, "app", None) is tasks.celery:
+        if getattr(sender, "app", None) is celery:
             exporter.stop()
 
     signals.celeryd_init.connect(_init, weak=False)

@@ -1,0 +1,73 @@
+"""The operations app's own listener: `/metrics`, `/healthz`, `/readyz` on a port apart from the MCP one.
+
+`serve` and `dev` start it beside the MCP server when a plugin added routes, on
+`--ops-host`/`--ops-port` (MCP_TASKS_OPS_HOST, default 127.0.0.1; MCP_TASKS_OPS_PORT,
+default 9101). A uvicorn server of its own in a daemon thread with its own event
+loop: uvicorn binds the socket as it binds the MCP one (TCP_NODELAY included), and
+outside the main thread it leaves the process's signal handlers to the MCP server.
+A port in use is one warning line; the MCP server runs on without it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+__all__ = ["DEFAULT_OPS_HOST", "DEFAULT_OPS_PORT", "OpsServer", "ops_address"]
+
+logger = logging.getLogger("celery_mcp_tasks.ops")
+
+DEFAULT_OPS_HOST = "127.0.0.1"
+DEFAULT_OPS_PORT = 9101
+
+
+def ops_address(host: str | None, port: int | None) -> tuple[str, int | None]:
+    """The command line's address, else MCP_TASKS_OPS_HOST / MCP_TASKS_OPS_PORT (`off`: no ops listener)."""
+    host = host or os.environ.get("MCP_TASKS_OPS_HOST") or DEFAULT_OPS_HOST
+    if port is not None:
+        return host, port or None
+    raw = (os.environ.get("MCP_TASKS_OPS_PORT") or "").strip().lower()
+    if raw in ("off", "0", "none"):
+        return host, None
+    if not raw:
+        return host, DEFAULT_OPS_PORT
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        raise SystemExit(
+            f"celery-mcp-tasks: configuration error: MCP_TASKS_OPS_PORT: expected a TCP port or off, got {raw!r}"
+        )
+    return host, int(raw)
+
+
+class OpsServer:
+    """Serves one ASGI app on host:port in a daemon thread until `stop()`."""
+
+    def __init__(self, app: Any, host: str, port: int, *, log_config: Any = None) -> None:
+        import uvicorn
+
+        self.host = host
+        self.port = port
+        config = uvicorn.Config(app, host=host, port=port, lifespan="off", access_log=False, log_config=log_config)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._run, name="mcp-tasks-ops-server", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self._server.run()
+        except SystemExit:  # uvicorn exits this way when it cannot bind
+            logger.warning(
+                "celery-mcp-tasks: the operations port %s:%d is not free; serving MCP without it "
+                "(set --ops-port or MCP_TASKS_OPS_PORT)",
+                self.host,
+                self.port,
+            )
+
+    def start(self) -> OpsServer:
+        self._thread.start()
+        logger.info("celery-mcp-tasks: operations routes on http://%s:%d", self.host, self.port)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(5)

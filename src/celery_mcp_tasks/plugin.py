@@ -1,0 +1,133 @@
+"""The one seam an operations concern (metrics, health, logs, traces, the janitor watch) attaches through.
+
+A `Plugin` is a declarative hook class, as Dramatiq's middleware is: every hook does
+nothing by default, a plugin overrides the few it needs, and the application lists the
+plugins it wants, explicitly (`McpTasks(..., plugins=[Prometheus(), Health()])`) or by
+setting (`plugins_from_settings`: MCP_TASKS_METRICS=on, ...). None is on by default, so
+importing the package or constructing `McpTasks` changes nothing process-wide.
+
+A plugin knows the app only through `Runtime` (McpTasks is one): never the composition
+root's module, so no plugin is an import of `app.py` and `app.py` imports none of them.
+The built-in plugins are named here by module path and imported only when a setting asks.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Collection, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any, Protocol
+
+from celery_mcp_tasks.config import Settings
+from celery_mcp_tasks.model import TaskRecord
+
+if TYPE_CHECKING:
+    from starlette.routing import BaseRoute
+
+    from celery_mcp_tasks.service import TaskService
+    from celery_mcp_tasks.store.base import Store
+
+__all__ = ["BUILT_IN", "Plugin", "Runtime", "overrides", "plugins_from_settings"]
+
+
+class Runtime(Protocol):
+    """What a plugin may know of the app it serves (read in `Plugin.setup`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def celery(self) -> Any:
+        """The app's `celery.Celery` (its signals and configuration are this app's)."""
+        ...
+
+    @property
+    def tools(self) -> Collection[str]:
+        """The names of the app's task tools, live (tools declared later are in it)."""
+        ...
+
+    def service(self) -> TaskService:
+        """This process's task service (built on first use, rebuilt after a fork)."""
+        ...
+
+
+class Plugin:
+    """One operations concern; override the hooks you need. A hook must be cheap and must not
+    raise into the caller: the app logs and swallows what `task_changed`, `swept` and the
+    stream hooks raise (the write, the sweep, the stream go on)."""
+
+    def setup(self, runtime: Runtime) -> None:
+        """Once, while `McpTasks` is constructed: register (Celery signals, settings checks), connect nothing.
+
+        Raise `ConfigError` for a setting this plugin cannot honour: the process stops with one line.
+        """
+
+    def store_built(self, store: Store) -> None:
+        """A process built its store (once per process, after a fork too), before any write."""
+
+    def task_changed(self, before: TaskRecord | None, after: TaskRecord) -> None:
+        """`after` was committed, replacing `before` (None: created), in the process that wrote it."""
+
+    def swept(self, name: str, counts: dict[str, int]) -> None:
+        """A janitor sweep reported `counts` under `name` (the `MetricHook` contract)."""
+
+    def stream_opened(self) -> None:
+        """A `subscriptions/listen` stream opened in this web process."""
+
+    def stream_closed(self) -> None:
+        """A listen stream closed."""
+
+    def stream_notified(self, latency_s: float) -> None:
+        """A listen stream sent a notification `latency_s` after a hint woke it."""
+
+    def serving(self) -> AbstractAsyncContextManager[Any] | None:
+        """A context entered for the served MCP app's whole life (its lifespan), or None."""
+        return None
+
+    def routes(self) -> Sequence[BaseRoute]:
+        """Routes for the separate operations app (`McpTasks.ops_app()`), never the MCP app's."""
+        return ()
+
+
+def overrides(plugin: Plugin, hook: str) -> bool:
+    """Whether `plugin` overrides `hook`: the app calls only those (a default hook costs nothing)."""
+    return getattr(type(plugin), hook) is not getattr(Plugin, hook)
+
+
+BUILT_IN: dict[str, str] = {
+    "logs": "celery_mcp_tasks.ops.logs:Logs",
+    "tracing": "celery_mcp_tasks.ops.tracing:Tracing",
+    "health": "celery_mcp_tasks.ops.health:Health",
+    "metrics": "celery_mcp_tasks.ops.metrics:Prometheus",
+    "janitor_watch": "celery_mcp_tasks.ops.janitor_watch:JanitorWatcher",
+}
+"""The built-in plugins, by the setting that turns each on, imported only when one is asked for."""
+
+
+def _built_in(name: str) -> Callable[..., Plugin]:
+    module, _, attribute = BUILT_IN[name].partition(":")
+    factory: Callable[..., Plugin] = getattr(importlib.import_module(module), attribute)
+    return factory
+
+
+def plugins_from_settings(settings: Settings) -> list[Plugin]:
+    """The built-in plugins the settings turn on, in the order they install (logs first: they style what follows).
+
+    MCP_TASKS_LOG_FORMAT=json (Logs), MCP_TASKS_TRACING=on|otlp|console (Tracing),
+    MCP_TASKS_HEALTH=on (Health), MCP_TASKS_METRICS=on (Prometheus), MCP_TASKS_JANITOR_WATCH=on.
+    """
+    found: list[Plugin] = []
+    if settings.log_format == "json":
+        found.append(_built_in("logs")(json=True))
+    if settings.tracing != "off":
+        found.append(_built_in("tracing")(exporter=None if settings.tracing == "on" else settings.tracing))
+    if settings.health:
+        found.append(_built_in("health")())
+    if settings.metrics:
+        found.append(_built_in("metrics")())
+    if settings.janitor_watch:
+        found.append(_built_in("janitor_watch")())
+    return found

@@ -1,0 +1,99 @@
+"""A guest in the user's process: importing the package and constructing `McpTasks` with its defaults
+changes nothing process-wide (no environment variable, no other library's global table, no global
+tracer provider, no registered collector, no atexit hook, no listening socket, no route on the MCP app).
+
+Run in a fresh interpreter: this test process has long since imported and configured all of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support import ROOT
+
+pytestmark = pytest.mark.integration
+
+PROBE = r"""
+import atexit, json, os, sys
+
+def listening():
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        inodes = {row.split()[9] for row in rows if row.split()[3] == "0A"}  # 0A: LISTEN
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:[") and target[8:-1] in inodes:
+                found.add(target)
+    return sorted(found)
+
+def state():
+    from kombu.transport import TRANSPORT_ALIASES
+    from opentelemetry import trace
+    from prometheus_client import REGISTRY
+
+    return {
+        "environ": dict(os.environ),
+        "aliases": dict(TRANSPORT_ALIASES),
+        "provider": type(trace.get_tracer_provider()).__name__,
+        "collectors": sorted(map(repr, REGISTRY._collector_to_names)),
+        "atexit": atexit._ncallbacks(),
+        "listening": listening(),
+    }
+
+# The dependencies first: what their own imports do (e.g. the stdlib's one atexit hook for
+# `weakref.finalize`, which SQLAlchemy's import creates) is theirs, not this package's.
+import celery, kombu, sqlalchemy, starlette.applications, mcp.server  # noqa: E401
+
+before = state()
+import celery_mcp_tasks
+from celery_mcp_tasks import McpTasks
+
+tasks = McpTasks("guest-" + sys.argv[1])
+
+@tasks.mcp_task
+def report() -> str:
+    return "ok"
+
+app = tasks.asgi_app()
+paths = sorted(getattr(route, "path", "") for route in app.routes)
+tasks.service()  # the store built: still nothing process-wide
+after = state()
+print(json.dumps({"before": before, "after": after, "paths": paths, "plugins": len(tasks.plugins)}))
+"""
+
+
+@pytest.mark.parametrize("broker", ["embedded", "redis"])
+def test_importing_and_constructing_changes_nothing_process_wide(broker: str, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MCP_TASKS_", "CELERY_", "PROMETHEUS_", "OTEL_"))}
+    env.update(PYTHONPATH=f"{ROOT / 'src'}:{ROOT}", MCP_TASKS_DATA_DIR=str(tmp_path / "data"))
+    if broker == "redis":
+        env["CELERY_BROKER_URL"] = "redis://127.0.0.1:1/0"  # never connected to: construction connects nothing
+        env["MCP_TASKS_DATABASE_URL"] = f"sqlite:///{tmp_path / 'tasks.db'}"
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, broker], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    before, after = seen["before"], seen["after"]
+    assert after["environ"] == before["environ"]
+    assert after["aliases"] == before["aliases"]
+    assert after["provider"] == before["provider"] == "ProxyTracerProvider"
+    assert after["collectors"] == before["collectors"]
+    assert after["atexit"] == before["atexit"]
+    assert after["listening"] == before["listening"] == []
+    assert seen["plugins"] == 0
+    assert not {"/metrics", "/healthz", "/readyz"} & set(seen["paths"]), seen["paths"]
