@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from celery_mcp_tasks.ops.metrics import Families
-from celery_mcp_tasks.ops.metrics_scrape import LedgerCollector, LedgerView
+from celery_mcp_tasks.ops.metrics import Families, LedgerCollector, LedgerView
 from celery_mcp_tasks.store.sweeps import SweepRecord
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -22,7 +22,7 @@ from starlette.testclient import TestClient
 from celery_mcp_tasks import McpTasks
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.migrate import upgrade
-from celery_mcp_tasks.ops.metrics_scrape import Scrape
+from celery_mcp_tasks.ops.metrics import Scrape
 from celery_mcp_tasks.store.base import StoreUnavailable
 from celery_mcp_tasks.store.sql import SqlStore
 from tests.support import POSTGRES_URL, fresh_postgres_database

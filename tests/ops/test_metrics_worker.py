@@ -22,7 +22,7 @@ from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
-from celery_mcp_tasks.ops.worker_metrics import MERGED, PRIVATE_PREFIX, WorkerExporter, fold_files, remove_orphans
+from celery_mcp_tasks.ops.metrics import MERGED, PRIVATE_PREFIX, WorkerExporter, fold_files, remove_orphans
 from tests.support import Backend, Deployment, McpHttp, Proc, free_port, process_env, spawn, wait_until
 
 APP = "examples.conformance.app"

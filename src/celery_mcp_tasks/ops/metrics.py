@@ -1,4 +1,19 @@
-"""Prometheus metrics: each process counts the changes it committed, from the Observer seam.
+"""Prometheus metrics for this package, opt-in through the `Prometheus` plugin (MCP_TASKS_METRICS=on).
+
+The module, section by section:
+
+1. Families: every metric this package exports, made on first use in one
+   registry, and how a process counts (in memory, or in the per-process files a
+   prefork worker needs).
+2. Observers: `TaskMetrics` counts and times each committed change;
+   `JanitorMetrics` counts sweeps and what they did; `PushMetrics` counts open
+   listen streams and how fast a hint becomes a notification.
+3. The web process's `/metrics`: this process's registry plus what only the
+   store knows (the janitor's last sweep), read under a deadline (`Scrape`).
+4. The store's database errors: a listener on the task store's own engine.
+5. The worker's exporter: a `celery worker` and its prefork children count in
+   multiprocess files, served by the worker's main process (`WorkerExporter`).
+6. The plugin: `Prometheus` wires sections 2 to 5 into an application.
 
 Every process counts what it did (the web process creates and cancels, the
 workers start and finish runs, the janitor reaps, expires questions and evicts
@@ -18,17 +33,25 @@ else), so its values are bounded by the code, not by callers.
 prometheus_client picks its value class (in memory, or the per-process files a
 prefork worker needs) when `prometheus_client.values` is imported, and every
 metric object keeps the class it was made with. So no metric object exists at
-import or `install` time: `families()` makes them on first use, after a worker
-has decided how it counts (`worker_metrics`).
+import or `setup` time: `families()` makes them on first use, after a worker
+has decided how it counts (section 5). prometheus_client, Starlette, anyio and
+Celery are imported inside the functions that use them: importing this module
+is cheap and changes nothing process-wide.
 """
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import logging
 import os
+import shutil
+import tempfile
 import threading
-from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING, Any
+import time
+from collections.abc import Awaitable, Callable, Collection, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
 from celery_mcp_tasks.janitor import EXPIRED_UNFINISHED, METRIC
 from celery_mcp_tasks.model import TaskRecord, TaskStatus
@@ -36,25 +59,50 @@ from celery_mcp_tasks.plugin import Plugin, Runtime
 from celery_mcp_tasks.service import ENQUEUE_FAILED
 
 if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
     from prometheus_client import CollectorRegistry
+    from prometheus_client.registry import Collector
+    from sqlalchemy.engine import Engine, ExceptionContext
+    from starlette.requests import Request
+    from starlette.responses import Response
     from starlette.routing import BaseRoute
 
+    from celery_mcp_tasks.service import TaskService
     from celery_mcp_tasks.store.base import Store
+    from celery_mcp_tasks.store.sweeps import SweepRecord
 
 __all__ = [
+    "LEDGER_TIMEOUT_S",
+    "MERGED",
+    "MULTIPROC_DIR",
     "OTHER",
     "PREFIX",
+    "PRIVATE_PREFIX",
     "Families",
     "JanitorMetrics",
+    "LedgerCollector",
+    "LedgerView",
     "Prometheus",
     "PushMetrics",
+    "Scrape",
     "TaskMetrics",
+    "WorkerExporter",
+    "count_store_errors",
     "families",
+    "fold_files",
+    "install_worker_exporter",
     "queued_at",
+    "remove_orphans",
+    "scrape_endpoint",
+    "store_operation",
     "use_multiprocess",
 ]
 
 logger = logging.getLogger("celery_mcp_tasks.ops.metrics")
+
+
+# -- 1. families: every metric, and how this process counts ----------------------------------
 
 PREFIX = "mcp_tasks"
 OTHER = "other"
@@ -159,6 +207,9 @@ def multiprocess() -> bool:
     return bool(getattr(values.ValueClass, "_multiprocess", False)) and bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
 
 
+# -- 2. observers: what each committed change, sweep and listen stream counts ----------------
+
+
 def queued_at(before: TaskRecord) -> int:
     """When the run that starts after `before` was queued: its send, an answer, or a retry's due time.
 
@@ -250,6 +301,441 @@ class PushMetrics:
         self._metrics().push_latency.observe(max(latency_s, 0.0))
 
 
+# -- 3. the web process's /metrics -------------------------------------------------------------
+#
+# A route of the operations app (`McpTasks.ops_app()`, served by `serve --ops-port`),
+# never of the MCP app: it needs no authorization, so it stays off the public port.
+#
+# The scrape answers even while the store is down. What only the store knows (the
+# janitor's last sweep and the tasks in each status it sampled) is read in a
+# worker thread under a short deadline, at most one read at a time; a read that
+# fails or overruns leaves those series out of this scrape, sets
+# `mcp_tasks_ledger_up` to 0, counts `mcp_tasks_scrape_errors_total{source="ledger"}`
+# and logs (at most once a minute): a scrape never fails with a 500.
+
+LEDGER_TIMEOUT_S = 0.5
+"""How long a scrape waits for the sweep record before it answers without it."""
+_LOG_EVERY_S = 60.0
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@dataclass(frozen=True)
+class LedgerView:
+    """What one scrape learned from the sweep ledger: `ok` False when the read failed or overran."""
+
+    ok: bool
+    record: SweepRecord | None = None
+
+
+class LedgerCollector:
+    """The store-derived series of one scrape, from a `LedgerView` read beforehand (no I/O here)."""
+
+    def __init__(self, view: LedgerView, interval_s: float | None) -> None:
+        self._view = view
+        self._interval_s = interval_s
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        yield GaugeMetricFamily(
+            f"{PREFIX}_ledger_up", "Whether this scrape could read the janitor's sweep record", value=int(self._view.ok)
+        )
+        if self._interval_s is not None:
+            yield GaugeMetricFamily(
+                f"{PREFIX}_janitor_interval_seconds", "The janitor's configured interval", value=self._interval_s
+            )
+        record = self._view.record
+        if record is None:
+            return
+        if record.swept_at is not None:
+            yield GaugeMetricFamily(
+                f"{PREFIX}_janitor_last_sweep_timestamp_seconds",
+                "When the janitor last recorded a sweep (Unix time)",
+                value=record.swept_at / 1000.0,
+            )
+        if record.duration_ms is not None:
+            yield GaugeMetricFamily(
+                f"{PREFIX}_janitor_last_sweep_duration_seconds",
+                "How long the last recorded sweep took",
+                value=record.duration_ms / 1000.0,
+            )
+        if record.statuses:
+            family = GaugeMetricFamily(
+                f"{PREFIX}_in_status", "Tasks in each status, as the last sweep counted them", labels=["status"]
+            )
+            for status in TaskStatus:  # every status, and only ours: a bounded label
+                family.add_metric([status.value], float(record.statuses.get(status.value, 0)))
+            yield family
+
+
+class Scrape:
+    """One app's `/metrics`: this process's registry plus the store-derived series."""
+
+    def __init__(
+        self,
+        service: Callable[[], TaskService],
+        interval_s: float | None,
+        *,
+        timeout_s: float = LEDGER_TIMEOUT_S,
+    ) -> None:
+        self._service = service
+        self._interval_s = interval_s
+        self._timeout_s = timeout_s
+        self._reading = False  # a read that overran may still run: never start a second one
+        self._logged_at = float("-inf")
+
+    async def respond(self) -> Response:
+        import anyio.to_thread
+        from starlette.responses import Response
+
+        view = await self.ledger()
+        try:
+            body = await anyio.to_thread.run_sync(self.render, view)
+        except Exception:
+            logger.exception("metrics: could not render the scrape")
+            body = b""
+        return Response(body, media_type=CONTENT_TYPE)
+
+    async def ledger(self) -> LedgerView:
+        import anyio
+        import anyio.to_thread
+
+        if self._reading:
+            return self._failed("a previous read has not returned")
+        self._reading = True
+        outcome: list[LedgerView] = []
+
+        def read() -> None:
+            try:
+                outcome.append(LedgerView(True, self._last_sweep()))
+            except Exception as exc:  # noqa: BLE001 - the store is down or behind: reported below
+                outcome.append(self._failed(type(exc).__name__))
+            finally:
+                self._reading = False
+
+        with anyio.move_on_after(self._timeout_s):
+            await anyio.to_thread.run_sync(read, abandon_on_cancel=True)
+        return outcome[0] if outcome else self._failed(f"no answer within {self._timeout_s:g}s")
+
+    def _last_sweep(self) -> SweepRecord | None:
+        from celery_mcp_tasks.janitor import ledger_of
+        from celery_mcp_tasks.store.sweeps import JANITOR
+
+        ledger = ledger_of(self._service())  # None for a store that keeps no sweep ledger
+        return ledger.last(JANITOR) if ledger is not None else None
+
+    def _failed(self, why: str) -> LedgerView:
+        families().scrape_errors.labels("ledger").inc()
+        now = time.monotonic()
+        if now - self._logged_at >= _LOG_EVERY_S:
+            self._logged_at = now
+            logger.warning("metrics: could not read the janitor's sweep record (%s); scraped without it", why)
+        return LedgerView(False)
+
+    def render(self, view: LedgerView) -> bytes:
+        from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        families()  # described from the first scrape on, before any task changed here
+        parts: list[bytes] = []
+        try:
+            if multiprocess():  # e.g. a web process under gunicorn with PROMETHEUS_MULTIPROC_DIR set
+                registry = CollectorRegistry()
+                MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+                parts.append(generate_latest(registry))
+            else:
+                parts.append(generate_latest(REGISTRY))
+        except Exception:
+            families().scrape_errors.labels("registry").inc()
+            logger.exception("metrics: could not collect this process's registry")
+        collector = LedgerCollector(view, self._interval_s)
+        parts.append(generate_latest(cast("Collector", collector)))
+        return b"".join(parts)
+
+
+def scrape_endpoint(
+    service: Callable[[], TaskService], interval_s: float | None
+) -> Callable[[Request], Awaitable[Response]]:
+    """The route handler (a plain function: Starlette treats any other callable as an ASGI app)."""
+    scrape = Scrape(service, interval_s)
+
+    async def metrics(_request: Request) -> Response:
+        return await scrape.respond()
+
+    return metrics
+
+
+# -- 4. the store's database errors ------------------------------------------------------------
+
+
+def store_operation(context: ExceptionContext) -> str:
+    """A bounded label: connect, select, insert, update, delete, transaction (commit/rollback) or other."""
+    if context.connection is None:
+        return "connect"
+    statement = (context.statement or "").lstrip()
+    if not statement:
+        return "transaction"
+    verb = statement.split(None, 1)[0].lower()
+    return verb if verb in ("select", "insert", "update", "delete") else "other"
+
+
+def _on_error(context: ExceptionContext) -> None:
+    try:
+        families().store_errors.labels(store_operation(context)).inc()
+    except Exception:
+        logger.debug("metrics: could not count a store error", exc_info=True)
+
+
+def count_store_errors(store: Store | Engine) -> None:
+    """Count the database errors of the task store's own engine (each process builds its own).
+
+    A store without a SQLAlchemy `engine` is not counted here.
+
+    A SQLAlchemy `handle_error` listener on that engine alone: the application's
+    own engines, even on the same database, are not the store's. It runs only
+    when the database fails (nothing on the success path), and sees each failure
+    once, including a dropped connection the store then retries and the connect
+    of a database that is down.
+    """
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    engine = store if isinstance(store, Engine) else getattr(store, "engine", None)
+    if not isinstance(engine, Engine):
+        return
+    if not event.contains(engine, "handle_error", _on_error):
+        event.listen(engine, "handle_error", _on_error)
+
+
+# -- 5. the worker's exporter: its own and its prefork children's counts -----------------------
+#
+# A prefork child counts in its own memory, where no scrape could reach it; so a
+# `celery worker` counts in prometheus_client's multiprocess files instead, one
+# file per process in one directory, and its main process serves them all. When
+# the worker starts (`celeryd_init`: the main process, before the pool forks and
+# before any metric object exists) it takes PROMETHEUS_MULTIPROC_DIR if the
+# deployment set one, or makes a private directory, removed when the worker
+# stops. Once logging is set up (`celeryd_after_setup`, still before the fork) it
+# serves them on MCP_TASKS_WORKER_METRICS_PORT (`off`: no endpoint); a port in
+# use is one warning line and the worker runs on, unscraped. A child that exits
+# is marked dead: its live gauges go, its counters stay (totals never go back).
+# A private directory left by a worker that was killed is removed by the next
+# worker that starts on the host.
+#
+# Why a child folds its files at exit: prometheus_client keeps a dead process's
+# counter and histogram files for ever, and every scrape reads every file, so
+# with `--max-tasks-per-child` (a new child every few tasks) the directory and
+# the scrape's cost would grow for the worker's whole life. In a private
+# directory (ours alone) an exiting child adds its counts into one `*_merged.db`
+# file per type and removes its own, under a lock the endpoint also takes, so a
+# scrape sees the child's counts exactly once, before or after. A deployment's
+# PROMETHEUS_MULTIPROC_DIR may have readers of its own: it is left as
+# prometheus_client writes it.
+#
+# Only the `celery worker` command starts this (`celeryd_init` is its signal): an
+# in-process test worker or a web process never opens a port here.
+
+MULTIPROC_DIR = "PROMETHEUS_MULTIPROC_DIR"
+PRIVATE_PREFIX = "celery-mcp-tasks-metrics-"
+"""A private directory's name: this prefix, the worker's pid, a random tail."""
+MERGED = "merged"
+"""`counter_merged.db`, ...: the counts of the children that exited (the collector reads any `TYPE_*.db`)."""
+_ADDITIVE = ("counter", "histogram", "summary")  # values that sum across processes (gauges are per process)
+_LOCK_FILE = ".fold.lock"  # not `*.db`: the collector never reads it
+
+
+@contextlib.contextmanager
+def _locked(directory: str, *, exclusive: bool) -> Iterator[None]:
+    """The directory's fold lock: a fold is exclusive, a scrape shares it with other scrapes."""
+    import fcntl
+
+    with open(os.path.join(directory, _LOCK_FILE), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def fold_files(directory: str, pid: int) -> int:
+    """Add process `pid`'s counter, histogram and summary files into the `*_merged.db` ones; how many went.
+
+    The merged file is written beside, under a name no reader globs, and
+    replaces the old one before the process's own file is removed, all under
+    the lock: a scrape (which holds it too) sees the counts once.
+    """
+    from prometheus_client.mmap_dict import MmapedDict
+
+    folded = 0
+    with _locked(directory, exclusive=True):
+        for kind in _ADDITIVE:
+            own = os.path.join(directory, f"{kind}_{pid}.db")
+            if not os.path.exists(own):
+                continue
+            merged = os.path.join(directory, f"{kind}_{MERGED}.db")
+            totals: dict[str, float] = {}
+            for path in (merged, own):
+                if os.path.exists(path):
+                    for key, value, _timestamp, _pos in MmapedDict.read_all_values_from_file(path):  # type: ignore[no-untyped-call]
+                        totals[key] = totals.get(key, 0.0) + value
+            partial = f"{merged}.partial"
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(partial)  # left by a fold that was killed: never reopen (and add to) it
+            out = MmapedDict(partial)  # type: ignore[no-untyped-call]
+            try:
+                for key, value in totals.items():
+                    out.write_value(key, value, 0.0)  # type: ignore[no-untyped-call]
+            finally:
+                out.close()  # type: ignore[no-untyped-call]
+            os.replace(partial, merged)
+            os.unlink(own)
+            folded += 1
+    return folded
+
+
+class _Locked:
+    """The multiprocess collector, read under the fold lock (a scrape never meets a fold half done)."""
+
+    def __init__(self, directory: str) -> None:
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        self._directory = directory
+        self._inner = MultiProcessCollector(None, path=directory)  # type: ignore[no-untyped-call]
+
+    def collect(self) -> list[Any]:
+        with _locked(self._directory, exclusive=False):
+            return list(self._inner.collect())  # type: ignore[no-untyped-call]
+
+
+def remove_orphans(parent: str | None = None) -> list[str]:
+    """Remove the private directories of workers that are gone (killed before they could clean up)."""
+    removed: list[str] = []
+    for path in glob.glob(os.path.join(parent or tempfile.gettempdir(), f"{PRIVATE_PREFIX}*-*")):
+        owner = os.path.basename(path).removeprefix(PRIVATE_PREFIX).split("-", 1)[0]
+        if not owner.isdigit() or _alive(int(owner)):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+class WorkerExporter:
+    """One worker's multiprocess directory and the HTTP endpoint that serves it."""
+
+    def __init__(self, port: int | None, *, addr: str = "0.0.0.0") -> None:
+        self.port = port
+        self.addr = addr
+        self.directory: str | None = None
+        self.private = False
+        self.server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def prepare(self) -> None:
+        """Decide how this worker counts: in files under one directory, before any child exists."""
+        directory = os.environ.get(MULTIPROC_DIR)
+        if not directory:
+            if self.port is None:
+                return  # no endpoint of ours and no directory of the deployment's: nothing would read files
+            remove_orphans()
+            directory = tempfile.mkdtemp(prefix=f"{PRIVATE_PREFIX}{os.getpid()}-")
+            self.private = True
+        os.makedirs(directory, exist_ok=True)
+        self.directory = directory
+        use_multiprocess(directory)
+
+    def serve(self) -> None:
+        """Serve every process's files on the port; one warning line when that cannot be done."""
+        if self.port is None or self.directory is None or self.server is not None:
+            return
+        from prometheus_client import CollectorRegistry, start_http_server
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        registry = CollectorRegistry()
+        if self.private:
+            registry.register(cast("Collector", _Locked(self.directory)))
+        else:
+            MultiProcessCollector(registry, path=self.directory)  # type: ignore[no-untyped-call]
+        try:
+            self.server, self._thread = start_http_server(self.port, addr=self.addr, registry=registry)
+        except OSError as exc:
+            logger.warning(
+                "celery-mcp-tasks: worker metrics port %d is not free (%s); this worker runs without its "
+                "metrics endpoint (set MCP_TASKS_WORKER_METRICS_PORT to a free port, or off)",
+                self.port,
+                exc.strerror or type(exc).__name__,
+            )
+            return
+        logger.info("celery-mcp-tasks: worker metrics on http://%s:%d/metrics", self.addr, self.port)
+
+    def child_exited(self, pid: int) -> None:
+        """A pool process ends (in that process): drop its live gauges; in a private directory, fold its
+        counters and histograms into the merged files (elsewhere they stay as they are)."""
+        if self.directory is None:
+            return
+        from prometheus_client.multiprocess import mark_process_dead
+
+        try:
+            mark_process_dead(pid, self.directory)  # type: ignore[no-untyped-call]
+            if self.private:
+                fold_files(self.directory, pid)
+        except Exception:  # its files stay: counted still, only not folded
+            logger.warning("metrics: could not fold the counts of process %d", pid, exc_info=True)
+
+    def stop(self) -> None:
+        """The worker stops: close the endpoint, remove a private directory."""
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+        if self.private and self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            self.directory = None
+            self.private = False
+
+
+def install_worker_exporter(celery: Any, port: int | None, *, addr: str = "0.0.0.0") -> None:
+    """Connect the exporter to the `celery worker` of `celery` (by signal; nothing happens at install)."""
+    from celery import signals
+
+    exporter = WorkerExporter(port, addr=addr)
+
+    def ours(instance: Any) -> bool:
+        return getattr(instance, "app", None) is celery
+
+    # Connected by call, as in worker/startup.py: Celery's signals are untyped.
+    def _init(sender: Any = None, instance: Any = None, **_: Any) -> None:
+        if ours(instance):
+            exporter.prepare()
+
+    def _after_setup(sender: Any = None, instance: Any = None, **_: Any) -> None:
+        if ours(instance):
+            exporter.serve()
+
+    def _child_exit(sender: Any = None, pid: int | None = None, **_: Any) -> None:
+        exporter.child_exited(pid if pid is not None else os.getpid())
+
+    def _shutdown(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is celery:
+            exporter.stop()
+
+    signals.celeryd_init.connect(_init, weak=False)
+    signals.celeryd_after_setup.connect(_after_setup, weak=False)
+    signals.worker_process_shutdown.connect(_child_exit, weak=False)
+    signals.worker_shutdown.connect(_shutdown, weak=False)
+
+
+# -- 6. the plugin ------------------------------------------------------------------------------
+
 _DEFAULT_PORT: Any = object()
 
 
@@ -269,16 +755,14 @@ class Prometheus(Plugin):
     def setup(self, runtime: Runtime) -> None:
         from starlette.routing import Route
 
-        from celery_mcp_tasks.ops import metrics_scrape, worker_metrics
-
         settings = runtime.settings
         self._tasks = TaskMetrics(runtime.tools)
         self._janitor = JanitorMetrics(tools=runtime.tools)
         port = settings.worker_metrics_port if self._worker_port is _DEFAULT_PORT else self._worker_port
         # The embedded default is one machine (as `serve` binds 127.0.0.1); a deployment is scraped from afar.
         local = settings.database_url is None and settings.embedded_broker
-        worker_metrics.install(runtime.celery, port, addr="127.0.0.1" if local else "0.0.0.0")
-        scrape = metrics_scrape.endpoint(runtime.service, settings.janitor_interval_s)
+        install_worker_exporter(runtime.celery, port, addr="127.0.0.1" if local else "0.0.0.0")
+        scrape = scrape_endpoint(runtime.service, settings.janitor_interval_s)
         self._route = Route("/metrics", scrape, methods=["GET"])
 
     def task_changed(self, before: TaskRecord | None, after: TaskRecord) -> None:
@@ -290,8 +774,6 @@ class Prometheus(Plugin):
             self._janitor(name, counts)
 
     def store_built(self, store: Store) -> None:
-        from celery_mcp_tasks.ops.metrics_scrape import count_store_errors
-
         count_store_errors(store)
 
     def stream_opened(self) -> None:
