@@ -27,6 +27,7 @@ from tests.support import Backend, Deployment, McpHttp, Proc, free_port, process
 
 APP = "examples.conformance.app"
 NO_SUCH_PID = 2**22 + 1  # above Linux's largest pid_max: never a live process
+METRICS_ON = {"MCP_TASKS_METRICS": "on"}  # the Prometheus plugin is opt-in
 
 
 def finished(text: str) -> float:
@@ -61,7 +62,7 @@ def test_the_pool_children_counts_are_served_by_the_main_process(deployment: Dep
     worker = deployment.worker(
         pool="prefork",
         concurrency=2,
-        env={"MCP_TASKS_WORKER_METRICS_PORT": str(port), "PROMETHEUS_MULTIPROC_DIR": str(directory)},
+        env={**METRICS_ON, "MCP_TASKS_WORKER_METRICS_PORT": str(port), "PROMETHEUS_MULTIPROC_DIR": str(directory)},
     )
     run_one(deployment)
 
@@ -82,7 +83,9 @@ def test_a_port_in_use_is_one_warning_and_the_worker_runs_on(deployment: Deploym
         taken.listen()
         port = taken.getsockname()[1]
         worker = deployment.worker(
-            pool="prefork", concurrency=2, env={"MCP_TASKS_WORKER_METRICS_PORT": str(port), "TMPDIR": str(temp)}
+            pool="prefork",
+            concurrency=2,
+            env={**METRICS_ON, "MCP_TASKS_WORKER_METRICS_PORT": str(port), "TMPDIR": str(temp)},
         )
         run_one(deployment)
 
@@ -100,7 +103,7 @@ def test_with_the_port_off_no_endpoint_and_no_directory(deployment: Deployment, 
     temp = tmp_path / "tmp"
     temp.mkdir()
     worker = deployment.worker(
-        pool="prefork", concurrency=2, env={"MCP_TASKS_WORKER_METRICS_PORT": "off", "TMPDIR": str(temp)}
+        pool="prefork", concurrency=2, env={**METRICS_ON, "MCP_TASKS_WORKER_METRICS_PORT": "off", "TMPDIR": str(temp)}
     )
     run_one(deployment)
 
@@ -201,7 +204,9 @@ def _worker_with_short_lived_children(deployment: Deployment, port: int, temp: P
     argv = [sys.executable, "-m", "celery", "-A", APP, "worker", "-P", "prefork", "-c", "2"]
     argv += ["--max-tasks-per-child", "1", "--loglevel", "INFO", "--without-mingle", "--without-gossip"]
     argv += ["-n", f"short-{uuid.uuid4().hex[:6]}@%h"]
-    env = process_env(deployment.backend, **deployment.env(MCP_TASKS_WORKER_METRICS_PORT=str(port), TMPDIR=str(temp)))
+    env = process_env(
+        deployment.backend, **deployment.env(**METRICS_ON, MCP_TASKS_WORKER_METRICS_PORT=str(port), TMPDIR=str(temp))
+    )
     proc = spawn("short-lived-children", argv, env, deployment.log_dir)
     deployment.procs.append(proc)
     wait_until(lambda: " ready." in proc.text() or proc.popen.poll() is not None, 60, "the worker to be ready")
