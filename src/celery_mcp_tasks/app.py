@@ -28,7 +28,6 @@ from celery_mcp_tasks.mcp.serving import (
     listen_bus,
     push_hub,
     request_state_sealed,
-    with_listen_entry,
     with_push,
     with_serving_contexts,
 )
@@ -368,8 +367,6 @@ class McpTasks:
         security = transport_security(host, self.settings.allowed_hosts)
         warn_unless_shared(self._shared_state, str(self.celery.conf.broker_url))
         app = self.server.streamable_http_app(streamable_http_path=path, host=host, transport_security=security)
-        if self.listen is not None and self.settings.listen_entry == "lean":
-            with_listen_entry(self.server, self.listen)
         self._app = with_serving_contexts(with_push(app, self.push, self.listen, self.service), self.serving_contexts)
         return self._app
 

@@ -23,8 +23,10 @@ __all__ = ["ConfigError", "Settings", "redact_url"]
 _NOTIFY_MODES = ("auto", "postgres", "broker", "poll", "off")
 _JANITOR_MODES = ("beat", "worker")
 _LOG_FORMATS = ("text", "json")
-_LISTEN_ENTRIES = ("lean", "sdk")
 _TRACING_MODES = ("off", "on", "otlp", "console")
+# Settings that once meant something and are now ignored when set (never an error):
+# MCP_TASKS_LISTEN_ENTRY chose a second HTTP entry for `subscriptions/listen`, removed in issue 20.
+RETIRED_SETTINGS = ("MCP_TASKS_LISTEN_ENTRY",)
 MIN_SECRET_BYTES = 32
 DEFAULT_WORKER_METRICS_PORT = 9808
 DEFAULT_INPUT_TIMEOUT_S = 86_400.0
@@ -141,10 +143,8 @@ class Settings:
     input_timeout_s: float | None = DEFAULT_INPUT_TIMEOUT_S
     log_format: str = "text"
     request_state_secrets: tuple[str, ...] = ()
-    listen_entry: str = "lean"
 
     def __post_init__(self) -> None:
-        _one_of("MCP_TASKS_LISTEN_ENTRY", self.listen_entry, _LISTEN_ENTRIES)
         _one_of("MCP_TASKS_JANITOR", self.janitor, _JANITOR_MODES)
         _one_of("MCP_TASKS_LOG_FORMAT", self.log_format, _LOG_FORMATS)
         _one_of("MCP_TASKS_TRACING", self.tracing, _TRACING_MODES)
@@ -209,8 +209,6 @@ class Settings:
             "janitor": (env.get("MCP_TASKS_JANITOR") or "beat").strip().lower(),
             "input_timeout_s": _float(env, "MCP_TASKS_INPUT_TIMEOUT_S", DEFAULT_INPUT_TIMEOUT_S, allow_off=True),
             "log_format": (env.get("MCP_TASKS_LOG_FORMAT") or "text").strip().lower(),
-            # "sdk": every listen request through the SDK's own entry (lean: ~30 KB less per open stream).
-            "listen_entry": (env.get("MCP_TASKS_LISTEN_ENTRY") or "lean").strip().lower(),
             # A rotation ring: the first secret seals, every one unseals (comma-separated).
             "request_state_secrets": tuple(
                 s.strip() for s in (env.get("MCP_TASKS_REQUEST_STATE_SECRET") or "").split(",") if s.strip()

@@ -273,3 +273,42 @@ async def test_a_stream_keeps_no_payload_and_drops_tasks_once_final(world: World
         final = await session.next()
         assert final["params"]["status"] == "completed"
         assert stream.followed == {}
+
+
+class FailingOnce(FakeSession):
+    """A session whose first `notifications/tasks` send fails (a transport hiccup)."""
+
+    def __init__(self, extension: bool) -> None:
+        super().__init__(extension)
+        self.failed = False
+
+    async def send_notification(self, notification: Any, related_request_id: Any = None) -> None:
+        if not self.failed and notification.method == "notifications/tasks":
+            self.failed = True
+            raise anyio.BrokenResourceError
+        await super().send_notification(notification, related_request_id)
+
+
+async def test_a_notification_whose_send_failed_is_sent_again_and_not_skipped_as_seen(world: World) -> None:
+    task_id, key = world.task()
+    session = FailingOnce(True)
+    ctx = SimpleNamespace(request_id=9, session=session, request=None, protocol_version="2026-07-28")
+    handler = world.handler()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(handler, ctx, _params(taskIds=[task_id]))
+        await session.next()  # the ack
+        world.service.progress(key, "half way")
+        world.changed(key)
+        with anyio.fail_after(10):
+            while not session.failed:
+                await anyio.sleep(0.01)
+        # a write clients cannot see must not hide the state whose send failed
+        world.store.update(key, ANY, lambda r: replace(r, version=r.version + 1))
+        world.changed(key)
+        sent = await session.next()
+        assert sent["method"] == "notifications/tasks"
+        assert sent["params"]["statusMessage"] == "half way"
+        world.service.progress(key, "then the next change")
+        world.changed(key)
+        assert (await session.next())["params"]["statusMessage"] == "then the next change"
+        tg.cancel_scope.cancel()

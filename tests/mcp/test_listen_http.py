@@ -6,6 +6,7 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.mcp.listen_client import SUBSCRIPTION_ID, ListenStream
@@ -100,6 +101,26 @@ def test_the_stream_sends_keep_alive_comments(url: str) -> None:
         assert stream.messages.empty()
     finally:
         stream.close()
+
+
+def _open_streams(url: str) -> float:
+    text = httpx.get(url.replace("/mcp", "/metrics"), timeout=10).text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("mcp_tasks_listen_streams"))
+
+
+def test_a_client_disconnect_ends_the_stream_and_frees_it(url: str) -> None:
+    wait_until(lambda: _open_streams(url) == 0, 30, "no stream open")
+    streams = [
+        ListenStream(url, {"toolsListChanged": True, "taskIds": []}, token="alice", request_id=n) for n in range(3)
+    ]
+    try:
+        for stream in streams:
+            stream.ack()
+        assert _open_streams(url) == 3
+    finally:
+        for stream in streams:
+            stream.close()
+    wait_until(lambda: _open_streams(url) == 0, 15, "every disconnected stream freed")
 
 
 def test_sigterm_ends_open_streams_with_their_result_and_the_server_exits(tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ from celery_mcp_tasks.mcp.wire import (
     TASKS_VERSIONS,
     TaskIdParams,
     UpdateParams,
+    check_task_fields,
     declared_capability,
     declared_extension,
     internal,
@@ -125,6 +126,7 @@ class TasksExtension(Extension):
                 raise invalid_params(f"Unknown tool: {params.name}")
             return await call_next(ctx)
 
+        check_task_fields(ctx.params)  # before anything is asked of the client or created for it
         with_tasks = declared_extension(ctx) and tool.mode != "forbidden"
         if tool.mode == "required" and not with_tasks:
             what = EXTENSION_ID

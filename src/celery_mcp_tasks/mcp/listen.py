@@ -346,19 +346,20 @@ class TaskListenHandler:
                 continue
             if record.version <= followed.version:
                 continue
-            followed.version = record.version
             if isinstance(got, SharedRead):
                 rendered, seen = got.rendered(followed.task_id)
             else:
                 rendered = render_task(followed.task_id, record)
                 seen = digest(rendered)
             if seen == followed.seen:
+                followed.version = record.version
                 continue  # a write clients cannot see (heartbeat, dispatch bookkeeping)
-            followed.seen = seen
             await ctx.session.send_notification(
                 TasksNotification(params={**rendered, "_meta": {**rendered.get("_meta", {}), **meta}}),
                 related_request_id=ctx.request_id,
             )
+            # Seen only once it went out: a send that fails leaves the row due, and the retry sends it.
+            followed.version, followed.seen = record.version, seen
             if woke is not None:
                 self.observers.notified(time.monotonic() - woke)
             if record.terminal:
@@ -371,10 +372,10 @@ class TaskListenHandler:
             hints = await stream.watch.next(self._resync_interval_s if stream.followed else None)
             woke = time.monotonic() if hints else None
             while stream.events:
-                event = stream.events.popleft()
                 await ctx.session.send_notification(
-                    event_to_notification(event, meta), related_request_id=ctx.request_id
+                    event_to_notification(stream.events[0], meta), related_request_id=ctx.request_id
                 )
+                stream.events.popleft()  # dropped once it went out
             if stream.ending or self._closing:
                 return
             if hints is None:
@@ -382,8 +383,10 @@ class TaskListenHandler:
             if hints:
                 try:
                     await self._refresh(ctx, stream, hints, owner, meta, woke)
-                except Exception as exc:  # noqa: BLE001 - the store is unreachable: keep the stream, retry shortly
-                    logger.warning("listen stream could not re-read its tasks (%s); retrying", type(exc).__name__)
+                except Exception as exc:  # noqa: BLE001 - store or send failed: keep the stream, retry shortly
+                    logger.warning(
+                        "listen stream could not re-read or send its tasks (%s); retrying", type(exc).__name__
+                    )
                     await anyio.sleep(_RETRY_S)
                     for key in hints:
                         stream.watch.offer(key, None)

@@ -33,19 +33,10 @@ from typing import Any
 from mcp.server.mcpserver import MCPServer
 
 __all__ = [
-    "accepts",
-    "error_data",
-    "listen_result",
-    "modern_route",
-    "modern_version",
     "on_server_exit",
-    "plain_server_middleware",
     "replace_listen_handler",
     "tool_registered",
-    "validate_listen",
     "wrap_lifespan",
-    "wrap_modern_entry",
-    "write_json",
 ]
 
 LISTEN = "subscriptions/listen"
@@ -105,92 +96,3 @@ def on_server_exit(callback: Callable[[], None]) -> Callable[[], None]:
                 signal.signal(sig, prior)
 
     return restore
-
-
-# -- the lean listen entry (mcp/listen_entry.py) ------------------------------------------
-# 5. `wrap_modern_entry`: wraps `StreamableHTTPSessionManager.asgi_app.app` (the
-#    manager's `_handle_request`, inside its body limit and behind the route's
-#    auth) so a listen request can be served without the per-request machinery of
-#    `handle_modern_request`. The checks it must repeat use the SDK's own
-#    functions: `mcp.shared.inbound` (the ladder), `check_accept_headers`,
-#    `mcp_types.methods.validate_client_request`, `runner.modern_error_data` and
-#    `ServerRunner._serialize` (the result's envelope). A leaner single-exchange
-#    SSE path in the SDK (no sibling handler task, no memory stream, lazy events)
-#    would remove the need.
-
-
-def wrap_modern_entry(server: MCPServer[Any], wrap: Callable[[Any, Any], Any]) -> bool:
-    """Wrap the HTTP entry of `server`'s session manager (after `streamable_http_app()`); False when absent."""
-    manager = getattr(server._lowlevel_server, "_session_manager", None)
-    limiter = getattr(manager, "asgi_app", None)
-    if manager is None or limiter is None or not hasattr(limiter, "app"):
-        return False
-    limiter.app = wrap(limiter.app, manager.security_settings)
-    return True
-
-
-def plain_server_middleware(server: MCPServer[Any]) -> bool:
-    """Only the SDK's own server middleware, which lets a listen request through untouched (bar its span)."""
-    from mcp.server._otel import OpenTelemetryMiddleware
-    from mcp.server.request_state import RequestStateBoundary
-
-    return all(
-        isinstance(m, OpenTelemetryMiddleware | RequestStateBoundary) for m in server._lowlevel_server.middleware
-    )
-
-
-def modern_version(version: str) -> bool:
-    from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
-
-    return version not in HANDSHAKE_PROTOCOL_VERSIONS
-
-
-def accepts(request: Any) -> tuple[bool, bool]:
-    from mcp.server.streamable_http import check_accept_headers
-
-    return check_accept_headers(request)
-
-
-def modern_route(decoded: dict[str, Any], request: Any) -> Any | None:
-    """The SDK's modern ladder (duplicated routing headers, envelope, header/body agreement, version)."""
-    from mcp.shared.inbound import InboundModernRoute, classify_inbound_request, find_duplicated_routing_header
-
-    if find_duplicated_routing_header(request.headers.items()) is not None:
-        return None
-    verdict = classify_inbound_request(decoded, headers=dict(request.headers))
-    return verdict if isinstance(verdict, InboundModernRoute) else None
-
-
-def validate_listen(version: str, params: Any) -> None:
-    """The kernel's per-version surface validation of the listen params (raises as the SDK's would)."""
-    from mcp_types import methods
-
-    methods.validate_client_request(LISTEN, version, params)
-
-
-def error_data(exc: Exception) -> Any:
-    from mcp.server.runner import modern_error_data
-
-    return modern_error_data(exc)
-
-
-def listen_result(server: MCPServer[Any], version: str, capabilities: Any, result: Any) -> dict[str, Any]:
-    """The listen result as the SDK's runner shapes it for the wire (cache hints, surface, `serverInfo` stamp)."""
-    from mcp.server.connection import Connection
-    from mcp.server.runner import ServerRunner
-
-    lowlevel = server._lowlevel_server
-    runner = ServerRunner(lowlevel, Connection.from_envelope(version, None, capabilities), None)
-    return runner._serialize(LISTEN, version, result)
-
-
-async def write_json(message: Any, scope: Any, receive: Any, send: Any) -> None:
-    """A JSON-RPC error as the SDK's entry writes it before a stream opens (its HTTP status for the code)."""
-    import json
-
-    from mcp.shared.inbound import ERROR_CODE_HTTP_STATUS
-    from starlette.responses import Response
-
-    status = ERROR_CODE_HTTP_STATUS.get(message.error.code, 200)
-    body = json.dumps(message.model_dump(mode="json", by_alias=True, exclude_none=True), separators=(",", ":"))
-    await Response(body, status_code=status, media_type="application/json")(scope, receive, send)

@@ -27,7 +27,6 @@ from celery_mcp_tasks.mcp.sdk_internals import (
     on_server_exit,
     replace_listen_handler,
     wrap_lifespan,
-    wrap_modern_entry,
 )
 from celery_mcp_tasks.notify.hub import Hub
 from celery_mcp_tasks.notify.push import Push
@@ -38,7 +37,6 @@ __all__ = [
     "listen_bus",
     "push_hub",
     "request_state_sealed",
-    "with_listen_entry",
     "with_push",
     "with_serving_contexts",
 ]
@@ -125,12 +123,3 @@ def attach_listen(
     handler = TaskListenHandler(bus, service, push_hub(push))
     return handler if replace_listen_handler(server, SubscriptionsListenRequestParams, handler) else None
 
-
-def with_listen_entry(server: MCPServer[Any], listen: TaskListenHandler) -> bool:
-    """Serve valid 2026-07-28 listen requests through the lean entry (`listen_entry`); after `streamable_http_app()`.
-
-    (`MCP_TASKS_LISTEN_ENTRY=sdk` keeps every request on the SDK's entry: the caller asks first.)
-    """
-    from celery_mcp_tasks.mcp.listen_entry import ListenEntry
-
-    return wrap_modern_entry(server, lambda app, security: ListenEntry(app, server, listen, security))

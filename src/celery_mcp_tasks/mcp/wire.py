@@ -15,9 +15,11 @@ from mcp_types import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
     MISSING_REQUIRED_CLIENT_CAPABILITY,
+    RelatedTaskMetadata,
     RequestParams,
+    TaskMetadata,
 )
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from celery_mcp_tasks.protocol import EXTENSION_ID
 from celery_mcp_tasks.store.base import StoreUnavailable
@@ -26,6 +28,9 @@ logger = logging.getLogger("celery_mcp_tasks.mcp")
 
 TASKS_VERSIONS = frozenset({"2026-07-28"})
 """Protocol versions on which a task can be returned: the extension is defined for these only."""
+MAX_MS = 2**53 - 1
+"""The largest duration a `task` field may name: any JSON number up to it is an exact integer everywhere."""
+RELATED_TASK_META_KEY = "io.modelcontextprotocol/related-task"
 NOT_FOUND = "Failed to retrieve task: Task not found"
 EXPIRED = "Failed to retrieve task: Task has expired"
 
@@ -67,6 +72,48 @@ def _plain(value: Any) -> Any:
     if isinstance(value, BaseModel):
         return value.model_dump(by_alias=True, mode="json", exclude_none=True)
     return value
+
+
+def check_task_fields(params: Mapping[str, Any] | None) -> None:
+    """-32602 for a task tool's `tools/call` whose task fields are malformed, as the client sent them.
+
+    The SDK parses `task` and `_meta` leniently (`"5"` and `true` pass as
+    integers, a negative or 80-digit `ttl` passes, `true` passes as a progress
+    token, the Tasks `related-task` key is kept as it is); this server ignores a
+    requested TTL, but a malformed one is the client's mistake and must be
+    answered as one, before anything is asked or created. Checked on the raw
+    params, with the SDK's own models in strict mode where it has them.
+    """
+    if not params:
+        return
+    task = params.get("task")
+    if task is not None:
+        if not isinstance(task, Mapping):
+            raise invalid_params("Invalid task: expected an object")
+        try:
+            TaskMetadata.model_validate(task, strict=True)
+        except ValidationError:
+            raise invalid_params("Invalid task: ttl must be an integer number of milliseconds") from None
+        for name in ("ttl", "pollInterval"):
+            value = task.get(name)
+            if value is not None and not (
+                isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_MS
+            ):
+                raise invalid_params(f"Invalid task: {name} must be an integer from 0 to {MAX_MS} (milliseconds)")
+    meta = params.get("_meta")
+    if not isinstance(meta, Mapping):
+        return  # absent, or not an object: the SDK's own -32602
+    token = meta.get("progressToken")
+    if token is not None and (isinstance(token, bool) or not isinstance(token, str | int)):
+        raise invalid_params("Invalid _meta: progressToken must be a string or an integer")
+    related = meta.get(RELATED_TASK_META_KEY)
+    if related is not None:
+        try:
+            RelatedTaskMetadata.model_validate(related, strict=True)
+        except ValidationError:
+            raise invalid_params(
+                f"Invalid _meta: {RELATED_TASK_META_KEY} must be an object with a taskId string"
+            ) from None
 
 
 def missing_capability(required: dict[str, Any], what: str) -> MCPError:

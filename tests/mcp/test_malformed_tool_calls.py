@@ -1,0 +1,219 @@
+"""Malformed `tools/call` fields through the real HTTP app: always -32602, never -32603, never a task.
+
+A seeded generator builds 2026-07-28 `tools/call` requests for task tools
+(optional, required, one with a `prepare=` question; with and without the extension declared)
+and breaks one or more of the fields this package or the SDK reads on the way to a task: the
+`task` object and its `ttl`/`pollInterval`, `_meta` and the capability keys inside it, the
+progress token, MRTR `inputResponses` and `requestState`. Each answer must be -32602 (the
+client's mistake, with a message), and the store must hold exactly the rows it held before.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from mcp_types import ElicitRequest, ElicitRequestFormParams, InputRequiredResult
+from starlette.testclient import TestClient
+
+from celery_mcp_tasks import McpTasks, TaskContext
+from celery_mcp_tasks.config import Settings
+from celery_mcp_tasks.migrate import upgrade
+from tests.support import EXT, PROTOCOL
+
+VERSION_KEY = "io.modelcontextprotocol/protocolVersion"
+CAPABILITIES_KEY = "io.modelcontextprotocol/clientCapabilities"
+RELATED_TASK_KEY = "io.modelcontextprotocol/related-task"
+WITH_EXT: dict[str, Any] = {"elicitation": {}, "extensions": {EXT: {}}}
+WITHOUT_EXT: dict[str, Any] = {"elicitation": {}}
+ARGUMENTS = {"topic": "fuzz"}
+
+
+async def _ask_first(arguments: dict[str, Any], answers: Any) -> Any:
+    if "go" in answers:
+        return {}
+    schema = {"type": "object", "properties": {"go": {"type": "boolean"}}, "required": ["go"]}
+    ask = ElicitRequest(params=ElicitRequestFormParams(message="Go?", requested_schema=schema))
+    return InputRequiredResult(input_requests={"go": ask}, request_state="asked")
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClient, sa.Engine]]:
+    data = tmp_path_factory.mktemp("malformed")
+    app_settings = Settings(data_dir=Path(data), sync_timeout_s=1)
+    upgrade(app_settings.store_url)
+    tasks = McpTasks("malformed", settings=app_settings, notifier=None)
+
+    @tasks.mcp_task
+    def optional(topic: str, ctx: TaskContext) -> str:
+        return topic
+
+    @tasks.mcp_task(mode="required")
+    def required(topic: str, ctx: TaskContext) -> str:
+        return topic
+
+    @tasks.mcp_task(needs=("elicitation",), prepare=_ask_first)
+    def prepared(topic: str, ctx: TaskContext) -> str:
+        return topic
+
+    engine = sa.create_engine(app_settings.store_url)
+    with TestClient(tasks.asgi_app(), base_url="http://127.0.0.1") as client:
+        yield client, engine
+    engine.dispose()
+
+
+def rows(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(sa.text("SELECT count(*) FROM mcp_tasks_task")).scalar_one())
+
+
+def post(client: TestClient, tool: str, params: dict[str, Any]) -> tuple[int, Any]:
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": tool, **params}}
+    headers = {
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+        "MCP-Protocol-Version": PROTOCOL,
+        "Mcp-Method": "tools/call",
+        "Mcp-Name": tool,
+    }
+    response = client.post("/mcp", content=json.dumps(body), headers=headers)
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        finals = [json.loads(line[5:]) for line in response.text.splitlines() if line.startswith("data:")]
+        return response.status_code, next(m for m in finals if "id" in m)
+    return response.status_code, response.json()
+
+
+# -- what is malformed (a seeded generator: the same requests every run) -----------------------
+
+SEED = 20
+REQUESTS = 2000
+BIG = 2**64
+Gen = random.Random
+
+
+def not_an_object(r: Gen) -> Any:
+    return r.choice(["", "x", "{}", 0, -1, 1.5, True, False, [], [1, None], [{}]])
+
+
+def not_an_int(r: Gen) -> Any:
+    return r.choice(["", "ten", "1e3", "0x10", 1.5, -0.25, 1e300, [], [1], {}, {"a": None}])
+
+
+def bad_ttl(r: Gen) -> Any:
+    return r.choice([not_an_int(r), -1, -r.randrange(1, BIG), r.randrange(BIG, BIG**2), -(BIG**2), True, False])
+
+
+def bad_poll(r: Gen) -> Any:
+    return r.choice([not_an_int(r), -1, -r.randrange(1, 10**6), r.randrange(BIG, BIG**2), True])
+
+
+def nested_null(r: Gen, depth: int = 3) -> Any:
+    if depth == 0 or r.random() < 0.3:
+        return None
+    return {r.choice(["a", "ttl", EXT]): nested_null(r, depth - 1) for _ in range(r.randint(1, 2))}
+
+
+def bad_capabilities(r: Gen) -> Any:
+    return r.choice(
+        [
+            None,
+            not_an_object(r),
+            {"extensions": not_an_object(r)},
+            {"extensions": {EXT: r.choice([not_an_object(r), None])}},
+            {"elicitation": r.choice(["x", 1, [None]]), "extensions": {EXT: {}}},
+            {"extensions": {EXT: {}, "x": nested_null(r) or "x"}, "sampling": r.choice([[], "x", 0])},
+        ]
+    )
+
+
+def bad_response(r: Gen) -> Any:
+    return r.choice(
+        [
+            None,
+            not_an_object(r),
+            {"action": r.choice([1, None, "ACCEPT", "", [], {}])},
+            {"action": "accept", "content": r.choice(["x", 1, [], [None], True])},
+            {"action": "accept", "content": {"go": r.choice([[None], {"a": None}, {"b": [None]}])}},
+            {"roots": r.choice([None, "x", [1], [{"uri": None}]])},
+            {"role": r.choice([None, 1]), "content": None, "model": []},
+            nested_null(r) or {"content": None},
+        ]
+    )
+
+
+def bad_input_responses(r: Gen) -> Any:
+    if r.random() < 0.3:
+        return r.choice(["x", 1, [], [{}], True])
+    return {r.choice(["go", "x", ""]): bad_response(r) for _ in range(r.randint(1, 2))}
+
+
+def meta_with(**changes: Any) -> dict[str, Any]:
+    return {VERSION_KEY: PROTOCOL, CAPABILITIES_KEY: WITH_EXT, **changes}
+
+
+MUTATIONS: list[Any] = [
+    lambda r: {"task": not_an_object(r)},
+    lambda r: {"task": {"ttl": bad_ttl(r)}},
+    lambda r: {"task": {"ttl": r.choice([None, 1000]), "pollInterval": bad_poll(r)}},
+    lambda r: {"task": {r.choice(["ttl", "pollInterval"]): nested_null(r) or {"a": None}}},
+    lambda r: {"_meta": r.choice([None, not_an_object(r)])},
+    lambda r: {"_meta": meta_with(**{CAPABILITIES_KEY: bad_capabilities(r)})},
+    lambda r: {"_meta": meta_with(progressToken=r.choice([None, [], [1], True, {}, {"a": None}, 1.5]))},
+    lambda r: {
+        "_meta": meta_with(**{RELATED_TASK_KEY: r.choice([not_an_object(r), {"taskId": r.choice([None, 1, []])}])})
+    },
+    lambda r: {"inputResponses": bad_input_responses(r)},
+    lambda r: {"requestState": r.choice([1, [], [None], True, {}, 1.5])},
+    lambda r: {
+        "inputResponses": bad_input_responses(r),
+        "requestState": r.choice(["asked", "celery-mcp-tasks/sync/1:x"]),
+    },
+]
+
+
+def malformed_calls(seed: int, count: int) -> Iterator[tuple[str, dict[str, Any]]]:
+    """`count` (tool, params) pairs, each with one to three malformed fields."""
+    r = random.Random(seed)
+    for _ in range(count):
+        tool = r.choice(["optional", "required", "prepared"])
+        capabilities = r.choice([WITH_EXT, WITHOUT_EXT])
+        params: dict[str, Any] = {"arguments": ARGUMENTS, "_meta": meta_with(**{CAPABILITIES_KEY: capabilities})}
+        for mutate in r.sample(MUTATIONS, r.randint(1, 3)):
+            params.update(mutate(r))
+        yield tool, params
+
+
+def test_a_malformed_tools_call_field_is_invalid_params_and_creates_no_task(
+    world: tuple[TestClient, sa.Engine],
+) -> None:
+    client, engine = world
+    before = rows(engine)
+    wrong: dict[tuple[Any, ...], tuple[int, dict[str, Any], Any]] = {}
+    for tool, params in malformed_calls(SEED, REQUESTS):
+        status, answer = post(client, tool, params)
+        error = answer.get("error") if isinstance(answer, dict) else None
+        if error is None or error.get("code") != -32602 or status != 400:
+            kind = (tool, tuple(sorted(params)), status, error and error.get("code"))
+            count = wrong[kind][0] + 1 if kind in wrong else 1
+            wrong[kind] = (count, params, answer)
+    report = "\n".join(
+        f"{n}x {kind}: {json.dumps(p)[:300]} -> {json.dumps(a)[:200]}" for kind, (n, p, a) in wrong.items()
+    )
+    assert not wrong, f"answers other than -32602 (kind: tool, fields, status, code):\n{report}"
+    assert rows(engine) == before
+
+
+def test_the_same_call_well_formed_creates_its_task(world: tuple[TestClient, sa.Engine]) -> None:
+    """The control: the fields the generator breaks, each well formed (or null), are accepted."""
+    client, engine = world
+    before = rows(engine)
+    meta = meta_with(progressToken="p-1", **{RELATED_TASK_KEY: {"taskId": "another"}})
+    for task in ({"ttl": 60_000, "pollInterval": 500}, {"ttl": None}, None, {"ttl": 0, "extra": {"a": None}}):
+        status, answer = post(client, "optional", {"arguments": ARGUMENTS, "_meta": meta, "task": task})
+        assert status == 200 and answer["result"]["resultType"] == "task", answer
+    assert rows(engine) == before + 4
