@@ -161,3 +161,55 @@ def test_logging_and_tracing_import_nothing_of_the_sdk_adapter(module: str) -> N
     """The root handler's name lives in `ops.root_handler`, which `mcp.server` imports: not the other way round."""
     wrong = sorted(name for name in _runtime_imports(PACKAGE / module) if _reaches(name, "celery_mcp_tasks.mcp"))
     assert not wrong, f"{module} imports {wrong}"
+
+
+def _module_of(path: Path) -> str:
+    parts = ["celery_mcp_tasks", *path.relative_to(PACKAGE).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports when it runs (a package's own `__init__` hands names on: not an edge)."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "migrations" in path.relative_to(PACKAGE).parts:
+            continue
+        module = _module_of(path)
+        graph[module] = {
+            name
+            for name in _runtime_imports(path)
+            if name != module and name != "celery_mcp_tasks" and not module.startswith(name + ".")
+        }
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    found: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                found.append([*path[path.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    return found
+
+
+def test_the_package_has_no_import_circle() -> None:
+    """Modules by concept: no two modules (or longer loops) import each other, lazily inside functions included."""
+    circles = _cycles(_import_graph())
+    assert not circles, "import circles:\n" + "\n".join(" -> ".join(c) for c in circles)
+
+
+def test_the_circle_check_sees_a_circle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c", "a"]]

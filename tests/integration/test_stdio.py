@@ -26,9 +26,9 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp_types import CallToolResult
 
+from celery_mcp_tasks.cli.stdio import wants_worker
 from celery_mcp_tasks.client import TasksClient, TaskState
 from celery_mcp_tasks.migrate import upgrade
-from celery_mcp_tasks.stdio import wants_worker
 from celery_mcp_tasks.testing import ScriptedAnswers
 from tests.conftest import needs_pg_redis
 from tests.support import POSTGRES_URL, REDIS_URL, ROOT, Backend, fresh_postgres_database, start_worker, wait_until

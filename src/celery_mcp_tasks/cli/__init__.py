@@ -13,52 +13,13 @@ APP is a module path such as `examples.quickstart.app` holding one `McpTasks`.
 from __future__ import annotations
 
 import argparse
-import importlib
-import logging
-import os
 import sys
-from collections.abc import Callable
 from typing import Any
 
+from celery_mcp_tasks.cli.shared import load_app, quiet_libraries, start_ops_server
 from celery_mcp_tasks.config import ConfigError, Settings
 
-__all__ = ["load_app", "main"]
-
-
-def load_app(path: str) -> Any:
-    """Import APP (`module` or `module:attribute`) and return its `McpTasks`; one-line errors otherwise."""
-    from celery_mcp_tasks.app import McpTasks
-
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    module_name, _, attribute = path.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name and module_name.startswith(exc.name):
-            raise SystemExit(
-                f"celery-mcp-tasks: cannot import {module_name!r} (APP is a module path such as "
-                f"myapp.tasks, importable from {os.getcwd()})"
-            ) from None
-        raise
-    if attribute:
-        found = getattr(module, attribute, None)
-        if not isinstance(found, McpTasks):
-            raise SystemExit(f"celery-mcp-tasks: {path} is not a McpTasks instance")
-        return found
-    candidates = [value for value in vars(module).values() if isinstance(value, McpTasks)]
-    if len(candidates) != 1:
-        raise SystemExit(
-            f"celery-mcp-tasks: {module_name} must define exactly one McpTasks "
-            f"(found {len(candidates)}); name it as {module_name}:NAME"
-        )
-    return candidates[0]
-
-
-def quiet_libraries() -> None:
-    """The SDK configures root logging at INFO; migrations and HTTP client chatter are noise here."""
-    for name in ("alembic", "httpx", "httpx2"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+__all__ = ["main"]
 
 
 def _serve(
@@ -97,22 +58,8 @@ def _serve(
             ops.stop()
 
 
-def start_ops_server(tasks: Any, host: str | None, port: int | None) -> Any:
-    """The plugins' operations routes on a listener of their own (None when no plugin added any, or off)."""
-    app = tasks.ops_app()
-    if not app.routes:
-        return None
-    from celery_mcp_tasks.ops.logs import uvicorn_log_config
-    from celery_mcp_tasks.ops.serving import OpsServer, ops_address
-
-    bind_host, bind_port = ops_address(host, port)
-    if bind_port is None:
-        return None
-    return OpsServer(app, bind_host, bind_port, log_config=uvicorn_log_config(tasks.settings)).start()
-
-
 def _dev(args: argparse.Namespace) -> int:
-    from celery_mcp_tasks.dev import DevOptions, run_dev
+    from celery_mcp_tasks.cli.dev import DevOptions, run_dev
 
     return run_dev(
         DevOptions(
@@ -127,7 +74,7 @@ def _dev(args: argparse.Namespace) -> int:
 
 
 def _stdio(args: argparse.Namespace) -> int:
-    from celery_mcp_tasks.stdio import StdioOptions, run_stdio
+    from celery_mcp_tasks.cli.stdio import StdioOptions, run_stdio
 
     return run_stdio(
         StdioOptions(
@@ -138,38 +85,6 @@ def _stdio(args: argparse.Namespace) -> int:
             migrate=not args.no_migrate,
         )
     )
-
-
-def call(
-    url: str,
-    tool: str | None,
-    arguments: str | None = None,
-    *,
-    abort: Callable[[], bool] | None = None,
-    resume: str | None = None,
-    token: str | None = None,
-    json_output: bool = False,
-    no_wait: bool = False,
-    timeout: float | None = None,
-) -> int:
-    """Call `tool` as a task (or follow `resume`) and show it until it ends: the tasks client's terminal front.
-
-    Exit status: 0 completed, 1 failed / isError / unreachable, 2 usage, 124 --timeout, 130 cancelled.
-    `abort` (dev --call): polled; once true the call returns 1 at once.
-    """
-    from celery_mcp_tasks.cli.call import CallOptions, run_call
-
-    options = CallOptions(
-        url=url,
-        tool=tool,
-        arguments=arguments,
-        resume=resume,
-        token=token,
-        json_output=json_output,
-        no_wait=no_wait,
-        timeout=timeout,
-    )
-    return run_call(options, abort=abort)
 
 
 def _call_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -317,7 +232,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from celery_mcp_tasks.ops.doctor import doctor
+    from celery_mcp_tasks.cli.doctor import doctor
 
     return doctor(args.app, json_output=args.json_output, timeout_s=args.timeout)
 
@@ -336,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
             return _db(args)
         if args.command == "doctor":
             return _doctor(args)
+        from celery_mcp_tasks.cli.call import call
+
         return call(args.url, args.tool, args.arguments, **_call_options(args))
     except ConfigError as exc:
         print(f"celery-mcp-tasks: configuration error: {exc}", file=sys.stderr)
@@ -354,4 +271,3 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
-

@@ -342,3 +342,33 @@ async def _cancel(io: CallIo, interrupts: _Interrupts, handle: TaskHandle) -> in
     view.close()
     view.note(f"{PROG}: the cancel was sent; the task is still {state.status}")
     return EXIT_CANCELLED
+
+
+def call(
+    url: str,
+    tool: str | None,
+    arguments: str | None = None,
+    *,
+    abort: Callable[[], bool] | None = None,
+    resume: str | None = None,
+    token: str | None = None,
+    json_output: bool = False,
+    no_wait: bool = False,
+    timeout: float | None = None,
+) -> int:
+    """Call `tool` as a task (or follow `resume`) and show it until it ends: the tasks client's terminal front.
+
+    Exit status: 0 completed, 1 failed / isError / unreachable, 2 usage, 124 --timeout, 130 cancelled.
+    `abort` (dev --call): polled; once true the call returns 1 at once.
+    """
+    options = CallOptions(
+        url=url,
+        tool=tool,
+        arguments=arguments,
+        resume=resume,
+        token=token,
+        json_output=json_output,
+        no_wait=no_wait,
+        timeout=timeout,
+    )
+    return run_call(options, abort=abort)

@@ -18,9 +18,8 @@ from pathlib import Path
 import pytest
 
 from celery_mcp_tasks import McpTasks, Settings
+from celery_mcp_tasks.cli.doctor import Row, clock_check, diagnose, doctor, push_check, render, tool_queues
 from celery_mcp_tasks.migrate import upgrade
-from celery_mcp_tasks.ops.doctor import Row, diagnose, doctor, render
-from celery_mcp_tasks.ops.doctor_checks import clock_check, push_check, tool_queues
 from celery_mcp_tasks.ops.probes import ProbeEngine
 from tests.conftest import needs_pg_redis, needs_postgres
 from tests.support import POSTGRES_URL, REDIS_URL, free_port, fresh_postgres_database

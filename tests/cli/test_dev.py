@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from celery_mcp_tasks.dev import bind_port
+from celery_mcp_tasks.cli.dev import bind_port
 
 
 def test_connections_accepted_on_the_dev_socket_have_tcp_nodelay() -> None:

@@ -35,8 +35,17 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from celery_mcp_tasks.cli.shared import (
+    Stopped,
+    WorkerSupervisor,
+    banner,
+    celery_target,
+    load_app,
+    quiet_libraries,
+    raise_stop,
+    worker_argv,
+)
 from celery_mcp_tasks.config import redact_url
-from celery_mcp_tasks.dev import DevStop, WorkerSupervisor, _raise_stop, _worker_argv, banner, celery_target
 
 __all__ = ["StdioOptions", "run_stdio"]
 
@@ -149,7 +158,7 @@ async def abandon_calls(tasks: Any, bound_s: float = ABANDON_S) -> None:
 
 def finish(worker: WorkerSupervisor | None, outcome: str) -> int:
     """End the worker's process group (warm, then killed) and say how the server ends: its exit status."""
-    previous = signal.signal(signal.SIGTERM, _raise_stop)  # a second SIGTERM cuts the warm shutdown short
+    previous = signal.signal(signal.SIGTERM, raise_stop)  # a second SIGTERM cuts the warm shutdown short
     try:
         if worker is not None:
             worker.stop(WARM_SHUTDOWN_S)
@@ -186,10 +195,8 @@ def run_stdio(options: StdioOptions) -> int:
     """Serve APP over stdio (with a supervised worker when asked); the exit status says what happened."""
     import anyio
 
-    from celery_mcp_tasks.cli import load_app, quiet_libraries
-
     worker: WorkerSupervisor | None = None
-    previous = signal.signal(signal.SIGTERM, _raise_stop)  # until the serve loop listens: leave via `finally`
+    previous = signal.signal(signal.SIGTERM, raise_stop)  # until the serve loop listens: leave via `finally`
     try:
         with stdout_to_stderr():
             if options.directory:
@@ -210,9 +217,9 @@ def run_stdio(options: StdioOptions) -> int:
                 tasks.preflight("stdio", need_schema=False)
                 upgrade(tasks.settings.store_url)
             tasks.preflight("stdio")
-            _say(f"{PREFIX}: serving {options.app} over stdin/stdout", *banner(tasks.settings, "")[1:])
+            _say(f"{PREFIX}: serving {options.app} over stdin/stdout", *banner(tasks.settings))
             if target is not None:
-                argv = _worker_argv(target, tasks.settings, node="stdio@%h", schedule="stdio-beat-schedule")
+                argv = worker_argv(target, tasks.settings, node="stdio@%h", schedule="stdio-beat-schedule")
                 worker = WorkerSupervisor(argv, _worker_env(), on_death=lambda: None)
                 worker.start()
                 assert worker.proc is not None
@@ -223,7 +230,7 @@ def run_stdio(options: StdioOptions) -> int:
         outcome = "closed"
     except KeyboardInterrupt:
         outcome = "SIGINT"
-    except DevStop as stop:
+    except Stopped as stop:
         outcome = str(stop)
     except BaseException:
         finish(worker, "error")

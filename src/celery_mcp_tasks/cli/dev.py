@@ -1,0 +1,148 @@
+"""`celery-mcp-tasks dev`: the web process and a supervised worker (with beat) on one machine.
+
+The port is ours before anything starts: it is bound here and the socket is
+handed to uvicorn, so a busy port is the first error, and `--call` can never talk
+to some other server that happens to own it. The worker is started and ended as
+`cli.shared.WorkerSupervisor` promises (supervised, its whole process group ended).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from dataclasses import dataclass
+
+from celery_mcp_tasks.cli.shared import (
+    Stopped,
+    WorkerSupervisor,
+    banner,
+    celery_target,
+    load_app,
+    quiet_libraries,
+    raise_stop,
+    start_ops_server,
+    worker_argv,
+)
+
+__all__ = ["DevOptions", "bind_port", "run_dev"]
+
+PREFIX = "celery-mcp-tasks dev"
+
+
+@dataclass(frozen=True)
+class DevOptions:
+    app: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    data_dir: str | None = None
+    keep_env: bool = False
+    call: tuple[str, str] | None = None
+
+
+def bind_port(host: str, port: int) -> socket.socket:
+    """Bind and listen now; a busy port is an error before anything else happens.
+
+    Made as uvicorn makes its own (`Config.bind_socket`): with `IPPROTO_TCP`, which
+    asyncio checks before it sets `TCP_NODELAY` on each accepted connection. Without
+    it every response waited ~40 ms for a delayed ACK (uvicorn writes headers and
+    body separately).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise SystemExit(
+                f"{PREFIX}: port {port} on {host} is already in use (another server?); "
+                f"stop it or pick another with --port"
+            ) from None
+        raise SystemExit(f"{PREFIX}: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.listen(2048)
+    sock.set_inheritable(False)
+    return sock
+
+
+def run_dev(options: DevOptions) -> int:
+    """Serve (or call one tool) with a supervised worker; the exit status says what happened."""
+    import uvicorn
+
+    from celery_mcp_tasks.cli.call import call
+    from celery_mcp_tasks.migrate import upgrade
+
+    sock = bind_port(options.host, options.port)
+    # --data-dir wins over MCP_TASKS_DATA_DIR; the worker inherits the one chosen here.
+    os.environ["MCP_TASKS_DATA_DIR"] = options.data_dir or os.environ.get("MCP_TASKS_DATA_DIR") or ".celery-mcp-tasks"
+    if not options.keep_env:
+        for name in ("MCP_TASKS_DATABASE_URL", "CELERY_BROKER_URL"):
+            os.environ.pop(name, None)
+    tasks = load_app(options.app)
+    target = celery_target(options.app, tasks)
+    quiet_libraries()
+    if options.call:
+        logging.getLogger("mcp").setLevel(logging.WARNING)  # the server's INFO lines would interleave the call's
+    tasks.preflight("serve", need_schema=False)  # e.g. --keep-env with an unreachable database: one line
+    upgrade(tasks.settings.store_url)
+
+    host = f"[{options.host}]" if ":" in options.host else options.host
+    url = f"http://{host}:{options.port}/mcp"
+    print("\n".join([f"{PREFIX}: MCP endpoint {url}", *banner(tasks.settings)]), flush=True)
+
+    from celery_mcp_tasks.ops.logs import uvicorn_log_config
+
+    config = uvicorn.Config(
+        tasks.asgi_app(host=options.host),
+        log_level="warning" if options.call else "info",
+        timeout_graceful_shutdown=3,
+        lifespan="on",
+        log_config=uvicorn_log_config(tasks.settings),  # json: uvicorn's lines go through the JSON root handler
+    )
+    server = uvicorn.Server(config)
+    stopped = threading.Event()
+
+    def on_worker_death() -> None:
+        stopped.set()
+        server.should_exit = True
+
+    cwd = os.getcwd()
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [cwd, os.environ.get("PYTHONPATH")])),
+    }
+    worker = WorkerSupervisor(worker_argv(target, tasks.settings), env, on_death=on_worker_death)
+    previous = {sig: signal.signal(sig, raise_stop) for sig in (signal.SIGTERM,)}
+    status = 0
+    ops = start_ops_server(tasks, None, None)  # MCP_TASKS_OPS_HOST/PORT, when a plugin added routes
+    try:
+        worker.start()
+        if options.call:
+            thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="dev-web", daemon=True)
+            thread.start()
+            try:
+                status = call(url, options.call[0], options.call[1], abort=stopped.is_set)
+            finally:
+                server.should_exit = True
+                thread.join(timeout=5)
+        else:
+            server.run(sockets=[sock])
+    except (KeyboardInterrupt, Stopped):
+        status = 130
+    finally:
+        if ops is not None:
+            ops.stop()
+        worker.stop()
+        sock.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if worker.died is not None:
+        print(f"{PREFIX}: the worker exited (status {worker.died}): {worker.why()}", file=sys.stderr)
+        return 1
+    return status

@@ -1,0 +1,492 @@
+"""`celery-mcp-tasks doctor APP`: is this deployment able to run tasks, and if not, what to do.
+
+One row per check, OK / WARN / FAIL (SKIP when a check it depends on failed),
+each FAIL with the one-line fix. It runs where a person runs it, with the
+app's own settings (the same environment as the web process and workers):
+
+    config    the app loads and its settings validate
+    database  the store answers
+    schema    the store is migrated to the package's head
+    broker    the Celery broker accepts a connection
+    workers   a worker consumes every queue the task tools go to, with those tools registered
+    janitor   the janitor swept within three intervals (the sweep ledger)
+    push      a hint published through the push transport comes back to a listener
+    clock     this host's clock agrees with the database's
+
+Each check has a deadline of its own, so a hung database or broker makes a FAIL,
+never a doctor that hangs. Exit status 1 when any check fails. URLs are shown with
+their password replaced by `***`, and no task id is ever read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import IO, TYPE_CHECKING, Any, Literal
+
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+
+from celery_mcp_tasks.config import ConfigError, redact_url
+from celery_mcp_tasks.model import TaskRecord, TaskStatus, now_ms
+from celery_mcp_tasks.ops.probes import (
+    Finding,
+    ProbeEngine,
+    broker_probe,
+    janitor_probe,
+    schema_probe,
+    short_reason,
+    store_probe,
+)
+
+if TYPE_CHECKING:
+    from celery_mcp_tasks.app import McpTasks
+
+__all__ = [
+    "Row",
+    "Verdict",
+    "clock_check",
+    "diagnose",
+    "doctor",
+    "push_check",
+    "render",
+    "tool_queues",
+    "workers_check",
+]
+
+# -- the checks only `doctor` runs ----------------------------------------------------------
+# They go further than `/readyz` (a broadcast to every worker, a listener of their own, a clock
+# comparison), which is why they belong to a command a person runs, not to a probe that runs
+# every few seconds. Each takes a loaded app and answers a `Verdict`; none raises.
+
+Level = Literal["OK", "WARN", "FAIL", "SKIP"]
+
+SKEW_WARN_S = 1.0
+SKEW_FAIL_S = 30.0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: Level
+    detail: str
+    fix: str = ""
+
+
+def tool_queues(tasks: McpTasks) -> dict[str, list[str]]:
+    """{queue: [task tools sent to it]}, routed as `send_task` routes them (the job's options, task_routes)."""
+    celery = tasks.celery
+    queues: dict[str, list[str]] = {}
+    for tool in sorted(tasks.tools.values(), key=lambda t: t.name):
+        job = celery.tasks.get(tool.celery_name)
+        options = {k: v for k, v in (job._get_exec_options() if job else {}).items() if v is not None}
+        queue = celery.amqp.router.route(options, tool.celery_name, (), {}, job).get("queue")
+        queues.setdefault(str(getattr(queue, "name", queue)), []).append(tool.name)
+    return queues
+
+
+def _worker_command(app_path: str, queues: list[str], default_queue: str) -> str:
+    extra = "" if queues == [default_queue] else f" -Q {','.join(queues)}"
+    return f"start a worker with this app's settings: `celery -A {app_path} worker{extra}`"
+
+
+def workers_check(tasks: McpTasks, app_path: str, *, timeout_s: float) -> Verdict:
+    """At least one worker consumes each tool queue (`inspect active_queues`) and has its tools registered."""
+    needed = tool_queues(tasks)
+    if not needed:
+        return Verdict("SKIP", "the app declares no task tools")
+    celery = tasks.celery
+    default_queue = str(celery.conf.task_default_queue)
+    tools = {tool.name: tool.celery_name for tool in tasks.tools.values()}
+    try:
+        active: dict[str, Any] = celery.control.inspect(timeout=timeout_s).active_queues() or {}
+    except Exception as exc:  # noqa: BLE001
+        return Verdict("FAIL", f"cannot ask the workers: {short_reason(exc)}", "check the broker (see above)")
+    if not active:
+        return Verdict(
+            "FAIL",
+            f"no worker answered within {timeout_s:g}s",
+            _worker_command(app_path, sorted(needed), default_queue),
+        )
+    consumers = {
+        queue: sorted(name for name, qs in active.items() if any(q.get("name") == queue for q in qs or ()))
+        for queue in needed
+    }
+    idle = [queue for queue, names in consumers.items() if not names]
+    if idle:
+        queue = idle[0]
+        return Verdict(
+            "FAIL",
+            f"{len(active)} worker(s) answered, none consumes queue {queue!r} (tools {', '.join(needed[queue])})",
+            _worker_command(app_path, [queue], default_queue),
+        )
+    answering = sorted({name for names in consumers.values() for name in names})
+    try:
+        registered: dict[str, Any] = (
+            celery.control.inspect(destination=answering, timeout=timeout_s, limit=len(answering)).registered() or {}
+        )
+    except Exception as exc:  # noqa: BLE001
+        return Verdict("FAIL", f"cannot ask the workers: {short_reason(exc)}", "check the broker (see above)")
+    warnings: list[str] = []
+    for queue, names in consumers.items():
+        for tool in needed[queue]:
+            having = [name for name in names if tools[tool] in set(registered.get(name) or ())]
+            if not having:
+                return Verdict(
+                    "FAIL",
+                    f"no worker on queue {queue!r} has tool {tool!r} registered",
+                    f"deploy this version of {app_path} to the workers on {queue!r} and restart them",
+                )
+            if len(having) < len(names):
+                warnings.append(f"{len(names) - len(having)} worker(s) on {queue!r} lack {tool!r}")
+    where = ", ".join(f"{queue!r}: {len(names)} worker(s)" for queue, names in consumers.items())
+    if warnings:
+        return Verdict(
+            "WARN", f"{where}; {'; '.join(warnings)}", f"restart the stale workers with this version of {app_path}"
+        )
+    return Verdict("OK", f"{where}; every task tool registered")
+
+
+def _probe_record(key: str) -> TaskRecord:
+    """A hint's worth of a task that does not exist: listeners that hear it find no stream watching it."""
+    at = now_ms()
+    return TaskRecord(
+        key=key,
+        owner=None,
+        tool="doctor",
+        status=TaskStatus.WORKING,
+        created_at=at,
+        updated_at=at,
+        ttl_ms=None,
+        version=2,
+    )
+
+
+async def _deliver(listener: Any, hub: Any, publish: Callable[[TaskRecord], None], timeout_s: float) -> float | str:
+    """Start `listener` as a web process does, publish one hint, and time its arrival (seconds), or say why not."""
+    import anyio
+
+    key = secrets.token_hex(32)
+    watch = hub.watch([key])
+    outcome: float | str = "the probe did not finish"
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(listener.run)
+        try:
+            outcome = await _round_trip(listener, watch, key, publish, timeout_s)
+        finally:
+            watch.close()
+            tg.cancel_scope.cancel()
+    return outcome
+
+
+async def _round_trip(
+    listener: Any, watch: Any, key: str, publish: Callable[[TaskRecord], None], timeout_s: float
+) -> float | str:
+    import anyio
+    import anyio.to_thread
+
+    deadline = time.monotonic() + timeout_s
+    with anyio.move_on_after(timeout_s):
+        await listener.ready.wait()
+    if not listener.ready.is_set():
+        return f"the listener did not connect within {timeout_s:g}s"
+    start = time.monotonic()
+    try:
+        await anyio.to_thread.run_sync(publish, _probe_record(key))
+    except Exception as exc:  # noqa: BLE001
+        return f"publishing the hint failed: {short_reason(exc)}"
+    while time.monotonic() < deadline:
+        taken = await watch.next(timeout=max(deadline - time.monotonic(), 0.01))
+        if taken and key in taken:
+            return time.monotonic() - start
+    return f"the hint was published but not received within {timeout_s:g}s"
+
+
+def push_check(tasks: McpTasks, probe: ProbeEngine, *, timeout_s: float) -> Verdict:
+    """A hint published through the app's push transport reaches a listener like a web process's."""
+    import anyio
+
+    from celery_mcp_tasks.notify.hub import Hub
+
+    mode = tasks.push.mode
+    if mode == "off":
+        return Verdict(
+            "WARN",
+            "push is off: listen streams only acknowledge, clients poll tasks/get",
+            "unset MCP_TASKS_NOTIFY=off (or drop notifier=None) to push task changes",
+        )
+    if mode == "poll":
+        if tasks.settings.notify == "poll" and (probe.postgres or not tasks.settings.embedded_broker):
+            return Verdict(
+                "WARN",
+                "MCP_TASKS_NOTIFY=poll on a deployment that could push: streams read the store every 0.1 s",
+                "unset MCP_TASKS_NOTIFY (auto picks PostgreSQL NOTIFY or the broker's fanout)",
+            )
+        return Verdict("SKIP", "poll mode (the embedded default): streams read row versions, nothing is published")
+    hub = Hub()
+    listener: Any
+    publish: Callable[[TaskRecord], None]
+    if mode == "postgres":
+        from celery_mcp_tasks.notify.postgres import PgListener, PgNotifier
+
+        listener = PgListener(tasks.settings.store_url, hub)
+        publish = PgNotifier(lambda: probe.engine).task_changed  # pg_notify, as the store's write hook sends it
+        fix = "let web processes LISTEN on the database (no PgBouncer in transaction mode), or MCP_TASKS_NOTIFY=broker"
+    else:
+        from celery_mcp_tasks.notify.broker import BrokerListener, BrokerPublisher, hint_exchange
+        from celery_mcp_tasks.notify.push import BrokerAccess
+
+        broker = BrokerAccess.of(tasks.celery)
+        listener = BrokerListener(broker.connection, hint_exchange(broker.namespace), hub)
+        publish = BrokerPublisher(broker.producer_pool, hint_exchange(broker.namespace)).task_changed
+        fix = "check that the broker allows fanout exchanges and transient queues, or MCP_TASKS_NOTIFY=poll"
+    quiet = logging.getLogger("celery_mcp_tasks.notify")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # the listener's reconnect warnings would interleave with the table
+    try:
+        outcome = anyio.run(_deliver, listener, hub, publish, timeout_s)
+    except Exception as exc:  # noqa: BLE001
+        outcome = short_reason(exc)
+    finally:
+        quiet.setLevel(level)
+    if isinstance(outcome, str):
+        return Verdict("FAIL", f"{mode}: {outcome}", fix)
+    return Verdict("OK", f"{mode}: a hint published and received in {outcome * 1000:.0f} ms")
+
+
+def clock_check(probe: ProbeEngine) -> Verdict:
+    """This host's clock against the database's: heartbeats and TTLs compare times across hosts (the sweep
+    ledger alone stamps and ages everything on the database's clock)."""
+    if not probe.postgres:
+        return Verdict("OK", "SQLite: the store is on this machine, one clock")
+
+    def skew(conn: sa.Connection) -> tuple[float, float]:
+        before = time.time()
+        database = float(conn.execute(sa.text("SELECT extract(epoch FROM clock_timestamp())")).scalar_one())
+        after = time.time()
+        return database - (before + after) / 2, (after - before) / 2
+
+    try:
+        offset, uncertainty = probe.read(skew)
+    except Exception as exc:  # noqa: BLE001
+        return Verdict(
+            "FAIL", f"cannot read the database's clock: {short_reason(exc)}", "check the database (see above)"
+        )
+    side = "behind" if offset > 0 else "ahead of"
+    detail = f"this host is {abs(offset):.3f}s {side} the database (±{uncertainty:.3f}s)"
+    if abs(offset) < 0.001:
+        detail = f"this host and the database agree (±{uncertainty:.3f}s)"
+    fix = "synchronize the clocks of this host and the database server (NTP, chrony)"
+    if abs(offset) > SKEW_FAIL_S:
+        return Verdict("FAIL", detail, fix)
+    if abs(offset) > SKEW_WARN_S:
+        return Verdict("WARN", detail, fix)
+    return Verdict("OK", detail)
+
+
+# -- the report -----------------------------------------------------------------------------
+
+DEFAULT_TIMEOUT_S = 3.0
+_CHECK_DEADLINE_FLOOR_S = 10.0
+_SCHEMA_FIX = "run `celery-mcp-tasks db upgrade` (or upgrade celery-mcp-tasks if a newer release migrated the store)"
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+
+def _with_deadline(work: Callable[[], Verdict], deadline_s: float) -> Verdict:
+    """`work` in a daemon thread: a check stuck past its deadline is a FAIL and never holds the exit."""
+    outcome: list[Verdict] = []
+
+    def run() -> None:
+        try:
+            outcome.append(work())
+        except Exception as exc:  # noqa: BLE001 - a check that raises is a failed check
+            outcome.append(Verdict("FAIL", f"the check raised {type(exc).__name__}: {str(exc)[:200]}"))
+
+    thread = threading.Thread(target=run, name="mcp-tasks-doctor", daemon=True)
+    thread.start()
+    thread.join(deadline_s)
+    if not outcome:
+        return Verdict("FAIL", f"timed out after {deadline_s:g}s (the service hangs)")
+    return outcome[0]
+
+
+_LEVELS: dict[str, Level] = {"ok": "OK", "warn": "WARN", "fail": "FAIL", "skipped": "SKIP"}
+
+
+def _from_finding(finding: Finding, fix: str) -> Verdict:
+    status = _LEVELS[finding.status]
+    return Verdict(status, finding.detail, fix if status == "FAIL" else "")
+
+
+def _load(app_path: str) -> tuple[McpTasks | None, Verdict]:
+    """The app, and the configuration row: an app that does not load is the first FAIL, not a traceback."""
+    from celery_mcp_tasks.cli.shared import load_app
+    from celery_mcp_tasks.preflight import shared_store_problem
+
+    try:
+        tasks = load_app(app_path)
+    except SystemExit as exc:
+        detail = str(exc.code).removeprefix("celery-mcp-tasks: ")
+        return None, Verdict("FAIL", detail, "fix what the message names, then run doctor again")
+    except ConfigError as exc:
+        return None, Verdict("FAIL", f"configuration error: {exc}", "fix the setting the message names")
+    except Exception as exc:  # noqa: BLE001 - the user's module raised while importing
+        detail = f"importing {app_path} raised {type(exc).__name__}: {str(exc)[:200]}"
+        return None, Verdict(
+            "FAIL", detail, f"fix the module (`python -c 'import {app_path.partition(':')[0]}'` shows where)"
+        )
+    problem = shared_store_problem(tasks.settings, "process", str(tasks.celery.conf.broker_url))
+    if problem is not None:
+        return tasks, Verdict("FAIL", problem, "set MCP_TASKS_DATABASE_URL to the database every process shares")
+    tools = sorted(tasks.tools)
+    where = f"store {redact_url(tasks.settings.store_url)}, broker {redact_url(str(tasks.celery.conf.broker_url))}"
+    if not tools:
+        return tasks, Verdict("WARN", f"{app_path} loads but declares no task tools; {where}", "")
+    return tasks, Verdict("OK", f"{len(tools)} task tool(s) ({', '.join(tools)}); {where}")
+
+
+def _janitor_fix(tasks: McpTasks, app_path: str) -> str:
+    if tasks.settings.janitor == "worker":
+        return f"start a worker (`celery -A {app_path} worker`): with MCP_TASKS_JANITOR=worker the workers sweep"
+    from celery_mcp_tasks.ops.janitor_watch import FIX
+
+    return FIX.replace("APP", app_path)
+
+
+def _janitor(tasks: McpTasks, probe: ProbeEngine, app_path: str) -> Verdict:
+    finding = janitor_probe(probe, tasks.settings)
+    if finding.status == "skipped":
+        return Verdict(
+            "WARN",
+            finding.detail + ": expired tasks stay and lost jobs are never settled",
+            "set MCP_TASKS_JANITOR_INTERVAL_S (default 60) or run `tasks.sweep()` on a schedule of your own",
+        )
+    if finding.status == "warn":  # never swept, or stale: nothing evicts or reaps
+        return Verdict("FAIL", finding.detail, _janitor_fix(tasks, app_path))
+    return _from_finding(finding, "check the database (see above)")
+
+
+def diagnose(app_path: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Row]:
+    """Every check's row, in order; dependent checks SKIP when what they need failed."""
+    tasks, config = _load(app_path)
+    rows = [Row("config", config.status, config.detail, config.fix)]
+    names = ("database", "schema", "broker", "workers", "janitor", "push", "clock")
+    if tasks is None:
+        env_urls = [os.environ.get(name, "") for name in ("MCP_TASKS_DATABASE_URL", "CELERY_BROKER_URL")]
+        return _redacted(rows + [Row(name, "SKIP", "the app did not load") for name in names], env_urls)
+    settings = tasks.settings
+    store_url = redact_url(settings.store_url)
+    broker_url = redact_url(str(tasks.celery.conf.broker_url))
+    probe = ProbeEngine(settings.store_url)
+    deadline = max(_CHECK_DEADLINE_FLOOR_S, timeout_s * 3)
+    verdicts: dict[str, Verdict] = {}
+
+    def check(name: str, needs: Sequence[str], work: Callable[[], Verdict]) -> None:
+        missing = [need for need in needs if verdicts.get(need, Verdict("OK", "")).status == "FAIL"]
+        if config.status == "FAIL":
+            missing.insert(0, "config")
+        if missing:
+            verdicts[name] = Verdict("SKIP", f"needs {' and '.join(missing)}")
+        else:
+            verdicts[name] = _with_deadline(work, deadline)
+
+    db_fix = f"start the database or fix MCP_TASKS_DATABASE_URL (now {store_url})"
+    if settings.database_url is None or store_url.startswith("sqlite"):
+        db_fix = "run `celery-mcp-tasks db upgrade` (it creates the store) or fix MCP_TASKS_DATABASE_URL"
+    check("database", (), lambda: _from_finding(store_probe(probe), db_fix))
+    check("schema", ("database",), lambda: _from_finding(schema_probe(probe), _SCHEMA_FIX))
+    broker_fix = f"start the broker or fix CELERY_BROKER_URL (now {broker_url})"
+    check("broker", (), lambda: _from_finding(broker_probe(tasks.celery), broker_fix))
+    check("workers", ("broker",), lambda: workers_check(tasks, app_path, timeout_s=timeout_s))
+    check("janitor", ("database", "schema"), lambda: _janitor(tasks, probe, app_path))
+    push_needs = {"postgres": ("database",), "broker": ("broker",)}.get(tasks.push.mode, ())
+    check("push", push_needs, lambda: push_check(tasks, probe, timeout_s=timeout_s))
+    check("clock", ("database",), lambda: clock_check(probe))
+    rows += [Row(name, v.status, v.detail, v.fix) for name, v in verdicts.items()]
+    return _redacted(rows, [settings.store_url, str(tasks.celery.conf.broker_url)])
+
+
+def _redacted(rows: list[Row], urls: Sequence[str]) -> list[Row]:
+    """Belt and braces: no password from the app's URLs survives in any detail a driver worded."""
+    secrets: list[str] = []
+    for url in urls:
+        try:
+            password = make_url(url).password
+        except Exception:  # noqa: BLE001 - a broker URL list, or not RFC-1738: nothing to look for
+            password = None
+        if password:
+            secrets.append(str(password))
+
+    def scrub(text: str) -> str:
+        for secret in secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    return [Row(row.name, row.status, scrub(row.detail), scrub(row.fix)) for row in rows]
+
+
+def render(rows: Sequence[Row], *, json_output: bool = False, stream: IO[str] | None = None) -> None:
+    """A rich table on a terminal, aligned plain text otherwise, or one JSON document."""
+    out = stream or sys.stdout
+    if json_output:
+        worst = (
+            "fail"
+            if any(r.status == "FAIL" for r in rows)
+            else "warn"
+            if any(r.status == "WARN" for r in rows)
+            else "ok"
+        )
+        out.write(json.dumps({"status": worst, "checks": [asdict(row) for row in rows]}, indent=2) + "\n")
+        return
+    if out.isatty():
+        _rich_table(rows, out)
+        return
+    width = max(len(row.name) for row in rows)
+    out.write(f"{'CHECK'.ljust(width)}  STATUS  DETAIL\n")
+    for row in rows:
+        out.write(f"{row.name.ljust(width)}  {row.status.ljust(6)}  {row.detail}\n")
+        if row.fix:
+            out.write(f"{' ' * width}          fix: {row.fix}\n")
+
+
+_STYLES = {"OK": "green", "WARN": "yellow", "FAIL": "bold red", "SKIP": "dim"}
+
+
+def _rich_table(rows: Sequence[Row], out: IO[str]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(show_lines=False)
+    table.add_column("check")
+    table.add_column("status")
+    table.add_column("detail / fix", overflow="fold")
+    for row in rows:
+        text = _escape(row.detail) + (f"\n[bold]fix:[/bold] {_escape(row.fix)}" if row.fix else "")
+        table.add_row(row.name, f"[{_STYLES.get(row.status, '')}]{row.status}[/]", text)
+    Console(file=out, highlight=False).print(table)
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+def doctor(app_path: str, *, json_output: bool = False, timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
+    """Run every check, show the table, and answer the exit status (1 on any FAIL)."""
+    rows = diagnose(app_path, timeout_s=timeout_s)
+    render(rows, json_output=json_output)
+    return 1 if any(row.status == "FAIL" for row in rows) else 0

@@ -1,0 +1,258 @@
+"""What the commands share: loading APP, the ops listener, and a supervised `celery worker`.
+
+`dev` and `stdio` run the whole deployment on one machine; both load the app the
+same way (`load_app`), start the same worker (`worker_argv`) under the same
+supervisor, and leave through the same stop. The supervisor keeps three promises:
+
+- The worker (and the beat it embeds) is supervised: if it dies, the command says
+  why and exits non-zero instead of serving tasks that stay `Queued` forever.
+- The worker runs in a process group of its own, which the command always ends:
+  Ctrl-C (or SIGTERM) is a warm shutdown, then the whole group is killed after a
+  bound. On Linux the worker also gets SIGTERM if the command itself is killed.
+- Its output is forwarded, and the last meaningful line says why it died.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import importlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from celery_mcp_tasks.config import redact_url
+
+__all__ = [
+    "Stopped",
+    "WorkerSupervisor",
+    "banner",
+    "celery_target",
+    "load_app",
+    "quiet_libraries",
+    "raise_stop",
+    "start_ops_server",
+    "worker_argv",
+]
+
+
+def load_app(path: str) -> Any:
+    """Import APP (`module` or `module:attribute`) and return its `McpTasks`; one-line errors otherwise."""
+    from celery_mcp_tasks.app import McpTasks
+
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    module_name, _, attribute = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise SystemExit(
+                f"celery-mcp-tasks: cannot import {module_name!r} (APP is a module path such as "
+                f"myapp.tasks, importable from {os.getcwd()})"
+            ) from None
+        raise
+    if attribute:
+        found = getattr(module, attribute, None)
+        if not isinstance(found, McpTasks):
+            raise SystemExit(f"celery-mcp-tasks: {path} is not a McpTasks instance")
+        return found
+    candidates = [value for value in vars(module).values() if isinstance(value, McpTasks)]
+    if len(candidates) != 1:
+        raise SystemExit(
+            f"celery-mcp-tasks: {module_name} must define exactly one McpTasks "
+            f"(found {len(candidates)}); name it as {module_name}:NAME"
+        )
+    return candidates[0]
+
+
+def quiet_libraries() -> None:
+    """The SDK configures root logging at INFO; migrations and HTTP client chatter are noise here."""
+    for name in ("alembic", "httpx", "httpx2"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def start_ops_server(tasks: Any, host: str | None, port: int | None) -> Any:
+    """The plugins' operations routes on a listener of their own (None when no plugin added any, or off)."""
+    app = tasks.ops_app()
+    if not app.routes:
+        return None
+    from celery_mcp_tasks.ops.logs import uvicorn_log_config
+    from celery_mcp_tasks.ops.serving import OpsServer, ops_address
+
+    bind_host, bind_port = ops_address(host, port)
+    if bind_port is None:
+        return None
+    return OpsServer(app, bind_host, bind_port, log_config=uvicorn_log_config(tasks.settings)).start()
+
+
+WARM_SHUTDOWN_S = 6.0
+"""How long a running job gets to finish after Ctrl-C before the worker's group is killed."""
+
+
+_TAIL_LINES = 40
+
+
+class Stopped(Exception):
+    """SIGTERM or SIGINT reached the command: leave through the `finally` blocks that end the worker."""
+
+
+def celery_target(app_path: str, tasks: Any) -> str:
+    """What `celery -A ...` must be given to find `tasks.celery`, or a one-line error saying what to add."""
+    from celery.app.utils import find_app
+
+    module_name = app_path.partition(":")[0]
+    try:
+        found = find_app(module_name)
+    except AttributeError:
+        found = None
+    if found is tasks.celery:
+        return module_name
+    module = sys.modules.get(module_name)
+    name = next((k for k, v in vars(module).items() if v is tasks), "tasks") if module else "tasks"
+    raise SystemExit(
+        f"celery-mcp-tasks: `celery -A {module_name} worker` cannot find this app's Celery app: "
+        f"add `celery = {name}.celery` to {module_name}"
+    )
+
+
+def display_path(path: Path) -> str:
+    """A path as the user would type it: relative when it is under the working directory."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve())) or "."
+    except ValueError:
+        return str(path)
+
+
+def banner(settings: Any) -> list[str]:
+    """Where this app keeps its tasks and messages (the embedded default shows its files)."""
+    data_dir = settings.resolved_data_dir
+    if settings.database_url:
+        store = redact_url(settings.database_url)
+    else:
+        store = f"sqlite:///{display_path(data_dir / 'tasks.db')}"
+    if settings.embedded_broker:
+        broker = f"filesystem:// ({display_path(settings.broker_folder)})"
+    else:
+        broker = redact_url(settings.celery_broker_url)
+    return [
+        f"  store   {store}",
+        f"  broker  {broker}",
+        f"  data    {display_path(data_dir)}",
+    ]
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Linux: the worker gets SIGTERM (a warm shutdown) if `dev` is killed outright."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class WorkerSupervisor:
+    """A `celery worker` in its own process group, its output forwarded and its death reported."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], *, on_death: Callable[[], None]) -> None:
+        self._argv = argv
+        self._env = env
+        self._on_death = on_death
+        self._tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
+        self._stopping = threading.Event()
+        self.died: int | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            self._argv,
+            env=self._env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+        )
+        threading.Thread(target=self._forward, name="celery-mcp-tasks-worker-output", daemon=True).start()
+
+    def _forward(self) -> None:
+        proc = self.proc
+        assert proc is not None and proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.decode(errors="replace").rstrip("\n")
+            self._tail.append(line)
+            print(line, file=sys.stderr, flush=True)
+        status = proc.wait()
+        if not self._stopping.is_set():
+            self.died = status
+            self._on_death()
+
+    def why(self) -> str:
+        """The worker's last meaningful line (an exception's message, usually)."""
+        for line in reversed(self._tail):
+            text = line.strip()
+            if text and not text.startswith(("File ", "^", "~")):
+                return text
+        return "(no output)"
+
+    def stop(self, warm_s: float = WARM_SHUTDOWN_S) -> None:
+        """Warm shutdown, then the whole process group is killed: nothing outlives `dev`."""
+        self._stopping.set()
+        proc = self.proc
+        if proc is None:
+            return
+        try:
+            if proc.poll() is None:
+                _killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=warm_s)
+        except (subprocess.TimeoutExpired, KeyboardInterrupt, Stopped):
+            pass  # a second Ctrl-C, or a job that does not end: no more waiting
+        finally:
+            _killpg(proc.pid, signal.SIGKILL)  # the embedded beat and any pool child included
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def raise_stop(signum: int, frame: FrameType | None) -> None:
+    raise Stopped(signal.Signals(signum).name)
+
+
+def worker_argv(target: str, settings: Any, *, node: str = "dev@%h", schedule: str = "beat-schedule") -> list[str]:
+    """`celery worker -B` as `dev` runs it; `stdio` names its own node and beat schedule file."""
+    return [
+        sys.executable,
+        "-m",
+        "celery",
+        "--quiet",
+        "-A",
+        target,
+        "worker",
+        "-B",
+        "-P",
+        "threads",
+        "-c",
+        "4",
+        "--loglevel",
+        "WARNING",
+        "--without-mingle",
+        "--without-gossip",
+        "-n",
+        node,
+        "-s",
+        str(settings.resolved_data_dir / schedule),
+    ]
