@@ -122,4 +122,3 @@ def attach_listen(
         return None
     handler = TaskListenHandler(bus, service, push_hub(push))
     return handler if replace_listen_handler(server, SubscriptionsListenRequestParams, handler) else None
-
