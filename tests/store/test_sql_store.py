@@ -67,10 +67,15 @@ def test_a_refused_transition_leaves_the_row_unchanged(store: SqlStore):
 
 
 class InFlight:
-    """The statement an engine's connection is executing right now, and since when."""
+    """The statement an engine's connection is executing right now, and since when.
+
+    A connection counts from when it is taken: on SQLite a write transaction waits for the
+    lock in the engine's own `begin` listener (in short steps), which no cursor event shows.
+    """
 
     def __init__(self, engine: sa.Engine) -> None:
         self.since: float | None = None
+        sa.event.listen(engine, "engine_connect", lambda *_: setattr(self, "since", time.monotonic()))
         sa.event.listen(engine, "before_cursor_execute", lambda *_: setattr(self, "since", time.monotonic()))
         sa.event.listen(engine, "after_cursor_execute", lambda *_: setattr(self, "since", None))
 

@@ -4,11 +4,18 @@ SQLite needs three things or updates are lost or fail with "database is
 locked": WAL, a busy timeout, and `BEGIN IMMEDIATE` so a transaction that
 reads and then writes holds the write lock from its start. PostgreSQL needs
 nothing special: transitions are conditional UPDATEs checked by rowcount.
+
+The write lock is waited for in short steps of our own (`_begin_immediate`),
+not in SQLite's busy handler: that one sleeps in growing steps up to 100 ms,
+so beside a worker that writes progress in a loop (and re-takes the lock the
+moment it commits) a request's INSERT waited in those steps for seconds.
 """
 
 from __future__ import annotations
 
 import os
+import sqlite3
+import time
 import weakref
 from pathlib import Path
 from typing import Any
@@ -20,6 +27,12 @@ READ_ONLY = "mcp_tasks_read_only"
 """Execution option marking a read-only connection (a deferred BEGIN on SQLite)."""
 
 _ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+BUSY_TIMEOUT_S = 30.0
+"""How long a SQLite statement waits for a lock before "database is locked"."""
+_LOCK_STEPS_S = (0.0002, 0.0005, 0.001, 0.002)
+"""The waits between attempts at the write lock (the last one repeats)."""
+_SQLITE_BUSY = 5
 
 
 def _leave_the_parents_connections() -> None:
@@ -67,7 +80,7 @@ def _sqlite_engine(url: str, database: str | None, **kwargs: Any) -> Engine:
     if database and database != ":memory:" and not database.startswith("file:"):
         Path(database).parent.mkdir(parents=True, exist_ok=True)
     connect_args = dict(kwargs.pop("connect_args", {}))
-    connect_args.setdefault("timeout", 30)
+    connect_args.setdefault("timeout", BUSY_TIMEOUT_S)
     connect_args.setdefault("check_same_thread", False)
     engine = sa.create_engine(url, connect_args=connect_args, **kwargs)
 
@@ -77,7 +90,7 @@ def _sqlite_engine(url: str, database: str | None, **kwargs: Any) -> Engine:
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
         cursor.close()
 
     @sa.event.listens_for(engine, "begin")
@@ -87,6 +100,34 @@ def _sqlite_engine(url: str, database: str | None, **kwargs: Any) -> Engine:
         if connection.get_execution_options().get(READ_ONLY):
             connection.exec_driver_sql("BEGIN")
         else:
-            connection.exec_driver_sql("BEGIN IMMEDIATE")
+            _begin_immediate(connection)
 
     return engine
+
+
+def _begin_immediate(connection: Any) -> None:
+    """`BEGIN IMMEDIATE`, retried in steps of at most 2 ms for up to `BUSY_TIMEOUT_S` while another holds the lock.
+
+    Tried with the connection's busy handler off; once it is not "busy" or the
+    time is up, the last attempt goes through SQLAlchemy, which raises its own
+    error for it as before.
+    """
+    raw = connection.connection.driver_connection
+    raw.execute("PRAGMA busy_timeout=0")
+    try:
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        steps = iter(_LOCK_STEPS_S)
+        step = 0.0
+        while True:
+            try:
+                raw.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                busy = getattr(exc, "sqlite_errorcode", _SQLITE_BUSY) & 0xFF == _SQLITE_BUSY
+                if not busy or time.monotonic() > deadline:
+                    break
+            step = next(steps, step)
+            time.sleep(step)
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+    finally:
+        raw.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")

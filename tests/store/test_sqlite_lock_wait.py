@@ -1,0 +1,59 @@
+"""SQLite's write lock is waited for in short steps, not in SQLite's busy handler (up to 100 ms a step)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from celery_mcp_tasks.store import engine as engine_module
+from celery_mcp_tasks.store.engine import create_store_engine
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> sa.Engine:
+    made = create_store_engine(f"sqlite:///{tmp_path / 'lock.db'}")
+    with made.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE t (n INTEGER)")
+    return made
+
+
+def _hold_the_lock(engine: sa.Engine, seconds: float, taken: threading.Event) -> None:
+    with engine.begin() as conn:
+        conn.exec_driver_sql("INSERT INTO t VALUES (1)")
+        taken.set()
+        time.sleep(seconds)
+
+
+def test_a_waiting_writer_gets_the_lock_within_milliseconds_of_its_release(engine: sa.Engine) -> None:
+    """SQLite's own handler would sleep 1, 2, 5, ... 50, 50, 100 ms: after a 240 ms hold, ~88 ms late."""
+    taken = threading.Event()
+    holder = threading.Thread(target=_hold_the_lock, args=(engine, 0.24, taken))
+    holder.start()
+    taken.wait(5)
+    began = time.monotonic()
+    with engine.begin() as conn:
+        waited = time.monotonic() - began
+        conn.exec_driver_sql("INSERT INTO t VALUES (2)")
+    holder.join()
+    assert 0.2 < waited < 0.28, f"waited {waited * 1000:.0f} ms for a lock held 240 ms"
+
+
+def test_a_lock_held_past_the_timeout_is_still_database_is_locked(
+    engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(engine_module, "BUSY_TIMEOUT_S", 0.2)
+    taken = threading.Event()
+    holder = threading.Thread(target=_hold_the_lock, args=(engine, 1.0, taken))
+    holder.start()
+    taken.wait(5)
+    try:
+        with pytest.raises(sa.exc.OperationalError, match="database is locked"), engine.begin():
+            pass
+    finally:
+        holder.join()
+    with engine.connect() as conn:  # the connection's own busy timeout is back for its other statements
+        assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 200
