@@ -39,7 +39,6 @@ from celery_mcp_tasks.observe import Observers
 from celery_mcp_tasks.ops.wiring import install_operations
 from celery_mcp_tasks.preflight import preflight
 from celery_mcp_tasks.service import DEFAULT, TaskService, _Default
-from celery_mcp_tasks.store.loop_reads import closing_loop_reads
 from celery_mcp_tasks.store.sql import SqlStore
 from celery_mcp_tasks.store.sweeps import SweepLedger
 from celery_mcp_tasks.worker import bridge
@@ -180,7 +179,6 @@ class McpTasks:
         self.store_hooks: list[Callable[[SqlStore], None]] = []  # told of each store built (once per process)
         self.serving_contexts: list[Callable[[], AbstractAsyncContextManager[Any]]] = []
         """Entered for the served app's whole life (inside its lifespan): e.g. the janitor watch."""
-        self.serving_contexts.append(lambda: closing_loop_reads(lambda: self.service().store))
         self.extension = TasksExtension(
             self.tools,
             self.service,

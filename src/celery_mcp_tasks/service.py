@@ -151,10 +151,8 @@ class TaskService:
         return task_id, record
 
     def get(self, task_id: str, owner: str | None) -> TaskRecord:
-        return self.readable(self.store.get(task_key(task_id), owner))
-
-    def readable(self, record: TaskRecord | None) -> TaskRecord:
-        """What a request-side read answers, whichever face read the row: it, or TaskNotFound / TaskExpired."""
+        """The owner's task, or TaskNotFound (missing or foreign) / TaskExpired."""
+        record = self.store.get(task_key(task_id), owner)
         if record is None:
             raise TaskNotFound()
         self._require_unexpired(record)

@@ -40,14 +40,12 @@ from celery_mcp_tasks.mcp.wire import (
     internal,
     invalid_params,
     plain_responses,
-    store_unavailable,
 )
 from celery_mcp_tasks.model import InvalidInputResponse, TaskRecord, TaskStatus
 from celery_mcp_tasks.notify.hub import Hub, Watch
 from celery_mcp_tasks.protocol import render_error
 from celery_mcp_tasks.service import TaskExpired, TaskService
-from celery_mcp_tasks.store.base import StoreUnavailable, TaskNotFound
-from celery_mcp_tasks.store.loop_reads import loop_reads
+from celery_mcp_tasks.store.base import TaskNotFound
 
 logger = logging.getLogger("celery_mcp_tasks.mcp")
 
@@ -242,14 +240,8 @@ class SyncCalls:
             pass  # the store is unavailable: already logged
 
     async def _read(self, service: TaskService, key: str) -> TaskRecord | None:
-        """The row now: awaited on the loop where the store can (PostgreSQL), else on the pool."""
-        reads = loop_reads(service.store)
-        if reads is None:
-            return await self._run(partial(service.record, key), "tools/call")
-        try:
-            return await reads.get(key)
-        except StoreUnavailable as exc:
-            raise store_unavailable("tools/call", exc) from None
+        """The row now, read on the bounded pool (the one read path, as `tasks/get`)."""
+        return await self._run(partial(service.record, key), "tools/call")
 
     def abandon_all(self, message: str) -> int:
         """Cancel the hidden task of every call still waiting here; how many there were. Blocking: run it in a thread.

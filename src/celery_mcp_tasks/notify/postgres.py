@@ -47,11 +47,7 @@ def parse_hint(payload: str) -> tuple[str, int] | None:
 
 
 class _PgNotifyHook:
-    """The store's write hook: queue the hint in the writing transaction (sent at commit).
-
-    `pg_notify_args` lets the store fold the hint into its one-statement UPDATE
-    (store/pg_writes.py): the same channel and payload, in the same transaction.
-    """
+    """The store's write hook: queue the hint in the writing transaction (sent at commit)."""
 
     def __call__(self, conn: Connection, record: TaskRecord) -> None:
         hint = self.pg_notify_args(record)

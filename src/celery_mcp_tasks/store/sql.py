@@ -37,7 +37,6 @@ from celery_mcp_tasks.store.base import (
 )
 from celery_mcp_tasks.store.cleanup import Eviction, evict
 from celery_mcp_tasks.store.engine import READ_ONLY, create_store_engine
-from celery_mcp_tasks.store.pg_writes import PgWrites
 from celery_mcp_tasks.store.schema import tasks
 
 logger = logging.getLogger(__name__)
@@ -171,12 +170,6 @@ class SqlStore:
         self.write_hook = write_hook
         # PostgreSQL reads in autocommit: one statement, one round trip (not BEGIN, SELECT, ROLLBACK).
         self._reads = {READ_ONLY: True, **({"isolation_level": "AUTOCOMMIT"} if self.dialect == "postgresql" else {})}
-        # PostgreSQL on psycopg: every update's first attempt in four round trips, not five (store/pg_writes.py).
-        self._pg = (
-            PgWrites(engine, _COLUMNS, _from_row, _to_row, _INSERT_IF_ROOM)
-            if engine.dialect.driver == "psycopg"
-            else None
-        )
 
     @classmethod
     def from_url(cls, url: str, **engine_kwargs: Any) -> SqlStore:
@@ -274,10 +267,7 @@ class SqlStore:
         row = _to_row(record)
         with self.engine.connect() as conn:
             conn.begin()
-            if self._pg is not None:  # the same statements, driver-level (store/pg_writes.py)
-                if not self._pg.insert(conn, row, max_rows):
-                    raise TaskLimitReached()
-            elif max_rows is None:
+            if max_rows is None:
                 conn.execute(tasks.insert(), row)
             elif conn.execute(_INSERT_IF_ROOM, {**row, "max_rows": max_rows}).first() is None:
                 raise TaskLimitReached()
@@ -287,28 +277,14 @@ class SqlStore:
 
     @_reported
     def update(self, key: str, owner: Owner, transition: Transition) -> TaskRecord:
-        for attempt in range(_MAX_CAS_ATTEMPTS):
+        for _ in range(_MAX_CAS_ATTEMPTS):
             try:
-                written = (
-                    self._fast_swap(key, owner, transition) if attempt == 0 else self._swap(key, owner, transition)
-                )
+                written = self._swap(key, owner, transition)
             except _CommitInDoubt as doubt:
                 written = self._settle(doubt)
             if written is not None:
                 return written
         raise StoreConflict("the task kept changing under this write; try again")
-
-    def _fast_swap(self, key: str, owner: Owner, transition: Transition) -> TaskRecord | None:
-        """The first attempt: on psycopg, the same locked swap in fewer round trips (store/pg_writes.py).
-
-        None (the locking path runs next) when another writer won or the pooled
-        connection was dead. A write hook that is not one `pg_notify` keeps every
-        attempt on the locking path, where it runs inside the transaction."""
-        hook = self.write_hook
-        if self._pg is None or not (hook is None or hasattr(hook, "pg_notify_args")):
-            return self._swap(key, owner, transition)
-        with self.engine.connect() as conn:
-            return self._pg.swap(conn, key, owner, transition, hook, _commit)  # type: ignore[arg-type]
 
     @_reconnecting
     def _swap(self, key: str, owner: Owner, transition: Transition) -> TaskRecord | None:
