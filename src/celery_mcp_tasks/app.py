@@ -218,10 +218,10 @@ class McpTasks:
             return self._service
         with self._lock:
             if self._service is None or self._service_pid != pid:
-                store = SqlStore.from_url(self.settings.store_url)
+                store = SqlStore.from_url(self.settings.store_url, change_hint=self.push.change_hint)
                 for hook in self.store_hooks:  # e.g. the metrics' error listener on this engine only
                     hook(store)
-                self.push.bind_store(store)
+                self.push.bind_store(store, store.engine)
                 self._service = TaskService(
                     store,
                     notifier=self.push.notifier,

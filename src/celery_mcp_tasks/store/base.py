@@ -14,6 +14,7 @@ callers only (the worker, the janitor), never for a request handler.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Final, Protocol
 
 from celery_mcp_tasks.model import TaskRecord
@@ -65,6 +66,19 @@ class StoreUnavailable(RuntimeError):
 Transition = Callable[[TaskRecord], TaskRecord]
 
 
+@dataclass(frozen=True)
+class ChangeHint:
+    """A change hint the store sends with each write it commits (PostgreSQL's `pg_notify`).
+
+    Part of the write itself, in the same statement or transaction, so it is delivered
+    at commit and never for a write that did not happen. `payload(record)` is the text
+    for the record just written, or None for a write no one can be listening to.
+    """
+
+    channel: str
+    payload: Callable[[TaskRecord], str | None]
+
+
 def apply(transition: Transition, current: TaskRecord) -> TaskRecord:
     """The record `transition` makes of `current`: itself (nothing to write) or its next version."""
     nxt = transition(current)
@@ -84,11 +98,16 @@ class Store(Protocol):
         """The record, or `None` when missing or owned by another principal."""
         ...
 
-    def update(self, key: str, owner: Owner, transition: Transition) -> TaskRecord:
+    def update(
+        self, key: str, owner: Owner, transition: Transition, *, expected: TaskRecord | None = None
+    ) -> TaskRecord:
         """Atomically replace the record with `transition(record)` and return the new one.
 
         Raises `TaskNotFound`; anything `transition` raises propagates and leaves
-        the record unchanged.
+        the record unchanged. `expected`: the record the caller last saw or wrote;
+        when the row is still at its version the transition is computed on it and
+        written at once (no locking read). Otherwise, or when the transition refuses
+        it, the transition is computed on the row as it is now, as without it.
         """
         ...
 

@@ -43,6 +43,9 @@ HIDDEN_ARGS = {"argsrepr": "()", "kwargsrepr": "<tool arguments are not logged>"
 """What Celery's logs and events (Flower) show instead of an MCP task's arguments."""
 RUN_END = "mcp_run_end"
 """Request attribute: why a run ended without an outcome (the log line says it instead of "succeeded: None")."""
+LAST_RECORD = "mcp_last_record"
+"""Request attribute: the task's record as the run last read or wrote it, so the signal bridge's final
+write is one conditional UPDATE on it (`Store.update(expected=...)`) instead of a locked read and write."""
 
 _current: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar("mcp_task_context", default=None)
 
@@ -200,11 +203,13 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
         interval = self.mcp_runtime.heartbeat_interval_s
         run = run_of(self.request)
         try:
+            found = service.record(key)  # what the claim is computed on: one read, then one conditional UPDATE
+            if found is None:
+                raise TaskNotFound()
             if run is None:  # a message from before the dispatch header: adopt the current run
-                record = service.record(key)
-                run = Run(record.dispatches if record else 0, self.request.retries or 0)
+                run = Run(found.dispatches, self.request.retries or 0)
             stale_before = now_ms() - int(self.mcp_runtime.stale_timeout_s * 1000)
-            record = service.begin(key, run, stale_before_ms=stale_before)
+            record = service.begin(key, run, stale_before_ms=stale_before, expected=found)
         except TaskNotFound:
             logger.info("job for tool %r skipped: its task no longer exists", tool.name)
             return self._ended("skipped, its task no longer exists")
@@ -245,6 +250,7 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
             return self._ended("stopped, its task was settled elsewhere")
         finally:
             _current.reset(token)
+            setattr(self.request, LAST_RECORD, ctx.last_record)
         return tool.to_result(value)
 
 
