@@ -299,6 +299,35 @@ def test_cancelled_reads_the_store_at_most_once_per_check_interval(
     assert ctx.cancelled() and CountingStore.reads == 2  # ... then seen with one read
 
 
+def test_a_hundred_looping_jobs_read_the_store_about_once_a_second_each(
+    parked: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 20: at the old 50 ms, 100 jobs polling `cancelled()` cost 2 000 reads/s; by default now ~100."""
+    clock = FrozenClock()
+    monkeypatch.setattr(sys.modules[TaskContext.__module__], "time", clock)
+    service, _ = parked
+    contexts = [job_context(service)[1] for _ in range(100)]
+    assert TaskContext.cancel_check_interval == 1.0
+    CountingStore.reads = 0
+    for _ in range(640):  # 10 s of every job asking 64 times a second (steps exact in binary)
+        clock.now += 1 / 64
+        assert not any(ctx.cancelled() for ctx in contexts)
+    assert CountingStore.reads == 100 * 10  # one read per job per second
+
+
+def test_the_check_interval_is_a_setting_of_the_context(parked: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FrozenClock()
+    monkeypatch.setattr(sys.modules[TaskContext.__module__], "time", clock)
+    service, _ = parked
+    _, ctx = job_context(service)
+    ctx.cancel_check_interval = 0.25
+    CountingStore.reads = 0
+    for _ in range(64):  # 1 s, asked 64 times
+        clock.now += 1 / 64
+        ctx.cancelled()
+    assert CountingStore.reads == 4
+
+
 def test_a_handle_outside_any_job_drives_the_task_and_answers_terminal_after(tasks: McpTasks) -> None:
     task_id, record = tasks.service().create(owner=None, tool="unused", arguments={}, dispatch=False)
     handle = tasks.task_handle(record.key)
