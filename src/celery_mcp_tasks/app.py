@@ -39,8 +39,8 @@ from celery_mcp_tasks.observe import Observers
 from celery_mcp_tasks.ops.wiring import install_operations
 from celery_mcp_tasks.preflight import preflight
 from celery_mcp_tasks.service import DEFAULT, TaskService, _Default
+from celery_mcp_tasks.store.base import Ledger
 from celery_mcp_tasks.store.sql import SqlStore
-from celery_mcp_tasks.store.sweeps import SweepLedger
 from celery_mcp_tasks.worker import bridge
 from celery_mcp_tasks.worker.beat import install_janitor
 from celery_mcp_tasks.worker.context import TaskContext
@@ -238,7 +238,7 @@ class McpTasks:
         """Drive a task from outside a job (e.g. a webhook) by its row key (`ctx.key` in the job)."""
         return TaskContext(self.service(), key, record=self.service().record(key))
 
-    def ledger(self) -> SweepLedger | None:
+    def ledger(self) -> Ledger | None:
         """This process's sweep ledger (when the janitor last swept), on the service's store."""
         return ledger_of(self.service())
 

@@ -15,9 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from celery_mcp_tasks.model import TaskRecord
+
+if TYPE_CHECKING:
+    from celery_mcp_tasks.store.cleanup import Eviction
+    from celery_mcp_tasks.store.sweeps import SweepRecord
 
 
 class _Any:
@@ -87,6 +91,22 @@ def apply(transition: Transition, current: TaskRecord) -> TaskRecord:
     return nxt
 
 
+class Ledger(Protocol):
+    """The sweep ledger: when each sweeping duty last ran and who may run it next (`store.sweeps`)."""
+
+    def last(self, name: str = ...) -> SweepRecord | None:
+        """The duty's row, read on the database's clock (None before its first sweep)."""
+        ...
+
+    def claim(self, name: str, *, interval_ms: int, by: str) -> bool:
+        """Take the duty for this interval: True for exactly one of any number of claimants at once."""
+        ...
+
+    def record(self, name: str, *, duration_ms: int, report: dict[str, int], statuses: dict[str, int]) -> None:
+        """A sweep that just ended after `duration_ms`."""
+        ...
+
+
 class Store(Protocol):
     # Every method raises `StoreUnavailable` when the database fails it.
 
@@ -119,10 +139,22 @@ class Store(Protocol):
         """Current version of each existing key (used by the polling notifier)."""
         ...
 
-    def cleanup(self, *, now_ms: int, retention_ms: int, batch_size: int) -> int:
-        """Evict expired records in batches; return how many were removed."""
+    def evict(self, *, now_ms: int, retention_ms: int, batch_size: int) -> Eviction:
+        """Evict expired records in batches: how many went, and by tool those not final yet."""
         ...
 
     def stale(self, *, heartbeat_before_ms: int, limit: int) -> list[TaskRecord]:
         """`working` records whose heartbeat is older than the bound (for the reaper)."""
+        ...
+
+    def unanswered(self, *, changed_before_ms: int, limit: int) -> list[str]:
+        """Keys of `input_required` records unchanged since the bound (for the input timeout)."""
+        ...
+
+    def count_by_status(self) -> dict[str, int]:
+        """How many records are in each status now (every status named)."""
+        ...
+
+    def ledger(self) -> Ledger:
+        """The sweep ledger kept beside the tasks."""
         ...

@@ -28,9 +28,9 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import fields, replace
-from typing import Any, TypeVar
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -41,7 +41,6 @@ from celery_mcp_tasks.store.base import (
     ChangeHint,
     Owner,
     StoreConflict,
-    StoreUnavailable,
     TaskLimitReached,
     TaskNotFound,
     Transition,
@@ -49,84 +48,15 @@ from celery_mcp_tasks.store.base import (
 )
 from celery_mcp_tasks.store.cleanup import Eviction, evict
 from celery_mcp_tasks.store.engine import ONE_STATEMENT, READ_ONLY, create_store_engine
+from celery_mcp_tasks.store.failures import _CommitInDoubt, _in_doubt, _reconnecting, _reported
 from celery_mcp_tasks.store.schema import tasks
+from celery_mcp_tasks.store.sweeps import SweepLedger, count_by_status, unanswered
 
 logger = logging.getLogger(__name__)
 
 _MAX_CAS_ATTEMPTS = 64
 _COLUMNS = [f.name for f in fields(TaskRecord)]
 _TERMINAL_VALUES = [status.value for status in TERMINAL]
-
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _reconnecting(method: F) -> F:
-    """Run again, once, when the database dropped the pooled connection (a restart, a failover).
-
-    The pool does not ping before every checkout (a round trip on the hot path);
-    instead the first statement on a dead connection fails, SQLAlchemy invalidates
-    the pool, and the operation is retried on a fresh connection. That is safe for
-    work the server never committed (it rolls back a transaction whose connection is
-    gone) and for idempotent writes. A connection lost *during* a COMMIT is another
-    matter: `_commit` reports it as `_CommitInDoubt`, which is never retried blindly.
-    """
-
-    @functools.wraps(method)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(*args, **kwargs)
-        except sa.exc.DBAPIError as exc:
-            if not exc.connection_invalidated:
-                raise
-            logger.warning("store connection was lost (%s); retrying once", type(exc.orig).__name__)
-            return method(*args, **kwargs)
-
-    return wrapper  # type: ignore[return-value]
-
-
-def _reported(method: F) -> F:
-    """The store's failures leave it as `StoreUnavailable`: a fixed text, the database's own in the cause."""
-    operation = method.__name__
-
-    @functools.wraps(method)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(*args, **kwargs)
-        except _CommitInDoubt as doubt:
-            raise StoreUnavailable(operation) from doubt.cause
-        except sa.exc.SQLAlchemyError as exc:
-            raise StoreUnavailable(operation) from exc
-
-    return wrapper  # type: ignore[return-value]
-
-
-class _CommitInDoubt(Exception):
-    """The connection was lost while a write's commit was in flight: applied or not, nobody knows yet.
-
-    For an update: `before` is the record the transition was computed on, `after` the
-    record written, `changes` the columns the UPDATE set.
-    """
-
-    def __init__(
-        self,
-        cause: BaseException,
-        before: TaskRecord | None = None,
-        after: TaskRecord | None = None,
-        changes: Mapping[str, Any] | None = None,
-    ) -> None:
-        super().__init__("the outcome of a COMMIT is unknown")
-        self.cause = cause
-        self.before = before
-        self.after = after
-        self.changes = changes or {}
-
-
-def _in_doubt(exc: sa.exc.DBAPIError, *written: Any) -> _CommitInDoubt:
-    """A write that failed on a connection the database dropped is in doubt; any other failure is raised."""
-    if not exc.connection_invalidated:
-        raise exc
-    return _CommitInDoubt(exc, *written)
 
 
 def _stored(value: Any) -> str:
@@ -255,6 +185,7 @@ class SqlStore:
         self._reads = {READ_ONLY: True, **autocommit}
         # A write that is one statement: autocommit on PostgreSQL, no BEGIN on SQLite.
         self._one = {ONE_STATEMENT: True, **autocommit}
+        self._ledger: SweepLedger | None = None
 
     @classmethod
     def from_url(cls, url: str, *, change_hint: ChangeHint | None = None, **engine_kwargs: Any) -> SqlStore:
@@ -504,6 +435,20 @@ class SqlStore:
             query = query.where(tasks.c.dispatches == dispatch)
         with self.engine.connect().execution_options(**self._one) as conn:
             return conn.execute(query.values(heartbeat_at=_later(at_ms))).rowcount == 1
+
+    # -- the janitor's --------------------------------------------------------------
+
+    def unanswered(self, *, changed_before_ms: int, limit: int) -> list[str]:
+        return unanswered(self.engine, changed_before_ms=changed_before_ms, limit=limit)
+
+    def count_by_status(self) -> dict[str, int]:
+        return count_by_status(self.engine)
+
+    def ledger(self) -> SweepLedger:
+        """The sweep ledger on this store's engine (one per store; a store rebuilt after a fork gets its own)."""
+        if self._ledger is None or self._ledger.engine is not self.engine:
+            self._ledger = SweepLedger(self.engine)
+        return self._ledger
 
     def cleanup(self, *, now_ms: int, retention_ms: int, batch_size: int) -> int:
         """Delete expired rows in bounded batches (`store.cleanup.evict`); how many went."""
