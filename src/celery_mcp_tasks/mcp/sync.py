@@ -69,6 +69,15 @@ class Run(Protocol):
     def __call__(self, fn: Callable[[], T], method: str) -> Awaitable[T]: ...
 
 
+class _Latest:
+    """The last record a synchronous call read: one at a time, however long the job runs."""
+
+    __slots__ = ("record",)
+
+    def __init__(self, record: TaskRecord) -> None:
+        self.record = record
+
+
 class SyncCalls:
     """The synchronous path of `TasksExtension` (which builds it with its own service, pool and settings).
 
@@ -106,33 +115,33 @@ class SyncCalls:
         """
         hub = self._hub() if self._hub is not None else None
         watch = hub.watch([record.key]) if hub is not None else None
-        latest = [record]
+        latest = _Latest(record)
         waiting = object()
         self._waiting[waiting] = record.key
         try:
             outcome, gone = await unless_caller_leaves(ctx, lambda: self._follow(tool, ctx, latest, watch))
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True), anyio.move_on_after(_ABANDON_S):
-                await self._abandon(latest[-1], "The synchronous caller cancelled the request")
+                await self._abandon(latest.record, "The synchronous caller cancelled the request")
             raise
         finally:
             self._waiting.pop(waiting, None)
             if watch is not None:
                 watch.close()
         if gone:
-            await self._abandon(latest[-1], "The synchronous caller went away")
+            await self._abandon(latest.record, "The synchronous caller went away")
             raise internal(f"Tool {tool.name}: the caller disconnected")
         return outcome
 
     async def _follow(
-        self, tool: TaskTool, ctx: ServerRequestContext[Any, Any], latest: list[TaskRecord], watch: Watch | None
+        self, tool: TaskTool, ctx: ServerRequestContext[Any, Any], latest: _Latest, watch: Watch | None
     ) -> HandlerResult:
         """Wait (woken by `watch`, else polling) until the task ends, bridging its reports and questions.
 
-        `latest` holds the last record read, for the caller to abandon on the way out.
+        `latest` holds the last record read (only that one), for the caller to abandon on the way out.
         """
         service = self._service()
-        record = latest[-1]
+        record = latest.record
         idle_s = tool.sync_timeout_s or self._sync_timeout_s
         deadline = anyio.current_time() + idle_s
         reported = _reported(record)
@@ -143,7 +152,7 @@ class SyncCalls:
                 asked = await self._ask(tool, ctx, record)
                 if isinstance(asked, InputRequiredResult):
                     return asked
-                latest.append(record := asked)
+                latest.record = record = asked
                 deadline, reported = anyio.current_time() + idle_s, _reported(record)
                 continue
             remaining = deadline - anyio.current_time()
@@ -160,7 +169,7 @@ class SyncCalls:
             read = await self._read(service, record.key)
             if read is None:
                 raise internal(f"Tool {tool.name}: the job's task is gone")
-            latest.append(record := read)
+            latest.record = record = read
             if _reported(record) != reported:
                 deadline, reported = anyio.current_time() + idle_s, _reported(record)
                 if not record.terminal:
