@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from celery import Celery
 from celery.app.task import Context
 from celery.exceptions import Retry, WorkerLostError
@@ -372,3 +373,44 @@ def test_progress_numbers_are_checked_even_without_a_task(tasks: McpTasks) -> No
         ctx.progress("fine", 0, 10)
     stored = tasks.service().record(record.key)
     assert stored is not None and (stored.status_message, stored.progress, stored.progress_total) == ("fine", 0, 10)
+
+
+def _statements(tasks: McpTasks) -> list[str]:
+    seen: list[str] = []
+
+    @sa.event.listens_for(tasks.service().store.engine, "before_cursor_execute")  # type: ignore[attr-defined]  # the Store protocol has no engine
+    def statement(conn: Any, cursor: Any, sql: str, *_: Any) -> None:
+        seen.append(sql.split()[0].upper())
+
+    return seen
+
+
+def test_a_job_costs_one_read_and_one_update_to_claim_and_one_update_per_report_and_outcome(
+    tasks: McpTasks,
+) -> None:
+    """Issue 20: each write of the run is one conditional UPDATE on the record the run last saw."""
+
+    @tasks.mcp_task
+    def reporting(ctx: TaskContext) -> str:
+        ctx.progress("half way", 1, 2)
+        return "done"
+
+    task_id, _ = tasks.service().create(owner=None, tool="reporting", arguments={})
+    seen = _statements(tasks)
+    reporting.apply(headers=headers(task_id))
+    # SQLite: the read's deferred BEGIN, its SELECT; then the claim, the report and the outcome: one UPDATE each.
+    assert [word for word in seen if word != "BEGIN"] == ["SELECT", "UPDATE", "UPDATE", "UPDATE"]
+    done = status(tasks, task_id)
+    assert done.status is TaskStatus.COMPLETED and done.progress == 1 and done.version == 4
+
+
+def test_an_outcome_after_another_writer_moved_the_task_still_lands_right(tasks: McpTasks) -> None:
+    @tasks.mcp_task
+    def overtaken(ctx: TaskContext) -> str:
+        tasks.service().progress(ctx.key or "", "written by someone else")  # the run's record is now stale
+        return "done"
+
+    task_id, _ = tasks.service().create(owner=None, tool="overtaken", arguments={})
+    overtaken.apply(headers=headers(task_id))
+    done = status(tasks, task_id)
+    assert done.status is TaskStatus.COMPLETED and done.version == 4  # created, claimed, progress, completed

@@ -202,6 +202,7 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
         except TerminalTask:
             logger.info("job for tool %r skipped: its task is already final", tool.name)
             return self._ended("skipped, its task is already final")
+        setattr(self.request, LAST_RECORD, record)  # a failure from here on is written on the claimed record
         try:
             kwargs = tool.validate(record.arguments)
         except ValidationError as exc:  # its text quotes the values: name the fields only
