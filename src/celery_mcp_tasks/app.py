@@ -38,9 +38,8 @@ from celery_mcp_tasks.observe import Observers
 from celery_mcp_tasks.plugin import Plugin, overrides, plugins_from_settings
 from celery_mcp_tasks.preflight import preflight
 from celery_mcp_tasks.service import DEFAULT, TaskService, _Default
-from celery_mcp_tasks.store.loop_reads import closing_loop_reads
+from celery_mcp_tasks.store.base import Ledger
 from celery_mcp_tasks.store.sql import SqlStore
-from celery_mcp_tasks.store.sweeps import SweepLedger
 from celery_mcp_tasks.worker import bridge
 from celery_mcp_tasks.worker.beat import install_janitor
 from celery_mcp_tasks.worker.context import TaskContext
@@ -180,7 +179,6 @@ class McpTasks:
         """Told of every committed change (add yours before the first service is built)."""
         self.serving_contexts: list[Callable[[], AbstractAsyncContextManager[Any]]] = []
         """Entered for the served app's whole life (inside its lifespan): e.g. the janitor watch."""
-        self.serving_contexts.append(lambda: closing_loop_reads(lambda: self.service().store))
         self.extension = TasksExtension(
             self.tools,
             self.service,
@@ -224,11 +222,11 @@ class McpTasks:
             return self._service
         with self._lock:
             if self._service is None or self._service_pid != pid:
-                store = SqlStore.from_url(self.settings.store_url)
+                store = SqlStore.from_url(self.settings.store_url, change_hint=self.push.change_hint)
                 for plugin in self.plugins:  # e.g. the metrics' error listener on this engine only
                     if overrides(plugin, "store_built"):
                         plugin.store_built(store)
-                self.push.bind_store(store)
+                self.push.bind_store(store, store.engine)
                 self._service = TaskService(
                     store,
                     notifier=self.push.notifier,
@@ -245,7 +243,7 @@ class McpTasks:
         """Drive a task from outside a job (e.g. a webhook) by its row key (`ctx.key` in the job)."""
         return TaskContext(self.service(), key, record=self.service().record(key))
 
-    def ledger(self) -> SweepLedger | None:
+    def ledger(self) -> Ledger | None:
         """This process's sweep ledger (when the janitor last swept), on the service's store."""
         return ledger_of(self.service())
 

@@ -30,9 +30,9 @@ from dataclasses import asdict, dataclass
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.model import now_ms
 from celery_mcp_tasks.service import TaskService
+from celery_mcp_tasks.store.base import Ledger
 from celery_mcp_tasks.store.cleanup import Eviction
-from celery_mcp_tasks.store.sql import SqlStore
-from celery_mcp_tasks.store.sweeps import JANITOR, SweepLedger, count_by_status, ledger_for, unanswered
+from celery_mcp_tasks.store.sweeps import JANITOR
 
 __all__ = ["EXPIRED_UNFINISHED", "METRIC", "MetricHook", "SweepReport", "ledger_of", "sweep"]
 
@@ -80,9 +80,9 @@ def input_timeout_message(timeout_s: float) -> str:
     return f"No answer to the input request within {_span(timeout_s)}"
 
 
-def ledger_of(service: TaskService) -> SweepLedger | None:
-    """The sweep ledger on the service's store (None for a store that is not the SQL one)."""
-    return ledger_for(service.store) if isinstance(service.store, SqlStore) else None
+def ledger_of(service: TaskService) -> Ledger:
+    """The sweep ledger on the service's store."""
+    return service.store.ledger()
 
 
 def sweep(
@@ -129,10 +129,8 @@ def sweep(
 
 
 def _evict(service: TaskService, settings: Settings, at: int, batch_size: int) -> Eviction:
-    """Expired rows out; which of them were unfinished only the SQL store can tell."""
-    if isinstance(service.store, SqlStore):
-        return service.store.evict(now_ms=at, retention_ms=settings.retention_ms, batch_size=batch_size)
-    return Eviction(removed=service.store.cleanup(now_ms=at, retention_ms=settings.retention_ms, batch_size=batch_size))
+    """Expired rows out, telling which of them were unfinished."""
+    return service.store.evict(now_ms=at, retention_ms=settings.retention_ms, batch_size=batch_size)
 
 
 def _tell(metric: MetricHook, name: str, counts: dict[str, int]) -> None:
@@ -170,13 +168,13 @@ def _reap(
 
 def _expire_inputs(service: TaskService, settings: Settings, at: int, batch_size: int) -> int:
     """Fail `input_required` tasks nobody answered within the input timeout (None: never)."""
-    if settings.input_timeout_s is None or not isinstance(service.store, SqlStore):
+    if settings.input_timeout_s is None:
         return 0
     before = at - int(settings.input_timeout_s * 1000)
     message = input_timeout_message(settings.input_timeout_s)
     expired = 0
     while True:
-        batch = unanswered(service.store.engine, changed_before_ms=before, limit=batch_size)
+        batch = service.store.unanswered(changed_before_ms=before, limit=batch_size)
         acted = sum(service.expire_input(key, changed_before_ms=before, message=message) for key in batch)
         expired += acted
         if len(batch) < batch_size or not acted:
@@ -186,13 +184,10 @@ def _expire_inputs(service: TaskService, settings: Settings, at: int, batch_size
 def _record(service: TaskService, settings: Settings, at: int, started: float, counts: dict[str, int]) -> None:
     """The sweep in the ledger, and a warning near the row cap. A failure here is a log line:
     the sweep itself happened (the ledger's age will show that recording stopped)."""
-    ledger = ledger_of(service)
-    if ledger is None:
-        return
     try:
-        statuses = count_by_status(ledger.engine)
+        statuses = service.store.count_by_status()
         duration_ms = int((time.monotonic() - started) * 1000)
-        ledger.record(JANITOR, duration_ms=duration_ms, report=counts, statuses=statuses)
+        ledger_of(service).record(JANITOR, duration_ms=duration_ms, report=counts, statuses=statuses)
     except Exception as exc:  # noqa: BLE001 - the sweep ran; only its record is missing
         logger.warning("could not record the janitor sweep in the store: %s", type(exc).__name__)
         return

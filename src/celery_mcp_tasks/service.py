@@ -151,10 +151,8 @@ class TaskService:
         return task_id, record
 
     def get(self, task_id: str, owner: str | None) -> TaskRecord:
-        return self.readable(self.store.get(task_key(task_id), owner))
-
-    def readable(self, record: TaskRecord | None) -> TaskRecord:
-        """What a request-side read answers, whichever face read the row: it, or TaskNotFound / TaskExpired."""
+        """The owner's task, or TaskNotFound (missing or foreign) / TaskExpired."""
+        record = self.store.get(task_key(task_id), owner)
         if record is None:
             raise TaskNotFound()
         self._require_unexpired(record)
@@ -251,10 +249,13 @@ class TaskService:
         *,
         current: float | None = None,
         total: float | None = None,
+        expected: TaskRecord | None = None,
     ) -> TaskRecord:
         """Show `message` and, with `current` (and `total`), numeric progress. ValueError for bad numbers."""
         checked_progress(current, total)  # before the write: a bad number never reaches the store
-        return self._write(key, lambda r: r.with_progress(message, self.clock(), run, current=current, total=total))
+        return self._write(
+            key, lambda r: r.with_progress(message, self.clock(), run, current=current, total=total), expected
+        )
 
     def heartbeat(self, key: str, run: Run | None = None, *, ahead_ms: int = 0) -> bool:
         """Liveness for the stale reaper (`ahead_ms`: a promise to report again by then).
@@ -263,13 +264,30 @@ class TaskService:
         """
         return self.store.touch(key, self.clock() + ahead_ms, dispatch=None if run is None else run.dispatch)
 
-    def complete(
-        self, key: str, result: dict[str, Any], message: str | None = None, run: Run | None = None
-    ) -> TaskRecord:
-        return self._write(key, lambda r: r.completed(result, self.clock(), message, run))
+    # `expected` (worker side): the record the caller last saw or wrote. While the row is still
+    # at its version the write is one conditional UPDATE (`Store.update`); else the usual one.
 
-    def fail(self, key: str, error: dict[str, Any], message: str | None = None, run: Run | None = None) -> TaskRecord:
-        return self._write(key, lambda r: r.failed(error, self.clock(), message, run))
+    def complete(
+        self,
+        key: str,
+        result: dict[str, Any],
+        message: str | None = None,
+        run: Run | None = None,
+        *,
+        expected: TaskRecord | None = None,
+    ) -> TaskRecord:
+        return self._write(key, lambda r: r.completed(result, self.clock(), message, run), expected)
+
+    def fail(
+        self,
+        key: str,
+        error: dict[str, Any],
+        message: str | None = None,
+        run: Run | None = None,
+        *,
+        expected: TaskRecord | None = None,
+    ) -> TaskRecord:
+        return self._write(key, lambda r: r.failed(error, self.clock(), message, run), expected)
 
     def require_input(
         self,
@@ -279,13 +297,17 @@ class TaskService:
         *,
         park: bool = False,
         run: Run | None = None,
+        expected: TaskRecord | None = None,
     ) -> TaskRecord:
-        return self._write(key, lambda r: r.requiring_input(requests, self.clock(), message, park=park, run=run))
+        return self._write(
+            key, lambda r: r.requiring_input(requests, self.clock(), message, park=park, run=run), expected
+        )
 
-    def begin(self, key: str, run: Run, *, stale_before_ms: int) -> TaskRecord:
+    def begin(self, key: str, run: Run, *, stale_before_ms: int, expected: TaskRecord | None = None) -> TaskRecord:
         """A copy of the job's message starts `run`: it claims the run, or it must not run the body.
 
-        One write: a compare-and-swap that records the claim and beats. Raises
+        One read (unless the caller has `expected`, the record as it last read it) and one
+        write: a conditional UPDATE that records the claim and beats. Raises
         `TaskNotFound`, `TerminalTask`, `Superseded` (not the current run) or
         `RunInProgress` (a redelivered copy, while the copy that claimed this run
         has beaten since `stale_before_ms`). The start says so ("Started", "Started
@@ -299,17 +321,21 @@ class TaskService:
             said = nxt.status_message != record.status_message
             return nxt
 
-        record = self._update(key, ANY, transition)
+        if expected is None:
+            expected = self.store.get(key, ANY)
+            if expected is None:
+                raise TaskNotFound()
+        record = self._update(key, ANY, transition, expected=expected)
         if said:
             safe_notify(self.notifier, record)
         return record
 
-    def retrying(self, key: str, run: Run, start_by_ms: int) -> TaskRecord:
+    def retrying(self, key: str, run: Run, start_by_ms: int, *, expected: TaskRecord | None = None) -> TaskRecord:
         """Celery scheduled attempt `run.attempt`: the task stays `working` and says so."""
-        return self._write(key, lambda r: r.retrying(run, self.clock(), start_by_ms))
+        return self._write(key, lambda r: r.retrying(run, self.clock(), start_by_ms), expected)
 
-    def unpark(self, key: str) -> TaskRecord:
-        return self._write(key, lambda r: r.unparked())
+    def unpark(self, key: str, *, expected: TaskRecord | None = None) -> TaskRecord:
+        return self._write(key, lambda r: r.unparked(), expected)
 
     def cancel_by_key(self, key: str, message: str) -> tuple[TaskRecord, bool]:
         return self._cancel(key, ANY, message)
@@ -359,7 +385,13 @@ class TaskService:
         return outcome
 
     def _update(
-        self, key: str, owner: Any, transition: Callable[[TaskRecord], TaskRecord], *, notify: bool = False
+        self,
+        key: str,
+        owner: Any,
+        transition: Callable[[TaskRecord], TaskRecord],
+        *,
+        notify: bool = False,
+        expected: TaskRecord | None = None,
     ) -> TaskRecord:
         """`store.update`; when the row really changed the observer hears (before, after), and with
         `notify` the notifier too."""
@@ -369,7 +401,7 @@ class TaskService:
             seen.append(record)
             return transition(record)
 
-        record = self.store.update(key, owner, remembered)
+        record = self.store.update(key, owner, remembered, expected=expected)
         if not seen or record.version != seen[-1].version:
             if seen:
                 safe_observe(self.observer, seen[-1], record)
@@ -377,9 +409,11 @@ class TaskService:
                 safe_notify(self.notifier, record)
         return record
 
-    def _write(self, key: str, transition: Callable[[TaskRecord], TaskRecord]) -> TaskRecord:
+    def _write(
+        self, key: str, transition: Callable[[TaskRecord], TaskRecord], expected: TaskRecord | None = None
+    ) -> TaskRecord:
         """Apply `transition` atomically; tell the notifier only when the row really changed."""
-        return self._update(key, ANY, transition, notify=True)
+        return self._update(key, ANY, transition, notify=True, expected=expected)
 
     def _send(self, record: TaskRecord) -> TaskRecord:
         """Hand a committed dispatch to the broker; if that fails the task fails, readable."""

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from celery_mcp_tasks import McpTasks, Settings
 from celery_mcp_tasks.model import TaskRecord
-from celery_mcp_tasks.notify.postgres import PgNotifier, pg_notify_hook
+from celery_mcp_tasks.notify.postgres import PG_HINT, PgNotifier
 
 PG = "postgresql://u@db/tasks"
 
@@ -26,7 +26,7 @@ def _settings(tmp_path: Path, **settings: object) -> Settings:
 def test_by_default_postgres_publishes_inside_the_write_and_needs_no_notifier(tmp_path: Path) -> None:
     tasks = McpTasks("wiring", settings=_settings(tmp_path, database_url=PG, broker_url="redis://r/0"))
     assert tasks.push.mode == "postgres"
-    assert tasks.push.write_hook("postgresql") is pg_notify_hook
+    assert tasks.push.change_hint is PG_HINT
     assert tasks.push.notifier is None
     assert isinstance(tasks.push.publisher, PgNotifier)  # for a custom notifier that keeps push
 
@@ -34,18 +34,18 @@ def test_by_default_postgres_publishes_inside_the_write_and_needs_no_notifier(tm
 def test_by_default_a_networked_broker_publishes_after_the_write(tmp_path: Path) -> None:
     tasks = McpTasks("wiring", settings=_settings(tmp_path, broker_url="redis://r/0"))
     assert tasks.push.mode == "broker"
-    assert tasks.push.write_hook("sqlite") is None
+    assert tasks.push.change_hint is None
     assert tasks.push.notifier is tasks.push.publisher is not None
 
 
 def test_the_embedded_default_publishes_nothing_and_polls(tmp_path: Path) -> None:
     tasks = McpTasks("wiring", settings=_settings(tmp_path))
-    assert (tasks.push.mode, tasks.push.notifier, tasks.push.write_hook("sqlite")) == ("poll", None, None)
+    assert (tasks.push.mode, tasks.push.notifier, tasks.push.change_hint) == ("poll", None, None)
 
 
 def test_none_turns_push_off_everywhere(tmp_path: Path) -> None:
     tasks = McpTasks("wiring", settings=_settings(tmp_path, database_url=PG), notifier=None)
-    assert (tasks.push.mode, tasks.push.notifier, tasks.push.write_hook("postgresql")) == ("off", None, None)
+    assert (tasks.push.mode, tasks.push.notifier, tasks.push.change_hint) == ("off", None, None)
 
 
 def test_a_custom_notifier_replaces_the_publisher(tmp_path: Path) -> None:
@@ -53,7 +53,7 @@ def test_a_custom_notifier_replaces_the_publisher(tmp_path: Path) -> None:
     tasks = McpTasks("wiring", settings=_settings(tmp_path, database_url=PG), notifier=mine)
     assert tasks.push.mode == "postgres"  # web processes still listen
     assert tasks.push.notifier is mine
-    assert tasks.push.write_hook("postgresql") is None
+    assert tasks.push.change_hint is None
 
 
 def test_the_custom_notifier_hears_every_write_of_this_process(tmp_path: Path) -> None:

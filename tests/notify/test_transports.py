@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from celery_mcp_tasks.config import ConfigError, Settings
 from celery_mcp_tasks.model import TaskRecord, TaskStatus
 from celery_mcp_tasks.notify.hub import Hub
-from celery_mcp_tasks.notify.postgres import PgListener, parse_hint, pg_notify_hook
+from celery_mcp_tasks.notify.postgres import CHANNEL, PgListener, hint_payload, parse_hint
 from celery_mcp_tasks.notify.push import select_mode
 from celery_mcp_tasks.store.engine import normalize_url
 from tests.support import REDIS_URL
@@ -93,7 +93,7 @@ async def test_postgres_delivers_a_hint_at_commit_and_never_for_a_rollback(postg
 
     def write(version: int, commit: bool) -> None:
         with engine.connect() as conn:
-            pg_notify_hook(conn, _record(version))
+            conn.execute(sa.select(sa.func.pg_notify(CHANNEL, hint_payload(_record(version)))))
             conn.commit() if commit else conn.rollback()
 
     try:

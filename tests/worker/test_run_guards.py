@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from celery import Celery
 from celery.app.task import Context
 from celery.exceptions import Retry, WorkerLostError
@@ -299,6 +300,35 @@ def test_cancelled_reads_the_store_at_most_once_per_check_interval(
     assert ctx.cancelled() and CountingStore.reads == 2  # ... then seen with one read
 
 
+def test_a_hundred_looping_jobs_read_the_store_about_once_a_second_each(
+    parked: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 20: at the old 50 ms, 100 jobs polling `cancelled()` cost 2 000 reads/s; by default now ~100."""
+    clock = FrozenClock()
+    monkeypatch.setattr(sys.modules[TaskContext.__module__], "time", clock)
+    service, _ = parked
+    contexts = [job_context(service)[1] for _ in range(100)]
+    assert TaskContext.cancel_check_interval == 1.0
+    CountingStore.reads = 0
+    for _ in range(640):  # 10 s of every job asking 64 times a second (steps exact in binary)
+        clock.now += 1 / 64
+        assert not any(ctx.cancelled() for ctx in contexts)
+    assert CountingStore.reads == 100 * 10  # one read per job per second
+
+
+def test_the_check_interval_is_a_setting_of_the_context(parked: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FrozenClock()
+    monkeypatch.setattr(sys.modules[TaskContext.__module__], "time", clock)
+    service, _ = parked
+    _, ctx = job_context(service)
+    ctx.cancel_check_interval = 0.25
+    CountingStore.reads = 0
+    for _ in range(64):  # 1 s, asked 64 times
+        clock.now += 1 / 64
+        ctx.cancelled()
+    assert CountingStore.reads == 4
+
+
 def test_a_handle_outside_any_job_drives_the_task_and_answers_terminal_after(tasks: McpTasks) -> None:
     task_id, record = tasks.service().create(owner=None, tool="unused", arguments={}, dispatch=False)
     handle = tasks.task_handle(record.key)
@@ -343,3 +373,44 @@ def test_progress_numbers_are_checked_even_without_a_task(tasks: McpTasks) -> No
         ctx.progress("fine", 0, 10)
     stored = tasks.service().record(record.key)
     assert stored is not None and (stored.status_message, stored.progress, stored.progress_total) == ("fine", 0, 10)
+
+
+def _statements(tasks: McpTasks) -> list[str]:
+    seen: list[str] = []
+
+    @sa.event.listens_for(tasks.service().store.engine, "before_cursor_execute")  # type: ignore[attr-defined]  # the Store protocol has no engine
+    def statement(conn: Any, cursor: Any, sql: str, *_: Any) -> None:
+        seen.append(sql.split()[0].upper())
+
+    return seen
+
+
+def test_a_job_costs_one_read_and_one_update_to_claim_and_one_update_per_report_and_outcome(
+    tasks: McpTasks,
+) -> None:
+    """Issue 20: each write of the run is one conditional UPDATE on the record the run last saw."""
+
+    @tasks.mcp_task
+    def reporting(ctx: TaskContext) -> str:
+        ctx.progress("half way", 1, 2)
+        return "done"
+
+    task_id, _ = tasks.service().create(owner=None, tool="reporting", arguments={})
+    seen = _statements(tasks)
+    reporting.apply(headers=headers(task_id))
+    # SQLite: the read's deferred BEGIN, its SELECT; then the claim, the report and the outcome: one UPDATE each.
+    assert [word for word in seen if word != "BEGIN"] == ["SELECT", "UPDATE", "UPDATE", "UPDATE"]
+    done = status(tasks, task_id)
+    assert done.status is TaskStatus.COMPLETED and done.progress == 1 and done.version == 4
+
+
+def test_an_outcome_after_another_writer_moved_the_task_still_lands_right(tasks: McpTasks) -> None:
+    @tasks.mcp_task
+    def overtaken(ctx: TaskContext) -> str:
+        tasks.service().progress(ctx.key or "", "written by someone else")  # the run's record is now stale
+        return "done"
+
+    task_id, _ = tasks.service().create(owner=None, tool="overtaken", arguments={})
+    overtaken.apply(headers=headers(task_id))
+    done = status(tasks, task_id)
+    assert done.status is TaskStatus.COMPLETED and done.version == 4  # created, claimed, progress, completed

@@ -17,7 +17,7 @@ A client that did not declare the extension gets the synchronous path (`celery_m
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any, TypeVar
 
@@ -47,13 +47,12 @@ from celery_mcp_tasks.mcp.wire import (
     require_routing_name,
     store_unavailable,
 )
-from celery_mcp_tasks.model import InvalidInputResponse, TaskRecord, task_key
+from celery_mcp_tasks.model import InvalidInputResponse, TaskRecord
 from celery_mcp_tasks.notify.hub import Hub
 from celery_mcp_tasks.ops.propagation import creating
 from celery_mcp_tasks.protocol import EXTENSION_ID, render_create_result, render_task
 from celery_mcp_tasks.service import TaskExpired, TaskService
 from celery_mcp_tasks.store.base import StoreUnavailable, TaskLimitReached, TaskNotFound
-from celery_mcp_tasks.store.loop_reads import LoopReads, loop_reads
 
 logger = logging.getLogger("celery_mcp_tasks.mcp")
 
@@ -212,13 +211,9 @@ class TasksExtension(Extension):
         require_extension(ctx)
 
     async def _lookup(self, fn: Callable[[], T], method: str) -> T:
-        return await self._looked_up(self._run(fn, method), method)
-
-    async def _looked_up(self, lookup: Awaitable[T], method: str) -> T:
+        """`fn` on the bounded pool (`_run`); a missing, foreign or expired task answers "not found"."""
         try:
-            return await lookup
-        except StoreUnavailable as exc:
-            raise store_unavailable(method, exc) from None
+            return await self._run(fn, method)
         except TaskNotFound:
             raise not_found() from None
         except TaskExpired:
@@ -227,12 +222,7 @@ class TasksExtension(Extension):
     async def get(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
         self._guard(ctx, params.task_id)
         owner = current_principal()
-        service = self._service()
-        reads = loop_reads(service.store)
-        if reads is None:  # SQLite, or a loop psycopg cannot use: the threaded read
-            record = await self._lookup(partial(service.get, params.task_id, owner), "tasks/get")
-        else:
-            record = await self._looked_up(_read_on_loop(service, reads, params.task_id, owner), "tasks/get")
+        record = await self._lookup(partial(self._service().get, params.task_id, owner), "tasks/get")
         return {**_COMPLETE, **render_task(params.task_id, record)}
 
     async def update(self, ctx: ServerRequestContext[Any, Any], params: UpdateParams) -> dict[str, Any]:
@@ -252,8 +242,3 @@ class TasksExtension(Extension):
         # The service revokes the job (off this request's path) when this call cancelled it.
         await self._lookup(partial(self._service().cancel, params.task_id, current_principal()), "tasks/cancel")
         return dict(_COMPLETE)
-
-
-async def _read_on_loop(service: TaskService, reads: LoopReads, task_id: str, owner: str | None) -> TaskRecord:
-    """`TaskService.get`, its row read on the event loop: the same answers (the service decides them)."""
-    return service.readable(await reads.get(task_key(task_id), owner))

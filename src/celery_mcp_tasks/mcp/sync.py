@@ -40,14 +40,12 @@ from celery_mcp_tasks.mcp.wire import (
     internal,
     invalid_params,
     plain_responses,
-    store_unavailable,
 )
 from celery_mcp_tasks.model import InvalidInputResponse, TaskRecord, TaskStatus
 from celery_mcp_tasks.notify.hub import Hub, Watch
 from celery_mcp_tasks.protocol import render_error
 from celery_mcp_tasks.service import TaskExpired, TaskService
-from celery_mcp_tasks.store.base import StoreUnavailable, TaskNotFound
-from celery_mcp_tasks.store.loop_reads import loop_reads
+from celery_mcp_tasks.store.base import TaskNotFound
 
 logger = logging.getLogger("celery_mcp_tasks.mcp")
 
@@ -69,6 +67,15 @@ class Run(Protocol):
     """`fn` on the bounded pool; a store outage answers -32603 (`TasksExtension._run`)."""
 
     def __call__(self, fn: Callable[[], T], method: str) -> Awaitable[T]: ...
+
+
+class _Latest:
+    """The last record a synchronous call read: one at a time, however long the job runs."""
+
+    __slots__ = ("record",)
+
+    def __init__(self, record: TaskRecord) -> None:
+        self.record = record
 
 
 class SyncCalls:
@@ -108,33 +115,33 @@ class SyncCalls:
         """
         hub = self._hub() if self._hub is not None else None
         watch = hub.watch([record.key]) if hub is not None else None
-        latest = [record]
+        latest = _Latest(record)
         waiting = object()
         self._waiting[waiting] = record.key
         try:
             outcome, gone = await unless_caller_leaves(ctx, lambda: self._follow(tool, ctx, latest, watch))
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True), anyio.move_on_after(_ABANDON_S):
-                await self._abandon(latest[-1], "The synchronous caller cancelled the request")
+                await self._abandon(latest.record, "The synchronous caller cancelled the request")
             raise
         finally:
             self._waiting.pop(waiting, None)
             if watch is not None:
                 watch.close()
         if gone:
-            await self._abandon(latest[-1], "The synchronous caller went away")
+            await self._abandon(latest.record, "The synchronous caller went away")
             raise internal(f"Tool {tool.name}: the caller disconnected")
         return outcome
 
     async def _follow(
-        self, tool: TaskTool, ctx: ServerRequestContext[Any, Any], latest: list[TaskRecord], watch: Watch | None
+        self, tool: TaskTool, ctx: ServerRequestContext[Any, Any], latest: _Latest, watch: Watch | None
     ) -> HandlerResult:
         """Wait (woken by `watch`, else polling) until the task ends, bridging its reports and questions.
 
-        `latest` holds the last record read, for the caller to abandon on the way out.
+        `latest` holds the last record read (only that one), for the caller to abandon on the way out.
         """
         service = self._service()
-        record = latest[-1]
+        record = latest.record
         idle_s = tool.sync_timeout_s or self._sync_timeout_s
         deadline = anyio.current_time() + idle_s
         reported = _reported(record)
@@ -145,7 +152,7 @@ class SyncCalls:
                 asked = await self._ask(tool, ctx, record)
                 if isinstance(asked, InputRequiredResult):
                     return asked
-                latest.append(record := asked)
+                latest.record = record = asked
                 deadline, reported = anyio.current_time() + idle_s, _reported(record)
                 continue
             remaining = deadline - anyio.current_time()
@@ -162,7 +169,7 @@ class SyncCalls:
             read = await self._read(service, record.key)
             if read is None:
                 raise internal(f"Tool {tool.name}: the job's task is gone")
-            latest.append(record := read)
+            latest.record = record = read
             if _reported(record) != reported:
                 deadline, reported = anyio.current_time() + idle_s, _reported(record)
                 if not record.terminal:
@@ -242,14 +249,8 @@ class SyncCalls:
             pass  # the store is unavailable: already logged
 
     async def _read(self, service: TaskService, key: str) -> TaskRecord | None:
-        """The row now: awaited on the loop where the store can (PostgreSQL), else on the pool."""
-        reads = loop_reads(service.store)
-        if reads is None:
-            return await self._run(partial(service.record, key), "tools/call")
-        try:
-            return await reads.get(key)
-        except StoreUnavailable as exc:
-            raise store_unavailable("tools/call", exc) from None
+        """The row now, read on the bounded pool (the one read path, as `tasks/get`)."""
+        return await self._run(partial(service.record, key), "tools/call")
 
     def abandon_all(self, message: str) -> int:
         """Cancel the hidden task of every call still waiting here; how many there were. Blocking: run it in a thread.

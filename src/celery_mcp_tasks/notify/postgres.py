@@ -18,13 +18,14 @@ from typing import Any
 
 import anyio
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.engine import Engine, make_url
 
 from celery_mcp_tasks.model import TaskRecord
 from celery_mcp_tasks.notify.base import listeners_possible
 from celery_mcp_tasks.notify.hub import Hub
+from celery_mcp_tasks.store.base import ChangeHint
 
-__all__ = ["CHANNEL", "PgListener", "PgNotifier", "format_hint", "parse_hint", "pg_notify_hook"]
+__all__ = ["CHANNEL", "PG_HINT", "PgListener", "PgNotifier", "format_hint", "hint_payload", "parse_hint"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,30 +47,19 @@ def parse_hint(payload: str) -> tuple[str, int] | None:
     return key, int(version)
 
 
-class _PgNotifyHook:
-    """The store's write hook: queue the hint in the writing transaction (sent at commit).
-
-    `pg_notify_args` lets the store fold the hint into its one-statement UPDATE
-    (store/pg_writes.py): the same channel and payload, in the same transaction.
-    """
-
-    def __call__(self, conn: Connection, record: TaskRecord) -> None:
-        hint = self.pg_notify_args(record)
-        if hint is not None:
-            conn.execute(_NOTIFY, {"channel": hint[0], "payload": hint[1]})
-
-    @staticmethod
-    def pg_notify_args(record: TaskRecord) -> tuple[str, str] | None:
-        return (CHANNEL, format_hint(record)) if listeners_possible(record) else None
+def hint_payload(record: TaskRecord) -> str | None:
+    """The hint for `record`'s write, or None when no stream can be following it yet."""
+    return format_hint(record) if listeners_possible(record) else None
 
 
-pg_notify_hook = _PgNotifyHook()
+PG_HINT = ChangeHint(CHANNEL, hint_payload)
+"""What the store sends with each write (folded into the writing statement, delivered at its commit)."""
 
 
 class PgNotifier:
     """The same hint as a `Notifier`, sent after the write in its own statement.
 
-    Not used by default (the write hook is cheaper); it is what a custom
+    Not used by default (the store's `PG_HINT` is part of the write); it is what a custom
     notifier calls to keep push on PostgreSQL while doing its own work.
     """
 
@@ -77,8 +67,10 @@ class PgNotifier:
         self._engine = engine
 
     def task_changed(self, record: TaskRecord) -> None:
-        with self._engine().begin() as conn:
-            pg_notify_hook(conn, record)
+        payload = hint_payload(record)
+        if payload is not None:
+            with self._engine().begin() as conn:
+                conn.execute(_NOTIFY, {"channel": CHANNEL, "payload": payload})
 
 
 def libpq_url(url: str) -> str:

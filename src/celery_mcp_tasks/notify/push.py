@@ -28,10 +28,10 @@ from celery_mcp_tasks.config import ConfigError, Settings
 from celery_mcp_tasks.notify.base import Notifier
 from celery_mcp_tasks.notify.hub import Hub
 from celery_mcp_tasks.notify.polling import DEFAULT_INTERVAL_S, RowPoller
-from celery_mcp_tasks.notify.postgres import PgNotifier, pg_notify_hook
+from celery_mcp_tasks.notify.postgres import PG_HINT, PgNotifier
 from celery_mcp_tasks.service import DEFAULT, _Default
+from celery_mcp_tasks.store.base import ChangeHint, Store
 from celery_mcp_tasks.store.engine import normalize_url
-from celery_mcp_tasks.store.sql import SqlStore, WriteHook
 
 __all__ = ["BrokerAccess", "Mode", "Push", "select_mode"]
 
@@ -113,19 +113,21 @@ class Push:
         self._custom: Notifier | None = None if isinstance(notifier, _Default) else notifier
         self._settings = settings
         self._broker = broker
-        self._store: SqlStore | None = None
+        self._store: Store | None = None
+        self._store_engine: Engine | None = None
         self._poll_interval_s = poll_interval_s
         self._publisher: Notifier | None = None
         self.hub = Hub()
 
-    def bind_store(self, store: SqlStore) -> None:
-        """This process's store: push writes its hint inside the store's transactions (PostgreSQL)
-        and reads versions from it (polling). Called once per process, before the service exists."""
+    def bind_store(self, store: Store, engine: Engine | None = None) -> None:
+        """This process's store (built with `change_hint`): push reads versions from it (polling) and,
+        for a custom notifier that keeps push on PostgreSQL, sends hints on its `engine`. Called once
+        per process, before the service exists."""
         self._store = store
+        self._store_engine = engine
         self._publisher = None  # a publisher bound to an inherited (pre-fork) store must not be reused
-        store.write_hook = self.write_hook(store.dialect)
 
-    def _bound_store(self) -> SqlStore:
+    def _bound_store(self) -> Store:
         if self._store is None:
             raise RuntimeError("Push.bind_store() was not called in this process")
         return self._store
@@ -134,7 +136,10 @@ class Push:
         return self._bound_store().versions(keys)
 
     def _engine(self) -> Engine:
-        return self._bound_store().engine
+        self._bound_store()
+        if self._store_engine is None:
+            raise RuntimeError("Push.bind_store() was given no engine for PostgreSQL hints")
+        return self._store_engine
 
     @property
     def publisher(self) -> Notifier | None:
@@ -155,11 +160,10 @@ class Push:
             return self._custom
         return self.publisher if self.mode == "broker" else None
 
-    def write_hook(self, dialect: str) -> WriteHook | None:
-        """What the store runs inside each writing transaction (PostgreSQL's NOTIFY)."""
-        if self.mode == "postgres" and self._custom is None and dialect == "postgresql":
-            return pg_notify_hook
-        return None
+    @property
+    def change_hint(self) -> ChangeHint | None:
+        """What the store sends with each write (PostgreSQL's NOTIFY, in the writing statement)."""
+        return PG_HINT if self.mode == "postgres" and self._custom is None else None
 
     def _listener(self) -> _Listener | None:
         if self.mode == "postgres":

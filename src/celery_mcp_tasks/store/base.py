@@ -14,9 +14,14 @@ callers only (the worker, the janitor), never for a request handler.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Final, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final, Protocol
 
 from celery_mcp_tasks.model import TaskRecord
+
+if TYPE_CHECKING:
+    from celery_mcp_tasks.store.cleanup import Eviction
+    from celery_mcp_tasks.store.sweeps import SweepRecord
 
 
 class _Any:
@@ -65,12 +70,41 @@ class StoreUnavailable(RuntimeError):
 Transition = Callable[[TaskRecord], TaskRecord]
 
 
+@dataclass(frozen=True)
+class ChangeHint:
+    """A change hint the store sends with each write it commits (PostgreSQL's `pg_notify`).
+
+    Part of the write itself, in the same statement or transaction, so it is delivered
+    at commit and never for a write that did not happen. `payload(record)` is the text
+    for the record just written, or None for a write no one can be listening to.
+    """
+
+    channel: str
+    payload: Callable[[TaskRecord], str | None]
+
+
 def apply(transition: Transition, current: TaskRecord) -> TaskRecord:
     """The record `transition` makes of `current`: itself (nothing to write) or its next version."""
     nxt = transition(current)
     if nxt is not current and nxt.version != current.version + 1:
         raise ValueError("a transition must bump the version by exactly one")
     return nxt
+
+
+class Ledger(Protocol):
+    """The sweep ledger: when each sweeping duty last ran and who may run it next (`store.sweeps`)."""
+
+    def last(self, name: str = ...) -> SweepRecord | None:
+        """The duty's row, read on the database's clock (None before its first sweep)."""
+        ...
+
+    def claim(self, name: str, *, interval_ms: int, by: str) -> bool:
+        """Take the duty for this interval: True for exactly one of any number of claimants at once."""
+        ...
+
+    def record(self, name: str, *, duration_ms: int, report: dict[str, int], statuses: dict[str, int]) -> None:
+        """A sweep that just ended after `duration_ms`."""
+        ...
 
 
 class Store(Protocol):
@@ -84,11 +118,16 @@ class Store(Protocol):
         """The record, or `None` when missing or owned by another principal."""
         ...
 
-    def update(self, key: str, owner: Owner, transition: Transition) -> TaskRecord:
+    def update(
+        self, key: str, owner: Owner, transition: Transition, *, expected: TaskRecord | None = None
+    ) -> TaskRecord:
         """Atomically replace the record with `transition(record)` and return the new one.
 
         Raises `TaskNotFound`; anything `transition` raises propagates and leaves
-        the record unchanged.
+        the record unchanged. `expected`: the record the caller last saw or wrote;
+        when the row is still at its version the transition is computed on it and
+        written at once (no locking read). Otherwise, or when the transition refuses
+        it, the transition is computed on the row as it is now, as without it.
         """
         ...
 
@@ -100,10 +139,22 @@ class Store(Protocol):
         """Current version of each existing key (used by the polling notifier)."""
         ...
 
-    def cleanup(self, *, now_ms: int, retention_ms: int, batch_size: int) -> int:
-        """Evict expired records in batches; return how many were removed."""
+    def evict(self, *, now_ms: int, retention_ms: int, batch_size: int) -> Eviction:
+        """Evict expired records in batches: how many went, and by tool those not final yet."""
         ...
 
     def stale(self, *, heartbeat_before_ms: int, limit: int) -> list[TaskRecord]:
         """`working` records whose heartbeat is older than the bound (for the reaper)."""
+        ...
+
+    def unanswered(self, *, changed_before_ms: int, limit: int) -> list[str]:
+        """Keys of `input_required` records unchanged since the bound (for the input timeout)."""
+        ...
+
+    def count_by_status(self) -> dict[str, int]:
+        """How many records are in each status now (every status named)."""
+        ...
+
+    def ledger(self) -> Ledger:
+        """The sweep ledger kept beside the tasks."""
         ...

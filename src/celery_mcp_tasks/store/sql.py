@@ -1,15 +1,26 @@
 """`SqlStore`: the `Store` on SQLAlchemy Core, for SQLite and PostgreSQL alike.
 
-Every transition is read, computed (a pure `TaskRecord` method) and written
-with `UPDATE ... WHERE key = :key AND version = :version`; a rowcount of 0
-means another writer won, and the transition is recomputed from the fresh
-row. That is correct on both databases in every isolation mode, unlike
-`SELECT ... FOR UPDATE`, which SQLite silently ignores.
+Every transition is computed (a pure `TaskRecord` method) and written with
+`UPDATE ... WHERE key = :key AND version = :version`, setting only the columns
+it changed; no row means another writer won, and the transition is recomputed
+from the fresh row. That is correct on both databases in every isolation mode.
 
-A dropped connection is retried once, but never past a COMMIT whose outcome is
-unknown: `create` and `update` then read what the row became (so a retried
-answer cannot be applied twice, nor a created row be inserted twice). Every
-failure leaves the store as `StoreUnavailable`, whose text names nothing of SQL.
+A write costs what it must. A creation is one statement in autocommit (the
+INSERT, or the capped `INSERT ... SELECT ... WHERE <room>`): atomic and durable
+on its own. An update told the record its caller last saw (`expected`) is one
+conditional UPDATE in autocommit, computed on that record: one round trip, one
+commit. Only when that misses (another writer moved the row) or nothing is
+expected does it take the locking path: BEGIN, `SELECT ... FOR UPDATE` (a slow
+writer is never starved by fast ones; SQLite serializes with `BEGIN IMMEDIATE`),
+the UPDATE, COMMIT. The `ChangeHint` (PostgreSQL's `pg_notify`) is folded into
+the writing statement (`WITH w AS (UPDATE ... RETURNING ...) SELECT pg_notify(...)
+FROM w`), so it goes out at that write's commit and never for a write that missed.
+
+A dropped connection is retried once, but never past a write whose outcome is
+unknown (a COMMIT, or an autocommit statement, lost in flight): `create` and
+`update` then read what the row became, so a retried answer cannot be applied
+twice, nor a created row be inserted twice. Every failure leaves the store as
+`StoreUnavailable`, whose text names nothing of SQL.
 """
 
 from __future__ import annotations
@@ -17,9 +28,9 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import fields
-from typing import Any, TypeVar
+from collections.abc import Iterable, Mapping
+from dataclasses import fields, replace
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -27,101 +38,46 @@ from sqlalchemy.engine import Connection, Engine
 from celery_mcp_tasks.model import TERMINAL, TaskRecord, TaskStatus
 from celery_mcp_tasks.store.base import (
     ANY,
+    ChangeHint,
     Owner,
     StoreConflict,
-    StoreUnavailable,
     TaskLimitReached,
     TaskNotFound,
     Transition,
     apply,
 )
 from celery_mcp_tasks.store.cleanup import Eviction, evict
-from celery_mcp_tasks.store.engine import READ_ONLY, create_store_engine
-from celery_mcp_tasks.store.pg_writes import PgWrites
+from celery_mcp_tasks.store.engine import ONE_STATEMENT, READ_ONLY, create_store_engine
+from celery_mcp_tasks.store.failures import _CommitInDoubt, _in_doubt, _reconnecting, _reported
 from celery_mcp_tasks.store.schema import tasks
+from celery_mcp_tasks.store.sweeps import SweepLedger, count_by_status, unanswered
 
 logger = logging.getLogger(__name__)
-
-WriteHook = Callable[[Connection, TaskRecord], None]
-"""Runs inside the writing transaction (e.g. `pg_notify`, delivered at commit)."""
 
 _MAX_CAS_ATTEMPTS = 64
 _COLUMNS = [f.name for f in fields(TaskRecord)]
 _TERMINAL_VALUES = [status.value for status in TERMINAL]
 
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _reconnecting(method: F) -> F:
-    """Run again, once, when the database dropped the pooled connection (a restart, a failover).
-
-    The pool does not ping before every checkout (a round trip on the hot path);
-    instead the first statement on a dead connection fails, SQLAlchemy invalidates
-    the pool, and the operation is retried on a fresh connection. That is safe for
-    work the server never committed (it rolls back a transaction whose connection is
-    gone) and for idempotent writes. A connection lost *during* a COMMIT is another
-    matter: `_commit` reports it as `_CommitInDoubt`, which is never retried blindly.
-    """
-
-    @functools.wraps(method)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(*args, **kwargs)
-        except sa.exc.DBAPIError as exc:
-            if not exc.connection_invalidated:
-                raise
-            logger.warning("store connection was lost (%s); retrying once", type(exc.orig).__name__)
-            return method(*args, **kwargs)
-
-    return wrapper  # type: ignore[return-value]
-
-
-def _reported(method: F) -> F:
-    """The store's failures leave it as `StoreUnavailable`: a fixed text, the database's own in the cause."""
-    operation = method.__name__
-
-    @functools.wraps(method)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(*args, **kwargs)
-        except _CommitInDoubt as doubt:
-            raise StoreUnavailable(operation) from doubt.cause
-        except sa.exc.SQLAlchemyError as exc:
-            raise StoreUnavailable(operation) from exc
-
-    return wrapper  # type: ignore[return-value]
-
-
-class _CommitInDoubt(Exception):
-    """The connection was lost while COMMIT was in flight: applied or not, nobody knows yet.
-
-    `before` and `after` are the record read and the record written, for a compare-and-swap.
-    """
-
-    def __init__(self, cause: BaseException, before: TaskRecord | None = None, after: TaskRecord | None = None) -> None:
-        super().__init__("the outcome of a COMMIT is unknown")
-        self.cause = cause
-        self.before = before
-        self.after = after
-
-
-def _commit(conn: Connection, before: TaskRecord | None = None, after: TaskRecord | None = None) -> None:
-    try:
-        conn.commit()
-    except sa.exc.DBAPIError as exc:
-        if not exc.connection_invalidated:
-            raise
-        raise _CommitInDoubt(exc, before, after) from exc
+def _stored(value: Any) -> str:
+    """A column value as stored (JSON compared as JSON: a tuple written reads back as a list)."""
+    return json.dumps(value, sort_keys=True, default=str)
 
 
 def _same(a: TaskRecord, b: TaskRecord) -> bool:
-    """Equal as stored (JSON values compared as JSON: a tuple written reads back as a list)."""
+    return _stored(_to_row(a)) == _stored(_to_row(b))
 
-    def stored(record: TaskRecord) -> str:
-        return json.dumps(_to_row(record), sort_keys=True, default=str)
 
-    return stored(a) == stored(b)
+def _changes(before: TaskRecord, after: TaskRecord) -> dict[str, Any]:
+    """The columns `after` changes (the version always): all an UPDATE needs to set."""
+    old, new = _to_row(before), _to_row(after)
+    return {name: value for name, value in new.items() if name != "key" and value != old[name]}
+
+
+def _holds(found: TaskRecord, changes: Mapping[str, Any]) -> bool:
+    """`found` holds what an UPDATE setting `changes` wrote (its heartbeat aside: a touch moves it freely)."""
+    row = _to_row(found)
+    return all(_stored(row[name]) == _stored(value) for name, value in changes.items() if name != "heartbeat_at")
 
 
 def _insert_if_room() -> sa.Insert:
@@ -136,6 +92,44 @@ def _insert_if_room() -> sa.Insert:
 
 
 _INSERT_IF_ROOM = _insert_if_room()
+_NEWER_HEARTBEAT = "heartbeat_at"
+
+
+def _hinted(statement: Any, hinted: bool) -> Any:
+    """`statement` (a DML statement with RETURNING) with the change hint folded in when `hinted`:
+    `WITH w AS (<statement>) SELECT w.*, pg_notify(:hint_channel, :hint_payload) FROM w`. A row comes
+    back exactly when the statement wrote one, and the hint goes out with that write's commit only."""
+    if not hinted:
+        return statement
+    written = statement.cte("written")
+    hint = sa.func.pg_notify(sa.bindparam("hint_channel"), sa.bindparam("hint_payload"))
+    return sa.select(*written.c, hint).select_from(written)
+
+
+@functools.cache
+def _insert_statement(capped: bool, hinted: bool) -> Any:
+    """A creation's one statement (built once per shape): RETURNING key, so a row back means inserted."""
+    return _hinted(_INSERT_IF_ROOM if capped else tasks.insert().returning(tasks.c.key), hinted)
+
+
+@functools.cache
+def _update_statement(columns: tuple[str, ...], owner: str, hinted: bool, forward: bool) -> Any:
+    """`UPDATE ... SET <columns> WHERE key AND version [AND owner] RETURNING heartbeat_at` (built once per shape).
+
+    `owner`: "any", "none" or "one" (`_owner_clause`). `forward`: the heartbeat only grows."""
+    values: dict[str, Any] = {}
+    for name in columns:
+        value = sa.bindparam(f"new_{name}", type_=tasks.c[name].type)
+        values[name] = _later(value) if forward and name == _NEWER_HEARTBEAT else value
+    query = (
+        tasks.update()
+        .where(tasks.c.key == sa.bindparam("cas_key"))
+        .where(tasks.c.version == sa.bindparam("cas_version"))
+    )
+    clause = _owner_clause(ANY if owner == "any" else None if owner == "none" else sa.bindparam("cas_owner"))
+    if clause is not None:
+        query = query.where(clause)
+    return _hinted(query.values(values).returning(tasks.c.heartbeat_at), hinted)
 
 
 def _to_row(record: TaskRecord) -> dict[str, Any]:
@@ -155,7 +149,19 @@ def _from_row(row: Mapping[Any, Any]) -> TaskRecord:
     return TaskRecord(**values)
 
 
-def _owner_clause(owner: Owner) -> sa.ColumnElement[bool] | None:
+def _later(at_ms: Any) -> sa.ColumnElement[int]:
+    """The heartbeat moved to `at_ms` (a value or a bound parameter), never backwards."""
+    at = at_ms if isinstance(at_ms, sa.BindParameter) else sa.literal(at_ms)
+    return sa.case((tasks.c.heartbeat_at > at, tasks.c.heartbeat_at), else_=at)
+
+
+def _with_heartbeat(record: TaskRecord, heartbeat_at: int | None) -> TaskRecord:
+    """`record` with the heartbeat the row holds (a touch moves it without a version bump)."""
+    return record if record.heartbeat_at == heartbeat_at else replace(record, heartbeat_at=heartbeat_at)
+
+
+def _owner_clause(owner: Owner | sa.BindParameter[str]) -> sa.ColumnElement[bool] | None:
+    """The owner rule, once: ANY (server side) sees every row; otherwise only the owner's."""
     if owner is ANY:
         return None
     if owner is None:
@@ -164,23 +170,26 @@ def _owner_clause(owner: Owner) -> sa.ColumnElement[bool] | None:
 
 
 class SqlStore:
-    """The durable store. Thread-safe; share one per process (one engine, one pool)."""
+    """The durable store. Thread-safe; share one per process (one engine, one pool).
 
-    def __init__(self, engine: Engine, *, write_hook: WriteHook | None = None) -> None:
+    `change_hint`: sent with every write (PostgreSQL only), e.g. `notify.postgres.PG_HINT`.
+    """
+
+    def __init__(self, engine: Engine, *, change_hint: ChangeHint | None = None) -> None:
         self.engine = engine
-        self.write_hook = write_hook
+        if change_hint is not None and self.dialect != "postgresql":
+            raise ValueError(f"a change hint is PostgreSQL's pg_notify; this store is {self.dialect}")
+        self.change_hint = change_hint
+        autocommit = {"isolation_level": "AUTOCOMMIT"} if self.dialect == "postgresql" else {}
         # PostgreSQL reads in autocommit: one statement, one round trip (not BEGIN, SELECT, ROLLBACK).
-        self._reads = {READ_ONLY: True, **({"isolation_level": "AUTOCOMMIT"} if self.dialect == "postgresql" else {})}
-        # PostgreSQL on psycopg: every update's first attempt in four round trips, not five (store/pg_writes.py).
-        self._pg = (
-            PgWrites(engine, _COLUMNS, _from_row, _to_row, _INSERT_IF_ROOM)
-            if engine.dialect.driver == "psycopg"
-            else None
-        )
+        self._reads = {READ_ONLY: True, **autocommit}
+        # A write that is one statement: autocommit on PostgreSQL, no BEGIN on SQLite.
+        self._one = {ONE_STATEMENT: True, **autocommit}
+        self._ledger: SweepLedger | None = None
 
     @classmethod
-    def from_url(cls, url: str, **engine_kwargs: Any) -> SqlStore:
-        return cls(create_store_engine(url, **engine_kwargs))
+    def from_url(cls, url: str, *, change_hint: ChangeHint | None = None, **engine_kwargs: Any) -> SqlStore:
+        return cls(create_store_engine(url, **engine_kwargs), change_hint=change_hint)
 
     @property
     def dialect(self) -> str:
@@ -192,6 +201,13 @@ class SqlStore:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+    def _hint(self, record: TaskRecord) -> tuple[str, str] | None:
+        hint = self.change_hint
+        if hint is None:
+            return None
+        payload = hint.payload(record)
+        return None if payload is None else (hint.channel, payload)
 
     # -- reads ---------------------------------------------------------------------
 
@@ -245,12 +261,12 @@ class SqlStore:
 
     @_reported
     def create(self, record: TaskRecord, *, max_rows: int | None) -> None:
-        """Insert; at the cap, refuse. One statement: the row goes in only if there is room.
+        """Insert; at the cap, refuse. One statement in autocommit: the row goes in only if there is room.
 
         The count is bounded (it never scans more rows than the cap) and part of
         the INSERT itself, so the hot path pays one round trip, not two. Under
         concurrency the cap is approximate by at most the number of racing creates.
-        A connection lost during the COMMIT is settled by reading the row: there
+        A connection lost during the statement is settled by reading the row: there
         with this content, the create succeeded; absent, it is inserted again.
         """
         try:
@@ -264,55 +280,76 @@ class SqlStore:
             try:
                 self._insert(record, max_rows)
                 return
-            except sa.exc.IntegrityError:  # the lost COMMIT landed meanwhile
+            except sa.exc.IntegrityError:  # the lost statement landed meanwhile
                 found = self.get(record.key)
+            except _CommitInDoubt as again:
+                raise again.cause from None
         if found is None or not _same(found, record):
             raise lost.cause
 
-    @_reconnecting
     def _insert(self, record: TaskRecord, max_rows: int | None) -> None:
-        row = _to_row(record)
-        with self.engine.connect() as conn:
-            conn.begin()
-            if self._pg is not None:  # the same statements, driver-level (store/pg_writes.py)
-                if not self._pg.insert(conn, row, max_rows):
-                    raise TaskLimitReached()
-            elif max_rows is None:
-                conn.execute(tasks.insert(), row)
-            elif conn.execute(_INSERT_IF_ROOM, {**row, "max_rows": max_rows}).first() is None:
-                raise TaskLimitReached()
-            if self.write_hook is not None:
-                self.write_hook(conn, record)
-            _commit(conn)
+        params = _to_row(record)
+        if max_rows is not None:
+            params["max_rows"] = max_rows
+        hint = self._hint(record)
+        if hint is not None:
+            params["hint_channel"], params["hint_payload"] = hint
+        statement = _insert_statement(max_rows is not None, hint is not None)
+        with self.engine.connect().execution_options(**self._one) as conn:
+            try:
+                inserted = conn.execute(statement, params).first()
+            except sa.exc.DBAPIError as exc:
+                raise _in_doubt(exc) from exc
+        if inserted is None:
+            raise TaskLimitReached()
 
     @_reported
-    def update(self, key: str, owner: Owner, transition: Transition) -> TaskRecord:
-        for attempt in range(_MAX_CAS_ATTEMPTS):
+    def update(
+        self, key: str, owner: Owner, transition: Transition, *, expected: TaskRecord | None = None
+    ) -> TaskRecord:
+        if expected is not None:
+            written = self._swap_expected(key, owner, transition, expected)
+            if written is not None:
+                return written
+        for _ in range(_MAX_CAS_ATTEMPTS):
             try:
-                written = (
-                    self._fast_swap(key, owner, transition) if attempt == 0 else self._swap(key, owner, transition)
-                )
+                written = self._swap(key, owner, transition)
             except _CommitInDoubt as doubt:
                 written = self._settle(doubt)
             if written is not None:
                 return written
         raise StoreConflict("the task kept changing under this write; try again")
 
-    def _fast_swap(self, key: str, owner: Owner, transition: Transition) -> TaskRecord | None:
-        """The first attempt: on psycopg, the same locked swap in fewer round trips (store/pg_writes.py).
+    def _swap_expected(self, key: str, owner: Owner, transition: Transition, expected: TaskRecord) -> TaskRecord | None:
+        """The transition computed on `expected` and written as ONE conditional UPDATE in autocommit.
 
-        None (the locking path runs next) when another writer won or the pooled
-        connection was dead. A write hook that is not one `pg_notify` keeps every
-        attempt on the locking path, where it runs inside the transaction."""
-        hook = self.write_hook
-        if self._pg is None or not (hook is None or hasattr(hook, "pg_notify_args")):
-            return self._swap(key, owner, transition)
-        with self.engine.connect() as conn:
-            return self._pg.swap(conn, key, owner, transition, hook, _commit)  # type: ignore[arg-type]
+        The record written, or None when the locking path must decide: the row is no
+        longer at `expected.version` (or is gone, or foreign), or the transition refused
+        `expected` or left it as it was (either may be wrong for the row as it is now).
+        Only the columns the transition changed are set, so a heartbeat a touch moved
+        since `expected` is never rewound; one the transition moves only moves forward.
+        """
+        if expected.key != key:
+            raise ValueError("the expected record is another task's")
+        try:
+            nxt = apply(transition, expected)
+        except Exception:  # noqa: BLE001 - computed on a record that may be stale: the fresh row decides
+            return None
+        if nxt is expected:
+            return None
+        changes = _changes(expected, nxt)
+        with self.engine.connect().execution_options(**self._one) as conn:
+            try:
+                row = self._write(conn, key, owner, expected.version, changes, nxt, forward=True)
+            except sa.exc.DBAPIError as exc:
+                doubt = _in_doubt(exc, expected, nxt, changes)
+            else:
+                return None if row is None else _with_heartbeat(nxt, row[0])
+        return self._settle(doubt)
 
     @_reconnecting
     def _swap(self, key: str, owner: Owner, transition: Transition) -> TaskRecord | None:
-        """One compare-and-swap: the record now stored, or None when another writer won (recompute)."""
+        """One locked compare-and-swap: the record now stored, or None when another writer won (recompute)."""
         with self.engine.connect() as conn:
             conn.begin()
             current = self._select(conn, key, owner, for_update=True)
@@ -322,21 +359,46 @@ class SqlStore:
             if nxt is current:
                 conn.rollback()
                 return current
-            row = _to_row(nxt)
-            del row["key"]
-            written = conn.execute(
-                tasks.update().where(tasks.c.key == key).where(tasks.c.version == current.version).values(**row)
-            ).rowcount
-            if written != 1:
+            changes = _changes(current, nxt)
+            if self._write(conn, key, owner, current.version, changes, nxt) is None:
                 conn.rollback()
                 return None
-            if self.write_hook is not None:
-                self.write_hook(conn, nxt)
-            _commit(conn, current, nxt)
+            try:
+                conn.commit()
+            except sa.exc.DBAPIError as exc:
+                raise _in_doubt(exc, current, nxt, changes) from exc
         return nxt
 
+    def _write(
+        self,
+        conn: Connection,
+        key: str,
+        owner: Owner,
+        version: int,
+        changes: Mapping[str, Any],
+        nxt: TaskRecord,
+        *,
+        forward: bool = False,
+    ) -> Any:
+        """`UPDATE ... SET <changes> WHERE key AND version [AND owner] RETURNING heartbeat_at`, the hint
+        folded in: the returned row, or None when it matched nothing. `forward`: the heartbeat only grows."""
+        params: dict[str, Any] = {f"new_{name}": value for name, value in changes.items()}
+        params["cas_key"], params["cas_version"] = key, version
+        if owner is ANY:
+            shape = "any"
+        elif owner is None:
+            shape = "none"
+        else:
+            shape, params["cas_owner"] = "one", owner
+        hint = self._hint(nxt)
+        if hint is not None:
+            params["hint_channel"], params["hint_payload"] = hint
+        forward = forward and changes.get(_NEWER_HEARTBEAT) is not None
+        statement = _update_statement(tuple(changes), shape, hint is not None, forward)
+        return conn.execute(statement, params).first()
+
     def _settle(self, doubt: _CommitInDoubt) -> TaskRecord | None:
-        """After a COMMIT lost in flight: the written record if it was applied, None if it was not.
+        """After a write lost in flight: the written record if it was applied, None if it was not.
 
         Decided on the row as it is once the lost transaction is resolved (the
         locking read waits for it on PostgreSQL). Versions only grow, one per write:
@@ -353,7 +415,7 @@ class SqlStore:
         if found.version == before.version:
             return None
         if found.version == after.version:
-            return after if _same(found, after) else None
+            return _with_heartbeat(after, found.heartbeat_at) if _holds(found, doubt.changes) else None
         raise doubt.cause
 
     @_reported
@@ -365,15 +427,28 @@ class SqlStore:
     @_reported
     @_reconnecting
     def touch(self, key: str, at_ms: int, *, dispatch: int | None = None) -> bool:
-        """Record a heartbeat: one conditional UPDATE, no version bump (liveness is not a change
+        """Record a heartbeat: one conditional UPDATE in autocommit, no version bump (liveness is not a change
         clients see), never moving it backwards. False when the task is final, gone, or (with
         `dispatch`) owned by a newer run. Idempotent, so retried even after a lost COMMIT."""
         query = tasks.update().where(tasks.c.key == key).where(tasks.c.status.not_in(_TERMINAL_VALUES))
         if dispatch is not None:
             query = query.where(tasks.c.dispatches == dispatch)
-        later = sa.case((tasks.c.heartbeat_at > at_ms, tasks.c.heartbeat_at), else_=sa.literal(at_ms))
-        with self.engine.begin() as conn:
-            return conn.execute(query.values(heartbeat_at=later)).rowcount == 1
+        with self.engine.connect().execution_options(**self._one) as conn:
+            return conn.execute(query.values(heartbeat_at=_later(at_ms))).rowcount == 1
+
+    # -- the janitor's --------------------------------------------------------------
+
+    def unanswered(self, *, changed_before_ms: int, limit: int) -> list[str]:
+        return unanswered(self.engine, changed_before_ms=changed_before_ms, limit=limit)
+
+    def count_by_status(self) -> dict[str, int]:
+        return count_by_status(self.engine)
+
+    def ledger(self) -> SweepLedger:
+        """The sweep ledger on this store's engine (one per store; a store rebuilt after a fork gets its own)."""
+        if self._ledger is None or self._ledger.engine is not self.engine:
+            self._ledger = SweepLedger(self.engine)
+        return self._ledger
 
     def cleanup(self, *, now_ms: int, retention_ms: int, batch_size: int) -> int:
         """Delete expired rows in bounded batches (`store.cleanup.evict`); how many went."""

@@ -18,9 +18,8 @@ that lets another worker sweep again early.
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
@@ -28,8 +27,11 @@ from sqlalchemy.engine import Engine, RowMapping
 
 from celery_mcp_tasks.model import TaskStatus
 from celery_mcp_tasks.store.engine import READ_ONLY
+from celery_mcp_tasks.store.failures import _reconnecting, _reported
 from celery_mcp_tasks.store.schema import sweeps, tasks
-from celery_mcp_tasks.store.sql import SqlStore, _reconnecting, _reported
+
+if TYPE_CHECKING:
+    from celery_mcp_tasks.store.sql import SqlStore
 
 __all__ = [
     "JANITOR",
@@ -172,15 +174,9 @@ class SweepLedger:
             conn.execute(stmt)
 
 
-_LEDGERS: weakref.WeakKeyDictionary[SqlStore, SweepLedger] = weakref.WeakKeyDictionary()
-
-
 def ledger_for(store: SqlStore) -> SweepLedger:
-    """The ledger on `store`'s engine, one per store (a store rebuilt after a fork gets its own)."""
-    ledger = _LEDGERS.get(store)
-    if ledger is None or ledger.engine is not store.engine:
-        ledger = _LEDGERS[store] = SweepLedger(store.engine)
-    return ledger
+    """The ledger on `store`'s engine (`SqlStore.ledger`)."""
+    return store.ledger()
 
 
 @_reported

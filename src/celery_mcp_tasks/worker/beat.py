@@ -38,7 +38,8 @@ from typing import Any
 
 from celery import Celery, signals
 
-from celery_mcp_tasks.store.sweeps import JANITOR, SweepLedger
+from celery_mcp_tasks.store.base import Ledger
+from celery_mcp_tasks.store.sweeps import JANITOR
 
 logger = logging.getLogger("celery_mcp_tasks.janitor")
 
@@ -62,7 +63,7 @@ def install_janitor(
     interval_s: float | None,
     *,
     in_worker: bool = False,
-    ledger: Callable[[], SweepLedger | None] | None = None,
+    ledger: Callable[[], Ledger | None] | None = None,
 ) -> None:
     """Register the janitor task; schedule it on beat, or (`in_worker`, with `ledger`) in every worker.
 
@@ -111,7 +112,7 @@ def install_janitor(
     signals.beat_init.connect(_ensure, weak=False)
 
 
-def claim(ledger: SweepLedger, interval_s: float, by: str) -> bool:
+def claim(ledger: Ledger, interval_s: float, by: str) -> bool:
     """This interval's sweep, claimed in the ledger (on the database's clock); True for one claimant."""
     return ledger.claim(JANITOR, interval_ms=int(interval_s * 1000 * (1 - SLACK)), by=by)
 
@@ -124,7 +125,7 @@ class InWorkerJanitor:
     """
 
     def __init__(
-        self, run_sweep: Callable[[], Any], ledger: Callable[[], SweepLedger | None], interval_s: float, by: str
+        self, run_sweep: Callable[[], Any], ledger: Callable[[], Ledger | None], interval_s: float, by: str
     ) -> None:
         self.run_sweep = run_sweep
         self.ledger = ledger
@@ -239,7 +240,7 @@ def in_process(pool: Any) -> bool:
 
 
 def install_in_worker(
-    app: Celery, run_sweep: Callable[[], Any], ledger: Callable[[], SweepLedger | None], interval_s: float
+    app: Celery, run_sweep: Callable[[], Any], ledger: Callable[[], Ledger | None], interval_s: float
 ) -> None:
     """Start this app's in-worker janitor when its worker is ready; stop it at shutdown."""
     janitors: list[InWorkerJanitor | JanitorMessages] = []

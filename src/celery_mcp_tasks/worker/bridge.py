@@ -23,11 +23,11 @@ from typing import Any
 from celery import signals
 from celery.exceptions import WorkerLostError
 
-from celery_mcp_tasks.model import Run, TerminalTask, now_ms
+from celery_mcp_tasks.model import Run, TaskRecord, TerminalTask, now_ms
 from celery_mcp_tasks.service import TaskService, failure
 from celery_mcp_tasks.store.base import TaskNotFound
 from celery_mcp_tasks.worker import tracelog
-from celery_mcp_tasks.worker.job import McpJob, row_key, run_of
+from celery_mcp_tasks.worker.job import LAST_RECORD, McpJob, row_key, run_of
 
 logger = logging.getLogger("celery_mcp_tasks.worker")
 
@@ -36,15 +36,22 @@ _installed = False
 
 
 def _settle(sender: Any, request: Any, what: str, op: Any, *, next_attempt: bool = False) -> None:
-    """Apply `op(service, key, run)` for one of our jobs; anything else is not ours to touch."""
+    """Apply `op(service, key, run, expected)` for one of our jobs; anything else is not ours to touch.
+
+    `expected`: the record the job's run last read or wrote (None when it did not run here), so the
+    write is one conditional UPDATE while nothing else changed the task meanwhile.
+    """
     if not isinstance(sender, McpJob):
         return
     key = row_key(request)
     if key is None:
         return  # a plain `.delay()` of the job: no MCP task behind it
     run = run_of(request, next_attempt=next_attempt)
+    expected = getattr(request, LAST_RECORD, None)
+    if not isinstance(expected, TaskRecord) or expected.key != key:
+        expected = None
     try:
-        op(sender.mcp_runtime.service(), key, run)
+        op(sender.mcp_runtime.service(), key, run, expected)
     except (TerminalTask, TaskNotFound):
         logger.debug("tool %r: %s ignored, task final, superseded or gone", sender.mcp_tool.name, what)
     except Exception:
@@ -81,8 +88,8 @@ def on_success(sender: Any = None, result: Any = None, **_: Any) -> None:
     if result is None:  # the run ended without an outcome: skipped, asked for input, handed off
         return
 
-    def complete(service: TaskService, key: str, run: Run | None) -> None:
-        service.complete(key, result, run=run)
+    def complete(service: TaskService, key: str, run: Run | None, expected: TaskRecord | None) -> None:
+        service.complete(key, result, run=run, expected=expected)
 
     _settle(sender, getattr(sender, "request", None), "completion", complete)
 
@@ -90,8 +97,8 @@ def on_success(sender: Any = None, result: Any = None, **_: Any) -> None:
 def on_failure(sender: Any = None, exception: BaseException | None = None, **_: Any) -> None:
     message = describe_failure(exception)
 
-    def fail(service: TaskService, key: str, run: Run | None) -> None:
-        service.fail(key, failure(message), message, run=run)
+    def fail(service: TaskService, key: str, run: Run | None, expected: TaskRecord | None) -> None:
+        service.fail(key, failure(message), message, run=run, expected=expected)
 
     _settle(sender, getattr(sender, "request", None), "failure", fail)
 
@@ -99,9 +106,9 @@ def on_failure(sender: Any = None, exception: BaseException | None = None, **_: 
 def on_retry(sender: Any = None, request: Any = None, reason: Any = None, **_: Any) -> None:
     start_by = _start_by_ms(reason)
 
-    def retrying(service: TaskService, key: str, run: Run | None) -> None:
+    def retrying(service: TaskService, key: str, run: Run | None, expected: TaskRecord | None) -> None:
         if run is not None:
-            service.retrying(key, run, start_by)
+            service.retrying(key, run, start_by, expected=expected)
 
     _settle(sender, request, "retry", retrying, next_attempt=True)
 
@@ -109,8 +116,8 @@ def on_retry(sender: Any = None, request: Any = None, reason: Any = None, **_: A
 def on_revoked(sender: Any = None, request: Any = None, expired: bool = False, **_: Any) -> None:
     message = "The job expired before a worker ran it" if expired else "The job was revoked in Celery"
 
-    def fail(service: TaskService, key: str, run: Run | None) -> None:
-        service.fail(key, failure(message), message, run=run)
+    def fail(service: TaskService, key: str, run: Run | None, expected: TaskRecord | None) -> None:
+        service.fail(key, failure(message), message, run=run, expected=expected)
 
     _settle(sender, request, "revoke", fail)
 

@@ -51,8 +51,14 @@ class InputTimeout(TimeoutError):
 class TaskContext:
     """The handle on one task. Cheap to create; holds the row key and the last record read."""
 
-    #: How long `cancelled()` may answer from its last read (keeps tight loops cheap).
-    cancel_check_interval: float = 0.05
+    cancel_check_interval: float = 1.0
+    """Seconds `cancelled()` answers from its last read (or write) before it reads the store again.
+
+    One read a second per looping job (100 jobs: 100 reads/s, not 2 000), and a
+    cancellation seen within a second; a `progress()` write sees it at once (it
+    raises `TerminalTask`). Set it on a context, a subclass or here for another
+    trade-off: `TaskContext.cancel_check_interval = 0.25`.
+    """
 
     def __init__(
         self, service: TaskService | None, key: str | None, *, record: TaskRecord | None = None, run: Run | None = None
@@ -87,6 +93,11 @@ class TaskContext:
         """Every answer the client gave so far, by input request key."""
         return dict(self._record.input_responses) if self._record is not None else {}
 
+    @property
+    def last_record(self) -> TaskRecord | None:
+        """The record as this handle last read or wrote it (no read): what its next write expects."""
+        return self._record
+
     def record(self) -> TaskRecord | None:
         """A fresh read of the task (None when detached or evicted)."""
         if self._service is None or self._key is None:
@@ -96,7 +107,8 @@ class TaskContext:
         return self._record
 
     def cancelled(self) -> bool:
-        """True once the client cancelled (or the task is gone). At most one read per 50 ms: call it in loops."""
+        """True once the client cancelled (or the task is gone). At most one store read per
+        `cancel_check_interval` (1 s by default): call it in loops."""
         if not self.attached:
             return False
         if time.monotonic() - self._checked_at >= self.cancel_check_interval:
@@ -112,19 +124,19 @@ class TaskContext:
         without `current` is a `ValueError`. Raises `TerminalTask` once the task is final.
         """
         checked_progress(current, total)  # even when detached: a bad call fails in a plain `.delay()` too
-        self._write(lambda s, k: s.progress(k, message, self._run, current=current, total=total))
+        self._write(lambda s, k: s.progress(k, message, self._run, current=current, total=total, expected=self._record))
 
     def complete(self, result: dict[str, Any] | str, message: str | None = None) -> None:
         """Finish with a CallToolResult (a str becomes one text block). Mostly for work that ends outside a job."""
         if isinstance(result, str):
             result = {"content": [{"type": "text", "text": result}], "isError": False}
-        self._write(lambda s, k: s.complete(k, result, message, self._run))
+        self._write(lambda s, k: s.complete(k, result, message, self._run, expected=self._record))
 
     def fail(self, error: dict[str, Any] | str, message: str | None = None) -> None:
         """Fail with a JSON-RPC error (`{"code", "message"}`, or a message for -32603)."""
         if isinstance(error, str):
             error = failure(error)
-        self._write(lambda s, k: s.fail(k, error, message, self._run))
+        self._write(lambda s, k: s.fail(k, error, message, self._run, expected=self._record))
 
     def heartbeat(self, within_s: float = 0.0) -> None:
         """Tell the stale reaper the work is alive (and will report again within `within_s` plus the stale timeout).
@@ -144,7 +156,7 @@ class TaskContext:
         """
         checked = validate_input_requests(requests)
         self._require_attached("require_input")
-        self._write(lambda s, k: s.require_input(k, checked, message, run=self._run))
+        self._write(lambda s, k: s.require_input(k, checked, message, run=self._run, expected=self._record))
         raise InputRequested()
 
     def wait_for_input(
@@ -162,7 +174,9 @@ class TaskContext:
         pending = {key: value for key, value in requests.items() if key not in self.input_responses}
         if pending:
             checked = validate_input_requests(pending)
-            self._write(lambda s, k: s.require_input(k, checked, message, park=True, run=self._run))
+            self._write(
+                lambda s, k: s.require_input(k, checked, message, park=True, run=self._run, expected=self._record)
+            )
             self._await_answers(list(pending), timeout, poll_interval)
         answers = self.input_responses
         return {key: answers[key] for key in requests}
@@ -193,7 +207,7 @@ class TaskContext:
                 return
             if time.monotonic() >= deadline:
                 # Stop being parked; if the answers won that race, take them.
-                self._record = self._service.unpark(self._key)
+                self._record = self._service.unpark(self._key, expected=self._record)
                 if self._record.status is TaskStatus.WORKING:
                     return
                 raise InputTimeout(f"no answer to the input request within {timeout:g}s")

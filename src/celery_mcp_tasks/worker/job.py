@@ -5,7 +5,8 @@ detached context. When the message carries our row-key header it is an MCP
 task: the body runs only if this message is the task's current run (the task
 is `working`, not cancelled before it started, and no newer dispatch or
 attempt exists), with the stored arguments validated the way the SDK would,
-a live `TaskContext`, and a heartbeat thread. The body goes through
+a live `TaskContext`, and its beats in the process's one heartbeat thread
+(`worker.heartbeats`). The body goes through
 `self.run`, so Celery's `autoretry_for` wrapper and `bind=True` work as usual.
 Recording the outcome is the signal bridge's job (`worker.bridge`), so every
 path through Celery, including a worker killed mid-job, ends in the store.
@@ -16,7 +17,6 @@ from __future__ import annotations
 import contextvars
 import inspect
 import logging
-import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
@@ -29,6 +29,7 @@ from celery_mcp_tasks.model import Run, RunInProgress, Superseded, TerminalTask,
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.base import TaskNotFound
 from celery_mcp_tasks.worker.context import EndRun, HandedOff, InputRequested, TaskContext
+from celery_mcp_tasks.worker.heartbeats import heartbeats
 
 if TYPE_CHECKING:
     from celery.result import AsyncResult
@@ -43,6 +44,9 @@ HIDDEN_ARGS = {"argsrepr": "()", "kwargsrepr": "<tool arguments are not logged>"
 """What Celery's logs and events (Flower) show instead of an MCP task's arguments."""
 RUN_END = "mcp_run_end"
 """Request attribute: why a run ended without an outcome (the log line says it instead of "succeeded: None")."""
+LAST_RECORD = "mcp_last_record"
+"""Request attribute: the task's record as the run last read or wrote it, so the signal bridge's final
+write is one conditional UPDATE on it (`Store.update(expected=...)`) instead of a locked read and write."""
 
 _current: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar("mcp_task_context", default=None)
 
@@ -142,31 +146,6 @@ def current_context() -> TaskContext:
     return _current.get() or TaskContext.detached()
 
 
-class _Heartbeat:
-    """Marks the task alive while its job runs, so the janitor's reaper can tell a dead job."""
-
-    def __init__(self, beat: Callable[[], bool], interval: float) -> None:
-        self._beat = beat
-        self._interval = interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="mcp-task-heartbeat", daemon=True)
-
-    def __enter__(self) -> _Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: Any) -> None:
-        self._stop.set()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            try:
-                if not self._beat():
-                    return  # final, or a newer run owns the task: nothing left to keep alive
-            except Exception:  # a missed beat is only a later reap; never kill the job for it
-                logger.warning("task heartbeat failed; will retry", exc_info=True)
-
-
 class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is Any to mypy
     """Base class of every `@mcp_task` job."""
 
@@ -200,11 +179,13 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
         interval = self.mcp_runtime.heartbeat_interval_s
         run = run_of(self.request)
         try:
+            found = service.record(key)  # what the claim is computed on: one read, then one conditional UPDATE
+            if found is None:
+                raise TaskNotFound()
             if run is None:  # a message from before the dispatch header: adopt the current run
-                record = service.record(key)
-                run = Run(record.dispatches if record else 0, self.request.retries or 0)
+                run = Run(found.dispatches, self.request.retries or 0)
             stale_before = now_ms() - int(self.mcp_runtime.stale_timeout_s * 1000)
-            record = service.begin(key, run, stale_before_ms=stale_before)
+            record = service.begin(key, run, stale_before_ms=stale_before, expected=found)
         except TaskNotFound:
             logger.info("job for tool %r skipped: its task no longer exists", tool.name)
             return self._ended("skipped, its task no longer exists")
@@ -221,6 +202,7 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
         except TerminalTask:
             logger.info("job for tool %r skipped: its task is already final", tool.name)
             return self._ended("skipped, its task is already final")
+        setattr(self.request, LAST_RECORD, record)  # a failure from here on is written on the claimed record
         try:
             kwargs = tool.validate(record.arguments)
         except ValidationError as exc:  # its text quotes the values: name the fields only
@@ -228,7 +210,7 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
         ctx = TaskContext(service, key, record=record, run=run)
         token = _current.set(ctx)
         try:
-            with _Heartbeat(lambda: service.heartbeat(key, run), interval):
+            with heartbeats.running(lambda: service.heartbeat(key, run), interval):
                 value = self.run(**kwargs)
         except ToolError as exc:
             # As a synchronous MCP tool: a deliberate tool error is a result with isError (built by the
@@ -245,6 +227,7 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
             return self._ended("stopped, its task was settled elsewhere")
         finally:
             _current.reset(token)
+            setattr(self.request, LAST_RECORD, ctx.last_record)
         return tool.to_result(value)
 
 

@@ -1,0 +1,88 @@
+"""How the store fails: a dropped connection retried once, a write in doubt settled, the rest `StoreUnavailable`.
+
+Shared by the task store (`store.sql`) and the sweep ledger (`store.sweeps`).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+
+from celery_mcp_tasks.model import TaskRecord
+from celery_mcp_tasks.store.base import StoreUnavailable
+
+logger = logging.getLogger("celery_mcp_tasks.store.sql")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _reconnecting(method: F) -> F:
+    """Run again, once, when the database dropped the pooled connection (a restart, a failover).
+
+    The pool does not ping before every checkout (a round trip on the hot path);
+    instead the first statement on a dead connection fails, SQLAlchemy invalidates
+    the pool, and the operation is retried on a fresh connection. That is safe for
+    work the server never committed (it rolls back a transaction whose connection is
+    gone) and for idempotent writes. A connection lost *during* a COMMIT is another
+    matter: the store reports it as `_CommitInDoubt`, which is never retried blindly.
+    """
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except sa.exc.DBAPIError as exc:
+            if not exc.connection_invalidated:
+                raise
+            logger.warning("store connection was lost (%s); retrying once", type(exc.orig).__name__)
+            return method(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _reported(method: F) -> F:
+    """The store's failures leave it as `StoreUnavailable`: a fixed text, the database's own in the cause."""
+    operation = method.__name__
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except _CommitInDoubt as doubt:
+            raise StoreUnavailable(operation) from doubt.cause
+        except sa.exc.SQLAlchemyError as exc:
+            raise StoreUnavailable(operation) from exc
+
+    return wrapper  # type: ignore[return-value]
+
+
+class _CommitInDoubt(Exception):
+    """The connection was lost while a write's commit was in flight: applied or not, nobody knows yet.
+
+    For an update: `before` is the record the transition was computed on, `after` the
+    record written, `changes` the columns the UPDATE set.
+    """
+
+    def __init__(
+        self,
+        cause: BaseException,
+        before: TaskRecord | None = None,
+        after: TaskRecord | None = None,
+        changes: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__("the outcome of a COMMIT is unknown")
+        self.cause = cause
+        self.before = before
+        self.after = after
+        self.changes = changes or {}
+
+
+def _in_doubt(exc: sa.exc.DBAPIError, *written: Any) -> _CommitInDoubt:
+    """A write that failed on a connection the database dropped is in doubt; any other failure is raised."""
+    if not exc.connection_invalidated:
+        raise exc
+    return _CommitInDoubt(exc, *written)

@@ -1,0 +1,110 @@
+"""One heartbeat thread per worker process, beating every job that runs in it.
+
+The janitor's reaper tells a lost job by its silence, so a running job must beat
+every `heartbeat_interval_s`. A thread per job would do it at the price of a thread
+start per job; here one daemon thread per process keeps a registry of the running
+jobs (each one's beat and when it is next due) and beats each in turn. It starts
+with the first job that runs in the process and then stays, idle, for the next one
+(Celery's prefork children run job after job). In a forked child the parent's
+thread does not exist: the registry notices the new process id and starts afresh.
+
+A beat that answers False (the task is final, or a newer run owns it) ends that
+job's beats; one that raises is logged and tried again next interval (a missed beat
+is at worst a later reap, never a reason to stop the job). A job's beats end when
+it does, whatever it raised.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+__all__ = ["Heartbeats", "heartbeats"]
+
+logger = logging.getLogger("celery_mcp_tasks.worker")
+
+Beat = Callable[[], bool]
+"""Marks one job's task alive; False once there is nothing left to keep alive."""
+
+
+@dataclass(eq=False)
+class _Job:
+    beat: Beat
+    interval: float
+    due: float
+
+
+class Heartbeats:
+    """The registry of running jobs and the one thread that beats them (per process)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._jobs: set[_Job] = set()
+        self._thread: threading.Thread | None = None
+
+    @contextmanager
+    def running(self, beat: Beat, interval: float) -> Iterator[None]:
+        """Beat `beat` every `interval` seconds (the first one interval from now) until the block ends."""
+        self._adopt_this_process()
+        job = _Job(beat, interval, self._clock() + interval)
+        with self._changed:
+            self._jobs.add(job)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="mcp-task-heartbeat", daemon=True)
+                self._thread.start()
+            self._changed.notify()
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._jobs.discard(job)
+
+    @property
+    def running_jobs(self) -> int:
+        with self._lock:
+            return len(self._jobs)
+
+    def _adopt_this_process(self) -> None:
+        """After a fork: the parent's thread, jobs and lock (perhaps held at the fork) are not this process's."""
+        pid = os.getpid()
+        if pid != self._pid:
+            self._lock = threading.Lock()
+            self._changed = threading.Condition(self._lock)
+            self._jobs, self._thread, self._pid = set(), None, pid
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while not self._jobs:
+                    self._changed.wait()
+                now = self._clock()
+                due = [job for job in self._jobs if job.due <= now]
+                if not due:
+                    self._changed.wait(min(job.due for job in self._jobs) - now)
+                    continue
+                for job in due:
+                    job.due = now + job.interval
+            for job in due:
+                self._beat_once(job)
+
+    def _beat_once(self, job: _Job) -> None:
+        try:
+            alive = job.beat()
+        except Exception:  # a missed beat is only a later reap; never kill the job for it
+            logger.warning("task heartbeat failed; will retry", exc_info=True)
+            return
+        if not alive:  # final, or a newer run owns the task: nothing left to keep alive
+            with self._changed:
+                self._jobs.discard(job)
+
+
+heartbeats = Heartbeats()
+"""This process's registry (its thread starts with the first job that runs here)."""

@@ -1,0 +1,65 @@
+"""A synchronous call keeps only the latest record it read, however long its job runs (issue 20)."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from collections.abc import Callable
+from dataclasses import replace
+from types import SimpleNamespace
+from typing import Any, TypeVar
+
+import pytest
+
+from celery_mcp_tasks.mcp import sync
+from celery_mcp_tasks.model import TaskRecord, TaskStatus
+
+T = TypeVar("T")
+READS = 200
+
+
+class Rows:
+    """A service whose row reports progress on every read, then completes; it remembers what it served weakly."""
+
+    def __init__(self, first: TaskRecord) -> None:
+        self.current = first
+        self.served: list[weakref.ref[TaskRecord]] = []
+
+    def record(self, key: str) -> TaskRecord:
+        n = self.current.version
+        if n >= READS:
+            nxt = replace(self.current, status=TaskStatus.COMPLETED, result={"content": []}, version=n + 1)
+        else:
+            nxt = replace(self.current, status_message=f"step {n}", version=n + 1)
+        self.current = nxt
+        self.served.append(weakref.ref(nxt))
+        return nxt
+
+
+class Session:
+    async def report_progress(self, *args: Any) -> None:
+        pass
+
+
+@pytest.mark.anyio
+async def test_the_wait_keeps_one_record_not_every_one_it_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sync, "_POLL_FIRST_S", 0.0)
+    monkeypatch.setattr(sync, "_POLL_MAX_S", 0.0)
+    first = TaskRecord(
+        key="k", owner=None, tool="t", status=TaskStatus.WORKING, created_at=1, updated_at=1, ttl_ms=None
+    )
+    rows = Rows(first)
+
+    async def run(fn: Callable[[], T], method: str) -> T:
+        return fn()
+
+    calls = sync.SyncCalls(lambda: rows, run, sync_timeout_s=60, hub=None, sealed_state=None)  # type: ignore[arg-type,return-value]
+    latest = sync._Latest(first)
+    tool = SimpleNamespace(name="t", sync_timeout_s=None)
+    ctx = SimpleNamespace(session=Session())
+    result = await calls._follow(tool, ctx, latest, None)  # type: ignore[arg-type]
+    assert result == {"content": []}
+    assert latest.record.status is TaskStatus.COMPLETED and latest.record.version == READS + 1
+    gc.collect()
+    alive = [ref for ref in rows.served if ref() is not None]
+    assert len(rows.served) == READS and len(alive) <= 2  # the last one (and the row's own copy), not 200

@@ -1,0 +1,183 @@
+"""A write on the record the caller expects: one conditional UPDATE while the row is still at its version.
+
+`Store.update(..., expected=record)` computes the transition on `record` and writes only
+the columns it changed, `WHERE key AND version [AND owner]`, in autocommit. When another
+writer moved the row on (or the transition refuses the expected record), the locking
+path decides on the row as it is, so the answer is the one it would have been anyway.
+"""
+
+from __future__ import annotations
+
+import select
+from dataclasses import replace
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from celery_mcp_tasks.model import Run, Superseded, TaskRecord, TaskStatus, TerminalTask
+from celery_mcp_tasks.notify.postgres import CHANNEL, PG_HINT, format_hint, libpq_url
+from celery_mcp_tasks.service import TaskService
+from celery_mcp_tasks.store.base import ANY, TaskNotFound
+from celery_mcp_tasks.store.sql import SqlStore
+
+
+def _record(key: str = "k", owner: str | None = "sub:alice") -> TaskRecord:
+    return TaskRecord(
+        key=key,
+        owner=owner,
+        tool="t",
+        status=TaskStatus.WORKING,
+        created_at=1,
+        updated_at=1,
+        ttl_ms=None,
+        dispatches=1,
+        heartbeat_at=100,
+        arguments={"items": [1, 2]},
+    )
+
+
+class Statements:
+    """Every statement and transaction boundary the store sends, by its first word."""
+
+    def __init__(self, store: SqlStore) -> None:
+        self.seen: list[str] = []
+
+        @sa.event.listens_for(store.engine, "before_cursor_execute")
+        def statement(conn: Any, cursor: Any, sql: str, *_: Any) -> None:
+            self.seen.append(sql.split()[0].upper())
+
+        @sa.event.listens_for(store.engine, "commit")
+        def commit(conn: Any) -> None:
+            self.seen.append("COMMIT")
+
+
+@pytest.fixture
+def created(store: SqlStore) -> TaskRecord:
+    store.create(_record(), max_rows=None)
+    found = store.get("k")
+    assert found is not None
+    return found
+
+
+def test_the_conditional_update_wins_in_one_statement(store: SqlStore, created: TaskRecord) -> None:
+    seen = Statements(store)
+    written = store.update("k", ANY, lambda r: r.with_progress("half way", 5), expected=created)
+    # One UPDATE in autocommit: no BEGIN (SQLite's BEGIN IMMEDIATE either), no locking read, no COMMIT.
+    assert seen.seen == ["UPDATE"]
+    assert (written.version, written.status_message) == (2, "half way")
+    assert store.get("k") == written
+
+
+def test_a_creation_is_one_statement(store: SqlStore) -> None:
+    seen = Statements(store)
+    store.create(_record("c1"), max_rows=None)
+    store.create(_record("c2"), max_rows=10)
+    assert seen.seen == ["INSERT", "INSERT"]
+
+
+def test_a_concurrent_writer_makes_it_fall_back_and_the_result_is_still_right(
+    store: SqlStore, created: TaskRecord
+) -> None:
+    moved = store.update("k", ANY, lambda r: r.with_progress("by another writer", 3, current=7))
+    assert moved.version == 2
+    seen = Statements(store)
+    done = store.update("k", ANY, lambda r: r.completed({"content": []}, 9), expected=created)
+    assert done.status is TaskStatus.COMPLETED and done.version == 3
+    assert done.progress == 7  # computed on the row as it is, not on the stale record
+    assert store.get("k") == done
+    assert seen.seen[0] == "UPDATE" and "SELECT" in seen.seen  # the miss, then the locking path
+
+
+def test_a_terminal_row_is_never_overwritten_from_a_stale_expected_record(store: SqlStore, created: TaskRecord) -> None:
+    cancelled = store.update("k", ANY, lambda r: r.cancelled(3))
+    with pytest.raises(TerminalTask):
+        store.update("k", ANY, lambda r: r.completed({"content": []}, 9), expected=created)
+    assert store.get("k") == cancelled
+
+
+def test_a_refusal_of_the_expected_record_is_decided_on_the_row(store: SqlStore, created: TaskRecord) -> None:
+    stale = replace(created, dispatches=0)  # the caller's copy says another run owns the task; the row does not
+    written = store.update(
+        "k", ANY, lambda r: r.with_progress("mine", 4, Run(1)), expected=stale
+    )  # Superseded on the copy only
+    assert written.status_message == "mine" and written.version == 2
+    with pytest.raises(Superseded):
+        store.update("k", ANY, lambda r: r.with_progress("old run", 5, Run(0)), expected=written)
+
+
+def test_the_heartbeat_a_touch_moved_is_never_rewound(store: SqlStore, created: TaskRecord) -> None:
+    assert store.touch("k", 5_000)
+    written = store.update("k", ANY, lambda r: r.with_progress("step", 6), expected=created)
+    assert store.get("k").heartbeat_at == 5_000  # type: ignore[union-attr]
+    assert written.heartbeat_at == 5_000  # what the row holds, not the expected record's 100
+    # A transition that moves the heartbeat itself moves it forward only.
+    began = store.update(
+        "k", ANY, lambda r: r.began(Run(1), 200, stale_before_ms=0), expected=replace(written, heartbeat_at=100)
+    )
+    assert began.heartbeat_at == 5_000 and store.get("k") == began
+
+
+def test_a_foreign_owner_on_the_fast_path_answers_like_a_missing_task(store: SqlStore, created: TaskRecord) -> None:
+    with pytest.raises(TaskNotFound):
+        store.update("k", "sub:mallory", lambda r: r.cancelled(3), expected=created)
+    with pytest.raises(TaskNotFound):
+        store.update("gone", ANY, lambda r: r.cancelled(3), expected=replace(created, key="gone"))
+    assert store.get("k") == created
+
+
+def test_the_service_propagates_the_expected_record(store: SqlStore) -> None:
+    service = TaskService(store, dispatcher=lambda record: None)
+    _, record = service.create(owner=None, tool="t", arguments={})
+    seen = Statements(store)
+    began = service.begin(record.key, Run(1), stale_before_ms=0, expected=record)
+    done = service.complete(record.key, {"content": []}, run=Run(1), expected=began)
+    assert seen.seen == ["UPDATE", "UPDATE"]
+    assert done.status is TaskStatus.COMPLETED and store.get(record.key) == done
+
+
+# -- PostgreSQL: the hint rides the write ------------------------------------------------------------
+
+
+@pytest.fixture
+def hinted(pg_store: SqlStore) -> SqlStore:
+    return SqlStore(pg_store.engine, change_hint=PG_HINT)
+
+
+def _listening(store: SqlStore) -> Any:
+    import psycopg
+
+    conn = psycopg.connect(libpq_url(store.engine.url.render_as_string(hide_password=False)), autocommit=True)
+    conn.execute(f"LISTEN {CHANNEL}")
+    return conn
+
+
+def _heard(conn: Any, wait_s: float = 2.0) -> list[str]:
+    payloads: list[str] = []
+    if select.select([conn.fileno()], [], [], wait_s)[0]:
+        payloads.extend(note.payload for note in conn.notifies(timeout=0.2))
+    return payloads
+
+
+@pytest.mark.postgres
+def test_notify_is_delivered_with_the_fast_write_in_the_same_statement(hinted: SqlStore) -> None:
+    hinted.create(_record(), max_rows=None)
+    created = hinted.get("k")
+    assert created is not None
+    listener = _listening(hinted)
+    try:
+        seen = Statements(hinted)
+        written = hinted.update("k", ANY, lambda r: r.with_progress("half way", 2), expected=created)
+        assert seen.seen == ["WITH"]  # UPDATE and pg_notify, one statement
+        assert _heard(listener) == [format_hint(written)]
+        # A miss sends nothing of its own: only the locking path's write is heard, at its version.
+        again = hinted.update("k", ANY, lambda r: r.with_progress("again", 3), expected=created)
+        assert again.version == 3
+        assert _heard(listener) == [format_hint(again)]
+    finally:
+        listener.close()
+
+
+def test_a_change_hint_is_postgresql_only(tmp_path: Any) -> None:
+    with pytest.raises(ValueError, match="PostgreSQL"):
+        SqlStore.from_url(f"sqlite:///{tmp_path / 'x.db'}", change_hint=PG_HINT)

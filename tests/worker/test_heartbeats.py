@@ -1,0 +1,113 @@
+"""One heartbeat thread per worker process beats every running job; none is started per job."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import threading
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+
+import pytest
+
+from celery_mcp_tasks.worker.heartbeats import Heartbeats
+
+INTERVAL = 0.01
+
+
+def _until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def _beat_threads() -> int:
+    return sum(thread.name == "mcp-task-heartbeat" for thread in threading.enumerate())
+
+
+class Counter:
+    def __init__(self, answer: bool = True) -> None:
+        self.beats = 0
+        self.answer = answer
+
+    def __call__(self) -> bool:
+        self.beats += 1
+        return self.answer
+
+
+def test_one_thread_beats_every_running_job_and_stays_for_the_next() -> None:
+    before = _beat_threads()
+    registry = Heartbeats()
+    jobs = [Counter() for _ in range(20)]
+    with ExitStack() as stack:
+        for job in jobs:
+            stack.enter_context(registry.running(job, INTERVAL))
+        _until(lambda: all(job.beats >= 3 for job in jobs))
+        assert _beat_threads() == before + 1
+        assert registry.running_jobs == 20
+    assert registry.running_jobs == 0
+    with registry.running(Counter(), INTERVAL):  # the next job: the same thread, none started
+        assert _beat_threads() == before + 1
+
+
+def test_a_job_that_ended_is_beaten_no_more() -> None:
+    registry = Heartbeats()
+    ended, running = Counter(), Counter()
+    with registry.running(running, INTERVAL):
+        with registry.running(ended, INTERVAL):
+            _until(lambda: ended.beats >= 1)
+        stopped_at = ended.beats
+        _until(lambda: running.beats >= stopped_at + 5)
+    assert ended.beats <= stopped_at + 1  # at most the beat already under way
+
+
+def test_a_beat_that_answers_false_ends_that_jobs_beats_only() -> None:
+    registry = Heartbeats()
+    final, alive = Counter(answer=False), Counter()
+    with registry.running(final, INTERVAL), registry.running(alive, INTERVAL):
+        _until(lambda: alive.beats >= 5)
+        assert final.beats == 1
+        assert registry.running_jobs == 1
+
+
+def test_a_beat_that_raises_is_logged_and_tried_again(caplog: pytest.LogCaptureFixture) -> None:
+    registry = Heartbeats()
+    calls = []
+
+    def failing() -> bool:
+        calls.append(1)
+        raise OSError("the database is down")
+
+    with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks.worker"), registry.running(failing, INTERVAL):
+        _until(lambda: len(calls) >= 3)
+    assert "task heartbeat failed" in caplog.text
+
+
+def test_the_first_beat_comes_one_interval_after_the_start() -> None:
+    registry = Heartbeats()
+    job = Counter()
+    with registry.running(job, 60.0):
+        time.sleep(0.05)
+        assert job.beats == 0
+
+
+def _in_child(registry: Heartbeats, results: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    job = Counter()
+    with registry.running(job, INTERVAL):
+        deadline = time.monotonic() + 5
+        while job.beats < 3 and time.monotonic() < deadline:
+            time.sleep(0.005)
+    results.put(job.beats)
+
+
+def test_a_forked_child_beats_with_a_thread_of_its_own() -> None:
+    registry = Heartbeats()
+    with registry.running(Counter(), INTERVAL):  # the parent's thread exists (and may hold the lock) at the fork
+        context = multiprocessing.get_context("fork")
+        results = context.Queue()
+        child = context.Process(target=_in_child, args=(registry, results))
+        child.start()
+        child.join(10)
+    assert results.get(timeout=1) >= 3
