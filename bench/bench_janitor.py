@@ -26,11 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import sqlalchemy as sa
 
 from celery_mcp_tasks.config import Settings
-from celery_mcp_tasks.janitor import sweep
 from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.model import now_ms
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.sql import SqlStore
+from celery_mcp_tasks.worker.janitor import sweep
 from tests.support import POSTGRES_URL, fresh_postgres_database
 
 ROWS = int(os.environ.get("BENCH_ROWS", "1000000"))

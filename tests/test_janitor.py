@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from celery_mcp_tasks.config import Settings
-from celery_mcp_tasks.janitor import EXPIRED_UNFINISHED, METRIC, SweepReport, sweep
 from celery_mcp_tasks.model import TaskRecord, TaskStatus, now_ms
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.base import ANY
 from celery_mcp_tasks.store.sql import SqlStore
+from celery_mcp_tasks.worker.janitor import EXPIRED_UNFINISHED, METRIC, SweepReport, sweep
 
 SETTINGS = Settings(stale_timeout_s=60, max_sends=3, retention_ms=3_600_000)
 MINUTE = 60_000

@@ -9,10 +9,10 @@ import pytest
 import sqlalchemy as sa
 
 from celery_mcp_tasks.config import Settings
-from celery_mcp_tasks.janitor import SweepReport, input_timeout_message, ledger_of, sweep
 from celery_mcp_tasks.model import TaskRecord, TaskStatus, now_ms
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.sql import SqlStore
+from celery_mcp_tasks.worker.janitor import SweepReport, input_timeout_message, ledger_of, sweep
 from tests.test_janitor import MINUTE, Sends, add
 
 HOUR_S = 3600.0

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from celery_mcp_tasks.app import McpTasks
     from celery_mcp_tasks.config import ConfigError, Settings
-    from celery_mcp_tasks.janitor import MetricHook, SweepReport
     from celery_mcp_tasks.model import (
         DuplicateInputKeys,
         RunInProgress,
@@ -25,6 +24,7 @@ if TYPE_CHECKING:
     from celery_mcp_tasks.protocol import InvalidInputRequest, elicit, list_roots, sample
     from celery_mcp_tasks.store.base import StoreUnavailable
     from celery_mcp_tasks.worker.context import InputTimeout, TaskContext
+    from celery_mcp_tasks.worker.janitor import MetricHook, SweepReport
     from celery_mcp_tasks.worker.job import McpTaskJob
 
 _EXPORTS = {

@@ -18,7 +18,6 @@ from typing import Any, Literal, TypeVar, overload
 from celery import Celery
 
 from celery_mcp_tasks.config import ConfigError, Settings, redact_url
-from celery_mcp_tasks.janitor import MetricHook, SweepReport, ledger_of, sweep
 from celery_mcp_tasks.mcp.extension import TasksExtension
 from celery_mcp_tasks.mcp.request_state import share_request_state, warn_unless_shared
 from celery_mcp_tasks.mcp.security import transport_security
@@ -41,9 +40,9 @@ from celery_mcp_tasks.service import DEFAULT, TaskService, _Default
 from celery_mcp_tasks.store.base import Ledger
 from celery_mcp_tasks.store.sql import SqlStore
 from celery_mcp_tasks.worker import bridge
-from celery_mcp_tasks.worker.beat import install_janitor
 from celery_mcp_tasks.worker.context import TaskContext
 from celery_mcp_tasks.worker.dispatch import CeleryDispatcher
+from celery_mcp_tasks.worker.janitor import MetricHook, SweepReport, install_janitor, ledger_of, sweep
 from celery_mcp_tasks.worker.job import McpJob, McpTaskDecorator, McpTaskJob, make_run
 from celery_mcp_tasks.worker.startup import install_startup
 

@@ -22,9 +22,9 @@ from typing import Any
 import httpx
 import pytest
 
-from celery_mcp_tasks.janitor import METRIC
 from celery_mcp_tasks.model import new_task_id, task_key
 from celery_mcp_tasks.ops.redaction import redact
+from celery_mcp_tasks.worker.janitor import METRIC
 from tests.support import ROOT, Backend, McpHttp, _port_open, free_port, process_env, wait_until
 
 pytestmark = pytest.mark.integration

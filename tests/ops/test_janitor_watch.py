@@ -16,11 +16,12 @@ import sqlalchemy as sa
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.model import now_ms
-from celery_mcp_tasks.ops.janitor_watch import JanitorWatch, LedgerReads, janitor_age, janitor_stale, watch
+from celery_mcp_tasks.ops.janitor_watch import JanitorWatch, LedgerReads, watch
 from celery_mcp_tasks.ops.probes import ProbeEngine
 from celery_mcp_tasks.store.engine import create_store_engine
 from celery_mcp_tasks.store.sql import SqlStore
 from celery_mcp_tasks.store.sweeps import JANITOR, SweepRecord, ledger_for
+from celery_mcp_tasks.worker.janitor import janitor_age, janitor_stale
 from tests.support import table_locked
 
 EVERY_10S = Settings(janitor_interval_s=10)

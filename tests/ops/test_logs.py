@@ -19,7 +19,6 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from celery_mcp_tasks.config import Settings
-from celery_mcp_tasks.janitor import METRIC
 from celery_mcp_tasks.model import Run, new_task_id, task_key
 from celery_mcp_tasks.ops import logs
 from celery_mcp_tasks.ops.logs import (
@@ -31,6 +30,7 @@ from celery_mcp_tasks.ops.logs import (
     uvicorn_log_config,
 )
 from celery_mcp_tasks.ops.root_handler import ROOT_HANDLER
+from celery_mcp_tasks.worker.janitor import METRIC
 from tests.builders import record
 
 

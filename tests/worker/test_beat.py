@@ -11,7 +11,7 @@ from celery.beat import Scheduler, Service
 
 from celery_mcp_tasks import McpTasks, Settings
 from celery_mcp_tasks.migrate import upgrade
-from celery_mcp_tasks.worker.beat import JANITOR_TASK
+from celery_mcp_tasks.worker.janitor import JANITOR_TASK
 from tests.support import Backend, process_env, spawn, wait_until
 
 

@@ -25,7 +25,7 @@ from celery_mcp_tasks import McpTasks, Settings
 from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.store.sql import SqlStore
 from celery_mcp_tasks.store.sweeps import JANITOR, SweepLedger, ledger_for
-from celery_mcp_tasks.worker.beat import JANITOR_TASK, InWorkerJanitor, JanitorMessages, install_janitor
+from celery_mcp_tasks.worker.janitor import JANITOR_TASK, InWorkerJanitor, JanitorMessages, install_janitor
 from tests.worker.test_beat import beat_schedule_at_init
 
 JANITOR_LOGGER = "celery_mcp_tasks.janitor"
@@ -51,24 +51,55 @@ def recording(ledger: SweepLedger, who: str, swept: list[str]):  # type: ignore[
     return run_sweep
 
 
-def test_three_workers_sweep_once_per_interval_between_them(ledger: SweepLedger) -> None:
-    interval = 0.25
+class DrivenLedger:
+    """The ledger's claim rule (`SweepLedger.claim`) on a clock the test drives: no sleeping, no tolerance."""
+
+    def __init__(self, clock: list[float]) -> None:
+        self.clock = clock
+        self.claimed_at: float | None = None
+
+    def claim(self, name: str, *, interval_ms: int, by: str) -> bool:
+        now_ms = self.clock[0] * 1000
+        if self.claimed_at is not None and self.claimed_at > now_ms - interval_ms:
+            return False
+        self.claimed_at = now_ms
+        return True
+
+    def last(self, name: str = JANITOR) -> None:
+        return None
+
+    def record(self, name: str, *, duration_ms: int, report: dict[str, int], statuses: dict[str, int]) -> None:
+        pass
+
+
+def test_three_workers_sweep_once_per_interval_between_them() -> None:
+    interval, intervals = 10.0, 9
+    clock = [0.0]
+    ledger = DrivenLedger(clock)
     swept: list[str] = []
-    janitors = [InWorkerJanitor(recording(ledger, f"w{n}", swept), lambda: ledger, interval, f"w{n}") for n in range(3)]
-    for janitor in janitors:
-        janitor.start()
-    time.sleep(interval * 8 + interval / 2)
-    for janitor in janitors:
-        janitor.stop()
-    assert not any(janitor.running for janitor in janitors)
-    last = ledger.last()
-    assert last is not None and last.sweeps == len(swept)
-    assert 7 <= len(swept) <= 10, swept  # about one per interval (9 ticks), not three
+    janitors = [
+        InWorkerJanitor(
+            lambda who=f"w{n}": swept.append(who), lambda: ledger, interval, f"w{n}", clock=lambda: clock[0]
+        )
+        for n in range(3)
+    ]
+    due = [0.0, 0.013 * interval, 0.029 * interval]  # workers started a little apart, each at its own rhythm
+    while min(due) < intervals * interval:
+        n = due.index(min(due))
+        clock[0] = due[n]
+        due[n] = janitors[n].step(due[n])
+    assert len(swept) == intervals  # one sweep per interval between them, not three
+    assert len(set(swept)) == 1  # the first claimant keeps the rhythm (the claim admits it SLACK early)
 
 
-def test_a_failing_sweep_is_a_log_line_and_the_loop_goes_on(
-    ledger: SweepLedger, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_a_tick_that_falls_behind_resumes_from_now_without_a_burst() -> None:
+    clock = [0.0]
+    janitor = InWorkerJanitor(lambda: None, lambda: DrivenLedger(clock), 10.0, "w", clock=lambda: clock[0])
+    clock[0] = 35.0  # the tick due at 0 ran long (or the process was stopped)
+    assert janitor.step(0.0) == 45.0  # not 10, 20, 30 at once
+
+
+def test_a_failing_sweep_is_a_log_line_and_the_loop_goes_on(caplog: pytest.LogCaptureFixture) -> None:
     calls: list[int] = []
 
     def flaky() -> None:
@@ -76,13 +107,14 @@ def test_a_failing_sweep_is_a_log_line_and_the_loop_goes_on(
         if len(calls) == 1:
             raise RuntimeError("store down")
 
-    janitor = InWorkerJanitor(flaky, lambda: ledger, 0.1, "w")
+    clock = [0.0]
+    janitor = InWorkerJanitor(flaky, lambda: DrivenLedger(clock), 0.1, "w", clock=lambda: clock[0])
+    due = 0.0
     with caplog.at_level(logging.WARNING, logger=JANITOR_LOGGER):
-        janitor.start()
-        time.sleep(0.45)
-        janitor.stop()
-    assert len(calls) >= 3
-    # Only the janitor's own records: a thread another test left behind (an OTLP exporter) may log here too.
+        for _ in range(3):
+            clock[0] = due
+            due = janitor.step(due)
+    assert len(calls) == 3
     assert [r.getMessage() for r in caplog.records if r.name == JANITOR_LOGGER] == [
         "in-worker janitor: the sweep failed (RuntimeError); trying again next interval"
     ]
@@ -190,20 +222,27 @@ def running_worker(app: Celery, pool: str) -> Iterator[ReadyWorker]:
 
 
 def test_with_a_forking_pool_the_main_process_only_sends_and_a_pool_process_claims_and_sweeps(
-    ledger: SweepLedger,
+    ledger: SweepLedger, tmp_path: Path
 ) -> None:
     """The deadlock this prevents: a sweep (metrics and all) in a thread of the prefork main process held
-    prometheus_client's multiprocess lock while billiard forked, and the new child hung on its first metric."""
-    interval = 0.3
-    touched: list[int] = []  # in the process that appends: a pool process's appends stay in that process
+    prometheus_client's multiprocess lock while billiard forked, and the new child hung on its first metric.
+
+    Two senders (this worker's main process and another's) in one interval: every message is taken by a
+    pool process, and one of them sweeps. Counted, not timed: the interval is long, the messages are known.
+    """
+    interval = 60.0
+    reads = tmp_path / "ledger-reads"  # one line per janitor message a process handled: its pid
 
     def ledger_here() -> SweepLedger:
-        touched.append(os.getpid())
+        with reads.open("a") as out:
+            out.write(f"{os.getpid()}\n")
         return ledger
 
     def run_sweep() -> None:
-        touched.append(os.getpid())
         ledger.record(JANITOR, duration_ms=0, report={}, statuses={})
+
+    def handled() -> list[int]:
+        return [int(line) for line in reads.read_text().split()] if reads.exists() else []
 
     app = Celery(f"prefork-janitor-{time.monotonic_ns()}", broker="memory://", set_as_current=False)
     app.conf.task_default_queue = f"janitor-{time.monotonic_ns()}"
@@ -211,21 +250,18 @@ def test_with_a_forking_pool_the_main_process_only_sends_and_a_pool_process_clai
     install_janitor(app, run_sweep, interval, in_worker=True, ledger=ledger_here)
     second = JanitorMessages(app, Timer(), interval)  # another worker's main process, on the same queue
     with running_worker(app, "prefork"):
-        second.start()
+        second.start()  # its first message at once, as the worker's own
+        second.send()
         deadline = time.monotonic() + 20
-        while (last := ledger.last()) is None or last.sweeps < 1:
-            assert time.monotonic() < deadline, "no sweep from the pool"
+        while len(handled()) < 3:  # the worker's first, the other's first, and the one sent by hand
+            assert time.monotonic() < deadline, f"the pool handled {len(handled())} of 3 janitor messages"
             time.sleep(0.05)
-        first = last
-        time.sleep(interval * 6)
         last = ledger.last()
         second.stop()
-    assert last is not None and first is not None
-    assert touched == [], "the worker's main process touched the store"
-    assert last.claimed_by is not None  # "<node>:<pid>" of the pool process that claimed
+    assert os.getpid() not in handled(), "the worker's main process touched the store"
+    assert last is not None and last.claimed_by is not None  # "<node>:<pid>" of the pool process that claimed
     assert int(last.claimed_by.rsplit(":", 1)[1]) != os.getpid(), "claimed outside the pool"
-    grown = last.sweeps - first.sweeps
-    assert 4 <= grown <= 7, grown  # about one per interval between two senders, not two
+    assert last.sweeps == 1  # one sweep in the interval, however many messages asked for it
 
 
 def test_a_message_the_broker_refuses_is_one_log_line_and_the_next_interval_tries_again(

@@ -361,7 +361,7 @@ def _load(app_path: str) -> tuple[McpTasks | None, Verdict]:
 def _janitor_fix(tasks: McpTasks, app_path: str) -> str:
     if tasks.settings.janitor == "worker":
         return f"start a worker (`celery -A {app_path} worker`): with MCP_TASKS_JANITOR=worker the workers sweep"
-    from celery_mcp_tasks.ops.janitor_watch import FIX
+    from celery_mcp_tasks.worker.janitor import FIX
 
     return FIX.replace("APP", app_path)
 

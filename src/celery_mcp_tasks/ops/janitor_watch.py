@@ -13,10 +13,8 @@ read runs like a readiness probe (a daemon thread, the pool-less probe engine wi
 its connect and statement timeouts, never a pooled connection the requests need),
 and no read starts while the last one is still running.
 
-`janitor_age` and `janitor_stale` are the one definition of "stale" that
-`/readyz`, `doctor` and the metrics share with this watch. Ages are measured on
-the database's clock (the record's `read_at`), which is also where sweeps stamp
-`swept_at`: a web host whose clock differs from the sweepers' still reads them right.
+What "stale" means is the janitor's own (`worker.janitor.janitor_stale`), shared with
+`/readyz`, `doctor` and the metrics.
 """
 
 from __future__ import annotations
@@ -29,57 +27,18 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from celery_mcp_tasks.config import Settings
-from celery_mcp_tasks.model import now_ms as _now_ms
+from celery_mcp_tasks.model import now_ms
 from celery_mcp_tasks.ops.probes import ProbeEngine, in_daemon_thread, janitor_record
 from celery_mcp_tasks.plugin import Plugin, Runtime
 from celery_mcp_tasks.store.sweeps import SweepRecord
+from celery_mcp_tasks.worker.janitor import FIX, janitor_age, janitor_stale
 
-__all__ = ["STALE_INTERVALS", "JanitorWatch", "JanitorWatcher", "janitor_age", "janitor_stale"]
+__all__ = ["JanitorWatch", "JanitorWatcher"]
 
 logger = logging.getLogger("celery_mcp_tasks.janitor")
 
-STALE_INTERVALS = 3
-"""No sweep for this many intervals: the janitor is stale."""
-
 STALE_EVENT = "celery_mcp_tasks.janitor.stale"
 RECOVERED_EVENT = "celery_mcp_tasks.janitor.recovered"
-
-FIX = "run `celery -A APP beat`, or set MCP_TASKS_JANITOR=worker to sweep inside the workers"
-
-
-def janitor_age(record: SweepRecord | None, now_ms: int | None = None) -> float | None:
-    """Seconds since the last recorded sweep began; None when none was ever recorded.
-
-    Measured against `now_ms` when given, else the database's clock when the record
-    was read (`read_at`), else, for a record made by hand, this host's clock.
-    """
-    if record is None or record.swept_at is None:
-        return None
-    at = now_ms if now_ms is not None else record.read_at
-    if at is None:
-        at = _now_ms()
-    return max(0, at - record.swept_at) / 1000
-
-
-def janitor_stale(
-    settings: Settings, record: SweepRecord | None, now_ms: int | None = None, *, since_ms: int | None = None
-) -> bool:
-    """No sweep for `STALE_INTERVALS` janitor intervals. Never stale when the interval is off.
-
-    Without any recorded sweep: stale, unless `since_ms` (e.g. when this process
-    started watching, on this host's clock) is less than three intervals ago: a
-    fresh deployment's first sweep comes one interval after beat starts. Without
-    `now_ms`, the age is on the database's clock (`janitor_age`), `since_ms` on this host's.
-    """
-    interval = settings.janitor_interval_s
-    if interval is None:
-        return False
-    bound_s = STALE_INTERVALS * interval
-    age = janitor_age(record, now_ms)
-    if age is None:
-        at = _now_ms() if now_ms is None else now_ms
-        return since_ms is None or (at - since_ms) / 1000 >= bound_s
-    return age >= bound_s
 
 
 class JanitorWatch:
@@ -169,7 +128,7 @@ async def _watching(settings: Settings) -> AsyncIterator[None]:
 
     async with anyio.create_task_group() as group:
         probe = ProbeEngine(settings.store_url)
-        group.start_soon(lambda: watch(settings, probe, since_ms=_now_ms()))
+        group.start_soon(lambda: watch(settings, probe, since_ms=now_ms()))
         try:
             yield
         finally:

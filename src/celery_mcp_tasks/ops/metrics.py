@@ -53,10 +53,10 @@ from collections.abc import Awaitable, Callable, Collection, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from celery_mcp_tasks.janitor import EXPIRED_UNFINISHED, METRIC
 from celery_mcp_tasks.model import TaskRecord, TaskStatus
 from celery_mcp_tasks.plugin import Plugin, Runtime
 from celery_mcp_tasks.service import ENQUEUE_FAILED
+from celery_mcp_tasks.worker.janitor import EXPIRED_UNFINISHED, METRIC
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -418,8 +418,8 @@ class Scrape:
         return outcome[0] if outcome else self._failed(f"no answer within {self._timeout_s:g}s")
 
     def _last_sweep(self) -> SweepRecord | None:
-        from celery_mcp_tasks.janitor import ledger_of
         from celery_mcp_tasks.store.sweeps import JANITOR
+        from celery_mcp_tasks.worker.janitor import ledger_of
 
         ledger = ledger_of(self._service())  # None for a store that keeps no sweep ledger
         return ledger.last(JANITOR) if ledger is not None else None

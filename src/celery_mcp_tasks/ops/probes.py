@@ -213,7 +213,7 @@ def janitor_probe(probe: ProbeEngine, settings: Settings, *, since_ms: int | Non
     interval = settings.janitor_interval_s
     if interval is None:
         return Finding("skipped", "no scheduled sweeps (MCP_TASKS_JANITOR_INTERVAL_S=off)")
-    from celery_mcp_tasks.ops.janitor_watch import janitor_age, janitor_stale
+    from celery_mcp_tasks.worker.janitor import janitor_age, janitor_stale
 
     if missing_sqlite_file(probe.url):
         return Finding("fail", NOT_CREATED)

@@ -1,0 +1,540 @@
+"""The janitor, in one place: the sweep, its schedule, and how anyone tells it is alive.
+
+**The sweep** evicts expired tasks, settles tasks whose job was lost, and ends
+unanswered questions. Idempotent and safe to run twice at once (two beats by mistake,
+many in-worker janitors): eviction takes bounded batches (skipping rows another sweep
+holds on PostgreSQL), and the reaper and the input timeout decide each task inside a
+compare-and-swap, so a stale task is re-sent or failed once. It reports counts as a log
+event and through an optional metric hook, never task ids. An `input_required` task that
+nobody answers for MCP_TASKS_INPUT_TIMEOUT_S (default 24h; `off`: never; a partial answer
+restarts the clock) fails with "No answer to the input request within 24h"; a sweep that
+finds the store at 90% of MCP_TASKS_MAX_ROWS says so before tool calls start failing.
+
+**The schedule.** With MCP_TASKS_JANITOR=beat (the default) the beat entry is added in
+`on_after_configure` (or at once when the app is already configured) and re-inserted at
+`beat_init`: either alone can be clobbered by a user's own `beat_schedule` assignment.
+Each sweep message expires after one interval, so sweeps missed while no worker ran do
+not pile up. With MCP_TASKS_JANITOR=worker there is no beat entry: every worker, from
+`worker_ready` to `worker_shutdown`, claims the sweep in the store's ledger each interval,
+and only the claimant that won sweeps, so any number of workers sweep once per interval
+between them. Where the claim and the sweep run depends on the pool:
+
+- prefork (and any pool but solo and threads): the worker's main process only *sends*,
+  from Celery's own timer, one janitor message per interval that expires after one
+  interval; a pool process claims and, when it won, sweeps, exactly like a
+  beat-scheduled sweep. Nothing in the main process touches the store or the metrics
+  (whose multiprocess lock a fork would copy while another thread held it).
+- solo and threads (nothing forks): a thread claims and sweeps in process.
+
+`MCP_TASKS_JANITOR_INTERVAL_S=off` opts out of both; the task stays registered for a
+hand-run sweep. Celery is imported only where the schedule is installed.
+
+**Liveness.** Every sweep records itself in the store's sweep ledger (when, how long, the
+counts, the tasks in each status). `janitor_age` and `janitor_stale` are the one
+definition of "stale" that `/readyz`, `doctor`, the metrics and the web process's janitor
+watch share. Ages are measured on the database's clock (the record's `read_at`), which is
+also where sweeps stamp `swept_at`: a host whose clock differs from the sweepers' still
+reads them right.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from celery_mcp_tasks.config import Settings
+from celery_mcp_tasks.model import now_ms
+from celery_mcp_tasks.service import TaskService
+from celery_mcp_tasks.store.base import Ledger
+from celery_mcp_tasks.store.cleanup import Eviction
+from celery_mcp_tasks.store.sweeps import JANITOR, SweepRecord
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+__all__ = [
+    "EXPIRED_UNFINISHED",
+    "FIX",
+    "JANITOR_TASK",
+    "METRIC",
+    "STALE_INTERVALS",
+    "InWorkerJanitor",
+    "JanitorMessages",
+    "MetricHook",
+    "SweepReport",
+    "install_janitor",
+    "janitor_age",
+    "janitor_stale",
+    "ledger_of",
+    "sweep",
+]
+
+logger = logging.getLogger("celery_mcp_tasks.janitor")
+
+
+# -- the sweep ------------------------------------------------------------------------------------
+
+MetricHook = Callable[[str, dict[str, int]], None]
+"""`(name, counts)`, e.g. to feed a StatsD or Prometheus counter. Exceptions are logged, never raised.
+
+Every sweep calls it with `METRIC` and the `SweepReport` as a dict; a sweep that
+evicted tasks before they were final calls it again with `EXPIRED_UNFINISHED` and
+`{tool: count}`. A hook should ignore names it does not know.
+"""
+
+METRIC = "celery_mcp_tasks.janitor.sweep"
+EXPIRED_UNFINISHED = "celery_mcp_tasks.janitor.expired_unfinished"
+"""Tasks the TTL removed while `working` or `input_required`: they end here, with no final status."""
+CAP_WARNING = "celery_mcp_tasks.janitor.near_cap"
+NEAR_CAP = 0.9
+"""The share of MCP_TASKS_MAX_ROWS from which every sweep warns."""
+
+
+@dataclass(frozen=True)
+class SweepReport:
+    removed: int = 0
+    resent: int = 0
+    failed: int = 0
+    expired_inputs: int = 0  # `input_required` tasks failed by the input timeout
+
+
+def lost_message(stale_timeout_s: float, sends: int) -> str:
+    return (
+        f"The job was lost: no worker reported for {stale_timeout_s:g}s (sent {sends} time{'s' if sends != 1 else ''})"
+    )
+
+
+def _span(seconds: float) -> str:
+    """86400 -> "24h", 1800 -> "30min", 90 -> "90s": how a person says a timeout."""
+    for unit, size in (("h", 3600), ("min", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def input_timeout_message(timeout_s: float) -> str:
+    return f"No answer to the input request within {_span(timeout_s)}"
+
+
+def ledger_of(service: TaskService) -> Ledger:
+    """The sweep ledger on the service's store."""
+    return service.store.ledger()
+
+
+def sweep(
+    service: TaskService,
+    settings: Settings,
+    *,
+    batch_size: int = 1000,
+    metric: MetricHook | None = None,
+    max_sends: Callable[[str], int | None] | None = None,
+) -> SweepReport:
+    """One pass: evict expired rows, re-send or fail `working` tasks with a stale heartbeat, fail
+    `input_required` tasks past the input timeout; then record the sweep in the ledger.
+
+    `max_sends(tool)` is a tool's own bound (None: the setting's).
+    """
+    started = time.monotonic()
+    at = now_ms()
+    eviction = _evict(service, settings, at, batch_size)
+    outcomes = _reap(service, settings, at, batch_size, max_sends)
+    report = SweepReport(
+        removed=eviction.removed,
+        resent=outcomes["resent"],
+        failed=outcomes["failed"],
+        expired_inputs=_expire_inputs(service, settings, at, batch_size),
+    )
+    counts = asdict(report)
+    # An idle sweep is not news: INFO only when it did something (no log spam every interval).
+    level = logging.INFO if any(counts.values()) else logging.DEBUG
+    logger.log(
+        level,
+        "janitor sweep: removed=%d resent=%d failed=%d expired_inputs=%d",
+        report.removed,
+        report.resent,
+        report.failed,
+        report.expired_inputs,
+        extra={"event": METRIC, **counts},
+    )
+    if metric is not None:
+        _tell(metric, METRIC, counts)
+        if eviction.unfinished:
+            _tell(metric, EXPIRED_UNFINISHED, dict(eviction.unfinished))
+    _record(service, settings, at, started, counts)
+    return report
+
+
+def _evict(service: TaskService, settings: Settings, at: int, batch_size: int) -> Eviction:
+    """Expired rows out, telling which of them were unfinished."""
+    return service.store.evict(now_ms=at, retention_ms=settings.retention_ms, batch_size=batch_size)
+
+
+def _tell(metric: MetricHook, name: str, counts: dict[str, int]) -> None:
+    try:
+        metric(name, counts)
+    except Exception:
+        logger.exception("janitor metric hook raised")
+
+
+def _reap(
+    service: TaskService,
+    settings: Settings,
+    at: int,
+    batch_size: int,
+    max_sends: Callable[[str], int | None] | None,
+) -> dict[str, int]:
+    outcomes = {"resent": 0, "failed": 0, "skipped": 0}
+    stale_before = at - int(settings.stale_timeout_s * 1000)
+    while True:  # in batches; a batch where another janitor got there first ends the pass
+        batch = service.store.stale(heartbeat_before_ms=stale_before, limit=batch_size)
+        acted = 0
+        for record in batch:
+            limit = (max_sends(record.tool) if max_sends else None) or settings.max_sends
+            outcome = service.reap(
+                record.key,
+                stale_before_ms=stale_before,
+                max_sends=limit,
+                lost_message=lost_message(settings.stale_timeout_s, record.resends + 1),
+            )
+            outcomes[outcome] += 1
+            acted += outcome != "skipped"
+        if len(batch) < batch_size or not acted:
+            return outcomes
+
+
+def _expire_inputs(service: TaskService, settings: Settings, at: int, batch_size: int) -> int:
+    """Fail `input_required` tasks nobody answered within the input timeout (None: never)."""
+    if settings.input_timeout_s is None:
+        return 0
+    before = at - int(settings.input_timeout_s * 1000)
+    message = input_timeout_message(settings.input_timeout_s)
+    expired = 0
+    while True:
+        batch = service.store.unanswered(changed_before_ms=before, limit=batch_size)
+        acted = sum(service.expire_input(key, changed_before_ms=before, message=message) for key in batch)
+        expired += acted
+        if len(batch) < batch_size or not acted:
+            return expired
+
+
+def _record(service: TaskService, settings: Settings, at: int, started: float, counts: dict[str, int]) -> None:
+    """The sweep in the ledger, and a warning near the row cap. A failure here is a log line:
+    the sweep itself happened (the ledger's age will show that recording stopped)."""
+    try:
+        statuses = service.store.count_by_status()
+        duration_ms = int((time.monotonic() - started) * 1000)
+        ledger_of(service).record(JANITOR, duration_ms=duration_ms, report=counts, statuses=statuses)
+    except Exception as exc:  # noqa: BLE001 - the sweep ran; only its record is missing
+        logger.warning("could not record the janitor sweep in the store: %s", type(exc).__name__)
+        return
+    held = sum(statuses.values())
+    if settings.max_rows is not None and held >= NEAR_CAP * settings.max_rows:
+        logger.warning(
+            "the task store holds %d tasks, %d%% of MCP_TASKS_MAX_ROWS=%d: at the cap every new task is "
+            'refused ("Task limit reached"); raise MCP_TASKS_MAX_ROWS, or shorten task TTLs, '
+            "MCP_TASKS_RETENTION_MS or MCP_TASKS_INPUT_TIMEOUT_S",
+            held,
+            100 * held // max(settings.max_rows, 1),
+            settings.max_rows,
+            extra={"event": CAP_WARNING, "tasks": held, "max_rows": settings.max_rows},
+        )
+
+
+# -- the schedule ---------------------------------------------------------------------------------
+
+JANITOR_TASK = "celery_mcp_tasks.janitor"
+
+SLACK = 0.05
+"""A claim admits its claimant this share of an interval early, so the last sweeper keeps the rhythm
+instead of missing every other tick to jitter; two sweeps are never closer than `1 - SLACK` intervals."""
+
+# Sending this interval's janitor message: two quick retries, then the interval is missed (one log line).
+_SEND_RETRY: dict[str, Any] = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
+
+
+def janitor_entry(interval_s: float) -> dict[str, Any]:
+    return {"task": JANITOR_TASK, "schedule": interval_s, "options": {"expires": interval_s}}
+
+
+def install_janitor(
+    app: Celery,
+    run_sweep: Callable[[], Any],
+    interval_s: float | None,
+    *,
+    in_worker: bool = False,
+    ledger: Callable[[], Ledger | None] | None = None,
+) -> None:
+    """Register the janitor task; schedule it on beat, or (`in_worker`, with `ledger`) in every worker.
+
+    The task sweeps unconditionally (beat, a hand-run sweep); with `claim_interval_s`
+    (the in-worker janitor's messages) it first claims that interval and sweeps only when it won.
+    """
+
+    from celery import signals
+
+    @app.task(name=JANITOR_TASK, ignore_result=True, shared=False, bind=True)  # type: ignore[untyped-decorator]  # Celery ships no types
+    def janitor(task: Any, claim_interval_s: float | None = None) -> None:
+        if claim_interval_s is not None:
+            found = ledger() if ledger is not None else None
+            by = f"{task.request.hostname or socket.gethostname()}:{os.getpid()}"
+            if found is None or not claim(found, claim_interval_s, by):
+                return
+        run_sweep()
+
+    if interval_s is None:
+        return
+    if in_worker:
+        if ledger is None:
+            raise ValueError("the in-worker janitor needs the sweep ledger")
+        install_in_worker(app, run_sweep, ledger, interval_s)
+        return
+    entry = janitor_entry(interval_s)
+
+    def add(conf: Any) -> None:
+        schedule = conf.beat_schedule or {}
+        if JANITOR_TASK not in schedule:  # a copy: the default dict may be shared between apps
+            conf.beat_schedule = {**schedule, JANITOR_TASK: entry}
+
+    def _add(sender: Celery, **_: Any) -> None:
+        add(sender.conf)
+
+    app.on_after_configure.connect(_add, weak=False)  # connected by call, as in the bridge: Celery is untyped
+
+    if app.configured:
+        add(app.conf)
+
+    def _ensure(sender: Any = None, **_: Any) -> None:
+        scheduler = getattr(sender, "scheduler", None)
+        if scheduler is None or scheduler.app is not app or JANITOR_TASK in scheduler.schedule:
+            return
+        logger.info("re-inserting the janitor into a beat schedule that dropped it")
+        scheduler.update_from_dict({JANITOR_TASK: entry})
+
+    signals.beat_init.connect(_ensure, weak=False)
+
+
+def claim(ledger: Ledger, interval_s: float, by: str) -> bool:
+    """This interval's sweep, claimed in the ledger (on the database's clock); True for one claimant."""
+    return ledger.claim(JANITOR, interval_ms=int(interval_s * 1000 * (1 - SLACK)), by=by)
+
+
+class InWorkerJanitor:
+    """A daemon thread that claims the sweep each interval and sweeps only when it won (solo and threads pools).
+
+    Ticks at a fixed rate from its start (a slow sweep does not shift later ticks).
+    Every error is a log line, and the loop goes on.
+    """
+
+    def __init__(
+        self,
+        run_sweep: Callable[[], Any],
+        ledger: Callable[[], Ledger | None],
+        interval_s: float,
+        by: str,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.run_sweep = run_sweep
+        self.ledger = ledger
+        self.interval_s = interval_s
+        self.by = by
+        self._clock = clock
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        if self.running:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="celery-mcp-tasks-janitor", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def tick(self) -> bool:
+        """Claim this interval; sweep when it is ours. True when this worker swept."""
+        ledger = self.ledger()
+        if ledger is None:
+            return False
+        if not claim(ledger, self.interval_s, self.by):
+            return False
+        self.run_sweep()
+        return True
+
+    def _loop(self) -> None:
+        due = self._clock()
+        while not self._stop.wait(max(0.0, due - self._clock())):
+            due = self.step(due)
+
+    def step(self, due: float) -> float:
+        """The tick that was due at `due` (a failure is a log line), and when the next one is due."""
+        try:
+            self.tick()
+        except Exception as exc:  # a janitor that stops silently is the bug this prevents
+            logger.warning("in-worker janitor: the sweep failed (%s); trying again next interval", type(exc).__name__)
+            logger.debug("in-worker janitor failure", exc_info=True)
+        due += self.interval_s
+        now = self._clock()
+        if due < now:  # fell behind (a long sweep): next tick from now, no burst
+            due = now + self.interval_s
+        return due
+
+
+class JanitorMessages:
+    """Each interval, one janitor message from the worker's main process: a pool process claims, then sweeps.
+
+    Runs on the consumer's timer (Celery's own event loop, or its timer thread), so
+    the main process adds no thread of its own and never touches the store or the
+    metrics. The message goes to a queue this worker consumes (the janitor's routed
+    queue when it is one of them) and expires after one interval, like beat's.
+    """
+
+    def __init__(self, app: Celery, timer: Any, interval_s: float) -> None:
+        self.app = app
+        self.timer = timer
+        self.interval_s = interval_s
+        self._entries: list[Any] = []
+
+    @property
+    def running(self) -> bool:
+        return bool(self._entries)
+
+    def start(self) -> None:
+        if not self._entries:
+            self._entries = [
+                self.timer.call_after(0.0, self.send),  # the first claim at once, as beat's first sweep
+                self.timer.call_repeatedly(self.interval_s, self.send),
+            ]
+
+    def stop(self, timeout: float = 5.0) -> None:
+        while self._entries:
+            self._entries.pop().cancel()
+
+    def send(self) -> None:
+        """This interval's message; a broker that refuses it costs one interval and one log line."""
+        try:
+            self.app.send_task(
+                JANITOR_TASK,
+                kwargs={"claim_interval_s": self.interval_s},
+                expires=self.interval_s,
+                queue=self.queue(),
+                retry=True,
+                retry_policy=_SEND_RETRY,
+            )
+        except Exception as exc:  # noqa: BLE001 - a janitor that stops silently is the bug this prevents
+            logger.warning(
+                "in-worker janitor: could not send this interval's sweep (%s); trying again next interval",
+                type(exc).__name__,
+            )
+
+    def queue(self) -> str | None:
+        """The janitor's routed queue when this worker consumes it, else one this worker does consume."""
+        consumed = list(self.app.amqp.queues.consume_from or ())
+        routed = self.app.amqp.router.route({}, JANITOR_TASK).get("queue")
+        name = getattr(routed, "name", routed)
+        if not consumed or name in consumed:
+            return None if name is None else str(name)
+        return str(consumed[0])
+
+
+def in_process(pool: Any) -> bool:
+    """Pools that never fork (solo, threads): the in-worker janitor may claim and sweep in a thread of its own."""
+    from celery.concurrency import solo, thread
+
+    return isinstance(pool, solo.TaskPool | thread.TaskPool)
+
+
+def install_in_worker(
+    app: Celery, run_sweep: Callable[[], Any], ledger: Callable[[], Ledger | None], interval_s: float
+) -> None:
+    """Start this app's in-worker janitor when its worker is ready; stop it at shutdown."""
+    from celery import signals
+
+    janitors: list[InWorkerJanitor | JanitorMessages] = []
+
+    def _ready(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is not app or any(j.running for j in janitors):
+            return  # another app's worker, or a consumer that became ready again (a reconnect)
+        janitor: InWorkerJanitor | JanitorMessages
+        if in_process(getattr(sender, "pool", None)):
+            node = str(getattr(sender, "hostname", None) or socket.gethostname())
+            janitor = InWorkerJanitor(run_sweep, ledger, interval_s, by=f"{node}:{os.getpid()}")
+            where = "in this process"
+        elif getattr(sender, "timer", None) is not None:
+            janitor = JanitorMessages(app, sender.timer, interval_s)
+            where = "in the pool's processes"
+        else:
+            logger.error("in-worker janitor: this worker has no timer to schedule sweeps on; nothing sweeps here")
+            return
+        janitors.append(janitor)
+        janitor.start()
+        logger.info(
+            "in-worker janitor: claiming a sweep every %gs (MCP_TASKS_JANITOR=worker), sweeping %s", interval_s, where
+        )
+
+    def _shutdown(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is not app:
+            return
+        while janitors:
+            janitors.pop().stop()
+
+    signals.worker_ready.connect(_ready, weak=False)
+    signals.worker_shutdown.connect(_shutdown, weak=False)
+
+
+# -- liveness -------------------------------------------------------------------------------------
+
+_host_now_ms = now_ms  # this host's clock: the functions below take a `now_ms` argument of their own
+
+STALE_INTERVALS = 3
+"""No sweep for this many intervals: the janitor is stale."""
+
+FIX = "run `celery -A APP beat`, or set MCP_TASKS_JANITOR=worker to sweep inside the workers"
+
+
+def janitor_age(record: SweepRecord | None, now_ms: int | None = None) -> float | None:
+    """Seconds since the last recorded sweep began; None when none was ever recorded.
+
+    Measured against `now_ms` when given, else the database's clock when the record
+    was read (`read_at`), else, for a record made by hand, this host's clock.
+    """
+    if record is None or record.swept_at is None:
+        return None
+    at = now_ms if now_ms is not None else record.read_at
+    if at is None:
+        at = _host_now_ms()
+    return max(0, at - record.swept_at) / 1000
+
+
+def janitor_stale(
+    settings: Settings, record: SweepRecord | None, now_ms: int | None = None, *, since_ms: int | None = None
+) -> bool:
+    """No sweep for `STALE_INTERVALS` janitor intervals. Never stale when the interval is off.
+
+    Without any recorded sweep: stale, unless `since_ms` (e.g. when this process
+    started watching, on this host's clock) is less than three intervals ago: a
+    fresh deployment's first sweep comes one interval after beat starts. Without
+    `now_ms`, the age is on the database's clock (`janitor_age`), `since_ms` on this host's.
+    """
+    interval = settings.janitor_interval_s
+    if interval is None:
+        return False
+    bound_s = STALE_INTERVALS * interval
+    age = janitor_age(record, now_ms)
+    if age is None:
+        at = _host_now_ms() if now_ms is None else now_ms
+        return since_ms is None or (at - since_ms) / 1000 >= bound_s
+    return age >= bound_s
