@@ -31,7 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from celery_mcp_tasks import McpTasks, Settings  # noqa: E402
+from celery_mcp_tasks import McpTasks  # noqa: E402
+from celery_mcp_tasks.config import Settings  # noqa: E402
 
 # The app the web process serves (`celery-mcp-tasks serve bench.bench_notify`).
 tasks = McpTasks("bench-notify")

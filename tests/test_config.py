@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from celery_mcp_tasks import ConfigError, McpTasks, Settings
+from celery_mcp_tasks import ConfigError, McpTasks
+from celery_mcp_tasks.config import Settings
 from tests.support import ROOT
 
 WRONG = [

@@ -12,8 +12,9 @@ import pytest
 import sqlalchemy as sa
 from celery import Celery, signals
 
-from celery_mcp_tasks import ConfigError, McpTasks, Settings
+from celery_mcp_tasks import ConfigError, McpTasks
 from celery_mcp_tasks import preflight as preflight_module
+from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.migrate import downgrade, upgrade
 from celery_mcp_tasks.preflight import preflight
 from celery_mcp_tasks.store.schema import VERSION_TABLE

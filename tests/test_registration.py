@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from celery import Celery
 
-from celery_mcp_tasks import McpTasks, Settings, TaskContext
+from celery_mcp_tasks import McpTasks, TaskContext
+from celery_mcp_tasks.config import Settings
 
 
 @pytest.fixture

@@ -166,16 +166,15 @@ class McpTasks:
         self.celery = celery or Celery(name)
         configure_celery(self.celery, self.settings)
         self.tools: dict[str, TaskTool] = {}
-        self.metric = metric
-        self.dispatcher = CeleryDispatcher(self.celery, self.tools)
+        self._metric = metric
+        self._dispatcher = CeleryDispatcher(self.celery, self.tools)
         self.push = Push(self.settings, notifier=notifier, broker=BrokerAccess.of(self.celery))
         self._lock = threading.Lock()
         self._service: TaskService | None = None
         self._service_pid: int | None = None
         self._app: Any = None
         self.plugins = _chosen(plugins, self.settings)
-        self.observers = Observers(p for p in self.plugins if overrides(p, "task_changed"))
-        """Told of every committed change (add yours before the first service is built)."""
+        self._observers = Observers(p for p in self.plugins if overrides(p, "task_changed"))  # told of every commit
         self.serving_contexts: list[Callable[[], AbstractAsyncContextManager[Any]]] = []
         """Entered for the served app's whole life (inside its lifespan): e.g. the janitor watch."""
         self.extension = TasksExtension(
@@ -229,11 +228,11 @@ class McpTasks:
                 self._service = TaskService(
                     store,
                     notifier=self.push.notifier,
-                    dispatcher=self.dispatcher,
+                    dispatcher=self._dispatcher,
                     max_rows=self.settings.max_rows,
                     default_ttl_ms=self.settings.default_ttl_ms,
                     default_poll_interval_ms=self.settings.poll_interval_ms,
-                    observer=self.observers,
+                    observer=self._observers,
                 )
                 self._service_pid = pid
         return self._service
@@ -247,7 +246,7 @@ class McpTasks:
         return ledger_of(self.service())
 
     def sweep(self) -> SweepReport:
-        hooks = [self.metric] if self.metric is not None else []
+        hooks = [self._metric] if self._metric is not None else []
         hooks += [plugin.swept for plugin in self.plugins if overrides(plugin, "swept")]
         return sweep(self.service(), self.settings, metric=_all_of(hooks), max_sends=self._max_sends)
 

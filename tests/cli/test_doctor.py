@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from celery_mcp_tasks import McpTasks, Settings
+from celery_mcp_tasks import McpTasks
 from celery_mcp_tasks.cli.doctor import Row, clock_check, diagnose, doctor, push_check, render, tool_queues
+from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.ops.probes import ProbeEngine
 from tests.conftest import needs_pg_redis, needs_postgres

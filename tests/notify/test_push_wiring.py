@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from celery_mcp_tasks import McpTasks, Settings
+from celery_mcp_tasks import McpTasks
+from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.model import TaskRecord
 from celery_mcp_tasks.notify.postgres import PG_HINT, PgNotifier
 

@@ -19,7 +19,8 @@ import pytest
 import sqlalchemy as sa
 from starlette.testclient import TestClient
 
-from celery_mcp_tasks import McpTasks, Settings
+from celery_mcp_tasks import McpTasks
+from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.ops.health import CheckRunner, Health
 from celery_mcp_tasks.ops.probes import PROBE_TIMEOUT_S, Finding, ProbeEngine, janitor_probe

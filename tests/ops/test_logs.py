@@ -270,9 +270,9 @@ def test_the_logs_plugin_is_the_lifecycle_observer_only_when_turned_on(tmp_path:
     from celery_mcp_tasks.app import McpTasks
     from celery_mcp_tasks.ops.logs import Logs
 
-    assert not McpTasks("logs", settings=Settings(data_dir=tmp_path)).observers
+    assert not McpTasks("logs", settings=Settings(data_dir=tmp_path))._observers
     tasks = McpTasks("logs", settings=Settings(data_dir=tmp_path, log_format="json"))
-    assert [type(o) for o in tasks.observers] == [Logs] and tasks.plugins[0].json is True  # type: ignore[attr-defined]
+    assert [type(o) for o in tasks._observers] == [Logs] and tasks.plugins[0].json is True  # type: ignore[attr-defined]
     assert isinstance(Logs()._lifecycle, LifecycleLog)
 
 

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from celery_mcp_tasks import McpTasks, Settings
+from celery_mcp_tasks import McpTasks
+from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.migrate import upgrade
 from tests.support import POSTGRES_URL, fresh_postgres_database
 

@@ -9,7 +9,8 @@ import pytest
 from celery import Celery, signals
 from celery.beat import Scheduler, Service
 
-from celery_mcp_tasks import McpTasks, Settings
+from celery_mcp_tasks import McpTasks
+from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.worker.janitor import JANITOR_TASK
 from tests.support import Backend, process_env, spawn, wait_until

@@ -21,7 +21,8 @@ from celery.concurrency import solo
 from celery.contrib.testing.worker import TestWorkController
 from celery.utils.timer2 import Timer
 
-from celery_mcp_tasks import McpTasks, Settings
+from celery_mcp_tasks import McpTasks
+from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.store.sql import SqlStore
 from celery_mcp_tasks.store.sweeps import JANITOR, SweepLedger, ledger_for

@@ -20,9 +20,10 @@ from celery import Celery
 from celery.app.task import Context
 from celery.exceptions import Retry, WorkerLostError
 
-from celery_mcp_tasks import McpTasks, Settings, TaskContext, TaskStatus, elicit
+from celery_mcp_tasks import McpTasks, TaskContext, elicit
+from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.migrate import upgrade
-from celery_mcp_tasks.model import Run, Superseded, TaskRecord, TerminalTask, now_ms, task_key
+from celery_mcp_tasks.model import Run, Superseded, TaskRecord, TaskStatus, TerminalTask, now_ms, task_key
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.sql import SqlStore
 from celery_mcp_tasks.worker import bridge

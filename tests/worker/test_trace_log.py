@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_mcp_tasks import McpTasks, Settings, TaskContext, elicit
+from celery_mcp_tasks import McpTasks, TaskContext, elicit
+from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.model import task_key
 from celery_mcp_tasks.worker.job import DISPATCH_HEADER, KEY_HEADER
