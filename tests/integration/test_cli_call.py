@@ -51,7 +51,7 @@ def authed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
 
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MCP_TASKS_", "CELERY_"))}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT)])  # this checkout, not an installed copy
     env.update(extra)
     return env
 
