@@ -155,6 +155,39 @@ def test_mistakes_are_one_line_each(runtime: Deployment) -> None:
     )
 
 
+def test_args_come_from_a_file_with_at_or_from_stdin_with_a_dash(runtime: Deployment, tmp_path: Path) -> None:
+    args = tmp_path / "args.json"
+    args.write_text('{"seconds": 0.2}')
+    assert _ok(_call(runtime.url, "work", f"@{args}"))[-2:] == ["status=completed", "worked 0.2s on attempt 1"]
+    piped = subprocess.run(
+        [sys.executable, "-m", "celery_mcp_tasks.cli", "call", runtime.url, "work", "-", "--json"],
+        cwd=ROOT,
+        env=_env(),
+        input='{"seconds": 0.3}',
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    _ok(piped)
+    assert json.loads(piped.stdout)["content"][0]["text"] == "worked 0.3s on attempt 1"
+    missing = _call(runtime.url, "work", f"@{tmp_path / 'nope.json'}")
+    assert missing.returncode == 2
+    assert missing.stderr == f"celery-mcp-tasks call: cannot read ARGS from {str(tmp_path / 'nope.json')!r}: " + (
+        "No such file or directory\n"
+    )
+
+
+def test_arguments_over_the_servers_limit_say_the_limit_and_its_setting(runtime: Deployment, tmp_path: Path) -> None:
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps({"seconds": 0, "marker": "x" * (5 * 1024 * 1024)}))  # 5 MiB, over the default 4
+    run = _call(runtime.url, "work", f"@{big}")
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert run.stderr == (
+        "celery-mcp-tasks call: Request body too large: this server reads at most 4194304 bytes "
+        "(4 MiB; set by MCP_TASKS_MAX_REQUEST_BYTES)\n"
+    )
+
+
 def test_the_bearer_token_comes_from_the_flag_or_the_environment_and_is_never_printed(authed: Deployment) -> None:
     arguments = json.dumps({"gate_dir": str(ROOT / "no-such-gate-dir")})
     anonymous = _call(authed.url, "idle", arguments, "--no-wait")
