@@ -27,6 +27,7 @@ from celery_mcp_tasks.mcp.serving import (
     listen_bus,
     push_hub,
     request_state_sealed,
+    with_body_limit_message,
     with_push,
     with_serving_contexts,
 )
@@ -362,7 +363,11 @@ class McpTasks:
         """The Starlette app serving the MCP endpoint (uvicorn runs it); its lifespan runs the push listener."""
         security = transport_security(host, self.settings.allowed_hosts)
         warn_unless_shared(self._shared_state, str(self.celery.conf.broker_url))
-        app = self.server.streamable_http_app(streamable_http_path=path, host=host, transport_security=security)
+        limit = self.settings.max_request_bytes  # the SDK enforces it; we only say it as JSON-RPC
+        app = self.server.streamable_http_app(
+            streamable_http_path=path, host=host, transport_security=security, max_request_body_size=limit
+        )
+        app = with_body_limit_message(app, limit)
         self._app = with_serving_contexts(with_push(app, self.push, self.listen, self.service), self.serving_contexts)
         return self._app
 

@@ -31,6 +31,8 @@ MIN_SECRET_BYTES = 32
 DEFAULT_WORKER_METRICS_PORT = 9808
 DEFAULT_INPUT_TIMEOUT_S = 86_400.0
 """An `input_required` task nobody answers fails after a day (MCP_TASKS_INPUT_TIMEOUT_S), so it frees its row."""
+DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
+"""The largest HTTP request body the MCP endpoint reads (MCP_TASKS_MAX_REQUEST_BYTES): the SDK's own default."""
 EMBEDDED_STALE_TIMEOUT_S = 15.0
 EMBEDDED_JANITOR_INTERVAL_S = 5.0
 """Defaults on the embedded default (no store or broker URL): a laptop recovers lost work in seconds."""
@@ -143,6 +145,7 @@ class Settings:
     input_timeout_s: float | None = DEFAULT_INPUT_TIMEOUT_S
     log_format: str = "text"
     request_state_secrets: tuple[str, ...] = ()
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
 
     def __post_init__(self) -> None:
         _one_of("MCP_TASKS_JANITOR", self.janitor, _JANITOR_MODES)
@@ -164,6 +167,8 @@ class Settings:
             raise ConfigError(f"CELERY_BROKER_URL: expected a URL such as redis://host:6379/0, got {self.broker_url!r}")
         if self.database_url is not None:
             _check_store_url(self.database_url)
+        if self.max_request_bytes < 1:
+            raise ConfigError(f"MCP_TASKS_MAX_REQUEST_BYTES: must be >= 1, got {self.max_request_bytes}")
         if self.stale_timeout_s < 1:
             raise ConfigError(
                 f"MCP_TASKS_STALE_TIMEOUT_S: must be >= 1 (heartbeats need room), got {self.stale_timeout_s:g}"
@@ -209,6 +214,7 @@ class Settings:
             "janitor": (env.get("MCP_TASKS_JANITOR") or "beat").strip().lower(),
             "input_timeout_s": _float(env, "MCP_TASKS_INPUT_TIMEOUT_S", DEFAULT_INPUT_TIMEOUT_S, allow_off=True),
             "log_format": (env.get("MCP_TASKS_LOG_FORMAT") or "text").strip().lower(),
+            "max_request_bytes": _int(env, "MCP_TASKS_MAX_REQUEST_BYTES", DEFAULT_MAX_REQUEST_BYTES),
             # A rotation ring: the first secret seals, every one unseals (comma-separated).
             "request_state_secrets": tuple(
                 s.strip() for s in (env.get("MCP_TASKS_REQUEST_STATE_SECRET") or "").split(",") if s.strip()

@@ -106,6 +106,17 @@ def stubborn(seconds: float, ctx: TaskContext) -> str:
     return "slept"
 
 
+@tasks.mcp_task(terminate=True)
+def scribble(path: str, seconds: float, ctx: TaskContext) -> str:
+    """Writes the time to `path` every 50 ms and never checks for cancellation (terminate=True)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with open(path, "w") as out:
+            out.write(repr(time.monotonic()))
+        time.sleep(0.05)
+    return "scribbled"
+
+
 @tasks.mcp_task(default_retry_delay=0.5)
 def survivor(seconds: float, ctx: TaskContext) -> str:
     """Like `work` without cancellation, retried quickly when its pool process is killed."""

@@ -25,7 +25,7 @@ from mcp_types import (
 )
 from rich.console import Console
 
-from celery_mcp_tasks.cli.call import CallIo, CallOptions, _Interrupts, parse_arguments, run_call
+from celery_mcp_tasks.cli.call import CallIo, CallOptions, _Interrupts, parse_arguments, read_arguments, run_call
 from celery_mcp_tasks.cli.forms import parse_form
 from celery_mcp_tasks.cli.outcome import EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, EXIT_USAGE, CallError, exit_code
 from celery_mcp_tasks.cli.prompts import FdLines, Prompter
@@ -455,3 +455,17 @@ def test_one_interrupt_ends_the_current_step_and_a_second_one_everything() -> No
         return step.cancelled_caught, outer.cancelled_caught, interrupts.forced
 
     assert anyio.run(scenario) == (True, True, EXIT_CANCELLED)
+
+
+def test_args_are_read_from_a_file_after_at_or_from_stdin_for_a_dash(tmp_path: Path) -> None:
+    args = tmp_path / "args.json"
+    args.write_text('{"topic": "tides"}', encoding="utf-8")
+    assert read_arguments(f"@{args}", None) == '{"topic": "tides"}'
+    assert read_arguments("-", io.StringIO('{"topic": "piped"}')) == '{"topic": "piped"}'
+    assert read_arguments('{"topic": "typed"}', None) == '{"topic": "typed"}'
+    assert read_arguments(None, None) is None
+    with pytest.raises(CallError, match=r"cannot read ARGS from .*nope\.json.*: No such file") as missing:
+        read_arguments(f"@{tmp_path / 'nope.json'}", None)
+    assert missing.value.code == EXIT_USAGE
+    with pytest.raises(CallError, match="no stdin"):
+        read_arguments("-", None)

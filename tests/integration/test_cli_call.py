@@ -51,7 +51,7 @@ def authed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
 
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MCP_TASKS_", "CELERY_"))}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT)])  # this checkout, not an installed copy
     env.update(extra)
     return env
 
@@ -152,6 +152,39 @@ def test_mistakes_are_one_line_each(runtime: Deployment) -> None:
     assert (gone.returncode, gone.stderr) == (
         1,
         "celery-mcp-tasks call: no such task: it expired, or it belongs to another user\n",
+    )
+
+
+def test_args_come_from_a_file_with_at_or_from_stdin_with_a_dash(runtime: Deployment, tmp_path: Path) -> None:
+    args = tmp_path / "args.json"
+    args.write_text('{"seconds": 0.2}')
+    assert _ok(_call(runtime.url, "work", f"@{args}"))[-2:] == ["status=completed", "worked 0.2s on attempt 1"]
+    piped = subprocess.run(
+        [sys.executable, "-m", "celery_mcp_tasks.cli", "call", runtime.url, "work", "-", "--json"],
+        cwd=ROOT,
+        env=_env(),
+        input='{"seconds": 0.3}',
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    _ok(piped)
+    assert json.loads(piped.stdout)["content"][0]["text"] == "worked 0.3s on attempt 1"
+    missing = _call(runtime.url, "work", f"@{tmp_path / 'nope.json'}")
+    assert missing.returncode == 2
+    assert missing.stderr == f"celery-mcp-tasks call: cannot read ARGS from {str(tmp_path / 'nope.json')!r}: " + (
+        "No such file or directory\n"
+    )
+
+
+def test_arguments_over_the_servers_limit_say_the_limit_and_its_setting(runtime: Deployment, tmp_path: Path) -> None:
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps({"seconds": 0, "marker": "x" * (5 * 1024 * 1024)}))  # 5 MiB, over the default 4
+    run = _call(runtime.url, "work", f"@{big}")
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert run.stderr == (
+        "celery-mcp-tasks call: Request body too large: this server reads at most 4194304 bytes "
+        "(4 MiB; set by MCP_TASKS_MAX_REQUEST_BYTES)\n"
     )
 
 

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.integration
 
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MCP_TASKS_", "CELERY_"))}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT)])  # this checkout, not an installed copy
     env.update(extra)
     return env
 
@@ -203,3 +204,45 @@ def _try_create(client: McpHttp) -> str | None:
         return client.create("stubborn", {"seconds": 120})
     except Exception:  # noqa: BLE001 - not listening yet
         return None
+
+
+def test_a_terminate_tool_cancelled_under_dev_stops_within_a_second(tmp_path: Path):
+    """`dev` runs a pool that can kill a job: a busy `terminate=True` job stops at its cancel, quietly."""
+    data, port, scribbles = tmp_path / "data", free_port(), tmp_path / "scribbles"
+    argv = [sys.executable, "-m", "celery_mcp_tasks.cli", "dev", "tests.apps.runtime_app"]
+    dev = subprocess.Popen(
+        [*argv, "--data-dir", str(data), "--port", str(port)],
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    client = McpHttp(f"http://127.0.0.1:{port}/mcp")
+
+    def create() -> str | None:
+        try:
+            return client.create("scribble", {"path": str(scribbles), "seconds": 120})
+        except Exception:  # noqa: BLE001 - not listening yet
+            return None
+
+    try:
+        task_id = wait_until(create, 60, "dev to serve")
+        first = wait_until(lambda: scribbles.exists() and scribbles.read_text(), 30, "the job to write")
+        wait_until(lambda: scribbles.read_text() not in ("", first), 5, "the job to write again")
+        client.task("tasks/cancel", task_id)
+        assert client.get(task_id)["status"] == "cancelled"
+        time.sleep(1.0)
+        stopped = scribbles.read_text()
+        time.sleep(0.5)  # ten writes' worth: the file no longer changes
+        assert scribbles.read_text() == stopped, "the job was not terminated within a second"
+        os.killpg(dev.pid, signal.SIGINT)
+        dev.wait(timeout=20)
+        output = dev.stdout.read().decode(errors="replace") if dev.stdout else ""
+        assert "kill_job" not in output and "Traceback" not in output, output
+    finally:
+        client.close()
+        if dev.poll() is None:
+            os.killpg(dev.pid, signal.SIGKILL)
+        for pid in _processes_mentioning(str(data)):
+            os.kill(pid, signal.SIGKILL)

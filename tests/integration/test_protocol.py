@@ -34,21 +34,30 @@ def error_of(response) -> dict:  # type: ignore[no-untyped-def]
 # -- bad input leaves nothing behind ----------------------------------------------------
 
 
+def test_an_unknown_tool_gets_invalid_params_and_stores_nothing(conformance: Deployment, client: McpHttp):
+    before = rows(conformance)
+    error = error_of(client.raw("tools/call", {"name": "no_such_tool", "arguments": {}}, name="no_such_tool"))
+    assert error["code"] == -32602 and error["message"] == "Unknown tool: no_such_tool"
+    assert rows(conformance) == before
+
+
 @pytest.mark.parametrize(
-    ("tool", "arguments", "message"),
+    ("arguments", "reason"),
     [
-        ("no_such_tool", {}, "Unknown tool: no_such_tool"),
-        ("slow_compute", {"seconds": "soon"}, "Invalid arguments for tool slow_compute: seconds"),
-        ("slow_compute", {"seconds": -1}, "Invalid arguments for tool slow_compute: seconds"),
-        ("slow_compute", {}, "Invalid arguments for tool slow_compute: seconds"),
+        ({"seconds": "soon"}, "Input should be a valid integer"),
+        ({"seconds": -1}, "Input should be greater than or equal to 0"),
+        ({}, "Field required"),
     ],
 )
-def test_bad_tool_calls_get_invalid_params_and_store_nothing(
-    conformance: Deployment, client: McpHttp, tool, arguments, message
+def test_bad_arguments_are_a_tool_error_the_model_can_read_and_store_nothing(
+    conformance: Deployment, client: McpHttp, arguments, reason
 ):
     before = rows(conformance)
-    error = error_of(client.raw("tools/call", {"name": tool, "arguments": arguments}, name=tool))
-    assert error["code"] == -32602 and error["message"] == message
+    body = client.raw("tools/call", {"name": "slow_compute", "arguments": arguments}, name="slow_compute").json()
+    result = body["result"]
+    assert result["isError"] is True, body
+    text = result["content"][0]["text"]
+    assert text.startswith("Error executing tool slow_compute: ") and "seconds" in text and reason in text, text
     assert rows(conformance) == before
 
 

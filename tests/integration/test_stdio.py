@@ -56,7 +56,7 @@ def _params(data: Path, *args: str, app: str = "tests.apps.runtime_app") -> Stdi
     return StdioServerParameters(
         command=sys.executable,
         args=["-m", "celery_mcp_tasks.cli", "stdio", app, "--data-dir", str(data), *args],
-        env={"PYTHONPATH": str(ROOT)},
+        env={"PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])},  # this checkout, not an installed copy
         cwd=ROOT,
     )
 

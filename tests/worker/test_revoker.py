@@ -93,3 +93,62 @@ def test_only_a_tool_that_asked_for_termination_is_revoked() -> None:
     dispatcher.revoke(_record("gone"))  # a tool no longer registered
     dispatcher.revoke(_record("stubborn"))
     assert recording.submitted == [(celery_id(_record("stubborn")), "stubborn", True)]
+
+
+@dataclass(eq=False)
+class Consumer:
+    app: Celery
+    pool: object
+
+
+def _pidbox_error(exc: Exception) -> logging.LogRecord:
+    try:
+        raise exc
+    except Exception as raised:  # noqa: BLE001 - the record kombu logs carries the exception
+        return logging.LogRecord(
+            "kombu.pidbox",
+            logging.ERROR,
+            __file__,
+            1,
+            "pidbox command error: %r",
+            (raised,),
+            (type(raised), raised, raised.__traceback__),
+        )
+
+
+def test_which_pools_can_terminate_a_job() -> None:
+    from celery.concurrency.prefork import TaskPool as Prefork
+    from celery.concurrency.solo import TaskPool as Solo
+    from celery.concurrency.thread import TaskPool as Threads
+
+    from celery_mcp_tasks.worker.revoker import pool_terminates
+
+    started_prefork = Prefork.__new__(Prefork)
+    started_prefork.terminate_job = lambda pid, signal=None: None  # what `on_start` sets from billiard's pool
+    assert pool_terminates(started_prefork)
+    assert not pool_terminates(Threads.__new__(Threads))
+    assert not pool_terminates(Solo.__new__(Solo))
+
+
+def test_a_worker_whose_pool_cannot_terminate_says_so_once_and_logs_no_traceback_per_cancel(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from celery import signals
+    from celery.concurrency.thread import TaskPool as Threads
+
+    app = Celery("pools", broker="memory://")
+    CeleryDispatcher(app, {"slow": Tool("slow", terminate=True), "quick": Tool("quick", terminate=False)})
+    pidbox = logging.getLogger("kombu.pidbox")
+    filters = list(pidbox.filters)
+    try:
+        with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks.worker"):
+            signals.worker_ready.send(sender=Consumer(Celery("someone-else"), Threads.__new__(Threads)))
+            assert not caplog.records  # another app's worker: not ours to speak for
+            signals.worker_ready.send(sender=Consumer(app, Threads.__new__(Threads)))
+        (line,) = [r.getMessage() for r in caplog.records]
+        assert "thread pool cannot terminate a running job" in line and "'slow'" in line and "quick" not in line
+        cannot_kill = NotImplementedError("<class 'celery.concurrency.thread.TaskPool'> does not implement kill_job")
+        assert not pidbox.filter(_pidbox_error(cannot_kill))
+        assert pidbox.filter(_pidbox_error(KeyError("other")))  # every other pidbox error is still logged
+    finally:
+        pidbox.filters[:] = filters

@@ -193,7 +193,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     caller.add_argument("url", metavar="URL", help="the MCP endpoint, e.g. http://127.0.0.1:8000/mcp")
     caller.add_argument("tool", metavar="TOOL", nargs="?", help="the tool to call (not with --resume)")
-    caller.add_argument("arguments", metavar="ARGS", nargs="?", help="the tool's arguments, a JSON object (default {})")
+    caller.add_argument(
+        "arguments",
+        metavar="ARGS",
+        nargs="?",
+        help="the tool's arguments, a JSON object (default {}); @PATH reads them from a file, - from stdin",
+    )
     caller.add_argument("--resume", metavar="TASK_ID", help="follow a task started earlier instead of calling a tool")
     caller.add_argument("--no-wait", action="store_true", help="print the new task's id alone and exit 0")
     caller.add_argument(

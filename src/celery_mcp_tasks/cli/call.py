@@ -28,7 +28,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import IO, Any
 
 import anyio
@@ -64,8 +64,29 @@ __all__ = [
     "CallOptions",
     "exit_code",
     "parse_arguments",
+    "read_arguments",
     "run_call",
 ]
+
+
+def read_arguments(text: str | None, stdin: IO[str] | None) -> str | None:
+    """ARGS as given -> the JSON text: `@PATH` reads a file, `-` reads stdin to its end, else ARGS itself.
+
+    For arguments the shell will not take on a command line (a long document, a large list).
+    """
+    if text == "-":
+        if stdin is None:
+            raise CallError("ARGS is -, but there is no stdin to read the arguments from", EXIT_USAGE)
+        return stdin.read()
+    if text is not None and text.startswith("@"):
+        path = text[1:]
+        try:
+            with open(path, encoding="utf-8") as source:
+                return source.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+            raise CallError(f"cannot read ARGS from {path!r}: {reason}", EXIT_USAGE) from None
+    return text
 
 
 def parse_arguments(text: str | None) -> dict[str, Any]:
@@ -170,13 +191,15 @@ def run_call(
     io: CallIo | None = None,
 ) -> int:
     """Call (or resume) and follow one task; print as `options` say; return the exit status."""
+    args_on_stdin = options.arguments == "-"  # then stdin is the arguments, not the answers to questions
     if io is None:
         try:
-            stdin_fd: int | None = sys.stdin.fileno() if sys.stdin is not None else None
+            stdin_fd: int | None = sys.stdin.fileno() if sys.stdin is not None and not args_on_stdin else None
         except (OSError, ValueError):
             stdin_fd = None
         io = _make_io(options, stdin_fd)
     try:
+        options = replace(options, arguments=read_arguments(options.arguments, sys.stdin))
         return anyio.run(_run, options, io, abort)
     except CallError as exc:
         io.view.close()

@@ -5,6 +5,9 @@ It intercepts `tools/call` for task tools and serves `tasks/get`,
 from the store through the service, on a bounded thread pool (the store and
 the Celery publish are synchronous; nothing may block the event loop).
 
+Arguments that do not fit the tool's signature are answered by the SDK, as for a
+plain tool: a `CallToolResult` with `isError` the model can read, no task.
+
 Check order on `tasks/*`: the routing header (-32020), the client's opt-in
 (-32021, before any lookup), then the owner-scoped lookup (-32602, the same
 answer for a missing, expired-and-evicted or foreign task; the id is never
@@ -142,10 +145,12 @@ class TasksExtension(Extension):
         arguments = dict(params.arguments or {})
         try:
             tool.validate(arguments)
-        except ValidationError as exc:
-            raise invalid_params(
-                f"Invalid arguments for tool {tool.name}: {', '.join(tool.invalid_fields(exc))}"
-            ) from None
+        except ValidationError:
+            # The model's mistake, for it to read and correct: the SDK answers it for the
+            # tool's registered stand-in exactly as for a plain tool of the same signature
+            # (a CallToolResult with isError and pydantic's field-level reasons, long values
+            # cut, on every era and path). Nothing is created.
+            return await call_next(ctx)
 
         if not with_tasks:
             resumed = await self._sync.resume(tool, params)

@@ -1,4 +1,10 @@
-"""Push in the web process: the listen handler on the server, the listener in the lifespan.
+"""Serving the MCP app: the request body limit's answer, push (the listen handler, the listener in the lifespan).
+
+The SDK refuses a request body over its limit (ours: MCP_TASKS_MAX_REQUEST_BYTES) with
+HTTP 413 and the plain text "Request body too large", which its own client can only
+report as `-32603 Server returned an error response`. `with_body_limit_message` keeps
+the SDK's check and says the same 413 as a JSON-RPC error naming the limit and the
+setting, which the SDK's client (and so `TasksClient` and `call`) shows as it is.
 
 Two traps shape this module. The SDK's `MCPServer` registers its own
 `subscriptions/listen` handler and offers no public way to swap it, so ours
@@ -11,6 +17,7 @@ stream then sends its listen result and closes, letting the server exit at once.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
@@ -19,7 +26,8 @@ from typing import Any
 from mcp.server.mcpserver import MCPServer
 from mcp.server.request_state import RequestStateBoundary
 from mcp.server.subscriptions import InMemorySubscriptionBus, SubscriptionBus
-from mcp_types import SubscriptionsListenRequestParams
+from mcp_types import INVALID_REQUEST, SubscriptionsListenRequestParams
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from celery_mcp_tasks.mcp.listen import TaskListenHandler
 from celery_mcp_tasks.mcp.sdk_internals import (
@@ -33,10 +41,12 @@ from celery_mcp_tasks.notify.push import Push
 from celery_mcp_tasks.service import TaskService
 
 __all__ = [
+    "BodyLimitMessage",
     "attach_listen",
     "listen_bus",
     "push_hub",
     "request_state_sealed",
+    "with_body_limit_message",
     "with_push",
     "with_serving_contexts",
 ]
@@ -122,3 +132,48 @@ def attach_listen(
         return None
     handler = TaskListenHandler(bus, service, push_hub(push))
     return handler if replace_listen_handler(server, SubscriptionsListenRequestParams, handler) else None
+
+
+MAX_REQUEST_BYTES_SETTING = "MCP_TASKS_MAX_REQUEST_BYTES"
+
+
+def body_limit_error(limit: int) -> bytes:
+    """The JSON-RPC error a too-large request gets (`id` null: the body was never read)."""
+    message = (
+        f"Request body too large: this server reads at most {limit} bytes "
+        f"({limit / 1024 / 1024:.3g} MiB; set by {MAX_REQUEST_BYTES_SETTING})"
+    )
+    error = {"code": INVALID_REQUEST, "message": message, "data": {"maxRequestBytes": limit}}
+    return json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
+
+
+class BodyLimitMessage:
+    """ASGI middleware: the SDK's 413 for a body over the limit, re-said as a JSON-RPC error naming it."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.body = body_limit_error(limit)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        replacing = False
+
+        async def send_json_error(message: Message) -> None:
+            nonlocal replacing
+            if message["type"] == "http.response.start" and message["status"] == 413:
+                replacing = True
+                headers = [(b"content-type", b"application/json"), (b"content-length", str(len(self.body)).encode())]
+                await send({"type": "http.response.start", "status": 413, "headers": headers})
+                await send({"type": "http.response.body", "body": self.body})
+            elif not (replacing and message["type"] == "http.response.body"):
+                await send(message)
+
+        await self.app(scope, receive, send_json_error)
+
+
+def with_body_limit_message(app: Any, limit: int) -> Any:
+    """`app` (the SDK's Starlette app, built with `max_request_body_size=limit`) answering 413 as JSON-RPC."""
+    app.add_middleware(BodyLimitMessage, limit=limit)
+    return app

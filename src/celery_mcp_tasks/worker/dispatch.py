@@ -20,7 +20,7 @@ from celery import Celery
 from celery_mcp_tasks.model import TaskRecord
 from celery_mcp_tasks.ops.propagation import sending
 from celery_mcp_tasks.worker.job import DISPATCH_HEADER, HIDDEN_ARGS, KEY_HEADER, JobTool
-from celery_mcp_tasks.worker.revoker import BackgroundRevoker
+from celery_mcp_tasks.worker.revoker import BackgroundRevoker, warn_unless_pool_terminates
 
 logger = logging.getLogger("celery_mcp_tasks.worker")
 
@@ -39,6 +39,7 @@ class CeleryDispatcher:
         self.app = app
         self.tools = tools
         self.revoker = revoker or BackgroundRevoker(app)
+        warn_unless_pool_terminates(app, lambda: sorted(t.name for t in self.tools.values() if t.terminate))
 
     def __call__(self, record: TaskRecord) -> None:
         tool = self.tools[record.tool]
@@ -59,7 +60,8 @@ class CeleryDispatcher:
         """The service cancelled the task: terminate its running job when the tool asked for it.
 
         Only a tool declared with `terminate=True` is revoked (with SIGTERM to the
-        pool process running it; prefork pools honour it): any other job checks
+        pool process running it; prefork pools honour it, and a worker whose pool
+        cannot says so once when it starts): any other job checks
         `ctx.cancelled()`, and a message not yet started is skipped at its start
         anyway, so a broadcast would buy nothing. Queued, never published here:
         see `worker.revoker`. Best effort: a revoke is lost when no worker is up.

@@ -10,6 +10,11 @@ with a few short retries, and gives up after a few seconds with one log line.
 The store's cancel has happened before any of this: a revoke only stops a
 running job sooner.
 
+A terminating revoke needs a pool that can kill a job (prefork can; threads and
+solo cannot, and Celery answers each such revoke with a logged traceback). A
+worker whose pool cannot says so once, when it is ready (`warn_unless_pool_terminates`),
+and the per-cancel traceback is left out of its log: nothing new would be learned from it.
+
 Never a task id or a Celery id in a log line: the tools' names only.
 """
 
@@ -23,9 +28,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
+from celery.concurrency.base import BasePool
 
-__all__ = ["BackgroundRevoker"]
+__all__ = ["BackgroundRevoker", "pool_terminates", "warn_unless_pool_terminates"]
 
 logger = logging.getLogger("celery_mcp_tasks.worker")
 
@@ -116,3 +122,39 @@ def _bound_publish_retries(conn: Any) -> None:
         return unbounded(obj, fun, **{**policy, **_RETRY_POLICY})
 
     conn.ensure = ensure
+
+
+def pool_terminates(pool: Any) -> bool:
+    """Whether a started Celery pool can kill a running job (prefork sets its own `terminate_job` on start)."""
+    method = getattr(pool, "terminate_job", None)
+    return method is not None and getattr(method, "__func__", None) is not BasePool.terminate_job
+
+
+class _CannotKillJob(logging.Filter):
+    """Drops kombu's `pidbox command error: NotImplementedError(... does not implement kill_job)` tracebacks."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(exc, NotImplementedError) and "kill_job" in str(exc))
+
+
+def warn_unless_pool_terminates(app: Celery, terminating_tools: Callable[[], list[str]]) -> None:
+    """At `worker_ready` of `app`'s worker: one warning when its pool cannot terminate the tools that ask for it."""
+
+    def ready(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is not app:
+            return
+        pool = getattr(sender, "pool", None)
+        names = terminating_tools()
+        if pool is None or not names or pool_terminates(pool):
+            return
+        kind = type(pool).__module__.rpartition(".")[2]
+        logger.warning(
+            "this worker's %s pool cannot terminate a running job: tasks/cancel of %s cancels the task, "
+            "and the job runs on until it checks ctx.cancelled() (a prefork worker terminates it)",
+            kind,
+            ", ".join(repr(name) for name in names),
+        )
+        logging.getLogger("kombu.pidbox").addFilter(_CannotKillJob())
+
+    signals.worker_ready.connect(ready, weak=False)  # connected by call: Celery's signals are untyped
