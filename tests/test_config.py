@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from celery_mcp_tasks import ConfigError, McpTasks
-from celery_mcp_tasks.config import Settings
+from celery_mcp_tasks.config import RETIRED_SETTINGS, Settings, known_settings, unknown_settings
 from tests.support import ROOT
 
 WRONG = [
@@ -87,3 +88,53 @@ def test_every_process_refuses_to_start_with_one_line(argv: list[str], tmp_path:
         "celery-mcp-tasks: configuration error: MCP_TASKS_MAX_ROWS: expected an integer or none, got 'lots'"
     ]
     assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_an_unknown_name_is_a_warning_naming_the_closest_setting() -> None:
+    lines = unknown_settings({"MCP_TASKS_JANITOR_INTERVAL": "5", "MCP_TASKS_BROKER_URL": "redis://r", "HOME": "/"})
+    assert lines == [
+        "MCP_TASKS_BROKER_URL is not a celery-mcp-tasks setting and is ignored (did you mean CELERY_BROKER_URL?); "
+        "MCP_TASKS_STRICT_SETTINGS=1 makes this an error",
+        "MCP_TASKS_JANITOR_INTERVAL is not a celery-mcp-tasks setting and is ignored "
+        "(did you mean MCP_TASKS_JANITOR_INTERVAL_S?); MCP_TASKS_STRICT_SETTINGS=1 makes this an error",
+    ]
+    assert "no setting has a close name" in unknown_settings({"MCP_TASKS_FOO": "1"})[0]
+
+
+def test_the_strict_option_makes_an_unknown_name_an_error_but_not_a_retired_one() -> None:
+    strict = {"MCP_TASKS_STRICT_SETTINGS": "1"}
+    with pytest.raises(ConfigError) as refused:
+        unknown_settings({**strict, "MCP_TASKS_METRIC": "on"})
+    assert str(refused.value) == (
+        "MCP_TASKS_METRIC is not a celery-mcp-tasks setting (did you mean MCP_TASKS_METRICS?); "
+        "MCP_TASKS_STRICT_SETTINGS is on"
+    )
+    assert unknown_settings({**strict, "MCP_TASKS_LISTEN_ENTRY": "sse"}) == [
+        "MCP_TASKS_LISTEN_ENTRY is retired and ignored now; remove it"
+    ]
+
+
+def test_names_that_are_not_settings_are_never_flagged() -> None:
+    env = {
+        "MCP_TASKS_TEST_POSTGRES_URL": "postgresql://x",  # the test suite's
+        "MCP_TASKS_SMOKE_REDIS_URL": "redis://x",  # CI's
+        "MCP_TASKS_TOKEN": "t",  # `call`'s bearer token
+        "MCP_TASKS_OPS_PORT": "9101",
+        "MCP_TASKS_MAX_DISPATCHES": "3",  # 0.1.0's name, still read
+        "MCP_TASKS_STRICT_SETTINGS": "1",
+    }
+    assert unknown_settings(env) == []
+
+
+def test_every_name_the_code_and_docs_mention_is_known() -> None:
+    """A new setting is known once `Settings.from_env` reads it; one read elsewhere goes in READ_ELSEWHERE."""
+    mentioned: set[str] = set()
+    files = [ROOT / "README.md", ROOT / "docker-compose.yml"]
+    for folder in ("src", "docs", "examples", "deploy", ".ci"):
+        files += [path for path in (ROOT / folder).rglob("*") if path.suffix in (".py", ".md", ".yml", ".yaml", ".sh")]
+    for path in files:
+        if path.is_file():
+            mentioned |= set(re.findall(r"\bMCP_TASKS_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(errors="replace")))
+    flagged = unknown_settings(dict.fromkeys(mentioned - {*RETIRED_SETTINGS, "MCP_TASKS_STRICT_SETTINGS"}, "1"))
+    assert flagged == []
+    assert "MCP_TASKS_DATABASE_URL" in known_settings() and "MCP_TASKS_OPS_HOST" in known_settings()

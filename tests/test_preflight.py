@@ -171,3 +171,19 @@ def test_the_worker_prints_its_store_and_tools_before_the_banner(
     ]
     signals.celeryd_after_setup.send(sender="w@h", instance=Sender(tasks.celery, quiet=True), conf=None)
     assert capfd.readouterr().out == ""
+
+
+def test_an_unknown_setting_is_said_once_per_process_and_strict_refuses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(preflight_module, "_said", set())
+    monkeypatch.setenv("MCP_TASKS_JANITOR_INTERVAL", "5")
+    settings = Settings(data_dir=tmp_path)
+    with caplog.at_level("WARNING", logger="celery_mcp_tasks"):
+        preflight(settings, role="db", need_schema=False)
+        preflight(settings, role="db", need_schema=False)  # `serve` checks twice when it migrates
+    said = [record.getMessage() for record in caplog.records if "MCP_TASKS_JANITOR_INTERVAL" in record.getMessage()]
+    assert len(said) == 1 and "did you mean MCP_TASKS_JANITOR_INTERVAL_S?" in said[0]
+    monkeypatch.setenv("MCP_TASKS_STRICT_SETTINGS", "on")
+    with pytest.raises(ConfigError, match=r"^MCP_TASKS_JANITOR_INTERVAL is not a celery-mcp-tasks setting"):
+        preflight(settings, role="db", need_schema=False)

@@ -6,6 +6,7 @@ Real `celery -A ... worker|beat` and `celery-mcp-tasks serve|db` processes, one 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -32,7 +33,9 @@ UPGRADE_HINT = "run `celery-mcp-tasks db upgrade`"
 
 
 def run(argv: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    base = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "MCP_TASKS_DATA_DIR": str(tmp_path / "data")}
+    # The caller's PYTHONPATH after ROOT (as tests.support does): a checkout's src/ wins over an installed copy.
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    base = {"PATH": "/usr/bin:/bin", "PYTHONPATH": path, "MCP_TASKS_DATA_DIR": str(tmp_path / "data")}
     beat_schedule = ["-s", str(tmp_path / "beat-schedule")] if "beat" in argv else []
     return subprocess.run(
         [sys.executable, *argv, *beat_schedule],
@@ -217,3 +220,24 @@ def test_an_explicit_sqlite_store_on_a_remote_broker_is_the_users_choice_and_the
         )
     finally:
         worker.stop()
+
+
+@pytest.mark.parametrize("argv", [WORKER, BEAT, SERVE_NO_MIGRATE], ids=["worker", "beat", "serve-no-migrate"])
+def test_every_process_names_a_misspelled_setting_once_at_start(argv: list[str], tmp_path: Path) -> None:
+    """The warning comes before the start-up checks: here, before the refusal of a store not yet created."""
+    done = run(argv, tmp_path, MCP_TASKS_JANITOR_INTERVAL="5", MCP_TASKS_TEST_ANYTHING="ignored")
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 2, done.stderr
+    assert "MCP_TASKS_JANITOR_INTERVAL is not a celery-mcp-tasks setting and is ignored" in lines[0]  # beat: a log line
+    assert "did you mean MCP_TASKS_JANITOR_INTERVAL_S?" in lines[0]
+    assert lines[1].startswith("celery-mcp-tasks: configuration error: MCP_TASKS_DATABASE_URL"), lines
+
+
+@pytest.mark.parametrize("argv", EVERY_PROCESS, ids=IDS)
+def test_with_strict_settings_a_misspelled_setting_is_one_refusing_line(argv: list[str], tmp_path: Path) -> None:
+    done = run(argv, tmp_path, MCP_TASKS_JANITOR_INTERVAL="5", MCP_TASKS_STRICT_SETTINGS="1")
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == [
+        "celery-mcp-tasks: configuration error: MCP_TASKS_JANITOR_INTERVAL is not a celery-mcp-tasks setting "
+        "(did you mean MCP_TASKS_JANITOR_INTERVAL_S?); MCP_TASKS_STRICT_SETTINGS is on"
+    ]

@@ -9,24 +9,34 @@ default that needs no servers.
 
 from __future__ import annotations
 
+import difflib
+import functools
 import importlib.util
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy.engine import make_url
 
-__all__ = ["ConfigError", "Settings", "redact_url"]
+__all__ = ["ConfigError", "Settings", "redact_url", "unknown_settings"]
 
 _NOTIFY_MODES = ("auto", "postgres", "broker", "poll", "off")
 _JANITOR_MODES = ("beat", "worker")
 _LOG_FORMATS = ("text", "json")
 _TRACING_MODES = ("off", "on", "otlp", "console")
-# Settings that once meant something and are now ignored when set (never an error):
+# Settings that once meant something and are now ignored when set (a warning, never an error):
 # MCP_TASKS_LISTEN_ENTRY chose a second HTTP entry for `subscriptions/listen`, removed in issue 20.
 RETIRED_SETTINGS = ("MCP_TASKS_LISTEN_ENTRY",)
+_PREFIX = "MCP_TASKS_"
+STRICT_SETTINGS = "MCP_TASKS_STRICT_SETTINGS"
+"""On: an unknown MCP_TASKS_* name stops the process instead of a warning."""
+READ_ELSEWHERE = ("MCP_TASKS_OPS_HOST", "MCP_TASKS_OPS_PORT", "MCP_TASKS_TOKEN", STRICT_SETTINGS)
+"""Names read outside `Settings.from_env`: the ops listener's address (`ops/serving.py`), the token
+`call` sends (`cli/connection.py`), and the strict switch itself."""
+NOT_SETTINGS = ("MCP_TASKS_TEST_", "MCP_TASKS_SMOKE_")
+"""Prefixes of names the test suite and CI read (service URLs): never settings, never flagged."""
 MIN_SECRET_BYTES = 32
 DEFAULT_WORKER_METRICS_PORT = 9808
 DEFAULT_INPUT_TIMEOUT_S = 86_400.0
@@ -118,6 +128,61 @@ def _check_store_url(url: str) -> None:
         raise ConfigError(f"{name}: the store speaks psycopg 3; use postgresql:// or postgresql+psycopg://")
     if importlib.util.find_spec(_STORE_DRIVERS[backend]) is None:
         raise ConfigError(f"{name}: the {backend} driver is not installed (pip install 'celery-mcp-tasks[postgres]')")
+
+
+class _ReadNames(Mapping[str, str]):
+    """An empty environment that remembers every name read from it: `from_env`'s own list of settings."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def __getitem__(self, name: str) -> str:
+        self.names.add(name)
+        raise KeyError(name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        self.names.add(name)
+        return default
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+@functools.cache
+def known_settings() -> frozenset[str]:
+    """Every MCP_TASKS_* name this release reads (`from_env` with nothing set reads each one)."""
+    read = _ReadNames()
+    Settings.from_env(read)
+    return frozenset(name for name in read.names if name.startswith(_PREFIX)) | frozenset(READ_ELSEWHERE)
+
+
+def unknown_settings(env: Mapping[str, str]) -> list[str]:
+    """One line for each MCP_TASKS_* name in `env` that is not a setting (sorted), naming the closest one.
+
+    With MCP_TASKS_STRICT_SETTINGS on, the first such name raises `ConfigError` instead.
+    A retired setting is named as ignored, never an error.
+    """
+    known = known_settings()
+    lines = []
+    for name in sorted(env):
+        if not name.startswith(_PREFIX) or name in known or name.startswith(NOT_SETTINGS):
+            continue
+        if name in RETIRED_SETTINGS:
+            lines.append(f"{name} is retired and ignored now; remove it")
+            continue
+        # Compared without the shared prefix, which would make every name look close to every other.
+        suffixes = {known_name.removeprefix(_PREFIX): known_name for known_name in known - {STRICT_SETTINGS}}
+        suffixes["BROKER_URL"] = "CELERY_BROKER_URL"  # the broker is Celery's own setting
+        close = difflib.get_close_matches(name.removeprefix(_PREFIX), sorted(suffixes), n=1, cutoff=0.6)
+        hint = f"did you mean {suffixes[close[0]]}?" if close else "no setting has a close name"
+        line = f"{name} is not a celery-mcp-tasks setting and is ignored ({hint})"
+        if _switch(env, STRICT_SETTINGS, False):
+            raise ConfigError(f"{line.replace(' and is ignored', '')}; {STRICT_SETTINGS} is on")
+        lines.append(f"{line}; {STRICT_SETTINGS}=1 makes this an error")
+    return lines
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,10 @@ worker's main process and beat, before anything is written to the store:
   embedded SQLite default lives in one machine's data directory, so a web
   process and a worker that meet over Redis would each see their own tasks.
 
+Each start also names every MCP_TASKS_* variable that is not a setting (a misspelled
+name would otherwise be ignored in silence): one warning line each, once per process,
+or a refusal with MCP_TASKS_STRICT_SETTINGS on.
+
 Every failure is a `ConfigError` whose message starts with the setting to
 change; URLs in it have their password replaced by `***`. `/readyz` and `doctor`
 reuse the probes and the revision check (`revision_problem`).
@@ -19,18 +23,21 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
-from celery_mcp_tasks.config import ConfigError, Settings, redact_url
+from celery_mcp_tasks.config import ConfigError, Settings, redact_url, unknown_settings
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
     "LOCAL_BROKERS",
     "NOT_CREATED",
     "UPGRADE",
+    "check_environment",
     "current_revisions",
     "db_reason",
     "missing_sqlite_file",
@@ -49,6 +56,9 @@ _DATABASE = "MCP_TASKS_DATABASE_URL"
 UPGRADE = "run `celery-mcp-tasks db upgrade`"
 NOT_CREATED = f"the task store does not exist yet; {UPGRADE}"
 
+logger = logging.getLogger("celery_mcp_tasks")
+_said: set[str] = set()  # the lines this process has logged (serve checks twice when it migrates)
+
 
 def preflight(settings: Settings, *, role: str, need_schema: bool = True, broker_url: str | None = None) -> None:
     """Raise `ConfigError` (one line, naming the setting) if a `role` process must not start.
@@ -57,6 +67,7 @@ def preflight(settings: Settings, *, role: str, need_schema: bool = True, broker
     needs a schema). `broker_url`: the Celery app's effective broker (default: the
     settings'). `need_schema=False` for a caller that migrates right after.
     """
+    check_environment()
     schema = need_schema and role != "db"
     if role != "db":
         problem = shared_store_problem(settings, role, broker_url or settings.celery_broker_url)
@@ -80,6 +91,14 @@ def preflight(settings: Settings, *, role: str, need_schema: bool = True, broker
         problem = revision_problem(current)
         if problem is not None:
             raise ConfigError(f"{_store(settings)}: {problem}")
+
+
+def check_environment(env: Mapping[str, str] | None = None) -> None:
+    """Warn once per process about each MCP_TASKS_* name that is not a setting (strict: `ConfigError`)."""
+    for line in unknown_settings(os.environ if env is None else env):
+        if line not in _said:
+            _said.add(line)
+            logger.warning(line)
 
 
 def _store(settings: Settings) -> str:

@@ -59,8 +59,39 @@ def test_the_created_result_reads_as_a_state_and_progress_is_parsed():
     )
     assert created.state().poll_interval_ms == 500 and created.state().status_message == "Queued"
     progressed = state(_meta={"io.github.celery-mcp-tasks/progress": {"progress": 3, "total": 10}})
-    assert progressed.progress() == (3.0, 10.0)
+    assert progressed.progress() == (3, 10)
     assert state().progress() is None
+
+
+def test_progress_numbers_keep_their_type():
+    """2 stays 2 (not 2.0): what the job reported, as it reported it."""
+    key = "io.github.celery-mcp-tasks/progress"
+    whole = state(_meta={key: {"progress": 2, "total": 5}}).progress()
+    assert whole is not None and [type(n) for n in whole] == [int, int]
+    assert state(_meta={key: {"progress": 0.5, "total": None}}).progress() == (0.5, None)
+    assert state(_meta={key: {"progress": True}}).progress() is None  # a bool is not a number here
+
+
+def test_a_state_that_differs_only_in_its_timestamp_or_the_protocols_meta_is_no_news():
+    tracked = Tracked(state=state(statusMessage="Queued", _meta={"io.modelcontextprotocol/serverInfo": {"name": "s"}}))
+    event = tracked.changed
+    same = state(
+        at="2026-12-01T10:00:01.000Z",
+        statusMessage="Queued",
+        _meta={"io.modelcontextprotocol/subscriptionId": "tasks-listen-1"},
+    )
+    assert not tracked.offer(same)
+    envelope = state(at="2026-12-01T10:00:01.500Z", statusMessage="Queued", resultType="complete")
+    assert not tracked.offer(envelope)  # a tasks/get answer's envelope field is no news either
+    assert tracked.version == 0 and not event.is_set()
+    assert tracked.state.last_updated_at == "2026-12-01T10:00:01.500Z"  # kept: the newest is what orders the next
+    assert tracked.offer(state(at="2026-12-01T10:00:01.600Z", statusMessage="Started"))
+    progressed = state(
+        at="2026-12-01T10:00:02.000Z",
+        statusMessage="Started",
+        _meta={"io.github.celery-mcp-tasks/progress": {"progress": 1, "total": 2}},
+    )
+    assert tracked.offer(progressed) and tracked.version == 2
 
 
 def test_a_failed_state_gives_its_jsonrpc_error():

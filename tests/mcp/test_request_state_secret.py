@@ -4,8 +4,8 @@ A question asked before a task exists carries a `requestState` the SDK seals; be
 without stickiness its answer may reach another replica. Two `McpTasks` apps stand in for two
 replicas here (the same server name, as two processes of one deployment have), each served
 in-process over HTTP: with one secret, round 2 is answered by the other app; with different
-secrets (or none, the SDK's per-process key) it is refused with the SDK's -32602. A web process
-on a remote broker without a shared key says so in one start-up line.
+secrets (or none, a per-process key) it is refused with the SDK's -32602. A replica without a
+shared key warns once when another replica's state reaches it, not at every start.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from starlette.testclient import TestClient
 
 from celery_mcp_tasks.app import McpTasks
 from celery_mcp_tasks.config import Settings
-from celery_mcp_tasks.mcp.request_state import UNSHARED_WARNING
+from celery_mcp_tasks.mcp.request_state import FOREIGN_STATE_WARNING, UNSHARED_NOTE
 from tests.support import PROTOCOL
 
 SECRET = "a-replica-secret-of-more-than-thirty-two-bytes"
@@ -126,20 +126,36 @@ def test_a_policy_the_user_passes_wins_over_the_setting(serve: Any) -> None:
     assert "error" in ask_then_answer(mine, serve("setting", request_state_secrets=(SECRET,)))
 
 
-def _warnings(tmp_path: Path, caplog: pytest.LogCaptureFixture, label: str, **settings: Any) -> list[str]:
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks"):
-        replica(tmp_path, label, **settings).asgi_app()
-    return [record.getMessage() for record in caplog.records if "REQUEST_STATE" in record.getMessage()]
+def _lines(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == level and r.name == "celery_mcp_tasks"]
 
 
-def test_a_web_process_on_a_remote_broker_without_a_shared_key_says_so_once(
+def test_a_single_replica_starts_without_a_warning_and_says_it_once_at_debug_level(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Most deployments are one web process: an unset secret is not worth a warning at every start."""
     remote = {"broker_url": "redis://127.0.0.1:6399/0", "database_url": f"sqlite:///{tmp_path / 'tasks.db'}"}
-    assert _warnings(tmp_path, caplog, "remote", **remote) == [UNSHARED_WARNING]
-    assert "\n" not in UNSHARED_WARNING and "MCP_TASKS_REQUEST_STATE_SECRET" in UNSHARED_WARNING
-    assert _warnings(tmp_path, caplog, "shared", request_state_secrets=(SECRET,), **remote) == []
-    policy = RequestStateSecurity(keys=[SECRET])
-    assert _warnings(tmp_path, caplog, "policy", request_state_security=policy, **remote) == []
-    assert _warnings(tmp_path, caplog, "embedded") == []  # one machine, one web process
+    with caplog.at_level(logging.DEBUG, logger="celery_mcp_tasks"):
+        replica(tmp_path, "remote", **remote).asgi_app()
+    assert _lines(caplog, logging.WARNING) == []
+    assert _lines(caplog, logging.DEBUG) == [UNSHARED_NOTE]
+    assert "\n" not in UNSHARED_NOTE and "MCP_TASKS_REQUEST_STATE_SECRET" in UNSHARED_NOTE
+    for label, settings in (("shared", {"request_state_secrets": (SECRET,)}), ("embedded", {})):
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG, logger="celery_mcp_tasks"):
+            replica(tmp_path, label, **(remote if label == "shared" else {}), **settings).asgi_app()
+        assert _lines(caplog, logging.DEBUG) == []
+
+
+def test_a_replica_without_the_secret_warns_once_when_another_replicas_state_reaches_it(
+    serve: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The warning comes when it matters: a state this process cannot unseal, because another one sealed it."""
+    a, unshared = serve("a", request_state_secrets=(SECRET,)), serve("unshared")
+    with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks"):
+        assert "result" in ask_then_answer(unshared, unshared)  # its own state: nothing to say
+        assert _lines(caplog, logging.WARNING) == []
+        for _ in range(2):
+            assert ask_then_answer(a, unshared)["error"]["code"] == -32602
+    assert _lines(caplog, logging.WARNING) == [FOREIGN_STATE_WARNING]
+    assert "MCP_TASKS_REQUEST_STATE_SECRET" in FOREIGN_STATE_WARNING and "\n" not in FOREIGN_STATE_WARNING

@@ -17,9 +17,11 @@ import sys
 from typing import Any
 
 from celery_mcp_tasks.cli.shared import load_app, quiet_libraries, start_ops_server
-from celery_mcp_tasks.config import ConfigError, Settings
+from celery_mcp_tasks.config import ConfigError, Settings, redact_url
 
 __all__ = ["main"]
+
+APP_HELP = "the module holding your McpTasks, e.g. examples.quickstart.app (imported from the current directory)"
 
 
 def _serve(
@@ -98,6 +100,28 @@ def _call_options(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _revisions(url: str) -> tuple[str, ...]:
+    """The store's revisions now (() for an empty database, or a SQLite file not created yet)."""
+    from celery_mcp_tasks.preflight import current_revisions, missing_sqlite_file, probe_engine
+
+    if missing_sqlite_file(url):
+        return ()
+    engine = probe_engine(url)
+    try:
+        with engine.connect() as conn:
+            return current_revisions(conn)
+    finally:
+        engine.dispose()
+
+
+def _named(revisions: tuple[str, ...]) -> str:
+    from celery_mcp_tasks.preflight import script_heads
+
+    if not revisions:
+        return "base (no tables)"
+    return ", ".join(sorted(revisions)) + (" (head)" if set(revisions) == script_heads()[0] else "")
+
+
 def _db(args: argparse.Namespace) -> int:
     from celery_mcp_tasks import migrate
     from celery_mcp_tasks.preflight import preflight
@@ -105,14 +129,26 @@ def _db(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     preflight(settings, role="db", need_schema=False)  # unreachable: one line, not alembic's traceback
     url = settings.store_url
-    if args.action == "upgrade":
-        migrate.upgrade(url, args.revision or "head")
-    elif args.action == "downgrade":
-        migrate.downgrade(url, args.revision or "base")
+    if args.action in ("upgrade", "downgrade"):
+        before = _revisions(url)
+        if args.action == "upgrade":
+            migrate.upgrade(url, args.revision or "head")
+        else:
+            migrate.downgrade(url, args.revision or "base")
+        after = _revisions(url)
+        store = redact_url(url)
+        if before == after:
+            print(f"celery-mcp-tasks db: the task store {store} is already at {_named(after)}")
+        else:
+            print(
+                f"celery-mcp-tasks db: {args.action}d the task store {store} from {_named(before)} to {_named(after)}"
+            )
     elif args.action == "check":
         migrate.check(url)
     else:
         migrate.current(url)
+        if not _revisions(url):
+            print("base (no tables): run `celery-mcp-tasks db upgrade`")
     return 0
 
 
@@ -121,20 +157,28 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the web process (uvicorn)")
-    serve.add_argument("app")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("app", metavar="APP", help=APP_HELP)
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)"
+    )
+    serve.add_argument("--port", type=int, default=8000, help="the port to listen on (default 8000)")
     serve.add_argument("--no-migrate", action="store_true", help="do not apply migrations at start")
-    serve.add_argument("--log-level", default="info")
+    serve.add_argument(
+        "--log-level",
+        default="info",
+        type=str.lower,
+        choices=["critical", "error", "warning", "info", "debug", "trace"],
+        help="uvicorn's log level (default info)",
+    )
     serve.add_argument(
         "--ops-host", default=None, help="where the plugins' /metrics, /healthz, /readyz listen (default 127.0.0.1)"
     )
     serve.add_argument("--ops-port", type=int, default=None, help="their port (default 9101; 0: none)")
 
     dev = sub.add_parser("dev", help="web + worker + beat on SQLite and the filesystem broker")
-    dev.add_argument("app")
-    dev.add_argument("--host", default="127.0.0.1")
-    dev.add_argument("--port", type=int, default=8000)
+    dev.add_argument("app", metavar="APP", help=APP_HELP)
+    dev.add_argument("--host", default="127.0.0.1", help="the address the MCP endpoint listens on (default 127.0.0.1)")
+    dev.add_argument("--port", type=int, default=8000, help="its port (default 8000); a busy port is an error at once")
     dev.add_argument(
         "--data-dir",
         default=None,
@@ -144,9 +188,23 @@ def _parser() -> argparse.ArgumentParser:
     dev.add_argument("--keep-env", action="store_true", help="keep MCP_TASKS_DATABASE_URL / CELERY_BROKER_URL")
     dev.add_argument("--call", nargs=2, metavar=("TOOL", "ARGS_JSON"), help="call one tool, follow it, then exit")
 
-    db = sub.add_parser("db", help="migrate the task store")
-    db.add_argument("action", choices=["upgrade", "downgrade", "check", "current"])
-    db.add_argument("revision", nargs="?")
+    db = sub.add_parser(
+        "db",
+        help="migrate the task store",
+        description="Migrate the task store that MCP_TASKS_DATABASE_URL names (unset: the embedded SQLite store in "
+        "MCP_TASKS_DATA_DIR).",
+    )
+    db.add_argument(
+        "action",
+        choices=["upgrade", "downgrade", "check", "current"],
+        help="upgrade (to head) or downgrade (to base) and say from which revision to which; check: the schema "
+        "matches this release; current: print the store's revision",
+    )
+    db.add_argument(
+        "revision",
+        nargs="?",
+        help="the revision to upgrade or downgrade to (default: head for upgrade, base for downgrade)",
+    )
 
     stdio = sub.add_parser(
         "stdio",
@@ -157,7 +215,7 @@ def _parser() -> argparse.ArgumentParser:
         "command in the client's configuration is the whole deployment. Everything it started ends when "
         "the client closes stdin or sends SIGTERM.",
     )
-    stdio.add_argument("app")
+    stdio.add_argument("app", metavar="APP", help=APP_HELP)
     stdio.add_argument(
         "--worker",
         action=argparse.BooleanOptionalAction,
@@ -224,7 +282,7 @@ def _parser() -> argparse.ArgumentParser:
         "(SKIP when a check it needs failed).",
         epilog="exit status: 0 no check failed (warnings allowed); 1 at least one FAIL.",
     )
-    doctor.add_argument("app")
+    doctor.add_argument("app", metavar="APP", help=APP_HELP)
     doctor.add_argument("--json", dest="json_output", action="store_true", help="print the checks as one JSON document")
     doctor.add_argument(
         "--timeout",
@@ -256,6 +314,10 @@ def main(argv: list[str] | None = None) -> int:
             return _db(args)
         if args.command == "doctor":
             return _doctor(args)
+        if args.resume is not None and not args.resume.strip():
+            # An empty id would be asked for and answered "no such task": it is a usage error.
+            print("celery-mcp-tasks call: --resume needs a TASK_ID (the id the call printed)", file=sys.stderr)
+            return 2
         from celery_mcp_tasks.cli.call import call
 
         return call(args.url, args.tool, args.arguments, **_call_options(args))

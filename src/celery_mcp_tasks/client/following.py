@@ -58,7 +58,11 @@ class Tracked:
     on_end: Callable[[], None] | None = None  # the follower's wake-up: one task fewer to follow
 
     def offer(self, state: TaskState) -> bool:
-        """Take a newer state; never leave a terminal one, never go back in time (but a final state always wins)."""
+        """Take a newer state; never leave a terminal one, never go back in time (but a final state always wins).
+
+        Fires (and answers True) only for news: a state that differs in what a follower sees
+        (`TaskState.seen_as`), not merely in its timestamp or the protocol's `_meta`, is kept quietly.
+        """
         current = self.state
         if current.terminal or state.task_id != current.task_id:
             return False
@@ -67,6 +71,8 @@ class Tracked:
         if state == current:
             return False
         self.state = state
+        if state.seen_as() == current.seen_as():
+            return False
         self._fire()
         return True
 

@@ -79,12 +79,29 @@ class TaskState(_TaskFields):
         )
 
     def progress(self) -> tuple[float, float | None] | None:
-        """`(current, total)` when the job reported numbers (this server's `_meta` progress key)."""
+        """`(current, total)` when the job reported numbers (this server's `_meta` progress key),
+        as the job gave them: a whole number stays an `int`."""
         found = (self.meta or {}).get(PROGRESS_META_KEY)
-        if not isinstance(found, dict) or not isinstance(found.get("progress"), int | float):
+        if not isinstance(found, dict) or not _number(found.get("progress")):
             return None
         total = found.get("total")
-        return float(found["progress"]), float(total) if isinstance(total, int | float) else None
+        return found["progress"], total if _number(total) else None
+
+    def seen_as(self) -> dict[str, Any]:
+        """What a follower sees of this state: its fields but `lastUpdatedAt`, and `_meta` but the
+        protocol's own keys (the session's server info, the listen subscription's id); neither they nor
+        the envelope's extra fields (`resultType` of a `tasks/get` answer) are news."""
+        seen = self.model_dump(include=set(_TaskFields.model_fields) - {"last_updated_at"})
+        seen.update(self.model_dump(include={"result", "error", "input_requests"}))
+        seen["meta"] = {k: v for k, v in (self.meta or {}).items() if not k.startswith(_PROTOCOL_META_PREFIX)}
+        return seen
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+_PROTOCOL_META_PREFIX = "io.modelcontextprotocol/"
 
 
 PROGRESS_META_KEY = "io.github.celery-mcp-tasks/progress"

@@ -4,40 +4,83 @@ A multi-round (MRTR) question asked before a task exists (a tool's `prepare=`, o
 synchronous path's question for a client without the extension) travels in a
 `requestState` the SDK seals, by default under a key each process makes at start. Behind a
 proxy without stickiness the answer may reach another replica, which cannot unseal it and
-answers -32602 "Invalid or expired requestState". A shared ring of secrets fixes that; a
-web process on a remote broker without one says so once at start-up.
+answers -32602 "Invalid or expired requestState". A shared ring of secrets fixes that.
+
+Without one, nothing is said at warning level until it matters: a single replica (most
+deployments, and every `dev` and `stdio`) never meets a state sealed elsewhere. The
+process-local key is the SDK's own codec under a key made here, as
+`RequestStateSecurity.ephemeral()` makes it; it only watches its refusals, and the first
+state sealed under a key this process does not hold (another replica's, or one from before
+a restart) logs one warning naming the setting. At start a web process on a remote broker
+says it once at debug level.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
-from mcp.server.request_state import RequestStateSecurity
+from mcp.server.request_state import AESGCMRequestStateCodec, InvalidRequestState, RequestStateSecurity
 
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.preflight import LOCAL_BROKERS
 
-__all__ = ["UNSHARED_WARNING", "share_request_state", "warn_unless_shared"]
+__all__ = ["FOREIGN_STATE_WARNING", "UNSHARED_NOTE", "ProcessLocalCodec", "share_request_state", "warn_unless_shared"]
 
 logger = logging.getLogger("celery_mcp_tasks")
 
-UNSHARED_WARNING = (
+UNSHARED_NOTE = (
     "MCP_TASKS_REQUEST_STATE_SECRET is unset: a multi-round question asked before a task exists can be "
     "answered only on the web replica that asked it; give every replica the same secret (openssl rand -base64 48)"
 )
+FOREIGN_STATE_WARNING = (
+    "a requestState sealed by another web replica (or before a restart) was refused: "
+    "MCP_TASKS_REQUEST_STATE_SECRET is unset, so each replica seals under its own key; give every replica "
+    "the same secret (openssl rand -base64 48)"
+)
+_PROCESS_LOCAL_AUDIENCE = "celery-mcp-tasks/process-local"
+"""The key alone already binds a state to this process; an explicit audience keeps an unnamed server valid."""
+
+
+class ProcessLocalCodec:
+    """The SDK's AES-GCM codec under a key made now (as `ephemeral()` does), which says once when a
+    state sealed under another process's key arrives: the moment a shared secret would have helped."""
+
+    def __init__(self) -> None:
+        self._codec = AESGCMRequestStateCodec([os.urandom(32)])
+        self._said = False
+
+    def seal(self, payload: bytes) -> str:
+        return self._codec.seal(payload)
+
+    def unseal(self, token: str) -> bytes:
+        try:
+            return self._codec.unseal(token)
+        except InvalidRequestState as exc:
+            if str(exc) == "unknown key" and not self._said:
+                self._said = True
+                logger.warning(FOREIGN_STATE_WARNING)
+            raise
 
 
 def share_request_state(settings: Settings, server_options: dict[str, Any]) -> bool:
     """Put the secrets' policy into `server_options` unless the user gave `request_state_security=`;
-    whether the server then seals under a key other processes can hold (not the SDK's per-process one)."""
-    if server_options.get("request_state_security") is None and settings.request_state_secrets:
+    whether the server then seals under a key other processes can hold (not a per-process one)."""
+    if server_options.get("request_state_security") is not None:
+        return True
+    if settings.request_state_secrets:
         # The ring's first secret seals, every one unseals: rotate by prepending the new one.
         server_options["request_state_security"] = RequestStateSecurity(keys=list(settings.request_state_secrets))
-    return server_options.get("request_state_security") is not None
+        return True
+    server_options["request_state_security"] = RequestStateSecurity(
+        codec=ProcessLocalCodec(), audience=_PROCESS_LOCAL_AUDIENCE
+    )
+    return False
 
 
 def warn_unless_shared(shared: bool, broker_url: str) -> None:
-    """One start-up line for a web process that may have siblings (a remote broker) and no shared key."""
+    """One start-up line, at debug level, for a web process that may have siblings (a remote broker) and no
+    shared key; the warning waits for a state that another replica sealed (`ProcessLocalCodec`)."""
     if not shared and not broker_url.startswith(LOCAL_BROKERS):
-        logger.warning(UNSHARED_WARNING)
+        logger.debug(UNSHARED_NOTE)

@@ -22,6 +22,7 @@ import anyio
 import anyio.to_thread
 from kombu.connection import Connection  # not `from kombu import`: its lazy re-exports are invisible to mypy
 from kombu.entity import Exchange, Queue
+from kombu.exceptions import OperationalError
 from kombu.messaging import Consumer
 
 from celery_mcp_tasks.model import TaskRecord
@@ -36,6 +37,12 @@ logger = logging.getLogger(__name__)
 _RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.1, "interval_max": 0.1}
 _DRAIN_TIMEOUT_S = 0.5
 _RETRY_MAX_S = 5.0
+
+
+def _reason(exc: Exception) -> str:
+    """The library's own first line (e.g. "Error 111 connecting to host:6379. Connection refused.")."""
+    lines = str(exc).strip().splitlines()
+    return lines[0][:300] if lines else type(exc).__name__
 
 
 def hint_exchange(namespace: str) -> Exchange:
@@ -57,31 +64,48 @@ def parse_body(body: Any) -> tuple[str, int] | None:
 class BrokerPublisher:
     """A `Notifier`: one small transient message per change, through the producer pool."""
 
-    def __init__(self, producer_pool: Callable[[], Any], exchange: Exchange) -> None:
+    def __init__(self, producer_pool: Callable[[], Any], exchange: Exchange, *, url: str = "") -> None:
         self._producer_pool = producer_pool
         self._exchange = exchange
+        self._url = url  # for a log line: the broker URL, its password masked
+        self._failing = False  # said once per outage, not with a traceback per write
 
     def task_changed(self, record: TaskRecord) -> None:
         if not listeners_possible(record):
             return
         with self._producer_pool().acquire(block=True, timeout=2) as producer:
-            producer.publish(
-                {"k": record.key, "v": record.version},
-                exchange=self._exchange,
-                routing_key="",
-                serializer="json",
-                declare=[self._exchange],
-                delivery_mode="transient",
-                retry=True,
-                retry_policy=_RETRY_POLICY,
-            )
+            try:
+                producer.publish(
+                    {"k": record.key, "v": record.version},
+                    exchange=self._exchange,
+                    routing_key="",
+                    serializer="json",
+                    declare=[self._exchange],
+                    delivery_mode="transient",
+                    retry=True,
+                    retry_policy=_RETRY_POLICY,
+                )
+            except OperationalError as exc:
+                if not self._failing:
+                    self._failing = True
+                    logger.warning(
+                        "cannot publish task change hints to the broker %s (%s); the changes are stored and "
+                        "listen streams catch up by polling: start the broker or fix CELERY_BROKER_URL",
+                        self._url or producer.connection.as_uri(),
+                        _reason(exc),
+                    )
+                return
+        if self._failing:
+            self._failing = False
+            logger.info("task change hints reach the broker again")
 
 
 class BrokerListener:
     """Consumes the fanout in a daemon thread; `run` lives as long as the web app."""
 
-    def __init__(self, connection: Callable[[], Connection], exchange: Exchange, hub: Hub) -> None:
+    def __init__(self, connection: Callable[[], Connection], exchange: Exchange, hub: Hub, *, url: str = "") -> None:
         self._connection = connection
+        self._url = url  # for a log line: the broker URL, its password masked
         self._exchange = exchange
         self._hub = hub
         self._stop = threading.Event()
@@ -105,9 +129,11 @@ class BrokerListener:
     def _consume(self) -> None:
         delay = 0.1
         connected_before = False
+        failing = False  # the first failure of an outage is a warning with the fix; its retries are debug
         while not self._stop.is_set():
+            connection = self._connection()
             try:
-                with self._connection() as conn:
+                with connection as conn:
                     queue = Queue(
                         f"{self._exchange.name}.{uuid.uuid4().hex}",
                         exchange=self._exchange,
@@ -119,7 +145,9 @@ class BrokerListener:
                     with Consumer(conn, queues=[queue], callbacks=[self._on_message], accept=["json"], no_ack=True):
                         if connected_before:
                             self._hub.resync_threadsafe()
-                        connected_before = True
+                        if failing:
+                            logger.info("task change listener reached the broker %s again", self._url or conn.as_uri())
+                        connected_before, failing = True, False
                         self._connected.set()
                         delay = 0.1
                         while not self._stop.is_set():
@@ -131,7 +159,14 @@ class BrokerListener:
             except Exception as exc:  # noqa: BLE001 - any broker failure: back off, reconnect, resync
                 if self._stop.is_set():
                     return
-                logger.warning("task change listener lost the broker (%s); reconnecting", type(exc).__name__)
+                logger.log(
+                    logging.DEBUG if failing else logging.WARNING,
+                    "task change listener cannot reach the broker %s (%s); retrying every few seconds, and listen "
+                    "streams catch up by polling meanwhile: start the broker or fix CELERY_BROKER_URL",
+                    self._url or connection.as_uri(),
+                    _reason(exc),
+                )
+                failing = True
             self._stop.wait(delay)
             delay = min(delay * 2, _RETRY_MAX_S)
 

@@ -24,7 +24,7 @@ from typing import Any, Literal, Protocol
 import anyio
 from sqlalchemy.engine import Engine, make_url
 
-from celery_mcp_tasks.config import ConfigError, Settings
+from celery_mcp_tasks.config import ConfigError, Settings, redact_url
 from celery_mcp_tasks.notify.base import Notifier
 from celery_mcp_tasks.notify.hub import Hub
 from celery_mcp_tasks.notify.polling import DEFAULT_INTERVAL_S, RowPoller
@@ -148,7 +148,9 @@ class Push:
             if self.mode == "broker":
                 from celery_mcp_tasks.notify.broker import BrokerPublisher, hint_exchange
 
-                self._publisher = BrokerPublisher(self._broker.producer_pool, hint_exchange(self._broker.namespace))
+                self._publisher = BrokerPublisher(
+                    self._broker.producer_pool, hint_exchange(self._broker.namespace), url=redact_url(self._broker.url)
+                )
             elif self.mode == "postgres":
                 self._publisher = PgNotifier(self._engine)
         return self._publisher
@@ -173,7 +175,12 @@ class Push:
         if self.mode == "broker":
             from celery_mcp_tasks.notify.broker import BrokerListener, hint_exchange
 
-            return BrokerListener(self._broker.connection, hint_exchange(self._broker.namespace), self.hub)
+            return BrokerListener(
+                self._broker.connection,
+                hint_exchange(self._broker.namespace),
+                self.hub,
+                url=redact_url(self._broker.url),
+            )
         if self.mode == "poll":
             return RowPoller(self._versions, self.hub, interval_s=self._poll_interval_s)
         return None

@@ -16,7 +16,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from celery import Celery
+from kombu.exceptions import OperationalError
 
+from celery_mcp_tasks.config import redact_url
 from celery_mcp_tasks.model import TaskRecord
 from celery_mcp_tasks.ops.propagation import sending
 from celery_mcp_tasks.worker.job import DISPATCH_HEADER, HIDDEN_ARGS, KEY_HEADER, JobTool
@@ -44,17 +46,30 @@ class CeleryDispatcher:
     def __call__(self, record: TaskRecord) -> None:
         tool = self.tools[record.tool]
         headers: dict[str, Any] = {KEY_HEADER: record.key, DISPATCH_HEADER: record.dispatches}
-        with sending(record.trace_context, headers):  # the task's trace context, in the message headers
-            self.app.send_task(
-                tool.celery_name,
-                kwargs=record.arguments,
-                task_id=celery_id(record),
-                headers=headers,
-                shadow=tool.name,
-                **HIDDEN_ARGS,  # what worker logs and events show instead of the arguments
-                retry=True,
-                retry_policy=_RETRY_POLICY,
+        try:
+            with sending(record.trace_context, headers):  # the task's trace context, in the message headers
+                self.app.send_task(
+                    tool.celery_name,
+                    kwargs=record.arguments,
+                    task_id=celery_id(record),
+                    headers=headers,
+                    shadow=tool.name,
+                    **HIDDEN_ARGS,  # what worker logs and events show instead of the arguments
+                    retry=True,
+                    retry_policy=_RETRY_POLICY,
+                )
+        except OperationalError as exc:  # the broker is down or refuses us: say which, and what to do
+            logger.error(
+                "cannot reach the broker %s (%s); the task fails as not enqueued: start the broker or fix "
+                "CELERY_BROKER_URL",
+                self._broker_uri(),
+                str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
             )
+            raise
+
+    def _broker_uri(self) -> str:
+        """The broker's URL as the application set it, the password masked."""
+        return redact_url(str(self.app.conf.broker_url))
 
     def revoke(self, record: TaskRecord) -> None:
         """The service cancelled the task: terminate its running job when the tool asked for it.

@@ -1,0 +1,55 @@
+"""The command line's small promises: every argument explained, a usage error is one line, `db` says what it did."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from celery_mcp_tasks.cli import _parser, main
+from celery_mcp_tasks.preflight import script_heads
+
+
+def commands() -> dict[str, argparse.ArgumentParser]:
+    sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+@pytest.mark.parametrize("command", sorted(commands()))
+def test_every_argument_of_every_command_has_a_help_text(command: str) -> None:
+    parser = commands()[command]
+    unexplained = [a.dest for a in parser._actions if not a.help or a.help == argparse.SUPPRESS]
+    assert unexplained == [], f"{command}: {unexplained}"
+    assert parser.format_help()  # renders (a % in a help text would not)
+
+
+def test_resume_with_an_empty_id_is_a_usage_error_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["call", "http://127.0.0.1:9/mcp", "--resume="]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == ["celery-mcp-tasks call: --resume needs a TASK_ID (the id the call printed)"]
+    assert captured.out == ""
+
+
+def test_db_upgrade_and_downgrade_say_from_which_revision_to_which(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("MCP_TASKS_DATA_DIR", str(tmp_path))
+    for name in ("MCP_TASKS_DATABASE_URL", "CELERY_BROKER_URL"):
+        monkeypatch.delenv(name, raising=False)
+    (head,) = script_heads()[0]
+    store = f"sqlite:///{tmp_path.resolve() / 'tasks.db'}"
+
+    def said(*argv: str) -> list[str]:
+        assert main(["db", *argv]) == 0
+        return capsys.readouterr().out.splitlines()
+
+    assert said("upgrade") == [
+        f"celery-mcp-tasks db: upgraded the task store {store} from base (no tables) to {head} (head)"
+    ]
+    assert said("upgrade") == [f"celery-mcp-tasks db: the task store {store} is already at {head} (head)"]
+    assert "no tables" not in "".join(said("current"))  # alembic prints the revision itself
+    assert said("downgrade") == [
+        f"celery-mcp-tasks db: downgraded the task store {store} from {head} (head) to base (no tables)"
+    ]
+    assert said("current") == ["base (no tables): run `celery-mcp-tasks db upgrade`"]

@@ -1,0 +1,79 @@
+"""A broker that is down is named in the log, password masked, with what to do; once per outage, no traceback.
+
+Three places meet it in a web process: the send of a new task's job (each send fails its task,
+readable), the publisher of change hints, and the hint listener (retried in the background).
+Nothing listens on the port these use, so each fails at once with "Connection refused".
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from celery import Celery
+from kombu.exceptions import OperationalError
+
+from celery_mcp_tasks import McpTasks
+from celery_mcp_tasks.config import Settings
+from celery_mcp_tasks.notify.broker import BrokerListener, BrokerPublisher, hint_exchange
+from celery_mcp_tasks.notify.hub import Hub
+from celery_mcp_tasks.worker.dispatch import CeleryDispatcher
+from tests.builders import record
+from tests.support import free_port
+
+SECRET = "s3cr3t-pw"
+
+
+@pytest.fixture
+def down(tmp_path: Path) -> Celery:
+    """The Celery app as `McpTasks` configures it (its Redis transport gives up on a refused connection)."""
+    broker = f"redis://:{SECRET}@127.0.0.1:{free_port()}/0"
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'tasks.db'}", broker_url=broker)
+    app = McpTasks("unreachable", settings=settings, notifier=None).celery
+    # kombu's own reconnect loop under each attempt, made short: what is tested is what we log after it.
+    app.conf.broker_transport_options = {"max_retries": 1, "interval_start": 0, "interval_step": 0.1}
+    return app
+
+
+def said(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == level and r.name.startswith("celery_mcp_tasks")]
+
+
+def test_a_send_to_a_broker_that_is_down_names_it_and_what_to_do(
+    down: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    tools = {"report": SimpleNamespace(name="report", celery_name="jobs.report", terminate=False)}
+    with caplog.at_level(logging.ERROR, logger="celery_mcp_tasks"), pytest.raises(OperationalError):
+        CeleryDispatcher(down, tools)(record(key="ab" * 32, tool="report", dispatches=1))  # type: ignore[arg-type]
+    (line,) = said(caplog, logging.ERROR)
+    assert line.startswith("cannot reach the broker redis://:***@127.0.0.1:") and "Connection refused" in line
+    assert line.endswith("start the broker or fix CELERY_BROKER_URL") and SECRET not in line
+    assert "ab" * 32 not in line and not any(r.exc_info for r in caplog.records)
+
+
+def test_the_hint_publisher_says_so_once_per_outage(down: Celery, caplog: pytest.LogCaptureFixture) -> None:
+    publisher = BrokerPublisher(lambda: down.producer_pool, hint_exchange("t"), url="redis://:***@down:1/0")
+    with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks"):
+        for version in (2, 3):
+            publisher.task_changed(record(key="cd" * 32, version=version))  # never raises: the write is stored
+    (line,) = said(caplog, logging.WARNING)
+    assert line.startswith("cannot publish task change hints to the broker redis://:***@down:1/0 (")
+    assert "CELERY_BROKER_URL" in line and not any(r.exc_info for r in caplog.records)
+
+
+def test_the_hint_listener_warns_once_then_retries_quietly(down: Celery, caplog: pytest.LogCaptureFixture) -> None:
+    listener = BrokerListener(down.connection_for_read, hint_exchange("t"), Hub(), url="redis://:***@down:1/0")
+    with caplog.at_level(logging.DEBUG, logger="celery_mcp_tasks"):
+        thread = threading.Thread(target=listener._consume, daemon=True)
+        thread.start()
+        time.sleep(2.0)  # several attempts (ours back off 0.1 s, 0.2 s, 0.4 s, ...)
+        listener._stop.set()
+        thread.join(10)
+    warnings, retries = said(caplog, logging.WARNING), said(caplog, logging.DEBUG)
+    assert len(warnings) == 1 and warnings[0].startswith("task change listener cannot reach the broker redis://:***@")
+    assert "start the broker or fix CELERY_BROKER_URL" in warnings[0]
+    assert len(retries) >= 1 and all(r == warnings[0] for r in retries)
