@@ -1,6 +1,6 @@
 """The Python client examples of docs/clients.md, run by tests/test_docs_examples.py against examples.guide.tools.
 
-    python -m examples.guide.client http://127.0.0.1:8000/mcp    # with `celery-mcp-tasks dev examples.guide.tools`
+python -m examples.guide.client http://127.0.0.1:8000/mcp    # with `celery-mcp-tasks dev examples.guide.tools`
 """
 
 from __future__ import annotations
@@ -25,6 +25,17 @@ async def call(url: str) -> str:
 
 
 # --8<-- [end:call]
+
+
+# --8<-- [start:options]
+patient = TasksClient(
+    poll_floor_s=0.1,  # polling: never more often than this
+    poll_ceiling_s=5.0,  # polling: back off while nothing changes, up to this
+    timeout=600.0,  # longest a plain call_tool waits (default None); past it: tasks/cancel + TimeoutError
+    cancel_timeout=5.0,  # how long a tasks/cancel on the way out may take
+    listen=True,  # use subscriptions/listen when the server offers it
+)
+# --8<-- [end:options]
 
 
 # --8<-- [start:questions]

@@ -1,6 +1,6 @@
 """Getting started, "your first tool in five minutes" (docs/getting-started.md).
 
-    celery-mcp-tasks dev examples.guide.first_tool --call count_words '{"text": "to be or not to be"}'
+celery-mcp-tasks dev examples.guide.first_tool --call count_words '{"text": "to be or not to be"}'
 """
 
 # --8<-- [start:tool]

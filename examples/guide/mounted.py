@@ -1,6 +1,6 @@
 """The MCP app inside your own FastAPI (or Starlette) application (docs/production.md).
 
-    uvicorn examples.guide.mounted:app
+uvicorn examples.guide.mounted:app
 """
 
 # --8<-- [start:mounted]

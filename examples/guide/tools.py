@@ -1,6 +1,6 @@
 """The tools of "Writing task tools" (docs/writing-tools.md): one app, each tool a section the page includes.
 
-    celery-mcp-tasks dev examples.guide.tools
+celery-mcp-tasks dev examples.guide.tools
 """
 
 # --8<-- [start:app]
@@ -47,6 +47,10 @@ def deploy(service: str, ctx: TaskContext) -> str:
 
 
 # --8<-- [start:cancel]
+def scan_one(path: str) -> None:
+    time.sleep(0.5)  # stands in for real work on `path`
+
+
 @tasks.mcp_task
 def scan(paths: list[str], ctx: TaskContext) -> str:
     """Scan paths one by one, stopping early once the client cancels."""
@@ -54,7 +58,7 @@ def scan(paths: list[str], ctx: TaskContext) -> str:
     for path in paths:
         if ctx.cancelled():  # at most one store read a second: cheap in a loop
             break  # the task is `cancelled` already; whatever this returns is dropped
-        time.sleep(0.5)  # stands in for scanning `path`
+        scan_one(path)
         scanned += 1
     return f"Scanned {scanned} of {len(paths)} paths."
 
