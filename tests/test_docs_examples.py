@@ -145,9 +145,9 @@ def _closed_port() -> int:
 @pytest.mark.anyio
 async def test_the_writing_page_results_retries_and_terminate_examples(mcp_tasks_client, mcp_tasks_extension) -> None:
     structured = await mcp_tasks_client.call_tool("forecast", {"city": "Oslo"})
-    assert structured.structuredContent == {"city": "Oslo", "high_c": 21.5, "low_c": 12.0}
+    assert structured.structured_content == {"city": "Oslo", "high_c": 21.5, "low_c": 12.0}
     refused = await mcp_tasks_client.call_tool("forecast", {"city": " "})
-    assert refused.isError and refused.content[0].text == "Name a city."
+    assert refused.is_error and refused.content[0].text == "Name a city."
 
     handle = await mcp_tasks_extension.start(mcp_tasks_client, "fetch", {"url": f"http://127.0.0.1:{_closed_port()}/"})
     messages = [state.status_message async for state in handle.updates()]
