@@ -193,6 +193,39 @@ def test_getting_started_first_tool_prints_what_the_page_shows(tmp_path: Path) -
         assert any(out == line for out in printed), f"not printed (in order): {line!r}\n{done.stdout}"
 
 
+def test_the_readme_example_is_the_file_the_docs_include_and_it_declares_its_tool() -> None:
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("```python\n") + len("```python\n")
+    shown = readme[start : readme.index("```", start)]
+    source = (ROOT / "examples" / "guide" / "readme.py").read_text()
+    section = source[source.index("# --8<-- [start:readme]\n") + 24 : source.index("# --8<-- [end:readme]")]
+    assert shown.rstrip() == section.rstrip(), "README.md's example and examples/guide/readme.py differ: change both"
+
+    from examples.guide import readme as example
+
+    assert set(example.tasks.tools) == {"write_report"}
+    assert example.tasks.server.has_tool("write_report")
+
+
+@pytest.mark.integration
+@pytest.mark.anyio
+async def test_the_readme_example_asks_then_writes(tmp_path: Path) -> None:
+    from mcp import Client
+
+    from celery_mcp_tasks.client import TasksClient
+    from celery_mcp_tasks.testing import ScriptedAnswers, start_deployment
+
+    deployment = start_deployment("examples.guide.readme", tmp_path / "data", cwd=ROOT)
+    try:
+        answers = ScriptedAnswers().when("sections", {"ok": True})
+        async with Client(deployment.url, extensions=[TasksClient()], elicitation_callback=answers) as client:
+            result = await client.call_tool("write_report", {"topic": "tides", "sections": 1})
+        assert result.content[0].text == "A 1-section report on tides."
+        assert answers.asked == ["Write 1 sections on tides?"]
+    finally:
+        deployment.stop()
+
+
 # -- the reference says what the code does ---------------------------------------------------
 
 
