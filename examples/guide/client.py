@@ -11,7 +11,7 @@ import anyio
 
 # --8<-- [start:call]
 from mcp import Client
-from mcp.client.session import ClientRequestContext
+from mcp.client.session import ClientRequestContext  # these two: for the questions example below
 from mcp_types import ElicitRequestParams, ElicitResult
 
 from celery_mcp_tasks.client import TasksClient
