@@ -157,11 +157,14 @@ def _free_port(host: str) -> int:
 
 
 def _answers(host: str, port: int) -> bool:
-    """The web process is up: /healthz answers 200 (the app's lifespan has run)."""
+    """The web process is up: it answers HTTP at all (uvicorn accepts only once the app's lifespan has run).
+
+    Not /healthz: the operations routes live on the ops port, and only when the Health plugin is on.
+    """
     try:
         with socket.create_connection((host, port), timeout=0.5) as sock:
-            sock.sendall(f"GET /healthz HTTP/1.0\r\nHost: {host}:{port}\r\n\r\n".encode())
-            return sock.recv(64).startswith(b"HTTP/1.1 200")
+            sock.sendall(f"GET /mcp HTTP/1.0\r\nHost: {host}:{port}\r\n\r\n".encode())
+            return sock.recv(64).startswith(b"HTTP/1.1 ")
     except OSError:
         return False
 

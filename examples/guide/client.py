@@ -1,0 +1,99 @@
+"""The Python client examples of docs/clients.md, run by tests/test_docs_examples.py against examples.guide.tools.
+
+python -m examples.guide.client http://127.0.0.1:8000/mcp    # with `celery-mcp-tasks dev examples.guide.tools`
+"""
+
+from __future__ import annotations
+
+import sys
+
+import anyio
+
+# --8<-- [start:call]
+from mcp import Client
+from mcp.client.session import ClientRequestContext  # these two: for the questions example below
+from mcp_types import ElicitRequestParams, ElicitResult
+
+from celery_mcp_tasks.client import TasksClient
+
+
+async def call(url: str) -> str:
+    """A plain call_tool: it waits for the task and returns the tool's CallToolResult."""
+    async with Client(url, extensions=[TasksClient()]) as client:
+        result = await client.call_tool("crunch", {"steps": 3})
+        return result.content[0].text  # "Crunched 3 steps."
+
+
+# --8<-- [end:call]
+
+
+# --8<-- [start:options]
+patient = TasksClient(
+    poll_floor_s=0.1,  # polling: never more often than this
+    poll_ceiling_s=5.0,  # polling: back off while nothing changes, up to this
+    timeout=600.0,  # longest a plain call_tool waits (default None); past it: tasks/cancel + TimeoutError
+    cancel_timeout=5.0,  # how long a tasks/cancel on the way out may take
+    listen=True,  # use subscriptions/listen when the server offers it
+)
+# --8<-- [end:options]
+
+
+# --8<-- [start:questions]
+async def say_yes(context: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult:
+    """The client's elicitation callback answers the job's questions (here: always yes)."""
+    print("asked:", params.message)  # "Deploy web?"
+    return ElicitResult(action="accept", content={"ok": True})
+
+
+async def deploy(url: str) -> str:
+    async with Client(url, extensions=[TasksClient()], elicitation_callback=say_yes) as client:
+        result = await client.call_tool("deploy", {"service": "web"})
+        return result.content[0].text  # "web: deployed"
+
+
+# --8<-- [end:questions]
+
+
+# --8<-- [start:handle]
+async def start_then_follow(url: str) -> list[str]:
+    """Start without waiting, keep the id, follow it later (here: at once) from a new connection."""
+    tasks = TasksClient()
+    async with Client(url, extensions=[tasks]) as client:
+        handle = await tasks.start(client, "crunch", {"steps": 3})
+        task_id = handle.id  # a bearer capability: store it like a secret
+
+    seen = []
+    async with Client(url, extensions=[tasks]) as client:
+        handle = await tasks.attach(client, task_id)
+        async for state in handle.updates():  # the current state, then each change, ending after the last
+            seen.append(f"{state.status}: {state.status_message}")
+        result = await handle.result()
+        seen.append(result.content[0].text)
+    return seen
+
+
+# --8<-- [end:handle]
+
+
+# --8<-- [start:cancel]
+async def cancel(url: str) -> str:
+    """Cancel a running task through its handle; the job sees ctx.cancelled() within a second."""
+    tasks = TasksClient()
+    async with Client(url, extensions=[tasks]) as client:
+        handle = await tasks.start(client, "scan", {"paths": ["a", "b", "c", "d", "e", "f"]})
+        await handle.cancel()
+        return handle.status  # "cancelled"
+
+
+# --8<-- [end:cancel]
+
+
+async def main(url: str) -> None:
+    print(await call(url))
+    print(await deploy(url))
+    print("\n".join(await start_then_follow(url)))
+    print(await cancel(url))
+
+
+if __name__ == "__main__":
+    anyio.run(main, sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:8000/mcp")
