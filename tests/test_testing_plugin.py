@@ -66,6 +66,39 @@ def test_a_user_project_tests_the_quickstart_in_a_few_lines(
     result.assert_outcomes(passed=2)
 
 
+USER_APP = """
+from celery_mcp_tasks import McpTasks
+
+tasks = McpTasks("shouting")
+celery = tasks.celery
+
+
+@tasks.mcp_task
+def shout(text: str) -> str:
+    \"\"\"Say it louder.\"\"\"
+    return text.upper()
+"""
+
+
+def test_the_app_imports_from_pytests_pythonpath_option(pytester: pytest.Pytester) -> None:
+    """A src/ layout named only by `pythonpath = src`: the served processes import the app from there too."""
+    pytester.makeini("[pytest]\npythonpath = src\nmcp_tasks_app = shouting_app\n")
+    (pytester.path / "src").mkdir()
+    (pytester.path / "src" / "shouting_app.py").write_text(USER_APP)
+    pytester.makepyfile(
+        test_shout="""
+        import pytest
+
+        @pytest.mark.anyio
+        async def test_shout(mcp_tasks_client) -> None:
+            result = await mcp_tasks_client.call_tool("shout", {"text": "tides"})
+            assert result.content[0].text == "TIDES"
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=240)
+    result.assert_outcomes(passed=1)
+
+
 def test_without_an_app_named_the_fixtures_say_how_to_name_one(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_nothing="""
