@@ -3,6 +3,11 @@
 Backends: `embedded` (SQLite + Celery's filesystem broker in a temp dir, no
 servers) always runs; `pg_redis` runs when MCP_TASKS_TEST_POSTGRES_URL and
 MCP_TASKS_TEST_REDIS_URL are set (CI sets them and fails if they are missing).
+
+External programs (promtool, prometheus, haproxy, redis-server, Chromium, npm)
+are found through `tool()`: without one, a test skips with the reason and how to
+install it, except under MCP_TASKS_TEST_REQUIRE_TOOLS=1 (`.ci/run` sets it after
+installing them all), where the same test fails: CI never skips them.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
 import pytest
@@ -35,6 +40,22 @@ TERMINAL = ("completed", "failed", "cancelled")
 
 POSTGRES_URL = os.environ.get("MCP_TASKS_TEST_POSTGRES_URL")
 REDIS_URL = os.environ.get("MCP_TASKS_TEST_REDIS_URL")
+REQUIRE_TOOLS = os.environ.get("MCP_TASKS_TEST_REQUIRE_TOOLS", "") not in ("", "0")
+
+
+def unavailable(what: str, reason: str) -> NoReturn:
+    """Skip a test that needs `what` (an external program) - or fail it where every tool must be there."""
+    if REQUIRE_TOOLS:
+        pytest.fail(f"{what} unavailable with MCP_TASKS_TEST_REQUIRE_TOOLS set: {reason}")
+    pytest.skip(f"{what} unavailable: {reason}")
+
+
+def tool(name: str, install: str, *, path: str | None = None) -> str:
+    """The external program `name` (on PATH, or at `path`), or `unavailable` saying how to `install` it."""
+    found = (path if os.access(path, os.X_OK) else None) if path else shutil.which(name)
+    if found is None:
+        unavailable(name, f"{path or name} is not installed ({install})")
+    return found
 
 
 def free_port() -> int:
@@ -365,7 +386,7 @@ class Deployment:
 class OwnRedis:
     """A `redis-server` of a test's own on a free port: stopping and restarting it disturbs nothing else.
 
-    `start()` skips the test when `redis-server` is not installed (fails it in CI); `stop()` kills the
+    `start()` skips the test when `redis-server` is not installed (see `tool`); `stop()` kills the
     server at once, as a crashed or restarted server goes away; `start()` again brings it back on the
     same port.
     """
@@ -380,11 +401,7 @@ class OwnRedis:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            if os.environ.get("CI"):
-                pytest.fail("redis-server is not installed: the tests that own a Redis must run in CI")
-            pytest.skip("redis-server is not installed")
+        binary = tool("redis-server", "Debian: apt-get install redis-server")
         log = (self.log_dir / "redis.log").open("ab")
         self.proc = subprocess.Popen(
             [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],

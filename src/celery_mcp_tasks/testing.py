@@ -50,7 +50,8 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -157,9 +158,11 @@ def _free_port(host: str) -> int:
 
 
 def _answers(host: str, port: int) -> bool:
-    """The web process is up: it answers HTTP at all (uvicorn accepts only once the app's lifespan has run).
+    """The web process is up: its MCP endpoint answers HTTP at all.
 
-    Not /healthz: the operations routes live on the ops port, and only when the Health plugin is on.
+    uvicorn serves nothing before the app's lifespan has run (a connection made sooner waits in
+    the listening socket's backlog), so any status line means the app is ready. Not `/healthz`:
+    health is an opt-in plugin on an operations port of its own.
     """
     try:
         with socket.create_connection((host, port), timeout=0.5) as sock:
@@ -184,12 +187,17 @@ def _worker_replies(data_dir: Path, timeout_s: float) -> bool:
         app.close()
 
 
-def _process_env(cwd: Path, data_dir: Path, extra: Mapping[str, str]) -> dict[str, str]:
+def _process_env(
+    cwd: Path, data_dir: Path, extra: Mapping[str, str], pythonpath: Sequence[Path] = ()
+) -> dict[str, str]:
+    """The served processes' environment: APP importable from `pythonpath` (pytest's own option), `cwd`
+    and the current directory, as it is in the test process."""
     env = {k: v for k, v in os.environ.items() if k not in ("MCP_TASKS_DATABASE_URL", "CELERY_BROKER_URL")}
     env.update(extra)
     env["MCP_TASKS_DATA_DIR"] = str(data_dir)
     env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(filter(None, [str(cwd), os.getcwd(), env.get("PYTHONPATH")])))
+    paths = [*map(str, pythonpath), str(cwd), os.getcwd(), env.get("PYTHONPATH")]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(filter(None, paths)))
     return env
 
 
@@ -200,10 +208,12 @@ def start_deployment(
     cwd: Path | None = None,
     env: Mapping[str, str] | None = None,
     timeout_s: float = START_TIMEOUT_S,
+    pythonpath: Sequence[Path] = (),
 ) -> Deployment:
     """Start `celery-mcp-tasks dev APP` on a free port; return once the web process and the worker answer.
 
     `cwd`: where APP is importable from (default: the current directory).
+    `pythonpath`: more directories to import from, first (the fixtures pass pytest's `pythonpath` option).
     Raises `RuntimeError` with the process's output if it exits or is not ready in time.
     """
     host = "127.0.0.1"
@@ -216,7 +226,7 @@ def start_deployment(
         proc = subprocess.Popen(
             argv,
             cwd=workdir,
-            env=_process_env(workdir, data_dir, env or {}),
+            env=_process_env(workdir, data_dir, env or {}, pythonpath),
             stdin=subprocess.DEVNULL,
             stdout=handle,
             stderr=subprocess.STDOUT,
@@ -249,9 +259,10 @@ def _check_alive(deployment: Deployment, deadline: float) -> None:
 class _Deployments:
     """The session's running deployments, one per (app, env): modules that serve the same app share it."""
 
-    def __init__(self, factory: pytest.TempPathFactory, cwd: Path) -> None:
+    def __init__(self, factory: pytest.TempPathFactory, cwd: Path, pythonpath: Sequence[Path] = ()) -> None:
         self._factory = factory
         self._cwd = cwd
+        self._pythonpath = pythonpath
         self._running: dict[tuple[str, tuple[tuple[str, str], ...]], Deployment] = {}
 
     def get(self, app: str, env: Mapping[str, str]) -> Deployment:
@@ -259,7 +270,9 @@ class _Deployments:
         found = self._running.get(key)
         if found is None or found.proc.poll() is not None:
             data_dir = self._factory.mktemp(f"mcp-tasks-{app.replace(':', '.')}")
-            found = self._running[key] = start_deployment(app, data_dir, cwd=self._cwd, env=env)
+            found = self._running[key] = start_deployment(
+                app, data_dir, cwd=self._cwd, env=env, pythonpath=self._pythonpath
+            )
         return found
 
     def stop(self) -> None:
@@ -307,7 +320,9 @@ class ScriptedAnswers:
 
 @pytest.fixture(scope="session")
 def _mcp_tasks_deployments(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Iterator[Any]:
-    deployments = _Deployments(tmp_path_factory, pytestconfig.rootpath)
+    # pytest's `pythonpath` option puts directories on the test process's sys.path: the served app's too.
+    pythonpath = [Path(entry) for entry in pytestconfig.getini("pythonpath")]
+    deployments = _Deployments(tmp_path_factory, pytestconfig.rootpath, pythonpath)
     try:
         yield deployments
     finally:
@@ -358,9 +373,29 @@ async def mcp_tasks_client(
     mcp_tasks_server: str, mcp_tasks_extension: TasksClient, mcp_tasks_answers: ScriptedAnswers
 ) -> AsyncIterator[Client]:
     """An SDK `Client` connected to the app, with the Tasks extension and the scripted answers."""
+    async with _connected(mcp_tasks_server, mcp_tasks_extension, mcp_tasks_answers) as client:
+        yield client
+
+
+@asynccontextmanager
+async def _connected(url: str, extension: TasksClient, answers: ScriptedAnswers) -> AsyncIterator[Client]:
+    """The SDK's `Client`, whose close tolerates the SDK's own teardown race and nothing else.
+
+    The race (mcp 2.3, client/streamable_http.py): a JSON response still in flight when the
+    client closes (a poll the test no longer waits for, answered while the session's DELETE is
+    under way) is forwarded into the session's already closed read stream, and the
+    BrokenResourceError leaves the transport's task group. The test is over and nothing of it
+    is lost: that alone is ignored, at close, never when connecting.
+    """
+    import anyio
     from mcp import Client
 
-    async with Client(
-        mcp_tasks_server, extensions=[mcp_tasks_extension], elicitation_callback=mcp_tasks_answers
-    ) as client:
-        yield client
+    connected = False
+    try:
+        async with Client(url, extensions=[extension], elicitation_callback=answers) as client:
+            connected = True
+            yield client
+    except BaseExceptionGroup as group:
+        _, rest = group.split((anyio.BrokenResourceError, anyio.ClosedResourceError))
+        if not connected or rest is not None:
+            raise

@@ -16,4 +16,4 @@ async def hello() -> dict[str, str]:
     return {"hello": "world"}
 
 
-app.mount("/", mcp_app)  # MCP at /mcp, /healthz from the MCP app
+app.mount("/", mcp_app)  # MCP at /mcp (/healthz is the Health plugin's, on the operations port)

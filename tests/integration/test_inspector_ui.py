@@ -10,7 +10,8 @@ finish, and its result appears under *Results*.
 tests/interop/inspector_ui.mjs does the clicking with npm's `playwright-core` (no browser
 download) and Debian's `chromium` at /usr/bin/chromium; it prints one JSON line of what it
 saw and saves screenshots. The Inspector, playwright-core and Node come from npm
-(tests/support_node.py). Without Chromium or npm the test skips, and fails when `CI` is set.
+(tests/support_node.py). Without Chromium or npm the test skips, and fails under
+MCP_TASKS_TEST_REQUIRE_TOOLS=1 (`.ci/run` installs both).
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from typing import Any
 import pytest
 
 from tests.integration.test_inspector import INSPECTOR, LAUNCHER
-from tests.support import Backend, Deployment, Proc, free_port, spawn, wait_until
-from tests.support_node import NodePackages, npm_packages, unavailable
+from tests.support import Backend, Deployment, Proc, free_port, spawn, tool, wait_until
+from tests.support_node import NodePackages, npm_packages
 
 pytestmark = pytest.mark.integration
 
@@ -68,8 +69,7 @@ class Browser:
 
 @pytest.fixture(scope="session")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Browser:
-    if not CHROMIUM.exists():
-        unavailable("Chromium", f"{CHROMIUM} is missing (Debian: apt-get install -y chromium)")
+    tool("chromium", "Debian: apt-get install chromium", path=str(CHROMIUM))
     packages = npm_packages([PLAYWRIGHT], what="playwright-core", min_node=(20, 0))  # its engines
     # ESM resolves bare imports from the script's own directory: run a copy beside the install's node_modules.
     scripts = tmp_path_factory.mktemp("inspector-ui")

@@ -10,7 +10,6 @@ janitor's sweeps, and no label value that looks like a task id or a row key.
 from __future__ import annotations
 
 import re
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from tests.support import (
     free_port,
     fresh_postgres_database,
     spawn,
+    tool,
     wait_until,
 )
 
@@ -83,9 +83,7 @@ scrape_configs:
 def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scraped]:
     if not (POSTGRES_URL and REDIS_URL):
         pytest.skip("set MCP_TASKS_TEST_POSTGRES_URL and MCP_TASKS_TEST_REDIS_URL to run")
-    binary = shutil.which("prometheus")
-    if binary is None:
-        pytest.fail("prometheus is not installed (Debian: apt-get install prometheus)")
+    binary = tool("prometheus", "Debian: apt-get install prometheus")
     log_dir = tmp_path_factory.mktemp("prometheus")
     with fresh_postgres_database(POSTGRES_URL) as url:
         backend = Backend("pg_redis", {"MCP_TASKS_DATABASE_URL": url, "CELERY_BROKER_URL": REDIS_URL})

@@ -38,6 +38,7 @@ from tests.support import (
     spawn,
     start_web,
     start_worker,
+    tool,
     wait_until,
 )
 
@@ -113,15 +114,12 @@ def _broker(name: str) -> tuple[str, str]:
 
 
 def _haproxy(log_dir: Path, a: str, b: str) -> tuple[Proc, str, str]:
-    if not os.access(HAPROXY, os.X_OK):
-        if os.environ.get("CI"):
-            pytest.fail(f"haproxy is not installed at {HAPROXY}: the replica tests must run in CI")
-        pytest.skip(f"haproxy is not installed at {HAPROXY} (Debian's haproxy package)")
+    haproxy = tool("haproxy", "Debian: apt-get install haproxy", path=HAPROXY)
     proxy, stats = free_port(), free_port()
     config = log_dir / "haproxy.cfg"
     ports = {"a": httpx.URL(a).port, "b": httpx.URL(b).port}
     config.write_text(HAPROXY_CONFIG.format(proxy=proxy, stats=stats, **ports))
-    proc = spawn("haproxy", [HAPROXY, "-db", "-f", str(config)], dict(os.environ), log_dir)
+    proc = spawn("haproxy", [haproxy, "-db", "-f", str(config)], dict(os.environ), log_dir)
     wait_until(lambda: (_port_open(proxy) and _port_open(stats)) or proc.popen.poll() is not None, 20, "haproxy")
     if proc.popen.poll() is not None:
         raise RuntimeError(f"haproxy exited:\n{proc.text()}")

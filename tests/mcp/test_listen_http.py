@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from tests.mcp.listen_client import SUBSCRIPTION_ID, ListenStream
-from tests.support import EXT, Backend, Deployment, McpHttp, wait_until
+from tests.support import EXT, Backend, Deployment, McpHttp, free_port, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -25,8 +25,14 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
 
 
 @pytest.fixture(scope="module")
-def url(deployment: Deployment) -> str:
-    return deployment.web("web")
+def metrics_port() -> int:
+    """The web process's operations port: the Prometheus plugin's /metrics counts its open streams."""
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def url(deployment: Deployment, metrics_port: int) -> str:
+    return deployment.web("web", MCP_TASKS_METRICS="on", MCP_TASKS_OPS_PORT=str(metrics_port))
 
 
 def _refused(url: str, notifications: dict[str, object], **kwargs: object) -> dict[str, object]:
@@ -103,24 +109,27 @@ def test_the_stream_sends_keep_alive_comments(url: str) -> None:
         stream.close()
 
 
-def _open_streams(url: str) -> float:
-    text = httpx.get(url.replace("/mcp", "/metrics"), timeout=10).text
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("mcp_tasks_listen_streams"))
+def _open_streams(metrics_port: int) -> float:
+    response = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10)
+    response.raise_for_status()  # a 404 must not read as "no stream open"
+    return sum(
+        float(line.split()[-1]) for line in response.text.splitlines() if line.startswith("mcp_tasks_listen_streams")
+    )
 
 
-def test_a_client_disconnect_ends_the_stream_and_frees_it(url: str) -> None:
-    wait_until(lambda: _open_streams(url) == 0, 30, "no stream open")
+def test_a_client_disconnect_ends_the_stream_and_frees_it(url: str, metrics_port: int) -> None:
+    wait_until(lambda: _open_streams(metrics_port) == 0, 30, "no stream open")
     streams = [
         ListenStream(url, {"toolsListChanged": True, "taskIds": []}, token="alice", request_id=n) for n in range(3)
     ]
     try:
         for stream in streams:
             stream.ack()
-        assert _open_streams(url) == 3
+        assert _open_streams(metrics_port) == 3
     finally:
         for stream in streams:
             stream.close()
-    wait_until(lambda: _open_streams(url) == 0, 15, "every disconnected stream freed")
+    wait_until(lambda: _open_streams(metrics_port) == 0, 15, "every disconnected stream freed")
 
 
 def test_sigterm_ends_open_streams_with_their_result_and_the_server_exits(tmp_path: Path) -> None:

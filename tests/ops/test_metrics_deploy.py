@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from celery_mcp_tasks.ops.metrics import Families, LedgerCollector, LedgerView
 from celery_mcp_tasks.store.sweeps import SweepRecord
+from tests.support import tool
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = ROOT / "deploy" / "prometheus"
@@ -37,9 +37,7 @@ def exported() -> set[str]:
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:
-    binary = shutil.which("promtool")
-    if binary is None:
-        pytest.fail("promtool is not installed (Debian: apt-get install prometheus): the shipped rules must be checked")
+    binary = tool("promtool", "Debian: apt-get install prometheus")
     return subprocess.run([binary, *args], capture_output=True, text=True, timeout=60, cwd=PROMETHEUS)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import TERMINAL, Backend, Deployment, McpHttp, Proc, wait_until
+from tests.support import TERMINAL, Backend, Deployment, McpHttp, Proc, celery_id_of, wait_until
 
 RUNTIME_APP = "tests.apps.runtime_app"
 STALE_TIMEOUT_S = 3.0
@@ -50,8 +50,13 @@ def accept(**content: Any) -> dict[str, Any]:
     return {"action": "accept", "content": content}
 
 
-def follow(client: McpHttp, task_id: str, timeout: float = 30) -> tuple[dict[str, Any], list[tuple[str, str | None]]]:
-    """Poll until the task is final; returns it and every distinct (status, statusMessage) seen on the way."""
+def follow(
+    client: McpHttp, task_id: str, timeout: float = 30, worker: Proc | None = None
+) -> tuple[dict[str, Any], list[tuple[str, str | None]]]:
+    """Poll until the task is final; returns it and every distinct (status, statusMessage) seen on the way.
+
+    Given the `worker`, a timeout says what its log holds of the job's runs (nothing: never received).
+    """
     seen: list[tuple[str, str | None]] = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -62,7 +67,12 @@ def follow(client: McpHttp, task_id: str, timeout: float = 30) -> tuple[dict[str
         if task["status"] in TERMINAL:
             return task, seen
         time.sleep(0.03)
-    raise TimeoutError(f"task still not final after {timeout}s; seen {seen}")
+    runs = ""
+    if worker is not None:
+        ids = [celery_id_of(task_id, dispatch) for dispatch in (1, 2, 3)]
+        lines = [line for line in worker.text().splitlines() if any(cid in line for cid in ids)]
+        runs = "; the worker's lines about its runs:\n" + ("\n".join(lines[-20:]) or "(none: never received)")
+    raise TimeoutError(f"task still not final after {timeout}s; seen {seen}{runs}")
 
 
 def job_pid(client: McpHttp, task_id: str, timeout: float = 20) -> int:

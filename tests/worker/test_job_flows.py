@@ -153,9 +153,9 @@ def test_cancel_after_completion_changes_nothing(client: McpHttp) -> None:
 # -- retries --------------------------------------------------------------------------------
 
 
-def test_self_retry_twice_keeps_the_task_working_then_completes(client: McpHttp) -> None:
+def test_self_retry_twice_keeps_the_task_working_then_completes(client: McpHttp, worker: Proc) -> None:
     task_id = client.create("flaky", {"failures": 2})
-    done, seen = follow(client, task_id)
+    done, seen = follow(client, task_id, worker=worker)
     assert done["status"] == "completed" and text_of(done) == "succeeded on attempt 3"
     statuses = [status for status, _ in seen]
     assert set(statuses[:-1]) == {"working"}, seen  # never failed on the way
@@ -164,9 +164,9 @@ def test_self_retry_twice_keeps_the_task_working_then_completes(client: McpHttp)
     assert _first_about(seen, "(attempt 2)") < _first_about(seen, "(attempt 3)"), seen
 
 
-def test_autoretry_that_runs_out_fails_only_at_the_end(client: McpHttp) -> None:
+def test_autoretry_that_runs_out_fails_only_at_the_end(client: McpHttp, worker: Proc) -> None:
     task_id = client.create("hopeless")
-    failed, seen = follow(client, task_id)
+    failed, seen = follow(client, task_id, worker=worker)
     assert failed["status"] == "failed"
     assert failed["error"] == {"code": -32603, "message": "Job failed: RuntimeError: broken on attempt 3"}
     assert seen[_first_about(seen, "(attempt 3)")][0] == "working" and [s for s, _ in seen].count("failed") == 1, seen
@@ -180,11 +180,11 @@ def _first_about(seen: list[tuple[str, str | None]], attempt: str) -> int:
 # -- lost pool processes ----------------------------------------------------------------------
 
 
-def test_killing_the_pool_process_retries_the_job_once_and_it_completes(client: McpHttp) -> None:
+def test_killing_the_pool_process_retries_the_job_once_and_it_completes(client: McpHttp, worker: Proc) -> None:
     task_id = client.create("survivor", {"seconds": 2})
     pid = job_pid(client, task_id)
     os.kill(pid, signal.SIGKILL)
-    done, seen = follow(client, task_id)
+    done, seen = follow(client, task_id, worker=worker)
     assert done["status"] == "completed" and text_of(done) == "survived on attempt 2", seen
     assert any(message and "attempt 2" in message for _, message in seen), seen
 
