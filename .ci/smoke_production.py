@@ -70,7 +70,7 @@ def wait_until(what: str, ready, procs: list[Proc], timeout: float) -> None:
 
 
 def healthz(url: str) -> bool:
-    """The docker-compose healthcheck, verbatim in spirit: GET /healthz answers 200."""
+    """The docker-compose healthcheck, verbatim in spirit: the Health plugin's probe answers 200 on the ops port."""
     try:
         with urllib.request.urlopen(url, timeout=2) as reply:
             return reply.status == 200
@@ -95,14 +95,17 @@ def smoke(python: Path, app: Path, env: dict[str, str], work: Path) -> None:
             f"celery-mcp-tasks db upgrade exited with {upgrade.returncode}:\n{upgrade.stdout}{upgrade.stderr}"
         )
 
-    port = free_port()
-    step(f"web (serve --port {port} --no-migrate), worker and beat")
+    port, ops_port = free_port(), free_port()
+    step(f"web (serve --port {port} --ops-port {ops_port} --no-migrate, MCP_TASKS_HEALTH=on), worker and beat")
     procs = [
         Proc(
             "web",
-            [str(bin_dir / "celery-mcp-tasks"), "serve", APP, "--port", str(port), "--no-migrate"],
+            [
+                str(bin_dir / "celery-mcp-tasks"),
+                *("serve", APP, "--port", str(port), "--ops-port", str(ops_port), "--no-migrate"),
+            ],
             cwd=app,
-            env=env,
+            env={**env, "MCP_TASKS_HEALTH": "on"},
             log=work / "web.log",
         ),
         Proc(
@@ -123,8 +126,8 @@ def smoke(python: Path, app: Path, env: dict[str, str], work: Path) -> None:
     _web, worker, beat = procs
     try:
         wait_until(
-            f"GET http://127.0.0.1:{port}/healthz to answer 200",
-            lambda: healthz(f"http://127.0.0.1:{port}/healthz"),
+            f"GET http://127.0.0.1:{ops_port}/readyz to answer 200 (the ops port; the MCP port serves /mcp only)",
+            lambda: healthz(f"http://127.0.0.1:{ops_port}/readyz"),
             procs,
             60,
         )
