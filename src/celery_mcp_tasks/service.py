@@ -325,7 +325,11 @@ class TaskService:
             expected = self.store.get(key, ANY)
             if expected is None:
                 raise TaskNotFound()
-        record = self._update(key, ANY, transition, expected=expected)
+        # Only a first claim is decided on the version alone. Once a copy has started, the claim
+        # weighs that copy's heartbeat, which a beat moves without a version bump: the locking
+        # path reads it under the row lock, so a live copy is never taken over.
+        fast = expected if expected.started_at is None else None
+        record = self._update(key, ANY, transition, expected=fast)
         if said:
             safe_notify(self.notifier, record)
         return record

@@ -156,11 +156,15 @@ def meta_with(**changes: Any) -> dict[str, Any]:
     return {VERSION_KEY: PROTOCOL, CAPABILITIES_KEY: WITH_EXT, **changes}
 
 
-MUTATIONS: list[Any] = [
+LEGACY_TASK: list[Any] = [
     lambda r: {"task": not_an_object(r)},
     lambda r: {"task": {"ttl": bad_ttl(r)}},
     lambda r: {"task": {"ttl": r.choice([None, 1000]), "pollInterval": bad_poll(r)}},
     lambda r: {"task": {r.choice(["ttl", "pollInterval"]): nested_null(r) or {"a": None}}},
+]
+"""The legacy `task` param: on 2026-07-28 it MUST be ignored (however malformed), on earlier eras it is checked."""
+
+MUTATIONS: list[Any] = [
     lambda r: {"_meta": r.choice([None, not_an_object(r)])},
     lambda r: {"_meta": meta_with(**{CAPABILITIES_KEY: bad_capabilities(r)})},
     lambda r: {"_meta": meta_with(progressToken=r.choice([None, [], [1], True, {}, {"a": None}, 1.5]))},
@@ -217,3 +221,26 @@ def test_the_same_call_well_formed_creates_its_task(world: tuple[TestClient, sa.
         status, answer = post(client, "optional", {"arguments": ARGUMENTS, "_meta": meta, "task": task})
         assert status == 200 and answer["result"]["resultType"] == "task", answer
     assert rows(engine) == before + 4
+
+
+def test_a_malformed_legacy_task_param_is_ignored_on_2026_07_28(world: tuple[TestClient, sa.Engine]) -> None:
+    """The Tasks extension: the legacy `task: {ttl, pollInterval}` param MUST be ignored. What the SDK's own
+    request model cannot parse at all (`task` not an object, `ttl` not a number) is its -32602; anything it
+    parses is ignored, and the call is what it would be without it (here: a task, the client declared the
+    extension). Never -32603."""
+    client, engine = world
+    r = random.Random(SEED)
+    created = refused = 0
+    before = rows(engine)
+    for _ in range(60):
+        params: dict[str, Any] = {"arguments": ARGUMENTS, "_meta": meta_with()}
+        params.update(r.choice(LEGACY_TASK)(r))
+        status, answer = post(client, "optional", params)
+        if "error" in answer:
+            assert (status, answer["error"]["code"]) == (400, -32602), (params, answer)
+            refused += 1
+        else:
+            assert status == 200 and answer["result"].get("resultType") == "task", (params, answer)
+            created += 1
+    assert created and refused  # both kinds were sent
+    assert rows(engine) == before + created

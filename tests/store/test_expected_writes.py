@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from celery_mcp_tasks.model import Run, Superseded, TaskRecord, TaskStatus, TerminalTask
+from celery_mcp_tasks.model import Run, RunInProgress, Superseded, TaskRecord, TaskStatus, TerminalTask
 from celery_mcp_tasks.notify.postgres import CHANNEL, PG_HINT, format_hint, libpq_url
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.base import ANY, TaskNotFound
@@ -49,7 +49,8 @@ class Statements:
 
         @sa.event.listens_for(store.engine, "commit")
         def commit(conn: Any) -> None:
-            self.seen.append("COMMIT")
+            if conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT":  # else nothing reaches the server
+                self.seen.append("COMMIT")
 
 
 @pytest.fixture
@@ -63,8 +64,9 @@ def created(store: SqlStore) -> TaskRecord:
 def test_the_conditional_update_wins_in_one_statement(store: SqlStore, created: TaskRecord) -> None:
     seen = Statements(store)
     written = store.update("k", ANY, lambda r: r.with_progress("half way", 5), expected=created)
-    # One UPDATE in autocommit: no BEGIN (SQLite's BEGIN IMMEDIATE either), no locking read, no COMMIT.
-    assert seen.seen == ["UPDATE"]
+    # One UPDATE: no locking read. On PostgreSQL in autocommit (one round trip); on SQLite inside the
+    # BEGIN IMMEDIATE that waits for the write lock in short steps, then its COMMIT (a local file, no round trip).
+    assert seen.seen == (["UPDATE", "COMMIT"] if store.dialect == "sqlite" else ["UPDATE"])
     assert (written.version, written.status_message) == (2, "half way")
     assert store.get("k") == written
 
@@ -73,7 +75,8 @@ def test_a_creation_is_one_statement(store: SqlStore) -> None:
     seen = Statements(store)
     store.create(_record("c1"), max_rows=None)
     store.create(_record("c2"), max_rows=10)
-    assert seen.seen == ["INSERT", "INSERT"]
+    per_write = ["INSERT", "COMMIT"] if store.dialect == "sqlite" else ["INSERT"]
+    assert seen.seen == per_write * 2
 
 
 def test_a_concurrent_writer_makes_it_fall_back_and_the_result_is_still_right(
@@ -132,7 +135,8 @@ def test_the_service_propagates_the_expected_record(store: SqlStore) -> None:
     seen = Statements(store)
     began = service.begin(record.key, Run(1), stale_before_ms=0, expected=record)
     done = service.complete(record.key, {"content": []}, run=Run(1), expected=began)
-    assert seen.seen == ["UPDATE", "UPDATE"]
+    per_write = ["UPDATE", "COMMIT"] if store.dialect == "sqlite" else ["UPDATE"]
+    assert seen.seen == per_write * 2
     assert done.status is TaskStatus.COMPLETED and store.get(record.key) == done
 
 
@@ -181,3 +185,78 @@ def test_notify_is_delivered_with_the_fast_write_in_the_same_statement(hinted: S
 def test_a_change_hint_is_postgresql_only(tmp_path: Any) -> None:
     with pytest.raises(ValueError, match="PostgreSQL"):
         SqlStore.from_url(f"sqlite:///{tmp_path / 'x.db'}", change_hint=PG_HINT)
+
+
+def test_a_redelivered_copy_never_takes_over_a_run_that_beat_after_it_read(
+    store: SqlStore, created: TaskRecord
+) -> None:
+    """A beat moves the heartbeat without a version bump: a takeover is decided under the row lock, not on the
+    version the copy read (the conditional UPDATE alone would have let a live run be taken over)."""
+    clock = [1_000]
+    service = TaskService(store, clock=lambda: clock[0])
+    run = Run(1, 0)
+    service.begin("k", run, stale_before_ms=0, expected=created)  # the first copy claims the run
+    seen_by_second = store.get("k")  # a redelivered copy reads the row: its heartbeat 1000
+    assert seen_by_second is not None and seen_by_second.started_at == 1_000
+    assert store.touch("k", 5_000, dispatch=1)  # the first copy beats: still alive
+    with pytest.raises(RunInProgress):
+        service.begin("k", run, stale_before_ms=2_000, expected=seen_by_second)  # 1000 < 2000 < 5000
+
+
+def test_a_write_settled_as_lost_that_lands_later_is_not_applied_twice(
+    store: SqlStore, created: TaskRecord, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An autocommit UPDATE holds no lock while it travels: settled as not applied, it may still land before
+    the locking path reads the row. The locking path then finds it there and does not apply it again."""
+    ghost = SqlStore(sa.create_engine(store.engine.url))
+    real_execute = store.engine.dialect.do_execute
+    armed = [True]
+
+    def drop_the_next_update(cursor: Any, statement: str, parameters: Any, context: Any = None) -> None:
+        if armed[0] and statement.lstrip().upper().startswith(("UPDATE", "WITH")):
+            armed[0] = False
+            raise store.engine.dialect.loaded_dbapi.OperationalError("injected: server closed the connection")
+        real_execute(cursor, statement, parameters, context)
+
+    @sa.event.listens_for(store.engine, "handle_error")
+    def as_disconnect(context: Any) -> None:
+        if "injected" in str(context.original_exception):
+            context.is_disconnect = True
+
+    monkeypatch.setattr(store.engine.dialect, "do_execute", drop_the_next_update)
+    real_locked = store._locked
+
+    def settle_then_the_statement_lands(key: str) -> TaskRecord | None:
+        found = real_locked(key)
+        ghost.update("k", ANY, lambda r: r.with_progress("half way", 2))  # the lost statement, landing late
+        return found
+
+    monkeypatch.setattr(store, "_locked", settle_then_the_statement_lands)
+    written = store.update("k", ANY, lambda r: r.with_progress("half way", 2), expected=created)
+    ghost.dispose()
+    assert (written.version, written.status_message) == (2, "half way")
+    stored = store.get("k")
+    assert stored is not None and stored.version == 2  # once, not twice
+
+
+def test_every_sqlite_write_waits_for_the_lock_in_short_steps(
+    store: SqlStore, created: TaskRecord, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if store.dialect != "sqlite":
+        pytest.skip("the short-step lock wait is SQLite's")
+    from celery_mcp_tasks.store import engine as engine_module
+
+    took: list[int] = []
+    real = engine_module._begin_immediate
+
+    def counted(connection: Any) -> None:
+        took.append(1)
+        real(connection)
+
+    monkeypatch.setattr(engine_module, "_begin_immediate", counted)
+    store.create(_record("k2"), max_rows=10)
+    store.update("k", ANY, lambda r: r.with_progress("on", 2), expected=created)
+    store.touch("k", 9_000)
+    assert len(took) == 3  # the creation, the conditional UPDATE and the beat: none waits in SQLite's own steps
+    stored = store.get("k")
+    assert stored is not None and (stored.status_message, stored.heartbeat_at) == ("on", 9_000)

@@ -128,7 +128,8 @@ class TasksExtension(Extension):
                 raise invalid_params(f"Unknown tool: {params.name}")
             return await call_next(ctx)
 
-        check_task_fields(ctx.params)  # before anything is asked of the client or created for it
+        # Before anything is asked of the client or created for it.
+        check_task_fields(ctx.params, legacy_task=ctx.protocol_version not in TASKS_VERSIONS)
         with_tasks = declared_extension(ctx) and tool.mode != "forbidden"
         if tool.mode == "required" and not with_tasks:
             what = EXTENSION_ID

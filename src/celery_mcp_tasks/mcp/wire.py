@@ -17,7 +17,6 @@ from mcp_types import (
     MISSING_REQUIRED_CLIENT_CAPABILITY,
     RelatedTaskMetadata,
     RequestParams,
-    TaskMetadata,
 )
 from pydantic import BaseModel, Field, ValidationError
 
@@ -74,7 +73,14 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def check_task_fields(params: Mapping[str, Any] | None) -> None:
+def _whole(value: Any) -> bool:
+    """A JSON integer: an int (not a bool), or a number with no fraction (`1000.0` is an integer to JSON Schema)."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+
+
+def check_task_fields(params: Mapping[str, Any] | None, *, legacy_task: bool) -> None:
     """-32602 for a task tool's `tools/call` whose task fields are malformed, as the client sent them.
 
     The SDK parses `task` and `_meta` leniently (`"5"` and `true` pass as
@@ -83,28 +89,25 @@ def check_task_fields(params: Mapping[str, Any] | None) -> None:
     requested TTL, but a malformed one is the client's mistake and must be
     answered as one, before anything is asked or created. Checked on the raw
     params, with the SDK's own models in strict mode where it has them.
+
+    `legacy_task`: whether `task` means anything on this request. On 2026-07-28 the
+    legacy `task: {ttl, pollInterval}` param MUST be ignored (the Tasks extension), so
+    it is checked only on earlier eras.
     """
     if not params:
         return
-    task = params.get("task")
+    task = params.get("task") if legacy_task else None
     if task is not None:
         if not isinstance(task, Mapping):
             raise invalid_params("Invalid task: expected an object")
-        try:
-            TaskMetadata.model_validate(task, strict=True)
-        except ValidationError:
-            raise invalid_params("Invalid task: ttl must be an integer number of milliseconds") from None
-        for name in ("ttl", "pollInterval"):
-            value = task.get(name)
-            if value is not None and not (
-                isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_MS
-            ):
-                raise invalid_params(f"Invalid task: {name} must be an integer from 0 to {MAX_MS} (milliseconds)")
+        ttl = task.get("ttl")
+        if ttl is not None and not (_whole(ttl) and 0 <= ttl <= MAX_MS):
+            raise invalid_params(f"Invalid task: ttl must be an integer from 0 to {MAX_MS} (milliseconds)")
     meta = params.get("_meta")
     if not isinstance(meta, Mapping):
         return  # absent, or not an object: the SDK's own -32602
     token = meta.get("progressToken")
-    if token is not None and (isinstance(token, bool) or not isinstance(token, str | int)):
+    if token is not None and not (isinstance(token, str) or _whole(token)):
         raise invalid_params("Invalid _meta: progressToken must be a string or an integer")
     related = meta.get(RELATED_TASK_META_KEY)
     if related is not None:

@@ -25,9 +25,6 @@ from sqlalchemy.engine import Engine, make_url
 
 READ_ONLY = "mcp_tasks_read_only"
 """Execution option marking a read-only connection (a deferred BEGIN on SQLite)."""
-ONE_STATEMENT = "mcp_tasks_one_statement"
-"""Execution option marking a connection that runs one statement in autocommit (no BEGIN on SQLite:
-the statement is its own transaction, atomic and durable, and takes the write lock itself)."""
 
 _ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
 
@@ -98,12 +95,9 @@ def _sqlite_engine(url: str, database: str | None, **kwargs: Any) -> Engine:
 
     @sa.event.listens_for(engine, "begin")
     def _on_begin(connection: Any) -> None:
-        # Reads take a deferred BEGIN (WAL readers never wait for the writer); a single
-        # statement none (pysqlite is in autocommit); every other transaction takes the
-        # write lock at once.
+        # Reads take a deferred BEGIN (WAL readers never wait for the writer); every write
+        # takes the write lock at once, waited for in short steps.
         options = connection.get_execution_options()
-        if options.get(ONE_STATEMENT):
-            return
         if options.get(READ_ONLY):
             connection.exec_driver_sql("BEGIN")
         else:

@@ -47,7 +47,7 @@ from celery_mcp_tasks.store.base import (
     apply,
 )
 from celery_mcp_tasks.store.cleanup import Eviction, evict
-from celery_mcp_tasks.store.engine import ONE_STATEMENT, READ_ONLY, create_store_engine
+from celery_mcp_tasks.store.engine import READ_ONLY, create_store_engine
 from celery_mcp_tasks.store.failures import _CommitInDoubt, _in_doubt, _reconnecting, _reported
 from celery_mcp_tasks.store.schema import tasks
 from celery_mcp_tasks.store.sweeps import SweepLedger, count_by_status, unanswered
@@ -78,6 +78,27 @@ def _holds(found: TaskRecord, changes: Mapping[str, Any]) -> bool:
     """`found` holds what an UPDATE setting `changes` wrote (its heartbeat aside: a touch moves it freely)."""
     row = _to_row(found)
     return all(_stored(row[name]) == _stored(value) for name, value in changes.items() if name != "heartbeat_at")
+
+
+class _Landed(Exception):
+    """A write settled as not applied turned out to land after all: its record, never a second application."""
+
+    def __init__(self, record: TaskRecord) -> None:
+        super().__init__("the write in doubt landed")
+        self.record = record
+
+
+def _unless_landed(transition: Transition, doubt: _CommitInDoubt) -> Transition:
+    """`transition`, unless the row already holds the write that was in doubt (then `_Landed`)."""
+    after, changes = doubt.after, doubt.changes
+    assert after is not None and changes is not None
+
+    def step(record: TaskRecord) -> TaskRecord:
+        if record.version == after.version and _holds(record, changes):
+            raise _Landed(_with_heartbeat(after, record.heartbeat_at))
+        return transition(record)
+
+    return step
 
 
 def _insert_if_room() -> sa.Insert:
@@ -183,8 +204,9 @@ class SqlStore:
         autocommit = {"isolation_level": "AUTOCOMMIT"} if self.dialect == "postgresql" else {}
         # PostgreSQL reads in autocommit: one statement, one round trip (not BEGIN, SELECT, ROLLBACK).
         self._reads = {READ_ONLY: True, **autocommit}
-        # A write that is one statement: autocommit on PostgreSQL, no BEGIN on SQLite.
-        self._one = {ONE_STATEMENT: True, **autocommit}
+        # A write that is one statement: autocommit on PostgreSQL (one round trip); on SQLite the
+        # write lock is taken first (BEGIN IMMEDIATE, waited for in short steps) and released at commit.
+        self._one = autocommit
         self._ledger: SweepLedger | None = None
 
     @classmethod
@@ -298,6 +320,7 @@ class SqlStore:
         with self.engine.connect().execution_options(**self._one) as conn:
             try:
                 inserted = conn.execute(statement, params).first()
+                conn.commit()  # PostgreSQL: autocommit already; SQLite: the BEGIN IMMEDIATE the write took
             except sa.exc.DBAPIError as exc:
                 raise _in_doubt(exc) from exc
         if inserted is None:
@@ -307,25 +330,34 @@ class SqlStore:
     def update(
         self, key: str, owner: Owner, transition: Transition, *, expected: TaskRecord | None = None
     ) -> TaskRecord:
+        step = transition
         if expected is not None:
-            written = self._swap_expected(key, owner, transition, expected)
+            written, in_doubt = self._swap_expected(key, owner, transition, expected)
             if written is not None:
                 return written
+            if in_doubt is not None:  # not applied when settled; it may still land: never apply it twice
+                step = _unless_landed(transition, in_doubt)
         for _ in range(_MAX_CAS_ATTEMPTS):
             try:
-                written = self._swap(key, owner, transition)
+                written = self._swap(key, owner, step)
+            except _Landed as landed:
+                return landed.record
             except _CommitInDoubt as doubt:
                 written = self._settle(doubt)
             if written is not None:
                 return written
         raise StoreConflict("the task kept changing under this write; try again")
 
-    def _swap_expected(self, key: str, owner: Owner, transition: Transition, expected: TaskRecord) -> TaskRecord | None:
+    def _swap_expected(
+        self, key: str, owner: Owner, transition: Transition, expected: TaskRecord
+    ) -> tuple[TaskRecord | None, _CommitInDoubt | None]:
         """The transition computed on `expected` and written as ONE conditional UPDATE in autocommit.
 
         The record written, or None when the locking path must decide: the row is no
         longer at `expected.version` (or is gone, or foreign), or the transition refused
         `expected` or left it as it was (either may be wrong for the row as it is now).
+        With None, the write lost in flight if it was: settled as not applied, it may
+        still land later (an autocommit statement holds no lock while it travels).
         Only the columns the transition changed are set, so a heartbeat a touch moved
         since `expected` is never rewound; one the transition moves only moves forward.
         """
@@ -334,18 +366,19 @@ class SqlStore:
         try:
             nxt = apply(transition, expected)
         except Exception:  # noqa: BLE001 - computed on a record that may be stale: the fresh row decides
-            return None
+            return None, None
         if nxt is expected:
-            return None
+            return None, None
         changes = _changes(expected, nxt)
         with self.engine.connect().execution_options(**self._one) as conn:
             try:
                 row = self._write(conn, key, owner, expected.version, changes, nxt, forward=True)
+                conn.commit()  # PostgreSQL: autocommit already; SQLite: the BEGIN IMMEDIATE the write took
             except sa.exc.DBAPIError as exc:
                 doubt = _in_doubt(exc, expected, nxt, changes)
             else:
-                return None if row is None else _with_heartbeat(nxt, row[0])
-        return self._settle(doubt)
+                return (None if row is None else _with_heartbeat(nxt, row[0])), None
+        return self._settle(doubt), doubt
 
     @_reconnecting
     def _swap(self, key: str, owner: Owner, transition: Transition) -> TaskRecord | None:
@@ -434,7 +467,9 @@ class SqlStore:
         if dispatch is not None:
             query = query.where(tasks.c.dispatches == dispatch)
         with self.engine.connect().execution_options(**self._one) as conn:
-            return conn.execute(query.values(heartbeat_at=_later(at_ms))).rowcount == 1
+            touched = conn.execute(query.values(heartbeat_at=_later(at_ms))).rowcount == 1
+            conn.commit()
+        return touched
 
     # -- the janitor's --------------------------------------------------------------
 

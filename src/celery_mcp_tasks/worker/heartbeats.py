@@ -57,7 +57,7 @@ class Heartbeats:
         job = _Job(beat, interval, self._clock() + interval)
         with self._changed:
             self._jobs.add(job)
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():  # first job, or a thread that died
                 self._thread = threading.Thread(target=self._run, name="mcp-task-heartbeat", daemon=True)
                 self._thread.start()
             self._changed.notify()
