@@ -374,7 +374,16 @@ def _janitor(tasks: McpTasks, probe: ProbeEngine, app_path: str) -> Verdict:
             finding.detail + ": expired tasks stay and lost jobs are never settled",
             "set MCP_TASKS_JANITOR_INTERVAL_S (default 60) or run `tasks.sweep()` on a schedule of your own",
         )
-    if finding.status == "warn":  # never swept, or stale: nothing evicts or reaps
+    if finding.status == "warn" and finding.detail.startswith("no sweep recorded yet"):
+        # A deployment started less than an interval ago has not swept yet: say when to expect
+        # it (as /readyz does not call it stale then either), and what to do if that has passed.
+        every = tasks.settings.janitor_interval_s
+        return Verdict(
+            "WARN",
+            f"{finding.detail}: the first sweep comes about {every:g}s after the sweeper starts",
+            f"if beat (or a worker, with MCP_TASKS_JANITOR=worker) has run longer than that: {_janitor_fix(tasks, app_path)}",
+        )
+    if finding.status == "warn":  # stale: nothing evicts or reaps
         return Verdict("FAIL", finding.detail, _janitor_fix(tasks, app_path))
     return _from_finding(finding, "check the database (see above)")
 
