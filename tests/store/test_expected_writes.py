@@ -239,12 +239,17 @@ def test_a_write_settled_as_lost_that_lands_later_is_not_applied_twice(
     assert stored is not None and stored.version == 2  # once, not twice
 
 
-def test_every_sqlite_write_waits_for_the_lock_in_short_steps(
-    store: SqlStore, created: TaskRecord, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    if store.dialect != "sqlite":
-        pytest.skip("the short-step lock wait is SQLite's")
+def test_every_sqlite_write_waits_for_the_lock_in_short_steps(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite's own busy handler sleeps up to 100 ms a step: every write takes BEGIN IMMEDIATE through ours."""
+    from celery_mcp_tasks.migrate import upgrade
     from celery_mcp_tasks.store import engine as engine_module
+
+    url = f"sqlite:///{tmp_path / 'tasks.db'}"
+    upgrade(url)
+    store = SqlStore.from_url(url)
+    store.create(_record(), max_rows=None)
+    created = store.get("k")
+    assert created is not None
 
     took: list[int] = []
     real = engine_module._begin_immediate
@@ -260,3 +265,4 @@ def test_every_sqlite_write_waits_for_the_lock_in_short_steps(
     assert len(took) == 3  # the creation, the conditional UPDATE and the beat: none waits in SQLite's own steps
     stored = store.get("k")
     assert stored is not None and (stored.status_message, stored.heartbeat_at) == ("on", 9_000)
+    store.dispose()
