@@ -61,6 +61,7 @@ async def start_then_follow(url: str) -> list[str]:
     async with Client(url, extensions=[tasks]) as client:
         handle = await tasks.start(client, "crunch", {"steps": 3})
         task_id = handle.id  # a bearer capability: store it like a secret
+        await tasks.stop_following(client)  # leaving while it runs: end following before the connection
 
     seen = []
     async with Client(url, extensions=[tasks]) as client:

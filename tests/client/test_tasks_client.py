@@ -312,3 +312,32 @@ def test_a_closed_handle_says_so_instead_of_waiting(runtime: Deployment):
                 await handle.result()
 
     run(scenario)
+
+
+def test_following_has_ended_when_a_task_ends_or_stop_following_returns(runtime: Deployment):
+    """The connection may close next: no listen stream is left open for a late notification to arrive on."""
+
+    async def scenario() -> tuple[int, int, int, str]:
+        tasks = TasksClient()
+        async with Client(runtime.url, extensions=[tasks]) as client:
+            first = await tasks.start(client, "work", {"seconds": 30})
+            with anyio.fail_after(10):
+                while not client.session._listen_routes:
+                    await anyio.sleep(0.02)
+            while_followed = len(client.session._listen_routes)
+            await first.cancel()  # its last followed task ended: following has ended when this returns
+            after_cancel = len(client.session._listen_routes)
+            second = await tasks.start(client, "work", {"seconds": 30})
+            with anyio.fail_after(10):
+                while not client.session._listen_routes:
+                    await anyio.sleep(0.02)
+            await tasks.stop_following(client)  # a task still followed, the caller leaving
+            after_stop = len(client.session._listen_routes)
+            with anyio.fail_after(5), pytest.raises(MCPError) as stopped:
+                await second.result()
+            await second.cancel()
+            return while_followed, after_cancel, after_stop, stopped.value.message
+
+    while_followed, after_cancel, after_stop, message = run(scenario)
+    assert (while_followed, after_cancel, after_stop) == (1, 0, 0)
+    assert message == "Following stopped: the client is leaving this connection"

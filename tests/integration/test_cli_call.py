@@ -1,7 +1,8 @@
 """`celery-mcp-tasks call` against a real deployment: plain lines, --json, --no-wait/--resume, a real terminal.
 
 The terminal tests run the CLI under a pseudo-terminal it owns as its controlling
-terminal: Ctrl-C is the \\x03 byte the terminal turns into SIGINT, answers are typed.
+terminal: Ctrl-C is the \\x03 byte the terminal turns into SIGINT, answers are typed;
+and in tmux, a terminal as a person has it (send-keys C-c, capture-pane).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import os
 import re
 import select
+import shlex
 import signal
 import struct
 import subprocess
@@ -22,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT, Backend, Deployment, McpHttp, free_port, wait_until
+from tests.support import ROOT, Backend, Deployment, McpHttp, free_port, tool, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -326,3 +328,89 @@ def test_on_a_terminal_ctrl_c_cancels_the_task(runtime: Deployment, terminal: li
     finally:
         client.close()
     wait_until(Path(f"{marker}.stopped").exists, 30, "the job to stop for the cancel")
+
+
+class Tmux:
+    """The CLI in a tmux pane, on a tmux server of its own; the pane stays (dead) after the CLI exits."""
+
+    def __init__(self, socket: Path, *args: str) -> None:
+        self.binary = tool("tmux", "Debian: apt-get install tmux")
+        self.socket = socket
+        argv = [sys.executable, "-m", "celery_mcp_tasks.cli", "call", *args]
+        self._tmux("-f", "/dev/null", "new-session", "-d", "-s", "call", "-x", "120", "-y", "40", "-c", str(ROOT))
+        self._tmux("set-option", "-t", "call", "remain-on-exit", "on")
+        self._tmux("respawn-pane", "-k", "-t", "call", shlex.join(argv))  # the pane is the CLI, nothing else
+
+    def _tmux(self, *args: str) -> str:
+        done = subprocess.run(
+            [self.binary, "-S", str(self.socket), *args],
+            env=_env(TERM="xterm-256color"),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        return done.stdout
+
+    def screen(self) -> str:
+        """What the pane shows, with its scrollback."""
+        return self._tmux("capture-pane", "-p", "-J", "-S", "-200", "-t", "call")
+
+    def keys(self, *keys: str) -> None:
+        self._tmux("send-keys", "-t", "call", *keys)
+
+    def exit_status(self) -> str | None:
+        """How the CLI ended ("130", or "signal 2"), or None while it runs."""
+        shown = self._tmux(
+            "display-message", "-p", "-t", "call", "#{pane_dead}:#{pane_dead_status}:#{pane_dead_signal}"
+        )
+        dead, status, signal_number = shown.strip().split(":")
+        if dead != "1" or not (status or signal_number):  # the pty can close before tmux reaps the process
+            return None
+        return status or f"signal {signal_number}"
+
+    def close(self) -> None:
+        subprocess.run(
+            [self.binary, "-S", str(self.socket), "kill-server"], capture_output=True, timeout=30, check=False
+        )
+
+
+@pytest.fixture
+def tmux(tmp_path: Path) -> Iterator[list[Tmux]]:
+    opened: list[Tmux] = []
+    yield opened
+    for each in opened:
+        each.close()
+
+
+@pytest.mark.parametrize(
+    ("tool_name", "arguments", "following"),
+    [
+        ("work", {"seconds": 60}, ": working"),  # the job's statusMessage on the live line
+        ("wait_here", {"timeout": 60}, "[c]ancel (a): "),  # a question at the prompt
+    ],
+    ids=["working", "asking"],
+)
+def test_in_tmux_ctrl_c_while_following_ends_in_one_line_and_130(
+    runtime: Deployment, tmux: list[Tmux], tmp_path: Path, tool_name: str, arguments: dict[str, float], following: str
+) -> None:
+    """Following ends before the connection closes: no SDK or anyio traceback after the line."""
+    pane = Tmux(tmp_path / "tmux.sock", runtime.url, tool_name, json.dumps(arguments))
+    tmux.append(pane)
+    wait_until(lambda: following in pane.screen(), 60, f"the CLI to show {following!r}", interval=0.2)
+    task_id = re.search(r"started task (\S+)", pane.screen())
+    assert task_id, pane.screen()
+    pane.keys("C-c")
+    wait_until(lambda: pane.exit_status() is not None, 30, "the CLI to exit after Ctrl-C", interval=0.2)
+    screen = pane.screen()
+    assert pane.exit_status() == "130", screen
+    shown = [line.rstrip() for line in screen.splitlines() if line.strip() and not line.startswith("Pane is dead")]
+    at = next(n for n, line in enumerate(shown) if "interrupted: cancelling the task" in line)
+    assert len(shown) == at + 2, screen  # the line saying so, the task's final status, nothing after
+    assert re.search(r"■ cancelled +Cancelled by the client +\d+:\d\d$", shown[-1]), screen
+    assert "Traceback" not in screen and "Error" not in screen, screen
+    client = McpHttp(runtime.url)
+    try:
+        assert client.get(task_id.group(1))["status"] == "cancelled"
+    finally:
+        client.close()

@@ -247,16 +247,22 @@ async def _run(options: CallOptions, io: CallIo, abort: Callable[[], bool] | Non
 async def _session(options: CallOptions, arguments: dict[str, Any], io: CallIo, interrupts: _Interrupts) -> int:
     tasks = TasksClient()
     async with connect(options, tasks, io.prompter) as client:
-        with interrupts.stage() as starting:
-            handle = await open_task(options, arguments, tasks, client)
-        if starting.cancelled_caught:
-            io.view.note("interrupted")
-            return EXIT_CANCELLED
-        assert handle is not None
         try:
-            return await _follow(options, io, interrupts, handle)
+            with interrupts.stage() as starting:
+                handle = await open_task(options, arguments, tasks, client)
+            if starting.cancelled_caught:
+                io.view.note("interrupted")
+                return EXIT_CANCELLED
+            assert handle is not None
+            try:
+                return await _follow(options, io, interrupts, handle)
+            finally:
+                handle.close()
         finally:
-            handle.close()
+            # Following ends before the connection closes, also when leaving at once (shielded):
+            # a notification on a listen stream still open would meet a closed session.
+            with anyio.CancelScope(shield=True):
+                await tasks.stop_following(client)
 
 
 async def _follow(options: CallOptions, io: CallIo, interrupts: _Interrupts, handle: TaskHandle) -> int:

@@ -30,6 +30,7 @@ SDK_VERSIONS = ("2.3",)
 """The SDK releases whose internals this module was checked against (mcp>=2.3,<2.4)."""
 
 _ids = count(1)
+_END_TIMEOUT_S = 2.0  # ending a stream is local (abandon the request): it takes a few loop iterations
 
 
 class ListenClosed(Exception):
@@ -85,18 +86,23 @@ async def listen_tasks(session: ClientSession, task_ids: list[str], ack_timeout:
     route = session._register_listen_route(request_id)  # pyright: ignore[reportPrivateUsage]
     dispatcher = session._dispatcher  # pyright: ignore[reportPrivateUsage]
 
+    driven = anyio.Event()
+
     async def drive() -> None:
-        with scope:
-            try:
-                await dispatcher.send_raw_request(data["method"], data["params"], opts)
-            except MCPError as error:
-                route.settle("lost", error=error)
-                return
-            except ValueError as error:  # an id collision: fail this stream only
-                route.settle("lost", error=MCPError(INTERNAL_ERROR, str(error)))
-                return
-            route.set_acked(SubscriptionFilter())
-            route.settle("graceful")
+        try:
+            with scope:
+                try:
+                    await dispatcher.send_raw_request(data["method"], data["params"], opts)
+                except MCPError as error:
+                    route.settle("lost", error=error)
+                    return
+                except ValueError as error:  # an id collision: fail this stream only
+                    route.settle("lost", error=MCPError(INTERNAL_ERROR, str(error)))
+                    return
+                route.set_acked(SubscriptionFilter())
+                route.settle("graceful")
+        finally:
+            driven.set()
 
     try:
         task_group(session).start_soon(drive)
@@ -110,4 +116,10 @@ async def listen_tasks(session: ClientSession, task_ids: list[str], ack_timeout:
     finally:
         route.settle("local")
         scope.cancel()
+        # Wait until the request is abandoned: its cancellation is then in the transport's hands,
+        # which aborts the stream's POST before the session could close under it (a notification
+        # arriving on a POST still open after the session's streams closed is logged by the SDK
+        # with a traceback). Shielded: the stream ends the same way when its owner is cancelled.
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_END_TIMEOUT_S):
+            await driven.wait()
         session._unregister_listen_route(request_id)  # pyright: ignore[reportPrivateUsage]

@@ -198,6 +198,20 @@ class TasksClient(ClientExtension):
         state = await calls.get_task(session, task_id)
         return self._handle(session, state, None)
 
+    async def stop_following(self, client: Client | ClientSession) -> None:
+        """Stop following this connection's tasks and wait until that is done; call it before the
+        `Client` closes while handles are still open (the tasks go on; `attach` again later).
+
+        The listen stream is ended and no read is left in flight, so closing the connection
+        cannot catch one of them half-way. An open handle's `result()` then raises `MCPError`.
+        """
+        from mcp.client.client import Client
+
+        session = client.session if isinstance(client, Client) else client
+        follower = self._followers.get(session)
+        if follower is not None:
+            await follower.stop()
+
     # -- internals --------------------------------------------------------------------
 
     def _handle(self, session: ClientSession, state: TaskState, tool: str | None) -> TaskHandle:

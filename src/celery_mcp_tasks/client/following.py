@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -41,6 +41,7 @@ class Pacing(Protocol):
 
 
 _ACK_TIMEOUT_S = 5.0  # the acknowledgment is the stream's first frame: it comes at once or not at all
+_STOP_TIMEOUT_S = 5.0  # ending the stream is local; a read in flight is abandoned the same way
 _SAFETY_READ_S = 30.0  # with push on, each followed task is still read this often (a lost notification heals)
 
 
@@ -56,6 +57,7 @@ class Tracked:
     next_poll: float = 0.0
     interval: float = 0.0
     on_end: Callable[[], None] | None = None  # the follower's wake-up: one task fewer to follow
+    settle: Callable[[], Awaitable[None]] | None = None  # the follower's `settle`
 
     def offer(self, state: TaskState) -> bool:
         """Take a newer state; never leave a terminal one, never go back in time (but a final state always wins).
@@ -107,22 +109,53 @@ class Follower:
         self._tracked: dict[str, Tracked] = {}
         self._membership = anyio.Event()
         self._running = False
+        self._run_scope: anyio.CancelScope | None = None
+        self._news = anyio.Event()  # fired when following ends (stream closed, no read in flight) or a task joins
         self._listen_ok: bool | None = None if tasks.listen else False
 
     def track(self, state: TaskState) -> Tracked:
         tracked = self._tracked.get(state.task_id)
         if tracked is None:
             tracked = self._tracked[state.task_id] = Tracked(
-                state=state, interval=self._first_interval(state), on_end=self._membership_changed
+                state=state, interval=self._first_interval(state), on_end=self._membership_changed, settle=self.settle
             )
             tracked.next_poll = anyio.current_time() + tracked.interval
             self._membership.set()
+            self._announce()
         else:
             tracked.offer(state)
         if not self._running and not tracked.state.terminal:
             self._running = True
+            self._run_scope = anyio.CancelScope()
             _sdk.task_group(self._session).start_soon(self._run)
         return tracked
+
+    async def settle(self) -> None:
+        """When no task is followed any more, wait until following has ended (its stream closed).
+
+        Following ends by itself once the last followed task ends or is let go, but in the
+        session's background: a caller who may close the connection next waits here, so
+        nothing of this connection's following is still on the wire when the `Client` closes
+        (a notification arriving on a stream the closing session no longer reads is logged
+        by the SDK with a traceback). Returns at once while other tasks are followed.
+        """
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_STOP_TIMEOUT_S):
+            while self._running and not self._live():
+                await self._news.wait()
+
+    async def stop(self) -> None:
+        """Stop following every task on this connection now (its listen stream ended, no read left
+        in flight) and wait until that is done; a handle still waiting learns that following stopped.
+        """
+        if self._run_scope is not None:
+            self._run_scope.cancel()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_STOP_TIMEOUT_S):
+            while self._running:
+                await self._news.wait()
+
+    def _announce(self) -> None:
+        event, self._news = self._news, anyio.Event()
+        event.set()
 
     def _membership_changed(self) -> None:
         self._membership.set()
@@ -145,14 +178,19 @@ class Follower:
 
     async def _run(self) -> None:
         lost = MCPError(CONNECTION_CLOSED, "The connection closed while a task was being followed")
+        scope = self._run_scope
+        assert scope is not None
         try:
-            while True:
-                if not self._live():
-                    return
-                if self._listen_ok is not False and self._session.protocol_version in TASKS_VERSIONS:
-                    await self._listen()
-                else:
-                    await self._poll()
+            with scope:
+                while True:
+                    if not self._live():
+                        return
+                    if self._listen_ok is not False and self._session.protocol_version in TASKS_VERSIONS:
+                        await self._listen()
+                    else:
+                        await self._poll()
+            if scope.cancelled_caught:
+                lost = MCPError(CONNECTION_CLOSED, "Following stopped: the client is leaving this connection")
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             pass  # the connection is gone: the finally below tells every waiter
         except Exception as exc:  # never take the client's connection down with us
@@ -160,9 +198,11 @@ class Follower:
             lost = MCPError(INTERNAL_ERROR, f"Following the task stopped: {type(exc).__name__}")
         finally:
             self._running = False
+            self._run_scope = None
             for tracked in self._tracked.values():
                 tracked.lose(lost)  # a no-op for finished tasks; nobody waits forever
             self._tracked.clear()
+            self._announce()
 
     async def _wait_membership(self, within_s: float) -> bool:
         """True when the set of followed tasks changed within `within_s`."""

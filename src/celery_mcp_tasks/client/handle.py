@@ -106,6 +106,7 @@ class TaskHandle:
                 seen = tracked.version
                 yield tracked.state
                 if tracked.state.terminal:
+                    await self._settle()
                     return
             if tracked.gone is not None:
                 raise tracked.gone
@@ -127,6 +128,7 @@ class TaskHandle:
                     state.status == "failed" and state.error is None
                 ):
                     await self.refresh()  # e.g. a CreateTaskResult that was already final: read the outcome
+                await self._settle()
                 return tracked.state
             if tracked.gone is not None:
                 raise tracked.gone
@@ -243,6 +245,7 @@ class TaskHandle:
             await self.refresh()
         except TaskNotFound:
             pass
+        await self._settle()
 
     async def _cancel_on_the_way_out(self) -> None:
         """Shielded and bounded: the caller is leaving (cancelled, timed out, failed to answer)."""
@@ -262,6 +265,12 @@ class TaskHandle:
         if self._tracked.refs <= 0 and self._tracked.on_end is not None:
             self._tracked.on_end()  # nobody follows it any more: the follower may let it go
 
+    async def _settle(self) -> None:
+        """The task ended: when it was the connection's last followed task, wait until following has
+        ended, so the connection may close next without a notification still under way."""
+        if self._tracked is not None and self._tracked.settle is not None:
+            await self._tracked.settle()
+
     def _open(self) -> Tracked | None:
         if self._closed:
             raise RuntimeError("this TaskHandle is closed; attach() again to follow the task")
@@ -277,3 +286,4 @@ class TaskHandle:
 
     async def __aexit__(self, *_: object) -> None:
         self.close()
+        await self._settle()
