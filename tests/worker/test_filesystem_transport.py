@@ -25,7 +25,7 @@ def test_the_fix_is_written_against_this_kombu() -> None:
         f"kombu {kombu.__version__}: the filesystem transport fix was written against kombu 5.7.0; re-read "
         "kombu.transport.filesystem.Channel._put/_get before moving on"
     )
-    for name in ("_put", "_get"):
+    for name in ("_put", "_get", "_queue_bind", "get_table", "_exchange_file"):
         assert callable(getattr(kombu_filesystem.Channel, name, None)), f"kombu moved Channel.{name}"
     assert Transport.Channel is Channel and issubclass(Transport, kombu_filesystem.Transport)
 
@@ -49,13 +49,21 @@ def test_this_apps_filesystem_connections_use_the_fixed_transport_and_kombus_tab
 
 @pytest.fixture
 def channel(tmp_path: Path) -> Channel:
-    folder = tmp_path / "queue"
-    folder.mkdir()
-    options = {"data_folder_in": str(folder), "data_folder_out": str(folder), "processed_folder": str(tmp_path)}
-    connection = Connection("filesystem://", transport=Transport, transport_options=options)
+    (tmp_path / "queue").mkdir()
+    connection = Connection("filesystem://", transport=Transport, transport_options=_options(tmp_path))
     opened = connection.default_channel
     assert isinstance(opened, Channel)
     return opened
+
+
+def _options(tmp_path: Path) -> dict[str, str]:
+    folder = tmp_path / "queue"
+    return {
+        "data_folder_in": str(folder),
+        "data_folder_out": str(folder),
+        "processed_folder": str(tmp_path),
+        "control_folder": str(tmp_path / "control"),
+    }
 
 
 def test_a_message_is_whole_or_absent_while_it_is_written(channel: Channel, tmp_path: Path) -> None:
@@ -99,3 +107,44 @@ def test_a_file_still_being_written_is_not_picked_up(channel: Channel, tmp_path:
     (tmp_path / "queue" / f"1_x.jobs.msg{PARTIAL_SUFFIX}").write_text(json.dumps({"n": 0})[:3])
     with pytest.raises(Empty):
         channel._get("jobs")
+
+
+def test_queues_declared_at_once_on_a_new_exchange_are_all_in_its_table(tmp_path: Path) -> None:
+    """Each binder is a channel of its own (a process of its own: a worker, its beat, another worker);
+    a reader meanwhile never meets a table that is empty or half there."""
+    (tmp_path / "queue").mkdir()
+    rounds, binders = 30, 4
+    errors: list[BaseException] = []
+    for n in range(rounds):
+        exchange = f"fanout-{n}"
+        channels = [
+            Connection("filesystem://", transport=Transport, transport_options=_options(tmp_path)).default_channel
+            for _ in range(binders + 1)
+        ]
+        start = threading.Barrier(binders + 1)
+
+        def bind(channel: Channel, queue: str, exchange: str = exchange, start: threading.Barrier = start) -> None:
+            start.wait()
+            try:
+                channel._queue_bind(exchange, "", "", queue)
+            except BaseException as exc:  # noqa: BLE001 - reported by the test
+                errors.append(exc)
+
+        def read(channel: Channel, exchange: str = exchange, start: threading.Barrier = start) -> None:
+            start.wait()
+            for _ in range(200):
+                try:
+                    channel.get_table(exchange)
+                except BaseException as exc:  # noqa: BLE001 - reported by the test
+                    errors.append(exc)
+                    return
+
+        threads = [threading.Thread(target=bind, args=(channels[i], f"q{i}")) for i in range(binders)]
+        threads.append(threading.Thread(target=read, args=(channels[-1],)))
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert errors == [], errors
+        assert sorted(q.queue for q in channels[-1].get_table(exchange)) == [f"q{i}" for i in range(binders)], n
+    assert not [name for name in os.listdir(tmp_path / "control") if name.endswith(PARTIAL_SUFFIX)]

@@ -16,9 +16,18 @@ The fix here, on both sides:
   this fix) waits for the writer briefly, and otherwise logs one line and
   moves on to the next message instead of ending the worker.
 
+The exchange tables (`control/<exchange>.exchange`, which queues an exchange
+routes to) have the same flaw where one is created: kombu opens a new table
+with "wb" (truncating it) before it takes the file lock, so two processes
+declaring queues at once (a worker and its beat at start, two workers' pidbox
+queues) can leave a table without the first one's queue (its messages are
+then routed nowhere) or hand the other an empty file to parse. Here a new
+table is written aside and linked into place only if absent (atomic): whoever
+comes second finds it whole and adds its queue under the lock, as kombu does.
+
 `McpTasks` selects this transport for `filesystem://` unless the application
-set `broker_transport` itself. It overrides kombu's `_put` and `_get` and reads
-the channel's folder attributes; tests/worker/test_filesystem_transport.py
+set `broker_transport` itself. It overrides kombu's `_put`, `_get` and
+`_queue_bind` and reads the channel's folder attributes; tests/worker/test_filesystem_transport.py
 names the kombu version it was written against.
 """
 
@@ -59,6 +68,25 @@ class Channel(kombu_filesystem.Channel):
             os.replace(partial, final)
         except OSError as exc:
             raise ChannelError(f"Cannot add file {name!r} to directory") from exc
+
+    def _queue_bind(self, exchange: Any, routing_key: Any, pattern: Any, queue: Any) -> None:
+        """kombu's, except that a new exchange table appears whole (linked into place only if absent)."""
+        table = self._exchange_file(exchange)
+        self.control_folder.mkdir(exist_ok=True)
+        if not table.exists():
+            entry = [kombu_filesystem.exchange_queue_t(routing_key or "", pattern or "", queue or "")]
+            partial = table.with_name(f"{table.name}.{uuid.uuid4().hex}{PARTIAL_SUFFIX}")
+            try:
+                partial.write_bytes(str_to_bytes(dumps(entry)))
+                os.link(partial, table)  # fails when another process created the table first
+                return
+            except FileExistsError:
+                pass  # it exists now, whole: add this queue to it under the lock (kombu's own path)
+            except OSError as exc:
+                raise ChannelError(f"Cannot create the exchange table {table.name!r}") from exc
+            finally:
+                partial.unlink(missing_ok=True)
+        super()._queue_bind(exchange, routing_key, pattern, queue)
 
     def _get(self, queue: Any, timeout: Any = None) -> Any:
         """The oldest whole message of `queue`; an unreadable one is skipped with a log line."""
