@@ -39,6 +39,7 @@ import shutil
 import tempfile
 import time
 import uuid
+from pathlib import Path
 from queue import Empty
 from typing import Any
 
@@ -71,7 +72,7 @@ class Channel(kombu_filesystem.Channel):
 
     def _queue_bind(self, exchange: Any, routing_key: Any, pattern: Any, queue: Any) -> None:
         """kombu's, except that a new exchange table appears whole (linked into place only if absent)."""
-        table = self._exchange_file(exchange)
+        table: Path = self._exchange_file(exchange)  # type: ignore[no-untyped-call]
         self.control_folder.mkdir(exist_ok=True)
         if not table.exists():
             entry = [kombu_filesystem.exchange_queue_t(routing_key or "", pattern or "", queue or "")]
@@ -86,7 +87,7 @@ class Channel(kombu_filesystem.Channel):
                 raise ChannelError(f"Cannot create the exchange table {table.name!r}") from exc
             finally:
                 partial.unlink(missing_ok=True)
-        super()._queue_bind(exchange, routing_key, pattern, queue)
+        super()._queue_bind(exchange, routing_key, pattern, queue)  # type: ignore[no-untyped-call]
 
     def _get(self, queue: Any, timeout: Any = None) -> Any:
         """The oldest whole message of `queue`; an unreadable one is skipped with a log line."""
