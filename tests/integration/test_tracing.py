@@ -27,10 +27,12 @@ from typing import Any
 import anyio
 import pytest
 from mcp import Client
+from opentelemetry import trace
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from celery_mcp_tasks.client import TasksClient
 from celery_mcp_tasks.testing import ScriptedAnswers
@@ -41,6 +43,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.postgres, pytest.mark.redis]
 APP = "tests.apps.runtime_app"
 SERVICE = "runtime-tests"  # the app's McpTasks name: the default service.name
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+CALLER_SPAN = "00f067aa0ba902b7"
 
 
 @dataclass(frozen=True)
@@ -172,8 +175,11 @@ def _text(result: Any) -> str:
 def drive(url: str) -> tuple[str, str, float]:
     """With the official SDK client: a task retried once by Celery, and one answered twice via tasks/update.
 
-    The second `tools/call` brings a caller's `traceparent` (CLIENT_TRACE) in its `_meta`. Returns both
-    task ids and the longest of the two `tools/call` round trips.
+    The second `tools/call` is made inside a caller's trace (CLIENT_TRACE, a remote parent made current),
+    so the SDK's client puts its `traceparent` in the request's `_meta`, whether or not this test process
+    has a tracer provider (with one, the SDK's own client span sits between: an explicit `_meta`
+    traceparent would be replaced by that span's). Returns both task ids and the longest of the two
+    `tools/call` round trips.
     """
     answers = ScriptedAnswers().when("name", {"name": "Ada"}).when("colour", {"colour": "teal"})
     tasks = TasksClient()
@@ -184,9 +190,15 @@ def drive(url: str) -> tuple[str, str, float]:
                 started = time.monotonic()
                 retried = await tasks.start(client, "flaky", {"failures": 1})
                 created_in = time.monotonic() - started
-                traceparent = f"00-{CLIENT_TRACE}-00f067aa0ba902b7-01"
+                caller = SpanContext(
+                    int(CLIENT_TRACE, 16),
+                    int(CALLER_SPAN, 16),
+                    is_remote=True,
+                    trace_flags=TraceFlags(TraceFlags.SAMPLED),
+                )
                 started = time.monotonic()
-                asked = await tasks.start(client, "two_rounds", {}, meta={"traceparent": traceparent})
+                with trace.use_span(NonRecordingSpan(caller)):
+                    asked = await tasks.start(client, "two_rounds", {})
                 created_in = max(created_in, time.monotonic() - started)
                 assert _text(await retried.result()) == "succeeded on attempt 2"
                 assert _text(await asked.result()).startswith("Ada likes teal")
@@ -262,7 +274,9 @@ def test_every_run_of_a_task_is_in_the_trace_of_its_tools_call(
         assert statuses(runs[1]) == ["completed"]  # the bridge's final write, inside the run's span
 
         call, runs = traced(collector, asked, "two_rounds", "mcp_task run two_rounds", runs=3)
-        assert call.trace_id == CLIENT_TRACE and call.parent_id == "00f067aa0ba902b7"  # the caller's trace
+        assert call.trace_id == CLIENT_TRACE and call.parent_id  # the caller's trace
+        # its parent: the caller's span, or the SDK client's span under it (a provider in this process)
+        assert call.parent_id == CALLER_SPAN or call.parent_id not in {span.span_id for span in collector.all()}
         assert [run.attributes["mcp_task.dispatch"] for run in runs] == [1, 2, 3]
         assert all(run.parent_id == call.span_id for run in runs)  # sent after tasks/update: still the task's
         assert [statuses(run) for run in runs] == [["input_required"], ["input_required"], ["completed"]]
