@@ -331,15 +331,23 @@ def test_on_a_terminal_ctrl_c_cancels_the_task(runtime: Deployment, terminal: li
 
 
 class Tmux:
-    """The CLI in a tmux pane, on a tmux server of its own; the pane stays (dead) after the CLI exits."""
+    """The CLI in a tmux pane, on a tmux server of its own; the pane stays after the CLI exits.
+
+    The CLI runs under bash, which prints its exit status into the pane when it ends (tmux may mark
+    a pane dead before it has the status). bash traps SIGINT with a handler, so the CLI starts with
+    the default disposition, as from a person's shell, and bash waits on.
+    """
 
     def __init__(self, socket: Path, *args: str) -> None:
         self.binary = tool("tmux", "Debian: apt-get install tmux")
         self.socket = socket
         argv = [sys.executable, "-m", "celery_mcp_tasks.cli", "call", *args]
+        script = f'trap : INT; {shlex.join(argv)}; echo "exit status $?"'
         self._tmux("-f", "/dev/null", "new-session", "-d", "-s", "call", "-x", "120", "-y", "40", "-c", str(ROOT))
         self._tmux("set-option", "-t", "call", "remain-on-exit", "on")
-        self._tmux("respawn-pane", "-k", "-t", "call", shlex.join(argv))  # the pane is the CLI, nothing else
+        self._tmux(
+            "respawn-pane", "-k", "-t", "call", shlex.join([tool("bash", "Debian: apt-get install bash"), "-c", script])
+        )
 
     def _tmux(self, *args: str) -> str:
         done = subprocess.run(
@@ -359,15 +367,10 @@ class Tmux:
     def keys(self, *keys: str) -> None:
         self._tmux("send-keys", "-t", "call", *keys)
 
-    def exit_status(self) -> str | None:
-        """How the CLI ended ("130", or "signal 2"), or None while it runs."""
-        shown = self._tmux(
-            "display-message", "-p", "-t", "call", "#{pane_dead}:#{pane_dead_status}:#{pane_dead_signal}"
-        )
-        dead, status, signal_number = shown.strip().split(":")
-        if dead != "1" or not (status or signal_number):  # the pty can close before tmux reaps the process
-            return None
-        return status or f"signal {signal_number}"
+    def exit_status(self) -> int | None:
+        """The CLI's exit status once it has ended (bash printed it), else None."""
+        found = re.search(r"^exit status (\d+)$", self.screen(), re.MULTILINE)
+        return int(found.group(1)) if found else None
 
     def close(self) -> None:
         subprocess.run(
@@ -401,13 +404,16 @@ def test_in_tmux_ctrl_c_while_following_ends_in_one_line_and_130(
     task_id = re.search(r"started task (\S+)", pane.screen())
     assert task_id, pane.screen()
     pane.keys("C-c")
-    wait_until(lambda: pane.exit_status() is not None, 30, "the CLI to exit after Ctrl-C", interval=0.2)
+    try:
+        wait_until(lambda: pane.exit_status() is not None, 30, "the CLI to exit after Ctrl-C", interval=0.2)
+    except TimeoutError:
+        raise AssertionError(f"still running 30 s after Ctrl-C; the pane shows:\n{pane.screen()}") from None
     screen = pane.screen()
-    assert pane.exit_status() == "130", screen
+    assert pane.exit_status() == 130, screen
     shown = [line.rstrip() for line in screen.splitlines() if line.strip() and not line.startswith("Pane is dead")]
     at = next(n for n, line in enumerate(shown) if "interrupted: cancelling the task" in line)
-    assert len(shown) == at + 2, screen  # the line saying so, the task's final status, nothing after
-    assert re.search(r"■ cancelled +Cancelled by the client +\d+:\d\d$", shown[-1]), screen
+    assert len(shown) == at + 3, screen  # the line saying so, the task's final status, nothing after (but bash's)
+    assert re.search(r"■ cancelled +Cancelled by the client +\d+:\d\d$", shown[-2]), screen
     assert "Traceback" not in screen and "Error" not in screen, screen
     client = McpHttp(runtime.url)
     try:
