@@ -132,6 +132,8 @@ async def test_the_clients_page_examples_run_against_the_guide_app(mcp_tasks_ser
     assert await client_examples.deploy(mcp_tasks_server) == "web: deployed"
     seen = await client_examples.start_then_follow(mcp_tasks_server)
     assert seen[-1] == "Crunched 3 steps." and "working: Step 3 of 3" in seen
+    followed = await client_examples.follow_and_answer(mcp_tasks_server)
+    assert "input_required" in followed and followed[-1] == "completed"
     assert await client_examples.cancel(mcp_tasks_server) == "cancelled"
 
 
