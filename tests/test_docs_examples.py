@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from celery_mcp_tasks.cli.shared import supervised_queues, tool_queues
 from examples.guide import client as client_examples
 from examples.guide.test_tools import (
     test_crunch_reports_its_result,
@@ -79,6 +80,48 @@ def test_the_guide_apps_declare_the_tools_the_pages_describe() -> None:
     assert set(first_tool.tasks.tools) == {"count_words"}
     assert set(tools.tasks.tools) == {"crunch", "deploy", "scan", "render", "fetch", "forecast"}
     assert tools.celery is tools.tasks.celery
+
+
+def test_the_existing_celery_app_example_keeps_the_app_and_its_configuration() -> None:
+    from examples.guide import existing_app
+
+    app = existing_app.app
+    assert existing_app.tasks.celery is app
+    assert set(existing_app.tasks.tools) == {"double"}
+    assert {existing_app.double.name, existing_app.plain.name} <= set(app.tasks)
+    assert tool_queues(existing_app.tasks) == {"mcp": ["double"]}  # routed by the app's own task_routes
+    assert supervised_queues(existing_app.tasks) == ["celery", "mcp"]  # what dev's worker consumes
+    assert existing_app.double(x=21) == 42  # called directly: a detached context, the job's body
+
+
+@pytest.mark.integration
+def test_dev_runs_a_tool_routed_to_a_queue_of_its_own(tmp_path: Path) -> None:
+    """dev's worker consumes every task tool's queue, not only the default one (the job was lost before)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MCP_TASKS_", "CELERY_"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "celery_mcp_tasks.cli",
+            "dev",
+            "examples.guide.existing_app",
+            "--port",
+            str(_closed_port()),
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--call",
+            "double",
+            '{"x": 21}',
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == "42"
 
 
 def test_the_plugins_and_mounting_examples_build() -> None:
