@@ -298,6 +298,18 @@ def _settings_read_by_the_code() -> set[str]:
     return names - retired - prefixes
 
 
+def test_every_public_name_is_on_a_reference_page() -> None:
+    """What `celery_mcp_tasks`, `.client` and `.ops` export has a `::: ...` entry (a new name cannot go unlisted)."""
+    import celery_mcp_tasks
+    import celery_mcp_tasks.client
+    import celery_mcp_tasks.ops
+
+    pages = "".join((DOCS / "reference" / name).read_text() for name in ("api.md", "client.md"))
+    documented = {path.rsplit(".", 1)[-1] for path in re.findall(r"^::: ([\w.]+)$", pages, re.MULTILINE)}
+    exported = {*celery_mcp_tasks.__all__, *celery_mcp_tasks.client.__all__, *celery_mcp_tasks.ops.__all__}
+    assert exported - documented == set(), "add a `::: name` entry to docs/reference/api.md or client.md"
+
+
 def test_every_setting_in_config_is_on_the_settings_page() -> None:
     names = _settings_read_by_the_code()
     assert {"MCP_TASKS_DATABASE_URL", "CELERY_BROKER_URL", "MCP_TASKS_METRICS"} <= names
