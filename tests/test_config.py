@@ -94,9 +94,9 @@ def test_an_unknown_name_is_a_warning_naming_the_closest_setting() -> None:
     lines = unknown_settings({"MCP_TASKS_JANITOR_INTERVAL": "5", "MCP_TASKS_BROKER_URL": "redis://r", "HOME": "/"})
     assert lines == [
         "MCP_TASKS_BROKER_URL is not a celery-mcp-tasks setting and is ignored (did you mean CELERY_BROKER_URL?); "
-        "MCP_TASKS_STRICT_SETTINGS=1 makes this an error",
+        "MCP_TASKS_STRICT_SETTINGS=on makes this an error",
         "MCP_TASKS_JANITOR_INTERVAL is not a celery-mcp-tasks setting and is ignored "
-        "(did you mean MCP_TASKS_JANITOR_INTERVAL_S?); MCP_TASKS_STRICT_SETTINGS=1 makes this an error",
+        "(did you mean MCP_TASKS_JANITOR_INTERVAL_S?); MCP_TASKS_STRICT_SETTINGS=on makes this an error",
     ]
     assert "no setting has a close name" in unknown_settings({"MCP_TASKS_FOO": "1"})[0]
 

@@ -4,7 +4,7 @@ Every Python example on the site is a file under `examples/guide/` that a page i
 `--8<--` (pymdownx.snippets); this module imports each one and runs it (directly, or served
 by the pytest plugin as a user would), so a renamed API fails here, not in a reader's hands.
 The reference pages are checked against the code: every setting in `config.py` is on the
-settings page, the CLI help shown is the CLI's options, and the getting-started page shows
+settings page, the CLI help shown is the CLI's own, and the getting-started page shows
 the README's first command and output.
 
 Regenerate the CLI help the reference shows (after changing an option):
@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from celery_mcp_tasks.cli.shared import supervised_queues, tool_queues
 from examples.guide import client as client_examples
 from examples.guide.test_tools import (
     test_crunch_reports_its_result,
@@ -81,6 +82,48 @@ def test_the_guide_apps_declare_the_tools_the_pages_describe() -> None:
     assert tools.celery is tools.tasks.celery
 
 
+def test_the_existing_celery_app_example_keeps_the_app_and_its_configuration() -> None:
+    from examples.guide import existing_app
+
+    app = existing_app.app
+    assert existing_app.tasks.celery is app
+    assert set(existing_app.tasks.tools) == {"double"}
+    assert {existing_app.double.name, existing_app.plain.name} <= set(app.tasks)
+    assert tool_queues(existing_app.tasks) == {"mcp": ["double"]}  # routed by the app's own task_routes
+    assert supervised_queues(existing_app.tasks) == ["celery", "mcp"]  # what dev's worker consumes
+    assert existing_app.double(x=21) == 42  # called directly: a detached context, the job's body
+
+
+@pytest.mark.integration
+def test_dev_runs_a_tool_routed_to_a_queue_of_its_own(tmp_path: Path) -> None:
+    """dev's worker consumes every task tool's queue, not only the default one (the job was lost before)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MCP_TASKS_", "CELERY_"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "celery_mcp_tasks.cli",
+            "dev",
+            "examples.guide.existing_app",
+            "--port",
+            str(_closed_port()),
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--call",
+            "double",
+            '{"x": 21}',
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == "42"
+
+
 def test_the_plugins_and_mounting_examples_build() -> None:
     from starlette.routing import Route
 
@@ -132,6 +175,8 @@ async def test_the_clients_page_examples_run_against_the_guide_app(mcp_tasks_ser
     assert await client_examples.deploy(mcp_tasks_server) == "web: deployed"
     seen = await client_examples.start_then_follow(mcp_tasks_server)
     assert seen[-1] == "Crunched 3 steps." and "working: Step 3 of 3" in seen
+    followed = await client_examples.follow_and_answer(mcp_tasks_server)
+    assert "input_required" in followed and followed[-1] == "completed"
     assert await client_examples.cancel(mcp_tasks_server) == "cancelled"
 
 
@@ -169,15 +214,19 @@ def _block_after(text: str, marker: str) -> list[str]:
 
 @pytest.mark.integration
 def test_getting_started_first_tool_prints_what_the_page_shows(tmp_path: Path) -> None:
+    """The reader's way: the page's code saved as words.py in an empty directory, the page's command run there."""
     page = (DOCS / "getting-started.md").read_text()
     expected = _block_after(page, "<!-- test:first-tool-output -->")
-    command = next(line for line in page.splitlines() if line.startswith("celery-mcp-tasks dev examples.guide"))
+    command = next(line for line in page.splitlines() if line.startswith("celery-mcp-tasks dev words "))
     args = command.split(" ", 2)[2]  # after "celery-mcp-tasks dev"
     app, _, call = args.partition(" --call ")
     tool, _, raw = call.partition(" ")
+    source = (ROOT / "examples" / "guide" / "first_tool.py").read_text()
+    start, end = source.index("# --8<-- [start:tool]\n"), source.index("# --8<-- [end:tool]")
+    (tmp_path / f"{app}.py").write_text(source[start:end].split("\n", 1)[1])
     port = _closed_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MCP_TASKS_", "CELERY_"))}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
+    env["PYTHONPATH"] = str(ROOT / "src")  # not the checkout: `words` comes from the directory dev runs in
     arguments = raw.strip("'")  # the shell passes the JSON as written: its \n is JSON's escape
     done = subprocess.run(
         [sys.executable, "-m", "celery_mcp_tasks.cli", "dev", app, "--port", str(port), "--call", tool, arguments],
@@ -249,6 +298,18 @@ def _settings_read_by_the_code() -> set[str]:
     return names - retired - prefixes
 
 
+def test_every_public_name_is_on_a_reference_page() -> None:
+    """What `celery_mcp_tasks`, `.client` and `.ops` export has a `::: ...` entry (a new name cannot go unlisted)."""
+    import celery_mcp_tasks
+    import celery_mcp_tasks.client
+    import celery_mcp_tasks.ops
+
+    pages = "".join((DOCS / "reference" / name).read_text() for name in ("api.md", "client.md"))
+    documented = {path.rsplit(".", 1)[-1] for path in re.findall(r"^::: ([\w.]+)$", pages, re.MULTILINE)}
+    exported = {*celery_mcp_tasks.__all__, *celery_mcp_tasks.client.__all__, *celery_mcp_tasks.ops.__all__}
+    assert exported - documented == set(), "add a `::: name` entry to docs/reference/api.md or client.md"
+
+
 def test_every_setting_in_config_is_on_the_settings_page() -> None:
     names = _settings_read_by_the_code()
     assert {"MCP_TASKS_DATABASE_URL", "CELERY_BROKER_URL", "MCP_TASKS_METRICS"} <= names
@@ -266,15 +327,16 @@ def _help(command: str) -> str:
     return out.getvalue()
 
 
-def _options(text: str) -> set[str]:
-    return set(re.findall(r"(?<![\w-])(--?[a-zA-Z][\w-]*)", text))
+def _words(text: str) -> list[str]:
+    return text.split()  # the help's words in order: wrapping (argparse's, per Python version) aside
 
 
-@pytest.mark.parametrize("command", COMMANDS)
-def test_the_cli_reference_shows_every_option_of(command: str, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("command", ["", *COMMANDS])
+def test_the_cli_reference_shows_the_help_of(command: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every word of the help, not only the options: a reworded or new help text shows on the page."""
     monkeypatch.setenv("COLUMNS", "100")
-    shown = (CLI_HELP / f"{command}.txt").read_text()
-    assert _options(shown) == _options(_help(command)), "run `python -m tests.test_docs_examples` to regenerate"
+    shown = (CLI_HELP / f"{command or 'celery-mcp-tasks'}.txt").read_text()
+    assert _words(shown) == _words(_help(command)), "run `python -m tests.test_docs_examples` to regenerate"
 
 
 def test_the_cli_reference_lists_every_command() -> None:

@@ -76,6 +76,23 @@ async def start_then_follow(url: str) -> list[str]:
 # --8<-- [end:handle]
 
 
+# --8<-- [start:follow-questions]
+async def follow_and_answer(url: str) -> list[str]:
+    """Follow a task that asks: updates() only reports, so answer an input_required state yourself."""
+    tasks = TasksClient()
+    async with Client(url, extensions=[tasks], elicitation_callback=say_yes) as client:
+        handle = await tasks.start(client, "deploy", {"service": "web"})
+        seen = []
+        async for state in handle.updates():
+            seen.append(state.status)
+            if state.status == "input_required":
+                await handle.respond(state)  # the elicitation callback answers; tasks/update sends it
+        return seen  # ["working", "input_required", "working", ..., "completed"]
+
+
+# --8<-- [end:follow-questions]
+
+
 # --8<-- [start:cancel]
 async def cancel(url: str) -> str:
     """Cancel a running task through its handle; the job sees ctx.cancelled() within a second."""
@@ -93,6 +110,7 @@ async def main(url: str) -> None:
     print(await call(url))
     print(await deploy(url))
     print("\n".join(await start_then_follow(url)))
+    print(await follow_and_answer(url))
     print(await cancel(url))
 
 

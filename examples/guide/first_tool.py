@@ -1,6 +1,8 @@
-"""Getting started, "your first tool in five minutes" (docs/getting-started.md).
+"""Getting started, "your first tool in five minutes" (docs/getting-started.md), where it is `words.py`.
 
-celery-mcp-tasks dev examples.guide.first_tool --call count_words '{"text": "to be or not to be"}'
+The test writes the section below to a scratch directory as `words.py` and runs the page's command
+there (`celery-mcp-tasks dev words --call count_words ...`), as a reader would; from a clone the
+same tool is `celery-mcp-tasks dev examples.guide.first_tool`.
 """
 
 # --8<-- [start:tool]
@@ -9,7 +11,7 @@ import time
 from celery_mcp_tasks import McpTasks, TaskContext
 
 tasks = McpTasks("words")
-celery = tasks.celery  # `celery -A examples.guide.first_tool worker` finds the Celery app here
+celery = tasks.celery  # `celery -A words worker` finds the Celery app here
 
 
 @tasks.mcp_task

@@ -181,7 +181,7 @@ def unknown_settings(env: Mapping[str, str]) -> list[str]:
         line = f"{name} is not a celery-mcp-tasks setting and is ignored ({hint})"
         if _switch(env, STRICT_SETTINGS, False):
             raise ConfigError(f"{line.replace(' and is ignored', '')}; {STRICT_SETTINGS} is on")
-        lines.append(f"{line}; {STRICT_SETTINGS}=1 makes this an error")
+        lines.append(f"{line}; {STRICT_SETTINGS}=on makes this an error")
     return lines
 
 

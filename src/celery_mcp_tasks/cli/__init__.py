@@ -171,9 +171,13 @@ def _parser() -> argparse.ArgumentParser:
         help="uvicorn's log level (default info)",
     )
     serve.add_argument(
-        "--ops-host", default=None, help="where the plugins' /metrics, /healthz, /readyz listen (default 127.0.0.1)"
+        "--ops-host",
+        default=None,
+        help="where the plugins' /metrics, /healthz, /readyz listen (default: MCP_TASKS_OPS_HOST or 127.0.0.1)",
     )
-    serve.add_argument("--ops-port", type=int, default=None, help="their port (default 9101; 0: none)")
+    serve.add_argument(
+        "--ops-port", type=int, default=None, help="their port (default: MCP_TASKS_OPS_PORT or 9101; 0: none)"
+    )
 
     dev = sub.add_parser("dev", help="web + worker + beat on SQLite and the filesystem broker")
     dev.add_argument("app", metavar="APP", help=APP_HELP)

@@ -26,6 +26,7 @@ from celery_mcp_tasks.cli.shared import (
     quiet_libraries,
     raise_stop,
     start_ops_server,
+    supervised_queues,
     worker_argv,
 )
 
@@ -117,7 +118,9 @@ def run_dev(options: DevOptions) -> int:
         "PYTHONUNBUFFERED": "1",
         "PYTHONPATH": os.pathsep.join(filter(None, [cwd, os.environ.get("PYTHONPATH")])),
     }
-    worker = WorkerSupervisor(worker_argv(target, tasks.settings), env, on_death=on_worker_death)
+    worker = WorkerSupervisor(
+        worker_argv(target, tasks.settings, queues=supervised_queues(tasks)), env, on_death=on_worker_death
+    )
     previous = {sig: signal.signal(sig, raise_stop) for sig in (signal.SIGTERM,)}
     status = 0
     ops = start_ops_server(tasks, None, None)  # MCP_TASKS_OPS_HOST/PORT, when a plugin added routes

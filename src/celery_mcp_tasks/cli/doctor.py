@@ -34,6 +34,7 @@ from typing import IO, TYPE_CHECKING, Any, Literal
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
+from celery_mcp_tasks.cli.shared import tool_queues
 from celery_mcp_tasks.config import ConfigError, redact_url
 from celery_mcp_tasks.model import TaskRecord, TaskStatus, now_ms
 from celery_mcp_tasks.ops.probes import (
@@ -77,18 +78,6 @@ class Verdict:
     status: Level
     detail: str
     fix: str = ""
-
-
-def tool_queues(tasks: McpTasks) -> dict[str, list[str]]:
-    """{queue: [task tools sent to it]}, routed as `send_task` routes them (the job's options, task_routes)."""
-    celery = tasks.celery
-    queues: dict[str, list[str]] = {}
-    for tool in sorted(tasks.tools.values(), key=lambda t: t.name):
-        job = celery.tasks.get(tool.celery_name)
-        options = {k: v for k, v in (job._get_exec_options() if job else {}).items() if v is not None}
-        queue = celery.amqp.router.route(options, tool.celery_name, (), {}, job).get("queue")
-        queues.setdefault(str(getattr(queue, "name", queue)), []).append(tool.name)
-    return queues
 
 
 def _worker_command(app_path: str, queues: list[str], default_queue: str) -> str:

@@ -39,6 +39,8 @@ __all__ = [
     "quiet_libraries",
     "raise_stop",
     "start_ops_server",
+    "supervised_queues",
+    "tool_queues",
     "worker_argv",
 ]
 
@@ -245,8 +247,43 @@ six processes against ~110 MB for threads -c 4, and runs four jobs at once as be
 """
 
 
-def worker_argv(target: str, settings: Any, *, node: str = "dev@%h", schedule: str = "beat-schedule") -> list[str]:
-    """`celery worker -B` as `dev` runs it; `stdio` names its own node and beat schedule file."""
+def tool_queues(tasks: Any) -> dict[str, list[str]]:
+    """{queue: [task tools sent to it]}, routed as `send_task` routes them (the job's options, task_routes)."""
+    celery = tasks.celery
+    queues: dict[str, list[str]] = {}
+    for tool in sorted(tasks.tools.values(), key=lambda t: t.name):
+        job = celery.tasks.get(tool.celery_name)
+        options = {k: v for k, v in (job._get_exec_options() if job else {}).items() if v is not None}
+        queue = celery.amqp.router.route(options, tool.celery_name, (), {}, job).get("queue")
+        queues.setdefault(str(getattr(queue, "name", queue)), []).append(tool.name)
+    return queues
+
+
+def supervised_queues(tasks: Any) -> list[str]:
+    """What the worker `dev` and `stdio` start must consume: every task tool's queue and the janitor's.
+
+    Empty when that is the default queue alone (Celery's own default then applies).
+    """
+    from celery_mcp_tasks.worker.janitor import JANITOR_TASK
+
+    celery = tasks.celery
+    default = str(celery.conf.task_default_queue)
+    janitor = celery.amqp.router.route({}, JANITOR_TASK).get("queue")
+    wanted = [default, str(getattr(janitor, "name", janitor) or default), *tool_queues(tasks)]
+    queues = list(dict.fromkeys(wanted))
+    return [] if queues == [default] else queues
+
+
+def worker_argv(
+    target: str,
+    settings: Any,
+    *,
+    queues: list[str] | None = None,
+    node: str = "dev@%h",
+    schedule: str = "beat-schedule",
+) -> list[str]:
+    """`celery worker -B` as `dev` runs it, consuming `queues` (see `supervised_queues`) when given;
+    `stdio` names its own node and beat schedule file."""
     return [
         sys.executable,
         "-m",
@@ -265,4 +302,5 @@ def worker_argv(target: str, settings: Any, *, node: str = "dev@%h", schedule: s
         node,
         "-s",
         str(settings.resolved_data_dir / schedule),
+        *(["-Q", ",".join(queues)] if queues else []),
     ]

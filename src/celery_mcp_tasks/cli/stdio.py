@@ -43,6 +43,7 @@ from celery_mcp_tasks.cli.shared import (
     load_app,
     quiet_libraries,
     raise_stop,
+    supervised_queues,
     worker_argv,
 )
 from celery_mcp_tasks.config import redact_url
@@ -219,7 +220,13 @@ def run_stdio(options: StdioOptions) -> int:
             tasks.preflight("stdio")
             _say(f"{PREFIX}: serving {options.app} over stdin/stdout", *banner(tasks.settings))
             if target is not None:
-                argv = worker_argv(target, tasks.settings, node="stdio@%h", schedule="stdio-beat-schedule")
+                argv = worker_argv(
+                    target,
+                    tasks.settings,
+                    queues=supervised_queues(tasks),
+                    node="stdio@%h",
+                    schedule="stdio-beat-schedule",
+                )
                 worker = WorkerSupervisor(argv, _worker_env(), on_death=lambda: None)
                 worker.start()
                 assert worker.proc is not None

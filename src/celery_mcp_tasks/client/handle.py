@@ -40,7 +40,11 @@ _INPUT_REQUEST: TypeAdapter[Any] = TypeAdapter(InputRequest)
 
 
 class TaskHandle:
-    """One task: its id, its latest state, its changes, and what a client can do with it."""
+    """One task: its id, its latest state, its changes, and what a client can do with it.
+
+    `TasksClient.start` and `TasksClient.attach` make one (never construct it yourself);
+    `async with handle:` closes it on the way out.
+    """
 
     def __init__(
         self,
@@ -73,10 +77,12 @@ class TaskHandle:
 
     @property
     def status(self) -> str:
+        """The latest status seen (`"completed"` when the tool answered at once)."""
         return self._tracked.state.status if self._tracked is not None else "completed"
 
     @property
     def finished(self) -> bool:
+        """True once the task is final, gone, or the tool answered at once: nothing more will change."""
         tracked = self._tracked
         return tracked is None or tracked.state.terminal or tracked.gone is not None
 
@@ -95,6 +101,8 @@ class TaskHandle:
     async def updates(self) -> AsyncIterator[TaskState]:
         """The current state, then each change, ending after the terminal one.
 
+        It only reports: an `input_required` state stays until you answer it (`respond(state)`
+        or `answer(...)`); `wait()` and `result()` answer with the session's callbacks.
         Raises `TaskNotFound` when the task disappears while followed.
         """
         tracked = self._open()
