@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from celery_mcp_tasks.model import TaskRecord, TaskStatus
+from celery_mcp_tasks.ops.prometheus_internals import count_in_files, counts_in_files, read_values, write_values
 from celery_mcp_tasks.plugin import Plugin, Runtime
 from celery_mcp_tasks.service import ENQUEUE_FAILED
 from celery_mcp_tasks.worker.janitor import EXPIRED_UNFINISHED, METRIC
@@ -188,23 +189,19 @@ def use_multiprocess(directory: str) -> bool:
     False when this process already made its metric objects in memory: they would
     keep counting there, unseen by the exporter that reads the files.
     """
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
-    from prometheus_client import values
-
-    if getattr(values.ValueClass, "_multiprocess", False):
+    os.environ[MULTIPROC_DIR] = directory
+    if counts_in_files():
         return True
     if _families is not None:
         logger.warning("metrics: counted in memory before the worker started; its pool's counts are not exported")
         return False
-    values.ValueClass = values.MultiProcessValue()  # type: ignore[no-untyped-call]
+    count_in_files()
     return True
 
 
 def multiprocess() -> bool:
     """Whether this process counts in multiprocess files (so an exporter must read them all)."""
-    from prometheus_client import values
-
-    return bool(getattr(values.ValueClass, "_multiprocess", False)) and bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+    return counts_in_files() and bool(os.environ.get(MULTIPROC_DIR))
 
 
 # -- 2. observers: what each committed change, sweep and listen stream counts ----------------
@@ -564,8 +561,6 @@ def fold_files(directory: str, pid: int) -> int:
     replaces the old one before the process's own file is removed, all under
     the lock: a scrape (which holds it too) sees the counts once.
     """
-    from prometheus_client.mmap_dict import MmapedDict
-
     folded = 0
     with _locked(directory, exclusive=True):
         for kind in _ADDITIVE:
@@ -576,17 +571,12 @@ def fold_files(directory: str, pid: int) -> int:
             totals: dict[str, float] = {}
             for path in (merged, own):
                 if os.path.exists(path):
-                    for key, value, _timestamp, _pos in MmapedDict.read_all_values_from_file(path):  # type: ignore[no-untyped-call]
+                    for key, value in read_values(path):
                         totals[key] = totals.get(key, 0.0) + value
             partial = f"{merged}.partial"
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(partial)  # left by a fold that was killed: never reopen (and add to) it
-            out = MmapedDict(partial)  # type: ignore[no-untyped-call]
-            try:
-                for key, value in totals.items():
-                    out.write_value(key, value, 0.0)  # type: ignore[no-untyped-call]
-            finally:
-                out.close()  # type: ignore[no-untyped-call]
+            write_values(partial, totals)
             os.replace(partial, merged)
             os.unlink(own)
             folded += 1
