@@ -45,6 +45,7 @@ from celery_mcp_tasks.ops.probes import (
     short_reason,
     store_probe,
 )
+from celery_mcp_tasks.worker.celery_internals import exec_options
 
 if TYPE_CHECKING:
     from celery_mcp_tasks.app import McpTasks
@@ -85,7 +86,7 @@ def tool_queues(tasks: McpTasks) -> dict[str, list[str]]:
     queues: dict[str, list[str]] = {}
     for tool in sorted(tasks.tools.values(), key=lambda t: t.name):
         job = celery.tasks.get(tool.celery_name)
-        options = {k: v for k, v in (job._get_exec_options() if job else {}).items() if v is not None}
+        options = exec_options(job) if job else {}
         queue = celery.amqp.router.route(options, tool.celery_name, (), {}, job).get("queue")
         queues.setdefault(str(getattr(queue, "name", queue)), []).append(tool.name)
     return queues
