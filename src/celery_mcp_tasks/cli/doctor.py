@@ -48,7 +48,7 @@ from celery_mcp_tasks.ops.probes import (
 from celery_mcp_tasks.worker.celery_internals import exec_options
 
 if TYPE_CHECKING:
-    from celery_mcp_tasks.app import McpTasks
+    from celery_mcp_tasks.app import Internals, McpTasks
 
 __all__ = [
     "Row",
@@ -80,11 +80,17 @@ class Verdict:
     fix: str = ""
 
 
+def _internals(tasks: McpTasks) -> Internals:
+    from celery_mcp_tasks.app import internals  # loaded with the app anyway; not for `--help`
+
+    return internals(tasks)
+
+
 def tool_queues(tasks: McpTasks) -> dict[str, list[str]]:
     """{queue: [task tools sent to it]}, routed as `send_task` routes them (the job's options, task_routes)."""
     celery = tasks.celery
     queues: dict[str, list[str]] = {}
-    for tool in sorted(tasks.tools.values(), key=lambda t: t.name):
+    for tool in sorted(_internals(tasks).tools.values(), key=lambda t: t.name):
         job = celery.tasks.get(tool.celery_name)
         options = exec_options(job) if job else {}
         queue = celery.amqp.router.route(options, tool.celery_name, (), {}, job).get("queue")
@@ -104,7 +110,7 @@ def workers_check(tasks: McpTasks, app_path: str, *, timeout_s: float) -> Verdic
         return Verdict("SKIP", "the app declares no task tools")
     celery = tasks.celery
     default_queue = str(celery.conf.task_default_queue)
-    tools = {tool.name: tool.celery_name for tool in tasks.tools.values()}
+    tools = {tool.name: tool.celery_name for tool in _internals(tasks).tools.values()}
     try:
         active: dict[str, Any] = celery.control.inspect(timeout=timeout_s).active_queues() or {}
     except Exception as exc:  # noqa: BLE001
@@ -215,7 +221,7 @@ def push_check(tasks: McpTasks, probe: ProbeEngine, *, timeout_s: float) -> Verd
 
     from celery_mcp_tasks.notify.hub import Hub
 
-    mode = tasks.push.mode
+    mode = _internals(tasks).push.mode
     if mode == "off":
         return Verdict(
             "WARN",
@@ -352,7 +358,7 @@ def _load(app_path: str) -> tuple[McpTasks | None, Verdict]:
     problem = shared_store_problem(tasks.settings, "process", str(tasks.celery.conf.broker_url))
     if problem is not None:
         return tasks, Verdict("FAIL", problem, "set MCP_TASKS_DATABASE_URL to the database every process shares")
-    tools = sorted(tasks.tools)
+    tools = sorted(_internals(tasks).tools)
     where = f"store {redact_url(tasks.settings.store_url)}, broker {redact_url(str(tasks.celery.conf.broker_url))}"
     if not tools:
         return tasks, Verdict("WARN", f"{app_path} loads but declares no task tools; {where}", "")
@@ -422,7 +428,7 @@ def diagnose(app_path: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Row
     check("broker", (), lambda: _from_finding(broker_probe(tasks.celery), broker_fix))
     check("workers", ("broker",), lambda: workers_check(tasks, app_path, timeout_s=timeout_s))
     check("janitor", ("database", "schema"), lambda: _janitor(tasks, probe, app_path))
-    push_needs = {"postgres": ("database",), "broker": ("broker",)}.get(tasks.push.mode, ())
+    push_needs = {"postgres": ("database",), "broker": ("broker",)}.get(_internals(tasks).push.mode, ())
     check("push", push_needs, lambda: push_check(tasks, probe, timeout_s=timeout_s))
     check("clock", ("database",), lambda: clock_check(probe))
     rows += [Row(name, v.status, v.detail, v.fix) for name, v in verdicts.items()]
