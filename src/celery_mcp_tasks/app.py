@@ -201,7 +201,7 @@ class McpTasks:
         for plugin in self._plugins:
             _set_up(plugin, self._runtime)
         if self._listen is not None:
-            self._listen.observers.extend(_StreamHooks(p) for p in self._plugins if overrides(p, "stream_opened"))
+            self._listen.observers.extend(p for p in self._plugins if overrides(p, "stream_opened"))
         # Entered for the served app's whole life (inside its lifespan): e.g. the janitor watch.
         self._serving_contexts = [_serving(p) for p in self._plugins if overrides(p, "serving")]
 
@@ -462,15 +462,6 @@ def _set_up(plugin: Plugin, runtime: Runtime) -> None:
         plugin.setup(runtime)
     except ConfigError as exc:
         raise SystemExit(f"celery-mcp-tasks: configuration error: {exc}") from None
-
-
-class _StreamHooks:
-    """A plugin's stream hooks as the listen handler's observer."""
-
-    def __init__(self, plugin: Plugin) -> None:
-        self.stream_opened = plugin.stream_opened
-        self.stream_closed = plugin.stream_closed
-        self.notified = plugin.stream_notified
 
 
 def _serving(plugin: Plugin) -> Callable[[], AbstractAsyncContextManager[Any]]:
