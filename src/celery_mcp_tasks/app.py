@@ -46,7 +46,7 @@ from celery_mcp_tasks.worker import bridge
 from celery_mcp_tasks.worker.context import TaskContext
 from celery_mcp_tasks.worker.dispatch import CeleryDispatcher
 from celery_mcp_tasks.worker.janitor import MetricHook, SweepReport, install_janitor, ledger_of, sweep
-from celery_mcp_tasks.worker.job import McpJob, McpTaskDecorator, McpTaskJob, make_run
+from celery_mcp_tasks.worker.job import McpJob, McpTaskDecorator, McpTaskJob, WorkerRuntime, make_run
 from celery_mcp_tasks.worker.startup import install_startup
 
 __all__ = ["Internals", "McpTasks", "internals"]
@@ -342,7 +342,8 @@ class McpTasks:
         celery_options.setdefault("acks_late", True)
         celery_options.setdefault("retry_on_worker_lost", True)  # bounded by max_retries, unlike reject_on_worker_lost
         celery_options.setdefault("ignore_result", True)
-        job: McpTaskJob[_R] = self.celery.task(base=McpJob, mcp_tool=tool, mcp_runtime=self._runtime, **celery_options)(
+        runtime: WorkerRuntime = self._runtime  # what a job knows of the app (typed: Celery's task() is not)
+        job: McpTaskJob[_R] = self.celery.task(base=McpJob, mcp_tool=tool, mcp_runtime=runtime, **celery_options)(
             make_run(tool)
         )
         tool.celery_name = job.name
