@@ -25,9 +25,9 @@ import logging
 import os
 import secrets
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import wait
 from dataclasses import asdict, dataclass
 from typing import IO, TYPE_CHECKING, Any, Literal
 
@@ -40,6 +40,7 @@ from celery_mcp_tasks.ops.probes import (
     Finding,
     ProbeEngine,
     broker_probe,
+    in_daemon_thread,
     janitor_probe,
     schema_probe,
     short_reason,
@@ -313,21 +314,15 @@ class Row:
 
 
 def _with_deadline(work: Callable[[], Verdict], deadline_s: float) -> Verdict:
-    """`work` in a daemon thread: a check stuck past its deadline is a FAIL and never holds the exit."""
-    outcome: list[Verdict] = []
-
-    def run() -> None:
-        try:
-            outcome.append(work())
-        except Exception as exc:  # noqa: BLE001 - a check that raises is a failed check
-            outcome.append(Verdict("FAIL", f"the check raised {type(exc).__name__}: {str(exc)[:200]}"))
-
-    thread = threading.Thread(target=run, name="mcp-tasks-doctor", daemon=True)
-    thread.start()
-    thread.join(deadline_s)
-    if not outcome:
+    """`work` in a daemon thread (`in_daemon_thread`): a check stuck past its deadline is a FAIL and never
+    holds the exit; a check that raises is a failed check."""
+    future = in_daemon_thread(work, name="mcp-tasks-doctor")
+    if not wait([future], timeout=deadline_s).done:
         return Verdict("FAIL", f"timed out after {deadline_s:g}s (the service hangs)")
-    return outcome[0]
+    exc = future.exception()
+    if exc is not None:
+        return Verdict("FAIL", f"the check raised {type(exc).__name__}: {str(exc)[:200]}")
+    return future.result()
 
 
 _LEVELS: dict[str, Level] = {"ok": "OK", "warn": "WARN", "fail": "FAIL", "skipped": "SKIP"}
