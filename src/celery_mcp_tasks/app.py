@@ -154,7 +154,9 @@ class McpTasks:
         """`notifier`: left out, every change is pushed to listen streams over the transport
         MCP_TASKS_NOTIFY selects (PostgreSQL NOTIFY, the broker's fanout, or row polling);
         `None` turns push off (streams only acknowledge; clients poll `tasks/get`); a
-        `Notifier` replaces the publisher in every process. `plugins`: operations to turn on (`celery_mcp_tasks.ops`:
+        `Notifier` replaces the publisher in every process (to hear every change and keep
+        push, leave this out and add a plugin with a `task_changed` hook). `plugins`:
+        operations to turn on (`celery_mcp_tasks.ops`:
         `Prometheus()`, `Health()`, `Logs()`, `Tracing()`, `JanitorWatcher()`), beside
         those the settings turn on (MCP_TASKS_METRICS=on, ...); none by default.
         Other keyword arguments go to `MCPServer`.
