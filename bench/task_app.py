@@ -10,12 +10,14 @@ from __future__ import annotations
 import os
 
 from celery_mcp_tasks import McpTasks
+from celery_mcp_tasks.app import internals
 
 tasks = McpTasks("bench-task")
 celery = tasks.celery
 
-if os.environ.get("BENCH_MAX_STREAMS") and tasks.listen is not None:
-    tasks.listen.max_streams = int(os.environ["BENCH_MAX_STREAMS"])
+listen = internals(tasks).listen
+if os.environ.get("BENCH_MAX_STREAMS") and listen is not None:
+    listen.max_streams = int(os.environ["BENCH_MAX_STREAMS"])
 
 
 @tasks.mcp_task

@@ -3,6 +3,8 @@ exceptions a job or a caller catches. Everything else lives in its submodule."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import celery_mcp_tasks
@@ -41,3 +43,29 @@ def test_names_the_readme_once_showed_still_import_with_a_deprecation_warning(na
     with pytest.warns(DeprecationWarning, match="import it from celery_mcp_tasks.model"):
         value = getattr(celery_mcp_tasks, name)
     assert value is getattr(model, name)
+
+
+MCP_TASKS_MEMBERS = {
+    # what the docs show
+    "mcp_task",
+    "celery",
+    "server",
+    "asgi_app",
+    "ops_app",
+    "lifespan",
+    "task_handle",
+    # what the commands, the pytest plugin and plugins build on
+    "name",
+    "settings",
+    "service",
+    "ledger",
+    "sweep",
+    "preflight",
+}
+
+
+def test_mcp_tasks_exposes_what_the_docs_use_and_nothing_else(tmp_path: Path) -> None:
+    from celery_mcp_tasks.config import Settings
+
+    tasks = celery_mcp_tasks.McpTasks("surface", settings=Settings(data_dir=tmp_path))
+    assert {name for name in dir(tasks) if not name.startswith("_")} == MCP_TASKS_MEMBERS

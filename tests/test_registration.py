@@ -9,6 +9,7 @@ import pytest
 from celery import Celery
 
 from celery_mcp_tasks import McpTasks, TaskContext
+from celery_mcp_tasks.app import internals
 from celery_mcp_tasks.config import Settings
 
 
@@ -28,7 +29,7 @@ def test_a_task_tool_named_like_a_plain_tool_is_refused(tasks: McpTasks) -> None
         def slow_lookup(query: str) -> str:
             return query
 
-    assert "lookup" not in tasks.tools
+    assert "lookup" not in internals(tasks).tools
     assert not [name for name in tasks.celery.tasks if name.endswith("slow_lookup")]
 
 
@@ -64,7 +65,7 @@ def test_a_parameter_without_a_json_schema_names_the_tool_and_the_parameter(task
 
     message = str(refused.value)
     assert message.startswith("task tool 'job': parameter 'sock' ") and "socket.socket" in message
-    assert "job" not in tasks.tools and not tasks.server.has_tool("job")
+    assert "job" not in internals(tasks).tools and not tasks.server.has_tool("job")
 
 
 def test_distinct_tools_of_both_kinds_live_side_by_side(tasks: McpTasks) -> None:
@@ -76,4 +77,4 @@ def test_distinct_tools_of_both_kinds_live_side_by_side(tasks: McpTasks) -> None
     def slow(x: int) -> int:
         return x
 
-    assert tasks.server.has_tool("quick") and tasks.server.has_tool("slow") and list(tasks.tools) == ["slow"]
+    assert tasks.server.has_tool("quick") and tasks.server.has_tool("slow") and list(internals(tasks).tools) == ["slow"]

@@ -19,8 +19,7 @@ from examples.conformance.replica_bus import ReplicaBus
 
 # Core list-changed events cross web replicas (a round-robin proxy in front of several `serve`s).
 bus = ReplicaBus()
-tasks = McpTasks("celery-mcp-tasks-conformance", subscriptions=bus)
-bus.attach(tasks)
+tasks = McpTasks("celery-mcp-tasks-conformance", subscriptions=bus, plugins=[bus])
 celery = tasks.celery
 server = tasks.server
 

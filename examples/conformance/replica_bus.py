@@ -17,7 +17,7 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import anyio
@@ -25,7 +25,7 @@ from mcp.server.subscriptions import InMemorySubscriptionBus, ServerEvent
 from mcp.shared.subscriptions import ResourceUpdated, event_from_wire, event_to_notification
 from sqlalchemy.engine import make_url
 
-from celery_mcp_tasks import McpTasks
+from celery_mcp_tasks.plugin import Plugin, Runtime
 
 __all__ = ["ReplicaBus"]
 
@@ -35,20 +35,24 @@ CHANNEL = "mcp_conformance_events"
 _RETRY_S = 1.0
 
 
-class ReplicaBus:
-    """In-process fan-out plus a NOTIFY to the other replicas; `attach(tasks)` once the app exists."""
+class ReplicaBus(Plugin):
+    """In-process fan-out plus a NOTIFY to the other replicas; also the app's plugin
+    (`McpTasks(..., subscriptions=bus, plugins=[bus])`), to relay while the app is served."""
 
     def __init__(self) -> None:
         self._local = InMemorySubscriptionBus()
         self._origin = uuid.uuid4().hex
         self._url: str | None = None
 
-    def attach(self, tasks: McpTasks) -> None:
-        """Share events over `tasks`' store while its web app is served (nothing to do off PostgreSQL)."""
-        url = make_url(tasks.settings.store_url)
+    def setup(self, runtime: Runtime) -> None:
+        """Share events over the app's store (nothing to do off PostgreSQL)."""
+        url = make_url(runtime.settings.store_url)
         if url.get_backend_name() == "postgresql":
             self._url = url.set(drivername="postgresql").render_as_string(hide_password=False)
-            tasks.serving_contexts.append(self.relaying)
+
+    def serving(self) -> AbstractAsyncContextManager[None] | None:
+        """While the web app is served: relay the other replicas' events."""
+        return self.relaying() if self._url is not None else None
 
     def subscribe(self, listener: Callable[[ServerEvent], None]) -> Callable[[], None]:
         return self._local.subscribe(listener)

@@ -11,14 +11,16 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, overload
 
 from celery import Celery
 
 from celery_mcp_tasks.config import ConfigError, Settings, redact_url
 from celery_mcp_tasks.mcp.extension import TasksExtension
+from celery_mcp_tasks.mcp.listen import TaskListenHandler
 from celery_mcp_tasks.mcp.request_state import share_request_state, warn_unless_shared
 from celery_mcp_tasks.mcp.security import transport_security
 from celery_mcp_tasks.mcp.server import TasksServer
@@ -27,15 +29,15 @@ from celery_mcp_tasks.mcp.serving import (
     listen_bus,
     push_hub,
     request_state_sealed,
+    serving,
     with_body_limit_message,
-    with_push,
-    with_serving_contexts,
+    with_serving,
 )
 from celery_mcp_tasks.mcp.toolspec import Prepare, TaskMode, TaskTool
 from celery_mcp_tasks.notify.base import Notifier
 from celery_mcp_tasks.notify.push import BrokerAccess, Push
 from celery_mcp_tasks.observe import Observers
-from celery_mcp_tasks.plugin import Plugin, overrides, plugins_from_settings
+from celery_mcp_tasks.plugin import Plugin, Runtime, overrides, plugins_from_settings
 from celery_mcp_tasks.preflight import preflight
 from celery_mcp_tasks.service import DEFAULT, TaskService, _Default
 from celery_mcp_tasks.store.base import Ledger
@@ -44,10 +46,10 @@ from celery_mcp_tasks.worker import bridge
 from celery_mcp_tasks.worker.context import TaskContext
 from celery_mcp_tasks.worker.dispatch import CeleryDispatcher
 from celery_mcp_tasks.worker.janitor import MetricHook, SweepReport, install_janitor, ledger_of, sweep
-from celery_mcp_tasks.worker.job import McpJob, McpTaskDecorator, McpTaskJob, make_run
+from celery_mcp_tasks.worker.job import McpJob, McpTaskDecorator, McpTaskJob, WorkerRuntime, make_run
 from celery_mcp_tasks.worker.startup import install_startup
 
-__all__ = ["McpTasks"]
+__all__ = ["Internals", "McpTasks", "internals"]
 
 REDIS_TRANSPORT = "celery_mcp_tasks.worker.redis_transport:Transport"
 """kombu's Redis transport with the fix for a broker outage mid-job (imported by kombu only when used)."""
@@ -152,8 +154,9 @@ class McpTasks:
         """`notifier`: left out, every change is pushed to listen streams over the transport
         MCP_TASKS_NOTIFY selects (PostgreSQL NOTIFY, the broker's fanout, or row polling);
         `None` turns push off (streams only acknowledge; clients poll `tasks/get`); a
-        `Notifier` replaces the publisher in every process (call `tasks.push.publisher`
-        from it to keep push). `plugins`: operations to turn on (`celery_mcp_tasks.ops`:
+        `Notifier` replaces the publisher in every process (to hear every change and keep
+        push, leave this out and add a plugin with a `task_changed` hook). `plugins`:
+        operations to turn on (`celery_mcp_tasks.ops`:
         `Prometheus()`, `Health()`, `Logs()`, `Tracing()`, `JanitorWatcher()`), beside
         those the settings turn on (MCP_TASKS_METRICS=on, ...); none by default.
         Other keyword arguments go to `MCPServer`.
@@ -166,53 +169,45 @@ class McpTasks:
         self.settings = settings or _settings_from_env()
         self.celery = celery or Celery(name)
         configure_celery(self.celery, self.settings)
-        self.tools: dict[str, TaskTool] = {}
+        self._tools: dict[str, TaskTool] = {}
         self._metric = metric
-        self._dispatcher = CeleryDispatcher(self.celery, self.tools)
-        self.push = Push(self.settings, notifier=notifier, broker=BrokerAccess.of(self.celery))
+        self._dispatcher = CeleryDispatcher(self.celery, self._tools)
+        self._push = Push(self.settings, notifier=notifier, broker=BrokerAccess.of(self.celery))
         self._lock = threading.Lock()
         self._service: TaskService | None = None
         self._service_pid: int | None = None
         self._app: Any = None
-        self.plugins = _chosen(plugins, self.settings)
-        self._observers = Observers(p for p in self.plugins if overrides(p, "task_changed"))  # told of every commit
-        self.serving_contexts: list[Callable[[], AbstractAsyncContextManager[Any]]] = []
-        """Entered for the served app's whole life (inside its lifespan): e.g. the janitor watch."""
-        self.extension = TasksExtension(
-            self.tools,
+        self._runtime = _Runtime(self)
+        self._plugins = _chosen(plugins, self.settings)
+        self._observers = Observers(p for p in self._plugins if overrides(p, "task_changed"))  # told of every commit
+        self._extension = TasksExtension(
+            self._tools,
             self.service,
             known_tool=self._known_tool,
             sync_timeout_s=self.settings.sync_timeout_s,
-            hub=push_hub(self.push),
+            hub=push_hub(self._push),
             sealed_state=lambda: request_state_sealed(self.server),
         )
         bus = listen_bus(server_options)
         self._shared_state = share_request_state(self.settings, server_options)  # MCP_TASKS_REQUEST_STATE_SECRET
         if version is not None:  # the server's version is the application's; the SDK's default otherwise
             server_options["version"] = version
-        self.server = TasksServer(name, extensions=[self.extension], **server_options)
-        self.listen = attach_listen(self.server, bus, self.service, self.push)
+        self.server = TasksServer(name, extensions=[self._extension], **server_options)
+        self._listen = attach_listen(self.server, bus, self.service, self._push)
         bridge.install()
         install_startup(self.celery, self.preflight, self._startup_lines)
         in_worker = self.settings.janitor == "worker"
         install_janitor(
             self.celery, self.sweep, self.settings.janitor_interval_s, in_worker=in_worker, ledger=self.ledger
         )
-        for plugin in self.plugins:
-            _set_up(plugin, self)
-        if self.listen is not None:
-            self.listen.observers.extend(_StreamHooks(p) for p in self.plugins if overrides(p, "stream_opened"))
-        self.serving_contexts.extend(_serving(p) for p in self.plugins if overrides(p, "serving"))
+        for plugin in self._plugins:
+            _set_up(plugin, self._runtime)
+        if self._listen is not None:
+            self._listen.observers.extend(p for p in self._plugins if overrides(p, "stream_opened"))
+        # Entered for the served app's whole life (inside its lifespan): e.g. the janitor watch.
+        self._serving_contexts = [_serving(p) for p in self._plugins if overrides(p, "serving")]
 
     # -- per-process state ---------------------------------------------------------------
-
-    @property
-    def heartbeat_interval_s(self) -> float:
-        return max(self.settings.stale_timeout_s / 4, 0.5)
-
-    @property
-    def stale_timeout_s(self) -> float:
-        return self.settings.stale_timeout_s
 
     def service(self) -> TaskService:
         """This process's service. Rebuilt after a fork: an engine must never cross one."""
@@ -221,14 +216,14 @@ class McpTasks:
             return self._service
         with self._lock:
             if self._service is None or self._service_pid != pid:
-                store = SqlStore.from_url(self.settings.store_url, change_hint=self.push.change_hint)
-                for plugin in self.plugins:  # e.g. the metrics' error listener on this engine only
+                store = SqlStore.from_url(self.settings.store_url, change_hint=self._push.change_hint)
+                for plugin in self._plugins:  # e.g. the metrics' error listener on this engine only
                     if overrides(plugin, "store_built"):
                         plugin.store_built(store)
-                self.push.bind_store(store, store.engine)
+                self._push.bind_store(store, store.engine)
                 self._service = TaskService(
                     store,
-                    notifier=self.push.notifier,
+                    notifier=self._push.notifier,
                     dispatcher=self._dispatcher,
                     max_rows=self.settings.max_rows,
                     default_ttl_ms=self.settings.default_ttl_ms,
@@ -248,11 +243,11 @@ class McpTasks:
 
     def sweep(self) -> SweepReport:
         hooks = [self._metric] if self._metric is not None else []
-        hooks += [plugin.swept for plugin in self.plugins if overrides(plugin, "swept")]
+        hooks += [plugin.swept for plugin in self._plugins if overrides(plugin, "swept")]
         return sweep(self.service(), self.settings, metric=_all_of(hooks), max_sends=self._max_sends)
 
     def _max_sends(self, tool: str) -> int | None:
-        spec = self.tools.get(tool)
+        spec = self._tools.get(tool)
         return spec.max_sends if spec is not None else None
 
     def _known_tool(self, name: str) -> bool:
@@ -265,7 +260,7 @@ class McpTasks:
     def _startup_lines(self) -> list[str]:
         return [
             f"celery-mcp-tasks: store {redact_url(self.settings.store_url)}",
-            f"celery-mcp-tasks: task tools {', '.join(sorted(self.tools)) or '(none)'}",
+            f"celery-mcp-tasks: task tools {', '.join(sorted(self._tools)) or '(none)'}",
         ]
 
     # -- declaring tools ------------------------------------------------------------------
@@ -344,16 +339,17 @@ class McpTasks:
             terminate=terminate,
             max_sends=max_sends,
         )
-        if tool.name in self.tools or self._known_tool(tool.name):
+        if tool.name in self._tools or self._known_tool(tool.name):
             raise ValueError(f"task tool {tool.name!r}: a tool of that name is already registered on this server")
         celery_options.setdefault("acks_late", True)
         celery_options.setdefault("retry_on_worker_lost", True)  # bounded by max_retries, unlike reject_on_worker_lost
         celery_options.setdefault("ignore_result", True)
-        job: McpTaskJob[_R] = self.celery.task(base=McpJob, mcp_tool=tool, mcp_runtime=self, **celery_options)(
+        runtime: WorkerRuntime = self._runtime  # what a job knows of the app (typed: Celery's task() is not)
+        job: McpTaskJob[_R] = self.celery.task(base=McpJob, mcp_tool=tool, mcp_runtime=runtime, **celery_options)(
             make_run(tool)
         )
         tool.celery_name = job.name
-        self.tools[tool.name] = tool
+        self._tools[tool.name] = tool
         self.server.add_tool(tool.schema_function(), name=tool.name, description=tool.description)
         return job
 
@@ -367,8 +363,7 @@ class McpTasks:
         app = self.server.streamable_http_app(
             streamable_http_path=path, host=host, transport_security=security, max_request_body_size=limit
         )
-        app = with_body_limit_message(app, limit)
-        self._app = with_serving_contexts(with_push(app, self.push, self.listen, self.service), self.serving_contexts)
+        self._app = with_serving(with_body_limit_message(app, limit), self._serving)
         return self._app
 
     def ops_app(self) -> Any:
@@ -376,7 +371,7 @@ class McpTasks:
         apart from the MCP app: `celery-mcp-tasks serve --ops-port`, or a port or mount of your own."""
         from starlette.applications import Starlette
 
-        return Starlette(routes=[route for plugin in self.plugins for route in plugin.routes()])
+        return Starlette(routes=[route for plugin in self._plugins for route in plugin.routes()])
 
     def lifespan(self, _parent: Any = None) -> Any:
         """The served app's lifespan (the SDK's session manager, the push listener), for an
@@ -392,6 +387,66 @@ class McpTasks:
             raise RuntimeError("call tasks.asgi_app() before using tasks.lifespan")
         return self._app.router.lifespan_context(self._app)
 
+    def _serving(self, *, exit_signals: bool = True) -> AbstractAsyncContextManager[None]:
+        return serving(self._push, self._listen, self.service, self._serving_contexts, exit_signals=exit_signals)
+
+
+class _Runtime:
+    """What plugins (`plugin.Runtime`) and jobs (`worker.job.WorkerRuntime`) know of the app: a narrow view."""
+
+    def __init__(self, tasks: McpTasks) -> None:
+        self._tasks = tasks
+        self.heartbeat_interval_s = max(tasks.settings.stale_timeout_s / 4, 0.5)
+        self.stale_timeout_s = tasks.settings.stale_timeout_s
+
+    @property
+    def name(self) -> str:
+        return self._tasks.name
+
+    @property
+    def settings(self) -> Settings:
+        return self._tasks.settings
+
+    @property
+    def celery(self) -> Celery:
+        return self._tasks.celery
+
+    @property
+    def tools(self) -> Collection[str]:
+        return self._tasks._tools.keys()  # live: tools declared later are in it
+
+    def service(self) -> TaskService:
+        return self._tasks.service()
+
+
+@dataclass(frozen=True)
+class Internals:
+    """What the package's own commands, benchmarks and tests use of an app beyond its public surface.
+
+    Not for applications: `internals(tasks)` may change in any release.
+    """
+
+    tools: Mapping[str, TaskTool]
+    push: Push
+    listen: TaskListenHandler | None
+    plugins: Sequence[Plugin]
+    observers: Observers
+    serving: Callable[..., AbstractAsyncContextManager[None]]
+    """`serving(exit_signals=False)`: what the served app's lifespan runs, for a server that is not ASGI (stdio)."""
+    abandon_synchronous_calls: Callable[[str], object]
+
+
+def internals(tasks: McpTasks) -> Internals:
+    return Internals(
+        tools=tasks._tools,
+        push=tasks._push,
+        listen=tasks._listen,
+        plugins=tasks._plugins,
+        observers=tasks._observers,
+        serving=tasks._serving,
+        abandon_synchronous_calls=tasks._extension.abandon_synchronous_calls,
+    )
+
 
 def _chosen(explicit: Sequence[Plugin], settings: Settings) -> list[Plugin]:
     """The plugins given, then those the settings turn on whose kind was not given (the code's wins)."""
@@ -404,21 +459,12 @@ def _chosen(explicit: Sequence[Plugin], settings: Settings) -> list[Plugin]:
     return given + [plugin for plugin in by_setting if type(plugin) not in kinds]
 
 
-def _set_up(plugin: Plugin, runtime: McpTasks) -> None:
+def _set_up(plugin: Plugin, runtime: Runtime) -> None:
     """A plugin refuses a setting with `ConfigError`: one line, as a bad setting in `_settings_from_env`."""
     try:
         plugin.setup(runtime)
     except ConfigError as exc:
         raise SystemExit(f"celery-mcp-tasks: configuration error: {exc}") from None
-
-
-class _StreamHooks:
-    """A plugin's stream hooks as the listen handler's observer."""
-
-    def __init__(self, plugin: Plugin) -> None:
-        self.stream_opened = plugin.stream_opened
-        self.stream_closed = plugin.stream_closed
-        self.notified = plugin.stream_notified
 
 
 def _serving(plugin: Plugin) -> Callable[[], AbstractAsyncContextManager[Any]]:

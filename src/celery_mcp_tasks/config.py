@@ -14,7 +14,7 @@ import functools
 import importlib.util
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -287,9 +287,6 @@ class Settings:
         }
         values.update(overrides)
         return cls(**values)
-
-    def with_overrides(self, **changes: Any) -> Settings:
-        return replace(self, **changes)
 
     @property
     def resolved_data_dir(self) -> Path:

@@ -48,7 +48,6 @@ class TaskStatus(str, Enum):
 
 
 TERMINAL = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED})
-ACTIVE = frozenset({TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED})
 
 CANCELLED_BY_CLIENT = "Cancelled by the client"
 

@@ -6,7 +6,7 @@ plugins it wants, explicitly (`McpTasks(..., plugins=[Prometheus(), Health()])`)
 setting (`plugins_from_settings`: MCP_TASKS_METRICS=on, ...). None is on by default, so
 importing the package or constructing `McpTasks` changes nothing process-wide.
 
-A plugin knows the app only through `Runtime` (McpTasks is one): never the composition
+A plugin knows the app only through `Runtime` (a narrow view McpTasks hands it): never the composition
 root's module, so no plugin is an import of `app.py` and `app.py` imports none of them.
 The built-in plugins are named here by module path and imported only when a setting asks.
 """

@@ -61,3 +61,18 @@ def test_uvicorn_installs_the_exit_handler_that_on_server_exit_chains_onto() -> 
     server = uvicorn.Server(uvicorn.Config(app=None))
     assert callable(getattr(server, "handle_exit", None)), f"uvicorn {uvicorn.__version__}: handle_exit moved"
     assert callable(getattr(server, "capture_signals", None)), f"uvicorn {uvicorn.__version__}: capture_signals moved"
+
+
+def test_a_state_sealed_under_another_key_is_refused_as_an_unknown_key() -> None:
+    import os
+
+    import pytest
+    from mcp.server.request_state import AESGCMRequestStateCodec, InvalidRequestState
+
+    sealed = AESGCMRequestStateCodec([os.urandom(32)]).seal(b"state")
+    with pytest.raises(InvalidRequestState) as foreign:
+        AESGCMRequestStateCodec([os.urandom(32)]).unseal(sealed)
+    assert sdk_internals.sealed_elsewhere(foreign.value), f"{WHERE} (refused as {foreign.value!r})"
+    with pytest.raises(InvalidRequestState) as garbage:
+        AESGCMRequestStateCodec([os.urandom(32)]).unseal("garbage")
+    assert not sdk_internals.sealed_elsewhere(garbage.value), WHERE

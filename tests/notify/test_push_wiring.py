@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from celery_mcp_tasks import McpTasks
+from celery_mcp_tasks.app import internals
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.model import TaskRecord
 from celery_mcp_tasks.notify.postgres import PG_HINT, PgNotifier
@@ -26,35 +27,43 @@ def _settings(tmp_path: Path, **settings: object) -> Settings:
 
 def test_by_default_postgres_publishes_inside_the_write_and_needs_no_notifier(tmp_path: Path) -> None:
     tasks = McpTasks("wiring", settings=_settings(tmp_path, database_url=PG, broker_url="redis://r/0"))
-    assert tasks.push.mode == "postgres"
-    assert tasks.push.change_hint is PG_HINT
-    assert tasks.push.notifier is None
-    assert isinstance(tasks.push.publisher, PgNotifier)  # for a custom notifier that keeps push
+    assert internals(tasks).push.mode == "postgres"
+    assert internals(tasks).push.change_hint is PG_HINT
+    assert internals(tasks).push.notifier is None
+    assert isinstance(internals(tasks).push.publisher, PgNotifier)  # for a custom notifier that keeps push
 
 
 def test_by_default_a_networked_broker_publishes_after_the_write(tmp_path: Path) -> None:
     tasks = McpTasks("wiring", settings=_settings(tmp_path, broker_url="redis://r/0"))
-    assert tasks.push.mode == "broker"
-    assert tasks.push.change_hint is None
-    assert tasks.push.notifier is tasks.push.publisher is not None
+    assert internals(tasks).push.mode == "broker"
+    assert internals(tasks).push.change_hint is None
+    assert internals(tasks).push.notifier is internals(tasks).push.publisher is not None
 
 
 def test_the_embedded_default_publishes_nothing_and_polls(tmp_path: Path) -> None:
     tasks = McpTasks("wiring", settings=_settings(tmp_path))
-    assert (tasks.push.mode, tasks.push.notifier, tasks.push.change_hint) == ("poll", None, None)
+    assert (internals(tasks).push.mode, internals(tasks).push.notifier, internals(tasks).push.change_hint) == (
+        "poll",
+        None,
+        None,
+    )
 
 
 def test_none_turns_push_off_everywhere(tmp_path: Path) -> None:
     tasks = McpTasks("wiring", settings=_settings(tmp_path, database_url=PG), notifier=None)
-    assert (tasks.push.mode, tasks.push.notifier, tasks.push.change_hint) == ("off", None, None)
+    assert (internals(tasks).push.mode, internals(tasks).push.notifier, internals(tasks).push.change_hint) == (
+        "off",
+        None,
+        None,
+    )
 
 
 def test_a_custom_notifier_replaces_the_publisher(tmp_path: Path) -> None:
     mine = Recorder()
     tasks = McpTasks("wiring", settings=_settings(tmp_path, database_url=PG), notifier=mine)
-    assert tasks.push.mode == "postgres"  # web processes still listen
-    assert tasks.push.notifier is mine
-    assert tasks.push.change_hint is None
+    assert internals(tasks).push.mode == "postgres"  # web processes still listen
+    assert internals(tasks).push.notifier is mine
+    assert internals(tasks).push.change_hint is None
 
 
 def test_the_custom_notifier_hears_every_write_of_this_process(tmp_path: Path) -> None:
@@ -68,5 +77,5 @@ def test_the_custom_notifier_hears_every_write_of_this_process(tmp_path: Path) -
 
 
 def test_listen_is_ours_unless_the_server_serves_none(tmp_path: Path) -> None:
-    assert McpTasks("wiring", settings=_settings(tmp_path)).listen is not None
-    assert McpTasks("wiring", settings=_settings(tmp_path), subscriptions=False).listen is None
+    assert internals(McpTasks("wiring", settings=_settings(tmp_path))).listen is not None
+    assert internals(McpTasks("wiring", settings=_settings(tmp_path), subscriptions=False)).listen is None

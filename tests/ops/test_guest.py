@@ -61,6 +61,7 @@ import celery, kombu, sqlalchemy, starlette.applications, mcp.server  # noqa: E4
 before = state()
 import celery_mcp_tasks
 from celery_mcp_tasks import McpTasks
+from celery_mcp_tasks.app import internals
 
 tasks = McpTasks("guest-" + sys.argv[1])
 
@@ -72,7 +73,7 @@ app = tasks.asgi_app()
 paths = sorted(getattr(route, "path", "") for route in app.routes)
 tasks.service()  # the store built: still nothing process-wide
 after = state()
-print(json.dumps({"before": before, "after": after, "paths": paths, "plugins": len(tasks.plugins)}))
+print(json.dumps({"before": before, "after": after, "paths": paths, "plugins": len(internals(tasks).plugins)}))
 """
 
 

@@ -18,6 +18,7 @@ from celery.utils.log import ColorFormatter
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
+from celery_mcp_tasks.app import internals
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.model import Run, new_task_id, task_key
 from celery_mcp_tasks.ops import logs
@@ -270,9 +271,9 @@ def test_the_logs_plugin_is_the_lifecycle_observer_only_when_turned_on(tmp_path:
     from celery_mcp_tasks.app import McpTasks
     from celery_mcp_tasks.ops.logs import Logs
 
-    assert not McpTasks("logs", settings=Settings(data_dir=tmp_path))._observers
+    assert not internals(McpTasks("logs", settings=Settings(data_dir=tmp_path))).observers
     tasks = McpTasks("logs", settings=Settings(data_dir=tmp_path, log_format="json"))
-    assert [type(o) for o in tasks._observers] == [Logs] and tasks.plugins[0].json is True  # type: ignore[attr-defined]
+    assert [type(o) for o in internals(tasks).observers] == [Logs] and internals(tasks).plugins[0].json is True  # type: ignore[attr-defined]
     assert isinstance(Logs()._lifecycle, LifecycleLog)
 
 

@@ -9,7 +9,7 @@ from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.model import Run, TaskRecord, TaskStatus, TerminalTask
 from celery_mcp_tasks.observe import Observers
 from celery_mcp_tasks.ops.logs import lifecycle_events
-from celery_mcp_tasks.ops.metrics import OTHER, Families, JanitorMetrics, PushMetrics, TaskMetrics
+from celery_mcp_tasks.ops.metrics import OTHER, Counts, Families
 from celery_mcp_tasks.service import TaskService, failure
 from celery_mcp_tasks.store.sql import SqlStore
 from celery_mcp_tasks.store.sweeps import count_by_status
@@ -69,7 +69,7 @@ def changes() -> Changes:
 
 @pytest.fixture
 def service(store: SqlStore, clock: Clock, broker: Broker, metrics: Families, changes: Changes) -> TaskService:
-    observers = Observers([TaskMetrics({"report", "ask"}, lambda: metrics), changes])
+    observers = Observers([Counts({"report", "ask"}, lambda: metrics), changes])
     return TaskService(store, dispatcher=broker, clock=clock, observer=observers, default_ttl_ms=60_000)
 
 
@@ -222,8 +222,8 @@ def test_created_equals_finished_plus_in_flight_when_the_ttl_removes_unfinished_
     service.require_input(asking, {"q": {}}, run=Run(1))
 
     # Their TTL (60 s from a clock at 100 s) ran out long ago: the janitor removes all six.
-    hook = JanitorMetrics(lambda: metrics, tools={"report", "ask"})
-    assert sweep(service, Settings(), metric=hook).removed == 6
+    hook = Counts({"report", "ask"}, lambda: metrics)
+    assert sweep(service, Settings(), metric=hook.swept).removed == 6
 
     def total(name: str) -> float:
         return sum(s.value for f in registry.collect() for s in f.samples if s.name == name)
@@ -237,7 +237,7 @@ def test_created_equals_finished_plus_in_flight_when_the_ttl_removes_unfinished_
 
 
 def test_a_tool_the_app_does_not_register_is_labelled_other(metrics: Families, registry: CollectorRegistry) -> None:
-    observer = TaskMetrics({"report"}, lambda: metrics)
+    observer = Counts({"report"}, lambda: metrics)
     observer.task_changed(None, record(tool="k" * 43))
 
     assert value(registry, "mcp_tasks_created_total", tool=OTHER) == 1
@@ -247,7 +247,7 @@ def test_a_tool_the_app_does_not_register_is_labelled_other(metrics: Families, r
 def test_a_clock_behind_another_process_never_makes_a_negative_duration(
     metrics: Families, registry: CollectorRegistry
 ) -> None:
-    observer = TaskMetrics({"t"}, lambda: metrics)
+    observer = Counts({"t"}, lambda: metrics)
     queued = record(updated_at=5_000)
     started = record(updated_at=5_000, started_at=4_000, version=2)  # the worker's clock is a second behind
     observer.task_changed(queued, started)
@@ -257,7 +257,7 @@ def test_a_clock_behind_another_process_never_makes_a_negative_duration(
 
 def test_tools_declared_after_install_are_labelled_by_name(metrics: Families, registry: CollectorRegistry) -> None:
     tools: dict[str, object] = {}
-    observer = TaskMetrics(tools, lambda: metrics)
+    observer = Counts(tools.keys(), lambda: metrics)
     tools["late"] = object()
     observer.task_changed(None, record(tool="late"))
 
@@ -267,7 +267,7 @@ def test_tools_declared_after_install_are_labelled_by_name(metrics: Families, re
 def test_expired_unfinished_tasks_are_finished_as_expired_with_a_bounded_tool(
     metrics: Families, registry: CollectorRegistry
 ) -> None:
-    hook = JanitorMetrics(lambda: metrics, tools={"report"})
+    hook = Counts({"report"}, lambda: metrics).swept
     hook(EXPIRED_UNFINISHED, {"report": 2, "k" * 43: 1})
     hook("celery_mcp_tasks.janitor.some_future_event", {"report": 5})  # an unknown name counts nothing
 
@@ -278,7 +278,7 @@ def test_expired_unfinished_tasks_are_finished_as_expired_with_a_bounded_tool(
 
 
 def test_the_janitor_hook_counts_sweeps_and_known_actions_only(metrics: Families, registry: CollectorRegistry) -> None:
-    hook = JanitorMetrics(lambda: metrics)
+    hook = Counts(metrics=lambda: metrics).swept
     hook("celery_mcp_tasks.janitor.sweep", {"removed": 4, "resent": 1, "failed": 2, "expired_inputs": 3, "new": 9})
     hook("celery_mcp_tasks.janitor.sweep", {"removed": 0, "resent": 0, "failed": 0})
 
@@ -296,11 +296,11 @@ def test_the_janitor_hook_counts_sweeps_and_known_actions_only(metrics: Families
 
 
 def test_push_metrics_follow_streams_and_time_notifications(metrics: Families, registry: CollectorRegistry) -> None:
-    push = PushMetrics(lambda: metrics)
+    push = Counts(metrics=lambda: metrics)
     push.stream_opened()
     push.stream_opened()
     push.stream_closed()
-    push.notified(0.003)
+    push.stream_notified(0.003)
 
     assert value(registry, "mcp_tasks_listen_streams") == 1
     assert histogram(registry, "mcp_tasks_push_notify_latency_seconds") == pytest.approx((1, 0.003))

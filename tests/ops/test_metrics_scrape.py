@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
 from celery_mcp_tasks import McpTasks
+from celery_mcp_tasks.app import internals
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.ops.metrics import Scrape
@@ -92,7 +93,7 @@ def test_the_route_serves_this_process_counts_and_the_last_sweep(tmp_path: Path)
 def test_with_metrics_off_there_is_no_route(tmp_path: Path) -> None:
     tasks = app_on(None, tmp_path, metrics=False)
 
-    assert not tasks.plugins
+    assert not internals(tasks).plugins
     assert TestClient(tasks.ops_app()).get("/metrics").status_code == 404
 
 

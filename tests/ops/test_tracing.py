@@ -32,6 +32,7 @@ from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from celery_mcp_tasks.app import internals
 from celery_mcp_tasks.config import ConfigError, Settings
 from celery_mcp_tasks.ops import propagation, tracing
 from celery_mcp_tasks.worker.dispatch import CeleryDispatcher
@@ -208,9 +209,12 @@ def test_tracing_off_needs_nothing_more(monkeypatch: pytest.MonkeyPatch, tmp_pat
     from celery_mcp_tasks import McpTasks
 
     monkeypatch.setitem(sys.modules, "opentelemetry.sdk", None)
-    assert not McpTasks("off", settings=Settings(data_dir=tmp_path))._observers  # no plugin: no observer at all
+    assert not internals(
+        McpTasks("off", settings=Settings(data_dir=tmp_path))
+    ).observers  # no plugin: no observer at all
     on = McpTasks("on", settings=Settings(data_dir=tmp_path, tracing="on"))  # spans to the application's provider
-    assert [type(plugin) for plugin in on.plugins] == [tracing.Tracing] and list(on._observers) == on.plugins
+    assert [type(plugin) for plugin in internals(on).plugins] == [tracing.Tracing]
+    assert list(internals(on).observers) == internals(on).plugins
     assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)  # no provider of ours, ever
 
 

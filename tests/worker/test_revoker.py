@@ -116,20 +116,6 @@ def _pidbox_error(exc: Exception) -> logging.LogRecord:
         )
 
 
-def test_which_pools_can_terminate_a_job() -> None:
-    from celery.concurrency.prefork import TaskPool as Prefork
-    from celery.concurrency.solo import TaskPool as Solo
-    from celery.concurrency.thread import TaskPool as Threads
-
-    from celery_mcp_tasks.worker.revoker import pool_terminates
-
-    started_prefork = Prefork.__new__(Prefork)
-    started_prefork.terminate_job = lambda pid, signal=None: None  # what `on_start` sets from billiard's pool
-    assert pool_terminates(started_prefork)
-    assert not pool_terminates(Threads.__new__(Threads))
-    assert not pool_terminates(Solo.__new__(Solo))
-
-
 def test_a_worker_whose_pool_cannot_terminate_says_so_once_and_logs_no_traceback_per_cancel(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

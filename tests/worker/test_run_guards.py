@@ -21,6 +21,7 @@ from celery.app.task import Context
 from celery.exceptions import Retry, WorkerLostError
 
 from celery_mcp_tasks import McpTasks, TaskContext, elicit
+from celery_mcp_tasks.app import internals
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.model import Run, Superseded, TaskRecord, TaskStatus, TerminalTask, now_ms, task_key
@@ -172,7 +173,7 @@ def test_bind_true_hands_the_job_first_and_hides_it_from_the_tool_schema(tasks: 
     def bound(self: Any, city: str, ctx: TaskContext) -> str:
         return f"{self.name}:{city}:{ctx.attached}"
 
-    assert list(tasks.tools["bound"].input_schema["properties"]) == ["city"]
+    assert list(internals(tasks).tools["bound"].input_schema["properties"]) == ["city"]
     task_id, _ = tasks.service().create(owner=None, tool="bound", arguments={"city": "Oslo"})
     bound.apply(kwargs={"city": "Oslo"}, headers=headers(task_id))
     done = status(tasks, task_id)

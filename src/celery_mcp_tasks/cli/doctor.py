@@ -25,9 +25,9 @@ import logging
 import os
 import secrets
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import wait
 from dataclasses import asdict, dataclass
 from typing import IO, TYPE_CHECKING, Any, Literal
 
@@ -41,6 +41,7 @@ from celery_mcp_tasks.ops.probes import (
     Finding,
     ProbeEngine,
     broker_probe,
+    in_daemon_thread,
     janitor_probe,
     schema_probe,
     short_reason,
@@ -48,7 +49,7 @@ from celery_mcp_tasks.ops.probes import (
 )
 
 if TYPE_CHECKING:
-    from celery_mcp_tasks.app import McpTasks
+    from celery_mcp_tasks.app import Internals, McpTasks
 
 __all__ = [
     "Row",
@@ -80,6 +81,12 @@ class Verdict:
     fix: str = ""
 
 
+def _internals(tasks: McpTasks) -> Internals:
+    from celery_mcp_tasks.app import internals  # loaded with the app anyway; not for `--help`
+
+    return internals(tasks)
+
+
 def _worker_command(app_path: str, queues: list[str], default_queue: str) -> str:
     extra = "" if queues == [default_queue] else f" -Q {','.join(queues)}"
     return f"start a worker with this app's settings: `celery -A {app_path} worker{extra}`"
@@ -92,7 +99,7 @@ def workers_check(tasks: McpTasks, app_path: str, *, timeout_s: float) -> Verdic
         return Verdict("SKIP", "the app declares no task tools")
     celery = tasks.celery
     default_queue = str(celery.conf.task_default_queue)
-    tools = {tool.name: tool.celery_name for tool in tasks.tools.values()}
+    tools = {tool.name: tool.celery_name for tool in _internals(tasks).tools.values()}
     try:
         active: dict[str, Any] = celery.control.inspect(timeout=timeout_s).active_queues() or {}
     except Exception as exc:  # noqa: BLE001
@@ -203,7 +210,7 @@ def push_check(tasks: McpTasks, probe: ProbeEngine, *, timeout_s: float) -> Verd
 
     from celery_mcp_tasks.notify.hub import Hub
 
-    mode = tasks.push.mode
+    mode = _internals(tasks).push.mode
     if mode == "off":
         return Verdict(
             "WARN",
@@ -295,21 +302,15 @@ class Row:
 
 
 def _with_deadline(work: Callable[[], Verdict], deadline_s: float) -> Verdict:
-    """`work` in a daemon thread: a check stuck past its deadline is a FAIL and never holds the exit."""
-    outcome: list[Verdict] = []
-
-    def run() -> None:
-        try:
-            outcome.append(work())
-        except Exception as exc:  # noqa: BLE001 - a check that raises is a failed check
-            outcome.append(Verdict("FAIL", f"the check raised {type(exc).__name__}: {str(exc)[:200]}"))
-
-    thread = threading.Thread(target=run, name="mcp-tasks-doctor", daemon=True)
-    thread.start()
-    thread.join(deadline_s)
-    if not outcome:
+    """`work` in a daemon thread (`in_daemon_thread`): a check stuck past its deadline is a FAIL and never
+    holds the exit; a check that raises is a failed check."""
+    future = in_daemon_thread(work, name="mcp-tasks-doctor")
+    if not wait([future], timeout=deadline_s).done:
         return Verdict("FAIL", f"timed out after {deadline_s:g}s (the service hangs)")
-    return outcome[0]
+    exc = future.exception()
+    if exc is not None:
+        return Verdict("FAIL", f"the check raised {type(exc).__name__}: {str(exc)[:200]}")
+    return future.result()
 
 
 _LEVELS: dict[str, Level] = {"ok": "OK", "warn": "WARN", "fail": "FAIL", "skipped": "SKIP"}
@@ -340,7 +341,7 @@ def _load(app_path: str) -> tuple[McpTasks | None, Verdict]:
     problem = shared_store_problem(tasks.settings, "process", str(tasks.celery.conf.broker_url))
     if problem is not None:
         return tasks, Verdict("FAIL", problem, "set MCP_TASKS_DATABASE_URL to the database every process shares")
-    tools = sorted(tasks.tools)
+    tools = sorted(_internals(tasks).tools)
     where = f"store {redact_url(tasks.settings.store_url)}, broker {redact_url(str(tasks.celery.conf.broker_url))}"
     if not tools:
         return tasks, Verdict("WARN", f"{app_path} loads but declares no task tools; {where}", "")
@@ -410,7 +411,7 @@ def diagnose(app_path: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Row
     check("broker", (), lambda: _from_finding(broker_probe(tasks.celery), broker_fix))
     check("workers", ("broker",), lambda: workers_check(tasks, app_path, timeout_s=timeout_s))
     check("janitor", ("database", "schema"), lambda: _janitor(tasks, probe, app_path))
-    push_needs = {"postgres": ("database",), "broker": ("broker",)}.get(tasks.push.mode, ())
+    push_needs = {"postgres": ("database",), "broker": ("broker",)}.get(_internals(tasks).push.mode, ())
     check("push", push_needs, lambda: push_check(tasks, probe, timeout_s=timeout_s))
     check("clock", ("database",), lambda: clock_check(probe))
     rows += [Row(name, v.status, v.detail, v.fix) for name, v in verdicts.items()]

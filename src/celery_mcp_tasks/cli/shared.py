@@ -249,11 +249,14 @@ six processes against ~110 MB for threads -c 4, and runs four jobs at once as be
 
 def tool_queues(tasks: Any) -> dict[str, list[str]]:
     """{queue: [task tools sent to it]}, routed as `send_task` routes them (the job's options, task_routes)."""
+    from celery_mcp_tasks.app import internals  # loaded with the app anyway; not for `--help`
+    from celery_mcp_tasks.worker.celery_internals import exec_options
+
     celery = tasks.celery
     queues: dict[str, list[str]] = {}
-    for tool in sorted(tasks.tools.values(), key=lambda t: t.name):
+    for tool in sorted(internals(tasks).tools.values(), key=lambda t: t.name):
         job = celery.tasks.get(tool.celery_name)
-        options = {k: v for k, v in (job._get_exec_options() if job else {}).items() if v is not None}
+        options = exec_options(job) if job else {}
         queue = celery.amqp.router.route(options, tool.celery_name, (), {}, job).get("queue")
         queues.setdefault(str(getattr(queue, "name", queue)), []).append(tool.name)
     return queues

@@ -28,8 +28,8 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -97,25 +97,6 @@ def wants_worker(option: bool | None, broker_url: str) -> bool:
     return option if option is not None else broker_url.startswith(_LOCAL_BROKERS)
 
 
-@asynccontextmanager
-async def push_serving(tasks: Any) -> AsyncIterator[None]:
-    """What `asgi_app()`'s lifespan runs around the HTTP server, around the stdio one.
-
-    This process's store and service first (push binds to them), then the change
-    listener that feeds the listen streams; the streams end when serving ends.
-    """
-    tasks.service()
-    listen = tasks.listen
-    async with tasks.push.serving():
-        if listen is not None:
-            listen.reopen()
-        try:
-            yield
-        finally:
-            if listen is not None:
-                listen.close()
-
-
 async def serve(tasks: Any, worker: WorkerSupervisor | None) -> None:
     """Serve over stdin/stdout until the client closes stdin; a signal or the worker's death ends the process.
 
@@ -126,6 +107,8 @@ async def serve(tasks: Any, worker: WorkerSupervisor | None) -> None:
     first (`abandon_calls`): their handlers never get to.
     """
     import anyio
+
+    from celery_mcp_tasks.app import internals
 
     async def on_signal() -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -143,7 +126,7 @@ async def serve(tasks: Any, worker: WorkerSupervisor | None) -> None:
         group.start_soon(on_signal)
         if worker is not None:
             group.start_soon(on_worker_death)
-        async with push_serving(tasks):
+        async with internals(tasks).serving(exit_signals=False):  # what `asgi_app()`'s lifespan runs
             await tasks.server.run_stdio_async()
         group.cancel_scope.cancel()
 
@@ -152,7 +135,9 @@ async def abandon_calls(tasks: Any, bound_s: float = ABANDON_S) -> None:
     """Cancel the hidden task of every synchronous call in flight, within `bound_s`: no job runs on for nobody."""
     import anyio
 
-    abandon = partial(tasks.extension.abandon_synchronous_calls, "The server stopped before the job finished")
+    from celery_mcp_tasks.app import internals
+
+    abandon = partial(internals(tasks).abandon_synchronous_calls, "The server stopped before the job finished")
     with anyio.move_on_after(bound_s):
         await anyio.to_thread.run_sync(abandon, abandon_on_cancel=True)  # a hung store is left to the exit
 

@@ -138,19 +138,19 @@ class _Stream:
 
 
 class ListenObserver(Protocol):
-    """Told of the streams' life (metrics): must be cheap, and may not fail a stream."""
+    """Told of the streams' life (metrics): must be cheap, and may not fail a stream (a `Plugin` is one)."""
 
     def stream_opened(self) -> None: ...
 
     def stream_closed(self) -> None: ...
 
-    def notified(self, latency_s: float) -> None:
+    def stream_notified(self, latency_s: float) -> None:
         """A notification went out `latency_s` after a hint woke its stream."""
         ...
 
 
 class ListenObservers(list[ListenObserver]):
-    """Every observer installed (`McpTasks.listen.observers`); one that raises is logged and skipped."""
+    """Every observer installed (the app's plugins with stream hooks); one that raises is logged and skipped."""
 
     def _each(self, tell: Callable[[ListenObserver], None]) -> None:
         for observer in self:
@@ -165,8 +165,8 @@ class ListenObservers(list[ListenObserver]):
     def stream_closed(self) -> None:
         self._each(lambda observer: observer.stream_closed())
 
-    def notified(self, latency_s: float) -> None:
-        self._each(lambda observer: observer.notified(latency_s))
+    def stream_notified(self, latency_s: float) -> None:
+        self._each(lambda observer: observer.stream_notified(latency_s))
 
 
 class TaskListenHandler:
@@ -361,7 +361,7 @@ class TaskListenHandler:
             # Seen only once it went out: a send that fails leaves the row due, and the retry sends it.
             followed.version, followed.seen = record.version, seen
             if woke is not None:
-                self.observers.notified(time.monotonic() - woke)
+                self.observers.stream_notified(time.monotonic() - woke)
             if record.terminal:
                 stream.unfollow(key)
 

@@ -24,6 +24,7 @@ from typing import Any
 from mcp.server.request_state import AESGCMRequestStateCodec, InvalidRequestState, RequestStateSecurity
 
 from celery_mcp_tasks.config import Settings
+from celery_mcp_tasks.mcp.sdk_internals import sealed_elsewhere
 from celery_mcp_tasks.preflight import LOCAL_BROKERS
 
 __all__ = ["FOREIGN_STATE_WARNING", "UNSHARED_NOTE", "ProcessLocalCodec", "share_request_state", "warn_unless_shared"]
@@ -58,7 +59,7 @@ class ProcessLocalCodec:
         try:
             return self._codec.unseal(token)
         except InvalidRequestState as exc:
-            if str(exc) == "unknown key" and not self._said:
+            if sealed_elsewhere(exc) and not self._said:
                 self._said = True
                 logger.warning(FOREIGN_STATE_WARNING)
             raise

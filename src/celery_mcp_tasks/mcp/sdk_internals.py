@@ -18,6 +18,10 @@ in its message as soon as one of them moves.
    (uvicorn) installed, because an open listen stream keeps uvicorn from ever
    running the lifespan's shutdown. A shutdown hook in the SDK's session manager
    that ends open SSE streams would remove it.
+5. `sealed_elsewhere`: the message of the SDK's `InvalidRequestState` when a
+   state was sealed under a key this codec does not hold ("unknown key"), to
+   tell another replica's state from a forged or expired one. A distinct
+   exception type (or a `reason` attribute) would remove it.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from mcp.server.mcpserver import MCPServer
 __all__ = [
     "on_server_exit",
     "replace_listen_handler",
+    "sealed_elsewhere",
     "tool_registered",
     "wrap_lifespan",
 ]
@@ -57,6 +62,11 @@ def replace_listen_handler(server: MCPServer[Any], params_type: type, handler: A
         return False  # built with subscriptions=False: leave listen unserved
     lowlevel.add_request_handler(LISTEN, params_type, handler)
     return True
+
+
+def sealed_elsewhere(error: Exception) -> bool:
+    """Whether the SDK's codec refused a request state because another key sealed it."""
+    return str(error) == "unknown key"
 
 
 def wrap_lifespan(app: Any, wrap: Callable[[Lifespan], Lifespan]) -> None:

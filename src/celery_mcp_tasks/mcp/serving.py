@@ -46,52 +46,55 @@ __all__ = [
     "listen_bus",
     "push_hub",
     "request_state_sealed",
+    "serving",
     "with_body_limit_message",
-    "with_push",
-    "with_serving_contexts",
+    "with_serving",
 ]
 
 logger = logging.getLogger("celery_mcp_tasks.mcp")
 
 
-def with_push(app: Any, push: Push, listen: TaskListenHandler | None, service: Callable[[], TaskService]) -> Any:
-    """Wrap a Starlette app's lifespan: run the hint listener, end listen streams on exit.
+@asynccontextmanager
+async def serving(
+    push: Push,
+    listen: TaskListenHandler | None,
+    service: Callable[[], TaskService],
+    contexts: Sequence[Callable[[], AbstractAsyncContextManager[Any]]],
+    *,
+    exit_signals: bool = True,
+) -> AsyncIterator[None]:
+    """The served app's whole life, over HTTP (its lifespan) or stdio: this process's store and service
+    first (push binds to them), then the hint listener that feeds the listen streams, then each of
+    `contexts` (the plugins'); the streams end when serving ends, or, with `exit_signals`, as soon
+    as the ASGI server is told to exit.
+    """
+    service()
+    async with push.serving():
+        if listen is not None:
+            listen.reopen()
+        restore = on_server_exit(listen.close) if listen is not None and exit_signals else (lambda: None)
+        try:
+            async with AsyncExitStack() as stack:
+                for context in contexts:
+                    await stack.enter_async_context(context())
+                yield
+        finally:
+            restore()
+            if listen is not None:
+                listen.close()
 
-    The wrapped lifespan is the app's whole life (the SDK's session manager
-    included), so an application that mounts this app inside its own runs it
-    as its lifespan (`McpTasks.lifespan`).
+
+def with_serving(app: Any, run: Callable[[], AbstractAsyncContextManager[None]]) -> Any:
+    """Wrap a Starlette app's lifespan (the SDK's session manager) in `run()` (`serving`).
+
+    The wrapped lifespan is the app's whole life, so an application that mounts
+    this app inside its own runs it as its lifespan (`McpTasks.lifespan`).
     """
 
     def wrap(inner: Lifespan) -> Lifespan:
         @asynccontextmanager
         async def lifespan(asgi_app: Any) -> AsyncIterator[Any]:
-            service()  # this process's store and service exist (and push is bound to them) before it listens
-            async with inner(app) as state, push.serving():
-                if listen is not None:
-                    listen.reopen()
-                restore = on_server_exit(listen.close) if listen is not None else (lambda: None)
-                try:
-                    yield state
-                finally:
-                    restore()
-                    if listen is not None:
-                        listen.close()
-
-        return lifespan
-
-    wrap_lifespan(app, wrap)
-    return app
-
-
-def with_serving_contexts(app: Any, contexts: Sequence[Callable[[], AbstractAsyncContextManager[Any]]]) -> Any:
-    """Wrap a Starlette app's lifespan so each of `contexts` (read when it starts) lives as long as the app."""
-
-    def wrap(inner: Lifespan) -> Lifespan:
-        @asynccontextmanager
-        async def lifespan(asgi_app: Any) -> AsyncIterator[Any]:
-            async with inner(asgi_app) as state, AsyncExitStack() as stack:
-                for context in contexts:
-                    await stack.enter_async_context(context())
+            async with inner(asgi_app) as state, run():
                 yield state
 
         return lifespan

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from mcp.server.mcpserver.tools.base import Tool
+from mcp.server.mcpserver.tools import Tool
 from pydantic import ValidationError
 
 __all__ = ["Prepare", "TaskMode", "TaskTool", "find_context_parameter"]

@@ -123,20 +123,13 @@ def _celery_events() -> dict[str, str]:
     """Celery's trace-line templates (and the ones `worker.tracelog` swaps in for our jobs) to event names."""
     global _CELERY_EVENTS
     if _CELERY_EVENTS is None:
-        from celery.app import trace
-
         from celery_mcp_tasks.worker import tracelog
+        from celery_mcp_tasks.worker.celery_internals import trace_templates
 
-        _CELERY_EVENTS = {
-            trace.LOG_RECEIVED: "celery.task.received",
-            trace.LOG_SUCCESS: "celery.task.succeeded",
-            tracelog._SUCCEEDED: "celery.task.succeeded",
-            tracelog._ENDED: "celery.task.run_ended",
-            trace.LOG_FAILURE: "celery.task.failed",
-            trace.LOG_RETRY: "celery.task.retry",
-            trace.LOG_IGNORED: "celery.task.ignored",
-            trace.LOG_REJECTED: "celery.task.rejected",
-        }
+        events = {template: f"celery.task.{said}" for said, template in trace_templates().items()}
+        events[tracelog.SUCCEEDED] = "celery.task.succeeded"
+        events[tracelog.ENDED] = "celery.task.run_ended"
+        _CELERY_EVENTS = events
     return _CELERY_EVENTS
 
 
@@ -163,8 +156,11 @@ def _access_fields(record: logging.LogRecord) -> dict[str, Any]:
 
 def _job_fields() -> dict[str, str]:
     """The tool and key prefix of the MCP job this thread runs (a worker), so its own lines name their task."""
-    state = sys.modules.get("celery._state")
-    task: Any = state.get_current_task() if state is not None else None
+    if "celery" not in sys.modules:  # no job runs in a process that never loaded Celery
+        return {}
+    from celery import current_task  # a proxy: None outside a task, so no `mcp_tool`
+
+    task: Any = current_task
     tool = getattr(task, "mcp_tool", None)
     if tool is None:
         return {}

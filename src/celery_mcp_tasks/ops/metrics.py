@@ -5,15 +5,15 @@ The module, section by section:
 1. Families: every metric this package exports, made on first use in one
    registry, and how a process counts (in memory, or in the per-process files a
    prefork worker needs).
-2. Observers: `TaskMetrics` counts and times each committed change;
-   `JanitorMetrics` counts sweeps and what they did; `PushMetrics` counts open
-   listen streams and how fast a hint becomes a notification.
+2. Counting: `Counts` counts and times each committed change, counts sweeps
+   and what they did, open listen streams and how fast a hint becomes a
+   notification.
 3. The web process's `/metrics`: this process's registry plus what only the
    store knows (the janitor's last sweep), read under a deadline (`Scrape`).
 4. The store's database errors: a listener on the task store's own engine.
 5. The worker's exporter: a `celery worker` and its prefork children count in
    multiprocess files, served by the worker's main process (`WorkerExporter`).
-6. The plugin: `Prometheus` wires sections 2 to 5 into an application.
+6. The plugin: `Prometheus` (a `Counts`) wires sections 3 to 5 into an application.
 
 Every process counts what it did (the web process creates and cancels, the
 workers start and finish runs, the janitor reaps, expires questions and evicts
@@ -49,11 +49,12 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from celery_mcp_tasks.model import TaskRecord, TaskStatus
+from celery_mcp_tasks.ops.prometheus_internals import count_in_files, counts_in_files, read_values, write_values
 from celery_mcp_tasks.plugin import Plugin, Runtime
 from celery_mcp_tasks.service import ENQUEUE_FAILED
 from celery_mcp_tasks.worker.janitor import EXPIRED_UNFINISHED, METRIC
@@ -79,14 +80,12 @@ __all__ = [
     "OTHER",
     "PREFIX",
     "PRIVATE_PREFIX",
+    "Counts",
     "Families",
-    "JanitorMetrics",
     "LedgerCollector",
     "LedgerView",
     "Prometheus",
-    "PushMetrics",
     "Scrape",
-    "TaskMetrics",
     "WorkerExporter",
     "count_store_errors",
     "families",
@@ -94,7 +93,6 @@ __all__ = [
     "install_worker_exporter",
     "queued_at",
     "remove_orphans",
-    "scrape_endpoint",
     "store_operation",
     "use_multiprocess",
 ]
@@ -188,26 +186,22 @@ def use_multiprocess(directory: str) -> bool:
     False when this process already made its metric objects in memory: they would
     keep counting there, unseen by the exporter that reads the files.
     """
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
-    from prometheus_client import values
-
-    if getattr(values.ValueClass, "_multiprocess", False):
+    os.environ[MULTIPROC_DIR] = directory
+    if counts_in_files():
         return True
     if _families is not None:
         logger.warning("metrics: counted in memory before the worker started; its pool's counts are not exported")
         return False
-    values.ValueClass = values.MultiProcessValue()  # type: ignore[no-untyped-call]
+    count_in_files()
     return True
 
 
 def multiprocess() -> bool:
     """Whether this process counts in multiprocess files (so an exporter must read them all)."""
-    from prometheus_client import values
-
-    return bool(getattr(values.ValueClass, "_multiprocess", False)) and bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+    return counts_in_files() and bool(os.environ.get(MULTIPROC_DIR))
 
 
-# -- 2. observers: what each committed change, sweep and listen stream counts ----------------
+# -- 2. counting: what each committed change, sweep and listen stream counts -------------------
 
 
 def queued_at(before: TaskRecord) -> int:
@@ -226,11 +220,13 @@ def _seconds(later_ms: int, earlier_ms: int) -> float:
     return max(later_ms - earlier_ms, 0) / 1000.0
 
 
-class TaskMetrics:
-    """The Observer: counts and times each committed change from (before, after) alone."""
+class Counts(Plugin):
+    """The counting hooks, from (before, after) of each committed change, each sweep's report and each
+    listen stream alone; `Prometheus` adds where they are served. `tools`: the app's live registry of
+    task tool names (tools declared later count too); any other name is labelled `other`."""
 
-    def __init__(self, tools: Collection[str], metrics: Callable[[], Families] = families) -> None:
-        self._tools = tools  # the app's live registry of task tools: tools declared later count too
+    def __init__(self, tools: Collection[str] = (), metrics: Callable[[], Families] = families) -> None:
+        self._tools = tools
         self._metrics = metrics
 
     def tool(self, name: str) -> str:
@@ -261,16 +257,9 @@ class TaskMetrics:
         if before.status is TaskStatus.INPUT_REQUIRED and after.status is not TaskStatus.INPUT_REQUIRED:
             m.input_wait.labels(tool).observe(_seconds(after.updated_at, before.updated_at))
 
-
-class JanitorMetrics:
-    """A sweep hook: the sweeps this process ran, what they did (known report keys only), and the
-    tasks they evicted unfinished (`finished{status="expired"}`, by tool). Other names are ignored."""
-
-    def __init__(self, metrics: Callable[[], Families] = families, *, tools: Collection[str] = ()) -> None:
-        self._metrics = metrics
-        self._tools = tools  # the app's live registry of task tools, as for `TaskMetrics`
-
-    def __call__(self, name: str, counts: dict[str, int]) -> None:
+    def swept(self, name: str, counts: dict[str, int]) -> None:
+        """The sweeps this process ran, what they did (known report keys only), and the tasks they evicted
+        unfinished (`finished{status="expired"}`, by tool). Other names are ignored."""
         if name == METRIC:
             m = self._metrics()
             m.janitor_sweeps.inc()
@@ -282,14 +271,7 @@ class JanitorMetrics:
             m = self._metrics()
             for tool, count in counts.items():
                 if count > 0:
-                    m.finished.labels(tool if tool in self._tools else OTHER, EXPIRED).inc(count)
-
-
-class PushMetrics:
-    """The listen handler's observer: open streams, and how fast a hint becomes a notification."""
-
-    def __init__(self, metrics: Callable[[], Families] = families) -> None:
-        self._metrics = metrics
+                    m.finished.labels(self.tool(tool), EXPIRED).inc(count)
 
     def stream_opened(self) -> None:
         self._metrics().listen_streams.inc()
@@ -297,7 +279,7 @@ class PushMetrics:
     def stream_closed(self) -> None:
         self._metrics().listen_streams.dec()
 
-    def notified(self, latency_s: float) -> None:
+    def stream_notified(self, latency_s: float) -> None:
         self._metrics().push_latency.observe(max(latency_s, 0.0))
 
 
@@ -384,7 +366,8 @@ class Scrape:
         self._reading = False  # a read that overran may still run: never start a second one
         self._logged_at = float("-inf")
 
-    async def respond(self) -> Response:
+    async def respond(self, _request: Request | None = None) -> Response:
+        """The route's handler (a bound method: Starlette calls it with the request)."""
         import anyio.to_thread
         from starlette.responses import Response
 
@@ -451,18 +434,6 @@ class Scrape:
         collector = LedgerCollector(view, self._interval_s)
         parts.append(generate_latest(cast("Collector", collector)))
         return b"".join(parts)
-
-
-def scrape_endpoint(
-    service: Callable[[], TaskService], interval_s: float | None
-) -> Callable[[Request], Awaitable[Response]]:
-    """The route handler (a plain function: Starlette treats any other callable as an ASGI app)."""
-    scrape = Scrape(service, interval_s)
-
-    async def metrics(_request: Request) -> Response:
-        return await scrape.respond()
-
-    return metrics
 
 
 # -- 4. the store's database errors ------------------------------------------------------------
@@ -564,8 +535,6 @@ def fold_files(directory: str, pid: int) -> int:
     replaces the old one before the process's own file is removed, all under
     the lock: a scrape (which holds it too) sees the counts once.
     """
-    from prometheus_client.mmap_dict import MmapedDict
-
     folded = 0
     with _locked(directory, exclusive=True):
         for kind in _ADDITIVE:
@@ -576,17 +545,12 @@ def fold_files(directory: str, pid: int) -> int:
             totals: dict[str, float] = {}
             for path in (merged, own):
                 if os.path.exists(path):
-                    for key, value, _timestamp, _pos in MmapedDict.read_all_values_from_file(path):  # type: ignore[no-untyped-call]
+                    for key, value in read_values(path):
                         totals[key] = totals.get(key, 0.0) + value
             partial = f"{merged}.partial"
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(partial)  # left by a fold that was killed: never reopen (and add to) it
-            out = MmapedDict(partial)  # type: ignore[no-untyped-call]
-            try:
-                for key, value in totals.items():
-                    out.write_value(key, value, 0.0)  # type: ignore[no-untyped-call]
-            finally:
-                out.close()  # type: ignore[no-untyped-call]
+            write_values(partial, totals)
             os.replace(partial, merged)
             os.unlink(own)
             folded += 1
@@ -739,51 +703,31 @@ def install_worker_exporter(celery: Any, port: int | None, *, addr: str = "0.0.0
 _DEFAULT_PORT: Any = object()
 
 
-class Prometheus(Plugin):
-    """The metrics plugin (MCP_TASKS_METRICS=on): every process counts what it committed; the web
-    process serves `/metrics` on the operations app (`McpTasks.ops_app()`), and each `celery worker`
+class Prometheus(Counts):
+    """The metrics plugin (MCP_TASKS_METRICS=on): every process counts what it committed (`Counts`); the
+    web process serves `/metrics` on the operations app (`McpTasks.ops_app()`), and each `celery worker`
     serves its own and its prefork children's on `worker_port` (default MCP_TASKS_WORKER_METRICS_PORT,
     9808; None: no worker endpoint). prometheus_client is imported on first use."""
 
     def __init__(self, *, worker_port: int | None = _DEFAULT_PORT) -> None:
+        super().__init__()
         self._worker_port = worker_port
-        self._tasks: TaskMetrics | None = None
-        self._janitor: JanitorMetrics | None = None
-        self._push = PushMetrics()
         self._route: BaseRoute | None = None
 
     def setup(self, runtime: Runtime) -> None:
         from starlette.routing import Route
 
         settings = runtime.settings
-        self._tasks = TaskMetrics(runtime.tools)
-        self._janitor = JanitorMetrics(tools=runtime.tools)
+        self._tools = runtime.tools
         port = settings.worker_metrics_port if self._worker_port is _DEFAULT_PORT else self._worker_port
         # The embedded default is one machine (as `serve` binds 127.0.0.1); a deployment is scraped from afar.
         local = settings.database_url is None and settings.embedded_broker
         install_worker_exporter(runtime.celery, port, addr="127.0.0.1" if local else "0.0.0.0")
-        scrape = scrape_endpoint(runtime.service, settings.janitor_interval_s)
-        self._route = Route("/metrics", scrape, methods=["GET"])
-
-    def task_changed(self, before: TaskRecord | None, after: TaskRecord) -> None:
-        if self._tasks is not None:
-            self._tasks.task_changed(before, after)
-
-    def swept(self, name: str, counts: dict[str, int]) -> None:
-        if self._janitor is not None:
-            self._janitor(name, counts)
+        scrape = Scrape(runtime.service, settings.janitor_interval_s)
+        self._route = Route("/metrics", scrape.respond, methods=["GET"])
 
     def store_built(self, store: Store) -> None:
         count_store_errors(store)
-
-    def stream_opened(self) -> None:
-        self._push.stream_opened()
-
-    def stream_closed(self) -> None:
-        self._push.stream_closed()
-
-    def stream_notified(self, latency_s: float) -> None:
-        self._push.notified(latency_s)
 
     def routes(self) -> list[BaseRoute]:
         return [self._route] if self._route is not None else []

@@ -29,7 +29,8 @@ from collections.abc import Callable
 from typing import Any
 
 from celery import Celery, signals
-from celery.concurrency.base import BasePool
+
+from celery_mcp_tasks.worker.celery_internals import bound_publish_retries, pool_terminates
 
 __all__ = ["BackgroundRevoker", "pool_terminates", "warn_unless_pool_terminates"]
 
@@ -109,25 +110,8 @@ class BackgroundRevoker:
         """One `revoke` broadcast for every id, with a bounded retry policy on a connection of its own."""
         with self.app.connection_for_write(connect_timeout=_CONNECT_TIMEOUT_S) as conn:
             conn.ensure_connection(timeout=self.deadline_s, **_RETRY_POLICY)
-            _bound_publish_retries(conn)
+            bound_publish_retries(conn, _RETRY_POLICY)  # kombu's mailbox would retry a lost broker forever
             self.app.control.revoke(celery_ids, terminate=terminate, signal="SIGTERM", connection=conn)
-
-
-def _bound_publish_retries(conn: Any) -> None:
-    """kombu's mailbox publishes with `retry=True` and no policy, which retries forever:
-    this connection's `ensure` (what the producer calls for it) retries a few times only."""
-    unbounded = conn.ensure
-
-    def ensure(obj: Any, fun: Any, **policy: Any) -> Any:
-        return unbounded(obj, fun, **{**policy, **_RETRY_POLICY})
-
-    conn.ensure = ensure
-
-
-def pool_terminates(pool: Any) -> bool:
-    """Whether a started Celery pool can kill a running job (prefork sets its own `terminate_job` on start)."""
-    method = getattr(pool, "terminate_job", None)
-    return method is not None and getattr(method, "__func__", None) is not BasePool.terminate_job
 
 
 class _CannotKillJob(logging.Filter):

@@ -19,18 +19,22 @@ import logging
 from typing import Any
 
 from celery import current_task
-from celery.app import trace
 
+from celery_mcp_tasks.worker.celery_internals import TRACE_LOGGER, trace_templates
 from celery_mcp_tasks.worker.job import HIDDEN_ARGS, RUN_END, McpJob, row_key
 
-__all__ = ["JobTraceFilter", "install"]
+__all__ = ["ENDED", "SUCCEEDED", "JobTraceFilter", "install"]
 
 _HIDDEN = "<not logged>"
-_SUCCEEDED = "Task %(name)s[%(id)s] succeeded in %(runtime)ss"
-_ENDED = "Task %(name)s[%(id)s] ended its run in %(runtime)ss: %(run_end)s"
+SUCCEEDED = "Task %(name)s[%(id)s] succeeded in %(runtime)ss"
+ENDED = "Task %(name)s[%(id)s] ended its run in %(runtime)ss: %(run_end)s"
 
 
 class JobTraceFilter(logging.Filter):
+    def __init__(self) -> None:
+        super().__init__()
+        self._succeeded = trace_templates()["succeeded"]
+
     def filter(self, record: logging.LogRecord) -> bool:
         context = record.args
         if not isinstance(context, dict) or "id" not in context or not self._ours(context["id"]):
@@ -39,14 +43,14 @@ class JobTraceFilter(logging.Filter):
         for field in ("args", "kwargs"):
             if field in scrubbed:
                 scrubbed[field] = HIDDEN_ARGS[f"{field}repr"]
-        if record.msg == trace.LOG_SUCCESS:
+        if record.msg == self._succeeded:
             scrubbed["return_value"] = _HIDDEN
             run_end = getattr(current_task.request, RUN_END, None)
             if run_end is not None:
                 scrubbed["run_end"] = run_end
-                record.msg = _ENDED
+                record.msg = ENDED
             else:
-                record.msg = _SUCCEEDED
+                record.msg = SUCCEEDED
         record.args = scrubbed
         if isinstance(getattr(record, "data", None), dict):
             record.data = scrubbed  # what custom (e.g. JSON) handlers read
@@ -67,5 +71,5 @@ def install() -> None:
     """Once per process; forked pool children inherit it."""
     global _installed
     if not _installed:
-        trace.logger.addFilter(JobTraceFilter())
+        logging.getLogger(TRACE_LOGGER).addFilter(JobTraceFilter())
         _installed = True

@@ -1,0 +1,74 @@
+"""Every place this package reaches past Celery's public API, in one module (pinned: celery 5.7.x, kombu 5.7.x).
+
+Each function names the private thing it uses and the public hook that would
+remove the need; `tests/worker/test_celery_internals.py` fails with the installed
+version in its message as soon as one of them moves. (kombu's two transports,
+`worker.redis_transport` and `worker.filesystem_transport`, are modules of their
+own because kombu loads a transport by its module path, and the Redis one
+imports `redis`; each has its own contract test.)
+
+1. `TRACE_LOGGER`, `trace_templates`: the log templates of `celery.app.trace`
+   (an internals module), to recognise Celery's "received"/"succeeded"/... lines
+   and to keep our jobs' results out of them. Structured fields on those records
+   (an event name) would remove it.
+2. `exec_options`: `Task._get_exec_options()`, the options `Celery.send_task`
+   merges from the registered task before it routes, to predict where a send
+   goes (`doctor`). A public `Task.exec_options` (or `Router.route_for_task`)
+   would remove it.
+3. `pool_terminates`: a prefork pool sets its own `terminate_job` when it
+   starts; every other pool keeps `BasePool.terminate_job`, which raises. A
+   public `BasePool.can_terminate` would remove it.
+4. `bound_publish_retries`: kombu's `Mailbox` (under `control.revoke`) publishes
+   with `retry=True` and no policy, through `Connection.ensure`, which then
+   retries a lost broker forever; the connection's `ensure` is wrapped to cap
+   it. A `retry_policy=` on `control.broadcast` would remove it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["TRACE_LOGGER", "VERSIONS", "bound_publish_retries", "exec_options", "pool_terminates", "trace_templates"]
+
+VERSIONS = ("5.7",)
+"""The Celery (and kombu) releases whose internals this module was checked against."""
+
+TRACE_LOGGER = "celery.app.trace"
+"""The logger of Celery's task trace lines (received, succeeded, failed, ...)."""
+
+
+def trace_templates() -> dict[str, str]:
+    """Celery's trace-line templates by what they say: received, succeeded, failed, retry, ignored, rejected."""
+    from celery.app import trace
+
+    return {
+        "received": trace.LOG_RECEIVED,
+        "succeeded": trace.LOG_SUCCESS,
+        "failed": trace.LOG_FAILURE,
+        "retry": trace.LOG_RETRY,
+        "ignored": trace.LOG_IGNORED,
+        "rejected": trace.LOG_REJECTED,
+    }
+
+
+def exec_options(task: Any) -> dict[str, Any]:
+    """The options a registered task adds to its sends (queue, routing key, ...), None values left out."""
+    return {key: value for key, value in task._get_exec_options().items() if value is not None}
+
+
+def pool_terminates(pool: Any) -> bool:
+    """Whether a started Celery pool can kill a running job."""
+    from celery.concurrency.base import BasePool
+
+    method = getattr(pool, "terminate_job", None)
+    return method is not None and getattr(method, "__func__", None) is not BasePool.terminate_job
+
+
+def bound_publish_retries(conn: Any, policy: dict[str, Any]) -> None:
+    """Make every retried publish on `conn` (a kombu `Connection`) retry within `policy` only."""
+    unbounded = conn.ensure
+
+    def ensure(obj: Any, fun: Any, **asked: Any) -> Any:
+        return unbounded(obj, fun, **{**asked, **policy})
+
+    conn.ensure = ensure
