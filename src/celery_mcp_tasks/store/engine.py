@@ -3,10 +3,9 @@
 SQLite needs three things or updates are lost or fail with "database is
 locked": WAL, a busy timeout, and `BEGIN IMMEDIATE` so a transaction that
 reads and then writes holds the write lock from its start. PostgreSQL needs
-nothing special: transitions are conditional UPDATEs checked by rowcount. Its
-engine is in autocommit, as almost every statement the store sends is a
-transaction of its own; the few transactions of several statements (the
-store's locking path) ask for the server's isolation level on their connection.
+nothing special: transitions are conditional UPDATEs checked by rowcount. The
+store's own engine is in autocommit (`SqlStore.from_url`), as almost every
+statement it sends is a transaction of its own.
 
 The write lock is waited for in short steps of our own (`_begin_immediate`),
 not in SQLite's busy handler: that one sleeps in growing steps up to 100 ms,
@@ -71,9 +70,6 @@ def create_store_engine(url: str, **kwargs: Any) -> Engine:
         engine = _sqlite_engine(url, parsed.database, **kwargs)
     else:
         kwargs.setdefault("pool_pre_ping", False)
-        # A statement is its own transaction: one round trip, and nothing set or reset per checkout.
-        # A multi-statement transaction asks for the server's isolation level on its connection.
-        kwargs.setdefault("isolation_level", "AUTOCOMMIT")
         if "poolclass" not in kwargs:
             kwargs.setdefault("pool_size", 10)
             kwargs.setdefault("max_overflow", 10)

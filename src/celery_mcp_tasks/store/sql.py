@@ -33,7 +33,7 @@ from dataclasses import fields, replace
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection, Engine, make_url
 
 from celery_mcp_tasks.model import TERMINAL, TaskRecord, TaskStatus
 from celery_mcp_tasks.store.base import (
@@ -47,7 +47,7 @@ from celery_mcp_tasks.store.base import (
     apply,
 )
 from celery_mcp_tasks.store.cleanup import Eviction, evict
-from celery_mcp_tasks.store.engine import READ_ONLY, create_store_engine
+from celery_mcp_tasks.store.engine import READ_ONLY, create_store_engine, normalize_url
 from celery_mcp_tasks.store.failures import _CommitInDoubt, _in_doubt, _reconnecting, _reported
 from celery_mcp_tasks.store.schema import tasks
 from celery_mcp_tasks.store.sweeps import SweepLedger, count_by_status, unanswered
@@ -225,7 +225,7 @@ class SqlStore:
         if change_hint is not None and self.dialect != "postgresql":
             raise ValueError(f"a change hint is PostgreSQL's pg_notify; this store is {self.dialect}")
         self.change_hint = change_hint
-        # PostgreSQL: the engine is in autocommit (`create_store_engine`), so a read or a write that is one
+        # PostgreSQL: the engine is in autocommit (`from_url`), so a read or a write that is one
         # statement is one round trip (not BEGIN, statement, COMMIT) with nothing to set per connection.
         # SQLite: a read takes a deferred BEGIN; a write takes the write lock first (BEGIN IMMEDIATE,
         # waited for in short steps) and releases it at its commit.
@@ -234,6 +234,12 @@ class SqlStore:
 
     @classmethod
     def from_url(cls, url: str, *, change_hint: ChangeHint | None = None, **engine_kwargs: Any) -> SqlStore:
+        """The store on an engine of its own. On PostgreSQL that engine is in autocommit: a statement is its
+        own transaction (one round trip, nothing set or reset per checkout); the locking path asks for the
+        server's isolation level on its connection. (An engine in transactions works too, at a BEGIN and a
+        COMMIT more per write.)"""
+        if make_url(normalize_url(url)).get_backend_name() == "postgresql":
+            engine_kwargs.setdefault("isolation_level", "AUTOCOMMIT")
         return cls(create_store_engine(url, **engine_kwargs), change_hint=change_hint)
 
     @property
