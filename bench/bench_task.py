@@ -28,7 +28,8 @@ turns so drift on a shared machine falls on them alike:
   CPU), completed tasks per second, and CPU per completed task: user + system time from
   /proc/<pid>/stat over the burst, summed over the web process, the worker's whole process
   tree, the PostgreSQL backends connected to the path's database and redis-server (the
-  embedded default: `dev`'s process tree, which holds all of it).
+  embedded default: `dev`'s process tree, which holds all of it); a second table gives that CPU
+  by process (web, worker tree, PostgreSQL backends, redis-server), the median of the runs.
 Before each timed window every path's backlog is drained (bounded waits).
 Ratios are taken within a run, then the median over the runs; the range is beside it.
 `--streams N` then opens N listen streams on ours' web process: RSS, and the time until the
