@@ -28,7 +28,8 @@ turns so drift on a shared machine falls on them alike:
   CPU), completed tasks per second, and CPU per completed task: user + system time from
   /proc/<pid>/stat over the burst, summed over the web process, the worker's whole process
   tree, the PostgreSQL backends connected to the path's database and redis-server (the
-  embedded default: `dev`'s process tree, which holds all of it).
+  embedded default: `dev`'s process tree, which holds all of it); a second table gives that CPU
+  by process (web, worker tree, PostgreSQL backends, redis-server), the median of the runs.
 Before each timed window every path's backlog is drained (bounded waits).
 Ratios are taken within a run, then the median over the runs; the range is beside it.
 `--streams N` then opens N listen streams on ours' web process: RSS, and the time until the
@@ -136,25 +137,33 @@ class Deployment:
     database: str | None = None  # PostgreSQL: the database whose backends count
     uses_redis: bool = False
 
-    def pids(self, admin: psycopg.Connection[Any], redis_pid: int | None) -> set[int]:
-        pids: set[int] = set()
+    def pids(self, admin: psycopg.Connection[Any], redis_pid: int | None) -> dict[int, str]:
+        """Every process whose CPU counts, each with its part: web, worker, postgres or redis."""
+        pids: dict[int, str] = {}
         for proc in self.procs:
-            pids |= process_tree(proc.popen.pid)
+            part = "worker" if "worker" in proc.name else "web"  # `dev`'s one tree holds all of it: "web"
+            pids.update(dict.fromkeys(process_tree(proc.popen.pid), part))
         if self.database is not None:
             found = admin.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s", (self.database,))
-            pids |= {int(pid) for (pid,) in found} - {self.rows.backend_pid}
+            pids.update(dict.fromkeys({int(pid) for (pid,) in found} - {self.rows.backend_pid}, "postgres"))
         if self.uses_redis and redis_pid:
-            pids.add(redis_pid)
+            pids[redis_pid] = "redis"
         return pids
 
 
-def cpu_snapshot(pids: set[int]) -> dict[int, int]:
-    return {pid: cpu_ticks(pid) for pid in pids}
+PARTS = ("web", "worker", "postgres", "redis")
 
 
-def cpu_spent_s(before: dict[int, int], after: dict[int, int]) -> float:
-    """Seconds of CPU between two snapshots (a process born in between counts from zero)."""
-    return sum(ticks - before.get(pid, 0) for pid, ticks in after.items()) / CLK_TCK
+def cpu_snapshot(pids: dict[int, str]) -> dict[int, tuple[str, int]]:
+    return {pid: (part, cpu_ticks(pid)) for pid, part in pids.items()}
+
+
+def cpu_spent_s(before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]]) -> dict[str, float]:
+    """Seconds of CPU between two snapshots, by part (a process born in between counts from zero)."""
+    spent = dict.fromkeys(PARTS, 0.0)
+    for pid, (part, ticks) in after.items():
+        spent[part] += (ticks - before.get(pid, (part, 0))[1]) / CLK_TCK
+    return spent
 
 
 # -- the store, watched ------------------------------------------------------------------------
@@ -265,14 +274,25 @@ def render(figures: Figures) -> str:
                 _met(ratio, row.target) if ratio is not None else "n/a",
             )
         )
-    widths = [max(len(r[i]) for r in table) for i in range(len(head))]
+    return _aligned(table) + "\n\n" + cpu_parts(figures)
+
+
+def cpu_parts(figures: Figures) -> str:
+    """CPU per completed task by process (ms, median of the runs): where each path spends it."""
+    table = [("CPU ms per completed task", *PARTS, "all")]
+    for path, label in ((FLOOR, "floor"), (OURS, "ours PG+Redis"), (EMBEDDED, "embedded (dev's tree)")):
+        values = [figures.median(f"cpu:{part}", path) for part in PARTS] + [figures.median("cpu", path)]
+        table.append((label, *(_num(v) if v else "-" for v in values)))
+    return _aligned(table, left=1)
+
+
+def _aligned(table: list[tuple[str, ...]], left: int = 2) -> str:
+    """Columns padded to their widest cell: the first `left` flush left, the others flush right."""
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
     lines = []
     for n, r in enumerate(table):
         lines.append(
-            "  ".join(
-                [r[0].ljust(widths[0]), r[1].ljust(widths[1])]
-                + [c.rjust(w) for c, w in zip(r[2:], widths[2:], strict=True)]
-            )
+            "  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
         )
         if n == 0:
             lines.append("-" * len(lines[0]))
@@ -450,13 +470,19 @@ class Bench:
     def burst(self, run: int) -> None:
         for name in rotated(list(self.paths), run + 1):
             self.drain()
-            tps, cpu_ms = self.one_burst(self.paths[name])
+            tps, parts = self.one_burst(self.paths[name])
+            cpu_ms = sum(parts.values())
             self.figures.add("tps", name, tps)
             self.figures.add("cpu", name, cpu_ms)
-            say(f"run {run + 1}/{RUNS} burst      {name:<9} {tps:6.0f} completed/s, {cpu_ms:5.2f} ms CPU each")
+            for part, ms in parts.items():
+                self.figures.add(f"cpu:{part}", name, ms)
+            by_part = ", ".join(f"{part} {ms:.2f}" for part, ms in parts.items() if ms)
+            say(
+                f"run {run + 1}/{RUNS} burst      {name:<9} {tps:6.0f} completed/s, {cpu_ms:5.2f} ms CPU each ({by_part})"
+            )
 
-    def one_burst(self, path: Deployment) -> tuple[float, float]:
-        """BURST creations from CLIENTS clients until the last row reads completed: (tasks/s, CPU ms a task)."""
+    def one_burst(self, path: Deployment) -> tuple[float, dict[str, float]]:
+        """BURST creations from CLIENTS clients until the last row reads completed: (tasks/s, CPU ms a task by part)."""
         base, _ = path.rows.counts()
         burst = Burst(self.create(path.name), BURST, CLIENTS)
         before = cpu_snapshot(path.pids(self.admin, self.redis_pid))
@@ -468,7 +494,7 @@ class Bench:
             after = cpu_snapshot(path.pids(self.admin, self.redis_pid))
         finally:
             burst.join()
-        return BURST / took, cpu_spent_s(before, after) * 1e3 / BURST
+        return BURST / took, {part: s * 1e3 / BURST for part, s in cpu_spent_s(before, after).items()}
 
 
 def measure_streams(ours: Deployment, url: str, queue: str, n: int) -> str:

@@ -49,7 +49,9 @@ class Statements:
 
         @sa.event.listens_for(store.engine, "commit")
         def commit(conn: Any) -> None:
-            if conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT":  # else nothing reaches the server
+            if (
+                getattr(conn.connection.driver_connection, "autocommit", None) is not True
+            ):  # else none reaches the server
                 self.seen.append("COMMIT")
 
 

@@ -111,3 +111,19 @@ def test_a_forked_child_beats_with_a_thread_of_its_own() -> None:
         child.start()
         child.join(10)
     assert results.get(timeout=1) >= 3
+
+
+def test_job_after_job_wakes_the_thread_no_more(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prefork child runs short job after short job: none may cost a thread wake-up (a context switch)."""
+    registry = Heartbeats()
+    with registry.running(Counter(), 0.5):
+        _until(lambda: registry._wake_at is not None)  # the first job starts the thread, which takes a look
+    wakes = []
+    monkeypatch.setattr(registry._changed, "notify", lambda *_: wakes.append(1))
+    for _ in range(50):
+        with registry.running(Counter(), 0.5):
+            pass
+    assert wakes == []
+    sooner = Counter()
+    with registry.running(sooner, INTERVAL):  # due before the thread would look on its own: woken
+        assert wakes == [1]

@@ -29,7 +29,7 @@ from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.sql import SqlStore
 from celery_mcp_tasks.worker import bridge
 from celery_mcp_tasks.worker.context import InputTimeout
-from celery_mcp_tasks.worker.job import DISPATCH_HEADER, KEY_HEADER
+from celery_mcp_tasks.worker.job import DISPATCH_HEADER, KEY_HEADER, OUTCOME
 
 
 @pytest.fixture
@@ -197,10 +197,10 @@ def test_a_bridge_that_cannot_write_says_so_loudly(
     task_id, _ = tasks.service().create(owner=None, tool="unwritable_body", arguments={})
     down = TaskService(DownStore(tasks.service().store.engine))
     monkeypatch.setattr(tasks, "service", lambda: down)
-    unwritable_body.push_request(headers=headers(task_id), retries=0)
+    unwritable_body.push_request(headers=headers(task_id), retries=0, **{OUTCOME: {"content": []}})
     try:
         with caplog.at_level(logging.ERROR, logger="celery_mcp_tasks.worker"):
-            bridge.on_success(sender=unwritable_body, result={"content": []})
+            bridge.on_success(sender=unwritable_body, result=None)
     finally:
         unwritable_body.pop_request()
     assert "tool 'unwritable_body': could not record completion; the reaper will settle the task" in caplog.text

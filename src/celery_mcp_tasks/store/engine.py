@@ -3,7 +3,9 @@
 SQLite needs three things or updates are lost or fail with "database is
 locked": WAL, a busy timeout, and `BEGIN IMMEDIATE` so a transaction that
 reads and then writes holds the write lock from its start. PostgreSQL needs
-nothing special: transitions are conditional UPDATEs checked by rowcount.
+nothing special: transitions are conditional UPDATEs checked by rowcount. The
+store's own engine is in autocommit (`SqlStore.from_url`), as almost every
+statement it sends is a transaction of its own.
 
 The write lock is waited for in short steps of our own (`_begin_immediate`),
 not in SQLite's busy handler: that one sleeps in growing steps up to 100 ms,

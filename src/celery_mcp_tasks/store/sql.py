@@ -33,7 +33,7 @@ from dataclasses import fields, replace
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection, Engine, make_url
 
 from celery_mcp_tasks.model import TERMINAL, TaskRecord, TaskStatus
 from celery_mcp_tasks.store.base import (
@@ -47,7 +47,7 @@ from celery_mcp_tasks.store.base import (
     apply,
 )
 from celery_mcp_tasks.store.cleanup import Eviction, evict
-from celery_mcp_tasks.store.engine import READ_ONLY, create_store_engine
+from celery_mcp_tasks.store.engine import READ_ONLY, create_store_engine, normalize_url
 from celery_mcp_tasks.store.failures import _CommitInDoubt, _in_doubt, _reconnecting, _reported
 from celery_mcp_tasks.store.schema import tasks
 from celery_mcp_tasks.store.sweeps import SweepLedger, count_by_status, unanswered
@@ -153,6 +153,20 @@ def _update_statement(columns: tuple[str, ...], owner: str, hinted: bool, forwar
     return _hinted(query.values(values).returning(tasks.c.heartbeat_at), hinted)
 
 
+@functools.cache
+def _select_statement(owner: str, for_update: bool) -> Any:
+    """`SELECT * FROM tasks WHERE key = :key [AND owner] [FOR UPDATE]` (built once per shape).
+
+    `owner`: "any", "none" or "one" (`_owner_clause`). `for_update`, on PostgreSQL: the read blocks
+    until a concurrent writer commits, so the CAS after it almost never loses (without it a fast writer
+    can starve a slow one); on SQLite a no-op, as BEGIN IMMEDIATE already serializes the transaction."""
+    query = sa.select(tasks).where(tasks.c.key == sa.bindparam("key"))
+    clause = _owner_clause(ANY if owner == "any" else None if owner == "none" else sa.bindparam("owner"))
+    if clause is not None:
+        query = query.where(clause)
+    return query.with_for_update() if for_update else query
+
+
 def _to_row(record: TaskRecord) -> dict[str, Any]:
     row = {name: getattr(record, name) for name in _COLUMNS}
     row["status"] = record.status.value
@@ -181,6 +195,16 @@ def _with_heartbeat(record: TaskRecord, heartbeat_at: int | None) -> TaskRecord:
     return record if record.heartbeat_at == heartbeat_at else replace(record, heartbeat_at=heartbeat_at)
 
 
+def _owner_shape(owner: Owner, params: dict[str, Any], name: str) -> str:
+    """The shape of a statement's owner clause ("any", "none", "one"); for "one", the owner bound as `name`."""
+    if owner is ANY:
+        return "any"
+    if owner is None:
+        return "none"
+    params[name] = owner
+    return "one"
+
+
 def _owner_clause(owner: Owner | sa.BindParameter[str]) -> sa.ColumnElement[bool] | None:
     """The owner rule, once: ANY (server side) sees every row; otherwise only the owner's."""
     if owner is ANY:
@@ -201,16 +225,21 @@ class SqlStore:
         if change_hint is not None and self.dialect != "postgresql":
             raise ValueError(f"a change hint is PostgreSQL's pg_notify; this store is {self.dialect}")
         self.change_hint = change_hint
-        autocommit = {"isolation_level": "AUTOCOMMIT"} if self.dialect == "postgresql" else {}
-        # PostgreSQL reads in autocommit: one statement, one round trip (not BEGIN, SELECT, ROLLBACK).
-        self._reads = {READ_ONLY: True, **autocommit}
-        # A write that is one statement: autocommit on PostgreSQL (one round trip); on SQLite the
-        # write lock is taken first (BEGIN IMMEDIATE, waited for in short steps) and released at commit.
-        self._one = autocommit
+        # PostgreSQL: the engine is in autocommit (`from_url`), so a read or a write that is one
+        # statement is one round trip (not BEGIN, statement, COMMIT) with nothing to set per connection.
+        # SQLite: a read takes a deferred BEGIN; a write takes the write lock first (BEGIN IMMEDIATE,
+        # waited for in short steps) and releases it at its commit.
+        self._sqlite = self.dialect == "sqlite"
         self._ledger: SweepLedger | None = None
 
     @classmethod
     def from_url(cls, url: str, *, change_hint: ChangeHint | None = None, **engine_kwargs: Any) -> SqlStore:
+        """The store on an engine of its own. On PostgreSQL that engine is in autocommit: a statement is its
+        own transaction (one round trip, nothing set or reset per checkout); the locking path asks for the
+        server's isolation level on its connection. (An engine in transactions works too, at a BEGIN and a
+        COMMIT more per write.)"""
+        if make_url(normalize_url(url)).get_backend_name() == "postgresql":
+            engine_kwargs.setdefault("isolation_level", "AUTOCOMMIT")
         return cls(create_store_engine(url, **engine_kwargs), change_hint=change_hint)
 
     @property
@@ -224,6 +253,19 @@ class SqlStore:
     def dispose(self) -> None:
         self.engine.dispose()
 
+    def _reading(self) -> Connection:
+        """A connection for a read: one statement, no transaction to keep (a deferred BEGIN on SQLite)."""
+        conn = self.engine.connect()
+        return conn.execution_options(**{READ_ONLY: True}) if self._sqlite else conn
+
+    def _locking(self) -> Connection:
+        """A connection for the locking path: a transaction of the server's isolation level on PostgreSQL
+        (whose store engine is in autocommit), BEGIN IMMEDIATE on SQLite."""
+        conn = self.engine.connect()
+        if self._sqlite:
+            return conn
+        return conn.execution_options(isolation_level=conn.dialect.default_isolation_level)
+
     def _hint(self, record: TaskRecord) -> tuple[str, str] | None:
         hint = self.change_hint
         if hint is None:
@@ -236,22 +278,15 @@ class SqlStore:
     @_reported
     @_reconnecting
     def get(self, key: str, owner: Owner = ANY) -> TaskRecord | None:
-        with self.engine.connect().execution_options(**self._reads) as conn:
+        with self._reading() as conn:
             row = self._select(conn, key, owner)
             conn.rollback()
         return row
 
     def _select(self, conn: Connection, key: str, owner: Owner, *, for_update: bool = False) -> TaskRecord | None:
-        query = sa.select(tasks).where(tasks.c.key == key)
-        if for_update:
-            # PostgreSQL: the read blocks until a concurrent writer commits, so the CAS
-            # below almost never loses (without it a fast writer can starve a slow one).
-            # SQLite: a no-op; BEGIN IMMEDIATE already serializes the transaction.
-            query = query.with_for_update()
-        clause = _owner_clause(owner)
-        if clause is not None:
-            query = query.where(clause)
-        row = conn.execute(query).mappings().first()
+        params = {"key": key}
+        statement = _select_statement(_owner_shape(owner, params, "owner"), for_update)
+        row = conn.execute(statement, params).mappings().first()
         return None if row is None else _from_row(row)
 
     @_reported
@@ -260,7 +295,7 @@ class SqlStore:
         wanted = list(keys)
         if not wanted:
             return {}
-        with self.engine.connect().execution_options(**self._reads) as conn:
+        with self._reading() as conn:
             rows = conn.execute(sa.select(tasks.c.key, tasks.c.version).where(tasks.c.key.in_(wanted))).all()
             conn.rollback()
         return dict(rows)
@@ -274,7 +309,7 @@ class SqlStore:
             .where(sa.or_(tasks.c.heartbeat_at.is_(None), tasks.c.heartbeat_at < heartbeat_before_ms))
             .limit(limit)
         )
-        with self.engine.connect().execution_options(**self._reads) as conn:
+        with self._reading() as conn:
             rows = conn.execute(query).mappings().all()
             conn.rollback()
         return [_from_row(row) for row in rows]
@@ -317,7 +352,7 @@ class SqlStore:
         if hint is not None:
             params["hint_channel"], params["hint_payload"] = hint
         statement = _insert_statement(max_rows is not None, hint is not None)
-        with self.engine.connect().execution_options(**self._one) as conn:
+        with self.engine.connect() as conn:
             try:
                 inserted = conn.execute(statement, params).first()
                 conn.commit()  # PostgreSQL: autocommit already; SQLite: the BEGIN IMMEDIATE the write took
@@ -370,7 +405,7 @@ class SqlStore:
         if nxt is expected:
             return None, None
         changes = _changes(expected, nxt)
-        with self.engine.connect().execution_options(**self._one) as conn:
+        with self.engine.connect() as conn:
             try:
                 row = self._write(conn, key, owner, expected.version, changes, nxt, forward=True)
                 conn.commit()  # PostgreSQL: autocommit already; SQLite: the BEGIN IMMEDIATE the write took
@@ -383,7 +418,7 @@ class SqlStore:
     @_reconnecting
     def _swap(self, key: str, owner: Owner, transition: Transition) -> TaskRecord | None:
         """One locked compare-and-swap: the record now stored, or None when another writer won (recompute)."""
-        with self.engine.connect() as conn:
+        with self._locking() as conn:
             conn.begin()
             current = self._select(conn, key, owner, for_update=True)
             if current is None:
@@ -417,12 +452,7 @@ class SqlStore:
         folded in: the returned row, or None when it matched nothing. `forward`: the heartbeat only grows."""
         params: dict[str, Any] = {f"new_{name}": value for name, value in changes.items()}
         params["cas_key"], params["cas_version"] = key, version
-        if owner is ANY:
-            shape = "any"
-        elif owner is None:
-            shape = "none"
-        else:
-            shape, params["cas_owner"] = "one", owner
+        shape = _owner_shape(owner, params, "cas_owner")
         hint = self._hint(nxt)
         if hint is not None:
             params["hint_channel"], params["hint_payload"] = hint
@@ -454,7 +484,7 @@ class SqlStore:
     @_reported
     @_reconnecting
     def _locked(self, key: str) -> TaskRecord | None:
-        with self.engine.begin() as conn:
+        with self._locking() as conn, conn.begin():
             return self._select(conn, key, ANY, for_update=True)
 
     @_reported
@@ -466,7 +496,7 @@ class SqlStore:
         query = tasks.update().where(tasks.c.key == key).where(tasks.c.status.not_in(_TERMINAL_VALUES))
         if dispatch is not None:
             query = query.where(tasks.c.dispatches == dispatch)
-        with self.engine.connect().execution_options(**self._one) as conn:
+        with self.engine.connect() as conn:
             touched = conn.execute(query.values(heartbeat_at=_later(at_ms))).rowcount == 1
             conn.commit()
         return touched

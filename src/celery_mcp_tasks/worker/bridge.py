@@ -1,6 +1,6 @@
 """The signal bridge: Celery outcomes become task states.
 
-success -> `completed` with the CallToolResult; failure (an exception in the
+success -> `completed` with the CallToolResult (left on the request by the job, `job.OUTCOME`); failure (an exception in the
 body, retries exhausted, or the worker process lost) -> `failed` with -32603;
 a retry keeps the task `working` and says which attempt is next; a revoke
 after our own cancel changes nothing (the store already says `cancelled`),
@@ -27,7 +27,7 @@ from celery_mcp_tasks.model import Run, TaskRecord, TerminalTask, now_ms
 from celery_mcp_tasks.service import TaskService, failure
 from celery_mcp_tasks.store.base import TaskNotFound
 from celery_mcp_tasks.worker import tracelog
-from celery_mcp_tasks.worker.job import LAST_RECORD, McpJob, row_key, run_of
+from celery_mcp_tasks.worker.job import LAST_RECORD, OUTCOME, McpJob, row_key, run_of
 
 logger = logging.getLogger("celery_mcp_tasks.worker")
 
@@ -84,7 +84,9 @@ def _start_by_ms(reason: Any) -> int:
     return now_ms()
 
 
-def on_success(sender: Any = None, result: Any = None, **_: Any) -> None:
+def on_success(sender: Any = None, **_: Any) -> None:
+    """The run's outcome, as the job left it on the request (its value to Celery is None)."""
+    result = getattr(getattr(sender, "request", None), OUTCOME, None)
     if result is None:  # the run ended without an outcome: skipped, asked for input, handed off
         return
 

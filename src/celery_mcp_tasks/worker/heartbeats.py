@@ -5,8 +5,11 @@ every `heartbeat_interval_s`. A thread per job would do it at the price of a thr
 start per job; here one daemon thread per process keeps a registry of the running
 jobs (each one's beat and when it is next due) and beats each in turn. It starts
 with the first job that runs in the process and then stays, idle, for the next one
-(Celery's prefork children run job after job). In a forked child the parent's
-thread does not exist: the registry notices the new process id and starts afresh.
+(Celery's prefork children run job after job). A job that starts wakes the
+thread only if it is due before the thread looks again on its own: while idle,
+the thread looks every interval, so a job after job costs no wake-up. In a
+forked child the parent's thread does not exist: the registry notices the new
+process id and starts afresh.
 
 A beat that answers False (the task is final, or a newer run owns it) ends that
 job's beats; one that raises is logged and tried again next interval (a missed beat
@@ -49,6 +52,8 @@ class Heartbeats:
         self._changed = threading.Condition(self._lock)
         self._jobs: set[_Job] = set()
         self._thread: threading.Thread | None = None
+        self._wake_at: float | None = None  # when the thread looks again at the latest (None: never on its own)
+        self._idle_s: float | None = None  # with no job running, the thread looks again after this long
 
     @contextmanager
     def running(self, beat: Beat, interval: float) -> Iterator[None]:
@@ -57,10 +62,12 @@ class Heartbeats:
         job = _Job(beat, interval, self._clock() + interval)
         with self._changed:
             self._jobs.add(job)
+            self._idle_s = interval  # the next job is likely to beat at the same pace
             if self._thread is None or not self._thread.is_alive():  # first job, or a thread that died
                 self._thread = threading.Thread(target=self._run, name="mcp-task-heartbeat", daemon=True)
                 self._thread.start()
-            self._changed.notify()
+            elif self._wake_at is None or job.due < self._wake_at:
+                self._changed.notify()  # else the thread looks before this job is due: no wake-up per job
         try:
             yield
         finally:
@@ -78,17 +85,20 @@ class Heartbeats:
         if pid != self._pid:
             self._lock = threading.Lock()
             self._changed = threading.Condition(self._lock)
-            self._jobs, self._thread, self._pid = set(), None, pid
+            self._jobs, self._thread, self._wake_at, self._idle_s, self._pid = set(), None, None, None, pid
 
     def _run(self) -> None:
         while True:
             with self._changed:
-                while not self._jobs:
-                    self._changed.wait()
                 now = self._clock()
+                if not self._jobs:  # looks again within a job's interval of its start: it needs no wake-up
+                    self._wake_at = None if self._idle_s is None else now + self._idle_s
+                    self._changed.wait(self._idle_s)
+                    continue
                 due = [job for job in self._jobs if job.due <= now]
                 if not due:
-                    self._changed.wait(min(job.due for job in self._jobs) - now)
+                    self._wake_at = min(job.due for job in self._jobs)
+                    self._changed.wait(self._wake_at - now)
                     continue
                 for job in due:
                     job.due = now + job.interval

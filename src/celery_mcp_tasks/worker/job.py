@@ -48,6 +48,11 @@ LAST_RECORD = "mcp_last_record"
 """Request attribute: the task's record as the run last read or wrote it, so the signal bridge's final
 write is one conditional UPDATE on it (`Store.update(expected=...)`) instead of a locked read and write."""
 
+OUTCOME = "mcp_outcome"
+"""Request attribute: the CallToolResult of a run that produced one, for the signal bridge to record. The job
+returns None to Celery: an MCP run's outcome belongs to the task store, not to Celery's return value,
+which Celery would repr on every success (a tenth of a no-op run's work) and store in a result backend."""
+
 _current: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar("mcp_task_context", default=None)
 
 
@@ -168,12 +173,15 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
                 extra_options.setdefault(option, text)
         return super().signature_from_request(request, args, kwargs, queue, **extra_options)
 
-    def _ended(self, why: str) -> dict[str, Any] | None:
+    def _ended(self, why: str) -> None:
         """The job's value for a run that ended without an outcome (always None), after noting why."""
         setattr(self.request, RUN_END, why)
-        return None
 
-    def _run_for_task(self, key: str) -> dict[str, Any] | None:
+    def _outcome(self, result: dict[str, Any]) -> None:
+        """The job's value for a run with an outcome (None too): the outcome goes to the bridge on the request."""
+        setattr(self.request, OUTCOME, result)
+
+    def _run_for_task(self, key: str) -> None:
         tool = self.mcp_tool
         service = self.mcp_runtime.service()
         interval = self.mcp_runtime.heartbeat_interval_s
@@ -215,7 +223,9 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
         except ToolError as exc:
             # As a synchronous MCP tool: a deliberate tool error is a result with isError (built by the
             # SDK's own model, so it carries everything a result needs on every era, resultType included).
-            return tool.to_result(CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True))
+            return self._outcome(
+                tool.to_result(CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True))
+            )
         except InputRequested:
             return self._ended("waiting for input")
         except HandedOff:
@@ -228,7 +238,7 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
         finally:
             _current.reset(token)
             setattr(self.request, LAST_RECORD, ctx.last_record)
-        return tool.to_result(value)
+        return self._outcome(tool.to_result(value))
 
 
 def make_run(tool: JobTool) -> Callable[..., Any]:
