@@ -142,7 +142,7 @@ def audit(operator: str | None, action: str, key: str, outcome: str) -> None:
     audit_log.info("operator=%s action=%s row=%s outcome=%s", _operator(operator), action, key[:12], outcome)
 
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity: one per open page
 class _Subscriber:
     pending: dict[str, Change] = field(default_factory=dict)
     event: anyio.Event = field(default_factory=anyio.Event)
