@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterator
 
 import anyio
 import pytest
@@ -243,11 +242,11 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture
-def console(store: SqlStore) -> Iterator[Console]:
+def console(store: SqlStore) -> Console:
     clock = Clock()
     clock.now = NOW
     service = TaskService(store, dispatcher=Runner(), clock=clock)
-    yield Console(
+    return Console(
         service,
         hub=Hub(),
         queue_of=lambda tool: "celery",
