@@ -179,6 +179,11 @@
     var tbody = document.getElementById("rows");
     if (!tbody) return;
     var row = document.getElementById("row-" + key);
+    if (row && data.deleted) {
+      row.parentNode.removeChild(row);
+      return;
+    }
+    if (data.deleted) return;
     if (row) {
       var known = parseInt(row.getAttribute("data-version") || "0", 10);
       if (data.version && data.version <= known) return;
@@ -207,6 +212,9 @@
   }
 
   function onTaskEvent(data) {
+    if (data.deleted) {
+      data = { status: "deleted" };
+    }
     var known = parseInt(document.body.getAttribute("data-version") || "0", 10);
     if (data.version && data.version <= known) return;
     if (data.version) document.body.setAttribute("data-version", data.version);
@@ -222,9 +230,9 @@
     }
     if (data.status && data.status !== before) {
       document.body.setAttribute("data-status", data.status);
-      var final = data.status === "completed" || data.status === "failed" || data.status === "cancelled";
+      var final = ["completed", "failed", "cancelled", "deleted"].indexOf(data.status) >= 0;
       if (final) {
-        var stale = document.querySelectorAll(".action-cancel, .action-resend");
+        var stale = document.querySelectorAll(data.status === "deleted" ? ".actions form" : ".action-cancel, .action-resend");
         for (var i = 0; i < stale.length; i++) stale[i].hidden = true;
       }
       var notice = document.getElementById("status-changed");
