@@ -29,7 +29,7 @@ import anyio.to_thread
 from celery_mcp_tasks.model import TaskRecord, now_ms
 from celery_mcp_tasks.notify.hub import Hub, Watch
 from celery_mcp_tasks.service import NotLost, TaskService
-from celery_mcp_tasks.store.base import ANY, TaskNotFound
+from celery_mcp_tasks.store.base import ANY, Store, TaskNotFound
 from celery_mcp_tasks.store.browse import (
     DEFAULT_LIMIT,
     DEFAULT_SORT,
@@ -165,7 +165,7 @@ class Console:
 
     def __init__(
         self,
-        service: TaskService,
+        service: TaskService | Callable[[], TaskService],
         *,
         hub: Hub | None,
         queue_of: Callable[[str], str | None],
@@ -176,8 +176,7 @@ class Console:
         poll_s: float = 1.0,
         clock: Callable[[], int] = now_ms,
     ) -> None:
-        self.service = service
-        self.store = service.store
+        self._service = service
         self.hub = hub
         self.queue_of = queue_of
         self.terminable = terminable
@@ -191,6 +190,15 @@ class Console:
         self._known: OrderedDict[str, int] = OrderedDict()
         self._mark: int | None = None
         self.reads = 0  # store reads made for live updates (the benchmark and tests look)
+
+    @property
+    def service(self) -> TaskService:
+        """This process's service (`service` may be a callable: `McpTasks.service` rebuilds it after a fork)."""
+        return self._service if isinstance(self._service, TaskService) else self._service()
+
+    @property
+    def store(self) -> Store:
+        return self.service.store
 
     @property
     def tools(self) -> list[str]:
