@@ -315,3 +315,32 @@ def test_a_reveal_is_refused_while_payloads_are_off(deployment: Deployment) -> N
     token = csrf_of(client.get(f"/tasks/{key}").text)
     refused = client.post(f"/tasks/{key}/reveal", data={"csrf": token, "confirm": "yes"})
     assert refused.status_code == 403 and SECRET_ARGUMENT not in refused.text
+
+
+def test_mounted_under_a_path_every_link_and_the_cookie_stay_under_it(deployment: Deployment) -> None:
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    key = deployment.add("t")
+    console = create_app(deployment.console, AuthConfig(token=TOKEN), mount_path="/ops/console")
+    host = Starlette(routes=[Mount("/ops/console", app=console)])
+    client = TestClient(host, base_url="http://host.test", follow_redirects=False)
+
+    sent = client.get(f"/ops/console/tasks/{key}", headers={"Accept": "text/html"})
+    assert sent.status_code == 303 and sent.headers["location"].startswith("/ops/console/login?next=")
+    form = client.get(sent.headers["location"])
+    assert form.status_code == 200 and 'action="/ops/console/login"' in form.text
+    assert 'href="/ops/console/static/console.css"' in form.text
+    assert client.get("/ops/console/static/live.js").status_code == 200
+    next_path = re.search(r'name="next" value="([^"]+)"', form.text)
+    assert next_path is not None and next_path.group(1) == f"/tasks/{key}"
+
+    signed = client.post("/ops/console/login", data={"name": "ada", "token": TOKEN, "next": next_path.group(1)})
+    assert signed.status_code == 303 and signed.headers["location"] == f"/ops/console/tasks/{key}"
+    assert "path=/ops/console" in signed.headers["set-cookie"].lower()
+    page = client.get(signed.headers["location"])
+    assert page.status_code == 200
+    assert f'action="/ops/console/tasks/{key}/cancel"' in page.text
+    assert 'data-root="/ops/console"' in page.text
+    links = re.findall(r'(?:href|action)="(/[^"]*)"', page.text)
+    assert links and all(link.startswith("/ops/console/") for link in links), links
