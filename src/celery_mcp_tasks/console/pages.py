@@ -312,7 +312,12 @@ class Pages:
         root = _root(request)
         flat = _flat(request)
         notice = _DONE.get(request.query_params.get("done", ""))
-        context: dict[str, Any] = {"tools": self.console.tools, "sorts": SORT_LABELS, "notice": notice}
+        context: dict[str, Any] = {
+            "tools": self.console.tools,
+            "sorts": SORT_LABELS,
+            "notice": notice,
+            "rendered_at": now_ms(),
+        }
         try:
             query = parse_list_query(flat)
             page = await self.console.page(query.filter, query.sort, query.cursor, query.limit)

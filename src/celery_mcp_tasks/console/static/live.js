@@ -175,6 +175,15 @@
     });
   }
 
+  function newestShown(tbody) {
+    var newest = parseInt(document.body.getAttribute("data-since") || "0", 10) - 5000;  // an empty page: since it was rendered
+    var rows = tbody.querySelectorAll("tr[data-created]");
+    for (var i = 0; i < rows.length; i++) {
+      newest = Math.max(newest, parseInt(rows[i].getAttribute("data-created"), 10));
+    }
+    return newest;
+  }
+
   function onListEvent(data, key) {
     var tbody = document.getElementById("rows");
     if (!tbody) return;
@@ -198,6 +207,9 @@
       return;
     }
     if (listMode !== "insert") return;
+    // Only a task newer than every row shown belongs at the top: an older one that changed is further down
+    // the list (on a later page), never inserted here.
+    if (typeof data.created_at === "number" && data.created_at < newestShown(tbody)) return;
     var wanted = (document.body.getAttribute("data-filter-status") || "").split(",").filter(Boolean);
     if (data.status && wanted.length && wanted.indexOf(data.status) < 0) return;
     var tool = document.body.getAttribute("data-filter-tool");
