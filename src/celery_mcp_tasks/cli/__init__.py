@@ -1,4 +1,4 @@
-"""`celery-mcp-tasks`: dev | serve | stdio | db | call | doctor.
+"""`celery-mcp-tasks`: dev | serve | stdio | db | call | doctor | console | tasks.
 
     celery-mcp-tasks dev APP [--call TOOL ARGS]   web + worker + beat on the embedded default
     celery-mcp-tasks serve APP [--host --port]    the web process (uvicorn), MCP at /mcp

@@ -37,7 +37,7 @@ def add_parser(sub: Any) -> None:
         "tasks",
         help="list, show, cancel, re-send or delete tasks through the console's API (MCP_TASKS_CONSOLE_TOKEN)",
     )
-    commands = tasks.add_subparsers(dest="tasks_command", required=True)
+    commands = tasks.add_subparsers(dest="tasks_command", required=True, help="what to do")
 
     def common(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--url", required=True, help="the console's root, e.g. http://127.0.0.1:9102")
