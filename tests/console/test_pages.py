@@ -344,3 +344,19 @@ def test_mounted_under_a_path_every_link_and_the_cookie_stay_under_it(deployment
     assert 'data-root="/ops/console"' in page.text
     links = re.findall(r'(?:href|action)="(/[^"]*)"', page.text)
     assert links and all(link.startswith("/ops/console/") for link in links), links
+
+
+def test_an_expired_form_is_refused_and_nothing_changes(deployment: Deployment) -> None:
+    now = [1_000_000.0]
+    config = AuthConfig(token=TOKEN, clock=lambda: now[0], csrf_ttl_s=600, session_ttl_s=3600)
+    client = TestClient(create_app(deployment.console, config), follow_redirects=False)
+    assert client.post("/login", data={"name": "ada", "token": TOKEN, "next": "/"}).status_code == 303
+    key = deployment.add("t")
+    token = csrf_of(client.get(f"/tasks/{key}").text)
+    now[0] += 601  # the form is older than its token; the session still holds
+    refused = client.post(f"/tasks/{key}/cancel", data={"csrf": token, "confirm": "yes"})
+    assert refused.status_code == 403 and "expired" in refused.text
+    assert deployment.get(key).status.value == "working"
+    fresh = csrf_of(client.get(f"/tasks/{key}").text)  # a reload gives a form that works
+    assert client.post(f"/tasks/{key}/cancel", data={"csrf": fresh, "confirm": "yes"}).status_code == 303
+    assert deployment.get(key).status.value == "cancelled"

@@ -1,7 +1,7 @@
 """The task console in a real browser: Debian's headless Chromium, driven by Playwright (Python).
 
 A real deployment (the web process, a Celery worker, and the `celery-mcp-tasks console` process on
-a port of its own), the embedded backend. An operator signs in; a client (the official SDK client
+a port of its own), on the embedded backend and on PostgreSQL + Redis. An operator signs in; a client (the official SDK client
 with the Tasks extension) starts a slow tool that reports progress; the row appears in the open list
 without a reload; its page shows the progress bar moving; the operator cancels it there (through the
 confirmation page); the list shows it `cancelled`, the client sees `cancelled` too, and the console's
@@ -55,9 +55,9 @@ def start_console(deployment: Deployment, **extra: str) -> tuple[Proc, str]:
 
 
 @pytest.fixture(scope="module")
-def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Deployment, Proc, str]]:
-    backend = Backend("embedded", {"MCP_TASKS_DATA_DIR": str(tmp_path_factory.mktemp("console-embedded"))})
-    with Deployment(APP, backend, tmp_path_factory.mktemp("console-logs")) as running:
+def deployment(backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Deployment, Proc, str]]:
+    """Embedded (SQLite, the filesystem broker: hints by polling) and PostgreSQL + Redis (LISTEN/NOTIFY)."""
+    with Deployment(APP, backend, tmp_path_factory.mktemp(f"console-logs-{backend.name}")) as running:
         running.web()
         running.worker()
         console, url = start_console(running)
@@ -120,8 +120,8 @@ def chromium() -> Iterator[Any]:
 class Shots:
     """Screenshots: into docs/img/console-NAME.png with MCP_TASKS_SCREENSHOTS=1, else beside the test's logs."""
 
-    def __init__(self, fallback: Path) -> None:
-        self.folder = SHOTS if WRITE_SHOTS else fallback
+    def __init__(self, fallback: Path, backend: Backend) -> None:
+        self.folder = SHOTS if WRITE_SHOTS and backend.name == "embedded" else fallback
         self.folder.mkdir(parents=True, exist_ok=True)
 
     def take(self, page: Any, name: str, *, full_page: bool = False) -> None:
@@ -132,7 +132,7 @@ def test_an_operator_follows_a_task_live_and_cancels_it_from_its_page(
     deployment: tuple[Deployment, Proc, str], chromium: Any, tmp_path: Path
 ) -> None:
     running, console, console_url = deployment
-    shots = Shots(tmp_path / "shots")
+    shots = Shots(tmp_path / "shots", running.backend)
     seen_html: list[str] = []
     context = chromium.new_context(viewport={"width": 1280, "height": 860}, color_scheme="light")
     page = context.new_page()
@@ -246,7 +246,7 @@ def test_the_dark_theme_and_the_keyboard(
 ) -> None:
     """The system's dark preference gives the dark theme; the toggle overrides it; j/k walk the rows."""
     running, _console, console_url = deployment
-    shots = Shots(tmp_path / "shots")
+    shots = Shots(tmp_path / "shots", running.backend)
     start_task(running.url, "count_up", {"steps": 3, "pause": 0.1})
     context = chromium.new_context(viewport={"width": 1280, "height": 760}, color_scheme="dark")
     page = context.new_page()
