@@ -360,3 +360,21 @@ def test_an_expired_form_is_refused_and_nothing_changes(deployment: Deployment) 
     fresh = csrf_of(client.get(f"/tasks/{key}").text)  # a reload gives a form that works
     assert client.post(f"/tasks/{key}/cancel", data={"csrf": fresh, "confirm": "yes"}).status_code == 303
     assert deployment.get(key).status.value == "cancelled"
+
+
+def test_the_docs_mounting_example_lets_in_only_whom_the_host_app_names() -> None:
+    from types import SimpleNamespace
+
+    from examples.guide import console_mounted
+
+    user = SimpleNamespace(is_authenticated=True, display_name="grace")
+
+    async def signed_in_host(scope: Any, receive: Any, send: Any) -> None:  # the host app's auth, in short
+        await console_mounted.app({**scope, "user": user}, receive, send)
+
+    nobody = TestClient(console_mounted.app, follow_redirects=False)
+    assert nobody.get("/console/api/overview").status_code == 401
+    assert nobody.get("/console/login").status_code == 200  # no operator: the token form (no token is set)
+    host = TestClient(signed_in_host, follow_redirects=False)
+    again = host.get("/console/login")
+    assert again.status_code == 303 and again.headers["location"] == "/console/"
