@@ -300,3 +300,36 @@ def test_pages_read_without_javascript(deployment: tuple[Deployment, Proc, str],
         assert "status: unknown status 'sleeping'" in page.inner_text("main")
     finally:
         context.close()
+
+
+def test_a_row_changing_further_down_the_list_stays_there(
+    deployment: tuple[Deployment, Proc, str], chromium: Any
+) -> None:
+    """The first page of one row: a newer task appears at its top live; an older one that keeps
+    changing (it belongs on a later page) is never inserted there."""
+    running, _console, console_url = deployment
+    older = task_key(start_task(running.url, "count_up", {"steps": 40, "pause": 0.2}))
+    context = chromium.new_context()
+    try:
+        everything = context.new_page()
+        everything.goto(f"{console_url}/login?next=/tasks")
+        everything.fill("input[name=name]", OPERATOR)
+        everything.fill("input[name=token]", TOKEN)
+        everything.click("form.login button[type=submit]")
+        everything.wait_for_selector(f"#row-{older}")
+        first_page = context.new_page()
+        first_page.goto(f"{console_url}/tasks?limit=1")
+        first_page.wait_for_selector("#live-state[data-state=on]")
+        assert first_page.query_selector(f"#row-{older}") is not None  # the newest task: the one row shown
+        newer = task_key(start_task(running.url, "count_up", {"steps": 30, "pause": 0.2}))
+        first_page.wait_for_selector(f"#row-{newer}")
+        first_page.reload()  # now the page of one row shows `newer`; `older` is on the next page
+        first_page.wait_for_selector("#live-state[data-state=on]")
+        assert first_page.query_selector(f"#row-{older}") is None
+        step = "key => Number(document.querySelector('#row-' + key + ' .cell-progress progress').value)"
+        seen = everything.evaluate(step, older)
+        everything.wait_for_function(f"key => ({step})(key) >= {seen + 3}", arg=older)  # three changes later
+        assert first_page.query_selector(f"#row-{older}") is None, "an older row was inserted at the top"
+        assert first_page.query_selector(f"#row-{newer}") is not None
+    finally:
+        context.close()
