@@ -378,3 +378,13 @@ def test_the_docs_mounting_example_lets_in_only_whom_the_host_app_names() -> Non
     host = TestClient(signed_in_host, follow_redirects=False)
     again = host.get("/console/login")
     assert again.status_code == 303 and again.headers["location"] == "/console/"
+
+
+def test_signing_out_ends_the_session(deployment: Deployment) -> None:
+    client = signed_in(deployment)
+    page = client.get("/")
+    assert "Sign out" in page.text
+    out = client.post("/logout", data={"csrf": csrf_of(page.text)})
+    assert out.status_code == 303 and out.headers["location"] == "/login"
+    assert 'mcp_tasks_console=""' in out.headers["set-cookie"] or "max-age=0" in out.headers["set-cookie"].lower()
+    assert client.get("/", headers={"Accept": "text/html"}).status_code == 303
