@@ -4,7 +4,8 @@
 
 The wheel must carry the alembic environment (`script_location = celery_mcp_tasks:migrations`
 resolves inside the installed package), every version the repository's `migrations/versions`
-has, `py.typed`, and the license in its dist-info; the sdist must carry the license too. The
+has, `py.typed`, every template and static file of the console (its pages fetch nothing from a
+CDN), and the license in its dist-info; the sdist must carry the license too. The
 wheel checked is the one built from the sdist, as pip builds it from PyPI (the package's
 `migrations` is a symlink to the top-level directory: the sdist must hold real files).
 """
@@ -31,6 +32,16 @@ def main() -> int:
     if not versions:
         sys.exit(f"check_wheel: {root}/migrations/versions has no *.py: nothing to check against")
 
+    console = root / "src" / PACKAGE / "console"
+    assets = sorted(
+        p.relative_to(root / "src").as_posix()
+        for folder in ("templates", "static")
+        for p in (console / folder).iterdir()
+        if p.is_file()
+    )
+    if not any(a.endswith(".html") for a in assets) or not any(a.endswith(".js") for a in assets):
+        sys.exit(f"check_wheel: {console} has no templates or no script: nothing to check against")
+
     names = set(zipfile.ZipFile(wheel).namelist())
     dist_info = {n.split("/", 1)[0] for n in names if n.split("/", 1)[0].endswith(".dist-info")}
     if len(dist_info) != 1:
@@ -41,6 +52,7 @@ def main() -> int:
         f"{PACKAGE}/migrations/script.py.mako",
         *(f"{PACKAGE}/migrations/versions/{v}" for v in versions),
         f"{PACKAGE}/py.typed",
+        *assets,
         f"{info}/licenses/LICENSE",
     ]
     missing = [f"{wheel.name}: missing {name}" for name in required if name not in names]
@@ -59,7 +71,8 @@ def main() -> int:
         print("\n".join(f"check_wheel: {line}" for line in missing), file=sys.stderr)
         return 1
     print(
-        f"check_wheel: {wheel.name} and {sdist.name} hold the migrations ({', '.join(versions)}), py.typed and LICENSE"
+        f"check_wheel: {wheel.name} and {sdist.name} hold the migrations ({', '.join(versions)}), py.typed, "
+        f"the console's {len(assets)} templates and static files, and LICENSE"
     )
     return 0
 

@@ -13,7 +13,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "src" / "celery_mcp_tasks"
 DOMAIN = ["model.py", "service.py", "store"]
-ADAPTERS = ["mcp", "worker", "client"]
+ADAPTERS = ["mcp", "worker", "client", "console"]
 OUTSIDE = (
     "mcp",
     "mcp_types",

@@ -87,6 +87,14 @@ def test_downgrade_to_base_and_up_again(tmp_path: Path):
 # (run from .ci/install_paths.sh). The tests below prove that check can fail.
 
 
+def _console_assets() -> list[str]:
+    """The console's templates and static files, as the wheel names them."""
+    console = ROOT / "src" / "celery_mcp_tasks" / "console"
+    return sorted(
+        p.relative_to(ROOT / "src").as_posix() for d in ("templates", "static") for p in (console / d).iterdir()
+    )
+
+
 def _check_wheel(tmp_path: Path, drop: str | None = None) -> tuple[int, str]:
     """Run .ci/check_wheel.py on a wheel and an sdist laid out like the real ones, minus `drop`."""
     import importlib.util
@@ -102,6 +110,7 @@ def _check_wheel(tmp_path: Path, drop: str | None = None) -> tuple[int, str]:
         "celery_mcp_tasks/migrations/script.py.mako": "",
         **{f"celery_mcp_tasks/migrations/versions/{v}": "" for v in versions},
         "celery_mcp_tasks/py.typed": "",
+        **dict.fromkeys(_console_assets(), ""),
         f"{info}/licenses/LICENSE": "Apache",
         f"{info}/METADATA": "Name: celery-mcp-tasks\nLicense-Expression: Apache-2.0\nLicense-File: LICENSE\n",
     }
@@ -141,6 +150,11 @@ def test_the_ci_wheel_check_fails_a_wheel_missing_the_newest_migration(tmp_path:
     newest = sorted(p.name for p in (ROOT / "migrations" / "versions").glob("*.py"))[-1]
     status, output = _check_wheel(tmp_path, drop=f"celery_mcp_tasks/migrations/versions/{newest}")
     assert status == 1 and f"missing celery_mcp_tasks/migrations/versions/{newest}" in output
+
+
+def test_the_ci_wheel_check_fails_a_wheel_missing_a_console_template(tmp_path: Path):
+    status, output = _check_wheel(tmp_path, drop="celery_mcp_tasks/console/templates/base.html")
+    assert status == 1 and "missing celery_mcp_tasks/console/templates/base.html" in output
 
 
 # -- a database migrated long ago, with tasks in it ------------------------------------------------

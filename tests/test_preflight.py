@@ -43,7 +43,7 @@ def test_the_embedded_store_before_its_first_upgrade_is_refused_and_not_created(
 def test_a_schema_behind_head_is_refused_and_one_at_head_passes(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path)
     upgrade(settings.store_url, "0001")
-    assert "is at revision 0001, behind 0005; run `celery-mcp-tasks db upgrade`" in refusal(settings, role="beat")
+    assert "is at revision 0001, behind 0006; run `celery-mcp-tasks db upgrade`" in refusal(settings, role="beat")
     preflight(settings, role="serve", need_schema=False)  # serve migrates right after this one
     upgrade(settings.store_url)
     preflight(settings, role="serve")

@@ -177,6 +177,7 @@ class McpTasks:
         self._service: TaskService | None = None
         self._service_pid: int | None = None
         self._app: Any = None
+        self._mcp_path: str | None = None
         self._runtime = _Runtime(self)
         self._plugins = _chosen(plugins, self.settings)
         self._observers = Observers(p for p in self._plugins if overrides(p, "task_changed"))  # told of every commit
@@ -357,6 +358,7 @@ class McpTasks:
 
     def asgi_app(self, *, host: str = "127.0.0.1", path: str = "/mcp") -> Any:
         """The Starlette app serving the MCP endpoint (uvicorn runs it); its lifespan runs the push listener."""
+        self._mcp_path = path
         security = transport_security(host, self.settings.allowed_hosts)
         warn_unless_shared(self._shared_state, str(self.celery.conf.broker_url))
         limit = self.settings.max_request_bytes  # the SDK enforces it; we only say it as JSON-RPC
@@ -372,6 +374,55 @@ class McpTasks:
         from starlette.applications import Starlette
 
         return Starlette(routes=[route for plugin in self._plugins for route in plugin.routes()])
+
+    def console_app(
+        self, *, operator: Callable[[Any], Any] | None = None, path: str = "/console", standalone: bool = False
+    ) -> Any:
+        """The operators' console (`celery_mcp_tasks.console`), a Starlette app to mount at `path`:
+
+            app = Starlette(routes=[Mount("/console", app=tasks.console_app()), Mount("/", app=tasks.asgi_app())],
+                            lifespan=tasks.lifespan)
+
+        Never on the MCP endpoint's path (refused). Operators sign in with MCP_TASKS_CONSOLE_TOKEN,
+        or through your application's authentication: `operator(request) -> str | None` (may be async)
+        names the operator or refuses. Its live updates run in `tasks.lifespan`. `standalone`: served
+        alone at the root (`celery-mcp-tasks console`), with its own push listener in its own lifespan.
+        """
+        from celery_mcp_tasks.console.app import auth_config, check_mount_path, create_app, serving
+        from celery_mcp_tasks.console.context import Console
+
+        mount = None if standalone else check_mount_path(path, self._mcp_path or "/mcp")
+        console = Console(
+            self.service,
+            hub=None if self._push.mode == "off" else self._push.hub,
+            queue_of=self._queue_of,
+            terminable=lambda tool: tool in self._tools and self._tools[tool].terminate,
+            stale_timeout_ms=int(self.settings.stale_timeout_s * 1000),
+            payloads_allowed=self.settings.console_payloads,
+            tools=lambda: list(self._tools),
+            poll_s=0.1 if self._push.mode in ("poll", "off") else 1.0,
+        )
+        app = create_app(
+            console,
+            auth_config(self.settings.console_token, operator),
+            lifespan_contexts=[self._push.serving] if standalone else [],
+            mount_path=mount,
+        )
+        if not standalone:
+            self._serving_contexts.append(lambda: serving(console))
+        return app
+
+    def _queue_of(self, tool: str) -> str | None:
+        """The Celery queue a tool's job is sent to: its routing (`task_routes`), else the default queue."""
+        default = str(self.celery.conf.task_default_queue or "celery")
+        spec = self._tools.get(tool)
+        if spec is None:
+            return None
+        try:
+            queue = self.celery.amqp.router.route({}, spec.celery_name, args=(), kwargs={}).get("queue")
+        except Exception:  # noqa: BLE001 - a router of the user's that fails: the default is the best guess
+            return default
+        return str(getattr(queue, "name", queue) or default)
 
     def lifespan(self, _parent: Any = None) -> Any:
         """The served app's lifespan (the SDK's session manager, the push listener), for an

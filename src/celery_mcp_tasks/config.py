@@ -14,7 +14,7 @@ import functools
 import importlib.util
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ READ_ELSEWHERE = ("MCP_TASKS_OPS_HOST", "MCP_TASKS_OPS_PORT", "MCP_TASKS_TOKEN",
 NOT_SETTINGS = ("MCP_TASKS_TEST_", "MCP_TASKS_SMOKE_")
 """Prefixes of names the test suite and CI read (service URLs): never settings, never flagged."""
 MIN_SECRET_BYTES = 32
+MIN_CONSOLE_TOKEN_BYTES = 16
 DEFAULT_WORKER_METRICS_PORT = 9808
 DEFAULT_INPUT_TIMEOUT_S = 86_400.0
 """An `input_required` task nobody answers fails after a day (MCP_TASKS_INPUT_TIMEOUT_S), so it frees its row."""
@@ -211,6 +212,8 @@ class Settings:
     log_format: str = "text"
     request_state_secrets: tuple[str, ...] = ()
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    console_token: str | None = field(default=None, repr=False)
+    console_payloads: bool = False
 
     def __post_init__(self) -> None:
         _one_of("MCP_TASKS_JANITOR", self.janitor, _JANITOR_MODES)
@@ -234,6 +237,11 @@ class Settings:
             _check_store_url(self.database_url)
         if self.max_request_bytes < 1:
             raise ConfigError(f"MCP_TASKS_MAX_REQUEST_BYTES: must be >= 1, got {self.max_request_bytes}")
+        if self.console_token is not None and len(self.console_token.encode()) < MIN_CONSOLE_TOKEN_BYTES:
+            raise ConfigError(
+                f"MCP_TASKS_CONSOLE_TOKEN: the operators' token must be at least {MIN_CONSOLE_TOKEN_BYTES} bytes "
+                f"(got {len(self.console_token.encode())}); generate one with `openssl rand -base64 32`"
+            )
         if self.stale_timeout_s < 1:
             raise ConfigError(
                 f"MCP_TASKS_STALE_TIMEOUT_S: must be >= 1 (heartbeats need room), got {self.stale_timeout_s:g}"
@@ -280,6 +288,9 @@ class Settings:
             "input_timeout_s": _float(env, "MCP_TASKS_INPUT_TIMEOUT_S", DEFAULT_INPUT_TIMEOUT_S, allow_off=True),
             "log_format": (env.get("MCP_TASKS_LOG_FORMAT") or "text").strip().lower(),
             "max_request_bytes": _int(env, "MCP_TASKS_MAX_REQUEST_BYTES", DEFAULT_MAX_REQUEST_BYTES),
+            # The operators' console: who may look, and whether payloads may be revealed.
+            "console_token": (env.get("MCP_TASKS_CONSOLE_TOKEN") or "").strip() or None,
+            "console_payloads": _switch(env, "MCP_TASKS_CONSOLE_PAYLOADS", False),
             # A rotation ring: the first secret seals, every one unseals (comma-separated).
             "request_state_secrets": tuple(
                 s.strip() for s in (env.get("MCP_TASKS_REQUEST_STATE_SECRET") or "").split(",") if s.strip()

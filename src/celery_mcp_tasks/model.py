@@ -17,6 +17,7 @@ import hashlib
 import math
 import secrets
 import time
+import uuid
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
@@ -32,6 +33,7 @@ __all__ = [
     "TaskRecord",
     "TaskStatus",
     "TerminalTask",
+    "celery_message_id",
     "checked_progress",
     "new_task_id",
     "now_ms",
@@ -47,6 +49,7 @@ class TaskStatus(str, Enum):
     CANCELLED = "cancelled"
 
 
+ACTIVE = frozenset({TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED})
 TERMINAL = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED})
 
 CANCELLED_BY_CLIENT = "Cancelled by the client"
@@ -138,6 +141,17 @@ def task_key(task_id: str) -> str:
     JSON): an id that cannot be ours simply matches no row.
     """
     return hashlib.sha256(task_id.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+_CELERY_ID_NAMESPACE = uuid.UUID("4f0b5a8e-9c1d-4e57-8a43-6d2c1e0f7b19")
+
+
+def celery_message_id(key: str, dispatches: int) -> str:
+    """The Celery message id of a row's dispatch: derived (uuid5 of key and dispatch number), never stored.
+
+    Lets a cancel revoke the current message, and an operator find it in Flower or a worker's log.
+    """
+    return str(uuid.uuid5(_CELERY_ID_NAMESPACE, f"{key}:{dispatches}"))
 
 
 def now_ms() -> int:

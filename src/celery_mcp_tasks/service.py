@@ -36,6 +36,7 @@ __all__ = [
     "DEFAULT",
     "Dispatcher",
     "DuplicateInputKeys",
+    "NotLost",
     "TaskExpired",
     "TaskNotFound",
     "TaskService",
@@ -70,6 +71,10 @@ class _Default:
 
 
 DEFAULT: Final = _Default()
+
+
+class NotLost(Exception):
+    """A re-send refused: the task is not a `working` task whose job is judged lost. The text says why."""
 
 
 class TaskExpired(LookupError):
@@ -203,7 +208,7 @@ class TaskService:
         return self._cancel(task_key(task_id), owner, message, check_expiry=True)
 
     def _cancel(
-        self, key: str, owner: Any, message: str | None, *, check_expiry: bool = False
+        self, key: str, owner: Any, message: str | None, *, check_expiry: bool = False, revoke: bool = True
     ) -> tuple[TaskRecord, bool]:
         changed = False
 
@@ -219,7 +224,8 @@ class TaskService:
         record = self._update(key, owner, transition)
         if changed:
             safe_notify(self.notifier, record)
-            self._revoke(record)
+            if revoke:
+                self._revoke(record)
         return record, changed
 
     def _revoke(self, record: TaskRecord) -> None:
@@ -341,8 +347,45 @@ class TaskService:
     def unpark(self, key: str, *, expected: TaskRecord | None = None) -> TaskRecord:
         return self._write(key, lambda r: r.unparked(), expected)
 
-    def cancel_by_key(self, key: str, message: str) -> tuple[TaskRecord, bool]:
-        return self._cancel(key, ANY, message)
+    def cancel_by_key(self, key: str, message: str, *, terminate: bool = True) -> tuple[TaskRecord, bool]:
+        """Cancel by row key (server side: the janitor, an operator). Returns (record, whether this call changed it).
+
+        `terminate`: also revoke the running job (the dispatcher terminates it where its
+        tool allows); without it the job notices `ctx.cancelled()` at its next check.
+        """
+        return self._cancel(key, ANY, message, revoke=terminate)
+
+    def resend(self, key: str, *, stale_before_ms: int, message: str) -> TaskRecord:
+        """Send the job of a `working` task judged lost (no heartbeat since `stale_before_ms`) again.
+
+        The operator's counterpart of the reaper's re-send: a new dispatch (an older message
+        still in flight is superseded), decided inside the compare-and-swap. Raises
+        `NotLost` (saying why) for a task not judged lost, `TaskNotFound`.
+        """
+
+        def transition(record: TaskRecord) -> TaskRecord:
+            if record.terminal:
+                raise NotLost(f"the task is already {record.status.value}")
+            if record.status is not TaskStatus.WORKING:
+                raise NotLost(f"the task is {record.status.value}: only a working task's job can be lost")
+            if self.dispatcher is None:
+                raise NotLost("this process sends no jobs")
+            if not record.stale(stale_before_ms):
+                raise NotLost("the job is alive: its heartbeat is newer than the stale timeout")
+            return record.dispatched(self.clock(), message, resend=True)
+
+        record = self._write(key, transition)
+        return self._send(record)
+
+    def delete(self, key: str) -> None:
+        """Delete a final task's row. Raises `TaskNotFound`, or `InvalidTransition` for an active task."""
+        record = self.store.get(key, ANY)
+        if record is None:
+            raise TaskNotFound()
+        if not record.terminal:
+            raise InvalidTransition(f"the task is {record.status.value}: only a final task can be deleted")
+        if not self.store.delete(key):
+            raise TaskNotFound()  # deleted meanwhile (a final task never becomes active again)
 
     def expire_input(self, key: str, *, changed_before_ms: int, message: str) -> bool:
         """Fail a task nobody answered since the bound (the input timeout), inside the CAS: an answer first wins."""

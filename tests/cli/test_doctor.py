@@ -84,7 +84,7 @@ def test_a_schema_behind_head_is_a_schema_fail_with_the_upgrade_command(app_modu
     rows = by_name(diagnose(app_module, timeout_s=0.5))
     assert rows["database"].status == "OK"
     assert rows["schema"].status == "FAIL"
-    assert "behind 0005" in rows["schema"].detail
+    assert "behind 0006" in rows["schema"].detail
     assert rows["schema"].fix.startswith("run `celery-mcp-tasks db upgrade`")
     assert rows["janitor"] == Row("janitor", "SKIP", "needs schema")
 

@@ -143,7 +143,7 @@ def test_a_schema_behind_head_is_a_schema_fail_naming_the_upgrade(tmp_path: Path
     assert code == 1
     schema = row(document, "schema")
     assert schema["status"] == "FAIL", table
-    assert schema["detail"] == "the task store is at revision 0004, behind 0005; run `celery-mcp-tasks db upgrade`"
+    assert schema["detail"] == "the task store is at revision 0004, behind 0006; run `celery-mcp-tasks db upgrade`"
     assert "celery-mcp-tasks db upgrade" in schema["fix"]
     assert statuses(document)["database"] == "OK"
     assert statuses(document)["janitor"] == "SKIP"

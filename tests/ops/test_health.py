@@ -80,7 +80,7 @@ def test_readyz_is_200_on_a_migrated_store_and_the_janitor_has_three_intervals_f
     assert {name: check["status"] for name, check in body["checks"].items()} == dict.fromkeys(
         ["store", "schema", "broker", "janitor"], "ok"
     )
-    assert body["checks"]["schema"]["detail"] == "at head 0005"
+    assert body["checks"]["schema"]["detail"] == "at head 0006"
     assert body["checks"]["janitor"]["detail"] == "no sweep recorded yet (expected every 5s)"
     embedded.sweep()
     _, body, _ = readyz(embedded)
@@ -113,7 +113,7 @@ def test_a_schema_behind_head_fails_readiness_with_the_upgrade_command(embedded:
     assert body["checks"]["store"]["status"] == "ok"
     assert body["checks"]["schema"] == {
         "status": "fail",
-        "detail": "the task store is at revision 0004, behind 0005; run `celery-mcp-tasks db upgrade`",
+        "detail": "the task store is at revision 0004, behind 0006; run `celery-mcp-tasks db upgrade`",
     }
 
 

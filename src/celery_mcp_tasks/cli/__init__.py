@@ -1,4 +1,4 @@
-"""`celery-mcp-tasks`: dev | serve | stdio | db | call | doctor.
+"""`celery-mcp-tasks`: dev | serve | stdio | db | call | doctor | console | tasks.
 
     celery-mcp-tasks dev APP [--call TOOL ARGS]   web + worker + beat on the embedded default
     celery-mcp-tasks serve APP [--host --port]    the web process (uvicorn), MCP at /mcp
@@ -6,6 +6,8 @@
     celery-mcp-tasks db upgrade|check|current     migrate the store (MCP_TASKS_DATABASE_URL)
     celery-mcp-tasks call URL TOOL ARGS           call a tool as a task and follow it to the end
     celery-mcp-tasks doctor APP [--json]          check the deployment: OK / WARN / FAIL and the fix for each
+    celery-mcp-tasks console APP [--host --port]  the operators' console: every task, live (port 9102)
+    celery-mcp-tasks tasks ls|show|cancel|resend|delete --url URL   the console's API from a terminal
 
 APP is a module path such as `examples.quickstart.app` holding one `McpTasks`.
 """
@@ -276,6 +278,20 @@ def _parser() -> argparse.ArgumentParser:
         help="bearer token sent as `Authorization: Bearer ...` (default: $MCP_TASKS_TOKEN); never printed",
     )
 
+    console = sub.add_parser(
+        "console",
+        help="the operators' console: every task, live, in web pages and a JSON API (needs MCP_TASKS_CONSOLE_TOKEN)",
+    )
+    console.add_argument("app", metavar="APP", help=APP_HELP)
+    console.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1)")
+    console.add_argument("--port", type=int, default=9102, help="the port to listen on (default 9102)")
+    console.add_argument(
+        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"], help="uvicorn's"
+    )
+    from celery_mcp_tasks.cli.tasks import add_parser as add_tasks_parser
+
+    add_tasks_parser(sub)
+
     doctor = sub.add_parser(
         "doctor",
         help="check a deployment: configuration, database, broker, workers, janitor, push, clock",
@@ -298,6 +314,32 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _console(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    tasks = load_app(args.app)
+    quiet_libraries()
+    if tasks.settings.console_token is None:
+        print(
+            "celery-mcp-tasks console: MCP_TASKS_CONSOLE_TOKEN is not set: the console needs an operator token "
+            "(generate one with `openssl rand -base64 32`)",
+            file=sys.stderr,
+        )
+        return 2
+    tasks.preflight("serve")  # the store must be reachable and migrated, as for the web process
+    from celery_mcp_tasks.ops.logs import uvicorn_log_config
+
+    uvicorn.run(
+        tasks.console_app(standalone=True),
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        log_config=uvicorn_log_config(tasks.settings),
+        timeout_graceful_shutdown=5,
+    )
+    return 0
+
+
 def _doctor(args: argparse.Namespace) -> int:
     from celery_mcp_tasks.cli.doctor import doctor
 
@@ -318,6 +360,12 @@ def main(argv: list[str] | None = None) -> int:
             return _db(args)
         if args.command == "doctor":
             return _doctor(args)
+        if args.command == "console":
+            return _console(args)
+        if args.command == "tasks":
+            from celery_mcp_tasks.cli.tasks import run
+
+            return run(args)
         if args.resume is not None and not args.resume.strip():
             # An empty id would be asked for and answered "no such task": it is a usage error.
             print("celery-mcp-tasks call: --resume needs a TASK_ID (the id the call printed)", file=sys.stderr)

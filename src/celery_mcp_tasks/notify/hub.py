@@ -36,12 +36,14 @@ class Watch:
     other inputs (core events, shutdown) through `wake`.
     """
 
-    def __init__(self, keys: Iterable[str] = (), hub: Hub | None = None) -> None:
+    def __init__(self, keys: Iterable[str] = (), hub: Hub | None = None, *, every: bool = False) -> None:
         self._keys = set(keys)
         self._hub = hub
+        self.every = every  # follows every key (the console), not a given set
         self._pending: dict[str, int | None] = {}
         self._event = anyio.Event()
         self.closed = False
+        self.resynced = False  # an every-key watch: hints may have been lost, its owner re-reads what it shows
 
     @property
     def keys(self) -> frozenset[str]:
@@ -49,7 +51,7 @@ class Watch:
 
     def offer(self, key: str, version: int | None) -> None:
         """Record a hint (keeping the highest version seen) and wake the stream."""
-        if key not in self._keys:
+        if not self.every and key not in self._keys:
             return
         if key in self._pending:
             known = self._pending[key]
@@ -84,6 +86,7 @@ class Watch:
         self.closed = True
         if self._hub is not None:
             self._hub._unindex(self, list(self._keys))
+            self._hub._every.discard(self)
         self._keys.clear()
         self._pending.clear()
         self._event.set()
@@ -94,6 +97,7 @@ class Hub:
 
     def __init__(self) -> None:
         self._by_key: dict[str, set[Watch]] = {}
+        self._every: set[Watch] = set()
         self._token: anyio.lowlevel.EventLoopToken | None = None
 
     def bind(self) -> None:
@@ -106,6 +110,16 @@ class Hub:
         watch = Watch(keys, self)
         for key in watch.keys:
             self._by_key.setdefault(key, set()).add(watch)
+        return watch
+
+    def watch_every(self) -> Watch:
+        """A watch hinted about every key (the operators' console): one per process, fanned out by its owner.
+
+        It adds nothing to `watched_keys`: the polling transport cannot poll every row, so
+        under polling its owner finds changed rows itself.
+        """
+        watch = Watch((), self, every=True)
+        self._every.add(watch)
         return watch
 
     def _unindex(self, watch: Watch, keys: Iterable[str]) -> None:
@@ -123,13 +137,15 @@ class Hub:
 
     @property
     def watch_count(self) -> int:
-        return len({watch for watchers in self._by_key.values() for watch in watchers})
+        return len({watch for watchers in self._by_key.values() for watch in watchers} | self._every)
 
     # -- transports -----------------------------------------------------------------
 
     def hint(self, key: str, version: int | None = UNKNOWN) -> None:
-        """A row changed (on the loop). Unwatched keys cost one dict lookup."""
+        """A row changed (on the loop). Unwatched keys cost one dict lookup (and the every-key watches)."""
         for watch in list(self._by_key.get(key, ())):
+            watch.offer(key, version)
+        for watch in list(self._every):
             watch.offer(key, version)
 
     def resync(self) -> None:
@@ -137,6 +153,9 @@ class Hub:
         for key, watchers in list(self._by_key.items()):
             for watch in list(watchers):
                 watch.offer(key, UNKNOWN)
+        for watch in list(self._every):
+            watch.resynced = True
+            watch.wake()
 
     def hint_threadsafe(self, key: str, version: int | None = UNKNOWN) -> None:
         """`hint` from a transport thread. Dropped (harmlessly) when the loop is gone."""

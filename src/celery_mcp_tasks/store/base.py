@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Final, Protocol
 from celery_mcp_tasks.model import TaskRecord
 
 if TYPE_CHECKING:
+    from celery_mcp_tasks.store.browse import Filter, Overview, Page, Row
     from celery_mcp_tasks.store.cleanup import Eviction
     from celery_mcp_tasks.store.sweeps import SweepRecord
 
@@ -157,4 +158,29 @@ class Store(Protocol):
 
     def ledger(self) -> Ledger:
         """The sweep ledger kept beside the tasks."""
+        ...
+
+    # -- the operators' console (`store.browse`): rows by key, never by task id --------------
+
+    def browse(self, filter: Filter, sort: str, cursor: str | None, limit: int, *, now_ms: int) -> Page:
+        """One keyset page of rows matching `filter` in `sort` order (`browse.SORTS`), after `cursor`.
+
+        Raises `BadFilter("cursor", ...)` for a malformed cursor or one made for another sort.
+        """
+        ...
+
+    def overview(self, now_ms: int) -> Overview:
+        """Counts by status and tool, the last hour per minute, the oldest active rows, the last sweep."""
+        ...
+
+    def rows(self, keys: Iterable[str]) -> list[Row]:
+        """The rows of these keys that exist (any owner), in no particular order."""
+        ...
+
+    def changed_since(self, updated_at_ms: int, *, limit: int) -> list[Row]:
+        """Rows written at or after `updated_at_ms` (their `updated_at`), oldest first, at most `limit`."""
+        ...
+
+    def delete(self, key: str) -> bool:
+        """Delete the row if it is final (completed, failed, cancelled): whether it was deleted."""
         ...

@@ -60,6 +60,13 @@ tasks = sa.Table(
     sa.Index(None, "expires_at"),
     sa.Index(None, "status", "heartbeat_at"),
     sa.Index(None, "status", "updated_at"),
+    # The operators' console (migration 0006): keyset pages by creation or last change,
+    # narrowed to a status, a tool or an owner.
+    sa.Index(None, "created_at", "key"),
+    sa.Index(None, "updated_at", "key"),
+    sa.Index(None, "status", "created_at", "key"),
+    sa.Index(None, "tool", "created_at", "key"),
+    sa.Index(None, "owner", "created_at", "key"),
 )
 
 sweeps = sa.Table(

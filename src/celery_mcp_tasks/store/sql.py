@@ -36,6 +36,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, make_url
 
 from celery_mcp_tasks.model import TERMINAL, TaskRecord, TaskStatus
+from celery_mcp_tasks.store import browsing
 from celery_mcp_tasks.store.base import (
     ANY,
     ChangeHint,
@@ -46,6 +47,7 @@ from celery_mcp_tasks.store.base import (
     Transition,
     apply,
 )
+from celery_mcp_tasks.store.browse import Filter, Overview, Page, Row
 from celery_mcp_tasks.store.cleanup import Eviction, evict
 from celery_mcp_tasks.store.engine import READ_ONLY, create_store_engine, normalize_url
 from celery_mcp_tasks.store.failures import _CommitInDoubt, _in_doubt, _reconnecting, _reported
@@ -500,6 +502,50 @@ class SqlStore:
             touched = conn.execute(query.values(heartbeat_at=_later(at_ms))).rowcount == 1
             conn.commit()
         return touched
+
+    # -- the operators' console (`store.browsing`) ----------------------------------------
+
+    @_reported
+    @_reconnecting
+    def browse(self, filter: Filter, sort: str, cursor: str | None, limit: int, *, now_ms: int) -> Page:
+        with self._reading() as conn:
+            page = browsing.browse(conn, filter, sort, cursor, limit, now_ms=now_ms)
+            conn.rollback()
+        return page
+
+    @_reported
+    @_reconnecting
+    def overview(self, now_ms: int) -> Overview:
+        with self._reading() as conn:
+            found = browsing.overview(conn, now_ms)
+            conn.rollback()
+        return found
+
+    @_reported
+    @_reconnecting
+    def rows(self, keys: Iterable[str]) -> list[Row]:
+        with self._reading() as conn:
+            found = browsing.rows(conn, keys)
+            conn.rollback()
+        return found
+
+    @_reported
+    @_reconnecting
+    def changed_since(self, updated_at_ms: int, *, limit: int) -> list[Row]:
+        with self._reading() as conn:
+            found = browsing.changed_since(conn, updated_at_ms, limit=limit)
+            conn.rollback()
+        return found
+
+    @_reported
+    @_reconnecting
+    def delete(self, key: str) -> bool:
+        """Delete a final row: one conditional DELETE (idempotent, so retried after a lost COMMIT too)."""
+        query = tasks.delete().where(tasks.c.key == key).where(tasks.c.status.in_(_TERMINAL_VALUES))
+        with self.engine.connect() as conn:
+            deleted = conn.execute(query).rowcount == 1
+            conn.commit()
+        return deleted
 
     # -- the janitor's --------------------------------------------------------------
 

@@ -11,7 +11,6 @@ Flower show. The headers also carry the task's trace context (`ops.propagation`)
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,21 +18,21 @@ from celery import Celery
 from kombu.exceptions import OperationalError
 
 from celery_mcp_tasks.config import redact_url
-from celery_mcp_tasks.model import TaskRecord
+from celery_mcp_tasks.model import TaskRecord, celery_message_id
 from celery_mcp_tasks.ops.propagation import sending
 from celery_mcp_tasks.worker.job import DISPATCH_HEADER, HIDDEN_ARGS, KEY_HEADER, JobTool
 from celery_mcp_tasks.worker.revoker import BackgroundRevoker, warn_unless_pool_terminates
 
 logger = logging.getLogger("celery_mcp_tasks.worker")
 
-_NAMESPACE = uuid.UUID("4f0b5a8e-9c1d-4e57-8a43-6d2c1e0f7b19")
 # Fail fast when the broker is down: the caller is an HTTP request, and the task
 # is marked failed (readable by the client) instead of hanging.
 _RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
 
 
 def celery_id(record: TaskRecord) -> str:
-    return str(uuid.uuid5(_NAMESPACE, f"{record.key}:{record.dispatches}"))
+    """The Celery message id of the record's current dispatch (`model.celery_message_id`)."""
+    return celery_message_id(record.key, record.dispatches)
 
 
 class CeleryDispatcher:

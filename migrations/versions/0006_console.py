@@ -1,0 +1,40 @@
+"""The operators' console: indexes for browsing tasks by keyset at a million rows.
+
+Every list the console shows is a keyset page ordered by `(created_at, key)` or
+`(updated_at, key)`, optionally narrowed to one status, tool or owner; these
+indexes make the first page and the thousandth cost the same. The live updates'
+"rows written since" read walks `(updated_at, key)` too, and the owner index
+serves the loose index scan that resolves an owner tag.
+
+Revision ID: 0006
+Revises: 0005
+Create Date: 2027-01-10
+"""
+
+from __future__ import annotations
+
+from alembic import op
+
+revision = "0006"
+down_revision = "0005"
+branch_labels = None
+depends_on = None
+
+_TABLE = "mcp_tasks_task"
+_INDEXES = {
+    "ix_mcp_tasks_task_created_at_key": ["created_at", "key"],
+    "ix_mcp_tasks_task_updated_at_key": ["updated_at", "key"],
+    "ix_mcp_tasks_task_status_created_at_key": ["status", "created_at", "key"],
+    "ix_mcp_tasks_task_tool_created_at_key": ["tool", "created_at", "key"],
+    "ix_mcp_tasks_task_owner_created_at_key": ["owner", "created_at", "key"],
+}
+
+
+def upgrade() -> None:
+    for name, columns in _INDEXES.items():
+        op.create_index(name, _TABLE, columns)
+
+
+def downgrade() -> None:
+    for name in reversed(_INDEXES):
+        op.drop_index(name, table_name=_TABLE)

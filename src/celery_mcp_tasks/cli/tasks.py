@@ -1,0 +1,211 @@
+"""`celery-mcp-tasks tasks ls|show|cancel|resend|delete --url URL`: the console's JSON API from a terminal.
+
+The operator token is MCP_TASKS_CONSOLE_TOKEN (sent as a bearer token, never
+printed); `--url` is the console's root (`http://127.0.0.1:9102`, or where it
+is mounted). Output is a table, or the API's JSON with `--json`. Rows are
+named by their row key (sha256 of the task id): `ls` shows its first 12
+characters (`--wide`: all 64, which `show`, `cancel`, ... take).
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from datetime import UTC, datetime
+from typing import Any
+
+__all__ = ["add_parser", "run"]
+
+TOKEN_SETTING = "MCP_TASKS_CONSOLE_TOKEN"
+TIMEOUT_S = 30.0
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def add_parser(sub: Any) -> None:
+    tasks = sub.add_parser(
+        "tasks",
+        help="list, show, cancel, re-send or delete tasks through the console's API (MCP_TASKS_CONSOLE_TOKEN)",
+    )
+    commands = tasks.add_subparsers(dest="tasks_command", required=True, help="what to do")
+
+    def common(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--url", required=True, help="the console's root, e.g. http://127.0.0.1:9102")
+        parser.add_argument("--json", dest="json_output", action="store_true", help="print the API's JSON")
+        parser.add_argument("--operator", default=None, help="your name in the audit log (default: your login)")
+
+    ls = commands.add_parser("ls", help="list tasks, newest first (the console's filters)")
+    common(ls)
+    ls.add_argument("--status", help="comma-separated: working, input_required, completed, failed, cancelled")
+    ls.add_argument("--tool", help="the tool's name")
+    ls.add_argument("--owner", help="anonymous, a namespace (sub:<issuer>) or an owner tag")
+    ls.add_argument("--min-age", help="older than (90, 15m, 2h, 7d)")
+    ls.add_argument("--max-age", help="younger than (90, 15m, 2h, 7d)")
+    ls.add_argument("-q", "--text", help="text in the status message")
+    ls.add_argument("--sort", help="-created (default), created, -updated, updated")
+    ls.add_argument("--limit", help="rows per page (default 50, at most 500)")
+    ls.add_argument("--cursor", help="the next page (printed after a full page)")
+    ls.add_argument("--wide", action="store_true", help="full row keys")
+    for name, text in [
+        ("show", "a task's details"),
+        ("cancel", "cancel an active task"),
+        ("resend", "send a lost job again"),
+        ("delete", "delete a finished task"),
+    ]:
+        command = commands.add_parser(name, help=text)
+        common(command)
+        command.add_argument("key", metavar="KEY", help="the row key (64 hex digits: `ls --wide`)")
+        if name == "cancel":
+            command.add_argument("--terminate", action="store_true", help="also stop the running job (if allowed)")
+
+
+def _request(args: argparse.Namespace, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    token = os.environ.get(TOKEN_SETTING, "").strip()
+    if not token:
+        raise ApiError(0, f"{TOKEN_SETTING} is not set: the console's API needs the operator token")
+    url = args.url.rstrip("/") + path
+    if not url.startswith(("http://", "https://")):
+        raise ApiError(0, f"--url must be an http:// or https:// URL, got {args.url!r}")
+    data = None if body is None else json.dumps(body).encode()
+    headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
+    operator = args.operator or _login()
+    if operator:
+        headers["X-Console-Operator"] = operator
+    if data is not None:
+        headers["Content-Type"] = "application/json"
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+            return json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        try:
+            error = json.loads(exc.read()).get("error", {})
+            message = str(error.get("message") or exc.reason)
+            if error.get("field"):
+                message = f"{error['field']}: {message}"
+        except (ValueError, AttributeError):
+            message = str(exc.reason)
+        raise ApiError(exc.code, message) from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise ApiError(0, f"cannot reach the console at {args.url}: {reason}") from None
+
+
+def _login() -> str | None:
+    try:
+        return getpass.getuser()
+    except Exception:  # noqa: BLE001 - no login name (a container): the API says "api"
+        return None
+
+
+def _when(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _progress(row: dict[str, Any]) -> str:
+    if row.get("percent") is not None:
+        return f"{row['percent']:.0f}%"
+    if row.get("progress") is not None:
+        return f"{row['progress']:g}"
+    return ""
+
+
+def _table(rows: list[dict[str, Any]], wide: bool) -> str:
+    header = ["ROW", "STATUS", "TOOL", "OWNER", "CREATED (UTC)", "PROGRESS", "MESSAGE"]
+    lines = [header]
+    for row in rows:
+        message = (row.get("status_message") or "").replace("\n", " ")
+        lines.append(
+            [
+                row["key"] if wide else row["row"],
+                row["status"],
+                row["tool"],
+                row["owner"],
+                _when(row["created_at"]),
+                _progress(row),
+                message[:60],
+            ]
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
+    return "\n".join(
+        "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(line[:-1])) + "  " + line[-1] for line in lines
+    )
+
+
+def _show(detail: dict[str, Any]) -> str:
+    fields = [
+        ("row key", detail["key"]),
+        ("status", detail["status"]),
+        ("message", detail.get("status_message") or ""),
+        ("tool", detail["tool"]),
+        ("owner", detail["owner"]),
+        ("progress", _progress(detail) or "-"),
+        ("created", _when(detail["created_at"])),
+        ("updated", _when(detail["updated_at"])),
+        ("expires", _when(detail.get("expires_at"))),
+        ("heartbeat", _when(detail.get("heartbeat_at"))),
+        ("sends", f"{detail['dispatches']} (re-sent {detail['resends']}, attempt {detail['attempt'] + 1})"),
+        ("celery id", detail.get("celery_message_id") or "-"),
+        ("queue", detail.get("queue") or "-"),
+        ("trace id", detail.get("trace_id") or "-"),
+    ]
+    if detail.get("error"):
+        fields.append(("error", detail["error"]["message"]))
+    for question in detail.get("questions", []):
+        text = f" ({question['message']})" if question.get("message") else ""
+        fields.append((f"input {question['key']}", question["state"] + text))
+    return "\n".join(f"{name:<12} {value}" for name, value in fields)
+
+
+def run(args: argparse.Namespace) -> int:
+    command = args.tasks_command
+    try:
+        if command == "ls":
+            query = {
+                name: value
+                for name, value in [
+                    ("status", args.status),
+                    ("tool", args.tool),
+                    ("owner", args.owner),
+                    ("min_age", args.min_age),
+                    ("max_age", args.max_age),
+                    ("q", args.text),
+                    ("sort", args.sort),
+                    ("limit", args.limit),
+                    ("cursor", args.cursor),
+                ]
+                if value
+            }
+            page = _request(args, "GET", "/api/tasks?" + urllib.parse.urlencode(query))
+            if args.json_output:
+                print(json.dumps(page, indent=2))
+            else:
+                print(_table(page["rows"], args.wide))
+                if page.get("next_cursor"):
+                    print(f"more: --cursor {page['next_cursor']}")
+            return 0
+        key = urllib.parse.quote(args.key.strip(), safe="")
+        if command == "show":
+            detail = _request(args, "GET", f"/api/tasks/{key}")
+            print(json.dumps(detail, indent=2) if args.json_output else _show(detail))
+            return 0
+        body = {"terminate": True} if command == "cancel" and args.terminate else {}
+        result = _request(args, "POST", f"/api/tasks/{key}/{command}", body)
+        print(json.dumps(result, indent=2) if args.json_output else f"{result['key'][:12]}: {result['message']}")
+        return 0
+    except ApiError as exc:
+        prefix = f"celery-mcp-tasks tasks {command}"
+        print(f"{prefix}: {exc} (HTTP {exc.status})" if exc.status else f"{prefix}: {exc}", file=sys.stderr)
+        return 2 if exc.status in (0, 400, 401, 403) else 1

@@ -1,0 +1,125 @@
+"""The console's Starlette app: the JSON API, the pages, the operator check, and the live-update loop.
+
+Built by `McpTasks.console_app()` (mounted in the user's app) or by
+`celery-mcp-tasks console APP` (its own process and port). Either way it
+needs an operator credential: MCP_TASKS_CONSOLE_TOKEN, or, when mounted, the
+host application's authentication (`operator=`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+import anyio
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import BaseRoute
+
+from celery_mcp_tasks.config import ConfigError
+from celery_mcp_tasks.console import api
+from celery_mcp_tasks.console.auth import AuthConfig, ConsoleAuth
+from celery_mcp_tasks.console.context import Console
+
+__all__ = ["check_mount_path", "create_app", "serving"]
+
+TOKEN_SETTING = "MCP_TASKS_CONSOLE_TOKEN"
+
+
+def check_mount_path(path: str, mcp_path: str | None) -> str:
+    """The normalised mount path; `ConfigError` for the MCP endpoint's path (or one above or below it)."""
+    normalised = "/" + path.strip("/")
+    if normalised == "/":
+        raise ConfigError("console_app(path=...): mount the console under a path of its own, e.g. /console, not /")
+    if mcp_path is not None:
+        mcp = "/" + mcp_path.strip("/")
+        if normalised == mcp or normalised.startswith(mcp + "/") or mcp.startswith(normalised + "/"):
+            raise ConfigError(
+                f"console_app(path={path!r}): the console is never served on the MCP endpoint's path ({mcp})"
+            )
+    return normalised
+
+
+def auth_config(token: str | None, operator: Callable[[Request], Any] | None) -> AuthConfig:
+    if token is None and operator is None:
+        raise ConfigError(f"{TOKEN_SETTING}: the console needs an operator token (or, mounted, operator=)")
+    return AuthConfig(token=token, operator=operator)
+
+
+@asynccontextmanager
+async def serving(console: Console) -> AsyncIterator[None]:
+    """Run the console's live-update loop for the duration (a lifespan, or `McpTasks.serving_contexts`)."""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(console.run)
+        try:
+            yield
+        finally:
+            tg.cancel_scope.cancel()
+
+
+def _pages(console: Console) -> list[BaseRoute]:
+    """The server-rendered pages (`console.pages`), when present."""
+    try:
+        from celery_mcp_tasks.console import pages
+    except ImportError:  # pragma: no cover - the pages ship with the package
+        return []
+    return list(pages.routes(console))
+
+
+def create_app(
+    console: Console,
+    auth: AuthConfig,
+    *,
+    lifespan_contexts: list[Callable[[], AbstractAsyncContextManager[Any]]] = (),  # type: ignore[assignment]
+    mount_path: str | None = None,
+) -> Starlette:
+    """The console app. `lifespan_contexts`: entered for its life (the push listener, when standalone)
+    around the live-update loop. `mount_path`: where it is mounted (checked on each request)."""
+
+    @asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            for context in lifespan_contexts:
+                await stack.enter_async_context(context())
+            await stack.enter_async_context(serving(console))
+            yield
+
+    app = Starlette(
+        routes=[*api.routes(console), *_pages(console)],
+        middleware=[Middleware(_MountGuard, path=mount_path), Middleware(ConsoleAuth, config=auth)],
+        lifespan=lifespan,
+    )
+    app.state.console_auth = auth
+    app.state.console = console
+    return app
+
+
+class _MountGuard:
+    """A mounted console answers only where `console_app(path=...)` said it is mounted (the path was checked
+    against the MCP endpoint's there); elsewhere it refuses, so it is never served on the MCP path."""
+
+    def __init__(self, app: Any, path: str | None) -> None:
+        self.app = app
+        self.path = path
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if self.path is not None and scope["type"] == "http":
+            root = str(scope.get("root_path", "")).rstrip("/")
+            if root != self.path:
+                response = JSONResponse(
+                    {
+                        "error": {
+                            "code": "misplaced",
+                            "message": f"the console is mounted at {root or '/'!r}, not at console_app(path="
+                            f"{self.path!r}): mount it where console_app says",
+                        }
+                    },
+                    status_code=404,
+                )
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

@@ -1,0 +1,288 @@
+"""Who may look at the console, and the CSRF tokens of its forms.
+
+Three ways in, tried in this order by `ConsoleAuth` (an ASGI middleware):
+
+- the API with `Authorization: Bearer <MCP_TASKS_CONSOLE_TOKEN>` (the CLI, a
+  script): no cookie is used, so no CSRF token is needed;
+- the host application's authentication, when mounted with `operator=`:
+  `operator(request) -> str | None` names the operator or refuses;
+- a browser session: the login form posts the token and a name; the answer
+  sets a signed, HttpOnly, SameSite=Strict cookie that expires.
+
+Tokens are compared with `hmac.compare_digest`. The session cookie and the
+CSRF tokens are signed with HMAC-SHA256 under a key derived from the operator
+token, so every console process with the same token accepts them, and changing
+the token signs everyone out. A CSRF token is bound to the session (or, with
+host authentication, to the operator) and expires; a cookie-authenticated
+state-changing request without a valid one is refused (403) before anything
+changes.
+
+What the middleware leaves in `request.state`: `operator` (the name for audit
+lines, or None) and `auth_via` ("bearer", "host", "session" or None).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Final
+from urllib.parse import quote
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+__all__ = [
+    "COOKIE",
+    "CSRF_HEADER",
+    "AuthConfig",
+    "ConsoleAuth",
+    "csrf_refusal",
+    "csrf_token",
+    "end_session",
+    "has_session",
+    "operator_of",
+    "start_session",
+    "token_ok",
+]
+
+COOKIE: Final = "mcp_tasks_console"
+CSRF_HEADER: Final = "x-csrf-token"
+OPERATOR_HEADER: Final = "x-console-operator"
+SESSION_TTL_S: Final = 8 * 3600
+CSRF_TTL_S: Final = 2 * 3600
+OPEN_PATHS: Final = ("/login", "/static/")
+MAX_NAME: Final = 64
+
+HostOperator = Callable[[Request], "str | Awaitable[str | None] | None"]
+
+
+@dataclass
+class AuthConfig:
+    """How the console checks who is there. `token`: MCP_TASKS_CONSOLE_TOKEN (None: host authentication only)."""
+
+    token: str | None
+    operator: Callable[[Request], Any] | None = None
+    session_ttl_s: int = SESSION_TTL_S
+    csrf_ttl_s: int = CSRF_TTL_S
+    clock: Callable[[], float] = time.time
+    _key: bytes = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.token is None and self.operator is None:
+            raise ValueError("the console needs MCP_TASKS_CONSOLE_TOKEN or the host's authentication (operator=)")
+        # Without a token (host authentication only) the key is this process's own: CSRF tokens then
+        # hold within one process; set MCP_TASKS_CONSOLE_TOKEN to share them between processes.
+        seed = self.token.encode() if self.token is not None else secrets.token_bytes(32)
+        self._key = hmac.new(seed, b"celery-mcp-tasks console signing key", hashlib.sha256).digest()
+
+    def token_matches(self, given: str) -> bool:
+        if self.token is None or not given:
+            return False
+        return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), self.token.encode())
+
+    def sign(self, purpose: str, payload: str) -> str:
+        return hmac.new(self._key, f"{purpose}\n{payload}".encode(), hashlib.sha256).hexdigest()
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def clean_name(name: str | None) -> str:
+    """An operator's name as audit lines show it: printable, one word per space, bounded."""
+    text = "".join(ch if ch.isprintable() else " " for ch in (name or "")).strip()
+    return " ".join(text.split())[:MAX_NAME]
+
+
+@dataclass(frozen=True)
+class Session:
+    operator: str
+    sid: str
+    expires: int
+
+
+def _config(request: Request) -> AuthConfig:
+    config = getattr(request.app.state, "console_auth", None)
+    if not isinstance(config, AuthConfig):
+        raise RuntimeError("the console app has no AuthConfig in app.state.console_auth")
+    return config
+
+
+def _session_of(config: AuthConfig, cookie: str | None) -> Session | None:
+    if not cookie or "." not in cookie:
+        return None
+    body, signature = cookie.rsplit(".", 1)
+    if not hmac.compare_digest(signature, config.sign("session", body)):
+        return None
+    try:
+        values = json.loads(_unb64(body))
+        session = Session(str(values["op"]), str(values["sid"]), int(values["exp"]))
+    except (ValueError, KeyError, TypeError):
+        return None
+    return session if session.expires > config.clock() else None
+
+
+def _root(request: Request) -> str:
+    return str(request.scope.get("root_path", "")).rstrip("/")
+
+
+# -- what pages and the API call ------------------------------------------------------------
+
+
+def operator_of(request: Request) -> str | None:
+    """The signed-in operator's name (None: nobody), as the middleware found it."""
+    return getattr(request.state, "operator", None)
+
+
+def has_session(request: Request) -> bool:
+    """Signed in with the login form's cookie (so "Sign out" means something)."""
+    return getattr(request.state, "auth_via", None) == "session"
+
+
+def token_ok(request: Request, token: str) -> bool:
+    """The login form's token is the operator token (constant-time)."""
+    return _config(request).token_matches(token)
+
+
+def start_session(request: Request, response: Response, name: str) -> None:
+    """Sign `name` in: the signed session cookie on `response` (HttpOnly, SameSite=Strict, expiring)."""
+    config = _config(request)
+    expires = int(config.clock()) + config.session_ttl_s
+    body = _b64(
+        json.dumps(
+            {"op": clean_name(name) or "operator", "sid": secrets.token_urlsafe(16), "exp": expires},
+            separators=(",", ":"),
+        ).encode()
+    )
+    response.set_cookie(
+        COOKIE,
+        f"{body}.{config.sign('session', body)}",
+        max_age=config.session_ttl_s,
+        path=_root(request) or "/",
+        secure=request.url.scheme == "https",
+        httponly=True,
+        samesite="strict",
+    )
+
+
+def end_session(request: Request, response: Response) -> None:
+    response.delete_cookie(COOKIE, path=_root(request) or "/", httponly=True, samesite="strict")
+
+
+def _csrf_subject(request: Request) -> str | None:
+    """What a CSRF token is bound to: the session (its random id), or the host-authenticated operator."""
+    config = _config(request)
+    session = _session_of(config, request.cookies.get(COOKIE))
+    if session is not None:
+        return f"session:{session.sid}"
+    operator = operator_of(request)
+    if operator is not None and getattr(request.state, "auth_via", None) == "host":
+        return f"host:{operator}"
+    return None
+
+
+def csrf_token(request: Request) -> str:
+    """A CSRF token for a form on this page: bound to the session and expiring (`CSRF_TTL_S`)."""
+    config = _config(request)
+    subject = _csrf_subject(request) or "nobody"
+    expires = int(config.clock()) + config.csrf_ttl_s
+    return f"{expires}.{config.sign('csrf', f'{subject}:{expires}')}"
+
+
+def csrf_refusal(request: Request, token: str | None) -> str | None:
+    """None when `token` is a valid CSRF token for this request's session; else why not (for a 403)."""
+    config = _config(request)
+    subject = _csrf_subject(request)
+    if subject is None:
+        return "Not signed in: sign in again, then repeat the action."
+    if not token or "." not in token:
+        return "The form's security token is missing: reload the page and try again. Nothing was changed."
+    expires_text, signature = token.split(".", 1)
+    try:
+        expires = int(expires_text)
+    except ValueError:
+        return "The form's security token is not valid: reload the page and try again. Nothing was changed."
+    if not hmac.compare_digest(signature, config.sign("csrf", f"{subject}:{expires}")):
+        return "The form's security token is not valid: reload the page and try again. Nothing was changed."
+    if expires <= config.clock():
+        return "The form's security token has expired: reload the page and try again. Nothing was changed."
+    return None
+
+
+# -- the middleware ---------------------------------------------------------------------------
+
+
+def _wants_html(request: Request) -> bool:
+    return "text/html" in request.headers.get("accept", "")
+
+
+class ConsoleAuth:
+    """Let a request through only with an operator (bearer token, host authentication or session).
+
+    `/static/*` and `/login` are open (styles for the login page, the login itself).
+    A browser page request without an operator is sent to the login page; anything
+    else gets 401 with a JSON error.
+    """
+
+    def __init__(self, app: ASGIApp, config: AuthConfig) -> None:
+        self.app = app
+        self.config = config
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        root = _root(request)
+        path = scope["path"][len(root) :] if scope["path"].startswith(root) else scope["path"]
+        state = scope.setdefault("state", {})
+        state["operator"], state["auth_via"] = await self._identify(request)
+        if state["operator"] is None and not (path == "/login" or path.startswith("/static/")):
+            await self._refuse(request, path)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    async def _identify(self, request: Request) -> tuple[str | None, str | None]:
+        header = request.headers.get("authorization", "")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() == "bearer":
+            if self.config.token_matches(given.strip()):
+                return clean_name(request.headers.get(OPERATOR_HEADER)) or "api", "bearer"
+            return None, None  # a wrong token is never helped by a cookie
+        if self.config.operator is not None:
+            found = self.config.operator(request)
+            if isinstance(found, Awaitable):
+                found = await found
+            if found:
+                return clean_name(str(found)) or "operator", "host"
+        session = _session_of(self.config, request.cookies.get(COOKIE))
+        if session is not None:
+            return session.operator, "session"
+        return None, None
+
+    def _refuse(self, request: Request, path: str) -> Response:
+        if request.method in ("GET", "HEAD") and _wants_html(request) and not path.startswith("/api/"):
+            target = path + (f"?{request.url.query}" if request.url.query else "")
+            return RedirectResponse(f"{_root(request)}/login?next={quote(target, safe='')}", status_code=303)
+        bearer = request.headers.get("authorization", "").lower().startswith("bearer ")
+        message = (
+            "the operator token is wrong (MCP_TASKS_CONSOLE_TOKEN)"
+            if bearer
+            else "sign in: send Authorization: Bearer <MCP_TASKS_CONSOLE_TOKEN>, or log in at /login"
+        )
+        return JSONResponse(
+            {"error": {"code": "unauthorized", "message": message}},
+            status_code=401,
+            headers={"WWW-Authenticate": 'Bearer realm="celery-mcp-tasks console"'},
+        )

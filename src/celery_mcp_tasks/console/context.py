@@ -1,0 +1,428 @@
+"""`Console`: what the console's pages and its JSON API both use.
+
+Reads go to the store (`Store.browse`, `overview`, `get`) in a worker thread;
+actions go through `TaskService` (cancel, re-send a lost job, delete a final
+task), each written to the audit log as one line naming the operator and the
+row key's first 12 characters. Nothing here ever sees a task id: the store
+does not have one.
+
+Live updates: one every-key watch on the process's push hub, drained every
+~100 ms tick: the rows hinted in a tick are read in one query and fanned out to
+every open page (`events()`), so 50 open pages cost what one does. New rows
+(a creation sends no hint: no listener can follow a task yet) and, under the
+polling transport, every change are found by a small indexed read of the rows
+written since the last look.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Final, NamedTuple
+
+import anyio
+import anyio.to_thread
+
+from celery_mcp_tasks.model import TaskRecord, now_ms
+from celery_mcp_tasks.notify.hub import Hub, Watch
+from celery_mcp_tasks.service import NotLost, TaskService
+from celery_mcp_tasks.store.base import ANY, Store, TaskNotFound
+from celery_mcp_tasks.store.browse import (
+    DEFAULT_LIMIT,
+    DEFAULT_SORT,
+    Filter,
+    Overview,
+    Page,
+    Row,
+    TaskDetail,
+    detail_of,
+    row_of,
+)
+
+__all__ = [
+    "AUDIT_LOGGER",
+    "ActionResult",
+    "Change",
+    "Conflict",
+    "Console",
+    "ConsoleError",
+    "NotFound",
+    "PayloadsHidden",
+    "Refused",
+]
+
+AUDIT_LOGGER: Final = "celery_mcp_tasks.console.audit"
+audit_log = logging.getLogger(AUDIT_LOGGER)
+logger = logging.getLogger(__name__)
+
+TICK_S: Final = 0.1
+_KNOWN_VERSIONS: Final = 20_000  # rows whose last fanned-out version is remembered (dedupes hints and polls)
+_POLL_BATCH: Final = 500
+_POLL_MARGIN_MS: Final = 1_000  # a write committed a little after its `updated_at` was taken is still found
+_KEY = re.compile(r"[0-9a-f]{64}")
+
+
+# -- outcomes -------------------------------------------------------------------------------
+
+
+class ConsoleError(Exception):
+    """An action or read the console refuses; nothing changed. `status`: the HTTP status to answer."""
+
+    status = 400
+    outcome = "refused"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class NotFound(ConsoleError):
+    """No such row (never existed, evicted, or deleted)."""
+
+    status = 404
+    outcome = "not_found"
+
+
+class Conflict(ConsoleError):
+    """The task changed meanwhile (e.g. a cancel that lost the race to `completed`); nothing changed."""
+
+    status = 409
+    outcome = "conflict"
+
+
+class Refused(ConsoleError):
+    """The action does not apply to this task (a re-send of a job not judged lost, terminate not allowed)."""
+
+    status = 409
+    outcome = "refused"
+
+
+class PayloadsHidden(ConsoleError):
+    """Payloads are off (MCP_TASKS_CONSOLE_PAYLOADS): no reveal."""
+
+    status = 403
+    outcome = "forbidden"
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    """A done action: what it did and the row as it is now (None once deleted)."""
+
+    action: str
+    key: str
+    outcome: str  # "cancelled", "resent", "deleted"
+    message: str
+    row: Row | None
+
+
+class Change(NamedTuple):
+    """One live update: a row's new status and version (`row` None: the row is gone)."""
+
+    key: str
+    status: str | None
+    version: int | None
+    row: Row | None
+
+    def as_json(self) -> dict[str, object]:
+        if self.row is None:
+            return {"key": self.key, "row": self.key[:12], "status": None, "version": None, "deleted": True}
+        return self.row.as_json()
+
+
+def _operator(name: str | None) -> str:
+    """The operator's name for an audit line: one token, printable, bounded."""
+    cleaned = re.sub(r"[^\w.@+-]", "_", (name or "").strip())[:64]
+    return cleaned or "unknown"
+
+
+def audit(operator: str | None, action: str, key: str, outcome: str) -> None:
+    audit_log.info("operator=%s action=%s row=%s outcome=%s", _operator(operator), action, key[:12], outcome)
+
+
+@dataclass(eq=False)  # hashed by identity: one per open page
+class _Subscriber:
+    pending: dict[str, Change] = field(default_factory=dict)
+    event: anyio.Event = field(default_factory=anyio.Event)
+
+    def put(self, change: Change) -> None:
+        self.pending[change.key] = change  # a burst for one row coalesces into its latest state
+        self.event.set()
+
+
+class Console:
+    """The operators' view of one deployment's store.
+
+    `queue_of(tool)`: the Celery queue the tool's job goes to (its routing, else
+    the default queue); `terminable(tool)`: whether a cancel may terminate its
+    running job. `stale_timeout_ms`: a `working` task whose heartbeat is older
+    is judged lost (and may be re-sent). `poll_s`: how often rows written since
+    the last look are read for live updates (every tick under the polling
+    transport, whose hints cover only watched keys; ~1 s otherwise, for new rows).
+    """
+
+    def __init__(
+        self,
+        service: TaskService | Callable[[], TaskService],
+        *,
+        hub: Hub | None,
+        queue_of: Callable[[str], str | None],
+        terminable: Callable[[str], bool],
+        stale_timeout_ms: int,
+        payloads_allowed: bool = False,
+        tools: Callable[[], list[str]] | None = None,
+        poll_s: float = 1.0,
+        clock: Callable[[], int] = now_ms,
+    ) -> None:
+        self._service = service
+        self.hub = hub
+        self.queue_of = queue_of
+        self.terminable = terminable
+        self.stale_timeout_ms = stale_timeout_ms
+        self.payloads_allowed = payloads_allowed
+        self._tools = tools
+        self.poll_s = poll_s
+        self.clock = clock
+        self._subscribers: set[_Subscriber] = set()
+        self._has_subscribers = anyio.Event()
+        self._known: OrderedDict[str, int] = OrderedDict()
+        self._mark: int | None = None
+        self.reads = 0  # store reads made for live updates (the benchmark and tests look)
+
+    @property
+    def service(self) -> TaskService:
+        """This process's service (`service` may be a callable: `McpTasks.service` rebuilds it after a fork)."""
+        return self._service if isinstance(self._service, TaskService) else self._service()
+
+    @property
+    def store(self) -> Store:
+        return self.service.store
+
+    @property
+    def tools(self) -> list[str]:
+        """The tools this deployment serves (for the list page's filter), sorted."""
+        return sorted(self._tools()) if self._tools is not None else []
+
+    # -- reads ----------------------------------------------------------------------------
+
+    async def page(
+        self, filter: Filter, sort: str = DEFAULT_SORT, cursor: str | None = None, limit: int = DEFAULT_LIMIT
+    ) -> Page:
+        """A keyset page. Raises `BadFilter` (a malformed cursor included)."""
+        return await anyio.to_thread.run_sync(
+            lambda: self.store.browse(filter, sort, cursor, limit, now_ms=self.clock())
+        )
+
+    async def overview(self) -> Overview:
+        return await anyio.to_thread.run_sync(lambda: self.store.overview(self.clock()))
+
+    async def _record(self, key: str) -> TaskRecord:
+        if not _KEY.fullmatch(key):
+            raise NotFound("no task has this row key (a row key is 64 hex digits)")
+        record = await anyio.to_thread.run_sync(lambda: self.store.get(key, ANY))
+        if record is None:
+            raise NotFound("no such task (it may have expired or been deleted)")
+        return record
+
+    async def detail(self, key: str, reveal: bool = False) -> TaskDetail:
+        """The task page's view. `reveal`: with payloads (only through `reveal()`, which audits it)."""
+        if reveal and not self.payloads_allowed:
+            raise PayloadsHidden("payloads are hidden: MCP_TASKS_CONSOLE_PAYLOADS is off")
+        record = await self._record(key)
+        return detail_of(record, queue=self.queue_of(record.tool), reveal=reveal)
+
+    async def reveal(self, key: str, operator: str | None) -> TaskDetail:
+        """The detail with arguments, result and answers, audited (refused unless payloads are allowed)."""
+        if not self.payloads_allowed:
+            audit(operator, "reveal", key, "forbidden")
+            raise PayloadsHidden("payloads are hidden: MCP_TASKS_CONSOLE_PAYLOADS is off")
+        try:
+            detail = await self.detail(key, reveal=True)
+        except ConsoleError as exc:
+            audit(operator, "reveal", key, exc.outcome)
+            raise
+        audit(operator, "reveal", key, "revealed")
+        return detail
+
+    # -- actions --------------------------------------------------------------------------
+
+    async def cancel(self, key: str, operator: str | None, terminate: bool = False) -> ActionResult:
+        """Cancel an active task; with `terminate`, also stop its running job (only where its tool allows)."""
+        try:
+            record = await self._record(key)
+            if terminate and not self.terminable(record.tool):
+                raise Refused(f"tool {record.tool!r} does not allow terminate; cancel without it")
+            if record.terminal:
+                raise Conflict(f"the task is already {record.status.value}; nothing changed")
+            message = f"Cancelled by an operator ({_operator(operator)})"
+            try:
+                record, changed = await anyio.to_thread.run_sync(
+                    lambda: self.service.cancel_by_key(key, message, terminate=terminate)
+                )
+            except TaskNotFound:
+                raise NotFound("no such task (it may have expired or been deleted)") from None
+            if not changed:
+                raise Conflict(f"the task became {record.status.value} first; nothing changed")
+        except ConsoleError as exc:
+            audit(operator, "cancel", key, exc.outcome)
+            raise
+        outcome = "cancelled+terminate" if terminate else "cancelled"
+        audit(operator, "cancel", key, outcome)
+        self._local_change(record)
+        return ActionResult("cancel", key, "cancelled", "The task is cancelled", row_of(record))
+
+    async def resend(self, key: str, operator: str | None) -> ActionResult:
+        """Send the job of a `working` task judged lost (no heartbeat for the stale timeout) again."""
+        try:
+            await self._record(key)
+            try:
+                record = await anyio.to_thread.run_sync(
+                    lambda: self.service.resend(
+                        key,
+                        stale_before_ms=self.clock() - self.stale_timeout_ms,
+                        message=f"Re-sent by an operator ({_operator(operator)})",
+                    )
+                )
+            except TaskNotFound:
+                raise NotFound("no such task (it may have expired or been deleted)") from None
+            except NotLost as exc:
+                raise Refused(str(exc)) from None
+        except ConsoleError as exc:
+            audit(operator, "resend", key, exc.outcome)
+            raise
+        audit(operator, "resend", key, "resent")
+        self._local_change(record)
+        return ActionResult("resend", key, "resent", "The job is sent again", row_of(record))
+
+    async def delete(self, key: str, operator: str | None) -> ActionResult:
+        """Delete a final task's row (an active one is refused: cancel it first)."""
+        try:
+            record = await self._record(key)
+            if not record.terminal:
+                raise Refused(
+                    f"the task is {record.status.value}: only a finished task can be deleted; cancel it first"
+                )
+            try:
+                await anyio.to_thread.run_sync(lambda: self.service.delete(key))
+            except TaskNotFound:
+                raise NotFound("no such task (it may have expired or been deleted)") from None
+        except ConsoleError as exc:
+            audit(operator, "delete", key, exc.outcome)
+            raise
+        audit(operator, "delete", key, "deleted")
+        self._fan_out([Change(key, None, None, None)])
+        return ActionResult("delete", key, "deleted", "The task is deleted", None)
+
+    # -- live updates -----------------------------------------------------------------------
+
+    async def events(self, idle_s: float | None = None) -> AsyncIterator[Change | None]:
+        """Every change to any row, as it happens (bursts for one row coalesced); `None` after
+        `idle_s` seconds without one (a keep-alive for the caller), when given."""
+        subscriber = _Subscriber()
+        self._subscribers.add(subscriber)
+        self._has_subscribers.set()
+        try:
+            while True:
+                if not subscriber.event.is_set():
+                    with anyio.move_on_after(idle_s):
+                        await subscriber.event.wait()
+                if not subscriber.event.is_set():
+                    yield None
+                    continue
+                subscriber.event = anyio.Event()
+                taken, subscriber.pending = subscriber.pending, {}
+                for change in taken.values():
+                    yield change
+        finally:
+            self._subscribers.discard(subscriber)
+            if not self._subscribers:
+                self._has_subscribers = anyio.Event()
+
+    @property
+    def subscriber_count(self) -> int:
+        return len(self._subscribers)
+
+    def _remember(self, row: Row) -> bool:
+        """Whether `row` is news (a version not fanned out yet); remembers it."""
+        known = self._known.get(row.key)
+        if known is not None and known >= row.version:
+            return False
+        self._known[row.key] = row.version
+        self._known.move_to_end(row.key)
+        while len(self._known) > _KNOWN_VERSIONS:
+            self._known.popitem(last=False)
+        return True
+
+    def _fan_out(self, changes: list[Change]) -> None:
+        for subscriber in list(self._subscribers):
+            for change in changes:
+                subscriber.put(change)
+
+    def _local_change(self, record: TaskRecord) -> None:
+        """This process's own action: the pages hear of it now, whatever the transport."""
+        row = row_of(record)
+        if self._remember(row):
+            self._fan_out([Change(row.key, row.status, row.version, row)])
+
+    async def run(self) -> None:
+        """The fan-out loop (the console app's lifespan runs it): one hub watch, one read per tick."""
+        watch: Watch | None = self.hub.watch_every() if self.hub is not None else None
+        last_poll = 0.0
+        try:
+            while True:
+                if not self._subscribers:
+                    self._mark = None  # nobody looks: nothing to catch up on later
+                    if watch is not None:
+                        await watch.next(0)  # drop hints nobody will see
+                    await self._has_subscribers.wait()
+                    continue
+                await anyio.sleep(TICK_S)
+                hinted: list[str] = []
+                resynced = False
+                if watch is not None:
+                    taken = await watch.next(0)
+                    hinted = [k for k, v in (taken or {}).items() if v is None or v > self._known.get(k, 0)]
+                    resynced, watch.resynced = watch.resynced, False
+                now = anyio.current_time()
+                poll = resynced or now - last_poll >= self.poll_s
+                if poll:
+                    last_poll = now
+                if hinted or poll:
+                    try:
+                        rows = await anyio.to_thread.run_sync(self._read, hinted, poll)
+                    except Exception as exc:  # noqa: BLE001 - a store outage: pages catch up on the next tick
+                        logger.warning("console live update read failed (%s); retrying", type(exc).__name__)
+                        continue
+                    changes = [Change(r.key, r.status, r.version, r) for r in rows if self._remember(r)]
+                    if changes:
+                        self._fan_out(changes)
+        finally:
+            if watch is not None:
+                watch.close()
+
+    def _read(self, hinted: list[str], poll: bool) -> list[Row]:
+        rows: dict[str, Row] = {}
+        if hinted:
+            self.reads += 1
+            for row in self.store.rows(hinted):
+                rows[row.key] = row
+        if poll:
+            now = self.clock()
+            since = now if self._mark is None else self._mark - _POLL_MARGIN_MS
+            self.reads += 1
+            found = self.store.changed_since(since, limit=_POLL_BATCH)
+            for row in found:
+                if row.key not in rows or rows[row.key].version < row.version:
+                    rows[row.key] = row
+            if self._mark is None:
+                self._mark = now
+            elif found:
+                # a full batch: continue from its last row next time (the margin re-reads some, deduped)
+                self._mark = max(
+                    self._mark, found[-1].updated_at + _POLL_MARGIN_MS if len(found) == _POLL_BATCH else now
+                )
+            else:
+                self._mark = max(self._mark, now)
+        return list(rows.values())

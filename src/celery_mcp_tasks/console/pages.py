@@ -1,0 +1,532 @@
+"""The console's web pages: server-rendered (Jinja2, autoescaped), readable without JavaScript.
+
+    /                     the overview: counts by status and tool, the last hour per minute (an SVG chart
+                          drawn here), the oldest open tasks, the janitor's last sweep
+    /tasks                the list: a GET filter form, keyset "next page" links; live.js keeps it live
+    /tasks/{key}          one task: status, progress, timestamps, the job's runs, questions, the error, actions
+    /tasks/{key}/row      one list row (a <tr>) for live.js, or 204 when it does not match the list's filter
+    POST /tasks/{key}/{cancel|resend|delete|reveal}
+                          first without `confirm=yes`: a confirmation page; then the action (CSRF-checked both times)
+    /login, /logout       the operator token form (a signed session cookie) and its end
+    /static/...           console.css, live.js (shipped in the wheel; nothing from a CDN)
+
+A row is named by its store key (64 hex digits in URLs, the first 12 in lists): the store has no task
+id, so no page can show one. Payloads appear only after a confirmed, audited reveal, and only when
+MCP_TASKS_CONSOLE_PAYLOADS allows it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+from urllib.parse import urlencode
+
+import jinja2
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+from celery_mcp_tasks.console import auth
+from celery_mcp_tasks.console.context import ActionResult, Console, ConsoleError, NotFound
+from celery_mcp_tasks.model import now_ms
+from celery_mcp_tasks.store.browse import (
+    DEFAULT_LIMIT,
+    DEFAULT_SORT,
+    STATUS_NAMES,
+    BadFilter,
+    Filter,
+    Overview,
+    Row,
+    TaskDetail,
+    parse_limit,
+    parse_sort,
+)
+
+__all__ = ["routes"]
+
+_KEY: Final = re.compile(r"[0-9a-f]{64}")
+_NAME: Final = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
+ACTIONS: Final = ("cancel", "resend", "delete", "reveal")
+SORT_LABELS: Final = (
+    ("-created", "Newest first"),
+    ("created", "Oldest first"),
+    ("-updated", "Recently updated first"),
+    ("updated", "Least recently updated first"),
+)
+_DONE: Final = {  # ?done=<action> after a redirect: fixed words, never text from the query
+    "cancel": "The task is cancelled.",
+    "resend": "The job is sent again.",
+    "delete": "The task is deleted.",
+}
+_CONFIRM: Final = {
+    "cancel": ("Cancel", "The task becomes cancelled; its client sees that, and its running job is told to stop."),
+    "resend": ("Re-send", "The job's message is sent to its queue again, as the janitor does for a lost job."),
+    "delete": ("Delete", "The finished task's row is removed; its client then finds no such task."),
+    "reveal": ("Reveal", "The task's arguments, answers and result are shown to you; an audit line names you."),
+}
+_CSP: Final = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+
+
+# -- the template environment ------------------------------------------------------------------
+
+
+def _iso(ms: int | None) -> str:
+    if ms is None:
+        return ""
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _ago(ms: int | None, now: int | None = None) -> str:
+    """How long ago (or how soon) `ms` is, as live.js writes it too."""
+    if ms is None:
+        return "never"
+    seconds = round(((now_ms() if now is None else now) - ms) / 1000)
+    future, seconds = seconds < 0, abs(seconds)
+    if seconds < 5:
+        return "just now"
+    if seconds < 60:
+        text = f"{seconds}s"
+    elif seconds < 3600:
+        text = f"{seconds // 60} min"
+    elif seconds < 86400:
+        text = f"{seconds // 3600} h"
+    else:
+        text = f"{seconds // 86400} d"
+    return f"in {text}" if future else f"{text} ago"
+
+
+def _span(ms: int | None) -> str:
+    """A duration: 1500 -> "1.5s", 90000 -> "90s", 1800000 -> "30 min", 86400000 -> "24 h"."""
+    if ms is None:
+        return ""
+    seconds = ms / 1000
+    for unit, size in ((" d", 86400), (" h", 3600), (" min", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def _number(value: float | None) -> str:
+    if value is None:
+        return ""
+    return str(int(value)) if float(value).is_integer() else f"{value:.2f}".rstrip("0")
+
+
+def _pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("celery_mcp_tasks.console", "templates"),
+        autoescape=True,  # every template, whatever its name: a status message is the job's text
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(iso=_iso, ago=_ago, span=_span, number=_number, pretty=_pretty)
+    return env
+
+
+TEMPLATES: Final = Jinja2Templates(env=_environment())
+
+
+# -- the chart --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Chart:
+    """The per-minute chart's geometry, drawn by _chart.html (numbers only: nothing to escape)."""
+
+    width: int
+    height: int
+    left: int
+    top: int
+    bottom: int
+    peak: int
+    series: dict[str, str]  # name -> polyline points
+    ticks: list[tuple[float, str]]  # y, label
+    marks: list[tuple[float, str]]  # x, label
+    summary: str
+
+
+def chart_of(overview: Overview) -> Chart:
+    width, height, left, right, top, bottom = 640, 180, 40, 8, 10, 22
+    minutes = overview.per_minute
+    peak = max([1, *(max(m.created, m.completed, m.failed) for m in minutes)])
+    plot_w, plot_h = width - left - right, height - top - bottom
+    step = plot_w / max(1, len(minutes) - 1)
+
+    def y(value: int) -> float:
+        return round(top + plot_h - plot_h * value / peak, 1)
+
+    series = {
+        name: " ".join(f"{round(left + i * step, 1)},{y(getattr(m, name))}" for i, m in enumerate(minutes))
+        for name in ("created", "completed", "failed")
+    }
+    ticks = [(y(v), str(v)) for v in sorted({0, (peak + 1) // 2, peak})]
+    marks = [(round(left + i * step, 1), label) for i, label in ((0, "60 min ago"), (30, "30 min ago"), (59, "now"))]
+    totals = {name: sum(getattr(m, name) for m in minutes) for name in ("created", "completed", "failed")}
+    summary = (
+        f"In the last hour: {totals['created']} created, {totals['completed']} completed, "
+        f"{totals['failed']} failed; at most {peak} in one minute."
+    )
+    return Chart(width, height, left, top, bottom, peak, series, ticks, marks, summary)
+
+
+# -- the list's query ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ListQuery:
+    """The list page's query as typed (to show it back in the form) and as parsed."""
+
+    form: dict[str, Any]
+    filter: Filter
+    sort: str
+    cursor: str | None
+    limit: int
+
+
+def _flat(request: Request) -> dict[str, str]:
+    """Query parameters as one string each: the status checkboxes (status=a&status=b) joined as a,b."""
+    query = request.query_params
+    flat = {name: query[name] for name in query if name != "status"}
+    statuses = [part for value in query.getlist("status") for part in value.split(",") if part.strip()]
+    if statuses:
+        flat["status"] = ",".join(statuses)
+    return flat
+
+
+def _form(flat: Mapping[str, str]) -> dict[str, Any]:
+    return {
+        "status": [s.strip() for s in flat.get("status", "").split(",") if s.strip()],
+        **{name: flat.get(name, "") for name in ("tool", "owner", "min_age", "max_age", "q")},
+        "sort": flat.get("sort", "") or DEFAULT_SORT,
+    }
+
+
+def parse_list_query(flat: Mapping[str, str]) -> ListQuery:
+    """Raises `BadFilter` naming the parameter."""
+    filter = Filter.parse(flat)
+    sort = parse_sort(flat.get("sort"))
+    limit = parse_limit(flat.get("limit"))
+    cursor = (flat.get("cursor") or "").strip() or None
+    form = _form(flat)
+    form["status"] = [s for s in STATUS_NAMES if s in filter.statuses]  # groups (active, final) spelled out
+    return ListQuery(form, filter, sort, cursor, limit)
+
+
+def _list_href(root: str, query: ListQuery, cursor: str | None) -> str:
+    params = dict(query.filter.query())
+    if query.sort != DEFAULT_SORT:
+        params["sort"] = query.sort
+    if query.limit != DEFAULT_LIMIT:
+        params["limit"] = str(query.limit)
+    if cursor is not None:
+        params["cursor"] = cursor
+    return f"{root}/tasks" + (f"?{urlencode(params)}" if params else "")
+
+
+def matches(filter: Filter, row: Row, at_ms: int) -> bool:
+    """Whether `row` belongs in a list filtered by `filter` (live.js inserts only such rows)."""
+    if filter.statuses and row.status not in filter.statuses:
+        return False
+    if filter.tool is not None and row.tool != filter.tool:
+        return False
+    if filter.owner is not None:
+        namespace, tag, anonymous = filter.owner_parts()
+        if anonymous and row.owner_tag is not None:
+            return False
+        if namespace is not None and row.owner_namespace != namespace:
+            return False
+        if tag is not None and not (row.owner_tag or "").startswith(tag):
+            return False
+    age_s = (at_ms - row.created_at) / 1000
+    if filter.min_age_s is not None and age_s < filter.min_age_s:
+        return False
+    if filter.max_age_s is not None and age_s > filter.max_age_s:
+        return False
+    return filter.text is None or filter.text.lower() in (row.status_message or "").lower()
+
+
+# -- the pages ---------------------------------------------------------------------------------
+
+
+class Pages:
+    def __init__(self, console: Console) -> None:
+        self.console = console
+
+    # -- rendering
+
+    def render(
+        self, request: Request, template: str, page_name: str, status_code: int = 200, **context: Any
+    ) -> Response:
+        operator = auth.operator_of(request)
+        context.setdefault("notice", None)
+        context.setdefault("error", None)
+        response = TEMPLATES.TemplateResponse(
+            request,
+            template,
+            {
+                "root": _root(request),
+                "page_name": page_name,
+                "operator": operator,
+                "can_logout": operator is not None and auth.has_session(request),
+                "csrf": auth.csrf_token(request) if operator is not None else "",
+                "statuses": STATUS_NAMES,
+                **context,
+            },
+            status_code=status_code,
+        )
+        response.headers["Content-Security-Policy"] = _CSP
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        response.headers["Referrer-Policy"] = "same-origin"
+        response.headers["Cache-Control"] = "no-store"
+        return response
+
+    def problem(
+        self, request: Request, status_code: int, heading: str, message: str, back: str | None = None
+    ) -> Response:
+        return self.render(request, "error.html", "error", status_code, heading=heading, error=message, back=back)
+
+    # -- GET pages
+
+    async def overview(self, request: Request) -> Response:
+        overview = await self.console.overview()
+        totals = {
+            name: sum(getattr(m, name) for m in overview.per_minute) for name in ("created", "completed", "failed")
+        }
+        return self.render(request, "overview.html", "overview", ov=overview, chart=chart_of(overview), totals=totals)
+
+    async def tasks(self, request: Request) -> Response:
+        root = _root(request)
+        flat = _flat(request)
+        notice = _DONE.get(request.query_params.get("done", ""))
+        context: dict[str, Any] = {
+            "tools": self.console.tools,
+            "sorts": SORT_LABELS,
+            "notice": notice,
+            "rendered_at": now_ms(),
+        }
+        try:
+            query = parse_list_query(flat)
+            page = await self.console.page(query.filter, query.sort, query.cursor, query.limit)
+        except BadFilter as exc:
+            return self.render(
+                request,
+                "tasks.html",
+                "tasks",
+                400,
+                form=_form(flat),
+                rows=[],
+                bad_field=exc.field,
+                error=f"{exc.field}: {exc.message}",
+                next_href=None,
+                first_href=None,
+                can_insert=False,
+                **context,
+            )
+        return self.render(
+            request,
+            "tasks.html",
+            "tasks",
+            form=query.form,
+            rows=page.rows,
+            bad_field=None,
+            next_href=_list_href(root, query, page.next_cursor) if page.next_cursor else None,
+            first_href=_list_href(root, query, None) if query.cursor else None,
+            can_insert=query.cursor is None and query.sort == "-created",
+            **context,
+        )
+
+    async def task(self, request: Request) -> Response:
+        key = request.path_params["key"]
+        notice = _DONE.get(request.query_params.get("done", ""))
+        try:
+            detail = await self.console.detail(key)
+        except NotFound as exc:
+            return self.problem(request, 404, "No such task", exc.message, back=f"{_root(request)}/tasks")
+        return self.task_page(request, detail, notice=notice)
+
+    def task_page(self, request: Request, detail: TaskDetail, status_code: int = 200, **context: Any) -> Response:
+        return self.render(
+            request,
+            "task.html",
+            "task",
+            status_code,
+            d=detail,
+            payloads_allowed=self.console.payloads_allowed,
+            **context,
+        )
+
+    async def row(self, request: Request) -> Response:
+        """One list row for live.js: the <tr>, or 204 when the row is gone or the list's filter leaves it out."""
+        key = request.path_params["key"]
+        try:
+            query = parse_list_query(_flat(request))
+            detail = await self.console.detail(key)
+        except (BadFilter, NotFound):
+            return Response(status_code=204)
+        if not matches(query.filter, detail.row, now_ms()):
+            return Response(status_code=204)
+        response = TEMPLATES.TemplateResponse(request, "_row.html", {"r": detail.row, "root": _root(request)})
+        response.headers["Cache-Control"] = "no-store"
+        return response
+
+    # -- POST: actions with a confirmation step
+
+    async def act(self, request: Request) -> Response:
+        key, action = request.path_params["key"], request.path_params["action"]
+        root = _root(request)
+        form = await request.form()
+        refusal = auth.csrf_refusal(request, str(form.get("csrf", "")))
+        if refusal is not None:
+            return self.problem(
+                request, 403, "Refused: the form has expired or was not made here", refusal, back=f"{root}/tasks/{key}"
+            )
+        operator = auth.operator_of(request)
+        terminate = form.get("terminate") == "on"
+        if form.get("confirm") != "yes":
+            try:
+                await self.console.detail(key)
+            except NotFound as exc:
+                return self.problem(request, 404, "No such task", exc.message, back=f"{root}/tasks")
+            verb, explain = _CONFIRM[action]
+            if terminate:
+                explain += " Its running job is also terminated (killed where it runs)."
+            return self.render(
+                request,
+                "confirm.html",
+                "confirm",
+                key=key,
+                action=action,
+                verb=verb,
+                explain=explain,
+                terminate=terminate,
+            )
+        try:
+            if action == "reveal":
+                return self.task_page(request, await self.console.reveal(key, operator))
+            result: ActionResult
+            if action == "cancel":
+                result = await self.console.cancel(key, operator, terminate)
+            elif action == "resend":
+                result = await self.console.resend(key, operator)
+            else:
+                result = await self.console.delete(key, operator)
+        except ConsoleError as exc:
+            return await self._refused(request, key, exc)
+        target = f"{root}/tasks?done=delete" if result.row is None else f"{root}/tasks/{key}?done={action}"
+        return RedirectResponse(target, status_code=303)
+
+    async def _refused(self, request: Request, key: str, exc: ConsoleError) -> Response:
+        """The task page again, saying why nothing changed (or a plain page when the task is gone)."""
+        try:
+            detail = await self.console.detail(key)
+        except NotFound:
+            return self.problem(
+                request, exc.status, "Nothing changed", _nothing_changed(exc.message), back=f"{_root(request)}/tasks"
+            )
+        return self.task_page(request, detail, exc.status, error=_nothing_changed(exc.message))
+
+    # -- login / logout
+
+    async def login(self, request: Request) -> Response:
+        root = _root(request)
+        if request.method == "GET":
+            if auth.operator_of(request) is not None:
+                return RedirectResponse(_next(request.query_params.get("next"), root), status_code=303)
+            wanted = request.query_params.get("next", "")
+            return self.render(
+                request, "login.html", "login", next_path=wanted if _next(wanted, "") == wanted else "/", name=""
+            )
+        form = await request.form()
+        name, token = str(form.get("name", "")).strip(), str(form.get("token", ""))
+        target = _next(str(form.get("next", "")), root)
+        if not _NAME.fullmatch(name):
+            return self.render(
+                request,
+                "login.html",
+                "login",
+                400,
+                next_path=target,
+                name="",
+                error="Your name: 1 to 64 letters, digits or . _ @ - (it goes into the audit log).",
+            )
+        if not auth.token_ok(request, token):
+            return self.render(
+                request, "login.html", "login", 401, next_path=target, name=name, error="Wrong operator token."
+            )
+        response = RedirectResponse(target, status_code=303)
+        auth.start_session(request, response, name)
+        return response
+
+    async def logout(self, request: Request) -> Response:
+        form = await request.form()
+        refusal = auth.csrf_refusal(request, str(form.get("csrf", "")))
+        if refusal is not None:
+            return self.problem(request, 403, "Refused: the form has expired or was not made here", refusal)
+        response = RedirectResponse(f"{_root(request)}/login", status_code=303)
+        auth.end_session(request, response)
+        return response
+
+
+def _nothing_changed(message: str) -> str:
+    """A refusal as the page says it: the reason, and that nothing changed (said once)."""
+    text = message[:1].upper() + message[1:]
+    return text if "nothing changed" in text.lower() else f"{text}; nothing changed."
+
+
+def _root(request: Request) -> str:
+    """Where the console is mounted ("" when it is the whole app): every link is under it."""
+    return str(request.scope.get("root_path", "")).rstrip("/")
+
+
+def _next(value: str | None, root: str) -> str:
+    """Where to go after signing in: `value` is a path inside the console (the middleware's `next`, without
+    the mount root); anything else (another site, `//host`) goes to the overview."""
+    if value and value.startswith("/") and not value.startswith("//") and "\\" not in value:
+        return f"{root}{value}"
+    return f"{root}/"
+
+
+def _valid_key(endpoint: Any) -> Any:
+    """404 for a path key that is not 64 hex digits, before anything reads the store."""
+
+    async def checked(request: Request) -> Response:
+        key = request.path_params.get("key")
+        action = request.path_params.get("action")
+        if (key is not None and not _KEY.fullmatch(key)) or (action is not None and action not in ACTIONS):
+            pages: Pages = endpoint.__self__
+            return pages.problem(
+                request, 404, "No such task", "A row key is 64 hex digits.", back=f"{_root(request)}/tasks"
+            )
+        response: Response = await endpoint(request)
+        return response
+
+    return checked
+
+
+def routes(console: Console) -> list[BaseRoute]:
+    """The pages and the static files, for the console's Starlette app (console/app.py)."""
+    pages = Pages(console)
+    return [
+        Route("/", pages.overview, name="console:overview"),
+        Route("/tasks", pages.tasks, name="console:tasks"),
+        Route("/tasks/{key}", _valid_key(pages.task), name="console:task"),
+        Route("/tasks/{key}/row", _valid_key(pages.row), name="console:row"),
+        Route("/tasks/{key}/{action}", _valid_key(pages.act), methods=["POST"], name="console:act"),
+        Route("/login", pages.login, methods=["GET", "POST"], name="console:login"),
+        Route("/logout", pages.logout, methods=["POST"], name="console:logout"),
+        Mount("/static", StaticFiles(packages=[("celery_mcp_tasks.console", "static")]), name="console:static"),
+    ]

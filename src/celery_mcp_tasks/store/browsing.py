@@ -1,0 +1,218 @@
+"""The console's reads, in SQLAlchemy Core for SQLite and PostgreSQL alike (`SqlStore` delegates here).
+
+Every list is a keyset page on an index (migration 0006): `(created_at, key)`,
+`(updated_at, key)`, and `(status|tool|owner, created_at, key)` for the common
+filters, so the first page and the thousandth cost the same at a million rows.
+Only the columns a row shows are read, never the payloads (arguments, result,
+answers). An owner *tag* (a short hash) cannot be computed in SQL on SQLite:
+it is resolved to the owners it names by a loose index scan of the distinct
+owners (one index probe per owner), hashed here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from celery_mcp_tasks.model import TaskStatus
+from celery_mcp_tasks.store.browse import (
+    Filter,
+    MinuteCount,
+    Overview,
+    Page,
+    Row,
+    decode_cursor,
+    encode_cursor,
+    owner_namespace,
+    owner_tag,
+)
+from celery_mcp_tasks.store.schema import tasks
+from celery_mcp_tasks.store.sweeps import JANITOR, read_sweep
+
+__all__ = ["browse", "changed_since", "overview", "rows"]
+
+MINUTE_MS = 60_000
+HOUR_MINUTES = 60
+_BATCH = 500  # stays under SQLite's bound-parameter limit on old builds
+_MAX_OWNERS = 10_000  # distinct owners a tag is looked for among
+
+ROW_COLUMNS = (
+    tasks.c.key,
+    tasks.c.owner,
+    tasks.c.tool,
+    tasks.c.status,
+    tasks.c.status_message,
+    tasks.c.created_at,
+    tasks.c.updated_at,
+    tasks.c.progress,
+    tasks.c.progress_total,
+    tasks.c.attempt,
+    tasks.c.resends,
+    tasks.c.dispatches,
+    tasks.c.heartbeat_at,
+    tasks.c.expires_at,
+    tasks.c.version,
+)
+
+
+def row_from(values: Mapping[Any, Any]) -> Row:
+    return Row(
+        key=values["key"],
+        tool=values["tool"],
+        status=values["status"],
+        status_message=values["status_message"],
+        owner_namespace=owner_namespace(values["owner"]),
+        owner_tag=owner_tag(values["owner"]),
+        created_at=int(values["created_at"]),
+        updated_at=int(values["updated_at"]),
+        progress=values["progress"],
+        progress_total=values["progress_total"],
+        attempt=int(values["attempt"]),
+        resends=int(values["resends"]),
+        dispatches=int(values["dispatches"]),
+        heartbeat_at=values["heartbeat_at"],
+        expires_at=values["expires_at"],
+        version=int(values["version"]),
+    )
+
+
+_DISTINCT_OWNERS = sa.text(
+    # A loose index scan: one probe of the owner index per distinct owner, not a scan of every row.
+    f"""
+    WITH RECURSIVE o(owner) AS (
+        SELECT min(owner) FROM {tasks.name} WHERE owner >= :low
+        UNION ALL
+        SELECT (SELECT min(t.owner) FROM {tasks.name} t WHERE t.owner > o.owner)
+        FROM o WHERE o.owner IS NOT NULL AND o.owner < :high
+    )
+    SELECT owner FROM o WHERE owner IS NOT NULL AND owner < :high LIMIT :cap
+    """
+)
+
+
+def _owners_tagged(conn: Connection, namespace: str | None, tag: str) -> list[str]:
+    """The owners (within `namespace`, when given) whose tag starts with `tag`."""
+    low, high = (namespace + ":", namespace + ";") if namespace else ("", "\U0010ffff")
+    found = conn.execute(_DISTINCT_OWNERS, {"low": low, "high": high, "cap": _MAX_OWNERS}).scalars().all()
+    return [owner for owner in found if (owner_tag(owner) or "").startswith(tag)]
+
+
+def _where(conn: Connection, filter: Filter, now_ms: int) -> list[sa.ColumnElement[bool]] | None:
+    """The filter as SQL conditions; None when it can match nothing (an owner tag nobody has)."""
+    where: list[sa.ColumnElement[bool]] = []
+    if filter.statuses:
+        statuses = sorted(filter.statuses)
+        where.append(tasks.c.status == statuses[0] if len(statuses) == 1 else tasks.c.status.in_(statuses))
+    if filter.tool is not None:
+        where.append(tasks.c.tool == filter.tool)
+    namespace, tag, anonymous = filter.owner_parts()
+    if anonymous:
+        where.append(tasks.c.owner.is_(None))
+    elif tag is not None:
+        owners = _owners_tagged(conn, namespace, tag)
+        if not owners:
+            return None
+        where.append(tasks.c.owner == owners[0] if len(owners) == 1 else tasks.c.owner.in_(owners))
+    elif namespace is not None:
+        where.append(tasks.c.owner.startswith(namespace + ":", autoescape=True))
+    if filter.min_age_s is not None:
+        where.append(tasks.c.created_at <= now_ms - filter.min_age_s * 1000)
+    if filter.max_age_s is not None:
+        where.append(tasks.c.created_at >= now_ms - filter.max_age_s * 1000)
+    if filter.text is not None:
+        where.append(tasks.c.status_message.icontains(filter.text, autoescape=True))
+    return where
+
+
+def browse(conn: Connection, filter: Filter, sort: str, cursor: str | None, limit: int, *, now_ms: int) -> Page:
+    column = tasks.c.created_at if sort.endswith("created") else tasks.c.updated_at
+    descending = sort.startswith("-")
+    after = None if cursor is None else decode_cursor(sort, cursor)  # BadFilter before any SQL
+    where = _where(conn, filter, now_ms)
+    if where is None:
+        return Page([], None)
+    if after is not None:
+        position = sa.tuple_(column, tasks.c.key)
+        bound = sa.tuple_(sa.literal(after[0], sa.BigInteger), sa.literal(after[1]))
+        where.append(position < bound if descending else position > bound)
+    order = (column.desc(), tasks.c.key.desc()) if descending else (column.asc(), tasks.c.key.asc())
+    query = sa.select(*ROW_COLUMNS).where(*where).order_by(*order).limit(limit + 1)
+    found = [row_from(values) for values in conn.execute(query).mappings().all()]
+    more = len(found) > limit
+    page = found[:limit]
+    return Page(page, encode_cursor(sort, page[-1]) if more and page else None)
+
+
+def rows(conn: Connection, keys: Iterable[str]) -> list[Row]:
+    wanted = list(dict.fromkeys(keys))
+    found: list[Row] = []
+    for start in range(0, len(wanted), _BATCH):
+        query = sa.select(*ROW_COLUMNS).where(tasks.c.key.in_(wanted[start : start + _BATCH]))
+        found.extend(row_from(values) for values in conn.execute(query).mappings().all())
+    return found
+
+
+def changed_since(conn: Connection, updated_at_ms: int, *, limit: int) -> list[Row]:
+    query = (
+        sa.select(*ROW_COLUMNS)
+        .where(tasks.c.updated_at >= updated_at_ms)
+        .order_by(tasks.c.updated_at.asc(), tasks.c.key.asc())
+        .limit(limit)
+    )
+    return [row_from(values) for values in conn.execute(query).mappings().all()]
+
+
+def _oldest(conn: Connection, status: TaskStatus) -> Row | None:
+    query = (
+        sa.select(*ROW_COLUMNS)
+        .where(tasks.c.status == status.value)
+        .order_by(tasks.c.created_at.asc(), tasks.c.key.asc())
+        .limit(1)
+    )
+    values = conn.execute(query).mappings().first()
+    return None if values is None else row_from(values)
+
+
+def overview(conn: Connection, now_ms: int) -> Overview:
+    by_status = {status.value: 0 for status in TaskStatus}
+    by_tool: dict[str, dict[str, int]] = {}
+    counts = sa.select(tasks.c.tool, tasks.c.status, sa.func.count()).group_by(tasks.c.tool, tasks.c.status)
+    for tool, status, count in conn.execute(counts).all():
+        by_status[str(status)] = by_status.get(str(status), 0) + int(count)
+        by_tool.setdefault(str(tool), {status.value: 0 for status in TaskStatus})[str(status)] = int(count)
+
+    # The last hour in whole minutes, the current (partial) minute last.
+    first = (now_ms // MINUTE_MS - (HOUR_MINUTES - 1)) * MINUTE_MS
+    created = [0] * HOUR_MINUTES
+    ended = {TaskStatus.COMPLETED.value: [0] * HOUR_MINUTES, TaskStatus.FAILED.value: [0] * HOUR_MINUTES}
+    minute = ((tasks.c.created_at - first) // MINUTE_MS).label("minute")
+    query = sa.select(minute, sa.func.count()).where(tasks.c.created_at >= first).group_by(minute)
+    for index, count in conn.execute(query).all():
+        if 0 <= int(index) < HOUR_MINUTES:
+            created[int(index)] = int(count)
+    minute = ((tasks.c.updated_at - first) // MINUTE_MS).label("minute")
+    query = (
+        sa.select(tasks.c.status, minute, sa.func.count())
+        .where(tasks.c.status.in_(list(ended)))
+        .where(tasks.c.updated_at >= first)
+        .group_by(tasks.c.status, minute)
+    )
+    for status, index, count in conn.execute(query).all():
+        if 0 <= int(index) < HOUR_MINUTES:
+            ended[str(status)][int(index)] = int(count)
+    per_minute = [
+        MinuteCount(first + i * MINUTE_MS, created[i], ended["completed"][i], ended["failed"][i])
+        for i in range(HOUR_MINUTES)
+    ]
+    return Overview(
+        now_ms=now_ms,
+        by_status=by_status,
+        by_tool=dict(sorted(by_tool.items())),
+        per_minute=per_minute,
+        oldest_working=_oldest(conn, TaskStatus.WORKING),
+        oldest_input_required=_oldest(conn, TaskStatus.INPUT_REQUIRED),
+        last_sweep=read_sweep(conn, JANITOR),
+    )

@@ -1,0 +1,363 @@
+"""The console's reads and actions on a real store (SQLite, and PostgreSQL when configured):
+filters, keyset pages, the overview, a task's detail, the live fan-out and the audited actions."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+
+import anyio
+import pytest
+
+from celery_mcp_tasks.console.context import Conflict, Console, NotFound, PayloadsHidden, Refused
+from celery_mcp_tasks.model import TaskRecord, TaskStatus, celery_message_id
+from celery_mcp_tasks.notify.hub import Hub
+from celery_mcp_tasks.service import TaskService
+from celery_mcp_tasks.store.browse import (
+    SORTS,
+    BadFilter,
+    Filter,
+    Row,
+    detail_of,
+    encode_cursor,
+    owner_tag,
+    parse_limit,
+    parse_sort,
+    row_of,
+    trace_id_of,
+)
+from celery_mcp_tasks.store.sql import SqlStore
+from celery_mcp_tasks.worker.dispatch import celery_id
+from tests.builders import Clock, record
+
+NOW = 10_000_000_000
+ALICE = "sub:https%3A%2F%2Fidp.example:alice"
+BOB = "client_id:https%3A%2F%2Fidp.example:robot"
+
+
+def key(n: int) -> str:
+    return hashlib.sha256(f"row-{n}".encode()).hexdigest()
+
+
+def put(store: SqlStore, n: int, **changes: object) -> TaskRecord:
+    values: dict[str, object] = {"key": key(n), "created_at": NOW - n * 1000, "updated_at": NOW - n * 1000}
+    values.update(changes)
+    rec = record(**values)
+    store.create(rec, max_rows=None)
+    return rec
+
+
+def everything(store: SqlStore, filter: Filter, sort: str, limit: int) -> list[Row]:
+    """Every page of a listing, following the cursors."""
+    rows: list[Row] = []
+    cursor = None
+    for _ in range(1000):
+        page = store.browse(filter, sort, cursor, limit, now_ms=NOW)
+        assert len(page.rows) <= limit
+        rows.extend(page.rows)
+        cursor = page.next_cursor
+        if cursor is None:
+            return rows
+    raise AssertionError("the cursors never ended")
+
+
+# -- parsing ------------------------------------------------------------------------------
+
+
+def test_a_filter_parses_its_query_and_renders_it_back() -> None:
+    query = {"status": "working,FAILED", "tool": "slow", "owner": "sub:idp", "min_age": "90", "max_age": "2h", "q": "x"}
+    parsed = Filter.parse(query)
+    assert parsed == Filter(frozenset({"working", "failed"}), "slow", "sub:idp", 90, 7200, "x")
+    assert Filter.parse(parsed.query()) == parsed
+    assert Filter.parse({"status": "active"}).statuses == {"working", "input_required"}
+    assert Filter.parse({"status": "", "tool": " ", "sort": "-created"}).empty  # blanks and others ignored
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        ({"status": "running"}, "status"),
+        ({"min_age": "ten"}, "min_age"),
+        ({"max_age": "-5"}, "max_age"),
+        ({"min_age": "2h", "max_age": "1h"}, "min_age"),
+        ({"owner": "alice"}, "owner"),
+        ({"owner": "sub:idp zz"}, "owner"),
+        ({"q": "x" * 201}, "q"),
+    ],
+)
+def test_a_bad_filter_names_its_field(query: dict[str, str], field: str) -> None:
+    with pytest.raises(BadFilter) as caught:
+        Filter.parse(query)
+    assert caught.value.field == field and caught.value.message
+
+
+def test_sort_and_limit_are_checked() -> None:
+    assert parse_sort(None) == "-created" and parse_sort("updated") == "updated"
+    assert parse_limit(None) == 50 and parse_limit("10") == 10
+    for bad, parse, field in [
+        ("created_at", parse_sort, "sort"),
+        ("0", parse_limit, "limit"),
+        ("x", parse_limit, "limit"),
+    ]:
+        with pytest.raises(BadFilter) as caught:
+            parse(bad)  # type: ignore[operator]
+        assert caught.value.field == field
+
+
+def test_an_owner_shows_as_its_namespace_and_a_short_hash_never_its_subject() -> None:
+    row = row_of(record(key=key(1), owner=ALICE))
+    assert row.owner_label == f"sub:https%3A%2F%2Fidp.example {owner_tag(ALICE)}"
+    assert "alice" not in row.owner_label and "alice" not in str(row.as_json())
+    assert row_of(record(key=key(1), owner=None)).owner_label == "anonymous"
+    assert row.short == key(1)[:12]
+
+
+# -- pages --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sort", SORTS)
+def test_keyset_pages_list_every_row_once_in_order_even_with_ties(store: SqlStore, sort: str) -> None:
+    for n in range(23):
+        put(store, n, created_at=NOW - (n // 4) * 1000, updated_at=NOW - (n % 5) * 1000)  # many equal times
+    rows = everything(store, Filter(), sort, limit=5)
+    assert sorted(r.key for r in rows) == sorted(key(n) for n in range(23))
+    value = (lambda r: (r.created_at, r.key)) if sort.endswith("created") else (lambda r: (r.updated_at, r.key))
+    assert [value(r) for r in rows] == sorted((value(r) for r in rows), reverse=sort.startswith("-"))
+
+
+def test_a_malformed_or_foreign_cursor_is_a_bad_filter_naming_the_cursor(store: SqlStore) -> None:
+    put(store, 1)
+    good = encode_cursor("-created", row_of(record(key=key(1))))
+    for cursor, sort in [("not base64!", "-created"), ("e30", "-created"), (good, "updated"), (good[:-3], "-created")]:
+        with pytest.raises(BadFilter) as caught:
+            store.browse(Filter(), sort, cursor, 10, now_ms=NOW)
+        assert caught.value.field == "cursor"
+
+
+def test_filters_by_status_tool_owner_age_and_text(store: SqlStore) -> None:
+    put(store, 1, tool="slow", owner=ALICE, status_message="Crunching 50% of the DATA")
+    put(store, 2, tool="slow", owner=BOB, status=TaskStatus.FAILED, status_message="boom")
+    put(store, 3, tool="fast", owner=None, status=TaskStatus.INPUT_REQUIRED)
+    put(store, 400, tool="fast", owner=ALICE, status=TaskStatus.COMPLETED)  # 400 s old
+
+    def keys(**query: str) -> set[str]:
+        return {r.key for r in everything(store, Filter.parse(query), "-created", 2)}
+
+    assert keys(status="failed,input_required") == {key(2), key(3)}
+    assert keys(status="active") == {key(1), key(3)}
+    assert keys(tool="slow") == {key(1), key(2)}
+    assert keys(owner="anonymous") == {key(3)}
+    assert keys(owner="sub:https%3A%2F%2Fidp.example") == {key(1), key(400)}
+    assert keys(owner="client_id:https%3A%2F%2Fidp.example") == {key(2)}
+    assert keys(owner=str(owner_tag(BOB))) == {key(2)}
+    assert keys(owner=str(owner_tag(BOB))[:5]) >= {key(2)}
+    assert keys(owner=row_of(record(key=key(1), owner=ALICE)).owner_label) == {key(1), key(400)}
+    assert keys(owner="0000000000") == set()
+    assert keys(min_age="60") == {key(400)}
+    assert keys(max_age="1m") == {key(1), key(2), key(3)}
+    assert keys(q="data") == {key(1)}
+    assert keys(q="50%") == {key(1)} and keys(q="5_%") == set()  # LIKE wildcards are literal
+    assert keys(tool="slow", status="failed", owner=str(owner_tag(BOB))) == {key(2)}
+
+
+def test_rows_changed_since_and_delete_of_a_final_row_only(store: SqlStore) -> None:
+    put(store, 1, updated_at=NOW + 5)
+    put(store, 2, status=TaskStatus.COMPLETED, updated_at=NOW + 10)
+    put(store, 3)
+    assert {r.key for r in store.rows([key(1), key(2), key(99)])} == {key(1), key(2)}
+    assert [r.key for r in store.changed_since(NOW, limit=10)] == [key(1), key(2)]
+    assert [r.key for r in store.changed_since(NOW, limit=1)] == [key(1)]
+    assert not store.delete(key(1))  # working: stays
+    assert store.delete(key(2)) and store.get(key(2)) is None
+    assert not store.delete(key(2))
+
+
+# -- overview and detail ----------------------------------------------------------------------
+
+
+def test_the_overview_counts_by_status_and_tool_and_per_minute(store: SqlStore) -> None:
+    minute = 60_000
+    put(store, 1, tool="a", created_at=NOW - 5 * minute, updated_at=NOW - 5 * minute)
+    put(store, 2, tool="a", created_at=NOW - 3 * minute, status=TaskStatus.COMPLETED, updated_at=NOW - minute)
+    put(store, 3, tool="b", created_at=NOW - 3 * minute, status=TaskStatus.FAILED, updated_at=NOW)
+    put(store, 4, tool="b", created_at=NOW - 2 * 3600_000, status=TaskStatus.INPUT_REQUIRED, updated_at=NOW - 3600_000)
+    seen = store.overview(NOW)
+    assert seen.by_status == {"working": 1, "input_required": 1, "completed": 1, "failed": 1, "cancelled": 0}
+    assert (
+        seen.by_tool["a"]["working"] == 1 and seen.by_tool["a"]["completed"] == 1 and seen.by_tool["b"]["failed"] == 1
+    )
+    assert len(seen.per_minute) == 60 and seen.per_minute[-1].minute_ms == NOW // minute * minute
+    assert sum(m.created for m in seen.per_minute) == 3  # the two-hour-old task is outside the hour
+    assert [m.completed for m in seen.per_minute][-2] == 1 and seen.per_minute[-1].failed == 1
+    assert seen.oldest_working is not None and seen.oldest_working.key == key(1)
+    assert seen.oldest_input_required is not None and seen.oldest_input_required.key == key(4)
+    assert seen.last_sweep is None and seen.total == 4
+
+
+def test_a_detail_shows_questions_error_trace_and_message_id_and_payloads_only_revealed() -> None:
+    rec = record(
+        key=key(1),
+        status=TaskStatus.INPUT_REQUIRED,
+        arguments={"secret": 1},
+        issued_keys=("name", "age", "old"),
+        input_requests={"age": {"method": "elicitation/create", "params": {"message": "How old?"}}},
+        input_responses={"name": {"action": "accept"}},
+        dispatches=2,
+        trace_context="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        error={"code": -32603, "message": "it broke", "data": "x"},
+    )
+    shown = detail_of(rec, queue="celery")
+    assert [(q.key, q.state, q.message) for q in shown.questions] == [
+        ("name", "answered", None),
+        ("age", "outstanding", "How old?"),
+        ("old", "dropped", None),
+    ]
+    assert shown.trace_id == "0af7651916cd43dd8448eb211c80319c" and shown.queue == "celery"
+    assert shown.celery_message_id == celery_id(rec) == celery_message_id(rec.key, 2)
+    assert shown.error is not None and shown.error.message == "it broke" and shown.error.code == -32603
+    assert shown.arguments is None and shown.answers is None and "secret" not in str(shown.as_json())
+    revealed = detail_of(rec, queue=None, reveal=True)
+    assert revealed.arguments == {"secret": 1} and revealed.answers == {"name": {"action": "accept"}}
+    assert trace_id_of("00-" + "0" * 32 + "-b7ad6b7169203331-01") is None and trace_id_of("junk") is None
+
+
+# -- the console: actions and live updates --------------------------------------------------------
+
+
+class Runner:
+    def __init__(self) -> None:
+        self.sent: list[TaskRecord] = []
+        self.revoked: list[TaskRecord] = []
+
+    def __call__(self, rec: TaskRecord) -> None:
+        self.sent.append(rec)
+
+    def revoke(self, rec: TaskRecord) -> None:
+        self.revoked.append(rec)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def console(store: SqlStore) -> Console:
+    clock = Clock()
+    clock.now = NOW
+    service = TaskService(store, dispatcher=Runner(), clock=clock)
+    return Console(
+        service,
+        hub=Hub(),
+        queue_of=lambda tool: "celery",
+        terminable=lambda tool: tool == "killable",
+        stale_timeout_ms=30_000,
+        clock=clock,
+    )
+
+
+def audits(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "celery_mcp_tasks.console.audit"]
+
+
+@pytest.mark.anyio
+async def test_a_cancel_that_loses_the_race_to_completed_is_a_conflict_and_changes_nothing(
+    console: Console, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "celery_mcp_tasks.console.audit")
+    _, rec = console.service.create(owner=ALICE, tool="t", arguments={})
+    console.service.complete(rec.key, {"content": []})
+    with pytest.raises(Conflict) as caught:
+        await console.cancel(rec.key, "ops ann", terminate=False)
+    assert caught.value.status == 409 and "completed" in caught.value.message
+    after = console.store.get(rec.key)
+    assert after is not None and after.status is TaskStatus.COMPLETED and after.version == rec.version + 1
+    assert audits(caplog) == [f"operator=ops_ann action=cancel row={rec.key[:12]} outcome=conflict"]
+
+
+@pytest.mark.anyio
+async def test_cancel_with_terminate_only_where_the_tool_allows_it(console: Console) -> None:
+    runner = console.service.dispatcher
+    assert isinstance(runner, Runner)
+    _, plain = console.service.create(owner=None, tool="t", arguments={})
+    with pytest.raises(Refused):
+        await console.cancel(plain.key, "ann", terminate=True)
+    done = await console.cancel(plain.key, "ann", terminate=False)
+    assert done.row is not None and done.row.status == "cancelled" and runner.revoked == []
+    _, killable = console.service.create(owner=None, tool="killable", arguments={})
+    await console.cancel(killable.key, "ann", terminate=True)
+    assert [r.key for r in runner.revoked] == [killable.key]
+
+
+@pytest.mark.anyio
+async def test_resend_only_a_job_judged_lost_and_delete_only_a_final_task(
+    console: Console, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "celery_mcp_tasks.console.audit")
+    runner = console.service.dispatcher
+    assert isinstance(runner, Runner)
+    _, rec = console.service.create(owner=None, tool="t", arguments={})
+    with pytest.raises(Refused) as caught:
+        await console.resend(rec.key, "ann")
+    assert "alive" in caught.value.message and len(runner.sent) == 1
+    with pytest.raises(Refused):
+        await console.delete(rec.key, "ann")
+    assert isinstance(console.clock, Clock)
+    console.clock.now += 31_000  # no heartbeat for longer than the stale timeout
+    done = await console.resend(rec.key, "ann")
+    assert done.row is not None and done.row.dispatches == 2 and done.row.resends == 1 and len(runner.sent) == 2
+    await console.cancel(rec.key, "ann")
+    await console.delete(rec.key, "ann")
+    assert console.store.get(rec.key) is None
+    with pytest.raises(NotFound):
+        await console.delete(rec.key, "ann")
+    with pytest.raises(NotFound):
+        await console.detail("not-a-key")
+    outcomes = [line.rsplit("outcome=", 1)[1] for line in audits(caplog)]
+    assert outcomes == ["refused", "refused", "resent", "cancelled", "deleted", "not_found"]
+
+
+@pytest.mark.anyio
+async def test_payloads_are_revealed_only_when_allowed_and_each_reveal_is_audited(
+    console: Console, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "celery_mcp_tasks.console.audit")
+    _, rec = console.service.create(owner=None, tool="t", arguments={"x": 1})
+    assert (await console.detail(rec.key)).arguments is None
+    with pytest.raises(PayloadsHidden):
+        await console.reveal(rec.key, "ann")
+    console.payloads_allowed = True
+    assert (await console.reveal(rec.key, "ann")).arguments == {"x": 1}
+    assert [line.rsplit("outcome=", 1)[1] for line in audits(caplog)] == ["forbidden", "revealed"]
+
+
+@pytest.mark.anyio
+async def test_live_changes_reach_every_page_with_one_read_per_tick(console: Console) -> None:
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(console.run)
+        pages = [console.events() for _ in range(20)]
+        firsts = [anyio.Event() for _ in pages]
+        received: list[list[tuple[str, str | None]]] = [[] for _ in pages]
+
+        async def follow(i: int) -> None:
+            async for change in pages[i]:
+                assert change is not None
+                received[i].append((change.key, change.status))
+                firsts[i].set()
+
+        for i in range(len(pages)):
+            tg.start_soon(follow, i)
+        with anyio.fail_after(5):
+            while console.subscriber_count < len(pages):
+                await anyio.sleep(0.01)
+        _, rec = console.service.create(owner=None, tool="t", arguments={})
+        console.service.progress(rec.key, "half", current=1, total=2)
+        assert console.hub is not None
+        console.hub.hint(rec.key, rec.version + 1)
+        with anyio.fail_after(5):
+            for event in firsts:
+                await event.wait()
+        reads = console.reads
+        assert reads <= 3  # one read for the hinted row (and the poll for new rows), not one per page
+        assert all(got[-1] == (rec.key, "working") for got in received)
+        tg.cancel_scope.cancel()
