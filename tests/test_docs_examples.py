@@ -88,7 +88,7 @@ def test_the_existing_celery_app_example_keeps_the_app_and_its_configuration() -
 
     app = existing_app.app
     assert existing_app.tasks.celery is app
-    assert set(existing_app.tasks.tools) == {"double"}
+    assert set(internals(existing_app.tasks).tools) == {"double"}
     assert {existing_app.double.name, existing_app.plain.name} <= set(app.tasks)
     assert tool_queues(existing_app.tasks) == {"mcp": ["double"]}  # routed by the app's own task_routes
     assert supervised_queues(existing_app.tasks) == ["celery", "mcp"]  # what dev's worker consumes

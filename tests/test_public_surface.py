@@ -52,6 +52,7 @@ MCP_TASKS_MEMBERS = {
     "server",
     "asgi_app",
     "ops_app",
+    "console_app",
     "lifespan",
     "task_handle",
     # what the commands, the pytest plugin and plugins build on
