@@ -28,9 +28,9 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import fields, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, make_url
@@ -55,6 +55,7 @@ from celery_mcp_tasks.store.schema import tasks
 from celery_mcp_tasks.store.sweeps import SweepLedger, count_by_status, unanswered
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 _MAX_CAS_ATTEMPTS = 64
 _COLUMNS = [f.name for f in fields(TaskRecord)]
@@ -505,37 +506,32 @@ class SqlStore:
 
     # -- the operators' console (`store.browsing`) ----------------------------------------
 
+    def _browsing(self, read: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        """One of `store.browsing`'s reads on a read connection."""
+        with self._reading() as conn:
+            found = read(conn, *args, **kwargs)
+            conn.rollback()
+        return found
+
     @_reported
     @_reconnecting
     def browse(self, filter: Filter, sort: str, cursor: str | None, limit: int, *, now_ms: int) -> Page:
-        with self._reading() as conn:
-            page = browsing.browse(conn, filter, sort, cursor, limit, now_ms=now_ms)
-            conn.rollback()
-        return page
+        return self._browsing(browsing.browse, filter, sort, cursor, limit, now_ms=now_ms)
 
     @_reported
     @_reconnecting
     def overview(self, now_ms: int) -> Overview:
-        with self._reading() as conn:
-            found = browsing.overview(conn, now_ms)
-            conn.rollback()
-        return found
+        return self._browsing(browsing.overview, now_ms)
 
     @_reported
     @_reconnecting
     def rows(self, keys: Iterable[str]) -> list[Row]:
-        with self._reading() as conn:
-            found = browsing.rows(conn, keys)
-            conn.rollback()
-        return found
+        return self._browsing(browsing.rows, keys)
 
     @_reported
     @_reconnecting
     def changed_since(self, updated_at_ms: int, *, limit: int) -> list[Row]:
-        with self._reading() as conn:
-            found = browsing.changed_since(conn, updated_at_ms, limit=limit)
-            conn.rollback()
-        return found
+        return self._browsing(browsing.changed_since, updated_at_ms, limit=limit)
 
     @_reported
     @_reconnecting
