@@ -345,6 +345,7 @@ class McpTasks:
         celery_options.setdefault("acks_late", True)
         celery_options.setdefault("retry_on_worker_lost", True)  # bounded by max_retries, unlike reject_on_worker_lost
         celery_options.setdefault("ignore_result", True)
+        celery_options.setdefault("shared", False)  # a guest: Celery's default adds the job to every app in the process
         runtime: WorkerRuntime = self._runtime  # what a job knows of the app (typed: Celery's task() is not)
         job: McpTaskJob[_R] = self.celery.task(base=McpJob, mcp_tool=tool, mcp_runtime=runtime, **celery_options)(
             make_run(tool)

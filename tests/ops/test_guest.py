@@ -1,6 +1,6 @@
 """A guest in the user's process: importing the package and constructing `McpTasks` with its defaults
 changes nothing process-wide (no environment variable, no other library's global table, no global
-tracer provider, no registered collector, no atexit hook, no listening socket, no route on the MCP app).
+tracer provider, no registered collector, no atexit hook, no listening socket, no route on the MCP app, no task on another Celery app).
 
 Run in a fresh interpreter: this test process has long since imported and configured all of it.
 """
@@ -73,7 +73,10 @@ app = tasks.asgi_app()
 paths = sorted(getattr(route, "path", "") for route in app.routes)
 tasks.service()  # the store built: still nothing process-wide
 after = state()
-print(json.dumps({"before": before, "after": after, "paths": paths, "plugins": len(internals(tasks).plugins)}))
+other = celery.Celery("another-app-in-the-process", set_as_current=False)  # e.g. the user's own
+other.finalize()
+print(json.dumps({"before": before, "after": after, "paths": paths, "plugins": len(internals(tasks).plugins),
+                  "other_tasks": sorted(name for name in other.tasks if not name.startswith("celery."))}))
 """
 
 
@@ -97,4 +100,5 @@ def test_importing_and_constructing_changes_nothing_process_wide(broker: str, tm
     assert after["atexit"] == before["atexit"]
     assert after["listening"] == before["listening"] == []
     assert seen["plugins"] == 0
+    assert seen["other_tasks"] == [], "a tool was registered on every Celery app in the process"
     assert not {"/metrics", "/healthz", "/readyz"} & set(seen["paths"]), seen["paths"]
