@@ -175,23 +175,30 @@ def test_rows_changed_since_and_delete_of_a_final_row_only(store: SqlStore) -> N
 # -- overview and detail ----------------------------------------------------------------------
 
 
-def test_the_overview_counts_by_status_and_tool_and_per_minute(store: SqlStore) -> None:
+def test_the_overview_counts_active_tasks_and_those_ended_in_the_hour_by_status_tool_and_minute(
+    store: SqlStore,
+) -> None:
     minute = 60_000
     put(store, 1, tool="a", created_at=NOW - 5 * minute, updated_at=NOW - 5 * minute)
     put(store, 2, tool="a", created_at=NOW - 3 * minute, status=TaskStatus.COMPLETED, updated_at=NOW - minute)
     put(store, 3, tool="b", created_at=NOW - 3 * minute, status=TaskStatus.FAILED, updated_at=NOW)
     put(store, 4, tool="b", created_at=NOW - 2 * 3600_000, status=TaskStatus.INPUT_REQUIRED, updated_at=NOW - 3600_000)
+    # ended before the hour: kept for its TTL, but not counted (counting every final row would scan the table)
+    put(store, 5, tool="b", created_at=NOW - 3 * 3600_000, status=TaskStatus.COMPLETED, updated_at=NOW - 2 * 3600_000)
+    put(store, 6, tool="a", created_at=NOW - 9 * minute, status=TaskStatus.CANCELLED, updated_at=NOW - 8 * minute)
     seen = store.overview(NOW)
-    assert seen.by_status == {"working": 1, "input_required": 1, "completed": 1, "failed": 1, "cancelled": 0}
+    assert seen.by_status == {"working": 1, "input_required": 1, "completed": 1, "failed": 1, "cancelled": 1}
+    assert seen.final_since_ms == (NOW // minute - 59) * minute
+    assert seen.by_tool["b"]["completed"] == 0 and seen.by_tool["a"]["cancelled"] == 1
     assert (
         seen.by_tool["a"]["working"] == 1 and seen.by_tool["a"]["completed"] == 1 and seen.by_tool["b"]["failed"] == 1
     )
     assert len(seen.per_minute) == 60 and seen.per_minute[-1].minute_ms == NOW // minute * minute
-    assert sum(m.created for m in seen.per_minute) == 3  # the two-hour-old task is outside the hour
+    assert sum(m.created for m in seen.per_minute) == 4  # the tasks created hours ago are outside the hour
     assert [m.completed for m in seen.per_minute][-2] == 1 and seen.per_minute[-1].failed == 1
     assert seen.oldest_working is not None and seen.oldest_working.key == key(1)
     assert seen.oldest_input_required is not None and seen.oldest_input_required.key == key(4)
-    assert seen.last_sweep is None and seen.total == 4
+    assert seen.last_sweep is None
 
 
 def test_a_detail_shows_questions_error_trace_and_message_id_and_payloads_only_revealed() -> None:

@@ -43,7 +43,7 @@ def overview_json(overview: Overview) -> dict[str, Any]:
     sweep = overview.last_sweep
     return {
         "now": overview.now_ms,
-        "total": overview.total,
+        "final_since": overview.final_since_ms,
         "by_status": overview.by_status,
         "by_tool": overview.by_tool,
         "per_minute": [m._asdict() for m in overview.per_minute],

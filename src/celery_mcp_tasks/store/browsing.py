@@ -17,7 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from celery_mcp_tasks.model import TaskStatus
+from celery_mcp_tasks.model import ACTIVE, TERMINAL, TaskStatus
 from celery_mcp_tasks.store.browse import (
     Filter,
     MinuteCount,
@@ -177,38 +177,54 @@ def _oldest(conn: Connection, status: TaskStatus) -> Row | None:
 
 
 def overview(conn: Connection, now_ms: int) -> Overview:
+    """Never a scan of the whole table: active rows are counted whole (few, on the status index), final
+    ones only where they ended in the chart's hour (on the `(status, updated_at)` index), and the
+    per-minute chart reads the hour's slice of the `created_at` and `(status, updated_at)` indexes."""
     by_status = {status.value: 0 for status in TaskStatus}
     by_tool: dict[str, dict[str, int]] = {}
-    counts = sa.select(tasks.c.tool, tasks.c.status, sa.func.count()).group_by(tasks.c.tool, tasks.c.status)
-    for tool, status, count in conn.execute(counts).all():
-        by_status[str(status)] = by_status.get(str(status), 0) + int(count)
-        by_tool.setdefault(str(tool), {status.value: 0 for status in TaskStatus})[str(status)] = int(count)
+
+    def count(tool: object, status: object, n: int) -> None:
+        by_status[str(status)] = by_status.get(str(status), 0) + n
+        tool_counts = by_tool.setdefault(str(tool), {status.value: 0 for status in TaskStatus})
+        tool_counts[str(status)] = tool_counts.get(str(status), 0) + n
+
+    active = [status.value for status in ACTIVE]
+    query = (
+        sa.select(tasks.c.tool, tasks.c.status, sa.func.count())
+        .where(tasks.c.status.in_(active))
+        .group_by(tasks.c.tool, tasks.c.status)
+    )
+    for tool, status, n in conn.execute(query).all():
+        count(tool, status, int(n))
 
     # The last hour in whole minutes, the current (partial) minute last.
     first = (now_ms // MINUTE_MS - (HOUR_MINUTES - 1)) * MINUTE_MS
     created = [0] * HOUR_MINUTES
-    ended = {TaskStatus.COMPLETED.value: [0] * HOUR_MINUTES, TaskStatus.FAILED.value: [0] * HOUR_MINUTES}
     minute = ((tasks.c.created_at - first) // MINUTE_MS).label("minute")
     query = sa.select(minute, sa.func.count()).where(tasks.c.created_at >= first).group_by(minute)
-    for index, count in conn.execute(query).all():
+    for index, n in conn.execute(query).all():
         if 0 <= int(index) < HOUR_MINUTES:
-            created[int(index)] = int(count)
+            created[int(index)] = int(n)
+    # A final task is never written again: its `updated_at` is when it ended.
+    ended = {status.value: [0] * HOUR_MINUTES for status in TERMINAL}
     minute = ((tasks.c.updated_at - first) // MINUTE_MS).label("minute")
     query = (
-        sa.select(tasks.c.status, minute, sa.func.count())
+        sa.select(tasks.c.tool, tasks.c.status, minute, sa.func.count())
         .where(tasks.c.status.in_(list(ended)))
         .where(tasks.c.updated_at >= first)
-        .group_by(tasks.c.status, minute)
+        .group_by(tasks.c.tool, tasks.c.status, minute)
     )
-    for status, index, count in conn.execute(query).all():
-        if 0 <= int(index) < HOUR_MINUTES:
-            ended[str(status)][int(index)] = int(count)
+    for tool, status, index, n in conn.execute(query).all():
+        if 0 <= int(index) < HOUR_MINUTES and str(status) in ended:
+            ended[str(status)][int(index)] += int(n)
+            count(tool, status, int(n))
     per_minute = [
         MinuteCount(first + i * MINUTE_MS, created[i], ended["completed"][i], ended["failed"][i])
         for i in range(HOUR_MINUTES)
     ]
     return Overview(
         now_ms=now_ms,
+        final_since_ms=first,
         by_status=by_status,
         by_tool=dict(sorted(by_tool.items())),
         per_minute=per_minute,
