@@ -134,14 +134,19 @@ def test_a_malformed_or_foreign_cursor_is_a_bad_filter_naming_the_cursor(store: 
         assert caught.value.field == "cursor"
 
 
-def test_filters_by_status_tool_owner_age_and_text(store: SqlStore) -> None:
+def test_filters_by_status_tool_owner_age_and_text_alike_in_pages_and_for_given_rows(store: SqlStore) -> None:
+    """Every rule holds for a list page and for "does this changed row belong on the list" (live.js asks)."""
     put(store, 1, tool="slow", owner=ALICE, status_message="Crunching 50% of the DATA")
     put(store, 2, tool="slow", owner=BOB, status=TaskStatus.FAILED, status_message="boom")
     put(store, 3, tool="fast", owner=None, status=TaskStatus.INPUT_REQUIRED)
     put(store, 400, tool="fast", owner=ALICE, status=TaskStatus.COMPLETED)  # 400 s old
+    every_key = [key(1), key(2), key(3), key(400), key(99)]
 
     def keys(**query: str) -> set[str]:
-        return {r.key for r in everything(store, Filter.parse(query), "-created", 2)}
+        listed = {r.key for r in everything(store, Filter.parse(query), "-created", 2)}
+        given = {r.key for r in store.rows(every_key, Filter.parse(query), now_ms=NOW)}
+        assert listed == given, query
+        return listed
 
     assert keys(status="failed,input_required") == {key(2), key(3)}
     assert keys(status="active") == {key(1), key(3)}

@@ -215,6 +215,14 @@ class Console:
             lambda: self.store.browse(filter, sort, cursor, limit, now_ms=self.clock())
         )
 
+    async def matching_row(self, key: str, filter: Filter) -> Row | None:
+        """The row of `key` if it exists and belongs in a list filtered by `filter` (the store's one
+        definition of the filter rules decides), else None."""
+        if not _KEY.fullmatch(key):
+            return None
+        found = await anyio.to_thread.run_sync(lambda: self.store.rows([key], filter, now_ms=self.clock()))
+        return found[0] if found else None
+
     async def overview(self) -> Overview:
         return await anyio.to_thread.run_sync(lambda: self.store.overview(self.clock()))
 

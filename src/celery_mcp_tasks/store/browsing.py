@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from celery_mcp_tasks.model import ACTIVE, TERMINAL, TaskStatus
+from celery_mcp_tasks.model import now_ms as clock_ms
 from celery_mcp_tasks.store.browse import (
     Filter,
     MinuteCount,
@@ -101,7 +102,11 @@ def _owners_tagged(conn: Connection, namespace: str | None, tag: str) -> list[st
 
 
 def _where(conn: Connection, filter: Filter, now_ms: int) -> list[sa.ColumnElement[bool]] | None:
-    """The filter as SQL conditions; None when it can match nothing (an owner tag nobody has)."""
+    """The filter as SQL conditions; None when it can match nothing (an owner tag nobody has).
+
+    The one definition of each filter rule: a list page, and the live list asking whether a changed
+    row belongs on it (`rows(keys, filter)`), both read through here.
+    """
     where: list[sa.ColumnElement[bool]] = []
     if filter.statuses:
         statuses = sorted(filter.statuses)
@@ -146,11 +151,16 @@ def browse(conn: Connection, filter: Filter, sort: str, cursor: str | None, limi
     return Page(page, encode_cursor(sort, page[-1]) if more and page else None)
 
 
-def rows(conn: Connection, keys: Iterable[str]) -> list[Row]:
+def rows(conn: Connection, keys: Iterable[str], filter: Filter | None = None, *, now_ms: int | None = None) -> list[Row]:
     wanted = list(dict.fromkeys(keys))
+    where: list[sa.ColumnElement[bool]] | None = []
+    if filter is not None:
+        where = _where(conn, filter, now_ms if now_ms is not None else clock_ms())
+    if where is None:
+        return []
     found: list[Row] = []
     for start in range(0, len(wanted), _BATCH):
-        query = sa.select(*ROW_COLUMNS).where(tasks.c.key.in_(wanted[start : start + _BATCH]))
+        query = sa.select(*ROW_COLUMNS).where(tasks.c.key.in_(wanted[start : start + _BATCH]), *where)
         found.extend(row_from(values) for values in conn.execute(query).mappings().all())
     return found
 
