@@ -190,6 +190,7 @@ class Console:
         self._known: OrderedDict[str, int] = OrderedDict()
         self._mark: int | None = None
         self.reads = 0  # store reads made for live updates (the benchmark and tests look)
+        self.serving = False  # whether `console.app.serving` runs the live-update loop (a lifespan)
 
     @property
     def service(self) -> TaskService:

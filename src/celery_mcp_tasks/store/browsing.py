@@ -151,7 +151,9 @@ def browse(conn: Connection, filter: Filter, sort: str, cursor: str | None, limi
     return Page(page, encode_cursor(sort, page[-1]) if more and page else None)
 
 
-def rows(conn: Connection, keys: Iterable[str], filter: Filter | None = None, *, now_ms: int | None = None) -> list[Row]:
+def rows(
+    conn: Connection, keys: Iterable[str], filter: Filter | None = None, *, now_ms: int | None = None
+) -> list[Row]:
     wanted = list(dict.fromkeys(keys))
     where: list[sa.ColumnElement[bool]] | None = []
     if filter is not None:
