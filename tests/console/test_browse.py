@@ -9,7 +9,7 @@ import logging
 import anyio
 import pytest
 
-from celery_mcp_tasks.console.context import Conflict, Console, NotFound, PayloadsHidden, Refused
+from celery_mcp_tasks.console.context import Ambiguous, Conflict, Console, NotFound, PayloadsHidden, Refused
 from celery_mcp_tasks.model import TaskRecord, TaskStatus, celery_message_id
 from celery_mcp_tasks.notify.hub import Hub
 from celery_mcp_tasks.service import TaskService
@@ -327,6 +327,35 @@ async def test_resend_only_a_job_judged_lost_and_delete_only_a_final_task(
         await console.detail("not-a-key")
     outcomes = [line.rsplit("outcome=", 1)[1] for line in audits(caplog)]
     assert outcomes == ["refused", "refused", "resent", "cancelled", "deleted", "not_found"]
+
+
+@pytest.mark.anyio
+async def test_a_row_key_prefix_as_lists_show_it_names_its_one_row_and_a_shared_one_is_refused(
+    console: Console, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "celery_mcp_tasks.console.audit")
+    one = put(console.store, 1, key="abcdef01" + "1" * 56)
+    put(console.store, 2, key="abcdef01" + "2" * 56)
+    put(console.store, 3, key="abcdef02" + "3" * 56)
+    assert (await console.detail(one.key[:12])).key == one.key
+    assert (await console.detail(one.key[:12].upper())).key == one.key  # as typed from a screen
+    with pytest.raises(Ambiguous) as caught:
+        await console.detail("abcdef01")
+    assert caught.value.status == 400 and "several" in caught.value.message
+    with pytest.raises(NotFound):
+        await console.detail("abcdef0")  # 7 digits: too short to be a key
+    with pytest.raises(NotFound):
+        await console.detail("abcdef03")
+    done = await console.cancel("abcdef02", "ann")
+    assert done.key == "abcdef02" + "3" * 56 and done.row is not None and done.row.status == "cancelled"
+    with pytest.raises(Ambiguous):
+        await console.cancel("abcdef01", "ann")
+    assert {r.key: r.status for r in console.store.rows([one.key, "abcdef01" + "2" * 56])} == {
+        one.key: "working",
+        "abcdef01" + "2" * 56: "working",
+    }  # the ambiguous cancel changed nothing
+    outcomes = [line.rsplit(" ", 2)[1:] for line in audits(caplog)]
+    assert outcomes == [["row=abcdef023333", "outcome=cancelled"], ["row=abcdef01", "outcome=ambiguous"]]
 
 
 @pytest.mark.anyio

@@ -331,8 +331,9 @@ class Pages:
         notice = _DONE.get(request.query_params.get("done", ""))
         try:
             detail = await self.console.detail(key)
-        except NotFound as exc:
-            return self.problem(request, 404, "No such task", exc.message, back=f"{_root(request)}/tasks")
+        except ConsoleError as exc:  # not found, or a prefix of several rows' keys
+            title = "No such task" if isinstance(exc, NotFound) else "Which task?"
+            return self.problem(request, exc.status, title, exc.message, back=f"{_root(request)}/tasks")
         return self.task_page(request, detail, notice=notice)
 
     def task_page(self, request: Request, detail: TaskDetail, status_code: int = 200, **context: Any) -> Response:

@@ -178,6 +178,10 @@ class Store(Protocol):
         `now_ms`, default now), in no particular order."""
         ...
 
+    def keys_starting(self, prefix: str, *, limit: int) -> list[str]:
+        """Row keys that start with `prefix` (lowercase hex digits), in order, at most `limit`."""
+        ...
+
     def changed_since(self, updated_at_ms: int, *, limit: int) -> list[Row]:
         """Rows written at or after `updated_at_ms` (their `updated_at`), oldest first, at most `limit`."""
         ...

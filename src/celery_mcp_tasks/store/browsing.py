@@ -33,7 +33,7 @@ from celery_mcp_tasks.store.browse import (
 from celery_mcp_tasks.store.schema import tasks
 from celery_mcp_tasks.store.sweeps import JANITOR, read_sweep
 
-__all__ = ["browse", "changed_since", "overview", "rows"]
+__all__ = ["browse", "changed_since", "keys_starting", "overview", "rows"]
 
 MINUTE_MS = 60_000
 HOUR_MINUTES = 60
@@ -165,6 +165,17 @@ def rows(
         query = sa.select(*ROW_COLUMNS).where(tasks.c.key.in_(wanted[start : start + _BATCH]), *where)
         found.extend(row_from(values) for values in conn.execute(query).mappings().all())
     return found
+
+
+def keys_starting(conn: Connection, prefix: str, *, limit: int) -> list[str]:
+    """Row keys starting with `prefix` (lowercase hex), in order, at most `limit`: a range of the primary key."""
+    query = (
+        sa.select(tasks.c.key)
+        .where(tasks.c.key >= prefix, tasks.c.key < prefix + "g")  # "g" follows every hex digit
+        .order_by(tasks.c.key)
+        .limit(limit)
+    )
+    return list(conn.execute(query).scalars().all())
 
 
 def changed_since(conn: Connection, updated_at_ms: int, *, limit: int) -> list[Row]:

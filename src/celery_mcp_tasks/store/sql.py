@@ -530,6 +530,11 @@ class SqlStore:
 
     @_reported
     @_reconnecting
+    def keys_starting(self, prefix: str, *, limit: int) -> list[str]:
+        return self._browsing(browsing.keys_starting, prefix, limit=limit)
+
+    @_reported
+    @_reconnecting
     def changed_since(self, updated_at_ms: int, *, limit: int) -> list[Row]:
         return self._browsing(browsing.changed_since, updated_at_ms, limit=limit)
 
