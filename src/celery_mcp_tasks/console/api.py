@@ -171,7 +171,7 @@ async def _events(request: Request, console: Console) -> Response:
             if change is None:
                 yield ": keep-alive\n\n"
                 continue
-            yield f"event: task\ndata: {json.dumps(change.as_json(), separators=(',', ':'))}\n\n"
+            yield f"event: task\ndata: {change.data}\n\n"
 
     return StreamingResponse(
         stream(),

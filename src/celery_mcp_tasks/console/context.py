@@ -16,12 +16,14 @@ written since the last look.
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import re
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Final, NamedTuple
+from typing import Final
 
 import anyio
 import anyio.to_thread
@@ -128,8 +130,12 @@ class ActionResult:
     row: Row | None
 
 
-class Change(NamedTuple):
-    """One live update: a row's new status and version (`row` None: the row is gone)."""
+@dataclass(frozen=True)
+class Change:
+    """One live update: a row's new status and version (`row` None: the row is gone).
+
+    One object per change, put to every open page: its JSON (`data`) is encoded once, not once a page.
+    """
 
     key: str
     status: str | None
@@ -140,6 +146,11 @@ class Change(NamedTuple):
         if self.row is None:
             return {"key": self.key, "row": self.key[:12], "status": None, "version": None, "deleted": True}
         return self.row.as_json()
+
+    @functools.cached_property
+    def data(self) -> str:
+        """The change as an SSE `data:` line carries it."""
+        return json.dumps(self.as_json(), separators=(",", ":"))
 
 
 def _operator(name: str | None) -> str:
