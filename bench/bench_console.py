@@ -9,8 +9,7 @@ text) and `SqlStore.overview`. The newest `--recent` rows (10 000: the last
 ~7 hours) have every status, 2 in 7 active; older ones are final, as in a live
 store (the janitor fails a `working` task whose heartbeat went stale, an
 unanswered question times out): about 2 900 active tasks among a million.
-Not measured here: the SSE fan-out's CPU with 50 open pages (see
-tests/console/test_browse.py for its one-read-per-tick property).
+The live updates' cost for open pages is bench/bench_console_live.py's.
 """
 
 from __future__ import annotations
