@@ -3,10 +3,13 @@
     MCP_TASKS_TEST_POSTGRES_URL=postgresql://postgres@127.0.0.1:5432/test python -m bench.bench_console [--rows N]
 
 Fills a fresh database (migrated to head, so with migration 0006's indexes) with
-N rows spread over 30 days (10 tools, 1 000 owners, every status), then times
+N rows spread over 30 days (10 tools, 1 000 owners), then times
 `SqlStore.browse` (first page, a deep page by cursor, by status, tool, owner tag,
-text) and `SqlStore.overview`. Not measured here: the SSE fan-out's CPU with 50
-open pages (see tests/console/test_browse.py for its one-read-per-tick property).
+text) and `SqlStore.overview`. The newest `--recent` rows (10 000: the last
+~7 hours) have every status, 2 in 7 active; older ones are final, as in a live
+store (the janitor fails a `working` task whose heartbeat went stale, an
+unanswered question times out): about 2 900 active tasks among a million.
+The live updates' cost for open pages is bench/bench_console_live.py's.
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ INSERT INTO mcp_tasks_task (key, owner, tool, status, status_message, created_at
 SELECT encode(sha256(('row-' || i)::bytea), 'hex'),
        CASE WHEN i % 10 = 0 THEN NULL ELSE 'sub:iss:user' || (i % 1000) END,
        'tool' || (i % 10),
-       (ARRAY['completed','completed','completed','failed','cancelled','working','input_required'])[1 + i % 7],
+       CASE WHEN i <= :recent
+            THEN (ARRAY['completed','completed','completed','failed','cancelled','working','input_required'])[1 + i % 7]
+            ELSE (ARRAY['completed','completed','completed','failed','cancelled'])[1 + i % 5] END,
        'step ' || (i % 100) || ' of the job',
        :now - (i::bigint * 2592) , :now - (i::bigint * 2592) + 500, 86400000, NULL,
        '{}', '{}', '{}', '[]', 2, 1, 0, 0, false
@@ -54,6 +59,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=50)
+    parser.add_argument("--recent", type=int, default=10_000, help="the newest rows, which may be active")
     args = parser.parse_args()
     base = os.environ["MCP_TASKS_TEST_POSTGRES_URL"]
     with fresh_postgres_database(base) as url:
@@ -62,7 +68,7 @@ def main() -> None:
         now = now_ms()
         start = time.perf_counter()
         with store.engine.begin() as conn:
-            conn.execute(sa.text(FILL), {"now": now, "rows": args.rows})
+            conn.execute(sa.text(FILL), {"now": now, "rows": args.rows, "recent": args.recent})
         with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.execute(sa.text("VACUUM ANALYZE mcp_tasks_task"))
         print(f"filled {args.rows} rows in {time.perf_counter() - start:.1f} s")

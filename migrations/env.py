@@ -9,6 +9,7 @@ comes from `-x url=...`, then `MCP_TASKS_DATABASE_URL`, then the ini.
 from __future__ import annotations
 
 import os
+import time
 from logging.config import fileConfig
 from typing import Any
 
@@ -25,6 +26,7 @@ if config.config_file_name is not None and config.file_config.has_section("forma
 
 # Any constant works; it only has to be the same for every migrator of this package.
 _ADVISORY_LOCK = 0x6D637074
+_LOCK_POLL_S = 0.2
 
 
 def _url() -> str:
@@ -75,13 +77,33 @@ def run_online() -> None:
         engine.dispose()
 
 
+def _lock(connection) -> None:  # type: ignore[no-untyped-def]
+    """Two migrators starting at once (several web replicas) must not race: a session lock, which
+    outlives the commit of a migration's autocommit block (CREATE INDEX CONCURRENTLY). Waited for
+    by polling outside any transaction: a waiter blocked in a statement holds a snapshot, which a
+    concurrent index build waits for, while it waits for the lock: a deadlock."""
+    level = connection.get_isolation_level()
+    connection.execution_options(isolation_level="AUTOCOMMIT")  # in place: restored below
+    try:
+        while not connection.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": _ADVISORY_LOCK}).scalar():
+            time.sleep(_LOCK_POLL_S)
+        connection.commit()
+    finally:
+        connection.execution_options(isolation_level=level)
+
+
 def _run(connection) -> None:  # type: ignore[no-untyped-def]
     _configure(connection=connection, render_as_batch=connection.dialect.name == "sqlite")
-    with context.begin_transaction():
-        if connection.dialect.name == "postgresql":
-            # Two migrators starting at once (several web replicas) must not race.
-            connection.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _ADVISORY_LOCK})
-        context.run_migrations()
+    locked = connection.dialect.name == "postgresql"
+    if locked:
+        _lock(connection)
+    try:
+        with context.begin_transaction():
+            context.run_migrations()
+    finally:
+        if locked:
+            connection.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _ADVISORY_LOCK})
+            connection.commit()
 
 
 if context.is_offline_mode():

@@ -366,6 +366,26 @@ class Deployment:
         self.procs.append(proc)
         return proc
 
+    def console(self, token: str, name: str = "console") -> str:
+        """`celery-mcp-tasks console APP` on a port of its own, with operator `token`: its root URL, once it answers."""
+        port = free_port()
+        env = process_env(self.backend, **self.env(MCP_TASKS_CONSOLE_TOKEN=token))
+        argv = [sys.executable, "-m", "celery_mcp_tasks.cli", "console", self.app, "--port", str(port)]
+        proc = spawn(name, argv, env, self.log_dir)
+        self.procs.append(proc)
+        root = f"http://127.0.0.1:{port}"
+
+        def up() -> bool:
+            if proc.popen.poll() is not None:
+                raise RuntimeError(f"console exited:\n{proc.text()}")
+            try:
+                return httpx.get(f"{root}/api/overview", timeout=1).status_code == 401  # up, and asks for a token
+            except httpx.TransportError:
+                return False
+
+        wait_until(up, 60, "the console to listen")
+        return root
+
     def logs(self) -> str:
         return "\n".join(proc.text() for proc in self.procs)
 

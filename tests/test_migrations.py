@@ -274,3 +274,31 @@ def test_urls_with_percent_escapes_survive_the_ini_interpolation(url: str):
     assert (
         migrate.alembic_config(url).get_main_option("sqlalchemy.url") == "postgresql+psycopg://user:p%40ss@localhost/db"
     )
+
+
+def test_the_console_indexes_are_built_concurrently_on_postgresql(capsys: pytest.CaptureFixture[str]):
+    """A big live table keeps taking writes while 0006 indexes it: CONCURRENTLY, outside the transaction."""
+    from alembic import command
+
+    command.upgrade(migrate.alembic_config("postgresql://user@localhost/db"), "0005:0006", sql=True)
+    sql = capsys.readouterr().out
+    assert sql.count("CREATE INDEX CONCURRENTLY IF NOT EXISTS ix_mcp_tasks_task_") == 5
+    assert sql.index("COMMIT") < sql.index("CREATE INDEX CONCURRENTLY")  # after the preceding transaction
+
+
+@needs_postgres
+@pytest.mark.integration
+def test_two_migrators_at_once_both_end_at_head_through_the_concurrent_index_builds():
+    """The migration lock is a session lock: it holds across 0006's autocommit block, so the second
+    migrator waits for the first and then finds nothing to do (an xact lock would let it in half-way)."""
+    with fresh_postgres_database(POSTGRES_URL) as url:
+        env = {**os.environ, "MCP_TASKS_DATABASE_URL": url}
+        argv = [sys.executable, "-m", "celery_mcp_tasks.cli", "db", "upgrade"]
+        migrators = [
+            subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)
+        ]
+        for migrator in migrators:
+            _, stderr = migrator.communicate(timeout=120)
+            assert migrator.returncode == 0, stderr
+        _assert_migrated_without_drift(url)

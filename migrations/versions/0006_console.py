@@ -6,6 +6,11 @@ indexes make the first page and the thousandth cost the same. The live updates'
 "rows written since" read walks `(updated_at, key)` too, and the owner index
 serves the loose index scan that resolves an owner tag.
 
+On PostgreSQL the indexes are built CONCURRENTLY (outside the migration's
+transaction), so a live store keeps taking writes while a big table is indexed;
+`IF NOT EXISTS` lets a run that died half-way be run again. The migration lock
+(env.py) is a session lock, so it holds across this block's commit.
+
 Revision ID: 0006
 Revises: 0005
 Create Date: 2027-01-10
@@ -30,11 +35,25 @@ _INDEXES = {
 }
 
 
+def _concurrently() -> bool:
+    return op.get_context().dialect.name == "postgresql"
+
+
 def upgrade() -> None:
-    for name, columns in _INDEXES.items():
-        op.create_index(name, _TABLE, columns)
+    if not _concurrently():
+        for name, columns in _INDEXES.items():
+            op.create_index(name, _TABLE, columns)
+        return
+    with op.get_context().autocommit_block():
+        for name, columns in _INDEXES.items():
+            op.create_index(name, _TABLE, columns, postgresql_concurrently=True, if_not_exists=True)
 
 
 def downgrade() -> None:
-    for name in reversed(_INDEXES):
-        op.drop_index(name, table_name=_TABLE)
+    if not _concurrently():
+        for name in reversed(_INDEXES):
+            op.drop_index(name, table_name=_TABLE)
+        return
+    with op.get_context().autocommit_block():
+        for name in reversed(_INDEXES):
+            op.drop_index(name, table_name=_TABLE, postgresql_concurrently=True, if_exists=True)

@@ -386,7 +386,8 @@ class McpTasks:
 
         Never on the MCP endpoint's path (refused). Operators sign in with MCP_TASKS_CONSOLE_TOKEN,
         or through your application's authentication: `operator(request) -> str | None` (may be async)
-        names the operator or refuses. Its live updates run in `tasks.lifespan`. `standalone`: served
+        names the operator or refuses. Its live updates run in `tasks.lifespan` (without it, each request
+        is refused: 503 and one line saying so). `standalone`: served
         alone at the root (`celery-mcp-tasks console`), with its own push listener in its own lifespan.
         """
         from celery_mcp_tasks.console.app import auth_config, check_mount_path, create_app, serving

@@ -16,7 +16,7 @@ import pytest
 
 from celery_mcp_tasks.console.auth import COOKIE, AuthConfig
 from celery_mcp_tasks.model import task_key
-from tests.support import Backend, Deployment, McpHttp, Proc, free_port, process_env, spawn, wait_until
+from tests.support import Backend, Deployment, McpHttp, free_port, process_env, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -29,23 +29,7 @@ def deployment(backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> It
     with Deployment(APP, backend, tmp_path_factory.mktemp(f"console-{backend.name}")) as deployment:
         deployment.web()
         deployment.worker()
-        port = free_port()
-        env = process_env(backend, **deployment.env(MCP_TASKS_CONSOLE_TOKEN=TOKEN))
-        argv = [sys.executable, "-m", "celery_mcp_tasks.cli", "console", APP, "--port", str(port)]
-        proc = spawn("console", argv, env, deployment.log_dir)
-        deployment.procs.append(proc)
-        root = f"http://127.0.0.1:{port}"
-        wait_until(lambda: _up(root, proc), 60, "the console to listen")
-        yield deployment, root
-
-
-def _up(root: str, proc: Proc) -> bool:
-    if proc.popen.poll() is not None:
-        raise RuntimeError(f"console exited:\n{proc.text()}")
-    try:
-        return httpx.get(f"{root}/api/overview", timeout=1).status_code == 401
-    except httpx.TransportError:
-        return False
+        yield deployment, deployment.console(TOKEN)
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import logging
 import anyio
 import pytest
 
-from celery_mcp_tasks.console.context import Conflict, Console, NotFound, PayloadsHidden, Refused
+from celery_mcp_tasks.console.context import Ambiguous, Conflict, Console, NotFound, PayloadsHidden, Refused
 from celery_mcp_tasks.model import TaskRecord, TaskStatus, celery_message_id
 from celery_mcp_tasks.notify.hub import Hub
 from celery_mcp_tasks.service import TaskService
@@ -134,14 +134,19 @@ def test_a_malformed_or_foreign_cursor_is_a_bad_filter_naming_the_cursor(store: 
         assert caught.value.field == "cursor"
 
 
-def test_filters_by_status_tool_owner_age_and_text(store: SqlStore) -> None:
+def test_filters_by_status_tool_owner_age_and_text_alike_in_pages_and_for_given_rows(store: SqlStore) -> None:
+    """Every rule holds for a list page and for "does this changed row belong on the list" (live.js asks)."""
     put(store, 1, tool="slow", owner=ALICE, status_message="Crunching 50% of the DATA")
     put(store, 2, tool="slow", owner=BOB, status=TaskStatus.FAILED, status_message="boom")
     put(store, 3, tool="fast", owner=None, status=TaskStatus.INPUT_REQUIRED)
     put(store, 400, tool="fast", owner=ALICE, status=TaskStatus.COMPLETED)  # 400 s old
+    every_key = [key(1), key(2), key(3), key(400), key(99)]
 
     def keys(**query: str) -> set[str]:
-        return {r.key for r in everything(store, Filter.parse(query), "-created", 2)}
+        listed = {r.key for r in everything(store, Filter.parse(query), "-created", 2)}
+        given = {r.key for r in store.rows(every_key, Filter.parse(query), now_ms=NOW)}
+        assert listed == given, query
+        return listed
 
     assert keys(status="failed,input_required") == {key(2), key(3)}
     assert keys(status="active") == {key(1), key(3)}
@@ -175,23 +180,30 @@ def test_rows_changed_since_and_delete_of_a_final_row_only(store: SqlStore) -> N
 # -- overview and detail ----------------------------------------------------------------------
 
 
-def test_the_overview_counts_by_status_and_tool_and_per_minute(store: SqlStore) -> None:
+def test_the_overview_counts_active_tasks_and_those_ended_in_the_hour_by_status_tool_and_minute(
+    store: SqlStore,
+) -> None:
     minute = 60_000
     put(store, 1, tool="a", created_at=NOW - 5 * minute, updated_at=NOW - 5 * minute)
     put(store, 2, tool="a", created_at=NOW - 3 * minute, status=TaskStatus.COMPLETED, updated_at=NOW - minute)
     put(store, 3, tool="b", created_at=NOW - 3 * minute, status=TaskStatus.FAILED, updated_at=NOW)
     put(store, 4, tool="b", created_at=NOW - 2 * 3600_000, status=TaskStatus.INPUT_REQUIRED, updated_at=NOW - 3600_000)
+    # ended before the hour: kept for its TTL, but not counted (counting every final row would scan the table)
+    put(store, 5, tool="b", created_at=NOW - 3 * 3600_000, status=TaskStatus.COMPLETED, updated_at=NOW - 2 * 3600_000)
+    put(store, 6, tool="a", created_at=NOW - 9 * minute, status=TaskStatus.CANCELLED, updated_at=NOW - 8 * minute)
     seen = store.overview(NOW)
-    assert seen.by_status == {"working": 1, "input_required": 1, "completed": 1, "failed": 1, "cancelled": 0}
+    assert seen.by_status == {"working": 1, "input_required": 1, "completed": 1, "failed": 1, "cancelled": 1}
+    assert seen.final_since_ms == (NOW // minute - 59) * minute
+    assert seen.by_tool["b"]["completed"] == 0 and seen.by_tool["a"]["cancelled"] == 1
     assert (
         seen.by_tool["a"]["working"] == 1 and seen.by_tool["a"]["completed"] == 1 and seen.by_tool["b"]["failed"] == 1
     )
     assert len(seen.per_minute) == 60 and seen.per_minute[-1].minute_ms == NOW // minute * minute
-    assert sum(m.created for m in seen.per_minute) == 3  # the two-hour-old task is outside the hour
+    assert sum(m.created for m in seen.per_minute) == 4  # the tasks created hours ago are outside the hour
     assert [m.completed for m in seen.per_minute][-2] == 1 and seen.per_minute[-1].failed == 1
     assert seen.oldest_working is not None and seen.oldest_working.key == key(1)
     assert seen.oldest_input_required is not None and seen.oldest_input_required.key == key(4)
-    assert seen.last_sweep is None and seen.total == 4
+    assert seen.last_sweep is None
 
 
 def test_a_detail_shows_questions_error_trace_and_message_id_and_payloads_only_revealed() -> None:
@@ -315,6 +327,35 @@ async def test_resend_only_a_job_judged_lost_and_delete_only_a_final_task(
         await console.detail("not-a-key")
     outcomes = [line.rsplit("outcome=", 1)[1] for line in audits(caplog)]
     assert outcomes == ["refused", "refused", "resent", "cancelled", "deleted", "not_found"]
+
+
+@pytest.mark.anyio
+async def test_a_row_key_prefix_as_lists_show_it_names_its_one_row_and_a_shared_one_is_refused(
+    console: Console, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "celery_mcp_tasks.console.audit")
+    one = put(console.store, 1, key="abcdef01" + "1" * 56)
+    put(console.store, 2, key="abcdef01" + "2" * 56)
+    put(console.store, 3, key="abcdef02" + "3" * 56)
+    assert (await console.detail(one.key[:12])).key == one.key
+    assert (await console.detail(one.key[:12].upper())).key == one.key  # as typed from a screen
+    with pytest.raises(Ambiguous) as caught:
+        await console.detail("abcdef01")
+    assert caught.value.status == 400 and "several" in caught.value.message
+    with pytest.raises(NotFound):
+        await console.detail("abcdef0")  # 7 digits: too short to be a key
+    with pytest.raises(NotFound):
+        await console.detail("abcdef03")
+    done = await console.cancel("abcdef02", "ann")
+    assert done.key == "abcdef02" + "3" * 56 and done.row is not None and done.row.status == "cancelled"
+    with pytest.raises(Ambiguous):
+        await console.cancel("abcdef01", "ann")
+    assert {r.key: r.status for r in console.store.rows([one.key, "abcdef01" + "2" * 56])} == {
+        one.key: "working",
+        "abcdef01" + "2" * 56: "working",
+    }  # the ambiguous cancel changed nothing
+    outcomes = [line.rsplit(" ", 2)[1:] for line in audits(caplog)]
+    assert outcomes == [["row=abcdef023333", "outcome=cancelled"], ["row=abcdef01", "outcome=ambiguous"]]
 
 
 @pytest.mark.anyio

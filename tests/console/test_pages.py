@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from celery_mcp_tasks.console.app import create_app
+from celery_mcp_tasks.console.app import NO_LIFESPAN, create_app, serving
 from celery_mcp_tasks.console.auth import AuthConfig
 from celery_mcp_tasks.console.context import AUDIT_LOGGER, Console
 from celery_mcp_tasks.console.pages import chart_of
@@ -323,27 +323,26 @@ def test_mounted_under_a_path_every_link_and_the_cookie_stay_under_it(deployment
 
     key = deployment.add("t")
     console = create_app(deployment.console, AuthConfig(token=TOKEN), mount_path="/ops/console")
-    host = Starlette(routes=[Mount("/ops/console", app=console)])
-    client = TestClient(host, base_url="http://host.test", follow_redirects=False)
+    host = Starlette(routes=[Mount("/ops/console", app=console)], lifespan=lambda _: serving(deployment.console))
+    with TestClient(host, base_url="http://host.test", follow_redirects=False) as client:
+        sent = client.get(f"/ops/console/tasks/{key}", headers={"Accept": "text/html"})
+        assert sent.status_code == 303 and sent.headers["location"].startswith("/ops/console/login?next=")
+        form = client.get(sent.headers["location"])
+        assert form.status_code == 200 and 'action="/ops/console/login"' in form.text
+        assert 'href="/ops/console/static/console.css"' in form.text
+        assert client.get("/ops/console/static/live.js").status_code == 200
+        next_path = re.search(r'name="next" value="([^"]+)"', form.text)
+        assert next_path is not None and next_path.group(1) == f"/tasks/{key}"
 
-    sent = client.get(f"/ops/console/tasks/{key}", headers={"Accept": "text/html"})
-    assert sent.status_code == 303 and sent.headers["location"].startswith("/ops/console/login?next=")
-    form = client.get(sent.headers["location"])
-    assert form.status_code == 200 and 'action="/ops/console/login"' in form.text
-    assert 'href="/ops/console/static/console.css"' in form.text
-    assert client.get("/ops/console/static/live.js").status_code == 200
-    next_path = re.search(r'name="next" value="([^"]+)"', form.text)
-    assert next_path is not None and next_path.group(1) == f"/tasks/{key}"
-
-    signed = client.post("/ops/console/login", data={"name": "ada", "token": TOKEN, "next": next_path.group(1)})
-    assert signed.status_code == 303 and signed.headers["location"] == f"/ops/console/tasks/{key}"
-    assert "path=/ops/console" in signed.headers["set-cookie"].lower()
-    page = client.get(signed.headers["location"])
-    assert page.status_code == 200
-    assert f'action="/ops/console/tasks/{key}/cancel"' in page.text
-    assert 'data-root="/ops/console"' in page.text
-    links = re.findall(r'(?:href|action)="(/[^"]*)"', page.text)
-    assert links and all(link.startswith("/ops/console/") for link in links), links
+        signed = client.post("/ops/console/login", data={"name": "ada", "token": TOKEN, "next": next_path.group(1)})
+        assert signed.status_code == 303 and signed.headers["location"] == f"/ops/console/tasks/{key}"
+        assert "path=/ops/console" in signed.headers["set-cookie"].lower()
+        page = client.get(signed.headers["location"])
+        assert page.status_code == 200
+        assert f'action="/ops/console/tasks/{key}/cancel"' in page.text
+        assert 'data-root="/ops/console"' in page.text
+        links = re.findall(r'(?:href|action)="(/[^"]*)"', page.text)
+        assert links and all(link.startswith("/ops/console/") for link in links), links
 
 
 def test_an_expired_form_is_refused_and_nothing_changes(deployment: Deployment) -> None:
@@ -372,12 +371,34 @@ def test_the_docs_mounting_example_lets_in_only_whom_the_host_app_names() -> Non
     async def signed_in_host(scope: Any, receive: Any, send: Any) -> None:  # the host app's auth, in short
         await console_mounted.app({**scope, "user": user}, receive, send)
 
-    nobody = TestClient(console_mounted.app, follow_redirects=False)
-    assert nobody.get("/console/api/overview").status_code == 401
-    assert nobody.get("/console/login").status_code == 200  # no operator: the token form (no token is set)
-    host = TestClient(signed_in_host, follow_redirects=False)
-    again = host.get("/console/login")
-    assert again.status_code == 303 and again.headers["location"] == "/console/"
+    with TestClient(console_mounted.app, follow_redirects=False) as nobody:  # runs tasks.lifespan
+        assert nobody.get("/console/api/overview").status_code == 401
+        assert nobody.get("/console/login").status_code == 200  # no operator: the token form (no token is set)
+        host = TestClient(signed_in_host, follow_redirects=False)
+        again = host.get("/console/login")
+        assert again.status_code == 303 and again.headers["location"] == "/console/"
+
+
+def test_mounted_in_an_app_without_its_lifespan_it_refuses_in_one_line_saying_what_to_pass(
+    deployment: Deployment, caplog: pytest.LogCaptureFixture
+) -> None:
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    console = create_app(deployment.console, AuthConfig(token=TOKEN), mount_path="/console")
+    forgotten = Starlette(routes=[Mount("/console", app=console)])  # no lifespan=tasks.lifespan
+    with TestClient(forgotten, follow_redirects=False) as client:
+        for path in ("/console/", "/console/api/overview", "/console/api/events"):
+            refused = client.get(path, headers={"Authorization": f"Bearer {TOKEN}"})
+            assert refused.status_code == 503, path
+            assert "lifespan=tasks.lifespan" in refused.json()["error"]["message"]
+    assert [r.getMessage() for r in caplog.records if "lifespan=tasks.lifespan" in r.getMessage()] == [
+        f"celery-mcp-tasks console: {NO_LIFESPAN}"
+    ]  # logged once, not once per request
+
+    remembered = Starlette(routes=[Mount("/console", app=console)], lifespan=lambda _: serving(deployment.console))
+    with TestClient(remembered, follow_redirects=False) as client:
+        assert client.get("/console/api/overview", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
 
 
 def test_signing_out_ends_the_session(deployment: Deployment) -> None:

@@ -9,7 +9,7 @@ log has the audit line. No page ever holds the task id.
 
 Playwright comes from PyPI (the test extra) and launches /usr/bin/chromium (no browser download);
 without Chromium the test skips (fails under MCP_TASKS_TEST_REQUIRE_TOOLS=1). With
-MCP_TASKS_SCREENSHOTS=1 it writes the documentation's screenshots (docs/img/console-*.png).
+MCP_TASKS_TEST_SCREENSHOTS=1 it writes the documentation's screenshots (docs/img/console-*.png).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ CHROMIUM = "/usr/bin/chromium"  # Debian's `chromium` package
 TOKEN = "console-test-token-5f0c"  # the operator token of this test's console (a test value, not a secret)
 OPERATOR = "ada"
 SHOTS = ROOT / "docs" / "img"
-WRITE_SHOTS = os.environ.get("MCP_TASKS_SCREENSHOTS", "") not in ("", "0")
+WRITE_SHOTS = os.environ.get("MCP_TASKS_TEST_SCREENSHOTS", "") not in ("", "0")
 APP = "tests.apps.interop_app"  # count_up(steps, pause) reports "step i of n" with numeric progress
 
 
@@ -118,7 +118,7 @@ def chromium() -> Iterator[Any]:
 
 
 class Shots:
-    """Screenshots: into docs/img/console-NAME.png with MCP_TASKS_SCREENSHOTS=1, else beside the test's logs."""
+    """Screenshots: into docs/img/console-NAME.png with MCP_TASKS_TEST_SCREENSHOTS=1, else beside the test's logs."""
 
     def __init__(self, fallback: Path, backend: Backend) -> None:
         self.folder = SHOTS if WRITE_SHOTS and backend.name == "embedded" else fallback

@@ -4,7 +4,8 @@ The operator token is MCP_TASKS_CONSOLE_TOKEN (sent as a bearer token, never
 printed); `--url` is the console's root (`http://127.0.0.1:9102`, or where it
 is mounted). Output is a table, or the API's JSON with `--json`. Rows are
 named by their row key (sha256 of the task id): `ls` shows its first 12
-characters (`--wide`: all 64, which `show`, `cancel`, ... take).
+characters (`--wide`: all 64); `show`, `cancel`, ... take the key or a prefix
+of 8+ of its digits that only one row's key starts with.
 """
 
 from __future__ import annotations
@@ -64,7 +65,9 @@ def add_parser(sub: Any) -> None:
     ]:
         command = commands.add_parser(name, help=text)
         common(command)
-        command.add_argument("key", metavar="KEY", help="the row key (64 hex digits: `ls --wide`)")
+        command.add_argument(
+            "key", metavar="KEY", help="the row key, or a unique prefix of it (the ROW column of `ls`)"
+        )
         if name == "cancel":
             command.add_argument("--terminate", action="store_true", help="also stop the running job (if allowed)")
 

@@ -43,7 +43,7 @@ def overview_json(overview: Overview) -> dict[str, Any]:
     sweep = overview.last_sweep
     return {
         "now": overview.now_ms,
-        "total": overview.total,
+        "final_since": overview.final_since_ms,
         "by_status": overview.by_status,
         "by_tool": overview.by_tool,
         "per_minute": [m._asdict() for m in overview.per_minute],
@@ -171,7 +171,7 @@ async def _events(request: Request, console: Console) -> Response:
             if change is None:
                 yield ": keep-alive\n\n"
                 continue
-            yield f"event: task\ndata: {json.dumps(change.as_json(), separators=(',', ':'))}\n\n"
+            yield f"event: task\ndata: {change.data}\n\n"
 
     return StreamingResponse(
         stream(),

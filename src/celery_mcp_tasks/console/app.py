@@ -9,6 +9,7 @@ host application's authentication (`operator=`).
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
@@ -28,6 +29,7 @@ from celery_mcp_tasks.console.context import Console
 __all__ = ["check_mount_path", "create_app", "serving"]
 
 TOKEN_SETTING = "MCP_TASKS_CONSOLE_TOKEN"
+logger = logging.getLogger(__name__)
 
 
 def check_mount_path(path: str, mcp_path: str | None) -> str:
@@ -55,9 +57,11 @@ async def serving(console: Console) -> AsyncIterator[None]:
     """Run the console's live-update loop for the duration (a lifespan, or `McpTasks.serving_contexts`)."""
     async with anyio.create_task_group() as tg:
         tg.start_soon(console.run)
+        console.serving = True
         try:
             yield
         finally:
+            console.serving = False
             tg.cancel_scope.cancel()
 
 
@@ -90,7 +94,10 @@ def create_app(
 
     app = Starlette(
         routes=[*api.routes(console), *_pages(console)],
-        middleware=[Middleware(_MountGuard, path=mount_path), Middleware(ConsoleAuth, config=auth)],
+        middleware=[
+            Middleware(_MountGuard, path=mount_path, console=console),
+            Middleware(ConsoleAuth, config=auth),
+        ],
         lifespan=lifespan,
     )
     app.state.console_auth = auth
@@ -98,15 +105,34 @@ def create_app(
     return app
 
 
+NO_LIFESPAN = (
+    "the console is mounted, but the host app does not run its lifespan: pass lifespan=tasks.lifespan "
+    "to your Starlette or FastAPI app (a mounted app's own lifespan never runs, and the console's live "
+    "updates run in it)"
+)
+
+
 class _MountGuard:
     """A mounted console answers only where `console_app(path=...)` said it is mounted (the path was checked
-    against the MCP endpoint's there); elsewhere it refuses, so it is never served on the MCP path."""
+    against the MCP endpoint's there); elsewhere it refuses, so it is never served on the MCP path.
 
-    def __init__(self, app: Any, path: str | None) -> None:
+    It also refuses, in one line, while its live-update loop is not running: mounted in an app that was
+    not given `lifespan=tasks.lifespan`, its pages would silently never update."""
+
+    def __init__(self, app: Any, path: str | None, console: Console) -> None:
         self.app = app
         self.path = path
+        self.console = console
+        self.warned = False
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if self.path is not None and scope["type"] == "http" and not self.console.serving:
+            if not self.warned:
+                self.warned = True
+                logger.error("celery-mcp-tasks console: %s", NO_LIFESPAN)
+            response = JSONResponse({"error": {"code": "no_lifespan", "message": NO_LIFESPAN}}, status_code=503)
+            await response(scope, receive, send)
+            return
         if self.path is not None and scope["type"] == "http":
             root = str(scope.get("root_path", "")).rstrip("/")
             if root != self.path:

@@ -16,12 +16,14 @@ written since the last look.
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import re
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Final, NamedTuple
+from typing import Final
 
 import anyio
 import anyio.to_thread
@@ -45,6 +47,7 @@ from celery_mcp_tasks.store.browse import (
 __all__ = [
     "AUDIT_LOGGER",
     "ActionResult",
+    "Ambiguous",
     "Change",
     "Conflict",
     "Console",
@@ -63,6 +66,8 @@ _KNOWN_VERSIONS: Final = 20_000  # rows whose last fanned-out version is remembe
 _POLL_BATCH: Final = 500
 _POLL_MARGIN_MS: Final = 1_000  # a write committed a little after its `updated_at` was taken is still found
 _KEY = re.compile(r"[0-9a-f]{64}")
+_KEY_PREFIX = re.compile(r"[0-9a-f]{8,63}")
+MIN_PREFIX: Final = 8  # hex digits of a row key prefix (lists show 12)
 
 
 # -- outcomes -------------------------------------------------------------------------------
@@ -84,6 +89,13 @@ class NotFound(ConsoleError):
 
     status = 404
     outcome = "not_found"
+
+
+class Ambiguous(ConsoleError):
+    """A row key prefix that more than one row's key starts with."""
+
+    status = 400
+    outcome = "ambiguous"
 
 
 class Conflict(ConsoleError):
@@ -118,8 +130,12 @@ class ActionResult:
     row: Row | None
 
 
-class Change(NamedTuple):
-    """One live update: a row's new status and version (`row` None: the row is gone)."""
+@dataclass(frozen=True)
+class Change:
+    """One live update: a row's new status and version (`row` None: the row is gone).
+
+    One object per change, put to every open page: its JSON (`data`) is encoded once, not once a page.
+    """
 
     key: str
     status: str | None
@@ -130,6 +146,11 @@ class Change(NamedTuple):
         if self.row is None:
             return {"key": self.key, "row": self.key[:12], "status": None, "version": None, "deleted": True}
         return self.row.as_json()
+
+    @functools.cached_property
+    def data(self) -> str:
+        """The change as an SSE `data:` line carries it."""
+        return json.dumps(self.as_json(), separators=(",", ":"))
 
 
 def _operator(name: str | None) -> str:
@@ -190,6 +211,7 @@ class Console:
         self._known: OrderedDict[str, int] = OrderedDict()
         self._mark: int | None = None
         self.reads = 0  # store reads made for live updates (the benchmark and tests look)
+        self.serving = False  # whether `console.app.serving` runs the live-update loop (a lifespan)
 
     @property
     def service(self) -> TaskService:
@@ -215,12 +237,32 @@ class Console:
             lambda: self.store.browse(filter, sort, cursor, limit, now_ms=self.clock())
         )
 
+    async def matching_row(self, key: str, filter: Filter) -> Row | None:
+        """The row of `key` if it exists and belongs in a list filtered by `filter` (the store's one
+        definition of the filter rules decides), else None."""
+        if not _KEY.fullmatch(key):
+            return None
+        found = await anyio.to_thread.run_sync(lambda: self.store.rows([key], filter, now_ms=self.clock()))
+        return found[0] if found else None
+
     async def overview(self) -> Overview:
         return await anyio.to_thread.run_sync(lambda: self.store.overview(self.clock()))
 
     async def _record(self, key: str) -> TaskRecord:
+        """The row of `key`: its 64 hex digits, or a prefix of them (at least 8, as lists show 12) that
+        only one row's key starts with."""
+        key = key.strip().lower()
         if not _KEY.fullmatch(key):
-            raise NotFound("no task has this row key (a row key is 64 hex digits)")
+            if not _KEY_PREFIX.fullmatch(key):
+                raise NotFound(
+                    f"no task has this row key (a row key is 64 hex digits, or its first {MIN_PREFIX} or more)"
+                )
+            found = await anyio.to_thread.run_sync(lambda: self.store.keys_starting(key, limit=2))
+            if len(found) > 1:
+                raise Ambiguous(f"several rows' keys start with {key}: give more of the key's digits")
+            if not found:
+                raise NotFound("no such task (it may have expired or been deleted)")
+            key = found[0]
         record = await anyio.to_thread.run_sync(lambda: self.store.get(key, ANY))
         if record is None:
             raise NotFound("no such task (it may have expired or been deleted)")
@@ -243,7 +285,7 @@ class Console:
         except ConsoleError as exc:
             audit(operator, "reveal", key, exc.outcome)
             raise
-        audit(operator, "reveal", key, "revealed")
+        audit(operator, "reveal", detail.key, "revealed")
         return detail
 
     # -- actions --------------------------------------------------------------------------
@@ -252,6 +294,7 @@ class Console:
         """Cancel an active task; with `terminate`, also stop its running job (only where its tool allows)."""
         try:
             record = await self._record(key)
+            key = record.key
             if terminate and not self.terminable(record.tool):
                 raise Refused(f"tool {record.tool!r} does not allow terminate; cancel without it")
             if record.terminal:
@@ -276,7 +319,7 @@ class Console:
     async def resend(self, key: str, operator: str | None) -> ActionResult:
         """Send the job of a `working` task judged lost (no heartbeat for the stale timeout) again."""
         try:
-            await self._record(key)
+            key = (await self._record(key)).key
             try:
                 record = await anyio.to_thread.run_sync(
                     lambda: self.service.resend(
@@ -300,6 +343,7 @@ class Console:
         """Delete a final task's row (an active one is refused: cancel it first)."""
         try:
             record = await self._record(key)
+            key = record.key
             if not record.terminal:
                 raise Refused(
                     f"the task is {record.status.value}: only a finished task can be deleted; cancel it first"

@@ -42,7 +42,6 @@ from celery_mcp_tasks.store.browse import (
     BadFilter,
     Filter,
     Overview,
-    Row,
     TaskDetail,
     parse_limit,
     parse_sort,
@@ -237,28 +236,6 @@ def _list_href(root: str, query: ListQuery, cursor: str | None) -> str:
     return f"{root}/tasks" + (f"?{urlencode(params)}" if params else "")
 
 
-def matches(filter: Filter, row: Row, at_ms: int) -> bool:
-    """Whether `row` belongs in a list filtered by `filter` (live.js inserts only such rows)."""
-    if filter.statuses and row.status not in filter.statuses:
-        return False
-    if filter.tool is not None and row.tool != filter.tool:
-        return False
-    if filter.owner is not None:
-        namespace, tag, anonymous = filter.owner_parts()
-        if anonymous and row.owner_tag is not None:
-            return False
-        if namespace is not None and row.owner_namespace != namespace:
-            return False
-        if tag is not None and not (row.owner_tag or "").startswith(tag):
-            return False
-    age_s = (at_ms - row.created_at) / 1000
-    if filter.min_age_s is not None and age_s < filter.min_age_s:
-        return False
-    if filter.max_age_s is not None and age_s > filter.max_age_s:
-        return False
-    return filter.text is None or filter.text.lower() in (row.status_message or "").lower()
-
-
 # -- the pages ---------------------------------------------------------------------------------
 
 
@@ -354,8 +331,9 @@ class Pages:
         notice = _DONE.get(request.query_params.get("done", ""))
         try:
             detail = await self.console.detail(key)
-        except NotFound as exc:
-            return self.problem(request, 404, "No such task", exc.message, back=f"{_root(request)}/tasks")
+        except ConsoleError as exc:  # not found, or a prefix of several rows' keys
+            title = "No such task" if isinstance(exc, NotFound) else "Which task?"
+            return self.problem(request, exc.status, title, exc.message, back=f"{_root(request)}/tasks")
         return self.task_page(request, detail, notice=notice)
 
     def task_page(self, request: Request, detail: TaskDetail, status_code: int = 200, **context: Any) -> Response:
@@ -374,12 +352,12 @@ class Pages:
         key = request.path_params["key"]
         try:
             query = parse_list_query(_flat(request))
-            detail = await self.console.detail(key)
-        except (BadFilter, NotFound):
+        except BadFilter:
             return Response(status_code=204)
-        if not matches(query.filter, detail.row, now_ms()):
+        row = await self.console.matching_row(key, query.filter)
+        if row is None:
             return Response(status_code=204)
-        response = TEMPLATES.TemplateResponse(request, "_row.html", {"r": detail.row, "root": _root(request)})
+        response = TEMPLATES.TemplateResponse(request, "_row.html", {"r": row, "root": _root(request)})
         response.headers["Cache-Control"] = "no-store"
         return response
 

@@ -173,8 +173,13 @@ class Store(Protocol):
         """Counts by status and tool, the last hour per minute, the oldest active rows, the last sweep."""
         ...
 
-    def rows(self, keys: Iterable[str]) -> list[Row]:
-        """The rows of these keys that exist (any owner), in no particular order."""
+    def rows(self, keys: Iterable[str], filter: Filter | None = None, *, now_ms: int | None = None) -> list[Row]:
+        """The rows of these keys that exist (any owner) and match `filter` (ages counted back from
+        `now_ms`, default now), in no particular order."""
+        ...
+
+    def keys_starting(self, prefix: str, *, limit: int) -> list[str]:
+        """Row keys that start with `prefix` (lowercase hex digits), in order, at most `limit`."""
         ...
 
     def changed_since(self, updated_at_ms: int, *, limit: int) -> list[Row]:

@@ -385,25 +385,25 @@ class MinuteCount(NamedTuple):
 
 @dataclass(frozen=True)
 class Overview:
-    """The state of the whole store at `now_ms`.
+    """The state of the store at `now_ms`, read without scanning it.
 
-    `per_minute`: the last 60 minutes, oldest first, every minute present
-    (completed/failed counted by the time the task ended: its `updated_at`,
-    as a final task is never written again). `last_sweep`: the janitor's ledger
-    row (its `report` has `resent` and `failed` for lost jobs).
+    `by_status` / `by_tool`: every active task (`working`, `input_required`),
+    and the final ones that ended since `final_since_ms` (the chart's hour: a
+    store keeps finished tasks for their TTL, and counting all of them would
+    read every row). `per_minute`: the last 60 minutes, oldest first, every
+    minute present (completed/failed counted by the time the task ended: its
+    `updated_at`, as a final task is never written again). `last_sweep`: the
+    janitor's ledger row (its `report` has `resent` and `failed` for lost jobs).
     """
 
     now_ms: int
+    final_since_ms: int
     by_status: dict[str, int]
     by_tool: dict[str, dict[str, int]]
     per_minute: list[MinuteCount]
     oldest_working: Row | None
     oldest_input_required: Row | None
     last_sweep: SweepRecord | None
-
-    @property
-    def total(self) -> int:
-        return sum(self.by_status.values())
 
     @property
     def lost_resent(self) -> int:

@@ -17,7 +17,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from celery_mcp_tasks.model import TaskStatus
+from celery_mcp_tasks.model import ACTIVE, TERMINAL, TaskStatus
+from celery_mcp_tasks.model import now_ms as clock_ms
 from celery_mcp_tasks.store.browse import (
     Filter,
     MinuteCount,
@@ -32,7 +33,7 @@ from celery_mcp_tasks.store.browse import (
 from celery_mcp_tasks.store.schema import tasks
 from celery_mcp_tasks.store.sweeps import JANITOR, read_sweep
 
-__all__ = ["browse", "changed_since", "overview", "rows"]
+__all__ = ["browse", "changed_since", "keys_starting", "overview", "rows"]
 
 MINUTE_MS = 60_000
 HOUR_MINUTES = 60
@@ -101,7 +102,11 @@ def _owners_tagged(conn: Connection, namespace: str | None, tag: str) -> list[st
 
 
 def _where(conn: Connection, filter: Filter, now_ms: int) -> list[sa.ColumnElement[bool]] | None:
-    """The filter as SQL conditions; None when it can match nothing (an owner tag nobody has)."""
+    """The filter as SQL conditions; None when it can match nothing (an owner tag nobody has).
+
+    The one definition of each filter rule: a list page, and the live list asking whether a changed
+    row belongs on it (`rows(keys, filter)`), both read through here.
+    """
     where: list[sa.ColumnElement[bool]] = []
     if filter.statuses:
         statuses = sorted(filter.statuses)
@@ -146,13 +151,31 @@ def browse(conn: Connection, filter: Filter, sort: str, cursor: str | None, limi
     return Page(page, encode_cursor(sort, page[-1]) if more and page else None)
 
 
-def rows(conn: Connection, keys: Iterable[str]) -> list[Row]:
+def rows(
+    conn: Connection, keys: Iterable[str], filter: Filter | None = None, *, now_ms: int | None = None
+) -> list[Row]:
     wanted = list(dict.fromkeys(keys))
+    where: list[sa.ColumnElement[bool]] | None = []
+    if filter is not None:
+        where = _where(conn, filter, now_ms if now_ms is not None else clock_ms())
+    if where is None:
+        return []
     found: list[Row] = []
     for start in range(0, len(wanted), _BATCH):
-        query = sa.select(*ROW_COLUMNS).where(tasks.c.key.in_(wanted[start : start + _BATCH]))
+        query = sa.select(*ROW_COLUMNS).where(tasks.c.key.in_(wanted[start : start + _BATCH]), *where)
         found.extend(row_from(values) for values in conn.execute(query).mappings().all())
     return found
+
+
+def keys_starting(conn: Connection, prefix: str, *, limit: int) -> list[str]:
+    """Row keys starting with `prefix` (lowercase hex), in order, at most `limit`: a range of the primary key."""
+    query = (
+        sa.select(tasks.c.key)
+        .where(tasks.c.key >= prefix, tasks.c.key < prefix + "g")  # "g" follows every hex digit
+        .order_by(tasks.c.key)
+        .limit(limit)
+    )
+    return list(conn.execute(query).scalars().all())
 
 
 def changed_since(conn: Connection, updated_at_ms: int, *, limit: int) -> list[Row]:
@@ -177,38 +200,54 @@ def _oldest(conn: Connection, status: TaskStatus) -> Row | None:
 
 
 def overview(conn: Connection, now_ms: int) -> Overview:
+    """Never a scan of the whole table: active rows are counted whole (few, on the status index), final
+    ones only where they ended in the chart's hour (on the `(status, updated_at)` index), and the
+    per-minute chart reads the hour's slice of the `created_at` and `(status, updated_at)` indexes."""
     by_status = {status.value: 0 for status in TaskStatus}
     by_tool: dict[str, dict[str, int]] = {}
-    counts = sa.select(tasks.c.tool, tasks.c.status, sa.func.count()).group_by(tasks.c.tool, tasks.c.status)
-    for tool, status, count in conn.execute(counts).all():
-        by_status[str(status)] = by_status.get(str(status), 0) + int(count)
-        by_tool.setdefault(str(tool), {status.value: 0 for status in TaskStatus})[str(status)] = int(count)
+
+    def count(tool: object, status: object, n: int) -> None:
+        by_status[str(status)] = by_status.get(str(status), 0) + n
+        tool_counts = by_tool.setdefault(str(tool), {status.value: 0 for status in TaskStatus})
+        tool_counts[str(status)] = tool_counts.get(str(status), 0) + n
+
+    active = [status.value for status in ACTIVE]
+    query = (
+        sa.select(tasks.c.tool, tasks.c.status, sa.func.count())
+        .where(tasks.c.status.in_(active))
+        .group_by(tasks.c.tool, tasks.c.status)
+    )
+    for tool, status, n in conn.execute(query).all():
+        count(tool, status, int(n))
 
     # The last hour in whole minutes, the current (partial) minute last.
     first = (now_ms // MINUTE_MS - (HOUR_MINUTES - 1)) * MINUTE_MS
     created = [0] * HOUR_MINUTES
-    ended = {TaskStatus.COMPLETED.value: [0] * HOUR_MINUTES, TaskStatus.FAILED.value: [0] * HOUR_MINUTES}
     minute = ((tasks.c.created_at - first) // MINUTE_MS).label("minute")
     query = sa.select(minute, sa.func.count()).where(tasks.c.created_at >= first).group_by(minute)
-    for index, count in conn.execute(query).all():
+    for index, n in conn.execute(query).all():
         if 0 <= int(index) < HOUR_MINUTES:
-            created[int(index)] = int(count)
+            created[int(index)] = int(n)
+    # A final task is never written again: its `updated_at` is when it ended.
+    ended = {status.value: [0] * HOUR_MINUTES for status in TERMINAL}
     minute = ((tasks.c.updated_at - first) // MINUTE_MS).label("minute")
     query = (
-        sa.select(tasks.c.status, minute, sa.func.count())
+        sa.select(tasks.c.tool, tasks.c.status, minute, sa.func.count())
         .where(tasks.c.status.in_(list(ended)))
         .where(tasks.c.updated_at >= first)
-        .group_by(tasks.c.status, minute)
+        .group_by(tasks.c.tool, tasks.c.status, minute)
     )
-    for status, index, count in conn.execute(query).all():
-        if 0 <= int(index) < HOUR_MINUTES:
-            ended[str(status)][int(index)] = int(count)
+    for tool, status, index, n in conn.execute(query).all():
+        if 0 <= int(index) < HOUR_MINUTES and str(status) in ended:
+            ended[str(status)][int(index)] += int(n)
+            count(tool, status, int(n))
     per_minute = [
         MinuteCount(first + i * MINUTE_MS, created[i], ended["completed"][i], ended["failed"][i])
         for i in range(HOUR_MINUTES)
     ]
     return Overview(
         now_ms=now_ms,
+        final_since_ms=first,
         by_status=by_status,
         by_tool=dict(sorted(by_tool.items())),
         per_minute=per_minute,

@@ -525,8 +525,13 @@ class SqlStore:
 
     @_reported
     @_reconnecting
-    def rows(self, keys: Iterable[str]) -> list[Row]:
-        return self._browsing(browsing.rows, keys)
+    def rows(self, keys: Iterable[str], filter: Filter | None = None, *, now_ms: int | None = None) -> list[Row]:
+        return self._browsing(browsing.rows, keys, filter, now_ms=now_ms)
+
+    @_reported
+    @_reconnecting
+    def keys_starting(self, prefix: str, *, limit: int) -> list[str]:
+        return self._browsing(browsing.keys_starting, prefix, limit=limit)
 
     @_reported
     @_reconnecting
