@@ -392,7 +392,8 @@ def _statements(tasks: McpTasks) -> list[str]:
 def test_a_job_costs_one_read_and_one_update_to_claim_and_one_update_per_report_and_outcome(
     tasks: McpTasks,
 ) -> None:
-    """Issue 20: each write of the run is one conditional UPDATE on the record the run last saw."""
+    """Issue 20: each write of the run is one conditional UPDATE on the record the run last saw. A message
+    without the dispatch's record (`RECORD_HEADER`: sent by an older release) reads the row once to claim."""
 
     @tasks.mcp_task
     def reporting(ctx: TaskContext) -> str:
