@@ -14,7 +14,9 @@ expected does it take the locking path: BEGIN, `SELECT ... FOR UPDATE` (a slow
 writer is never starved by fast ones; SQLite serializes with `BEGIN IMMEDIATE`),
 the UPDATE, COMMIT. The `ChangeHint` (PostgreSQL's `pg_notify`) is folded into
 the writing statement (`WITH w AS (UPDATE ... RETURNING ...) SELECT pg_notify(...)
-FROM w`), so it goes out at that write's commit and never for a write that missed.
+FROM w`), so it goes out at that write's commit and never for a write that missed. A write that
+need not be durable (a run's claim: `update(durable=False)`) folds `set_config('synchronous_commit',
+'off', true)` in the same way: its commit does not wait for the WAL flush.
 
 A dropped connection is retried once, but never past a write whose outcome is
 unknown (a COMMIT, or an autocommit statement, lost in flight): `create` and
