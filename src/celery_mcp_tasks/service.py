@@ -312,8 +312,9 @@ class TaskService:
     def begin(self, key: str, run: Run, *, stale_before_ms: int, expected: TaskRecord | None = None) -> TaskRecord:
         """A copy of the job's message starts `run`: it claims the run, or it must not run the body.
 
-        One read (unless the caller has `expected`, the record as it last read it) and one
-        write: a conditional UPDATE that records the claim and beats. Raises
+        One read (unless the caller has `expected`, the record as it last read it, or as the
+        job's message carries it) and one write: a conditional UPDATE that records the claim
+        and beats, whose commit does not wait for the database's flush (`durable=False`). Raises
         `TaskNotFound`, `TerminalTask`, `Superseded` (not the current run) or
         `RunInProgress` (a redelivered copy, while the copy that claimed this run
         has beaten since `stale_before_ms`). The start says so ("Started", "Started
@@ -335,7 +336,9 @@ class TaskService:
         # weighs that copy's heartbeat, which a beat moves without a version bump: the locking
         # path reads it under the row lock, so a live copy is never taken over.
         fast = expected if expected.started_at is None else None
-        record = self._update(key, ANY, transition, expected=fast)
+        # Not durable: a claim lost in a database crash only lets a copy of the run claim it again (a run
+        # is at least once anyway); the run's outcome is a durable write, and its commit flushes the claim too.
+        record = self._update(key, ANY, transition, expected=fast, durable=False)
         if said:
             safe_notify(self.notifier, record)
         return record
@@ -439,6 +442,7 @@ class TaskService:
         *,
         notify: bool = False,
         expected: TaskRecord | None = None,
+        durable: bool = True,
     ) -> TaskRecord:
         """`store.update`; when the row really changed the observer hears (before, after), and with
         `notify` the notifier too."""
@@ -448,7 +452,7 @@ class TaskService:
             seen.append(record)
             return transition(record)
 
-        record = self.store.update(key, owner, remembered, expected=expected)
+        record = self.store.update(key, owner, remembered, expected=expected, durable=durable)
         if not seen or record.version != seen[-1].version:
             if seen:
                 safe_observe(self.observer, seen[-1], record)

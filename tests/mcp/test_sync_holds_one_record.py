@@ -9,6 +9,7 @@ from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any, TypeVar
 
+import anyio
 import pytest
 
 from celery_mcp_tasks.mcp import sync
@@ -63,3 +64,52 @@ async def test_the_wait_keeps_one_record_not_every_one_it_read(monkeypatch: pyte
     gc.collect()
     alive = [ref for ref in rows.served if ref() is not None]
     assert len(rows.served) == READS and len(alive) <= 2  # the last one (and the row's own copy), not 200
+
+
+@pytest.mark.anyio
+async def test_the_claims_hint_is_not_read_the_outcomes_is(tmp_path: Any) -> None:
+    """The job's claim says nothing a synchronous caller is shown: its hint costs no read; the outcome's does."""
+    import sqlalchemy as sa
+
+    from celery_mcp_tasks.migrate import upgrade
+    from celery_mcp_tasks.model import Run
+    from celery_mcp_tasks.notify.hub import Hub
+    from celery_mcp_tasks.service import TaskService
+    from celery_mcp_tasks.store.sql import SqlStore
+
+    url = f"sqlite:///{tmp_path / 'tasks.db'}"
+    upgrade(url)
+    store = SqlStore.from_url(url)
+    service = TaskService(store, dispatcher=lambda record: None)
+    _, created = service.create(owner=None, tool="t", arguments={})
+    reads: list[str] = []
+    sa.event.listen(store.engine, "before_cursor_execute", lambda conn, cursor, sql, *_: reads.append(sql))
+    hub = Hub()
+    hub.bind()
+    watch = hub.watch([created.key])
+
+    async def run(fn: Callable[[], T], method: str) -> T:
+        return fn()
+
+    calls = sync.SyncCalls(lambda: service, run, sync_timeout_s=60, hub=lambda: hub, sealed_state=None)
+    tool = SimpleNamespace(name="t", sync_timeout_s=None)
+    ctx = SimpleNamespace(session=Session())
+    outcome: list[Any] = []
+    try:
+        async with anyio.create_task_group() as tg:
+
+            async def follow() -> None:
+                outcome.append(await calls._follow(tool, ctx, sync._Latest(created), watch))  # type: ignore[arg-type]
+
+            tg.start_soon(follow)
+            claimed = service.begin(created.key, Run(1), stale_before_ms=0, expected=created)
+            hub.hint(created.key, claimed.version)
+            await anyio.wait_all_tasks_blocked()
+            assert not [sql for sql in reads if sql.lstrip().upper().startswith("SELECT")]  # the claim: no read
+            done = service.complete(created.key, {"content": []}, run=Run(1), expected=claimed)
+            hub.hint(created.key, done.version)
+    finally:
+        watch.close()
+        store.dispose()
+    assert outcome == [{"content": []}]
+    assert len([sql for sql in reads if sql.lstrip().upper().startswith("SELECT")]) == 1  # the outcome: one read

@@ -73,6 +73,29 @@ def test_the_conditional_update_wins_in_one_statement(store: SqlStore, created: 
     assert store.get("k") == written
 
 
+def test_a_write_that_need_not_be_durable_is_the_same_one_statement_and_seen_at_once(
+    store: SqlStore, created: TaskRecord
+) -> None:
+    """A run's claim (`durable=False`): as atomic and as visible as any write; on PostgreSQL its commit alone
+    does not wait for the WAL flush, and the connection goes back to the pool as durable as it came."""
+    sent: list[str] = []
+    sa.event.listen(store.engine, "before_cursor_execute", lambda conn, cursor, sql, *_: sent.append(sql))
+    written = store.update("k", ANY, lambda r: r.with_progress("claimed", 5), expected=created, durable=False)
+    other = SqlStore.from_url(store.engine.url.render_as_string(hide_password=False))
+    try:
+        assert other.get("k") == written  # seen by another connection as soon as the call returned
+    finally:
+        other.dispose()
+    durable = store.update("k", ANY, lambda r: r.with_progress("durable", 6), expected=written)
+    if store.dialect == "postgresql":
+        assert ["set_config" in sql for sql in sent] == [True, False]  # folded into the claim, not the next write
+        with store.engine.connect() as conn:
+            assert conn.exec_driver_sql("SHOW synchronous_commit").scalar() == "on"
+    else:  # SQLite waits for no flush at a commit (WAL, synchronous=NORMAL): the same statements either way
+        assert not any("set_config" in sql for sql in sent)
+    assert durable.version == 3
+
+
 def test_a_creation_is_one_statement(store: SqlStore) -> None:
     seen = Statements(store)
     store.create(_record("c1"), max_rows=None)
@@ -137,8 +160,8 @@ def test_the_service_propagates_the_expected_record(store: SqlStore) -> None:
     seen = Statements(store)
     began = service.begin(record.key, Run(1), stale_before_ms=0, expected=record)
     done = service.complete(record.key, {"content": []}, run=Run(1), expected=began)
-    per_write = ["UPDATE", "COMMIT"] if store.dialect == "sqlite" else ["UPDATE"]
-    assert seen.seen == per_write * 2
+    # PostgreSQL: the claim is one statement with `synchronous_commit` off folded in (WITH ... UPDATE).
+    assert seen.seen == (["UPDATE", "COMMIT"] * 2 if store.dialect == "sqlite" else ["WITH", "UPDATE"])
     assert done.status is TaskStatus.COMPLETED and store.get(record.key) == done
 
 

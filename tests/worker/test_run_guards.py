@@ -6,6 +6,7 @@ process and the bridge writes to a SQLite store in a temporary directory.
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import threading
@@ -29,7 +30,8 @@ from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.sql import SqlStore
 from celery_mcp_tasks.worker import bridge
 from celery_mcp_tasks.worker.context import InputTimeout
-from celery_mcp_tasks.worker.job import DISPATCH_HEADER, KEY_HEADER, OUTCOME
+from celery_mcp_tasks.worker.dispatch import message_headers
+from celery_mcp_tasks.worker.job import DISPATCH_HEADER, KEY_HEADER, OUTCOME, RECORD_HEADER
 
 
 @pytest.fixture
@@ -390,7 +392,8 @@ def _statements(tasks: McpTasks) -> list[str]:
 def test_a_job_costs_one_read_and_one_update_to_claim_and_one_update_per_report_and_outcome(
     tasks: McpTasks,
 ) -> None:
-    """Issue 20: each write of the run is one conditional UPDATE on the record the run last saw."""
+    """Issue 20: each write of the run is one conditional UPDATE on the record the run last saw. A message
+    without the dispatch's record (`RECORD_HEADER`: sent by an older release) reads the row once to claim."""
 
     @tasks.mcp_task
     def reporting(ctx: TaskContext) -> str:
@@ -404,6 +407,71 @@ def test_a_job_costs_one_read_and_one_update_to_claim_and_one_update_per_report_
     assert [word for word in seen if word != "BEGIN"] == ["SELECT", "UPDATE", "UPDATE", "UPDATE"]
     done = status(tasks, task_id)
     assert done.status is TaskStatus.COMPLETED and done.progress == 1 and done.version == 4
+
+
+def test_a_message_carrying_its_dispatched_record_claims_with_one_update_and_no_read(tasks: McpTasks) -> None:
+    """Issue 20: the claim is computed on the record the message carries; a whole run is two UPDATEs."""
+    seen_arguments: list[int] = []
+
+    @tasks.mcp_task
+    def carried(n: int) -> str:
+        seen_arguments.append(n)
+        return "done"
+
+    task_id, record = tasks.service().create(owner="alice", tool="carried", arguments={"n": 7})
+    sent = message_headers(record)
+    assert task_id not in sent[RECORD_HEADER] and "arguments" not in json.loads(sent[RECORD_HEADER])
+    seen = _statements(tasks)
+    carried.apply(kwargs={"n": 7}, headers=sent)
+    assert [word for word in seen if word != "BEGIN"] == ["UPDATE", "UPDATE"]  # the claim, the outcome
+    done = status(tasks, task_id)
+    assert seen_arguments == [7] and done.status is TaskStatus.COMPLETED and done.version == 3
+    assert done.owner == "alice" and done.started_at is not None and done.arguments == {"n": 7}
+
+
+def test_a_carried_record_the_row_has_moved_past_decides_nothing(tasks: McpTasks) -> None:
+    """The message's record is only a guess: a cancel, a claim by another copy or a newer dispatch wins."""
+    calls: list[str] = []
+
+    @tasks.mcp_task
+    def guessed() -> str:
+        calls.append("ran")
+        return "ran"
+
+    service = tasks.service()
+    cancelled_id, cancelled = service.create(owner=None, tool="guessed", arguments={})
+    service.cancel(cancelled_id, None)
+    guessed.apply(headers=message_headers(cancelled))
+    assert calls == [] and status(tasks, cancelled_id).status is TaskStatus.CANCELLED
+
+    running_id, running = service.create(owner=None, tool="guessed", arguments={})
+    service.begin(running.key, Run(1), stale_before_ms=0)  # another copy claimed the run and beats
+    guessed.apply(headers=message_headers(running))  # a redelivered copy of the same message
+    assert calls == [] and status(tasks, running_id).status is TaskStatus.WORKING
+
+    old_id, old = service.create(owner=None, tool="guessed", arguments={})
+    service.store.update(old.key, None, lambda r: r.dispatched(0, "sent again", resend=True))  # dispatch 2
+    guessed.apply(headers=message_headers(old))
+    assert calls == [] and status(tasks, old_id).status is TaskStatus.WORKING
+
+
+def test_a_record_header_this_release_cannot_read_falls_back_to_reading_the_row(tasks: McpTasks) -> None:
+    @tasks.mcp_task
+    def unreadable(n: int) -> int:
+        return n
+
+    task_id, record = tasks.service().create(owner=None, tool="unreadable", arguments={"n": 2})
+    sent = {**message_headers(record), RECORD_HEADER: '{"a_field_of_a_newer_release": 1}'}
+    seen = _statements(tasks)
+    unreadable.apply(kwargs={"n": 2}, headers=sent)
+    assert [word for word in seen if word != "BEGIN"] == ["SELECT", "UPDATE", "UPDATE"]
+    assert status(tasks, task_id).status is TaskStatus.COMPLETED
+
+
+def test_a_dispatch_with_answers_carries_no_record_its_run_reads_them_from_the_row(tasks: McpTasks) -> None:
+    service = tasks.service()
+    _, record = service.create(owner=None, tool="any", arguments={}, input_responses={"k": {"ok": True}})
+    assert RECORD_HEADER not in message_headers(record)
 
 
 def test_an_outcome_after_another_writer_moved_the_task_still_lands_right(tasks: McpTasks) -> None:

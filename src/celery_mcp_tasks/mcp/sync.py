@@ -163,6 +163,8 @@ class SyncCalls:
                 hints = await watch.next(min(_SAFETY_REREAD_S, remaining))
                 if hints and all(version is not None and version <= record.version for version in hints.values()):
                     continue  # nothing newer than what was read (the poller's first sight of the row)
+                if hints and _the_claim(record, hints):
+                    continue  # the job started: nothing this call shows, the row is not read for it
             else:
                 await anyio.sleep(min(delay, remaining))
                 delay = min(delay * 1.5, _POLL_MAX_S)
@@ -269,6 +271,15 @@ class SyncCalls:
             except Exception as exc:  # noqa: BLE001 - on the way out: the reaper ends what is left
                 logger.warning("could not cancel a synchronous call's task on shutdown: %s", type(exc).__name__)
         return len(keys)
+
+
+def _the_claim(record: TaskRecord, hints: Mapping[str, int | None]) -> bool:
+    """The hint is for the write right after the one `record` is, on a dispatched run not started yet: the job's
+    claim, but for a rare other writer (an operator's cancel, a claim that could not be written and failed).
+    A claim says only the runtime's "Started" (not reported to the caller: `CallProgress`), so the row is not
+    read for it; should it be another write, the next hint or the safety re-read (`_SAFETY_REREAD_S`) reads it."""
+    fresh = record.status is TaskStatus.WORKING and record.started_at is None and record.dispatches > 0
+    return fresh and set(hints.values()) == {record.version + 1}
 
 
 def _reported(record: TaskRecord) -> tuple[Any, ...]:

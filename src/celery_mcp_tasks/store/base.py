@@ -120,7 +120,13 @@ class Store(Protocol):
         ...
 
     def update(
-        self, key: str, owner: Owner, transition: Transition, *, expected: TaskRecord | None = None
+        self,
+        key: str,
+        owner: Owner,
+        transition: Transition,
+        *,
+        expected: TaskRecord | None = None,
+        durable: bool = True,
     ) -> TaskRecord:
         """Atomically replace the record with `transition(record)` and return the new one.
 
@@ -129,6 +135,9 @@ class Store(Protocol):
         when the row is still at its version the transition is computed on it and
         written at once (no locking read). Otherwise, or when the transition refuses
         it, the transition is computed on the row as it is now, as without it.
+        `durable=False`: the write is as atomic and as visible as any, but its return
+        need not wait until it would survive a crash of the database (a run's claim:
+        losing it only lets the run be claimed again). Durable on return otherwise.
         """
         ...
 

@@ -14,7 +14,9 @@ expected does it take the locking path: BEGIN, `SELECT ... FOR UPDATE` (a slow
 writer is never starved by fast ones; SQLite serializes with `BEGIN IMMEDIATE`),
 the UPDATE, COMMIT. The `ChangeHint` (PostgreSQL's `pg_notify`) is folded into
 the writing statement (`WITH w AS (UPDATE ... RETURNING ...) SELECT pg_notify(...)
-FROM w`), so it goes out at that write's commit and never for a write that missed.
+FROM w`), so it goes out at that write's commit and never for a write that missed. A write that
+need not be durable (a run's claim: `update(durable=False)`) folds `set_config('synchronous_commit',
+'off', true)` in the same way: its commit does not wait for the WAL flush.
 
 A dropped connection is retried once, but never past a write whose outcome is
 unknown (a COMMIT, or an autocommit statement, lost in flight): `create` and
@@ -119,15 +121,21 @@ _INSERT_IF_ROOM = _insert_if_room()
 _NEWER_HEARTBEAT = "heartbeat_at"
 
 
-def _hinted(statement: Any, hinted: bool) -> Any:
+def _hinted(statement: Any, hinted: bool, *, durable: bool = True) -> Any:
     """`statement` (a DML statement with RETURNING) with the change hint folded in when `hinted`:
     `WITH w AS (<statement>) SELECT w.*, pg_notify(:hint_channel, :hint_payload) FROM w`. A row comes
-    back exactly when the statement wrote one, and the hint goes out with that write's commit only."""
-    if not hinted:
+    back exactly when the statement wrote one, and the hint goes out with that write's commit only.
+    Not `durable` (PostgreSQL): `set_config('synchronous_commit', 'off', true)` folded in the same way, so
+    the statement's commit (autocommit: at its end) does not wait for the WAL flush (`SqlStore.update`)."""
+    if not hinted and durable:
         return statement
     written = statement.cte("written")
-    hint = sa.func.pg_notify(sa.bindparam("hint_channel"), sa.bindparam("hint_payload"))
-    return sa.select(*written.c, hint).select_from(written)
+    folded: list[Any] = []
+    if hinted:
+        folded.append(sa.func.pg_notify(sa.bindparam("hint_channel"), sa.bindparam("hint_payload")))
+    if not durable:
+        folded.append(sa.func.set_config("synchronous_commit", "off", sa.true()))
+    return sa.select(*written.c, *folded).select_from(written)
 
 
 @functools.cache
@@ -137,10 +145,10 @@ def _insert_statement(capped: bool, hinted: bool) -> Any:
 
 
 @functools.cache
-def _update_statement(columns: tuple[str, ...], owner: str, hinted: bool, forward: bool) -> Any:
+def _update_statement(columns: tuple[str, ...], owner: str, hinted: bool, forward: bool, durable: bool) -> Any:
     """`UPDATE ... SET <columns> WHERE key AND version [AND owner] RETURNING heartbeat_at` (built once per shape).
 
-    `owner`: "any", "none" or "one" (`_owner_clause`). `forward`: the heartbeat only grows."""
+    `owner`: "any", "none" or "one" (`_owner_clause`). `forward`: the heartbeat only grows. `durable`: see `_hinted`."""
     values: dict[str, Any] = {}
     for name in columns:
         value = sa.bindparam(f"new_{name}", type_=tasks.c[name].type)
@@ -153,7 +161,7 @@ def _update_statement(columns: tuple[str, ...], owner: str, hinted: bool, forwar
     clause = _owner_clause(ANY if owner == "any" else None if owner == "none" else sa.bindparam("cas_owner"))
     if clause is not None:
         query = query.where(clause)
-    return _hinted(query.values(values).returning(tasks.c.heartbeat_at), hinted)
+    return _hinted(query.values(values).returning(tasks.c.heartbeat_at), hinted, durable=durable)
 
 
 @functools.cache
@@ -366,18 +374,28 @@ class SqlStore:
 
     @_reported
     def update(
-        self, key: str, owner: Owner, transition: Transition, *, expected: TaskRecord | None = None
+        self,
+        key: str,
+        owner: Owner,
+        transition: Transition,
+        *,
+        expected: TaskRecord | None = None,
+        durable: bool = True,
     ) -> TaskRecord:
+        """`Store.update`. Not `durable`, on PostgreSQL: the write is atomic and seen by every reader at its
+        commit, as any, but that commit does not wait for the WAL flush (`synchronous_commit` off for that
+        transaction alone), so a database crash right after may lose it; a later durable commit flushes it."""
+        durable = durable or self._sqlite  # SQLite (WAL, synchronous=NORMAL) waits for no flush at commit anyway
         step = transition
         if expected is not None:
-            written, in_doubt = self._swap_expected(key, owner, transition, expected)
+            written, in_doubt = self._swap_expected(key, owner, transition, expected, durable)
             if written is not None:
                 return written
             if in_doubt is not None:  # not applied when settled; it may still land: never apply it twice
                 step = _unless_landed(transition, in_doubt)
         for _ in range(_MAX_CAS_ATTEMPTS):
             try:
-                written = self._swap(key, owner, step)
+                written = self._swap(key, owner, step, durable)
             except _Landed as landed:
                 return landed.record
             except _CommitInDoubt as doubt:
@@ -387,7 +405,7 @@ class SqlStore:
         raise StoreConflict("the task kept changing under this write; try again")
 
     def _swap_expected(
-        self, key: str, owner: Owner, transition: Transition, expected: TaskRecord
+        self, key: str, owner: Owner, transition: Transition, expected: TaskRecord, durable: bool = True
     ) -> tuple[TaskRecord | None, _CommitInDoubt | None]:
         """The transition computed on `expected` and written as ONE conditional UPDATE in autocommit.
 
@@ -410,7 +428,7 @@ class SqlStore:
         changes = _changes(expected, nxt)
         with self.engine.connect() as conn:
             try:
-                row = self._write(conn, key, owner, expected.version, changes, nxt, forward=True)
+                row = self._write(conn, key, owner, expected.version, changes, nxt, forward=True, durable=durable)
                 conn.commit()  # PostgreSQL: autocommit already; SQLite: the BEGIN IMMEDIATE the write took
             except sa.exc.DBAPIError as exc:
                 doubt = _in_doubt(exc, expected, nxt, changes)
@@ -419,7 +437,7 @@ class SqlStore:
         return self._settle(doubt), doubt
 
     @_reconnecting
-    def _swap(self, key: str, owner: Owner, transition: Transition) -> TaskRecord | None:
+    def _swap(self, key: str, owner: Owner, transition: Transition, durable: bool = True) -> TaskRecord | None:
         """One locked compare-and-swap: the record now stored, or None when another writer won (recompute)."""
         with self._locking() as conn:
             conn.begin()
@@ -431,7 +449,7 @@ class SqlStore:
                 conn.rollback()
                 return current
             changes = _changes(current, nxt)
-            if self._write(conn, key, owner, current.version, changes, nxt) is None:
+            if self._write(conn, key, owner, current.version, changes, nxt, durable=durable) is None:
                 conn.rollback()
                 return None
             try:
@@ -450,9 +468,11 @@ class SqlStore:
         nxt: TaskRecord,
         *,
         forward: bool = False,
+        durable: bool = True,
     ) -> Any:
         """`UPDATE ... SET <changes> WHERE key AND version [AND owner] RETURNING heartbeat_at`, the hint
-        folded in: the returned row, or None when it matched nothing. `forward`: the heartbeat only grows."""
+        folded in: the returned row, or None when it matched nothing. `forward`: the heartbeat only grows.
+        `durable`: False folds in `synchronous_commit` off for this write's transaction (`_hinted`)."""
         params: dict[str, Any] = {f"new_{name}": value for name, value in changes.items()}
         params["cas_key"], params["cas_version"] = key, version
         shape = _owner_shape(owner, params, "cas_owner")
@@ -460,7 +480,7 @@ class SqlStore:
         if hint is not None:
             params["hint_channel"], params["hint_payload"] = hint
         forward = forward and changes.get(_NEWER_HEARTBEAT) is not None
-        statement = _update_statement(tuple(changes), shape, hint is not None, forward)
+        statement = _update_statement(tuple(changes), shape, hint is not None, forward, durable)
         return conn.execute(statement, params).first()
 
     def _settle(self, doubt: _CommitInDoubt) -> TaskRecord | None:

@@ -20,7 +20,7 @@ from kombu.exceptions import OperationalError
 from celery_mcp_tasks.config import redact_url
 from celery_mcp_tasks.model import TaskRecord, celery_message_id
 from celery_mcp_tasks.ops.propagation import sending
-from celery_mcp_tasks.worker.job import DISPATCH_HEADER, HIDDEN_ARGS, KEY_HEADER, JobTool
+from celery_mcp_tasks.worker.job import DISPATCH_HEADER, HIDDEN_ARGS, KEY_HEADER, RECORD_HEADER, JobTool, record_header
 from celery_mcp_tasks.worker.revoker import BackgroundRevoker, warn_unless_pool_terminates
 
 logger = logging.getLogger("celery_mcp_tasks.worker")
@@ -35,6 +35,16 @@ def celery_id(record: TaskRecord) -> str:
     return celery_message_id(record.key, record.dispatches)
 
 
+def message_headers(record: TaskRecord) -> dict[str, Any]:
+    """The headers of the message sending `record`'s dispatch: the row key, the dispatch, and the record the
+    job's claim is computed on (`job.RECORD_HEADER`, when it carries no payload besides the arguments)."""
+    headers: dict[str, Any] = {KEY_HEADER: record.key, DISPATCH_HEADER: record.dispatches}
+    carried = record_header(record)
+    if carried is not None:
+        headers[RECORD_HEADER] = carried
+    return headers
+
+
 class CeleryDispatcher:
     def __init__(self, app: Celery, tools: Mapping[str, JobTool], *, revoker: BackgroundRevoker | None = None) -> None:
         self.app = app
@@ -44,7 +54,7 @@ class CeleryDispatcher:
 
     def __call__(self, record: TaskRecord) -> None:
         tool = self.tools[record.tool]
-        headers: dict[str, Any] = {KEY_HEADER: record.key, DISPATCH_HEADER: record.dispatches}
+        headers = message_headers(record)
         try:
             with sending(record.trace_context, headers):  # the task's trace context, in the message headers
                 self.app.send_task(

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import contextvars
 import inspect
+import json
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import fields
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from celery import Task
@@ -25,7 +27,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent
 from pydantic import ValidationError
 
-from celery_mcp_tasks.model import Run, RunInProgress, Superseded, TerminalTask, now_ms
+from celery_mcp_tasks.model import Run, RunInProgress, Superseded, TaskRecord, TaskStatus, TerminalTask, now_ms
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.base import TaskNotFound
 from celery_mcp_tasks.worker.context import EndRun, HandedOff, InputRequested, TaskContext
@@ -40,6 +42,13 @@ KEY_HEADER = "mcp_task_key"
 """Celery message header carrying the row key (a hash; never the task id)."""
 DISPATCH_HEADER = "mcp_task_dispatch"
 """Which dispatch of the task this message is; an older message than the row's is superseded."""
+RECORD_HEADER = "mcp_task_record"
+"""The task's record as its dispatch left it, but for the payloads (the arguments are the message's kwargs):
+what the job's claim is computed on, so starting a run is one conditional UPDATE on that version and no
+read. A row that moved since (a redelivered copy, a retry, a cancel) makes the UPDATE miss, and the claim
+is decided on the row as it is then. Only for a dispatch with no input requests or answers (`record_header`)."""
+_PAYLOADS = frozenset({"key", "arguments", "input_requests", "input_responses", "result", "error"})
+_CARRIED = tuple(f.name for f in fields(TaskRecord) if f.name not in _PAYLOADS)
 HIDDEN_ARGS = {"argsrepr": "()", "kwargsrepr": "<tool arguments are not logged>"}
 """What Celery's logs and events (Flower) show instead of an MCP task's arguments."""
 RUN_END = "mcp_run_end"
@@ -147,6 +156,36 @@ def run_of(request: Any, *, next_attempt: bool = False) -> Run | None:
     return Run(int(dispatch), int(retries) + (1 if next_attempt else 0))
 
 
+def record_header(record: TaskRecord) -> str | None:
+    """`RECORD_HEADER`'s value for the message sending `record`'s dispatch, or None when the record holds a
+    payload besides its arguments (input requests or answers: a resumed run reads them from the row)."""
+    if record.input_requests or record.input_responses or record.result is not None or record.error is not None:
+        return None
+    carried = {name: getattr(record, name) for name in _CARRIED}
+    carried["status"] = record.status.value
+    return json.dumps(carried, separators=(",", ":"))
+
+
+def dispatched_record(request: Any, key: str, run: Run) -> TaskRecord | None:
+    """The record a message's `RECORD_HEADER` carries (its arguments: the message's kwargs), or None without
+    one, for another dispatch, or one this version cannot read (a web process of another release)."""
+    text = _header(request, RECORD_HEADER)
+    if not isinstance(text, str):
+        return None
+    try:
+        carried = json.loads(text)
+        if not isinstance(carried, dict) or set(carried) != set(_CARRIED):
+            return None
+        record = TaskRecord(
+            key=key,
+            arguments=dict(getattr(request, "kwargs", None) or {}),
+            **{**carried, "status": TaskStatus(carried["status"]), "issued_keys": tuple(carried["issued_keys"])},
+        )
+    except (TypeError, ValueError):
+        return None
+    return record if record.dispatches == run.dispatch else None
+
+
 def current_context() -> TaskContext:
     return _current.get() or TaskContext.detached()
 
@@ -187,7 +226,10 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
         interval = self.mcp_runtime.heartbeat_interval_s
         run = run_of(self.request)
         try:
-            found = service.record(key)  # what the claim is computed on: one read, then one conditional UPDATE
+            # What the claim is computed on: the record the message carries (no read), else the row (one read).
+            found = None if run is None else dispatched_record(self.request, key, run)
+            if found is None:
+                found = service.record(key)
             if found is None:
                 raise TaskNotFound()
             if run is None:  # a message from before the dispatch header: adopt the current run
