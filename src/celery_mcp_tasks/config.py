@@ -214,6 +214,12 @@ class Settings:
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     console_token: str | None = field(default=None, repr=False)
     console_payloads: bool = False
+    # Per-principal quotas (None: unlimited, the default) and idempotent creation's secret.
+    quota_active: int | None = None
+    quota_active_per_tool: int | None = None
+    quota_creations: int | None = None
+    quota_window_s: float = 60.0
+    idempotency_secret: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         _one_of("MCP_TASKS_JANITOR", self.janitor, _JANITOR_MODES)
@@ -241,6 +247,20 @@ class Settings:
             raise ConfigError(
                 f"MCP_TASKS_CONSOLE_TOKEN: the operators' token must be at least {MIN_CONSOLE_TOKEN_BYTES} bytes "
                 f"(got {len(self.console_token.encode())}); generate one with `openssl rand -base64 32`"
+            )
+        for name, limit in (
+            ("MCP_TASKS_QUOTA_ACTIVE", self.quota_active),
+            ("MCP_TASKS_QUOTA_ACTIVE_PER_TOOL", self.quota_active_per_tool),
+            ("MCP_TASKS_QUOTA_CREATIONS", self.quota_creations),
+        ):
+            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+                raise ConfigError(f"{name}: expected an integer >= 1 or none, got {limit!r}")
+        if not self.quota_window_s > 0:
+            raise ConfigError(f"MCP_TASKS_QUOTA_WINDOW_S: must be > 0, got {self.quota_window_s!r}")
+        if self.idempotency_secret is not None and len(self.idempotency_secret.encode()) < MIN_SECRET_BYTES:
+            raise ConfigError(
+                f"MCP_TASKS_IDEMPOTENCY_SECRET: must be at least {MIN_SECRET_BYTES} bytes "
+                f"(got {len(self.idempotency_secret.encode())}); generate one with `openssl rand -base64 48`"
             )
         if self.stale_timeout_s < 1:
             raise ConfigError(
@@ -291,6 +311,12 @@ class Settings:
             # The operators' console: who may look, and whether payloads may be revealed.
             "console_token": (env.get("MCP_TASKS_CONSOLE_TOKEN") or "").strip() or None,
             "console_payloads": _switch(env, "MCP_TASKS_CONSOLE_PAYLOADS", False),
+            # Per-principal quotas: unlimited unless set (MCP_TASKS_QUOTA_*), decided by the store.
+            "quota_active": _int(env, "MCP_TASKS_QUOTA_ACTIVE", None, allow_none=True),
+            "quota_active_per_tool": _int(env, "MCP_TASKS_QUOTA_ACTIVE_PER_TOOL", None, allow_none=True),
+            "quota_creations": _int(env, "MCP_TASKS_QUOTA_CREATIONS", None, allow_none=True),
+            "quota_window_s": _float(env, "MCP_TASKS_QUOTA_WINDOW_S", 60.0),
+            "idempotency_secret": (env.get("MCP_TASKS_IDEMPOTENCY_SECRET") or "").strip() or None,
             # A rotation ring: the first secret seals, every one unseals (comma-separated).
             "request_state_secrets": tuple(
                 s.strip() for s in (env.get("MCP_TASKS_REQUEST_STATE_SECRET") or "").split(",") if s.strip()
