@@ -35,6 +35,8 @@ WRONG = [
     ("MCP_TASKS_QUOTA_WINDOW_S", "-60", "must be > 0"),
     ("MCP_TASKS_QUOTA_WINDOW_S", "a minute", "expected a number of seconds"),
     ("MCP_TASKS_IDEMPOTENCY_SECRET", "short", "at least 32 bytes"),
+    ("MCP_TASKS_FAIR_QUEUES", "1", "must be >= 2"),
+    ("MCP_TASKS_FAIR_QUEUES", "many", "expected an integer or none"),
 ]
 
 

@@ -45,6 +45,7 @@ from celery_mcp_tasks.store.sql import SqlStore
 from celery_mcp_tasks.worker import bridge
 from celery_mcp_tasks.worker.context import TaskContext
 from celery_mcp_tasks.worker.dispatch import CeleryDispatcher
+from celery_mcp_tasks.worker.fairness import consume_shards
 from celery_mcp_tasks.worker.janitor import MetricHook, SweepReport, install_janitor, ledger_of, sweep
 from celery_mcp_tasks.worker.job import McpJob, McpTaskDecorator, McpTaskJob, WorkerRuntime, make_run
 from celery_mcp_tasks.worker.startup import install_startup
@@ -109,6 +110,8 @@ def configure_celery(app: Celery, settings: Settings) -> None:
     conf.broker_connection_retry_on_startup = True
     if settings.queue:
         conf.task_default_queue = settings.queue
+    if settings.fair_queues is not None:
+        consume_shards(conf, settings.fair_queues)
 
 
 class _DefaultHostWarning(logging.Filter):
@@ -171,7 +174,7 @@ class McpTasks:
         configure_celery(self.celery, self.settings)
         self._tools: dict[str, TaskTool] = {}
         self._metric = metric
-        self._dispatcher = CeleryDispatcher(self.celery, self._tools)
+        self._dispatcher = CeleryDispatcher(self.celery, self._tools, fair_queues=self.settings.fair_queues)
         self._push = Push(self.settings, notifier=notifier, broker=BrokerAccess.of(self.celery))
         self._lock = threading.Lock()
         self._service: TaskService | None = None

@@ -219,6 +219,7 @@ class Settings:
     quota_active_per_tool: int | None = None
     quota_creations: int | None = None
     quota_window_s: float = 60.0
+    fair_queues: int | None = None
     idempotency_secret: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -255,6 +256,8 @@ class Settings:
         ):
             if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
                 raise ConfigError(f"{name}: expected an integer >= 1 or none, got {limit!r}")
+        if self.fair_queues is not None and (isinstance(self.fair_queues, bool) or self.fair_queues < 2):
+            raise ConfigError(f"MCP_TASKS_FAIR_QUEUES: expected an integer >= 2 or none, got {self.fair_queues!r}")
         if not self.quota_window_s > 0:
             raise ConfigError(f"MCP_TASKS_QUOTA_WINDOW_S: must be > 0, got {self.quota_window_s!r}")
         if self.idempotency_secret is not None and len(self.idempotency_secret.encode()) < MIN_SECRET_BYTES:
@@ -316,6 +319,7 @@ class Settings:
             "quota_active_per_tool": _int(env, "MCP_TASKS_QUOTA_ACTIVE_PER_TOOL", None, allow_none=True),
             "quota_creations": _int(env, "MCP_TASKS_QUOTA_CREATIONS", None, allow_none=True),
             "quota_window_s": _float(env, "MCP_TASKS_QUOTA_WINDOW_S", 60.0),
+            "fair_queues": _int(env, "MCP_TASKS_FAIR_QUEUES", None, minimum=2, allow_none=True),
             "idempotency_secret": (env.get("MCP_TASKS_IDEMPOTENCY_SECRET") or "").strip() or None,
             # A rotation ring: the first secret seals, every one unseals (comma-separated).
             "request_state_secrets": tuple(
