@@ -263,6 +263,12 @@ class McpTasks:
     def preflight(self, role: str, *, need_schema: bool = True) -> None:
         """Raise `ConfigError` if a `role` process ("serve", "worker", "beat") must not start; once per start."""
         preflight(self.settings, role=role, need_schema=need_schema, broker_url=str(self.celery.conf.broker_url))
+        derived = sorted(tool.name for tool in self._tools.values() if tool.idempotency_key is not None)
+        if role == "serve" and derived and self.settings.idempotency_secret is None:
+            raise ConfigError(
+                f"MCP_TASKS_IDEMPOTENCY_SECRET: task tools {', '.join(derived)} derive idempotency keys;"
+                " set a secret of at least 32 bytes, the same in every web process"
+            )
 
     def _startup_lines(self) -> list[str]:
         return [
@@ -339,11 +345,6 @@ class McpTasks:
         idempotency_key: IdempotencyKey | None = None,
         **celery_options: Any,
     ) -> McpTaskJob[_R]:
-        if idempotency_key is not None and self.settings.idempotency_secret is None:
-            raise ConfigError(
-                f"MCP_TASKS_IDEMPOTENCY_SECRET: task tool {name or fn.__name__!r} derives idempotency keys;"
-                " set a secret of at least 32 bytes, shared by every web process"
-            )
         tool = TaskTool(
             fn=fn,
             context_type=TaskContext,

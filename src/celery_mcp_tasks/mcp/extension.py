@@ -180,6 +180,9 @@ class TasksExtension(Extension):
 
         owner = current_principal()
         idempotency_key = sent_key if sent_key is not None else tool.derived_idempotency_key(arguments)
+        if idempotency_key is not None and sent_key is None and self._service().idempotency_secret is None:
+            # `serve` refuses to start so; a server started otherwise must not run the job twice either
+            raise internal(f"Tool {tool.name} derives idempotency keys, and this server has no secret to derive ids")
         create = partial(
             self._create,
             tool=tool,

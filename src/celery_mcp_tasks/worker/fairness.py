@@ -43,7 +43,7 @@ def routed_queue(celery: Any, celery_name: str) -> str:
 
 def consume_shards(conf: Any, shards: int) -> None:
     """Declare the default queue's shards beside it in `task_queues`, so a `celery worker` without
-    `-Q` consumes them all (a worker given `-Q` must name them: `celery-mcp-tasks doctor` lists them)."""
+    `-Q` consumes them all (a worker given `-Q` must name them too)."""
     default = str(conf.task_default_queue)
     queues = list(conf.task_queues or ())
     if not queues:
