@@ -36,6 +36,7 @@ WRONG = [
     ("MCP_TASKS_QUOTA_WINDOW_S", "a minute", "expected a number of seconds"),
     ("MCP_TASKS_IDEMPOTENCY_SECRET", "short", "at least 32 bytes"),
     ("MCP_TASKS_FAIR_QUEUES", "1", "must be >= 2"),
+    ("MCP_TASKS_QUOTA_ANONYMOUS", "per_ip", "expected one of shared, per_client"),
     ("MCP_TASKS_FAIR_QUEUES", "many", "expected an integer or none"),
 ]
 

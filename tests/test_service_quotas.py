@@ -233,3 +233,14 @@ def test_without_a_quota_a_creation_is_one_statement(store: SqlStore, clock: Clo
     finally:
         sa.event.remove(store.engine, "before_cursor_execute", record)
     assert len(statements) == 2 and all(s.lstrip().upper().startswith(("INSERT", "WITH")) for s in statements)
+
+
+def test_anonymous_callers_told_apart_have_a_quota_each(service: TaskService) -> None:
+    quota = Quota(active=1, creations=5)
+    service.create(owner=None, tool="t", arguments={}, quota=quota, caller="client-1")
+    refusal = refused(lambda: service.create(owner=None, tool="t", arguments={}, quota=quota, caller="client-1"))
+    assert refusal.limit == "active"
+    _, other = service.create(owner=None, tool="t", arguments={}, quota=quota, caller="client-2")
+    assert other.caller == "client-2"
+    # an authenticated caller is its owner: a caller value is not kept for it
+    assert service.create(owner="sub:a", tool="t", arguments={}, quota=quota, caller="client-1")[1].caller is None

@@ -193,6 +193,7 @@ class McpTasks:
             sealed_state=lambda: request_state_sealed(self.server),
             quota=quota_of(self.settings),
             refused=_refusals([p for p in self._plugins if overrides(p, "creation_refused")]),
+            anonymous_per_client=self.settings.quota_anonymous == "per_client",
         )
         bus = listen_bus(server_options)
         self._shared_state = share_request_state(self.settings, server_options)  # MCP_TASKS_REQUEST_STATE_SECRET

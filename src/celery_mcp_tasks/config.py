@@ -26,6 +26,7 @@ _NOTIFY_MODES = ("auto", "postgres", "broker", "poll", "off")
 _JANITOR_MODES = ("beat", "worker")
 _LOG_FORMATS = ("text", "json")
 _TRACING_MODES = ("off", "on", "otlp", "console")
+_ANONYMOUS_QUOTAS = ("shared", "per_client")
 # Settings that once meant something and are now ignored when set (a warning, never an error):
 # MCP_TASKS_LISTEN_ENTRY chose a second HTTP entry for `subscriptions/listen`, removed in issue 20.
 RETIRED_SETTINGS = ("MCP_TASKS_LISTEN_ENTRY",)
@@ -219,6 +220,7 @@ class Settings:
     quota_active_per_tool: int | None = None
     quota_creations: int | None = None
     quota_window_s: float = 60.0
+    quota_anonymous: str = "shared"
     fair_queues: int | None = None
     idempotency_secret: str | None = field(default=None, repr=False)
 
@@ -226,6 +228,7 @@ class Settings:
         _one_of("MCP_TASKS_JANITOR", self.janitor, _JANITOR_MODES)
         _one_of("MCP_TASKS_LOG_FORMAT", self.log_format, _LOG_FORMATS)
         _one_of("MCP_TASKS_TRACING", self.tracing, _TRACING_MODES)
+        _one_of("MCP_TASKS_QUOTA_ANONYMOUS", self.quota_anonymous, _ANONYMOUS_QUOTAS)
         for secret in self.request_state_secrets:
             if len(secret.encode()) < MIN_SECRET_BYTES:
                 raise ConfigError(
@@ -319,6 +322,7 @@ class Settings:
             "quota_active_per_tool": _int(env, "MCP_TASKS_QUOTA_ACTIVE_PER_TOOL", None, allow_none=True),
             "quota_creations": _int(env, "MCP_TASKS_QUOTA_CREATIONS", None, allow_none=True),
             "quota_window_s": _float(env, "MCP_TASKS_QUOTA_WINDOW_S", 60.0),
+            "quota_anonymous": (env.get("MCP_TASKS_QUOTA_ANONYMOUS") or "shared").strip().lower(),
             "fair_queues": _int(env, "MCP_TASKS_FAIR_QUEUES", None, minimum=2, allow_none=True),
             "idempotency_secret": (env.get("MCP_TASKS_IDEMPOTENCY_SECRET") or "").strip() or None,
             # A rotation ring: the first secret seals, every one unseals (comma-separated).

@@ -203,6 +203,7 @@ class TaskRecord:
     progress: float | None = None  # the job's last reported `current` (kept until the next report)
     progress_total: float | None = None  # the job's last reported `total` (None: unknown)
     trace_context: str | None = None  # W3C `traceparent` of the call that created the task (tracing on)
+    caller: str | None = None  # an anonymous caller's quota identity (a hash of its address); None: the owner
 
     @property
     def terminal(self) -> bool:

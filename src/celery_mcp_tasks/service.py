@@ -132,6 +132,7 @@ class TaskService:
         trace_context: str | None = None,
         quota: Quota | None = None,
         idempotency_key: str | None = None,
+        caller: str | None = None,
     ) -> tuple[str, TaskRecord]:
         """Store a new `working` task, then send its job. Returns (task id, record).
 
@@ -139,7 +140,8 @@ class TaskService:
         is stored. `idempotency_key`: the id is derived from the secret, the owner, the tool
         and the key, so a retry meets the row its first call stored and gets that task back
         (no second job) while the task is unexpired; the same key with other arguments raises
-        `IdempotencyKeyReused`. If sending fails
+        `IdempotencyKeyReused`. `caller`: which anonymous client the quota counts this for
+        (None: the owner, or all anonymous callers as one). If sending fails
         the task is marked `failed` and the failed record is returned:
         the client learns an id only for a row that exists and tells the truth.
         `input_responses` seeds answers gathered before the task existed (MRTR);
@@ -168,6 +170,7 @@ class TaskService:
             input_responses=dict(input_responses or {}),
             issued_keys=tuple(input_responses or ()),
             trace_context=trace_context,
+            caller=caller if owner is None else None,
         )
         will_send = dispatch and self.dispatcher is not None
         if will_send:  # the first dispatch is part of the insert: one write, then the send

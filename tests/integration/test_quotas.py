@@ -51,6 +51,19 @@ def rated_url(deployment: Deployment) -> str:
     )
 
 
+@pytest.fixture(scope="module")
+def anonymous_url(backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The docs' example app (no authentication), counting anonymous callers per client address."""
+    log_dir = tmp_path_factory.mktemp(f"anonymous-{backend.name}")
+    with Deployment("examples.guide.many_callers", backend, log_dir) as deployment:
+        yield deployment.web(
+            "web-anonymous",
+            MCP_TASKS_IDEMPOTENCY_SECRET=SECRET,
+            MCP_TASKS_QUOTA_ANONYMOUS="per_client",
+            MCP_TASKS_QUOTA_ACTIVE="1",
+        )
+
+
 def caller(url: str, **kwargs: Any) -> McpHttp:
     return McpHttp(url, headers={"Authorization": f"Bearer caller-{uuid.uuid4().hex[:12]}"}, **kwargs)
 
@@ -289,3 +302,17 @@ def test_refusals_are_counted_by_tool_never_by_caller(deployment: Deployment) ->
     assert 'mcp_tasks_refused_total{limit="active",tool="asks"} 1.0' in text
     assert "caller-" not in text
     client.close()
+
+
+def test_anonymous_callers_can_have_a_quota_per_client_address(anonymous_url: str) -> None:
+    """uvicorn takes the client's address from a trusted proxy's X-Forwarded-For (here: the test, on loopback)."""
+    first = McpHttp(anonymous_url, headers={"X-Forwarded-For": "192.0.2.10"})
+    second = McpHttp(anonymous_url, headers={"X-Forwarded-For": "192.0.2.11"})
+    label = f"anonymous-{uuid.uuid4().hex[:8]}"
+    first.create("export", {"report": label})  # no worker: it stays unfinished
+    refusal = first.call_tool("export", {"report": label})["error"]
+    assert refusal["code"] == -32029 and refusal["data"]["limit"] == "active"
+    second.create("export", {"report": label})  # another client: a quota of its own
+    assert "192.0.2" not in json.dumps(refusal)
+    first.close()
+    second.close()

@@ -32,7 +32,7 @@ from mcp.server.extension import Extension, MethodBinding
 from mcp_types import CallToolRequestParams, InputRequiredResult
 from pydantic import ValidationError
 
-from celery_mcp_tasks.mcp.principal import current_principal
+from celery_mcp_tasks.mcp.principal import anonymous_caller, current_principal
 from celery_mcp_tasks.mcp.sync import SyncCalls
 from celery_mcp_tasks.mcp.toolspec import TaskTool
 from celery_mcp_tasks.mcp.wire import (
@@ -79,7 +79,8 @@ class TasksExtension(Extension):
     the SDK seals `requestState` on this server (a synchronous 2026-07-28 call
     asks its job's questions by MRTR only then). `quota`: each principal's limits (a tool's
     `max_active` replaces `active_tool`); None: no quota, and creating costs nothing more.
-    `refused(tool, limit)`: told of each creation a quota refused (metrics).
+    `refused(tool, limit)`: told of each creation a quota refused (metrics). `anonymous_per_client`:
+    anonymous callers' quotas count per client address (`principal.anonymous_caller`), not as one.
     """
 
     identifier = EXTENSION_ID
@@ -96,9 +97,11 @@ class TasksExtension(Extension):
         sealed_state: Callable[[], bool] | None = None,
         quota: Quota | None = None,
         refused: Callable[[str, str], None] | None = None,
+        anonymous_per_client: bool = False,
     ) -> None:
         self._tools = tools
         self._quota = quota
+        self._per_client = anonymous_per_client
         self._refused = refused
         self._service = service
         self._known_tool = known_tool
@@ -192,6 +195,7 @@ class TasksExtension(Extension):
             message="Queued" if with_tasks else None,
             idempotency_key=idempotency_key,
             key_sent=sent_key is not None,
+            caller=anonymous_caller(ctx.request) if owner is None and self._per_client else None,
         )
         task_id, record = await self._run(create, "tools/call")
         if with_tasks:
@@ -209,12 +213,14 @@ class TasksExtension(Extension):
         message: str | None,
         idempotency_key: str | None = None,
         key_sent: bool = False,
+        caller: str | None = None,
     ) -> tuple[str, TaskRecord]:
         service = self._service()
         options: dict[str, Any] = {}
         quota = self._quota_of(tool)
         if quota is not None:
             options["quota"] = quota
+            options["caller"] = caller
         if idempotency_key is not None:
             options["idempotency_key"] = idempotency_key
         if tool.ttl_ms != "default":

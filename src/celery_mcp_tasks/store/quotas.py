@@ -29,19 +29,25 @@ _TERMINAL_VALUES = [status.value for status in TERMINAL]
 _LOCK = sa.select(sa.func.pg_advisory_xact_lock(sa.bindparam("lock", type_=sa.BigInteger)))
 
 
-def lock_id(owner: str | None) -> int:
-    """The principal's advisory lock: 64 bits of a hash that no other use of advisory locks shares."""
-    digest = hashlib.sha256(b"celery-mcp-tasks quota\0" + (b"\1" if owner is None else b"\2" + owner.encode())).digest()
+def lock_id(owner: str | None, caller: str | None = None) -> int:
+    """The caller's advisory lock: 64 bits of a hash that no other use of advisory locks shares."""
+    who = b"\2" + owner.encode() if owner is not None else b"\1" + (caller or "").encode()
+    digest = hashlib.sha256(b"celery-mcp-tasks quota\0" + who).digest()
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
-def lock_principal(conn: Connection, owner: str | None) -> None:
-    """Serialize this principal's quota-checked creations until the transaction ends (PostgreSQL)."""
-    conn.execute(_LOCK, {"lock": lock_id(owner)})
+def lock_caller(conn: Connection, record: TaskRecord) -> None:
+    """Serialize this caller's quota-checked creations until the transaction ends (PostgreSQL)."""
+    conn.execute(_LOCK, {"lock": lock_id(record.owner, record.caller)})
 
 
-def _owner(anonymous: bool) -> Any:
-    return tasks.c.owner.is_(None) if anonymous else tasks.c.owner == sa.bindparam("q_owner")
+def _owner(anonymous: bool, per_client: bool = False) -> Any:
+    """The caller's rows: its owner's, or an anonymous caller's (all of them, or one client's)."""
+    if not anonymous:
+        return tasks.c.owner == sa.bindparam("q_owner")
+    if per_client:
+        return sa.and_(tasks.c.owner.is_(None), tasks.c.caller == sa.bindparam("q_caller"))
+    return tasks.c.owner.is_(None)
 
 
 def _bounded(limit: str, *where: Any) -> Any:
@@ -51,25 +57,26 @@ def _bounded(limit: str, *where: Any) -> Any:
 
 
 @functools.cache
-def _counts(anonymous: bool, active: bool, active_tool: bool, creations: bool) -> Any:
+def _counts(anonymous: bool, per_client: bool, active: bool, active_tool: bool, creations: bool) -> Any:
     """One SELECT of the bounded counts a quota needs (built once per shape)."""
     live = tasks.c.status.not_in(_TERMINAL_VALUES)
+    mine = _owner(anonymous, per_client)
     columns = []
     if active_tool:
-        columns.append(_bounded("q_active_tool", _owner(anonymous), live, tasks.c.tool == sa.bindparam("q_tool")))
+        columns.append(_bounded("q_active_tool", mine, live, tasks.c.tool == sa.bindparam("q_tool")))
     if active:
-        columns.append(_bounded("q_active", _owner(anonymous), live))
+        columns.append(_bounded("q_active", mine, live))
     if creations:
-        columns.append(_bounded("q_creations", _owner(anonymous), tasks.c.created_at > sa.bindparam("q_since")))
+        columns.append(_bounded("q_creations", mine, tasks.c.created_at > sa.bindparam("q_since")))
     return sa.select(*columns)
 
 
 @functools.cache
-def _nth_newest(anonymous: bool) -> Any:
+def _nth_newest(anonymous: bool, per_client: bool) -> Any:
     """The creation time of the principal's n-th newest task in the window: when it leaves, there is room."""
     return (
         sa.select(tasks.c.created_at)
-        .where(_owner(anonymous), tasks.c.created_at > sa.bindparam("q_since"))
+        .where(_owner(anonymous, per_client), tasks.c.created_at > sa.bindparam("q_since"))
         .order_by(tasks.c.created_at.desc())
         .offset(sa.bindparam("q_offset"))
         .limit(1)
@@ -79,9 +86,12 @@ def _nth_newest(anonymous: bool) -> Any:
 def refusal(conn: Connection, record: TaskRecord, quota: Quota) -> QuotaExceeded | None:
     """Why `quota` refuses `record` now (the first limit reached), or None when there is room."""
     anonymous = record.owner is None
+    per_client = anonymous and record.caller is not None
     params: dict[str, Any] = {"q_since": record.created_at - quota.window_ms}
     if not anonymous:
         params["q_owner"] = record.owner
+    if per_client:
+        params["q_caller"] = record.caller
     checks: list[tuple[str, int]] = []
     if quota.active_tool is not None:
         params["q_active_tool"], params["q_tool"] = quota.active_tool, record.tool
@@ -92,7 +102,9 @@ def refusal(conn: Connection, record: TaskRecord, quota: Quota) -> QuotaExceeded
     if quota.creations is not None:
         params["q_creations"] = quota.creations
         checks.append(("creations", quota.creations))
-    statement = _counts(anonymous, quota.active is not None, quota.active_tool is not None, quota.creations is not None)
+    statement = _counts(
+        anonymous, per_client, quota.active is not None, quota.active_tool is not None, quota.creations is not None
+    )
     counts = conn.execute(statement, params).one()
     for (limit, allowed), count in zip(checks, counts, strict=True):
         if count < allowed:
@@ -100,7 +112,7 @@ def refusal(conn: Connection, record: TaskRecord, quota: Quota) -> QuotaExceeded
         retry_after_ms = None
         if limit == "creations":
             params["q_offset"] = allowed - 1
-            leaving = conn.execute(_nth_newest(anonymous), params).scalar()
+            leaving = conn.execute(_nth_newest(anonymous, per_client), params).scalar()
             retry_after_ms = 1 if leaving is None else max(leaving + quota.window_ms - record.created_at, 1)
         return QuotaExceeded(limit, allowed, retry_after_ms, quota.window_ms)
     return None

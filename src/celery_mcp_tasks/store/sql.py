@@ -368,7 +368,7 @@ class SqlStore:
         with self._locking() as conn:
             conn.begin()
             if not self._sqlite:
-                quotas.lock_principal(conn, record.owner)
+                quotas.lock_caller(conn, record)
             found = self._select(conn, record.key, ANY) if idempotent else None
             if found is not None:  # a retry of a creation that counted already
                 conn.rollback()
