@@ -294,12 +294,14 @@ class McpHttp:
         name: str | None = None,
         headers: dict[str, str] | None = None,
         capabilities: dict[str, Any] | None = None,
+        meta: dict[str, Any] | None = None,
     ) -> httpx.Response:
         self._next_id += 1
         body_params = dict(params or {})
         body_params["_meta"] = {
             "io.modelcontextprotocol/protocolVersion": PROTOCOL,
             "io.modelcontextprotocol/clientCapabilities": self.capabilities if capabilities is None else capabilities,
+            **(meta or {}),
         }
         sent = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": PROTOCOL, "Mcp-Method": method}
         if name is not None:

@@ -28,6 +28,16 @@ WRONG = [
     ("MCP_TASKS_MAX_SENDS", "0", "must be >= 1"),
     ("MCP_TASKS_NOTIFY", "carrier-pigeon", "expected one of"),
     ("CELERY_BROKER_URL", "localhost:6379", "expected a URL"),
+    ("MCP_TASKS_QUOTA_ACTIVE", "-1", "must be >= 1"),
+    ("MCP_TASKS_QUOTA_ACTIVE", "ten", "expected an integer or none"),
+    ("MCP_TASKS_QUOTA_ACTIVE_PER_TOOL", "0", "must be >= 1"),
+    ("MCP_TASKS_QUOTA_CREATIONS", "2.5", "expected an integer or none"),
+    ("MCP_TASKS_QUOTA_WINDOW_S", "-60", "must be > 0"),
+    ("MCP_TASKS_QUOTA_WINDOW_S", "a minute", "expected a number of seconds"),
+    ("MCP_TASKS_IDEMPOTENCY_SECRET", "short", "at least 32 bytes"),
+    ("MCP_TASKS_FAIR_QUEUES", "1", "must be >= 2"),
+    ("MCP_TASKS_QUOTA_ANONYMOUS", "per_ip", "expected one of shared, per_client"),
+    ("MCP_TASKS_FAIR_QUEUES", "many", "expected an integer or none"),
 ]
 
 
@@ -47,6 +57,17 @@ def test_the_defaults_and_the_off_switches_are_valid() -> None:
         {"MCP_TASKS_DATABASE_URL": "postgresql://db/tasks", "CELERY_BROKER_URL": "redis://r"}
     )
     assert (production.stale_timeout_s, production.janitor_interval_s) == (300.0, 60.0)
+
+
+def test_quotas_are_off_by_default_and_unlimited_turns_one_off() -> None:
+    settings = Settings.from_env({"MCP_TASKS_QUOTA_ACTIVE": "unlimited", "MCP_TASKS_QUOTA_CREATIONS": "100"})
+    assert (settings.quota_active, settings.quota_active_per_tool, settings.quota_creations) == (None, None, 100)
+    assert Settings.from_env({}).quota_creations is None and Settings.from_env({}).idempotency_secret is None
+
+
+def test_a_quota_given_in_code_is_checked_too() -> None:
+    with pytest.raises(ConfigError, match=r"^MCP_TASKS_QUOTA_ACTIVE: expected an integer >= 1 or none, got -2$"):
+        Settings(quota_active=-2)
 
 
 def test_the_embedded_default_recovers_lost_work_in_seconds() -> None:

@@ -16,10 +16,12 @@ from celery_mcp_tasks import ConfigError, McpTasks
 from celery_mcp_tasks import preflight as preflight_module
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.migrate import downgrade, upgrade
-from celery_mcp_tasks.preflight import preflight
+from celery_mcp_tasks.preflight import preflight, script_heads
 from celery_mcp_tasks.store.schema import VERSION_TABLE
 from tests.conftest import needs_postgres
 from tests.support import POSTGRES_URL, free_port, fresh_postgres_database
+
+(HEAD,) = script_heads()[0]  # the package's newest migration
 
 
 def refusal(settings: Settings, **kwargs: object) -> str:
@@ -43,7 +45,7 @@ def test_the_embedded_store_before_its_first_upgrade_is_refused_and_not_created(
 def test_a_schema_behind_head_is_refused_and_one_at_head_passes(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path)
     upgrade(settings.store_url, "0001")
-    assert "is at revision 0001, behind 0006; run `celery-mcp-tasks db upgrade`" in refusal(settings, role="beat")
+    assert f"is at revision 0001, behind {HEAD}; run `celery-mcp-tasks db upgrade`" in refusal(settings, role="beat")
     preflight(settings, role="serve", need_schema=False)  # serve migrates right after this one
     upgrade(settings.store_url)
     preflight(settings, role="serve")

@@ -33,18 +33,19 @@ from celery_mcp_tasks.mcp.serving import (
     with_body_limit_message,
     with_serving,
 )
-from celery_mcp_tasks.mcp.toolspec import Prepare, TaskMode, TaskTool
+from celery_mcp_tasks.mcp.toolspec import IdempotencyKey, Prepare, TaskMode, TaskTool
 from celery_mcp_tasks.notify.base import Notifier
 from celery_mcp_tasks.notify.push import BrokerAccess, Push
 from celery_mcp_tasks.observe import Observers
 from celery_mcp_tasks.plugin import Plugin, Runtime, overrides, plugins_from_settings
 from celery_mcp_tasks.preflight import preflight
 from celery_mcp_tasks.service import DEFAULT, TaskService, _Default
-from celery_mcp_tasks.store.base import Ledger
+from celery_mcp_tasks.store.base import Ledger, Quota
 from celery_mcp_tasks.store.sql import SqlStore
 from celery_mcp_tasks.worker import bridge
 from celery_mcp_tasks.worker.context import TaskContext
 from celery_mcp_tasks.worker.dispatch import CeleryDispatcher
+from celery_mcp_tasks.worker.fairness import consume_shards
 from celery_mcp_tasks.worker.janitor import MetricHook, SweepReport, install_janitor, ledger_of, sweep
 from celery_mcp_tasks.worker.job import McpJob, McpTaskDecorator, McpTaskJob, WorkerRuntime, make_run
 from celery_mcp_tasks.worker.startup import install_startup
@@ -109,6 +110,8 @@ def configure_celery(app: Celery, settings: Settings) -> None:
     conf.broker_connection_retry_on_startup = True
     if settings.queue:
         conf.task_default_queue = settings.queue
+    if settings.fair_queues is not None:
+        consume_shards(conf, settings.fair_queues)
 
 
 class _DefaultHostWarning(logging.Filter):
@@ -171,7 +174,7 @@ class McpTasks:
         configure_celery(self.celery, self.settings)
         self._tools: dict[str, TaskTool] = {}
         self._metric = metric
-        self._dispatcher = CeleryDispatcher(self.celery, self._tools)
+        self._dispatcher = CeleryDispatcher(self.celery, self._tools, fair_queues=self.settings.fair_queues)
         self._push = Push(self.settings, notifier=notifier, broker=BrokerAccess.of(self.celery))
         self._lock = threading.Lock()
         self._service: TaskService | None = None
@@ -188,6 +191,9 @@ class McpTasks:
             sync_timeout_s=self.settings.sync_timeout_s,
             hub=push_hub(self._push),
             sealed_state=lambda: request_state_sealed(self.server),
+            quota=quota_of(self.settings),
+            refused=_refusals([p for p in self._plugins if overrides(p, "creation_refused")]),
+            anonymous_per_client=self.settings.quota_anonymous == "per_client",
         )
         bus = listen_bus(server_options)
         self._shared_state = share_request_state(self.settings, server_options)  # MCP_TASKS_REQUEST_STATE_SECRET
@@ -230,6 +236,7 @@ class McpTasks:
                     default_ttl_ms=self.settings.default_ttl_ms,
                     default_poll_interval_ms=self.settings.poll_interval_ms,
                     observer=self._observers,
+                    idempotency_secret=_secret(self.settings.idempotency_secret),
                 )
                 self._service_pid = pid
         return self._service
@@ -257,6 +264,12 @@ class McpTasks:
     def preflight(self, role: str, *, need_schema: bool = True) -> None:
         """Raise `ConfigError` if a `role` process ("serve", "worker", "beat") must not start; once per start."""
         preflight(self.settings, role=role, need_schema=need_schema, broker_url=str(self.celery.conf.broker_url))
+        derived = sorted(tool.name for tool in self._tools.values() if tool.idempotency_key is not None)
+        if role == "serve" and derived and self.settings.idempotency_secret is None:
+            raise ConfigError(
+                f"MCP_TASKS_IDEMPOTENCY_SECRET: task tools {', '.join(derived)} derive idempotency keys;"
+                " set a secret of at least 32 bytes, the same in every web process"
+            )
 
     def _startup_lines(self) -> list[str]:
         return [
@@ -285,6 +298,8 @@ class McpTasks:
         prepare: Prepare | None = None,
         terminate: bool = False,
         max_sends: int | None = None,
+        max_active: int | None = None,
+        idempotency_key: IdempotencyKey | None = None,
         **celery_options: Any,
     ) -> McpTaskDecorator: ...
 
@@ -296,7 +311,11 @@ class McpTasks:
         run and wait). `needs`: client capabilities the job's input requests use.
         `terminate`: tasks/cancel also kills a running job (prefork pools, best
         effort). `max_sends`: sends of one run before a lost job fails
-        (default MCP_TASKS_MAX_SENDS). Other keyword arguments go to
+        (default MCP_TASKS_MAX_SENDS). `max_active`: unfinished tasks of this tool per
+        caller (default MCP_TASKS_QUOTA_ACTIVE_PER_TOOL). `idempotency_key`: a function of
+        the arguments giving the key of a call a client sends none for, or "arguments"
+        (the arguments themselves): a repeat within the task's TTL gets the first task
+        back (needs MCP_TASKS_IDEMPOTENCY_SECRET). Other keyword arguments go to
         Celery's `@app.task`: with `bind=True` the function takes the job
         first (`self.retry(...)`); `autoretry_for` works as usual; jobs default
         to `acks_late` with a bounded `retry_on_worker_lost`.
@@ -323,6 +342,8 @@ class McpTasks:
         prepare: Prepare | None = None,
         terminate: bool = False,
         max_sends: int | None = None,
+        max_active: int | None = None,
+        idempotency_key: IdempotencyKey | None = None,
         **celery_options: Any,
     ) -> McpTaskJob[_R]:
         tool = TaskTool(
@@ -339,6 +360,8 @@ class McpTasks:
             bound=bool(celery_options.get("bind")),
             terminate=terminate,
             max_sends=max_sends,
+            max_active=max_active,
+            idempotency_key=idempotency_key,
         )
         if tool.name in self._tools or self._known_tool(tool.name):
             raise ValueError(f"task tool {tool.name!r}: a tool of that name is already registered on this server")
@@ -499,6 +522,36 @@ def internals(tasks: McpTasks) -> Internals:
         serving=tasks._serving,
         abandon_synchronous_calls=tasks._extension.abandon_synchronous_calls,
     )
+
+
+def quota_of(settings: Settings) -> Quota | None:
+    """Each principal's limits as the settings give them; None when every one is unlimited (the default)."""
+    quota = Quota(
+        active=settings.quota_active,
+        active_tool=settings.quota_active_per_tool,
+        creations=settings.quota_creations,
+        window_ms=round(settings.quota_window_s * 1000),
+    )
+    return None if quota.unlimited else quota
+
+
+def _secret(text: str | None) -> bytes | None:
+    return None if text is None else text.encode()
+
+
+def _refusals(plugins: list[Plugin]) -> Callable[[str, str], None] | None:
+    """One callback telling every plugin of a refused creation; a plugin's failure is logged, never raised."""
+    if not plugins:
+        return None
+
+    def refused(tool: str, limit: str) -> None:
+        for plugin in plugins:
+            try:
+                plugin.creation_refused(tool, limit)
+            except Exception:
+                logger.exception("plugin %s failed in creation_refused", type(plugin).__name__)
+
+    return refused
 
 
 def _chosen(explicit: Sequence[Plugin], settings: Settings) -> list[Plugin]:

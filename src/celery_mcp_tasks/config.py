@@ -26,6 +26,7 @@ _NOTIFY_MODES = ("auto", "postgres", "broker", "poll", "off")
 _JANITOR_MODES = ("beat", "worker")
 _LOG_FORMATS = ("text", "json")
 _TRACING_MODES = ("off", "on", "otlp", "console")
+_ANONYMOUS_QUOTAS = ("shared", "per_client")
 # Settings that once meant something and are now ignored when set (a warning, never an error):
 # MCP_TASKS_LISTEN_ENTRY chose a second HTTP entry for `subscriptions/listen`, removed in issue 20.
 RETIRED_SETTINGS = ("MCP_TASKS_LISTEN_ENTRY",)
@@ -214,11 +215,20 @@ class Settings:
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     console_token: str | None = field(default=None, repr=False)
     console_payloads: bool = False
+    # Per-principal quotas (None: unlimited, the default) and idempotent creation's secret.
+    quota_active: int | None = None
+    quota_active_per_tool: int | None = None
+    quota_creations: int | None = None
+    quota_window_s: float = 60.0
+    quota_anonymous: str = "shared"
+    fair_queues: int | None = None
+    idempotency_secret: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         _one_of("MCP_TASKS_JANITOR", self.janitor, _JANITOR_MODES)
         _one_of("MCP_TASKS_LOG_FORMAT", self.log_format, _LOG_FORMATS)
         _one_of("MCP_TASKS_TRACING", self.tracing, _TRACING_MODES)
+        _one_of("MCP_TASKS_QUOTA_ANONYMOUS", self.quota_anonymous, _ANONYMOUS_QUOTAS)
         for secret in self.request_state_secrets:
             if len(secret.encode()) < MIN_SECRET_BYTES:
                 raise ConfigError(
@@ -241,6 +251,22 @@ class Settings:
             raise ConfigError(
                 f"MCP_TASKS_CONSOLE_TOKEN: the operators' token must be at least {MIN_CONSOLE_TOKEN_BYTES} bytes "
                 f"(got {len(self.console_token.encode())}); generate one with `openssl rand -base64 32`"
+            )
+        for name, limit in (
+            ("MCP_TASKS_QUOTA_ACTIVE", self.quota_active),
+            ("MCP_TASKS_QUOTA_ACTIVE_PER_TOOL", self.quota_active_per_tool),
+            ("MCP_TASKS_QUOTA_CREATIONS", self.quota_creations),
+        ):
+            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+                raise ConfigError(f"{name}: expected an integer >= 1 or none, got {limit!r}")
+        if self.fair_queues is not None and (isinstance(self.fair_queues, bool) or self.fair_queues < 2):
+            raise ConfigError(f"MCP_TASKS_FAIR_QUEUES: expected an integer >= 2 or none, got {self.fair_queues!r}")
+        if not self.quota_window_s > 0:
+            raise ConfigError(f"MCP_TASKS_QUOTA_WINDOW_S: must be > 0, got {self.quota_window_s!r}")
+        if self.idempotency_secret is not None and len(self.idempotency_secret.encode()) < MIN_SECRET_BYTES:
+            raise ConfigError(
+                f"MCP_TASKS_IDEMPOTENCY_SECRET: must be at least {MIN_SECRET_BYTES} bytes "
+                f"(got {len(self.idempotency_secret.encode())}); generate one with `openssl rand -base64 48`"
             )
         if self.stale_timeout_s < 1:
             raise ConfigError(
@@ -291,6 +317,14 @@ class Settings:
             # The operators' console: who may look, and whether payloads may be revealed.
             "console_token": (env.get("MCP_TASKS_CONSOLE_TOKEN") or "").strip() or None,
             "console_payloads": _switch(env, "MCP_TASKS_CONSOLE_PAYLOADS", False),
+            # Per-principal quotas: unlimited unless set (MCP_TASKS_QUOTA_*), decided by the store.
+            "quota_active": _int(env, "MCP_TASKS_QUOTA_ACTIVE", None, allow_none=True),
+            "quota_active_per_tool": _int(env, "MCP_TASKS_QUOTA_ACTIVE_PER_TOOL", None, allow_none=True),
+            "quota_creations": _int(env, "MCP_TASKS_QUOTA_CREATIONS", None, allow_none=True),
+            "quota_window_s": _float(env, "MCP_TASKS_QUOTA_WINDOW_S", 60.0),
+            "quota_anonymous": (env.get("MCP_TASKS_QUOTA_ANONYMOUS") or "shared").strip().lower(),
+            "fair_queues": _int(env, "MCP_TASKS_FAIR_QUEUES", None, minimum=2, allow_none=True),
+            "idempotency_secret": (env.get("MCP_TASKS_IDEMPOTENCY_SECRET") or "").strip() or None,
             # A rotation ring: the first secret seals, every one unseals (comma-separated).
             "request_state_secrets": tuple(
                 s.strip() for s in (env.get("MCP_TASKS_REQUEST_STATE_SECRET") or "").split(",") if s.strip()

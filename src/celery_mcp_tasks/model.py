@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import math
 import secrets
 import time
@@ -35,6 +36,7 @@ __all__ = [
     "TerminalTask",
     "celery_message_id",
     "checked_progress",
+    "derived_task_id",
     "new_task_id",
     "now_ms",
     "task_key",
@@ -134,6 +136,20 @@ def new_task_id() -> str:
     return base64.urlsafe_b64encode(secrets.token_bytes(32)).rstrip(b"=").decode("ascii")
 
 
+def derived_task_id(secret: bytes, owner: str | None, tool: str, idempotency_key: str) -> str:
+    """The task id an idempotent creation gets: HMAC-SHA256 of the server's secret over the
+    principal, the tool and the client's key, base64url like `new_task_id` (43 characters).
+
+    The same caller retrying with the same key gets the same id on any replica that holds the
+    secret, so the second INSERT meets the first row's key; another principal's id differs.
+    Without the secret nobody can compute an id from a key, so the id stays a capability.
+    """
+    parts = ("" if owner is None else "p:" + owner, tool, idempotency_key)
+    message = "\0".join(parts).encode("utf-8", "surrogatepass")
+    digest = hmac.new(secret, b"celery-mcp-tasks idempotency\0" + message, hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
+
+
 def task_key(task_id: str) -> str:
     """The row key for a task id: its SHA-256, hex. One-way, so the key opens nothing.
 
@@ -187,6 +203,7 @@ class TaskRecord:
     progress: float | None = None  # the job's last reported `current` (kept until the next report)
     progress_total: float | None = None  # the job's last reported `total` (None: unknown)
     trace_context: str | None = None  # W3C `traceparent` of the call that created the task (tracing on)
+    caller: str | None = None  # an anonymous caller's quota identity (a hash of its address); None: the owner
 
     @property
     def terminal(self) -> bool:

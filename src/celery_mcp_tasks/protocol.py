@@ -22,8 +22,10 @@ from celery_mcp_tasks.model import TaskRecord, TaskStatus
 
 __all__ = [
     "EXTENSION_ID",
+    "IDEMPOTENCY_META_KEY",
     "INTERNAL_ERROR",
     "PROGRESS_META_KEY",
+    "QUOTA_EXCEEDED",
     "InvalidInputRequest",
     "elicit",
     "format_timestamp",
@@ -39,6 +41,14 @@ __all__ = [
 EXTENSION_ID = "io.modelcontextprotocol/tasks"
 INTERNAL_ERROR = -32603
 """The JSON-RPC code of a failed task whose error names none (every failure the runtime records)."""
+IDEMPOTENCY_META_KEY = "io.github.celery-mcp-tasks/idempotencyKey"
+"""A `tools/call` request's `_meta` entry: a short string naming this creation, so a retry of the
+same call (same caller, tool and key) gets the first call's task back instead of a second job."""
+MAX_IDEMPOTENCY_KEY = 255
+"""The longest idempotency key accepted, in characters."""
+QUOTA_EXCEEDED = -32029
+"""The JSON-RPC code of a creation refused by the caller's quota or rate limit (a server-defined
+error code); its `data` says which limit and, when known, `retryAfterMs`."""
 PROGRESS_META_KEY = "io.github.celery-mcp-tasks/progress"
 """A DetailedTask's `_meta` entry for the job's numeric progress: `{"progress": n, "total": m}` (no total: unknown).
 

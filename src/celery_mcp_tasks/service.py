@@ -11,6 +11,7 @@ owner-scoped; worker-side calls take the row key and are not.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -24,18 +25,20 @@ from celery_mcp_tasks.model import (
     TaskStatus,
     TerminalTask,
     checked_progress,
+    derived_task_id,
     new_task_id,
     now_ms,
     task_key,
 )
 from celery_mcp_tasks.notify.base import Notifier, safe_notify
 from celery_mcp_tasks.observe import Observer, safe_observe
-from celery_mcp_tasks.store.base import ANY, Store, TaskNotFound
+from celery_mcp_tasks.store.base import ANY, Quota, Store, TaskNotFound
 
 __all__ = [
     "DEFAULT",
     "Dispatcher",
     "DuplicateInputKeys",
+    "IdempotencyKeyReused",
     "NotLost",
     "TaskExpired",
     "TaskNotFound",
@@ -77,6 +80,15 @@ class NotLost(Exception):
     """A re-send refused: the task is not a `working` task whose job is judged lost. The text says why."""
 
 
+class IdempotencyKeyReused(ValueError):
+    """An idempotency key the caller already used for this tool, with other arguments: nothing was created."""
+
+
+def _same_arguments(a: Any, b: Any) -> bool:
+    """Equal as JSON (what the store kept of them is JSON: a tuple read back is a list)."""
+    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+
 class TaskExpired(LookupError):
     """The owner's task outlived its TTL (the janitor has not evicted it yet)."""
 
@@ -102,6 +114,7 @@ class TaskService:
     default_poll_interval_ms: int | None = 1_000
     clock: Callable[[], int] = now_ms
     observer: Observer | None = None
+    idempotency_secret: bytes | None = None  # derives the id of an idempotent creation (`model.derived_task_id`)
 
     # -- request side (raw id, owner-scoped) ----------------------------------------
 
@@ -117,17 +130,30 @@ class TaskService:
         input_responses: dict[str, Any] | None = None,
         dispatch: bool = True,
         trace_context: str | None = None,
+        quota: Quota | None = None,
+        idempotency_key: str | None = None,
+        caller: str | None = None,
     ) -> tuple[str, TaskRecord]:
         """Store a new `working` task, then send its job. Returns (task id, record).
 
-        Raises `TaskLimitReached` before anything is stored. If sending fails
+        Raises `TaskLimitReached` or `QuotaExceeded` (the owner's `quota`) before anything
+        is stored. `idempotency_key`: the id is derived from the secret, the owner, the tool
+        and the key, so a retry meets the row its first call stored and gets that task back
+        (no second job) while the task is unexpired; the same key with other arguments raises
+        `IdempotencyKeyReused`. `caller`: which anonymous client the quota counts this for
+        (None: the owner, or all anonymous callers as one). If sending fails
         the task is marked `failed` and the failed record is returned:
         the client learns an id only for a row that exists and tells the truth.
         `input_responses` seeds answers gathered before the task existed (MRTR);
         their keys count as used. `trace_context`: the W3C `traceparent` every send of the job carries.
         """
         at = self.clock()
-        task_id = new_task_id()
+        if idempotency_key is None:
+            task_id = new_task_id()
+        elif self.idempotency_secret is None:
+            raise ValueError("idempotent creation needs the service's idempotency_secret")
+        else:
+            task_id = derived_task_id(self.idempotency_secret, owner, tool, idempotency_key)
         record = TaskRecord(
             key=task_key(task_id),
             owner=owner,
@@ -144,11 +170,21 @@ class TaskService:
             input_responses=dict(input_responses or {}),
             issued_keys=tuple(input_responses or ()),
             trace_context=trace_context,
+            caller=caller if owner is None else None,
         )
         will_send = dispatch and self.dispatcher is not None
         if will_send:  # the first dispatch is part of the insert: one write, then the send
             record = replace(record, dispatches=1, heartbeat_at=at)
-        self.store.create(record, max_rows=self.max_rows)
+        idempotent = idempotency_key is not None
+        stored = self.store.create(record, max_rows=self.max_rows, quota=quota, idempotent=idempotent)
+        if stored is not record:  # an idempotent retry: the first call's task, or its key freed
+            if not _same_arguments(stored.arguments, arguments):
+                raise IdempotencyKeyReused()
+            if not (stored.expired(at) and stored.terminal and self.store.delete(stored.key)):
+                return task_id, stored
+            stored = self.store.create(record, max_rows=self.max_rows, quota=quota, idempotent=idempotent)
+            if stored is not record:
+                return task_id, stored
         safe_observe(self.observer, None, record)
         safe_notify(self.notifier, record)
         if will_send:

@@ -22,8 +22,11 @@ from celery_mcp_tasks.cli.doctor import Row, clock_check, diagnose, doctor, push
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.ops.probes import ProbeEngine
+from celery_mcp_tasks.preflight import script_heads
 from tests.conftest import needs_pg_redis, needs_postgres
 from tests.support import POSTGRES_URL, REDIS_URL, free_port, fresh_postgres_database
+
+(HEAD,) = script_heads()[0]  # the package's newest migration
 
 APP = """
 from celery_mcp_tasks import McpTasks
@@ -84,7 +87,7 @@ def test_a_schema_behind_head_is_a_schema_fail_with_the_upgrade_command(app_modu
     rows = by_name(diagnose(app_module, timeout_s=0.5))
     assert rows["database"].status == "OK"
     assert rows["schema"].status == "FAIL"
-    assert "behind 0006" in rows["schema"].detail
+    assert f"behind {HEAD}" in rows["schema"].detail
     assert rows["schema"].fix.startswith("run `celery-mcp-tasks db upgrade`")
     assert rows["janitor"] == Row("janitor", "SKIP", "needs schema")
 

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from celery_mcp_tasks.migrate import upgrade
+from celery_mcp_tasks.preflight import script_heads
 from tests.support import (
     POSTGRES_URL,
     ROOT,
@@ -29,6 +30,8 @@ from tests.support import (
     process_env,
     wait_until,
 )
+
+(HEAD,) = script_heads()[0]  # the package's newest migration
 
 pytestmark = [pytest.mark.integration, pytest.mark.postgres]
 
@@ -143,7 +146,7 @@ def test_a_schema_behind_head_is_a_schema_fail_naming_the_upgrade(tmp_path: Path
     assert code == 1
     schema = row(document, "schema")
     assert schema["status"] == "FAIL", table
-    assert schema["detail"] == "the task store is at revision 0004, behind 0006; run `celery-mcp-tasks db upgrade`"
+    assert schema["detail"] == f"the task store is at revision 0004, behind {HEAD}; run `celery-mcp-tasks db upgrade`"
     assert "celery-mcp-tasks db upgrade" in schema["fix"]
     assert statuses(document)["database"] == "OK"
     assert statuses(document)["janitor"] == "SKIP"

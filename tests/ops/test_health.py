@@ -24,9 +24,12 @@ from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.ops.health import CheckRunner, Health
 from celery_mcp_tasks.ops.probes import PROBE_TIMEOUT_S, Finding, ProbeEngine, janitor_probe
+from celery_mcp_tasks.preflight import script_heads
 from celery_mcp_tasks.store.schema import sweeps
 from celery_mcp_tasks.store.sweeps import JANITOR, SweepLedger
 from tests.support import free_port, table_locked
+
+(HEAD,) = script_heads()[0]  # the package's newest migration
 
 
 def app_on(settings: Settings) -> McpTasks:
@@ -80,7 +83,7 @@ def test_readyz_is_200_on_a_migrated_store_and_the_janitor_has_three_intervals_f
     assert {name: check["status"] for name, check in body["checks"].items()} == dict.fromkeys(
         ["store", "schema", "broker", "janitor"], "ok"
     )
-    assert body["checks"]["schema"]["detail"] == "at head 0006"
+    assert body["checks"]["schema"]["detail"] == f"at head {HEAD}"
     assert body["checks"]["janitor"]["detail"] == "no sweep recorded yet (expected every 5s)"
     embedded.sweep()
     _, body, _ = readyz(embedded)
@@ -113,7 +116,7 @@ def test_a_schema_behind_head_fails_readiness_with_the_upgrade_command(embedded:
     assert body["checks"]["store"]["status"] == "ok"
     assert body["checks"]["schema"] == {
         "status": "fail",
-        "detail": "the task store is at revision 0004, behind 0006; run `celery-mcp-tasks db upgrade`",
+        "detail": f"the task store is at revision 0004, behind {HEAD}; run `celery-mcp-tasks db upgrade`",
     }
 
 

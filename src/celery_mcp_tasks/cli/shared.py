@@ -250,15 +250,11 @@ six processes against ~110 MB for threads -c 4, and runs four jobs at once as be
 def tool_queues(tasks: Any) -> dict[str, list[str]]:
     """{queue: [task tools sent to it]}, routed as `send_task` routes them (the job's options, task_routes)."""
     from celery_mcp_tasks.app import internals  # loaded with the app anyway; not for `--help`
-    from celery_mcp_tasks.worker.celery_internals import exec_options
+    from celery_mcp_tasks.worker.fairness import routed_queue
 
-    celery = tasks.celery
     queues: dict[str, list[str]] = {}
     for tool in sorted(internals(tasks).tools.values(), key=lambda t: t.name):
-        job = celery.tasks.get(tool.celery_name)
-        options = exec_options(job) if job else {}
-        queue = celery.amqp.router.route(options, tool.celery_name, (), {}, job).get("queue")
-        queues.setdefault(str(getattr(queue, "name", queue)), []).append(tool.name)
+        queues.setdefault(routed_queue(tasks.celery, tool.celery_name), []).append(tool.name)
     return queues
 
 
@@ -273,6 +269,10 @@ def supervised_queues(tasks: Any) -> list[str]:
     default = str(celery.conf.task_default_queue)
     janitor = celery.amqp.router.route({}, JANITOR_TASK).get("queue")
     wanted = [default, str(getattr(janitor, "name", janitor) or default), *tool_queues(tasks)]
+    if tasks.settings.fair_queues is not None:  # the default queue's shards (`worker.fairness`)
+        from celery_mcp_tasks.worker.fairness import shard_queues
+
+        wanted += shard_queues(default, tasks.settings.fair_queues)
     queues = list(dict.fromkeys(wanted))
     return [] if queues == [default] else queues
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from functools import partial
 from typing import Any, TypeVar
 
@@ -31,7 +32,7 @@ from mcp.server.extension import Extension, MethodBinding
 from mcp_types import CallToolRequestParams, InputRequiredResult
 from pydantic import ValidationError
 
-from celery_mcp_tasks.mcp.principal import current_principal
+from celery_mcp_tasks.mcp.principal import anonymous_caller, current_principal
 from celery_mcp_tasks.mcp.sync import SyncCalls
 from celery_mcp_tasks.mcp.toolspec import TaskTool
 from celery_mcp_tasks.mcp.wire import (
@@ -41,11 +42,13 @@ from celery_mcp_tasks.mcp.wire import (
     check_task_fields,
     declared_capability,
     declared_extension,
+    idempotency_key_of,
     internal,
     invalid_params,
     missing_capability,
     not_found,
     plain_responses,
+    quota_exceeded,
     require_extension,
     require_routing_name,
     store_unavailable,
@@ -53,9 +56,9 @@ from celery_mcp_tasks.mcp.wire import (
 from celery_mcp_tasks.model import InvalidInputResponse, TaskRecord
 from celery_mcp_tasks.notify.hub import Hub
 from celery_mcp_tasks.ops.propagation import creating
-from celery_mcp_tasks.protocol import EXTENSION_ID, render_create_result, render_task
-from celery_mcp_tasks.service import TaskExpired, TaskService
-from celery_mcp_tasks.store.base import StoreUnavailable, TaskLimitReached, TaskNotFound
+from celery_mcp_tasks.protocol import EXTENSION_ID, IDEMPOTENCY_META_KEY, render_create_result, render_task
+from celery_mcp_tasks.service import IdempotencyKeyReused, TaskExpired, TaskService
+from celery_mcp_tasks.store.base import Quota, QuotaExceeded, StoreUnavailable, TaskLimitReached, TaskNotFound
 
 logger = logging.getLogger("celery_mcp_tasks.mcp")
 
@@ -74,7 +77,10 @@ class TasksExtension(Extension):
     `terminate=True` tools) and the caller gets -32603. `hub`: this process's
     push hub (None: push is off, the wait polls the row). `sealed_state`: whether
     the SDK seals `requestState` on this server (a synchronous 2026-07-28 call
-    asks its job's questions by MRTR only then).
+    asks its job's questions by MRTR only then). `quota`: each principal's limits (a tool's
+    `max_active` replaces `active_tool`); None: no quota, and creating costs nothing more.
+    `refused(tool, limit)`: told of each creation a quota refused (metrics). `anonymous_per_client`:
+    anonymous callers' quotas count per client address (`principal.anonymous_caller`), not as one.
     """
 
     identifier = EXTENSION_ID
@@ -89,8 +95,14 @@ class TasksExtension(Extension):
         max_threads: int = 32,
         hub: Callable[[], Hub | None] | None = None,
         sealed_state: Callable[[], bool] | None = None,
+        quota: Quota | None = None,
+        refused: Callable[[str, str], None] | None = None,
+        anonymous_per_client: bool = False,
     ) -> None:
         self._tools = tools
+        self._quota = quota
+        self._per_client = anonymous_per_client
+        self._refused = refused
         self._service = service
         self._known_tool = known_tool
         self._limiter = anyio.CapacityLimiter(max_threads)
@@ -130,6 +142,9 @@ class TasksExtension(Extension):
 
         # Before anything is asked of the client or created for it.
         check_task_fields(ctx.params, legacy_task=ctx.protocol_version not in TASKS_VERSIONS)
+        sent_key = idempotency_key_of(ctx.params)
+        if sent_key is not None and self._service().idempotency_secret is None:
+            raise invalid_params(f"Invalid _meta: this server does not accept {IDEMPOTENCY_META_KEY}")
         with_tasks = declared_extension(ctx) and tool.mode != "forbidden"
         if tool.mode == "required" and not with_tasks:
             what = EXTENSION_ID
@@ -167,6 +182,10 @@ class TasksExtension(Extension):
             seeded = dict(prepared or {})
 
         owner = current_principal()
+        idempotency_key = sent_key if sent_key is not None else tool.derived_idempotency_key(arguments)
+        if idempotency_key is not None and sent_key is None and self._service().idempotency_secret is None:
+            # `serve` refuses to start so; a server started otherwise must not run the job twice either
+            raise internal(f"Tool {tool.name} derives idempotency keys, and this server has no secret to derive ids")
         create = partial(
             self._create,
             tool=tool,
@@ -174,12 +193,15 @@ class TasksExtension(Extension):
             arguments=arguments,
             seeded=seeded,
             message="Queued" if with_tasks else None,
+            idempotency_key=idempotency_key,
+            key_sent=sent_key is not None,
+            caller=anonymous_caller(ctx.request) if owner is None and self._per_client else None,
         )
         task_id, record = await self._run(create, "tools/call")
         if with_tasks:
             return render_create_result(task_id, record)
         # A cancel that arrived during the create lands at the wait's first await, which abandons the row.
-        return await self._sync.call(tool, ctx, record)
+        return await self._sync.call(tool, ctx, record, idempotent=idempotency_key is not None)
 
     def _create(
         self,
@@ -189,9 +211,18 @@ class TasksExtension(Extension):
         arguments: dict[str, Any],
         seeded: dict[str, Any],
         message: str | None,
+        idempotency_key: str | None = None,
+        key_sent: bool = False,
+        caller: str | None = None,
     ) -> tuple[str, TaskRecord]:
         service = self._service()
         options: dict[str, Any] = {}
+        quota = self._quota_of(tool)
+        if quota is not None:
+            options["quota"] = quota
+            options["caller"] = caller
+        if idempotency_key is not None:
+            options["idempotency_key"] = idempotency_key
         if tool.ttl_ms != "default":
             options["ttl_ms"] = tool.ttl_ms
         if tool.poll_interval_ms != "default":
@@ -209,6 +240,24 @@ class TasksExtension(Extension):
                 )
         except TaskLimitReached:
             raise internal("Task limit reached") from None
+        except QuotaExceeded as exc:
+            if self._refused is not None:
+                self._refused(tool.name, exc.limit)
+            raise quota_exceeded(exc, tool.name) from None
+        except IdempotencyKeyReused:
+            field = f"_meta {IDEMPOTENCY_META_KEY}" if key_sent else f"the idempotency key tool {tool.name} derives"
+            raise invalid_params(
+                f"Invalid params: {field} was already used with other arguments; use a new key for a new call"
+            ) from None
+
+    def _quota_of(self, tool: TaskTool) -> Quota | None:
+        """The principal's limits for a creation of `tool`: the settings', the tool's `max_active` first."""
+        base = self._quota
+        if tool.max_active is None:
+            return base
+        if base is None:
+            return Quota(active_tool=tool.max_active)
+        return replace(base, active_tool=tool.max_active)
 
     # -- tasks/get | update | cancel --------------------------------------------------------
 

@@ -10,6 +10,8 @@ protects the task.
 
 from __future__ import annotations
 
+import hashlib
+from typing import Any
 from urllib.parse import quote
 
 from mcp.server.auth.middleware.auth_context import get_access_token
@@ -30,3 +32,14 @@ def principal_of(token: AccessToken | None) -> str | None:
 
 def current_principal() -> str | None:
     return principal_of(get_access_token())
+
+
+def anonymous_caller(request: Any) -> str | None:
+    """Which anonymous client sent `request`, for its own quota: a hash of its address (never the
+    address itself), or None off HTTP. Behind a proxy, the address uvicorn took from the proxy's
+    `X-Forwarded-For` (its `--forwarded-allow-ips`), else the proxy's own."""
+    client = getattr(request, "client", None)
+    host = getattr(client, "host", None)
+    if not host:
+        return None
+    return hashlib.sha256(b"celery-mcp-tasks caller\0" + str(host).encode()).hexdigest()

@@ -104,14 +104,18 @@ class SyncCalls:
         self._waiting: dict[object, str] = {}
         """The hidden row's key of every call in `call` (for `abandon_all`)."""
 
-    async def call(self, tool: TaskTool, ctx: ServerRequestContext[Any, Any], record: TaskRecord) -> HandlerResult:
+    async def call(
+        self, tool: TaskTool, ctx: ServerRequestContext[Any, Any], record: TaskRecord, *, idempotent: bool = False
+    ) -> HandlerResult:
         """A task tool called without the extension: wait for the hidden task's outcome, answer plainly.
 
         The row is an implementation detail the client never sees: whenever the
         answer can no longer be delivered (a question the client cannot answer,
         `sync_timeout_s` of silence, a cancelled request, a caller that went
         away) it is cancelled, so no job keeps running for nobody. An MRTR round
-        is the one exit that leaves it waiting: for the retry.
+        is the one exit that leaves it waiting: for the retry. An `idempotent` call (one
+        with an idempotency key) is not abandoned when its caller leaves either: its
+        retry, with the same key, meets the same row and waits for the same job.
         """
         hub = self._hub() if self._hub is not None else None
         watch = hub.watch([record.key]) if hub is not None else None
@@ -121,15 +125,17 @@ class SyncCalls:
         try:
             outcome, gone = await unless_caller_leaves(ctx, lambda: self._follow(tool, ctx, latest, watch))
         except anyio.get_cancelled_exc_class():
-            with anyio.CancelScope(shield=True), anyio.move_on_after(_ABANDON_S):
-                await self._abandon(latest.record, "The synchronous caller cancelled the request")
+            if not idempotent:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(_ABANDON_S):
+                    await self._abandon(latest.record, "The synchronous caller cancelled the request")
             raise
         finally:
             self._waiting.pop(waiting, None)
             if watch is not None:
                 watch.close()
         if gone:
-            await self._abandon(latest.record, "The synchronous caller went away")
+            if not idempotent:
+                await self._abandon(latest.record, "The synchronous caller went away")
             raise internal(f"Tool {tool.name}: the caller disconnected")
         return outcome
 

@@ -8,7 +8,9 @@ synchronous MCP tool. The job's `TaskContext` parameter is hidden from the schem
 
 from __future__ import annotations
 
+import hashlib
 import inspect
+import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -16,7 +18,7 @@ from typing import Any, Literal
 from mcp.server.mcpserver.tools import Tool
 from pydantic import ValidationError
 
-__all__ = ["Prepare", "TaskMode", "TaskTool", "find_context_parameter"]
+__all__ = ["IdempotencyKey", "Prepare", "TaskMode", "TaskTool", "find_context_parameter"]
 
 TaskMode = Literal["optional", "required", "forbidden"]
 _MODES = ("optional", "required", "forbidden")
@@ -25,6 +27,11 @@ _CAPABILITIES = ("elicitation", "sampling", "roots")
 Prepare = Callable[[dict[str, Any], Mapping[str, Any]], Awaitable[Any]]
 """Web-side hook run before the task exists: `(arguments, input_responses)` ->
 extra arguments (a dict) or an SDK `InputRequiredResult` to ask the client first."""
+
+
+IdempotencyKey = Callable[[dict[str, Any]], str] | Literal["arguments"]
+"""How a tool derives an idempotency key when the client sends none: from its arguments by a
+function, or "arguments" (the whole arguments, canonical JSON, hashed)."""
 
 
 def find_context_parameter(fn: Callable[..., Any], context_type: type | None) -> str | None:
@@ -63,6 +70,8 @@ class TaskTool:
     max_sends: int | None = None  # sends of one run before a lost job fails; None: the setting
     context_type: type | None = None  # the job's context class; its parameter is hidden from the schema
     context_param: str | None = None
+    max_active: int | None = None  # unfinished tasks of this tool per principal; None: the setting
+    idempotency_key: IdempotencyKey | None = None
     sdk_tool: Tool = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -75,6 +84,13 @@ class TaskTool:
             raise TypeError(f"task tool {self.name!r}: Celery jobs are synchronous; define it with `def`")
         if self.max_sends is not None and self.max_sends < 1:
             raise ValueError(f"task tool {self.name!r}: max_sends must be >= 1, got {self.max_sends}")
+        if self.max_active is not None and (isinstance(self.max_active, bool) or self.max_active < 1):
+            raise ValueError(f"task tool {self.name!r}: max_active must be >= 1 (or None), got {self.max_active!r}")
+        key = self.idempotency_key
+        if key is not None and key != "arguments" and not callable(key):
+            raise ValueError(
+                f"task tool {self.name!r}: idempotency_key must be a function of the arguments or 'arguments'"
+            )
         self.context_param = find_context_parameter(self.fn, self.context_type)
         try:
             self.sdk_tool = Tool.from_function(self.schema_function(), name=self.name, description=self.description)
@@ -128,6 +144,18 @@ class TaskTool:
         """The CallToolResult the same function would return synchronously, as wire JSON."""
         result = self.sdk_tool.fn_metadata.convert_result(value)
         return result.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+    def derived_idempotency_key(self, arguments: Mapping[str, Any]) -> str | None:
+        """The key this tool derives from `arguments` (None: it derives none). TypeError for a bad one."""
+        if self.idempotency_key is None:
+            return None
+        if self.idempotency_key == "arguments":
+            canonical = json.dumps(dict(arguments), sort_keys=True, separators=(",", ":"), default=str)
+            return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
+        key = self.idempotency_key(dict(arguments))
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"task tool {self.name!r}: idempotency_key returned {type(key).__name__}, not a string")
+        return key
 
     def job_signature(self) -> inspect.Signature:
         """What Celery checks `.delay()` against: the function without its context parameter."""

@@ -20,8 +20,8 @@ from mcp_types import (
 )
 from pydantic import BaseModel, Field, ValidationError
 
-from celery_mcp_tasks.protocol import EXTENSION_ID
-from celery_mcp_tasks.store.base import StoreUnavailable
+from celery_mcp_tasks.protocol import EXTENSION_ID, IDEMPOTENCY_META_KEY, MAX_IDEMPOTENCY_KEY, QUOTA_EXCEEDED
+from celery_mcp_tasks.store.base import QuotaExceeded, StoreUnavailable
 
 logger = logging.getLogger("celery_mcp_tasks.mcp")
 
@@ -117,6 +117,36 @@ def check_task_fields(params: Mapping[str, Any] | None, *, legacy_task: bool) ->
             raise invalid_params(
                 f"Invalid _meta: {RELATED_TASK_META_KEY} must be an object with a taskId string"
             ) from None
+
+
+def idempotency_key_of(params: Mapping[str, Any] | None) -> str | None:
+    """The `_meta` idempotency key the client sent (None: none), or -32602 naming the field."""
+    meta = params.get("_meta") if params else None
+    if not isinstance(meta, Mapping) or IDEMPOTENCY_META_KEY not in meta:
+        return None
+    key = meta[IDEMPOTENCY_META_KEY]
+    if not isinstance(key, str) or not 0 < len(key) <= MAX_IDEMPOTENCY_KEY:
+        raise invalid_params(
+            f"Invalid _meta: {IDEMPOTENCY_META_KEY} must be a string of 1 to {MAX_IDEMPOTENCY_KEY} characters"
+        )
+    return key
+
+
+def quota_exceeded(exc: QuotaExceeded, tool: str) -> MCPError:
+    """The caller's refusal: which limit, and when a retry can succeed. It never names the caller."""
+    data: dict[str, Any] = {"limit": exc.limit, "allowed": exc.allowed, "retryAfterMs": exc.retry_after_ms}
+    if exc.limit == "creations":
+        data["windowMs"] = exc.window_ms
+        seconds = f"{exc.window_ms / 1000:g}"
+        assert exc.retry_after_ms is not None
+        message = (
+            f"Rate limit reached: at most {exc.allowed} new tasks per {seconds} s per caller;"
+            f" retry in {exc.retry_after_ms / 1000:.1f} s"
+        )
+    else:
+        what = f"unfinished tasks of tool {tool}" if exc.limit == "active_tool" else "unfinished tasks"
+        message = f"Quota reached: at most {exc.allowed} {what} per caller; retry once one of them has finished"
+    return MCPError(code=QUOTA_EXCEEDED, message=message, data=data)
 
 
 def missing_capability(required: dict[str, Any], what: str) -> MCPError:

@@ -134,6 +134,9 @@ class Families:
         self.finished = counter(
             "finished", "Tasks that reached a final status, or expired before one", ("tool", "status")
         )
+        self.refused = counter(
+            "refused", "Creations a caller's quota or rate limit refused, by tool and limit", ("tool", "limit")
+        )
         self.enqueue_failures = counter("enqueue_failures", "Tasks failed because their job could not be sent", tool)
         self.queue_wait = histogram(
             "queue_wait_seconds", "From the write that queued a run to the run's start", tool, QUEUE_BUCKETS
@@ -256,6 +259,9 @@ class Counts(Plugin):
             m.run.labels(tool).observe(_seconds(after.updated_at, before.started_at))
         if before.status is TaskStatus.INPUT_REQUIRED and after.status is not TaskStatus.INPUT_REQUIRED:
             m.input_wait.labels(tool).observe(_seconds(after.updated_at, before.updated_at))
+
+    def creation_refused(self, tool: str, limit: str) -> None:
+        self._metrics().refused.labels(self.tool(tool), limit).inc()
 
     def swept(self, name: str, counts: dict[str, int]) -> None:
         """The sweeps this process ran, what they did (known report keys only), and the tasks they evicted

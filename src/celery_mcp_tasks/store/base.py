@@ -42,6 +42,39 @@ class TaskLimitReached(Exception):
     """The row cap is reached: no new task until the janitor evicts some."""
 
 
+@dataclass(frozen=True)
+class Quota:
+    """What one principal may have of the store, decided in the creating transaction.
+
+    `active`: tasks not yet final, all tools; `active_tool`: of the tool being created;
+    `creations`: tasks created within the last `window_ms`. None: unlimited.
+    """
+
+    active: int | None = None
+    active_tool: int | None = None
+    creations: int | None = None
+    window_ms: int = 60_000
+
+    @property
+    def unlimited(self) -> bool:
+        return self.active is None and self.active_tool is None and self.creations is None
+
+
+class QuotaExceeded(Exception):
+    """A principal's creation refused by its `Quota`; nothing was stored.
+
+    `limit`: which one ("active", "active_tool" or "creations"), `allowed` its value,
+    `retry_after_ms`: when a retry can succeed (creations), or None (once a task ends).
+    """
+
+    def __init__(self, limit: str, allowed: int, retry_after_ms: int | None, window_ms: int) -> None:
+        super().__init__(limit)
+        self.limit = limit
+        self.allowed = allowed
+        self.retry_after_ms = retry_after_ms
+        self.window_ms = window_ms
+
+
 class TaskNotFound(LookupError):
     """No such task for this owner (missing and foreign look the same)."""
 
@@ -111,8 +144,15 @@ class Ledger(Protocol):
 class Store(Protocol):
     # Every method raises `StoreUnavailable` when the database fails it.
 
-    def create(self, record: TaskRecord, *, max_rows: int | None) -> None:
-        """Insert a new record. Raises `TaskLimitReached` at the cap. Durable on return."""
+    def create(
+        self, record: TaskRecord, *, max_rows: int | None, quota: Quota | None = None, idempotent: bool = False
+    ) -> TaskRecord:
+        """Insert a new record; the record now stored under its key. Durable on return.
+
+        Raises `TaskLimitReached` at the cap, `QuotaExceeded` (decided under a lock per
+        owner, so it holds across processes) when `quota` refuses it. `idempotent`: a row
+        already under the key is not an error; that row is returned, and nothing is written.
+        """
         ...
 
     def get(self, key: str, owner: Owner = ANY) -> TaskRecord | None:

@@ -57,6 +57,9 @@ tasks = sa.Table(
     # The W3C `traceparent` of the call that created the task (migration 0005): every
     # later run (a retry, a re-send, the run after an answer) joins the task's one trace.
     sa.Column("trace_context", sa.String(512), nullable=True),
+    # An anonymous caller's quota identity (migration 0007): a hash of its address, only with
+    # MCP_TASKS_QUOTA_ANONYMOUS=per_client; NULL otherwise (an authenticated caller is its owner).
+    sa.Column("caller", sa.String(64), nullable=True),
     sa.Index(None, "expires_at"),
     sa.Index(None, "status", "heartbeat_at"),
     sa.Index(None, "status", "updated_at"),

@@ -38,11 +38,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, make_url
 
 from celery_mcp_tasks.model import TERMINAL, TaskRecord, TaskStatus
-from celery_mcp_tasks.store import browsing
+from celery_mcp_tasks.store import browsing, quotas
 from celery_mcp_tasks.store.base import (
     ANY,
     ChangeHint,
     Owner,
+    Quota,
     StoreConflict,
     TaskLimitReached,
     TaskNotFound,
@@ -328,7 +329,9 @@ class SqlStore:
     # -- writes --------------------------------------------------------------------
 
     @_reported
-    def create(self, record: TaskRecord, *, max_rows: int | None) -> None:
+    def create(
+        self, record: TaskRecord, *, max_rows: int | None, quota: Quota | None = None, idempotent: bool = False
+    ) -> TaskRecord:
         """Insert; at the cap, refuse. One statement in autocommit: the row goes in only if there is room.
 
         The count is bounded (it never scans more rows than the cap) and part of
@@ -336,10 +339,19 @@ class SqlStore:
         concurrency the cap is approximate by at most the number of racing creates.
         A connection lost during the statement is settled by reading the row: there
         with this content, the create succeeded; absent, it is inserted again.
+        With a `quota`, the creation is a transaction of its own (`store.quotas`).
+        `idempotent`: a row already under the key is returned instead of an error.
         """
+        if quota is not None and not quota.unlimited:
+            return self._create_within_quota(record, max_rows, quota, idempotent)
         try:
             self._insert(record, max_rows)
-            return
+            return record
+        except (sa.exc.IntegrityError, TaskLimitReached):
+            found = self.get(record.key) if idempotent else None
+            if found is None:
+                raise
+            return found
         except _CommitInDoubt as doubt:
             lost = doubt
         logger.warning("store connection was lost during a COMMIT (create); checking whether it was applied")
@@ -347,22 +359,52 @@ class SqlStore:
         if found is None:
             try:
                 self._insert(record, max_rows)
-                return
+                return record
             except sa.exc.IntegrityError:  # the lost statement landed meanwhile
                 found = self.get(record.key)
             except _CommitInDoubt as again:
                 raise again.cause from None
-        if found is None or not _same(found, record):
-            raise lost.cause
+        if found is not None and (idempotent or _same(found, record)):
+            return found
+        raise lost.cause
 
-    def _insert(self, record: TaskRecord, max_rows: int | None) -> None:
+    @_reconnecting
+    def _create_within_quota(
+        self, record: TaskRecord, max_rows: int | None, quota: Quota, idempotent: bool
+    ) -> TaskRecord:
+        """Lock the principal (PostgreSQL), read an idempotent creation's row, count, insert, commit."""
+        with self._locking() as conn:
+            conn.begin()
+            if not self._sqlite:
+                quotas.lock_caller(conn, record)
+            found = self._select(conn, record.key, ANY) if idempotent else None
+            if found is not None:  # a retry of a creation that counted already
+                conn.rollback()
+                return found
+            refused = quotas.refusal(conn, record, quota)
+            if refused is not None:
+                conn.rollback()
+                raise refused
+            if conn.execute(*self._insert_statement(record, max_rows)).first() is None:
+                conn.rollback()
+                raise TaskLimitReached()
+            try:
+                conn.commit()
+            except sa.exc.DBAPIError as exc:
+                raise _in_doubt(exc) from exc
+        return record
+
+    def _insert_statement(self, record: TaskRecord, max_rows: int | None) -> tuple[Any, dict[str, Any]]:
         params = _to_row(record)
         if max_rows is not None:
             params["max_rows"] = max_rows
         hint = self._hint(record)
         if hint is not None:
             params["hint_channel"], params["hint_payload"] = hint
-        statement = _insert_statement(max_rows is not None, hint is not None)
+        return _insert_statement(max_rows is not None, hint is not None), params
+
+    def _insert(self, record: TaskRecord, max_rows: int | None) -> None:
+        statement, params = self._insert_statement(record, max_rows)
         with self.engine.connect() as conn:
             try:
                 inserted = conn.execute(statement, params).first()

@@ -20,6 +20,7 @@ from kombu.exceptions import OperationalError
 from celery_mcp_tasks.config import redact_url
 from celery_mcp_tasks.model import TaskRecord, celery_message_id
 from celery_mcp_tasks.ops.propagation import sending
+from celery_mcp_tasks.worker.fairness import routed_queue, shard_queue
 from celery_mcp_tasks.worker.job import DISPATCH_HEADER, HIDDEN_ARGS, KEY_HEADER, RECORD_HEADER, JobTool, record_header
 from celery_mcp_tasks.worker.revoker import BackgroundRevoker, warn_unless_pool_terminates
 
@@ -46,15 +47,27 @@ def message_headers(record: TaskRecord) -> dict[str, Any]:
 
 
 class CeleryDispatcher:
-    def __init__(self, app: Celery, tools: Mapping[str, JobTool], *, revoker: BackgroundRevoker | None = None) -> None:
+    def __init__(
+        self,
+        app: Celery,
+        tools: Mapping[str, JobTool],
+        *,
+        revoker: BackgroundRevoker | None = None,
+        fair_queues: int | None = None,
+    ) -> None:
         self.app = app
         self.tools = tools
+        self.fair_queues = fair_queues  # shards of the default queue, by owner (`worker.fairness`); None: off
+        self._sharded: dict[str, bool] = {}
         self.revoker = revoker or BackgroundRevoker(app)
         warn_unless_pool_terminates(app, lambda: sorted(t.name for t in self.tools.values() if t.terminate))
 
     def __call__(self, record: TaskRecord) -> None:
         tool = self.tools[record.tool]
         headers = message_headers(record)
+        route: dict[str, Any] = {}
+        if self.fair_queues is not None and self._on_default_queue(tool.celery_name):
+            route["queue"] = shard_queue(str(self.app.conf.task_default_queue), record.owner, self.fair_queues)
         try:
             with sending(record.trace_context, headers):  # the task's trace context, in the message headers
                 self.app.send_task(
@@ -66,6 +79,7 @@ class CeleryDispatcher:
                     **HIDDEN_ARGS,  # what worker logs and events show instead of the arguments
                     retry=True,
                     retry_policy=_RETRY_POLICY,
+                    **route,
                 )
         except OperationalError as exc:  # the broker is down or refuses us: say which, and what to do
             logger.error(
@@ -75,6 +89,15 @@ class CeleryDispatcher:
                 str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
             )
             raise
+
+    def _on_default_queue(self, celery_name: str) -> bool:
+        """Whether the job goes to the default queue (then it is sharded); decided once per tool."""
+        sharded = self._sharded.get(celery_name)
+        if sharded is None:
+            sharded = self._sharded[celery_name] = routed_queue(self.app, celery_name) == str(
+                self.app.conf.task_default_queue
+            )
+        return sharded
 
     def _broker_uri(self) -> str:
         """The broker's URL as the application set it, the password masked."""

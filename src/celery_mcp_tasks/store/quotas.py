@@ -1,0 +1,118 @@
+"""Per-principal quotas, decided in the transaction that creates the task.
+
+A quota counts the principal's own rows, so there is no counter to drift: a task
+that ends, is cancelled or is evicted stops counting at that write. Two creations
+by one principal on two replicas must not both see room for one: on PostgreSQL
+the creating transaction first takes a transaction-scoped advisory lock named
+after the principal (other principals never wait on it), then counts and
+inserts; on SQLite `BEGIN IMMEDIATE` already serializes every writer. Each count
+is bounded by its limit, so a principal with many rows costs no more than that.
+
+Only a creation that has a quota takes this path: with quotas off, creating is
+the one INSERT it always was.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from celery_mcp_tasks.model import TERMINAL, TaskRecord
+from celery_mcp_tasks.store.base import Quota, QuotaExceeded
+from celery_mcp_tasks.store.schema import tasks
+
+_TERMINAL_VALUES = [status.value for status in TERMINAL]
+_LOCK = sa.select(sa.func.pg_advisory_xact_lock(sa.bindparam("lock", type_=sa.BigInteger)))
+
+
+def lock_id(owner: str | None, caller: str | None = None) -> int:
+    """The caller's advisory lock: 64 bits of a hash that no other use of advisory locks shares."""
+    who = b"\2" + owner.encode() if owner is not None else b"\1" + (caller or "").encode()
+    digest = hashlib.sha256(b"celery-mcp-tasks quota\0" + who).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def lock_caller(conn: Connection, record: TaskRecord) -> None:
+    """Serialize this caller's quota-checked creations until the transaction ends (PostgreSQL)."""
+    conn.execute(_LOCK, {"lock": lock_id(record.owner, record.caller)})
+
+
+def _owner(anonymous: bool, per_client: bool = False) -> Any:
+    """The caller's rows: its owner's, or an anonymous caller's (all of them, or one client's)."""
+    if not anonymous:
+        return tasks.c.owner == sa.bindparam("q_owner")
+    if per_client:
+        return sa.and_(tasks.c.owner.is_(None), tasks.c.caller == sa.bindparam("q_caller"))
+    return tasks.c.owner.is_(None)
+
+
+def _bounded(limit: str, *where: Any) -> Any:
+    """How many rows match, counting no further than the limit (`LIMIT`, then `count`)."""
+    rows = sa.select(sa.literal_column("1")).select_from(tasks).where(*where).limit(sa.bindparam(limit)).subquery()
+    return sa.select(sa.func.count()).select_from(rows).scalar_subquery()
+
+
+@functools.cache
+def _counts(anonymous: bool, per_client: bool, active: bool, active_tool: bool, creations: bool) -> Any:
+    """One SELECT of the bounded counts a quota needs (built once per shape)."""
+    live = tasks.c.status.not_in(_TERMINAL_VALUES)
+    mine = _owner(anonymous, per_client)
+    columns = []
+    if active_tool:
+        columns.append(_bounded("q_active_tool", mine, live, tasks.c.tool == sa.bindparam("q_tool")))
+    if active:
+        columns.append(_bounded("q_active", mine, live))
+    if creations:
+        columns.append(_bounded("q_creations", mine, tasks.c.created_at > sa.bindparam("q_since")))
+    return sa.select(*columns)
+
+
+@functools.cache
+def _nth_newest(anonymous: bool, per_client: bool) -> Any:
+    """The creation time of the principal's n-th newest task in the window: when it leaves, there is room."""
+    return (
+        sa.select(tasks.c.created_at)
+        .where(_owner(anonymous, per_client), tasks.c.created_at > sa.bindparam("q_since"))
+        .order_by(tasks.c.created_at.desc())
+        .offset(sa.bindparam("q_offset"))
+        .limit(1)
+    )
+
+
+def refusal(conn: Connection, record: TaskRecord, quota: Quota) -> QuotaExceeded | None:
+    """Why `quota` refuses `record` now (the first limit reached), or None when there is room."""
+    anonymous = record.owner is None
+    per_client = anonymous and record.caller is not None
+    params: dict[str, Any] = {"q_since": record.created_at - quota.window_ms}
+    if not anonymous:
+        params["q_owner"] = record.owner
+    if per_client:
+        params["q_caller"] = record.caller
+    checks: list[tuple[str, int]] = []
+    if quota.active_tool is not None:
+        params["q_active_tool"], params["q_tool"] = quota.active_tool, record.tool
+        checks.append(("active_tool", quota.active_tool))
+    if quota.active is not None:
+        params["q_active"] = quota.active
+        checks.append(("active", quota.active))
+    if quota.creations is not None:
+        params["q_creations"] = quota.creations
+        checks.append(("creations", quota.creations))
+    statement = _counts(
+        anonymous, per_client, quota.active is not None, quota.active_tool is not None, quota.creations is not None
+    )
+    counts = conn.execute(statement, params).one()
+    for (limit, allowed), count in zip(checks, counts, strict=True):
+        if count < allowed:
+            continue
+        retry_after_ms = None
+        if limit == "creations":
+            params["q_offset"] = allowed - 1
+            leaving = conn.execute(_nth_newest(anonymous, per_client), params).scalar()
+            retry_after_ms = 1 if leaving is None else max(leaving + quota.window_ms - record.created_at, 1)
+        return QuotaExceeded(limit, allowed, retry_after_ms, quota.window_ms)
+    return None

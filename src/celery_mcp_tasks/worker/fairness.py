@@ -1,0 +1,56 @@
+"""Fair queues: one principal's burst cannot starve another's jobs.
+
+With MCP_TASKS_FAIR_QUEUES=N, a job of a tool sent to the default queue goes to one of N
+shard queues of it instead (`<queue>.fair0` .. `<queue>.fair<N-1>`), chosen by a hash
+of the task's owner, and every worker consumes all N (and the queue itself). A worker
+takes from its queues in turn (kombu's fair cycle on Redis and the virtual transports;
+a prefetch window per consumer on RabbitMQ), so a thousand queued jobs of one
+principal hold back another principal's next job by about one job per shard in use,
+not by a thousand. Routing costs nothing at send time (a hash) and nothing in the
+store. Principals that hash to the same shard share its turn; more shards, fewer
+collisions. A tool routed to a queue of its own (`task_routes`, `queue=`) keeps it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from kombu.entity import Exchange, Queue
+
+from celery_mcp_tasks.worker.celery_internals import exec_options
+
+__all__ = ["consume_shards", "routed_queue", "shard_queue", "shard_queues"]
+
+
+def shard_queue(queue: str, owner: str | None, shards: int) -> str:
+    """The shard of `queue` the owner's jobs go to."""
+    digest = hashlib.sha256(b"\1" if owner is None else b"\2" + owner.encode("utf-8", "surrogatepass")).digest()
+    return f"{queue}.fair{int.from_bytes(digest[:8], 'big') % shards}"
+
+
+def shard_queues(queue: str, shards: int) -> list[str]:
+    return [f"{queue}.fair{index}" for index in range(shards)]
+
+
+def routed_queue(celery: Any, celery_name: str) -> str:
+    """The queue `send_task` routes a job to (its own options, `task_routes`, else the default queue)."""
+    job = celery.tasks.get(celery_name)
+    options = exec_options(job) if job else {}
+    queue = celery.amqp.router.route(options, celery_name, (), {}, job).get("queue")
+    return str(getattr(queue, "name", queue))
+
+
+def consume_shards(conf: Any, shards: int) -> None:
+    """Declare the default queue's shards beside it in `task_queues`, so a `celery worker` without
+    `-Q` consumes them all (a worker given `-Q` must name them too)."""
+    default = str(conf.task_default_queue)
+    queues = list(conf.task_queues or ())
+    if not queues:
+        exchange = Exchange(conf.task_default_exchange or default, type=conf.task_default_exchange_type or "direct")
+        queues.append(Queue(default, exchange, routing_key=conf.task_default_routing_key or default))
+    names = {queue.name for queue in queues}
+    queues += [
+        Queue(name, Exchange(name), routing_key=name) for name in shard_queues(default, shards) if name not in names
+    ]
+    conf.task_queues = queues

@@ -1,0 +1,102 @@
+"""Fair workers (MCP_TASKS_FAIR_QUEUES): one principal's burst does not starve another's job.
+
+Two web processes of `tests.apps.quota_app` on one broker: one routes jobs to the default queue's
+shards by owner, the other (the control) to the default queue itself. With no worker running,
+principal A queues a burst through each, then principal B one job through each; then one worker
+(one process, prefetching one message) drains everything. B's job through the fair web starts
+after a couple of A's jobs at most; through the control it waits for the whole burst.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from celery_mcp_tasks.store.engine import normalize_url
+from celery_mcp_tasks.worker.fairness import shard_queue
+from tests.support import Backend, Deployment, McpHttp, process_env, spawn, wait_until
+
+pytestmark = pytest.mark.integration
+
+APP = "tests.apps.quota_app"
+SHARDS = "4"
+BURST = 12
+SECRET = {"MCP_TASKS_IDEMPOTENCY_SECRET": "fair-tests-" + uuid.uuid4().hex}
+
+
+@pytest.fixture(scope="module")
+def deployment(backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    with Deployment(APP, backend, tmp_path_factory.mktemp(f"fair-{backend.name}")) as deployment:
+        deployment.web("web-fair", MCP_TASKS_FAIR_QUEUES=SHARDS, **SECRET)
+        yield deployment
+
+
+def rows(deployment: Deployment, label: str) -> list[dict[str, Any]]:
+    engine = sa.create_engine(normalize_url(deployment.backend.store_url))
+    try:
+        with engine.connect() as conn:
+            found = conn.execute(
+                sa.text("SELECT owner, status, started_at, arguments FROM mcp_tasks_task WHERE tool = 'echo'")
+            )
+            every = [dict(row) for row in found.mappings()]
+    finally:
+        engine.dispose()
+    return [row for row in every if label in str(row["arguments"])]
+
+
+def start_rank(deployment: Deployment, label: str, owner: str) -> int:
+    """Where `owner`'s job started among the jobs labelled `label` (1: first)."""
+    ordered = sorted(rows(deployment, label), key=lambda row: row["started_at"])
+    return [row["owner"] for row in ordered].index(owner) + 1
+
+
+def test_a_burst_of_one_principal_does_not_hold_back_another_principals_job(deployment: Deployment) -> None:
+    plain_url = deployment.web("web-plain", **SECRET)
+    fair_url = deployment.url
+    flood_token = f"flood-{uuid.uuid4().hex[:10]}"
+    label = {"fair": f"fair-{uuid.uuid4().hex[:8]}", "plain": f"plain-{uuid.uuid4().hex[:8]}"}
+
+    for url, name in ((fair_url, "fair"), (plain_url, "plain")):
+        flooder = McpHttp(url, headers={"Authorization": f"Bearer {flood_token}"})
+        for _ in range(BURST):
+            flooder.create("echo", {"label": label[name]})
+        flooder.close()
+    flood_owner = rows(deployment, label["fair"])[0]["owner"]
+    assert flood_token in flood_owner
+    queue = str(deployment.queue)
+    # B: a principal whose jobs go to another shard than A's (owners differ only in the token).
+    other_token = next(
+        token
+        for token in (f"steady-{uuid.uuid4().hex[:10]}" for _ in range(100))
+        if shard_queue(queue, flood_owner.replace(flood_token, token), int(SHARDS))
+        != shard_queue(queue, flood_owner, int(SHARDS))
+    )
+    steady_owner = flood_owner.replace(flood_token, other_token)
+    for url, name in ((fair_url, "fair"), (plain_url, "plain")):
+        steady = McpHttp(url, headers={"Authorization": f"Bearer {other_token}"})
+        steady.create("echo", {"label": label[name]})
+        steady.close()
+
+    # One worker, one process, one message prefetched: it consumes the default queue and its shards.
+    argv = [sys.executable, "-m", "celery", "-A", APP, "worker", "-P", "prefork", "-c", "1"]
+    argv += ["--prefetch-multiplier", "1", "--without-mingle", "--without-gossip", "--loglevel", "INFO"]
+    argv += ["-n", f"fair-{uuid.uuid4().hex[:6]}@%h"]
+    env = process_env(
+        deployment.backend,
+        **deployment.env(MCP_TASKS_FAIR_QUEUES=SHARDS, MCP_TASKS_WORKER_METRICS_PORT="off", **SECRET),
+    )
+    worker = spawn("worker-fair", argv, env, deployment.log_dir)
+    deployment.procs.append(worker)
+
+    def drained() -> bool:
+        every = rows(deployment, label["fair"]) + rows(deployment, label["plain"])
+        return len(every) == 2 * (BURST + 1) and all(row["status"] == "completed" for row in every)
+
+    wait_until(drained, 120, "the worker to run every job")
+    assert start_rank(deployment, label["plain"], steady_owner) == BURST + 1  # the control: behind the burst
+    assert start_rank(deployment, label["fair"], steady_owner) <= 3  # fair: about one of A's per turn

@@ -1,0 +1,246 @@
+"""Idempotent creation and per-principal quotas in `TaskService`, on a real store (SQLite and PostgreSQL).
+
+The clock is the service's own (driven, never slept); the racing creations are real threads on
+their own connections, as two replicas would be.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from celery_mcp_tasks.model import TaskRecord, TaskStatus, derived_task_id, task_key
+from celery_mcp_tasks.service import IdempotencyKeyReused, TaskService
+from celery_mcp_tasks.store.base import Quota, QuotaExceeded, TaskLimitReached, TaskNotFound
+from celery_mcp_tasks.store.sql import SqlStore
+
+SECRET = b"s" * 32
+
+
+class Clock:
+    def __init__(self, at: int = 1_000_000) -> None:
+        self.at = at
+
+    def __call__(self) -> int:
+        return self.at
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def sent() -> list[TaskRecord]:
+    return []
+
+
+@pytest.fixture
+def service(store: SqlStore, clock: Clock, sent: list[TaskRecord]) -> TaskService:
+    return TaskService(store, dispatcher=sent.append, clock=clock, idempotency_secret=SECRET)
+
+
+def rows(store: SqlStore) -> int:
+    with store.engine.connect() as conn:
+        return int(conn.execute(sa.text("SELECT count(*) FROM mcp_tasks_task")).scalar_one())
+
+
+# -- idempotent creation ---------------------------------------------------------------------
+
+
+def test_a_retry_with_the_same_key_gets_the_same_task_and_sends_no_second_job(
+    service: TaskService, store: SqlStore, sent: list[TaskRecord]
+) -> None:
+    first_id, first = service.create(owner="sub:alice", tool="t", arguments={"x": 1}, idempotency_key="order-1")
+    again_id, again = service.create(owner="sub:alice", tool="t", arguments={"x": 1}, idempotency_key="order-1")
+    assert again_id == first_id and again.key == first.key == task_key(first_id)
+    assert len(sent) == 1 and rows(store) == 1
+    assert len(first_id) == 43  # shaped as every task id
+
+
+def test_the_id_is_derived_from_the_secret_so_a_key_alone_opens_nothing(service: TaskService) -> None:
+    task_id, _ = service.create(owner="sub:alice", tool="t", arguments={}, idempotency_key="k")
+    assert task_id == derived_task_id(SECRET, "sub:alice", "t", "k")
+    assert task_id != derived_task_id(b"o" * 32, "sub:alice", "t", "k")
+
+
+def test_another_principal_with_the_same_key_gets_its_own_task(service: TaskService, sent: list[TaskRecord]) -> None:
+    alice, _ = service.create(owner="sub:alice", tool="t", arguments={"x": 1}, idempotency_key="k")
+    bob, _ = service.create(owner="sub:bob", tool="t", arguments={"x": 1}, idempotency_key="k")
+    anonymous, _ = service.create(owner=None, tool="t", arguments={"x": 1}, idempotency_key="k")
+    assert len({alice, bob, anonymous}) == 3 and len(sent) == 3
+    with pytest.raises(TaskNotFound):  # bob's id is not alice's task
+        service.get(bob, "sub:alice")
+
+
+def test_the_same_key_with_other_arguments_is_refused_and_creates_nothing(
+    service: TaskService, store: SqlStore, sent: list[TaskRecord]
+) -> None:
+    service.create(owner="sub:alice", tool="t", arguments={"x": 1}, idempotency_key="k")
+    with pytest.raises(IdempotencyKeyReused):
+        service.create(owner="sub:alice", tool="t", arguments={"x": 2}, idempotency_key="k")
+    assert len(sent) == 1 and rows(store) == 1
+
+
+def test_a_key_is_free_again_once_its_finished_task_has_expired(
+    service: TaskService, clock: Clock, sent: list[TaskRecord]
+) -> None:
+    first_id, first = service.create(owner="sub:a", tool="t", arguments={}, ttl_ms=1000, idempotency_key="k")
+    service.complete(first.key, {"content": []})
+    clock.at += 1000
+    again_id, again = service.create(owner="sub:a", tool="t", arguments={}, ttl_ms=1000, idempotency_key="k")
+    assert again_id == first_id and again.status is TaskStatus.WORKING and again.created_at == clock.at
+    assert len(sent) == 2
+
+
+def test_racing_retries_create_one_task(store_url: str, clock: Clock) -> None:
+    """Eight replicas (own stores, own connections) receive the same retried call at once."""
+    stores = [SqlStore.from_url(store_url) for _ in range(8)]
+    sent: list[TaskRecord] = []
+    lock = threading.Lock()
+
+    def send(record: TaskRecord) -> None:
+        with lock:
+            sent.append(record)
+
+    try:
+        services = [TaskService(s, dispatcher=send, clock=clock, idempotency_secret=SECRET) for s in stores]
+        barrier = threading.Barrier(len(services))
+
+        def call(service: TaskService) -> str:
+            barrier.wait()
+            return service.create(owner="sub:a", tool="t", arguments={"n": 1}, idempotency_key="k")[0]
+
+        with ThreadPoolExecutor(len(services)) as pool:
+            ids = set(pool.map(call, services))
+        assert len(ids) == 1 and len(sent) == 1 and rows(stores[0]) == 1
+    finally:
+        for s in stores:
+            s.dispose()
+
+
+def test_an_idempotent_retry_is_answered_even_at_the_row_cap(store: SqlStore, clock: Clock) -> None:
+    service = TaskService(store, clock=clock, idempotency_secret=SECRET, max_rows=1)
+    first_id, _ = service.create(owner="sub:a", tool="t", arguments={}, idempotency_key="k")
+    assert service.create(owner="sub:a", tool="t", arguments={}, idempotency_key="k")[0] == first_id
+    with pytest.raises(TaskLimitReached):
+        service.create(owner="sub:a", tool="t", arguments={}, idempotency_key="other")
+
+
+# -- quotas ------------------------------------------------------------------------------------
+
+
+def refused(create: Callable[[], Any]) -> QuotaExceeded:
+    with pytest.raises(QuotaExceeded) as caught:
+        create()
+    return caught.value
+
+
+def test_unfinished_tasks_per_principal_are_capped_and_a_finished_one_frees_room(
+    service: TaskService, store: SqlStore, sent: list[TaskRecord]
+) -> None:
+    quota = Quota(active=2)
+    _, a = service.create(owner="sub:alice", tool="t", arguments={}, quota=quota)
+    service.create(owner="sub:alice", tool="u", arguments={}, quota=quota)
+    refusal = refused(lambda: service.create(owner="sub:alice", tool="t", arguments={}, quota=quota))
+    assert (refusal.limit, refusal.allowed, refusal.retry_after_ms) == ("active", 2, None)
+    assert rows(store) == 2 and len(sent) == 2  # the refusal created nothing
+    service.create(owner="sub:bob", tool="t", arguments={}, quota=quota)  # bob has his own
+    service.complete(a.key, {"content": []})
+    service.create(owner="sub:alice", tool="t", arguments={}, quota=quota)
+
+
+def test_the_per_tool_cap_counts_only_that_tool(service: TaskService) -> None:
+    quota = Quota(active_tool=1)
+    service.create(owner="sub:a", tool="t", arguments={}, quota=quota)
+    service.create(owner="sub:a", tool="u", arguments={}, quota=quota)
+    refusal = refused(lambda: service.create(owner="sub:a", tool="t", arguments={}, quota=quota))
+    assert refusal.limit == "active_tool"
+
+
+def test_anonymous_callers_share_one_quota(service: TaskService) -> None:
+    quota = Quota(active=1)
+    service.create(owner=None, tool="t", arguments={}, quota=quota)
+    assert refused(lambda: service.create(owner=None, tool="t", arguments={}, quota=quota)).limit == "active"
+    service.create(owner="sub:a", tool="t", arguments={}, quota=quota)
+
+
+def test_creations_per_window_are_capped_and_the_refusal_says_when_to_retry(service: TaskService, clock: Clock) -> None:
+    quota = Quota(creations=3, window_ms=10_000)
+    for step in (0, 2_000, 3_000):
+        clock.at += step
+        _, record = service.create(owner="sub:a", tool="t", arguments={}, quota=quota)
+        service.complete(record.key, {"content": []})  # finished tasks still count towards the rate
+    clock.at += 1_000  # 6 s after the first of the three
+    refusal = refused(lambda: service.create(owner="sub:a", tool="t", arguments={}, quota=quota))
+    assert (refusal.limit, refusal.allowed, refusal.retry_after_ms, refusal.window_ms) == (
+        "creations",
+        3,
+        4_000,
+        10_000,
+    )
+    clock.at += 4_000  # the first has left the window
+    service.create(owner="sub:a", tool="t", arguments={}, quota=quota)
+
+
+def test_an_idempotent_retry_is_not_refused_by_the_quota_it_already_counted_in(service: TaskService) -> None:
+    quota = Quota(active=1)
+    first_id, _ = service.create(owner="sub:a", tool="t", arguments={}, quota=quota, idempotency_key="k")
+    assert service.create(owner="sub:a", tool="t", arguments={}, quota=quota, idempotency_key="k")[0] == first_id
+
+
+def test_racing_creations_of_one_principal_never_exceed_its_quota(store_url: str, clock: Clock) -> None:
+    """Eight replicas create for the same principal at once: exactly the quota's worth get in."""
+    stores = [SqlStore.from_url(store_url) for _ in range(8)]
+    quota = Quota(active=3)
+    try:
+        services = [TaskService(s, clock=clock) for s in stores]
+        barrier = threading.Barrier(len(services))
+
+        def call(service: TaskService) -> bool:
+            barrier.wait()
+            try:
+                service.create(owner="sub:flood", tool="t", arguments={}, quota=quota)
+            except QuotaExceeded:
+                return False
+            return True
+
+        with ThreadPoolExecutor(len(services)) as pool:
+            created = list(pool.map(call, services))
+        assert created.count(True) == 3 and rows(stores[0]) == 3
+        assert stores[0].count_by_status()["working"] == 3
+    finally:
+        for s in stores:
+            s.dispose()
+
+
+def test_without_a_quota_a_creation_is_one_statement(store: SqlStore, clock: Clock) -> None:
+    """Quotas off cost nothing: the hot path stays the one INSERT (no lock, no count)."""
+    statements: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        statements.append(statement)
+
+    sa.event.listen(store.engine, "before_cursor_execute", record)
+    try:
+        TaskService(store, clock=clock).create(owner="sub:a", tool="t", arguments={})
+        TaskService(store, clock=clock).create(owner="sub:a", tool="t", arguments={}, quota=Quota())
+    finally:
+        sa.event.remove(store.engine, "before_cursor_execute", record)
+    assert len(statements) == 2 and all(s.lstrip().upper().startswith(("INSERT", "WITH")) for s in statements)
+
+
+def test_anonymous_callers_told_apart_have_a_quota_each(service: TaskService) -> None:
+    quota = Quota(active=1, creations=5)
+    service.create(owner=None, tool="t", arguments={}, quota=quota, caller="client-1")
+    refusal = refused(lambda: service.create(owner=None, tool="t", arguments={}, quota=quota, caller="client-1"))
+    assert refusal.limit == "active"
+    _, other = service.create(owner=None, tool="t", arguments={}, quota=quota, caller="client-2")
+    assert other.caller == "client-2"
+    # an authenticated caller is its owner: a caller value is not kept for it
+    assert service.create(owner="sub:a", tool="t", arguments={}, quota=quota, caller="client-1")[1].caller is None
