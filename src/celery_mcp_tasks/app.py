@@ -39,7 +39,7 @@ from celery_mcp_tasks.notify.push import BrokerAccess, Push
 from celery_mcp_tasks.observe import Observers
 from celery_mcp_tasks.plugin import Plugin, Runtime, overrides, plugins_from_settings
 from celery_mcp_tasks.preflight import preflight
-from celery_mcp_tasks.service import DEFAULT, TaskService, _Default
+from celery_mcp_tasks.service import DEFAULT, PayloadLimits, TaskService, _Default
 from celery_mcp_tasks.store.base import Ledger
 from celery_mcp_tasks.store.sql import SqlStore
 from celery_mcp_tasks.worker import bridge
@@ -217,7 +217,9 @@ class McpTasks:
             return self._service
         with self._lock:
             if self._service is None or self._service_pid != pid:
-                store = SqlStore.from_url(self.settings.store_url, change_hint=self._push.change_hint)
+                store = SqlStore.from_url(
+                    self.settings.store_url, change_hint=self._push.change_hint, ring=self.settings.key_ring()
+                )
                 for plugin in self._plugins:  # e.g. the metrics' error listener on this engine only
                     if overrides(plugin, "store_built"):
                         plugin.store_built(store)
@@ -230,6 +232,7 @@ class McpTasks:
                     default_ttl_ms=self.settings.default_ttl_ms,
                     default_poll_interval_ms=self.settings.poll_interval_ms,
                     observer=self._observers,
+                    limits=self._limits,
                 )
                 self._service_pid = pid
         return self._service
@@ -246,6 +249,15 @@ class McpTasks:
         hooks = [self._metric] if self._metric is not None else []
         hooks += [plugin.swept for plugin in self._plugins if overrides(plugin, "swept")]
         return sweep(self.service(), self.settings, metric=_all_of(hooks), max_sends=self._max_sends)
+
+    def _limits(self, tool: str) -> PayloadLimits:
+        """A tool's payload limits: its `@mcp_task` options, else the settings."""
+        spec, settings = self._tools.get(tool), self.settings
+        return PayloadLimits(
+            arguments=spec.max_arguments_bytes if spec and spec.max_arguments_bytes else settings.max_arguments_bytes,
+            answers=spec.max_answer_bytes if spec and spec.max_answer_bytes else settings.max_answer_bytes,
+            result=spec.max_result_bytes if spec and spec.max_result_bytes else settings.max_result_bytes,
+        )
 
     def _max_sends(self, tool: str) -> int | None:
         spec = self._tools.get(tool)
@@ -285,6 +297,9 @@ class McpTasks:
         prepare: Prepare | None = None,
         terminate: bool = False,
         max_sends: int | None = None,
+        max_arguments_bytes: int | None = None,
+        max_answer_bytes: int | None = None,
+        max_result_bytes: int | None = None,
         **celery_options: Any,
     ) -> McpTaskDecorator: ...
 
@@ -296,7 +311,9 @@ class McpTasks:
         run and wait). `needs`: client capabilities the job's input requests use.
         `terminate`: tasks/cancel also kills a running job (prefork pools, best
         effort). `max_sends`: sends of one run before a lost job fails
-        (default MCP_TASKS_MAX_SENDS). Other keyword arguments go to
+        (default MCP_TASKS_MAX_SENDS). `max_arguments_bytes`, `max_answer_bytes`,
+        `max_result_bytes`: this tool's payload limits (default MCP_TASKS_MAX_ARGUMENTS_BYTES,
+        MCP_TASKS_MAX_ANSWER_BYTES, MCP_TASKS_MAX_RESULT_BYTES). Other keyword arguments go to
         Celery's `@app.task`: with `bind=True` the function takes the job
         first (`self.retry(...)`); `autoretry_for` works as usual; jobs default
         to `acks_late` with a bounded `retry_on_worker_lost`.
@@ -323,6 +340,9 @@ class McpTasks:
         prepare: Prepare | None = None,
         terminate: bool = False,
         max_sends: int | None = None,
+        max_arguments_bytes: int | None = None,
+        max_answer_bytes: int | None = None,
+        max_result_bytes: int | None = None,
         **celery_options: Any,
     ) -> McpTaskJob[_R]:
         tool = TaskTool(
@@ -339,6 +359,9 @@ class McpTasks:
             bound=bool(celery_options.get("bind")),
             terminate=terminate,
             max_sends=max_sends,
+            max_arguments_bytes=max_arguments_bytes,
+            max_answer_bytes=max_answer_bytes,
+            max_result_bytes=max_result_bytes,
         )
         if tool.name in self._tools or self._known_tool(tool.name):
             raise ValueError(f"task tool {tool.name!r}: a tool of that name is already registered on this server")

@@ -31,12 +31,15 @@ from celery_mcp_tasks.model import (
 from celery_mcp_tasks.notify.base import Notifier, safe_notify
 from celery_mcp_tasks.observe import Observer, safe_observe
 from celery_mcp_tasks.store.base import ANY, Store, TaskNotFound
+from celery_mcp_tasks.store.codec import PayloadTooLarge, payload_bytes
 
 __all__ = [
     "DEFAULT",
     "Dispatcher",
     "DuplicateInputKeys",
     "NotLost",
+    "PayloadLimits",
+    "PayloadTooLarge",
     "TaskExpired",
     "TaskNotFound",
     "TaskService",
@@ -92,6 +95,31 @@ def failure(message: str, data: Any = None) -> dict[str, Any]:
     return error
 
 
+@dataclass(frozen=True)
+class PayloadLimits:
+    """A tool's payload limits in bytes of compact JSON (`store.codec.payload_bytes`); None: unlimited.
+
+    `arguments`: a creation's arguments; `answers`: one `tasks/update`'s answers; `result`: the job's result.
+    """
+
+    arguments: int | None = None
+    answers: int | None = None
+    result: int | None = None
+
+
+_ARGUMENTS = ("Arguments", "MCP_TASKS_MAX_ARGUMENTS_BYTES", "max_arguments_bytes")
+_ANSWERS = ("Answers", "MCP_TASKS_MAX_ANSWER_BYTES", "max_answer_bytes")
+_RESULT = ("Result", "MCP_TASKS_MAX_RESULT_BYTES", "max_result_bytes")
+
+
+def _over(what: tuple[str, str, str], value: Any, limit: int | None) -> PayloadTooLarge | None:
+    """The refusal for `value` over `limit` (None when it fits or nothing limits it)."""
+    if limit is None:
+        return None
+    size = payload_bytes(value)
+    return None if size <= limit else PayloadTooLarge(what[0], size, limit, what[1], what[2])
+
+
 @dataclass
 class TaskService:
     store: Store
@@ -102,6 +130,8 @@ class TaskService:
     default_poll_interval_ms: int | None = 1_000
     clock: Callable[[], int] = now_ms
     observer: Observer | None = None
+    limits: Callable[[str], PayloadLimits] | None = None
+    """A tool's payload limits (the composition root: settings and `@mcp_task` options); None: unlimited."""
 
     # -- request side (raw id, owner-scoped) ----------------------------------------
 
@@ -120,12 +150,17 @@ class TaskService:
     ) -> tuple[str, TaskRecord]:
         """Store a new `working` task, then send its job. Returns (task id, record).
 
-        Raises `TaskLimitReached` before anything is stored. If sending fails
+        Raises `TaskLimitReached` or `PayloadTooLarge` before anything is stored. If sending fails
         the task is marked `failed` and the failed record is returned:
         the client learns an id only for a row that exists and tells the truth.
         `input_responses` seeds answers gathered before the task existed (MRTR);
         their keys count as used. `trace_context`: the W3C `traceparent` every send of the job carries.
         """
+        if self.limits is not None:
+            refused = _over(_ARGUMENTS, arguments, self.limits(tool).arguments)
+            if refused is not None:
+                logger.warning("tool %r: a creation was refused: %s", tool, refused)
+                raise refused
         at = self.clock()
         task_id = new_task_id()
         record = TaskRecord(
@@ -170,7 +205,8 @@ class TaskService:
     def answer(self, task_id: str, owner: str | None, responses: dict[str, Any]) -> TaskRecord:
         """Record answers for outstanding keys; send the job again when none remain.
 
-        Keys that are not outstanding are ignored; a terminal task is left alone.
+        Keys that are not outstanding are ignored; a terminal task is left alone. Answers over
+        the tool's limit raise `PayloadTooLarge` and change nothing.
         Ownership and expiry are checked on the row the write reads (one read, not two),
         and the answers and the new run are one transition: one commit, one notification.
         """
@@ -189,6 +225,11 @@ class TaskService:
             nonlocal changed, resumed
             changed = resumed = False  # a CAS retry recomputes from the fresh row
             self._require_unexpired(record)
+            if self.limits is not None and not record.terminal:
+                refused = _over(_ANSWERS, responses, self.limits(record.tool).answers)
+                if refused is not None:
+                    logger.warning("tool %r: answers were refused: %s", record.tool, refused)
+                    raise refused
             try:
                 nxt, resumed = record.answered(responses, self.clock(), dispatch=dispatch)
             except InvalidTransition:
@@ -282,7 +323,24 @@ class TaskService:
         *,
         expected: TaskRecord | None = None,
     ) -> TaskRecord:
-        return self._write(key, lambda r: r.completed(result, self.clock(), message, run), expected)
+        limits = self.limits
+        if limits is None:
+            return self._write(key, lambda r: r.completed(result, self.clock(), message, run), expected)
+        sizes: list[int] = []  # measured once, however many times a CAS retry recomputes
+
+        def transition(record: TaskRecord) -> TaskRecord:
+            """Completed with `result`, or failed when it is over the tool's limit (nothing of it kept)."""
+            limit = limits(record.tool).result
+            if limit is not None and not record.terminal:
+                sizes[:] = sizes or [payload_bytes(result)]
+                if sizes[0] > limit:
+                    refused = PayloadTooLarge(_RESULT[0], sizes[0], limit, _RESULT[1], _RESULT[2])
+                    logger.warning("tool %r: the job's result was refused, the task fails: %s", record.tool, refused)
+                    reason = f"The job's result was not stored: {refused}"
+                    return record.failed(failure(reason), self.clock(), reason, run)
+            return record.completed(result, self.clock(), message, run)
+
+        return self._write(key, transition, expected)
 
     def fail(
         self,

@@ -54,7 +54,7 @@ from celery_mcp_tasks.model import InvalidInputResponse, TaskRecord
 from celery_mcp_tasks.notify.hub import Hub
 from celery_mcp_tasks.ops.propagation import creating
 from celery_mcp_tasks.protocol import EXTENSION_ID, render_create_result, render_task
-from celery_mcp_tasks.service import TaskExpired, TaskService
+from celery_mcp_tasks.service import PayloadTooLarge, TaskExpired, TaskService
 from celery_mcp_tasks.store.base import StoreUnavailable, TaskLimitReached, TaskNotFound
 
 logger = logging.getLogger("celery_mcp_tasks.mcp")
@@ -209,6 +209,8 @@ class TasksExtension(Extension):
                 )
         except TaskLimitReached:
             raise internal("Task limit reached") from None
+        except PayloadTooLarge as exc:  # nothing was created
+            raise invalid_params(str(exc)) from None
 
     # -- tasks/get | update | cancel --------------------------------------------------------
 
@@ -239,7 +241,7 @@ class TasksExtension(Extension):
         answer = partial(self._service().answer, params.task_id, current_principal(), responses)
         try:
             await self._lookup(answer, "tasks/update")
-        except InvalidInputResponse as exc:
+        except (InvalidInputResponse, PayloadTooLarge) as exc:  # nothing was changed
             raise invalid_params(str(exc)) from None
         return dict(_COMPLETE)
 
