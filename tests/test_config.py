@@ -28,6 +28,11 @@ WRONG = [
     ("MCP_TASKS_MAX_SENDS", "0", "must be >= 1"),
     ("MCP_TASKS_NOTIFY", "carrier-pigeon", "expected one of"),
     ("CELERY_BROKER_URL", "localhost:6379", "expected a URL"),
+    ("MCP_TASKS_MAX_ARGUMENTS_BYTES", "big", "expected an integer or none"),
+    ("MCP_TASKS_MAX_ANSWER_BYTES", "0", "must be >= 1"),
+    ("MCP_TASKS_MAX_RESULT_BYTES", "-5", "must be >= 1"),
+    ("MCP_TASKS_ENCRYPTION_KEYS", "not-a-key", "key 1 of 1 is not a base64 32-byte key"),
+    ("MCP_TASKS_ENCRYPTION_KEYS", "A" * 43 + "=,c2hvcnQ=", "key 2 of 2 is not a base64 32-byte key"),
 ]
 
 
