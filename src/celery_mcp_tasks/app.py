@@ -170,6 +170,7 @@ class McpTasks:
         self.celery = celery or Celery(name)
         configure_celery(self.celery, self.settings)
         self._tools: dict[str, TaskTool] = {}
+        self._payload_limits: dict[str, PayloadLimits] = {}
         self._metric = metric
         self._dispatcher = CeleryDispatcher(self.celery, self._tools)
         self._push = Push(self.settings, notifier=notifier, broker=BrokerAccess.of(self.celery))
@@ -251,13 +252,19 @@ class McpTasks:
         return sweep(self.service(), self.settings, metric=_all_of(hooks), max_sends=self._max_sends)
 
     def _limits(self, tool: str) -> PayloadLimits:
-        """A tool's payload limits: its `@mcp_task` options, else the settings."""
+        """A tool's payload limits: its `@mcp_task` options, else the settings (worked out once per tool)."""
+        found = self._payload_limits.get(tool)
+        if found is not None:
+            return found
         spec, settings = self._tools.get(tool), self.settings
-        return PayloadLimits(
+        found = PayloadLimits(
             arguments=spec.max_arguments_bytes if spec and spec.max_arguments_bytes else settings.max_arguments_bytes,
             answers=spec.max_answer_bytes if spec and spec.max_answer_bytes else settings.max_answer_bytes,
             result=spec.max_result_bytes if spec and spec.max_result_bytes else settings.max_result_bytes,
         )
+        if spec is not None:
+            self._payload_limits[tool] = found
+        return found
 
     def _max_sends(self, tool: str) -> int | None:
         spec = self._tools.get(tool)

@@ -84,7 +84,10 @@ def test_arguments_over_the_tools_limit_are_refused_with_32602_naming_it_and_cre
     before = len(rows(backend.store_url))
     reply = client.call_tool("bounded", {"text": "a" * 300, "result_size": 1})
     assert reply["error"]["code"] == -32602
-    assert "Arguments too large" in reply["error"]["message"] and "over the limit of 200 bytes" in reply["error"]["message"]
+    assert (
+        "Arguments too large" in reply["error"]["message"]
+        and "over the limit of 200 bytes" in reply["error"]["message"]
+    )
     assert "max_arguments_bytes" in reply["error"]["message"]
     assert len(rows(backend.store_url)) == before
     assert "a" * 50 not in deployment.logs()
@@ -97,7 +100,10 @@ def test_answers_over_the_limit_are_refused_and_change_nothing_then_a_result_ove
     asking = client.wait_for(task_id, "input_required")
     refused = answer(client, task_id, "word", {"word": "w" * 400})
     assert refused["error"]["code"] == -32602
-    assert "Answers too large" in refused["error"]["message"] and "over the limit of 300 bytes" in refused["error"]["message"]
+    assert (
+        "Answers too large" in refused["error"]["message"]
+        and "over the limit of 300 bytes" in refused["error"]["message"]
+    )
     still = client.get(task_id)
     assert still["status"] == "input_required" and still["inputRequests"] == asking["inputRequests"]
 

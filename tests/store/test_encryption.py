@@ -189,7 +189,9 @@ def test_reencrypt_loses_no_concurrent_write(store_url: str):
             found = store.get(f"k{n:02}")
             assert found.status is TaskStatus.COMPLETED and found.result == {"n": n} and found.arguments == {"n": n}
         new_only = KeyRing.parse([NEW])
-        assert all(new_only.is_current(raw(store_url, f"k{n:02}")[c]) for n in range(40) for c in ("arguments", "result"))
+        assert all(
+            new_only.is_current(raw(store_url, f"k{n:02}")[c]) for n in range(40) for c in ("arguments", "result")
+        )
     finally:
         store.dispose()
 

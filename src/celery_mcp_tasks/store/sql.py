@@ -49,7 +49,7 @@ from celery_mcp_tasks.store.base import (
 )
 from celery_mcp_tasks.store.browse import Filter, Overview, Page, Row
 from celery_mcp_tasks.store.cleanup import Eviction, evict
-from celery_mcp_tasks.store.codec import PAYLOADS, KeyRing, UnreadablePayload, open_columns, seal_columns
+from celery_mcp_tasks.store.codec import KeyRing, UnreadablePayload, open_columns, seal_columns
 from celery_mcp_tasks.store.engine import READ_ONLY, create_store_engine, normalize_url
 from celery_mcp_tasks.store.failures import _CommitInDoubt, _in_doubt, _reconnecting, _reported
 from celery_mcp_tasks.store.schema import tasks
@@ -185,7 +185,7 @@ def _from_row(row: Mapping[Any, Any], ring: KeyRing | None = None) -> TaskRecord
     A payload this process cannot open (a retired key, no ring) reads as a failed task whose error
     says why: the row is left as it is, and nothing can move a terminal record."""
     values = {name: row[name] for name in _COLUMNS}
-    if ring is not None or any(isinstance(values[name], str) for name in PAYLOADS):
+    if ring is not None or str in _payload_types(values):
         try:
             open_columns(ring, values["key"], values)
         except UnreadablePayload as exc:
@@ -195,6 +195,16 @@ def _from_row(row: Mapping[Any, Any], ring: KeyRing | None = None) -> TaskRecord
     for name in ("arguments", "input_requests", "input_responses"):
         values[name] = values[name] or {}
     return TaskRecord(**values)
+
+
+def _payload_types(values: dict[str, Any]) -> tuple[type, ...]:
+    """The payload columns' types: a `str` among them is a sealed payload (in clear they are objects or NULL)."""
+    return (
+        type(values["arguments"]),
+        type(values["input_requests"]),
+        type(values["input_responses"]),
+        type(values["result"]),
+    )
 
 
 def _unreadable(values: dict[str, Any], reason: str) -> TaskRecord:
