@@ -89,6 +89,9 @@ def test_arguments_over_the_tools_limit_are_refused_with_32602_naming_it_and_cre
         and "over the limit of 200 bytes" in reply["error"]["message"]
     )
     assert "max_arguments_bytes" in reply["error"]["message"]
+    without_tasks = client.call_tool("bounded", {"text": "a" * 300, "result_size": 1}, capabilities={"elicitation": {}})
+    assert without_tasks["error"]["code"] == -32602  # the synchronous path: the same refusal
+    assert "over the limit of 200 bytes" in without_tasks["error"]["message"]
     assert len(rows(backend.store_url)) == before
     assert "a" * 50 not in deployment.logs()
 
