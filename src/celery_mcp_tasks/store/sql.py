@@ -61,6 +61,7 @@ _T = TypeVar("_T")
 _MAX_CAS_ATTEMPTS = 64
 _COLUMNS = [f.name for f in fields(TaskRecord)]
 _TERMINAL_VALUES = [status.value for status in TERMINAL]
+_UNREADABLE_SAID: set[tuple[str, str]] = set()
 
 
 def _stored(value: Any) -> str:
@@ -208,8 +209,13 @@ def _payload_types(values: dict[str, Any]) -> tuple[type, ...]:
 
 
 def _unreadable(values: dict[str, Any], reason: str) -> TaskRecord:
-    """A row whose payloads cannot be opened, as the failed task every reader sees (the payloads left out)."""
-    logger.warning("a task of tool %r cannot be read: %s", values["tool"], reason)
+    """A row whose payloads cannot be opened, as the failed task every reader sees (the payloads left out).
+
+    Said once per process and reason (a client polling such a task would repeat it every poll)."""
+    said = (values["tool"], reason)
+    if said not in _UNREADABLE_SAID:
+        _UNREADABLE_SAID.add(said)
+        logger.warning("a task of tool %r cannot be read: %s", values["tool"], reason)
     message = f"The task cannot be read: {reason}"
     values.update(
         status=TaskStatus.FAILED,
