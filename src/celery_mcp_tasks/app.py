@@ -172,7 +172,8 @@ class McpTasks:
         self._tools: dict[str, TaskTool] = {}
         self._payload_limits: dict[str, PayloadLimits] = {}
         self._metric = metric
-        self._dispatcher = CeleryDispatcher(self.celery, self._tools)
+        # With encryption at rest the arguments stay out of the broker too (the job reads the stored ones).
+        self._dispatcher = CeleryDispatcher(self.celery, self._tools, send_arguments=not self.settings.encryption_keys)
         self._push = Push(self.settings, notifier=notifier, broker=BrokerAccess.of(self.celery))
         self._lock = threading.Lock()
         self._service: TaskService | None = None

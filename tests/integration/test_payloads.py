@@ -3,6 +3,8 @@ on PostgreSQL + Redis, driven over real HTTP; the table read back raw, column by
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import subprocess
 import sys
@@ -148,6 +150,30 @@ def test_with_encryption_on_the_table_holds_no_argument_question_answer_or_resul
     assert task_key(task_id) in dumped and "mcpenc1:" in dumped
     for clear in ("ARG-7f3a9c", "ANSWER-51be02", "Store ARG", '"answer"', "accept"):
         assert clear not in dumped
+
+
+def test_with_encryption_on_the_celery_message_carries_no_arguments(backend: Backend, log_dir: Path):
+    import redis
+
+    waiting = Deployment(APP, backend, log_dir)  # a queue no worker consumes: the message stays on the broker
+    with waiting:
+        client = McpHttp(waiting.web("web-no-worker", **{RING: f"{NEW},{OLD}"}))
+        try:
+            task_id = client.create("secret_echo", {"secret": "MSG-0c4d1e"})
+        finally:
+            client.close()
+        broker = redis.Redis.from_url(backend.env["CELERY_BROKER_URL"])
+        try:
+            raw = broker.lrange(waiting.queue, 0, -1)
+            broker.delete(waiting.queue)
+        finally:
+            broker.close()
+    assert len(raw) == 1 and task_key(task_id).encode() in raw[0]
+    message = json.loads(raw[0])
+    body = base64.b64decode(message["body"]) if message["properties"]["body_encoding"] == "base64" else message["body"]
+    args, kwargs, _ = json.loads(body)
+    assert (args, kwargs) == ([], {})  # the job reads its arguments from the store's sealed row
+    assert "MSG-0c4d1e" not in json.dumps(message) + str(body)
 
 
 def test_a_key_rotation_reencrypts_every_row_while_the_tasks_stay_readable(

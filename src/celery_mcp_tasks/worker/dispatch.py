@@ -36,9 +36,19 @@ def celery_id(record: TaskRecord) -> str:
 
 
 class CeleryDispatcher:
-    def __init__(self, app: Celery, tools: Mapping[str, JobTool], *, revoker: BackgroundRevoker | None = None) -> None:
+    def __init__(
+        self,
+        app: Celery,
+        tools: Mapping[str, JobTool],
+        *,
+        revoker: BackgroundRevoker | None = None,
+        send_arguments: bool = True,
+    ) -> None:
+        """`send_arguments=False` (encryption at rest is on): the message carries no arguments, so the
+        broker never holds them in clear; the job reads them from the store's row either way."""
         self.app = app
         self.tools = tools
+        self.send_arguments = send_arguments
         self.revoker = revoker or BackgroundRevoker(app)
         warn_unless_pool_terminates(app, lambda: sorted(t.name for t in self.tools.values() if t.terminate))
 
@@ -49,7 +59,7 @@ class CeleryDispatcher:
             with sending(record.trace_context, headers):  # the task's trace context, in the message headers
                 self.app.send_task(
                     tool.celery_name,
-                    kwargs=record.arguments,
+                    kwargs=record.arguments if self.send_arguments else {},
                     task_id=celery_id(record),
                     headers=headers,
                     shadow=tool.name,
