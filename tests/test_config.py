@@ -38,6 +38,11 @@ WRONG = [
     ("MCP_TASKS_FAIR_QUEUES", "1", "must be >= 2"),
     ("MCP_TASKS_QUOTA_ANONYMOUS", "per_ip", "expected one of shared, per_client"),
     ("MCP_TASKS_FAIR_QUEUES", "many", "expected an integer or none"),
+    ("MCP_TASKS_MAX_ARGUMENTS_BYTES", "big", "expected an integer or none"),
+    ("MCP_TASKS_MAX_ANSWER_BYTES", "0", "must be >= 1"),
+    ("MCP_TASKS_MAX_RESULT_BYTES", "-5", "must be >= 1"),
+    ("MCP_TASKS_ENCRYPTION_KEYS", "not-a-key", "key 1 of 1 is not a base64 32-byte key"),
+    ("MCP_TASKS_ENCRYPTION_KEYS", "A" * 43 + "=,c2hvcnQ=", "key 2 of 2 is not a base64 32-byte key"),
 ]
 
 

@@ -125,6 +125,14 @@ def test_dev_runs_a_tool_routed_to_a_queue_of_its_own(tmp_path: Path) -> None:
     assert done.stdout.splitlines()[-1] == "42"
 
 
+def test_the_payloads_page_example_sets_its_tools_limits() -> None:
+    from examples.guide import payloads
+
+    spec = internals(payloads.tasks).tools["summarize"]
+    assert (spec.max_arguments_bytes, spec.max_answer_bytes, spec.max_result_bytes) == (65536, None, 262144)
+    assert payloads.summarize(text="x" * 300) == "x" * 200  # called directly: the job's body
+
+
 def test_the_plugins_and_mounting_examples_build() -> None:
     from starlette.routing import Route
 

@@ -78,3 +78,33 @@ def test_distinct_tools_of_both_kinds_live_side_by_side(tasks: McpTasks) -> None
         return x
 
     assert tasks.server.has_tool("quick") and tasks.server.has_tool("slow") and list(internals(tasks).tools) == ["slow"]
+
+
+@pytest.mark.parametrize("option", ["max_arguments_bytes", "max_answer_bytes", "max_result_bytes"])
+@pytest.mark.parametrize("value", [0, -1, "1k", True])
+def test_a_payload_limit_that_is_not_a_positive_number_of_bytes_is_refused(
+    tasks: McpTasks, option: str, value: object
+) -> None:
+    with pytest.raises(ValueError, match=rf"^task tool 'upload': {option} must be a number of bytes >= 1, got"):
+
+        @tasks.mcp_task(**{option: value})
+        def upload(data: str) -> str:
+            return data
+
+
+def test_a_tools_payload_limits_win_over_the_settings(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, max_arguments_bytes=10, max_answer_bytes=20, max_result_bytes=None)
+    tasks = McpTasks("limits", celery=Celery("limits"), settings=settings)
+
+    @tasks.mcp_task(max_result_bytes=300)
+    def own(data: str) -> str:
+        return data
+
+    @tasks.mcp_task
+    def plain(data: str) -> str:
+        return data
+
+    limits = tasks.service().limits
+    assert limits is not None
+    assert (limits("own").arguments, limits("own").answers, limits("own").result) == (10, 20, 300)
+    assert (limits("plain").arguments, limits("plain").answers, limits("plain").result) == (10, 20, None)

@@ -39,7 +39,7 @@ from celery_mcp_tasks.notify.push import BrokerAccess, Push
 from celery_mcp_tasks.observe import Observers
 from celery_mcp_tasks.plugin import Plugin, Runtime, overrides, plugins_from_settings
 from celery_mcp_tasks.preflight import preflight
-from celery_mcp_tasks.service import DEFAULT, TaskService, _Default
+from celery_mcp_tasks.service import DEFAULT, PayloadLimits, TaskService, _Default
 from celery_mcp_tasks.store.base import Ledger, Quota
 from celery_mcp_tasks.store.sql import SqlStore
 from celery_mcp_tasks.worker import bridge
@@ -173,8 +173,15 @@ class McpTasks:
         self.celery = celery or Celery(name)
         configure_celery(self.celery, self.settings)
         self._tools: dict[str, TaskTool] = {}
+        self._payload_limits: dict[str, PayloadLimits] = {}
         self._metric = metric
-        self._dispatcher = CeleryDispatcher(self.celery, self._tools, fair_queues=self.settings.fair_queues)
+        # With encryption at rest the arguments stay out of the broker too (the job reads the stored ones).
+        self._dispatcher = CeleryDispatcher(
+            self.celery,
+            self._tools,
+            fair_queues=self.settings.fair_queues,
+            send_arguments=not self.settings.encryption_keys,
+        )
         self._push = Push(self.settings, notifier=notifier, broker=BrokerAccess.of(self.celery))
         self._lock = threading.Lock()
         self._service: TaskService | None = None
@@ -223,7 +230,9 @@ class McpTasks:
             return self._service
         with self._lock:
             if self._service is None or self._service_pid != pid:
-                store = SqlStore.from_url(self.settings.store_url, change_hint=self._push.change_hint)
+                store = SqlStore.from_url(
+                    self.settings.store_url, change_hint=self._push.change_hint, ring=self.settings.key_ring()
+                )
                 for plugin in self._plugins:  # e.g. the metrics' error listener on this engine only
                     if overrides(plugin, "store_built"):
                         plugin.store_built(store)
@@ -237,6 +246,7 @@ class McpTasks:
                     default_poll_interval_ms=self.settings.poll_interval_ms,
                     observer=self._observers,
                     idempotency_secret=_secret(self.settings.idempotency_secret),
+                    limits=self._limits,
                 )
                 self._service_pid = pid
         return self._service
@@ -253,6 +263,21 @@ class McpTasks:
         hooks = [self._metric] if self._metric is not None else []
         hooks += [plugin.swept for plugin in self._plugins if overrides(plugin, "swept")]
         return sweep(self.service(), self.settings, metric=_all_of(hooks), max_sends=self._max_sends)
+
+    def _limits(self, tool: str) -> PayloadLimits:
+        """A tool's payload limits: its `@mcp_task` options, else the settings (worked out once per tool)."""
+        found = self._payload_limits.get(tool)
+        if found is not None:
+            return found
+        spec, settings = self._tools.get(tool), self.settings
+        found = PayloadLimits(
+            arguments=spec.max_arguments_bytes if spec and spec.max_arguments_bytes else settings.max_arguments_bytes,
+            answers=spec.max_answer_bytes if spec and spec.max_answer_bytes else settings.max_answer_bytes,
+            result=spec.max_result_bytes if spec and spec.max_result_bytes else settings.max_result_bytes,
+        )
+        if spec is not None:
+            self._payload_limits[tool] = found
+        return found
 
     def _max_sends(self, tool: str) -> int | None:
         spec = self._tools.get(tool)
@@ -300,6 +325,9 @@ class McpTasks:
         max_sends: int | None = None,
         max_active: int | None = None,
         idempotency_key: IdempotencyKey | None = None,
+        max_arguments_bytes: int | None = None,
+        max_answer_bytes: int | None = None,
+        max_result_bytes: int | None = None,
         **celery_options: Any,
     ) -> McpTaskDecorator: ...
 
@@ -316,6 +344,9 @@ class McpTasks:
         the arguments giving the key of a call a client sends none for, or "arguments"
         (the arguments themselves): a repeat within the task's TTL gets the first task
         back (needs MCP_TASKS_IDEMPOTENCY_SECRET). Other keyword arguments go to
+        (default MCP_TASKS_MAX_SENDS). `max_arguments_bytes`, `max_answer_bytes`,
+        `max_result_bytes`: this tool's payload limits (default MCP_TASKS_MAX_ARGUMENTS_BYTES,
+        MCP_TASKS_MAX_ANSWER_BYTES, MCP_TASKS_MAX_RESULT_BYTES). Other keyword arguments go to
         Celery's `@app.task`: with `bind=True` the function takes the job
         first (`self.retry(...)`); `autoretry_for` works as usual; jobs default
         to `acks_late` with a bounded `retry_on_worker_lost`.
@@ -344,6 +375,9 @@ class McpTasks:
         max_sends: int | None = None,
         max_active: int | None = None,
         idempotency_key: IdempotencyKey | None = None,
+        max_arguments_bytes: int | None = None,
+        max_answer_bytes: int | None = None,
+        max_result_bytes: int | None = None,
         **celery_options: Any,
     ) -> McpTaskJob[_R]:
         tool = TaskTool(
@@ -362,6 +396,9 @@ class McpTasks:
             max_sends=max_sends,
             max_active=max_active,
             idempotency_key=idempotency_key,
+            max_arguments_bytes=max_arguments_bytes,
+            max_answer_bytes=max_answer_bytes,
+            max_result_bytes=max_result_bytes,
         )
         if tool.name in self._tools or self._known_tool(tool.name):
             raise ValueError(f"task tool {tool.name!r}: a tool of that name is already registered on this server")

@@ -16,9 +16,12 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import make_url
+
+if TYPE_CHECKING:
+    from celery_mcp_tasks.store.codec import KeyRing
 
 __all__ = ["ConfigError", "Settings", "redact_url", "unknown_settings"]
 
@@ -45,6 +48,11 @@ DEFAULT_INPUT_TIMEOUT_S = 86_400.0
 """An `input_required` task nobody answers fails after a day (MCP_TASKS_INPUT_TIMEOUT_S), so it frees its row."""
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 """The largest HTTP request body the MCP endpoint reads (MCP_TASKS_MAX_REQUEST_BYTES): the SDK's own default."""
+DEFAULT_MAX_ARGUMENTS_BYTES = 1024 * 1024
+DEFAULT_MAX_ANSWER_BYTES = 1024 * 1024
+DEFAULT_MAX_RESULT_BYTES = 4 * 1024 * 1024
+"""Payload limits (MCP_TASKS_MAX_ARGUMENTS_BYTES, _ANSWER_BYTES, _RESULT_BYTES): a task's arguments, one
+`tasks/update`'s answers and a job's result, as compact JSON in UTF-8 bytes (what the store keeps)."""
 EMBEDDED_STALE_TIMEOUT_S = 15.0
 EMBEDDED_JANITOR_INTERVAL_S = 5.0
 """Defaults on the embedded default (no store or broker URL): a laptop recovers lost work in seconds."""
@@ -223,6 +231,10 @@ class Settings:
     quota_anonymous: str = "shared"
     fair_queues: int | None = None
     idempotency_secret: str | None = field(default=None, repr=False)
+    max_arguments_bytes: int | None = DEFAULT_MAX_ARGUMENTS_BYTES
+    max_answer_bytes: int | None = DEFAULT_MAX_ANSWER_BYTES
+    max_result_bytes: int | None = DEFAULT_MAX_RESULT_BYTES
+    encryption_keys: tuple[str, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         _one_of("MCP_TASKS_JANITOR", self.janitor, _JANITOR_MODES)
@@ -268,6 +280,14 @@ class Settings:
                 f"MCP_TASKS_IDEMPOTENCY_SECRET: must be at least {MIN_SECRET_BYTES} bytes "
                 f"(got {len(self.idempotency_secret.encode())}); generate one with `openssl rand -base64 48`"
             )
+        for name, limit in (
+            ("MCP_TASKS_MAX_ARGUMENTS_BYTES", self.max_arguments_bytes),
+            ("MCP_TASKS_MAX_ANSWER_BYTES", self.max_answer_bytes),
+            ("MCP_TASKS_MAX_RESULT_BYTES", self.max_result_bytes),
+        ):
+            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+                raise ConfigError(f"{name}: expected a number of bytes >= 1 or none, got {limit!r}")
+        self.key_ring()  # a malformed key stops the start here, naming the setting
         if self.stale_timeout_s < 1:
             raise ConfigError(
                 f"MCP_TASKS_STALE_TIMEOUT_S: must be >= 1 (heartbeats need room), got {self.stale_timeout_s:g}"
@@ -325,6 +345,16 @@ class Settings:
             "quota_anonymous": (env.get("MCP_TASKS_QUOTA_ANONYMOUS") or "shared").strip().lower(),
             "fair_queues": _int(env, "MCP_TASKS_FAIR_QUEUES", None, minimum=2, allow_none=True),
             "idempotency_secret": (env.get("MCP_TASKS_IDEMPOTENCY_SECRET") or "").strip() or None,
+            # Payload limits, in bytes of compact JSON (none: unlimited); a tool's @mcp_task options win.
+            "max_arguments_bytes": _int(
+                env, "MCP_TASKS_MAX_ARGUMENTS_BYTES", DEFAULT_MAX_ARGUMENTS_BYTES, allow_none=True
+            ),
+            "max_answer_bytes": _int(env, "MCP_TASKS_MAX_ANSWER_BYTES", DEFAULT_MAX_ANSWER_BYTES, allow_none=True),
+            "max_result_bytes": _int(env, "MCP_TASKS_MAX_RESULT_BYTES", DEFAULT_MAX_RESULT_BYTES, allow_none=True),
+            # Encryption at rest: a key ring, the first key seals, every one opens (comma-separated).
+            "encryption_keys": tuple(
+                k.strip() for k in (env.get("MCP_TASKS_ENCRYPTION_KEYS") or "").split(",") if k.strip()
+            ),
             # A rotation ring: the first secret seals, every one unseals (comma-separated).
             "request_state_secrets": tuple(
                 s.strip() for s in (env.get("MCP_TASKS_REQUEST_STATE_SECRET") or "").split(",") if s.strip()
@@ -332,6 +362,17 @@ class Settings:
         }
         values.update(overrides)
         return cls(**values)
+
+    def key_ring(self) -> KeyRing | None:
+        """The payload encryption ring (MCP_TASKS_ENCRYPTION_KEYS), None when encryption is off."""
+        if not self.encryption_keys:
+            return None
+        from celery_mcp_tasks.store.codec import KeyRing
+
+        try:
+            return KeyRing.parse(self.encryption_keys)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
     @property
     def resolved_data_dir(self) -> Path:

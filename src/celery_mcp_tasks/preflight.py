@@ -6,6 +6,8 @@ worker's main process and beat, before anything is written to the store:
 - the store is reachable (a short connect timeout, not a hang or a traceback);
 - its schema is at the head of the package's own migrations (else: run
   `celery-mcp-tasks db upgrade`), unless the caller is about to migrate it;
+- the payload key ring (MCP_TASKS_ENCRYPTION_KEYS) opens the newest rows: a
+  process without it, or with the wrong one, on an encrypted store refuses;
 - a process on a remote broker has a store it shares with the others: the
   embedded SQLite default lives in one machine's data directory, so a web
   process and a worker that meet over Redis would each see their own tasks.
@@ -40,6 +42,7 @@ __all__ = [
     "check_environment",
     "current_revisions",
     "db_reason",
+    "key_ring_problem",
     "missing_sqlite_file",
     "preflight",
     "probe_engine",
@@ -81,6 +84,7 @@ def preflight(settings: Settings, *, role: str, need_schema: bool = True, broker
         try:
             with engine.connect() as conn:
                 current = current_revisions(conn) if schema else ()
+                keys = key_ring_problem(conn, settings) if schema and revision_problem(current) is None else None
         except sa.exc.DBAPIError as exc:
             raise ConfigError(f"{_store(settings)}: cannot connect to the task store ({db_reason(exc)})") from None
         except OSError as exc:  # e.g. the SQLite file's directory cannot be created
@@ -91,6 +95,15 @@ def preflight(settings: Settings, *, role: str, need_schema: bool = True, broker
         problem = revision_problem(current)
         if problem is not None:
             raise ConfigError(f"{_store(settings)}: {problem}")
+    if keys is not None:
+        raise ConfigError(keys)
+
+
+def key_ring_problem(conn: sa.Connection, settings: Settings) -> str | None:
+    """A wrong or missing MCP_TASKS_ENCRYPTION_KEYS for this store (`store.rekeying.ring_check`), or None."""
+    from celery_mcp_tasks.store.rekeying import ring_check
+
+    return ring_check(conn, settings.key_ring())
 
 
 def check_environment(env: Mapping[str, str] | None = None) -> None:

@@ -33,6 +33,7 @@ from celery_mcp_tasks.model import (
 from celery_mcp_tasks.notify.base import Notifier, safe_notify
 from celery_mcp_tasks.observe import Observer, safe_observe
 from celery_mcp_tasks.store.base import ANY, Quota, Store, TaskNotFound
+from celery_mcp_tasks.store.codec import PayloadTooLarge, payload_bytes
 
 __all__ = [
     "DEFAULT",
@@ -40,6 +41,8 @@ __all__ = [
     "DuplicateInputKeys",
     "IdempotencyKeyReused",
     "NotLost",
+    "PayloadLimits",
+    "PayloadTooLarge",
     "TaskExpired",
     "TaskNotFound",
     "TaskService",
@@ -104,6 +107,31 @@ def failure(message: str, data: Any = None) -> dict[str, Any]:
     return error
 
 
+@dataclass(frozen=True)
+class PayloadLimits:
+    """A tool's payload limits in bytes of compact JSON (`store.codec.payload_bytes`); None: unlimited.
+
+    `arguments`: a creation's arguments; `answers`: one `tasks/update`'s answers; `result`: the job's result.
+    """
+
+    arguments: int | None = None
+    answers: int | None = None
+    result: int | None = None
+
+
+_ARGUMENTS = ("Arguments", "MCP_TASKS_MAX_ARGUMENTS_BYTES", "max_arguments_bytes")
+_ANSWERS = ("Answers", "MCP_TASKS_MAX_ANSWER_BYTES", "max_answer_bytes")
+_RESULT = ("Result", "MCP_TASKS_MAX_RESULT_BYTES", "max_result_bytes")
+
+
+def _over(what: tuple[str, str, str], value: Any, limit: int | None) -> PayloadTooLarge | None:
+    """The refusal for `value` over `limit` (None when it fits or nothing limits it)."""
+    if limit is None:
+        return None
+    size = payload_bytes(value)
+    return None if size <= limit else PayloadTooLarge(what[0], size, limit, what[1], what[2])
+
+
 @dataclass
 class TaskService:
     store: Store
@@ -115,6 +143,8 @@ class TaskService:
     clock: Callable[[], int] = now_ms
     observer: Observer | None = None
     idempotency_secret: bytes | None = None  # derives the id of an idempotent creation (`model.derived_task_id`)
+    limits: Callable[[str], PayloadLimits] | None = None
+    """A tool's payload limits (the composition root: settings and `@mcp_task` options); None: unlimited."""
 
     # -- request side (raw id, owner-scoped) ----------------------------------------
 
@@ -136,7 +166,7 @@ class TaskService:
     ) -> tuple[str, TaskRecord]:
         """Store a new `working` task, then send its job. Returns (task id, record).
 
-        Raises `TaskLimitReached` or `QuotaExceeded` (the owner's `quota`) before anything
+        Raises `TaskLimitReached`, `PayloadTooLarge` or `QuotaExceeded` (the owner's `quota`) before anything
         is stored. `idempotency_key`: the id is derived from the secret, the owner, the tool
         and the key, so a retry meets the row its first call stored and gets that task back
         (no second job) while the task is unexpired; the same key with other arguments raises
@@ -147,6 +177,11 @@ class TaskService:
         `input_responses` seeds answers gathered before the task existed (MRTR);
         their keys count as used. `trace_context`: the W3C `traceparent` every send of the job carries.
         """
+        if self.limits is not None:
+            refused = _over(_ARGUMENTS, arguments, self.limits(tool).arguments)
+            if refused is not None:
+                logger.warning("tool %r: a creation was refused: %s", tool, refused)
+                raise refused
         at = self.clock()
         if idempotency_key is None:
             task_id = new_task_id()
@@ -206,7 +241,8 @@ class TaskService:
     def answer(self, task_id: str, owner: str | None, responses: dict[str, Any]) -> TaskRecord:
         """Record answers for outstanding keys; send the job again when none remain.
 
-        Keys that are not outstanding are ignored; a terminal task is left alone.
+        Keys that are not outstanding are ignored; a terminal task is left alone. Answers over
+        the tool's limit raise `PayloadTooLarge` and change nothing.
         Ownership and expiry are checked on the row the write reads (one read, not two),
         and the answers and the new run are one transition: one commit, one notification.
         """
@@ -225,6 +261,11 @@ class TaskService:
             nonlocal changed, resumed
             changed = resumed = False  # a CAS retry recomputes from the fresh row
             self._require_unexpired(record)
+            if self.limits is not None and not record.terminal:
+                refused = _over(_ANSWERS, responses, self.limits(record.tool).answers)
+                if refused is not None:
+                    logger.warning("tool %r: answers were refused: %s", record.tool, refused)
+                    raise refused
             try:
                 nxt, resumed = record.answered(responses, self.clock(), dispatch=dispatch)
             except InvalidTransition:
@@ -318,7 +359,24 @@ class TaskService:
         *,
         expected: TaskRecord | None = None,
     ) -> TaskRecord:
-        return self._write(key, lambda r: r.completed(result, self.clock(), message, run), expected)
+        limits = self.limits
+        if limits is None:
+            return self._write(key, lambda r: r.completed(result, self.clock(), message, run), expected)
+        sizes: list[int] = []  # measured once, however many times a CAS retry recomputes
+
+        def transition(record: TaskRecord) -> TaskRecord:
+            """Completed with `result`, or failed when it is over the tool's limit (nothing of it kept)."""
+            limit = limits(record.tool).result
+            if limit is not None and not record.terminal:
+                sizes[:] = sizes or [payload_bytes(result)]
+                if sizes[0] > limit:
+                    refused = PayloadTooLarge(_RESULT[0], sizes[0], limit, _RESULT[1], _RESULT[2])
+                    logger.warning("tool %r: the job's result was refused, the task fails: %s", record.tool, refused)
+                    reason = f"The job's result was not stored: {refused}"
+                    return record.failed(failure(reason), self.clock(), reason, run)
+            return record.completed(result, self.clock(), message, run)
+
+        return self._write(key, transition, expected)
 
     def fail(
         self,

@@ -8,6 +8,7 @@ import logging
 
 import anyio
 import pytest
+import sqlalchemy as sa
 
 from celery_mcp_tasks.console.context import Ambiguous, Conflict, Console, NotFound, PayloadsHidden, Refused
 from celery_mcp_tasks.model import TaskRecord, TaskStatus, celery_message_id
@@ -26,6 +27,8 @@ from celery_mcp_tasks.store.browse import (
     row_of,
     trace_id_of,
 )
+from celery_mcp_tasks.store.codec import KeyRing, new_key
+from celery_mcp_tasks.store.schema import tasks
 from celery_mcp_tasks.store.sql import SqlStore
 from celery_mcp_tasks.worker.dispatch import celery_id
 from tests.builders import Clock, record
@@ -370,6 +373,31 @@ async def test_payloads_are_revealed_only_when_allowed_and_each_reveal_is_audite
     console.payloads_allowed = True
     assert (await console.reveal(rec.key, "ann")).arguments == {"x": 1}
     assert [line.rsplit("outcome=", 1)[1] for line in audits(caplog)] == ["forbidden", "revealed"]
+
+
+@pytest.mark.anyio
+async def test_on_an_encrypted_store_the_console_reveals_payloads_only_through_the_stores_decryption(
+    store_url: str,
+) -> None:
+    ring = KeyRing.parse([new_key()])
+    store = SqlStore.from_url(store_url, ring=ring)
+    try:
+        console = Console(
+            TaskService(store, dispatcher=Runner()),
+            hub=Hub(),
+            queue_of=lambda tool: "celery",
+            terminable=lambda tool: False,
+            stale_timeout_ms=30_000,
+            payloads_allowed=True,
+        )
+        _, rec = console.service.create(owner=None, tool="t", arguments={"x": "hidden"})
+        with store.engine.connect() as conn:
+            stored = conn.execute(sa.select(tasks.c.arguments).where(tasks.c.key == rec.key)).scalar_one()
+        assert isinstance(stored, str) and "hidden" not in stored
+        assert (await console.detail(rec.key)).arguments is None
+        assert (await console.reveal(rec.key, "ann")).arguments == {"x": "hidden"}
+    finally:
+        store.dispose()
 
 
 @pytest.mark.anyio

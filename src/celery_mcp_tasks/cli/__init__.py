@@ -4,6 +4,7 @@
     celery-mcp-tasks serve APP [--host --port]    the web process (uvicorn), MCP at /mcp
     celery-mcp-tasks stdio APP [--[no-]worker]    the same app over stdin/stdout (desktop and IDE clients)
     celery-mcp-tasks db upgrade|check|current     migrate the store (MCP_TASKS_DATABASE_URL)
+    celery-mcp-tasks db newkey|reencrypt          a payload encryption key; re-encrypt every row (MCP_TASKS_ENCRYPTION_KEYS)
     celery-mcp-tasks call URL TOOL ARGS           call a tool as a task and follow it to the end
     celery-mcp-tasks doctor APP [--json]          check the deployment: OK / WARN / FAIL and the fix for each
     celery-mcp-tasks console APP [--host --port]  the operators' console: every task, live (port 9102)
@@ -128,9 +129,16 @@ def _db(args: argparse.Namespace) -> int:
     from celery_mcp_tasks import migrate
     from celery_mcp_tasks.preflight import preflight
 
+    if args.action == "newkey":
+        from celery_mcp_tasks.store.codec import new_key
+
+        print(new_key())
+        return 0
     settings = Settings.from_env()
     preflight(settings, role="db", need_schema=False)  # unreachable: one line, not alembic's traceback
     url = settings.store_url
+    if args.action == "reencrypt":
+        return _reencrypt(settings)
     if args.action in ("upgrade", "downgrade"):
         before = _revisions(url)
         if args.action == "upgrade":
@@ -152,6 +160,31 @@ def _db(args: argparse.Namespace) -> int:
         if not _revisions(url):
             print("base (no tables): run `celery-mcp-tasks db upgrade`")
     return 0
+
+
+def _reencrypt(settings: Settings) -> int:
+    """Seal every row's payloads with the ring's first key, in batches, while everything runs."""
+    from celery_mcp_tasks.preflight import revision_problem
+    from celery_mcp_tasks.store.engine import create_store_engine
+    from celery_mcp_tasks.store.rekeying import reencrypt
+
+    ring = settings.key_ring()
+    if ring is None:
+        raise ConfigError("MCP_TASKS_ENCRYPTION_KEYS: unset; set the ring to re-encrypt with (the new key first)")
+    problem = revision_problem(_revisions(settings.store_url))
+    if problem is not None:
+        raise ConfigError(f"MCP_TASKS_DATABASE_URL: {problem}")
+    engine = create_store_engine(settings.store_url)
+    try:
+        done = reencrypt(engine, ring, batch_size=500)
+    finally:
+        engine.dispose()
+    print(
+        f"celery-mcp-tasks db reencrypt: {done.rewritten} rows re-encrypted with key {ring.primary_id}, "
+        f"{done.current} already were, {done.unreadable} sealed with a key not in the ring (left as they are), "
+        f"{done.busy} kept changing (run it again)"
+    )
+    return 1 if done.busy else 0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -202,9 +235,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     db.add_argument(
         "action",
-        choices=["upgrade", "downgrade", "check", "current"],
+        choices=["upgrade", "downgrade", "check", "current", "newkey", "reencrypt"],
         help="upgrade (to head) or downgrade (to base) and say from which revision to which; check: the schema "
-        "matches this release; current: print the store's revision",
+        "matches this release; current: print the store's revision; newkey: print a fresh key for "
+        "MCP_TASKS_ENCRYPTION_KEYS; reencrypt: seal every task's payloads with the ring's first key (safe while "
+        "web processes and workers run)",
     )
     db.add_argument(
         "revision",

@@ -57,7 +57,7 @@ from celery_mcp_tasks.model import InvalidInputResponse, TaskRecord
 from celery_mcp_tasks.notify.hub import Hub
 from celery_mcp_tasks.ops.propagation import creating
 from celery_mcp_tasks.protocol import EXTENSION_ID, IDEMPOTENCY_META_KEY, render_create_result, render_task
-from celery_mcp_tasks.service import IdempotencyKeyReused, TaskExpired, TaskService
+from celery_mcp_tasks.service import IdempotencyKeyReused, PayloadTooLarge, TaskExpired, TaskService
 from celery_mcp_tasks.store.base import Quota, QuotaExceeded, StoreUnavailable, TaskLimitReached, TaskNotFound
 
 logger = logging.getLogger("celery_mcp_tasks.mcp")
@@ -249,6 +249,8 @@ class TasksExtension(Extension):
             raise invalid_params(
                 f"Invalid params: {field} was already used with other arguments; use a new key for a new call"
             ) from None
+        except PayloadTooLarge as exc:  # nothing was created
+            raise invalid_params(str(exc)) from None
 
     def _quota_of(self, tool: TaskTool) -> Quota | None:
         """The principal's limits for a creation of `tool`: the settings', the tool's `max_active` first."""
@@ -288,7 +290,7 @@ class TasksExtension(Extension):
         answer = partial(self._service().answer, params.task_id, current_principal(), responses)
         try:
             await self._lookup(answer, "tasks/update")
-        except InvalidInputResponse as exc:
+        except (InvalidInputResponse, PayloadTooLarge) as exc:  # nothing was changed
             raise invalid_params(str(exc)) from None
         return dict(_COMPLETE)
 

@@ -44,7 +44,7 @@ from celery_mcp_tasks.mcp.wire import (
 from celery_mcp_tasks.model import InvalidInputResponse, TaskRecord, TaskStatus
 from celery_mcp_tasks.notify.hub import Hub, Watch
 from celery_mcp_tasks.protocol import render_error
-from celery_mcp_tasks.service import TaskExpired, TaskService
+from celery_mcp_tasks.service import PayloadTooLarge, TaskExpired, TaskService
 from celery_mcp_tasks.store.base import TaskNotFound
 
 logger = logging.getLogger("celery_mcp_tasks.mcp")
@@ -209,7 +209,11 @@ class SyncCalls:
                     raise internal(
                         f"Tool {tool.name}: the client did not answer its input request ({type(exc).__name__})"
                     ) from None
-                return await self._run(partial(self._service().answer_by_key, record.key, answers), "tools/call")
+                try:
+                    return await self._run(partial(self._service().answer_by_key, record.key, answers), "tools/call")
+                except PayloadTooLarge as exc:
+                    await self._abandon(record, "The client's answer was too large")
+                    raise invalid_params(str(exc)) from None
         await self._abandon(record, "The job needs input; call it as a task")
         raise internal(f"Tool {tool.name} needs input from the user; call it with the tasks extension")
 
@@ -239,7 +243,7 @@ class SyncCalls:
             record = await self._run(answer, "tools/call")
         except (TaskNotFound, TaskExpired):
             record = None
-        except InvalidInputResponse as exc:
+        except (InvalidInputResponse, PayloadTooLarge) as exc:
             raise invalid_params(str(exc)) from None
         if record is None:
             raise invalid_params("Invalid or expired requestState")

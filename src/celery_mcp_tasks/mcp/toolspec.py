@@ -68,6 +68,10 @@ class TaskTool:
     bound: bool = False  # `bind=True`: Celery passes the job (`self`) first, e.g. for `self.retry()`
     terminate: bool = False  # tasks/cancel also terminates a running job (prefork pools; best effort)
     max_sends: int | None = None  # sends of one run before a lost job fails; None: the setting
+    # Payload limits in bytes of compact JSON; None: the setting (MCP_TASKS_MAX_ARGUMENTS_BYTES, ...).
+    max_arguments_bytes: int | None = None
+    max_answer_bytes: int | None = None
+    max_result_bytes: int | None = None
     context_type: type | None = None  # the job's context class; its parameter is hidden from the schema
     context_param: str | None = None
     max_active: int | None = None  # unfinished tasks of this tool per principal; None: the setting
@@ -91,6 +95,10 @@ class TaskTool:
             raise ValueError(
                 f"task tool {self.name!r}: idempotency_key must be a function of the arguments or 'arguments'"
             )
+        for option in ("max_arguments_bytes", "max_answer_bytes", "max_result_bytes"):
+            limit = getattr(self, option)
+            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+                raise ValueError(f"task tool {self.name!r}: {option} must be a number of bytes >= 1, got {limit!r}")
         self.context_param = find_context_parameter(self.fn, self.context_type)
         try:
             self.sdk_tool = Tool.from_function(self.schema_function(), name=self.name, description=self.description)

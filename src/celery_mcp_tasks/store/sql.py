@@ -52,6 +52,7 @@ from celery_mcp_tasks.store.base import (
 )
 from celery_mcp_tasks.store.browse import Filter, Overview, Page, Row
 from celery_mcp_tasks.store.cleanup import Eviction, evict
+from celery_mcp_tasks.store.codec import KeyRing, UnreadablePayload, open_columns, seal_columns
 from celery_mcp_tasks.store.engine import READ_ONLY, create_store_engine, normalize_url
 from celery_mcp_tasks.store.failures import _CommitInDoubt, _in_doubt, _reconnecting, _reported
 from celery_mcp_tasks.store.schema import tasks
@@ -63,6 +64,7 @@ _T = TypeVar("_T")
 _MAX_CAS_ATTEMPTS = 64
 _COLUMNS = [f.name for f in fields(TaskRecord)]
 _TERMINAL_VALUES = [status.value for status in TERMINAL]
+_UNREADABLE_SAID: set[tuple[str, str]] = set()
 
 
 def _stored(value: Any) -> str:
@@ -187,12 +189,53 @@ def _to_row(record: TaskRecord) -> dict[str, Any]:
     return row
 
 
-def _from_row(row: Mapping[Any, Any]) -> TaskRecord:
+def _from_row(row: Mapping[Any, Any], ring: KeyRing | None = None) -> TaskRecord:
+    """The record a row holds, its payloads opened (`store.codec`) when a ring is set or any is sealed.
+
+    A payload this process cannot open (a retired key, no ring) reads as a failed task whose error
+    says why: the row is left as it is, and nothing can move a terminal record."""
     values = {name: row[name] for name in _COLUMNS}
+    if ring is not None or str in _payload_types(values):
+        try:
+            open_columns(ring, values["key"], values)
+        except UnreadablePayload as exc:
+            return _unreadable(values, str(exc))
     values["status"] = TaskStatus(values["status"])
     values["issued_keys"] = tuple(values["issued_keys"] or ())
     for name in ("arguments", "input_requests", "input_responses"):
         values[name] = values[name] or {}
+    return TaskRecord(**values)
+
+
+def _payload_types(values: dict[str, Any]) -> tuple[type, ...]:
+    """The payload columns' types: a `str` among them is a sealed payload (in clear they are objects or NULL)."""
+    return (
+        type(values["arguments"]),
+        type(values["input_requests"]),
+        type(values["input_responses"]),
+        type(values["result"]),
+    )
+
+
+def _unreadable(values: dict[str, Any], reason: str) -> TaskRecord:
+    """A row whose payloads cannot be opened, as the failed task every reader sees (the payloads left out).
+
+    Said once per process and reason (a client polling such a task would repeat it every poll)."""
+    said = (values["tool"], reason)
+    if said not in _UNREADABLE_SAID:
+        _UNREADABLE_SAID.add(said)
+        logger.warning("a task of tool %r cannot be read: %s", values["tool"], reason)
+    message = f"The task cannot be read: {reason}"
+    values.update(
+        status=TaskStatus.FAILED,
+        status_message=message,
+        error={"message": message},
+        arguments={},
+        input_requests={},
+        input_responses={},
+        result=None,
+        issued_keys=tuple(values["issued_keys"] or ()),
+    )
     return TaskRecord(**values)
 
 
@@ -232,8 +275,9 @@ class SqlStore:
     `change_hint`: sent with every write (PostgreSQL only), e.g. `notify.postgres.PG_HINT`.
     """
 
-    def __init__(self, engine: Engine, *, change_hint: ChangeHint | None = None) -> None:
+    def __init__(self, engine: Engine, *, change_hint: ChangeHint | None = None, ring: KeyRing | None = None) -> None:
         self.engine = engine
+        self.ring = ring  # MCP_TASKS_ENCRYPTION_KEYS: payloads sealed on write, opened on read (`store.codec`)
         if change_hint is not None and self.dialect != "postgresql":
             raise ValueError(f"a change hint is PostgreSQL's pg_notify; this store is {self.dialect}")
         self.change_hint = change_hint
@@ -245,14 +289,16 @@ class SqlStore:
         self._ledger: SweepLedger | None = None
 
     @classmethod
-    def from_url(cls, url: str, *, change_hint: ChangeHint | None = None, **engine_kwargs: Any) -> SqlStore:
+    def from_url(
+        cls, url: str, *, change_hint: ChangeHint | None = None, ring: KeyRing | None = None, **engine_kwargs: Any
+    ) -> SqlStore:
         """The store on an engine of its own. On PostgreSQL that engine is in autocommit: a statement is its
         own transaction (one round trip, nothing set or reset per checkout); the locking path asks for the
         server's isolation level on its connection. (An engine in transactions works too, at a BEGIN and a
         COMMIT more per write.)"""
         if make_url(normalize_url(url)).get_backend_name() == "postgresql":
             engine_kwargs.setdefault("isolation_level", "AUTOCOMMIT")
-        return cls(create_store_engine(url, **engine_kwargs), change_hint=change_hint)
+        return cls(create_store_engine(url, **engine_kwargs), change_hint=change_hint, ring=ring)
 
     @property
     def dialect(self) -> str:
@@ -299,7 +345,7 @@ class SqlStore:
         params = {"key": key}
         statement = _select_statement(_owner_shape(owner, params, "owner"), for_update)
         row = conn.execute(statement, params).mappings().first()
-        return None if row is None else _from_row(row)
+        return None if row is None else _from_row(row, self.ring)
 
     @_reported
     @_reconnecting
@@ -324,7 +370,7 @@ class SqlStore:
         with self._reading() as conn:
             rows = conn.execute(query).mappings().all()
             conn.rollback()
-        return [_from_row(row) for row in rows]
+        return [_from_row(row, self.ring) for row in rows]
 
     # -- writes --------------------------------------------------------------------
 
@@ -396,6 +442,8 @@ class SqlStore:
 
     def _insert_statement(self, record: TaskRecord, max_rows: int | None) -> tuple[Any, dict[str, Any]]:
         params = _to_row(record)
+        if self.ring is not None:
+            params = seal_columns(self.ring, record.key, params)
         if max_rows is not None:
             params["max_rows"] = max_rows
         hint = self._hint(record)
@@ -516,6 +564,8 @@ class SqlStore:
         folded in: the returned row, or None when it matched nothing. `forward`: the heartbeat only grows.
         `durable`: False folds in `synchronous_commit` off for this write's transaction (`_hinted`)."""
         params: dict[str, Any] = {f"new_{name}": value for name, value in changes.items()}
+        if self.ring is not None:
+            params = seal_columns(self.ring, key, params, prefix="new_")
         params["cas_key"], params["cas_version"] = key, version
         shape = _owner_shape(owner, params, "cas_owner")
         hint = self._hint(nxt)

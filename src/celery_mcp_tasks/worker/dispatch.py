@@ -36,11 +36,12 @@ def celery_id(record: TaskRecord) -> str:
     return celery_message_id(record.key, record.dispatches)
 
 
-def message_headers(record: TaskRecord) -> dict[str, Any]:
+def message_headers(record: TaskRecord, *, with_arguments: bool = True) -> dict[str, Any]:
     """The headers of the message sending `record`'s dispatch: the row key, the dispatch, and the record the
-    job's claim is computed on (`job.RECORD_HEADER`, when it carries no payload besides the arguments)."""
+    job's claim is computed on (`job.RECORD_HEADER`, when it carries no payload besides the arguments, and
+    the message carries those: without them the job reads the row, so a carried record would be no use)."""
     headers: dict[str, Any] = {KEY_HEADER: record.key, DISPATCH_HEADER: record.dispatches}
-    carried = record_header(record)
+    carried = record_header(record) if with_arguments else None
     if carried is not None:
         headers[RECORD_HEADER] = carried
     return headers
@@ -54,17 +55,21 @@ class CeleryDispatcher:
         *,
         revoker: BackgroundRevoker | None = None,
         fair_queues: int | None = None,
+        send_arguments: bool = True,
     ) -> None:
+        """`send_arguments=False` (encryption at rest is on): the message carries no arguments, so the
+        broker never holds them in clear; the job reads them from the store's row either way."""
         self.app = app
         self.tools = tools
         self.fair_queues = fair_queues  # shards of the default queue, by owner (`worker.fairness`); None: off
         self._sharded: dict[str, bool] = {}
+        self.send_arguments = send_arguments
         self.revoker = revoker or BackgroundRevoker(app)
         warn_unless_pool_terminates(app, lambda: sorted(t.name for t in self.tools.values() if t.terminate))
 
     def __call__(self, record: TaskRecord) -> None:
         tool = self.tools[record.tool]
-        headers = message_headers(record)
+        headers = message_headers(record, with_arguments=self.send_arguments)
         route: dict[str, Any] = {}
         if self.fair_queues is not None and self._on_default_queue(tool.celery_name):
             route["queue"] = shard_queue(str(self.app.conf.task_default_queue), record.owner, self.fair_queues)
@@ -72,7 +77,7 @@ class CeleryDispatcher:
             with sending(record.trace_context, headers):  # the task's trace context, in the message headers
                 self.app.send_task(
                     tool.celery_name,
-                    kwargs=record.arguments,
+                    kwargs=record.arguments if self.send_arguments else {},
                     task_id=celery_id(record),
                     headers=headers,
                     shadow=tool.name,

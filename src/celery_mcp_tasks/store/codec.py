@@ -1,0 +1,221 @@
+"""The store's payload codec: the one place a task's payloads are measured, sealed and opened.
+
+A task's payloads are its arguments, its input requests, the answers to them and its
+result (the `PAYLOADS` columns). Their size is what the column holds: the compact
+JSON encoding, in UTF-8 bytes (`payload_bytes`), which the service compares with
+the payload limits.
+
+With a key ring (MCP_TASKS_ENCRYPTION_KEYS, opt-in) each payload is sealed with
+AES-256-GCM from `cryptography` before it is written and opened after it is read,
+so a database dump shows none of them. The sealed form is a JSON string,
+`mcpenc1:<key id>:<nonce + ciphertext, base64url>`, in the same column; the
+associated data binds it to its column and its row (a payload copied to another
+row or column does not open). The key id is derived from the key, so a read goes
+straight to the key that wrote it (no trial decryption), and a ring that lacks it
+says which key is missing. New writes use the ring's first key; reads use any.
+
+Without a ring nothing here runs on a write, and a read only looks for the prefix
+in the columns that hold a string.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+__all__ = [
+    "ENCRYPTION_SETTING",
+    "PAYLOADS",
+    "KeyRing",
+    "PayloadTooLarge",
+    "UnreadablePayload",
+    "new_key",
+    "payload_bytes",
+    "ring_problem",
+]
+
+ENCRYPTION_SETTING: Final = "MCP_TASKS_ENCRYPTION_KEYS"
+PAYLOADS: Final = ("arguments", "input_requests", "input_responses", "result")
+"""The columns that hold what clients and jobs sent: sealed with a ring, measured against the limits."""
+_SEALED: Final = "mcpenc1:"
+_KEY_BYTES = 32
+_NONCE_BYTES = 12
+
+
+def payload_bytes(value: Any) -> int:
+    """The size of `value` as the store keeps it: its compact JSON encoding, in UTF-8 bytes."""
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str).encode())
+
+
+class PayloadTooLarge(ValueError):
+    """A payload over its limit. The text names the limit and the setting, never the payload."""
+
+    def __init__(self, what: str, size: int, limit: int, setting: str, option: str) -> None:
+        super().__init__(
+            f"{what} too large: {size} bytes, over the limit of {limit} bytes ({setting}, or @mcp_task({option}=...))"
+        )
+        self.what, self.size, self.limit, self.setting = what, size, limit, setting
+
+
+class UnreadablePayload(Exception):
+    """A sealed payload this process's ring cannot open. The text says why, naming the setting."""
+
+
+def new_key() -> str:
+    """A fresh key for MCP_TASKS_ENCRYPTION_KEYS: 32 random bytes, base64url."""
+    return base64.urlsafe_b64encode(os.urandom(_KEY_BYTES)).decode("ascii")
+
+
+def _key_id(key: bytes) -> str:
+    digest = hashlib.sha256(b"celery-mcp-tasks key id\0" + key).digest()
+    return base64.urlsafe_b64encode(digest[:6]).decode("ascii")
+
+
+def _decode_key(text: str) -> bytes | None:
+    """A base64 (standard or url-safe, padding optional) 32-byte key, or None."""
+    padded = text.strip().replace("-", "+").replace("_", "/")
+    padded += "=" * (-len(padded) % 4)
+    try:
+        raw = binascii.a2b_base64(padded, strict_mode=True)
+    except (binascii.Error, ValueError):
+        return None
+    return raw if len(raw) == _KEY_BYTES else None
+
+
+def _aesgcm() -> Any:
+    try:
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    except ImportError:
+        raise ValueError(
+            f"{ENCRYPTION_SETTING}: encryption needs the `cryptography` package "
+            "(pip install 'celery-mcp-tasks[encryption]')"
+        ) from None
+    return AESGCM
+
+
+class KeyRing:
+    """AES-256-GCM keys by id: the first seals, every one opens. Thread-safe (the ciphers hold no state)."""
+
+    def __init__(self, keys: Sequence[bytes]) -> None:
+        if not keys:
+            raise ValueError(f"{ENCRYPTION_SETTING}: a key ring needs at least one key")
+        cipher = _aesgcm()
+        self._ciphers = {_key_id(key): cipher(key) for key in keys}
+        self.primary_id = _key_id(keys[0])
+        self._primary = self._ciphers[self.primary_id]
+
+    @classmethod
+    def parse(cls, keys: Sequence[str]) -> KeyRing:
+        """The ring of `keys` (MCP_TASKS_ENCRYPTION_KEYS, split at commas). ValueError naming the setting."""
+        raw: list[bytes] = []
+        for position, text in enumerate(keys, start=1):
+            key = _decode_key(text)
+            if key is None:
+                raise ValueError(
+                    f"{ENCRYPTION_SETTING}: key {position} of {len(keys)} is not a base64 {_KEY_BYTES}-byte key "
+                    "(make one with `celery-mcp-tasks db newkey`)"
+                )
+            raw.append(key)
+        return cls(raw)
+
+    @property
+    def key_ids(self) -> tuple[str, ...]:
+        return tuple(self._ciphers)
+
+    def seal(self, value: Any, *, row: str, column: str) -> str:
+        """`value` sealed with the first key, for `column` of the row keyed `row`."""
+        nonce = os.urandom(_NONCE_BYTES)
+        plain = json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str).encode()
+        sealed = self._primary.encrypt(nonce, plain, _bound(row, column))
+        body = base64.urlsafe_b64encode(nonce + sealed).rstrip(b"=").decode("ascii")
+        return f"{_SEALED}{self.primary_id}:{body}"
+
+    def open(self, stored: str, *, row: str, column: str) -> Any:
+        """The value `seal` sealed. `UnreadablePayload` for a key not in the ring or a payload altered."""
+        key_id, _, body = stored.removeprefix(_SEALED).partition(":")
+        cipher = self._ciphers.get(key_id)
+        if cipher is None:
+            raise UnreadablePayload(
+                f"the task's {column} column was encrypted with key {key_id}, which is not in {ENCRYPTION_SETTING} "
+                "(a retired key?)"
+            )
+        try:
+            blob = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
+            plain = cipher.decrypt(blob[:_NONCE_BYTES], blob[_NONCE_BYTES:], _bound(row, column))
+        except Exception:  # noqa: BLE001 - InvalidTag, bad base64, short blob: all one answer
+            raise UnreadablePayload(
+                f"the task's {column} column does not decrypt with key {key_id} of {ENCRYPTION_SETTING} (altered or moved)"
+            ) from None
+        return json.loads(plain)
+
+    def is_current(self, stored: Any) -> bool:
+        """`stored` (a column's value) is sealed with the first key already: nothing to re-encrypt."""
+        return stored is None or (isinstance(stored, str) and stored.startswith(f"{_SEALED}{self.primary_id}:"))
+
+
+def _bound(row: str, column: str) -> bytes:
+    return f"{column}\0{row}".encode()
+
+
+def sealed_key_id(stored: Any) -> str | None:
+    """The key id of a sealed column value; None for a value in clear."""
+    if isinstance(stored, str) and stored.startswith(_SEALED):
+        return stored.removeprefix(_SEALED).partition(":")[0]
+    return None
+
+
+def seal_columns(ring: KeyRing, row: str, values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`values` (column -> value, each name after `prefix`) with every payload sealed; other columns as given."""
+    out = dict(values)
+    for column in PAYLOADS:
+        name = prefix + column
+        value = out.get(name)
+        if value is not None:
+            out[name] = ring.seal(value, row=row, column=column)
+    return out
+
+
+def open_columns(ring: KeyRing | None, row: str, values: dict[str, Any]) -> dict[str, Any]:
+    """`values` with every sealed payload opened (in place). Raises `UnreadablePayload`."""
+    for column in PAYLOADS:
+        stored = values.get(column)
+        if isinstance(stored, str) and stored.startswith(_SEALED):
+            if ring is None:
+                raise UnreadablePayload(
+                    f"the task's {column} column is encrypted, and {ENCRYPTION_SETTING} is not set in this process"
+                )
+            values[column] = ring.open(stored, row=row, column=column)
+    return values
+
+
+def ring_problem(newest: Sequence[Mapping[str, Any]], ring: KeyRing | None) -> str | None:
+    """Why a process with `ring` must not start on a store whose newest rows are `newest` (None: it may).
+
+    Decided on the newest sealed row (rows ordered newest first, each with `key` and `arguments`):
+    a process that cannot open what was written last has the wrong ring, or none. Older rows
+    sealed with a key retired since read as failed tasks instead.
+    """
+    for found in newest:
+        stored = found["arguments"]
+        key_id = sealed_key_id(stored)
+        if key_id is None:
+            continue
+        if ring is None:
+            return (
+                f"{ENCRYPTION_SETTING}: unset, but the task store holds encrypted payloads; "
+                "set it to the key ring they were written with"
+            )
+        try:
+            ring.open(stored, row=str(found["key"]), column="arguments")
+        except UnreadablePayload:
+            return (
+                f"{ENCRYPTION_SETTING}: none of its keys opens the task store's newest payloads (written with key "
+                f"{key_id}); set the ring the other processes use"
+            )
+        return None
+    return None

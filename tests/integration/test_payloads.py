@@ -1,0 +1,256 @@
+"""Payload limits and encryption at rest, end to end: `celery-mcp-tasks serve` and a separate Celery worker
+on PostgreSQL + Redis, driven over real HTTP; the table read back raw, column by column."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from celery_mcp_tasks.model import task_key
+from celery_mcp_tasks.store.codec import KeyRing, new_key
+from celery_mcp_tasks.store.engine import normalize_url
+from celery_mcp_tasks.store.schema import tasks
+from tests.support import POSTGRES_URL, REDIS_URL, ROOT, Backend, Deployment, McpHttp, fresh_postgres_database
+
+pytestmark = [pytest.mark.integration, pytest.mark.postgres, pytest.mark.redis]
+
+APP = "tests.apps.payload_app"
+OLD, NEW = new_key(), new_key()
+RING = "MCP_TASKS_ENCRYPTION_KEYS"
+
+
+@pytest.fixture(scope="module")
+def backend() -> Iterator[Backend]:
+    if not (POSTGRES_URL and REDIS_URL):
+        pytest.skip("set MCP_TASKS_TEST_POSTGRES_URL and MCP_TASKS_TEST_REDIS_URL to run")
+    with fresh_postgres_database(POSTGRES_URL) as url:
+        yield Backend("pg_redis", {"MCP_TASKS_DATABASE_URL": url, "CELERY_BROKER_URL": REDIS_URL})
+
+
+@pytest.fixture(scope="module")
+def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("payload-logs")
+
+
+def start(backend: Backend, log_dir: Path, ring: str, name: str) -> Deployment:
+    deployment = Deployment(APP, backend, log_dir)
+    deployment.web(f"web-{name}", **{RING: ring})
+    deployment.worker(f"worker-{name}", concurrency=1, env={RING: ring})
+    return deployment
+
+
+@pytest.fixture(scope="module")
+def deployment(backend: Backend, log_dir: Path) -> Iterator[Deployment]:
+    with start(backend, log_dir, OLD, "old") as running:
+        yield running
+
+
+@pytest.fixture
+def client(deployment: Deployment) -> Iterator[McpHttp]:
+    http = McpHttp(deployment.url)
+    yield http
+    http.close()
+
+
+def rows(url: str) -> list[dict[str, Any]]:
+    """Every column of every row as text, as the database returns it (what a dump would hold)."""
+    engine = sa.create_engine(normalize_url(url))
+    try:
+        with engine.connect() as conn:
+            columns = [sa.cast(column, sa.Text).label(column.name) for column in tasks.columns]
+            return [dict(row) for row in conn.execute(sa.select(*columns)).mappings()]
+    finally:
+        engine.dispose()
+
+
+def answer(client: McpHttp, task_id: str, key: str, content: dict[str, Any]) -> dict[str, Any]:
+    return client.task("tasks/update", task_id, inputResponses={key: {"action": "accept", "content": content}})
+
+
+# -- payload limits ------------------------------------------------------------------------------------------
+
+
+def test_arguments_over_the_tools_limit_are_refused_with_32602_naming_it_and_create_nothing(
+    client: McpHttp, backend: Backend, deployment: Deployment
+):
+    before = len(rows(backend.store_url))
+    reply = client.call_tool("bounded", {"text": "a" * 300, "result_size": 1})
+    assert reply["error"]["code"] == -32602
+    assert (
+        "Arguments too large" in reply["error"]["message"]
+        and "over the limit of 200 bytes" in reply["error"]["message"]
+    )
+    assert "max_arguments_bytes" in reply["error"]["message"]
+    without_tasks = client.call_tool("bounded", {"text": "a" * 300, "result_size": 1}, capabilities={"elicitation": {}})
+    assert without_tasks["error"]["code"] == -32602  # the synchronous path: the same refusal
+    assert "over the limit of 200 bytes" in without_tasks["error"]["message"]
+    assert len(rows(backend.store_url)) == before
+    assert "a" * 50 not in deployment.logs()
+
+
+def test_answers_over_the_limit_are_refused_and_change_nothing_then_a_result_over_it_fails_the_task(
+    client: McpHttp, backend: Backend, deployment: Deployment
+):
+    task_id = client.create("bounded", {"text": "hi", "result_size": 2000})
+    asking = client.wait_for(task_id, "input_required")
+    refused = answer(client, task_id, "word", {"word": "w" * 400})
+    assert refused["error"]["code"] == -32602
+    assert (
+        "Answers too large" in refused["error"]["message"]
+        and "over the limit of 300 bytes" in refused["error"]["message"]
+    )
+    still = client.get(task_id)
+    assert still["status"] == "input_required" and still["inputRequests"] == asking["inputRequests"]
+
+    assert "error" not in answer(client, task_id, "word", {"word": "ok"})
+    failed = client.wait_for(task_id)
+    assert failed["status"] == "failed" and failed["error"]["code"] == -32603
+    message = failed["error"]["message"]
+    assert "Result too large" in message and "over the limit of 500 bytes" in message
+    assert "MCP_TASKS_MAX_RESULT_BYTES" in message and "result" not in failed
+    row = next(r for r in rows(backend.store_url) if r["key"] == task_key(task_id))
+    assert row["status"] == "failed" and row["result"] in (None, "null")  # nothing of the result was written
+    logs = deployment.logs()
+    assert "over the limit of 500 bytes" in logs and "r" * 100 not in logs and task_id not in logs
+
+
+def test_a_result_within_the_limit_completes(client: McpHttp):
+    task_id = client.create("bounded", {"text": "hi", "result_size": 100})
+    client.wait_for(task_id, "input_required")
+    answer(client, task_id, "word", {"word": "ok"})
+    done = client.wait_for(task_id)
+    assert done["status"] == "completed" and done["result"]["content"][0]["text"] == "r" * 100
+
+
+# -- encryption at rest --------------------------------------------------------------------------------------
+
+
+def test_with_encryption_on_the_table_holds_no_argument_question_answer_or_result_in_clear(
+    client: McpHttp, backend: Backend
+):
+    task_id = client.create("secret_echo", {"secret": "ARG-7f3a9c"})
+    asking = client.wait_for(task_id, "input_required")  # the worker wrote the question: sealed, and it reads it back
+    assert "ARG-7f3a9c" in str(asking["inputRequests"])
+    answer(client, task_id, "confirm", {"answer": "ANSWER-51be02"})
+    done = client.wait_for(task_id)
+    assert done["status"] == "completed"
+    assert done["result"]["structuredContent"] == {"secret": "ARG-7f3a9c", "answer": "ANSWER-51be02"}
+
+    dumped = repr(rows(backend.store_url))
+    assert task_key(task_id) in dumped and "mcpenc1:" in dumped
+    for clear in ("ARG-7f3a9c", "ANSWER-51be02", "Store ARG", '"answer"', "accept"):
+        assert clear not in dumped
+
+
+def test_with_encryption_on_the_celery_message_carries_no_arguments(backend: Backend, log_dir: Path):
+    import redis
+
+    waiting = Deployment(APP, backend, log_dir)  # a queue no worker consumes: the message stays on the broker
+    with waiting:
+        client = McpHttp(waiting.web("web-no-worker", **{RING: f"{NEW},{OLD}"}))
+        try:
+            task_id = client.create("secret_echo", {"secret": "MSG-0c4d1e"})
+        finally:
+            client.close()
+        broker = redis.Redis.from_url(backend.env["CELERY_BROKER_URL"])
+        try:
+            raw = broker.lrange(waiting.queue, 0, -1)
+            broker.delete(waiting.queue)
+        finally:
+            broker.close()
+    assert len(raw) == 1 and task_key(task_id).encode() in raw[0]
+    message = json.loads(raw[0])
+    body = base64.b64decode(message["body"]) if message["properties"]["body_encoding"] == "base64" else message["body"]
+    args, kwargs, _ = json.loads(body)
+    assert (args, kwargs) == ([], {})  # the job reads its arguments from the store's sealed row
+    assert "MSG-0c4d1e" not in json.dumps(message) + str(body)
+
+
+def test_a_key_rotation_reencrypts_every_row_while_the_tasks_stay_readable(
+    backend: Backend, log_dir: Path, deployment: Deployment
+):
+    deployment.stop()  # the old ring's processes go; the rotated ring's come (new key first, old one still read)
+    with start(backend, log_dir, f"{NEW},{OLD}", "rotating") as rotating:
+        client = McpHttp(rotating.url)
+        try:
+            ids = [client.create("secret_echo", {"secret": f"s{n}"}) for n in range(3)]
+            for task_id in ids:
+                client.wait_for(task_id, "input_required")
+            reads: list[str] = []
+            stop = threading.Event()
+
+            def read_all() -> None:  # every task stays readable while the command rewrites the rows
+                reader = McpHttp(rotating.url)
+                try:
+                    while not stop.is_set():
+                        for task_id in ids:
+                            reads.append(reader.get(task_id)["status"])
+                finally:
+                    reader.close()
+
+            thread = threading.Thread(target=read_all)
+            thread.start()
+            try:
+                reencrypted = reencrypt(backend, f"{NEW},{OLD}")
+            finally:
+                stop.set()
+                thread.join()
+            assert reencrypted.returncode == 0, reencrypted.stderr
+            assert f"re-encrypted with key {KeyRing.parse([NEW]).primary_id}" in reencrypted.stdout
+            assert reads and set(reads) == {"input_required"}
+
+            new_only = KeyRing.parse([NEW])
+            for row in rows(backend.store_url):
+                for column in ("arguments", "input_requests", "input_responses", "result"):
+                    assert row[column] in (None, "null") or new_only.is_current(row[column].strip('"')), column
+            for n, task_id in enumerate(ids[:2]):  # the worker reads the re-encrypted rows
+                answer(client, task_id, "confirm", {"answer": f"a{n}"})
+                assert client.wait_for(task_id)["result"]["structuredContent"] == {"secret": f"s{n}", "answer": f"a{n}"}
+        finally:
+            client.close()
+
+    with start(backend, log_dir, NEW, "new") as retired:  # the old key retired: everything still reads
+        client = McpHttp(retired.url)
+        try:
+            answer(client, ids[2], "confirm", {"answer": "late"})
+            assert client.wait_for(ids[2])["result"]["structuredContent"] == {"secret": "s2", "answer": "late"}
+            assert client.get(ids[0])["status"] == "completed"
+        finally:
+            client.close()
+
+
+def test_a_process_with_a_wrong_or_missing_ring_refuses_to_start_in_one_line(backend: Backend, tmp_path: Path):
+    worker = ["-m", "celery", "-A", APP, "worker", "-P", "solo", "--without-mingle", "--without-gossip"]
+    serve = ["-m", "celery_mcp_tasks.cli", "serve", APP, "--port", "0", "--no-migrate"]
+    for argv in (worker, serve):
+        for ring, why in ((new_key(), "none of its keys opens"), ("", "unset, but the task store holds encrypted")):
+            done = run(argv, backend, tmp_path, ring)
+            lines = done.stderr.strip().splitlines()
+            assert done.returncode != 0 and len(lines) == 1, done.stderr
+            assert lines[0].startswith(f"celery-mcp-tasks: configuration error: {RING}: ") and why in lines[0]
+    malformed = run(serve, backend, tmp_path, f"{NEW},not-a-key")
+    assert malformed.returncode != 0
+    assert malformed.stderr.strip().splitlines() == [
+        f"celery-mcp-tasks: configuration error: {RING}: key 2 of 2 is not a base64 32-byte key "
+        "(make one with `celery-mcp-tasks db newkey`)"
+    ]
+
+
+def run(argv: list[str], backend: Backend, tmp_path: Path, ring: str) -> subprocess.CompletedProcess[str]:
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": path, **backend.env, RING: ring}
+    return subprocess.run([sys.executable, *argv], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90)
+
+
+def reencrypt(backend: Backend, ring: str) -> subprocess.CompletedProcess[str]:
+    return run(["-m", "celery_mcp_tasks.cli", "db", "reencrypt"], backend, ROOT, ring)

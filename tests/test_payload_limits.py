@@ -1,0 +1,76 @@
+"""Payload limits in the service, on a real store: over the limit, nothing is created or changed,
+and a result over it ends the task `failed` naming the limit, with nothing of the result kept."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from celery_mcp_tasks.model import TaskStatus
+from celery_mcp_tasks.service import PayloadLimits, PayloadTooLarge, TaskService
+from celery_mcp_tasks.store.codec import payload_bytes
+from celery_mcp_tasks.store.sql import SqlStore
+
+ELICIT = {"method": "elicitation/create", "params": {"message": "ok?", "requestedSchema": {"type": "object"}}}
+LIMITS = {"small": PayloadLimits(arguments=64, answers=64, result=128), "free": PayloadLimits()}
+
+
+@pytest.fixture
+def service(store: SqlStore) -> TaskService:
+    return TaskService(store, limits=LIMITS.__getitem__)
+
+
+def test_arguments_over_the_limit_create_nothing(service: TaskService, caplog: pytest.LogCaptureFixture):
+    big = {"text": "x" * 100}
+    with caplog.at_level(logging.WARNING), pytest.raises(PayloadTooLarge) as refused:
+        service.create(owner=None, tool="small", arguments=big)
+    message = str(refused.value)
+    assert message == (
+        f"Arguments too large: {payload_bytes(big)} bytes, over the limit of 64 bytes "
+        "(MCP_TASKS_MAX_ARGUMENTS_BYTES, or @mcp_task(max_arguments_bytes=...))"
+    )
+    assert sum(service.store.count_by_status().values()) == 0
+    assert "over the limit of 64 bytes" in caplog.text and "xxxx" not in caplog.text
+    _, record = service.create(owner=None, tool="free", arguments=big)  # another tool, no limit
+    assert record.arguments == big
+
+
+def test_arguments_at_the_limit_are_accepted(service: TaskService):
+    fits = {"t": "x" * (64 - payload_bytes({"t": ""}))}
+    assert payload_bytes(fits) == 64
+    _, record = service.create(owner=None, tool="small", arguments=fits)
+    assert service.store.get(record.key).arguments == fits
+
+
+def test_answers_over_the_limit_change_nothing(service: TaskService):
+    task_id, record = service.create(owner="sub:a", tool="small", arguments={})
+    asking = service.require_input(record.key, {"q": ELICIT})
+    with pytest.raises(PayloadTooLarge, match=r"^Answers too large: \d+ bytes, over the limit of 64 bytes"):
+        service.answer(task_id, "sub:a", {"q": {"action": "accept", "content": {"x": "y" * 80}}})
+    after = service.store.get(record.key)
+    assert after == asking and after.status is TaskStatus.INPUT_REQUIRED
+    answered = service.answer(task_id, "sub:a", {"q": {"action": "accept", "content": {"x": "y"}}})
+    assert answered.status is TaskStatus.WORKING and answered.input_responses["q"]["content"] == {"x": "y"}
+
+
+def test_a_result_over_the_limit_fails_the_task_naming_it_and_keeps_none_of_it(
+    service: TaskService, caplog: pytest.LogCaptureFixture
+):
+    _, record = service.create(owner=None, tool="small", arguments={})
+    result = {"content": [{"type": "text", "text": "z" * 200}]}
+    with caplog.at_level(logging.WARNING):
+        done = service.complete(record.key, result, expected=record)
+    stored = service.store.get(record.key)
+    assert stored == done and done.status is TaskStatus.FAILED and done.result is None
+    assert done.error == {
+        "message": f"The job's result was not stored: Result too large: {payload_bytes(result)} bytes, over the "
+        "limit of 128 bytes (MCP_TASKS_MAX_RESULT_BYTES, or @mcp_task(max_result_bytes=...))"
+    }
+    assert "over the limit of 128 bytes" in caplog.text and "zzzz" not in caplog.text
+
+
+def test_a_result_within_the_limit_completes(service: TaskService):
+    _, record = service.create(owner=None, tool="small", arguments={})
+    done = service.complete(record.key, {"content": []})
+    assert done.status is TaskStatus.COMPLETED and done.result == {"content": []}
