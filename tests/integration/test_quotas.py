@@ -316,3 +316,27 @@ def test_anonymous_callers_can_have_a_quota_per_client_address(anonymous_url: st
     assert "192.0.2" not in json.dumps(refusal)
     first.close()
     second.close()
+
+
+def test_the_same_key_with_other_arguments_is_refused_on_the_synchronous_path_and_earlier_eras(
+    deployment: Deployment,
+) -> None:
+    token = f"Bearer caller-{uuid.uuid4().hex[:12]}"
+    label = f"reused-sync-{uuid.uuid4().hex[:8]}"
+    client = McpHttp(deployment.url, headers={"Authorization": token}, capabilities=WITHOUT_EXT)
+    first = client.call_tool("echo", {"label": label}, meta={KEY: label})["result"]
+    assert label in first["content"][0]["text"]
+    reply = client.call_tool("echo", {"label": label + "-sync"}, meta={KEY: label})
+    assert reply["error"]["code"] == -32602 and KEY in reply["error"]["message"], reply
+    for version in ("2025-06-18", "2025-11-25"):
+        http = httpx.Client(timeout=60, headers={"Authorization": token})
+        legacy = LegacySession(deployment.url, version, WITHOUT_EXT, http=http).open()
+        params = {"name": "echo", "arguments": {"label": label}, "_meta": {KEY: label}}
+        again = legacy.request("tools/call", params)
+        assert again["result"]["content"] == first["content"], again  # the same key and arguments: the same job
+        params["arguments"] = {"label": f"{label}-{version}"}
+        refused = legacy.request("tools/call", params)
+        assert refused["error"]["code"] == -32602 and KEY in refused["error"]["message"], refused
+        legacy.close()
+    assert len(rows_for(deployment, "echo", label)) == 1  # none of the other arguments created a task
+    client.close()
