@@ -20,6 +20,7 @@ from celery_mcp_tasks.model import task_key
 from celery_mcp_tasks.store.codec import KeyRing, new_key
 from celery_mcp_tasks.store.engine import normalize_url
 from celery_mcp_tasks.store.schema import tasks
+from tests.integration.test_protocol_eras import LegacySession
 from tests.support import POSTGRES_URL, REDIS_URL, ROOT, Backend, Deployment, McpHttp, fresh_postgres_database
 
 pytestmark = [pytest.mark.integration, pytest.mark.postgres, pytest.mark.redis]
@@ -130,6 +131,20 @@ def test_a_result_within_the_limit_completes(client: McpHttp):
     answer(client, task_id, "word", {"word": "ok"})
     done = client.wait_for(task_id)
     assert done["status"] == "completed" and done["result"]["content"][0]["text"] == "r" * 100
+
+
+def test_arguments_over_the_limit_are_refused_the_same_way_on_the_2025_eras(client: McpHttp, backend: Backend):
+    before = len(rows(backend.store_url))
+    for version in ("2025-06-18", "2025-11-25"):
+        legacy = LegacySession(client.url, version, {"elicitation": {}}).open()
+        try:
+            reply = legacy.call_tool("bounded", {"text": "a" * 300, "result_size": 1})
+        finally:
+            legacy.close()
+        assert reply["error"]["code"] == -32602, reply
+        assert "Arguments too large" in reply["error"]["message"]
+        assert "over the limit of 200 bytes" in reply["error"]["message"]
+    assert len(rows(backend.store_url)) == before
 
 
 # -- encryption at rest --------------------------------------------------------------------------------------
@@ -254,3 +269,60 @@ def run(argv: list[str], backend: Backend, tmp_path: Path, ring: str) -> subproc
 
 def reencrypt(backend: Backend, ring: str) -> subprocess.CompletedProcess[str]:
     return run(["-m", "celery_mcp_tasks.cli", "db", "reencrypt"], backend, ROOT, ring)
+
+
+# -- the controls together, and a retired key over HTTP ------------------------------------------------------
+
+
+def test_an_idempotent_retry_compares_the_arguments_through_the_decryption(backend: Backend, log_dir: Path):
+    """The stored arguments are sealed: a retry's comparison opens them (the same ones match, others are refused)."""
+    key = "io.github.celery-mcp-tasks/idempotencyKey"
+    with Deployment(APP, backend, log_dir) as sealed:
+        client = McpHttp(sealed.web("web-idempotent", **{RING: f"{NEW},{OLD}", "MCP_TASKS_IDEMPOTENCY_SECRET": "p" * 40}))
+        try:
+            first = client.call_tool("secret_echo", {"secret": "IDEM-5e1f"}, meta={key: "k-1"})["result"]["taskId"]
+            again = client.call_tool("secret_echo", {"secret": "IDEM-5e1f"}, meta={key: "k-1"})
+            assert again["result"]["taskId"] == first
+            other = client.call_tool("secret_echo", {"secret": "IDEM-other"}, meta={key: "k-1"})
+            assert other["error"]["code"] == -32602 and key in other["error"]["message"]
+        finally:
+            client.close()
+    stored = [row for row in rows(backend.store_url) if row["key"] == task_key(first)]
+    assert len(stored) == 1 and stored[0]["arguments"].strip('"').startswith("mcpenc1:")
+    assert "IDEM-" not in repr(rows(backend.store_url))
+
+
+def test_a_row_sealed_with_a_retired_key_reads_over_http_as_a_failed_task_naming_the_cause(tmp_path: Path):
+    """Retire a key before `db reencrypt` ran: the web process answers the old task as failed, saying which key
+    and which setting; the worker that meets its job neither crashes nor stops; no log line names the task."""
+    retired, current = new_key(), new_key()
+    queue = f"mcp-test-retired-{os.getpid()}"
+    assert POSTGRES_URL and REDIS_URL
+    with fresh_postgres_database(POSTGRES_URL) as url:
+        own = Backend("pg_redis", {"MCP_TASKS_DATABASE_URL": url, "CELERY_BROKER_URL": REDIS_URL})
+        with Deployment(APP, own, tmp_path, queue=queue) as before:  # the retired key seals the old task
+            client = McpHttp(before.web("web-retired", **{RING: retired}))
+            old = client.create("secret_echo", {"secret": "OLD-9a2b"})
+            client.close()
+        with Deployment(APP, own, tmp_path, queue=queue) as rotated:  # rotated, but never re-encrypted
+            client = McpHttp(rotated.web("web-rotated", **{RING: f"{current},{retired}"}))
+            new = client.create("secret_echo", {"secret": "NEW-4c8d"})
+            client.close()
+        with Deployment(APP, own, tmp_path, queue=queue) as after:  # the retired key is gone
+            client = McpHttp(after.web("web-current", **{RING: current}))
+            after.worker("worker-current", concurrency=1, env={RING: current})
+            try:
+                assert client.wait_for(new, "input_required")["status"] == "input_required"  # old's job ran first
+                failed = client.get(old)
+                assert failed["status"] == "failed"
+                message = failed["error"]["message"]
+                assert message.startswith("The task cannot be read: the task's arguments column was encrypted with key ")
+                assert KeyRing.parse([retired]).primary_id in message and RING in message
+                assert "result" in client.task("tasks/cancel", old)  # answered, and terminal: nothing moves it
+                assert client.get(old)["status"] == "failed"
+                answer(client, new, "confirm", {"answer": "fine"})
+                assert client.wait_for(new)["status"] == "completed"  # the worker went on
+                logs = after.logs()
+                assert "cannot be read" in logs and old not in logs and "OLD-9a2b" not in logs
+            finally:
+                client.close()
