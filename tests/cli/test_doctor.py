@@ -18,9 +18,22 @@ from pathlib import Path
 import pytest
 
 from celery_mcp_tasks import McpTasks
-from celery_mcp_tasks.cli.doctor import Row, clock_check, diagnose, doctor, push_check, render, tool_queues
+from celery_mcp_tasks.cli.doctor import (
+    Row,
+    clock_check,
+    diagnose,
+    doctor,
+    encryption_check,
+    push_check,
+    render,
+    tool_queues,
+)
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.migrate import upgrade
+from celery_mcp_tasks.model import TaskRecord, TaskStatus
+from celery_mcp_tasks.store.codec import KeyRing, new_key
+from celery_mcp_tasks.store.rekeying import reencrypt
+from celery_mcp_tasks.store.sql import SqlStore
 from celery_mcp_tasks.ops.probes import ProbeEngine
 from celery_mcp_tasks.preflight import script_heads
 from tests.conftest import needs_pg_redis, needs_postgres
@@ -67,7 +80,7 @@ def test_an_app_that_does_not_load_is_a_config_fail_and_nothing_else_runs() -> N
     rows = diagnose("no_such_module_for_doctor")
     assert rows[0].name == "config" and rows[0].status == "FAIL"
     assert "cannot import 'no_such_module_for_doctor'" in rows[0].detail
-    assert [row.status for row in rows[1:]] == ["SKIP"] * 7
+    assert [row.status for row in rows[1:]] == ["SKIP"] * 8
 
 
 def test_the_embedded_store_before_its_first_upgrade_is_a_database_fail_with_its_fix(app_module: str) -> None:
@@ -114,6 +127,7 @@ def test_on_a_swept_embedded_store_only_the_missing_worker_fails(app_module: str
         "janitor": "OK",
         "push": "SKIP",
         "clock": "OK",
+        "encryption": "OK",
     }
     workers = by_name(rows)["workers"]
     assert workers.detail == "no worker answered within 0.5s"
@@ -137,6 +151,7 @@ def test_json_output_and_the_exit_status(app_module: str, capsys: pytest.Capture
         "janitor",
         "push",
         "clock",
+        "encryption",
     ]
     assert set(document["checks"][0]) == {"name", "status", "detail", "fix"}
 
@@ -235,3 +250,67 @@ def test_a_terminal_gets_the_rich_table_with_each_fix() -> None:
     assert text.startswith("┏") and "┃ check" in text
     assert "fix: start a worker: `celery -A app worker [-Q q]`" in text, "markup in a fix is printed, not parsed"
     assert "CHECK     STATUS" not in text
+
+
+# -- the key ring against the store (SQLite and PostgreSQL) -------------------------------
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'tasks.db'}"
+        upgrade(url)
+        yield url
+        return
+    if not POSTGRES_URL:
+        pytest.skip("set MCP_TASKS_TEST_POSTGRES_URL to run")
+    with fresh_postgres_database(POSTGRES_URL) as url:
+        upgrade(url)
+        yield url
+
+
+def test_the_encryption_row_follows_the_ring_through_a_rotation(any_store: str, tmp_path: Path) -> None:
+    old, new = new_key(), new_key()
+    old_id, new_id = (KeyRing.parse([key]).primary_id for key in (old, new))
+
+    def verdict(*ring: str) -> tuple[str, str, str]:
+        tasks = McpTasks("ring", settings=Settings(database_url=any_store, encryption_keys=ring, data_dir=tmp_path))
+        found = encryption_check(tasks, ProbeEngine(any_store))
+        return found.status, found.detail, found.fix
+
+    def write(key: str, at: int, *ring: str) -> None:
+        store = SqlStore.from_url(any_store, ring=KeyRing.parse(ring) if ring else None)
+        record = TaskRecord(
+            key=key, owner=None, tool="t", status=TaskStatus.WORKING, created_at=at, updated_at=at, ttl_ms=None
+        )
+        store.create(record, max_rows=None)
+        store.dispose()
+
+    assert verdict() == ("OK", "off: 0 task(s) stored in clear (set MCP_TASKS_ENCRYPTION_KEYS to seal payloads)", "")
+    write("a" * 64, 1_000)  # written before encryption was turned on
+    status, detail, fix = verdict(old)
+    assert (status, detail) == ("WARN", f"on: 0 task(s) sealed with key {old_id}, the first of 1; 0 sealed with an older key, 1 in clear")
+    assert fix.startswith("run `celery-mcp-tasks db reencrypt`")
+
+    write("b" * 64, 2_000, old)
+    status, detail, fix = verdict(new)  # a process given the wrong ring: what every process refuses to start with
+    assert status == "FAIL" and detail.startswith("MCP_TASKS_ENCRYPTION_KEYS: none of its keys opens")
+    assert "the same on every process" in fix
+    status, detail, _ = verdict()
+    assert status == "FAIL" and detail.startswith("MCP_TASKS_ENCRYPTION_KEYS: unset, but the task store holds")
+
+    write("c" * 64, 3_000, new, old)  # rotated: the new key seals, the old one still opens
+    assert verdict(new, old)[:2] == (
+        "WARN",
+        f"on: 1 task(s) sealed with key {new_id}, the first of 2; 1 sealed with an older key, 1 in clear",
+    )
+    status, detail, fix = verdict(new)  # retired before `db reencrypt`: the old row reads as a failed task
+    assert (status, detail) == ("WARN", f"1 task(s) sealed with a key not in the ring read as failed: key {old_id} (1)")
+    assert "put that key back" in fix and "db reencrypt" in fix
+
+    engine = SqlStore.from_url(any_store).engine
+    try:
+        assert reencrypt(engine, KeyRing.parse([new, old])).rewritten == 2
+    finally:
+        engine.dispose()
+    assert verdict(new) == ("OK", f"on: 3 task(s) sealed with key {new_id}, the first of 1", "")

@@ -12,6 +12,10 @@ app's own settings (the same environment as the web process and workers):
     janitor   the janitor swept within three intervals (the sweep ledger)
     push      a hint published through the push transport comes back to a listener
     clock     this host's clock agrees with the database's
+    encryption  the payload key ring (MCP_TASKS_ENCRYPTION_KEYS) opens what the store holds:
+              the newest sealed rows (FAIL: the processes would refuse to start), rows
+              sealed with a key retired since (they read as failed tasks), rows not yet
+              sealed with the ring's first key (`db reencrypt` seals them)
 
 Each check has a deadline of its own, so a hung database or broker makes a FAIL,
 never a doctor that hangs. Exit status 1 when any check fails. URLs are shown with
@@ -56,6 +60,7 @@ __all__ = [
     "Verdict",
     "clock_check",
     "diagnose",
+    "encryption_check",
     "doctor",
     "push_check",
     "render",
@@ -286,6 +291,49 @@ def clock_check(probe: ProbeEngine) -> Verdict:
     return Verdict("OK", detail)
 
 
+_RING_FIX = (
+    "set MCP_TASKS_ENCRYPTION_KEYS to the ring the web processes and workers use (the newest key first), "
+    "the same on every process"
+)
+
+
+def encryption_check(tasks: McpTasks, probe: ProbeEngine) -> Verdict:
+    """This process's key ring against the store: it opens the newest sealed rows (as every process checks at
+    start), and how many rows each key sealed, so a retired key still in use and a pending `db reencrypt`
+    show before a client meets them."""
+    from celery_mcp_tasks.store.rekeying import ring_check, sealed_census
+
+    ring = tasks.settings.key_ring()
+    try:
+        problem, census = probe.read(lambda conn: (ring_check(conn, ring), sealed_census(conn)))
+    except Exception as exc:  # noqa: BLE001
+        return Verdict("FAIL", f"cannot read the task store: {short_reason(exc)}", "check the database (see above)")
+    if problem is not None:
+        return Verdict("FAIL", problem, _RING_FIX)
+    clear = census.pop(None, 0)
+    if ring is None:
+        return Verdict("OK", f"off: {clear} task(s) stored in clear (set MCP_TASKS_ENCRYPTION_KEYS to seal payloads)")
+    first = ring.primary_id
+    retired = {key_id: rows for key_id, rows in census.items() if key_id not in ring.key_ids}
+    older = sum(rows for key_id, rows in census.items() if key_id != first and key_id not in retired)
+    if retired:
+        keys = ", ".join(f"{key_id} ({rows})" for key_id, rows in sorted(retired.items()))
+        return Verdict(
+            "WARN",
+            f"{sum(retired.values())} task(s) sealed with a key not in the ring read as failed: key {keys}",
+            "put that key back in MCP_TASKS_ENCRYPTION_KEYS (after the first) on every process, then run "
+            "`celery-mcp-tasks db reencrypt` before retiring it",
+        )
+    detail = f"on: {census.get(first, 0)} task(s) sealed with key {first}, the first of {len(ring.key_ids)}"
+    if older or clear:
+        return Verdict(
+            "WARN",
+            f"{detail}; {older} sealed with an older key, {clear} in clear",
+            "run `celery-mcp-tasks db reencrypt` with this ring (then an older key can be retired)",
+        )
+    return Verdict("OK", detail)
+
+
 # -- the report -----------------------------------------------------------------------------
 
 DEFAULT_TIMEOUT_S = 3.0
@@ -382,7 +430,7 @@ def diagnose(app_path: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Row
     """Every check's row, in order; dependent checks SKIP when what they need failed."""
     tasks, config = _load(app_path)
     rows = [Row("config", config.status, config.detail, config.fix)]
-    names = ("database", "schema", "broker", "workers", "janitor", "push", "clock")
+    names = ("database", "schema", "broker", "workers", "janitor", "push", "clock", "encryption")
     if tasks is None:
         env_urls = [os.environ.get(name, "") for name in ("MCP_TASKS_DATABASE_URL", "CELERY_BROKER_URL")]
         return _redacted(rows + [Row(name, "SKIP", "the app did not load") for name in names], env_urls)
@@ -414,6 +462,7 @@ def diagnose(app_path: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Row
     push_needs = {"postgres": ("database",), "broker": ("broker",)}.get(_internals(tasks).push.mode, ())
     check("push", push_needs, lambda: push_check(tasks, probe, timeout_s=timeout_s))
     check("clock", ("database",), lambda: clock_check(probe))
+    check("encryption", ("database", "schema"), lambda: encryption_check(tasks, probe))
     rows += [Row(name, v.status, v.detail, v.fix) for name, v in verdicts.items()]
     return _redacted(rows, [settings.store_url, str(tasks.celery.conf.broker_url)])
 

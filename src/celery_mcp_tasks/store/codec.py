@@ -32,6 +32,7 @@ __all__ = [
     "ENCRYPTION_SETTING",
     "PAYLOADS",
     "KeyRing",
+    "SEALED_HEAD_CHARS",
     "PayloadTooLarge",
     "UnreadablePayload",
     "new_key",
@@ -44,6 +45,8 @@ PAYLOADS: Final = ("arguments", "input_requests", "input_responses", "result")
 """The columns that hold what clients and jobs sent: sealed with a ring, measured against the limits."""
 _SEALED: Final = "mcpenc1:"
 _KEY_BYTES = 32
+SEALED_HEAD_CHARS: Final = len(_SEALED) + 8
+"""The characters of a sealed value that say it is sealed and name its key (the key id: base64 of 6 bytes)."""
 _NONCE_BYTES = 12
 
 

@@ -25,10 +25,18 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from celery_mcp_tasks.store.codec import PAYLOADS, KeyRing, UnreadablePayload, open_columns, ring_problem
+from celery_mcp_tasks.store.codec import (
+    PAYLOADS,
+    SEALED_HEAD_CHARS,
+    KeyRing,
+    UnreadablePayload,
+    open_columns,
+    ring_problem,
+    sealed_key_id,
+)
 from celery_mcp_tasks.store.schema import tasks
 
-__all__ = ["Reencryption", "reencrypt", "ring_check"]
+__all__ = ["Reencryption", "reencrypt", "ring_check", "sealed_census"]
 
 _ATTEMPTS = 16
 _NEWEST = 50
@@ -40,6 +48,20 @@ def ring_check(conn: Connection, ring: KeyRing | None) -> str | None:
     query = sa.select(tasks.c.key, tasks.c.arguments).order_by(tasks.c.updated_at.desc(), tasks.c.key.desc())
     newest = [dict(row) for row in conn.execute(query.limit(_NEWEST)).mappings()]
     return ring_problem(newest, ring)
+
+
+def sealed_census(conn: Connection) -> dict[str | None, int]:
+    """How many rows' arguments each key sealed (key id -> rows; None: rows in clear), in one grouped scan.
+
+    The arguments column decides whether a row reads: every sealed row has its arguments sealed,
+    and `reencrypt` rewrites a row's payloads together. The sealed form is a JSON string, so its
+    text starts with a quote, the prefix and the key id (`codec.sealed_key_id`)."""
+    head = sa.func.substr(sa.cast(tasks.c.arguments, sa.Text), 1, 1 + SEALED_HEAD_CHARS)
+    census: dict[str | None, int] = {}
+    for text, count in conn.execute(sa.select(head, sa.func.count()).group_by(head)):
+        key_id = sealed_key_id(text[1:]) if isinstance(text, str) and text.startswith('"') else None
+        census[key_id] = census.get(key_id, 0) + int(count)
+    return census
 
 
 @dataclass
