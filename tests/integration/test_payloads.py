@@ -96,7 +96,8 @@ def test_arguments_over_the_tools_limit_are_refused_with_32602_naming_it_and_cre
     assert without_tasks["error"]["code"] == -32602  # the synchronous path: the same refusal
     assert "over the limit of 200 bytes" in without_tasks["error"]["message"]
     assert len(rows(backend.store_url)) == before
-    assert "a" * 50 not in deployment.logs()
+    logs = deployment.logs()  # the web process says which limit refused what, never the payload
+    assert "tool 'bounded': a creation was refused: Arguments too large" in logs and "a" * 50 not in logs
 
 
 def test_answers_over_the_limit_are_refused_and_change_nothing_then_a_result_over_it_fails_the_task(
@@ -112,6 +113,7 @@ def test_answers_over_the_limit_are_refused_and_change_nothing_then_a_result_ove
     )
     still = client.get(task_id)
     assert still["status"] == "input_required" and still["inputRequests"] == asking["inputRequests"]
+    assert "tool 'bounded': answers were refused: Answers too large" in deployment.logs()
 
     assert "error" not in answer(client, task_id, "word", {"word": "ok"})
     failed = client.wait_for(task_id)
@@ -122,7 +124,8 @@ def test_answers_over_the_limit_are_refused_and_change_nothing_then_a_result_ove
     row = next(r for r in rows(backend.store_url) if r["key"] == task_key(task_id))
     assert row["status"] == "failed" and row["result"] in (None, "null")  # nothing of the result was written
     logs = deployment.logs()
-    assert "over the limit of 500 bytes" in logs and "r" * 100 not in logs and task_id not in logs
+    assert "over the limit of 500 bytes" in logs and "r" * 100 not in logs and "w" * 100 not in logs
+    assert task_id not in logs
 
 
 def test_a_result_within_the_limit_completes(client: McpHttp):
