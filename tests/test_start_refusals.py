@@ -241,3 +241,25 @@ def test_with_strict_settings_a_misspelled_setting_is_one_refusing_line(argv: li
         "celery-mcp-tasks: configuration error: MCP_TASKS_JANITOR_INTERVAL is not a celery-mcp-tasks setting "
         "(did you mean MCP_TASKS_JANITOR_INTERVAL_S?); MCP_TASKS_STRICT_SETTINGS is on"
     ]
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "why"),
+    [
+        ("MCP_TASKS_QUOTA_ACTIVE", "-1", "must be >= 1, got -1"),
+        ("MCP_TASKS_QUOTA_CREATIONS", "lots", "expected an integer or none"),
+        ("MCP_TASKS_MAX_RESULT_BYTES", "-5", "must be >= 1"),
+        ("MCP_TASKS_ENCRYPTION_KEYS", "not-a-key", "key 1 of 1 is not a base64 32-byte key"),
+    ],
+)
+@pytest.mark.parametrize("argv", [WORKER, SERVE], ids=["worker", "serve"])
+def test_a_bad_limit_or_key_ring_is_one_refusing_line_naming_the_setting(
+    argv: list[str], setting: str, value: str, why: str, tmp_path: Path
+) -> None:
+    """Issue 23's bad input: refused at start by every process, before anything else is checked or created."""
+    done = run(argv, tmp_path, **{setting: value})
+    assert done.returncode != 0, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"celery-mcp-tasks: configuration error: {setting}: "), done.stderr
+    assert why in lines[0] and "Traceback" not in done.stdout + done.stderr
+    assert not (tmp_path / "data").exists()  # the embedded store was not created
