@@ -340,3 +340,20 @@ def test_the_same_key_with_other_arguments_is_refused_on_the_synchronous_path_an
         legacy.close()
     assert len(rows_for(deployment, "echo", label)) == 1  # none of the other arguments created a task
     client.close()
+
+
+def test_a_retry_on_another_replica_gets_the_same_task(deployment: Deployment, rated_url: str) -> None:
+    """Replicas share only the secret and the store: the retry derives the same id, its INSERT meets the first row."""
+    token = f"Bearer caller-{uuid.uuid4().hex[:12]}"
+    label = f"replicas-{uuid.uuid4().hex[:8]}"
+    on_one = McpHttp(deployment.url, headers={"Authorization": token})
+    on_other = McpHttp(rated_url, headers={"Authorization": token})
+    first = on_one.call_tool("echo", {"label": label}, meta={KEY: label})["result"]["taskId"]
+    assert on_other.call_tool("echo", {"label": label}, meta={KEY: label})["result"]["taskId"] == first
+    refused = on_other.call_tool("echo", {"label": label + "-other"}, meta={KEY: label})
+    assert refused["error"]["code"] == -32602 and KEY in refused["error"]["message"]
+    assert on_other.wait_for(first)["status"] == "completed"
+    (row,) = rows_for(deployment, "echo", label)
+    assert row["dispatches"] == 1
+    on_one.close()
+    on_other.close()
