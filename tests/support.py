@@ -368,10 +368,10 @@ class Deployment:
         self.procs.append(proc)
         return proc
 
-    def console(self, token: str, name: str = "console") -> str:
+    def console(self, token: str, name: str = "console", **extra: str) -> str:
         """`celery-mcp-tasks console APP` on a port of its own, with operator `token`: its root URL, once it answers."""
         port = free_port()
-        env = process_env(self.backend, **self.env(MCP_TASKS_CONSOLE_TOKEN=token))
+        env = process_env(self.backend, **self.env(MCP_TASKS_CONSOLE_TOKEN=token, **extra))
         argv = [sys.executable, "-m", "celery_mcp_tasks.cli", "console", self.app, "--port", str(port)]
         proc = spawn(name, argv, env, self.log_dir)
         self.procs.append(proc)

@@ -194,6 +194,27 @@ def test_with_encryption_on_the_celery_message_carries_no_arguments(backend: Bac
     assert "MSG-0c4d1e" not in json.dumps(message) + str(body)
 
 
+def test_the_console_reveals_sealed_payloads_through_the_same_decryption(backend: Backend, log_dir: Path):
+    """The operators' console process, given the ring, shows a sealed task's payloads on reveal, and only there."""
+    import httpx
+
+    token = "payload-console-token-0123456789"
+    with Deployment(APP, backend, log_dir) as sealed:
+        client = McpHttp(sealed.web("web-console", **{RING: f"{NEW},{OLD}"}))
+        try:
+            key = task_key(client.create("secret_echo", {"secret": "CONSOLE-3b7e"}))
+        finally:
+            client.close()
+        root = sealed.console(token, "console-sealed", **{RING: f"{NEW},{OLD}", "MCP_TASKS_CONSOLE_PAYLOADS": "on"})
+        with httpx.Client(base_url=root, headers={"Authorization": f"Bearer {token}"}, timeout=10) as api:
+            detail = api.get(f"/api/tasks/{key}")
+            assert detail.status_code == 200 and "CONSOLE-3b7e" not in detail.text
+            revealed = api.post(f"/api/tasks/{key}/reveal", json={}, headers={"X-Console-Operator": "pat"})
+            assert revealed.status_code == 200, revealed.text
+            assert revealed.json()["arguments"] == {"secret": "CONSOLE-3b7e"}
+    assert "CONSOLE-3b7e" not in repr(rows(backend.store_url))
+
+
 def test_a_key_rotation_reencrypts_every_row_while_the_tasks_stay_readable(
     backend: Backend, log_dir: Path, deployment: Deployment
 ):
