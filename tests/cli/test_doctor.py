@@ -31,11 +31,11 @@ from celery_mcp_tasks.cli.doctor import (
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.model import TaskRecord, TaskStatus
+from celery_mcp_tasks.ops.probes import ProbeEngine
+from celery_mcp_tasks.preflight import script_heads
 from celery_mcp_tasks.store.codec import KeyRing, new_key
 from celery_mcp_tasks.store.rekeying import reencrypt
 from celery_mcp_tasks.store.sql import SqlStore
-from celery_mcp_tasks.ops.probes import ProbeEngine
-from celery_mcp_tasks.preflight import script_heads
 from tests.conftest import needs_pg_redis, needs_postgres
 from tests.support import POSTGRES_URL, REDIS_URL, free_port, fresh_postgres_database
 
@@ -289,7 +289,10 @@ def test_the_encryption_row_follows_the_ring_through_a_rotation(any_store: str, 
     assert verdict() == ("OK", "off: 0 task(s) stored in clear (set MCP_TASKS_ENCRYPTION_KEYS to seal payloads)", "")
     write("a" * 64, 1_000)  # written before encryption was turned on
     status, detail, fix = verdict(old)
-    assert (status, detail) == ("WARN", f"on: 0 task(s) sealed with key {old_id}, the first of 1; 0 sealed with an older key, 1 in clear")
+    assert (status, detail) == (
+        "WARN",
+        f"on: 0 task(s) sealed with key {old_id}, the first of 1; 0 sealed with an older key, 1 in clear",
+    )
     assert fix.startswith("run `celery-mcp-tasks db reencrypt`")
 
     write("b" * 64, 2_000, old)

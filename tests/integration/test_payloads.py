@@ -302,7 +302,9 @@ def test_an_idempotent_retry_compares_the_arguments_through_the_decryption(backe
     """The stored arguments are sealed: a retry's comparison opens them (the same ones match, others are refused)."""
     key = "io.github.celery-mcp-tasks/idempotencyKey"
     with Deployment(APP, backend, log_dir) as sealed:
-        client = McpHttp(sealed.web("web-idempotent", **{RING: f"{NEW},{OLD}", "MCP_TASKS_IDEMPOTENCY_SECRET": "p" * 40}))
+        client = McpHttp(
+            sealed.web("web-idempotent", **{RING: f"{NEW},{OLD}", "MCP_TASKS_IDEMPOTENCY_SECRET": "p" * 40})
+        )
         try:
             first = client.call_tool("secret_echo", {"secret": "IDEM-5e1f"}, meta={key: "k-1"})["result"]["taskId"]
             again = client.call_tool("secret_echo", {"secret": "IDEM-5e1f"}, meta={key: "k-1"})
@@ -340,7 +342,9 @@ def test_a_row_sealed_with_a_retired_key_reads_over_http_as_a_failed_task_naming
                 failed = client.get(old)
                 assert failed["status"] == "failed"
                 message = failed["error"]["message"]
-                assert message.startswith("The task cannot be read: the task's arguments column was encrypted with key ")
+                assert message.startswith(
+                    "The task cannot be read: the task's arguments column was encrypted with key "
+                )
                 assert KeyRing.parse([retired]).primary_id in message and RING in message
                 assert "result" in client.task("tasks/cancel", old)  # answered, and terminal: nothing moves it
                 assert client.get(old)["status"] == "failed"

@@ -31,8 +31,8 @@ from typing import Any, Final
 __all__ = [
     "ENCRYPTION_SETTING",
     "PAYLOADS",
-    "KeyRing",
     "SEALED_HEAD_CHARS",
+    "KeyRing",
     "PayloadTooLarge",
     "UnreadablePayload",
     "new_key",
