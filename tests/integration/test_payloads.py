@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -218,13 +219,21 @@ def test_the_console_reveals_sealed_payloads_through_the_same_decryption(backend
 def test_a_key_rotation_reencrypts_every_row_while_the_tasks_stay_readable(
     backend: Backend, log_dir: Path, deployment: Deployment
 ):
+    before = McpHttp(deployment.url)  # tasks sealed with the old key, waiting for an answer through the rotation
+    try:
+        ids = [before.create("secret_echo", {"secret": f"s{n}"}) for n in range(2)]
+        for task_id in ids:
+            before.wait_for(task_id, "input_required")
+    finally:
+        before.close()
+    sealed_old = [row for row in rows(backend.store_url) if row["key"] in {task_key(task_id) for task_id in ids}]
+    assert len(sealed_old) == 2 and all(KeyRing.parse([OLD]).is_current(r["arguments"].strip('"')) for r in sealed_old)
     deployment.stop()  # the old ring's processes go; the rotated ring's come (new key first, old one still read)
     with start(backend, log_dir, f"{NEW},{OLD}", "rotating") as rotating:
         client = McpHttp(rotating.url)
         try:
-            ids = [client.create("secret_echo", {"secret": f"s{n}"}) for n in range(3)]
-            for task_id in ids:
-                client.wait_for(task_id, "input_required")
+            ids.append(client.create("secret_echo", {"secret": "s2"}))
+            client.wait_for(ids[2], "input_required")
             reads: list[str] = []
             stop = threading.Event()
 
@@ -246,6 +255,11 @@ def test_a_key_rotation_reencrypts_every_row_while_the_tasks_stay_readable(
                 thread.join()
             assert reencrypted.returncode == 0, reencrypted.stderr
             assert f"re-encrypted with key {KeyRing.parse([NEW]).primary_id}" in reencrypted.stdout
+            assert re.fullmatch(  # the line docs/payloads.md shows
+                r"celery-mcp-tasks db reencrypt: [2-9]\d* rows re-encrypted with key \S{8}, \d+ already were, 0 sealed "
+                r"with a key not in the ring \(left as they are\), 0 kept changing \(run it again\)\n",
+                reencrypted.stdout,
+            ), reencrypted.stdout
             assert reads and set(reads) == {"input_required"}
 
             new_only = KeyRing.parse([NEW])
