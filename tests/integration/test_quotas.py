@@ -357,3 +357,18 @@ def test_a_retry_on_another_replica_gets_the_same_task(deployment: Deployment, r
     assert row["dispatches"] == 1
     on_one.close()
     on_other.close()
+
+
+def test_at_the_rate_limit_a_retry_of_a_counted_creation_is_answered_on_both_paths(rated_url: str) -> None:
+    """The quota counts creations, not calls: a retry meets the row it already counted, with or without the extension."""
+    token = f"Bearer caller-{uuid.uuid4().hex[:12]}"
+    label = f"counted-{uuid.uuid4().hex[:8]}"
+    client = McpHttp(rated_url, headers={"Authorization": token})
+    first = client.call_tool("echo", {"label": label}, meta={KEY: label})["result"]["taskId"]
+    client.create("echo", {"label": label + "-2"})
+    client.create("echo", {"label": label + "-3"})
+    assert client.call_tool("echo", {"label": label + "-4"})["error"]["data"]["limit"] == "creations"
+    assert client.call_tool("echo", {"label": label}, meta={KEY: label})["result"]["taskId"] == first
+    synchronous = client.call_tool("echo", {"label": label}, meta={KEY: label}, capabilities=WITHOUT_EXT)
+    assert label in synchronous["result"]["content"][0]["text"]  # the same job's result, not a refusal
+    client.close()
