@@ -63,6 +63,7 @@ _T = TypeVar("_T")
 
 _MAX_CAS_ATTEMPTS = 64
 _COLUMNS = [f.name for f in fields(TaskRecord)]
+_SET = tuple(name for name in _COLUMNS if name != "key")
 _TERMINAL_VALUES = [status.value for status in TERMINAL]
 _UNREADABLE_SAID: set[tuple[str, str]] = set()
 
@@ -77,9 +78,22 @@ def _same(a: TaskRecord, b: TaskRecord) -> bool:
 
 
 def _changes(before: TaskRecord, after: TaskRecord) -> dict[str, Any]:
-    """The columns `after` changes (the version always): all an UPDATE needs to set."""
-    old, new = _to_row(before), _to_row(after)
-    return {name: value for name, value in new.items() if name != "key" and value != old[name]}
+    """The columns `after` changes (the version always; `expires_at` when its inputs move): all an UPDATE
+    needs to set, as `_to_row` writes them. Compared field by field, only the changed ones converted."""
+    changes = {name: _column(after, name) for name in _SET if getattr(after, name) != getattr(before, name)}
+    if after.expires_at != before.expires_at:
+        changes["expires_at"] = after.expires_at
+    return changes
+
+
+def _column(record: TaskRecord, name: str) -> Any:
+    """One field of `record` as its column holds it (`_to_row`)."""
+    value = getattr(record, name)
+    if name == "status":
+        return record.status.value
+    if name == "issued_keys":
+        return list(record.issued_keys)
+    return value
 
 
 def _holds(found: TaskRecord, changes: Mapping[str, Any]) -> bool:
