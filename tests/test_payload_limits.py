@@ -111,3 +111,6 @@ def test_encode_is_compact_and_serves_the_measured_text_once() -> None:
     assert codec.encode(result) is not text  # the measured text serves one write; the next one encodes
     assert codec.encode(result) == text == '{"content":[{"type":"text","text":"ok"}]}' and len(text.encode()) == size
     assert codec.encode(None) == "null" and codec.encode({}) == "{}" and codec.encode(()) == "[]"
+    big = {"t": "x" * 100}
+    payload_bytes(big, limit=10)  # refused: its text is not kept for a write that will not happen
+    assert codec._measured.last is None

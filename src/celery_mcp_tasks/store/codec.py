@@ -76,11 +76,15 @@ def encode(value: Any) -> str:
     return _dumps(value)
 
 
-def payload_bytes(value: Any) -> int:
-    """The size of `value` as the store keeps it: its compact JSON encoding (`encode`), in UTF-8 bytes."""
+def payload_bytes(value: Any, *, limit: int | None = None) -> int:
+    """The size of `value` as the store keeps it: its compact JSON encoding (`encode`), in UTF-8 bytes.
+
+    The text is kept for `encode` (one per thread) unless it is over `limit`: a refused payload is not
+    written, and is not kept alive either."""
     text = _dumps(value)
-    _measured.last = (value, text)
-    return len(text.encode())
+    size = len(text.encode())
+    _measured.last = (value, text) if limit is None or size <= limit else None
+    return size
 
 
 class PayloadTooLarge(ValueError):
