@@ -3,12 +3,16 @@ and a result over it ends the task `failed` naming the limit, with nothing of th
 
 from __future__ import annotations
 
+import json
 import logging
+from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from celery_mcp_tasks.model import TaskStatus
 from celery_mcp_tasks.service import PayloadLimits, PayloadTooLarge, TaskService
+from celery_mcp_tasks.store import codec
 from celery_mcp_tasks.store.codec import payload_bytes
 from celery_mcp_tasks.store.sql import SqlStore
 
@@ -74,3 +78,39 @@ def test_a_result_within_the_limit_completes(service: TaskService):
     _, record = service.create(owner=None, tool="small", arguments={})
     done = service.complete(record.key, {"content": []})
     assert done.status is TaskStatus.COMPLETED and done.result == {"content": []}
+
+
+def test_a_measured_payload_is_written_as_measured_encoded_once(
+    service: TaskService, store: SqlStore, monkeypatch: pytest.MonkeyPatch
+):
+    """The size the limit saw is the size the column holds, and the text measured is the text written:
+    one encoding of the arguments, not a second one at the write (the engine's JSON serializer is
+    `codec.encode`)."""
+    arguments = {"t": "é" * 10, "n": [1, 2]}
+    encoded: list[Any] = []
+    dumps = json.dumps
+
+    def counted(value: Any, **options: Any) -> str:
+        encoded.append(value)
+        return dumps(value, **options)
+
+    monkeypatch.setattr(codec.json, "dumps", counted)
+    _, record = service.create(owner=None, tool="small", arguments=arguments)
+    monkeypatch.undo()
+    assert [value for value in encoded if value is arguments] == [arguments]  # measured, then written as is
+    with store.engine.connect() as conn:
+        query = sa.text("SELECT CAST(arguments AS TEXT) FROM mcp_tasks_task WHERE key = :k")
+        text = conn.execute(query, {"k": record.key}).scalar_one()
+    assert len(text.encode()) == payload_bytes(arguments) and json.loads(text) == arguments
+
+
+def test_encode_is_compact_and_serves_the_measured_text_once() -> None:
+    result = {"content": [{"type": "text", "text": "ok"}]}
+    size = payload_bytes(result)
+    text = codec.encode(result)
+    assert codec.encode(result) is not text  # the measured text serves one write; the next one encodes
+    assert codec.encode(result) == text == '{"content":[{"type":"text","text":"ok"}]}' and len(text.encode()) == size
+    assert codec.encode(None) == "null" and codec.encode({}) == "{}" and codec.encode(()) == "[]"
+    big = {"t": "x" * 100}
+    payload_bytes(big, limit=10)  # refused: its text is not kept for a write that will not happen
+    assert codec._measured.last is None

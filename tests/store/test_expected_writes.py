@@ -42,10 +42,12 @@ class Statements:
 
     def __init__(self, store: SqlStore) -> None:
         self.seen: list[str] = []
+        self.texts: list[str] = []
 
         @sa.event.listens_for(store.engine, "before_cursor_execute")
         def statement(conn: Any, cursor: Any, sql: str, *_: Any) -> None:
             self.seen.append(sql.split()[0].upper())
+            self.texts.append(sql)
 
         @sa.event.listens_for(store.engine, "commit")
         def commit(conn: Any) -> None:
@@ -160,8 +162,11 @@ def test_the_service_propagates_the_expected_record(store: SqlStore) -> None:
     seen = Statements(store)
     began = service.begin(record.key, Run(1), stale_before_ms=0, expected=record)
     done = service.complete(record.key, {"content": []}, run=Run(1), expected=began)
-    # PostgreSQL: the claim is one statement with `synchronous_commit` off folded in (WITH ... UPDATE).
-    assert seen.seen == (["UPDATE", "COMMIT"] * 2 if store.dialect == "sqlite" else ["WITH", "UPDATE"])
+    # PostgreSQL: the claim is one statement with `synchronous_commit` off folded into its RETURNING.
+    assert seen.seen == (["UPDATE", "COMMIT"] * 2 if store.dialect == "sqlite" else ["UPDATE", "UPDATE"])
+    if store.dialect == "postgresql":
+        claim, outcome = seen.texts
+        assert "set_config" in claim and "set_config" not in outcome
     assert done.status is TaskStatus.COMPLETED and store.get(record.key) == done
 
 
@@ -197,7 +202,7 @@ def test_notify_is_delivered_with_the_fast_write_in_the_same_statement(hinted: S
     try:
         seen = Statements(hinted)
         written = hinted.update("k", ANY, lambda r: r.with_progress("half way", 2), expected=created)
-        assert seen.seen == ["WITH"]  # UPDATE and pg_notify, one statement
+        assert seen.seen == ["UPDATE"] and "pg_notify" in seen.texts[0]  # UPDATE and pg_notify, one statement
         assert _heard(listener) == [format_hint(written)]
         # A miss sends nothing of its own: only the locking path's write is heard, at its version.
         again = hinted.update("k", ANY, lambda r: r.with_progress("again", 3), expected=created)
@@ -238,7 +243,7 @@ def test_a_write_settled_as_lost_that_lands_later_is_not_applied_twice(
     armed = [True]
 
     def drop_the_next_update(cursor: Any, statement: str, parameters: Any, context: Any = None) -> None:
-        if armed[0] and statement.lstrip().upper().startswith(("UPDATE", "WITH")):
+        if armed[0] and statement.lstrip().upper().startswith("UPDATE"):
             armed[0] = False
             raise store.engine.dialect.loaded_dbapi.OperationalError("injected: server closed the connection")
         real_execute(cursor, statement, parameters, context)

@@ -2,8 +2,9 @@
 
 A task's payloads are its arguments, its input requests, the answers to them and its
 result (the `PAYLOADS` columns). Their size is what the column holds: the compact
-JSON encoding, in UTF-8 bytes (`payload_bytes`), which the service compares with
-the payload limits.
+JSON encoding (`encode`, the store engine's JSON serializer), in UTF-8 bytes
+(`payload_bytes`), which the service compares with the payload limits: a payload measured
+is written with the text measured, not encoded a second time.
 
 With a key ring (MCP_TASKS_ENCRYPTION_KEYS, opt-in) each payload is sealed with
 AES-256-GCM from `cryptography` before it is written and opened after it is read,
@@ -25,6 +26,7 @@ import binascii
 import hashlib
 import json
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -35,6 +37,7 @@ __all__ = [
     "KeyRing",
     "PayloadTooLarge",
     "UnreadablePayload",
+    "encode",
     "new_key",
     "payload_bytes",
     "ring_problem",
@@ -50,9 +53,41 @@ SEALED_HEAD_CHARS: Final = len(_SEALED) + 8
 _NONCE_BYTES = 12
 
 
-def payload_bytes(value: Any) -> int:
-    """The size of `value` as the store keeps it: its compact JSON encoding, in UTF-8 bytes."""
-    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str).encode())
+_EMPTY: Final = {type(None): "null", dict: "{}", list: "[]", tuple: "[]"}
+"""The encodings of the values most columns hold (no arguments, no answers yet, no result): not worth a dumps."""
+_measured = threading.local()
+
+
+def _dumps(value: Any) -> str:
+    if not value:
+        known = _EMPTY.get(type(value))
+        if known is not None:
+            return known
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def encode(value: Any) -> str:
+    """A JSON column's value as the store writes it: its compact JSON encoding (the engine's `json_serializer`).
+
+    One serialisation, measured: when `value` is the very object `payload_bytes` last measured on this
+    thread (a creation's arguments, a job's result: measured against their limit, then written),
+    the text measured is the text written. Payloads are not mutated between the two."""
+    last = getattr(_measured, "last", None)
+    if last is not None and last[0] is value:
+        _measured.last = None
+        return str(last[1])
+    return _dumps(value)
+
+
+def payload_bytes(value: Any, *, limit: int | None = None) -> int:
+    """The size of `value` as the store keeps it: its compact JSON encoding (`encode`), in UTF-8 bytes.
+
+    The text is kept for `encode` (one per thread) unless it is over `limit`: a refused payload is not
+    written, and is not kept alive either."""
+    text = _dumps(value)
+    size = len(text.encode())
+    _measured.last = (value, text) if limit is None or size <= limit else None
+    return size
 
 
 class PayloadTooLarge(ValueError):

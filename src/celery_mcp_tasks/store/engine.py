@@ -25,6 +25,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine, make_url
 
+from celery_mcp_tasks.store.codec import encode
+
 READ_ONLY = "mcp_tasks_read_only"
 """Execution option marking a read-only connection (a deferred BEGIN on SQLite)."""
 
@@ -61,9 +63,10 @@ def normalize_url(url: str) -> str:
 
 
 def create_store_engine(url: str, **kwargs: Any) -> Engine:
-    """An engine whose errors never carry bound parameters (arguments, results, owners),
-    and which a forked child never shares with its parent."""
+    """An engine whose errors never carry bound parameters (arguments, results, owners), which writes
+    JSON compact (`store.codec.encode`), and which a forked child never shares with its parent."""
     kwargs.setdefault("hide_parameters", True)
+    kwargs.setdefault("json_serializer", encode)  # compact, and a measured payload is not encoded twice
     url = normalize_url(url)
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":

@@ -13,8 +13,8 @@ commit. Only when that misses (another writer moved the row) or nothing is
 expected does it take the locking path: BEGIN, `SELECT ... FOR UPDATE` (a slow
 writer is never starved by fast ones; SQLite serializes with `BEGIN IMMEDIATE`),
 the UPDATE, COMMIT. The `ChangeHint` (PostgreSQL's `pg_notify`) is folded into
-the writing statement (`WITH w AS (UPDATE ... RETURNING ...) SELECT pg_notify(...)
-FROM w`), so it goes out at that write's commit and never for a write that missed. A write that
+the writing statement's RETURNING (`UPDATE ... RETURNING heartbeat_at, pg_notify(...)`), so it goes
+out at that write's commit and never for a write that missed. A write that
 need not be durable (a run's claim: `update(durable=False)`) folds `set_config('synchronous_commit',
 'off', true)` in the same way: its commit does not wait for the WAL flush.
 
@@ -63,6 +63,7 @@ _T = TypeVar("_T")
 
 _MAX_CAS_ATTEMPTS = 64
 _COLUMNS = [f.name for f in fields(TaskRecord)]
+_SET = tuple(name for name in _COLUMNS if name != "key")
 _TERMINAL_VALUES = [status.value for status in TERMINAL]
 _UNREADABLE_SAID: set[tuple[str, str]] = set()
 
@@ -77,9 +78,22 @@ def _same(a: TaskRecord, b: TaskRecord) -> bool:
 
 
 def _changes(before: TaskRecord, after: TaskRecord) -> dict[str, Any]:
-    """The columns `after` changes (the version always): all an UPDATE needs to set."""
-    old, new = _to_row(before), _to_row(after)
-    return {name: value for name, value in new.items() if name != "key" and value != old[name]}
+    """The columns `after` changes (the version always; `expires_at` when its inputs move): all an UPDATE
+    needs to set, as `_to_row` writes them. Compared field by field, only the changed ones converted."""
+    changes = {name: _column(after, name) for name in _SET if getattr(after, name) != getattr(before, name)}
+    if after.expires_at != before.expires_at:
+        changes["expires_at"] = after.expires_at
+    return changes
+
+
+def _column(record: TaskRecord, name: str) -> Any:
+    """One field of `record` as its column holds it (`_to_row`)."""
+    value = getattr(record, name)
+    if name == "status":
+        return record.status.value
+    if name == "issued_keys":
+        return list(record.issued_keys)
+    return value
 
 
 def _holds(found: TaskRecord, changes: Mapping[str, Any]) -> bool:
@@ -110,41 +124,39 @@ def _unless_landed(transition: Transition, doubt: _CommitInDoubt) -> Transition:
 
 
 def _insert_if_room() -> sa.Insert:
-    """`INSERT ... SELECT :values WHERE (bounded count) < :max_rows RETURNING key`, built once.
+    """`INSERT ... SELECT :values WHERE (bounded count) < :max_rows` (RETURNING key: `_insert_statement`), built once.
 
     RETURNING rather than rowcount: psycopg reports -1 for INSERT ... SELECT.
     """
     capped = sa.select(sa.literal_column("1")).select_from(tasks).limit(sa.bindparam("max_rows")).subquery()
     room = sa.select(sa.func.count()).select_from(capped).scalar_subquery() < sa.bindparam("max_rows")
     values = sa.select(*(sa.bindparam(c.name, type_=c.type).label(c.name) for c in tasks.columns)).where(room)
-    return tasks.insert().from_select([c.name for c in tasks.columns], values).returning(tasks.c.key)
+    return tasks.insert().from_select([c.name for c in tasks.columns], values)
 
 
 _INSERT_IF_ROOM = _insert_if_room()
 _NEWER_HEARTBEAT = "heartbeat_at"
 
 
-def _hinted(statement: Any, hinted: bool, *, durable: bool = True) -> Any:
-    """`statement` (a DML statement with RETURNING) with the change hint folded in when `hinted`:
-    `WITH w AS (<statement>) SELECT w.*, pg_notify(:hint_channel, :hint_payload) FROM w`. A row comes
-    back exactly when the statement wrote one, and the hint goes out with that write's commit only.
-    Not `durable` (PostgreSQL): `set_config('synchronous_commit', 'off', true)` folded in the same way, so
-    the statement's commit (autocommit: at its end) does not wait for the WAL flush (`SqlStore.update`)."""
-    if not hinted and durable:
-        return statement
-    written = statement.cte("written")
+def _hinted(statement: Any, returning: Any, hinted: bool, *, durable: bool = True) -> Any:
+    """`statement` (a DML statement) `RETURNING returning`, with the change hint folded into the RETURNING when
+    `hinted`: `... RETURNING <returning>, pg_notify(:hint_channel, :hint_payload)`. RETURNING is computed for
+    each row the statement writes and for no other, so the hint goes out exactly when it wrote one, at that
+    write's commit. Not `durable` (PostgreSQL): `set_config('synchronous_commit', 'off', true)` folded in the
+    same way, so the statement's commit (autocommit: at its end) does not wait for the WAL flush
+    (`SqlStore.update`); a statement that wrote nothing has nothing to flush. One statement, no CTE around it."""
     folded: list[Any] = []
     if hinted:
         folded.append(sa.func.pg_notify(sa.bindparam("hint_channel"), sa.bindparam("hint_payload")))
     if not durable:
         folded.append(sa.func.set_config("synchronous_commit", "off", sa.true()))
-    return sa.select(*written.c, *folded).select_from(written)
+    return statement.returning(returning, *folded)
 
 
 @functools.cache
 def _insert_statement(capped: bool, hinted: bool) -> Any:
     """A creation's one statement (built once per shape): RETURNING key, so a row back means inserted."""
-    return _hinted(_INSERT_IF_ROOM if capped else tasks.insert().returning(tasks.c.key), hinted)
+    return _hinted(_INSERT_IF_ROOM if capped else tasks.insert(), tasks.c.key, hinted)
 
 
 @functools.cache
@@ -164,7 +176,7 @@ def _update_statement(columns: tuple[str, ...], owner: str, hinted: bool, forwar
     clause = _owner_clause(ANY if owner == "any" else None if owner == "none" else sa.bindparam("cas_owner"))
     if clause is not None:
         query = query.where(clause)
-    return _hinted(query.values(values).returning(tasks.c.heartbeat_at), hinted, durable=durable)
+    return _hinted(query.values(values), tasks.c.heartbeat_at, hinted, durable=durable)
 
 
 @functools.cache
