@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -80,37 +79,18 @@ def test_a_result_within_the_limit_completes(service: TaskService):
     assert done.status is TaskStatus.COMPLETED and done.result == {"content": []}
 
 
-def test_a_measured_payload_is_written_as_measured_encoded_once(
-    service: TaskService, store: SqlStore, monkeypatch: pytest.MonkeyPatch
-):
-    """The size the limit saw is the size the column holds, and the text measured is the text written:
-    one encoding of the arguments, not a second one at the write (the engine's JSON serializer is
-    `codec.encode`)."""
+def test_the_size_measured_is_the_size_the_column_holds(service: TaskService, store: SqlStore):
+    """The limit sees what is written: the compact JSON encoding (the engine's JSON serializer is `codec.encode`)."""
     arguments = {"t": "é" * 10, "n": [1, 2]}
-    encoded: list[Any] = []
-    dumps = json.dumps
-
-    def counted(value: Any, **options: Any) -> str:
-        encoded.append(value)
-        return dumps(value, **options)
-
-    monkeypatch.setattr(codec.json, "dumps", counted)
     _, record = service.create(owner=None, tool="small", arguments=arguments)
-    monkeypatch.undo()
-    assert [value for value in encoded if value is arguments] == [arguments]  # measured, then written as is
     with store.engine.connect() as conn:
         query = sa.text("SELECT CAST(arguments AS TEXT) FROM mcp_tasks_task WHERE key = :k")
         text = conn.execute(query, {"k": record.key}).scalar_one()
     assert len(text.encode()) == payload_bytes(arguments) and json.loads(text) == arguments
 
 
-def test_encode_is_compact_and_serves_the_measured_text_once() -> None:
+def test_encode_is_compact() -> None:
     result = {"content": [{"type": "text", "text": "ok"}]}
-    size = payload_bytes(result)
     text = codec.encode(result)
-    assert codec.encode(result) is not text  # the measured text serves one write; the next one encodes
-    assert codec.encode(result) == text == '{"content":[{"type":"text","text":"ok"}]}' and len(text.encode()) == size
+    assert text == '{"content":[{"type":"text","text":"ok"}]}' and len(text.encode()) == payload_bytes(result)
     assert codec.encode(None) == "null" and codec.encode({}) == "{}" and codec.encode(()) == "[]"
-    big = {"t": "x" * 100}
-    payload_bytes(big, limit=10)  # refused: its text is not kept for a write that will not happen
-    assert codec._measured.last is None

@@ -128,7 +128,7 @@ def _over(what: tuple[str, str, str], value: Any, limit: int | None) -> PayloadT
     """The refusal for `value` over `limit` (None when it fits or nothing limits it)."""
     if limit is None:
         return None
-    size = payload_bytes(value, limit=limit)
+    size = payload_bytes(value)
     return None if size <= limit else PayloadTooLarge(what[0], size, limit, what[1], what[2])
 
 
@@ -368,7 +368,7 @@ class TaskService:
             """Completed with `result`, or failed when it is over the tool's limit (nothing of it kept)."""
             limit = limits(record.tool).result
             if limit is not None and not record.terminal:
-                sizes[:] = sizes or [payload_bytes(result, limit=limit)]
+                sizes[:] = sizes or [payload_bytes(result)]
                 if sizes[0] > limit:
                     refused = PayloadTooLarge(_RESULT[0], sizes[0], limit, _RESULT[1], _RESULT[2])
                     logger.warning("tool %r: the job's result was refused, the task fails: %s", record.tool, refused)

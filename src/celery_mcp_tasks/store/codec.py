@@ -3,8 +3,7 @@
 A task's payloads are its arguments, its input requests, the answers to them and its
 result (the `PAYLOADS` columns). Their size is what the column holds: the compact
 JSON encoding (`encode`, the store engine's JSON serializer), in UTF-8 bytes
-(`payload_bytes`), which the service compares with the payload limits: a payload measured
-is written with the text measured, not encoded a second time.
+(`payload_bytes`), which the service compares with the payload limits.
 
 With a key ring (MCP_TASKS_ENCRYPTION_KEYS, opt-in) each payload is sealed with
 AES-256-GCM from `cryptography` before it is written and opened after it is read,
@@ -26,7 +25,6 @@ import binascii
 import hashlib
 import json
 import os
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -55,7 +53,6 @@ _NONCE_BYTES = 12
 
 _EMPTY: Final = {type(None): "null", dict: "{}", list: "[]", tuple: "[]"}
 """The encodings of the values most columns hold (no arguments, no answers yet, no result): not worth a dumps."""
-_measured = threading.local()
 
 
 def _dumps(value: Any) -> str:
@@ -67,27 +64,13 @@ def _dumps(value: Any) -> str:
 
 
 def encode(value: Any) -> str:
-    """A JSON column's value as the store writes it: its compact JSON encoding (the engine's `json_serializer`).
-
-    One serialisation, measured: when `value` is the very object `payload_bytes` last measured on this
-    thread (a creation's arguments, a job's result: measured against their limit, then written),
-    the text measured is the text written. Payloads are not mutated between the two."""
-    last = getattr(_measured, "last", None)
-    if last is not None and last[0] is value:
-        _measured.last = None
-        return str(last[1])
+    """A JSON column's value as the store writes it: its compact JSON encoding (the engine's `json_serializer`)."""
     return _dumps(value)
 
 
-def payload_bytes(value: Any, *, limit: int | None = None) -> int:
-    """The size of `value` as the store keeps it: its compact JSON encoding (`encode`), in UTF-8 bytes.
-
-    The text is kept for `encode` (one per thread) unless it is over `limit`: a refused payload is not
-    written, and is not kept alive either."""
-    text = _dumps(value)
-    size = len(text.encode())
-    _measured.last = (value, text) if limit is None or size <= limit else None
-    return size
+def payload_bytes(value: Any) -> int:
+    """The size of `value` as the store keeps it: its compact JSON encoding (`encode`), in UTF-8 bytes."""
+    return len(_dumps(value).encode())
 
 
 class PayloadTooLarge(ValueError):
