@@ -15,7 +15,11 @@ APP is a module path such as `examples.quickstart.app` holding one `McpTasks`.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from celery_mcp_tasks.cli.shared import load_app, quiet_libraries, start_ops_server
@@ -347,6 +351,27 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    with _ctrl_c_interrupts():
+        return _command(argv)
+
+
+@contextmanager
+def _ctrl_c_interrupts() -> Iterator[None]:
+    """Ctrl-C (SIGINT) raises `KeyboardInterrupt` for the command's whole run, also when the command was
+    started with SIGINT ignored, as a shell script's background job is: uvicorn stops on SIGINT whatever
+    the disposition, then re-raises it to leave as interrupted, and an ignored re-raise ended `dev` and
+    `serve` with status 0. The previous handler is back once the command returns."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+
+
+def _command(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "serve":
