@@ -22,9 +22,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from celery_mcp_tasks.cli.shared import load_app, quiet_libraries, start_ops_server
-from celery_mcp_tasks.config import ConfigError, Settings, redact_url
-
 __all__ = ["main"]
 
 APP_HELP = "the module holding your McpTasks, e.g. examples.quickstart.app (imported from the current directory)"
@@ -40,6 +37,8 @@ def _serve(
     ops_port: int | None = None,
 ) -> None:
     import uvicorn
+
+    from celery_mcp_tasks.cli.shared import load_app, quiet_libraries, start_ops_server
 
     tasks = load_app(app_path)
     quiet_libraries()
@@ -130,6 +129,7 @@ def _named(revisions: tuple[str, ...]) -> str:
 
 def _db(args: argparse.Namespace) -> int:
     from celery_mcp_tasks import migrate
+    from celery_mcp_tasks.config import Settings, redact_url
     from celery_mcp_tasks.preflight import preflight
 
     settings = Settings.from_env()
@@ -321,6 +321,8 @@ def _parser() -> argparse.ArgumentParser:
 def _console(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from celery_mcp_tasks.cli.shared import load_app, quiet_libraries
+
     tasks = load_app(args.app)
     quiet_libraries()
     if tasks.settings.console_token is None:
@@ -351,8 +353,14 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `celery-mcp-tasks` command; its exit status. Ctrl-C at any point, the imports included, is one
+    line and 130 (this module imports nothing heavy: the command's own imports happen in here)."""
     with _ctrl_c_interrupts():
-        return _command(argv)
+        try:
+            return _command(argv)
+        except KeyboardInterrupt:
+            print("celery-mcp-tasks: interrupted", file=sys.stderr)
+            return 130
 
 
 @contextmanager
@@ -373,6 +381,8 @@ def _ctrl_c_interrupts() -> Iterator[None]:
 
 def _command(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
+    from celery_mcp_tasks.config import ConfigError
+
     try:
         if args.command == "serve":
             _serve(args.app, args.host, args.port, not args.no_migrate, args.log_level, args.ops_host, args.ops_port)
@@ -413,5 +423,3 @@ def _command(argv: list[str] | None) -> int:
         else:
             raise
         return 1
-    except KeyboardInterrupt:
-        return 130
