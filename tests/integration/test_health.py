@@ -231,8 +231,12 @@ def test_readyz_on_a_postgres_and_redis_deployment_names_each_check(tmp_path: Pa
             deployment.web(**env)  # migrates the fresh database at start
             wait_until(lambda: _answers(base), 20, "the operations port to listen")
             assert httpx.get(deployment.url.removesuffix("/mcp") + "/readyz", timeout=5).status_code == 404
-            response, elapsed = readyz(probe, base)
-    assert response.status_code == 200 and elapsed < 2
+            # A fresh process's first probe pays for imports and first connections (~0.5 s of CPU, measured):
+            # on a loaded machine it may answer "timed out"; a replica becomes ready at a later probe.
+            response, elapsed = wait_until(
+                lambda: (answer := readyz(probe, base))[0].status_code == 200 and answer, 20, "/readyz to say ready"
+            )
+    assert elapsed < 2
     body = response.json()
     assert body["status"] == "ok"
     assert {name: check["status"] for name, check in body["checks"].items()} == {
