@@ -161,7 +161,9 @@ def test_readyz_answers_within_two_seconds_while_the_database_hangs(
     base = OPS[0]
     response, _ = readyz(probe, base)
     assert response.status_code == 200, response.text
-    assert response.json()["checks"]["janitor"]["status"] == "ok"
+    # The ledger reads: "ok", or "warn" once three 0.5 s intervals passed without a sweep (no beat
+    # runs here; a loaded machine can take that long between the plugin's set-up and this probe).
+    assert response.json()["checks"]["janitor"]["status"] in ("ok", "warn")
 
     forwarder.stall()
     response, elapsed = readyz(probe, base)
