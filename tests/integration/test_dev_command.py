@@ -159,7 +159,14 @@ def test_module_colon_attribute_names_the_app_and_data_dir_wins_over_the_environ
     assert (chosen / "tasks.db").is_file() and not ignored.exists()
 
 
+def _sigint_ignored() -> None:  # pragma: no cover - runs in the child between fork and exec
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def test_ctrl_c_while_a_job_runs_ends_everything_within_seconds(tmp_path: Path):
+    """Started with SIGINT ignored, as a shell script's background job is (and as this test runner may be):
+    the Ctrl-C still ends `dev` as interrupted. uvicorn stops on SIGINT whatever the disposition and then
+    re-raises it; before, that ignored re-raise ended `dev` with 0 whenever the runner ignored SIGINT."""
     data, port = tmp_path / "data", free_port()
     dev = subprocess.Popen(
         [
@@ -178,6 +185,7 @@ def test_ctrl_c_while_a_job_runs_ends_everything_within_seconds(tmp_path: Path):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        preexec_fn=_sigint_ignored,
     )
     client = McpHttp(f"http://127.0.0.1:{port}/mcp")
     try:

@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from tests.support import (
     free_port,
     fresh_postgres_database,
     own_redis_deployment,
+    probe_client,
     process_env,
     wait_until,
 )
@@ -58,9 +60,15 @@ def row(document: dict[str, Any], name: str) -> dict[str, str]:
     return next(check for check in document["checks"] if check["name"] == name)
 
 
-def readyz(base: str) -> tuple[int, dict[str, Any]]:
+@pytest.fixture
+def probe() -> Iterator[httpx.Client]:
+    with probe_client() as client:
+        yield client
+
+
+def readyz(probe: httpx.Client, base: str) -> tuple[int, dict[str, Any]]:
     start = time.monotonic()
-    response = httpx.get(base + "/readyz", timeout=10)
+    response = probe.get(base + "/readyz")
     assert time.monotonic() - start < 2
     return response.status_code, response.json()
 
@@ -68,11 +76,11 @@ def readyz(base: str) -> tuple[int, dict[str, Any]]:
 def _listening(port: int) -> bool:
     import socket
 
-    with socket.socket() as probe:
-        return probe.connect_ex(("127.0.0.1", port)) == 0
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-def test_healthy_then_worker_stopped_then_broker_stopped(tmp_path: Path) -> None:
+def test_healthy_then_worker_stopped_then_broker_stopped(tmp_path: Path, probe: httpx.Client) -> None:
     ops_port = free_port()
     health = {"MCP_TASKS_HEALTH": "on", "MCP_TASKS_OPS_PORT": str(ops_port)}
     base = f"http://127.0.0.1:{ops_port}"
@@ -81,7 +89,7 @@ def test_healthy_then_worker_stopped_then_broker_stopped(tmp_path: Path) -> None
         env = deployment.env(MCP_TASKS_JANITOR_INTERVAL_S=INTERVAL)
         worker = deployment.worker(beat=True, env={"MCP_TASKS_JANITOR_INTERVAL_S": INTERVAL})
         wait_until(
-            lambda: readyz(base)[1]["checks"]["janitor"]["detail"].startswith("last sweep"),
+            lambda: readyz(probe, base)[1]["checks"]["janitor"]["detail"].startswith("last sweep"),
             30,
             "the janitor's first recorded sweep",
             interval=0.5,
@@ -94,7 +102,7 @@ def test_healthy_then_worker_stopped_then_broker_stopped(tmp_path: Path) -> None
         assert row(document, "workers")["detail"] == f"{deployment.queue!r}: 1 worker(s); every task tool registered"
         assert row(document, "push")["detail"].startswith("postgres: a hint published and received in ")
         assert table.splitlines()[0].split() == ["CHECK", "STATUS", "DETAIL"]
-        assert readyz(base)[0] == 200
+        assert readyz(probe, base)[0] == 200
 
         worker.stop()
         code, document, table = doctor(deployment.backend, **env)
@@ -105,16 +113,16 @@ def test_healthy_then_worker_stopped_then_broker_stopped(tmp_path: Path) -> None
         assert workers["fix"] == f"start a worker with this app's settings: `celery -A {APP} worker`"
         assert f"fix: start a worker with this app's settings: `celery -A {APP} worker`" in table
         assert statuses(document)["broker"] == "OK"
-        assert readyz(base)[0] == 200, "readiness is the web process's: a missing worker does not fail it"
+        assert readyz(probe, base)[0] == 200, "readiness is the web process's: a missing worker does not fail it"
 
         # The worker ran beat too: three intervals later the janitor is stale everywhere.
         wait_until(
-            lambda: readyz(base)[1]["checks"]["janitor"]["status"] == "warn",
+            lambda: readyz(probe, base)[1]["checks"]["janitor"]["status"] == "warn",
             3 * int(INTERVAL) + 5,
             "/readyz to call the janitor stale",
             interval=0.5,
         )
-        assert readyz(base)[0] == 200, "a stale janitor is a warning, not an unready replica"
+        assert readyz(probe, base)[0] == 200, "a stale janitor is a warning, not an unready replica"
         code, document, table = doctor(deployment.backend, **env)
         janitor = row(document, "janitor")
         assert janitor["status"] == "FAIL" and janitor["detail"].startswith("stale: last sweep "), table
@@ -131,7 +139,7 @@ def test_healthy_then_worker_stopped_then_broker_stopped(tmp_path: Path) -> None
         assert found["fix"] == f"start the broker or fix CELERY_BROKER_URL (now {broker.url})"
         assert row(document, "workers") == {"name": "workers", "status": "SKIP", "detail": "needs broker", "fix": ""}
         assert statuses(document)["database"] == statuses(document)["schema"] == "OK"
-        status, body = readyz(base)
+        status, body = readyz(probe, base)
         assert status == 503 and body["checks"]["broker"]["status"] == "fail"
         assert body["checks"]["store"]["status"] == "ok"
 

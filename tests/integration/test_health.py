@@ -26,7 +26,15 @@ import sqlalchemy as sa
 
 from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.ops.probes import PROBE_TIMEOUT_S
-from tests.support import POSTGRES_URL, Backend, Deployment, free_port, fresh_postgres_database, wait_until
+from tests.support import (
+    POSTGRES_URL,
+    Backend,
+    Deployment,
+    free_port,
+    fresh_postgres_database,
+    probe_client,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -133,24 +141,32 @@ def threads_of(deployment: Deployment) -> int:
     return len(list(Path(f"/proc/{pid}/task").iterdir()))
 
 
-def readyz(base: str) -> tuple[httpx.Response, float]:
+@pytest.fixture
+def probe() -> Iterator[httpx.Client]:
+    with probe_client() as client:
+        yield client
+
+
+def readyz(probe: httpx.Client, base: str) -> tuple[httpx.Response, float]:
     start = time.monotonic()
-    response = httpx.get(f"{base}/readyz", timeout=10)
+    response = probe.get(f"{base}/readyz")
     return response, time.monotonic() - start
 
 
 @pytest.mark.postgres
 def test_readyz_answers_within_two_seconds_while_the_database_hangs(
-    through_forwarder: tuple[Deployment, StallingForwarder],
+    through_forwarder: tuple[Deployment, StallingForwarder], probe: httpx.Client
 ) -> None:
     deployment, forwarder = through_forwarder
     base = OPS[0]
-    response, _ = readyz(base)
+    response, _ = readyz(probe, base)
     assert response.status_code == 200, response.text
-    assert response.json()["checks"]["janitor"]["status"] == "ok"
+    # The ledger reads: "ok", or "warn" once three 0.5 s intervals passed without a sweep (no beat
+    # runs here; a loaded machine can take that long between the plugin's set-up and this probe).
+    assert response.json()["checks"]["janitor"]["status"] in ("ok", "warn")
 
     forwarder.stall()
-    response, elapsed = readyz(base)
+    response, elapsed = readyz(probe, base)
     assert elapsed < 2, f"/readyz took {elapsed:.2f}s with the database hanging"
     assert response.status_code == 503
     checks = response.json()["checks"]
@@ -161,21 +177,21 @@ def test_readyz_answers_within_two_seconds_while_the_database_hangs(
     time.sleep(1)  # the janitor watch's read has started and hangs too
     threads = threads_of(deployment)
     for _ in range(8):
-        response, elapsed = readyz(base)
+        response, elapsed = readyz(probe, base)
         assert response.status_code == 503 and elapsed < 2
         started = time.monotonic()
-        assert httpx.get(f"{base}/healthz", timeout=5).status_code == 200, "liveness never waits for the store"
+        assert probe.get(f"{base}/healthz").status_code == 200, "liveness never waits for the store"
         assert time.monotonic() - started < 0.5
     assert threads_of(deployment) <= threads + 1, "a hung check or watch must not pile up a thread per probe"
 
     forwarder.flow()
-    wait_until(lambda: readyz(base)[0].status_code == 200, 20, "/readyz to recover with the database")
+    wait_until(lambda: readyz(probe, base)[0].status_code == 200, 20, "/readyz to recover with the database")
 
 
 @pytest.mark.postgres
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_serve_process_with_a_probe_stuck_for_good_exits_promptly(
-    through_forwarder: tuple[Deployment, StallingForwarder], stop: signal.Signals
+    through_forwarder: tuple[Deployment, StallingForwarder], stop: signal.Signals, probe: httpx.Client
 ) -> None:
     """Stuck for good: logged in, then the query never answered (no connect or statement timeout applies).
     Before, the probes ran in a ThreadPoolExecutor, whose threads the interpreter joins at exit: on SIGINT
@@ -183,13 +199,13 @@ def test_a_serve_process_with_a_probe_stuck_for_good_exits_promptly(
     by re-raising it, which kills the process before that join; the daemon threads make both prompt."""
     deployment, forwarder = through_forwarder
     base = OPS[0]
-    assert readyz(base)[0].status_code == 200
+    assert readyz(probe, base)[0].status_code == 200
     forwarder.stall_queries()
-    response, elapsed = readyz(base)
+    response, elapsed = readyz(probe, base)
     assert response.status_code == 503 and elapsed < 2
     assert response.json()["checks"]["store"] == {"status": "fail", "detail": "timed out (no answer within 1.5s)"}
     time.sleep(PROBE_TIMEOUT_S + 1)  # past every timeout the probe has: it is stuck, not slow
-    assert readyz(base)[1] < 2
+    assert readyz(probe, base)[1] < 2
     web = deployment.procs[0]
     started = time.monotonic()
     web.popen.send_signal(stop)
@@ -205,7 +221,7 @@ def test_a_serve_process_with_a_probe_stuck_for_good_exits_promptly(
 
 @pytest.mark.postgres
 @pytest.mark.redis
-def test_readyz_on_a_postgres_and_redis_deployment_names_each_check(tmp_path: Path) -> None:
+def test_readyz_on_a_postgres_and_redis_deployment_names_each_check(tmp_path: Path, probe: httpx.Client) -> None:
     from tests.support import REDIS_URL
 
     if not (POSTGRES_URL and REDIS_URL):
@@ -217,8 +233,12 @@ def test_readyz_on_a_postgres_and_redis_deployment_names_each_check(tmp_path: Pa
             deployment.web(**env)  # migrates the fresh database at start
             wait_until(lambda: _answers(base), 20, "the operations port to listen")
             assert httpx.get(deployment.url.removesuffix("/mcp") + "/readyz", timeout=5).status_code == 404
-            response, elapsed = readyz(base)
-    assert response.status_code == 200 and elapsed < 2
+            # A fresh process's first probe pays for imports and first connections (~0.5 s of CPU, measured):
+            # on a loaded machine it may answer "timed out"; a replica becomes ready at a later probe.
+            response, elapsed = wait_until(
+                lambda: (answer := readyz(probe, base))[0].status_code == 200 and answer, 20, "/readyz to say ready"
+            )
+    assert elapsed < 2
     body = response.json()
     assert body["status"] == "ok"
     assert {name: check["status"] for name, check in body["checks"].items()} == {

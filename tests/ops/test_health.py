@@ -209,6 +209,27 @@ def test_a_hung_check_times_out_at_the_deadline_and_is_never_started_twice() -> 
     assert hanging.started == 2 and runner.in_flight == 0
 
 
+def test_a_check_stuck_past_its_deadline_answers_at_once_without_waiting_it_again() -> None:
+    """While the database hangs, every probe after the first answers "timed out" without a second wait."""
+    hanging = Hanging()
+    runner = CheckRunner({"slow": hanging, "quick": lambda: Finding("ok", "fine")}, deadline_s=1.0)
+    try:
+        start = time.monotonic()
+        anyio.run(runner.run)
+        assert time.monotonic() - start >= 1.0, "a fresh run is waited on until its deadline"
+        for _ in range(5):
+            start = time.monotonic()
+            findings = anyio.run(runner.run)
+            assert time.monotonic() - start < 0.5, "the stuck run's deadline has passed: nothing left to wait for"
+            assert findings == {
+                "slow": Finding("fail", "timed out (no answer within 1s)"),
+                "quick": Finding("ok", "fine"),
+            }
+        assert hanging.started == 1
+    finally:
+        hanging.release.set()
+
+
 def test_concurrent_requests_share_one_run_of_each_check() -> None:
     hanging = Hanging()
     runner = CheckRunner({"slow": hanging}, deadline_s=0.5)

@@ -122,8 +122,10 @@ def test_the_watch_loop_reads_a_real_ledger_and_warns(tmp_path: Path, caplog: py
 
     with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks.janitor"):
         anyio.run(main)
-    (line,) = [r for r in caplog.records if r.name == "celery_mcp_tasks.janitor"]
-    assert line.getMessage().startswith("the janitor is not sweeping: no sweep was ever recorded")
+    said = [r.getMessage() for r in caplog.records if r.name == "celery_mcp_tasks.janitor"]
+    # A first read slower than the 50 ms interval (a loaded machine) adds "cannot read ... (TimeoutError)".
+    (warning,) = [line for line in said if line.startswith("the janitor is not sweeping")]
+    assert warning.startswith("the janitor is not sweeping: no sweep was ever recorded")
 
 
 # -- a database that hangs (real PostgreSQL, a real lock) -------------------------------------
@@ -195,3 +197,29 @@ def test_a_hung_read_ends_at_the_probe_statement_timeout(locked_ledger: tuple[st
     assert isinstance(failed, sa.exc.OperationalError) and "statement timeout" in str(failed), failed
     assert 2.5 < elapsed < 6, elapsed  # PROBE_TIMEOUT_S, not the lock holder's 30 s
     assert not reads.in_flight
+
+
+@pytest.mark.postgres
+def test_a_read_slower_than_one_wait_is_waited_for_again_and_its_answer_used(
+    locked_ledger: tuple[str, threading.Event],
+) -> None:
+    """Before: the wait after a timeout failed at once ("the previous read has not returned"), and the slow
+    read's answer was dropped; on a loaded machine that pushed the stale warning back by whole intervals."""
+    url, release = locked_ledger
+    reads = LedgerReads(ProbeEngine(url))
+
+    async def main() -> tuple[BaseException | None, SweepRecord | None]:
+        try:
+            await reads.read(0.2)
+        except TimeoutError as exc:
+            first: BaseException | None = exc
+        else:
+            first = None
+        assert reads.pending and reads.in_flight
+        threading.Timer(0.3, release.set).start()  # the lock goes while the second wait is on
+        return first, await reads.read(10)
+
+    first, record = anyio.run(main)
+    assert isinstance(first, TimeoutError) and str(first) == "no answer within 0.2s"
+    assert record is None  # the same read's answer: nothing swept yet
+    assert not reads.pending and not reads.in_flight

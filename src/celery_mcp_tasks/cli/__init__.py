@@ -16,11 +16,12 @@ APP is a module path such as `examples.quickstart.app` holding one `McpTasks`.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
-
-from celery_mcp_tasks.cli.shared import load_app, quiet_libraries, start_ops_server
-from celery_mcp_tasks.config import ConfigError, Settings, redact_url
 
 __all__ = ["main"]
 
@@ -37,6 +38,8 @@ def _serve(
     ops_port: int | None = None,
 ) -> None:
     import uvicorn
+
+    from celery_mcp_tasks.cli.shared import load_app, quiet_libraries, start_ops_server
 
     tasks = load_app(app_path)
     quiet_libraries()
@@ -127,6 +130,7 @@ def _named(revisions: tuple[str, ...]) -> str:
 
 def _db(args: argparse.Namespace) -> int:
     from celery_mcp_tasks import migrate
+    from celery_mcp_tasks.config import Settings, redact_url
     from celery_mcp_tasks.preflight import preflight
 
     if args.action == "newkey":
@@ -352,6 +356,8 @@ def _parser() -> argparse.ArgumentParser:
 def _console(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from celery_mcp_tasks.cli.shared import load_app, quiet_libraries
+
     tasks = load_app(args.app)
     quiet_libraries()
     if tasks.settings.console_token is None:
@@ -382,7 +388,36 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `celery-mcp-tasks` command; its exit status. Ctrl-C at any point, the imports included, is one
+    line and 130 (this module imports nothing heavy: the command's own imports happen in here)."""
+    with _ctrl_c_interrupts():
+        try:
+            return _command(argv)
+        except KeyboardInterrupt:
+            print("celery-mcp-tasks: interrupted", file=sys.stderr)
+            return 130
+
+
+@contextmanager
+def _ctrl_c_interrupts() -> Iterator[None]:
+    """Ctrl-C (SIGINT) raises `KeyboardInterrupt` for the command's whole run, also when the command was
+    started with SIGINT ignored, as a shell script's background job is: uvicorn stops on SIGINT whatever
+    the disposition, then re-raises it to leave as interrupted, and an ignored re-raise ended `dev` and
+    `serve` with status 0. The previous handler is back once the command returns."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+
+
+def _command(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
+    from celery_mcp_tasks.config import ConfigError
+
     try:
         if args.command == "serve":
             _serve(args.app, args.host, args.port, not args.no_migrate, args.log_level, args.ops_host, args.ops_port)
@@ -423,5 +458,3 @@ def main(argv: list[str] | None = None) -> int:
         else:
             raise
         return 1
-    except KeyboardInterrupt:
-        return 130

@@ -11,9 +11,12 @@ during a database outage, which no restart fixes.
 a short detail, and answers 503 when one of them fails. It must answer within
 2 s even when the database hangs, and a probe every few seconds must never
 pile up threads. So each check runs in a daemon thread of its own (off the
-event loop), a request waits for them until a deadline, and a check still
-running from an earlier request is waited on again, never started twice: a
-hung check costs one thread and reports "timed out". Daemon threads, not a
+event loop), and a request waits for each run until that run's deadline (1.5 s
+after it started). A check still running from an earlier request is never
+started twice: the request waits for what is left of that run's time, and a run
+already past its deadline answers "timed out" at once, so while the database
+hangs each probe costs one thread in all and answers without waiting the
+deadline again. Daemon threads, not a
 `ThreadPoolExecutor`: the interpreter joins a pool's threads at exit, so after
 SIGTERM a probe hung on a silent socket would keep the process from exiting.
 
@@ -118,10 +121,10 @@ def _contained(check: Check) -> Finding:
 
 
 class CheckRunner:
-    """Runs named checks in daemon threads with a deadline; at most one run of each check in flight.
+    """Runs named checks in daemon threads, each run with its deadline; at most one run of each check in flight.
 
     Concurrent requests share a running check's result; a check that outlives
-    the deadline keeps its one thread and answers "timed out" until it returns.
+    its deadline keeps its one thread and answers "timed out", at once, until it returns.
     A forked child starts with no check in flight (the parent's threads did not cross).
     """
 
@@ -130,33 +133,39 @@ class CheckRunner:
         self.deadline_s = deadline_s
         self._lock = threading.Lock()
         self._pid: int | None = None
-        self._running: dict[str, Future[Finding]] = {}
+        self._running: dict[str, tuple[Future[Finding], float]] = {}
 
-    def _start(self, name: str) -> Future[Finding]:
+    def _start(self, name: str) -> tuple[Future[Finding], float]:
+        """The check's run in flight, or a new one; with the monotonic time its deadline falls."""
         with self._lock:
             if self._pid != os.getpid():
                 self._pid = os.getpid()
                 self._running = {}
-            future = self._running.get(name)
-            if future is None or future.done():
+            run = self._running.get(name)
+            if run is None or run[0].done():
                 check = self.checks[name]
-                future = self._running[name] = in_daemon_thread(lambda: _contained(check), name="mcp-tasks-readyz")
-            return future
+                future = in_daemon_thread(lambda: _contained(check), name="mcp-tasks-readyz")
+                run = self._running[name] = (future, time.monotonic() + self.deadline_s)
+            return run
 
     @property
     def in_flight(self) -> int:
         """Checks running now (a hung one counts until it returns)."""
         with self._lock:
-            return sum(not future.done() for future in self._running.values())
+            return sum(not future.done() for future, _ in self._running.values())
 
     async def run(self) -> dict[str, Finding]:
-        """Every check's finding, or "timed out" for those still running at the deadline."""
-        started = time.monotonic()
-        futures = {name: self._start(name) for name in self.checks}
-        waiting = [asyncio.wrap_future(future) for future in futures.values() if not future.done()]
-        if waiting:
-            await asyncio.wait(waiting, timeout=max(self.deadline_s - (time.monotonic() - started), 0))
-        return {name: _finding(future, self.deadline_s) for name, future in futures.items()}
+        """Every check's finding, or "timed out" for those still running at their run's deadline."""
+        runs = {name: self._start(name) for name in self.checks}
+        await asyncio.gather(*(_settled(future, until) for future, until in runs.values()))
+        return {name: _finding(future, self.deadline_s) for name, (future, _) in runs.items()}
+
+
+async def _settled(future: Future[Finding], until: float) -> None:
+    """Return when `future` is done or at `until` (monotonic), whichever comes first; the run goes on."""
+    remaining = until - time.monotonic()
+    if not future.done() and remaining > 0:
+        await asyncio.wait([asyncio.wrap_future(future)], timeout=remaining)
 
 
 def _finding(future: Future[Finding], deadline_s: float) -> Finding:

@@ -11,7 +11,10 @@ not per interval.
 A hanging database must cost the watch one thread, never one per interval: each
 read runs like a readiness probe (a daemon thread, the pool-less probe engine with
 its connect and statement timeouts, never a pooled connection the requests need),
-and no read starts while the last one is still running.
+and no read starts while the last one is still running: a read slower than an
+interval (a new connection on a loaded machine) is waited for again, late but
+never lost, and reads keep a fixed schedule from the watch's start, so one slow
+read does not push every later one back.
 
 What "stale" means is the janitor's own (`worker.janitor.janitor_stale`), shared with
 `/readyz`, `doctor` and the metrics.
@@ -81,21 +84,33 @@ class LedgerReads:
     def __init__(self, probe: ProbeEngine) -> None:
         self.probe = probe
         self._reading: Future[SweepRecord | None] | None = None
+        self._answered = True
 
     @property
     def in_flight(self) -> bool:
         return self._reading is not None and not self._reading.done()
 
+    @property
+    def pending(self) -> bool:
+        """A read whose answer no call has returned yet: still running, or done since its call gave up."""
+        return not self._answered
+
     async def read(self, timeout_s: float) -> SweepRecord | None:
-        """The janitor's record; `TimeoutError` after `timeout_s` (the read goes on) or while an earlier one runs."""
-        if self.in_flight:
-            raise TimeoutError("the previous read of the sweep ledger has not returned")
-        self._reading = in_daemon_thread(lambda: janitor_record(self.probe), name="mcp-tasks-janitor-watch")
+        """The janitor's record; `TimeoutError` after `timeout_s` (the read goes on).
+
+        A read whose answer no call has returned yet is waited for again, never started twice: a
+        read slower than one wait (a new connection on a loaded machine) is late, never lost, and a
+        hung one costs one thread.
+        """
+        if self._reading is None or self._answered:
+            self._reading = in_daemon_thread(lambda: janitor_record(self.probe), name="mcp-tasks-janitor-watch")
+            self._answered = False
         waiting = asyncio.wrap_future(self._reading)
         waiting.add_done_callback(_retrieved)  # a read that fails after the watch moved on is not "never retrieved"
         done, _ = await asyncio.wait({waiting}, timeout=timeout_s)
         if not done:
             raise TimeoutError(f"no answer within {timeout_s:g}s")
+        self._answered = True
         return waiting.result()
 
 
@@ -105,15 +120,23 @@ def _retrieved(future: asyncio.Future[SweepRecord | None]) -> None:
 
 
 async def watch(settings: Settings, probe: ProbeEngine, *, since_ms: int) -> None:
-    """Read the ledger every interval until cancelled; each read bounded by one interval, never two at once."""
+    """Read the ledger once an interval until cancelled, never two reads at once.
+
+    The reads keep a fixed schedule from the watch's start, so a slow one does not push
+    every later one back; a read that outlasts its interval-long wait is waited for again
+    at once, so its answer comes late rather than an interval later, or never.
+    """
     import anyio
 
     interval = settings.janitor_interval_s
     assert interval is not None
     state = JanitorWatch(settings, since_ms=since_ms)
     reads = LedgerReads(probe)
+    start = anyio.current_time()
     while True:
-        await anyio.sleep(interval)
+        if not reads.pending:
+            ticks = int((anyio.current_time() - start) / interval) + 1  # the next tick (a missed one is skipped)
+            await anyio.sleep_until(start + ticks * interval)
         try:
             record = await reads.read(interval)
         except Exception as exc:  # noqa: BLE001 - a watch that fails must not end the server
