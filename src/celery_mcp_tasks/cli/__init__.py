@@ -21,7 +21,10 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the command's imports wait for main(): a Ctrl-C while they run is one line
+    from celery_mcp_tasks.config import Settings
 
 __all__ = ["main"]
 
@@ -168,6 +171,7 @@ def _db(args: argparse.Namespace) -> int:
 
 def _reencrypt(settings: Settings) -> int:
     """Seal every row's payloads with the ring's first key, in batches, while everything runs."""
+    from celery_mcp_tasks.config import ConfigError
     from celery_mcp_tasks.preflight import revision_problem
     from celery_mcp_tasks.store.engine import create_store_engine
     from celery_mcp_tasks.store.rekeying import reencrypt
