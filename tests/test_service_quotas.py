@@ -235,6 +235,14 @@ def test_without_a_quota_a_creation_is_one_statement(store: SqlStore, clock: Clo
     assert len(statements) == 2 and all(s.lstrip().upper().startswith("INSERT") for s in statements)
 
 
+def test_when_the_rate_and_an_active_cap_are_both_reached_the_refusal_is_the_rates(service: TaskService) -> None:
+    """Retrying once a task ends would be refused again by the rate: the refusal says when the rate frees."""
+    quota = Quota(active_tool=1, creations=1, window_ms=10_000)
+    service.create(owner="sub:a", tool="t", arguments={}, quota=quota)  # still working: both limits reached
+    refusal = refused(lambda: service.create(owner="sub:a", tool="t", arguments={}, quota=quota))
+    assert (refusal.limit, refusal.retry_after_ms) == ("creations", 10_000)
+
+
 def test_anonymous_callers_told_apart_have_a_quota_each(service: TaskService) -> None:
     quota = Quota(active=1, creations=5)
     service.create(owner=None, tool="t", arguments={}, quota=quota, caller="client-1")

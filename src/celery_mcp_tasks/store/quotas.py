@@ -62,12 +62,12 @@ def _counts(anonymous: bool, per_client: bool, active: bool, active_tool: bool, 
     live = tasks.c.status.not_in(_TERMINAL_VALUES)
     mine = _owner(anonymous, per_client)
     columns = []
+    if creations:
+        columns.append(_bounded("q_creations", mine, tasks.c.created_at > sa.bindparam("q_since")))
     if active_tool:
         columns.append(_bounded("q_active_tool", mine, live, tasks.c.tool == sa.bindparam("q_tool")))
     if active:
         columns.append(_bounded("q_active", mine, live))
-    if creations:
-        columns.append(_bounded("q_creations", mine, tasks.c.created_at > sa.bindparam("q_since")))
     return sa.select(*columns)
 
 
@@ -84,7 +84,7 @@ def _nth_newest(anonymous: bool, per_client: bool) -> Any:
 
 
 def refusal(conn: Connection, record: TaskRecord, quota: Quota) -> QuotaExceeded | None:
-    """Why `quota` refuses `record` now (the first limit reached), or None when there is room."""
+    """Why `quota` refuses `record` now (the rate, else the first active limit reached), or None when there is room."""
     anonymous = record.owner is None
     per_client = anonymous and record.caller is not None
     params: dict[str, Any] = {"q_since": record.created_at - quota.window_ms}
@@ -92,16 +92,18 @@ def refusal(conn: Connection, record: TaskRecord, quota: Quota) -> QuotaExceeded
         params["q_owner"] = record.owner
     if per_client:
         params["q_caller"] = record.caller
+    # The creation rate first: when it is reached too, a retry once a task ends would be refused
+    # again, so the refusal a client can act on is the rate's, with its time to retry.
     checks: list[tuple[str, int]] = []
+    if quota.creations is not None:
+        params["q_creations"] = quota.creations
+        checks.append(("creations", quota.creations))
     if quota.active_tool is not None:
         params["q_active_tool"], params["q_tool"] = quota.active_tool, record.tool
         checks.append(("active_tool", quota.active_tool))
     if quota.active is not None:
         params["q_active"] = quota.active
         checks.append(("active", quota.active))
-    if quota.creations is not None:
-        params["q_creations"] = quota.creations
-        checks.append(("creations", quota.creations))
     statement = _counts(
         anonymous, per_client, quota.active is not None, quota.active_tool is not None, quota.creations is not None
     )
