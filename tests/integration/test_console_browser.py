@@ -151,8 +151,8 @@ def test_an_operator_follows_a_task_live_and_cancels_it_from_its_page(
         assert "/login" in page.url, page.url
         page.fill("input[name=name]", OPERATOR)
         page.fill("input[name=token]", "not-the-token")
-        page.click("form.login button[type=submit]")
-        assert "Wrong operator token" in page.inner_text("main")
+        page.click("form.login button[type=submit]")  # answered on the same URL: wait for the answer's text
+        page.wait_for_selector("main >> text=Wrong operator token")
         page.fill("input[name=name]", OPERATOR)
         page.fill("input[name=token]", TOKEN)
         shots.take(page, "login")
@@ -284,13 +284,15 @@ def test_pages_read_without_javascript(deployment: tuple[Deployment, Proc, str],
         page.fill("input[name=name]", OPERATOR)
         page.fill("input[name=token]", TOKEN)
         page.click("form.login button[type=submit]")
+        page.wait_for_url(re.compile(r".*/$"))  # signed in (a click returns before the page it leads to loads)
         page.goto(f"{console_url}/tasks")
         page.check("input[name=status][value=completed]")
         page.click("form.filters button[type=submit]")
-        assert "status=completed" in page.url
+        page.wait_for_url(re.compile(r".*status=completed.*"))
         statuses = page.eval_on_selector_all("#rows tr", "rows => rows.map(r => r.dataset.status)")
         assert statuses and set(statuses) == {"completed"}, statuses
         page.click(f"#row-{task_key(task_id)} a.key")
+        page.wait_for_url(re.compile(rf".*/tasks/{task_key(task_id)}$"))
         assert page.inner_text("h1").startswith(f"Task {task_key(task_id)[:12]}")
         assert "counted to 1" not in page.content()  # the result stays hidden (payloads off)
         assert page.is_hidden(".theme-toggle")  # the toggle needs the script; the system's theme applies
