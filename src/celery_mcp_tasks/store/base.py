@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Final, Protocol
 from celery_mcp_tasks.model import TaskRecord
 
 if TYPE_CHECKING:
-    from celery_mcp_tasks.store.browse import Filter, Overview, Page, Row
     from celery_mcp_tasks.store.cleanup import Eviction
+    from celery_mcp_tasks.store.rows import Filter, Overview, Page, Row
     from celery_mcp_tasks.store.sweeps import SweepRecord
 
 
@@ -209,10 +209,10 @@ class Store(Protocol):
         """The sweep ledger kept beside the tasks."""
         ...
 
-    # -- the operators' console (`store.browse`): rows by key, never by task id --------------
+    # -- the operators' console (`store.rows`): rows by key, never by task id --------------
 
     def browse(self, filter: Filter, sort: str, cursor: str | None, limit: int, *, now_ms: int) -> Page:
-        """One keyset page of rows matching `filter` in `sort` order (`browse.SORTS`), after `cursor`.
+        """One keyset page of rows matching `filter` in `sort` order (`rows.SORTS`), after `cursor`.
 
         Raises `BadFilter("cursor", ...)` for a malformed cursor or one made for another sort.
         """
