@@ -21,8 +21,8 @@ from celery_mcp_tasks.model import TaskRecord
 
 if TYPE_CHECKING:
     from celery_mcp_tasks.store.cleanup import Eviction
+    from celery_mcp_tasks.store.ledger import Ledger
     from celery_mcp_tasks.store.rows import Filter, Overview, Page, Row
-    from celery_mcp_tasks.store.sweeps import SweepRecord
 
 
 class _Any:
@@ -123,22 +123,6 @@ def apply(transition: Transition, current: TaskRecord) -> TaskRecord:
     if nxt is not current and nxt.version != current.version + 1:
         raise ValueError("a transition must bump the version by exactly one")
     return nxt
-
-
-class Ledger(Protocol):
-    """The sweep ledger: when each sweeping duty last ran and who may run it next (`store.sweeps`)."""
-
-    def last(self, name: str = ...) -> SweepRecord | None:
-        """The duty's row, read on the database's clock (None before its first sweep)."""
-        ...
-
-    def claim(self, name: str, *, interval_ms: int, by: str) -> bool:
-        """Take the duty for this interval: True for exactly one of any number of claimants at once."""
-        ...
-
-    def record(self, name: str, *, duration_ms: int, report: dict[str, int], statuses: dict[str, int]) -> None:
-        """A sweep that just ended after `duration_ms`."""
-        ...
 
 
 class Store(Protocol):

@@ -20,12 +20,10 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from celery_mcp_tasks.model import ACTIVE, TERMINAL, TaskRecord, TaskStatus, celery_message_id
-
-if TYPE_CHECKING:
-    from celery_mcp_tasks.store.sweeps import SweepRecord
+from celery_mcp_tasks.store.ledger import SweepRecord
 
 __all__ = [
     "DEFAULT_LIMIT",
