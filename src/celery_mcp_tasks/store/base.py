@@ -13,14 +13,14 @@ callers only (the worker, the janitor), never for a request handler.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Protocol
 
 from celery_mcp_tasks.model import TaskRecord
 
 if TYPE_CHECKING:
-    from celery_mcp_tasks.store.cleanup import Eviction
     from celery_mcp_tasks.store.ledger import Ledger
     from celery_mcp_tasks.store.rows import Filter, Overview, Page, Row
 
@@ -123,6 +123,15 @@ def apply(transition: Transition, current: TaskRecord) -> TaskRecord:
     if nxt is not current and nxt.version != current.version + 1:
         raise ValueError("a transition must bump the version by exactly one")
     return nxt
+
+
+@dataclass
+class Eviction:
+    """What one eviction removed (`Store.evict`; on SQL, `store.cleanup`): every row, and by tool the rows
+    that were not final yet."""
+
+    removed: int = 0
+    unfinished: Counter[str] = field(default_factory=Counter)
 
 
 class Store(Protocol):

@@ -42,6 +42,7 @@ from celery_mcp_tasks.store import browse, quotas
 from celery_mcp_tasks.store.base import (
     ANY,
     ChangeHint,
+    Eviction,
     Owner,
     Quota,
     StoreConflict,
@@ -50,7 +51,7 @@ from celery_mcp_tasks.store.base import (
     Transition,
     apply,
 )
-from celery_mcp_tasks.store.cleanup import Eviction, evict
+from celery_mcp_tasks.store.cleanup import evict
 from celery_mcp_tasks.store.codec import KeyRing, UnreadablePayload, open_columns, seal_columns
 from celery_mcp_tasks.store.engine import READ_ONLY, create_store_engine, normalize_url
 from celery_mcp_tasks.store.failures import _CommitInDoubt, _in_doubt, _reconnecting, _reported

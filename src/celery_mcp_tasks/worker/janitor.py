@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.model import now_ms
 from celery_mcp_tasks.service import TaskService
-from celery_mcp_tasks.store.cleanup import Eviction
+from celery_mcp_tasks.store.base import Eviction
 from celery_mcp_tasks.store.ledger import Ledger, SweepRecord
 from celery_mcp_tasks.store.sweeps import JANITOR
 
