@@ -24,7 +24,7 @@ import sqlalchemy as sa
 
 from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.model import now_ms
-from celery_mcp_tasks.store.browse import Filter, owner_tag
+from celery_mcp_tasks.store.rows import Filter, owner_tag
 from celery_mcp_tasks.store.sql import SqlStore
 from tests.support import fresh_postgres_database
 

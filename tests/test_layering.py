@@ -1,5 +1,6 @@
 """The house's layering, checked from the tree: the domain loads no adapter, adapters never import each other,
-not even through a shared module (lazy imports inside functions count).
+not even through a shared module (lazy imports inside functions count), and no module of the package reaches
+itself through its imports (imports for types only, under `if TYPE_CHECKING:`, count too).
 """
 
 from __future__ import annotations
@@ -168,19 +169,35 @@ def _module_of(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _every_import(path: Path) -> set[str]:
+    """Every package module `path` names in an import, wherever it stands: at the top, inside a function,
+    under `if TYPE_CHECKING:`. `from pkg import name` names `pkg.name` when that is a module of its own
+    (a submodule), else `pkg` (a name `pkg`'s `__init__` defines or hands on); relative imports resolved."""
+    module = _module_of(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            for alias in node.names:
+                found.add(f"{base}.{alias.name}" if _file(f"{base}.{alias.name}") else base)
+    return {
+        name for name in found if _reaches(name, "celery_mcp_tasks") and (name == "celery_mcp_tasks" or _file(name))
+    }
+
+
 def _import_graph() -> dict[str, set[str]]:
-    """Module -> the package modules it imports when it runs (a package's own `__init__` hands names on: not an edge)."""
-    graph: dict[str, set[str]] = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        if "migrations" in path.relative_to(PACKAGE).parts:
-            continue
-        module = _module_of(path)
-        graph[module] = {
-            name
-            for name in _runtime_imports(path)
-            if name != module and name != "celery_mcp_tasks" and not module.startswith(name + ".")
-        }
-    return graph
+    """Module -> every package module it imports (type-only and lazy imports included): the structure a
+    reader (or a structure tool) sees, not only what runs. Every `.py` file of the package is a node."""
+    return {
+        _module_of(path): {name for name in _every_import(path) if name != _module_of(path)}
+        for path in sorted(PACKAGE.rglob("*.py"))
+    }
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -206,10 +223,32 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_the_package_has_no_import_circle() -> None:
-    """Modules by concept: no two modules (or longer loops) import each other, lazily inside functions included."""
+    """Modules by concept: no two modules (or longer loops) import each other, whatever the import: at the
+    top, lazily inside a function, or for types only under `if TYPE_CHECKING:`."""
     circles = _cycles(_import_graph())
     assert not circles, "import circles:\n" + "\n".join(" -> ".join(c) for c in circles)
 
 
 def test_the_circle_check_sees_a_circle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c", "a"]]
+
+
+def test_the_import_graph_counts_every_kind_of_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Type-only, lazy and relative imports are edges; `from pkg import module` is an edge to the module."""
+    package = tmp_path / "celery_mcp_tasks"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("from celery_mcp_tasks.sub.low import Value\n")
+    (package / "sub" / "low.py").write_text("class Value: ...\n")
+    (package / "typed.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from celery_mcp_tasks.lazy import f\n"
+    )
+    (package / "lazy.py").write_text("def f():\n    from . import typed\n")
+    (package / "named.py").write_text("from celery_mcp_tasks.sub import low, Value\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", package)
+    graph = _import_graph()
+    assert graph["celery_mcp_tasks.typed"] == {"celery_mcp_tasks.lazy"}
+    assert graph["celery_mcp_tasks.lazy"] == {"celery_mcp_tasks.typed"}
+    assert graph["celery_mcp_tasks.named"] == {"celery_mcp_tasks.sub.low", "celery_mcp_tasks.sub"}
+    assert graph["celery_mcp_tasks.sub"] == {"celery_mcp_tasks.sub.low"}
+    assert _cycles(graph) == [["celery_mcp_tasks.lazy", "celery_mcp_tasks.typed", "celery_mcp_tasks.lazy"]]

@@ -40,7 +40,8 @@ from celery_mcp_tasks.observe import Observers
 from celery_mcp_tasks.plugin import Plugin, Runtime, overrides, plugins_from_settings
 from celery_mcp_tasks.preflight import preflight
 from celery_mcp_tasks.service import DEFAULT, PayloadLimits, TaskService, _Default
-from celery_mcp_tasks.store.base import Ledger, Quota
+from celery_mcp_tasks.store.base import Quota
+from celery_mcp_tasks.store.ledger import Ledger
 from celery_mcp_tasks.store.sql import SqlStore
 from celery_mcp_tasks.worker import bridge
 from celery_mcp_tasks.worker.context import TaskContext

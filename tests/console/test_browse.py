@@ -14,7 +14,8 @@ from celery_mcp_tasks.console.context import Ambiguous, Conflict, Console, NotFo
 from celery_mcp_tasks.model import TaskRecord, TaskStatus, celery_message_id
 from celery_mcp_tasks.notify.hub import Hub
 from celery_mcp_tasks.service import TaskService
-from celery_mcp_tasks.store.browse import (
+from celery_mcp_tasks.store.codec import KeyRing, new_key
+from celery_mcp_tasks.store.rows import (
     SORTS,
     BadFilter,
     Filter,
@@ -27,7 +28,6 @@ from celery_mcp_tasks.store.browse import (
     row_of,
     trace_id_of,
 )
-from celery_mcp_tasks.store.codec import KeyRing, new_key
 from celery_mcp_tasks.store.schema import tasks
 from celery_mcp_tasks.store.sql import SqlStore
 from celery_mcp_tasks.worker.dispatch import celery_id

@@ -19,8 +19,9 @@ from celery_mcp_tasks.model import now_ms
 from celery_mcp_tasks.ops.janitor_watch import JanitorWatch, LedgerReads, watch
 from celery_mcp_tasks.ops.probes import ProbeEngine
 from celery_mcp_tasks.store.engine import create_store_engine
+from celery_mcp_tasks.store.ledger import SweepRecord
 from celery_mcp_tasks.store.sql import SqlStore
-from celery_mcp_tasks.store.sweeps import JANITOR, SweepRecord, ledger_for
+from celery_mcp_tasks.store.sweeps import JANITOR, ledger_for
 from celery_mcp_tasks.worker.janitor import janitor_age, janitor_stale
 from tests.support import table_locked
 

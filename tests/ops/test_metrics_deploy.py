@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from celery_mcp_tasks.ops.metrics import Families, LedgerCollector, LedgerView
-from celery_mcp_tasks.store.sweeps import SweepRecord
+from celery_mcp_tasks.store.ledger import SweepRecord
 from tests.support import tool
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -28,7 +28,7 @@ from starlette.routing import BaseRoute, Route
 from celery_mcp_tasks.console import auth
 from celery_mcp_tasks.console.context import ActionResult, Console, ConsoleError
 from celery_mcp_tasks.store.base import StoreUnavailable
-from celery_mcp_tasks.store.browse import BadFilter, Filter, Overview, parse_limit, parse_sort
+from celery_mcp_tasks.store.rows import BadFilter, Filter, Overview, parse_limit, parse_sort
 
 __all__ = ["overview_json", "routes"]
 

@@ -32,7 +32,7 @@ from celery_mcp_tasks.model import TaskRecord, now_ms
 from celery_mcp_tasks.notify.hub import Hub, Watch
 from celery_mcp_tasks.service import NotLost, TaskService
 from celery_mcp_tasks.store.base import ANY, Store, TaskNotFound
-from celery_mcp_tasks.store.browse import (
+from celery_mcp_tasks.store.rows import (
     DEFAULT_LIMIT,
     DEFAULT_SORT,
     Filter,

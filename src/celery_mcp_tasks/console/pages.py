@@ -35,7 +35,7 @@ from starlette.templating import Jinja2Templates
 from celery_mcp_tasks.console import auth
 from celery_mcp_tasks.console.context import ActionResult, Console, ConsoleError, NotFound
 from celery_mcp_tasks.model import now_ms
-from celery_mcp_tasks.store.browse import (
+from celery_mcp_tasks.store.rows import (
     DEFAULT_LIMIT,
     DEFAULT_SORT,
     STATUS_NAMES,

@@ -33,7 +33,7 @@ from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.model import now_ms
 from celery_mcp_tasks.ops.probes import ProbeEngine, in_daemon_thread, janitor_record
 from celery_mcp_tasks.plugin import Plugin, Runtime
-from celery_mcp_tasks.store.sweeps import SweepRecord
+from celery_mcp_tasks.store.ledger import SweepRecord
 from celery_mcp_tasks.worker.janitor import FIX, janitor_age, janitor_stale
 
 __all__ = ["JanitorWatch", "JanitorWatcher"]

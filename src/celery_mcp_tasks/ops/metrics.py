@@ -71,7 +71,7 @@ if TYPE_CHECKING:
 
     from celery_mcp_tasks.service import TaskService
     from celery_mcp_tasks.store.base import Store
-    from celery_mcp_tasks.store.sweeps import SweepRecord
+    from celery_mcp_tasks.store.ledger import SweepRecord
 
 __all__ = [
     "LEDGER_TIMEOUT_S",

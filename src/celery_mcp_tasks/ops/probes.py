@@ -38,7 +38,7 @@ from celery_mcp_tasks.preflight import (
 from celery_mcp_tasks.store.engine import READ_ONLY, create_store_engine
 
 if TYPE_CHECKING:
-    from celery_mcp_tasks.store.sweeps import SweepRecord
+    from celery_mcp_tasks.store.ledger import SweepRecord
 
 __all__ = [
     "PROBE_TIMEOUT_S",

@@ -13,16 +13,16 @@ callers only (the worker, the janitor), never for a request handler.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Protocol
 
 from celery_mcp_tasks.model import TaskRecord
 
 if TYPE_CHECKING:
-    from celery_mcp_tasks.store.browse import Filter, Overview, Page, Row
-    from celery_mcp_tasks.store.cleanup import Eviction
-    from celery_mcp_tasks.store.sweeps import SweepRecord
+    from celery_mcp_tasks.store.ledger import Ledger
+    from celery_mcp_tasks.store.rows import Filter, Overview, Page, Row
 
 
 class _Any:
@@ -125,20 +125,13 @@ def apply(transition: Transition, current: TaskRecord) -> TaskRecord:
     return nxt
 
 
-class Ledger(Protocol):
-    """The sweep ledger: when each sweeping duty last ran and who may run it next (`store.sweeps`)."""
+@dataclass
+class Eviction:
+    """What one eviction removed (`Store.evict`; on SQL, `store.cleanup`): every row, and by tool the rows
+    that were not final yet."""
 
-    def last(self, name: str = ...) -> SweepRecord | None:
-        """The duty's row, read on the database's clock (None before its first sweep)."""
-        ...
-
-    def claim(self, name: str, *, interval_ms: int, by: str) -> bool:
-        """Take the duty for this interval: True for exactly one of any number of claimants at once."""
-        ...
-
-    def record(self, name: str, *, duration_ms: int, report: dict[str, int], statuses: dict[str, int]) -> None:
-        """A sweep that just ended after `duration_ms`."""
-        ...
+    removed: int = 0
+    unfinished: Counter[str] = field(default_factory=Counter)
 
 
 class Store(Protocol):
@@ -209,10 +202,10 @@ class Store(Protocol):
         """The sweep ledger kept beside the tasks."""
         ...
 
-    # -- the operators' console (`store.browse`): rows by key, never by task id --------------
+    # -- the operators' console (`store.rows`): rows by key, never by task id --------------
 
     def browse(self, filter: Filter, sort: str, cursor: str | None, limit: int, *, now_ms: int) -> Page:
-        """One keyset page of rows matching `filter` in `sort` order (`browse.SORTS`), after `cursor`.
+        """One keyset page of rows matching `filter` in `sort` order (`rows.SORTS`), after `cursor`.
 
         Raises `BadFilter("cursor", ...)` for a malformed cursor or one made for another sort.
         """

@@ -1,540 +1,259 @@
-"""Browsing the store for operators: filters, keyset pages, the overview and a task's detail view.
+"""The console's reads, in SQLAlchemy Core for SQLite and PostgreSQL alike (`SqlStore` delegates here).
 
-The console (and its JSON API and CLI) sees rows, never tasks: the store keeps
-only `key` = sha256(task id), so nothing here can hold or show a task id. An
-owner is shown as its namespace (`sub:<issuer>`, `client_id:<issuer>`,
-`anonymous`) and a short hash of the whole owner string (its *tag*), never the
-raw subject. Payloads (arguments, result, answers) are left out of every view
-unless the caller explicitly reveals them.
+They answer in the values of `store.rows` (a `Filter` in, `Row`s, `Page`s and an `Overview` out).
 
-Pure: no I/O, no `mcp`, no `celery`. The SQL that answers these lives in
-`store.sql` (`SqlStore.browse`, `SqlStore.overview`, `SqlStore.rows`).
+Every list is a keyset page on an index (migration 0006): `(created_at, key)`,
+`(updated_at, key)`, and `(status|tool|owner, created_at, key)` for the common
+filters, so the first page and the thousandth cost the same at a million rows.
+Only the columns a row shows are read, never the payloads (arguments, result,
+answers). An owner *tag* (a short hash) cannot be computed in SQL on SQLite:
+it is resolved to the owners it names by a loose index scan of the distinct
+owners (one index probe per owner), hashed here.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
-import json
-import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, NamedTuple
+from collections.abc import Iterable, Mapping
+from typing import Any
 
-from celery_mcp_tasks.model import ACTIVE, TERMINAL, TaskRecord, TaskStatus, celery_message_id
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
-if TYPE_CHECKING:
-    from celery_mcp_tasks.store.sweeps import SweepRecord
+from celery_mcp_tasks.model import ACTIVE, TERMINAL, TaskStatus
+from celery_mcp_tasks.model import now_ms as clock_ms
+from celery_mcp_tasks.store.rows import (
+    Filter,
+    MinuteCount,
+    Overview,
+    Page,
+    Row,
+    decode_cursor,
+    encode_cursor,
+    owner_namespace,
+    owner_tag,
+)
+from celery_mcp_tasks.store.schema import tasks
+from celery_mcp_tasks.store.sweeps import JANITOR, read_sweep
 
-__all__ = [
-    "DEFAULT_LIMIT",
-    "DEFAULT_SORT",
-    "MAX_LIMIT",
-    "SORTS",
-    "BadFilter",
-    "ErrorView",
-    "Filter",
-    "MinuteCount",
-    "Overview",
-    "Page",
-    "Question",
-    "Row",
-    "TaskDetail",
-    "decode_cursor",
-    "detail_of",
-    "encode_cursor",
-    "owner_namespace",
-    "owner_tag",
-    "parse_limit",
-    "parse_sort",
-    "row_of",
-    "trace_id_of",
-]
+__all__ = ["browse", "changed_since", "keys_starting", "overview", "rows"]
 
-SORTS: Final = ("-created", "created", "-updated", "updated")
-DEFAULT_SORT: Final = "-created"
-DEFAULT_LIMIT: Final = 50
-MAX_LIMIT: Final = 500
-OWNER_TAG_LEN: Final = 10
-ANONYMOUS: Final = "anonymous"
-MAX_TEXT: Final = 200
+MINUTE_MS = 60_000
+HOUR_MINUTES = 60
+_BATCH = 500  # stays under SQLite's bound-parameter limit on old builds
+_MAX_OWNERS = 10_000  # distinct owners a tag is looked for among
 
-STATUS_NAMES: Final = tuple(status.value for status in TaskStatus)
-_STATUS_GROUPS: Final = {
-    "active": frozenset(status.value for status in ACTIVE),
-    "final": frozenset(status.value for status in TERMINAL),
-}
-_NAMESPACES: Final = ("sub:", "client_id:")
-_HEX = re.compile(r"[0-9a-f]{4,64}")
-_DURATION = re.compile(r"(\d{1,9})([smhd]?)")
-_UNITS: Final = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+ROW_COLUMNS = (
+    tasks.c.key,
+    tasks.c.owner,
+    tasks.c.tool,
+    tasks.c.status,
+    tasks.c.status_message,
+    tasks.c.created_at,
+    tasks.c.updated_at,
+    tasks.c.progress,
+    tasks.c.progress_total,
+    tasks.c.attempt,
+    tasks.c.resends,
+    tasks.c.dispatches,
+    tasks.c.heartbeat_at,
+    tasks.c.expires_at,
+    tasks.c.version,
+)
 
 
-class BadFilter(ValueError):
-    """A filter, sort, page cursor or limit the console cannot use. `field` names the query parameter."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
-
-
-# -- owners ---------------------------------------------------------------------------
-
-
-def owner_namespace(owner: str | None) -> str:
-    """`sub:<issuer>`, `client_id:<issuer>` or `anonymous`: who vouched for the owner, not who it is."""
-    if owner is None:
-        return ANONYMOUS
-    for prefix in _NAMESPACES:
-        if owner.startswith(prefix):
-            # `sub:<issuer>:<subject>`, each part percent-encoded (no ':' inside a part)
-            return owner.rsplit(":", 1)[0] if owner.count(":") >= 2 else prefix.rstrip(":")
-    return "other"
-
-
-def owner_tag(owner: str | None) -> str | None:
-    """A short hash of the whole owner string: tells owners apart without showing any of them."""
-    if owner is None:
-        return None
-    return hashlib.sha256(owner.encode("utf-8", "surrogatepass")).hexdigest()[:OWNER_TAG_LEN]
-
-
-def owner_label(owner: str | None) -> str:
-    tag = owner_tag(owner)
-    return owner_namespace(owner) if tag is None else f"{owner_namespace(owner)} {tag}"
-
-
-# -- filters ----------------------------------------------------------------------------
-
-
-def _duration_s(name: str, value: str) -> int:
-    """Seconds from `90`, `90s`, `15m`, `2h` or `7d`."""
-    match = _DURATION.fullmatch(value.strip().lower())
-    if match is None:
-        raise BadFilter(name, f"{value!r} is not a duration (seconds, or a number with s, m, h or d)")
-    return int(match.group(1)) * _UNITS[match.group(2)]
-
-
-@dataclass(frozen=True)
-class Filter:
-    """Which rows to list. Every part optional; all given parts must hold.
-
-    `owner`: `anonymous`, a namespace (`sub:<issuer>` / `client_id:<issuer>`), a
-    tag (the short hash, or a prefix of it of 4 or more hex digits) or a whole
-    label (`<namespace> <tag>`). Ages are in seconds, measured from creation.
-    `text`: a case-insensitive substring of the status message.
-    """
-
-    statuses: frozenset[str] = frozenset()
-    tool: str | None = None
-    owner: str | None = None
-    min_age_s: int | None = None
-    max_age_s: int | None = None
-    text: str | None = None
-
-    # query parameter names, as the API, the list page's form and the CLI use them
-    PARAMS: Final = ("status", "tool", "owner", "min_age", "max_age", "q")  # type: ignore[misc]
-
-    @classmethod
-    def parse(cls, query: Mapping[str, str]) -> Filter:
-        """From query parameters (`status=working,failed&tool=...&owner=...&min_age=5m&max_age=1h&q=...`).
-
-        Empty values count as absent; parameters other than the filter's (sort, cursor, ...) are ignored.
-        Raises `BadFilter` naming the parameter.
-        """
-
-        def given(name: str) -> str | None:
-            value = query.get(name)
-            if value is None:
-                return None
-            value = value.strip()
-            return value or None
-
-        statuses: set[str] = set()
-        if (raw := given("status")) is not None:
-            for part in (p.strip().lower() for p in raw.split(",")):
-                if not part:
-                    continue
-                if part in _STATUS_GROUPS:
-                    statuses |= _STATUS_GROUPS[part]
-                elif part in STATUS_NAMES:
-                    statuses.add(part)
-                else:
-                    raise BadFilter(
-                        "status", f"unknown status {part!r} (one of {', '.join(STATUS_NAMES)}, active, final)"
-                    )
-        tool = given("tool")
-        if tool is not None and len(tool) > 128:
-            raise BadFilter("tool", "a tool name has at most 128 characters")
-        owner = given("owner")
-        if owner is not None:
-            owner = cls._checked_owner(owner)
-        min_age = None if (raw := given("min_age")) is None else _duration_s("min_age", raw)
-        max_age = None if (raw := given("max_age")) is None else _duration_s("max_age", raw)
-        if min_age is not None and max_age is not None and min_age > max_age:
-            raise BadFilter("min_age", "min_age is larger than max_age: no task can match")
-        text = given("q")
-        if text is not None and len(text) > MAX_TEXT:
-            raise BadFilter("q", f"the text to find has at most {MAX_TEXT} characters")
-        return cls(frozenset(statuses), tool, owner, min_age, max_age, text)
-
-    @staticmethod
-    def _checked_owner(owner: str) -> str:
-        if owner == ANONYMOUS:
-            return owner
-        namespace, _, tag = owner.partition(" ")
-        if tag:
-            if not namespace.startswith(_NAMESPACES) or not _HEX.fullmatch(tag.strip()):
-                raise BadFilter("owner", "a label is '<namespace> <tag>', e.g. 'sub:issuer 0a1b2c3d4e'")
-            return f"{namespace} {tag.strip()}"
-        if namespace.startswith(_NAMESPACES) or _HEX.fullmatch(namespace):
-            return namespace
-        raise BadFilter(
-            "owner", "an owner is 'anonymous', a namespace (sub:<issuer>, client_id:<issuer>) or a tag (hex digits)"
-        )
-
-    def owner_parts(self) -> tuple[str | None, str | None, bool]:
-        """(namespace, tag prefix, anonymous) of the owner filter, for the store's query."""
-        if self.owner is None:
-            return None, None, False
-        if self.owner == ANONYMOUS:
-            return None, None, True
-        namespace, _, tag = self.owner.partition(" ")
-        if tag:
-            return namespace, tag, False
-        if namespace.startswith(_NAMESPACES):
-            return namespace, None, False
-        return None, namespace, False
-
-    def query(self) -> dict[str, str]:
-        """Back to query parameters (for "next page" links and the CLI): `Filter.parse(f.query()) == f`."""
-        out: dict[str, str] = {}
-        if self.statuses:
-            out["status"] = ",".join(s for s in STATUS_NAMES if s in self.statuses)
-        if self.tool is not None:
-            out["tool"] = self.tool
-        if self.owner is not None:
-            out["owner"] = self.owner
-        if self.min_age_s is not None:
-            out["min_age"] = str(self.min_age_s)
-        if self.max_age_s is not None:
-            out["max_age"] = str(self.max_age_s)
-        if self.text is not None:
-            out["q"] = self.text
-        return out
-
-    @property
-    def empty(self) -> bool:
-        return not self.query()
-
-
-def parse_sort(value: str | None) -> str:
-    if value is None or not value.strip():
-        return DEFAULT_SORT
-    if value.strip() not in SORTS:
-        raise BadFilter("sort", f"unknown sort {value.strip()!r} (one of {', '.join(SORTS)})")
-    return value.strip()
-
-
-def parse_limit(value: str | None) -> int:
-    if value is None or not value.strip():
-        return DEFAULT_LIMIT
-    try:
-        limit = int(value)
-    except ValueError:
-        raise BadFilter("limit", f"{value!r} is not a whole number") from None
-    if not 1 <= limit <= MAX_LIMIT:
-        raise BadFilter("limit", f"between 1 and {MAX_LIMIT}")
-    return limit
-
-
-# -- rows and pages ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Row:
-    """One task as a list shows it. `key` is the full row key (URLs); `short` its first 12 characters."""
-
-    key: str
-    tool: str
-    status: str
-    status_message: str | None
-    owner_namespace: str
-    owner_tag: str | None
-    created_at: int
-    updated_at: int
-    progress: float | None
-    progress_total: float | None
-    attempt: int
-    resends: int
-    dispatches: int
-    heartbeat_at: int | None
-    expires_at: int | None
-    version: int
-
-    @property
-    def short(self) -> str:
-        return self.key[:12]
-
-    @property
-    def owner_label(self) -> str:
-        return self.owner_namespace if self.owner_tag is None else f"{self.owner_namespace} {self.owner_tag}"
-
-    @property
-    def final(self) -> bool:
-        return self.status in _STATUS_GROUPS["final"]
-
-    @property
-    def percent(self) -> float | None:
-        """Progress in percent (0-100) when the job reported a total, else None."""
-        if self.progress is None or not self.progress_total:
-            return None
-        return max(0.0, min(100.0, 100.0 * self.progress / self.progress_total))
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "row": self.short,
-            "tool": self.tool,
-            "status": self.status,
-            "status_message": self.status_message,
-            "owner": self.owner_label,
-            "created_at": self.created_at,
-            "updated_at": self.updated_at,
-            "progress": self.progress,
-            "progress_total": self.progress_total,
-            "percent": self.percent,
-            "attempt": self.attempt,
-            "resends": self.resends,
-            "dispatches": self.dispatches,
-            "heartbeat_at": self.heartbeat_at,
-            "expires_at": self.expires_at,
-            "version": self.version,
-        }
-
-
-def row_of(record: TaskRecord) -> Row:
+def row_from(values: Mapping[Any, Any]) -> Row:
     return Row(
-        key=record.key,
-        tool=record.tool,
-        status=record.status.value,
-        status_message=record.status_message,
-        owner_namespace=owner_namespace(record.owner),
-        owner_tag=owner_tag(record.owner),
-        created_at=record.created_at,
-        updated_at=record.updated_at,
-        progress=record.progress,
-        progress_total=record.progress_total,
-        attempt=record.attempt,
-        resends=record.resends,
-        dispatches=record.dispatches,
-        heartbeat_at=record.heartbeat_at,
-        expires_at=record.expires_at,
-        version=record.version,
+        key=values["key"],
+        tool=values["tool"],
+        status=values["status"],
+        status_message=values["status_message"],
+        owner_namespace=owner_namespace(values["owner"]),
+        owner_tag=owner_tag(values["owner"]),
+        created_at=int(values["created_at"]),
+        updated_at=int(values["updated_at"]),
+        progress=values["progress"],
+        progress_total=values["progress_total"],
+        attempt=int(values["attempt"]),
+        resends=int(values["resends"]),
+        dispatches=int(values["dispatches"]),
+        heartbeat_at=values["heartbeat_at"],
+        expires_at=values["expires_at"],
+        version=int(values["version"]),
     )
 
 
-@dataclass(frozen=True)
-class Page:
-    rows: list[Row]
-    next_cursor: str | None
-
-
-def _sort_value(sort: str, row: Row) -> int:
-    return row.created_at if sort.endswith("created") else row.updated_at
-
-
-def encode_cursor(sort: str, row: Row) -> str:
-    """The opaque cursor for the page after `row` (the last row of a page) in `sort` order."""
-    raw = json.dumps([sort, _sort_value(sort, row), row.key], separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
-
-
-def decode_cursor(sort: str, cursor: str) -> tuple[int, str]:
-    """(sort value, key) of a cursor made for `sort`; `BadFilter("cursor", ...)` for anything else."""
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        made_for, value, key = json.loads(raw)
-    except (binascii.Error, ValueError, TypeError):
-        raise BadFilter("cursor", "malformed page cursor (take it from a page's next_cursor)") from None
-    if made_for != sort:
-        raise BadFilter("cursor", f"this cursor pages the {made_for!r} order, not {sort!r}")
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int)
-        or not isinstance(key, str)
-        or not re.fullmatch(r"[0-9a-f]{64}", key)
-    ):
-        raise BadFilter("cursor", "malformed page cursor (take it from a page's next_cursor)")
-    return value, key
-
-
-# -- overview -----------------------------------------------------------------------------
-
-
-class MinuteCount(NamedTuple):
-    """One minute of the last hour: tasks created, completed and failed in it."""
-
-    minute_ms: int
-    created: int
-    completed: int
-    failed: int
-
-
-@dataclass(frozen=True)
-class Overview:
-    """The state of the store at `now_ms`, read without scanning it.
-
-    `by_status` / `by_tool`: every active task (`working`, `input_required`),
-    and the final ones that ended since `final_since_ms` (the chart's hour: a
-    store keeps finished tasks for their TTL, and counting all of them would
-    read every row). `per_minute`: the last 60 minutes, oldest first, every
-    minute present (completed/failed counted by the time the task ended: its
-    `updated_at`, as a final task is never written again). `last_sweep`: the
-    janitor's ledger row (its `report` has `resent` and `failed` for lost jobs).
-    """
-
-    now_ms: int
-    final_since_ms: int
-    by_status: dict[str, int]
-    by_tool: dict[str, dict[str, int]]
-    per_minute: list[MinuteCount]
-    oldest_working: Row | None
-    oldest_input_required: Row | None
-    last_sweep: SweepRecord | None
-
-    @property
-    def lost_resent(self) -> int:
-        return 0 if self.last_sweep is None else int(self.last_sweep.report.get("resent", 0))
-
-    @property
-    def lost_failed(self) -> int:
-        return 0 if self.last_sweep is None else int(self.last_sweep.report.get("failed", 0))
-
-
-# -- detail -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Question:
-    """An input request the task made: its key, and whether it is answered, outstanding or was dropped.
-
-    `message`: the question's own text while it is outstanding (the request is
-    cleared once answered or once the task ends), never the answer.
-    """
-
-    key: str
-    state: str  # "answered" | "outstanding" | "dropped"
-    method: str | None = None
-    message: str | None = None
-
-
-@dataclass(frozen=True)
-class ErrorView:
-    message: str
-    code: int | None = None
-
-
-@dataclass(frozen=True)
-class TaskDetail:
-    """Everything the task page shows. The payload fields are None unless `revealed`."""
-
-    row: Row
-    ttl_ms: int | None
-    poll_interval_ms: int | None
-    started_at: int | None
-    parked: bool
-    questions: list[Question]
-    error: ErrorView | None
-    trace_id: str | None
-    celery_message_id: str | None
-    queue: str | None
-    revealed: bool = False
-    arguments: dict[str, Any] | None = None
-    result: dict[str, Any] | None = None
-    answers: dict[str, Any] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def key(self) -> str:
-        return self.row.key
-
-    def as_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            **self.row.as_json(),
-            "ttl_ms": self.ttl_ms,
-            "poll_interval_ms": self.poll_interval_ms,
-            "started_at": self.started_at,
-            "parked": self.parked,
-            "questions": [
-                {"key": q.key, "state": q.state, "method": q.method, "message": q.message} for q in self.questions
-            ],
-            "error": None if self.error is None else {"message": self.error.message, "code": self.error.code},
-            "trace_id": self.trace_id,
-            "celery_message_id": self.celery_message_id,
-            "queue": self.queue,
-            "revealed": self.revealed,
-        }
-        if self.revealed:
-            out.update(arguments=self.arguments, result=self.result, answers=self.answers)
-        return out
-
-
-_TRACEPARENT = re.compile(r"[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}")
-
-
-def trace_id_of(trace_context: str | None) -> str | None:
-    """The trace id of a W3C `traceparent`, or None (absent, malformed, or the all-zero id)."""
-    if not trace_context:
-        return None
-    match = _TRACEPARENT.match(trace_context.strip().lower())
-    if match is None or set(match.group(1)) == {"0"}:
-        return None
-    return match.group(1)
-
-
-def _question(key: str, record: TaskRecord) -> Question:
-    if key in record.input_responses:
-        return Question(key, "answered")
-    request = record.input_requests.get(key)
-    if request is None:
-        return Question(key, "dropped")
-    method = request.get("method") if isinstance(request, dict) else None
-    params = request.get("params") if isinstance(request, dict) else None
-    message = params.get("message") if isinstance(params, dict) else None
-    return Question(
-        key,
-        "outstanding",
-        method if isinstance(method, str) else None,
-        message if isinstance(message, str) else None,
+_DISTINCT_OWNERS = sa.text(
+    # A loose index scan: one probe of the owner index per distinct owner, not a scan of every row.
+    f"""
+    WITH RECURSIVE o(owner) AS (
+        SELECT min(owner) FROM {tasks.name} WHERE owner >= :low
+        UNION ALL
+        SELECT (SELECT min(t.owner) FROM {tasks.name} t WHERE t.owner > o.owner)
+        FROM o WHERE o.owner IS NOT NULL AND o.owner < :high
     )
+    SELECT owner FROM o WHERE owner IS NOT NULL AND owner < :high LIMIT :cap
+    """
+)
 
 
-def _error(error: dict[str, Any] | None) -> ErrorView | None:
-    if error is None:
-        return None
-    code = error.get("code")
-    return ErrorView(str(error.get("message", "Failed")), code if isinstance(code, int) else None)
+def _owners_tagged(conn: Connection, namespace: str | None, tag: str) -> list[str]:
+    """The owners (within `namespace`, when given) whose tag starts with `tag`."""
+    low, high = (namespace + ":", namespace + ";") if namespace else ("", "\U0010ffff")
+    found = conn.execute(_DISTINCT_OWNERS, {"low": low, "high": high, "cap": _MAX_OWNERS}).scalars().all()
+    return [owner for owner in found if (owner_tag(owner) or "").startswith(tag)]
 
 
-def detail_of(record: TaskRecord, *, queue: str | None, reveal: bool = False) -> TaskDetail:
-    """The task page's view of `record`; payloads only with `reveal` (the caller checks it may)."""
-    keys = list(dict.fromkeys([*record.issued_keys, *record.input_requests, *record.input_responses]))
-    return TaskDetail(
-        row=row_of(record),
-        ttl_ms=record.ttl_ms,
-        poll_interval_ms=record.poll_interval_ms,
-        started_at=record.started_at,
-        parked=record.parked,
-        questions=[_question(key, record) for key in keys],
-        error=_error(record.error),
-        trace_id=trace_id_of(record.trace_context),
-        celery_message_id=celery_message_id(record.key, record.dispatches) if record.dispatches else None,
-        queue=queue,
-        revealed=reveal,
-        arguments=dict(record.arguments) if reveal else None,
-        result=None if not reveal or record.result is None else dict(record.result),
-        answers=dict(record.input_responses) if reveal else None,
+def _where(conn: Connection, filter: Filter, now_ms: int) -> list[sa.ColumnElement[bool]] | None:
+    """The filter as SQL conditions; None when it can match nothing (an owner tag nobody has).
+
+    The one definition of each filter rule: a list page, and the live list asking whether a changed
+    row belongs on it (`rows(keys, filter)`), both read through here.
+    """
+    where: list[sa.ColumnElement[bool]] = []
+    if filter.statuses:
+        statuses = sorted(filter.statuses)
+        where.append(tasks.c.status == statuses[0] if len(statuses) == 1 else tasks.c.status.in_(statuses))
+    if filter.tool is not None:
+        where.append(tasks.c.tool == filter.tool)
+    namespace, tag, anonymous = filter.owner_parts()
+    if anonymous:
+        where.append(tasks.c.owner.is_(None))
+    elif tag is not None:
+        owners = _owners_tagged(conn, namespace, tag)
+        if not owners:
+            return None
+        where.append(tasks.c.owner == owners[0] if len(owners) == 1 else tasks.c.owner.in_(owners))
+    elif namespace is not None:
+        where.append(tasks.c.owner.startswith(namespace + ":", autoescape=True))
+    if filter.min_age_s is not None:
+        where.append(tasks.c.created_at <= now_ms - filter.min_age_s * 1000)
+    if filter.max_age_s is not None:
+        where.append(tasks.c.created_at >= now_ms - filter.max_age_s * 1000)
+    if filter.text is not None:
+        where.append(tasks.c.status_message.icontains(filter.text, autoescape=True))
+    return where
+
+
+def browse(conn: Connection, filter: Filter, sort: str, cursor: str | None, limit: int, *, now_ms: int) -> Page:
+    column = tasks.c.created_at if sort.endswith("created") else tasks.c.updated_at
+    descending = sort.startswith("-")
+    after = None if cursor is None else decode_cursor(sort, cursor)  # BadFilter before any SQL
+    where = _where(conn, filter, now_ms)
+    if where is None:
+        return Page([], None)
+    if after is not None:
+        position = sa.tuple_(column, tasks.c.key)
+        bound = sa.tuple_(sa.literal(after[0], sa.BigInteger), sa.literal(after[1]))
+        where.append(position < bound if descending else position > bound)
+    order = (column.desc(), tasks.c.key.desc()) if descending else (column.asc(), tasks.c.key.asc())
+    query = sa.select(*ROW_COLUMNS).where(*where).order_by(*order).limit(limit + 1)
+    found = [row_from(values) for values in conn.execute(query).mappings().all()]
+    more = len(found) > limit
+    page = found[:limit]
+    return Page(page, encode_cursor(sort, page[-1]) if more and page else None)
+
+
+def rows(
+    conn: Connection, keys: Iterable[str], filter: Filter | None = None, *, now_ms: int | None = None
+) -> list[Row]:
+    wanted = list(dict.fromkeys(keys))
+    where: list[sa.ColumnElement[bool]] | None = []
+    if filter is not None:
+        where = _where(conn, filter, now_ms if now_ms is not None else clock_ms())
+    if where is None:
+        return []
+    found: list[Row] = []
+    for start in range(0, len(wanted), _BATCH):
+        query = sa.select(*ROW_COLUMNS).where(tasks.c.key.in_(wanted[start : start + _BATCH]), *where)
+        found.extend(row_from(values) for values in conn.execute(query).mappings().all())
+    return found
+
+
+def keys_starting(conn: Connection, prefix: str, *, limit: int) -> list[str]:
+    """Row keys starting with `prefix` (lowercase hex), in order, at most `limit`: a range of the primary key."""
+    query = (
+        sa.select(tasks.c.key)
+        .where(tasks.c.key >= prefix, tasks.c.key < prefix + "g")  # "g" follows every hex digit
+        .order_by(tasks.c.key)
+        .limit(limit)
+    )
+    return list(conn.execute(query).scalars().all())
+
+
+def changed_since(conn: Connection, updated_at_ms: int, *, limit: int) -> list[Row]:
+    query = (
+        sa.select(*ROW_COLUMNS)
+        .where(tasks.c.updated_at >= updated_at_ms)
+        .order_by(tasks.c.updated_at.asc(), tasks.c.key.asc())
+        .limit(limit)
+    )
+    return [row_from(values) for values in conn.execute(query).mappings().all()]
+
+
+def _oldest(conn: Connection, status: TaskStatus) -> Row | None:
+    query = (
+        sa.select(*ROW_COLUMNS)
+        .where(tasks.c.status == status.value)
+        .order_by(tasks.c.created_at.asc(), tasks.c.key.asc())
+        .limit(1)
+    )
+    values = conn.execute(query).mappings().first()
+    return None if values is None else row_from(values)
+
+
+def overview(conn: Connection, now_ms: int) -> Overview:
+    """Never a scan of the whole table: active rows are counted whole (few, on the status index), final
+    ones only where they ended in the chart's hour (on the `(status, updated_at)` index), and the
+    per-minute chart reads the hour's slice of the `created_at` and `(status, updated_at)` indexes."""
+    by_status = {status.value: 0 for status in TaskStatus}
+    by_tool: dict[str, dict[str, int]] = {}
+
+    def count(tool: object, status: object, n: int) -> None:
+        by_status[str(status)] = by_status.get(str(status), 0) + n
+        tool_counts = by_tool.setdefault(str(tool), {status.value: 0 for status in TaskStatus})
+        tool_counts[str(status)] = tool_counts.get(str(status), 0) + n
+
+    active = [status.value for status in ACTIVE]
+    query = (
+        sa.select(tasks.c.tool, tasks.c.status, sa.func.count())
+        .where(tasks.c.status.in_(active))
+        .group_by(tasks.c.tool, tasks.c.status)
+    )
+    for tool, status, n in conn.execute(query).all():
+        count(tool, status, int(n))
+
+    # The last hour in whole minutes, the current (partial) minute last.
+    first = (now_ms // MINUTE_MS - (HOUR_MINUTES - 1)) * MINUTE_MS
+    created = [0] * HOUR_MINUTES
+    minute = ((tasks.c.created_at - first) // MINUTE_MS).label("minute")
+    query = sa.select(minute, sa.func.count()).where(tasks.c.created_at >= first).group_by(minute)
+    for index, n in conn.execute(query).all():
+        if 0 <= int(index) < HOUR_MINUTES:
+            created[int(index)] = int(n)
+    # A final task is never written again: its `updated_at` is when it ended.
+    ended = {status.value: [0] * HOUR_MINUTES for status in TERMINAL}
+    minute = ((tasks.c.updated_at - first) // MINUTE_MS).label("minute")
+    query = (
+        sa.select(tasks.c.tool, tasks.c.status, minute, sa.func.count())
+        .where(tasks.c.status.in_(list(ended)))
+        .where(tasks.c.updated_at >= first)
+        .group_by(tasks.c.tool, tasks.c.status, minute)
+    )
+    for tool, status, index, n in conn.execute(query).all():
+        if 0 <= int(index) < HOUR_MINUTES and str(status) in ended:
+            ended[str(status)][int(index)] += int(n)
+            count(tool, status, int(n))
+    per_minute = [
+        MinuteCount(first + i * MINUTE_MS, created[i], ended["completed"][i], ended["failed"][i])
+        for i in range(HOUR_MINUTES)
+    ]
+    return Overview(
+        now_ms=now_ms,
+        final_since_ms=first,
+        by_status=by_status,
+        by_tool=dict(sorted(by_tool.items())),
+        per_minute=per_minute,
+        oldest_working=_oldest(conn, TaskStatus.WORKING),
+        oldest_input_required=_oldest(conn, TaskStatus.INPUT_REQUIRED),
+        last_sweep=read_sweep(conn, JANITOR),
     )

@@ -8,26 +8,16 @@ which costs no extra statement and no second read.
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass, field
-
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from celery_mcp_tasks.model import TERMINAL
+from celery_mcp_tasks.store.base import Eviction
 from celery_mcp_tasks.store.schema import tasks
 
-__all__ = ["Eviction", "evict"]
+__all__ = ["evict"]
 
 _TERMINAL_VALUES = frozenset(status.value for status in TERMINAL)
-
-
-@dataclass
-class Eviction:
-    """What one cleanup removed: every row, and by tool the rows that were not final yet."""
-
-    removed: int = 0
-    unfinished: Counter[str] = field(default_factory=Counter)
 
 
 def _passes(now_ms: int, retention_ms: int) -> tuple[tuple[sa.ColumnElement[bool], sa.ColumnElement[int] | None], ...]:

@@ -38,10 +38,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, make_url
 
 from celery_mcp_tasks.model import TERMINAL, TaskRecord, TaskStatus
-from celery_mcp_tasks.store import browsing, quotas
+from celery_mcp_tasks.store import browse, quotas
 from celery_mcp_tasks.store.base import (
     ANY,
     ChangeHint,
+    Eviction,
     Owner,
     Quota,
     StoreConflict,
@@ -50,11 +51,11 @@ from celery_mcp_tasks.store.base import (
     Transition,
     apply,
 )
-from celery_mcp_tasks.store.browse import Filter, Overview, Page, Row
-from celery_mcp_tasks.store.cleanup import Eviction, evict
+from celery_mcp_tasks.store.cleanup import evict
 from celery_mcp_tasks.store.codec import KeyRing, UnreadablePayload, open_columns, seal_columns
 from celery_mcp_tasks.store.engine import READ_ONLY, create_store_engine, normalize_url
 from celery_mcp_tasks.store.failures import _CommitInDoubt, _in_doubt, _reconnecting, _reported
+from celery_mcp_tasks.store.rows import Filter, Overview, Page, Row
 from celery_mcp_tasks.store.schema import tasks
 from celery_mcp_tasks.store.sweeps import SweepLedger, count_by_status, unanswered
 
@@ -628,10 +629,10 @@ class SqlStore:
             conn.commit()
         return touched
 
-    # -- the operators' console (`store.browsing`) ----------------------------------------
+    # -- the operators' console (`store.browse`) ----------------------------------------
 
     def _browsing(self, read: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
-        """One of `store.browsing`'s reads on a read connection."""
+        """One of `store.browse`'s reads on a read connection."""
         with self._reading() as conn:
             found = read(conn, *args, **kwargs)
             conn.rollback()
@@ -640,27 +641,27 @@ class SqlStore:
     @_reported
     @_reconnecting
     def browse(self, filter: Filter, sort: str, cursor: str | None, limit: int, *, now_ms: int) -> Page:
-        return self._browsing(browsing.browse, filter, sort, cursor, limit, now_ms=now_ms)
+        return self._browsing(browse.browse, filter, sort, cursor, limit, now_ms=now_ms)
 
     @_reported
     @_reconnecting
     def overview(self, now_ms: int) -> Overview:
-        return self._browsing(browsing.overview, now_ms)
+        return self._browsing(browse.overview, now_ms)
 
     @_reported
     @_reconnecting
     def rows(self, keys: Iterable[str], filter: Filter | None = None, *, now_ms: int | None = None) -> list[Row]:
-        return self._browsing(browsing.rows, keys, filter, now_ms=now_ms)
+        return self._browsing(browse.rows, keys, filter, now_ms=now_ms)
 
     @_reported
     @_reconnecting
     def keys_starting(self, prefix: str, *, limit: int) -> list[str]:
-        return self._browsing(browsing.keys_starting, prefix, limit=limit)
+        return self._browsing(browse.keys_starting, prefix, limit=limit)
 
     @_reported
     @_reconnecting
     def changed_since(self, updated_at_ms: int, *, limit: int) -> list[Row]:
-        return self._browsing(browsing.changed_since, updated_at_ms, limit=limit)
+        return self._browsing(browse.changed_since, updated_at_ms, limit=limit)
 
     @_reported
     @_reconnecting

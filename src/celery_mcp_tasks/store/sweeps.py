@@ -1,4 +1,7 @@
-"""The sweep ledger: when each sweeping duty last ran, what it did, and who may run it next.
+"""The sweep ledger on SQL: when each sweeping duty last ran, what it did, and who may run it next.
+
+Its contract and row (`Ledger`, `SweepRecord`) are `store.ledger`'s; the janitor's reads of the tasks it sweeps
+(`count_by_status`, `unanswered`) live here too.
 
 A janitor that stops must be visible: every sweep records itself here (time,
 duration, counts, the tasks in each status), so `/readyz`, the metrics and
@@ -18,8 +21,7 @@ that lets another worker sweep again early.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
@@ -28,15 +30,12 @@ from sqlalchemy.engine import Engine, RowMapping
 from celery_mcp_tasks.model import TaskStatus
 from celery_mcp_tasks.store.engine import READ_ONLY
 from celery_mcp_tasks.store.failures import _reconnecting, _reported
+from celery_mcp_tasks.store.ledger import SweepRecord
 from celery_mcp_tasks.store.schema import sweeps, tasks
-
-if TYPE_CHECKING:
-    from celery_mcp_tasks.store.sql import SqlStore
 
 __all__ = [
     "JANITOR",
     "SweepLedger",
-    "SweepRecord",
     "count_by_status",
     "db_now_ms",
     "ledger_for",
@@ -46,25 +45,6 @@ __all__ = [
 
 JANITOR = "janitor"
 """The janitor's row in the ledger."""
-
-
-@dataclass(frozen=True)
-class SweepRecord:
-    """One duty's row: the last recorded sweep (None before the first) and the current claim.
-
-    `read_at` is the database's clock when the row was read (None for a record made
-    by hand): ages are measured against it, so they hold whatever this host's clock says.
-    """
-
-    name: str
-    swept_at: int | None
-    duration_ms: int | None
-    sweeps: int
-    report: dict[str, int]
-    statuses: dict[str, int]
-    claimed_at: int | None
-    claimed_by: str | None
-    read_at: int | None = field(default=None, compare=False)
 
 
 def db_now_ms(dialect: str) -> sa.ColumnElement[int]:
@@ -174,7 +154,13 @@ class SweepLedger:
             conn.execute(stmt)
 
 
-def ledger_for(store: SqlStore) -> SweepLedger:
+class _Keeping(Protocol):
+    """A store that keeps its sweep ledger in SQL (`SqlStore`), named by what it offers: no import of `store.sql`."""
+
+    def ledger(self) -> SweepLedger: ...
+
+
+def ledger_for(store: _Keeping) -> SweepLedger:
     """The ledger on `store`'s engine (`SqlStore.ledger`)."""
     return store.ledger()
 

@@ -51,9 +51,9 @@ from typing import TYPE_CHECKING, Any
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.model import now_ms
 from celery_mcp_tasks.service import TaskService
-from celery_mcp_tasks.store.base import Ledger
-from celery_mcp_tasks.store.cleanup import Eviction
-from celery_mcp_tasks.store.sweeps import JANITOR, SweepRecord
+from celery_mcp_tasks.store.base import Eviction
+from celery_mcp_tasks.store.ledger import Ledger, SweepRecord
+from celery_mcp_tasks.store.sweeps import JANITOR
 
 if TYPE_CHECKING:
     from celery import Celery
