@@ -109,7 +109,7 @@ def test_nothing_is_served_before_signing_in_but_the_form_and_the_static_files(d
         assert "/login?next=" in response.headers["location"], response.headers["location"]
     assert client.get("/login").status_code == 200
     css = client.get("/static/console.css")
-    assert css.status_code == 200 and "prefers-color-scheme: dark" in css.text
+    assert css.status_code == 200 and "light-dark(" in css.text
     assert client.get("/static/live.js").status_code == 200
 
 

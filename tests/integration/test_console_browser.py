@@ -268,6 +268,10 @@ def test_the_dark_theme_and_the_keyboard(
         page.click(".theme-toggle")  # system -> light
         assert page.get_attribute("html", "data-theme") == "light"
         assert page.evaluate("getComputedStyle(document.body).backgroundColor") == "rgb(255, 255, 255)"
+        page.click(".theme-toggle")  # light -> dark, which holds under a light system too
+        page.emulate_media(color_scheme="light")
+        assert page.get_attribute("html", "data-theme") == "dark"
+        assert page.evaluate("getComputedStyle(document.body).backgroundColor") == "rgb(21, 23, 27)"
     finally:
         context.close()
 
