@@ -2,7 +2,7 @@
 
 `MCP_TASKS_LOG_FORMAT=json` restyles the handlers this package or Celery set
 up (never a handler the application configured itself): the web process's
-root handler (`mcp.server.plain_root_logging`, and uvicorn's loggers routed
+root handler (`cli.shared.plain_root_logging`, and uvicorn's loggers routed
 to it by `uvicorn_log_config`), and the handlers `celery worker` and
 `celery beat` create (`after_setup_logger` / `after_setup_task_logger`), so
 Celery's own "received" and "succeeded" lines become JSON too. Text stays the

@@ -1,8 +1,8 @@
-"""The name of the root handler `mcp.server.plain_root_logging` installs in the web process.
+"""The name of the root handler `cli.shared.plain_root_logging` installs in the package's commands.
 
 `ops.logs` restyles that handler (JSON, task-id redaction) and never one the application
-configured itself. A module of its own, importing nothing: `mcp/` and `ops.logs` share the
-name without `ops.logs` (which reads Celery's and the worker's logging) being an adapter's import.
+configured itself. A module of its own, importing nothing: `cli/` and `ops.logs` share the
+name without either importing the other.
 """
 
 from __future__ import annotations
