@@ -152,7 +152,8 @@ class Transport(kombu_filesystem.Transport):
 
     def establish_connection(self) -> Any:
         """The folders the transport options name, made if missing, before kombu's first channel."""
-        options = self.client.transport_options
+        client: Any = self.client  # the kombu Connection this transport serves (set by its constructor)
+        options = client.transport_options
         names = [*FOLDER_OPTIONS, *(["processed_folder"] if options.get("store_processed") else [])]
         for folder in dict.fromkeys(options[name] for name in names if options.get(name)):
             try:
