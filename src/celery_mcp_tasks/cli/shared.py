@@ -29,7 +29,7 @@ from types import FrameType
 from typing import Any
 
 from celery_mcp_tasks.config import redact_url
-from celery_mcp_tasks.ops.root_handler import ROOT_HANDLER
+from celery_mcp_tasks.ops.root_handler import plain_root_logging
 
 __all__ = [
     "Stopped",
@@ -37,7 +37,6 @@ __all__ = [
     "banner",
     "celery_target",
     "load_app",
-    "plain_root_logging",
     "quiet_libraries",
     "raise_stop",
     "start_ops_server",
@@ -50,8 +49,8 @@ __all__ = [
 def load_app(path: str) -> Any:
     """Import APP (`module` or `module:attribute`) and return its `McpTasks`; one-line errors otherwise.
 
-    The command is the application here: root logging is configured first (`plain_root_logging`),
-    so that the app's plugins (the JSON log format) find the handler when it is constructed.
+    The command is the application here: it configures root logging (`plain_root_logging`), first,
+    so that APP's import and construction log through it too (`McpTasks` itself leaves logging alone).
     """
     from celery_mcp_tasks.app import McpTasks
 
@@ -80,22 +79,6 @@ def load_app(path: str) -> Any:
             f"(found {len(candidates)}); name it as {module_name}:NAME"
         )
     return candidates[0]
-
-
-def plain_root_logging(level: str = "INFO") -> None:
-    """One plain line per record on stderr, unless the process configured logging already.
-
-    `McpTasks` leaves root logging to the application (`mcp.server.TasksServer`); in the
-    package's own commands the command is the application. Plain on purpose: rich's handler
-    (which the SDK's `MCPServer` would install) pads and wraps every line to the terminal's
-    width, 80 columns in a container: log lines a collector cannot parse. The handler is named
-    (`ROOT_HANDLER`) so that the JSON log format (`ops.logs`) restyles this default and never
-    a handler the application configured itself.
-    """
-    if not logging.getLogger().handlers:
-        handler = logging.StreamHandler()
-        handler.set_name(ROOT_HANDLER)
-        logging.basicConfig(level=level, format="%(message)s", handlers=[handler])
 
 
 def quiet_libraries() -> None:

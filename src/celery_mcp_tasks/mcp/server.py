@@ -10,7 +10,7 @@ The SDK's `MCPServer.__init__` also calls `logging.basicConfig` (with rich's
 handler when `rich` is importable): constructing it would configure the
 application's root logger. Ours leaves the root logger as it found it; the
 application configures logging, and the package's commands do for theirs
-(`cli.shared.plain_root_logging`).
+(`ops.root_handler.plain_root_logging`).
 """
 
 from __future__ import annotations
