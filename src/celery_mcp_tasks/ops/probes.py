@@ -59,8 +59,6 @@ Status = Literal["ok", "warn", "fail", "skipped"]
 PROBE_TIMEOUT_S = 3
 """How long one probe waits for the database or the broker before it gives up on its own."""
 
-_FILESYSTEM_FOLDERS = ("data_folder_in", "data_folder_out", "control_folder")
-
 T = TypeVar("T")
 
 
@@ -196,8 +194,10 @@ def broker_probe(celery: Any, *, timeout_s: float = PROBE_TIMEOUT_S) -> Finding:
     finally:
         conn.release()
     if scheme == "filesystem":
+        from celery_mcp_tasks.worker.filesystem_transport import FOLDER_OPTIONS
+
         options = dict(celery.conf.broker_transport_options or {})
-        missing = [name for name in _FILESYSTEM_FOLDERS if options.get(name) and not Path(options[name]).is_dir()]
+        missing = [name for name in FOLDER_OPTIONS if options.get(name) and not Path(options[name]).is_dir()]
         if missing:
             return Finding("fail", f"the embedded broker's folder {options[missing[0]]} is missing")
         return Finding("ok", "embedded filesystem broker: folders present")
