@@ -95,10 +95,8 @@ def configure_celery(app: Celery, settings: Settings) -> None:
     if transport is not None:
         conf.broker_transport = transport
     if str(conf.broker_url).startswith("filesystem://"):
-        _quiet_filesystem_host_warning()
+        # The folders are made when the transport connects (`worker.filesystem_transport`), not here.
         folder = settings.broker_folder
-        for sub in ("queue", "processed", "control"):
-            (folder / sub).mkdir(parents=True, exist_ok=True)
         options = dict(conf.broker_transport_options or {})
         options.setdefault("data_folder_in", str(folder / "queue"))
         options.setdefault("data_folder_out", str(folder / "queue"))
@@ -113,19 +111,6 @@ def configure_celery(app: Celery, settings: Settings) -> None:
         conf.task_default_queue = settings.queue
     if settings.fair_queues is not None:
         consume_shards(conf, settings.fair_queues)
-
-
-class _DefaultHostWarning(logging.Filter):
-    """kombu warns "No hostname was supplied" for every `filesystem://` connection: it has no host."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("No hostname was supplied")
-
-
-def _quiet_filesystem_host_warning() -> None:
-    target = logging.getLogger("kombu.connection")
-    if not any(isinstance(f, _DefaultHostWarning) for f in target.filters):
-        target.addFilter(_DefaultHostWarning())
 
 
 def _settings_from_env() -> Settings:

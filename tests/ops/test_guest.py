@@ -1,6 +1,8 @@
 """A guest in the user's process: importing the package and constructing `McpTasks` with its defaults
 changes nothing process-wide (no environment variable, no other library's global table, no global
-tracer provider, no registered collector, no atexit hook, no listening socket, no route on the MCP app, no task on another Celery app).
+tracer provider, no registered collector, no atexit hook, no listening socket, no route on the MCP app, no task on another Celery app,
+no root logging handler or level, no filter on another library's logger, no warnings filter, no signal handler,
+no thread, no file in the working directory).
 
 Run in a fresh interpreter: this test process has long since imported and configured all of it.
 """
@@ -20,7 +22,7 @@ from tests.support import ROOT
 pytestmark = pytest.mark.integration
 
 PROBE = r"""
-import atexit, json, os, sys
+import atexit, json, logging, os, signal, sys, threading, warnings
 
 def listening():
     found = set()
@@ -40,12 +42,29 @@ def listening():
                 found.add(target)
     return sorted(found)
 
+def filters():
+    # the filters on every logger but this package's own (kombu's, Celery's, the SDK's, ...)
+    found = {}
+    for name, logger in sorted(logging.root.manager.loggerDict.items()):
+        if isinstance(logger, logging.Logger) and logger.filters and not name.startswith("celery_mcp_tasks"):
+            found[name] = [type(f).__name__ for f in logger.filters]
+    return found
+
 def state():
     from kombu.transport import TRANSPORT_ALIASES
     from opentelemetry import trace
     from prometheus_client import REGISTRY
 
+    root = logging.getLogger()
     return {
+        "root_handlers": [repr(h) for h in root.handlers],
+        "root_level": root.level,
+        "filters": filters(),
+        "warnings": [repr(f) for f in warnings.filters],
+        "signals": {s.name: repr(signal.getsignal(s)) for s in signal.valid_signals() if isinstance(s, signal.Signals)},
+        "excepthook": repr(sys.excepthook),
+        "threads": sorted(t.name for t in threading.enumerate()),
+        "cwd": [os.getcwd(), sorted(os.listdir("."))],
         "environ": dict(os.environ),
         "aliases": dict(TRANSPORT_ALIASES),
         "provider": type(trace.get_tracer_provider()).__name__,
@@ -71,11 +90,12 @@ def report() -> str:
 
 app = tasks.asgi_app()
 paths = sorted(getattr(route, "path", "") for route in app.routes)
+constructed = state()  # the working directory before the store is built (the embedded store is a file there)
 tasks.service()  # the store built: still nothing process-wide
 after = state()
 other = celery.Celery("another-app-in-the-process", set_as_current=False)  # e.g. the user's own
 other.finalize()
-print(json.dumps({"before": before, "after": after, "paths": paths, "plugins": len(internals(tasks).plugins),
+print(json.dumps({"before": before, "constructed": constructed, "after": after, "paths": paths, "plugins": len(internals(tasks).plugins),
                   "other_tasks": sorted(name for name in other.tasks if not name.startswith("celery."))}))
 """
 
@@ -83,16 +103,21 @@ print(json.dumps({"before": before, "after": after, "paths": paths, "plugins": l
 @pytest.mark.parametrize("broker", ["embedded", "redis"])
 def test_importing_and_constructing_changes_nothing_process_wide(broker: str, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MCP_TASKS_", "CELERY_", "PROMETHEUS_", "OTEL_"))}
-    env.update(PYTHONPATH=f"{ROOT / 'src'}:{ROOT}", MCP_TASKS_DATA_DIR=str(tmp_path / "data"))
+    env.update(PYTHONPATH=f"{ROOT / 'src'}:{ROOT}")  # the default data directory: under the working directory
     if broker == "redis":
         env["CELERY_BROKER_URL"] = "redis://127.0.0.1:1/0"  # never connected to: construction connects nothing
         env["MCP_TASKS_DATABASE_URL"] = f"sqlite:///{tmp_path / 'tasks.db'}"
+    cwd = tmp_path / "empty"
+    cwd.mkdir()
     done = subprocess.run(
-        [sys.executable, "-c", PROBE, broker], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", PROBE, broker], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.strip().splitlines()[-1])
-    before, after = seen["before"], seen["after"]
+    before, constructed, after = seen["before"], seen["constructed"], seen["after"]
+    assert constructed["cwd"] == before["cwd"] == [str(cwd), []], "constructing made files in the working directory"
+    for name in ("root_handlers", "root_level", "filters", "warnings", "signals", "excepthook", "threads"):
+        assert after[name] == before[name], name
     assert after["environ"] == before["environ"]
     assert after["aliases"] == before["aliases"]
     assert after["provider"] == before["provider"] == "ProxyTracerProvider"

@@ -133,12 +133,23 @@ def test_a_broker_that_refuses_connections_fails_readiness_quickly(tmp_path: Pat
     assert "Connection refused" in broker["detail"]
 
 
-def test_a_missing_embedded_broker_folder_fails_readiness(embedded: McpTasks) -> None:
+def test_the_embedded_broker_makes_its_folders_when_probed(embedded: McpTasks) -> None:
+    """Constructing the app makes no folder; connecting (as the probe does) makes them."""
     upgrade(embedded.settings.store_url)
-    (embedded.settings.broker_folder / "control").rmdir()
+    assert not embedded.settings.broker_folder.exists()
+    code, body, _ = readyz(embedded)
+    assert code == 200 and body["checks"]["broker"]["detail"] == "embedded filesystem broker: folders present"
+    assert (embedded.settings.broker_folder / "control").is_dir()
+
+
+def test_an_embedded_broker_folder_that_cannot_be_made_fails_readiness(embedded: McpTasks) -> None:
+    upgrade(embedded.settings.store_url)
+    embedded.settings.broker_folder.mkdir(parents=True)
+    (embedded.settings.broker_folder / "control").write_text("a file where the folder should be")
     code, body, _ = readyz(embedded)
     assert code == 503
-    assert body["checks"]["broker"]["detail"].startswith("the embedded broker's folder ")
+    detail = body["checks"]["broker"]["detail"]
+    assert detail.startswith("cannot reach the broker: cannot make the broker's folder "), detail
 
 
 @pytest.mark.postgres

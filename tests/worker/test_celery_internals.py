@@ -1,4 +1,4 @@
-"""Contract tests for every Celery (and kombu) internal this package uses (`celery_mcp_tasks.worker.celery_internals`).
+"""Contract tests for every Celery internal this package uses (`celery_mcp_tasks.worker.celery_internals`).
 
 Each fails with the installed version in its message the day the internal moves.
 """
@@ -8,20 +8,17 @@ from __future__ import annotations
 import importlib.metadata
 import inspect
 import logging
-from typing import Any
 
 from celery import Celery
 
 from celery_mcp_tasks.worker import celery_internals
 
 CELERY = importlib.metadata.version("celery")
-KOMBU = importlib.metadata.version("kombu")
-WHERE = f"celery {CELERY} / kombu {KOMBU}: an internal moved; update celery_mcp_tasks/worker/celery_internals.py"
+WHERE = f"celery {CELERY}: an internal moved; update celery_mcp_tasks/worker/celery_internals.py"
 
 
 def test_the_release_is_one_this_module_was_checked_against() -> None:
     assert CELERY.rsplit(".", 1)[0] in celery_internals.VERSIONS, WHERE
-    assert KOMBU.rsplit(".", 1)[0] in celery_internals.VERSIONS, WHERE
 
 
 def test_the_trace_templates_are_the_ones_the_trace_logs_with() -> None:
@@ -58,18 +55,3 @@ def test_only_a_started_prefork_pool_terminates() -> None:
     assert not celery_internals.pool_terminates(Threads.__new__(Threads)), WHERE
     assert not celery_internals.pool_terminates(Solo.__new__(Solo)), WHERE
     assert "self.terminate_job = " in inspect.getsource(Prefork.on_start), WHERE
-
-
-def test_the_mailbox_publishes_through_the_connections_ensure() -> None:
-    """kombu's Mailbox publishes with `retry=True`, which the producer runs through `connection.ensure(...)`:
-    the one call `bound_publish_retries` caps."""
-    from kombu import Connection, Producer, pidbox
-
-    assert "retry=True" in inspect.getsource(pidbox.Mailbox._publish), WHERE
-    assert "self.connection.ensure(" in inspect.getsource(Producer.publish), WHERE
-    conn = Connection("memory://")
-    seen: list[dict[str, Any]] = []
-    conn.ensure = lambda obj, fun, **policy: seen.append(policy) or fun  # type: ignore[method-assign]
-    celery_internals.bound_publish_retries(conn, {"max_retries": 2})
-    conn.ensure(None, print, max_retries=None, interval_start=1)
-    assert seen == [{"max_retries": 2, "interval_start": 1}], WHERE

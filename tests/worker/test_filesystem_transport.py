@@ -27,6 +27,8 @@ def test_the_fix_is_written_against_this_kombu() -> None:
     )
     for name in ("_put", "_get", "_queue_bind", "get_table", "_exchange_file"):
         assert callable(getattr(kombu_filesystem.Channel, name, None)), f"kombu moved Channel.{name}"
+    base = kombu_filesystem.Transport
+    assert callable(base.establish_connection) and isinstance(base.default_connection_params, property)
     assert Transport.Channel is Channel and issubclass(Transport, kombu_filesystem.Transport)
 
 
@@ -45,6 +47,21 @@ def test_this_apps_filesystem_connections_use_the_fixed_transport_and_kombus_tab
     chosen.conf.broker_transport = "someone.elses:Transport"
     configure_celery(chosen, Settings(data_dir=tmp_path))
     assert chosen.conf.broker_transport == "someone.elses:Transport"
+
+
+def test_configuring_makes_no_folder_and_connecting_makes_them_without_a_host_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from celery import Celery
+
+    app = Celery("folders", set_as_current=False)
+    settings = Settings(data_dir=tmp_path / "data")
+    configure_celery(app, settings)
+    assert not (tmp_path / "data").exists()
+    with caplog.at_level("DEBUG", logger="kombu"), app.connection_for_write() as conn:
+        conn.ensure_connection(max_retries=0)
+    assert sorted(p.name for p in settings.broker_folder.iterdir()) == ["control", "queue"]
+    assert not [r for r in caplog.records if "hostname" in r.getMessage()], caplog.text
 
 
 @pytest.fixture

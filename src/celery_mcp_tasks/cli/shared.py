@@ -29,6 +29,7 @@ from types import FrameType
 from typing import Any
 
 from celery_mcp_tasks.config import redact_url
+from celery_mcp_tasks.ops.root_handler import plain_root_logging
 
 __all__ = [
     "Stopped",
@@ -46,9 +47,14 @@ __all__ = [
 
 
 def load_app(path: str) -> Any:
-    """Import APP (`module` or `module:attribute`) and return its `McpTasks`; one-line errors otherwise."""
+    """Import APP (`module` or `module:attribute`) and return its `McpTasks`; one-line errors otherwise.
+
+    The command is the application here: it configures root logging (`plain_root_logging`), first,
+    so that APP's import and construction log through it too (`McpTasks` itself leaves logging alone).
+    """
     from celery_mcp_tasks.app import McpTasks
 
+    plain_root_logging()
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     module_name, _, attribute = path.partition(":")
@@ -76,7 +82,7 @@ def load_app(path: str) -> Any:
 
 
 def quiet_libraries() -> None:
-    """The SDK configures root logging at INFO; migrations and HTTP client chatter are noise here."""
+    """Root logging is at INFO here (`plain_root_logging`); migrations and HTTP client chatter are noise."""
     for name in ("alembic", "httpx", "httpx2"):
         logging.getLogger(name).setLevel(logging.WARNING)
 

@@ -1,30 +1,36 @@
-"""`TasksServer`: the SDK's `MCPServer`, refusing a tool name twice.
+"""`TasksServer`: the SDK's `MCPServer`, refusing a tool name twice, and a guest in the process.
 
 The SDK's tool manager only logs a warning for a second tool of the same name
 and keeps the first, so `@tasks.mcp_task` and `tasks.server.tool()` on one
 name would leave one of the two silently unreachable. Every registration
 (the `tool()` decorator included) goes through the public `add_tool`, so
 overriding it catches both orders at registration time.
+
+The SDK's `MCPServer.__init__` also calls `logging.basicConfig` (with rich's
+handler when `rich` is importable): constructing it would configure the
+application's root logger. Ours leaves the root logger as it found it; the
+application configures logging, and the package's commands do for theirs
+(`ops.root_handler.plain_root_logging`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from mcp.server.mcpserver import MCPServer
 
 from celery_mcp_tasks.mcp.sdk_internals import tool_registered
-from celery_mcp_tasks.ops.root_handler import ROOT_HANDLER
 
 __all__ = ["TasksServer"]
 
 
 class TasksServer(MCPServer[Any]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        plain_root_logging(kwargs.get("log_level", "INFO"))
-        super().__init__(*args, **kwargs)
+        with root_logger_kept():
+            super().__init__(*args, **kwargs)
 
     def has_tool(self, name: str) -> bool:
         return tool_registered(self, name)
@@ -39,18 +45,24 @@ class TasksServer(MCPServer[Any]):
         super().add_tool(fn, name, *args, **kwargs)
 
 
-def plain_root_logging(level: str) -> None:
-    """One plain line per record on stderr, unless the process configured logging already.
+@contextmanager
+def root_logger_kept() -> Iterator[None]:
+    """The root logger's handlers and level as they were before the block, whatever it configured.
 
-    The SDK's `MCPServer` calls `logging.basicConfig` with rich's handler whenever
-    `rich` is importable (it is: `celery-mcp-tasks call` renders with it), and that
-    handler pads and wraps every line to the terminal's width, 80 columns in a
-    container: log lines a collector cannot parse. Configured first, the SDK's
-    `basicConfig` is a no-op. The handler is named (`ROOT_HANDLER`) so that the
-    JSON log format (`ops.logs`) restyles this default and never a handler the
-    application configured itself.
+    `logging.basicConfig` does nothing while the root logger has a handler, so an
+    unconfigured root gets a `NullHandler` for the block's length: the SDK's call
+    then installs nothing (the handler it made is dropped unused). Anything added
+    all the same is removed, and the level is put back.
     """
-    if not logging.getLogger().handlers:
-        handler = logging.StreamHandler()
-        handler.set_name(ROOT_HANDLER)
-        logging.basicConfig(level=level, format="%(message)s", handlers=[handler])
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    placeholder = None if handlers else logging.NullHandler()
+    if placeholder is not None:
+        root.addHandler(placeholder)
+    try:
+        yield
+    finally:
+        for handler in list(root.handlers):
+            if handler not in handlers:
+                root.removeHandler(handler)
+        root.setLevel(level)

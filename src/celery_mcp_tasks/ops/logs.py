@@ -2,7 +2,7 @@
 
 `MCP_TASKS_LOG_FORMAT=json` restyles the handlers this package or Celery set
 up (never a handler the application configured itself): the web process's
-root handler (`mcp.server.plain_root_logging`, and uvicorn's loggers routed
+root handler (`ops.root_handler.plain_root_logging`, and uvicorn's loggers routed
 to it by `uvicorn_log_config`), and the handlers `celery worker` and
 `celery beat` create (`after_setup_logger` / `after_setup_task_logger`), so
 Celery's own "received" and "succeeded" lines become JSON too. Text stays the
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from celery_mcp_tasks.model import TaskRecord, TaskStatus
 from celery_mcp_tasks.ops.metrics import queued_at
 from celery_mcp_tasks.ops.redaction import REDACTED, RedactTaskIds, record_message, redact
-from celery_mcp_tasks.ops.root_handler import ROOT_HANDLER
+from celery_mcp_tasks.ops.root_handler import ROOT_HANDLER, plain_root_logging
 from celery_mcp_tasks.plugin import Plugin, Runtime
 
 if TYPE_CHECKING:
@@ -319,6 +319,9 @@ class Logs(Plugin):
         self._lifecycle = LifecycleLog()
 
     def setup(self, runtime: Runtime) -> None:
+        # Turned on, the plugin is the application asking for these lines: a process that configured no
+        # logging (a worker before Celery sets its own up, a web process) gets the package's root handler.
+        plain_root_logging()
         style_web_root(self.json)
         _connect_celery(self.json)
 

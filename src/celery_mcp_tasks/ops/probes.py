@@ -59,8 +59,6 @@ Status = Literal["ok", "warn", "fail", "skipped"]
 PROBE_TIMEOUT_S = 3
 """How long one probe waits for the database or the broker before it gives up on its own."""
 
-_FILESYSTEM_FOLDERS = ("data_folder_in", "data_folder_out", "control_folder")
-
 T = TypeVar("T")
 
 
@@ -178,15 +176,10 @@ def schema_probe(probe: ProbeEngine) -> Finding:
 
 
 def broker_probe(celery: Any, *, timeout_s: float = PROBE_TIMEOUT_S) -> Finding:
-    """The Celery broker accepts a connection (one attempt, no retries); the embedded one: its folders exist."""
+    """The Celery broker accepts a connection (one attempt, no retries); the embedded one: its folders
+    exist once it has (the transport makes them when it connects)."""
     url = str(celery.conf.broker_url)
     scheme = url.split("://", 1)[0].lower()
-    if scheme == "filesystem":
-        options = dict(celery.conf.broker_transport_options or {})
-        missing = [name for name in _FILESYSTEM_FOLDERS if options.get(name) and not Path(options[name]).is_dir()]
-        if missing:
-            return Finding("fail", f"the embedded broker's folder {options[missing[0]]} is missing")
-        return Finding("ok", "embedded filesystem broker: folders present")
     if scheme == "memory":
         return Finding("ok", "in-memory broker (this process only)")
     start = time.monotonic()
@@ -200,6 +193,14 @@ def broker_probe(celery: Any, *, timeout_s: float = PROBE_TIMEOUT_S) -> Finding:
         return Finding("fail", f"cannot reach the broker: {short_reason(exc)}")
     finally:
         conn.release()
+    if scheme == "filesystem":
+        from celery_mcp_tasks.worker.filesystem_transport import FOLDER_OPTIONS
+
+        options = dict(celery.conf.broker_transport_options or {})
+        missing = [name for name in FOLDER_OPTIONS if options.get(name) and not Path(options[name]).is_dir()]
+        if missing:
+            return Finding("fail", f"the embedded broker's folder {options[missing[0]]} is missing")
+        return Finding("ok", "embedded filesystem broker: folders present")
     return Finding("ok", f"{scheme} reachable ({_elapsed_ms(start)} ms)")
 
 

@@ -124,14 +124,23 @@ def on_revoked(sender: Any = None, request: Any = None, expired: bool = False, *
     _settle(sender, request, "revoke", fail)
 
 
+def on_prerun(sender: Any = None, **_: Any) -> None:
+    """Before a job's first run in this process: the trace's log lines of our jobs get no result, no arguments.
+
+    Installed here, not with the bridge: constructing `McpTasks` puts no filter on Celery's logger.
+    """
+    if isinstance(sender, McpJob):
+        tracelog.install()
+
+
 def install() -> None:
     """Connect the bridge once per process (worker main process and pool children alike)."""
     global _installed
     if _installed:
         return
+    signals.task_prerun.connect(on_prerun, weak=False)
     signals.task_success.connect(on_success, weak=False)
     signals.task_failure.connect(on_failure, weak=False)
     signals.task_retry.connect(on_retry, weak=False)
     signals.task_revoked.connect(on_revoked, weak=False)
-    tracelog.install()  # the trace's log lines of our jobs: no result, no arguments
     _installed = True

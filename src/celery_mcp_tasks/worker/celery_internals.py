@@ -1,11 +1,9 @@
-"""Every place this package reaches past Celery's public API, in one module (pinned: celery 5.7.x, kombu 5.7.x).
+"""Every place this package reaches past Celery's public API, in one module (pinned: celery 5.7.x).
 
 Each function names the private thing it uses and the public hook that would
 remove the need; `tests/worker/test_celery_internals.py` fails with the installed
-version in its message as soon as one of them moves. (kombu's two transports,
-`worker.redis_transport` and `worker.filesystem_transport`, are modules of their
-own because kombu loads a transport by its module path, and the Redis one
-imports `redis`; each has its own contract test.)
+version in its message as soon as one of them moves. kombu's internals (under
+Celery's) are `worker.kombu_internals`'s.
 
 1. `TRACE_LOGGER`, `trace_templates`: the log templates of `celery.app.trace`
    (an internals module), to recognise Celery's "received"/"succeeded"/... lines
@@ -18,20 +16,16 @@ imports `redis`; each has its own contract test.)
 3. `pool_terminates`: a prefork pool sets its own `terminate_job` when it
    starts; every other pool keeps `BasePool.terminate_job`, which raises. A
    public `BasePool.can_terminate` would remove it.
-4. `bound_publish_retries`: kombu's `Mailbox` (under `control.revoke`) publishes
-   with `retry=True` and no policy, through `Connection.ensure`, which then
-   retries a lost broker forever; the connection's `ensure` is wrapped to cap
-   it. A `retry_policy=` on `control.broadcast` would remove it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["TRACE_LOGGER", "VERSIONS", "bound_publish_retries", "exec_options", "pool_terminates", "trace_templates"]
+__all__ = ["TRACE_LOGGER", "VERSIONS", "exec_options", "pool_terminates", "trace_templates"]
 
 VERSIONS = ("5.7",)
-"""The Celery (and kombu) releases whose internals this module was checked against."""
+"""The Celery releases whose internals this module was checked against."""
 
 TRACE_LOGGER = "celery.app.trace"
 """The logger of Celery's task trace lines (received, succeeded, failed, ...)."""
@@ -62,13 +56,3 @@ def pool_terminates(pool: Any) -> bool:
 
     method = getattr(pool, "terminate_job", None)
     return method is not None and getattr(method, "__func__", None) is not BasePool.terminate_job
-
-
-def bound_publish_retries(conn: Any, policy: dict[str, Any]) -> None:
-    """Make every retried publish on `conn` (a kombu `Connection`) retry within `policy` only."""
-    unbounded = conn.ensure
-
-    def ensure(obj: Any, fun: Any, **asked: Any) -> Any:
-        return unbounded(obj, fun, **{**asked, **policy})
-
-    conn.ensure = ensure

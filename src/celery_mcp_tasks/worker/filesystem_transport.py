@@ -25,6 +25,13 @@ then routed nowhere) or hand the other an empty file to parse. Here a new
 table is written aside and linked into place only if absent (atomic): whoever
 comes second finds it whole and adds its queue under the lock, as kombu does.
 
+Two more things make it a guest. Its folders are made when a connection is
+established (`Transport.establish_connection`: a worker, beat, a web process's
+first send, a probe), not when an app is configured: constructing `McpTasks`
+leaves the working directory alone. And it declares no default host: kombu
+logs "No hostname was supplied. Reverting to default 'localhost'" for a
+transport whose defaults name one, and a folder has no host.
+
 `McpTasks` selects this transport for `filesystem://` unless the application
 set `broker_transport` itself. It overrides kombu's `_put`, `_get` and
 `_queue_bind` and reads the channel's folder attributes; tests/worker/test_filesystem_transport.py
@@ -131,5 +138,26 @@ class Channel(kombu_filesystem.Channel):
         return None
 
 
+FOLDER_OPTIONS = ("data_folder_in", "data_folder_out", "control_folder")
+"""The transport options naming the folders every connection uses (`processed_folder` only with `store_processed`)."""
+
+
 class Transport(kombu_filesystem.Transport):
     Channel = Channel
+
+    @property
+    def default_connection_params(self) -> dict[str, Any]:
+        """kombu's virtual transports default to host "localhost" (and warn when a URL names none): none here."""
+        return {"port": self.default_port}
+
+    def establish_connection(self) -> Any:
+        """The folders the transport options name, made if missing, before kombu's first channel."""
+        client: Any = self.client  # the kombu Connection this transport serves (set by its constructor)
+        options = client.transport_options
+        names = [*FOLDER_OPTIONS, *(["processed_folder"] if options.get("store_processed") else [])]
+        for folder in dict.fromkeys(options[name] for name in names if options.get(name)):
+            try:
+                Path(folder).mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ChannelError(f"cannot make the broker's folder {folder}: {exc.strerror or exc}") from exc
+        return super().establish_connection()  # type: ignore[no-untyped-call]

@@ -30,7 +30,8 @@ from typing import Any
 
 from celery import Celery, signals
 
-from celery_mcp_tasks.worker.celery_internals import bound_publish_retries, pool_terminates
+from celery_mcp_tasks.worker.celery_internals import pool_terminates
+from celery_mcp_tasks.worker.kombu_internals import PIDBOX_LOGGER, bound_publish_retries
 
 __all__ = ["BackgroundRevoker", "pool_terminates", "warn_unless_pool_terminates"]
 
@@ -139,6 +140,6 @@ def warn_unless_pool_terminates(app: Celery, terminating_tools: Callable[[], lis
             kind,
             ", ".join(repr(name) for name in names),
         )
-        logging.getLogger("kombu.pidbox").addFilter(_CannotKillJob())
+        logging.getLogger(PIDBOX_LOGGER).addFilter(_CannotKillJob())  # in this worker only: it has explained them
 
     signals.worker_ready.connect(ready, weak=False)  # connected by call: Celery's signals are untyped

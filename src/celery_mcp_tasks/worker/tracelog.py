@@ -68,7 +68,7 @@ _installed = False
 
 
 def install() -> None:
-    """Once per process; forked pool children inherit it."""
+    """Once per process, before the first run of one of our jobs there (`bridge.on_prerun`)."""
     global _installed
     if not _installed:
         logging.getLogger(TRACE_LOGGER).addFilter(JobTraceFilter())
