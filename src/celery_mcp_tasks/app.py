@@ -460,7 +460,7 @@ class McpTasks:
             hub=None if self._push.mode == "off" else self._push.hub,
             queue_of=self._queue_of,
             terminable=lambda tool: tool in self._tools and self._tools[tool].terminate,
-            stale_timeout_ms=int(self.settings.stale_timeout_s * 1000),
+            stale_timeout_s=self.settings.stale_timeout_s,
             payloads_allowed=self.settings.console_payloads,
             tools=lambda: list(self._tools),
             poll_s=0.1 if self._push.mode in ("poll", "off") else 1.0,

@@ -21,10 +21,13 @@ import time
 import uuid
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Any
+from typing import Any, Final
 
 __all__ = [
+    "ACTIVE",
+    "ACTIVE_VALUES",
     "TERMINAL",
+    "TERMINAL_VALUES",
     "DuplicateInputKeys",
     "InvalidInputResponse",
     "InvalidTransition",
@@ -39,6 +42,7 @@ __all__ = [
     "derived_task_id",
     "new_task_id",
     "now_ms",
+    "stale_cutoff",
     "task_key",
 ]
 
@@ -53,6 +57,18 @@ class TaskStatus(str, Enum):
 
 ACTIVE = frozenset({TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED})
 TERMINAL = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED})
+ACTIVE_VALUES: Final = tuple(sorted(status.value for status in ACTIVE))
+"""The active statuses as the store's `status` column holds them (sorted: a stable SQL `IN` list)."""
+TERMINAL_VALUES: Final = tuple(sorted(status.value for status in TERMINAL))
+"""The final statuses as the store's `status` column holds them (sorted: a stable SQL `IN` list)."""
+
+
+def stale_cutoff(at_ms: int, stale_timeout_s: float) -> int:
+    """The heartbeat bound of `MCP_TASKS_STALE_TIMEOUT_S` at `at_ms`: a `working` task that has not
+    beaten since is judged lost (`TaskRecord.stale`): the reaper, a redelivered copy and an operator's
+    re-send all measure it so."""
+    return at_ms - int(stale_timeout_s * 1000)
+
 
 CANCELLED_BY_CLIENT = "Cancelled by the client"
 

@@ -266,7 +266,7 @@ def console(store: SqlStore) -> Console:
         hub=Hub(),
         queue_of=lambda tool: "celery",
         terminable=lambda tool: tool == "killable",
-        stale_timeout_ms=30_000,
+        stale_timeout_s=30,
         clock=clock,
     )
 
@@ -387,7 +387,7 @@ async def test_on_an_encrypted_store_the_console_reveals_payloads_only_through_t
             hub=Hub(),
             queue_of=lambda tool: "celery",
             terminable=lambda tool: False,
-            stale_timeout_ms=30_000,
+            stale_timeout_s=30,
             payloads_allowed=True,
         )
         _, rec = console.service.create(owner=None, tool="t", arguments={"x": "hidden"})

@@ -48,7 +48,7 @@ class Deployment:
             hub=None,
             queue_of=lambda tool: "celery",
             terminable=lambda tool: tool == "slow",
-            stale_timeout_ms=60_000,
+            stale_timeout_s=60,
             payloads_allowed=payloads,
             tools=lambda: ["slow", "quick"],
         )

@@ -28,7 +28,7 @@ from typing import Final
 import anyio
 import anyio.to_thread
 
-from celery_mcp_tasks.model import TaskRecord, now_ms
+from celery_mcp_tasks.model import TaskRecord, now_ms, stale_cutoff
 from celery_mcp_tasks.notify.hub import Hub, Watch
 from celery_mcp_tasks.service import NotLost, TaskService
 from celery_mcp_tasks.store.base import ANY, Store, TaskNotFound
@@ -178,7 +178,7 @@ class Console:
 
     `queue_of(tool)`: the Celery queue the tool's job goes to (its routing, else
     the default queue); `terminable(tool)`: whether a cancel may terminate its
-    running job. `stale_timeout_ms`: a `working` task whose heartbeat is older
+    running job. `stale_timeout_s`: a `working` task whose heartbeat is older
     is judged lost (and may be re-sent). `poll_s`: how often rows written since
     the last look are read for live updates (every tick under the polling
     transport, whose hints cover only watched keys; ~1 s otherwise, for new rows).
@@ -191,7 +191,7 @@ class Console:
         hub: Hub | None,
         queue_of: Callable[[str], str | None],
         terminable: Callable[[str], bool],
-        stale_timeout_ms: int,
+        stale_timeout_s: float,
         payloads_allowed: bool = False,
         tools: Callable[[], list[str]] | None = None,
         poll_s: float = 1.0,
@@ -201,7 +201,7 @@ class Console:
         self.hub = hub
         self.queue_of = queue_of
         self.terminable = terminable
-        self.stale_timeout_ms = stale_timeout_ms
+        self.stale_timeout_s = stale_timeout_s
         self.payloads_allowed = payloads_allowed
         self._tools = tools
         self.poll_s = poll_s
@@ -324,7 +324,7 @@ class Console:
                 record = await anyio.to_thread.run_sync(
                     lambda: self.service.resend(
                         key,
-                        stale_before_ms=self.clock() - self.stale_timeout_ms,
+                        stale_before_ms=stale_cutoff(self.clock(), self.stale_timeout_s),
                         message=f"Re-sent by an operator ({_operator(operator)})",
                     )
                 )

@@ -21,11 +21,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from celery_mcp_tasks.model import TERMINAL, TaskRecord
+from celery_mcp_tasks.model import TERMINAL_VALUES, TaskRecord
 from celery_mcp_tasks.store.base import Quota, QuotaExceeded
 from celery_mcp_tasks.store.schema import tasks
 
-_TERMINAL_VALUES = [status.value for status in TERMINAL]
 _LOCK = sa.select(sa.func.pg_advisory_xact_lock(sa.bindparam("lock", type_=sa.BigInteger)))
 
 
@@ -59,7 +58,7 @@ def _bounded(limit: str, *where: Any) -> Any:
 @functools.cache
 def _counts(anonymous: bool, per_client: bool, active: bool, active_tool: bool, creations: bool) -> Any:
     """One SELECT of the bounded counts a quota needs (built once per shape)."""
-    live = tasks.c.status.not_in(_TERMINAL_VALUES)
+    live = tasks.c.status.not_in(TERMINAL_VALUES)
     mine = _owner(anonymous, per_client)
     columns = []
     if creations:

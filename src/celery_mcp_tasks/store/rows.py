@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
 
-from celery_mcp_tasks.model import ACTIVE, TERMINAL, TaskRecord, TaskStatus, celery_message_id
+from celery_mcp_tasks.model import ACTIVE_VALUES, TERMINAL_VALUES, TaskRecord, TaskStatus, celery_message_id
 from celery_mcp_tasks.store.ledger import SweepRecord
 
 __all__ = [
@@ -60,8 +60,8 @@ MAX_TEXT: Final = 200
 
 STATUS_NAMES: Final = tuple(status.value for status in TaskStatus)
 _STATUS_GROUPS: Final = {
-    "active": frozenset(status.value for status in ACTIVE),
-    "final": frozenset(status.value for status in TERMINAL),
+    "active": frozenset(ACTIVE_VALUES),
+    "final": frozenset(TERMINAL_VALUES),
 }
 _NAMESPACES: Final = ("sub:", "client_id:")
 _HEX = re.compile(r"[0-9a-f]{4,64}")

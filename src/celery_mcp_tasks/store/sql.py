@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, make_url
 
-from celery_mcp_tasks.model import TERMINAL, TaskRecord, TaskStatus
+from celery_mcp_tasks.model import TERMINAL_VALUES, TaskRecord, TaskStatus
 from celery_mcp_tasks.store import browse, quotas
 from celery_mcp_tasks.store.base import (
     ANY,
@@ -65,7 +65,6 @@ _T = TypeVar("_T")
 _MAX_CAS_ATTEMPTS = 64
 _COLUMNS = [f.name for f in fields(TaskRecord)]
 _SET = tuple(name for name in _COLUMNS if name != "key")
-_TERMINAL_VALUES = [status.value for status in TERMINAL]
 _UNREADABLE_SAID: set[tuple[str, str]] = set()
 
 
@@ -621,7 +620,7 @@ class SqlStore:
         """Record a heartbeat: one conditional UPDATE in autocommit, no version bump (liveness is not a change
         clients see), never moving it backwards. False when the task is final, gone, or (with
         `dispatch`) owned by a newer run. Idempotent, so retried even after a lost COMMIT."""
-        query = tasks.update().where(tasks.c.key == key).where(tasks.c.status.not_in(_TERMINAL_VALUES))
+        query = tasks.update().where(tasks.c.key == key).where(tasks.c.status.not_in(TERMINAL_VALUES))
         if dispatch is not None:
             query = query.where(tasks.c.dispatches == dispatch)
         with self.engine.connect() as conn:
@@ -667,7 +666,7 @@ class SqlStore:
     @_reconnecting
     def delete(self, key: str) -> bool:
         """Delete a final row: one conditional DELETE (idempotent, so retried after a lost COMMIT too)."""
-        query = tasks.delete().where(tasks.c.key == key).where(tasks.c.status.in_(_TERMINAL_VALUES))
+        query = tasks.delete().where(tasks.c.key == key).where(tasks.c.status.in_(TERMINAL_VALUES))
         with self.engine.connect() as conn:
             deleted = conn.execute(query).rowcount == 1
             conn.commit()

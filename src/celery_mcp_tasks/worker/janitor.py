@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from celery_mcp_tasks.config import Settings
-from celery_mcp_tasks.model import now_ms
+from celery_mcp_tasks.model import now_ms, stale_cutoff
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.base import Eviction
 from celery_mcp_tasks.store.ledger import Ledger, SweepRecord
@@ -190,7 +190,7 @@ def _reap(
     max_sends: Callable[[str], int | None] | None,
 ) -> dict[str, int]:
     outcomes = {"resent": 0, "failed": 0, "skipped": 0}
-    stale_before = at - int(settings.stale_timeout_s * 1000)
+    stale_before = stale_cutoff(at, settings.stale_timeout_s)
     while True:  # in batches; a batch where another janitor got there first ends the pass
         batch = service.store.stale(heartbeat_before_ms=stale_before, limit=batch_size)
         acted = 0
