@@ -56,13 +56,11 @@ ENQUEUE_FAILED: Final = "Could not enqueue the job"  # the error of a task whose
 
 
 class Dispatcher(Protocol):
-    """The seam to the job runner (Celery in practice), called only for committed rows.
+    """The seam to the job runner (Celery in practice: `worker.dispatch.CeleryDispatcher`), called
+    only for committed rows."""
 
-    A plain callable is accepted too: it sends, and never revokes.
-    """
-
-    def __call__(self, record: TaskRecord) -> None:
-        """Send the job for this record (e.g. a Celery message). May raise."""
+    def send(self, record: TaskRecord) -> None:
+        """Send the job for this record's current dispatch (e.g. a Celery message). May raise."""
 
     def revoke(self, record: TaskRecord) -> None:
         """This call just cancelled the task: stop its job, if its tool asked for that.
@@ -136,7 +134,7 @@ def _over(what: tuple[str, str, str], value: Any, limit: int | None) -> PayloadT
 class TaskService:
     store: Store
     notifier: Notifier | None = None
-    dispatcher: Dispatcher | Callable[[TaskRecord], None] | None = None
+    dispatcher: Dispatcher | None = None
     max_rows: int | None = 10_000
     default_ttl_ms: int | None = 3_600_000
     default_poll_interval_ms: int | None = 1_000
@@ -307,11 +305,10 @@ class TaskService:
 
     def _revoke(self, record: TaskRecord) -> None:
         """The store's cancel is what counts; stopping the job is the runner's best effort."""
-        revoke = getattr(self.dispatcher, "revoke", None)
-        if revoke is None:
+        if self.dispatcher is None:
             return
         try:
-            revoke(record)
+            self.dispatcher.revoke(record)
         except Exception as exc:  # noqa: BLE001 - the cancel is already stored and final
             logger.warning("could not revoke the job for tool %r: %s", record.tool, type(exc).__name__)
 
@@ -565,7 +562,7 @@ class TaskService:
         if self.dispatcher is None:
             return record
         try:
-            self.dispatcher(record)
+            self.dispatcher.send(record)
         except Exception as exc:  # noqa: BLE001 - broker down, serialization, routing: the task must still end readable
             logger.error("could not send the job for tool %r: %s", record.tool, type(exc).__name__)
             try:

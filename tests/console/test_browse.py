@@ -244,7 +244,7 @@ class Runner:
         self.sent: list[TaskRecord] = []
         self.revoked: list[TaskRecord] = []
 
-    def __call__(self, rec: TaskRecord) -> None:
+    def send(self, rec: TaskRecord) -> None:
         self.sent.append(rec)
 
     def revoke(self, rec: TaskRecord) -> None:
