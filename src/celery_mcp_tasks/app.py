@@ -236,7 +236,7 @@ class McpTasks:
                 )
                 for plugin in self._plugins:  # e.g. the metrics' error listener on this engine only
                     if overrides(plugin, "store_built"):
-                        plugin.store_built(store)
+                        plugin.store_built(store, store.engine)
                 self._push.bind_store(store, store.engine)
                 self._service = TaskService(
                     store,

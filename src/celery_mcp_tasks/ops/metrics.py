@@ -463,10 +463,8 @@ def _on_error(context: ExceptionContext) -> None:
         logger.debug("metrics: could not count a store error", exc_info=True)
 
 
-def count_store_errors(store: Store | Engine) -> None:
+def count_store_errors(engine: Engine) -> None:
     """Count the database errors of the task store's own engine (each process builds its own).
-
-    A store without a SQLAlchemy `engine` is not counted here.
 
     A SQLAlchemy `handle_error` listener on that engine alone: the application's
     own engines, even on the same database, are not the store's. It runs only
@@ -475,11 +473,7 @@ def count_store_errors(store: Store | Engine) -> None:
     of a database that is down.
     """
     from sqlalchemy import event
-    from sqlalchemy.engine import Engine
 
-    engine = store if isinstance(store, Engine) else getattr(store, "engine", None)
-    if not isinstance(engine, Engine):
-        return
     if not event.contains(engine, "handle_error", _on_error):
         event.listen(engine, "handle_error", _on_error)
 
@@ -732,8 +726,8 @@ class Prometheus(Counts):
         scrape = Scrape(runtime.service, settings.janitor_interval_s)
         self._route = Route("/metrics", scrape.respond, methods=["GET"])
 
-    def store_built(self, store: Store) -> None:
-        count_store_errors(store)
+    def store_built(self, store: Store, engine: Engine) -> None:
+        count_store_errors(engine)
 
     def routes(self) -> list[BaseRoute]:
         return [self._route] if self._route is not None else []
