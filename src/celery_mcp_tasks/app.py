@@ -47,7 +47,7 @@ from celery_mcp_tasks.worker import bridge
 from celery_mcp_tasks.worker.context import TaskContext
 from celery_mcp_tasks.worker.dispatch import CeleryDispatcher
 from celery_mcp_tasks.worker.fairness import consume_shards
-from celery_mcp_tasks.worker.janitor import MetricHook, SweepReport, install_janitor, ledger_of, sweep
+from celery_mcp_tasks.worker.janitor import MetricHook, SweepReport, install_janitor, sweep
 from celery_mcp_tasks.worker.job import McpJob, McpTaskDecorator, McpTaskJob, WorkerRuntime, make_run
 from celery_mcp_tasks.worker.startup import install_startup
 
@@ -258,7 +258,7 @@ class McpTasks:
 
     def ledger(self) -> Ledger | None:
         """This process's sweep ledger (when the janitor last swept), on the service's store."""
-        return ledger_of(self.service())
+        return self.service().ledger()
 
     def sweep(self) -> SweepReport:
         hooks = [self._metric] if self._metric is not None else []

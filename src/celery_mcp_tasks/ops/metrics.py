@@ -408,10 +408,8 @@ class Scrape:
 
     def _last_sweep(self) -> SweepRecord | None:
         from celery_mcp_tasks.store.sweeps import JANITOR
-        from celery_mcp_tasks.worker.janitor import ledger_of
 
-        ledger = ledger_of(self._service())  # None for a store that keeps no sweep ledger
-        return ledger.last(JANITOR) if ledger is not None else None
+        return self._service().ledger().last(JANITOR)
 
     def _failed(self, why: str) -> LedgerView:
         families().scrape_errors.labels("ledger").inc()
