@@ -18,8 +18,10 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from celery_mcp_tasks.model import (
+    ANY,
     DuplicateInputKeys,
     InvalidTransition,
+    Owner,
     Run,
     TaskRecord,
     TaskStatus,
@@ -32,7 +34,7 @@ from celery_mcp_tasks.model import (
 )
 from celery_mcp_tasks.notify.base import Notifier, safe_notify
 from celery_mcp_tasks.observe import Observer, safe_observe
-from celery_mcp_tasks.store.base import ANY, Eviction, Owner, Quota, Store, TaskNotFound
+from celery_mcp_tasks.store.base import Eviction, Quota, Store, TaskNotFound
 from celery_mcp_tasks.store.codec import PayloadTooLarge, payload_bytes
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from celery_mcp_tasks.model import TERMINAL_VALUES, TaskRecord
+from celery_mcp_tasks.model import TERMINAL_VALUES, TaskRecord, owner_bytes
 from celery_mcp_tasks.store.base import Quota, QuotaExceeded
 from celery_mcp_tasks.store.schema import tasks
 
@@ -30,7 +30,7 @@ _LOCK = sa.select(sa.func.pg_advisory_xact_lock(sa.bindparam("lock", type_=sa.Bi
 
 def lock_id(owner: str | None, caller: str | None = None) -> int:
     """The caller's advisory lock: 64 bits of a hash that no other use of advisory locks shares."""
-    who = b"\2" + owner.encode() if owner is not None else b"\1" + (caller or "").encode()
+    who = owner_bytes(owner) if owner is not None else owner_bytes(None) + (caller or "").encode()
     digest = hashlib.sha256(b"celery-mcp-tasks quota\0" + who).digest()
     return int.from_bytes(digest[:8], "big", signed=True)
 
