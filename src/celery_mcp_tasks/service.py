@@ -266,7 +266,7 @@ class TaskService:
         `owner` is given). The same transition, notification and new run as `tasks/update`."""
         return self._answer(key, owner, responses)
 
-    def _answer(self, key: str, owner: Any, responses: dict[str, Any]) -> TaskRecord:
+    def _answer(self, key: str, owner: Owner, responses: dict[str, Any]) -> TaskRecord:
         changed = resumed = False
         dispatch = self.dispatcher is not None
 
@@ -298,7 +298,7 @@ class TaskService:
         return self._cancel(task_key(task_id), owner, message, check_expiry=True)
 
     def _cancel(
-        self, key: str, owner: Any, message: str | None, *, check_expiry: bool = False, revoke: bool = True
+        self, key: str, owner: Owner, message: str | None, *, check_expiry: bool = False, revoke: bool = True
     ) -> tuple[TaskRecord, bool]:
         changed = False
 
@@ -584,7 +584,7 @@ class TaskService:
     def _update(
         self,
         key: str,
-        owner: Any,
+        owner: Owner,
         transition: Callable[[TaskRecord], TaskRecord],
         *,
         notify: bool = False,
