@@ -407,7 +407,7 @@ class Scrape:
         return outcome[0] if outcome else self._failed(f"no answer within {self._timeout_s:g}s")
 
     def _last_sweep(self) -> SweepRecord | None:
-        from celery_mcp_tasks.store.sweeps import JANITOR
+        from celery_mcp_tasks.store.ledger import JANITOR
 
         return self._service().ledger().last(JANITOR)
 

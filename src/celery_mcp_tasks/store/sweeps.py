@@ -30,6 +30,7 @@ from sqlalchemy.engine import Engine, RowMapping
 from celery_mcp_tasks.model import TaskStatus
 from celery_mcp_tasks.store.engine import READ_ONLY
 from celery_mcp_tasks.store.failures import _reconnecting, _reported
+from celery_mcp_tasks.store.ledger import JANITOR as JANITOR
 from celery_mcp_tasks.store.ledger import SweepRecord
 from celery_mcp_tasks.store.schema import sweeps, tasks
 
@@ -41,9 +42,6 @@ __all__ = [
     "read_sweep",
     "unanswered",
 ]
-
-JANITOR = "janitor"
-"""The janitor's row in the ledger."""
 
 
 def db_now_ms(dialect: str) -> sa.ColumnElement[int]:

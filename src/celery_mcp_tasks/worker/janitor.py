@@ -52,8 +52,7 @@ from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.model import now_ms, stale_cutoff
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.base import Eviction
-from celery_mcp_tasks.store.ledger import Ledger, SweepRecord
-from celery_mcp_tasks.store.sweeps import JANITOR
+from celery_mcp_tasks.store.ledger import JANITOR, Ledger, SweepRecord
 
 if TYPE_CHECKING:
     from celery import Celery
