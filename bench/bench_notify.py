@@ -97,7 +97,7 @@ def measure(config: Config, samples: int, workdir: Path) -> Result:
             keys = [record.key]
             began = time.perf_counter()
             for _ in range(50):
-                service.store.versions(keys)
+                service.versions(keys)
             result.poll_query_ms = (time.perf_counter() - began) * 1000 / 50
     service.store.dispose()  # type: ignore[attr-defined]
     return result

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from celery_mcp_tasks.model import TaskRecord, TaskStatus
 
 
@@ -19,6 +21,19 @@ def record(**changes: object) -> TaskRecord:
     )
     values.update(changes)
     return TaskRecord(**values)  # type: ignore[arg-type]
+
+
+class SendOnly:
+    """A `service.Dispatcher` that hands every send to `sent` (e.g. a list's `append`) and never revokes."""
+
+    def __init__(self, sent: Callable[[TaskRecord], object]) -> None:
+        self.sent = sent
+
+    def send(self, record: TaskRecord) -> None:
+        self.sent(record)
+
+    def revoke(self, record: TaskRecord) -> None:
+        pass
 
 
 class Clock:

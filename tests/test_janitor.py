@@ -28,11 +28,14 @@ class Sends:
         self.error = error
         self.lock = threading.Lock()
 
-    def __call__(self, record: TaskRecord) -> None:
+    def send(self, record: TaskRecord) -> None:
         with self.lock:
             self.sent.append(record)
         if self.error is not None:
             raise self.error
+
+    def revoke(self, record: TaskRecord) -> None:
+        pass
 
 
 def add(store: SqlStore, key: str, *, age_ms: int = 0, **changes: Any) -> TaskRecord:

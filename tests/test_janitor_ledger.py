@@ -12,7 +12,7 @@ from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.model import TaskRecord, TaskStatus, now_ms
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.sql import SqlStore
-from celery_mcp_tasks.worker.janitor import SweepReport, input_timeout_message, ledger_of, sweep
+from celery_mcp_tasks.worker.janitor import SweepReport, input_timeout_message, sweep
 from tests.test_janitor import MINUTE, Sends, add
 
 HOUR_S = 3600.0
@@ -54,7 +54,7 @@ def test_every_sweep_records_its_time_counts_and_statuses(store: SqlStore) -> No
     before = now_ms()
     report = sweep(service(store), SETTINGS)
     sweep(service(store), SETTINGS)
-    last = ledger_of(service(store)).last()  # type: ignore[union-attr]
+    last = service(store).ledger().last()
     assert report == SweepReport(removed=1)
     assert last is not None and last.sweeps == 2
     assert last.swept_at is not None and before <= last.swept_at <= now_ms()

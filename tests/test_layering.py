@@ -252,3 +252,23 @@ def test_the_import_graph_counts_every_kind_of_import(tmp_path: Path, monkeypatc
     assert graph["celery_mcp_tasks.named"] == {"celery_mcp_tasks.sub.low", "celery_mcp_tasks.sub"}
     assert graph["celery_mcp_tasks.sub"] == {"celery_mcp_tasks.sub.low"}
     assert _cycles(graph) == [["celery_mcp_tasks.lazy", "celery_mcp_tasks.typed", "celery_mcp_tasks.lazy"]]
+
+
+def _seam_files() -> list[Path]:
+    """Every module but the store's own and the service (which holds the store)."""
+    return [p for p in sorted(PACKAGE.rglob("*.py")) if p.relative_to(PACKAGE).parts[0] not in ("store", "service.py")]
+
+
+@pytest.mark.parametrize("path", _seam_files(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_only_the_service_touches_the_store(path: Path) -> None:
+    """Adapters, operations and the janitor go through `TaskService`; the concrete `SqlStore` is the
+    composition root's alone (it builds one per process). Push's polling transport (`notify/push.py`) is
+    bound to the store itself: it reads row versions for the notifier the service is built with."""
+    tree = ast.parse(path.read_text())
+    behind = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr in ("store", "_store")]
+    assert path.name == "push.py" or not behind, f"{path.name}:{behind} reads a store behind the service's back"
+    if path.name != "app.py":
+        concrete = [
+            n.lineno for n in ast.walk(tree) if isinstance(n, (ast.Name, ast.alias)) and "SqlStore" in ast.unparse(n)
+        ]
+        assert not concrete, f"{path.name}:{concrete} names SqlStore: use the Store protocol through the service"

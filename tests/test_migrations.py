@@ -20,6 +20,7 @@ from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.engine import normalize_url
 from celery_mcp_tasks.store.schema import VERSION_TABLE
 from celery_mcp_tasks.store.sql import SqlStore
+from tests.builders import SendOnly
 from tests.conftest import needs_postgres
 from tests.support import POSTGRES_URL, ROOT, fresh_postgres_database
 
@@ -255,7 +256,7 @@ def test_tasks_written_at_revision_0001_survive_upgrading_to_head(unmigrated_url
             defaults = {f.name: f.default_factory() if f.default_factory is not MISSING else f.default for f in added}
             assert store.get(record.key) == replace(record, **defaults), record.status
         sends: list[TaskRecord] = []
-        service = TaskService(store, dispatcher=sends.append)
+        service = TaskService(store, dispatcher=SendOnly(sends.append))
         (working_id, working), (asking_id, _), (done_id, _), _, _ = written
         assert service.get(working_id, "sub:alice").status_message == "Writing section 2"
         resumed = service.answer(asking_id, "sub:bob", {"ok": {"action": "accept", "content": {"ok": True}}})

@@ -5,6 +5,7 @@ from dataclasses import replace
 import pytest
 
 from celery_mcp_tasks.model import (
+    ANY,
     RESTARTED_AFTER_LOSS,
     RESUMED,
     DuplicateInputKeys,
@@ -16,6 +17,10 @@ from celery_mcp_tasks.model import (
     TaskStatus,
     TerminalTask,
     new_task_id,
+    owner_bytes,
+    owner_namespace,
+    owner_of,
+    owner_scope,
     task_key,
 )
 from celery_mcp_tasks.protocol import render_task
@@ -261,3 +266,24 @@ def test_a_final_state_keeps_the_last_numbers() -> None:
 def test_bad_progress_numbers_are_refused_with_a_clear_message(current: object, total: object, complaint: str) -> None:
     with pytest.raises(ValueError, match=complaint):
         record().with_progress("x", 2, current=current, total=total)  # type: ignore[arg-type]
+
+
+def test_the_owner_rule_is_one_scope_per_kind_of_caller() -> None:
+    assert owner_scope(ANY) == "any"  # server side: every task
+    assert owner_scope(None) == "none"  # a server without authentication: owner-less tasks only
+    assert owner_scope("sub:iss:alice") == "one"  # a principal: its own tasks only
+
+
+def test_an_owner_string_names_its_claim_and_issuer_and_keeps_parts_apart() -> None:
+    user = owner_of("https://id.example", subject="a:b")
+    assert user == "sub:https%3A%2F%2Fid.example:a%3Ab"
+    assert owner_of("https://id.example", client_id="a:b") != user  # a client cannot pose as a user
+    assert owner_of(None) is None
+    assert owner_namespace(user) == "sub:https%3A%2F%2Fid.example"
+    assert owner_namespace(None) == "anonymous"
+
+
+def test_per_owner_hashes_take_the_owner_as_they_always_did() -> None:
+    """Quota locks and fair shards are shared across processes and versions: the bytes must not move."""
+    assert owner_bytes(None) == b"\1"
+    assert owner_bytes("sub:i:s") == b"\2sub:i:s"

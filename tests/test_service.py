@@ -14,6 +14,7 @@ from celery_mcp_tasks.model import TaskRecord, TaskStatus, TerminalTask
 from celery_mcp_tasks.service import TaskExpired, TaskService
 from celery_mcp_tasks.store.base import ANY, TaskNotFound
 from celery_mcp_tasks.store.sql import SqlStore
+from tests.builders import SendOnly
 
 ELICIT = {"method": "elicitation/create", "params": {"message": "ok?", "requestedSchema": {"type": "object"}}}
 
@@ -40,7 +41,7 @@ def seen() -> Recorder:
 
 @pytest.fixture
 def service(store: SqlStore, seen: Recorder) -> TaskService:
-    return TaskService(store, notifier=seen, dispatcher=seen.dispatch)
+    return TaskService(store, notifier=seen, dispatcher=SendOnly(seen.dispatch))
 
 
 def _asking(service: TaskService, *keys: str) -> tuple[str, TaskRecord]:
@@ -58,7 +59,7 @@ def test_create_commits_the_row_before_it_sends_the_job(service: TaskService, st
 
 
 def test_a_job_that_cannot_be_sent_leaves_a_failed_task_the_client_can_read(store: SqlStore) -> None:
-    service = TaskService(store, dispatcher=Recorder(fail=True).dispatch)
+    service = TaskService(store, dispatcher=SendOnly(Recorder(fail=True).dispatch))
     task_id, record = service.create(owner=None, tool="t", arguments={})
     assert record.status is TaskStatus.FAILED
     assert service.get(task_id, None).error == {"message": "Could not enqueue the job", "data": "ConnectionError"}

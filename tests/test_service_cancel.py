@@ -8,6 +8,7 @@ import pytest
 from celery_mcp_tasks.model import TaskRecord, TaskStatus
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.sql import SqlStore
+from tests.builders import SendOnly
 
 
 class Runner:
@@ -18,7 +19,7 @@ class Runner:
         self.revoked: list[TaskRecord] = []
         self.revoke_fails = revoke_fails
 
-    def __call__(self, record: TaskRecord) -> None:
+    def send(self, record: TaskRecord) -> None:
         self.sent.append(record)
 
     def revoke(self, record: TaskRecord) -> None:
@@ -51,7 +52,7 @@ def test_cancel_by_key_revokes_too_but_not_a_task_that_already_ended(store: SqlS
 @pytest.mark.parametrize("runner", [Runner(revoke_fails=True), None], ids=["revoke fails", "no revoke"])
 def test_the_cancel_stands_whatever_the_revoke_does(store: SqlStore, runner: Runner | None) -> None:
     sent: list[TaskRecord] = []
-    service = TaskService(store, dispatcher=runner if runner is not None else sent.append)  # a plain callable
+    service = TaskService(store, dispatcher=runner if runner is not None else SendOnly(sent.append))
     task_id, _ = service.create(owner=None, tool="t", arguments={})
     record, changed = service.cancel(task_id, None)
     assert changed and record.status is TaskStatus.CANCELLED

@@ -18,6 +18,7 @@ from celery_mcp_tasks.model import TaskRecord, TaskStatus, derived_task_id, task
 from celery_mcp_tasks.service import IdempotencyKeyReused, TaskService
 from celery_mcp_tasks.store.base import Quota, QuotaExceeded, TaskLimitReached, TaskNotFound
 from celery_mcp_tasks.store.sql import SqlStore
+from tests.builders import SendOnly
 
 SECRET = b"s" * 32
 
@@ -42,7 +43,7 @@ def sent() -> list[TaskRecord]:
 
 @pytest.fixture
 def service(store: SqlStore, clock: Clock, sent: list[TaskRecord]) -> TaskService:
-    return TaskService(store, dispatcher=sent.append, clock=clock, idempotency_secret=SECRET)
+    return TaskService(store, dispatcher=SendOnly(sent.append), clock=clock, idempotency_secret=SECRET)
 
 
 def rows(store: SqlStore) -> int:
@@ -109,7 +110,7 @@ def test_racing_retries_create_one_task(store_url: str, clock: Clock) -> None:
             sent.append(record)
 
     try:
-        services = [TaskService(s, dispatcher=send, clock=clock, idempotency_secret=SECRET) for s in stores]
+        services = [TaskService(s, dispatcher=SendOnly(send), clock=clock, idempotency_secret=SECRET) for s in stores]
         barrier = threading.Barrier(len(services))
 
         def call(service: TaskService) -> str:

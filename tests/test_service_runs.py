@@ -26,8 +26,11 @@ class Seen:
     def task_changed(self, record: TaskRecord) -> None:
         self.notified.append(record)
 
-    def __call__(self, record: TaskRecord) -> None:
+    def send(self, record: TaskRecord) -> None:
         self.sent.append(record)
+
+    def revoke(self, record: TaskRecord) -> None:
+        pass
 
 
 @pytest.fixture

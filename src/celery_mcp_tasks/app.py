@@ -47,7 +47,7 @@ from celery_mcp_tasks.worker import bridge
 from celery_mcp_tasks.worker.context import TaskContext
 from celery_mcp_tasks.worker.dispatch import CeleryDispatcher
 from celery_mcp_tasks.worker.fairness import consume_shards
-from celery_mcp_tasks.worker.janitor import MetricHook, SweepReport, install_janitor, ledger_of, sweep
+from celery_mcp_tasks.worker.janitor import MetricHook, SweepReport, install_janitor, sweep
 from celery_mcp_tasks.worker.job import McpJob, McpTaskDecorator, McpTaskJob, WorkerRuntime, make_run
 from celery_mcp_tasks.worker.startup import install_startup
 
@@ -221,7 +221,7 @@ class McpTasks:
                 )
                 for plugin in self._plugins:  # e.g. the metrics' error listener on this engine only
                     if overrides(plugin, "store_built"):
-                        plugin.store_built(store)
+                        plugin.store_built(store, store.engine)
                 self._push.bind_store(store, store.engine)
                 self._service = TaskService(
                     store,
@@ -243,7 +243,7 @@ class McpTasks:
 
     def ledger(self) -> Ledger | None:
         """This process's sweep ledger (when the janitor last swept), on the service's store."""
-        return ledger_of(self.service())
+        return self.service().ledger()
 
     def sweep(self) -> SweepReport:
         hooks = [self._metric] if self._metric is not None else []
@@ -445,7 +445,7 @@ class McpTasks:
             hub=None if self._push.mode == "off" else self._push.hub,
             queue_of=self._queue_of,
             terminable=lambda tool: tool in self._tools and self._tools[tool].terminate,
-            stale_timeout_ms=int(self.settings.stale_timeout_s * 1000),
+            stale_timeout_s=self.settings.stale_timeout_s,
             payloads_allowed=self.settings.console_payloads,
             tools=lambda: list(self._tools),
             poll_s=0.1 if self._push.mode in ("poll", "off") else 1.0,

@@ -21,13 +21,22 @@ import time
 import uuid
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Any
+from typing import Any, Final, Literal
+from urllib.parse import quote
 
 __all__ = [
+    "ACTIVE",
+    "ACTIVE_VALUES",
+    "ANONYMOUS",
+    "ANY",
+    "OWNER_CLAIMS",
     "TERMINAL",
+    "TERMINAL_VALUES",
     "DuplicateInputKeys",
     "InvalidInputResponse",
     "InvalidTransition",
+    "Owner",
+    "OwnerScope",
     "Run",
     "RunInProgress",
     "Superseded",
@@ -39,6 +48,11 @@ __all__ = [
     "derived_task_id",
     "new_task_id",
     "now_ms",
+    "owner_bytes",
+    "owner_namespace",
+    "owner_of",
+    "owner_scope",
+    "stale_cutoff",
     "task_key",
 ]
 
@@ -53,6 +67,18 @@ class TaskStatus(str, Enum):
 
 ACTIVE = frozenset({TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED})
 TERMINAL = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED})
+ACTIVE_VALUES: Final = tuple(sorted(status.value for status in ACTIVE))
+"""The active statuses as the store's `status` column holds them (sorted: a stable SQL `IN` list)."""
+TERMINAL_VALUES: Final = tuple(sorted(status.value for status in TERMINAL))
+"""The final statuses as the store's `status` column holds them (sorted: a stable SQL `IN` list)."""
+
+
+def stale_cutoff(at_ms: int, stale_timeout_s: float) -> int:
+    """The heartbeat bound of `MCP_TASKS_STALE_TIMEOUT_S` at `at_ms`: a `working` task that has not
+    beaten since is judged lost (`TaskRecord.stale`): the reaper, a redelivered copy and an operator's
+    re-send all measure it so."""
+    return at_ms - int(stale_timeout_s * 1000)
+
 
 CANCELLED_BY_CLIENT = "Cancelled by the client"
 
@@ -157,6 +183,69 @@ def task_key(task_id: str) -> str:
     JSON): an id that cannot be ours simply matches no row.
     """
     return hashlib.sha256(task_id.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+# -- owners: who may see which task ---------------------------------------------------
+#
+# A task belongs to the principal that created it. The owner string says who vouched for the
+# principal: `sub:<issuer>:<subject>` for a user, `client_id:<issuer>:<client id>` for a client
+# acting for itself, each part percent-encoded (so no part holds a ':'): no client can pick a
+# `client_id` that equals somebody's `sub`, and two issuers never share a namespace. None: the
+# server runs without authentication (the task id alone protects the task).
+
+OWNER_CLAIMS: Final = ("sub:", "client_id:")
+"""The claim prefixes an owner string starts with."""
+ANONYMOUS: Final = "anonymous"
+"""How an owner-less task's owner is named (`owner_namespace`)."""
+
+
+def owner_of(issuer: str | None, *, subject: str | None = None, client_id: str | None = None) -> str | None:
+    """The owner string of a principal: its subject's when it has one, else its client's, else None."""
+    iss = quote(issuer or "", safe="")
+    if subject:
+        return f"sub:{iss}:{quote(subject, safe='')}"
+    if client_id:
+        return f"client_id:{iss}:{quote(client_id, safe='')}"
+    return None
+
+
+def owner_namespace(owner: str | None) -> str:
+    """`sub:<issuer>`, `client_id:<issuer>` or `anonymous`: who vouched for the owner, not who it is."""
+    if owner is None:
+        return ANONYMOUS
+    for prefix in OWNER_CLAIMS:
+        if owner.startswith(prefix):
+            return owner.rsplit(":", 1)[0] if owner.count(":") >= 2 else prefix.rstrip(":")
+    return "other"
+
+
+def owner_bytes(owner: str | None) -> bytes:
+    """The owner as a per-owner hash takes it (a quota's lock, a fair queue's shard): anonymous and
+    every principal are distinct inputs, whatever the strings."""
+    return b"\1" if owner is None else b"\2" + owner.encode("utf-8", "surrogatepass")
+
+
+class _Any:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "ANY"
+
+
+ANY: Final = _Any()
+"""Owner wildcard for server-side callers (worker, janitor, an operator). Never from a request."""
+
+Owner = str | None | _Any
+OwnerScope = Literal["any", "none", "one"]
+
+
+def owner_scope(owner: Owner) -> OwnerScope:
+    """The owner rule, once: which tasks `owner` may see. `ANY` (server side) sees every task ("any");
+    a request sees only its principal's tasks ("one"), and an anonymous request only owner-less tasks
+    ("none"). Any other task answers exactly as a missing one."""
+    if owner is ANY:
+        return "any"
+    return "none" if owner is None else "one"
 
 
 _CELERY_ID_NAMESPACE = uuid.UUID("4f0b5a8e-9c1d-4e57-8a43-6d2c1e0f7b19")

@@ -22,6 +22,7 @@ from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.model import TaskRecord
 
 if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
     from starlette.routing import BaseRoute
 
     from celery_mcp_tasks.service import TaskService
@@ -65,8 +66,9 @@ class Plugin:
         Raise `ConfigError` for a setting this plugin cannot honour: the process stops with one line.
         """
 
-    def store_built(self, store: Store) -> None:
-        """A process built its store (once per process, after a fork too), before any write."""
+    def store_built(self, store: Store, engine: Engine) -> None:
+        """A process built its store (once per process, after a fork too), before any write: the `Store`
+        and the SQLAlchemy engine it runs on (that process's own, e.g. for an event listener)."""
 
     def task_changed(self, before: TaskRecord | None, after: TaskRecord) -> None:
         """`after` was committed, replacing `before` (None: created), in the process that wrote it."""

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from celery_mcp_tasks.model import (
+    ANY,
     DuplicateInputKeys,
     InvalidTransition,
+    Owner,
     Run,
     TaskRecord,
     TaskStatus,
@@ -32,8 +34,12 @@ from celery_mcp_tasks.model import (
 )
 from celery_mcp_tasks.notify.base import Notifier, safe_notify
 from celery_mcp_tasks.observe import Observer, safe_observe
-from celery_mcp_tasks.store.base import ANY, Quota, Store, TaskNotFound
+from celery_mcp_tasks.store.base import Eviction, Quota, Store, TaskNotFound
 from celery_mcp_tasks.store.codec import PayloadTooLarge, payload_bytes
+
+if TYPE_CHECKING:
+    from celery_mcp_tasks.store.ledger import Ledger
+    from celery_mcp_tasks.store.rows import Filter, Overview, Page, Row
 
 __all__ = [
     "DEFAULT",
@@ -56,13 +62,11 @@ ENQUEUE_FAILED: Final = "Could not enqueue the job"  # the error of a task whose
 
 
 class Dispatcher(Protocol):
-    """The seam to the job runner (Celery in practice), called only for committed rows.
+    """The seam to the job runner (Celery in practice: `worker.dispatch.CeleryDispatcher`), called
+    only for committed rows."""
 
-    A plain callable is accepted too: it sends, and never revokes.
-    """
-
-    def __call__(self, record: TaskRecord) -> None:
-        """Send the job for this record (e.g. a Celery message). May raise."""
+    def send(self, record: TaskRecord) -> None:
+        """Send the job for this record's current dispatch (e.g. a Celery message). May raise."""
 
     def revoke(self, record: TaskRecord) -> None:
         """This call just cancelled the task: stop its job, if its tool asked for that.
@@ -136,7 +140,7 @@ def _over(what: tuple[str, str, str], value: Any, limit: int | None) -> PayloadT
 class TaskService:
     store: Store
     notifier: Notifier | None = None
-    dispatcher: Dispatcher | Callable[[TaskRecord], None] | None = None
+    dispatcher: Dispatcher | None = None
     max_rows: int | None = 10_000
     default_ttl_ms: int | None = 3_600_000
     default_poll_interval_ms: int | None = 1_000
@@ -228,11 +232,20 @@ class TaskService:
 
     def get(self, task_id: str, owner: str | None) -> TaskRecord:
         """The owner's task, or TaskNotFound (missing or foreign) / TaskExpired."""
-        record = self.store.get(task_key(task_id), owner)
+        return self.get_by_key(task_key(task_id), owner)
+
+    def get_by_key(self, key: str, owner: str | None) -> TaskRecord:
+        """`get` for a task known by its row key (a synchronous call's hidden task): owner-scoped alike."""
+        record = self.store.get(key, owner)
         if record is None:
             raise TaskNotFound()
         self._require_unexpired(record)
         return record
+
+    def versions(self, keys: Iterable[str]) -> dict[str, int]:
+        """The current version of each of these rows that exists (any owner): a cheap "did it move?"
+        before an owner-scoped read of those that did. A version opens nothing."""
+        return self.store.versions(keys)
 
     def _require_unexpired(self, record: TaskRecord) -> None:
         if record.expired(self.clock()):
@@ -248,12 +261,12 @@ class TaskService:
         """
         return self._answer(task_key(task_id), owner, responses)
 
-    def answer_by_key(self, key: str, responses: dict[str, Any]) -> TaskRecord:
-        """`answer` for a task known by its row key (a synchronous call's hidden task): the caller
-        checked the owner. The same transition, notification and new run as `tasks/update`."""
-        return self._answer(key, ANY, responses)
+    def answer_by_key(self, key: str, responses: dict[str, Any], *, owner: Owner = ANY) -> TaskRecord:
+        """`answer` for a task known by its row key (a synchronous call's hidden task, the owner's when
+        `owner` is given). The same transition, notification and new run as `tasks/update`."""
+        return self._answer(key, owner, responses)
 
-    def _answer(self, key: str, owner: Any, responses: dict[str, Any]) -> TaskRecord:
+    def _answer(self, key: str, owner: Owner, responses: dict[str, Any]) -> TaskRecord:
         changed = resumed = False
         dispatch = self.dispatcher is not None
 
@@ -285,7 +298,7 @@ class TaskService:
         return self._cancel(task_key(task_id), owner, message, check_expiry=True)
 
     def _cancel(
-        self, key: str, owner: Any, message: str | None, *, check_expiry: bool = False, revoke: bool = True
+        self, key: str, owner: Owner, message: str | None, *, check_expiry: bool = False, revoke: bool = True
     ) -> tuple[TaskRecord, bool]:
         changed = False
 
@@ -307,11 +320,10 @@ class TaskService:
 
     def _revoke(self, record: TaskRecord) -> None:
         """The store's cancel is what counts; stopping the job is the runner's best effort."""
-        revoke = getattr(self.dispatcher, "revoke", None)
-        if revoke is None:
+        if self.dispatcher is None:
             return
         try:
-            revoke(record)
+            self.dispatcher.revoke(record)
         except Exception as exc:  # noqa: BLE001 - the cancel is already stored and final
             logger.warning("could not revoke the job for tool %r: %s", record.tool, type(exc).__name__)
 
@@ -319,6 +331,47 @@ class TaskService:
 
     def record(self, key: str) -> TaskRecord | None:
         return self.store.get(key, ANY)
+
+    # -- the janitor's reads (server side) -----------------------------------------------
+
+    def evict(self, *, now_ms: int, retention_ms: int, batch_size: int) -> Eviction:
+        """Evict expired rows in batches (`Store.evict`)."""
+        return self.store.evict(now_ms=now_ms, retention_ms=retention_ms, batch_size=batch_size)
+
+    def stale(self, *, heartbeat_before_ms: int, limit: int) -> list[TaskRecord]:
+        """`working` tasks whose heartbeat is older than the bound: the reaper's candidates."""
+        return self.store.stale(heartbeat_before_ms=heartbeat_before_ms, limit=limit)
+
+    def unanswered(self, *, changed_before_ms: int, limit: int) -> list[str]:
+        """Row keys of `input_required` tasks unchanged since the bound: the input timeout's candidates."""
+        return self.store.unanswered(changed_before_ms=changed_before_ms, limit=limit)
+
+    def count_by_status(self) -> dict[str, int]:
+        return self.store.count_by_status()
+
+    def ledger(self) -> Ledger:
+        """The sweep ledger kept beside the tasks (when the janitor last swept)."""
+        return self.store.ledger()
+
+    # -- the operators' reads (the console): rows by key, never by task id ---------------
+
+    def browse(self, filter: Filter, sort: str, cursor: str | None, limit: int, *, now_ms: int) -> Page:
+        """One keyset page of rows (`Store.browse`). Raises `BadFilter`."""
+        return self.store.browse(filter, sort, cursor, limit, now_ms=now_ms)
+
+    def overview(self, now_ms: int) -> Overview:
+        return self.store.overview(now_ms)
+
+    def rows(self, keys: Iterable[str], filter: Filter | None = None, *, now_ms: int | None = None) -> list[Row]:
+        """The rows of these keys that exist and match `filter` (`Store.rows`)."""
+        return self.store.rows(keys, filter, now_ms=now_ms)
+
+    def keys_starting(self, prefix: str, *, limit: int) -> list[str]:
+        return self.store.keys_starting(prefix, limit=limit)
+
+    def changed_since(self, updated_at_ms: int, *, limit: int) -> list[Row]:
+        """Rows written at or after `updated_at_ms`, oldest first (`Store.changed_since`)."""
+        return self.store.changed_since(updated_at_ms, limit=limit)
 
     # Writes that name a `run` are refused with `Superseded` once a newer dispatch
     # or attempt owns the task, so a late signal or a lost-then-found job cannot
@@ -531,7 +584,7 @@ class TaskService:
     def _update(
         self,
         key: str,
-        owner: Any,
+        owner: Owner,
         transition: Callable[[TaskRecord], TaskRecord],
         *,
         notify: bool = False,
@@ -565,7 +618,7 @@ class TaskService:
         if self.dispatcher is None:
             return record
         try:
-            self.dispatcher(record)
+            self.dispatcher.send(record)
         except Exception as exc:  # noqa: BLE001 - broker down, serialization, routing: the task must still end readable
             logger.error("could not send the job for tool %r: %s", record.tool, type(exc).__name__)
             try:

@@ -244,7 +244,7 @@ class Runner:
         self.sent: list[TaskRecord] = []
         self.revoked: list[TaskRecord] = []
 
-    def __call__(self, rec: TaskRecord) -> None:
+    def send(self, rec: TaskRecord) -> None:
         self.sent.append(rec)
 
     def revoke(self, rec: TaskRecord) -> None:
@@ -266,7 +266,7 @@ def console(store: SqlStore) -> Console:
         hub=Hub(),
         queue_of=lambda tool: "celery",
         terminable=lambda tool: tool == "killable",
-        stale_timeout_ms=30_000,
+        stale_timeout_s=30,
         clock=clock,
     )
 
@@ -285,7 +285,7 @@ async def test_a_cancel_that_loses_the_race_to_completed_is_a_conflict_and_chang
     with pytest.raises(Conflict) as caught:
         await console.cancel(rec.key, "ops ann", terminate=False)
     assert caught.value.status == 409 and "completed" in caught.value.message
-    after = console.store.get(rec.key)
+    after = console.service.store.get(rec.key)
     assert after is not None and after.status is TaskStatus.COMPLETED and after.version == rec.version + 1
     assert audits(caplog) == [f"operator=ops_ann action=cancel row={rec.key[:12]} outcome=conflict"]
 
@@ -323,7 +323,7 @@ async def test_resend_only_a_job_judged_lost_and_delete_only_a_final_task(
     assert done.row is not None and done.row.dispatches == 2 and done.row.resends == 1 and len(runner.sent) == 2
     await console.cancel(rec.key, "ann")
     await console.delete(rec.key, "ann")
-    assert console.store.get(rec.key) is None
+    assert console.service.store.get(rec.key) is None
     with pytest.raises(NotFound):
         await console.delete(rec.key, "ann")
     with pytest.raises(NotFound):
@@ -337,9 +337,9 @@ async def test_a_row_key_prefix_as_lists_show_it_names_its_one_row_and_a_shared_
     console: Console, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, "celery_mcp_tasks.console.audit")
-    one = put(console.store, 1, key="abcdef01" + "1" * 56)
-    put(console.store, 2, key="abcdef01" + "2" * 56)
-    put(console.store, 3, key="abcdef02" + "3" * 56)
+    one = put(console.service.store, 1, key="abcdef01" + "1" * 56)
+    put(console.service.store, 2, key="abcdef01" + "2" * 56)
+    put(console.service.store, 3, key="abcdef02" + "3" * 56)
     assert (await console.detail(one.key[:12])).key == one.key
     assert (await console.detail(one.key[:12].upper())).key == one.key  # as typed from a screen
     with pytest.raises(Ambiguous) as caught:
@@ -353,7 +353,7 @@ async def test_a_row_key_prefix_as_lists_show_it_names_its_one_row_and_a_shared_
     assert done.key == "abcdef02" + "3" * 56 and done.row is not None and done.row.status == "cancelled"
     with pytest.raises(Ambiguous):
         await console.cancel("abcdef01", "ann")
-    assert {r.key: r.status for r in console.store.rows([one.key, "abcdef01" + "2" * 56])} == {
+    assert {r.key: r.status for r in console.service.store.rows([one.key, "abcdef01" + "2" * 56])} == {
         one.key: "working",
         "abcdef01" + "2" * 56: "working",
     }  # the ambiguous cancel changed nothing
@@ -387,7 +387,7 @@ async def test_on_an_encrypted_store_the_console_reveals_payloads_only_through_t
             hub=Hub(),
             queue_of=lambda tool: "celery",
             terminable=lambda tool: False,
-            stale_timeout_ms=30_000,
+            stale_timeout_s=30,
             payloads_allowed=True,
         )
         _, rec = console.service.create(owner=None, tool="t", arguments={"x": "hidden"})

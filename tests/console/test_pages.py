@@ -27,6 +27,7 @@ from celery_mcp_tasks.model import TaskRecord, now_ms
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.base import ANY
 from celery_mcp_tasks.store.sql import SqlStore
+from tests.builders import SendOnly
 
 TOKEN = "pages-test-token"
 OWNER = "sub:https%3A%2F%2Fissuer.example:alice-subject-7731"
@@ -41,14 +42,14 @@ class Deployment:
         url = f"sqlite:///{tmp / 'tasks.db'}"
         upgrade(url)
         self.store = SqlStore.from_url(url)
-        self.service = TaskService(self.store, dispatcher=lambda record: None)
+        self.service = TaskService(self.store, dispatcher=SendOnly(lambda record: None))
         self.ids: dict[str, str] = {}
         self.console = Console(
             self.service,
             hub=None,
             queue_of=lambda tool: "celery",
             terminable=lambda tool: tool == "slow",
-            stale_timeout_ms=60_000,
+            stale_timeout_s=60,
             payloads_allowed=payloads,
             tools=lambda: ["slow", "quick"],
         )

@@ -14,6 +14,7 @@ import pytest
 
 from celery_mcp_tasks.mcp import sync
 from celery_mcp_tasks.model import TaskRecord, TaskStatus
+from tests.builders import SendOnly
 
 T = TypeVar("T")
 READS = 200
@@ -80,7 +81,7 @@ async def test_the_claims_hint_is_not_read_the_outcomes_is(tmp_path: Any) -> Non
     url = f"sqlite:///{tmp_path / 'tasks.db'}"
     upgrade(url)
     store = SqlStore.from_url(url)
-    service = TaskService(store, dispatcher=lambda record: None)
+    service = TaskService(store, dispatcher=SendOnly(lambda record: None))
     _, created = service.create(owner=None, tool="t", arguments={})
     reads: list[str] = []
     sa.event.listen(store.engine, "before_cursor_execute", lambda conn, cursor, sql, *_: reads.append(sql))

@@ -26,10 +26,13 @@ class Broker:
         self.down = False
         self.sent: list[TaskRecord] = []
 
-    def __call__(self, sent: TaskRecord) -> None:
+    def send(self, sent: TaskRecord) -> None:
         if self.down:
             raise ConnectionError("broker down")
         self.sent.append(sent)
+
+    def revoke(self, record: TaskRecord) -> None:
+        pass
 
 
 @pytest.fixture

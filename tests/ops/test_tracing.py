@@ -132,7 +132,7 @@ def test_every_send_carries_the_tasks_own_context_in_the_message_headers(memory_
         pass
     task = replace(record(key="ab" * 32, tool="report", dispatches=2), trace_context=stored)
     with trace.use_span(remote(OTHER_TRACE)):  # the answering request's own trace
-        dispatcher(task)
+        dispatcher.send(task)
     headers = _sent_headers(app, queue)
     assert trace_id_of(headers["traceparent"]) == CLIENT_TRACE
     assert headers["mcp_task_key"] == task.key and headers["mcp_task_dispatch"] == 2
@@ -143,7 +143,7 @@ def test_a_row_without_a_context_sends_in_the_callers(memory_celery: tuple[Celer
     app, queue = memory_celery
     tools = {"report": SimpleNamespace(name="report", celery_name="jobs.report", terminate=False)}
     with trace.use_span(remote(OTHER_TRACE)):
-        CeleryDispatcher(app, tools)(record(key="cd" * 32, tool="report", dispatches=1))  # type: ignore[arg-type]
+        CeleryDispatcher(app, tools).send(record(key="cd" * 32, tool="report", dispatches=1))  # type: ignore[arg-type]
     assert trace_id_of(_sent_headers(app, queue)["traceparent"]) == OTHER_TRACE
 
 

@@ -93,8 +93,11 @@ class Sent:
     def __init__(self) -> None:
         self.records: list[TaskRecord] = []
 
-    def __call__(self, record: TaskRecord) -> None:
+    def send(self, record: TaskRecord) -> None:
         self.records.append(record)
+
+    def revoke(self, record: TaskRecord) -> None:
+        pass
 
 
 def _record(key: str = "k") -> TaskRecord:

@@ -20,6 +20,7 @@ from celery_mcp_tasks.notify.postgres import CHANNEL, PG_HINT, format_hint, libp
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.base import ANY, TaskNotFound
 from celery_mcp_tasks.store.sql import SqlStore
+from tests.builders import SendOnly
 
 
 def _record(key: str = "k", owner: str | None = "sub:alice") -> TaskRecord:
@@ -157,7 +158,7 @@ def test_a_foreign_owner_on_the_fast_path_answers_like_a_missing_task(store: Sql
 
 
 def test_the_service_propagates_the_expected_record(store: SqlStore) -> None:
-    service = TaskService(store, dispatcher=lambda record: None)
+    service = TaskService(store, dispatcher=SendOnly(lambda record: None))
     _, record = service.create(owner=None, tool="t", arguments={})
     seen = Statements(store)
     began = service.begin(record.key, Run(1), stale_before_ms=0, expected=record)

@@ -48,7 +48,7 @@ def test_a_send_to_a_broker_that_is_down_names_it_and_what_to_do(
 ) -> None:
     tools = {"report": SimpleNamespace(name="report", celery_name="jobs.report", terminate=False)}
     with caplog.at_level(logging.ERROR, logger="celery_mcp_tasks"), pytest.raises(OperationalError):
-        CeleryDispatcher(down, tools)(record(key="ab" * 32, tool="report", dispatches=1))  # type: ignore[arg-type]
+        CeleryDispatcher(down, tools).send(record(key="ab" * 32, tool="report", dispatches=1))  # type: ignore[arg-type]
     (line,) = said(caplog, logging.ERROR)
     assert line.startswith("cannot reach the broker redis://:***@127.0.0.1:") and "Connection refused" in line
     assert line.endswith("start the broker or fix CELERY_BROKER_URL") and SECRET not in line

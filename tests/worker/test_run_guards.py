@@ -32,6 +32,7 @@ from celery_mcp_tasks.worker import bridge
 from celery_mcp_tasks.worker.context import InputTimeout
 from celery_mcp_tasks.worker.dispatch import message_headers
 from celery_mcp_tasks.worker.job import DISPATCH_HEADER, KEY_HEADER, OUTCOME, RECORD_HEADER
+from tests.builders import SendOnly
 
 
 @pytest.fixture
@@ -225,7 +226,7 @@ def parked(tmp_path: Path) -> Iterator[tuple[TaskService, list[TaskRecord]]]:
     store = CountingStore.from_url(f"sqlite:///{tmp_path / 'ctx.db'}")
     store.create_schema()
     sends: list[TaskRecord] = []
-    yield TaskService(store, dispatcher=sends.append), sends
+    yield TaskService(store, dispatcher=SendOnly(sends.append)), sends
     store.dispose()
 
 

@@ -1,6 +1,6 @@
 """`Console`: what the console's pages and its JSON API both use.
 
-Reads go to the store (`Store.browse`, `overview`, `get`) in a worker thread;
+Reads go to the store through `TaskService` (`browse`, `overview`, `record`) in a worker thread;
 actions go through `TaskService` (cancel, re-send a lost job, delete a final
 task), each written to the audit log as one line naming the operator and the
 row key's first 12 characters. Nothing here ever sees a task id: the store
@@ -28,10 +28,10 @@ from typing import Final
 import anyio
 import anyio.to_thread
 
-from celery_mcp_tasks.model import TaskRecord, now_ms
+from celery_mcp_tasks.model import TaskRecord, now_ms, stale_cutoff
 from celery_mcp_tasks.notify.hub import Hub, Watch
 from celery_mcp_tasks.service import NotLost, TaskService
-from celery_mcp_tasks.store.base import ANY, Store, TaskNotFound
+from celery_mcp_tasks.store.base import TaskNotFound
 from celery_mcp_tasks.store.rows import (
     DEFAULT_LIMIT,
     DEFAULT_SORT,
@@ -178,7 +178,7 @@ class Console:
 
     `queue_of(tool)`: the Celery queue the tool's job goes to (its routing, else
     the default queue); `terminable(tool)`: whether a cancel may terminate its
-    running job. `stale_timeout_ms`: a `working` task whose heartbeat is older
+    running job. `stale_timeout_s`: a `working` task whose heartbeat is older
     is judged lost (and may be re-sent). `poll_s`: how often rows written since
     the last look are read for live updates (every tick under the polling
     transport, whose hints cover only watched keys; ~1 s otherwise, for new rows).
@@ -191,7 +191,7 @@ class Console:
         hub: Hub | None,
         queue_of: Callable[[str], str | None],
         terminable: Callable[[str], bool],
-        stale_timeout_ms: int,
+        stale_timeout_s: float,
         payloads_allowed: bool = False,
         tools: Callable[[], list[str]] | None = None,
         poll_s: float = 1.0,
@@ -201,7 +201,7 @@ class Console:
         self.hub = hub
         self.queue_of = queue_of
         self.terminable = terminable
-        self.stale_timeout_ms = stale_timeout_ms
+        self.stale_timeout_s = stale_timeout_s
         self.payloads_allowed = payloads_allowed
         self._tools = tools
         self.poll_s = poll_s
@@ -219,10 +219,6 @@ class Console:
         return self._service if isinstance(self._service, TaskService) else self._service()
 
     @property
-    def store(self) -> Store:
-        return self.service.store
-
-    @property
     def tools(self) -> list[str]:
         """The tools this deployment serves (for the list page's filter), sorted."""
         return sorted(self._tools()) if self._tools is not None else []
@@ -234,7 +230,7 @@ class Console:
     ) -> Page:
         """A keyset page. Raises `BadFilter` (a malformed cursor included)."""
         return await anyio.to_thread.run_sync(
-            lambda: self.store.browse(filter, sort, cursor, limit, now_ms=self.clock())
+            lambda: self.service.browse(filter, sort, cursor, limit, now_ms=self.clock())
         )
 
     async def matching_row(self, key: str, filter: Filter) -> Row | None:
@@ -242,11 +238,11 @@ class Console:
         definition of the filter rules decides), else None."""
         if not _KEY.fullmatch(key):
             return None
-        found = await anyio.to_thread.run_sync(lambda: self.store.rows([key], filter, now_ms=self.clock()))
+        found = await anyio.to_thread.run_sync(lambda: self.service.rows([key], filter, now_ms=self.clock()))
         return found[0] if found else None
 
     async def overview(self) -> Overview:
-        return await anyio.to_thread.run_sync(lambda: self.store.overview(self.clock()))
+        return await anyio.to_thread.run_sync(lambda: self.service.overview(self.clock()))
 
     async def _record(self, key: str) -> TaskRecord:
         """The row of `key`: its 64 hex digits, or a prefix of them (at least 8, as lists show 12) that
@@ -257,13 +253,13 @@ class Console:
                 raise NotFound(
                     f"no task has this row key (a row key is 64 hex digits, or its first {MIN_PREFIX} or more)"
                 )
-            found = await anyio.to_thread.run_sync(lambda: self.store.keys_starting(key, limit=2))
+            found = await anyio.to_thread.run_sync(lambda: self.service.keys_starting(key, limit=2))
             if len(found) > 1:
                 raise Ambiguous(f"several rows' keys start with {key}: give more of the key's digits")
             if not found:
                 raise NotFound("no such task (it may have expired or been deleted)")
             key = found[0]
-        record = await anyio.to_thread.run_sync(lambda: self.store.get(key, ANY))
+        record = await anyio.to_thread.run_sync(lambda: self.service.record(key))
         if record is None:
             raise NotFound("no such task (it may have expired or been deleted)")
         return record
@@ -324,7 +320,7 @@ class Console:
                 record = await anyio.to_thread.run_sync(
                     lambda: self.service.resend(
                         key,
-                        stale_before_ms=self.clock() - self.stale_timeout_ms,
+                        stale_before_ms=stale_cutoff(self.clock(), self.stale_timeout_s),
                         message=f"Re-sent by an operator ({_operator(operator)})",
                     )
                 )
@@ -450,13 +446,13 @@ class Console:
         rows: dict[str, Row] = {}
         if hinted:
             self.reads += 1
-            for row in self.store.rows(hinted):
+            for row in self.service.rows(hinted):
                 rows[row.key] = row
         if poll:
             now = self.clock()
             since = now if self._mark is None else self._mark - _POLL_MARGIN_MS
             self.reads += 1
-            found = self.store.changed_since(since, limit=_POLL_BATCH)
+            found = self.service.changed_since(since, limit=_POLL_BATCH)
             for row in found:
                 if row.key not in rows or rows[row.key].version < row.version:
                     rows[row.key] = row

@@ -302,7 +302,7 @@ class TaskListenHandler:
         rows in one query, and reads in full only those that changed.
         """
         unknown = [key for key, (_, hint) in due.items() if hint is None]
-        current = self._service().store.versions(unknown) if unknown else {}
+        current = self._service().versions(unknown) if unknown else {}
         records: dict[str, TaskRecord | None] = {}
         for key, (followed, hint) in due.items():
             if hint is None and key in current and current[key] <= followed.version:

@@ -12,22 +12,19 @@ from __future__ import annotations
 
 import hashlib
 from typing import Any
-from urllib.parse import quote
 
 from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.auth.provider import AccessToken, principal_components
 
+from celery_mcp_tasks.model import owner_of
+
 
 def principal_of(token: AccessToken | None) -> str | None:
+    """The owner string of the token's principal (`model.owner_of`), None without a token."""
     if token is None:
         return None
     client_id, issuer, subject = principal_components(token)
-    iss = quote(issuer or "", safe="")
-    if subject:
-        return f"sub:{iss}:{quote(subject, safe='')}"
-    if client_id:
-        return f"client_id:{iss}:{quote(client_id, safe='')}"
-    return None
+    return owner_of(issuer, subject=subject, client_id=client_id)
 
 
 def current_principal() -> str | None:

@@ -234,10 +234,10 @@ class SyncCalls:
         service = self._service()
 
         def answer() -> TaskRecord | None:
-            record = service.store.get(key, owner)
-            if record is None or record.tool != tool.name or record.expired(service.clock()):
+            record = service.get_by_key(key, owner)
+            if record.tool != tool.name:
                 return None
-            return service.answer_by_key(key, responses) if responses else record
+            return service.answer_by_key(key, responses, owner=owner) if responses else record
 
         try:
             record = await self._run(answer, "tools/call")

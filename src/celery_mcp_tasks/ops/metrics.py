@@ -407,11 +407,9 @@ class Scrape:
         return outcome[0] if outcome else self._failed(f"no answer within {self._timeout_s:g}s")
 
     def _last_sweep(self) -> SweepRecord | None:
-        from celery_mcp_tasks.store.sweeps import JANITOR
-        from celery_mcp_tasks.worker.janitor import ledger_of
+        from celery_mcp_tasks.store.ledger import JANITOR
 
-        ledger = ledger_of(self._service())  # None for a store that keeps no sweep ledger
-        return ledger.last(JANITOR) if ledger is not None else None
+        return self._service().ledger().last(JANITOR)
 
     def _failed(self, why: str) -> LedgerView:
         families().scrape_errors.labels("ledger").inc()
@@ -463,10 +461,8 @@ def _on_error(context: ExceptionContext) -> None:
         logger.debug("metrics: could not count a store error", exc_info=True)
 
 
-def count_store_errors(store: Store | Engine) -> None:
+def count_store_errors(engine: Engine) -> None:
     """Count the database errors of the task store's own engine (each process builds its own).
-
-    A store without a SQLAlchemy `engine` is not counted here.
 
     A SQLAlchemy `handle_error` listener on that engine alone: the application's
     own engines, even on the same database, are not the store's. It runs only
@@ -475,11 +471,7 @@ def count_store_errors(store: Store | Engine) -> None:
     of a database that is down.
     """
     from sqlalchemy import event
-    from sqlalchemy.engine import Engine
 
-    engine = store if isinstance(store, Engine) else getattr(store, "engine", None)
-    if not isinstance(engine, Engine):
-        return
     if not event.contains(engine, "handle_error", _on_error):
         event.listen(engine, "handle_error", _on_error)
 
@@ -732,8 +724,8 @@ class Prometheus(Counts):
         scrape = Scrape(runtime.service, settings.janitor_interval_s)
         self._route = Route("/metrics", scrape.respond, methods=["GET"])
 
-    def store_built(self, store: Store) -> None:
-        count_store_errors(store)
+    def store_built(self, store: Store, engine: Engine) -> None:
+        count_store_errors(engine)
 
     def routes(self) -> list[BaseRoute]:
         return [self._route] if self._route is not None else []

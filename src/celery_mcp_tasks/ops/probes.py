@@ -237,7 +237,8 @@ def janitor_record(probe: ProbeEngine) -> SweepRecord | None:
 
     Raises `FileNotFoundError` for an embedded store never created (a connect would create it, empty).
     """
-    from celery_mcp_tasks.store.sweeps import JANITOR, read_sweep
+    from celery_mcp_tasks.store.ledger import JANITOR
+    from celery_mcp_tasks.store.sweeps import read_sweep
 
     if missing_sqlite_file(probe.url):
         raise FileNotFoundError(NOT_CREATED)

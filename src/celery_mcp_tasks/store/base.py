@@ -7,8 +7,8 @@ record's `version`, so a client's `tasks/update` can never write `working` back
 over a worker's `completed`.
 
 Owner scoping lives here too: `get(key, owner)` answers `None` for a record
-owned by someone else, exactly as for a missing one. `ANY` is for server-side
-callers only (the worker, the janitor), never for a request handler.
+owned by someone else, exactly as for a missing one (the rule is `model.owner_scope`).
+`ANY` is for server-side callers only (the worker, the janitor), never for a request handler.
 """
 
 from __future__ import annotations
@@ -16,26 +16,15 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import TYPE_CHECKING, Protocol
 
+from celery_mcp_tasks.model import ANY as ANY
+from celery_mcp_tasks.model import Owner as Owner
 from celery_mcp_tasks.model import TaskRecord
 
 if TYPE_CHECKING:
     from celery_mcp_tasks.store.ledger import Ledger
     from celery_mcp_tasks.store.rows import Filter, Overview, Page, Row
-
-
-class _Any:
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "ANY"
-
-
-ANY: Final = _Any()
-"""Owner wildcard for server-side callers (worker, janitor). Never from a request."""
-
-Owner = str | None | _Any
 
 
 class TaskLimitReached(Exception):

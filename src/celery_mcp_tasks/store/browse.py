@@ -19,7 +19,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from celery_mcp_tasks.model import ACTIVE, TERMINAL, TaskStatus
+from celery_mcp_tasks.model import ACTIVE_VALUES, TERMINAL_VALUES, TaskStatus
 from celery_mcp_tasks.model import now_ms as clock_ms
 from celery_mcp_tasks.store.rows import (
     Filter,
@@ -213,10 +213,9 @@ def overview(conn: Connection, now_ms: int) -> Overview:
         tool_counts = by_tool.setdefault(str(tool), {status.value: 0 for status in TaskStatus})
         tool_counts[str(status)] = tool_counts.get(str(status), 0) + n
 
-    active = [status.value for status in ACTIVE]
     query = (
         sa.select(tasks.c.tool, tasks.c.status, sa.func.count())
-        .where(tasks.c.status.in_(active))
+        .where(tasks.c.status.in_(ACTIVE_VALUES))
         .group_by(tasks.c.tool, tasks.c.status)
     )
     for tool, status, n in conn.execute(query).all():
@@ -231,7 +230,7 @@ def overview(conn: Connection, now_ms: int) -> Overview:
         if 0 <= int(index) < HOUR_MINUTES:
             created[int(index)] = int(n)
     # A final task is never written again: its `updated_at` is when it ended.
-    ended = {status.value: [0] * HOUR_MINUTES for status in TERMINAL}
+    ended = {status: [0] * HOUR_MINUTES for status in TERMINAL_VALUES}
     minute = ((tasks.c.updated_at - first) // MINUTE_MS).label("minute")
     query = (
         sa.select(tasks.c.tool, tasks.c.status, minute, sa.func.count())

@@ -11,13 +11,11 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from celery_mcp_tasks.model import TERMINAL
+from celery_mcp_tasks.model import TERMINAL_VALUES
 from celery_mcp_tasks.store.base import Eviction
 from celery_mcp_tasks.store.schema import tasks
 
 __all__ = ["evict"]
-
-_TERMINAL_VALUES = frozenset(status.value for status in TERMINAL)
 
 
 def _passes(now_ms: int, retention_ms: int) -> tuple[tuple[sa.ColumnElement[bool], sa.ColumnElement[int] | None], ...]:
@@ -26,7 +24,7 @@ def _passes(now_ms: int, retention_ms: int) -> tuple[tuple[sa.ColumnElement[bool
         (tasks.c.expires_at <= now_ms, tasks.c.expires_at),
         (
             sa.and_(
-                tasks.c.status.in_(sorted(_TERMINAL_VALUES)),
+                tasks.c.status.in_(TERMINAL_VALUES),
                 tasks.c.updated_at <= now_ms - retention_ms,
                 tasks.c.expires_at.is_(None),
             ),
@@ -58,6 +56,6 @@ def evict(engine: Engine, tally: Eviction, *, now_ms: int, retention_ms: int, ba
             with engine.begin() as conn:
                 rows = conn.execute(statement.returning(tasks.c.tool, tasks.c.status)).all()
             tally.removed += len(rows)
-            tally.unfinished.update(tool for tool, status in rows if status not in _TERMINAL_VALUES)
+            tally.unfinished.update(tool for tool, status in rows if status not in TERMINAL_VALUES)
             if len(rows) < batch_size:
                 break

@@ -7,9 +7,12 @@ overview (`store.rows`) and the operations' readers; the ledger on SQL is `store
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Final, Protocol
 
-__all__ = ["Ledger", "SweepRecord"]
+__all__ = ["JANITOR", "Ledger", "SweepRecord"]
+
+JANITOR: Final = "janitor"
+"""The janitor's row in the ledger."""
 
 
 @dataclass(frozen=True)

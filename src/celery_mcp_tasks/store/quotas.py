@@ -21,17 +21,16 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from celery_mcp_tasks.model import TERMINAL, TaskRecord
+from celery_mcp_tasks.model import TERMINAL_VALUES, TaskRecord, owner_bytes
 from celery_mcp_tasks.store.base import Quota, QuotaExceeded
 from celery_mcp_tasks.store.schema import tasks
 
-_TERMINAL_VALUES = [status.value for status in TERMINAL]
 _LOCK = sa.select(sa.func.pg_advisory_xact_lock(sa.bindparam("lock", type_=sa.BigInteger)))
 
 
 def lock_id(owner: str | None, caller: str | None = None) -> int:
     """The caller's advisory lock: 64 bits of a hash that no other use of advisory locks shares."""
-    who = b"\2" + owner.encode() if owner is not None else b"\1" + (caller or "").encode()
+    who = owner_bytes(owner) if owner is not None else owner_bytes(None) + (caller or "").encode()
     digest = hashlib.sha256(b"celery-mcp-tasks quota\0" + who).digest()
     return int.from_bytes(digest[:8], "big", signed=True)
 
@@ -59,7 +58,7 @@ def _bounded(limit: str, *where: Any) -> Any:
 @functools.cache
 def _counts(anonymous: bool, per_client: bool, active: bool, active_tool: bool, creations: bool) -> Any:
     """One SELECT of the bounded counts a quota needs (built once per shape)."""
-    live = tasks.c.status.not_in(_TERMINAL_VALUES)
+    live = tasks.c.status.not_in(TERMINAL_VALUES)
     mine = _owner(anonymous, per_client)
     columns = []
     if creations:

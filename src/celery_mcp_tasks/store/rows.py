@@ -22,7 +22,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
 
-from celery_mcp_tasks.model import ACTIVE, TERMINAL, TaskRecord, TaskStatus, celery_message_id
+from celery_mcp_tasks.model import (
+    ACTIVE_VALUES,
+    ANONYMOUS,
+    OWNER_CLAIMS,
+    TERMINAL_VALUES,
+    TaskRecord,
+    TaskStatus,
+    celery_message_id,
+    owner_namespace,
+)
 from celery_mcp_tasks.store.ledger import SweepRecord
 
 __all__ = [
@@ -55,15 +64,13 @@ DEFAULT_SORT: Final = "-created"
 DEFAULT_LIMIT: Final = 50
 MAX_LIMIT: Final = 500
 OWNER_TAG_LEN: Final = 10
-ANONYMOUS: Final = "anonymous"
 MAX_TEXT: Final = 200
 
 STATUS_NAMES: Final = tuple(status.value for status in TaskStatus)
 _STATUS_GROUPS: Final = {
-    "active": frozenset(status.value for status in ACTIVE),
-    "final": frozenset(status.value for status in TERMINAL),
+    "active": frozenset(ACTIVE_VALUES),
+    "final": frozenset(TERMINAL_VALUES),
 }
-_NAMESPACES: Final = ("sub:", "client_id:")
 _HEX = re.compile(r"[0-9a-f]{4,64}")
 _DURATION = re.compile(r"(\d{1,9})([smhd]?)")
 _UNITS: Final = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -79,17 +86,6 @@ class BadFilter(ValueError):
 
 
 # -- owners ---------------------------------------------------------------------------
-
-
-def owner_namespace(owner: str | None) -> str:
-    """`sub:<issuer>`, `client_id:<issuer>` or `anonymous`: who vouched for the owner, not who it is."""
-    if owner is None:
-        return ANONYMOUS
-    for prefix in _NAMESPACES:
-        if owner.startswith(prefix):
-            # `sub:<issuer>:<subject>`, each part percent-encoded (no ':' inside a part)
-            return owner.rsplit(":", 1)[0] if owner.count(":") >= 2 else prefix.rstrip(":")
-    return "other"
 
 
 def owner_tag(owner: str | None) -> str | None:
@@ -184,10 +180,10 @@ class Filter:
             return owner
         namespace, _, tag = owner.partition(" ")
         if tag:
-            if not namespace.startswith(_NAMESPACES) or not _HEX.fullmatch(tag.strip()):
+            if not namespace.startswith(OWNER_CLAIMS) or not _HEX.fullmatch(tag.strip()):
                 raise BadFilter("owner", "a label is '<namespace> <tag>', e.g. 'sub:issuer 0a1b2c3d4e'")
             return f"{namespace} {tag.strip()}"
-        if namespace.startswith(_NAMESPACES) or _HEX.fullmatch(namespace):
+        if namespace.startswith(OWNER_CLAIMS) or _HEX.fullmatch(namespace):
             return namespace
         raise BadFilter(
             "owner", "an owner is 'anonymous', a namespace (sub:<issuer>, client_id:<issuer>) or a tag (hex digits)"
@@ -202,7 +198,7 @@ class Filter:
         namespace, _, tag = self.owner.partition(" ")
         if tag:
             return namespace, tag, False
-        if namespace.startswith(_NAMESPACES):
+        if namespace.startswith(OWNER_CLAIMS):
             return namespace, None, False
         return None, namespace, False
 

@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, make_url
 
-from celery_mcp_tasks.model import TERMINAL, TaskRecord, TaskStatus
+from celery_mcp_tasks.model import TERMINAL_VALUES, OwnerScope, TaskRecord, TaskStatus, owner_scope
 from celery_mcp_tasks.store import browse, quotas
 from celery_mcp_tasks.store.base import (
     ANY,
@@ -65,7 +65,6 @@ _T = TypeVar("_T")
 _MAX_CAS_ATTEMPTS = 64
 _COLUMNS = [f.name for f in fields(TaskRecord)]
 _SET = tuple(name for name in _COLUMNS if name != "key")
-_TERMINAL_VALUES = [status.value for status in TERMINAL]
 _UNREADABLE_SAID: set[tuple[str, str]] = set()
 
 
@@ -161,10 +160,10 @@ def _insert_statement(capped: bool, hinted: bool) -> Any:
 
 
 @functools.cache
-def _update_statement(columns: tuple[str, ...], owner: str, hinted: bool, forward: bool, durable: bool) -> Any:
+def _update_statement(columns: tuple[str, ...], owner: OwnerScope, hinted: bool, forward: bool, durable: bool) -> Any:
     """`UPDATE ... SET <columns> WHERE key AND version [AND owner] RETURNING heartbeat_at` (built once per shape).
 
-    `owner`: "any", "none" or "one" (`_owner_clause`). `forward`: the heartbeat only grows. `durable`: see `_hinted`."""
+    `owner`: its scope (`_owner_clause`). `forward`: the heartbeat only grows. `durable`: see `_hinted`."""
     values: dict[str, Any] = {}
     for name in columns:
         value = sa.bindparam(f"new_{name}", type_=tasks.c[name].type)
@@ -174,21 +173,21 @@ def _update_statement(columns: tuple[str, ...], owner: str, hinted: bool, forwar
         .where(tasks.c.key == sa.bindparam("cas_key"))
         .where(tasks.c.version == sa.bindparam("cas_version"))
     )
-    clause = _owner_clause(ANY if owner == "any" else None if owner == "none" else sa.bindparam("cas_owner"))
+    clause = _owner_clause(owner, "cas_owner")
     if clause is not None:
         query = query.where(clause)
     return _hinted(query.values(values), tasks.c.heartbeat_at, hinted, durable=durable)
 
 
 @functools.cache
-def _select_statement(owner: str, for_update: bool) -> Any:
+def _select_statement(owner: OwnerScope, for_update: bool) -> Any:
     """`SELECT * FROM tasks WHERE key = :key [AND owner] [FOR UPDATE]` (built once per shape).
 
-    `owner`: "any", "none" or "one" (`_owner_clause`). `for_update`, on PostgreSQL: the read blocks
+    `owner`: its scope (`_owner_clause`). `for_update`, on PostgreSQL: the read blocks
     until a concurrent writer commits, so the CAS after it almost never loses (without it a fast writer
     can starve a slow one); on SQLite a no-op, as BEGIN IMMEDIATE already serializes the transaction."""
     query = sa.select(tasks).where(tasks.c.key == sa.bindparam("key"))
-    clause = _owner_clause(ANY if owner == "any" else None if owner == "none" else sa.bindparam("owner"))
+    clause = _owner_clause(owner, "owner")
     if clause is not None:
         query = query.where(clause)
     return query.with_for_update() if for_update else query
@@ -263,23 +262,22 @@ def _with_heartbeat(record: TaskRecord, heartbeat_at: int | None) -> TaskRecord:
     return record if record.heartbeat_at == heartbeat_at else replace(record, heartbeat_at=heartbeat_at)
 
 
-def _owner_shape(owner: Owner, params: dict[str, Any], name: str) -> str:
-    """The shape of a statement's owner clause ("any", "none", "one"); for "one", the owner bound as `name`."""
-    if owner is ANY:
-        return "any"
-    if owner is None:
-        return "none"
-    params[name] = owner
-    return "one"
+def _owner_shape(owner: Owner, params: dict[str, Any], name: str) -> OwnerScope:
+    """The shape of a statement's owner clause (`model.owner_scope`); for "one", the owner bound as `name`."""
+    scope = owner_scope(owner)
+    if scope == "one":
+        params[name] = owner
+    return scope
 
 
-def _owner_clause(owner: Owner | sa.BindParameter[str]) -> sa.ColumnElement[bool] | None:
-    """The owner rule, once: ANY (server side) sees every row; otherwise only the owner's."""
-    if owner is ANY:
+def _owner_clause(scope: OwnerScope, name: str) -> sa.ColumnElement[bool] | None:
+    """The owner rule (`model.owner_scope`) in SQL: nothing for "any", owner-less rows for "none", else the
+    rows of the owner bound as `name`."""
+    if scope == "any":
         return None
-    if owner is None:
+    if scope == "none":
         return tasks.c.owner.is_(None)
-    return tasks.c.owner == owner
+    return tasks.c.owner == sa.bindparam(name)
 
 
 class SqlStore:
@@ -621,7 +619,7 @@ class SqlStore:
         """Record a heartbeat: one conditional UPDATE in autocommit, no version bump (liveness is not a change
         clients see), never moving it backwards. False when the task is final, gone, or (with
         `dispatch`) owned by a newer run. Idempotent, so retried even after a lost COMMIT."""
-        query = tasks.update().where(tasks.c.key == key).where(tasks.c.status.not_in(_TERMINAL_VALUES))
+        query = tasks.update().where(tasks.c.key == key).where(tasks.c.status.not_in(TERMINAL_VALUES))
         if dispatch is not None:
             query = query.where(tasks.c.dispatches == dispatch)
         with self.engine.connect() as conn:
@@ -667,7 +665,7 @@ class SqlStore:
     @_reconnecting
     def delete(self, key: str) -> bool:
         """Delete a final row: one conditional DELETE (idempotent, so retried after a lost COMMIT too)."""
-        query = tasks.delete().where(tasks.c.key == key).where(tasks.c.status.in_(_TERMINAL_VALUES))
+        query = tasks.delete().where(tasks.c.key == key).where(tasks.c.status.in_(TERMINAL_VALUES))
         with self.engine.connect() as conn:
             deleted = conn.execute(query).rowcount == 1
             conn.commit()

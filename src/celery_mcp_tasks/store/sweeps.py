@@ -21,7 +21,7 @@ that lets another worker sweep again early.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
@@ -30,6 +30,7 @@ from sqlalchemy.engine import Engine, RowMapping
 from celery_mcp_tasks.model import TaskStatus
 from celery_mcp_tasks.store.engine import READ_ONLY
 from celery_mcp_tasks.store.failures import _reconnecting, _reported
+from celery_mcp_tasks.store.ledger import JANITOR as JANITOR
 from celery_mcp_tasks.store.ledger import SweepRecord
 from celery_mcp_tasks.store.schema import sweeps, tasks
 
@@ -38,13 +39,9 @@ __all__ = [
     "SweepLedger",
     "count_by_status",
     "db_now_ms",
-    "ledger_for",
     "read_sweep",
     "unanswered",
 ]
-
-JANITOR = "janitor"
-"""The janitor's row in the ledger."""
 
 
 def db_now_ms(dialect: str) -> sa.ColumnElement[int]:
@@ -152,17 +149,6 @@ class SweepLedger:
         )
         with self.engine.begin() as conn:
             conn.execute(stmt)
-
-
-class _Keeping(Protocol):
-    """A store that keeps its sweep ledger in SQL (`SqlStore`), named by what it offers: no import of `store.sql`."""
-
-    def ledger(self) -> SweepLedger: ...
-
-
-def ledger_for(store: _Keeping) -> SweepLedger:
-    """The ledger on `store`'s engine (`SqlStore.ledger`)."""
-    return store.ledger()
 
 
 @_reported

@@ -48,6 +48,8 @@ def message_headers(record: TaskRecord, *, with_arguments: bool = True) -> dict[
 
 
 class CeleryDispatcher:
+    """The service's `Dispatcher` on Celery: sends a committed dispatch, revokes a cancelled job."""
+
     def __init__(
         self,
         app: Celery,
@@ -67,7 +69,8 @@ class CeleryDispatcher:
         self.revoker = revoker or BackgroundRevoker(app)
         warn_unless_pool_terminates(app, lambda: sorted(t.name for t in self.tools.values() if t.terminate))
 
-    def __call__(self, record: TaskRecord) -> None:
+    def send(self, record: TaskRecord) -> None:
+        """Publish the message of the record's current dispatch (`Dispatcher.send`)."""
         tool = self.tools[record.tool]
         headers = message_headers(record, with_arguments=self.send_arguments)
         route: dict[str, Any] = {}

@@ -18,6 +18,7 @@ from typing import Any
 
 from kombu.entity import Exchange, Queue
 
+from celery_mcp_tasks.model import owner_bytes
 from celery_mcp_tasks.worker.celery_internals import exec_options
 
 __all__ = ["consume_shards", "routed_queue", "shard_queue", "shard_queues"]
@@ -25,7 +26,7 @@ __all__ = ["consume_shards", "routed_queue", "shard_queue", "shard_queues"]
 
 def shard_queue(queue: str, owner: str | None, shards: int) -> str:
     """The shard of `queue` the owner's jobs go to."""
-    digest = hashlib.sha256(b"\1" if owner is None else b"\2" + owner.encode("utf-8", "surrogatepass")).digest()
+    digest = hashlib.sha256(owner_bytes(owner)).digest()
     return f"{queue}.fair{int.from_bytes(digest[:8], 'big') % shards}"
 
 

@@ -49,11 +49,10 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from celery_mcp_tasks.config import Settings
-from celery_mcp_tasks.model import now_ms
+from celery_mcp_tasks.model import now_ms, stale_cutoff
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.base import Eviction
-from celery_mcp_tasks.store.ledger import Ledger, SweepRecord
-from celery_mcp_tasks.store.sweeps import JANITOR
+from celery_mcp_tasks.store.ledger import JANITOR, Ledger, SweepRecord
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -71,7 +70,6 @@ __all__ = [
     "install_janitor",
     "janitor_age",
     "janitor_stale",
-    "ledger_of",
     "sweep",
 ]
 
@@ -122,11 +120,6 @@ def input_timeout_message(timeout_s: float) -> str:
     return f"No answer to the input request within {_span(timeout_s)}"
 
 
-def ledger_of(service: TaskService) -> Ledger:
-    """The sweep ledger on the service's store."""
-    return service.store.ledger()
-
-
 def sweep(
     service: TaskService,
     settings: Settings,
@@ -172,7 +165,7 @@ def sweep(
 
 def _evict(service: TaskService, settings: Settings, at: int, batch_size: int) -> Eviction:
     """Expired rows out, telling which of them were unfinished."""
-    return service.store.evict(now_ms=at, retention_ms=settings.retention_ms, batch_size=batch_size)
+    return service.evict(now_ms=at, retention_ms=settings.retention_ms, batch_size=batch_size)
 
 
 def _tell(metric: MetricHook, name: str, counts: dict[str, int]) -> None:
@@ -190,9 +183,9 @@ def _reap(
     max_sends: Callable[[str], int | None] | None,
 ) -> dict[str, int]:
     outcomes = {"resent": 0, "failed": 0, "skipped": 0}
-    stale_before = at - int(settings.stale_timeout_s * 1000)
+    stale_before = stale_cutoff(at, settings.stale_timeout_s)
     while True:  # in batches; a batch where another janitor got there first ends the pass
-        batch = service.store.stale(heartbeat_before_ms=stale_before, limit=batch_size)
+        batch = service.stale(heartbeat_before_ms=stale_before, limit=batch_size)
         acted = 0
         for record in batch:
             limit = (max_sends(record.tool) if max_sends else None) or settings.max_sends
@@ -216,7 +209,7 @@ def _expire_inputs(service: TaskService, settings: Settings, at: int, batch_size
     message = input_timeout_message(settings.input_timeout_s)
     expired = 0
     while True:
-        batch = service.store.unanswered(changed_before_ms=before, limit=batch_size)
+        batch = service.unanswered(changed_before_ms=before, limit=batch_size)
         acted = sum(service.expire_input(key, changed_before_ms=before, message=message) for key in batch)
         expired += acted
         if len(batch) < batch_size or not acted:
@@ -227,9 +220,9 @@ def _record(service: TaskService, settings: Settings, at: int, started: float, c
     """The sweep in the ledger, and a warning near the row cap. A failure here is a log line:
     the sweep itself happened (the ledger's age will show that recording stopped)."""
     try:
-        statuses = service.store.count_by_status()
+        statuses = service.count_by_status()
         duration_ms = int((time.monotonic() - started) * 1000)
-        ledger_of(service).record(JANITOR, duration_ms=duration_ms, report=counts, statuses=statuses)
+        service.ledger().record(JANITOR, duration_ms=duration_ms, report=counts, statuses=statuses)
     except Exception as exc:  # noqa: BLE001 - the sweep ran; only its record is missing
         logger.warning("could not record the janitor sweep in the store: %s", type(exc).__name__)
         return

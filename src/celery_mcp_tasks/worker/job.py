@@ -27,7 +27,16 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent
 from pydantic import ValidationError
 
-from celery_mcp_tasks.model import Run, RunInProgress, Superseded, TaskRecord, TaskStatus, TerminalTask, now_ms
+from celery_mcp_tasks.model import (
+    Run,
+    RunInProgress,
+    Superseded,
+    TaskRecord,
+    TaskStatus,
+    TerminalTask,
+    now_ms,
+    stale_cutoff,
+)
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.base import TaskNotFound
 from celery_mcp_tasks.worker.context import EndRun, HandedOff, InputRequested, TaskContext
@@ -234,7 +243,7 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
                 raise TaskNotFound()
             if run is None:  # a message from before the dispatch header: adopt the current run
                 run = Run(found.dispatches, self.request.retries or 0)
-            stale_before = now_ms() - int(self.mcp_runtime.stale_timeout_s * 1000)
+            stale_before = stale_cutoff(now_ms(), self.mcp_runtime.stale_timeout_s)
             record = service.begin(key, run, stale_before_ms=stale_before, expected=found)
         except TaskNotFound:
             logger.info("job for tool %r skipped: its task no longer exists", tool.name)
