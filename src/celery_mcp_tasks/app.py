@@ -38,7 +38,8 @@ from celery_mcp_tasks.mcp.toolspec import IdempotencyKey, Prepare, TaskMode, Tas
 from celery_mcp_tasks.notify.base import Notifier
 from celery_mcp_tasks.notify.push import BrokerAccess, Push
 from celery_mcp_tasks.observe import Observers
-from celery_mcp_tasks.plugin import Plugin, Runtime, overrides, plugins_from_settings
+from celery_mcp_tasks.ops import plugins_from_settings  # the package alone: it names its modules, imports none
+from celery_mcp_tasks.plugin import Plugin, Runtime, overrides
 from celery_mcp_tasks.preflight import preflight
 from celery_mcp_tasks.service import DEFAULT, PayloadLimits, TaskService, _Default
 from celery_mcp_tasks.store.base import Quota
