@@ -20,7 +20,7 @@ import pytest
 
 from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.store.sql import SqlStore
-from celery_mcp_tasks.store.sweeps import SweepLedger, ledger_for
+from celery_mcp_tasks.store.sweeps import SweepLedger
 from tests.support import POSTGRES_URL, REDIS_URL, Backend, Deployment, McpHttp, fresh_postgres_database, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.postgres, pytest.mark.redis]
@@ -43,7 +43,7 @@ def own_backend() -> Iterator[Backend]:
 
 def ledger_on(backend: Backend) -> Iterator[SweepLedger]:
     store = SqlStore.from_url(backend.store_url)
-    yield ledger_for(store)
+    yield store.ledger()
     store.dispose()
 
 

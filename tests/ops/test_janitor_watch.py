@@ -21,7 +21,7 @@ from celery_mcp_tasks.ops.probes import ProbeEngine
 from celery_mcp_tasks.store.engine import create_store_engine
 from celery_mcp_tasks.store.ledger import SweepRecord
 from celery_mcp_tasks.store.sql import SqlStore
-from celery_mcp_tasks.store.sweeps import JANITOR, ledger_for
+from celery_mcp_tasks.store.sweeps import JANITOR
 from celery_mcp_tasks.worker.janitor import janitor_age, janitor_stale
 from tests.support import table_locked
 
@@ -54,11 +54,11 @@ def test_a_web_host_whose_clock_is_off_still_reads_a_fresh_sweep_as_fresh(
     upgrade(url)
     store = SqlStore.from_url(url)
     try:
-        ledger_for(store).record(JANITOR, duration_ms=0, report={}, statuses={})
+        store.ledger().record(JANITOR, duration_ms=0, report={}, statuses={})
         real_ns, real = time.time_ns, time.time
         monkeypatch.setattr(time, "time_ns", lambda: real_ns() + 120 * 10**9)  # this host: two minutes ahead
         monkeypatch.setattr(time, "time", lambda: real() + 120)
-        record = ledger_for(store).last()
+        record = store.ledger().last()
     finally:
         store.dispose()
     age = janitor_age(record)

@@ -16,7 +16,7 @@ from celery_mcp_tasks.model import TaskRecord, TaskStatus, now_ms
 from celery_mcp_tasks.store import StoreUnavailable
 from celery_mcp_tasks.store.schema import sweeps
 from celery_mcp_tasks.store.sql import SqlStore
-from celery_mcp_tasks.store.sweeps import SweepLedger, count_by_status, ledger_for
+from celery_mcp_tasks.store.sweeps import SweepLedger, count_by_status
 
 
 def _record(key: str, status: TaskStatus) -> TaskRecord:
@@ -24,13 +24,13 @@ def _record(key: str, status: TaskStatus) -> TaskRecord:
 
 
 def test_a_ledger_without_sweeps_reads_none(store: SqlStore):
-    assert ledger_for(store).last() is None
-    assert ledger_for(store).last("other") is None
+    assert store.ledger().last() is None
+    assert store.ledger().last("other") is None
 
 
-def test_ledger_for_is_one_ledger_per_store(store: SqlStore):
-    assert ledger_for(store) is ledger_for(store)
-    assert ledger_for(store).engine is store.engine
+def test_a_store_keeps_one_ledger(store: SqlStore):
+    assert store.ledger() is store.ledger()
+    assert store.ledger().engine is store.engine
 
 
 def age_claim(store: SqlStore, by_ms: int, name: str = "janitor") -> None:
@@ -50,7 +50,7 @@ def clock_behind(monkeypatch: pytest.MonkeyPatch, seconds: float) -> Iterator[No
 
 
 def test_a_recorded_sweep_reads_back_and_counts(store: SqlStore):
-    ledger = ledger_for(store)
+    ledger = store.ledger()
     ledger.record("janitor", duration_ms=12, report={"removed": 3}, statuses={"working": 2})
     before = now_ms()
     ledger.record("janitor", duration_ms=7, report={"removed": 0, "resent": 1}, statuses={})
@@ -65,7 +65,7 @@ def test_a_recorded_sweep_reads_back_and_counts(store: SqlStore):
 
 
 def test_a_record_is_stamped_by_the_database_clock_not_the_callers(store: SqlStore, monkeypatch: pytest.MonkeyPatch):
-    ledger = ledger_for(store)
+    ledger = store.ledger()
     with clock_behind(monkeypatch, 600):
         ledger.record("janitor", duration_ms=0, report={}, statuses={})
     last = ledger.last()
@@ -75,7 +75,7 @@ def test_a_record_is_stamped_by_the_database_clock_not_the_callers(store: SqlSto
 
 
 def test_a_claim_keeps_the_sweep_history(store: SqlStore):
-    ledger = ledger_for(store)
+    ledger = store.ledger()
     ledger.record("janitor", duration_ms=1, report={"removed": 1}, statuses={"working": 1})
     swept_at = ledger.last().swept_at  # type: ignore[union-attr]
     before = now_ms()
@@ -87,7 +87,7 @@ def test_a_claim_keeps_the_sweep_history(store: SqlStore):
 
 
 def test_a_claim_holds_for_one_interval(store: SqlStore):
-    ledger = ledger_for(store)
+    ledger = store.ledger()
     assert ledger.claim("janitor", interval_ms=60_000, by="a")
     assert not ledger.claim("janitor", interval_ms=60_000, by="b")
     age_claim(store, 59_000)  # 59 s later: still a's interval
@@ -104,7 +104,7 @@ def test_a_claimant_whose_clock_is_behind_does_not_open_the_next_interval_early(
 ):
     """With the callers' clocks, a claim stamped 30 s in the past let a worker with a right clock claim (and
     sweep) again at once: two sweeps within one 10 s interval. On the database's clock, one."""
-    ledger = ledger_for(store)
+    ledger = store.ledger()
     with clock_behind(monkeypatch, 30):
         assert ledger.claim("janitor", interval_ms=10_000, by="behind")
     assert not ledger.claim("janitor", interval_ms=10_000, by="right")
@@ -116,7 +116,7 @@ def test_a_claimant_whose_clock_is_behind_does_not_open_the_next_interval_early(
 
 
 def test_duties_claim_independently(store: SqlStore):
-    ledger = ledger_for(store)
+    ledger = store.ledger()
     assert ledger.claim("janitor", interval_ms=1_000, by="a")
     assert ledger.claim("other", interval_ms=1_000, by="a")
 
@@ -165,9 +165,9 @@ def test_a_ledger_whose_table_is_missing_reports_the_store_unavailable(tmp_path)
     store = SqlStore.from_url(f"sqlite:///{tmp_path / 'empty.db'}")
     try:
         with pytest.raises(StoreUnavailable) as caught:
-            ledger_for(store).last()
+            store.ledger().last()
         assert caught.value.operation == "last"
         with pytest.raises(StoreUnavailable):
-            ledger_for(store).claim("janitor", interval_ms=1, by="a")
+            store.ledger().claim("janitor", interval_ms=1, by="a")
     finally:
         store.dispose()

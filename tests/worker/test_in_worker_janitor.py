@@ -26,7 +26,7 @@ from celery_mcp_tasks.app import internals
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.store.sql import SqlStore
-from celery_mcp_tasks.store.sweeps import JANITOR, SweepLedger, ledger_for
+from celery_mcp_tasks.store.sweeps import JANITOR, SweepLedger
 from celery_mcp_tasks.worker.janitor import JANITOR_TASK, InWorkerJanitor, JanitorMessages, install_janitor
 from tests.worker.test_beat import beat_schedule_at_init
 
@@ -38,7 +38,7 @@ def ledger(tmp_path: Path):  # type: ignore[no-untyped-def]
     url = f"sqlite:///{tmp_path / 'tasks.db'}"
     upgrade(url)
     store = SqlStore.from_url(url)
-    yield ledger_for(store)
+    yield store.ledger()
     store.dispose()
 
 

@@ -21,7 +21,7 @@ that lets another worker sweep again early.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
@@ -38,7 +38,6 @@ __all__ = [
     "SweepLedger",
     "count_by_status",
     "db_now_ms",
-    "ledger_for",
     "read_sweep",
     "unanswered",
 ]
@@ -152,17 +151,6 @@ class SweepLedger:
         )
         with self.engine.begin() as conn:
             conn.execute(stmt)
-
-
-class _Keeping(Protocol):
-    """A store that keeps its sweep ledger in SQL (`SqlStore`), named by what it offers: no import of `store.sql`."""
-
-    def ledger(self) -> SweepLedger: ...
-
-
-def ledger_for(store: _Keeping) -> SweepLedger:
-    """The ledger on `store`'s engine (`SqlStore.ledger`)."""
-    return store.ledger()
 
 
 @_reported
