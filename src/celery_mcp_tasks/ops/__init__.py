@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from celery_mcp_tasks.config import Settings
     from celery_mcp_tasks.plugin import Plugin
 
-__all__ = ["BUILT_IN", "Health", "JanitorWatcher", "Logs", "Prometheus", "Tracing", "plugins_from_settings"]
+__all__ = ["Health", "JanitorWatcher", "Logs", "Prometheus", "Tracing"]  # what a user lists; the rest is the app's
 
 BUILT_IN: dict[str, str] = {
     "Health": "celery_mcp_tasks.ops.health:Health",
