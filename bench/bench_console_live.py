@@ -28,6 +28,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from bench.listen_streams import SseStream
+from celery_mcp_tasks.app import internals
 from celery_mcp_tasks.migrate import upgrade
 from tests.support import Backend, Deployment, fresh_postgres_database
 
@@ -70,7 +71,7 @@ class Writer(threading.Thread):
         super().__init__(daemon=True)
         from bench.task_app import tasks  # after the environment names the bench's store
 
-        self.service = tasks.service()
+        self.service = internals(tasks).service()
         self.keys = [self.service.create(owner=None, tool="noop", arguments={})[1].key for _ in range(TASKS)]
         self.rate = rate
         self.written = 0

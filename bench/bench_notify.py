@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from celery_mcp_tasks import McpTasks  # noqa: E402
+from celery_mcp_tasks.app import internals  # noqa: E402
 from celery_mcp_tasks.config import Settings  # noqa: E402
 
 # The app the web process serves (`celery-mcp-tasks serve bench.bench_notify`).
@@ -71,7 +72,7 @@ def measure(config: Config, samples: int, workdir: Path) -> Result:
     upgrade(Settings.from_env(env).store_url)
     deployment = Deployment("bench.bench_notify", Backend(config.name, env), workdir, queue=env["MCP_TASKS_QUEUE"])
     writer = McpTasks(f"bench-writer-{config.name}", settings=Settings.from_env(env))
-    service = writer.service()
+    service = internals(writer).service()
     with ExitStack() as stack:
         stack.callback(deployment.stop)
         url = deployment.web(f"web-{config.name}")

@@ -501,10 +501,11 @@ def measure_streams(ours: Deployment, url: str, queue: str, n: int) -> str:
     """N listen streams following one task on ours' web process; one progress write, as a worker makes it."""
     from bench.listen_streams import streams
     from celery_mcp_tasks import McpTasks
+    from celery_mcp_tasks.app import internals
     from celery_mcp_tasks.config import Settings
 
     env = ours_env(MCP_TASKS_DATABASE_URL=url, CELERY_BROKER_URL=REDIS_URL or "", MCP_TASKS_QUEUE=queue)
-    service = McpTasks("bench-task-writer", settings=Settings.from_env(env)).service()
+    service = internals(McpTasks("bench-task-writer", settings=Settings.from_env(env))).service()
     task_id, record = service.create(owner=None, tool="noop", arguments={}, dispatch=False)  # stays working
     say(f"streams: opening {n} listen streams")
     pid = ours.procs[0].popen.pid

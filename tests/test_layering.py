@@ -1,11 +1,13 @@
 """The house's layering, checked from the tree: the domain loads no adapter, adapters never import each other,
-not even through a shared module (lazy imports inside functions count), and no module of the package reaches
-itself through its imports (imports for types only, under `if TYPE_CHECKING:`, count too).
+not even through a shared module (lazy imports inside functions count), `app.py` imports no operations module,
+and no module of the package reaches itself through its imports (imports for types only, under
+`if TYPE_CHECKING:`, count too, and so do lazy ones named by a string: `import_module("...")`, "module:Attr").
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -169,15 +171,35 @@ def _module_of(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+_NAMED = re.compile(r"(celery_mcp_tasks(?:\.\w+)*):\w+")
+"""A "module:Attr" string: how a table names what it imports lazily (kombu transports, plugins)."""
+
+
+def _named_lazily(node: ast.AST) -> str | None:
+    """The module a string names for a lazy import: `import_module("pkg.mod")`'s literal, or "pkg.mod:Attr"."""
+    if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+        callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+        if callee == "import_module" and isinstance(node.args[0].value, str):
+            return node.args[0].value
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        named = _NAMED.fullmatch(node.value)
+        return named.group(1) if named else None
+    return None
+
+
 def _every_import(path: Path) -> set[str]:
     """Every package module `path` names in an import, wherever it stands: at the top, inside a function,
-    under `if TYPE_CHECKING:`. `from pkg import name` names `pkg.name` when that is a module of its own
-    (a submodule), else `pkg` (a name `pkg`'s `__init__` defines or hands on); relative imports resolved."""
+    under `if TYPE_CHECKING:`, or in a string imported lazily (`_named_lazily`). `from pkg import name`
+    names `pkg.name` when that is a module of its own (a submodule), else `pkg` (a name `pkg`'s `__init__`
+    defines or hands on); relative imports resolved."""
     module = _module_of(path)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
+        lazily = _named_lazily(node)
+        if lazily is not None:
+            found.add(lazily)
+        elif isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
@@ -245,12 +267,18 @@ def test_the_import_graph_counts_every_kind_of_import(tmp_path: Path, monkeypatc
     )
     (package / "lazy.py").write_text("def f():\n    from . import typed\n")
     (package / "named.py").write_text("from celery_mcp_tasks.sub import low, Value\n")
+    (package / "table.py").write_text('PLUGINS = {"one": "celery_mcp_tasks.sub.low:Value", "text": "not: a module"}\n')
+    (package / "loader.py").write_text(
+        "import importlib\ndef load():\n    return importlib.import_module('celery_mcp_tasks.table')\n"
+    )
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", package)
     graph = _import_graph()
     assert graph["celery_mcp_tasks.typed"] == {"celery_mcp_tasks.lazy"}
     assert graph["celery_mcp_tasks.lazy"] == {"celery_mcp_tasks.typed"}
     assert graph["celery_mcp_tasks.named"] == {"celery_mcp_tasks.sub.low", "celery_mcp_tasks.sub"}
     assert graph["celery_mcp_tasks.sub"] == {"celery_mcp_tasks.sub.low"}
+    assert graph["celery_mcp_tasks.table"] == {"celery_mcp_tasks.sub.low"}
+    assert graph["celery_mcp_tasks.loader"] == {"celery_mcp_tasks.table"}
     assert _cycles(graph) == [["celery_mcp_tasks.lazy", "celery_mcp_tasks.typed", "celery_mcp_tasks.lazy"]]
 
 
@@ -272,3 +300,45 @@ def test_only_the_service_touches_the_store(path: Path) -> None:
             n.lineno for n in ast.walk(tree) if isinstance(n, (ast.Name, ast.alias)) and "SqlStore" in ast.unparse(n)
         ]
         assert not concrete, f"{path.name}:{concrete} names SqlStore: use the Store protocol through the service"
+
+
+def test_a_lazy_circle_named_by_strings_is_a_circle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A table of "module:Attr" strings loaded with `import_module` hides no circle from the check."""
+    package = tmp_path / "celery_mcp_tasks"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "root.py").write_text("from celery_mcp_tasks import plugins\n")
+    (package / "plugins.py").write_text('WHERE = {"P": "celery_mcp_tasks.plugin_impl:P"}\n')
+    (package / "plugin_impl.py").write_text("def f():\n    from celery_mcp_tasks.root import x\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", package)
+    assert _cycles(_import_graph()) == [
+        [
+            "celery_mcp_tasks.plugin_impl",
+            "celery_mcp_tasks.root",
+            "celery_mcp_tasks.plugins",
+            "celery_mcp_tasks.plugin_impl",
+        ]
+    ]
+
+
+def test_app_imports_no_operations_module() -> None:
+    """The composition root names no `ops` module, not even lazily by a string: it asks the `ops` package."""
+    wrong = sorted(name for name in _every_import(PACKAGE / "app.py") if name.startswith("celery_mcp_tasks.ops."))
+    assert not wrong, f"app.py imports {wrong}"
+
+
+def test_the_ops_package_imports_none_of_its_modules_when_imported() -> None:
+    """What `app.py` imports of `ops` (its `__init__`) loads no operations module: each is a string until asked."""
+    loaded = sorted(
+        name for name in _runtime_imports(PACKAGE / "ops" / "__init__.py") if name != "celery_mcp_tasks.ops"
+    )
+    assert not loaded, f"ops/__init__.py imports {loaded}"
+
+
+def test_every_built_in_plugin_is_named_by_a_string_that_resolves() -> None:
+    from celery_mcp_tasks import ops
+    from celery_mcp_tasks.plugin import Plugin
+
+    for name, where in ops.BUILT_IN.items():
+        assert where.endswith(f":{name}")
+        assert issubclass(getattr(ops, name), Plugin)

@@ -45,8 +45,7 @@ def test_names_the_readme_once_showed_still_import_with_a_deprecation_warning(na
     assert value is getattr(model, name)
 
 
-MCP_TASKS_MEMBERS = {
-    # what the docs show
+MCP_TASKS_MEMBERS = {  # what README.md and docs/ show; the commands and tests reach the rest via `internals(tasks)`
     "mcp_task",
     "celery",
     "server",
@@ -55,13 +54,8 @@ MCP_TASKS_MEMBERS = {
     "console_app",
     "lifespan",
     "task_handle",
-    # what the commands, the pytest plugin and plugins build on
     "name",
     "settings",
-    "service",
-    "ledger",
-    "sweep",
-    "preflight",
 }
 
 
@@ -70,3 +64,46 @@ def test_mcp_tasks_exposes_what_the_docs_use_and_nothing_else(tmp_path: Path) ->
 
     tasks = celery_mcp_tasks.McpTasks("surface", settings=Settings(data_dir=tmp_path))
     assert {name for name in dir(tasks) if not name.startswith("_")} == MCP_TASKS_MEMBERS
+
+
+def test_every_public_member_is_one_the_docs_show() -> None:
+    """A member the docs stop showing goes private (or the docs show it): the two never drift apart."""
+    root = Path(__file__).resolve().parent.parent
+    shown = "\n".join(
+        path.read_text()
+        for path in [root / "README.md", *(root / "docs").rglob("*.md"), *(root / "examples").rglob("*.py")]
+    )
+    unshown = sorted(name for name in MCP_TASKS_MEMBERS if f"tasks.{name}" not in shown)
+    assert not unshown, f"McpTasks members no page or example shows: {unshown}"
+
+
+def test_the_internals_the_commands_use_are_reached_through_internals(tmp_path: Path) -> None:
+    from celery_mcp_tasks.app import internals
+    from celery_mcp_tasks.config import Settings
+    from celery_mcp_tasks.service import TaskService
+
+    tasks = celery_mcp_tasks.McpTasks("inside", settings=Settings(data_dir=tmp_path))
+    inside = internals(tasks)
+    assert isinstance(inside.service(), TaskService)
+    assert inside.service() is inside.service()  # one per process
+    for name in ("ledger", "sweep", "preflight"):
+        assert callable(getattr(inside, name))
+
+
+def test_the_metric_argument_the_readme_once_showed_is_a_swept_plugin_with_a_deprecation_warning(
+    tmp_path: Path,
+) -> None:
+    from celery_mcp_tasks.app import internals
+    from celery_mcp_tasks.config import Settings
+    from celery_mcp_tasks.migrate import upgrade
+    from celery_mcp_tasks.plugin import overrides
+
+    seen: list[tuple[str, dict[str, int]]] = []
+    settings = Settings(data_dir=tmp_path)
+    with pytest.warns(DeprecationWarning, match="metric=") as warned:
+        tasks = celery_mcp_tasks.McpTasks("metric", settings=settings, metric=lambda n, c: seen.append((n, c)))
+    assert warned[0].filename == __file__  # points at the caller's line
+    assert [type(p).__name__ for p in internals(tasks).plugins if overrides(p, "swept")] == ["_SweptHook"]
+    upgrade(settings.store_url)
+    internals(tasks).sweep()
+    assert seen and seen[0][0] == "celery_mcp_tasks.janitor.sweep"

@@ -104,7 +104,7 @@ def test_a_tools_payload_limits_win_over_the_settings(tmp_path: Path) -> None:
     def plain(data: str) -> str:
         return data
 
-    limits = tasks.service().limits
+    limits = internals(tasks).service().limits
     assert limits is not None
     assert (limits("own").arguments, limits("own").answers, limits("own").result) == (10, 20, 300)
     assert (limits("plain").arguments, limits("plain").answers, limits("plain").result) == (10, 20, None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import warnings
 from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
@@ -37,7 +38,8 @@ from celery_mcp_tasks.mcp.toolspec import IdempotencyKey, Prepare, TaskMode, Tas
 from celery_mcp_tasks.notify.base import Notifier
 from celery_mcp_tasks.notify.push import BrokerAccess, Push
 from celery_mcp_tasks.observe import Observers
-from celery_mcp_tasks.plugin import Plugin, Runtime, overrides, plugins_from_settings
+from celery_mcp_tasks.ops import plugins_from_settings  # the package alone: it names its modules, imports none
+from celery_mcp_tasks.plugin import Plugin, Runtime, overrides
 from celery_mcp_tasks.preflight import preflight
 from celery_mcp_tasks.service import DEFAULT, PayloadLimits, TaskService, _Default
 from celery_mcp_tasks.store.base import Quota
@@ -148,7 +150,8 @@ class McpTasks:
         operations to turn on (`celery_mcp_tasks.ops`:
         `Prometheus()`, `Health()`, `Logs()`, `Tracing()`, `JanitorWatcher()`), beside
         those the settings turn on (MCP_TASKS_METRICS=on, ...); none by default.
-        Other keyword arguments go to `MCPServer`.
+        `metric`: deprecated (a `DeprecationWarning`); a plugin with a `swept` hook is told of
+        every sweep instead. Other keyword arguments go to `MCPServer`.
         """
         # One construction order, nothing calling back into a half-built object:
         # settings -> Celery -> tools and their dispatcher -> push -> (per process:
@@ -160,7 +163,6 @@ class McpTasks:
         configure_celery(self.celery, self.settings)
         self._tools: dict[str, TaskTool] = {}
         self._payload_limits: dict[str, PayloadLimits] = {}
-        self._metric = metric
         # With encryption at rest the arguments stay out of the broker too (the job reads the stored ones).
         self._dispatcher = CeleryDispatcher(
             self.celery,
@@ -170,16 +172,16 @@ class McpTasks:
         )
         self._push = Push(self.settings, notifier=notifier, broker=BrokerAccess.of(self.celery))
         self._lock = threading.Lock()
-        self._service: TaskService | None = None
-        self._service_pid: int | None = None
+        self._built: TaskService | None = None
+        self._built_pid: int | None = None
         self._app: Any = None
         self._mcp_path: str | None = None
         self._runtime = _Runtime(self)
-        self._plugins = _chosen(plugins, self.settings)
+        self._plugins = _chosen([*plugins, *_metric_shim(metric)], self.settings)
         self._observers = Observers(p for p in self._plugins if overrides(p, "task_changed"))  # told of every commit
         self._extension = TasksExtension(
             self._tools,
-            self.service,
+            self._service,
             known_tool=self._known_tool,
             sync_timeout_s=self.settings.sync_timeout_s,
             hub=push_hub(self._push),
@@ -193,12 +195,12 @@ class McpTasks:
         if version is not None:  # the server's version is the application's; the SDK's default otherwise
             server_options["version"] = version
         self.server = TasksServer(name, extensions=[self._extension], **server_options)
-        self._listen = attach_listen(self.server, bus, self.service, self._push)
+        self._listen = attach_listen(self.server, bus, self._service, self._push)
         bridge.install()
-        install_startup(self.celery, self.preflight, self._startup_lines)
+        install_startup(self.celery, self._preflight, self._startup_lines)
         in_worker = self.settings.janitor == "worker"
         install_janitor(
-            self.celery, self.sweep, self.settings.janitor_interval_s, in_worker=in_worker, ledger=self.ledger
+            self.celery, self._sweep, self.settings.janitor_interval_s, in_worker=in_worker, ledger=self._ledger
         )
         for plugin in self._plugins:
             _set_up(plugin, self._runtime)
@@ -209,13 +211,13 @@ class McpTasks:
 
     # -- per-process state ---------------------------------------------------------------
 
-    def service(self) -> TaskService:
+    def _service(self) -> TaskService:
         """This process's service. Rebuilt after a fork: an engine must never cross one."""
         pid = os.getpid()
-        if self._service is not None and self._service_pid == pid:
-            return self._service
+        if self._built is not None and self._built_pid == pid:
+            return self._built
         with self._lock:
-            if self._service is None or self._service_pid != pid:
+            if self._built is None or self._built_pid != pid:
                 store = SqlStore.from_url(
                     self.settings.store_url, change_hint=self._push.change_hint, ring=self.settings.key_ring()
                 )
@@ -223,7 +225,7 @@ class McpTasks:
                     if overrides(plugin, "store_built"):
                         plugin.store_built(store, store.engine)
                 self._push.bind_store(store, store.engine)
-                self._service = TaskService(
+                self._built = TaskService(
                     store,
                     notifier=self._push.notifier,
                     dispatcher=self._dispatcher,
@@ -234,21 +236,21 @@ class McpTasks:
                     idempotency_secret=_secret(self.settings.idempotency_secret),
                     limits=self._limits,
                 )
-                self._service_pid = pid
-        return self._service
+                self._built_pid = pid
+        return self._built
 
     def task_handle(self, key: str) -> TaskContext:
         """Drive a task from outside a job (e.g. a webhook) by its row key (`ctx.key` in the job)."""
-        return TaskContext(self.service(), key, record=self.service().record(key))
+        service = self._service()
+        return TaskContext(service, key, record=service.record(key))
 
-    def ledger(self) -> Ledger | None:
+    def _ledger(self) -> Ledger | None:
         """This process's sweep ledger (when the janitor last swept), on the service's store."""
-        return self.service().ledger()
+        return self._service().ledger()
 
-    def sweep(self) -> SweepReport:
-        hooks = [self._metric] if self._metric is not None else []
-        hooks += [plugin.swept for plugin in self._plugins if overrides(plugin, "swept")]
-        return sweep(self.service(), self.settings, metric=_all_of(hooks), max_sends=self._max_sends)
+    def _sweep(self) -> SweepReport:
+        hooks: list[MetricHook] = [plugin.swept for plugin in self._plugins if overrides(plugin, "swept")]
+        return sweep(self._service(), self.settings, metric=_all_of(hooks), max_sends=self._max_sends)
 
     def _limits(self, tool: str) -> PayloadLimits:
         """A tool's payload limits: its `@mcp_task` options, else the settings (worked out once per tool)."""
@@ -272,7 +274,7 @@ class McpTasks:
     def _known_tool(self, name: str) -> bool:
         return self.server.has_tool(name)
 
-    def preflight(self, role: str, *, need_schema: bool = True) -> None:
+    def _preflight(self, role: str, *, need_schema: bool = True) -> None:
         """Raise `ConfigError` if a `role` process ("serve", "worker", "beat") must not start; once per start."""
         preflight(self.settings, role=role, need_schema=need_schema, broker_url=str(self.celery.conf.broker_url))
         derived = sorted(tool.name for tool in self._tools.values() if tool.idempotency_key is not None)
@@ -441,7 +443,7 @@ class McpTasks:
 
         mount = None if standalone else check_mount_path(path, self._mcp_path or "/mcp")
         console = Console(
-            self.service,
+            self._service,
             hub=None if self._push.mode == "off" else self._push.hub,
             queue_of=self._queue_of,
             terminable=lambda tool: tool in self._tools and self._tools[tool].terminate,
@@ -487,7 +489,7 @@ class McpTasks:
         return self._app.router.lifespan_context(self._app)
 
     def _serving(self, *, exit_signals: bool = True) -> AbstractAsyncContextManager[None]:
-        return serving(self._push, self._listen, self.service, self._serving_contexts, exit_signals=exit_signals)
+        return serving(self._push, self._listen, self._service, self._serving_contexts, exit_signals=exit_signals)
 
 
 class _Runtime:
@@ -515,7 +517,7 @@ class _Runtime:
         return self._tasks._tools.keys()  # live: tools declared later are in it
 
     def service(self) -> TaskService:
-        return self._tasks.service()
+        return self._tasks._service()
 
 
 @dataclass(frozen=True)
@@ -533,6 +535,14 @@ class Internals:
     serving: Callable[..., AbstractAsyncContextManager[None]]
     """`serving(exit_signals=False)`: what the served app's lifespan runs, for a server that is not ASGI (stdio)."""
     abandon_synchronous_calls: Callable[[str], object]
+    service: Callable[[], TaskService]
+    """This process's task service (built on first use, rebuilt after a fork)."""
+    ledger: Callable[[], Ledger | None]
+    """This process's sweep ledger (when the janitor last swept)."""
+    sweep: Callable[[], SweepReport]
+    """One janitor sweep now, in this process, telling the plugins' `swept` hooks."""
+    preflight: Callable[..., None]
+    """`preflight(role, need_schema=True)`: raise `ConfigError` if a `role` process must not start."""
 
 
 def internals(tasks: McpTasks) -> Internals:
@@ -544,6 +554,10 @@ def internals(tasks: McpTasks) -> Internals:
         observers=tasks._observers,
         serving=tasks._serving,
         abandon_synchronous_calls=tasks._extension.abandon_synchronous_calls,
+        service=tasks._service,
+        ledger=tasks._ledger,
+        sweep=tasks._sweep,
+        preflight=tasks._preflight,
     )
 
 
@@ -602,6 +616,29 @@ def _serving(plugin: Plugin) -> Callable[[], AbstractAsyncContextManager[Any]]:
         return entered if entered is not None else nullcontext()
 
     return context
+
+
+class _SweptHook(Plugin):
+    """`McpTasks(metric=fn)`, deprecated: `fn` told of every sweep, as a plugin's `swept` hook is."""
+
+    def __init__(self, hook: MetricHook) -> None:
+        self._hook = hook
+
+    def swept(self, name: str, counts: dict[str, int]) -> None:
+        self._hook(name, counts)
+
+
+def _metric_shim(metric: MetricHook | None) -> list[Plugin]:
+    """The README once showed `McpTasks(..., metric=fn)`: it still works, as a plugin, with a warning."""
+    if metric is None:
+        return []
+    warnings.warn(
+        "McpTasks(metric=...) is deprecated: list a plugin with a `swept` hook in `plugins=[...]`"
+        " (celery_mcp_tasks.plugin.Plugin)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return [_SweptHook(metric)]
 
 
 def _all_of(hooks: list[MetricHook]) -> MetricHook | None:

@@ -3,18 +3,17 @@
 A `Plugin` is a declarative hook class, as Dramatiq's middleware is: every hook does
 nothing by default, a plugin overrides the few it needs, and the application lists the
 plugins it wants, explicitly (`McpTasks(..., plugins=[Prometheus(), Health()])`) or by
-setting (`plugins_from_settings`: MCP_TASKS_METRICS=on, ...). None is on by default, so
+setting (`celery_mcp_tasks.ops.plugins_from_settings`: MCP_TASKS_METRICS=on, ...). None is on by default, so
 importing the package or constructing `McpTasks` changes nothing process-wide.
 
 A plugin knows the app only through `Runtime` (a narrow view McpTasks hands it): never the composition
 root's module, so no plugin is an import of `app.py` and `app.py` imports none of them.
-The built-in plugins are named here by module path and imported only when a setting asks.
+This module holds the seam alone; the built-in plugins live in `celery_mcp_tasks.ops`.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -28,7 +27,7 @@ if TYPE_CHECKING:
     from celery_mcp_tasks.service import TaskService
     from celery_mcp_tasks.store.base import Store
 
-__all__ = ["BUILT_IN", "Plugin", "Runtime", "overrides", "plugins_from_settings"]
+__all__ = ["Plugin", "Runtime", "overrides"]
 
 
 class Runtime(Protocol):
@@ -101,39 +100,3 @@ class Plugin:
 def overrides(plugin: Plugin, hook: str) -> bool:
     """Whether `plugin` overrides `hook`: the app calls only those (a default hook costs nothing)."""
     return getattr(type(plugin), hook) is not getattr(Plugin, hook)
-
-
-BUILT_IN: dict[str, str] = {
-    "logs": "celery_mcp_tasks.ops.logs:Logs",
-    "tracing": "celery_mcp_tasks.ops.tracing:Tracing",
-    "health": "celery_mcp_tasks.ops.health:Health",
-    "metrics": "celery_mcp_tasks.ops.metrics:Prometheus",
-    "janitor_watch": "celery_mcp_tasks.ops.janitor_watch:JanitorWatcher",
-}
-"""The built-in plugins, by the setting that turns each on, imported only when one is asked for."""
-
-
-def _built_in(name: str) -> Callable[..., Plugin]:
-    module, _, attribute = BUILT_IN[name].partition(":")
-    factory: Callable[..., Plugin] = getattr(importlib.import_module(module), attribute)
-    return factory
-
-
-def plugins_from_settings(settings: Settings) -> list[Plugin]:
-    """The built-in plugins the settings turn on, in the order they install (logs first: they style what follows).
-
-    MCP_TASKS_LOG_FORMAT=json (Logs), MCP_TASKS_TRACING=on|otlp|console (Tracing),
-    MCP_TASKS_HEALTH=on (Health), MCP_TASKS_METRICS=on (Prometheus), MCP_TASKS_JANITOR_WATCH=on.
-    """
-    found: list[Plugin] = []
-    if settings.log_format == "json":
-        found.append(_built_in("logs")(json=True))
-    if settings.tracing != "off":
-        found.append(_built_in("tracing")(exporter=None if settings.tracing == "on" else settings.tracing))
-    if settings.health:
-        found.append(_built_in("health")())
-    if settings.metrics:
-        found.append(_built_in("metrics")())
-    if settings.janitor_watch:
-        found.append(_built_in("janitor_watch")())
-    return found

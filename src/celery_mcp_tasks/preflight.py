@@ -28,6 +28,7 @@ import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
@@ -45,6 +46,7 @@ __all__ = [
     "key_ring_problem",
     "missing_sqlite_file",
     "preflight",
+    "probe_connect_args",
     "probe_engine",
     "revision_problem",
     "script_heads",
@@ -142,12 +144,27 @@ def missing_sqlite_file(url: str) -> bool:
 
 
 def probe_engine(url: str, *, connect_timeout_s: int | None = None) -> sa.Engine:
-    """An engine for a check: no pool, and a PostgreSQL connect that gives up (default `CONNECT_TIMEOUT_S`)."""
+    """The one engine a check builds (start-up, `db`, `/readyz`, `doctor`): no pool, so each check is a fresh
+    connection, and on PostgreSQL a socket bounded by `probe_connect_args` (default `CONNECT_TIMEOUT_S`)."""
     from celery_mcp_tasks.store.engine import create_store_engine
 
     timeout = CONNECT_TIMEOUT_S if connect_timeout_s is None else connect_timeout_s
-    connect_args = {"connect_timeout": timeout} if make_url(url).get_backend_name() == "postgresql" else {}
-    return create_store_engine(url, poolclass=sa.pool.NullPool, connect_args=connect_args)
+    return create_store_engine(url, poolclass=sa.pool.NullPool, connect_args=probe_connect_args(url, timeout))
+
+
+def probe_connect_args(url: str, timeout_s: int) -> dict[str, Any]:
+    """libpq's own bounds on a check's socket: the connect, then keepalives and `tcp_user_timeout`, so a
+    connection whose peer vanishes (a partition, a dead NAT entry) fails within seconds instead of hours."""
+    if make_url(url).get_backend_name() != "postgresql":
+        return {}
+    return {
+        "connect_timeout": timeout_s,
+        "keepalives": 1,
+        "keepalives_idle": timeout_s,
+        "keepalives_interval": 1,
+        "keepalives_count": 3,
+        "tcp_user_timeout": timeout_s * 1000,
+    }
 
 
 def db_reason(exc: sa.exc.DBAPIError) -> str:

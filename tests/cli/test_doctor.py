@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from celery_mcp_tasks import McpTasks
+from celery_mcp_tasks.app import internals
 from celery_mcp_tasks.cli.doctor import (
     Row,
     clock_check,
@@ -115,7 +116,7 @@ def test_on_a_swept_embedded_store_only_the_missing_worker_fails(app_module: str
     assert statuses["janitor"] == "WARN", "never swept yet: a fresh deployment's first sweep is an interval away"
     assert "the first sweep comes about 5s after the sweeper starts" in janitor.detail  # the app's interval
     assert "celery -A" in janitor.fix and "beat" in janitor.fix
-    sys.modules[app_module].tasks.sweep()
+    internals(sys.modules[app_module].tasks).sweep()
     rows = diagnose(app_module, timeout_s=0.5)
     statuses = {row.name: row.status for row in rows}
     assert statuses == {

@@ -216,7 +216,8 @@ def test_a_task_past_its_ttl_reads_expired_on_every_method_until_it_is_evicted(
 
         record = store.get(task_key(task_id))
         assert record is not None and record.status.value == "completed"  # still there: only expired, not evicted
-        assert store.cleanup(now_ms=now_ms(), retention_ms=3_600_000, batch_size=100) >= 1  # what the janitor does
+        evicted = store.evict(now_ms=now_ms(), retention_ms=3_600_000, batch_size=100)  # what the janitor does
+        assert evicted.removed >= 1
     finally:
         store.dispose()
     assert client.task("tasks/get", task_id)["error"] == NOT_FOUND

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from celery_mcp_tasks import ConfigError, McpTasks
+from celery_mcp_tasks.app import internals
 from celery_mcp_tasks.config import Settings
 
 
@@ -22,13 +23,13 @@ def _app(tmp_path: Path, **settings: object) -> McpTasks:
 
 def test_serve_refuses_to_start_without_the_secret_naming_the_setting_and_the_tools(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as refused:
-        _app(tmp_path).preflight("serve", need_schema=False)
+        internals(_app(tmp_path)).preflight("serve", need_schema=False)
     assert str(refused.value).startswith("MCP_TASKS_IDEMPOTENCY_SECRET: task tools pay derive idempotency keys")
 
 
 def test_with_the_secret_it_starts_and_a_worker_never_needs_it(tmp_path: Path) -> None:
-    _app(tmp_path, idempotency_secret="x" * 32).preflight("serve", need_schema=False)
-    _app(tmp_path / "w").preflight("worker", need_schema=False)
+    internals(_app(tmp_path, idempotency_secret="x" * 32)).preflight("serve", need_schema=False)
+    internals(_app(tmp_path / "w")).preflight("worker", need_schema=False)
 
 
 def test_a_tool_option_that_is_neither_a_function_nor_arguments_is_refused_at_import(tmp_path: Path) -> None:

@@ -69,7 +69,7 @@ def test_a_custom_notifier_replaces_the_publisher(tmp_path: Path) -> None:
 def test_the_custom_notifier_hears_every_write_of_this_process(tmp_path: Path) -> None:
     mine = Recorder()
     tasks = McpTasks("wiring", settings=_settings(tmp_path), notifier=mine)
-    service = tasks.service()
+    service = internals(tasks).service()
     service.store.create_schema()  # type: ignore[attr-defined]
     _, record = service.create(owner=None, tool="t", arguments={}, dispatch=False)
     service.progress(record.key, "on it")

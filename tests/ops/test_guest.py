@@ -91,7 +91,7 @@ def report() -> str:
 app = tasks.asgi_app()
 paths = sorted(getattr(route, "path", "") for route in app.routes)
 constructed = state()  # the working directory before the store is built (the embedded store is a file there)
-tasks.service()  # the store built: still nothing process-wide
+internals(tasks).service()  # the store built: still nothing process-wide
 after = state()
 other = celery.Celery("another-app-in-the-process", set_as_current=False)  # e.g. the user's own
 other.finalize()

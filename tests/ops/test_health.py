@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from starlette.testclient import TestClient
 
 from celery_mcp_tasks import McpTasks
+from celery_mcp_tasks.app import internals
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.ops.health import CheckRunner, Health
@@ -85,14 +86,14 @@ def test_readyz_is_200_on_a_migrated_store_and_the_janitor_has_three_intervals_f
     )
     assert body["checks"]["schema"]["detail"] == f"at head {HEAD}"
     assert body["checks"]["janitor"]["detail"] == "no sweep recorded yet (expected every 5s)"
-    embedded.sweep()
+    internals(embedded).sweep()
     _, body, _ = readyz(embedded)
     assert body["checks"]["janitor"] == {"status": "ok", "detail": "last sweep 0s ago (expected every 5s)"}
 
 
 def test_a_stale_janitor_is_a_warning_that_keeps_the_replica_ready(embedded: McpTasks) -> None:
     upgrade(embedded.settings.store_url)
-    engine = embedded.service().store.engine
+    engine = internals(embedded).service().store.engine
     SweepLedger(engine).record(JANITOR, duration_ms=3, report={}, statuses={})
     with engine.begin() as conn:  # as if that sweep began 16 s ago (on the database's clock)
         conn.execute(sa.update(sweeps).values(swept_at=sweeps.c.swept_at - 16_000))

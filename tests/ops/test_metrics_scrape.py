@@ -66,9 +66,9 @@ def app_on(url: str | None, tmp_path: Path, **settings: object) -> McpTasks:
 def test_the_route_serves_this_process_counts_and_the_last_sweep(tmp_path: Path) -> None:
     tasks = app_on(None, tmp_path)
     upgrade(tasks.settings.store_url)
-    tasks.service().create(owner=None, tool="report", arguments={})  # sent to the embedded broker
-    tasks.service().create(owner=None, tool="not-a-tool", arguments={})  # no such job: the send fails
-    tasks.sweep()
+    internals(tasks).service().create(owner=None, tool="report", arguments={})  # sent to the embedded broker
+    internals(tasks).service().create(owner=None, tool="not-a-tool", arguments={})  # no such job: the send fails
+    internals(tasks).sweep()
 
     with TestClient(tasks.asgi_app()) as client:
         assert client.get("/metrics").status_code == 404  # never on the MCP app
@@ -104,7 +104,7 @@ def test_a_scrape_while_the_database_refuses_answers_and_counts_the_failure(tmp_
     tasks = app_on(f"postgresql://postgres@127.0.0.1:{port}/nowhere", tmp_path)
     before = (ledger_errors(), store_errors("connect"))
 
-    response = anyio.run(Scrape(tasks.service, tasks.settings.janitor_interval_s).respond)
+    response = anyio.run(Scrape(internals(tasks).service, tasks.settings.janitor_interval_s).respond)
 
     assert response.status_code == 200
     seen = samples(bytes(response.body).decode())
@@ -146,7 +146,7 @@ def hanging_database() -> Iterator[int]:
 
 def test_a_scrape_while_the_database_hangs_answers_within_its_deadline(tmp_path: Path, hanging_database: int) -> None:
     tasks = app_on(f"postgresql://postgres@127.0.0.1:{hanging_database}/hangs", tmp_path)
-    scrape = Scrape(tasks.service, tasks.settings.janitor_interval_s, timeout_s=0.5)
+    scrape = Scrape(internals(tasks).service, tasks.settings.janitor_interval_s, timeout_s=0.5)
     before = ledger_errors()
 
     started = time.monotonic()
@@ -162,7 +162,7 @@ def test_a_scrape_while_the_database_hangs_answers_within_its_deadline(tmp_path:
 
 def test_store_errors_are_counted_by_operation_once_each(tmp_path: Path) -> None:
     tasks = app_on(f"sqlite:///{tmp_path / 'unmigrated.db'}", tmp_path)
-    store = tasks.service().store
+    store = internals(tasks).service().store
     before = store_errors("select")
 
     with pytest.raises(StoreUnavailable):
@@ -173,7 +173,7 @@ def test_store_errors_are_counted_by_operation_once_each(tmp_path: Path) -> None
 
 def _errors_elsewhere_on_the_same_database(url: str, tmp_path: Path) -> None:
     tasks = app_on(url, tmp_path)
-    tasks.service()  # this process's store: the one whose errors count
+    internals(tasks).service()  # this process's store: the one whose errors count
     own_engine = sa.create_engine(url)  # the application's own engine on the same database
     other_store = SqlStore.from_url(url)  # a store this app did not build (a script, a test helper)
     before = (store_errors("select"), store_errors("other"))
@@ -186,12 +186,12 @@ def _errors_elsewhere_on_the_same_database(url: str, tmp_path: Path) -> None:
         assert (store_errors("select"), store_errors("other")) == before
 
         with pytest.raises(StoreUnavailable):
-            tasks.service().store.versions(["k"])  # the store's own failure still counts
+            internals(tasks).service().store.versions(["k"])  # the store's own failure still counts
         assert store_errors("select") == before[0] + 1
     finally:
         own_engine.dispose()
         other_store.dispose()
-        tasks.service().store.dispose()
+        internals(tasks).service().store.dispose()
 
 
 def test_errors_of_other_engines_on_the_store_s_database_are_not_the_store_s(tmp_path: Path) -> None:
@@ -214,7 +214,7 @@ def test_a_task_its_ttl_removed_unfinished_is_scraped_as_finished_expired(tmp_pa
     with fresh_postgres_database(POSTGRES_URL) as url:
         upgrade(url)
         tasks = app_on(url, tmp_path)
-        service = tasks.service()
+        service = internals(tasks).service()
         try:
             service.create(owner=None, tool="report", arguments={}, ttl_ms=500)  # queued, no worker: never ends
             service.create(owner=None, tool="report", arguments={})  # in flight, within its TTL
@@ -222,7 +222,7 @@ def test_a_task_its_ttl_removed_unfinished_is_scraped_as_finished_expired(tmp_pa
             service.cancel(done, None)
             before = _scraped(tasks)
             time.sleep(0.6)
-            assert tasks.sweep().removed == 2
+            assert internals(tasks).sweep().removed == 2
             after = _scraped(tasks)
         finally:
             service.store.dispose()

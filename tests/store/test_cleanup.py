@@ -43,7 +43,7 @@ def test_cleanup_still_answers_the_total_alone(store: SqlStore) -> None:
     store.create(make("working"), max_rows=None)
     store.create(make("done", status=TaskStatus.COMPLETED), max_rows=None)
 
-    assert store.cleanup(now_ms=5_000, retention_ms=1_000, batch_size=10) == 2
+    assert store.evict(now_ms=5_000, retention_ms=1_000, batch_size=10).removed == 2
 
 
 @needs_postgres

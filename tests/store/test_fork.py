@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from celery_mcp_tasks import McpTasks
+from celery_mcp_tasks.app import internals
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.migrate import upgrade
 from tests.support import POSTGRES_URL, fresh_postgres_database
@@ -40,14 +41,14 @@ def tasks(tmp_path: Path) -> Iterator[McpTasks]:
         upgrade(url)
         app = McpTasks("fork", settings=Settings(data_dir=tmp_path, database_url=url, notify="poll"))
         yield app
-        app.service().store.dispose()
+        internals(app).service().store.dispose()
 
 
 def _child(tasks: McpTasks, built_before_fork: object, keys: list[str]) -> None:
     """Runs in the forked child; never returns (no pytest machinery may run twice)."""
     code = 0
     try:
-        own = tasks.service()
+        own = internals(tasks).service()
         assert own is not built_before_fork, "the service must be rebuilt in a new process"
         for key in keys:
             own.progress(key, f"child {os.getpid()}")
@@ -75,7 +76,7 @@ def _wait(pid: int, timeout: float = 20) -> int:
 
 
 def test_children_forked_under_load_leave_the_parents_connections_alone(tasks: McpTasks) -> None:
-    service = tasks.service()
+    service = internals(tasks).service()
     keys = [service.create(owner=None, tool="t", arguments={}, dispatch=False)[1].key for _ in range(WRITERS)]
     errors: list[str] = []
     done = threading.Event()

@@ -136,9 +136,9 @@ def test_cleanup_evicts_expired_and_old_finished_unlimited_tasks_in_batches(stor
     store.create(
         make("forever-done", created_at=0, updated_at=0, ttl_ms=None, status=TaskStatus.COMPLETED), max_rows=None
     )
-    assert store.cleanup(now_ms=5_000, retention_ms=1_000, batch_size=3) == 8
+    assert store.evict(now_ms=5_000, retention_ms=1_000, batch_size=3).removed == 8
     assert store.get("live") and store.get("forever-working") and not store.get("forever-done")
-    assert store.cleanup(now_ms=5_000, retention_ms=1_000, batch_size=3) == 0
+    assert store.evict(now_ms=5_000, retention_ms=1_000, batch_size=3).removed == 0
 
 
 def test_versions_and_stale_are_server_side_reads(store: SqlStore):

@@ -22,6 +22,7 @@ from celery.contrib.testing.worker import TestWorkController
 from celery.utils.timer2 import Timer
 
 from celery_mcp_tasks import McpTasks
+from celery_mcp_tasks.app import internals
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.store.sql import SqlStore
@@ -168,7 +169,7 @@ def test_in_worker_mode_on_a_solo_pool_sweeps_in_process_from_worker_ready_to_sh
     signals.worker_ready.send(sender=consumer)
     signals.worker_ready.send(sender=consumer)  # a consumer ready again (a reconnect): still one janitor
     try:
-        ledger = tasks.ledger()
+        ledger = internals(tasks).ledger()
         assert ledger is not None
         deadline = time.monotonic() + 10
         while (last := ledger.last()) is None or last.sweeps < 2:

@@ -47,7 +47,7 @@ def headers(task_id: str, dispatch: int = 1) -> dict[str, Any]:
 
 
 def status(tasks: McpTasks, task_id: str) -> TaskRecord:
-    record = tasks.service().record(task_key(task_id))
+    record = internals(tasks).service().record(task_key(task_id))
     assert record is not None
     return record
 
@@ -60,8 +60,8 @@ def test_a_task_cancelled_before_its_job_starts_never_runs_the_body(tasks: McpTa
         calls.append(n)
         return "ran"
 
-    task_id, _ = tasks.service().create(owner=None, tool="cancelled_body", arguments={"n": 1})
-    tasks.service().cancel(task_id, None)
+    task_id, _ = internals(tasks).service().create(owner=None, tool="cancelled_body", arguments={"n": 1})
+    internals(tasks).service().cancel(task_id, None)
     cancelled_body.apply(kwargs={"n": 1}, headers=headers(task_id))
     assert calls == [] and status(tasks, task_id).status is TaskStatus.CANCELLED
 
@@ -74,7 +74,7 @@ def test_a_message_of_an_older_dispatch_is_skipped_and_the_current_one_runs(task
         calls.append("ran")
         return "ran"
 
-    service = tasks.service()
+    service = internals(tasks).service()
     task_id, record = service.create(owner=None, tool="superseded_body", arguments={})
     service.store.update(record.key, None, lambda r: r.dispatched(0, "sent again", resend=True))  # dispatch 2
     superseded_body.apply(headers=headers(task_id, dispatch=1))
@@ -92,7 +92,7 @@ def test_a_retry_signal_that_lands_after_the_next_attempt_changes_nothing(tasks:
             raise self.retry(countdown=0)
         return f"attempt {ctx.attempt + 1}"
 
-    task_id, _ = tasks.service().create(owner=None, tool="flaky", arguments={})
+    task_id, _ = internals(tasks).service().create(owner=None, tool="flaky", arguments={})
     flaky.apply(headers=headers(task_id))
     done = status(tasks, task_id)
     assert done.status is TaskStatus.COMPLETED and done.result is not None
@@ -109,7 +109,7 @@ def test_a_countdown_retry_is_not_reaped_early_but_a_lost_process_retry_is_not_w
         return "ran"
 
     for exc, countdown, deferred in ((RuntimeError("busy"), 600, True), (WorkerLostError("signal 9"), 180, False)):
-        task_id, _ = tasks.service().create(owner=None, tool="retried_body", arguments={})
+        task_id, _ = internals(tasks).service().create(owner=None, tool="retried_body", arguments={})
         before = now_ms()
         bridge.on_retry(
             sender=retried_body,
@@ -159,7 +159,7 @@ def test_retry_signal_and_next_attempt_in_either_order_end_saying_the_attempt_st
 
 
 def test_writes_of_a_superseded_run_are_refused_and_its_heartbeat_stops(tasks: McpTasks) -> None:
-    service = tasks.service()
+    service = internals(tasks).service()
     _, record = service.create(owner=None, tool="unused", arguments={}, dispatch=False)
     service.store.update(record.key, None, lambda r: r.dispatched(0))  # dispatch 1 (the old run)
     old = TaskContext(service, record.key, record=record, run=Run(1))
@@ -177,7 +177,7 @@ def test_bind_true_hands_the_job_first_and_hides_it_from_the_tool_schema(tasks: 
         return f"{self.name}:{city}:{ctx.attached}"
 
     assert list(internals(tasks).tools["bound"].input_schema["properties"]) == ["city"]
-    task_id, _ = tasks.service().create(owner=None, tool="bound", arguments={"city": "Oslo"})
+    task_id, _ = internals(tasks).service().create(owner=None, tool="bound", arguments={"city": "Oslo"})
     bound.apply(kwargs={"city": "Oslo"}, headers=headers(task_id))
     done = status(tasks, task_id)
     assert done.result is not None and done.result["content"][0]["text"] == f"{bound.name}:Oslo:True"
@@ -197,9 +197,9 @@ def test_a_bridge_that_cannot_write_says_so_loudly(
     def unwritable_body() -> str:
         return "ran"
 
-    task_id, _ = tasks.service().create(owner=None, tool="unwritable_body", arguments={})
-    down = TaskService(DownStore(tasks.service().store.engine))
-    monkeypatch.setattr(tasks, "service", lambda: down)
+    task_id, _ = internals(tasks).service().create(owner=None, tool="unwritable_body", arguments={})
+    down = TaskService(DownStore(internals(tasks).service().store.engine))
+    monkeypatch.setattr(tasks, "_service", lambda: down)  # what the job's runtime asks
     unwritable_body.push_request(headers=headers(task_id), retries=0, **{OUTCOME: {"content": []}})
     try:
         with caplog.at_level(logging.ERROR, logger="celery_mcp_tasks.worker"):
@@ -335,11 +335,11 @@ def test_the_check_interval_is_a_setting_of_the_context(parked: Any, monkeypatch
 
 
 def test_a_handle_outside_any_job_drives_the_task_and_answers_terminal_after(tasks: McpTasks) -> None:
-    task_id, record = tasks.service().create(owner=None, tool="unused", arguments={}, dispatch=False)
+    task_id, record = internals(tasks).service().create(owner=None, tool="unused", arguments={}, dispatch=False)
     handle = tasks.task_handle(record.key)
     handle.progress("half way")
     handle.complete("done elsewhere")
-    assert tasks.service().get(task_id, None).status is TaskStatus.COMPLETED
+    assert internals(tasks).service().get(task_id, None).status is TaskStatus.COMPLETED
     for write in (lambda: handle.progress("again"), lambda: handle.fail("late"), lambda: handle.complete("twice")):
         with pytest.raises(TerminalTask, match="terminal"):
             write()
@@ -360,7 +360,9 @@ def test_a_job_that_never_reports_shows_its_start_and_numbers_ride_along_when_it
         seen.append((record.status_message, record.progress, record.progress_total))
         return "counted"
 
-    task_id, created = tasks.service().create(owner=None, tool="counting", arguments={}, status_message="Queued")
+    task_id, created = (
+        internals(tasks).service().create(owner=None, tool="counting", arguments={}, status_message="Queued")
+    )
     counting.apply(headers=headers(task_id))
     assert seen == [("Started", None, None), ("still 1 of 4", 1.0, 4.0)]
     done = status(tasks, task_id)
@@ -369,21 +371,21 @@ def test_a_job_that_never_reports_shows_its_start_and_numbers_ride_along_when_it
 
 
 def test_progress_numbers_are_checked_even_without_a_task(tasks: McpTasks) -> None:
-    _, record = tasks.service().create(owner=None, tool="unused", arguments={}, dispatch=False)
+    _, record = internals(tasks).service().create(owner=None, tool="unused", arguments={}, dispatch=False)
     for ctx in (TaskContext.detached(), tasks.task_handle(record.key)):
         with pytest.raises(ValueError, match=r"total needs a current value: call progress\(message, current, total\)"):
             ctx.progress("x", total=10)
         with pytest.raises(ValueError, match="current must not be negative"):
             ctx.progress("x", -1)
         ctx.progress("fine", 0, 10)
-    stored = tasks.service().record(record.key)
+    stored = internals(tasks).service().record(record.key)
     assert stored is not None and (stored.status_message, stored.progress, stored.progress_total) == ("fine", 0, 10)
 
 
 def _statements(tasks: McpTasks) -> list[str]:
     seen: list[str] = []
 
-    @sa.event.listens_for(tasks.service().store.engine, "before_cursor_execute")  # type: ignore[attr-defined]  # the Store protocol has no engine
+    @sa.event.listens_for(internals(tasks).service().store.engine, "before_cursor_execute")  # type: ignore[attr-defined]  # the Store protocol has no engine
     def statement(conn: Any, cursor: Any, sql: str, *_: Any) -> None:
         seen.append(sql.split()[0].upper())
 
@@ -401,7 +403,7 @@ def test_a_job_costs_one_read_and_one_update_to_claim_and_one_update_per_report_
         ctx.progress("half way", 1, 2)
         return "done"
 
-    task_id, _ = tasks.service().create(owner=None, tool="reporting", arguments={})
+    task_id, _ = internals(tasks).service().create(owner=None, tool="reporting", arguments={})
     seen = _statements(tasks)
     reporting.apply(headers=headers(task_id))
     # SQLite: the read's deferred BEGIN, its SELECT; then the claim, the report and the outcome: one UPDATE each.
@@ -419,7 +421,7 @@ def test_a_message_carrying_its_dispatched_record_claims_with_one_update_and_no_
         seen_arguments.append(n)
         return "done"
 
-    task_id, record = tasks.service().create(owner="alice", tool="carried", arguments={"n": 7})
+    task_id, record = internals(tasks).service().create(owner="alice", tool="carried", arguments={"n": 7})
     sent = message_headers(record)
     assert task_id not in sent[RECORD_HEADER] and "arguments" not in json.loads(sent[RECORD_HEADER])
     seen = _statements(tasks)
@@ -439,7 +441,7 @@ def test_a_carried_record_the_row_has_moved_past_decides_nothing(tasks: McpTasks
         calls.append("ran")
         return "ran"
 
-    service = tasks.service()
+    service = internals(tasks).service()
     cancelled_id, cancelled = service.create(owner=None, tool="guessed", arguments={})
     service.cancel(cancelled_id, None)
     guessed.apply(headers=message_headers(cancelled))
@@ -461,7 +463,7 @@ def test_a_record_header_this_release_cannot_read_falls_back_to_reading_the_row(
     def unreadable(n: int) -> int:
         return n
 
-    task_id, record = tasks.service().create(owner=None, tool="unreadable", arguments={"n": 2})
+    task_id, record = internals(tasks).service().create(owner=None, tool="unreadable", arguments={"n": 2})
     sent = {**message_headers(record), RECORD_HEADER: '{"a_field_of_a_newer_release": 1}'}
     seen = _statements(tasks)
     unreadable.apply(kwargs={"n": 2}, headers=sent)
@@ -470,7 +472,7 @@ def test_a_record_header_this_release_cannot_read_falls_back_to_reading_the_row(
 
 
 def test_a_dispatch_with_answers_carries_no_record_its_run_reads_them_from_the_row(tasks: McpTasks) -> None:
-    service = tasks.service()
+    service = internals(tasks).service()
     _, record = service.create(owner=None, tool="any", arguments={}, input_responses={"k": {"ok": True}})
     assert RECORD_HEADER not in message_headers(record)
 
@@ -478,10 +480,10 @@ def test_a_dispatch_with_answers_carries_no_record_its_run_reads_them_from_the_r
 def test_an_outcome_after_another_writer_moved_the_task_still_lands_right(tasks: McpTasks) -> None:
     @tasks.mcp_task
     def overtaken(ctx: TaskContext) -> str:
-        tasks.service().progress(ctx.key or "", "written by someone else")  # the run's record is now stale
+        internals(tasks).service().progress(ctx.key or "", "written by someone else")  # the run's record is now stale
         return "done"
 
-    task_id, _ = tasks.service().create(owner=None, tool="overtaken", arguments={})
+    task_id, _ = internals(tasks).service().create(owner=None, tool="overtaken", arguments={})
     overtaken.apply(headers=headers(task_id))
     done = status(tasks, task_id)
     assert done.status is TaskStatus.COMPLETED and done.version == 4  # created, claimed, progress, completed

@@ -17,6 +17,7 @@ import pytest
 from celery import Celery
 
 from celery_mcp_tasks import McpTasks, TaskContext, elicit
+from celery_mcp_tasks.app import internals
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.model import task_key
@@ -49,7 +50,7 @@ def trace_records(caplog: pytest.LogCaptureFixture) -> TraceRecords:
 
 
 def run_as_task(tasks: McpTasks, job: Any, tool: str, **arguments: Any) -> str:
-    task_id, _ = tasks.service().create(owner=None, tool=tool, arguments=arguments)
+    task_id, _ = internals(tasks).service().create(owner=None, tool=tool, arguments=arguments)
     job.apply(kwargs=arguments, headers={KEY_HEADER: task_key(task_id), DISPATCH_HEADER: 1})
     return task_id
 
@@ -106,8 +107,8 @@ def test_a_skipped_run_says_why(tasks: McpTasks, trace_records: TraceRecords) ->
     def late(topic: str) -> str:
         return topic
 
-    task_id, _ = tasks.service().create(owner=None, tool="late", arguments={"topic": SECRET})
-    tasks.service().cancel(task_id, None)
+    task_id, _ = internals(tasks).service().create(owner=None, tool="late", arguments={"topic": SECRET})
+    internals(tasks).service().cancel(task_id, None)
     late.apply(kwargs={"topic": SECRET}, headers={KEY_HEADER: task_key(task_id), DISPATCH_HEADER: 1})
     [line] = lines(trace_records, "late")
     assert line.endswith("s: skipped, its task is already final")
@@ -151,7 +152,7 @@ def test_stored_arguments_that_no_longer_fit_fail_naming_the_field_not_its_value
         return str(n)
 
     task_id = run_as_task(tasks, count, "count", n=SECRET)  # written past the web side's validation
-    record = tasks.service().record(task_key(task_id))
+    record = internals(tasks).service().record(task_key(task_id))
     assert record is not None and record.status.value == "failed"
     assert record.status_message == "Job failed: ValueError: stored arguments do not fit the tool: n"
     [line] = lines(trace_records, "count")  # the failure was logged (so the check below looked at something)

@@ -45,13 +45,15 @@ def _serve(
     from celery_mcp_tasks.cli.shared import load_app, quiet_libraries, start_ops_server
 
     tasks = load_app(app_path)
+    from celery_mcp_tasks.app import internals  # loaded with the app anyway
+
     quiet_libraries()
     if migrate:  # checked first: a store that cannot be reached, or must not be used, is never migrated
         from celery_mcp_tasks.migrate import upgrade
 
-        tasks.preflight("serve", need_schema=False)
+        internals(tasks).preflight("serve", need_schema=False)
         upgrade(tasks.settings.store_url)
-    tasks.preflight("serve")  # once per start: never an "Internal server error" at the first call
+    internals(tasks).preflight("serve")  # once per start: never an "Internal server error" at the first call
     from celery_mcp_tasks.ops.logs import uvicorn_log_config
 
     ops = start_ops_server(tasks, ops_host, ops_port)
@@ -371,7 +373,9 @@ def _console(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    tasks.preflight("serve")  # the store must be reachable and migrated, as for the web process
+    from celery_mcp_tasks.app import internals  # loaded with the app anyway
+
+    internals(tasks).preflight("serve")  # the store must be reachable and migrated, as for the web process
     from celery_mcp_tasks.ops.logs import uvicorn_log_config
 
     uvicorn.run(

@@ -75,6 +75,7 @@ def run_dev(options: DevOptions) -> int:
     """Serve (or call one tool) with a supervised worker; the exit status says what happened."""
     import uvicorn
 
+    from celery_mcp_tasks.app import internals
     from celery_mcp_tasks.cli.call import call
     from celery_mcp_tasks.migrate import upgrade
 
@@ -89,7 +90,7 @@ def run_dev(options: DevOptions) -> int:
     quiet_libraries()
     if options.call:
         logging.getLogger("mcp").setLevel(logging.WARNING)  # the server's INFO lines would interleave the call's
-    tasks.preflight("serve", need_schema=False)  # e.g. --keep-env with an unreachable database: one line
+    internals(tasks).preflight("serve", need_schema=False)  # e.g. --keep-env with an unreachable database: one line
     upgrade(tasks.settings.store_url)
 
     host = f"[{options.host}]" if ":" in options.host else options.host

@@ -410,7 +410,8 @@ def _janitor(tasks: McpTasks, probe: ProbeEngine, app_path: str) -> Verdict:
         return Verdict(
             "WARN",
             finding.detail + ": expired tasks stay and lost jobs are never settled",
-            "set MCP_TASKS_JANITOR_INTERVAL_S (default 60) or run `tasks.sweep()` on a schedule of your own",
+            "set MCP_TASKS_JANITOR_INTERVAL_S (default 60), or send the `celery_mcp_tasks.janitor` task"
+            " on a schedule of your own",
         )
     if finding.status == "warn" and finding.detail.startswith("no sweep recorded yet"):
         # A deployment started less than an interval ago has not swept yet: say when to expect

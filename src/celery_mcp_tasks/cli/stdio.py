@@ -181,6 +181,8 @@ def run_stdio(options: StdioOptions) -> int:
     """Serve APP over stdio (with a supervised worker when asked); the exit status says what happened."""
     import anyio
 
+    from celery_mcp_tasks.app import internals
+
     worker: WorkerSupervisor | None = None
     previous = signal.signal(signal.SIGTERM, raise_stop)  # until the serve loop listens: leave via `finally`
     try:
@@ -200,9 +202,9 @@ def run_stdio(options: StdioOptions) -> int:
             if options.migrate:  # checked first: a store that cannot be reached, or must not be used, is never migrated
                 from celery_mcp_tasks.migrate import upgrade
 
-                tasks.preflight("stdio", need_schema=False)
+                internals(tasks).preflight("stdio", need_schema=False)
                 upgrade(tasks.settings.store_url)
-            tasks.preflight("stdio")
+            internals(tasks).preflight("stdio")
             _say(f"{PREFIX}: serving {options.app} over stdin/stdout", *banner(tasks.settings))
             if target is not None:
                 argv = worker_argv(

@@ -215,7 +215,7 @@ class Console:
 
     @property
     def service(self) -> TaskService:
-        """This process's service (`service` may be a callable: `McpTasks.service` rebuilds it after a fork)."""
+        """This process's service (`service` may be a callable: the app's, which is rebuilt after a fork)."""
         return self._service if isinstance(self._service, TaskService) else self._service()
 
     @property

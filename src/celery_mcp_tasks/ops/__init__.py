@@ -4,27 +4,60 @@ They read the domain and never change it; each failure (an exporter down, a
 collector unreachable, a store that hangs during a scrape) degrades to a log
 line and a metric, never to a failed request or job. None is on until the
 application lists it (`McpTasks(..., plugins=[Prometheus(), Health()])`) or a
-setting turns it on (`celery_mcp_tasks.plugin.plugins_from_settings`). Each is
-imported here on first use only.
+setting turns it on (`plugins_from_settings`, which `McpTasks` asks).
+
+This package's `__init__` imports none of its modules: each plugin is named here
+by a "module:Attr" string and imported on first use only, so the composition root
+(`app.py`) can ask for the plugins the settings turn on without importing any.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["Health", "JanitorWatcher", "Logs", "Prometheus", "Tracing"]
+if TYPE_CHECKING:
+    from celery_mcp_tasks.config import Settings
+    from celery_mcp_tasks.plugin import Plugin
 
-_WHERE = {
-    "Health": "celery_mcp_tasks.ops.health",
-    "JanitorWatcher": "celery_mcp_tasks.ops.janitor_watch",
-    "Logs": "celery_mcp_tasks.ops.logs",
-    "Prometheus": "celery_mcp_tasks.ops.metrics",
-    "Tracing": "celery_mcp_tasks.ops.tracing",
+__all__ = ["Health", "JanitorWatcher", "Logs", "Prometheus", "Tracing"]  # what a user lists; the rest is the app's
+
+BUILT_IN: dict[str, str] = {
+    "Health": "celery_mcp_tasks.ops.health:Health",
+    "JanitorWatcher": "celery_mcp_tasks.ops.janitor_watch:JanitorWatcher",
+    "Logs": "celery_mcp_tasks.ops.logs:Logs",
+    "Prometheus": "celery_mcp_tasks.ops.metrics:Prometheus",
+    "Tracing": "celery_mcp_tasks.ops.tracing:Tracing",
 }
+"""The built-in plugins, by class name, each as "module:Attr": imported only when one is asked for."""
+
+
+def _load(name: str) -> Any:
+    module, _, attribute = BUILT_IN[name].partition(":")
+    return getattr(importlib.import_module(module), attribute)
 
 
 def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        return getattr(importlib.import_module(_WHERE[name]), name)
+    if name in BUILT_IN:
+        return _load(name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def plugins_from_settings(settings: Settings) -> list[Plugin]:
+    """The built-in plugins the settings turn on, in the order they install (logs first: they style what follows).
+
+    MCP_TASKS_LOG_FORMAT=json (Logs), MCP_TASKS_TRACING=on|otlp|console (Tracing),
+    MCP_TASKS_HEALTH=on (Health), MCP_TASKS_METRICS=on (Prometheus), MCP_TASKS_JANITOR_WATCH=on.
+    """
+    found: list[Plugin] = []
+    if settings.log_format == "json":
+        found.append(_load("Logs")(json=True))
+    if settings.tracing != "off":
+        found.append(_load("Tracing")(exporter=None if settings.tracing == "on" else settings.tracing))
+    if settings.health:
+        found.append(_load("Health")())
+    if settings.metrics:
+        found.append(_load("Prometheus")())
+    if settings.janitor_watch:
+        found.append(_load("JanitorWatcher")())
+    return found

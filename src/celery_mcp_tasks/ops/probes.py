@@ -32,10 +32,11 @@ from celery_mcp_tasks.preflight import (
     current_revisions,
     db_reason,
     missing_sqlite_file,
+    probe_engine,
     revision_problem,
     script_heads,
 )
-from celery_mcp_tasks.store.engine import READ_ONLY, create_store_engine
+from celery_mcp_tasks.store.engine import READ_ONLY
 
 if TYPE_CHECKING:
     from celery_mcp_tasks.store.ledger import SweepRecord
@@ -98,21 +99,6 @@ def in_daemon_thread(work: Callable[[], T], *, name: str) -> Future[T]:
     return future
 
 
-def probe_connect_args(url: str, timeout_s: int) -> dict[str, Any]:
-    """libpq's own bounds on a probe's socket: the connect, then keepalives and `tcp_user_timeout`, so a
-    connection whose peer vanishes (a partition, a dead NAT entry) fails within seconds instead of hours."""
-    if make_url(url).get_backend_name() != "postgresql":
-        return {}
-    return {
-        "connect_timeout": timeout_s,
-        "keepalives": 1,
-        "keepalives_idle": timeout_s,
-        "keepalives_interval": 1,
-        "keepalives_count": 3,
-        "tcp_user_timeout": timeout_s * 1000,
-    }
-
-
 class ProbeEngine:
     """One pool-less engine per process for the probes: each probe is a fresh connection, which is what
     a new request would need, and a hung one never holds a pooled connection others wait for."""
@@ -128,9 +114,7 @@ class ProbeEngine:
     def engine(self) -> Engine:
         with self._lock:  # checks run in parallel threads: one engine between them
             if self._engine is None or self._pid != os.getpid():
-                self._engine = create_store_engine(
-                    self.url, poolclass=sa.pool.NullPool, connect_args=probe_connect_args(self.url, self._timeout)
-                )
+                self._engine = probe_engine(self.url, connect_timeout_s=self._timeout)
                 self._pid = os.getpid()
             return self._engine
 

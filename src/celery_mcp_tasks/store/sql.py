@@ -685,13 +685,10 @@ class SqlStore:
             self._ledger = SweepLedger(self.engine)
         return self._ledger
 
-    def cleanup(self, *, now_ms: int, retention_ms: int, batch_size: int) -> int:
-        """Delete expired rows in bounded batches (`store.cleanup.evict`); how many went."""
-        return self.evict(now_ms=now_ms, retention_ms=retention_ms, batch_size=batch_size).removed
-
     @_reported
     def evict(self, *, now_ms: int, retention_ms: int, batch_size: int) -> Eviction:
-        """`cleanup`, telling also which rows went before their task was final (by tool)."""
+        """Delete expired rows in bounded batches (`store.cleanup.evict`): how many went, and which of them
+        went before their task was final (by tool)."""
         tally = Eviction()  # outside the retry: batches committed before a dropped connection stay counted
         self._evict(tally, now_ms=now_ms, retention_ms=retention_ms, batch_size=batch_size)
         return tally
