@@ -39,7 +39,7 @@ from celery_mcp_tasks.notify.base import Notifier
 from celery_mcp_tasks.notify.push import BrokerAccess, Push
 from celery_mcp_tasks.observe import Observers
 from celery_mcp_tasks.ops import plugins_from_settings  # the package alone: it names its modules, imports none
-from celery_mcp_tasks.plugin import Plugin, Runtime, overrides
+from celery_mcp_tasks.plugin import Plugin, Runtime, overrides, store_built_hook
 from celery_mcp_tasks.preflight import preflight
 from celery_mcp_tasks.service import DEFAULT, PayloadLimits, TaskService, _Default
 from celery_mcp_tasks.store.base import Quota
@@ -204,6 +204,8 @@ class McpTasks:
         )
         for plugin in self._plugins:
             _set_up(plugin, self._runtime)
+        # e.g. the metrics' error listener on each process's engine
+        self._store_hooks = [store_built_hook(p) for p in self._plugins if overrides(p, "store_built")]
         if self._listen is not None:
             self._listen.observers.extend(p for p in self._plugins if overrides(p, "stream_opened"))
         # Entered for the served app's whole life (inside its lifespan): e.g. the janitor watch.
@@ -221,9 +223,8 @@ class McpTasks:
                 store = SqlStore.from_url(
                     self.settings.store_url, change_hint=self._push.change_hint, ring=self.settings.key_ring()
                 )
-                for plugin in self._plugins:  # e.g. the metrics' error listener on this engine only
-                    if overrides(plugin, "store_built"):
-                        plugin.store_built(store, store.engine)
+                for hook in self._store_hooks:
+                    hook(store, store.engine)
                 self._push.bind_store(store, store.engine)
                 self._built = TaskService(
                     store,

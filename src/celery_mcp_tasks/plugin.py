@@ -13,9 +13,11 @@ This module holds the seam alone; the built-in plugins live in `celery_mcp_tasks
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import inspect
+import warnings
+from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.model import TaskRecord
@@ -27,7 +29,7 @@ if TYPE_CHECKING:
     from celery_mcp_tasks.service import TaskService
     from celery_mcp_tasks.store.base import Store
 
-__all__ = ["Plugin", "Runtime", "overrides"]
+__all__ = ["Plugin", "Runtime", "overrides", "store_built_hook"]
 
 
 class Runtime(Protocol):
@@ -100,3 +102,23 @@ class Plugin:
 def overrides(plugin: Plugin, hook: str) -> bool:
     """Whether `plugin` overrides `hook`: the app calls only those (a default hook costs nothing)."""
     return getattr(type(plugin), hook) is not getattr(Plugin, hook)
+
+
+def store_built_hook(plugin: Plugin) -> Callable[[Store, Engine], None]:
+    """`plugin.store_built`, called as `(store, engine)`. A hook written as the docs first showed it,
+    `store_built(self, store)`, still works: it gets the store alone, with a DeprecationWarning."""
+    hook = plugin.store_built
+    try:
+        parameters = inspect.signature(hook).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (e.g. a builtin): call it as documented
+        return hook
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) != 1 or any(p.kind is p.VAR_POSITIONAL for p in parameters):
+        return hook
+    warnings.warn(
+        f"{type(plugin).__name__}.store_built(store) is deprecated: the hook takes (store, engine)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    one = cast("Callable[[Store], None]", hook)
+    return lambda store, _engine: one(store)
