@@ -49,12 +49,18 @@ __all__ = [
 def load_app(path: str) -> Any:
     """Import APP (`module` or `module:attribute`) and return its `McpTasks`; one-line errors otherwise.
 
-    The command is the application here: it configures root logging (`plain_root_logging`), first,
-    so that APP's import and construction log through it too (`McpTasks` itself leaves logging alone).
+    The command is the application here: once APP is imported, it configures root logging
+    (`plain_root_logging`) unless APP did (`logging.basicConfig` anywhere in it, or the logs
+    plugin), as `McpTasks` itself leaves logging alone.
     """
+    tasks = _import_app(path)
+    plain_root_logging()
+    return tasks
+
+
+def _import_app(path: str) -> Any:
     from celery_mcp_tasks.app import McpTasks
 
-    plain_root_logging()
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     module_name, _, attribute = path.partition(":")
