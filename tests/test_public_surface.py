@@ -80,14 +80,21 @@ def test_every_public_member_is_one_the_docs_show() -> None:
 def test_the_internals_the_commands_use_are_reached_through_internals(tmp_path: Path) -> None:
     from celery_mcp_tasks.app import internals
     from celery_mcp_tasks.config import Settings
+    from celery_mcp_tasks.migrate import upgrade
     from celery_mcp_tasks.service import TaskService
+    from celery_mcp_tasks.worker.janitor import SweepReport
 
-    tasks = celery_mcp_tasks.McpTasks("inside", settings=Settings(data_dir=tmp_path))
+    settings = Settings(data_dir=tmp_path)
+    tasks = celery_mcp_tasks.McpTasks("inside", settings=settings)
     inside = internals(tasks)
     assert isinstance(inside.service(), TaskService)
     assert inside.service() is inside.service()  # one per process
-    for name in ("ledger", "sweep", "preflight"):
-        assert callable(getattr(inside, name))
+    upgrade(settings.store_url)
+    inside.preflight("worker")  # the schema is current: no refusal
+    ledger = inside.ledger()
+    assert ledger is not None and ledger.last() is None  # no sweep recorded yet
+    report = inside.sweep()
+    assert report == SweepReport()  # nothing to sweep in an empty store
 
 
 def test_the_metric_argument_the_readme_once_showed_is_a_swept_plugin_with_a_deprecation_warning(
@@ -107,3 +114,28 @@ def test_the_metric_argument_the_readme_once_showed_is_a_swept_plugin_with_a_dep
     upgrade(settings.store_url)
     internals(tasks).sweep()
     assert seen and seen[0][0] == "celery_mcp_tasks.janitor.sweep"
+
+
+def test_a_store_built_hook_written_as_the_docs_first_showed_still_gets_the_store(tmp_path: Path) -> None:
+    """`store_built(self, store)` (the docs' first form) is called with the store alone, with a DeprecationWarning;
+    the documented `store_built(self, store, engine)` gets both."""
+    from celery_mcp_tasks.app import internals
+    from celery_mcp_tasks.config import Settings
+    from celery_mcp_tasks.plugin import Plugin
+
+    seen: list[tuple[str, object]] = []
+
+    class Old(Plugin):
+        def store_built(self, store):  # type: ignore[no-untyped-def,override]
+            seen.append(("old", store))
+
+    class New(Plugin):
+        def store_built(self, store, engine):  # type: ignore[no-untyped-def]
+            seen.append(("new", engine))
+
+    with pytest.warns(DeprecationWarning, match=r"Old\.store_built\(store\) is deprecated"):
+        tasks = celery_mcp_tasks.McpTasks("hooks", settings=Settings(data_dir=tmp_path), plugins=[Old(), New()])
+    service = internals(tasks).service()
+    assert [name for name, _ in seen] == ["old", "new"]
+    assert seen[0][1] is service.store
+    assert seen[1][1] is service.store.engine  # type: ignore[attr-defined]

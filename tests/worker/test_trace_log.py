@@ -21,9 +21,23 @@ from celery_mcp_tasks.app import internals
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.model import task_key
+from celery_mcp_tasks.worker import tracelog
 from celery_mcp_tasks.worker.job import DISPATCH_HEADER, KEY_HEADER
 
 SECRET = "attack-at-dawn"
+
+
+@pytest.fixture(autouse=True)
+def no_trace_filter_yet(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each test starts as a fresh process does: the filter goes on at a job's first run, not before."""
+    trace = logging.getLogger(tracelog.TRACE_LOGGER)
+    kept = list(trace.filters)
+    for found in kept:
+        if isinstance(found, tracelog.JobTraceFilter):
+            trace.removeFilter(found)
+    monkeypatch.setattr(tracelog, "_installed", False)
+    yield
+    trace.filters[:] = kept
 
 
 @pytest.fixture
