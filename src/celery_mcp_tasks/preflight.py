@@ -46,7 +46,6 @@ __all__ = [
     "key_ring_problem",
     "missing_sqlite_file",
     "preflight",
-    "probe_connect_args",
     "probe_engine",
     "revision_problem",
     "script_heads",
@@ -145,14 +144,14 @@ def missing_sqlite_file(url: str) -> bool:
 
 def probe_engine(url: str, *, connect_timeout_s: int | None = None) -> sa.Engine:
     """The one engine a check builds (start-up, `db`, `/readyz`, `doctor`): no pool, so each check is a fresh
-    connection, and on PostgreSQL a socket bounded by `probe_connect_args` (default `CONNECT_TIMEOUT_S`)."""
+    connection, and on PostgreSQL a socket bounded by `_probe_connect_args` (default `CONNECT_TIMEOUT_S`)."""
     from celery_mcp_tasks.store.engine import create_store_engine
 
     timeout = CONNECT_TIMEOUT_S if connect_timeout_s is None else connect_timeout_s
-    return create_store_engine(url, poolclass=sa.pool.NullPool, connect_args=probe_connect_args(url, timeout))
+    return create_store_engine(url, poolclass=sa.pool.NullPool, connect_args=_probe_connect_args(url, timeout))
 
 
-def probe_connect_args(url: str, timeout_s: int) -> dict[str, Any]:
+def _probe_connect_args(url: str, timeout_s: int) -> dict[str, Any]:
     """libpq's own bounds on a check's socket: the connect, then keepalives and `tcp_user_timeout`, so a
     connection whose peer vanishes (a partition, a dead NAT entry) fails within seconds instead of hours."""
     if make_url(url).get_backend_name() != "postgresql":
