@@ -3,8 +3,8 @@
 //   node inspector_ui.mjs INSPECTOR_URL SCREENSHOT_DIR CHROMIUM [STEPS]
 //
 // INSPECTOR_URL is the address the Inspector printed (with MCP_INSPECTOR_API_TOKEN); its one server is
-// a deployment of tests.apps.interop_app. It connects, calls `count_up` (sampling the "Tool progress"
-// notices while the call is pending), then `ask_name` (answering the "Elicitation Request" form), and
+// a deployment of tests.apps.interop_app. It connects, calls `count_up` (recording every "Tool progress"
+// notice while the call is pending), then `ask_name` (answering the "Elicitation Request" form), and
 // prints one JSON line of what it saw; screenshots go to SCREENSHOT_DIR. Every wait is bounded, and a
 // watchdog ends the program whatever happens.
 
@@ -43,10 +43,6 @@ async function shot(page, name) {
   report.shots.push(file);
 }
 
-// The text of each "Tool progress" notice on screen (they update in place and close after 5 s).
-async function progressNotices(page) {
-  return page.getByRole("alert").filter({ hasText: "Tool progress" }).allInnerTexts();
-}
 
 async function openTool(page, name) {
   await page.getByText(name, { exact: true }).first().click();
@@ -94,23 +90,30 @@ try {
   await openTool(page, "count_up");
   await page.getByRole("textbox", { name: "Steps" }).fill(String(steps));
   await page.getByRole("textbox", { name: "Pause" }).fill("1");
-  await page.getByRole("button", { name: "Execute Tool" }).click();
-  const cancel = page.getByRole("button", { name: "Cancel", exact: true }); // shown while the call is pending
-  const counted = page.getByText(`counted to ${steps}`, { exact: true });
-  const whilePending = [];
-  const deadline = Date.now() + 60_000;
-  let shotTaken = false;
-  while (Date.now() < deadline && !(await counted.isVisible())) {
-    const notices = await progressNotices(page);
-    if (notices.length > 0 && (await cancel.isVisible())) {
-      for (const notice of notices) if (!whilePending.includes(notice)) whilePending.push(notice);
-      if (!shotTaken && whilePending.length >= 2) {
-        await shot(page, "2-count_up-progress-while-pending");
-        shotTaken = true;
+  // Every text a notice takes is recorded in the page as the DOM changes (a MutationObserver), so a slow
+  // sampling loop on a loaded machine cannot miss a step that was on screen for only a moment.
+  await page.evaluate(() => {
+    window.__progressWhilePending = [];
+    const record = () => {
+      const pending = [...document.querySelectorAll("button")].some((b) => b.textContent.trim() === "Cancel");
+      if (!pending) return;
+      for (const alert of document.querySelectorAll('[role="alert"]')) {
+        const text = alert.innerText.trim();
+        if (text.includes("Tool progress") && !window.__progressWhilePending.includes(text)) {
+          window.__progressWhilePending.push(text);
+        }
       }
-    }
-    await page.waitForTimeout(100);
-  }
+    };
+    new MutationObserver(record).observe(document.body, { subtree: true, childList: true, characterData: true });
+  });
+  await page.getByRole("button", { name: "Execute Tool" }).click();
+  const counted = page.getByText(`counted to ${steps}`, { exact: true });
+  await page.waitForFunction(() => window.__progressWhilePending.length >= 2, null, { timeout: 60_000 }).then(
+    () => shot(page, "2-count_up-progress-while-pending"),
+    () => {},
+  );
+  await counted.waitFor({ timeout: 60_000 });
+  const whilePending = await page.evaluate(() => window.__progressWhilePending);
   report.progressWhilePending = whilePending;
   report.pendingCallSeen = whilePending.length > 0;
   await counted.waitFor({ timeout: 5_000 });
