@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import queue
+import socket
 import threading
 from typing import Any
 
@@ -32,6 +33,7 @@ class ListenStream:
         self.status: int | None = None
         self.error_body: dict[str, Any] | None = None
         self._opened = threading.Event()
+        self._response: httpx.Response | None = None
         headers = {
             "Accept": "application/json, text/event-stream",
             "MCP-Protocol-Version": PROTOCOL,
@@ -62,6 +64,7 @@ class ListenStream:
     def _read(self, url: str, headers: dict[str, str], body: dict[str, Any]) -> None:
         try:
             with self._client.stream("POST", url, content=json.dumps(body), headers=headers) as response:
+                self._response = response
                 self.status = response.status_code
                 if not response.headers.get("content-type", "").startswith("text/event-stream"):
                     self.error_body = json.loads(response.read() or b"null")
@@ -97,5 +100,17 @@ class ListenStream:
         return message["params"]
 
     def close(self) -> None:
+        """End the stream from this side at once: the reader, blocked on the socket, sees it closed.
+
+        Closing the client alone does not wake a thread blocked reading (it waited out the join).
+        """
+        response = self._response
+        stream = response.extensions.get("network_stream") if response is not None else None
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed by the server
         self._client.close()
         self._thread.join(10)
