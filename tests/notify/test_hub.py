@@ -97,3 +97,30 @@ async def test_the_poller_hints_new_and_changed_rows_and_reads_nothing_when_nobo
     await poller.poll_once()
     assert await watch.next(0) == {"k2": 2}
     assert len(asked) == 3  # one batched query per tick
+
+
+async def test_the_hub_says_whether_any_watch_follows_a_row() -> None:
+    """What a transport asks before it listens: a stream that follows no task does not count."""
+    hub = Hub()
+    woken: list[bool] = []
+
+    async def until_followed() -> None:
+        await hub.until_followed()
+        woken.append(True)
+
+    empty = hub.watch([])
+    assert not hub.followed
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(until_followed)
+        await anyio.wait_all_tasks_blocked()
+        assert not woken
+        watch = hub.watch(["k1"])
+        await anyio.wait_all_tasks_blocked()
+        assert woken and hub.followed
+    watch.forget("k1")
+    assert not hub.followed
+    every = hub.watch_every()
+    assert hub.followed
+    every.close()
+    empty.close()
+    assert not hub.followed

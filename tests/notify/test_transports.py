@@ -13,6 +13,7 @@ import sqlalchemy as sa
 
 from celery_mcp_tasks.config import ConfigError, Settings
 from celery_mcp_tasks.model import TaskRecord, TaskStatus
+from celery_mcp_tasks.notify import postgres
 from celery_mcp_tasks.notify.hub import Hub
 from celery_mcp_tasks.notify.postgres import CHANNEL, PgListener, hint_payload, parse_hint
 from celery_mcp_tasks.notify.push import select_mode
@@ -98,10 +99,51 @@ async def test_postgres_delivers_a_hint_at_commit_and_never_for_a_rollback(postg
 
     try:
         async with _running(PgListener(postgres_url, hub)):
+            assert await watch.next(0) == {KEY: None}  # listening began: every watch re-reads
             await anyio.to_thread.run_sync(write, 2, False)
             await anyio.to_thread.run_sync(write, 3, True)
             with anyio.fail_after(20):
                 assert await watch.next(20) == {KEY: 3}
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.anyio
+@pytest.mark.postgres
+async def test_postgres_is_listened_to_only_while_a_watch_follows_a_row(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each hint a listening connection receives costs the database and the web process a wake-up; with
+    nothing following a task none is of use. A change made while nobody listened is not lost: the
+    watch that starts the listening is asked to re-read."""
+    monkeypatch.setattr(postgres, "_IDLE_S", 0.05)  # how often the listener checks: drive it fast
+    hub = Hub()
+    listener = PgListener(postgres_url, hub)
+    engine = sa.create_engine(normalize_url(postgres_url))
+
+    def write(version: int) -> None:
+        with engine.begin() as conn:
+            conn.execute(sa.select(sa.func.pg_notify(CHANNEL, hint_payload(_record(version)))))
+
+    async def until(condition: Any) -> None:
+        with anyio.fail_after(20):
+            while not condition():
+                await anyio.sleep(0.01)
+
+    try:
+        async with _running(listener):
+            assert not listener.listening  # connected, and nothing follows a task
+            await anyio.to_thread.run_sync(write, 2)  # heard by no one
+            for version in (3, 4):  # listening starts with the first watch, again after it stopped
+                watch = hub.watch([KEY])
+                with anyio.fail_after(20):
+                    assert await watch.next(20) == {KEY: None}  # the re-read that covers what went unheard
+                assert listener.listening
+                await anyio.to_thread.run_sync(write, version)
+                with anyio.fail_after(20):
+                    assert await watch.next(20) == {KEY: version}
+                watch.close()
+                await until(lambda: not listener.listening)  # idle: UNLISTEN
     finally:
         engine.dispose()
 

@@ -86,7 +86,7 @@ class Watch:
         self.closed = True
         if self._hub is not None:
             self._hub._unindex(self, list(self._keys))
-            self._hub._every.discard(self)
+            self._hub._drop_every(self)
         self._keys.clear()
         self._pending.clear()
         self._event.set()
@@ -99,6 +99,7 @@ class Hub:
         self._by_key: dict[str, set[Watch]] = {}
         self._every: set[Watch] = set()
         self._token: anyio.lowlevel.EventLoopToken | None = None
+        self._followed: anyio.Event | None = None  # made on the loop, by the first `until_followed`
 
     def bind(self) -> None:
         """Remember the running event loop so threads can hand hints over. Call from the loop."""
@@ -110,6 +111,7 @@ class Hub:
         watch = Watch(keys, self)
         for key in watch.keys:
             self._by_key.setdefault(key, set()).add(watch)
+        self._follow_changed()
         return watch
 
     def watch_every(self) -> Watch:
@@ -120,6 +122,7 @@ class Hub:
         """
         watch = Watch((), self, every=True)
         self._every.add(watch)
+        self._follow_changed()
         return watch
 
     def _unindex(self, watch: Watch, keys: Iterable[str]) -> None:
@@ -130,6 +133,29 @@ class Hub:
             watchers.discard(watch)
             if not watchers:
                 del self._by_key[key]
+        self._follow_changed()
+
+    def _drop_every(self, watch: Watch) -> None:
+        self._every.discard(watch)
+        self._follow_changed()
+
+    # -- whether anything follows ---------------------------------------------------
+
+    @property
+    def followed(self) -> bool:
+        """Whether some watch follows a row (or every row): only then is a transport's hint of use here."""
+        return bool(self._by_key or self._every)
+
+    async def until_followed(self) -> None:
+        """Return once some watch follows a row (at once if one does)."""
+        while not self.followed:
+            if self._followed is None or self._followed.is_set():
+                self._followed = anyio.Event()
+            await self._followed.wait()
+
+    def _follow_changed(self) -> None:
+        if self._followed is not None and self.followed:
+            self._followed.set()
 
     def watched_keys(self) -> list[str]:
         """Every key some stream follows (the polling transport asks for these rows)."""

@@ -5,7 +5,8 @@ on rollback, so a listener never hears of a row it cannot read yet, and the
 publisher costs one statement in a transaction that is open anyway (~1 ms
 end to end, measured here). The listener is an async psycopg connection on the
 web process's event loop (measured: the same ~0.8 ms p50 as a thread calling
-`conn.notifies()`, without a thread that cannot be interrupted at shutdown).
+`conn.notifies()`, without a thread that cannot be interrupted at shutdown),
+listening only while something in the process follows a task (`PgListener`).
 
 Payload: `"<row key>:<version>"`. Never a task id, never a result.
 """
@@ -34,6 +35,8 @@ CHANNEL = "mcp_tasks_changed"
 
 _NOTIFY = sa.text("SELECT pg_notify(:channel, :payload)")
 _RETRY_MAX_S = 5.0
+_IDLE_S = 5.0
+"""How often a listening connection checks whether anything still follows a task."""
 
 
 def format_hint(record: TaskRecord) -> str:
@@ -79,10 +82,15 @@ def libpq_url(url: str) -> str:
 
 
 class PgListener:
-    """`LISTEN` on one connection per web process; feeds the hub until cancelled.
+    """`LISTEN` on one connection per web process while something follows a task; feeds the hub until cancelled.
 
-    Reconnects with backoff when the connection drops, then asks every stream
-    to re-read (hints sent meanwhile are lost; the rows are not).
+    Every write sends its hint whether or not anyone listens (`PG_HINT`), and each hint a listening
+    connection receives costs the database a wake-up and this process a read on its event loop. So
+    the connection listens only while some watch of the hub follows a row (a listen stream, a
+    synchronous call, the console's live view), and stops `_IDLE_S` to twice that after the last
+    one closed. Starting to listen asks every watch to re-read: a change committed before the
+    LISTEN took effect was heard by no one. Reconnects with backoff when the connection drops
+    (the rows are kept; hints sent meanwhile are lost, and the re-read after LISTEN catches up).
     """
 
     def __init__(self, url: str, hub: Hub, *, channel: str = CHANNEL) -> None:
@@ -90,27 +98,41 @@ class PgListener:
         self._hub = hub
         self._channel = channel
         self.ready = anyio.Event()
+        self.listening = False
 
     async def run(self) -> None:
         import psycopg  # the `postgres` extra; imported only where PostgreSQL is used
 
         delay = 0.1
-        connected_before = False
         while True:
             try:
                 conn: Any = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
                 async with conn:
-                    await conn.execute(f"LISTEN {self._channel}")
-                    if connected_before:
-                        self._hub.resync()
-                    connected_before = True
-                    self.ready.set()
                     delay = 0.1
-                    async for note in conn.notifies():
-                        hint = parse_hint(note.payload)
-                        if hint is not None:
-                            self._hub.hint(*hint)
+                    await self._serve(conn)
             except Exception as exc:  # noqa: BLE001 - never let the listener take the web app down: back off, reconnect
                 logger.warning("task change listener lost PostgreSQL (%s); reconnecting", type(exc).__name__)
+            finally:
+                self.listening = False
             await anyio.sleep(delay)
             delay = min(delay * 2, _RETRY_MAX_S)
+
+    async def _serve(self, conn: Any) -> None:
+        """On one connection: LISTEN while followed, UNLISTEN once idle, again and again."""
+        while True:
+            if not self._hub.followed:
+                self.ready.set()
+                await self._hub.until_followed()
+            await conn.execute(f"LISTEN {self._channel}")
+            self.listening = True
+            self._hub.resync()  # whatever changed before the LISTEN took effect was heard by no one
+            self.ready.set()
+            idle_periods = 0
+            while idle_periods < 2:  # unfollowed through one whole period: stop
+                async for note in conn.notifies(timeout=_IDLE_S):
+                    hint = parse_hint(note.payload)
+                    if hint is not None:
+                        self._hub.hint(*hint)
+                idle_periods = 0 if self._hub.followed else idle_periods + 1
+            await conn.execute(f"UNLISTEN {self._channel}")
+            self.listening = False
