@@ -45,7 +45,7 @@ from celery_mcp_tasks.service import DEFAULT, PayloadLimits, TaskService, _Defau
 from celery_mcp_tasks.store.base import Quota
 from celery_mcp_tasks.store.ledger import Ledger
 from celery_mcp_tasks.store.sql import SqlStore
-from celery_mcp_tasks.worker import bridge
+from celery_mcp_tasks.worker import bridge, termination
 from celery_mcp_tasks.worker.context import TaskContext
 from celery_mcp_tasks.worker.dispatch import CeleryDispatcher
 from celery_mcp_tasks.worker.fairness import consume_shards
@@ -197,6 +197,7 @@ class McpTasks:
         self.server = TasksServer(name, extensions=[self._extension], **server_options)
         self._listen = attach_listen(self.server, bus, self._service, self._push)
         bridge.install()
+        termination.install()  # a prefork pool process that ends never leaves the pool's result lock held
         install_startup(self.celery, self._preflight, self._startup_lines)
         in_worker = self.settings.janitor == "worker"
         install_janitor(

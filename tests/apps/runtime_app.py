@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from typing import Any
 
@@ -103,6 +104,24 @@ def stubborn(seconds: float, ctx: TaskContext) -> str:
     """Never checks for cancellation; tasks/cancel terminates its process (terminate=True)."""
     ctx.progress(f"pid={os.getpid()}: sleeping")
     time.sleep(seconds)
+    return "slept"
+
+
+def _spin(stop: threading.Event) -> None:
+    while not stop.is_set():
+        pass  # pure Python: holds the GIL but for the interpreter's switches
+
+
+@tasks.mcp_task(terminate=True)
+def stubborn_and_busy(seconds: float, ctx: TaskContext) -> str:
+    """`stubborn` with a thread of its own (as a job's library may start) that leaves SIGTERM unblocked and
+    keeps the GIL busy: when the terminated process ends, its main thread waits for the GIL between writing
+    its last message to the pool and releasing the pool's lock, the moment the pool's own SIGTERM comes."""
+    stop = threading.Event()
+    threading.Thread(target=_spin, args=(stop,), name="busy", daemon=True).start()
+    ctx.progress(f"pid={os.getpid()}: sleeping")
+    time.sleep(seconds)
+    stop.set()  # only when it ran to its end: a terminated job's thread spins until its process is gone
     return "slept"
 
 

@@ -266,7 +266,10 @@ def configure(mode: str, service_name: str) -> TracerProvider | None:
         if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
             logger.info("tracing: a tracer provider is already set (e.g. opentelemetry-instrument); using it")
             return None
-        provider = _provider(mode, service_name)
+        from celery_mcp_tasks.worker.termination import termination_blocked
+
+        with termination_blocked():  # its export thread never takes a SIGTERM (see worker.termination)
+            provider = _provider(mode, service_name)
         trace.set_tracer_provider(provider)
         _process.provider = provider
         atexit.register(shutdown)
@@ -302,8 +305,9 @@ def shutdown() -> None:
         provider, _process.provider = _process.provider, None
     if provider is None:
         return
-    stopping = threading.Thread(target=provider.shutdown, name="mcp-tasks-trace-flush", daemon=True)
-    stopping.start()
+    from celery_mcp_tasks.worker.termination import start_thread
+
+    stopping = start_thread(provider.shutdown, "mcp-tasks-trace-flush")  # may be left behind in an ending process
     stopping.join(_STOP_S)
 
 

@@ -9,7 +9,9 @@ with the first job that runs in the process and then stays, idle, for the next o
 thread only if it is due before the thread looks again on its own: while idle,
 the thread looks every interval, so a job after job costs no wake-up. In a
 forked child the parent's thread does not exist: the registry notices the new
-process id and starts afresh.
+process id and starts afresh. It blocks SIGTERM, as every thread of this package does:
+a SIGTERM taken by a second thread of an ending prefork pool process can leave the
+pool's shared result lock held for ever (`worker.termination`).
 
 A beat that answers False (the task is final, or a newer run owns it) ends that
 job's beats; one that raises is logged and tried again next interval (a missed beat
@@ -26,6 +28,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+
+from celery_mcp_tasks.worker.termination import start_thread
 
 __all__ = ["Heartbeats", "heartbeats"]
 
@@ -64,8 +68,7 @@ class Heartbeats:
             self._jobs.add(job)
             self._idle_s = interval  # the next job is likely to beat at the same pace
             if self._thread is None or not self._thread.is_alive():  # first job, or a thread that died
-                self._thread = threading.Thread(target=self._run, name="mcp-task-heartbeat", daemon=True)
-                self._thread.start()
+                self._thread = start_thread(self._run, "mcp-task-heartbeat")  # never takes a SIGTERM
             elif self._wake_at is None or job.due < self._wake_at:
                 self._changed.notify()  # else the thread looks before this job is due: no wake-up per job
         try:

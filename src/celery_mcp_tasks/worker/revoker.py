@@ -32,6 +32,7 @@ from celery import Celery, signals
 
 from celery_mcp_tasks.worker.celery_internals import pool_terminates
 from celery_mcp_tasks.worker.kombu_internals import PIDBOX_LOGGER, bound_publish_retries
+from celery_mcp_tasks.worker.termination import start_thread
 
 __all__ = ["BackgroundRevoker", "pool_terminates", "warn_unless_pool_terminates"]
 
@@ -74,9 +75,7 @@ class BackgroundRevoker:
             with self._lock:
                 if self._pid != pid:  # first use, or a forked child: neither the queue nor the thread crossed
                     self._queue = queue.Queue(self.max_pending)
-                    threading.Thread(
-                        target=self._drain, args=(self._queue,), name="mcp-task-revoke", daemon=True
-                    ).start()
+                    start_thread(self._drain, "mcp-task-revoke", (self._queue,))  # never takes a SIGTERM
                     self._pid = pid
         return self._queue
 
