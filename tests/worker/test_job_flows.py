@@ -1,14 +1,12 @@
-"""A job's life on real worker processes: input rounds, cancellation, retries, a killed pool process."""
+"""A job's life on real worker processes: input rounds, cancellation, retries (a killed pool process:
+test_lost_pool_process.py)."""
 
 from __future__ import annotations
 
-import os
-import signal
 from pathlib import Path
 
 import pytest
 
-from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.model import task_key
 from celery_mcp_tasks.protocol import PROGRESS_META_KEY
 from celery_mcp_tasks.service import TaskService
@@ -175,34 +173,6 @@ def test_autoretry_that_runs_out_fails_only_at_the_end(client: McpHttp, worker: 
 def _first_about(seen: list[tuple[str, str | None]], attempt: str) -> int:
     """Where the first statusMessage about `attempt` ("(attempt 2)") is among the states seen."""
     return next(n for n, (_, message) in enumerate(seen) if message and message.endswith(attempt))
-
-
-# -- lost pool processes ----------------------------------------------------------------------
-
-
-def test_killing_the_pool_process_retries_the_job_once_and_it_completes(client: McpHttp, worker: Proc) -> None:
-    task_id = client.create("survivor", {"seconds": 2})
-    pid = job_pid(client, task_id)
-    os.kill(pid, signal.SIGKILL)
-    done, seen = follow(client, task_id, worker=worker)
-    assert done["status"] == "completed" and text_of(done) == "survived on attempt 2", seen
-    assert any(message and "attempt 2" in message for _, message in seen), seen
-
-
-def test_a_job_that_always_kills_its_process_fails_after_its_retries(client: McpHttp, backend: Backend) -> None:
-    task_id = client.create("poison")  # max_retries=1
-    failed = client.wait_for(task_id, timeout=30)
-    assert failed["status"] == "failed"
-    assert failed["error"]["message"].startswith("Job failed: WorkerLostError")
-    store = SqlStore.from_url(backend.store_url)
-    try:  # its last send ran twice (the first attempt and its one retry): bounded, never a loop
-        record = store.get(task_key(task_id))
-        assert record is not None and record.attempt == 1
-        # Under load the reaper (3 s stale timeout here) may also re-send it while Celery's own retry is
-        # pending; the sends stay bounded too.
-        assert 1 <= record.dispatches <= Settings.from_env({}).max_sends
-    finally:
-        store.dispose()
 
 
 # -- work that ends elsewhere ------------------------------------------------------------------
