@@ -18,7 +18,7 @@ from typing import Any
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, ElicitRequest, InputRequiredResult, TextContent
 
-from celery_mcp_tasks import InputTimeout, McpTasks, TaskContext, elicit, list_roots, sample
+from celery_mcp_tasks import InputTimeout, McpTasks, TaskContext, TerminalTask, elicit, list_roots, sample
 
 tasks = McpTasks("runtime-tests")
 celery = tasks.celery
@@ -72,11 +72,17 @@ def wait_or_give_up(timeout: float, ctx: TaskContext) -> str:
 def work(seconds: float, ctx: TaskContext, marker: str | None = None) -> str:
     """Works for `seconds`, checking for cancellation in a tight loop.
 
-    `marker`: a file it creates when its body starts, and `<marker>.stopped` when it stops for a cancel.
+    `marker`: a file it creates when its body starts, and `<marker>.stopped` when it stops for a cancel,
+    at its first report (refused once the task is final) or at a check.
     """
     if marker:
         open(marker, "w").close()
-    ctx.progress(f"pid={os.getpid()}: working")
+    try:
+        ctx.progress(f"pid={os.getpid()}: working")
+    except TerminalTask:  # cancelled between its start and its first report: it stops here
+        if marker:
+            open(f"{marker}.stopped", "w").close()
+        raise
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if ctx.cancelled():
