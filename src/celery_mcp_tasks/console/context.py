@@ -407,17 +407,24 @@ class Console:
             self._fan_out([Change(row.key, row.status, row.version, row)])
 
     async def run(self) -> None:
-        """The fan-out loop (the console app's lifespan runs it): one hub watch, one read per tick."""
-        watch: Watch | None = self.hub.watch_every() if self.hub is not None else None
+        """The fan-out loop (the console app's lifespan runs it): one hub watch while a page looks, one read per tick.
+
+        The watch is open only while some page subscribes: with it closed, the process's transport
+        need not listen for this console (PostgreSQL's LISTEN stops once nothing follows a task).
+        """
+        watch: Watch | None = None
         last_poll = 0.0
         try:
             while True:
                 if not self._subscribers:
                     self._mark = None  # nobody looks: nothing to catch up on later
                     if watch is not None:
-                        await watch.next(0)  # drop hints nobody will see
+                        watch.close()  # nor any hint to hear
+                        watch = None
                     await self._has_subscribers.wait()
                     continue
+                if watch is None and self.hub is not None:
+                    watch = self.hub.watch_every()
                 await anyio.sleep(TICK_S)
                 hinted: list[str] = []
                 resynced = False
