@@ -139,3 +139,20 @@ def test_a_store_built_hook_written_as_the_docs_first_showed_still_gets_the_stor
     assert [name for name, _ in seen] == ["old", "new"]
     assert seen[0][1] is service.store
     assert seen[1][1] is service.store.engine  # type: ignore[attr-defined]
+
+
+def test_a_plugin_may_use_the_service_in_its_setup_and_store_hooks_still_run(tmp_path: Path) -> None:
+    from celery_mcp_tasks.config import Settings
+    from celery_mcp_tasks.plugin import Plugin, Runtime
+
+    built: list[object] = []
+
+    class Eager(Plugin):
+        def setup(self, runtime: Runtime) -> None:
+            built.append(runtime.service().store)  # builds this process's service now
+
+        def store_built(self, store, engine):  # type: ignore[no-untyped-def]
+            built.append(store)
+
+    celery_mcp_tasks.McpTasks("eager", settings=Settings(data_dir=tmp_path), plugins=[Eager()])
+    assert len(built) == 2 and built[0] is built[1]  # the hook ran on the store setup got

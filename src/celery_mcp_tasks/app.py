@@ -203,10 +203,10 @@ class McpTasks:
         install_janitor(
             self.celery, self._sweep, self.settings.janitor_interval_s, in_worker=in_worker, ledger=self._ledger
         )
+        # e.g. the metrics' error listener on each process's engine (before set_up, which may build the service)
+        self._store_hooks = [store_built_hook(p) for p in self._plugins if overrides(p, "store_built")]
         for plugin in self._plugins:
             _set_up(plugin, self._runtime)
-        # e.g. the metrics' error listener on each process's engine
-        self._store_hooks = [store_built_hook(p) for p in self._plugins if overrides(p, "store_built")]
         if self._listen is not None:
             self._listen.observers.extend(p for p in self._plugins if overrides(p, "stream_opened"))
         # Entered for the served app's whole life (inside its lifespan): e.g. the janitor watch.
