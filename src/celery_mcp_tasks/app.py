@@ -324,22 +324,18 @@ class McpTasks:
     def mcp_task(self, fn: Callable[..., _R] | None = None, /, **options: Any) -> McpTaskJob[_R] | McpTaskDecorator:
         """Make `fn` a Celery task and an MCP tool that answers `tools/call` with a task.
 
-        `mode`: "optional" (a task when the client declared the extension, else run
-        and wait), "required" (-32021 without the extension) or "forbidden" (always
-        run and wait). `needs`: client capabilities the job's input requests use.
-        `terminate`: tasks/cancel also kills a running job (prefork pools, best
-        effort). `max_sends`: sends of one run before a lost job fails
-        (default MCP_TASKS_MAX_SENDS). `max_active`: unfinished tasks of this tool per
-        caller (default MCP_TASKS_QUOTA_ACTIVE_PER_TOOL). `idempotency_key`: a function of
-        the arguments giving the key of a call a client sends none for, or "arguments"
-        (the arguments themselves): a repeat within the task's TTL gets the first task
-        back (needs MCP_TASKS_IDEMPOTENCY_SECRET). Other keyword arguments go to
-        (default MCP_TASKS_MAX_SENDS). `max_arguments_bytes`, `max_answer_bytes`,
-        `max_result_bytes`: this tool's payload limits (default MCP_TASKS_MAX_ARGUMENTS_BYTES,
-        MCP_TASKS_MAX_ANSWER_BYTES, MCP_TASKS_MAX_RESULT_BYTES). Other keyword arguments go to
-        Celery's `@app.task`: with `bind=True` the function takes the job
-        first (`self.retry(...)`); `autoretry_for` works as usual; jobs default
-        to `acks_late` with a bounded `retry_on_worker_lost`.
+        `mode`: "optional" (a task when the client declared the extension, else run and wait),
+        "required" (-32021 without the extension) or "forbidden" (always run and wait). `needs`:
+        client capabilities the job's input requests use. `terminate`: tasks/cancel also kills a
+        running job (prefork pools, best effort). `max_sends`: sends of one run before a lost job
+        fails (MCP_TASKS_MAX_SENDS). `max_active`: unfinished tasks of this tool per caller
+        (MCP_TASKS_QUOTA_ACTIVE_PER_TOOL). `idempotency_key`: a function of the arguments giving
+        the key of a call a client sends none for, or "arguments": a repeat within the task's TTL
+        gets the first task back (needs MCP_TASKS_IDEMPOTENCY_SECRET). `max_arguments_bytes`,
+        `max_answer_bytes`, `max_result_bytes`: this tool's payload limits (MCP_TASKS_MAX_ARGUMENTS_BYTES,
+        MCP_TASKS_MAX_ANSWER_BYTES, MCP_TASKS_MAX_RESULT_BYTES).
+        Other keyword arguments go to Celery's `@app.task`: with `bind=True` the function takes the
+        job first (`self.retry(...)`); jobs default to `acks_late` with a bounded `retry_on_worker_lost`.
         """
         if fn is None:
 
