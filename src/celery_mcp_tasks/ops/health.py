@@ -1,28 +1,9 @@
 """`/healthz` (liveness) and `/readyz` (readiness): the `Health` plugin's routes on the operations app.
 
-Served apart from the MCP endpoint (`McpTasks.ops_app()`, `serve --ops-port`): a probe
-needs no authorization, and the public MCP port carries none of it.
-
-`/healthz` answers from the event loop alone: the process is up. A probe that
-touched the database there would have an orchestrator restart every replica
-during a database outage, which no restart fixes.
-
-`/readyz` names each check (store, schema, broker, janitor) with a status and
-a short detail, and answers 503 when one of them fails. It must answer within
-2 s even when the database hangs, and a probe every few seconds must never
-pile up threads. So each check runs in a daemon thread of its own (off the
-event loop), and a request waits for each run until that run's deadline (1.5 s
-after it started). A check still running from an earlier request is never
-started twice: the request waits for what is left of that run's time, and a run
-already past its deadline answers "timed out" at once, so while the database
-hangs each probe costs one thread in all and answers without waiting the
-deadline again. Daemon threads, not a
-`ThreadPoolExecutor`: the interpreter joins a pool's threads at exit, so after
-SIGTERM a probe hung on a silent socket would keep the process from exiting.
-
-A stale janitor is a "warn", not a failure: readiness decides whether this
-replica gets traffic, and taking every replica out because beat stopped would
-turn a slow leak into an outage; `doctor` and the alert rules treat it as one.
+`/healthz` answers from the event loop alone: a probe that touched the database would have an
+orchestrator restart every replica during a database outage, which no restart fixes. A stale
+janitor is a "warn", not a failure: taking every replica out because beat stopped would turn a
+slow leak into an outage (`doctor` and the alert rules treat it as one).
 """
 
 from __future__ import annotations
@@ -54,12 +35,9 @@ from celery_mcp_tasks.ops.probes import (
 )
 from celery_mcp_tasks.plugin import Plugin, Runtime
 
-__all__ = ["DEADLINE_S", "CheckRunner", "Health", "healthz", "readiness_checks"]
-
 logger = logging.getLogger("celery_mcp_tasks.ops.health")
 
-DEADLINE_S = 1.5
-"""How long `/readyz` waits for its checks: the answer comes well within 2 s whatever hangs."""
+DEADLINE_S = 1.5  # how long `/readyz` waits for its checks: it answers within 2 s whatever hangs
 
 Check = Callable[[], Finding]
 
@@ -123,9 +101,10 @@ def _contained(check: Check) -> Finding:
 class CheckRunner:
     """Runs named checks in daemon threads, each run with its deadline; at most one run of each check in flight.
 
-    Concurrent requests share a running check's result; a check that outlives
-    its deadline keeps its one thread and answers "timed out", at once, until it returns.
-    A forked child starts with no check in flight (the parent's threads did not cross).
+    Concurrent requests share a running check's result; a check that outlives its deadline keeps its one
+    thread and answers "timed out", at once, until it returns: while the database hangs, a probe every few
+    seconds costs one thread in all. Daemon threads, not a pool: the interpreter joins a pool's threads at
+    exit, so a probe hung on a silent socket would keep the process from exiting after SIGTERM.
     """
 
     def __init__(self, checks: Mapping[str, Check], *, deadline_s: float = DEADLINE_S) -> None:
@@ -136,7 +115,8 @@ class CheckRunner:
         self._running: dict[str, tuple[Future[Finding], float]] = {}
 
     def _start(self, name: str) -> tuple[Future[Finding], float]:
-        """The check's run in flight, or a new one; with the monotonic time its deadline falls."""
+        """The check's run in flight, or a new one; with the monotonic time its deadline falls (a forked
+        child starts with none in flight: the parent's threads did not cross)."""
         with self._lock:
             if self._pid != os.getpid():
                 self._pid = os.getpid()

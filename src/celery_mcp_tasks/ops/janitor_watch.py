@@ -1,23 +1,8 @@
 """The web process watches the janitor: one warning when nobody swept for three intervals.
 
-Everything that keeps tasks healthy (TTL eviction, the lost-job reaper, the input
-timeout) runs in the janitor, and the janitor runs only where someone started
-`celery beat` or set MCP_TASKS_JANITOR=worker. Forgetting both used to be silent
-until "Task limit reached". Each sweep records itself in the store's sweep ledger;
-this watch reads it every interval and says so once when it goes stale, once
-when sweeps come back, and once more if they stop again: a log line per change,
-not per interval.
-
-A hanging database must cost the watch one thread, never one per interval: each
-read runs like a readiness probe (a daemon thread, the pool-less probe engine with
-its connect and statement timeouts, never a pooled connection the requests need),
-and no read starts while the last one is still running: a read slower than an
-interval (a new connection on a loaded machine) is waited for again, late but
-never lost, and reads keep a fixed schedule from the watch's start, so one slow
-read does not push every later one back.
-
-What "stale" means is the janitor's own (`worker.janitor.janitor_stale`), shared with
-`/readyz`, `doctor` and the metrics.
+The janitor runs only where someone started `celery beat` or set MCP_TASKS_JANITOR=worker; forgetting
+both used to be silent until "Task limit reached". A log line per change (stale, recovered), not per
+interval; a hanging database costs the watch one thread, never one per interval.
 """
 
 from __future__ import annotations
@@ -35,8 +20,6 @@ from celery_mcp_tasks.ops.probes import ProbeEngine, in_daemon_thread, janitor_r
 from celery_mcp_tasks.plugin import Plugin, Runtime
 from celery_mcp_tasks.store.ledger import SweepRecord
 from celery_mcp_tasks.worker.janitor import FIX, janitor_age, janitor_stale
-
-__all__ = ["JanitorWatch", "JanitorWatcher"]
 
 logger = logging.getLogger("celery_mcp_tasks.janitor")
 

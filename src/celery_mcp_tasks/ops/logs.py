@@ -1,23 +1,8 @@
 """Structured logs: one JSON object a line for web, worker and beat, and the task lifecycle as log events.
 
-`MCP_TASKS_LOG_FORMAT=json` restyles the handlers this package or Celery set
-up (never a handler the application configured itself): the web process's
-root handler (`ops.root_handler.plain_root_logging`, and uvicorn's loggers routed
-to it by `uvicorn_log_config`), and the handlers `celery worker` and
-`celery beat` create (`after_setup_logger` / `after_setup_task_logger`), so
-Celery's own "received" and "succeeded" lines become JSON too. Text stays the
-default and looks as it always did.
-
-Whatever the format, a record is never allowed to carry a task id: the id is a
-bearer capability. Our code logs at most the row key's first 8 hex digits;
-`RedactTaskIds` is the net under that rule, on every handler styled here, for
-whatever a library's exception or a job's own line might echo. In text mode
-too: uvicorn's own handlers (`uvicorn_log_config`) carry it.
-
-`LifecycleLog` is an `Observer`: one line per transition worth knowing
-(created, started, input required, finished), in the process that wrote it.
-Only `task.finished` is INFO, so a busy server at the default level says one
-line per task, its outcome, and the rest is there at DEBUG when asked for.
+Only the handlers this package or Celery set up are restyled, never one the application configured.
+Whatever the format, a record never carries a task id (a bearer capability): our code logs at most
+the row key's first 8 hex digits, and `RedactTaskIds` is the net under that on every handler styled.
 """
 
 from __future__ import annotations
@@ -32,23 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 from celery_mcp_tasks.model import TaskRecord, TaskStatus
 from celery_mcp_tasks.ops.metrics import queued_at
-from celery_mcp_tasks.ops.redaction import REDACTED, RedactTaskIds, record_message, redact
+from celery_mcp_tasks.ops.redaction import RedactTaskIds, record_message, redact
 from celery_mcp_tasks.ops.root_handler import ROOT_HANDLER, plain_root_logging
 from celery_mcp_tasks.plugin import Plugin, Runtime
 
 if TYPE_CHECKING:
     from celery_mcp_tasks.config import Settings
-
-__all__ = [
-    "LIFECYCLE_LOGGER",
-    "REDACTED",
-    "JsonFormatter",
-    "LifecycleLog",
-    "Logs",
-    "RedactTaskIds",
-    "redact",
-    "uvicorn_log_config",
-]
 
 LIFECYCLE_LOGGER = "celery_mcp_tasks.tasks"
 KEY_PREFIX = 8

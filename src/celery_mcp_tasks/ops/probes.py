@@ -1,15 +1,8 @@
 """The deployment's vital signs, each one bounded blocking call: what `/readyz` and `doctor` both ask.
 
-Every probe returns a `Finding` and never raises: a failure is an answer
-("fail" with the driver's first line), not a traceback. Each one gives up on
-its own within a few seconds (a connect timeout; a statement timeout on every
-read; on PostgreSQL, TCP keepalives and `tcp_user_timeout`, so a socket whose
-peer vanished after connecting is dropped too), so a thread that runs it comes
-back even when the database or the broker hangs. The callers add their own,
-shorter deadline on top, and run probes in daemon threads (`in_daemon_thread`):
-a probe stuck in a way none of that bounds never holds the process's exit.
-Details carry no URL, no password and no task id: a host and port at most, as
-the drivers word them.
+Every probe returns a `Finding` and never raises, and gives up on its own within a few seconds (connect
+and statement timeouts; on PostgreSQL, TCP keepalives and `tcp_user_timeout`), so a thread running it
+comes back even when the database or the broker hangs. Details carry no URL, password or task id.
 """
 
 from __future__ import annotations
@@ -41,24 +34,9 @@ from celery_mcp_tasks.store.engine import READ_ONLY
 if TYPE_CHECKING:
     from celery_mcp_tasks.store.ledger import SweepRecord
 
-__all__ = [
-    "PROBE_TIMEOUT_S",
-    "Finding",
-    "ProbeEngine",
-    "Status",
-    "broker_probe",
-    "in_daemon_thread",
-    "janitor_probe",
-    "janitor_record",
-    "schema_probe",
-    "short_reason",
-    "store_probe",
-]
-
 Status = Literal["ok", "warn", "fail", "skipped"]
 
-PROBE_TIMEOUT_S = 3
-"""How long one probe waits for the database or the broker before it gives up on its own."""
+PROBE_TIMEOUT_S = 3  # how long one probe waits for the database or the broker
 
 T = TypeVar("T")
 

@@ -1,8 +1,6 @@
 """Task-id redaction: the net under "a task id never appears in a log line", on every handler `ops.logs` styles.
 
-Our code logs at most the row key's first 8 hex digits; this is for whatever a library's
-exception, a request path or a job's own line might echo. The id is a bearer capability,
-so a false positive (a long mixed-case token redacted) is cheap and a miss is not.
+The id is a bearer capability, so a false positive (a long mixed-case token redacted) is cheap and a miss is not.
 """
 
 from __future__ import annotations
@@ -11,8 +9,6 @@ import logging
 import re
 from collections.abc import Mapping
 from typing import Any
-
-__all__ = ["REDACTED", "RedactTaskIds", "record_message", "redact"]
 
 REDACTED = "<redacted>"
 

@@ -1,16 +1,8 @@
-"""Traces: the worker's run spans (Celery signals), the status events, and the providers MCP_TASKS_TRACING sets.
+"""Traces in the worker: a run span per job (Celery signals), the status events, and the providers
+MCP_TASKS_TRACING=otlp|console sets (the stock SDK ones, in the web process and each worker process).
 
-One trace per task, from `tools/call` through every Celery send and run to the final write.
-The web side and every send are `ops.propagation`'s (opentelemetry-api only, what the
-adapters import). Here, in the worker, each run is "mcp_task run <tool>", a child of the
-message headers' context, open from `task_prerun` to `task_postrun`, so the bridge's final
-write happens inside it. When the Celery instrumentor is active, its publish and run spans
-are the message's: ours is not started, and its run span gets our attributes. Never a task
-id, an argument, a result or an exception's text in a span; the row key's first 8 hex digits
-at most. A span that cannot be started or ended costs that span, never the job.
-
-"otlp"/"console" configure a provider with a `BatchSpanProcessor` in the web process and in
-each worker process (after the fork): an unreachable collector only drops spans and logs.
+Never a task id, an argument, a result or an exception's text in a span; the row key's first 8 hex
+digits at most. A span that cannot be started or ended costs that span, never the job.
 """
 
 from __future__ import annotations
@@ -38,8 +30,6 @@ from celery_mcp_tasks.plugin import Plugin, Runtime
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
 
-__all__ = ["StatusEvents", "Tracing", "configure", "require_extra", "shutdown"]
-
 logger = logging.getLogger("celery_mcp_tasks.ops")
 
 EXTRA = "pip install 'celery-mcp-tasks[otel]'"
@@ -49,18 +39,16 @@ ATTEMPT = "mcp_task.attempt"
 STATUS = "mcp_task.status"
 RUN_END = "mcp_task.run_end"
 _PREFIX = 8
-_STOP_S = 5.0
-"""The bound on the last flush at exit: a collector that is down never holds a process's shutdown."""
+_STOP_S = 5.0  # the bound on the last flush at exit: a collector that is down never holds a shutdown
 _SPAN = "_mcp_run_span"  # request attribute: our run span and the context token of its run
 
 
 class StatusEvents:
-    """An observer: each status a write sets is an attribute and an event on the span current there
-    (a run, a `tasks/*`); a creation's is an attribute only, beside the tool and the row key's prefix,
-    set in one call on the span the row is inserted in (the SDK's `tools/call`, or ours).
+    """Each status a write sets is an attribute and an event on the span current there (a run, a `tasks/*`);
+    a creation's is attributes only (tool, key prefix, status) on the span the row is inserted in.
 
-    No event at the creation: its time is the span's own (the insert is the call's work), and an
-    event costs that span ~40 000 instructions (~0.7 % of a creation; counted under callgrind)."""
+    No event at the creation: its time is the span's own, and an event costs ~0.7 % of a creation
+    (~40 000 instructions, counted under callgrind)."""
 
     def task_changed(self, before: TaskRecord | None, after: TaskRecord) -> None:
         if before is not None and before.status is after.status:
@@ -75,11 +63,8 @@ class StatusEvents:
         span.add_event("mcp_task.status", {STATUS: after.status.value})
 
 
-# -- the worker's run spans (Celery signals) -------------------------------------------------------------
-
-
 class _RequestGetter(Getter[Any]):
-    """Reads a propagator's fields from a Celery request: message headers are its attributes (or `.headers`)."""
+    """A propagator's fields from a Celery request: message headers are its attributes (or `.headers`)."""
 
     def get(self, carrier: Any, key: str) -> list[str] | None:
         value = getattr(carrier, key, None)
@@ -226,9 +211,6 @@ def _connect_run_spans() -> None:
     ):
         signal.connect(receiver, weak=False)
     _signals_connected = True
-
-
-# -- the providers MCP_TASKS_TRACING=otlp|console configure ----------------------------------------------
 
 
 def require_extra(mode: str) -> None:
