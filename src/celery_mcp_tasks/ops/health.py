@@ -15,13 +15,11 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
-from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.model import now_ms
 from celery_mcp_tasks.ops.probes import (
     Finding,
@@ -49,53 +47,27 @@ class Health(Plugin):
         self._runner: CheckRunner | None = None
 
     def setup(self, runtime: Runtime) -> None:
-        self._runner = CheckRunner(readiness_checks(runtime.settings, runtime.celery))
+        settings, celery = runtime.settings, runtime.celery
+        probe = ProbeEngine(settings.store_url)
+        since = now_ms()  # a fresh deployment has three intervals for its first sweep
+        self._runner = CheckRunner(
+            {  # in the order the body lists them
+                "store": lambda: store_probe(probe),
+                "schema": lambda: schema_probe(probe),
+                "broker": lambda: broker_probe(celery),
+                "janitor": lambda: janitor_probe(probe, settings, since_ms=since),
+            }
+        )
 
     def routes(self) -> list[BaseRoute]:
-        runner = self._runner
-        if runner is None:
+        if self._runner is None:
             raise RuntimeError("Health: routes() before setup(): give the plugin to McpTasks(plugins=[...])")
-
-        async def readyz(_request: Request) -> JSONResponse:
-            return await readiness_response(runner)
-
-        return [Route("/healthz", healthz, methods=["GET"]), Route("/readyz", readyz, methods=["GET"])]
+        return [Route("/healthz", healthz, methods=["GET"]), Route("/readyz", self._runner.readyz, methods=["GET"])]
 
 
 async def healthz(_request: Request) -> JSONResponse:
     """Liveness: the process is up and its event loop answers (no store or broker round trip)."""
     return JSONResponse({"status": "ok"})
-
-
-def readiness_checks(settings: Settings, celery: Any) -> dict[str, Check]:
-    """The four checks, in the order the body lists them."""
-    probe = ProbeEngine(settings.store_url)
-    since = now_ms()  # a fresh deployment has three intervals for its first sweep
-    return {
-        "store": lambda: store_probe(probe),
-        "schema": lambda: schema_probe(probe),
-        "broker": lambda: broker_probe(celery),
-        "janitor": lambda: janitor_probe(probe, settings, since_ms=since),
-    }
-
-
-async def readiness_response(runner: CheckRunner) -> JSONResponse:
-    """200 when no check fails, 503 otherwise; a failure of the runner itself is a 503, never a 500."""
-    try:
-        findings = await runner.run()
-    except Exception as exc:  # noqa: BLE001 - readiness answers, whatever happened
-        logger.warning("readiness checks could not run (%s)", type(exc).__name__)
-        return JSONResponse({"status": "fail", "checks": {}, "detail": short_reason(exc)}, status_code=503)
-    failed = any(finding.status == "fail" for finding in findings.values())
-    body = {"status": "fail" if failed else "ok", "checks": {name: f.as_dict() for name, f in findings.items()}}
-    return JSONResponse(body, status_code=503 if failed else 200)
-
-
-def _contained(check: Check) -> Finding:
-    try:
-        return check()
-    except Exception as exc:  # noqa: BLE001 - a probe that raises is a failed check
-        return Finding("fail", short_reason(exc))
 
 
 class CheckRunner:
@@ -123,8 +95,7 @@ class CheckRunner:
                 self._running = {}
             run = self._running.get(name)
             if run is None or run[0].done():
-                check = self.checks[name]
-                future = in_daemon_thread(lambda: _contained(check), name="mcp-tasks-readyz")
+                future = in_daemon_thread(self.checks[name], name="mcp-tasks-readyz")
                 run = self._running[name] = (future, time.monotonic() + self.deadline_s)
             return run
 
@@ -133,6 +104,17 @@ class CheckRunner:
         """Checks running now (a hung one counts until it returns)."""
         with self._lock:
             return sum(not future.done() for future, _ in self._running.values())
+
+    async def readyz(self, _request: Request) -> JSONResponse:
+        """200 when no check fails, 503 otherwise; a failure of the runner itself is a 503, never a 500."""
+        try:
+            findings = await self.run()
+        except Exception as exc:  # noqa: BLE001 - readiness answers, whatever happened
+            logger.warning("readiness checks could not run (%s)", type(exc).__name__)
+            return JSONResponse({"status": "fail", "checks": {}, "detail": short_reason(exc)}, status_code=503)
+        failed = any(finding.status == "fail" for finding in findings.values())
+        body = {"status": "fail" if failed else "ok", "checks": {name: f.as_dict() for name, f in findings.items()}}
+        return JSONResponse(body, status_code=503 if failed else 200)
 
     async def run(self) -> dict[str, Finding]:
         """Every check's finding, or "timed out" for those still running at their run's deadline."""
@@ -153,4 +135,7 @@ def _finding(future: Future[Finding], deadline_s: float) -> Finding:
         return Finding("fail", f"timed out (no answer within {deadline_s:g}s)")
     if future.cancelled():
         return Finding("fail", "cancelled")
+    error = future.exception()
+    if isinstance(error, Exception):  # a probe that raises is a failed check
+        return Finding("fail", short_reason(error))
     return future.result()

@@ -74,17 +74,12 @@ class LedgerReads:
         return self._reading is not None and not self._reading.done()
 
     @property
-    def pending(self) -> bool:
-        """A read whose answer no call has returned yet: still running, or done since its call gave up."""
+    def pending(self) -> bool:  # a read whose answer no call has returned yet
         return not self._answered
 
     async def read(self, timeout_s: float) -> SweepRecord | None:
-        """The janitor's record; `TimeoutError` after `timeout_s` (the read goes on).
-
-        A read whose answer no call has returned yet is waited for again, never started twice: a
-        read slower than one wait (a new connection on a loaded machine) is late, never lost, and a
-        hung one costs one thread.
-        """
+        """The janitor's record; `TimeoutError` after `timeout_s`. The read goes on, and the next call waits
+        for it again, never starts a second: a slow read is late, never lost, and a hung one costs one thread."""
         if self._reading is None or self._answered:
             self._reading = in_daemon_thread(lambda: janitor_record(self.probe), name="mcp-tasks-janitor-watch")
             self._answered = False
@@ -103,12 +98,8 @@ def _retrieved(future: asyncio.Future[SweepRecord | None]) -> None:
 
 
 async def watch(settings: Settings, probe: ProbeEngine, *, since_ms: int) -> None:
-    """Read the ledger once an interval until cancelled, never two reads at once.
-
-    The reads keep a fixed schedule from the watch's start, so a slow one does not push
-    every later one back; a read that outlasts its interval-long wait is waited for again
-    at once, so its answer comes late rather than an interval later, or never.
-    """
+    """Read the ledger once an interval until cancelled, on a fixed schedule from the start (a slow read pushes
+    no later one back); a read that outlasts its wait is waited for again at once, not an interval later."""
     import anyio
 
     interval = settings.janitor_interval_s
