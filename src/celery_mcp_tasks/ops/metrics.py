@@ -235,6 +235,10 @@ class LedgerView:
     record: SweepRecord | None = None
 
 
+def _s(ms: int | None) -> float | None:
+    return None if ms is None else ms / 1000.0
+
+
 class LedgerCollector:
     """The store-derived series of one scrape (no I/O here)."""
 
@@ -245,29 +249,17 @@ class LedgerCollector:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
 
-        yield GaugeMetricFamily(
-            f"{PREFIX}_ledger_up", "Whether this scrape could read the janitor's sweep record", value=int(self._view.ok)
-        )
-        if self._interval_s is not None:
-            yield GaugeMetricFamily(
-                f"{PREFIX}_janitor_interval_seconds", "The janitor's configured interval", value=self._interval_s
-            )
         record = self._view.record
-        if record is None:
-            return
-        if record.swept_at is not None:
-            yield GaugeMetricFamily(
-                f"{PREFIX}_janitor_last_sweep_timestamp_seconds",
-                "When the janitor last recorded a sweep (Unix time)",
-                value=record.swept_at / 1000.0,
-            )
-        if record.duration_ms is not None:
-            yield GaugeMetricFamily(
-                f"{PREFIX}_janitor_last_sweep_duration_seconds",
-                "How long the last recorded sweep took",
-                value=record.duration_ms / 1000.0,
-            )
-        if record.statuses:
+        swept_at, took = (None, None) if record is None else (_s(record.swept_at), _s(record.duration_ms))
+        for name, doc, value in (
+            ("ledger_up", "Whether this scrape could read the janitor's sweep record", int(self._view.ok)),
+            ("janitor_interval_seconds", "The janitor's configured interval", self._interval_s),
+            ("janitor_last_sweep_timestamp_seconds", "When the janitor last recorded a sweep (Unix time)", swept_at),
+            ("janitor_last_sweep_duration_seconds", "How long the last recorded sweep took", took),
+        ):
+            if value is not None:
+                yield GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+        if record is not None and record.statuses:
             family = GaugeMetricFamily(
                 f"{PREFIX}_in_status", "Tasks in each status, as the last sweep counted them", labels=["status"]
             )
@@ -342,12 +334,11 @@ class Scrape:
         families()  # described from the first scrape on, before any task changed here
         parts: list[bytes] = []
         try:
+            registry = REGISTRY
             if multiprocess():  # e.g. a web process under gunicorn with PROMETHEUS_MULTIPROC_DIR set
                 registry = CollectorRegistry()
                 MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-                parts.append(generate_latest(registry))
-            else:
-                parts.append(generate_latest(REGISTRY))
+            parts.append(generate_latest(registry))
         except Exception:
             families().scrape_errors.labels("registry").inc()
             logger.exception("metrics: could not collect this process's registry")
@@ -541,29 +532,20 @@ def install_worker_exporter(celery: Any, port: int | None, *, addr: str = "0.0.0
 
     exporter = WorkerExporter(port, addr=addr)
 
-    def ours(instance: Any) -> bool:
-        return getattr(instance, "app", None) is celery
+    def of_this_worker(step: Callable[[], None]) -> Callable[..., None]:
+        def receiver(sender: Any = None, instance: Any = None, **_: Any) -> None:
+            if getattr(sender if instance is None else instance, "app", None) is celery:  # the worker
+                step()
 
-    # Connected by call, as in worker/startup.py: Celery's signals are untyped.
-    def _init(sender: Any = None, instance: Any = None, **_: Any) -> None:
-        if ours(instance):
-            exporter.prepare()
+        return receiver
 
-    def _after_setup(sender: Any = None, instance: Any = None, **_: Any) -> None:
-        if ours(instance):
-            exporter.serve()
-
-    def _child_exit(sender: Any = None, pid: int | None = None, **_: Any) -> None:
+    def child_exited(sender: Any = None, pid: int | None = None, **_: Any) -> None:
         exporter.child_exited(pid if pid is not None else os.getpid())
 
-    def _shutdown(sender: Any = None, **_: Any) -> None:
-        if getattr(sender, "app", None) is celery:
-            exporter.stop()
-
-    signals.celeryd_init.connect(_init, weak=False)
-    signals.celeryd_after_setup.connect(_after_setup, weak=False)
-    signals.worker_process_shutdown.connect(_child_exit, weak=False)
-    signals.worker_shutdown.connect(_shutdown, weak=False)
+    signals.celeryd_init.connect(of_this_worker(exporter.prepare), weak=False)
+    signals.celeryd_after_setup.connect(of_this_worker(exporter.serve), weak=False)
+    signals.worker_process_shutdown.connect(child_exited, weak=False)
+    signals.worker_shutdown.connect(of_this_worker(exporter.stop), weak=False)
 
 
 _DEFAULT_PORT: Any = object()

@@ -99,7 +99,7 @@ def creating(tool: str) -> Iterator[str | None]:
     """The span of one creation and its first send; yields what the row stores.
 
     The SDK's `tools/call` span when it is recording (one span per creation, not two: a span costs
-    ~35 us with its export; `ops.tracing.StatusEvents` gives it the attributes with the row); else
+    ~35 us with its export; `Tracing.task_changed` gives it the attributes with the row); else
     "tasks create <tool>", started here. None without a provider (a span would only be its parent
     again, ~20 us), nor where the sampler left the call out: under the default ParentBased sampler
     ours would be left out too, and the row keeps the unsampled context, so the task's runs follow it.

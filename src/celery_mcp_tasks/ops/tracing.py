@@ -8,6 +8,7 @@ digits at most. A span that cannot be started or ended costs that span, never th
 from __future__ import annotations
 
 import atexit
+import functools
 import importlib.util
 import logging
 import os
@@ -41,26 +42,6 @@ RUN_END = "mcp_task.run_end"
 _PREFIX = 8
 _STOP_S = 5.0  # the bound on the last flush at exit: a collector that is down never holds a shutdown
 _SPAN = "_mcp_run_span"  # request attribute: our run span and the context token of its run
-
-
-class StatusEvents:
-    """Each status a write sets is an attribute and an event on the span current there (a run, a `tasks/*`);
-    a creation's is attributes only (tool, key prefix, status) on the span the row is inserted in.
-
-    No event at the creation: its time is the span's own, and an event costs ~0.7 % of a creation
-    (~40 000 instructions, counted under callgrind)."""
-
-    def task_changed(self, before: TaskRecord | None, after: TaskRecord) -> None:
-        if before is not None and before.status is after.status:
-            return
-        span = trace.get_current_span()
-        if not span.is_recording():
-            return
-        if before is None:
-            span.set_attributes({TOOL: after.tool, KEY_PREFIX: after.key[:_PREFIX], STATUS: after.status.value})
-            return
-        span.set_attribute(STATUS, after.status.value)
-        span.add_event("mcp_task.status", {STATUS: after.status.value})
 
 
 class _RequestGetter(Getter[Any]):
@@ -192,14 +173,9 @@ def _on_postrun(sender: Any = None, task: Any = None, **_: Any) -> None:
     end_span(*held)
 
 
-_signals_connected = False
-
-
+@functools.cache
 def _connect_run_spans() -> None:
     """Once per process (forked pool children inherit the receivers), like the signal bridge."""
-    global _signals_connected
-    if _signals_connected:
-        return
     from celery import signals
 
     for signal, receiver in (
@@ -210,7 +186,6 @@ def _connect_run_spans() -> None:
         (signals.task_postrun, _on_postrun),
     ):
         signal.connect(receiver, weak=False)
-    _signals_connected = True
 
 
 def require_extra(mode: str) -> None:
@@ -349,7 +324,6 @@ class Tracing(Plugin):
             raise ConfigError(f"MCP_TASKS_TRACING: expected on, otlp or console, got {exporter!r}")
         self.exporter = exporter
         self._name = "celery-mcp-tasks"
-        self._status_events = StatusEvents()
 
     def setup(self, runtime: Runtime) -> None:
         """Only registers (signals, a serving context). A missing extra is a `ConfigError` naming it."""
@@ -360,7 +334,19 @@ class Tracing(Plugin):
         _connect_run_spans()
 
     def task_changed(self, before: TaskRecord | None, after: TaskRecord) -> None:
-        self._status_events.task_changed(before, after)
+        """Each status a write sets is an attribute and an event on the span current there (a run, a
+        `tasks/*`); a creation's is attributes only (tool, key prefix, status) on the span the row is
+        inserted in: its time is the span's own, and an event costs ~0.7 % of a creation (callgrind)."""
+        if before is not None and before.status is after.status:
+            return
+        span = trace.get_current_span()
+        if not span.is_recording():
+            return
+        if before is None:
+            span.set_attributes({TOOL: after.tool, KEY_PREFIX: after.key[:_PREFIX], STATUS: after.status.value})
+            return
+        span.set_attribute(STATUS, after.status.value)
+        span.add_event("mcp_task.status", {STATUS: after.status.value})
 
     def serving(self) -> Any:
         return None if self.exporter is None else _provider_while_serving(self.exporter, self._name)
