@@ -10,8 +10,6 @@ from typing import Protocol
 
 from celery_mcp_tasks.model import TaskRecord
 
-__all__ = ["Observer", "Observers", "safe_observe"]
-
 logger = logging.getLogger(__name__)
 
 

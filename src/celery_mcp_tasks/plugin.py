@@ -37,16 +37,13 @@ class Runtime(Protocol):
     @property
     def celery(self) -> Any:
         """The app's `celery.Celery` (its signals and configuration are this app's)."""
-        ...
 
     @property
     def tools(self) -> Collection[str]:
         """The names of the app's task tools, live (tools declared later are in it)."""
-        ...
 
     def service(self) -> TaskService:
         """This process's task service (built on first use, rebuilt after a fork)."""
-        ...
 
 
 class Plugin:

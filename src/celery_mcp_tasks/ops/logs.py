@@ -141,11 +141,8 @@ def _job_fields() -> dict[str, str]:
 
 
 class LifecycleLog:
-    """An `Observer` that logs each task's creation, starts, questions and end, with fields, never content.
-
-    `task.finished` (status, duration_ms from creation) is INFO, the rest DEBUG:
-    `logging.getLogger("celery_mcp_tasks.tasks").setLevel("DEBUG")` shows them all.
-    """
+    """An `Observer` that logs each task's creation, starts, questions and end, with fields, never content:
+    `task.finished` is INFO, the rest DEBUG (`logging.getLogger("celery_mcp_tasks.tasks").setLevel("DEBUG")`)."""
 
     def __init__(self) -> None:
         self.logger = logging.getLogger(LIFECYCLE_LOGGER)

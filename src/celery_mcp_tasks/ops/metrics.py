@@ -62,35 +62,34 @@ class Families:
     def __init__(self, registry: CollectorRegistry | None) -> None:
         from prometheus_client import Counter, Gauge, Histogram
 
-        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+        def counter(name: str, doc: str, *labels: str) -> Counter:
             return Counter(f"{PREFIX}_{name}", doc, labels, registry=registry)
 
-        def histogram(name: str, doc: str, labels: tuple[str, ...], buckets: tuple[float, ...]) -> Histogram:
+        def histogram(name: str, doc: str, buckets: tuple[float, ...], *labels: str) -> Histogram:
             return Histogram(f"{PREFIX}_{name}", doc, labels, registry=registry, buckets=buckets)
 
-        tool = ("tool",)
-        self.created = counter("created", "Tasks created", tool)
+        self.created = counter("created", "Tasks created", "tool")
         self.finished = counter(
-            "finished", "Tasks that reached a final status, or expired before one", ("tool", "status")
+            "finished", "Tasks that reached a final status, or expired before one", "tool", "status"
         )
         self.refused = counter(
-            "refused", "Creations a caller's quota or rate limit refused, by tool and limit", ("tool", "limit")
+            "refused", "Creations a caller's quota or rate limit refused, by tool and limit", "tool", "limit"
         )
-        self.enqueue_failures = counter("enqueue_failures", "Tasks failed because their job could not be sent", tool)
+        self.enqueue_failures = counter("enqueue_failures", "Tasks failed because their job could not be sent", "tool")
         self.queue_wait = histogram(
-            "queue_wait_seconds", "From the write that queued a run to the run's start", tool, QUEUE_BUCKETS
+            "queue_wait_seconds", "From the write that queued a run to the run's start", QUEUE_BUCKETS, "tool"
         )
         self.run = histogram(
-            "run_seconds", "From a run's start to its end (a final status or a question)", tool, RUN_BUCKETS
+            "run_seconds", "From a run's start to its end (a final status or a question)", RUN_BUCKETS, "tool"
         )
         self.duration = histogram(
-            "duration_seconds", "From creation to the final status", ("tool", "status"), RUN_BUCKETS
+            "duration_seconds", "From creation to the final status", RUN_BUCKETS, "tool", "status"
         )
         self.input_wait = histogram(
-            "input_wait_seconds", "Time in input_required, from its last write to the answer", tool, INPUT_BUCKETS
+            "input_wait_seconds", "Time in input_required, from its last write to the answer", INPUT_BUCKETS, "tool"
         )
         self.janitor_sweeps = counter("janitor_sweeps", "Janitor sweeps this process ran")
-        self.janitor_tasks = counter("janitor_tasks", "Tasks the janitor acted on, by action", ("action",))
+        self.janitor_tasks = counter("janitor_tasks", "Tasks the janitor acted on, by action", "action")
         self.listen_streams = Gauge(
             f"{PREFIX}_listen_streams",
             "Open subscriptions/listen streams",
@@ -98,12 +97,10 @@ class Families:
             multiprocess_mode="livesum",
         )
         self.push_latency = histogram(
-            "push_notify_latency_seconds", "From a hint waking a listen stream to its notification", (), PUSH_BUCKETS
+            "push_notify_latency_seconds", "From a hint waking a listen stream to its notification", PUSH_BUCKETS
         )
-        self.store_errors = counter(
-            "store_errors", "Database errors met by the task store, by operation", ("operation",)
-        )
-        self.scrape_errors = counter("scrape_errors", "Parts of a /metrics scrape that could not be read", ("source",))
+        self.store_errors = counter("store_errors", "Database errors met by the task store, by operation", "operation")
+        self.scrape_errors = counter("scrape_errors", "Parts of a /metrics scrape that could not be read", "source")
 
 
 _lock = threading.Lock()
@@ -141,11 +138,8 @@ def multiprocess() -> bool:
 
 
 def queued_at(before: TaskRecord) -> int:
-    """When the run that starts after `before` was queued: its send, an answer, or a retry's due time.
-
-    A retry's write sets `updated_at` and moves `heartbeat_at` to the end of its countdown; a send sets
-    `heartbeat_at` alone. The later of the two is when the run could start (a wait excludes a countdown).
-    """
+    """When the run that starts after `before` was queued: its send, an answer, or a retry's due time (a retry
+    sets `updated_at` and moves `heartbeat_at` to the end of its countdown; a send sets `heartbeat_at`)."""
     return max(before.updated_at, before.heartbeat_at or 0)
 
 
@@ -396,11 +390,8 @@ def _locked(directory: str, *, exclusive: bool) -> Iterator[None]:
 
 
 def fold_files(directory: str, pid: int) -> int:
-    """Add process `pid`'s counter, histogram and summary files into the `*_merged.db` ones; how many went.
-
-    The merged file is written beside, under a name no reader globs, and replaces the old one before the
-    process's own file is removed, all under the lock: a scrape sees the counts once.
-    """
+    """Add process `pid`'s counter, histogram and summary files into the `*_merged.db` ones; how many went. The
+    merged file is written under a name no reader globs, then replaces the old one, before `pid`'s goes."""
     folded = 0
     with _locked(directory, exclusive=True):
         for kind in _ADDITIVE:
@@ -463,7 +454,6 @@ class WorkerExporter:
         self.directory: str | None = None
         self.private = False
         self.server: WSGIServer | None = None
-        self._thread: threading.Thread | None = None
 
     def prepare(self) -> None:
         """Decide how this worker counts (in files under one directory), before any child exists."""
@@ -490,7 +480,7 @@ class WorkerExporter:
         else:
             MultiProcessCollector(registry, path=self.directory)  # type: ignore[no-untyped-call]
         try:
-            self.server, self._thread = start_http_server(self.port, addr=self.addr, registry=registry)
+            self.server, _thread = start_http_server(self.port, addr=self.addr, registry=registry)
         except OSError as exc:
             logger.warning(
                 "celery-mcp-tasks: worker metrics port %d is not free (%s); this worker runs without its "

@@ -167,12 +167,8 @@ def broker_probe(celery: Any, *, timeout_s: float = PROBE_TIMEOUT_S) -> Finding:
 
 
 def janitor_probe(probe: ProbeEngine, settings: Settings, *, since_ms: int | None = None) -> Finding:
-    """The janitor's last recorded sweep is recent: "warn" when it is stale (`janitor_stale`, the one definition).
-
-    Stale: no sweep for three intervals, or none ever recorded (`since_ms`: when the
-    caller started looking, so a fresh deployment has three intervals for its first
-    sweep). "skipped" when MCP_TASKS_JANITOR_INTERVAL_S=off: nothing is scheduled to sweep.
-    """
+    """The janitor's last recorded sweep is recent: "warn" when it is stale (`janitor_stale`, the one definition;
+    `since_ms`: when the caller started looking, so a fresh deployment has three intervals for its first sweep)."""
     interval = settings.janitor_interval_s
     if interval is None:
         return Finding("skipped", "no scheduled sweeps (MCP_TASKS_JANITOR_INTERVAL_S=off)")
@@ -195,10 +191,8 @@ def janitor_probe(probe: ProbeEngine, settings: Settings, *, since_ms: int | Non
 
 
 def janitor_record(probe: ProbeEngine) -> SweepRecord | None:
-    """The janitor's ledger row with the database's clock, read like every probe (statement timeout and all).
-
-    Raises `FileNotFoundError` for an embedded store never created (a connect would create it, empty).
-    """
+    """The janitor's ledger row with the database's clock, read like every probe; `FileNotFoundError` for an
+    embedded store never created (a connect would create it, empty)."""
     from celery_mcp_tasks.store.ledger import JANITOR
     from celery_mcp_tasks.store.sweeps import read_sweep
 

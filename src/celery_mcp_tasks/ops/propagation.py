@@ -130,11 +130,8 @@ def creating(tool: str) -> Iterator[str | None]:
 
 @contextmanager
 def sending(trace_context: str | None, headers: MutableMapping[str, Any]) -> Iterator[None]:
-    """One send of a task's job: the task's own context is current, and written into the message `headers`.
-
-    The stored context, not the caller's: a resend by the reaper or after `tasks/update` belongs to
-    the task's trace. A row without one sends in the caller's. Never raises for tracing's sake.
-    """
+    """One send of a task's job: the task's stored context (else the caller's) is current, and written into the
+    message `headers`: a resend by the reaper or after `tasks/update` belongs to the task's trace."""
     token = None
     try:
         if trace_context and trace_context != current_traceparent():  # not the first send, in `creating`

@@ -55,11 +55,8 @@ def redact(text: str) -> str:
 
 
 def _redact_arguments(record: logging.LogRecord) -> bool:
-    """Redact the record's string arguments, keeping its template, when that alone cleans the message.
-
-    A formatter that reads `args` itself (uvicorn's access line, Celery's trace lines) then
-    still works; False when the template or a non-string argument holds the id.
-    """
+    """Redact the record's string arguments, keeping its template (a formatter that reads `args`, as uvicorn's
+    access line and Celery's trace lines do, still works); False when that alone does not clean the message."""
     args = record.args
     redacted: tuple[Any, ...] | Mapping[str, Any]
     if isinstance(args, tuple):
@@ -89,10 +86,8 @@ def record_message(record: logging.LogRecord) -> str:
 class RedactTaskIds(logging.Filter):
     """A handler's filter: the message and exception text lose anything shaped like a task id.
 
-    The record is rewritten only when something was redacted, its string arguments
-    first (the template and the arguments' shape stay as they were), else its whole
-    message (the template is kept for `JsonFormatter`'s event names), so the common
-    case costs one regex scan.
+    The record is rewritten only when something was redacted (the common case costs one regex scan): its
+    string arguments first, else its whole message (the template kept for `JsonFormatter`'s event names).
     """
 
     _exceptions = logging.Formatter()

@@ -12,12 +12,8 @@ ROOT_HANDLER = "celery-mcp-tasks"
 
 
 def plain_root_logging(level: str = "INFO") -> None:
-    """One plain line per record on stderr, unless the process configured logging already.
-
-    Plain on purpose: rich's handler (which the SDK's `MCPServer` would install) pads and
-    wraps every line to the terminal's width, 80 columns in a container: log lines a
-    collector cannot parse.
-    """
+    """One plain line per record on stderr, unless the process configured logging already. Plain on purpose:
+    rich's handler (the SDK's `MCPServer` would install it) wraps lines to 80 columns in a container."""
     if not logging.getLogger().handlers:
         handler = logging.StreamHandler()
         handler.set_name(ROOT_HANDLER)

@@ -269,11 +269,8 @@ def shutdown() -> None:
 
 
 def _forks(pool_cls: Any) -> bool:
-    """A prefork (billiard) pool: its children run the jobs, so each configures itself after the fork.
-
-    At `worker_init` the pool may still be a name (`worker_pool`, `app.Worker(pool=...)`): Celery's
-    aliases resolve it (`prefork` and `processes` are both billiard's pool), as the worker does next.
-    """
+    """A prefork (billiard) pool: its children run the jobs, so each configures itself after the fork. At
+    `worker_init` the pool may still be a name (`prefork`, `processes`): Celery's aliases resolve it."""
     from celery.concurrency import get_implementation
 
     try:
