@@ -36,11 +36,7 @@ def __getattr__(name: str) -> Any:
 
 
 def plugins_from_settings(settings: Settings) -> list[Plugin]:
-    """The built-in plugins the settings turn on, in the order they install (logs first: they style what follows).
-
-    MCP_TASKS_LOG_FORMAT=json (Logs), MCP_TASKS_TRACING=on|otlp|console (Tracing),
-    MCP_TASKS_HEALTH=on (Health), MCP_TASKS_METRICS=on (Prometheus), MCP_TASKS_JANITOR_WATCH=on.
-    """
+    """The built-in plugins the settings turn on, in the order they install (logs first: they style what follows)."""
     found: list[Plugin] = []
     if settings.log_format == "json":
         found.append(_load("Logs")(json=True))

@@ -100,8 +100,7 @@ class CheckRunner:
             return run
 
     @property
-    def in_flight(self) -> int:
-        """Checks running now (a hung one counts until it returns)."""
+    def in_flight(self) -> int:  # checks running now (a hung one counts until it returns)
         with self._lock:
             return sum(not future.done() for future, _ in self._running.values())
 

@@ -42,18 +42,16 @@ if TYPE_CHECKING:
 logger = logging.getLogger("celery_mcp_tasks.ops.metrics")
 
 PREFIX = "mcp_tasks"
-OTHER = "other"
-"""The `tool` label of a record whose tool this app does not register (bounded cardinality)."""
-EXPIRED = "expired"
-"""The `status` label of `mcp_tasks_finished_total` for a task its TTL removed before it was final."""
+OTHER = "other"  # the `tool` label of a tool this app does not register (bounded cardinality)
+EXPIRED = "expired"  # the `status` label of `finished_total` for a task its TTL removed before it was final
 
 QUEUE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 RUN_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600)
 INPUT_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 43200, 86400)
 PUSH_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
+# Sweep report keys -> the `action` label of `mcp_tasks_janitor_tasks_total` (other keys are not counted).
 JANITOR_ACTIONS = {"removed": "evicted", "resent": "resent", "failed": "failed_lost", "expired_inputs": "expired_input"}
-"""Sweep report keys -> the `action` label of `mcp_tasks_janitor_tasks_total` (other keys are not counted)."""
 
 
 class Families:
@@ -131,10 +129,6 @@ def use_multiprocess(directory: str) -> bool:
         return False
     count_in_files()
     return True
-
-
-def multiprocess() -> bool:
-    return counts_in_files() and bool(os.environ.get(MULTIPROC_DIR))
 
 
 def queued_at(before: TaskRecord) -> int:
@@ -266,11 +260,7 @@ class Scrape:
     """One app's `/metrics`: this process's registry plus the store-derived series."""
 
     def __init__(
-        self,
-        service: Callable[[], TaskService],
-        interval_s: float | None,
-        *,
-        timeout_s: float = LEDGER_TIMEOUT_S,
+        self, service: Callable[[], TaskService], interval_s: float | None, *, timeout_s: float = LEDGER_TIMEOUT_S
     ) -> None:
         self._service = service
         self._interval_s = interval_s
@@ -329,7 +319,7 @@ class Scrape:
         parts: list[bytes] = []
         try:
             registry = REGISTRY
-            if multiprocess():  # e.g. a web process under gunicorn with PROMETHEUS_MULTIPROC_DIR set
+            if counts_in_files() and os.environ.get(MULTIPROC_DIR):  # e.g. a web process under gunicorn
                 registry = CollectorRegistry()
                 MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
             parts.append(generate_latest(registry))

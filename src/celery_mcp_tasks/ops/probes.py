@@ -146,8 +146,7 @@ def broker_probe(celery: Any, *, timeout_s: float = PROBE_TIMEOUT_S) -> Finding:
         return Finding("ok", "in-memory broker (this process only)")
     start = time.monotonic()
     conn = celery.connection_for_write(
-        connect_timeout=timeout_s,
-        transport_options={"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s},
+        connect_timeout=timeout_s, transport_options={"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
     )
     try:
         conn.ensure_connection(max_retries=0)

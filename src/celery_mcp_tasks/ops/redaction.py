@@ -26,10 +26,6 @@ _RUN = re.compile(r"(?<![A-Za-z0-9_-])[A-Za-z0-9_-]{43,}")
 _ID_LENGTH = 43
 
 
-def _mixed_case(token: str) -> bool:
-    return any(c.isupper() for c in token) and any(c.islower() for c in token)
-
-
 def redact(text: str) -> str:
     """`text` with every token shaped like a task id replaced by `<redacted>` (overlapping ones as one)."""
     if len(text) < _ID_LENGTH:
@@ -37,7 +33,7 @@ def redact(text: str) -> str:
     spans: list[list[int]] = []
     for run in _RUN.finditer(text):
         for match in _CANDIDATE.finditer(text, run.start(), run.end()):
-            if not _mixed_case(match.group(1)):
+            if match.group(1) in (match.group(1).lower(), match.group(1).upper()):  # not mixed case: not an id
                 continue
             start = match.start()
             if spans and start < spans[-1][1]:
