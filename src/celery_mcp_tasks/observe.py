@@ -16,7 +16,6 @@ logger = logging.getLogger(__name__)
 class Observer(Protocol):
     def task_changed(self, before: TaskRecord | None, after: TaskRecord) -> None:
         """`after` was committed; `before` is the row it replaced (None: `after` was just created)."""
-        ...
 
 
 def safe_observe(observer: Observer | None, before: TaskRecord | None, after: TaskRecord) -> None:

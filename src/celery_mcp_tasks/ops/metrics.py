@@ -118,19 +118,6 @@ def families() -> Families:
     return _families
 
 
-def use_multiprocess(directory: str) -> bool:
-    """Count in per-process files under `directory` from now on (a worker, before its pool forks); False when
-    this process already made its metrics in memory (they would count there, unseen by the exporter)."""
-    os.environ[MULTIPROC_DIR] = directory
-    if counts_in_files():
-        return True
-    if _families is not None:
-        logger.warning("metrics: counted in memory before the worker started; its pool's counts are not exported")
-        return False
-    count_in_files()
-    return True
-
-
 def queued_at(before: TaskRecord) -> int:
     """When the run that starts after `before` was queued: its send, an answer, or a retry's due time (a retry
     sets `updated_at` and moves `heartbeat_at` to the end of its countdown; a send sets `heartbeat_at`)."""
@@ -326,8 +313,7 @@ class Scrape:
         except Exception:
             families().scrape_errors.labels("registry").inc()
             logger.exception("metrics: could not collect this process's registry")
-        collector = LedgerCollector(view, self._interval_s)
-        parts.append(generate_latest(cast("Collector", collector)))
+        parts.append(generate_latest(cast("Collector", LedgerCollector(view, self._interval_s))))
         return b"".join(parts)
 
 
@@ -455,8 +441,14 @@ class WorkerExporter:
             directory = tempfile.mkdtemp(prefix=f"{PRIVATE_PREFIX}{os.getpid()}-")
             self.private = True
         os.makedirs(directory, exist_ok=True)
-        self.directory = directory
-        use_multiprocess(directory)
+        self.directory = os.environ[MULTIPROC_DIR] = directory
+        if not counts_in_files():
+            if _families is None:
+                count_in_files()
+            else:  # made in memory, they would count there, unseen by the exporter
+                logger.warning(
+                    "metrics: counted in memory before the worker started; its pool's counts are not exported"
+                )
 
     def serve(self) -> None:
         if self.port is None or self.directory is None or self.server is not None:

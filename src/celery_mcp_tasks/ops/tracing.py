@@ -16,7 +16,6 @@ import sys
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from functools import wraps
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import propagate, trace
@@ -98,7 +97,7 @@ _Receiver = Callable[..., None]
 def _contained(receiver: _Receiver) -> _Receiver:
     """A run-span signal receiver that never raises: Celery would log each failure with a traceback."""
 
-    @wraps(receiver)
+    @functools.wraps(receiver)
     def contained(*args: Any, **kwargs: Any) -> None:
         try:
             receiver(*args, **kwargs)
