@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
+from dataclasses import asdict
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -112,7 +113,7 @@ class CheckRunner:
             logger.warning("readiness checks could not run (%s)", type(exc).__name__)
             return JSONResponse({"status": "fail", "checks": {}, "detail": short_reason(exc)}, status_code=503)
         failed = any(finding.status == "fail" for finding in findings.values())
-        body = {"status": "fail" if failed else "ok", "checks": {name: f.as_dict() for name, f in findings.items()}}
+        body = {"status": "fail" if failed else "ok", "checks": {name: asdict(f) for name, f in findings.items()}}
         return JSONResponse(body, status_code=503 if failed else 200)
 
     async def run(self) -> dict[str, Finding]:

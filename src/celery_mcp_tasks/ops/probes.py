@@ -46,9 +46,6 @@ class Finding:
     status: Status
     detail: str
 
-    def as_dict(self) -> dict[str, str]:
-        return {"status": self.status, "detail": self.detail}
-
 
 def short_reason(exc: BaseException) -> str:
     """One line about a failure: the driver's own first line, or the exception's type."""

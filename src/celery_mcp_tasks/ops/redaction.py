@@ -40,14 +40,9 @@ def redact(text: str) -> str:
                 spans[-1][1] = start + _ID_LENGTH
             else:
                 spans.append([start, start + _ID_LENGTH])
-    if not spans:
-        return text
-    parts, done = [], 0
-    for start, end in spans:
-        parts += [text[done:start], REDACTED]
-        done = end
-    parts.append(text[done:])
-    return "".join(parts)
+    for start, end in reversed(spans):  # from the end: the earlier spans' offsets stay true
+        text = text[:start] + REDACTED + text[end:]
+    return text
 
 
 def _redact_arguments(record: logging.LogRecord) -> bool:
