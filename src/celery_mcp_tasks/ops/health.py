@@ -38,8 +38,6 @@ logger = logging.getLogger("celery_mcp_tasks.ops.health")
 
 DEADLINE_S = 1.5  # how long `/readyz` waits for its checks: it answers within 2 s whatever hangs
 
-Check = Callable[[], Finding]
-
 
 class Health(Plugin):
     """The health plugin: `/healthz` and `/readyz` on the operations app (nothing connects until a probe)."""
@@ -80,7 +78,7 @@ class CheckRunner:
     exit, so a probe hung on a silent socket would keep the process from exiting after SIGTERM.
     """
 
-    def __init__(self, checks: Mapping[str, Check], *, deadline_s: float = DEADLINE_S) -> None:
+    def __init__(self, checks: Mapping[str, Callable[[], Finding]], *, deadline_s: float = DEADLINE_S) -> None:
         self.checks = dict(checks)
         self.deadline_s = deadline_s
         self._lock = threading.Lock()

@@ -67,34 +67,26 @@ class LedgerReads:
     def __init__(self, probe: ProbeEngine) -> None:
         self.probe = probe
         self._reading: Future[SweepRecord | None] | None = None
-        self._answered = True
+        self.pending = False  # a read whose answer no call has returned yet
 
     @property
     def in_flight(self) -> bool:
         return self._reading is not None and not self._reading.done()
 
-    @property
-    def pending(self) -> bool:  # a read whose answer no call has returned yet
-        return not self._answered
-
     async def read(self, timeout_s: float) -> SweepRecord | None:
         """The janitor's record; `TimeoutError` after `timeout_s`. The read goes on, and the next call waits
         for it again, never starts a second: a slow read is late, never lost, and a hung one costs one thread."""
-        if self._reading is None or self._answered:
+        if self._reading is None or not self.pending:
             self._reading = in_daemon_thread(lambda: janitor_record(self.probe), name="mcp-tasks-janitor-watch")
-            self._answered = False
+            self.pending = True
         waiting = asyncio.wrap_future(self._reading)
-        waiting.add_done_callback(_retrieved)  # a read that fails after the watch moved on is not "never retrieved"
+        # A read that fails after the watch moved on is retrieved, not logged as "never retrieved".
+        waiting.add_done_callback(lambda read: read.cancelled() or read.exception())
         done, _ = await asyncio.wait({waiting}, timeout=timeout_s)
         if not done:
             raise TimeoutError(f"no answer within {timeout_s:g}s")
-        self._answered = True
+        self.pending = False
         return waiting.result()
-
-
-def _retrieved(future: asyncio.Future[SweepRecord | None]) -> None:
-    if not future.cancelled():
-        future.exception()
 
 
 async def watch(settings: Settings, probe: ProbeEngine, *, since_ms: int) -> None:

@@ -335,15 +335,12 @@ def _on_error(context: ExceptionContext) -> None:
         logger.debug("metrics: could not count a store error", exc_info=True)
 
 
-# The worker's exporter. A prefork child counts where no scrape could reach it, so a `celery worker`
-# counts in prometheus_client's multiprocess files (one per process, one directory: the deployment's
-# PROMETHEUS_MULTIPROC_DIR, else a private one made at `celeryd_init`, before the fork and before any
-# metric exists, and removed at shutdown or by the next worker on the host if this one was killed),
-# and its main process serves them all (a port in use is one warning line). prometheus_client keeps a
-# dead child's counter files for ever and every scrape reads them all, so with `--max-tasks-per-child`
-# the directory would grow for the worker's life: in a private directory an exiting child folds its
-# counts into one `*_merged.db` file per type, under a lock the endpoint also takes (a scrape sees them
-# once). A deployment's directory may have readers of its own: it is left as prometheus_client writes it.
+# The worker's exporter. A prefork child counts where no scrape reaches, so a `celery worker` counts in
+# multiprocess files (in PROMETHEUS_MULTIPROC_DIR, else a private directory made before the fork and any
+# metric) that its main process serves. prometheus_client keeps a dead child's counter files for ever and
+# every scrape reads them all, so with `--max-tasks-per-child` they would pile up: in a private directory
+# an exiting child folds its counts into one `*_merged.db` per type, under a lock the endpoint also takes.
+# A deployment's directory may have readers of its own: it is left as prometheus_client writes it.
 
 MULTIPROC_DIR = "PROMETHEUS_MULTIPROC_DIR"
 PRIVATE_PREFIX = "celery-mcp-tasks-metrics-"  # then the worker's pid, a random tail

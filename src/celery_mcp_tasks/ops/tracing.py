@@ -86,15 +86,11 @@ def _ours(task: Any) -> tuple[Any, str, Any] | None:
 def _attributes(tool: str, key: str, run: Any) -> dict[str, Any]:
     attributes: dict[str, Any] = {TOOL: tool, KEY_PREFIX: key[:_PREFIX]}
     if run is not None:
-        attributes[DISPATCH] = run.dispatch
-        attributes[ATTEMPT] = run.attempt + 1
+        attributes |= {DISPATCH: run.dispatch, ATTEMPT: run.attempt + 1}
     return attributes
 
 
-_Receiver = Callable[..., None]
-
-
-def _contained(receiver: _Receiver) -> _Receiver:
+def _contained(receiver: Callable[..., None]) -> Callable[..., None]:
     """A run-span signal receiver that never raises: Celery would log each failure with a traceback."""
 
     @functools.wraps(receiver)
