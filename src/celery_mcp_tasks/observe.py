@@ -1,11 +1,6 @@
-"""The Observer seam: told of every committed change as (before, after), for metrics and traces.
+"""The Observer seam: told of every committed change as (before, after), for metrics, traces and logs.
 
-A notifier hears *that* a task changed, to wake listeners; an observer hears
-*what* changed (the row before and after one write), so it can count a
-creation, time a run, or close a span without another read. It runs in the
-process that wrote (a web request, a worker, the janitor) and must not fail
-it: `safe_observe` logs and swallows whatever an observer raises. Pure: no I/O
-here, and nothing of the wire, Celery or the SDK.
+It runs in the process that wrote and must not fail it (`safe_observe`). Pure: no I/O, wire, Celery or SDK.
 """
 
 from __future__ import annotations
@@ -15,15 +10,12 @@ from typing import Protocol
 
 from celery_mcp_tasks.model import TaskRecord
 
-__all__ = ["Observer", "Observers", "safe_observe"]
-
 logger = logging.getLogger(__name__)
 
 
 class Observer(Protocol):
     def task_changed(self, before: TaskRecord | None, after: TaskRecord) -> None:
         """`after` was committed; `before` is the row it replaced (None: `after` was just created)."""
-        ...
 
 
 def safe_observe(observer: Observer | None, before: TaskRecord | None, after: TaskRecord) -> None:

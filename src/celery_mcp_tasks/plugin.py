@@ -1,14 +1,7 @@
 """The one seam an operations concern (metrics, health, logs, traces, the janitor watch) attaches through.
 
-A `Plugin` is a declarative hook class, as Dramatiq's middleware is: every hook does
-nothing by default, a plugin overrides the few it needs, and the application lists the
-plugins it wants, explicitly (`McpTasks(..., plugins=[Prometheus(), Health()])`) or by
-setting (`celery_mcp_tasks.ops.plugins_from_settings`: MCP_TASKS_METRICS=on, ...). None is on by default, so
-importing the package or constructing `McpTasks` changes nothing process-wide.
-
-A plugin knows the app only through `Runtime` (a narrow view McpTasks hands it): never the composition
-root's module, so no plugin is an import of `app.py` and `app.py` imports none of them.
-This module holds the seam alone; the built-in plugins live in `celery_mcp_tasks.ops`.
+A plugin knows the app only through `Runtime`, never `app.py`'s module; the built-in plugins live in
+`celery_mcp_tasks.ops`.
 """
 
 from __future__ import annotations
@@ -44,16 +37,13 @@ class Runtime(Protocol):
     @property
     def celery(self) -> Any:
         """The app's `celery.Celery` (its signals and configuration are this app's)."""
-        ...
 
     @property
     def tools(self) -> Collection[str]:
         """The names of the app's task tools, live (tools declared later are in it)."""
-        ...
 
     def service(self) -> TaskService:
         """This process's task service (built on first use, rebuilt after a fork)."""
-        ...
 
 
 class Plugin:

@@ -22,14 +22,8 @@ from celery_mcp_tasks.app import internals
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.model import Run, new_task_id, task_key
 from celery_mcp_tasks.ops import logs
-from celery_mcp_tasks.ops.logs import (
-    REDACTED,
-    JsonFormatter,
-    LifecycleLog,
-    RedactTaskIds,
-    lifecycle_events,
-    uvicorn_log_config,
-)
+from celery_mcp_tasks.ops.logs import JsonFormatter, LifecycleLog, RedactTaskIds, lifecycle_events, uvicorn_log_config
+from celery_mcp_tasks.ops.redaction import REDACTED
 from celery_mcp_tasks.ops.root_handler import ROOT_HANDLER
 from celery_mcp_tasks.worker.janitor import METRIC
 from tests.builders import record

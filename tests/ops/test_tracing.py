@@ -158,7 +158,7 @@ def test_a_worker_reads_the_context_from_a_request_like_celery_builds_it():
 
 
 def test_a_status_change_becomes_an_event_on_the_current_span_only_when_it_records():
-    events = tracing.StatusEvents()
+    events = tracing.Tracing()
     before = record(key="ef" * 32)
     events.task_changed(None, before)  # a non-recording span: nothing to do, nothing raised
     with trace.use_span(remote(CLIENT_TRACE)):

@@ -206,7 +206,7 @@ def test_inside_a_recording_span_a_creation_adds_its_attributes_not_a_span(monke
     with sdk.start_as_current_span("tools/call report") as call, propagation.creating("report") as stored:
         assert trace_id_of(stored) == call.get_span_context().trace_id
         assert stored is not None and f"{call.get_span_context().span_id:016x}" in stored  # runs hang off it
-        tracing.StatusEvents().task_changed(None, record(key="ab12cd34" * 8, tool="report"))
+        tracing.Tracing().task_changed(None, record(key="ab12cd34" * 8, tool="report"))
     (span,) = exporter.get_finished_spans()
     assert span.name == "tools/call report" and not span.events
     assert dict(span.attributes or {}) == {

@@ -1,14 +1,7 @@
-"""Operations, each an opt-in plugin: metrics, traces, health and readiness, structured logs; and the doctor.
+"""Operations, each an opt-in plugin: metrics, traces, health and readiness, structured logs.
 
-They read the domain and never change it; each failure (an exporter down, a
-collector unreachable, a store that hangs during a scrape) degrades to a log
-line and a metric, never to a failed request or job. None is on until the
-application lists it (`McpTasks(..., plugins=[Prometheus(), Health()])`) or a
-setting turns it on (`plugins_from_settings`, which `McpTasks` asks).
-
-This package's `__init__` imports none of its modules: each plugin is named here
-by a "module:Attr" string and imported on first use only, so the composition root
-(`app.py`) can ask for the plugins the settings turn on without importing any.
+This `__init__` imports none of its modules: each plugin is a "module:Attr" string imported on
+first use, so `app.py` can ask for the plugins the settings turn on without importing any.
 """
 
 from __future__ import annotations
@@ -29,7 +22,6 @@ BUILT_IN: dict[str, str] = {
     "Prometheus": "celery_mcp_tasks.ops.metrics:Prometheus",
     "Tracing": "celery_mcp_tasks.ops.tracing:Tracing",
 }
-"""The built-in plugins, by class name, each as "module:Attr": imported only when one is asked for."""
 
 
 def _load(name: str) -> Any:
@@ -44,11 +36,7 @@ def __getattr__(name: str) -> Any:
 
 
 def plugins_from_settings(settings: Settings) -> list[Plugin]:
-    """The built-in plugins the settings turn on, in the order they install (logs first: they style what follows).
-
-    MCP_TASKS_LOG_FORMAT=json (Logs), MCP_TASKS_TRACING=on|otlp|console (Tracing),
-    MCP_TASKS_HEALTH=on (Health), MCP_TASKS_METRICS=on (Prometheus), MCP_TASKS_JANITOR_WATCH=on.
-    """
+    """The built-in plugins the settings turn on, in the order they install (logs first: they style what follows)."""
     found: list[Plugin] = []
     if settings.log_format == "json":
         found.append(_load("Logs")(json=True))

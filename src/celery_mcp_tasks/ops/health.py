@@ -1,28 +1,9 @@
 """`/healthz` (liveness) and `/readyz` (readiness): the `Health` plugin's routes on the operations app.
 
-Served apart from the MCP endpoint (`McpTasks.ops_app()`, `serve --ops-port`): a probe
-needs no authorization, and the public MCP port carries none of it.
-
-`/healthz` answers from the event loop alone: the process is up. A probe that
-touched the database there would have an orchestrator restart every replica
-during a database outage, which no restart fixes.
-
-`/readyz` names each check (store, schema, broker, janitor) with a status and
-a short detail, and answers 503 when one of them fails. It must answer within
-2 s even when the database hangs, and a probe every few seconds must never
-pile up threads. So each check runs in a daemon thread of its own (off the
-event loop), and a request waits for each run until that run's deadline (1.5 s
-after it started). A check still running from an earlier request is never
-started twice: the request waits for what is left of that run's time, and a run
-already past its deadline answers "timed out" at once, so while the database
-hangs each probe costs one thread in all and answers without waiting the
-deadline again. Daemon threads, not a
-`ThreadPoolExecutor`: the interpreter joins a pool's threads at exit, so after
-SIGTERM a probe hung on a silent socket would keep the process from exiting.
-
-A stale janitor is a "warn", not a failure: readiness decides whether this
-replica gets traffic, and taking every replica out because beat stopped would
-turn a slow leak into an outage; `doctor` and the alert rules treat it as one.
+`/healthz` answers from the event loop alone: a probe that touched the database would have an
+orchestrator restart every replica during a database outage, which no restart fixes. A stale
+janitor is a "warn", not a failure: taking every replica out because beat stopped would turn a
+slow leak into an outage (`doctor` and the alert rules treat it as one).
 """
 
 from __future__ import annotations
@@ -34,13 +15,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from typing import Any
+from dataclasses import asdict
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
-from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.model import now_ms
 from celery_mcp_tasks.ops.probes import (
     Finding,
@@ -54,14 +34,9 @@ from celery_mcp_tasks.ops.probes import (
 )
 from celery_mcp_tasks.plugin import Plugin, Runtime
 
-__all__ = ["DEADLINE_S", "CheckRunner", "Health", "healthz", "readiness_checks"]
-
 logger = logging.getLogger("celery_mcp_tasks.ops.health")
 
-DEADLINE_S = 1.5
-"""How long `/readyz` waits for its checks: the answer comes well within 2 s whatever hangs."""
-
-Check = Callable[[], Finding]
+DEADLINE_S = 1.5  # how long `/readyz` waits for its checks: it answers within 2 s whatever hangs
 
 
 class Health(Plugin):
@@ -71,17 +46,22 @@ class Health(Plugin):
         self._runner: CheckRunner | None = None
 
     def setup(self, runtime: Runtime) -> None:
-        self._runner = CheckRunner(readiness_checks(runtime.settings, runtime.celery))
+        settings, celery = runtime.settings, runtime.celery
+        probe = ProbeEngine(settings.store_url)
+        since = now_ms()  # a fresh deployment has three intervals for its first sweep
+        self._runner = CheckRunner(
+            {  # in the order the body lists them
+                "store": lambda: store_probe(probe),
+                "schema": lambda: schema_probe(probe),
+                "broker": lambda: broker_probe(celery),
+                "janitor": lambda: janitor_probe(probe, settings, since_ms=since),
+            }
+        )
 
     def routes(self) -> list[BaseRoute]:
-        runner = self._runner
-        if runner is None:
+        if self._runner is None:
             raise RuntimeError("Health: routes() before setup(): give the plugin to McpTasks(plugins=[...])")
-
-        async def readyz(_request: Request) -> JSONResponse:
-            return await readiness_response(runner)
-
-        return [Route("/healthz", healthz, methods=["GET"]), Route("/readyz", readyz, methods=["GET"])]
+        return [Route("/healthz", healthz, methods=["GET"]), Route("/readyz", self._runner.readyz, methods=["GET"])]
 
 
 async def healthz(_request: Request) -> JSONResponse:
@@ -89,46 +69,16 @@ async def healthz(_request: Request) -> JSONResponse:
     return JSONResponse({"status": "ok"})
 
 
-def readiness_checks(settings: Settings, celery: Any) -> dict[str, Check]:
-    """The four checks, in the order the body lists them."""
-    probe = ProbeEngine(settings.store_url)
-    since = now_ms()  # a fresh deployment has three intervals for its first sweep
-    return {
-        "store": lambda: store_probe(probe),
-        "schema": lambda: schema_probe(probe),
-        "broker": lambda: broker_probe(celery),
-        "janitor": lambda: janitor_probe(probe, settings, since_ms=since),
-    }
-
-
-async def readiness_response(runner: CheckRunner) -> JSONResponse:
-    """200 when no check fails, 503 otherwise; a failure of the runner itself is a 503, never a 500."""
-    try:
-        findings = await runner.run()
-    except Exception as exc:  # noqa: BLE001 - readiness answers, whatever happened
-        logger.warning("readiness checks could not run (%s)", type(exc).__name__)
-        return JSONResponse({"status": "fail", "checks": {}, "detail": short_reason(exc)}, status_code=503)
-    failed = any(finding.status == "fail" for finding in findings.values())
-    body = {"status": "fail" if failed else "ok", "checks": {name: f.as_dict() for name, f in findings.items()}}
-    return JSONResponse(body, status_code=503 if failed else 200)
-
-
-def _contained(check: Check) -> Finding:
-    try:
-        return check()
-    except Exception as exc:  # noqa: BLE001 - a probe that raises is a failed check
-        return Finding("fail", short_reason(exc))
-
-
 class CheckRunner:
     """Runs named checks in daemon threads, each run with its deadline; at most one run of each check in flight.
 
-    Concurrent requests share a running check's result; a check that outlives
-    its deadline keeps its one thread and answers "timed out", at once, until it returns.
-    A forked child starts with no check in flight (the parent's threads did not cross).
+    Concurrent requests share a running check's result; a check that outlives its deadline keeps its one
+    thread and answers "timed out", at once, until it returns: while the database hangs, a probe every few
+    seconds costs one thread in all. Daemon threads, not a pool: the interpreter joins a pool's threads at
+    exit, so a probe hung on a silent socket would keep the process from exiting after SIGTERM.
     """
 
-    def __init__(self, checks: Mapping[str, Check], *, deadline_s: float = DEADLINE_S) -> None:
+    def __init__(self, checks: Mapping[str, Callable[[], Finding]], *, deadline_s: float = DEADLINE_S) -> None:
         self.checks = dict(checks)
         self.deadline_s = deadline_s
         self._lock = threading.Lock()
@@ -136,23 +86,33 @@ class CheckRunner:
         self._running: dict[str, tuple[Future[Finding], float]] = {}
 
     def _start(self, name: str) -> tuple[Future[Finding], float]:
-        """The check's run in flight, or a new one; with the monotonic time its deadline falls."""
+        """The check's run in flight, or a new one; with the monotonic time its deadline falls (a forked
+        child starts with none in flight: the parent's threads did not cross)."""
         with self._lock:
             if self._pid != os.getpid():
                 self._pid = os.getpid()
                 self._running = {}
             run = self._running.get(name)
             if run is None or run[0].done():
-                check = self.checks[name]
-                future = in_daemon_thread(lambda: _contained(check), name="mcp-tasks-readyz")
+                future = in_daemon_thread(self.checks[name], name="mcp-tasks-readyz")
                 run = self._running[name] = (future, time.monotonic() + self.deadline_s)
             return run
 
     @property
-    def in_flight(self) -> int:
-        """Checks running now (a hung one counts until it returns)."""
+    def in_flight(self) -> int:  # checks running now (a hung one counts until it returns)
         with self._lock:
             return sum(not future.done() for future, _ in self._running.values())
+
+    async def readyz(self, _request: Request) -> JSONResponse:
+        """200 when no check fails, 503 otherwise; a failure of the runner itself is a 503, never a 500."""
+        try:
+            findings = await self.run()
+        except Exception as exc:  # noqa: BLE001 - readiness answers, whatever happened
+            logger.warning("readiness checks could not run (%s)", type(exc).__name__)
+            return JSONResponse({"status": "fail", "checks": {}, "detail": short_reason(exc)}, status_code=503)
+        failed = any(finding.status == "fail" for finding in findings.values())
+        body = {"status": "fail" if failed else "ok", "checks": {name: asdict(f) for name, f in findings.items()}}
+        return JSONResponse(body, status_code=503 if failed else 200)
 
     async def run(self) -> dict[str, Finding]:
         """Every check's finding, or "timed out" for those still running at their run's deadline."""
@@ -173,4 +133,7 @@ def _finding(future: Future[Finding], deadline_s: float) -> Finding:
         return Finding("fail", f"timed out (no answer within {deadline_s:g}s)")
     if future.cancelled():
         return Finding("fail", "cancelled")
+    error = future.exception()
+    if isinstance(error, Exception):  # a probe that raises is a failed check
+        return Finding("fail", short_reason(error))
     return future.result()

@@ -1,23 +1,8 @@
 """The web process watches the janitor: one warning when nobody swept for three intervals.
 
-Everything that keeps tasks healthy (TTL eviction, the lost-job reaper, the input
-timeout) runs in the janitor, and the janitor runs only where someone started
-`celery beat` or set MCP_TASKS_JANITOR=worker. Forgetting both used to be silent
-until "Task limit reached". Each sweep records itself in the store's sweep ledger;
-this watch reads it every interval and says so once when it goes stale, once
-when sweeps come back, and once more if they stop again: a log line per change,
-not per interval.
-
-A hanging database must cost the watch one thread, never one per interval: each
-read runs like a readiness probe (a daemon thread, the pool-less probe engine with
-its connect and statement timeouts, never a pooled connection the requests need),
-and no read starts while the last one is still running: a read slower than an
-interval (a new connection on a loaded machine) is waited for again, late but
-never lost, and reads keep a fixed schedule from the watch's start, so one slow
-read does not push every later one back.
-
-What "stale" means is the janitor's own (`worker.janitor.janitor_stale`), shared with
-`/readyz`, `doctor` and the metrics.
+The janitor runs only where someone started `celery beat` or set MCP_TASKS_JANITOR=worker; forgetting
+both used to be silent until "Task limit reached". A log line per change (stale, recovered), not per
+interval; a hanging database costs the watch one thread, never one per interval.
 """
 
 from __future__ import annotations
@@ -35,8 +20,6 @@ from celery_mcp_tasks.ops.probes import ProbeEngine, in_daemon_thread, janitor_r
 from celery_mcp_tasks.plugin import Plugin, Runtime
 from celery_mcp_tasks.store.ledger import SweepRecord
 from celery_mcp_tasks.worker.janitor import FIX, janitor_age, janitor_stale
-
-__all__ = ["JanitorWatch", "JanitorWatcher"]
 
 logger = logging.getLogger("celery_mcp_tasks.janitor")
 
@@ -84,48 +67,31 @@ class LedgerReads:
     def __init__(self, probe: ProbeEngine) -> None:
         self.probe = probe
         self._reading: Future[SweepRecord | None] | None = None
-        self._answered = True
+        self.pending = False  # a read whose answer no call has returned yet
 
     @property
     def in_flight(self) -> bool:
         return self._reading is not None and not self._reading.done()
 
-    @property
-    def pending(self) -> bool:
-        """A read whose answer no call has returned yet: still running, or done since its call gave up."""
-        return not self._answered
-
     async def read(self, timeout_s: float) -> SweepRecord | None:
-        """The janitor's record; `TimeoutError` after `timeout_s` (the read goes on).
-
-        A read whose answer no call has returned yet is waited for again, never started twice: a
-        read slower than one wait (a new connection on a loaded machine) is late, never lost, and a
-        hung one costs one thread.
-        """
-        if self._reading is None or self._answered:
+        """The janitor's record; `TimeoutError` after `timeout_s`. The read goes on, and the next call waits
+        for it again, never starts a second: a slow read is late, never lost, and a hung one costs one thread."""
+        if self._reading is None or not self.pending:
             self._reading = in_daemon_thread(lambda: janitor_record(self.probe), name="mcp-tasks-janitor-watch")
-            self._answered = False
+            self.pending = True
         waiting = asyncio.wrap_future(self._reading)
-        waiting.add_done_callback(_retrieved)  # a read that fails after the watch moved on is not "never retrieved"
+        # A read that fails after the watch moved on is retrieved, not logged as "never retrieved".
+        waiting.add_done_callback(lambda read: read.cancelled() or read.exception())
         done, _ = await asyncio.wait({waiting}, timeout=timeout_s)
         if not done:
             raise TimeoutError(f"no answer within {timeout_s:g}s")
-        self._answered = True
+        self.pending = False
         return waiting.result()
 
 
-def _retrieved(future: asyncio.Future[SweepRecord | None]) -> None:
-    if not future.cancelled():
-        future.exception()
-
-
 async def watch(settings: Settings, probe: ProbeEngine, *, since_ms: int) -> None:
-    """Read the ledger once an interval until cancelled, never two reads at once.
-
-    The reads keep a fixed schedule from the watch's start, so a slow one does not push
-    every later one back; a read that outlasts its interval-long wait is waited for again
-    at once, so its answer comes late rather than an interval later, or never.
-    """
+    """Read the ledger once an interval until cancelled, on a fixed schedule from the start (a slow read pushes
+    no later one back); a read that outlasts its wait is waited for again at once, not an interval later."""
     import anyio
 
     interval = settings.janitor_interval_s

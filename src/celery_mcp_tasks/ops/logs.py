@@ -1,79 +1,51 @@
 """Structured logs: one JSON object a line for web, worker and beat, and the task lifecycle as log events.
 
-`MCP_TASKS_LOG_FORMAT=json` restyles the handlers this package or Celery set
-up (never a handler the application configured itself): the web process's
-root handler (`ops.root_handler.plain_root_logging`, and uvicorn's loggers routed
-to it by `uvicorn_log_config`), and the handlers `celery worker` and
-`celery beat` create (`after_setup_logger` / `after_setup_task_logger`), so
-Celery's own "received" and "succeeded" lines become JSON too. Text stays the
-default and looks as it always did.
-
-Whatever the format, a record is never allowed to carry a task id: the id is a
-bearer capability. Our code logs at most the row key's first 8 hex digits;
-`RedactTaskIds` is the net under that rule, on every handler styled here, for
-whatever a library's exception or a job's own line might echo. In text mode
-too: uvicorn's own handlers (`uvicorn_log_config`) carry it.
-
-`LifecycleLog` is an `Observer`: one line per transition worth knowing
-(created, started, input required, finished), in the process that wrote it.
-Only `task.finished` is INFO, so a busy server at the default level says one
-line per task, its outcome, and the rest is there at DEBUG when asked for.
+Only the handlers this package or Celery set up are restyled, never one the application configured.
+Whatever the format, a record never carries a task id (a bearer capability): our code logs at most
+the row key's first 8 hex digits, and `RedactTaskIds` is the net under that on every handler styled.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
 import sys
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from opentelemetry import trace
+
 from celery_mcp_tasks.model import TaskRecord, TaskStatus
 from celery_mcp_tasks.ops.metrics import queued_at
-from celery_mcp_tasks.ops.redaction import REDACTED, RedactTaskIds, record_message, redact
+from celery_mcp_tasks.ops.redaction import RedactTaskIds, record_message, redact
 from celery_mcp_tasks.ops.root_handler import ROOT_HANDLER, plain_root_logging
 from celery_mcp_tasks.plugin import Plugin, Runtime
 
 if TYPE_CHECKING:
     from celery_mcp_tasks.config import Settings
 
-__all__ = [
-    "LIFECYCLE_LOGGER",
-    "REDACTED",
-    "JsonFormatter",
-    "LifecycleLog",
-    "Logs",
-    "RedactTaskIds",
-    "redact",
-    "uvicorn_log_config",
-]
-
 LIFECYCLE_LOGGER = "celery_mcp_tasks.tasks"
-KEY_PREFIX = 8
-"""Hex digits of the row key a log line may show: enough to follow one task, useless to open it."""
+KEY_PREFIX = 8  # hex digits of the row key a log line may show: enough to follow one task, useless to open it
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
+# Extras never rendered: Celery's `data` (a job's arguments and result), uvicorn's colour copy, any task id.
 _DROPPED = frozenset({"data", "color_message", "task_id", "task_name", "taskId"})
-"""Extras never rendered: Celery's `data` (a task's arguments and return value),
-uvicorn's colour copy of the message, and anything called a task id."""
 _FIRST = ("tool", "key", "status", "duration_ms")
 
 
 class JsonFormatter(logging.Formatter):
     """One JSON object a line: time (ISO-8601 UTC), level, logger, event, message, then what is known.
 
-    Known fields: the record's scalar `extra` values (`event`, `tool`, `key`
-    (cut to 8 hex digits), `status`, `duration_ms`, ...), the tool and key of
-    the MCP job running in this thread (worker), `trace_id` / `span_id` of the
-    current OpenTelemetry span when one is valid, and `exception` for errors.
-    Every string is passed through `redact`. Usable from `logging.config`:
+    Known fields: the record's scalar `extra` values (`event`, `tool`, `key` (cut to 8 hex digits),
+    `status`, `duration_ms`, ...), the tool and key of the MCP job running in this thread (worker),
+    `trace_id` / `span_id` of the current OpenTelemetry span when one is valid, and `exception` for
+    errors. Every string is passed through `redact`. Usable from `logging.config`:
     `{"()": "celery_mcp_tasks.ops.logs.JsonFormatter"}`; format strings are ignored.
     """
 
     def __init__(self, *_args: Any, **_kwargs: Any) -> None:
         super().__init__()
-        self._span_ids = _span_reader()
 
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
@@ -91,9 +63,9 @@ class JsonFormatter(logging.Formatter):
                 line[name] = fields.pop(name)
         for name, value in fields.items():
             line.setdefault(name, value)  # an extra never overwrites the time, level, logger or message
-        ids = self._span_ids()
-        if ids is not None:
-            line["trace_id"], line["span_id"] = ids
+        span = trace.get_current_span().get_span_context()
+        if span.is_valid:
+            line["trace_id"], line["span_id"] = format(span.trace_id, "032x"), format(span.span_id, "016x")
         if record.exc_info:
             line["error_type"] = getattr(record.exc_info[0], "__name__", None)
         exception = record.exc_text or (self.formatException(record.exc_info) if record.exc_info else None)
@@ -116,21 +88,16 @@ def _extras(record: logging.LogRecord) -> dict[str, Any]:
     return found
 
 
-_CELERY_EVENTS: dict[str, str] | None = None
-
-
+@functools.cache
 def _celery_events() -> dict[str, str]:
     """Celery's trace-line templates (and the ones `worker.tracelog` swaps in for our jobs) to event names."""
-    global _CELERY_EVENTS
-    if _CELERY_EVENTS is None:
-        from celery_mcp_tasks.worker import tracelog
-        from celery_mcp_tasks.worker.celery_internals import trace_templates
+    from celery_mcp_tasks.worker import tracelog
+    from celery_mcp_tasks.worker.celery_internals import trace_templates
 
-        events = {template: f"celery.task.{said}" for said, template in trace_templates().items()}
-        events[tracelog.SUCCEEDED] = "celery.task.succeeded"
-        events[tracelog.ENDED] = "celery.task.run_ended"
-        _CELERY_EVENTS = events
-    return _CELERY_EVENTS
+    events = {template: f"celery.task.{said}" for said, template in trace_templates().items()}
+    events[tracelog.SUCCEEDED] = "celery.task.succeeded"
+    events[tracelog.ENDED] = "celery.task.run_ended"
+    return events
 
 
 def _event(record: logging.LogRecord) -> str:
@@ -173,34 +140,12 @@ def _job_fields() -> dict[str, str]:
     return fields
 
 
-def _span_reader() -> Callable[[], tuple[str, str] | None]:
-    """Reads the current span's ids with opentelemetry-api (the SDK brings it); nothing when it is absent."""
-    try:
-        from opentelemetry import trace
-    except ImportError:  # pragma: no cover - a dependency of `mcp`
-        return lambda: None
-
-    def ids() -> tuple[str, str] | None:
-        context = trace.get_current_span().get_span_context()
-        if not context.is_valid:
-            return None
-        return format(context.trace_id, "032x"), format(context.span_id, "016x")
-
-    return ids
-
-
-# -- the lifecycle as log events -----------------------------------------------------------
-
-
 class LifecycleLog:
-    """An `Observer` that logs each task's creation, starts, questions and end, with fields, never content.
+    """An `Observer` that logs each task's creation, starts, questions and end, with fields, never content:
+    `task.finished` is INFO, the rest DEBUG (`logging.getLogger("celery_mcp_tasks.tasks").setLevel("DEBUG")`)."""
 
-    `task.finished` (status, duration_ms from creation) is INFO, the rest DEBUG:
-    `logging.getLogger("celery_mcp_tasks.tasks").setLevel("DEBUG")` shows them all.
-    """
-
-    def __init__(self, logger: logging.Logger | None = None) -> None:
-        self.logger = logger or logging.getLogger(LIFECYCLE_LOGGER)
+    def __init__(self) -> None:
+        self.logger = logging.getLogger(LIFECYCLE_LOGGER)
 
     def task_changed(self, before: TaskRecord | None, after: TaskRecord) -> None:
         for event, level, fields in lifecycle_events(before, after):
@@ -236,9 +181,6 @@ def lifecycle_events(before: TaskRecord | None, after: TaskRecord) -> list[tuple
     return events
 
 
-# -- installing ----------------------------------------------------------------------------
-
-
 def style_handler(handler: logging.Handler, json_format: bool) -> None:
     """Redaction always; the JSON formatter in json mode. Idempotent."""
     if not any(isinstance(f, RedactTaskIds) for f in handler.filters):
@@ -258,9 +200,8 @@ def style_web_root(json_format: bool) -> bool:
 
 
 def uvicorn_log_config(settings: Settings) -> dict[str, Any] | None:
-    """The `log_config` for uvicorn: in json mode none, so that its loggers propagate to the root
-    handler (JSON on stderr, access lines included); for text a copy of its own default, its
-    lines as ever, with `RedactTaskIds` on each of its handlers."""
+    """The `log_config` for uvicorn: in json mode none (its loggers propagate to the root handler, access
+    lines included); for text a copy of its own default with `RedactTaskIds` on each of its handlers."""
     if settings.log_format == "json":
         return None
     from uvicorn.config import LOGGING_CONFIG

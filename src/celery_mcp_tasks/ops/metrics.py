@@ -1,42 +1,8 @@
-"""Prometheus metrics for this package, opt-in through the `Prometheus` plugin (MCP_TASKS_METRICS=on).
+"""Prometheus metrics, opt-in through the `Prometheus` plugin (MCP_TASKS_METRICS=on).
 
-The module, section by section:
-
-1. Families: every metric this package exports, made on first use in one
-   registry, and how a process counts (in memory, or in the per-process files a
-   prefork worker needs).
-2. Counting: `Counts` counts and times each committed change, counts sweeps
-   and what they did, open listen streams and how fast a hint becomes a
-   notification.
-3. The web process's `/metrics`: this process's registry plus what only the
-   store knows (the janitor's last sweep), read under a deadline (`Scrape`).
-4. The store's database errors: a listener on the task store's own engine.
-5. The worker's exporter: a `celery worker` and its prefork children count in
-   multiprocess files, served by the worker's main process (`WorkerExporter`).
-6. The plugin: `Prometheus` (a `Counts`) wires sections 3 to 5 into an application.
-
-Every process counts what it did (the web process creates and cancels, the
-workers start and finish runs, the janitor reaps, expires questions and evicts
-tasks whose TTL ran out before they were final: `status="expired"`), so summed
-over the scrape targets the counts tell the whole story: created = finished + in
-flight. Timings come from the row before and after each write (`task_changed`),
-never from another read of the store.
-
-A run ends when the job itself ends it (a final status, or a question); a cancel
-ends the task (`finished`, `duration_seconds`) but not the run, which goes on
-unseen until the job notices: no `run_seconds` sample would be true for it.
-
-No task id, row key, argument or result ever becomes a label. The `tool` label
-takes the names of the app's registered task tools only ("other" for anything
-else), so its values are bounded by the code, not by callers.
-
-prometheus_client picks its value class (in memory, or the per-process files a
-prefork worker needs) when `prometheus_client.values` is imported, and every
-metric object keeps the class it was made with. So no metric object exists at
-import or `setup` time: `families()` makes them on first use, after a worker
-has decided how it counts (section 5). prometheus_client, Starlette, anyio and
-Celery are imported inside the functions that use them: importing this module
-is cheap and changes nothing process-wide.
+Every process counts what it committed, from the rows before and after each write (summed over the
+scrape targets: created = finished + in flight); never a task id, key or argument as a label, and
+the `tool` label takes the app's registered tool names only ("other" for anything else).
 """
 
 from __future__ import annotations
@@ -73,85 +39,55 @@ if TYPE_CHECKING:
     from celery_mcp_tasks.store.base import Store
     from celery_mcp_tasks.store.ledger import SweepRecord
 
-__all__ = [
-    "LEDGER_TIMEOUT_S",
-    "MERGED",
-    "MULTIPROC_DIR",
-    "OTHER",
-    "PREFIX",
-    "PRIVATE_PREFIX",
-    "Counts",
-    "Families",
-    "LedgerCollector",
-    "LedgerView",
-    "Prometheus",
-    "Scrape",
-    "WorkerExporter",
-    "count_store_errors",
-    "families",
-    "fold_files",
-    "install_worker_exporter",
-    "queued_at",
-    "remove_orphans",
-    "store_operation",
-    "use_multiprocess",
-]
-
 logger = logging.getLogger("celery_mcp_tasks.ops.metrics")
 
-
-# -- 1. families: every metric, and how this process counts ----------------------------------
-
 PREFIX = "mcp_tasks"
-OTHER = "other"
-"""The `tool` label of a record whose tool this app does not register (bounded cardinality)."""
-EXPIRED = "expired"
-"""The `status` label of `mcp_tasks_finished_total` for a task its TTL removed before it was final."""
+OTHER = "other"  # the `tool` label of a tool this app does not register (bounded cardinality)
+EXPIRED = "expired"  # the `status` label of `finished_total` for a task its TTL removed before it was final
 
 QUEUE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 RUN_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600)
 INPUT_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 43200, 86400)
 PUSH_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
+# Sweep report keys -> the `action` label of `mcp_tasks_janitor_tasks_total` (other keys are not counted).
 JANITOR_ACTIONS = {"removed": "evicted", "resent": "resent", "failed": "failed_lost", "expired_inputs": "expired_input"}
-"""Sweep report keys -> the `action` label of `mcp_tasks_janitor_tasks_total` (other keys are not counted)."""
 
 
 class Families:
-    """Every metric this package exports, registered in one registry."""
+    """Every metric this package exports, in one registry."""
 
     def __init__(self, registry: CollectorRegistry | None) -> None:
         from prometheus_client import Counter, Gauge, Histogram
 
-        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+        def counter(name: str, doc: str, *labels: str) -> Counter:
             return Counter(f"{PREFIX}_{name}", doc, labels, registry=registry)
 
-        def histogram(name: str, doc: str, labels: tuple[str, ...], buckets: tuple[float, ...]) -> Histogram:
+        def histogram(name: str, doc: str, buckets: tuple[float, ...], *labels: str) -> Histogram:
             return Histogram(f"{PREFIX}_{name}", doc, labels, registry=registry, buckets=buckets)
 
-        tool = ("tool",)
-        self.created = counter("created", "Tasks created", tool)
+        self.created = counter("created", "Tasks created", "tool")
         self.finished = counter(
-            "finished", "Tasks that reached a final status, or expired before one", ("tool", "status")
+            "finished", "Tasks that reached a final status, or expired before one", "tool", "status"
         )
         self.refused = counter(
-            "refused", "Creations a caller's quota or rate limit refused, by tool and limit", ("tool", "limit")
+            "refused", "Creations a caller's quota or rate limit refused, by tool and limit", "tool", "limit"
         )
-        self.enqueue_failures = counter("enqueue_failures", "Tasks failed because their job could not be sent", tool)
+        self.enqueue_failures = counter("enqueue_failures", "Tasks failed because their job could not be sent", "tool")
         self.queue_wait = histogram(
-            "queue_wait_seconds", "From the write that queued a run to the run's start", tool, QUEUE_BUCKETS
+            "queue_wait_seconds", "From the write that queued a run to the run's start", QUEUE_BUCKETS, "tool"
         )
         self.run = histogram(
-            "run_seconds", "From a run's start to its end (a final status or a question)", tool, RUN_BUCKETS
+            "run_seconds", "From a run's start to its end (a final status or a question)", RUN_BUCKETS, "tool"
         )
         self.duration = histogram(
-            "duration_seconds", "From creation to the final status", ("tool", "status"), RUN_BUCKETS
+            "duration_seconds", "From creation to the final status", RUN_BUCKETS, "tool", "status"
         )
         self.input_wait = histogram(
-            "input_wait_seconds", "Time in input_required, from its last write to the answer", tool, INPUT_BUCKETS
+            "input_wait_seconds", "Time in input_required, from its last write to the answer", INPUT_BUCKETS, "tool"
         )
         self.janitor_sweeps = counter("janitor_sweeps", "Janitor sweeps this process ran")
-        self.janitor_tasks = counter("janitor_tasks", "Tasks the janitor acted on, by action", ("action",))
+        self.janitor_tasks = counter("janitor_tasks", "Tasks the janitor acted on, by action", "action")
         self.listen_streams = Gauge(
             f"{PREFIX}_listen_streams",
             "Open subscriptions/listen streams",
@@ -159,12 +95,10 @@ class Families:
             multiprocess_mode="livesum",
         )
         self.push_latency = histogram(
-            "push_notify_latency_seconds", "From a hint waking a listen stream to its notification", (), PUSH_BUCKETS
+            "push_notify_latency_seconds", "From a hint waking a listen stream to its notification", PUSH_BUCKETS
         )
-        self.store_errors = counter(
-            "store_errors", "Database errors met by the task store, by operation", ("operation",)
-        )
-        self.scrape_errors = counter("scrape_errors", "Parts of a /metrics scrape that could not be read", ("source",))
+        self.store_errors = counter("store_errors", "Database errors met by the task store, by operation", "operation")
+        self.scrape_errors = counter("scrape_errors", "Parts of a /metrics scrape that could not be read", "source")
 
 
 _lock = threading.Lock()
@@ -172,7 +106,8 @@ _families: Families | None = None
 
 
 def families() -> Families:
-    """This process's metrics in prometheus_client's default registry, made on first use."""
+    """This process's metrics in the default registry, made on first use: prometheus_client fixes a metric's
+    value class (memory, or a prefork worker's files) when it is made, so none exists before a worker decided."""
     global _families
     if _families is None:
         with _lock:
@@ -183,49 +118,18 @@ def families() -> Families:
     return _families
 
 
-def use_multiprocess(directory: str) -> bool:
-    """Count in per-process files under `directory` from now on (a worker, before its pool forks).
-
-    False when this process already made its metric objects in memory: they would
-    keep counting there, unseen by the exporter that reads the files.
-    """
-    os.environ[MULTIPROC_DIR] = directory
-    if counts_in_files():
-        return True
-    if _families is not None:
-        logger.warning("metrics: counted in memory before the worker started; its pool's counts are not exported")
-        return False
-    count_in_files()
-    return True
-
-
-def multiprocess() -> bool:
-    """Whether this process counts in multiprocess files (so an exporter must read them all)."""
-    return counts_in_files() and bool(os.environ.get(MULTIPROC_DIR))
-
-
-# -- 2. counting: what each committed change, sweep and listen stream counts -------------------
-
-
 def queued_at(before: TaskRecord) -> int:
-    """When the run that starts after `before` was queued: its send, an answer, or a retry's due time.
-
-    A retry's write sets `updated_at` when Celery schedules it and moves
-    `heartbeat_at` to the end of its countdown; a send leaves `updated_at` alone
-    and sets `heartbeat_at`. The later of the two is when the run could start, so
-    a queue wait never includes a retry's countdown.
-    """
+    """When the run that starts after `before` was queued: its send, an answer, or a retry's due time (a retry
+    sets `updated_at` and moves `heartbeat_at` to the end of its countdown; a send sets `heartbeat_at`)."""
     return max(before.updated_at, before.heartbeat_at or 0)
 
 
-def _seconds(later_ms: int, earlier_ms: int) -> float:
-    """Clocks of two processes: a small skew must not become a negative duration."""
+def _seconds(later_ms: int, earlier_ms: int) -> float:  # two processes' clocks: a skew is no negative duration
     return max(later_ms - earlier_ms, 0) / 1000.0
 
 
 class Counts(Plugin):
-    """The counting hooks, from (before, after) of each committed change, each sweep's report and each
-    listen stream alone; `Prometheus` adds where they are served. `tools`: the app's live registry of
+    """The counting hooks (`Prometheus` adds where they are served). `tools`: the app's live registry of
     task tool names (tools declared later count too); any other name is labelled `other`."""
 
     def __init__(self, tools: Collection[str] = (), metrics: Callable[[], Families] = families) -> None:
@@ -264,8 +168,8 @@ class Counts(Plugin):
         self._metrics().refused.labels(self.tool(tool), limit).inc()
 
     def swept(self, name: str, counts: dict[str, int]) -> None:
-        """The sweeps this process ran, what they did (known report keys only), and the tasks they evicted
-        unfinished (`finished{status="expired"}`, by tool). Other names are ignored."""
+        """The sweeps this process ran, what they did, and the tasks they evicted unfinished
+        (`finished{status="expired"}`, by tool). Other names are ignored."""
         if name == METRIC:
             m = self._metrics()
             m.janitor_sweeps.inc()
@@ -289,34 +193,29 @@ class Counts(Plugin):
         self._metrics().push_latency.observe(max(latency_s, 0.0))
 
 
-# -- 3. the web process's /metrics -------------------------------------------------------------
-#
-# A route of the operations app (`McpTasks.ops_app()`, served by `serve --ops-port`),
-# never of the MCP app: it needs no authorization, so it stays off the public port.
-#
-# The scrape answers even while the store is down. What only the store knows (the
-# janitor's last sweep and the tasks in each status it sampled) is read in a
-# worker thread under a short deadline, at most one read at a time; a read that
-# fails or overruns leaves those series out of this scrape, sets
-# `mcp_tasks_ledger_up` to 0, counts `mcp_tasks_scrape_errors_total{source="ledger"}`
-# and logs (at most once a minute): a scrape never fails with a 500.
+# The web process's /metrics, on the operations app (it needs no authorization: off the MCP port). What
+# only the store knows (the janitor's last sweep) is read in a thread under a short deadline, one read at
+# a time; a read that fails or overruns costs those series, `ledger_up` 0 and a log line, never a 500.
 
 LEDGER_TIMEOUT_S = 0.5
-"""How long a scrape waits for the sweep record before it answers without it."""
 _LOG_EVERY_S = 60.0
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 @dataclass(frozen=True)
 class LedgerView:
-    """What one scrape learned from the sweep ledger: `ok` False when the read failed or overran."""
+    """What one scrape learned from the sweep ledger (`ok` False: the read failed or overran)."""
 
     ok: bool
     record: SweepRecord | None = None
 
 
+def _s(ms: int | None) -> float | None:
+    return None if ms is None else ms / 1000.0
+
+
 class LedgerCollector:
-    """The store-derived series of one scrape, from a `LedgerView` read beforehand (no I/O here)."""
+    """The store-derived series of one scrape (no I/O here)."""
 
     def __init__(self, view: LedgerView, interval_s: float | None) -> None:
         self._view = view
@@ -325,29 +224,17 @@ class LedgerCollector:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
 
-        yield GaugeMetricFamily(
-            f"{PREFIX}_ledger_up", "Whether this scrape could read the janitor's sweep record", value=int(self._view.ok)
-        )
-        if self._interval_s is not None:
-            yield GaugeMetricFamily(
-                f"{PREFIX}_janitor_interval_seconds", "The janitor's configured interval", value=self._interval_s
-            )
         record = self._view.record
-        if record is None:
-            return
-        if record.swept_at is not None:
-            yield GaugeMetricFamily(
-                f"{PREFIX}_janitor_last_sweep_timestamp_seconds",
-                "When the janitor last recorded a sweep (Unix time)",
-                value=record.swept_at / 1000.0,
-            )
-        if record.duration_ms is not None:
-            yield GaugeMetricFamily(
-                f"{PREFIX}_janitor_last_sweep_duration_seconds",
-                "How long the last recorded sweep took",
-                value=record.duration_ms / 1000.0,
-            )
-        if record.statuses:
+        swept_at, took = (None, None) if record is None else (_s(record.swept_at), _s(record.duration_ms))
+        for name, doc, value in (
+            ("ledger_up", "Whether this scrape could read the janitor's sweep record", int(self._view.ok)),
+            ("janitor_interval_seconds", "The janitor's configured interval", self._interval_s),
+            ("janitor_last_sweep_timestamp_seconds", "When the janitor last recorded a sweep (Unix time)", swept_at),
+            ("janitor_last_sweep_duration_seconds", "How long the last recorded sweep took", took),
+        ):
+            if value is not None:
+                yield GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+        if record is not None and record.statuses:
             family = GaugeMetricFamily(
                 f"{PREFIX}_in_status", "Tasks in each status, as the last sweep counted them", labels=["status"]
             )
@@ -360,11 +247,7 @@ class Scrape:
     """One app's `/metrics`: this process's registry plus the store-derived series."""
 
     def __init__(
-        self,
-        service: Callable[[], TaskService],
-        interval_s: float | None,
-        *,
-        timeout_s: float = LEDGER_TIMEOUT_S,
+        self, service: Callable[[], TaskService], interval_s: float | None, *, timeout_s: float = LEDGER_TIMEOUT_S
     ) -> None:
         self._service = service
         self._interval_s = interval_s
@@ -373,7 +256,6 @@ class Scrape:
         self._logged_at = float("-inf")
 
     async def respond(self, _request: Request | None = None) -> Response:
-        """The route's handler (a bound method: Starlette calls it with the request)."""
         import anyio.to_thread
         from starlette.responses import Response
 
@@ -395,8 +277,10 @@ class Scrape:
         outcome: list[LedgerView] = []
 
         def read() -> None:
+            from celery_mcp_tasks.store.ledger import JANITOR
+
             try:
-                outcome.append(LedgerView(True, self._last_sweep()))
+                outcome.append(LedgerView(True, self._service().ledger().last(JANITOR)))
             except Exception as exc:  # noqa: BLE001 - the store is down or behind: reported below
                 outcome.append(self._failed(type(exc).__name__))
             finally:
@@ -405,11 +289,6 @@ class Scrape:
         with anyio.move_on_after(self._timeout_s):
             await anyio.to_thread.run_sync(read, abandon_on_cancel=True)
         return outcome[0] if outcome else self._failed(f"no answer within {self._timeout_s:g}s")
-
-    def _last_sweep(self) -> SweepRecord | None:
-        from celery_mcp_tasks.store.ledger import JANITOR
-
-        return self._service().ledger().last(JANITOR)
 
     def _failed(self, why: str) -> LedgerView:
         families().scrape_errors.labels("ledger").inc()
@@ -426,21 +305,16 @@ class Scrape:
         families()  # described from the first scrape on, before any task changed here
         parts: list[bytes] = []
         try:
-            if multiprocess():  # e.g. a web process under gunicorn with PROMETHEUS_MULTIPROC_DIR set
+            registry = REGISTRY
+            if counts_in_files() and os.environ.get(MULTIPROC_DIR):  # e.g. a web process under gunicorn
                 registry = CollectorRegistry()
                 MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-                parts.append(generate_latest(registry))
-            else:
-                parts.append(generate_latest(REGISTRY))
+            parts.append(generate_latest(registry))
         except Exception:
             families().scrape_errors.labels("registry").inc()
             logger.exception("metrics: could not collect this process's registry")
-        collector = LedgerCollector(view, self._interval_s)
-        parts.append(generate_latest(cast("Collector", collector)))
+        parts.append(generate_latest(cast("Collector", LedgerCollector(view, self._interval_s))))
         return b"".join(parts)
-
-
-# -- 4. the store's database errors ------------------------------------------------------------
 
 
 def store_operation(context: ExceptionContext) -> str:
@@ -461,61 +335,23 @@ def _on_error(context: ExceptionContext) -> None:
         logger.debug("metrics: could not count a store error", exc_info=True)
 
 
-def count_store_errors(engine: Engine) -> None:
-    """Count the database errors of the task store's own engine (each process builds its own).
-
-    A SQLAlchemy `handle_error` listener on that engine alone: the application's
-    own engines, even on the same database, are not the store's. It runs only
-    when the database fails (nothing on the success path), and sees each failure
-    once, including a dropped connection the store then retries and the connect
-    of a database that is down.
-    """
-    from sqlalchemy import event
-
-    if not event.contains(engine, "handle_error", _on_error):
-        event.listen(engine, "handle_error", _on_error)
-
-
-# -- 5. the worker's exporter: its own and its prefork children's counts -----------------------
-#
-# A prefork child counts in its own memory, where no scrape could reach it; so a
-# `celery worker` counts in prometheus_client's multiprocess files instead, one
-# file per process in one directory, and its main process serves them all. When
-# the worker starts (`celeryd_init`: the main process, before the pool forks and
-# before any metric object exists) it takes PROMETHEUS_MULTIPROC_DIR if the
-# deployment set one, or makes a private directory, removed when the worker
-# stops. Once logging is set up (`celeryd_after_setup`, still before the fork) it
-# serves them on MCP_TASKS_WORKER_METRICS_PORT (`off`: no endpoint); a port in
-# use is one warning line and the worker runs on, unscraped. A child that exits
-# is marked dead: its live gauges go, its counters stay (totals never go back).
-# A private directory left by a worker that was killed is removed by the next
-# worker that starts on the host.
-#
-# Why a child folds its files at exit: prometheus_client keeps a dead process's
-# counter and histogram files for ever, and every scrape reads every file, so
-# with `--max-tasks-per-child` (a new child every few tasks) the directory and
-# the scrape's cost would grow for the worker's whole life. In a private
-# directory (ours alone) an exiting child adds its counts into one `*_merged.db`
-# file per type and removes its own, under a lock the endpoint also takes, so a
-# scrape sees the child's counts exactly once, before or after. A deployment's
-# PROMETHEUS_MULTIPROC_DIR may have readers of its own: it is left as
-# prometheus_client writes it.
-#
-# Only the `celery worker` command starts this (`celeryd_init` is its signal): an
-# in-process test worker or a web process never opens a port here.
+# The worker's exporter. A prefork child counts where no scrape reaches, so a `celery worker` counts in
+# multiprocess files (in PROMETHEUS_MULTIPROC_DIR, else a private directory made before the fork and any
+# metric) that its main process serves. prometheus_client keeps a dead child's counter files for ever and
+# every scrape reads them all, so with `--max-tasks-per-child` they would pile up: in a private directory
+# an exiting child folds its counts into one `*_merged.db` per type, under a lock the endpoint also takes.
+# A deployment's directory may have readers of its own: it is left as prometheus_client writes it.
 
 MULTIPROC_DIR = "PROMETHEUS_MULTIPROC_DIR"
-PRIVATE_PREFIX = "celery-mcp-tasks-metrics-"
-"""A private directory's name: this prefix, the worker's pid, a random tail."""
-MERGED = "merged"
-"""`counter_merged.db`, ...: the counts of the children that exited (the collector reads any `TYPE_*.db`)."""
+PRIVATE_PREFIX = "celery-mcp-tasks-metrics-"  # then the worker's pid, a random tail
+MERGED = "merged"  # `counter_merged.db`, ...: the exited children's counts (the collector reads any `TYPE_*.db`)
 _ADDITIVE = ("counter", "histogram", "summary")  # values that sum across processes (gauges are per process)
 _LOCK_FILE = ".fold.lock"  # not `*.db`: the collector never reads it
 
 
 @contextlib.contextmanager
 def _locked(directory: str, *, exclusive: bool) -> Iterator[None]:
-    """The directory's fold lock: a fold is exclusive, a scrape shares it with other scrapes."""
+    """The directory's fold lock: a fold is exclusive, a scrape shares it."""
     import fcntl
 
     with open(os.path.join(directory, _LOCK_FILE), "a") as handle:
@@ -527,12 +363,8 @@ def _locked(directory: str, *, exclusive: bool) -> Iterator[None]:
 
 
 def fold_files(directory: str, pid: int) -> int:
-    """Add process `pid`'s counter, histogram and summary files into the `*_merged.db` ones; how many went.
-
-    The merged file is written beside, under a name no reader globs, and
-    replaces the old one before the process's own file is removed, all under
-    the lock: a scrape (which holds it too) sees the counts once.
-    """
+    """Add process `pid`'s counter, histogram and summary files into the `*_merged.db` ones; how many went. The
+    merged file is written under a name no reader globs, then replaces the old one, before `pid`'s goes."""
     folded = 0
     with _locked(directory, exclusive=True):
         for kind in _ADDITIVE:
@@ -556,7 +388,7 @@ def fold_files(directory: str, pid: int) -> int:
 
 
 class _Locked:
-    """The multiprocess collector, read under the fold lock (a scrape never meets a fold half done)."""
+    """The multiprocess collector, read under the fold lock (never a fold half done)."""
 
     def __init__(self, directory: str) -> None:
         from prometheus_client.multiprocess import MultiProcessCollector
@@ -574,21 +406,16 @@ def remove_orphans(parent: str | None = None) -> list[str]:
     removed: list[str] = []
     for path in glob.glob(os.path.join(parent or tempfile.gettempdir(), f"{PRIVATE_PREFIX}*-*")):
         owner = os.path.basename(path).removeprefix(PRIVATE_PREFIX).split("-", 1)[0]
-        if not owner.isdigit() or _alive(int(owner)):
+        if not owner.isdigit():
             continue
-        shutil.rmtree(path, ignore_errors=True)
-        removed.append(path)
+        try:
+            os.kill(int(owner), 0)  # alive: its directory stays
+        except PermissionError:  # alive: another user's process
+            pass
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 class WorkerExporter:
@@ -600,10 +427,9 @@ class WorkerExporter:
         self.directory: str | None = None
         self.private = False
         self.server: WSGIServer | None = None
-        self._thread: threading.Thread | None = None
 
     def prepare(self) -> None:
-        """Decide how this worker counts: in files under one directory, before any child exists."""
+        """Decide how this worker counts (in files under one directory), before any child exists."""
         directory = os.environ.get(MULTIPROC_DIR)
         if not directory:
             if self.port is None:
@@ -612,11 +438,16 @@ class WorkerExporter:
             directory = tempfile.mkdtemp(prefix=f"{PRIVATE_PREFIX}{os.getpid()}-")
             self.private = True
         os.makedirs(directory, exist_ok=True)
-        self.directory = directory
-        use_multiprocess(directory)
+        self.directory = os.environ[MULTIPROC_DIR] = directory
+        if not counts_in_files():
+            if _families is None:
+                count_in_files()
+            else:  # made in memory, they would count there, unseen by the exporter
+                logger.warning(
+                    "metrics: counted in memory before the worker started; its pool's counts are not exported"
+                )
 
     def serve(self) -> None:
-        """Serve every process's files on the port; one warning line when that cannot be done."""
         if self.port is None or self.directory is None or self.server is not None:
             return
         from prometheus_client import CollectorRegistry, start_http_server
@@ -628,7 +459,7 @@ class WorkerExporter:
         else:
             MultiProcessCollector(registry, path=self.directory)  # type: ignore[no-untyped-call]
         try:
-            self.server, self._thread = start_http_server(self.port, addr=self.addr, registry=registry)
+            self.server, _thread = start_http_server(self.port, addr=self.addr, registry=registry)
         except OSError as exc:
             logger.warning(
                 "celery-mcp-tasks: worker metrics port %d is not free (%s); this worker runs without its "
@@ -654,7 +485,6 @@ class WorkerExporter:
             logger.warning("metrics: could not fold the counts of process %d", pid, exc_info=True)
 
     def stop(self) -> None:
-        """The worker stops: close the endpoint, remove a private directory."""
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()
@@ -666,37 +496,26 @@ class WorkerExporter:
 
 
 def install_worker_exporter(celery: Any, port: int | None, *, addr: str = "0.0.0.0") -> None:
-    """Connect the exporter to the `celery worker` of `celery` (by signal; nothing happens at install)."""
+    """Connect an exporter to the `celery worker` of `celery` (by signal: only that command starts one)."""
     from celery import signals
 
     exporter = WorkerExporter(port, addr=addr)
 
-    def ours(instance: Any) -> bool:
-        return getattr(instance, "app", None) is celery
+    def of_this_worker(step: Callable[[], None]) -> Callable[..., None]:
+        def receiver(sender: Any = None, instance: Any = None, **_: Any) -> None:
+            if getattr(sender if instance is None else instance, "app", None) is celery:  # the worker
+                step()
 
-    # Connected by call, as in worker/startup.py: Celery's signals are untyped.
-    def _init(sender: Any = None, instance: Any = None, **_: Any) -> None:
-        if ours(instance):
-            exporter.prepare()
+        return receiver
 
-    def _after_setup(sender: Any = None, instance: Any = None, **_: Any) -> None:
-        if ours(instance):
-            exporter.serve()
-
-    def _child_exit(sender: Any = None, pid: int | None = None, **_: Any) -> None:
+    def child_exited(sender: Any = None, pid: int | None = None, **_: Any) -> None:
         exporter.child_exited(pid if pid is not None else os.getpid())
 
-    def _shutdown(sender: Any = None, **_: Any) -> None:
-        if getattr(sender, "app", None) is celery:
-            exporter.stop()
+    signals.celeryd_init.connect(of_this_worker(exporter.prepare), weak=False)
+    signals.celeryd_after_setup.connect(of_this_worker(exporter.serve), weak=False)
+    signals.worker_process_shutdown.connect(child_exited, weak=False)
+    signals.worker_shutdown.connect(of_this_worker(exporter.stop), weak=False)
 
-    signals.celeryd_init.connect(_init, weak=False)
-    signals.celeryd_after_setup.connect(_after_setup, weak=False)
-    signals.worker_process_shutdown.connect(_child_exit, weak=False)
-    signals.worker_shutdown.connect(_shutdown, weak=False)
-
-
-# -- 6. the plugin ------------------------------------------------------------------------------
 
 _DEFAULT_PORT: Any = object()
 
@@ -725,7 +544,11 @@ class Prometheus(Counts):
         self._route = Route("/metrics", scrape.respond, methods=["GET"])
 
     def store_built(self, store: Store, engine: Engine) -> None:
-        count_store_errors(engine)
+        from sqlalchemy import event
+
+        # The store's own engine (not the application's); it runs on a failure only, once each, retries too.
+        if not event.contains(engine, "handle_error", _on_error):
+            event.listen(engine, "handle_error", _on_error)
 
     def routes(self) -> list[BaseRoute]:
         return [self._route] if self._route is not None else []

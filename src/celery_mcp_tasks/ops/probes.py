@@ -1,15 +1,8 @@
 """The deployment's vital signs, each one bounded blocking call: what `/readyz` and `doctor` both ask.
 
-Every probe returns a `Finding` and never raises: a failure is an answer
-("fail" with the driver's first line), not a traceback. Each one gives up on
-its own within a few seconds (a connect timeout; a statement timeout on every
-read; on PostgreSQL, TCP keepalives and `tcp_user_timeout`, so a socket whose
-peer vanished after connecting is dropped too), so a thread that runs it comes
-back even when the database or the broker hangs. The callers add their own,
-shorter deadline on top, and run probes in daemon threads (`in_daemon_thread`):
-a probe stuck in a way none of that bounds never holds the process's exit.
-Details carry no URL, no password and no task id: a host and port at most, as
-the drivers word them.
+Every probe returns a `Finding` and never raises, and gives up on its own within a few seconds (connect
+and statement timeouts; on PostgreSQL, TCP keepalives and `tcp_user_timeout`), so a thread running it
+comes back even when the database or the broker hangs. Details carry no URL, password or task id.
 """
 
 from __future__ import annotations
@@ -41,24 +34,9 @@ from celery_mcp_tasks.store.engine import READ_ONLY
 if TYPE_CHECKING:
     from celery_mcp_tasks.store.ledger import SweepRecord
 
-__all__ = [
-    "PROBE_TIMEOUT_S",
-    "Finding",
-    "ProbeEngine",
-    "Status",
-    "broker_probe",
-    "in_daemon_thread",
-    "janitor_probe",
-    "janitor_record",
-    "schema_probe",
-    "short_reason",
-    "store_probe",
-]
-
 Status = Literal["ok", "warn", "fail", "skipped"]
 
-PROBE_TIMEOUT_S = 3
-"""How long one probe waits for the database or the broker before it gives up on its own."""
+PROBE_TIMEOUT_S = 3  # how long one probe waits for the database or the broker
 
 T = TypeVar("T")
 
@@ -67,9 +45,6 @@ T = TypeVar("T")
 class Finding:
     status: Status
     detail: str
-
-    def as_dict(self) -> dict[str, str]:
-        return {"status": self.status, "detail": self.detail}
 
 
 def short_reason(exc: BaseException) -> str:
@@ -168,8 +143,7 @@ def broker_probe(celery: Any, *, timeout_s: float = PROBE_TIMEOUT_S) -> Finding:
         return Finding("ok", "in-memory broker (this process only)")
     start = time.monotonic()
     conn = celery.connection_for_write(
-        connect_timeout=timeout_s,
-        transport_options={"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s},
+        connect_timeout=timeout_s, transport_options={"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
     )
     try:
         conn.ensure_connection(max_retries=0)
@@ -189,12 +163,8 @@ def broker_probe(celery: Any, *, timeout_s: float = PROBE_TIMEOUT_S) -> Finding:
 
 
 def janitor_probe(probe: ProbeEngine, settings: Settings, *, since_ms: int | None = None) -> Finding:
-    """The janitor's last recorded sweep is recent: "warn" when it is stale (`janitor_stale`, the one definition).
-
-    Stale: no sweep for three intervals, or none ever recorded (`since_ms`: when the
-    caller started looking, so a fresh deployment has three intervals for its first
-    sweep). "skipped" when MCP_TASKS_JANITOR_INTERVAL_S=off: nothing is scheduled to sweep.
-    """
+    """The janitor's last recorded sweep is recent: "warn" when it is stale (`janitor_stale`, the one definition;
+    `since_ms`: when the caller started looking, so a fresh deployment has three intervals for its first sweep)."""
     interval = settings.janitor_interval_s
     if interval is None:
         return Finding("skipped", "no scheduled sweeps (MCP_TASKS_JANITOR_INTERVAL_S=off)")
@@ -217,10 +187,8 @@ def janitor_probe(probe: ProbeEngine, settings: Settings, *, since_ms: int | Non
 
 
 def janitor_record(probe: ProbeEngine) -> SweepRecord | None:
-    """The janitor's ledger row with the database's clock, read like every probe (statement timeout and all).
-
-    Raises `FileNotFoundError` for an embedded store never created (a connect would create it, empty).
-    """
+    """The janitor's ledger row with the database's clock, read like every probe; `FileNotFoundError` for an
+    embedded store never created (a connect would create it, empty)."""
     from celery_mcp_tasks.store.ledger import JANITOR
     from celery_mcp_tasks.store.sweeps import read_sweep
 

@@ -1,31 +1,17 @@
-"""Every place this package reaches past prometheus_client's public API, in one module (pinned: 0.26.x).
+"""Every place this package reaches past prometheus_client's public API (pinned: 0.26.x).
 
-Each function names the private thing it uses and the public hook that would
-remove the need; `tests/ops/test_prometheus_internals.py` fails with the
-installed version in its message as soon as one of them moves.
-
-1. `counts_in_files` / `count_in_files`: `prometheus_client.values.ValueClass`,
-   the class every metric object is made with, chosen once when `values` is
-   imported (files when PROMETHEUS_MULTIPROC_DIR is set then). A `celery worker`
-   decides to count in files after prometheus_client may already be imported
-   (by the application, by us), so it replaces the class itself. A public
-   "enable multiprocess mode now" call would remove both.
-2. `read_values` / `write_values`: `prometheus_client.mmap_dict.MmapedDict`,
-   the format of the multiprocess files, to fold an exited child's counts into
-   one merged file. A public "merge these processes' files" (or a
-   `mark_process_dead` that kept counters in one file) would remove both.
-
-prometheus_client is imported inside the functions: importing this module is cheap.
+`tests/ops/test_prometheus_internals.py` fails, naming the installed version, as soon as one moves.
+- `values.ValueClass`, chosen once when `values` is imported: a `celery worker` decides to count in
+  files after that, so it replaces the class (a public "multiprocess mode now" call would remove it).
+- `mmap_dict.MmapedDict`, the files' format, to fold an exited child's counts into one merged file
+  (a public "merge these processes' files" would remove it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-__all__ = ["VERSIONS", "count_in_files", "counts_in_files", "read_values", "write_values"]
-
-VERSIONS = ("0.26",)
-"""The prometheus_client releases whose internals this module was checked against."""
+VERSIONS = ("0.26",)  # the prometheus_client releases whose internals this module was checked against
 
 
 def counts_in_files() -> bool:

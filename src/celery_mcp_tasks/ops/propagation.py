@@ -1,28 +1,14 @@
 """Trace propagation for the adapters: the span around a creation, the context in every job's headers.
 
-A creation is the work of the SDK's `tools/call` span: that span gets the tool, the row key
-prefix and the status (from `ops.tracing.StatusEvents`, with the row; the tool from here when
-the creation fails first) and its W3C `traceparent` is stored in the row. Only where no span
-is recording there (a caller's remote context, a programmatic creation) is a span of our own,
-"tasks create <tool>", started around it; none
-where the sampler left the call out (a valid, unsampled span is current). Either
-way the row keeps the context; every send of the job (first, reaper's, after `tasks/update`) makes that context
-current and injects it into the Celery message headers with the global propagator, as
-`opentelemetry-instrumentation-celery` does (Celery copies headers into retries), with
-`propagate.inject`: whatever propagators the application configured write them.
-
-This is the only tracing module `mcp/` and `worker/` import, so it needs opentelemetry-api
-alone (a no-op that still propagates, so a user's own `opentelemetry-instrument` setup works)
-and imports neither Celery nor the SDK nor an adapter: the run spans and the providers, which
-hold Celery signals, are `ops.tracing`'s. Tracing never fails the call it observes: a sampler,
-a processor or a propagator that raises costs that span (one warning per process), not the
-`tools/call` or the send.
+The only tracing module `mcp/` and `worker/` import: opentelemetry-api alone (a no-op that still
+propagates), neither Celery nor the SDK. Tracing never fails the call it observes: a sampler, a
+processor or a propagator that raises costs that span (one warning per process).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -30,18 +16,6 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
-__all__ = [
-    "TOOL",
-    "TRACER",
-    "creating",
-    "current_traceparent",
-    "end_span",
-    "mark_failed",
-    "sending",
-    "start_span",
-    "warn_once",
-]
 
 logger = logging.getLogger("celery_mcp_tasks.ops")
 
@@ -69,11 +43,6 @@ def current_traceparent() -> str | None:
     return carrier.get("traceparent")
 
 
-def _no_provider() -> bool:
-    """No tracer provider is set: a span would only be its parent again, so none is started (it costs ~20 us)."""
-    return isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
-
-
 def start_span(
     name: str,
     attributes: Mapping[str, Any],
@@ -81,11 +50,8 @@ def start_span(
     parent: otel_context.Context | None = None,
     kind: SpanKind = SpanKind.INTERNAL,
 ) -> tuple[trace.Span, object] | None:
-    """Start `name` as the current span (a child of `parent`, else of the current context).
-
-    Returns the span and its context token for `end_span`, or None when the provider's
-    sampler or a processor raised: the caller goes on without a span.
-    """
+    """Start `name` as the current span (a child of `parent`, else of the current context): the span and its
+    context token for `end_span`, or None when the sampler or a processor raised (go on without a span)."""
     try:
         span = TRACER.start_span(name, context=parent, kind=kind, attributes=attributes)
     except Exception as error:  # noqa: BLE001 - a span we cannot start is one we do without
@@ -100,60 +66,56 @@ def start_span(
     return span, token
 
 
+def _no_provider() -> bool:
+    return isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
+def _quietly(what: str, action: Callable[[], object]) -> None:
+    try:
+        action()
+    except Exception as error:  # noqa: BLE001 - the span loses it, the call it measured does not
+        warn_once(f"could not {what}", error)
+
+
 def end_span(span: trace.Span, token: object | None) -> None:
     """Detach `token` and end `span`; a processor that raises in `on_end` is logged once, never raised."""
     try:
         if token is not None:
             otel_context.detach(token)  # type: ignore[arg-type]
     finally:
-        try:
-            span.end()
-        except Exception as error:  # noqa: BLE001 - the span is lost, the call it measured is not
-            warn_once("could not end a span", error)
+        _quietly("end a span", span.end)
 
 
 def mark_failed(span: trace.Span, exc: BaseException | None) -> None:
     """The span's status is ERROR with the exception's type name only: its message may quote arguments."""
-    try:
-        span.set_status(Status(StatusCode.ERROR, type(exc).__name__ if exc is not None else None))
-    except Exception as error:  # noqa: BLE001 - a status we cannot set is left unset
-        warn_once("could not set a span's status", error)
-
-
-def _set_tool(span: trace.Span, tool: str) -> None:
-    try:
-        span.set_attribute(TOOL, tool)
-    except Exception as error:  # noqa: BLE001 - an attribute we cannot set is left unset
-        warn_once("could not set a span's attribute", error)
-
-
-def _sampled_out(context: trace.SpanContext) -> bool:
-    """The sampler left this call out (the SDK's span, or a caller's unsampled context).
-
-    A span of ours would be left out too under the default ParentBased sampler (~10 us for
-    nothing); the row keeps the unsampled context, so the task's runs follow that decision.
-    A decision, for other samplers too (ALWAYS_ON, a bare ratio): a task is traced when its
-    call is."""
-    return context.is_valid and not context.trace_flags.sampled
+    _quietly(
+        "set a span's status",
+        lambda: span.set_status(Status(StatusCode.ERROR, None if exc is None else type(exc).__name__)),
+    )
 
 
 @contextmanager
 def creating(tool: str) -> Iterator[str | None]:
     """The span of one creation and its first send; yields what the row stores.
 
-    The SDK's `tools/call` span when it is recording (one span per creation, not two: a span
-    costs ~35 us with its export), which gets the tool, the key prefix and the status with the
-    row, in one call (`ops.tracing.StatusEvents`); else "tasks create <tool>", started here."""
+    The SDK's `tools/call` span when it is recording (one span per creation, not two: a span costs
+    ~35 us with its export; `Tracing.task_changed` gives it the attributes with the row); else
+    "tasks create <tool>", started here. None without a provider (a span would only be its parent
+    again, ~20 us), nor where the sampler left the call out: under the default ParentBased sampler
+    ours would be left out too, and the row keeps the unsampled context, so the task's runs follow it.
+    """
     current = None if _no_provider() else trace.get_current_span()
     started = None
-    if current is not None and not current.is_recording() and not _sampled_out(current.get_span_context()):
-        started = start_span(f"tasks create {tool}", {TOOL: tool})
+    if current is not None and not current.is_recording():
+        context = current.get_span_context()
+        if not (context.is_valid and not context.trace_flags.sampled):
+            started = start_span(f"tasks create {tool}", {TOOL: tool})
     if started is None:  # no span of ours: the current context (if any) is what the row keeps and every send carries
         try:
             yield current_traceparent()
         except Exception:
             if current is not None and current.is_recording():  # no row, so no attributes from the observer
-                _set_tool(current, tool)
+                _quietly("set a span's attribute", lambda: current.set_attribute(TOOL, tool))
             raise
         return
     span, token = started
@@ -168,11 +130,8 @@ def creating(tool: str) -> Iterator[str | None]:
 
 @contextmanager
 def sending(trace_context: str | None, headers: MutableMapping[str, Any]) -> Iterator[None]:
-    """One send of a task's job: the task's own context is current, and written into the message `headers`.
-
-    The stored context, not the caller's: a resend by the reaper or after `tasks/update` belongs to
-    the task's trace. A row without one sends in the caller's. Never raises for tracing's sake.
-    """
+    """One send of a task's job: the task's stored context (else the caller's) is current, and written into the
+    message `headers`: a resend by the reaper or after `tasks/update` belongs to the task's trace."""
     token = None
     try:
         if trace_context and trace_context != current_traceparent():  # not the first send, in `creating`

@@ -1,8 +1,6 @@
 """Task-id redaction: the net under "a task id never appears in a log line", on every handler `ops.logs` styles.
 
-Our code logs at most the row key's first 8 hex digits; this is for whatever a library's
-exception, a request path or a job's own line might echo. The id is a bearer capability,
-so a false positive (a long mixed-case token redacted) is cheap and a miss is not.
+The id is a bearer capability, so a false positive (a long mixed-case token redacted) is cheap and a miss is not.
 """
 
 from __future__ import annotations
@@ -11,8 +9,6 @@ import logging
 import re
 from collections.abc import Mapping
 from typing import Any
-
-__all__ = ["REDACTED", "RedactTaskIds", "record_message", "redact"]
 
 REDACTED = "<redacted>"
 
@@ -30,10 +26,6 @@ _RUN = re.compile(r"(?<![A-Za-z0-9_-])[A-Za-z0-9_-]{43,}")
 _ID_LENGTH = 43
 
 
-def _mixed_case(token: str) -> bool:
-    return any(c.isupper() for c in token) and any(c.islower() for c in token)
-
-
 def redact(text: str) -> str:
     """`text` with every token shaped like a task id replaced by `<redacted>` (overlapping ones as one)."""
     if len(text) < _ID_LENGTH:
@@ -41,29 +33,21 @@ def redact(text: str) -> str:
     spans: list[list[int]] = []
     for run in _RUN.finditer(text):
         for match in _CANDIDATE.finditer(text, run.start(), run.end()):
-            if not _mixed_case(match.group(1)):
+            if match.group(1) in (match.group(1).lower(), match.group(1).upper()):  # not mixed case: not an id
                 continue
             start = match.start()
             if spans and start < spans[-1][1]:
                 spans[-1][1] = start + _ID_LENGTH
             else:
                 spans.append([start, start + _ID_LENGTH])
-    if not spans:
-        return text
-    parts, done = [], 0
-    for start, end in spans:
-        parts += [text[done:start], REDACTED]
-        done = end
-    parts.append(text[done:])
-    return "".join(parts)
+    for start, end in reversed(spans):  # from the end: the earlier spans' offsets stay true
+        text = text[:start] + REDACTED + text[end:]
+    return text
 
 
 def _redact_arguments(record: logging.LogRecord) -> bool:
-    """Redact the record's string arguments, keeping its template, when that alone cleans the message.
-
-    A formatter that reads `args` itself (uvicorn's access line, Celery's trace lines) then
-    still works; False when the template or a non-string argument holds the id.
-    """
+    """Redact the record's string arguments, keeping its template (a formatter that reads `args`, as uvicorn's
+    access line and Celery's trace lines do, still works); False when that alone does not clean the message."""
     args = record.args
     redacted: tuple[Any, ...] | Mapping[str, Any]
     if isinstance(args, tuple):
@@ -93,10 +77,8 @@ def record_message(record: logging.LogRecord) -> str:
 class RedactTaskIds(logging.Filter):
     """A handler's filter: the message and exception text lose anything shaped like a task id.
 
-    The record is rewritten only when something was redacted, its string arguments
-    first (the template and the arguments' shape stay as they were), else its whole
-    message (the template is kept for `JsonFormatter`'s event names), so the common
-    case costs one regex scan.
+    The record is rewritten only when something was redacted (the common case costs one regex scan): its
+    string arguments first, else its whole message (the template kept for `JsonFormatter`'s event names).
     """
 
     _exceptions = logging.Formatter()

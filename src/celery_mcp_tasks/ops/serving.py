@@ -1,11 +1,7 @@
-"""The operations app's own listener: `/metrics`, `/healthz`, `/readyz` on a port apart from the MCP one.
+"""The operations app's own listener (`/metrics`, `/healthz`, `/readyz`), on a port apart from the MCP one.
 
-`serve` and `dev` start it beside the MCP server when a plugin added routes, on
-`--ops-host`/`--ops-port` (MCP_TASKS_OPS_HOST, default 127.0.0.1; MCP_TASKS_OPS_PORT,
-default 9101). A uvicorn server of its own in a daemon thread with its own event
-loop: uvicorn binds the socket as it binds the MCP one (TCP_NODELAY included), and
-outside the main thread it leaves the process's signal handlers to the MCP server.
-A port in use is one warning line; the MCP server runs on without it.
+A uvicorn server in a daemon thread: outside the main thread it leaves the process's signal handlers
+to the MCP server. A port in use is one warning line; the MCP server runs on without it.
 """
 
 from __future__ import annotations
@@ -14,8 +10,6 @@ import logging
 import os
 import threading
 from typing import Any
-
-__all__ = ["DEFAULT_OPS_HOST", "DEFAULT_OPS_PORT", "OpsServer", "ops_address"]
 
 logger = logging.getLogger("celery_mcp_tasks.ops")
 

@@ -1,21 +1,14 @@
-"""Traces: the worker's run spans (Celery signals), the status events, and the providers MCP_TASKS_TRACING sets.
+"""Traces in the worker: a run span per job (Celery signals), the status events, and the providers
+MCP_TASKS_TRACING=otlp|console sets (the stock SDK ones, in the web process and each worker process).
 
-One trace per task, from `tools/call` through every Celery send and run to the final write.
-The web side and every send are `ops.propagation`'s (opentelemetry-api only, what the
-adapters import). Here, in the worker, each run is "mcp_task run <tool>", a child of the
-message headers' context, open from `task_prerun` to `task_postrun`, so the bridge's final
-write happens inside it. When the Celery instrumentor is active, its publish and run spans
-are the message's: ours is not started, and its run span gets our attributes. Never a task
-id, an argument, a result or an exception's text in a span; the row key's first 8 hex digits
-at most. A span that cannot be started or ended costs that span, never the job.
-
-"otlp"/"console" configure a provider with a `BatchSpanProcessor` in the web process and in
-each worker process (after the fork): an unreachable collector only drops spans and logs.
+Never a task id, an argument, a result or an exception's text in a span; the row key's first 8 hex
+digits at most. A span that cannot be started or ended costs that span, never the job.
 """
 
 from __future__ import annotations
 
 import atexit
+import functools
 import importlib.util
 import logging
 import os
@@ -23,7 +16,6 @@ import sys
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from functools import wraps
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import propagate, trace
@@ -38,8 +30,6 @@ from celery_mcp_tasks.plugin import Plugin, Runtime
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
 
-__all__ = ["StatusEvents", "Tracing", "configure", "require_extra", "shutdown"]
-
 logger = logging.getLogger("celery_mcp_tasks.ops")
 
 EXTRA = "pip install 'celery-mcp-tasks[otel]'"
@@ -49,37 +39,12 @@ ATTEMPT = "mcp_task.attempt"
 STATUS = "mcp_task.status"
 RUN_END = "mcp_task.run_end"
 _PREFIX = 8
-_STOP_S = 5.0
-"""The bound on the last flush at exit: a collector that is down never holds a process's shutdown."""
+_STOP_S = 5.0  # the bound on the last flush at exit: a collector that is down never holds a shutdown
 _SPAN = "_mcp_run_span"  # request attribute: our run span and the context token of its run
 
 
-class StatusEvents:
-    """An observer: each status a write sets is an attribute and an event on the span current there
-    (a run, a `tasks/*`); a creation's is an attribute only, beside the tool and the row key's prefix,
-    set in one call on the span the row is inserted in (the SDK's `tools/call`, or ours).
-
-    No event at the creation: its time is the span's own (the insert is the call's work), and an
-    event costs that span ~40 000 instructions (~0.7 % of a creation; counted under callgrind)."""
-
-    def task_changed(self, before: TaskRecord | None, after: TaskRecord) -> None:
-        if before is not None and before.status is after.status:
-            return
-        span = trace.get_current_span()
-        if not span.is_recording():
-            return
-        if before is None:
-            span.set_attributes({TOOL: after.tool, KEY_PREFIX: after.key[:_PREFIX], STATUS: after.status.value})
-            return
-        span.set_attribute(STATUS, after.status.value)
-        span.add_event("mcp_task.status", {STATUS: after.status.value})
-
-
-# -- the worker's run spans (Celery signals) -------------------------------------------------------------
-
-
 class _RequestGetter(Getter[Any]):
-    """Reads a propagator's fields from a Celery request: message headers are its attributes (or `.headers`)."""
+    """A propagator's fields from a Celery request: message headers are its attributes (or `.headers`)."""
 
     def get(self, carrier: Any, key: str) -> list[str] | None:
         value = getattr(carrier, key, None)
@@ -121,18 +86,14 @@ def _ours(task: Any) -> tuple[Any, str, Any] | None:
 def _attributes(tool: str, key: str, run: Any) -> dict[str, Any]:
     attributes: dict[str, Any] = {TOOL: tool, KEY_PREFIX: key[:_PREFIX]}
     if run is not None:
-        attributes[DISPATCH] = run.dispatch
-        attributes[ATTEMPT] = run.attempt + 1
+        attributes |= {DISPATCH: run.dispatch, ATTEMPT: run.attempt + 1}
     return attributes
 
 
-_Receiver = Callable[..., None]
-
-
-def _contained(receiver: _Receiver) -> _Receiver:
+def _contained(receiver: Callable[..., None]) -> Callable[..., None]:
     """A run-span signal receiver that never raises: Celery would log each failure with a traceback."""
 
-    @wraps(receiver)
+    @functools.wraps(receiver)
     def contained(*args: Any, **kwargs: Any) -> None:
         try:
             receiver(*args, **kwargs)
@@ -207,14 +168,9 @@ def _on_postrun(sender: Any = None, task: Any = None, **_: Any) -> None:
     end_span(*held)
 
 
-_signals_connected = False
-
-
+@functools.cache
 def _connect_run_spans() -> None:
     """Once per process (forked pool children inherit the receivers), like the signal bridge."""
-    global _signals_connected
-    if _signals_connected:
-        return
     from celery import signals
 
     for signal, receiver in (
@@ -225,10 +181,6 @@ def _connect_run_spans() -> None:
         (signals.task_postrun, _on_postrun),
     ):
         signal.connect(receiver, weak=False)
-    _signals_connected = True
-
-
-# -- the providers MCP_TASKS_TRACING=otlp|console configure ----------------------------------------------
 
 
 def require_extra(mode: str) -> None:
@@ -312,11 +264,8 @@ def shutdown() -> None:
 
 
 def _forks(pool_cls: Any) -> bool:
-    """A prefork (billiard) pool: its children run the jobs, so each configures itself after the fork.
-
-    At `worker_init` the pool may still be a name (`worker_pool`, `app.Worker(pool=...)`): Celery's
-    aliases resolve it (`prefork` and `processes` are both billiard's pool), as the worker does next.
-    """
+    """A prefork (billiard) pool: its children run the jobs, so each configures itself after the fork. At
+    `worker_init` the pool may still be a name (`prefork`, `processes`): Celery's aliases resolve it."""
     from celery.concurrency import get_implementation
 
     try:
@@ -367,7 +316,6 @@ class Tracing(Plugin):
             raise ConfigError(f"MCP_TASKS_TRACING: expected on, otlp or console, got {exporter!r}")
         self.exporter = exporter
         self._name = "celery-mcp-tasks"
-        self._status_events = StatusEvents()
 
     def setup(self, runtime: Runtime) -> None:
         """Only registers (signals, a serving context). A missing extra is a `ConfigError` naming it."""
@@ -378,7 +326,19 @@ class Tracing(Plugin):
         _connect_run_spans()
 
     def task_changed(self, before: TaskRecord | None, after: TaskRecord) -> None:
-        self._status_events.task_changed(before, after)
+        """Each status a write sets is an attribute and an event on the span current there (a run, a
+        `tasks/*`); a creation's is attributes only (tool, key prefix, status) on the span the row is
+        inserted in: its time is the span's own, and an event costs ~0.7 % of a creation (callgrind)."""
+        if before is not None and before.status is after.status:
+            return
+        span = trace.get_current_span()
+        if not span.is_recording():
+            return
+        if before is None:
+            span.set_attributes({TOOL: after.tool, KEY_PREFIX: after.key[:_PREFIX], STATUS: after.status.value})
+            return
+        span.set_attribute(STATUS, after.status.value)
+        span.add_event("mcp_task.status", {STATUS: after.status.value})
 
     def serving(self) -> Any:
         return None if self.exporter is None else _provider_while_serving(self.exporter, self._name)
