@@ -1,11 +1,8 @@
-"""Sending jobs: the `Dispatcher` the service calls after a row is committed.
+"""The service's `Dispatcher` on Celery: sends a committed dispatch, revokes a cancelled job.
 
-The Celery message gets its own id (derived from the row key and the dispatch
-number, so a cancel can revoke it without storing anything more); the row key
-travels in a header, which survives retries and redelivery and reaches every
-signal. Neither the id nor the body holds the MCP task id. The message is
-shadowed with the tool's name, which is what worker logs, `celery events` and
-Flower show. The headers also carry the task's trace context (`ops.propagation`).
+The message id derives from the row key and the dispatch number (a cancel can revoke it without storing
+more); the row key rides in a header, which survives retries and redelivery and reaches every signal.
+Neither holds the MCP task id. The message is shadowed with the tool's name (what logs and Flower show).
 """
 
 from __future__ import annotations
@@ -48,8 +45,6 @@ def message_headers(record: TaskRecord, *, with_arguments: bool = True) -> dict[
 
 
 class CeleryDispatcher:
-    """The service's `Dispatcher` on Celery: sends a committed dispatch, revokes a cancelled job."""
-
     def __init__(
         self,
         app: Celery,
@@ -59,18 +54,15 @@ class CeleryDispatcher:
         fair_queues: int | None = None,
         send_arguments: bool = True,
     ) -> None:
-        """`send_arguments=False` (encryption at rest is on): the message carries no arguments, so the
-        broker never holds them in clear; the job reads them from the store's row either way."""
         self.app = app
         self.tools = tools
         self.fair_queues = fair_queues  # shards of the default queue, by owner (`worker.fairness`); None: off
         self._sharded: dict[str, bool] = {}
-        self.send_arguments = send_arguments
+        self.send_arguments = send_arguments  # False (encryption at rest): the job reads them from the row
         self.revoker = revoker or BackgroundRevoker(app)
         warn_unless_pool_terminates(app, lambda: sorted(t.name for t in self.tools.values() if t.terminate))
 
     def send(self, record: TaskRecord) -> None:
-        """Publish the message of the record's current dispatch (`Dispatcher.send`)."""
         tool = self.tools[record.tool]
         headers = message_headers(record, with_arguments=self.send_arguments)
         route: dict[str, Any] = {}
@@ -93,7 +85,7 @@ class CeleryDispatcher:
             logger.error(
                 "cannot reach the broker %s (%s); the task fails as not enqueued: start the broker or fix "
                 "CELERY_BROKER_URL",
-                self._broker_uri(),
+                redact_url(str(self.app.conf.broker_url)),
                 str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
             )
             raise
@@ -107,20 +99,10 @@ class CeleryDispatcher:
             )
         return sharded
 
-    def _broker_uri(self) -> str:
-        """The broker's URL as the application set it, the password masked."""
-        return redact_url(str(self.app.conf.broker_url))
-
     def revoke(self, record: TaskRecord) -> None:
-        """The service cancelled the task: terminate its running job when the tool asked for it.
-
-        Only a tool declared with `terminate=True` is revoked (with SIGTERM to the
-        pool process running it; prefork pools honour it, and a worker whose pool
-        cannot says so once when it starts): any other job checks
-        `ctx.cancelled()`, and a message not yet started is skipped at its start
-        anyway, so a broadcast would buy nothing. Queued, never published here:
-        see `worker.revoker`. Best effort: a revoke is lost when no worker is up.
-        """
+        """Terminate the cancelled task's running job, best effort (`worker.revoker`), when its tool has
+        `terminate=True`: any other job checks `ctx.cancelled()`, and a message not yet started is skipped
+        at its start anyway, so a broadcast would buy nothing."""
         tool = self.tools.get(record.tool)
         if tool is not None and tool.terminate:
             self.revoker.submit(celery_id(record), tool.name, terminate=True)

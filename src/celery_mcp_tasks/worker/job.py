@@ -1,15 +1,7 @@
-"""The Celery side of a task tool: the job class every `@mcp_task` becomes.
-
-A job is a normal Celery task: `.delay(...)` runs the function with a
-detached context. When the message carries our row-key header it is an MCP
-task: the body runs only if this message is the task's current run (the task
-is `working`, not cancelled before it started, and no newer dispatch or
-attempt exists), with the stored arguments validated the way the SDK would,
-a live `TaskContext`, and its beats in the process's one heartbeat thread
-(`worker.heartbeats`). The body goes through
-`self.run`, so Celery's `autoretry_for` wrapper and `bind=True` work as usual.
-Recording the outcome is the signal bridge's job (`worker.bridge`), so every
-path through Celery, including a worker killed mid-job, ends in the store.
+"""The job class every `@mcp_task` becomes: a normal Celery task (`.delay(...)` runs it detached) that, when
+its message carries our row-key header, runs the body only as the task's current run (`service.begin`),
+with validated stored arguments, a live `TaskContext` and the process's heartbeat. Recording the outcome
+is the signal bridge's (`worker.bridge`), so every path through Celery ends in the store.
 """
 
 from __future__ import annotations
@@ -75,13 +67,9 @@ _current: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar("m
 
 
 class JobTool(Protocol):
-    """What the Celery side needs of a task tool (the SDK adapter's `TaskTool` is one).
+    """What the Celery side reads of a task tool (the SDK adapter's `TaskTool`): a protocol, not an import,
+    so the worker adapter never imports the SDK adapter. Properties: a dataclass field satisfies one."""
 
-    A protocol, not an import: the worker adapter never imports the SDK adapter;
-    the composition root hands it the tools.
-    """
-
-    # Read-only: the worker side only reads a tool (and a dataclass field satisfies a property).
     @property
     def name(self) -> str: ...
 
@@ -195,10 +183,6 @@ def dispatched_record(request: Any, key: str, run: Run) -> TaskRecord | None:
     return record if record.dispatches == run.dispatch else None
 
 
-def current_context() -> TaskContext:
-    return _current.get() or TaskContext.detached()
-
-
 class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is Any to mypy
     """Base class of every `@mcp_task` job."""
 
@@ -222,11 +206,9 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
         return super().signature_from_request(request, args, kwargs, queue, **extra_options)
 
     def _ended(self, why: str) -> None:
-        """The job's value for a run that ended without an outcome (always None), after noting why."""
         setattr(self.request, RUN_END, why)
 
     def _outcome(self, result: dict[str, Any]) -> None:
-        """The job's value for a run with an outcome (None too): the outcome goes to the bridge on the request."""
         setattr(self.request, OUTCOME, result)
 
     def _run_for_task(self, key: str) -> None:
@@ -293,15 +275,12 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
 
 
 def make_run(tool: JobTool) -> Callable[..., Any]:
-    """The Celery `run` for a tool: the user's function with the context injected.
-
-    With `bind=True` Celery passes the job first (`self`), as for any bound task.
-    """
+    """The Celery `run` for a tool: the user's function with the context injected (with `bind=True`, the job first)."""
     fn = tool.fn
 
     def run(*args: Any, **kwargs: Any) -> Any:
         if tool.context_param is not None:
-            kwargs[tool.context_param] = current_context()
+            kwargs[tool.context_param] = _current.get() or TaskContext.detached()
         return fn(*args, **kwargs)
 
     run.__name__ = fn.__name__
