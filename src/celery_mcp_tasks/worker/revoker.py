@@ -1,21 +1,10 @@
 """Revokes off the request path: a bounded queue, one thread, a bounded publish.
 
-`tasks/cancel` must answer at once whatever the broker does. Celery's
-`control.revoke` publishes with kombu's default retry policy, which retries a
-lost broker forever; run on a request's thread, a broker outage would hold that
-thread, and enough cancels would hold them all. Here a revoke is only queued (and
-dropped with a log line when too many are pending); a thread of its own publishes
-it, with whatever else is pending, as one broadcast on a connection of its own
-with a few short retries, and gives up after a few seconds with one log line.
-The store's cancel has happened before any of this: a revoke only stops a
-running job sooner.
-
-A terminating revoke needs a pool that can kill a job (prefork can; threads and
-solo cannot, and Celery answers each such revoke with a logged traceback). A
-worker whose pool cannot says so once, when it is ready (`warn_unless_pool_terminates`),
-and the per-cancel traceback is left out of its log: nothing new would be learned from it.
-
-Never a task id or a Celery id in a log line: the tools' names only.
+`tasks/cancel` must answer at once whatever the broker does, and Celery's `control.revoke` retries a lost
+broker forever (kombu's default policy): on request threads an outage would hold them all. So a revoke is
+only queued (dropped with a log line when too many wait); one thread publishes what is pending as one
+broadcast on its own connection, with a few short retries, and gives up after a few seconds. The store's
+cancel has happened before: a revoke only stops a running job sooner. Tools' names in logs, never ids.
 """
 
 from __future__ import annotations
@@ -33,8 +22,6 @@ from celery import Celery, signals
 from celery_mcp_tasks.worker.celery_internals import pool_terminates
 from celery_mcp_tasks.worker.kombu_internals import PIDBOX_LOGGER, bound_publish_retries
 from celery_mcp_tasks.worker.termination import start_thread
-
-__all__ = ["BackgroundRevoker", "pool_terminates", "warn_unless_pool_terminates"]
 
 logger = logging.getLogger("celery_mcp_tasks.worker")
 
@@ -123,7 +110,8 @@ class _CannotKillJob(logging.Filter):
 
 
 def warn_unless_pool_terminates(app: Celery, terminating_tools: Callable[[], list[str]]) -> None:
-    """At `worker_ready` of `app`'s worker: one warning when its pool cannot terminate the tools that ask for it."""
+    """At `worker_ready` of `app`'s worker: one warning when its pool cannot terminate the tools that ask for it
+    (prefork can; threads and solo cannot), instead of Celery's logged traceback on each such revoke."""
 
     def ready(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", None) is not app:

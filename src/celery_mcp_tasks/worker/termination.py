@@ -37,8 +37,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["TERMINATE_SIGNALS", "install", "others_could_take", "start_thread", "termination_blocked"]
-
 
 def _terminate_signals() -> frozenset[int]:
     """SIGTERM (what a revoke sends), and billiard's TERM_SIGNAL (its parent's answer to DEATH; SIGTERM unless

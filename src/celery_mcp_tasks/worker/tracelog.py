@@ -1,16 +1,10 @@
 """What Celery's task trace logs about our jobs: the outcome's fact, never its content.
 
-Celery logs every return value at INFO ("Task work[id] succeeded in 4.02s:
-{...}") and puts the arguments in each record's `data`: a tool's result and
-arguments are often more sensitive than its ids. For an MCP task's run (a job
-whose message carries our row-key header) this filter on the
-`celery.app.trace` logger drops the return value, hides the arguments, and says
-how a run without an outcome ended (waiting for input, handed off, skipped)
-instead of "succeeded in 0.01s: None". Everything else, a user's plain Celery
-task or a `.delay()` of a job, keeps Celery's own lines.
-
-The record is read while the trace still has the task pushed, so
-`current_task.request` is the request the line is about (checked by id).
+Celery logs every return value at INFO and puts the arguments in each record's `data`; a tool's result
+and arguments are often more sensitive than its ids. For an MCP task's run this filter on Celery's trace
+logger drops the return value, hides the arguments, and says how a run without an outcome ended instead
+of "succeeded: None". Any other task keeps Celery's lines. It runs while the trace still has the task
+pushed, so `current_task.request` is the request the line is about (checked by id).
 """
 
 from __future__ import annotations
@@ -22,8 +16,6 @@ from celery import current_task
 
 from celery_mcp_tasks.worker.celery_internals import TRACE_LOGGER, trace_templates
 from celery_mcp_tasks.worker.job import HIDDEN_ARGS, RUN_END, McpJob, row_key
-
-__all__ = ["ENDED", "SUCCEEDED", "JobTraceFilter", "install"]
 
 _HIDDEN = "<not logged>"
 SUCCEEDED = "Task %(name)s[%(id)s] succeeded in %(runtime)ss"
