@@ -1,13 +1,9 @@
-"""Broker transport: a kombu fanout exchange on the Celery broker (Redis, RabbitMQ).
+"""Broker transport: a kombu fanout exchange on the Celery broker (Redis, RabbitMQ), for a non-PostgreSQL store.
 
-For deployments whose store is not PostgreSQL. The writer publishes a
-transient hint after its write (~2.6 ms over Redis, measured); every web
-process binds an exclusive, auto-deleted queue to the exchange and consumes
-it in a thread (kombu is synchronous), handing each hint to the hub on the
-event loop. Publishing uses the Celery app's producer pool, so it shares the
-broker connection settings and pays no new connection per write.
-
-Body: `{"k": row key, "v": version}`. Never a task id, never a result.
+The writer publishes a transient hint after its write (~2.6 ms over Redis) through the app's producer
+pool (no new connection per write); every web process consumes an exclusive, auto-deleted queue bound to
+the exchange in a thread (kombu is synchronous), handing hints to the hub. Body: `{"k": row key, "v":
+version}`, never a task id or a result.
 """
 
 from __future__ import annotations
@@ -28,8 +24,6 @@ from kombu.messaging import Consumer
 from celery_mcp_tasks.model import TaskRecord
 from celery_mcp_tasks.notify.base import listeners_possible
 from celery_mcp_tasks.notify.hub import Hub
-
-__all__ = ["BrokerListener", "BrokerPublisher", "hint_exchange"]
 
 logger = logging.getLogger(__name__)
 
