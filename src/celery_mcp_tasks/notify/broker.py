@@ -46,15 +46,6 @@ def hint_exchange(namespace: str) -> Exchange:
     )
 
 
-def parse_body(body: Any) -> tuple[str, int] | None:
-    if not isinstance(body, dict):
-        return None
-    key, version = body.get("k"), body.get("v")
-    if not isinstance(key, str) or len(key) != 64 or not isinstance(version, int):
-        return None
-    return key, version
-
-
 class BrokerPublisher:
     """A `Notifier`: one small transient message per change, through the producer pool."""
 
@@ -165,6 +156,6 @@ class BrokerListener:
             delay = min(delay * 2, _RETRY_MAX_S)
 
     def _on_message(self, body: Any, _message: Any) -> None:
-        hint = parse_body(body)
-        if hint is not None:
-            self._hub.hint_threadsafe(*hint)
+        key, version = (body.get("k"), body.get("v")) if isinstance(body, dict) else (None, None)
+        if isinstance(key, str) and len(key) == 64 and isinstance(version, int):
+            self._hub.hint_threadsafe(key, version)

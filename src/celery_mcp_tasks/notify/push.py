@@ -21,7 +21,7 @@ from celery_mcp_tasks.config import ConfigError, Settings, redact_url
 from celery_mcp_tasks.notify.base import Notifier
 from celery_mcp_tasks.notify.hub import Hub
 from celery_mcp_tasks.notify.polling import RowPoller
-from celery_mcp_tasks.notify.postgres import PG_HINT, PgNotifier
+from celery_mcp_tasks.notify.postgres import PG_HINT, PgListener, PgNotifier
 from celery_mcp_tasks.service import DEFAULT, _Default
 from celery_mcp_tasks.store.base import ChangeHint, Store
 from celery_mcp_tasks.store.engine import normalize_url
@@ -155,8 +155,6 @@ class Push:
 
     def _listener(self) -> _Listener | None:
         if self.mode == "postgres":
-            from celery_mcp_tasks.notify.postgres import PgListener
-
             return PgListener(self._settings.store_url, self.hub)
         if self.mode == "broker":
             from celery_mcp_tasks.notify.broker import BrokerListener, hint_exchange

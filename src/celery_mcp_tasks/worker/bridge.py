@@ -59,30 +59,6 @@ def _fail(message: str) -> Op:
     return lambda service, key, run, expected: service.fail(key, failure(message), message, run=run, expected=expected)
 
 
-def describe_failure(exc: BaseException | None) -> str:
-    if exc is None:
-        return "Job failed"
-    text = str(exc).strip()
-    name = type(exc).__name__
-    message = f"Job failed: {name}: {text}" if text else f"Job failed: {name}"
-    return message[:_MAX_MESSAGE]
-
-
-def _start_by_ms(reason: Any) -> int:
-    """When the retried attempt is due (Retry.when is a countdown in seconds or an ETA).
-
-    A retry after a lost pool process is due now as far as the reaper is concerned:
-    its delay is Celery's `default_retry_delay`, not a promise the job made, and its
-    message often dies with the worker that held it.
-    """
-    when = getattr(reason, "when", None)
-    if isinstance(getattr(reason, "exc", None), WorkerLostError) or not isinstance(when, datetime | int | float):
-        return now_ms()
-    if isinstance(when, datetime):
-        return int(when.timestamp() * 1000)
-    return now_ms() + int(when * 1000)
-
-
 def on_success(sender: Any = None, **_: Any) -> None:
     request = getattr(sender, "request", None)
     result = getattr(request, OUTCOME, None)
@@ -96,11 +72,22 @@ def on_success(sender: Any = None, **_: Any) -> None:
 
 
 def on_failure(sender: Any = None, exception: BaseException | None = None, **_: Any) -> None:
-    _settle(sender, getattr(sender, "request", None), "failure", _fail(describe_failure(exception)))
+    message = "Job failed"
+    if exception is not None:
+        text = str(exception).strip()
+        message = f"Job failed: {type(exception).__name__}" + (f": {text}" if text else "")
+    _settle(sender, getattr(sender, "request", None), "failure", _fail(message[:_MAX_MESSAGE]))
 
 
 def on_retry(sender: Any = None, request: Any = None, reason: Any = None, **_: Any) -> None:
-    start_by = _start_by_ms(reason)
+    # When the next attempt is due (Retry.when: a countdown in seconds or an ETA). After a lost pool process
+    # it is due now as far as the reaper is concerned: its delay is Celery's `default_retry_delay`, not a
+    # promise the job made, and its message often dies with the worker that held it.
+    when = None if isinstance(getattr(reason, "exc", None), WorkerLostError) else getattr(reason, "when", None)
+    if isinstance(when, datetime):
+        start_by = int(when.timestamp() * 1000)
+    else:
+        start_by = now_ms() + (int(when * 1000) if isinstance(when, int | float) else 0)
 
     def retrying(service: TaskService, key: str, run: Run | None, expected: TaskRecord | None) -> None:
         if run is not None:

@@ -441,12 +441,11 @@ def janitor_stale(
     fresh deployment's first sweep comes one interval after beat starts. Without
     `now_ms`, the age is on the database's clock (`janitor_age`), `since_ms` on this host's.
     """
-    interval = settings.janitor_interval_s
-    if interval is None:
+    if settings.janitor_interval_s is None:
         return False
-    bound_s = STALE_INTERVALS * interval
     age = janitor_age(record, now_ms)
     if age is None:
-        at = _host_now_ms() if now_ms is None else now_ms
-        return since_ms is None or (at - since_ms) / 1000 >= bound_s
-    return age >= bound_s
+        if since_ms is None:
+            return True
+        age = ((_host_now_ms() if now_ms is None else now_ms) - since_ms) / 1000
+    return age >= STALE_INTERVALS * settings.janitor_interval_s

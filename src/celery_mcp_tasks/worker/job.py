@@ -63,6 +63,19 @@ OUTCOME = "mcp_outcome"
 returns None to Celery: an MCP run's outcome belongs to the task store, not to Celery's return value,
 which Celery would repr on every success (a tenth of a no-op run's work) and store in a result backend."""
 
+# Why a job skips its body (first match), and what its log line adds.
+_SKIPS: tuple[tuple[type[Exception], str, str], ...] = (
+    (TaskNotFound, "its task no longer exists", ""),
+    # e.g. Redis redelivered the message after its visibility timeout
+    (
+        RunInProgress,
+        "another copy of this run is already running",
+        " (a redelivered message; that copy still heartbeats)",
+    ),
+    (Superseded, "superseded by a newer dispatch or attempt", ""),
+    (TerminalTask, "its task is already final", ""),
+)
+
 _current: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar("mcp_task_context", default=None)
 
 
@@ -227,22 +240,10 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
                 run = Run(found.dispatches, self.request.retries or 0)
             stale_before = stale_cutoff(now_ms(), self.mcp_runtime.stale_timeout_s)
             record = service.begin(key, run, stale_before_ms=stale_before, expected=found)
-        except TaskNotFound:
-            logger.info("job for tool %r skipped: its task no longer exists", tool.name)
-            return self._ended("skipped, its task no longer exists")
-        except RunInProgress:  # e.g. Redis redelivered the message after its visibility timeout
-            logger.info(
-                "job for tool %r skipped: another copy of this run is already running (a redelivered "
-                "message; that copy still heartbeats)",
-                tool.name,
-            )
-            return self._ended("skipped, another copy of this run is already running")
-        except Superseded:
-            logger.info("job for tool %r skipped: superseded by a newer dispatch or attempt", tool.name)
-            return self._ended("skipped, superseded by a newer dispatch or attempt")
-        except TerminalTask:
-            logger.info("job for tool %r skipped: its task is already final", tool.name)
-            return self._ended("skipped, its task is already final")
+        except (TaskNotFound, TerminalTask) as exc:
+            why, detail = next((why, detail) for kind, why, detail in _SKIPS if isinstance(exc, kind))
+            logger.info("job for tool %r skipped: %s%s", tool.name, why, detail)
+            return self._ended(f"skipped, {why}")
         setattr(self.request, LAST_RECORD, record)  # a failure from here on is written on the claimed record
         try:
             kwargs = tool.validate(record.arguments)

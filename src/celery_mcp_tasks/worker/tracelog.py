@@ -29,7 +29,11 @@ class JobTraceFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         context = record.args
-        if not isinstance(context, dict) or "id" not in context or not self._ours(context["id"]):
+        if not isinstance(context, dict) or "id" not in context:
+            return True
+        # The proxy forwards isinstance (None outside a task); a run of an MCP task carries our row-key header.
+        request = current_task.request if isinstance(current_task, McpJob) else None
+        if getattr(request, "id", None) != context["id"] or row_key(request) is None:
             return True
         scrubbed: dict[str, Any] = dict(context)
         for field in ("args", "kwargs"):
@@ -37,7 +41,7 @@ class JobTraceFilter(logging.Filter):
                 scrubbed[field] = HIDDEN_ARGS[f"{field}repr"]
         if record.msg == self._succeeded:
             scrubbed["return_value"] = _HIDDEN
-            run_end = getattr(current_task.request, RUN_END, None)
+            run_end = getattr(request, RUN_END, None)
             if run_end is not None:
                 scrubbed["run_end"] = run_end
                 record.msg = ENDED
@@ -47,13 +51,6 @@ class JobTraceFilter(logging.Filter):
         if isinstance(getattr(record, "data", None), dict):
             record.data = scrubbed  # what custom (e.g. JSON) handlers read
         return True
-
-    @staticmethod
-    def _ours(celery_id: Any) -> bool:
-        if not isinstance(current_task, McpJob):  # the proxy forwards isinstance; None outside a task
-            return False
-        request = current_task.request
-        return getattr(request, "id", None) == celery_id and row_key(request) is not None
 
 
 _installed = False
