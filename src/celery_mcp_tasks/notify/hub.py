@@ -78,8 +78,8 @@ class Watch:
             return
         self.closed = True
         if self._hub is not None:
+            self._hub._every.discard(self)
             self._hub._unindex(self, list(self._keys))
-            self._hub._drop_every(self)
         self._keys.clear()
         self._pending.clear()
         self._event.set()
@@ -124,10 +124,6 @@ class Hub:
             watchers.discard(watch)
             if not watchers:
                 del self._by_key[key]
-        self._follow_changed()
-
-    def _drop_every(self, watch: Watch) -> None:
-        self._every.discard(watch)
         self._follow_changed()
 
     @property
