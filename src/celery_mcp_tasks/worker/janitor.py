@@ -371,11 +371,12 @@ def install_in_worker(
     """From `worker_ready` to `worker_shutdown`, every worker of `app` claims the sweep each interval, so any
     number of workers sweep once per interval between them."""
     from celery import signals
-    from celery.concurrency import solo, thread
 
     janitors: list[InWorkerJanitor | JanitorMessages] = []
 
     def ready(sender: Any = None, **_: Any) -> None:
+        from celery.concurrency import solo, thread
+
         if getattr(sender, "app", None) is not app or any(j.running for j in janitors):
             return  # another app's worker, or a consumer that became ready again (a reconnect)
         janitor: InWorkerJanitor | JanitorMessages
