@@ -159,7 +159,6 @@ class TaskContext:
         when the task is cancelled meanwhile.
         """
         self._require_attached("wait_for_input")
-        assert self._service is not None and self._key is not None
         pending = {key: value for key, value in requests.items() if key not in self.input_responses}
         if pending:
             checked = validate_input_requests(pending)
