@@ -16,8 +16,7 @@ from celery import Celery
 
 from celery_mcp_tasks.app import REDIS_TRANSPORT
 from celery_mcp_tasks.model import TaskRecord, TaskStatus
-from celery_mcp_tasks.worker.dispatch import CeleryDispatcher, celery_id
-from celery_mcp_tasks.worker.revoker import BackgroundRevoker
+from celery_mcp_tasks.worker.dispatch import BackgroundRevoker, CeleryDispatcher, celery_id
 from tests.support import free_port, wait_until
 
 

@@ -14,8 +14,8 @@ import pytest
 from celery import Celery
 
 from celery_mcp_tasks.worker import termination
+from celery_mcp_tasks.worker.dispatch import BackgroundRevoker
 from celery_mcp_tasks.worker.heartbeats import Heartbeats
-from celery_mcp_tasks.worker.revoker import BackgroundRevoker
 from tests.support import wait_until
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "pthread_sigmask"), reason="no per-thread signal masks")

@@ -1,13 +1,9 @@
-"""Broker transport: a kombu fanout exchange on the Celery broker (Redis, RabbitMQ).
+"""Broker transport: a kombu fanout exchange on the Celery broker (Redis, RabbitMQ), for a non-PostgreSQL store.
 
-For deployments whose store is not PostgreSQL. The writer publishes a
-transient hint after its write (~2.6 ms over Redis, measured); every web
-process binds an exclusive, auto-deleted queue to the exchange and consumes
-it in a thread (kombu is synchronous), handing each hint to the hub on the
-event loop. Publishing uses the Celery app's producer pool, so it shares the
-broker connection settings and pays no new connection per write.
-
-Body: `{"k": row key, "v": version}`. Never a task id, never a result.
+The writer publishes a transient hint after its write (~2.6 ms over Redis) through the app's producer
+pool (no new connection per write); every web process consumes an exclusive, auto-deleted queue bound to
+the exchange in a thread (kombu is synchronous), handing hints to the hub. Body: `{"k": row key, "v":
+version}`, never a task id or a result.
 """
 
 from __future__ import annotations
@@ -29,8 +25,6 @@ from celery_mcp_tasks.model import TaskRecord
 from celery_mcp_tasks.notify.base import listeners_possible
 from celery_mcp_tasks.notify.hub import Hub
 
-__all__ = ["BrokerListener", "BrokerPublisher", "hint_exchange"]
-
 logger = logging.getLogger(__name__)
 
 # A hint is worth one quick retry, not a stalled job: the seam swallows the failure.
@@ -50,15 +44,6 @@ def hint_exchange(namespace: str) -> Exchange:
     return Exchange(
         f"celery_mcp_tasks.hints.{namespace}", type="fanout", durable=False, auto_delete=True, delivery_mode="transient"
     )
-
-
-def parse_body(body: Any) -> tuple[str, int] | None:
-    if not isinstance(body, dict):
-        return None
-    key, version = body.get("k"), body.get("v")
-    if not isinstance(key, str) or len(key) != 64 or not isinstance(version, int):
-        return None
-    return key, version
 
 
 class BrokerPublisher:
@@ -171,6 +156,6 @@ class BrokerListener:
             delay = min(delay * 2, _RETRY_MAX_S)
 
     def _on_message(self, body: Any, _message: Any) -> None:
-        hint = parse_body(body)
-        if hint is not None:
-            self._hub.hint_threadsafe(*hint)
+        key, version = (body.get("k"), body.get("v")) if isinstance(body, dict) else (None, None)
+        if isinstance(key, str) and len(key) == 64 and isinstance(version, int):
+            self._hub.hint_threadsafe(key, version)

@@ -1,15 +1,10 @@
 """The in-process hub: a hint about a row wakes the listen streams watching it.
 
-One hub per web process. Transports (PostgreSQL LISTEN, a broker fanout, row
-polling) feed it hints `(row key, version)`; listen streams register the row
-keys they follow. A hint is only a nudge: the stream re-reads the row, checks
-the owner and decides what to send, so a lost or duplicated hint costs
-latency, never correctness, and a burst of hints for one row coalesces into
-one wake-up.
-
-The hub knows nothing of task ids, owners or the wire: keys in, wake-ups out.
-Everything here runs on the event loop; a transport living in a thread hands
-its hints over with `hint_threadsafe`.
+One per web process. Transports feed it hints `(row key, version)`; streams register the keys they
+follow. A hint is only a nudge: the stream re-reads the row, checks the owner and decides what to send,
+so a lost or duplicated hint costs latency, never correctness, and a burst for one row coalesces into one
+wake-up. Keys in, wake-ups out: no task ids, owners or wire. It runs on the event loop; a transport's
+thread hands hints over with `hint_threadsafe`.
 """
 
 from __future__ import annotations
@@ -20,8 +15,6 @@ from collections.abc import Iterable
 import anyio
 import anyio.from_thread
 import anyio.lowlevel
-
-__all__ = ["Hub", "Watch"]
 
 logger = logging.getLogger(__name__)
 
@@ -85,8 +78,8 @@ class Watch:
             return
         self.closed = True
         if self._hub is not None:
+            self._hub._every.discard(self)
             self._hub._unindex(self, list(self._keys))
-            self._hub._drop_every(self)
         self._keys.clear()
         self._pending.clear()
         self._event.set()
@@ -104,8 +97,6 @@ class Hub:
     def bind(self) -> None:
         """Remember the running event loop so threads can hand hints over. Call from the loop."""
         self._token = anyio.lowlevel.current_token()
-
-    # -- streams --------------------------------------------------------------------
 
     def watch(self, keys: Iterable[str]) -> Watch:
         watch = Watch(keys, self)
@@ -135,12 +126,6 @@ class Hub:
                 del self._by_key[key]
         self._follow_changed()
 
-    def _drop_every(self, watch: Watch) -> None:
-        self._every.discard(watch)
-        self._follow_changed()
-
-    # -- whether anything follows ---------------------------------------------------
-
     @property
     def followed(self) -> bool:
         """Whether some watch follows a row (or every row): only then is a transport's hint of use here."""
@@ -164,8 +149,6 @@ class Hub:
     @property
     def watch_count(self) -> int:
         return len({watch for watchers in self._by_key.values() for watch in watchers} | self._every)
-
-    # -- transports -----------------------------------------------------------------
 
     def hint(self, key: str, version: int | None = UNKNOWN) -> None:
         """A row changed (on the loop). Unwatched keys cost one dict lookup (and the every-key watches)."""

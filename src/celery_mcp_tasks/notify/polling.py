@@ -1,10 +1,8 @@
-"""Polling transport: the embedded default (SQLite + filesystem broker) has no fan-out.
+"""Polling transport, for the embedded default (SQLite + filesystem broker), which has no fan-out.
 
-Every ~100 ms the web process reads the versions of the rows its streams
-watch, in one batched query whatever the number of streams, and hints the
-hub about each version it has not seen. Nothing is published: every writer
-already bumps the version. The cost is one small read per interval while at
-least one stream is open, and none at all when nobody listens.
+Every ~100 ms the web process reads the versions of the rows its streams watch, in one batched query, and
+hints the hub about each version it has not seen. Nothing is published (every write bumps the version);
+nothing is read while no stream is open.
 """
 
 from __future__ import annotations
@@ -17,21 +15,18 @@ import anyio.to_thread
 
 from celery_mcp_tasks.notify.hub import Hub
 
-__all__ = ["RowPoller"]
-
 logger = logging.getLogger(__name__)
 
 Versions = Callable[[Iterable[str]], dict[str, int]]
 
-DEFAULT_INTERVAL_S = 0.1
+_INTERVAL_S = 0.1
 _BATCH = 500  # stays under SQLite's bound-parameter limit on old builds
 
 
 class RowPoller:
-    def __init__(self, versions: Versions, hub: Hub, *, interval_s: float = DEFAULT_INTERVAL_S) -> None:
+    def __init__(self, versions: Versions, hub: Hub) -> None:
         self._versions = versions
         self._hub = hub
-        self._interval_s = interval_s
         self._seen: dict[str, int] = {}
         self.ready = anyio.Event()
 
@@ -64,4 +59,4 @@ class RowPoller:
         self.ready.set()
         while True:
             await self.poll_once()
-            await anyio.sleep(self._interval_s)
+            await anyio.sleep(_INTERVAL_S)

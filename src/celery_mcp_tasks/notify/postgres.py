@@ -1,14 +1,9 @@
 """PostgreSQL transport: `pg_notify` inside the writing transaction, `LISTEN` in each web process.
 
-The hint rides the write itself: PostgreSQL delivers it at commit and drops it
-on rollback, so a listener never hears of a row it cannot read yet, and the
-publisher costs one statement in a transaction that is open anyway (~1 ms
-end to end, measured here). The listener is an async psycopg connection on the
-web process's event loop (measured: the same ~0.8 ms p50 as a thread calling
-`conn.notifies()`, without a thread that cannot be interrupted at shutdown),
-listening only while something in the process follows a task (`PgListener`).
-
-Payload: `"<row key>:<version>"`. Never a task id, never a result.
+The hint rides the write: delivered at commit, dropped on rollback (a listener never hears of a row it
+cannot read yet), one statement in a transaction open anyway (~1 ms end to end). The listener is an async
+psycopg connection on the event loop (the same ~0.8 ms p50 as a thread on `conn.notifies()`, without a
+thread that cannot be interrupted at shutdown). Payload: `"<row key>:<version>"`, never a task id.
 """
 
 from __future__ import annotations
@@ -25,8 +20,6 @@ from celery_mcp_tasks.model import TaskRecord
 from celery_mcp_tasks.notify.base import listeners_possible
 from celery_mcp_tasks.notify.hub import Hub
 from celery_mcp_tasks.store.base import ChangeHint
-
-__all__ = ["CHANNEL", "PG_HINT", "PgListener", "PgNotifier", "format_hint", "hint_payload", "parse_hint"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,21 +75,17 @@ def libpq_url(url: str) -> str:
 
 
 class PgListener:
-    """`LISTEN` on one connection per web process while something follows a task; feeds the hub until cancelled.
+    """`LISTEN` on one connection per web process, only while some watch follows a row; feeds the hub until cancelled.
 
-    Every write sends its hint whether or not anyone listens (`PG_HINT`), and each hint a listening
-    connection receives costs the database a wake-up and this process a read on its event loop. So
-    the connection listens only while some watch of the hub follows a row (a listen stream, a
-    synchronous call, the console's live view), and stops `_IDLE_S` to twice that after the last
-    one closed. Starting to listen asks every watch to re-read: a change committed before the
-    LISTEN took effect was heard by no one. Reconnects with backoff when the connection drops
-    (the rows are kept; hints sent meanwhile are lost, and the re-read after LISTEN catches up).
+    Every write sends its hint whether or not anyone listens, and each hint heard costs the database a wake-up
+    and this process a read on its loop: so it stops `_IDLE_S` to twice that after the last watch closed.
+    Starting to listen asks every watch to re-read: a change committed before the LISTEN took effect was heard
+    by no one (hints sent while the connection was down are lost alike; it reconnects with backoff).
     """
 
-    def __init__(self, url: str, hub: Hub, *, channel: str = CHANNEL) -> None:
+    def __init__(self, url: str, hub: Hub) -> None:
         self._conninfo = libpq_url(url)
         self._hub = hub
-        self._channel = channel
         self.ready = anyio.Event()
         self.listening = False
 
@@ -123,7 +112,7 @@ class PgListener:
             if not self._hub.followed:
                 self.ready.set()
                 await self._hub.until_followed()
-            await conn.execute(f"LISTEN {self._channel}")
+            await conn.execute(f"LISTEN {CHANNEL}")
             self.listening = True
             self._hub.resync()  # whatever changed before the LISTEN took effect was heard by no one
             self.ready.set()
@@ -134,5 +123,5 @@ class PgListener:
                     if hint is not None:
                         self._hub.hint(*hint)
                 idle_periods = 0 if self._hub.followed else idle_periods + 1
-            await conn.execute(f"UNLISTEN {self._channel}")
+            await conn.execute(f"UNLISTEN {CHANNEL}")
             self.listening = False

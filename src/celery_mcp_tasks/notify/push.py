@@ -1,22 +1,15 @@
-"""Push: which transport carries change hints in this deployment, and its life in a web process.
+"""Push: which transport carries change hints (MCP_TASKS_NOTIFY), and its life in a web process.
 
-Chosen by `settings.notify` (MCP_TASKS_NOTIFY), so a deployment changes
-transport without a code change:
-
-- `auto`: a PostgreSQL store -> `postgres` (hint sent in the writing
-  transaction); otherwise a networked Celery broker (Redis, RabbitMQ) ->
-  `broker` (kombu fanout); otherwise, the embedded default -> `poll`.
-- `postgres`, `broker`, `poll`: forced (a wrong pairing is a start-up error).
-- `off`: nothing is published and nothing listens; streams only acknowledge.
-
-Every process (web, worker, janitor) publishes; only web processes listen,
-one listener per process feeding its hub.
+`auto` picks `postgres` for a PostgreSQL store (the hint rides the write), else `broker` for a networked
+Celery broker (a kombu fanout), else `poll` (the embedded default); a forced transport that cannot work
+is a start-up error; `off` publishes and listens to nothing. Every process publishes; only web processes
+listen, one listener each, feeding their hub.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -27,13 +20,11 @@ from sqlalchemy.engine import Engine, make_url
 from celery_mcp_tasks.config import ConfigError, Settings, redact_url
 from celery_mcp_tasks.notify.base import Notifier
 from celery_mcp_tasks.notify.hub import Hub
-from celery_mcp_tasks.notify.polling import DEFAULT_INTERVAL_S, RowPoller
-from celery_mcp_tasks.notify.postgres import PG_HINT, PgNotifier
+from celery_mcp_tasks.notify.polling import RowPoller
+from celery_mcp_tasks.notify.postgres import PG_HINT, PgListener, PgNotifier
 from celery_mcp_tasks.service import DEFAULT, _Default
 from celery_mcp_tasks.store.base import ChangeHint, Store
 from celery_mcp_tasks.store.engine import normalize_url
-
-__all__ = ["BrokerAccess", "Mode", "Push", "select_mode"]
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +98,6 @@ class Push:
         *,
         notifier: Notifier | _Default | None = DEFAULT,
         broker: BrokerAccess,
-        poll_interval_s: float = DEFAULT_INTERVAL_S,
     ) -> None:
         self.mode: Mode = "off" if notifier is None else select_mode(settings, broker.url)
         self._custom: Notifier | None = None if isinstance(notifier, _Default) else notifier
@@ -115,7 +105,6 @@ class Push:
         self._broker = broker
         self._store: Store | None = None
         self._store_engine: Engine | None = None
-        self._poll_interval_s = poll_interval_s
         self._publisher: Notifier | None = None
         self.hub = Hub()
 
@@ -131,9 +120,6 @@ class Push:
         if self._store is None:
             raise RuntimeError("Push.bind_store() was not called in this process")
         return self._store
-
-    def _versions(self, keys: Iterable[str]) -> dict[str, int]:
-        return self._bound_store().versions(keys)
 
     def _engine(self) -> Engine:
         self._bound_store()
@@ -169,8 +155,6 @@ class Push:
 
     def _listener(self) -> _Listener | None:
         if self.mode == "postgres":
-            from celery_mcp_tasks.notify.postgres import PgListener
-
             return PgListener(self._settings.store_url, self.hub)
         if self.mode == "broker":
             from celery_mcp_tasks.notify.broker import BrokerListener, hint_exchange
@@ -182,7 +166,7 @@ class Push:
                 url=redact_url(self._broker.url),
             )
         if self.mode == "poll":
-            return RowPoller(self._versions, self.hub, interval_s=self._poll_interval_s)
+            return RowPoller(lambda keys: self._bound_store().versions(keys), self.hub)
         return None
 
     @asynccontextmanager

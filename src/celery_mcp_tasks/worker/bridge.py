@@ -1,22 +1,17 @@
 """The signal bridge: Celery outcomes become task states.
 
-success -> `completed` with the CallToolResult (left on the request by the job, `job.OUTCOME`); failure (an exception in the
-body, retries exhausted, or the worker process lost) -> `failed` with -32603;
-a retry keeps the task `working` and says which attempt is next; a revoke
-after our own cancel changes nothing (the store already says `cancelled`),
-any other revoke fails the task.
-
-Signals come from different processes and out of order (`task_retry` can land
-after the next attempt started). Every write names the run it belongs to
-(dispatch header + Celery attempt) and is a compare-and-swap that refuses to
-leave a final state or to overwrite a newer run, so a late signal never moves
-a task backwards. Celery swallows exceptions raised in signal handlers; ours
-log them loudly.
+Success -> `completed` with the CallToolResult the job left on the request (`job.OUTCOME`); a failure (an
+exception, retries exhausted, a lost pool process) or a revoke -> `failed` (after our own cancel the store
+already says `cancelled`); a retry keeps the task `working` until the next attempt. Signals come from
+different processes and out of order (`task_retry` can land after the next attempt started), so every
+write names its run and is a compare-and-swap: a late signal never moves a task backwards. Celery swallows
+exceptions raised in signal handlers; ours log them loudly.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -34,8 +29,10 @@ logger = logging.getLogger("celery_mcp_tasks.worker")
 _MAX_MESSAGE = 500
 _installed = False
 
+Op = Callable[[TaskService, str, "Run | None", "TaskRecord | None"], object]
 
-def _settle(sender: Any, request: Any, what: str, op: Any, *, next_attempt: bool = False) -> None:
+
+def _settle(sender: Any, request: Any, what: str, op: Op, *, next_attempt: bool = False) -> None:
     """Apply `op(service, key, run, expected)` for one of our jobs; anything else is not ours to touch.
 
     `expected`: the record the job's run last read or wrote (None when it did not run here), so the
@@ -58,55 +55,39 @@ def _settle(sender: Any, request: Any, what: str, op: Any, *, next_attempt: bool
         logger.exception("tool %r: could not record %s; the reaper will settle the task", sender.mcp_tool.name, what)
 
 
-def describe_failure(exc: BaseException | None) -> str:
-    if exc is None:
-        return "Job failed"
-    text = str(exc).strip()
-    name = type(exc).__name__
-    message = f"Job failed: {name}: {text}" if text else f"Job failed: {name}"
-    return message[:_MAX_MESSAGE]
-
-
-def _start_by_ms(reason: Any) -> int:
-    """When the retried attempt is due (Retry.when is a countdown in seconds or an ETA).
-
-    A retry after a lost pool process is due now as far as the reaper is concerned:
-    its delay is Celery's `default_retry_delay`, not a promise the job made, and its
-    message often dies with the worker that held it.
-    """
-    if isinstance(getattr(reason, "exc", None), WorkerLostError):
-        return now_ms()
-    when = getattr(reason, "when", None)
-    if isinstance(when, datetime):
-        return int(when.timestamp() * 1000)
-    if isinstance(when, (int, float)):
-        return now_ms() + int(when * 1000)
-    return now_ms()
+def _fail(message: str) -> Op:
+    return lambda service, key, run, expected: service.fail(key, failure(message), message, run=run, expected=expected)
 
 
 def on_success(sender: Any = None, **_: Any) -> None:
-    """The run's outcome, as the job left it on the request (its value to Celery is None)."""
-    result = getattr(getattr(sender, "request", None), OUTCOME, None)
-    if result is None:  # the run ended without an outcome: skipped, asked for input, handed off
-        return
-
-    def complete(service: TaskService, key: str, run: Run | None, expected: TaskRecord | None) -> None:
-        service.complete(key, result, run=run, expected=expected)
-
-    _settle(sender, getattr(sender, "request", None), "completion", complete)
+    request = getattr(sender, "request", None)
+    result = getattr(request, OUTCOME, None)
+    if result is not None:  # else the run ended without an outcome: skipped, asked for input, handed off
+        _settle(
+            sender,
+            request,
+            "completion",
+            lambda service, key, run, expected: service.complete(key, result, run=run, expected=expected),
+        )
 
 
 def on_failure(sender: Any = None, exception: BaseException | None = None, **_: Any) -> None:
-    message = describe_failure(exception)
-
-    def fail(service: TaskService, key: str, run: Run | None, expected: TaskRecord | None) -> None:
-        service.fail(key, failure(message), message, run=run, expected=expected)
-
-    _settle(sender, getattr(sender, "request", None), "failure", fail)
+    message = "Job failed"
+    if exception is not None:
+        text = str(exception).strip()
+        message = f"Job failed: {type(exception).__name__}" + (f": {text}" if text else "")
+    _settle(sender, getattr(sender, "request", None), "failure", _fail(message[:_MAX_MESSAGE]))
 
 
 def on_retry(sender: Any = None, request: Any = None, reason: Any = None, **_: Any) -> None:
-    start_by = _start_by_ms(reason)
+    # When the next attempt is due (Retry.when: a countdown in seconds or an ETA). After a lost pool process
+    # it is due now as far as the reaper is concerned: its delay is Celery's `default_retry_delay`, not a
+    # promise the job made, and its message often dies with the worker that held it.
+    when = None if isinstance(getattr(reason, "exc", None), WorkerLostError) else getattr(reason, "when", None)
+    if isinstance(when, datetime):
+        start_by = int(when.timestamp() * 1000)
+    else:
+        start_by = now_ms() + (int(when * 1000) if isinstance(when, int | float) else 0)
 
     def retrying(service: TaskService, key: str, run: Run | None, expected: TaskRecord | None) -> None:
         if run is not None:
@@ -117,11 +98,7 @@ def on_retry(sender: Any = None, request: Any = None, reason: Any = None, **_: A
 
 def on_revoked(sender: Any = None, request: Any = None, expired: bool = False, **_: Any) -> None:
     message = "The job expired before a worker ran it" if expired else "The job was revoked in Celery"
-
-    def fail(service: TaskService, key: str, run: Run | None, expected: TaskRecord | None) -> None:
-        service.fail(key, failure(message), message, run=run, expected=expected)
-
-    _settle(sender, request, "revoke", fail)
+    _settle(sender, request, "revoke", _fail(message))
 
 
 def on_prerun(sender: Any = None, **_: Any) -> None:

@@ -1,34 +1,22 @@
-"""Every place this package reaches past Celery's public API, in one module (pinned: celery 5.7.x).
+"""Every place this package reaches past Celery's public API (pinned: celery 5.7.x; kombu's: `kombu_internals`).
+tests/worker/test_celery_internals.py fails when one moves.
 
-Each function names the private thing it uses and the public hook that would
-remove the need; `tests/worker/test_celery_internals.py` fails with the installed
-version in its message as soon as one of them moves. kombu's internals (under
-Celery's) are `worker.kombu_internals`'s.
-
-1. `TRACE_LOGGER`, `trace_templates`: the log templates of `celery.app.trace`
-   (an internals module), to recognise Celery's "received"/"succeeded"/... lines
-   and to keep our jobs' results out of them. Structured fields on those records
-   (an event name) would remove it.
-2. `exec_options`: `Task._get_exec_options()`, the options `Celery.send_task`
-   merges from the registered task before it routes, to predict where a send
-   goes (`doctor`). A public `Task.exec_options` (or `Router.route_for_task`)
-   would remove it.
-3. `pool_terminates`: a prefork pool sets its own `terminate_job` when it
-   starts; every other pool keeps `BasePool.terminate_job`, which raises. A
-   public `BasePool.can_terminate` would remove it.
+1. `TRACE_LOGGER`, `trace_templates`: `celery.app.trace`'s log templates, to recognise its lines and keep
+   our jobs' results out of them. Structured fields (an event name) on those records would remove it.
+2. `exec_options`: `Task._get_exec_options()`, what `send_task` merges before routing, to predict where a
+   send goes. A public `Task.exec_options` (or `Router.route_for_task`) would remove it.
+3. `pool_terminates`: a prefork pool sets its own `terminate_job` when it starts; every other keeps
+   `BasePool.terminate_job`, which raises. A public `BasePool.can_terminate` would remove it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["TRACE_LOGGER", "VERSIONS", "exec_options", "pool_terminates", "trace_templates"]
-
 VERSIONS = ("5.7",)
 """The Celery releases whose internals this module was checked against."""
 
 TRACE_LOGGER = "celery.app.trace"
-"""The logger of Celery's task trace lines (received, succeeded, failed, ...)."""
 
 
 def trace_templates() -> dict[str, str]:

@@ -1,12 +1,7 @@
-"""`TaskContext`: what a job sees of its task, and the handle for work that ends elsewhere.
+"""`TaskContext`: what a job sees of its task, and the handle for work that ends elsewhere (a webhook, a test).
 
-It talks to the store through the service, never to Celery, so the same
-handle drives a task from inside a Celery job, from a webhook that finishes
-the work elsewhere (`McpTasks.task_handle(key)`), or from a test. After a
-final state every write raises `TerminalTask`; inside a job that simply ends
-the run (the task was settled elsewhere, e.g. cancelled). A job's writes name
-its run, so once a newer dispatch or attempt owns the task they raise
-`Superseded` (a `TerminalTask`) instead of moving it backwards.
+It talks to the store through the service, never to Celery. After a final state every write raises
+`TerminalTask`; once a newer dispatch or attempt owns the task, a job's writes raise `Superseded` (one).
 """
 
 from __future__ import annotations
@@ -19,16 +14,10 @@ from celery_mcp_tasks.model import Run, Superseded, TaskRecord, TaskStatus, Term
 from celery_mcp_tasks.protocol import validate_input_requests
 from celery_mcp_tasks.service import TaskService, failure
 
-__all__ = ["EndRun", "HandedOff", "InputRequested", "InputTimeout", "Superseded", "TaskContext", "TerminalTask"]
-
 
 class EndRun(BaseException):
-    """Ends the current run without settling the task.
-
-    A `BaseException` on purpose, like `GeneratorExit`: it is control flow, and a
-    job's own `except Exception` (or Celery's `autoretry_for=(Exception,)`) must
-    not swallow it.
-    """
+    """Ends the current run without settling the task. A `BaseException`, like `GeneratorExit`: a job's own
+    `except Exception` (or Celery's `autoretry_for=(Exception,)`) must not swallow it."""
 
 
 class InputRequested(EndRun):
@@ -170,7 +159,6 @@ class TaskContext:
         when the task is cancelled meanwhile.
         """
         self._require_attached("wait_for_input")
-        assert self._service is not None and self._key is not None
         pending = {key: value for key, value in requests.items() if key not in self.input_responses}
         if pending:
             checked = validate_input_requests(pending)
@@ -193,8 +181,6 @@ class TaskContext:
             self.progress(message)
         self.heartbeat(within_s)
         raise HandedOff()
-
-    # -- internals ------------------------------------------------------------------------
 
     def _await_answers(self, keys: list[str], timeout: float, poll_interval: float) -> None:
         assert self._service is not None and self._key is not None

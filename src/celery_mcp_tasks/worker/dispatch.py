@@ -1,34 +1,44 @@
-"""Sending jobs: the `Dispatcher` the service calls after a row is committed.
+"""The service's `Dispatcher` on Celery: sends a committed dispatch, revokes a cancelled job.
 
-The Celery message gets its own id (derived from the row key and the dispatch
-number, so a cancel can revoke it without storing anything more); the row key
-travels in a header, which survives retries and redelivery and reaches every
-signal. Neither the id nor the body holds the MCP task id. The message is
-shadowed with the tool's name, which is what worker logs, `celery events` and
-Flower show. The headers also carry the task's trace context (`ops.propagation`).
+The message id derives from the row key and the dispatch number (a cancel can revoke it without storing
+more); the row key rides in a header, which survives retries and redelivery and reaches every signal.
+Neither holds the MCP task id. The message is shadowed with the tool's name (what logs and Flower show).
+
+Revokes go off the request path: `tasks/cancel` must answer at once whatever the broker does, and Celery's
+`control.revoke` retries a lost broker forever (kombu's default policy): on request threads an outage
+would hold them all. So a revoke is only queued (dropped with a log line when too many wait); one thread
+publishes what is pending as one broadcast on its own connection, with a few short retries, and gives up
+after a few seconds. The store's cancel has happened before: a revoke only stops a running job sooner.
+Tools' names in logs, never ids.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
 from kombu.exceptions import OperationalError
 
 from celery_mcp_tasks.config import redact_url
 from celery_mcp_tasks.model import TaskRecord, celery_message_id
 from celery_mcp_tasks.ops.propagation import sending
+from celery_mcp_tasks.worker.celery_internals import pool_terminates
 from celery_mcp_tasks.worker.fairness import routed_queue, shard_queue
 from celery_mcp_tasks.worker.job import DISPATCH_HEADER, HIDDEN_ARGS, KEY_HEADER, RECORD_HEADER, JobTool, record_header
-from celery_mcp_tasks.worker.revoker import BackgroundRevoker, warn_unless_pool_terminates
+from celery_mcp_tasks.worker.kombu_internals import PIDBOX_LOGGER, bound_publish_retries
+from celery_mcp_tasks.worker.termination import start_thread
 
 logger = logging.getLogger("celery_mcp_tasks.worker")
 
 # Fail fast when the broker is down: the caller is an HTTP request, and the task
 # is marked failed (readable by the client) instead of hanging.
-_RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
+_SEND_RETRY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
 
 
 def celery_id(record: TaskRecord) -> str:
@@ -48,8 +58,6 @@ def message_headers(record: TaskRecord, *, with_arguments: bool = True) -> dict[
 
 
 class CeleryDispatcher:
-    """The service's `Dispatcher` on Celery: sends a committed dispatch, revokes a cancelled job."""
-
     def __init__(
         self,
         app: Celery,
@@ -59,18 +67,15 @@ class CeleryDispatcher:
         fair_queues: int | None = None,
         send_arguments: bool = True,
     ) -> None:
-        """`send_arguments=False` (encryption at rest is on): the message carries no arguments, so the
-        broker never holds them in clear; the job reads them from the store's row either way."""
         self.app = app
         self.tools = tools
         self.fair_queues = fair_queues  # shards of the default queue, by owner (`worker.fairness`); None: off
         self._sharded: dict[str, bool] = {}
-        self.send_arguments = send_arguments
+        self.send_arguments = send_arguments  # False (encryption at rest): the job reads them from the row
         self.revoker = revoker or BackgroundRevoker(app)
         warn_unless_pool_terminates(app, lambda: sorted(t.name for t in self.tools.values() if t.terminate))
 
     def send(self, record: TaskRecord) -> None:
-        """Publish the message of the record's current dispatch (`Dispatcher.send`)."""
         tool = self.tools[record.tool]
         headers = message_headers(record, with_arguments=self.send_arguments)
         route: dict[str, Any] = {}
@@ -86,14 +91,14 @@ class CeleryDispatcher:
                     shadow=tool.name,
                     **HIDDEN_ARGS,  # what worker logs and events show instead of the arguments
                     retry=True,
-                    retry_policy=_RETRY_POLICY,
+                    retry_policy=_SEND_RETRY,
                     **route,
                 )
         except OperationalError as exc:  # the broker is down or refuses us: say which, and what to do
             logger.error(
                 "cannot reach the broker %s (%s); the task fails as not enqueued: start the broker or fix "
                 "CELERY_BROKER_URL",
-                self._broker_uri(),
+                redact_url(str(self.app.conf.broker_url)),
                 str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
             )
             raise
@@ -107,20 +112,119 @@ class CeleryDispatcher:
             )
         return sharded
 
-    def _broker_uri(self) -> str:
-        """The broker's URL as the application set it, the password masked."""
-        return redact_url(str(self.app.conf.broker_url))
-
     def revoke(self, record: TaskRecord) -> None:
-        """The service cancelled the task: terminate its running job when the tool asked for it.
-
-        Only a tool declared with `terminate=True` is revoked (with SIGTERM to the
-        pool process running it; prefork pools honour it, and a worker whose pool
-        cannot says so once when it starts): any other job checks
-        `ctx.cancelled()`, and a message not yet started is skipped at its start
-        anyway, so a broadcast would buy nothing. Queued, never published here:
-        see `worker.revoker`. Best effort: a revoke is lost when no worker is up.
-        """
+        """Terminate the cancelled task's running job, best effort (`BackgroundRevoker`), when its tool has
+        `terminate=True`: any other job checks `ctx.cancelled()`, and a message not yet started is skipped
+        at its start anyway, so a broadcast would buy nothing."""
         tool = self.tools.get(record.tool)
         if tool is not None and tool.terminate:
             self.revoker.submit(celery_id(record), tool.name, terminate=True)
+
+
+# -- revokes off the request path -----------------------------------------------------------------
+
+# Connecting: ~0.2 + 0.5 + 0.5 s of pauses between three tries, each try bounded by
+# the connect timeout; publishing: two more tries at most. A few seconds in all.
+_CONNECT_TIMEOUT_S = 1.0
+_REVOKE_RETRY: dict[str, Any] = {"max_retries": 2, "interval_start": 0.2, "interval_step": 0.3, "interval_max": 0.5}
+_REVOKE_BATCH = 100
+
+Publish = Callable[[list[str], bool], None]
+
+
+class BackgroundRevoker:
+    """Queues revokes and publishes them from one daemon thread (started on first use, again after a fork)."""
+
+    def __init__(
+        self, app: Celery, *, max_pending: int = 1000, deadline_s: float = 3.0, publish: Publish | None = None
+    ) -> None:
+        self.app = app
+        self.max_pending = max_pending
+        self.deadline_s = deadline_s
+        self._publish = publish or self._broadcast
+        self._lock = threading.Lock()
+        self._pid: int | None = None
+        self._queue: queue.Queue[tuple[str, str, bool]] = queue.Queue(max_pending)
+
+    def submit(self, celery_id: str, tool: str, *, terminate: bool) -> None:
+        """Queue one revoke; returns at once."""
+        pending = self._started()
+        try:
+            pending.put_nowait((celery_id, tool, terminate))
+        except queue.Full:
+            logger.warning("revoke for tool %r dropped: %d revokes already wait for the broker", tool, self.max_pending)
+
+    def _started(self) -> queue.Queue[tuple[str, str, bool]]:
+        pid = os.getpid()
+        if self._pid != pid:
+            with self._lock:
+                if self._pid != pid:  # first use, or a forked child: neither the queue nor the thread crossed
+                    self._queue = queue.Queue(self.max_pending)
+                    start_thread(self._drain, "mcp-task-revoke", (self._queue,))  # never takes a SIGTERM
+                    self._pid = pid
+        return self._queue
+
+    def _drain(self, pending: queue.Queue[tuple[str, str, bool]]) -> None:
+        while True:
+            batch = [pending.get()]
+            while len(batch) < _REVOKE_BATCH:
+                try:
+                    batch.append(pending.get_nowait())
+                except queue.Empty:
+                    break
+            for terminate in (True, False):
+                group = [(celery_id, tool) for celery_id, tool, kill in batch if kill is terminate]
+                if group:
+                    self._send(group, terminate)
+
+    def _send(self, group: list[tuple[str, str]], terminate: bool) -> None:
+        started = time.monotonic()
+        try:
+            self._publish([celery_id for celery_id, _ in group], terminate)
+        except Exception as exc:  # noqa: BLE001 - best effort by design: the task is already cancelled
+            tools = ", ".join(sorted({repr(tool) for _, tool in group}))
+            logger.warning(
+                "revoke of %d job(s) of tool %s given up after %.1fs (%s); the tasks stay cancelled",
+                len(group),
+                tools,
+                time.monotonic() - started,
+                type(exc).__name__,
+            )
+
+    def _broadcast(self, celery_ids: list[str], terminate: bool) -> None:
+        """One `revoke` broadcast for every id, with a bounded retry policy on a connection of its own."""
+        with self.app.connection_for_write(connect_timeout=_CONNECT_TIMEOUT_S) as conn:
+            conn.ensure_connection(timeout=self.deadline_s, **_REVOKE_RETRY)
+            bound_publish_retries(conn, _REVOKE_RETRY)  # kombu's mailbox would retry a lost broker forever
+            self.app.control.revoke(celery_ids, terminate=terminate, signal="SIGTERM", connection=conn)
+
+
+class _CannotKillJob(logging.Filter):
+    """Drops kombu's `pidbox command error: NotImplementedError(... does not implement kill_job)` tracebacks."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(exc, NotImplementedError) and "kill_job" in str(exc))
+
+
+def warn_unless_pool_terminates(app: Celery, terminating_tools: Callable[[], list[str]]) -> None:
+    """At `worker_ready` of `app`'s worker: one warning when its pool cannot terminate the tools that ask for it
+    (prefork can; threads and solo cannot), instead of Celery's logged traceback on each such revoke."""
+
+    def ready(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is not app:
+            return
+        pool = getattr(sender, "pool", None)
+        names = terminating_tools()
+        if pool is None or not names or pool_terminates(pool):
+            return
+        kind = type(pool).__module__.rpartition(".")[2]
+        logger.warning(
+            "this worker's %s pool cannot terminate a running job: tasks/cancel of %s cancels the task, "
+            "and the job runs on until it checks ctx.cancelled() (a prefork worker terminates it)",
+            kind,
+            ", ".join(repr(name) for name in names),
+        )
+        logging.getLogger(PIDBOX_LOGGER).addFilter(_CannotKillJob())  # in this worker only: it has explained them
+
+    signals.worker_ready.connect(ready, weak=False)  # connected by call: Celery's signals are untyped

@@ -1,14 +1,10 @@
 """Fair queues: one principal's burst cannot starve another's jobs.
 
-With MCP_TASKS_FAIR_QUEUES=N, a job of a tool sent to the default queue goes to one of N
-shard queues of it instead (`<queue>.fair0` .. `<queue>.fair<N-1>`), chosen by a hash
-of the task's owner, and every worker consumes all N (and the queue itself). A worker
-takes from its queues in turn (kombu's fair cycle on Redis and the virtual transports;
-a prefetch window per consumer on RabbitMQ), so a thousand queued jobs of one
-principal hold back another principal's next job by about one job per shard in use,
-not by a thousand. Routing costs nothing at send time (a hash) and nothing in the
-store. Principals that hash to the same shard share its turn; more shards, fewer
-collisions. A tool routed to a queue of its own (`task_routes`, `queue=`) keeps it.
+With MCP_TASKS_FAIR_QUEUES=N, a job sent to the default queue goes to one of its N shards
+(`<queue>.fair0` ..), chosen by a hash of the task's owner, and every worker consumes them all. Workers
+take from their queues in turn, so a thousand queued jobs of one principal hold back another's next job
+by about one job per shard in use. Free at send time (a hash) and in the store. A tool routed to a queue
+of its own keeps it.
 """
 
 from __future__ import annotations
@@ -20,8 +16,6 @@ from kombu.entity import Exchange, Queue
 
 from celery_mcp_tasks.model import owner_bytes
 from celery_mcp_tasks.worker.celery_internals import exec_options
-
-__all__ = ["consume_shards", "routed_queue", "shard_queue", "shard_queues"]
 
 
 def shard_queue(queue: str, owner: str | None, shards: int) -> str:

@@ -1,41 +1,17 @@
-"""kombu's `filesystem://` transport (the embedded default's broker), made safe for a reader and a writer at once.
+"""kombu's `filesystem://` transport (the embedded default's broker), safe for a reader and a writer at once.
 
-The failure (kombu 5.7.0, seen under load in this project's own test suite):
-`Channel._put` creates the message file under its final name and writes it
-afterwards, while `Channel._get` in another process lists the folder, moves
-the first file of its queue away and reads it. A reader that comes between
-the two reads an empty (or half written) file; `loads` raises
-`JSONDecodeError`, which Celery's consumer does not tolerate, and the worker
-ends with "Unrecoverable error": every task after it stays queued.
+kombu 5.7.0's `Channel._put` creates the message file under its final name and writes it afterwards; a
+`_get` in another process that comes between reads an empty or half-written file, and the `JSONDecodeError`
+ends the worker ("Unrecoverable error"). Here a message is written as `....msg.part` and renamed into place
+(atomic within a folder); a reader that still meets an unreadable file (from a writer without this fix)
+waits briefly, then logs one line and moves on. kombu also opens a new exchange table (`control/*.exchange`)
+with "wb" before taking its lock, so two processes declaring queues at once can lose one's queue or parse
+an empty file: here a new table is written aside and linked into place only if absent.
 
-The fix here, on both sides:
-- a message is written under a name no reader picks up (`....msg.part`) and
-  renamed to its final name once complete: a rename within a folder is atomic,
-  so a reader sees a whole message or none;
-- a reader that still meets an unreadable file (written by a process without
-  this fix) waits for the writer briefly, and otherwise logs one line and
-  moves on to the next message instead of ending the worker.
-
-The exchange tables (`control/<exchange>.exchange`, which queues an exchange
-routes to) have the same flaw where one is created: kombu opens a new table
-with "wb" (truncating it) before it takes the file lock, so two processes
-declaring queues at once (a worker and its beat at start, two workers' pidbox
-queues) can leave a table without the first one's queue (its messages are
-then routed nowhere) or hand the other an empty file to parse. Here a new
-table is written aside and linked into place only if absent (atomic): whoever
-comes second finds it whole and adds its queue under the lock, as kombu does.
-
-Two more things make it a guest. Its folders are made when a connection is
-established (`Transport.establish_connection`: a worker, beat, a web process's
-first send, a probe), not when an app is configured: constructing `McpTasks`
-leaves the working directory alone. And it declares no default host: kombu
-logs "No hostname was supplied. Reverting to default 'localhost'" for a
-transport whose defaults name one, and a folder has no host.
-
-`McpTasks` selects this transport for `filesystem://` unless the application
-set `broker_transport` itself. It overrides kombu's `_put`, `_get` and
-`_queue_bind` and reads the channel's folder attributes; tests/worker/test_filesystem_transport.py
-names the kombu version it was written against.
+A guest: its folders are made when a connection is established, not when an app is configured, and it
+declares no default host (kombu would warn "No hostname was supplied"). `McpTasks` selects it for
+`filesystem://` unless the application set `broker_transport`; tests/worker/test_filesystem_transport.py
+names the kombu version whose `_put`, `_get` and `_queue_bind` it overrides.
 """
 
 from __future__ import annotations
@@ -54,8 +30,6 @@ from kombu.exceptions import ChannelError
 from kombu.transport import filesystem as kombu_filesystem
 from kombu.utils.encoding import bytes_to_str, str_to_bytes
 from kombu.utils.json import dumps, loads
-
-__all__ = ["PARTIAL_SUFFIX", "Channel", "Transport"]
 
 logger = logging.getLogger("celery_mcp_tasks.worker")
 

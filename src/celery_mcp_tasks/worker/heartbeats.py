@@ -1,22 +1,11 @@
-"""One heartbeat thread per worker process, beating every job that runs in it.
+"""One heartbeat thread per worker process, beating every job that runs in it (no thread per job).
 
-The janitor's reaper tells a lost job by its silence, so a running job must beat
-every `heartbeat_interval_s`. A thread per job would do it at the price of a thread
-start per job; here one daemon thread per process keeps a registry of the running
-jobs (each one's beat and when it is next due) and beats each in turn. It starts
-with the first job that runs in the process and then stays, idle, for the next one
-(Celery's prefork children run job after job). A job that starts wakes the
-thread only if it is due before the thread looks again on its own: while idle,
-the thread looks every interval, so a job after job costs no wake-up. In a
-forked child the parent's thread does not exist: the registry notices the new
-process id and starts afresh. It blocks SIGTERM, as every thread of this package does:
-a SIGTERM taken by a second thread of an ending prefork pool process can leave the
-pool's shared result lock held for ever (`worker.termination`).
-
-A beat that answers False (the task is final, or a newer run owns it) ends that
-job's beats; one that raises is logged and tried again next interval (a missed beat
-is at worst a later reap, never a reason to stop the job). A job's beats end when
-it does, whatever it raised.
+The reaper tells a lost job by its silence, so a running job beats every `heartbeat_interval_s`.
+The thread starts with the first job in the process and stays, idle, for the next (prefork children
+run job after job); a job wakes it only if due before it looks again on its own. A forked child starts
+afresh (the registry notices the new pid). Like every thread of this package it blocks SIGTERM
+(`worker.termination`). A beat that answers False ends that job's beats; one that raises is logged and
+tried next interval (a missed beat is at worst a later reap, never a reason to stop the job).
 """
 
 from __future__ import annotations
@@ -30,8 +19,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from celery_mcp_tasks.worker.termination import start_thread
-
-__all__ = ["Heartbeats", "heartbeats"]
 
 logger = logging.getLogger("celery_mcp_tasks.worker")
 
@@ -62,7 +49,11 @@ class Heartbeats:
     @contextmanager
     def running(self, beat: Beat, interval: float) -> Iterator[None]:
         """Beat `beat` every `interval` seconds (the first one interval from now) until the block ends."""
-        self._adopt_this_process()
+        pid = os.getpid()
+        if pid != self._pid:  # after a fork: the parent's thread, jobs and lock (perhaps held at the fork) are not ours
+            self._lock = threading.Lock()
+            self._changed = threading.Condition(self._lock)
+            self._jobs, self._thread, self._wake_at, self._idle_s, self._pid = set(), None, None, None, pid
         job = _Job(beat, interval, self._clock() + interval)
         with self._changed:
             self._jobs.add(job)
@@ -82,14 +73,6 @@ class Heartbeats:
         with self._lock:
             return len(self._jobs)
 
-    def _adopt_this_process(self) -> None:
-        """After a fork: the parent's thread, jobs and lock (perhaps held at the fork) are not this process's."""
-        pid = os.getpid()
-        if pid != self._pid:
-            self._lock = threading.Lock()
-            self._changed = threading.Condition(self._lock)
-            self._jobs, self._thread, self._wake_at, self._idle_s, self._pid = set(), None, None, None, pid
-
     def _run(self) -> None:
         while True:
             with self._changed:
@@ -106,17 +89,14 @@ class Heartbeats:
                 for job in due:
                     job.due = now + job.interval
             for job in due:
-                self._beat_once(job)
-
-    def _beat_once(self, job: _Job) -> None:
-        try:
-            alive = job.beat()
-        except Exception:  # a missed beat is only a later reap; never kill the job for it
-            logger.warning("task heartbeat failed; will retry", exc_info=True)
-            return
-        if not alive:  # final, or a newer run owns the task: nothing left to keep alive
-            with self._changed:
-                self._jobs.discard(job)
+                try:
+                    alive = job.beat()
+                except Exception:  # a missed beat is only a later reap; never kill the job for it
+                    logger.warning("task heartbeat failed; will retry", exc_info=True)
+                    continue
+                if not alive:  # final, or a newer run owns the task: nothing left to keep alive
+                    with self._changed:
+                        self._jobs.discard(job)
 
 
 heartbeats = Heartbeats()

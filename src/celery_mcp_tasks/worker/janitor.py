@@ -1,40 +1,8 @@
-"""The janitor, in one place: the sweep, its schedule, and how anyone tells it is alive.
+"""The janitor: the sweep (evict expired rows, settle lost jobs, end unanswered questions), its schedule
+(on beat, or claimed in every worker with MCP_TASKS_JANITOR=worker), and its liveness (the sweep ledger).
 
-**The sweep** evicts expired tasks, settles tasks whose job was lost, and ends
-unanswered questions. Idempotent and safe to run twice at once (two beats by mistake,
-many in-worker janitors): eviction takes bounded batches (skipping rows another sweep
-holds on PostgreSQL), and the reaper and the input timeout decide each task inside a
-compare-and-swap, so a stale task is re-sent or failed once. It reports counts as a log
-event and through an optional metric hook, never task ids. An `input_required` task that
-nobody answers for MCP_TASKS_INPUT_TIMEOUT_S (default 24h; `off`: never; a partial answer
-restarts the clock) fails with "No answer to the input request within 24h"; a sweep that
-finds the store at 90% of MCP_TASKS_MAX_ROWS says so before tool calls start failing.
-
-**The schedule.** With MCP_TASKS_JANITOR=beat (the default) the beat entry is added in
-`on_after_configure` (or at once when the app is already configured) and re-inserted at
-`beat_init`: either alone can be clobbered by a user's own `beat_schedule` assignment.
-Each sweep message expires after one interval, so sweeps missed while no worker ran do
-not pile up. With MCP_TASKS_JANITOR=worker there is no beat entry: every worker, from
-`worker_ready` to `worker_shutdown`, claims the sweep in the store's ledger each interval,
-and only the claimant that won sweeps, so any number of workers sweep once per interval
-between them. Where the claim and the sweep run depends on the pool:
-
-- prefork (and any pool but solo and threads): the worker's main process only *sends*,
-  from Celery's own timer, one janitor message per interval that expires after one
-  interval; a pool process claims and, when it won, sweeps, exactly like a
-  beat-scheduled sweep. Nothing in the main process touches the store or the metrics
-  (whose multiprocess lock a fork would copy while another thread held it).
-- solo and threads (nothing forks): a thread claims and sweeps in process.
-
-`MCP_TASKS_JANITOR_INTERVAL_S=off` opts out of both; the task stays registered for a
-hand-run sweep. Celery is imported only where the schedule is installed.
-
-**Liveness.** Every sweep records itself in the store's sweep ledger (when, how long, the
-counts, the tasks in each status). `janitor_age` and `janitor_stale` are the one
-definition of "stale" that `/readyz`, `doctor`, the metrics and the web process's janitor
-watch share. Ages are measured on the database's clock (the record's `read_at`), which is
-also where sweeps stamp `swept_at`: a host whose clock differs from the sweepers' still
-reads them right.
+Safe to run twice at once: eviction takes bounded batches, and the reaper and the input timeout decide
+each task inside a compare-and-swap. Counts are logged and told to the metric hook, never task ids.
 """
 
 from __future__ import annotations
@@ -51,27 +19,10 @@ from typing import TYPE_CHECKING, Any
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.model import now_ms, stale_cutoff
 from celery_mcp_tasks.service import TaskService
-from celery_mcp_tasks.store.base import Eviction
 from celery_mcp_tasks.store.ledger import JANITOR, Ledger, SweepRecord
 
 if TYPE_CHECKING:
     from celery import Celery
-
-__all__ = [
-    "EXPIRED_UNFINISHED",
-    "FIX",
-    "JANITOR_TASK",
-    "METRIC",
-    "STALE_INTERVALS",
-    "InWorkerJanitor",
-    "JanitorMessages",
-    "MetricHook",
-    "SweepReport",
-    "install_janitor",
-    "janitor_age",
-    "janitor_stale",
-    "sweep",
-]
 
 logger = logging.getLogger("celery_mcp_tasks.janitor")
 
@@ -90,8 +41,7 @@ METRIC = "celery_mcp_tasks.janitor.sweep"
 EXPIRED_UNFINISHED = "celery_mcp_tasks.janitor.expired_unfinished"
 """Tasks the TTL removed while `working` or `input_required`: they end here, with no final status."""
 CAP_WARNING = "celery_mcp_tasks.janitor.near_cap"
-NEAR_CAP = 0.9
-"""The share of MCP_TASKS_MAX_ROWS from which every sweep warns."""
+NEAR_CAP = 0.9  # the share of MCP_TASKS_MAX_ROWS from which every sweep warns
 
 
 @dataclass(frozen=True)
@@ -108,16 +58,13 @@ def lost_message(stale_timeout_s: float, sends: int) -> str:
     )
 
 
-def _span(seconds: float) -> str:
-    """86400 -> "24h", 1800 -> "30min", 90 -> "90s": how a person says a timeout."""
-    for unit, size in (("h", 3600), ("min", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds / size:g}{unit}"
-    return f"{seconds:g}s"
-
-
 def input_timeout_message(timeout_s: float) -> str:
-    return f"No answer to the input request within {_span(timeout_s)}"
+    span = f"{timeout_s:g}s"  # as a person says it: 86400 -> "24h", 1800 -> "30min", 90 -> "90s"
+    for unit, size in (("h", 3600), ("min", 60)):
+        if timeout_s >= size and timeout_s % size == 0:
+            span = f"{timeout_s / size:g}{unit}"
+            break
+    return f"No answer to the input request within {span}"
 
 
 def sweep(
@@ -135,7 +82,7 @@ def sweep(
     """
     started = time.monotonic()
     at = now_ms()
-    eviction = _evict(service, settings, at, batch_size)
+    eviction = service.evict(now_ms=at, retention_ms=settings.retention_ms, batch_size=batch_size)
     outcomes = _reap(service, settings, at, batch_size, max_sends)
     report = SweepReport(
         removed=eviction.removed,
@@ -145,9 +92,8 @@ def sweep(
     )
     counts = asdict(report)
     # An idle sweep is not news: INFO only when it did something (no log spam every interval).
-    level = logging.INFO if any(counts.values()) else logging.DEBUG
     logger.log(
-        level,
+        logging.INFO if any(counts.values()) else logging.DEBUG,
         "janitor sweep: removed=%d resent=%d failed=%d expired_inputs=%d",
         report.removed,
         report.resent,
@@ -159,13 +105,8 @@ def sweep(
         _tell(metric, METRIC, counts)
         if eviction.unfinished:
             _tell(metric, EXPIRED_UNFINISHED, dict(eviction.unfinished))
-    _record(service, settings, at, started, counts)
+    _record(service, settings, started, counts)
     return report
-
-
-def _evict(service: TaskService, settings: Settings, at: int, batch_size: int) -> Eviction:
-    """Expired rows out, telling which of them were unfinished."""
-    return service.evict(now_ms=at, retention_ms=settings.retention_ms, batch_size=batch_size)
 
 
 def _tell(metric: MetricHook, name: str, counts: dict[str, int]) -> None:
@@ -188,11 +129,10 @@ def _reap(
         batch = service.stale(heartbeat_before_ms=stale_before, limit=batch_size)
         acted = 0
         for record in batch:
-            limit = (max_sends(record.tool) if max_sends else None) or settings.max_sends
             outcome = service.reap(
                 record.key,
                 stale_before_ms=stale_before,
-                max_sends=limit,
+                max_sends=(max_sends(record.tool) if max_sends else None) or settings.max_sends,
                 lost_message=lost_message(settings.stale_timeout_s, record.resends + 1),
             )
             outcomes[outcome] += 1
@@ -216,7 +156,7 @@ def _expire_inputs(service: TaskService, settings: Settings, at: int, batch_size
             return expired
 
 
-def _record(service: TaskService, settings: Settings, at: int, started: float, counts: dict[str, int]) -> None:
+def _record(service: TaskService, settings: Settings, started: float, counts: dict[str, int]) -> None:
     """The sweep in the ledger, and a warning near the row cap. A failure here is a log line:
     the sweep itself happened (the ledger's age will show that recording stopped)."""
     try:
@@ -251,77 +191,66 @@ instead of missing every other tick to jitter; two sweeps are never closer than 
 _SEND_RETRY: dict[str, Any] = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
 
 
-def janitor_entry(interval_s: float) -> dict[str, Any]:
-    return {"task": JANITOR_TASK, "schedule": interval_s, "options": {"expires": interval_s}}
-
-
 def install_janitor(
     app: Celery,
     run_sweep: Callable[[], Any],
     interval_s: float | None,
     *,
     in_worker: bool = False,
-    ledger: Callable[[], Ledger | None] | None = None,
+    ledger: Callable[[], Ledger | None],
 ) -> None:
-    """Register the janitor task; schedule it on beat, or (`in_worker`, with `ledger`) in every worker.
+    """Register the janitor task (sweeping unconditionally: beat, a hand-run sweep; with `claim_interval_s`,
+    the in-worker janitor's messages, only when it claimed that interval) and schedule it every `interval_s`
+    (None: never): on beat, or with `in_worker` in every worker.
 
-    The task sweeps unconditionally (beat, a hand-run sweep); with `claim_interval_s`
-    (the in-worker janitor's messages) it first claims that interval and sweeps only when it won.
+    The beat entry is added in `on_after_configure` (or at once when the app is already configured) and
+    re-inserted at `beat_init`: either alone can be clobbered by a user's own `beat_schedule` assignment.
+    Each sweep message expires after one interval, so sweeps missed while no worker ran do not pile up.
     """
-
     from celery import signals
 
     @app.task(name=JANITOR_TASK, ignore_result=True, shared=False, bind=True)  # type: ignore[untyped-decorator]  # Celery ships no types
     def janitor(task: Any, claim_interval_s: float | None = None) -> None:
         if claim_interval_s is not None:
-            found = ledger() if ledger is not None else None
             by = f"{task.request.hostname or socket.gethostname()}:{os.getpid()}"
-            if found is None or not claim(found, claim_interval_s, by):
+            if not claim(ledger(), claim_interval_s, by):
                 return
         run_sweep()
 
     if interval_s is None:
         return
     if in_worker:
-        if ledger is None:
-            raise ValueError("the in-worker janitor needs the sweep ledger")
         install_in_worker(app, run_sweep, ledger, interval_s)
         return
-    entry = janitor_entry(interval_s)
+    entry = {"task": JANITOR_TASK, "schedule": interval_s, "options": {"expires": interval_s}}
 
-    def add(conf: Any) -> None:
-        schedule = conf.beat_schedule or {}
+    def add(sender: Celery, **_: Any) -> None:
+        schedule = sender.conf.beat_schedule or {}
         if JANITOR_TASK not in schedule:  # a copy: the default dict may be shared between apps
-            conf.beat_schedule = {**schedule, JANITOR_TASK: entry}
+            sender.conf.beat_schedule = {**schedule, JANITOR_TASK: entry}
 
-    def _add(sender: Celery, **_: Any) -> None:
-        add(sender.conf)
-
-    app.on_after_configure.connect(_add, weak=False)  # connected by call, as in the bridge: Celery is untyped
-
+    app.on_after_configure.connect(add, weak=False)  # connected by call, as in the bridge: Celery is untyped
     if app.configured:
-        add(app.conf)
+        add(app)
 
-    def _ensure(sender: Any = None, **_: Any) -> None:
+    def ensure(sender: Any = None, **_: Any) -> None:
         scheduler = getattr(sender, "scheduler", None)
         if scheduler is None or scheduler.app is not app or JANITOR_TASK in scheduler.schedule:
             return
         logger.info("re-inserting the janitor into a beat schedule that dropped it")
         scheduler.update_from_dict({JANITOR_TASK: entry})
 
-    signals.beat_init.connect(_ensure, weak=False)
+    signals.beat_init.connect(ensure, weak=False)
 
 
-def claim(ledger: Ledger, interval_s: float, by: str) -> bool:
+def claim(ledger: Ledger | None, interval_s: float, by: str) -> bool:
     """This interval's sweep, claimed in the ledger (on the database's clock); True for one claimant."""
-    return ledger.claim(JANITOR, interval_ms=int(interval_s * 1000 * (1 - SLACK)), by=by)
+    return ledger is not None and ledger.claim(JANITOR, interval_ms=int(interval_s * 1000 * (1 - SLACK)), by=by)
 
 
 class InWorkerJanitor:
-    """A daemon thread that claims the sweep each interval and sweeps only when it won (solo and threads pools).
-
-    Ticks at a fixed rate from its start (a slow sweep does not shift later ticks).
-    Every error is a log line, and the loop goes on.
+    """A daemon thread that claims the sweep each interval and sweeps only when it won (solo and threads
+    pools: nothing forks). Ticks at a fixed rate from its start; every error is a log line, and the loop goes on.
     """
 
     def __init__(
@@ -346,23 +275,18 @@ class InWorkerJanitor:
         return self._thread is not None and self._thread.is_alive()
 
     def start(self) -> None:
-        if self.running:
-            return
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, name="celery-mcp-tasks-janitor", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float = 5.0) -> None:
+    def stop(self) -> None:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
+            self._thread.join(5.0)
 
     def tick(self) -> bool:
         """Claim this interval; sweep when it is ours. True when this worker swept."""
-        ledger = self.ledger()
-        if ledger is None:
-            return False
-        if not claim(ledger, self.interval_s, self.by):
+        if not claim(self.ledger(), self.interval_s, self.by):
             return False
         self.run_sweep()
         return True
@@ -379,20 +303,19 @@ class InWorkerJanitor:
         except Exception as exc:  # a janitor that stops silently is the bug this prevents
             logger.warning("in-worker janitor: the sweep failed (%s); trying again next interval", type(exc).__name__)
             logger.debug("in-worker janitor failure", exc_info=True)
-        due += self.interval_s
         now = self._clock()
-        if due < now:  # fell behind (a long sweep): next tick from now, no burst
-            due = now + self.interval_s
-        return due
+        return (
+            due + self.interval_s if due + self.interval_s >= now else now + self.interval_s
+        )  # no burst after a long sweep
 
 
 class JanitorMessages:
-    """Each interval, one janitor message from the worker's main process: a pool process claims, then sweeps.
+    """Each interval, one janitor message from the worker's main process (prefork and any pool that forks):
+    a pool process claims, then sweeps, exactly like a beat-scheduled sweep.
 
-    Runs on the consumer's timer (Celery's own event loop, or its timer thread), so
-    the main process adds no thread of its own and never touches the store or the
-    metrics. The message goes to a queue this worker consumes (the janitor's routed
-    queue when it is one of them) and expires after one interval, like beat's.
+    Runs on the consumer's timer (Celery's own event loop, or its timer thread), so the main process adds
+    no thread and never touches the store or the metrics (whose multiprocess lock a fork would copy while
+    another thread held it). The message goes to a queue this worker consumes and expires after one interval.
     """
 
     def __init__(self, app: Celery, timer: Any, interval_s: float) -> None:
@@ -406,13 +329,12 @@ class JanitorMessages:
         return bool(self._entries)
 
     def start(self) -> None:
-        if not self._entries:
-            self._entries = [
-                self.timer.call_after(0.0, self.send),  # the first claim at once, as beat's first sweep
-                self.timer.call_repeatedly(self.interval_s, self.send),
-            ]
+        self._entries = [
+            self.timer.call_after(0.0, self.send),  # the first claim at once, as beat's first sweep
+            self.timer.call_repeatedly(self.interval_s, self.send),
+        ]
 
-    def stop(self, timeout: float = 5.0) -> None:
+    def stop(self) -> None:
         while self._entries:
             self._entries.pop().cancel()
 
@@ -443,26 +365,22 @@ class JanitorMessages:
         return str(consumed[0])
 
 
-def in_process(pool: Any) -> bool:
-    """Pools that never fork (solo, threads): the in-worker janitor may claim and sweep in a thread of its own."""
-    from celery.concurrency import solo, thread
-
-    return isinstance(pool, solo.TaskPool | thread.TaskPool)
-
-
 def install_in_worker(
     app: Celery, run_sweep: Callable[[], Any], ledger: Callable[[], Ledger | None], interval_s: float
 ) -> None:
-    """Start this app's in-worker janitor when its worker is ready; stop it at shutdown."""
+    """From `worker_ready` to `worker_shutdown`, every worker of `app` claims the sweep each interval, so any
+    number of workers sweep once per interval between them."""
     from celery import signals
 
     janitors: list[InWorkerJanitor | JanitorMessages] = []
 
-    def _ready(sender: Any = None, **_: Any) -> None:
+    def ready(sender: Any = None, **_: Any) -> None:
+        from celery.concurrency import solo, thread
+
         if getattr(sender, "app", None) is not app or any(j.running for j in janitors):
             return  # another app's worker, or a consumer that became ready again (a reconnect)
         janitor: InWorkerJanitor | JanitorMessages
-        if in_process(getattr(sender, "pool", None)):
+        if isinstance(getattr(sender, "pool", None), solo.TaskPool | thread.TaskPool):
             node = str(getattr(sender, "hostname", None) or socket.gethostname())
             janitor = InWorkerJanitor(run_sweep, ledger, interval_s, by=f"{node}:{os.getpid()}")
             where = "in this process"
@@ -478,17 +396,19 @@ def install_in_worker(
             "in-worker janitor: claiming a sweep every %gs (MCP_TASKS_JANITOR=worker), sweeping %s", interval_s, where
         )
 
-    def _shutdown(sender: Any = None, **_: Any) -> None:
-        if getattr(sender, "app", None) is not app:
-            return
-        while janitors:
-            janitors.pop().stop()
+    def shutdown(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is app:
+            while janitors:
+                janitors.pop().stop()
 
-    signals.worker_ready.connect(_ready, weak=False)
-    signals.worker_shutdown.connect(_shutdown, weak=False)
+    signals.worker_ready.connect(ready, weak=False)
+    signals.worker_shutdown.connect(shutdown, weak=False)
 
 
 # -- liveness -------------------------------------------------------------------------------------
+# `janitor_age` and `janitor_stale` are the one definition of "stale" that `/readyz`, `doctor`, the metrics
+# and the web process's janitor watch share. Ages are on the database's clock (the record's `read_at`), where
+# sweeps stamp `swept_at`: a host whose clock differs from the sweepers' still reads them right.
 
 _host_now_ms = now_ms  # this host's clock: the functions below take a `now_ms` argument of their own
 
@@ -522,12 +442,11 @@ def janitor_stale(
     fresh deployment's first sweep comes one interval after beat starts. Without
     `now_ms`, the age is on the database's clock (`janitor_age`), `since_ms` on this host's.
     """
-    interval = settings.janitor_interval_s
-    if interval is None:
+    if settings.janitor_interval_s is None:
         return False
-    bound_s = STALE_INTERVALS * interval
     age = janitor_age(record, now_ms)
     if age is None:
-        at = _host_now_ms() if now_ms is None else now_ms
-        return since_ms is None or (at - since_ms) / 1000 >= bound_s
-    return age >= bound_s
+        if since_ms is None:
+            return True
+        age = ((_host_now_ms() if now_ms is None else now_ms) - since_ms) / 1000
+    return age >= STALE_INTERVALS * settings.janitor_interval_s

@@ -1,15 +1,7 @@
-"""The Celery side of a task tool: the job class every `@mcp_task` becomes.
-
-A job is a normal Celery task: `.delay(...)` runs the function with a
-detached context. When the message carries our row-key header it is an MCP
-task: the body runs only if this message is the task's current run (the task
-is `working`, not cancelled before it started, and no newer dispatch or
-attempt exists), with the stored arguments validated the way the SDK would,
-a live `TaskContext`, and its beats in the process's one heartbeat thread
-(`worker.heartbeats`). The body goes through
-`self.run`, so Celery's `autoretry_for` wrapper and `bind=True` work as usual.
-Recording the outcome is the signal bridge's job (`worker.bridge`), so every
-path through Celery, including a worker killed mid-job, ends in the store.
+"""The job class every `@mcp_task` becomes: a normal Celery task (`.delay(...)` runs it detached) that, when
+its message carries our row-key header, runs the body only as the task's current run (`service.begin`),
+with validated stored arguments, a live `TaskContext` and the process's heartbeat. Recording the outcome
+is the signal bridge's (`worker.bridge`), so every path through Celery ends in the store.
 """
 
 from __future__ import annotations
@@ -71,38 +63,39 @@ OUTCOME = "mcp_outcome"
 returns None to Celery: an MCP run's outcome belongs to the task store, not to Celery's return value,
 which Celery would repr on every success (a tenth of a no-op run's work) and store in a result backend."""
 
+# Why a job skips its body (first match), and what its log line adds.
+_SKIPS: tuple[tuple[type[Exception], str, str], ...] = (
+    (TaskNotFound, "its task no longer exists", ""),
+    # e.g. Redis redelivered the message after its visibility timeout
+    (
+        RunInProgress,
+        "another copy of this run is already running",
+        " (a redelivered message; that copy still heartbeats)",
+    ),
+    (Superseded, "superseded by a newer dispatch or attempt", ""),
+    (TerminalTask, "its task is already final", ""),
+)
+
 _current: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar("mcp_task_context", default=None)
 
 
 class JobTool(Protocol):
-    """What the Celery side needs of a task tool (the SDK adapter's `TaskTool` is one).
+    """What the Celery side reads of a task tool (the SDK adapter's `TaskTool`): a protocol, not an import,
+    so the worker adapter never imports the SDK adapter. Properties: a dataclass field satisfies one."""
 
-    A protocol, not an import: the worker adapter never imports the SDK adapter;
-    the composition root hands it the tools.
-    """
-
-    # Read-only: the worker side only reads a tool (and a dataclass field satisfies a property).
     @property
     def name(self) -> str: ...
-
     @property
     def fn(self) -> Callable[..., Any]: ...
-
     @property
     def celery_name(self) -> str: ...
-
     @property
     def terminate(self) -> bool: ...
-
     @property
     def context_param(self) -> str | None: ...
-
     def validate(self, arguments: Mapping[str, Any]) -> dict[str, Any]: ...
-
     def invalid_fields(self, exc: ValidationError) -> list[str]: ...
-
     def to_result(self, value: Any) -> dict[str, Any]: ...
-
     def job_signature(self) -> inspect.Signature: ...
 
 
@@ -120,13 +113,9 @@ class McpTaskJob(Protocol[_R_co]):
 
     @property
     def name(self) -> str: ...
-
     def __call__(self, *args: Any, **kwargs: Any) -> _R_co: ...
-
     def delay(self, *args: Any, **kwargs: Any) -> AsyncResult: ...
-
     def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> AsyncResult: ...
-
     def __getattr__(self, name: str) -> Any: ...
 
 
@@ -195,10 +184,6 @@ def dispatched_record(request: Any, key: str, run: Run) -> TaskRecord | None:
     return record if record.dispatches == run.dispatch else None
 
 
-def current_context() -> TaskContext:
-    return _current.get() or TaskContext.detached()
-
-
 class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is Any to mypy
     """Base class of every `@mcp_task` job."""
 
@@ -222,11 +207,9 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
         return super().signature_from_request(request, args, kwargs, queue, **extra_options)
 
     def _ended(self, why: str) -> None:
-        """The job's value for a run that ended without an outcome (always None), after noting why."""
         setattr(self.request, RUN_END, why)
 
     def _outcome(self, result: dict[str, Any]) -> None:
-        """The job's value for a run with an outcome (None too): the outcome goes to the bridge on the request."""
         setattr(self.request, OUTCOME, result)
 
     def _run_for_task(self, key: str) -> None:
@@ -245,22 +228,10 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
                 run = Run(found.dispatches, self.request.retries or 0)
             stale_before = stale_cutoff(now_ms(), self.mcp_runtime.stale_timeout_s)
             record = service.begin(key, run, stale_before_ms=stale_before, expected=found)
-        except TaskNotFound:
-            logger.info("job for tool %r skipped: its task no longer exists", tool.name)
-            return self._ended("skipped, its task no longer exists")
-        except RunInProgress:  # e.g. Redis redelivered the message after its visibility timeout
-            logger.info(
-                "job for tool %r skipped: another copy of this run is already running (a redelivered "
-                "message; that copy still heartbeats)",
-                tool.name,
-            )
-            return self._ended("skipped, another copy of this run is already running")
-        except Superseded:
-            logger.info("job for tool %r skipped: superseded by a newer dispatch or attempt", tool.name)
-            return self._ended("skipped, superseded by a newer dispatch or attempt")
-        except TerminalTask:
-            logger.info("job for tool %r skipped: its task is already final", tool.name)
-            return self._ended("skipped, its task is already final")
+        except (TaskNotFound, TerminalTask) as exc:
+            why, detail = next((why, detail) for kind, why, detail in _SKIPS if isinstance(exc, kind))
+            logger.info("job for tool %r skipped: %s%s", tool.name, why, detail)
+            return self._ended(f"skipped, {why}")
         setattr(self.request, LAST_RECORD, record)  # a failure from here on is written on the claimed record
         try:
             kwargs = tool.validate(record.arguments)
@@ -293,15 +264,12 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
 
 
 def make_run(tool: JobTool) -> Callable[..., Any]:
-    """The Celery `run` for a tool: the user's function with the context injected.
-
-    With `bind=True` Celery passes the job first (`self`), as for any bound task.
-    """
+    """The Celery `run` for a tool: the user's function with the context injected (with `bind=True`, the job first)."""
     fn = tool.fn
 
     def run(*args: Any, **kwargs: Any) -> Any:
         if tool.context_param is not None:
-            kwargs[tool.context_param] = current_context()
+            kwargs[tool.context_param] = _current.get() or TaskContext.detached()
         return fn(*args, **kwargs)
 
     run.__name__ = fn.__name__

@@ -1,29 +1,13 @@
 """kombu's Redis transport, made to survive a broker outage while an `acks_late` job runs.
 
-The failure (kombu 5.7.0 with Celery 5.7.0, reproduced against a real Redis
-stopped mid-job): when the consumer loses the broker, Celery first calls
-`connection.collect()`, which closes the channels and then clears the
-transport's `client`; it then calls `connection.close()`. The consumer's
-channel did not finish closing the first time (its pending BRPOP read raised
-the connection error first), so the second close runs the QoS's
-`restore_unacked`, which builds a new Redis client from `transport.client`,
-now `None`: `AttributeError: 'NoneType' object has no attribute 'hostname'`.
-That is not a connection error, so it escapes `ignore_errors` and Celery
-ends the worker ("Unrecoverable error"). An idle worker has nothing unacked
-to restore and survives, which is why only a busy one dies.
-
-The fix here: a channel with no connection left raises the transport's own
-connection error instead. Every caller in that path already tolerates a lost
-broker, so the worker goes on to reconnect; the unacknowledged message stays
-in Redis's unacked set and comes back after the visibility timeout (the job's
-outcome is in the task store by then, and a late copy of a finished task's
-job never runs its body).
-
-`McpTasks` selects this transport for `redis://` and `rediss://` brokers
-unless the application set `broker_transport` itself. It touches one private
-kombu method, `Channel._connparams`; the contract test
-(`tests/worker/test_redis_transport.py`) names the kombu version it was
-written against and fails when that method moves.
+kombu 5.7.0 with Celery 5.7.0, against a Redis stopped mid-job: the consumer's `connection.collect()`
+clears the transport's `client` before its channel finished closing, so the later `connection.close()`
+restores the unacked message through a client built from `None`; the `AttributeError` is not a connection
+error, escapes `ignore_errors`, and the worker ends (an idle worker has nothing unacked and survives).
+Here a channel with no connection left raises the connection error instead: every caller on that path
+tolerates a lost broker, the worker reconnects, and the message returns after the visibility timeout.
+`McpTasks` selects it for `redis://` and `rediss://` unless the application set `broker_transport`;
+tests/worker/test_redis_transport.py names the kombu version of the private `Channel._connparams`.
 """
 
 from __future__ import annotations
@@ -31,8 +15,6 @@ from __future__ import annotations
 from typing import Any
 
 from kombu.transport import redis as kombu_redis
-
-__all__ = ["Channel", "Transport"]
 
 
 class Channel(kombu_redis.Channel):

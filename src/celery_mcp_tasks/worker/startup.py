@@ -1,11 +1,8 @@
 """Start-up of the Celery processes: refuse to start when misconfigured, say what this worker serves.
 
-The check runs where each process begins, once: `celeryd_init` in the worker's
-main process (before the pool forks, so prefork children never repeat it) and
-`beat_init` in a standalone beat. The embedded beat of `worker -B` is covered
-by its worker's check. Celery's `Signal.send` logs and swallows an `Exception`
-from a handler, but not a `SystemExit`: after its one line on stderr, that
-stops the process with exit status 1 before a task is taken.
+The check runs once where each process begins: `celeryd_init` in the worker's main process (before the
+pool forks) and `beat_init` in a standalone beat (`worker -B`'s is covered by its worker's). Celery's
+`Signal.send` swallows an `Exception` from a handler, but not a `SystemExit`: that stops the process.
 """
 
 from __future__ import annotations
@@ -17,8 +14,6 @@ from typing import Any
 from celery import Celery, signals
 
 from celery_mcp_tasks.config import ConfigError
-
-__all__ = ["install_startup"]
 
 
 def install_startup(app: Celery, check: Callable[[str], None], describe: Callable[[], list[str]]) -> None:

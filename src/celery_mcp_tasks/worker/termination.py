@@ -1,31 +1,25 @@
 """Threads in a prefork pool process, and the SIGTERM billiard's pool sends it as it ends.
 
-The failure (Celery 5.7 / billiard 4.3, a prefork worker on a broker Celery cannot poll,
-so the pool is billiard's threaded `Pool`: the embedded default's filesystem broker):
-that pool's processes share one result pipe and one cross-process lock on it. A pool
-process that ends (its job terminated by a cancel's revoke, a recycle, a warm shutdown)
-writes a last DEATH message under that lock with SIGTERM blocked, and the worker's
-main process answers the message with a SIGTERM to it. By then SIGTERM's disposition
-is the default (billiard's handler restored it when the terminating SIGTERM came), and
-the block is the writing thread's alone: a second thread in the process (our job
-heartbeat thread, started by the first job a pool process runs) can take that SIGTERM,
-and the default action ends the whole process between its write and its release of
-the lock. Every other pool process then waits forever for the lock in its next ACK;
-the main process waits forever for a free pool process; no task runs again and a
-warm shutdown never ends. The parent's SIGTERM must land in the few microseconds
-between the write and the release, so it takes a loaded machine (CI at load 6 on 2
-cores), and then it comes within a few cancels.
+The failure (Celery 5.7 / billiard 4.3, prefork on a broker Celery cannot poll, so billiard's threaded
+`Pool`: the embedded default's filesystem broker): the pool's processes share one result pipe and one
+cross-process lock on it. An ending pool process (its job terminated by a revoke, a recycle, a warm
+shutdown) writes a last DEATH message under that lock with SIGTERM blocked, and the main process answers
+with a SIGTERM to it. By then SIGTERM's disposition is the default (billiard restored it when the
+terminating SIGTERM came) and the block is the writing thread's alone: a second thread (our heartbeat
+thread, started by the first job) can take that SIGTERM, and the default action ends the process between
+its write and its release of the lock. Every other pool process then waits forever for the lock, the main
+process forever for a free pool process: no task runs again and a warm shutdown never ends. It takes the
+SIGTERM landing in microseconds between write and release: a loaded machine (CI at load 6 on 2 cores),
+and then it comes within a few cancels.
 
 Two measures, both needed:
-- every thread this package starts is started with the terminate signal blocked
-  (`start_thread`, `termination_blocked`); it inherits the mask, so a SIGTERM goes to
-  the main thread, where billiard's block holds it until the lock is released, and a
-  pool process still ends the moment its DEATH message is out, as billiard intends;
-- `install` connects a `worker_process_shutdown` handler (sent in the ending pool
-  process right before that write): when any other thread of the process could still
-  take SIGTERM (one a job or a library started: Sentry's, a thread pool), the process
-  ignores SIGTERM from then on, and billiard ends it itself a second later (its
-  `os._exit` after a 1 s pause).
+- every thread this package starts blocks the terminate signals (`start_thread`, `termination_blocked`;
+  it inherits the mask), so a SIGTERM goes to the main thread, where billiard's block holds it until the
+  lock is released, and the process still ends the moment its DEATH message is out, as billiard intends;
+- `install` connects a `worker_process_shutdown` handler (sent in the ending pool process right before
+  that write): when another thread could still take SIGTERM (one a job or a library started: Sentry's,
+  a thread pool), the process ignores SIGTERM from then on, and billiard ends it itself a second later
+  (its `os._exit` after a 1 s pause).
 """
 
 from __future__ import annotations
@@ -36,8 +30,6 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
-
-__all__ = ["TERMINATE_SIGNALS", "install", "others_could_take", "start_thread", "termination_blocked"]
 
 
 def _terminate_signals() -> frozenset[int]:

@@ -1,16 +1,10 @@
 """What Celery's task trace logs about our jobs: the outcome's fact, never its content.
 
-Celery logs every return value at INFO ("Task work[id] succeeded in 4.02s:
-{...}") and puts the arguments in each record's `data`: a tool's result and
-arguments are often more sensitive than its ids. For an MCP task's run (a job
-whose message carries our row-key header) this filter on the
-`celery.app.trace` logger drops the return value, hides the arguments, and says
-how a run without an outcome ended (waiting for input, handed off, skipped)
-instead of "succeeded in 0.01s: None". Everything else, a user's plain Celery
-task or a `.delay()` of a job, keeps Celery's own lines.
-
-The record is read while the trace still has the task pushed, so
-`current_task.request` is the request the line is about (checked by id).
+Celery logs every return value at INFO and puts the arguments in each record's `data`; a tool's result
+and arguments are often more sensitive than its ids. For an MCP task's run this filter on Celery's trace
+logger drops the return value, hides the arguments, and says how a run without an outcome ended instead
+of "succeeded: None". Any other task keeps Celery's lines. It runs while the trace still has the task
+pushed, so `current_task.request` is the request the line is about (checked by id).
 """
 
 from __future__ import annotations
@@ -22,8 +16,6 @@ from celery import current_task
 
 from celery_mcp_tasks.worker.celery_internals import TRACE_LOGGER, trace_templates
 from celery_mcp_tasks.worker.job import HIDDEN_ARGS, RUN_END, McpJob, row_key
-
-__all__ = ["ENDED", "SUCCEEDED", "JobTraceFilter", "install"]
 
 _HIDDEN = "<not logged>"
 SUCCEEDED = "Task %(name)s[%(id)s] succeeded in %(runtime)ss"
@@ -37,7 +29,11 @@ class JobTraceFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         context = record.args
-        if not isinstance(context, dict) or "id" not in context or not self._ours(context["id"]):
+        if not isinstance(context, dict) or "id" not in context:
+            return True
+        # The proxy forwards isinstance (None outside a task); a run of an MCP task carries our row-key header.
+        request = current_task.request if isinstance(current_task, McpJob) else None
+        if getattr(request, "id", None) != context["id"] or row_key(request) is None:
             return True
         scrubbed: dict[str, Any] = dict(context)
         for field in ("args", "kwargs"):
@@ -45,7 +41,7 @@ class JobTraceFilter(logging.Filter):
                 scrubbed[field] = HIDDEN_ARGS[f"{field}repr"]
         if record.msg == self._succeeded:
             scrubbed["return_value"] = _HIDDEN
-            run_end = getattr(current_task.request, RUN_END, None)
+            run_end = getattr(request, RUN_END, None)
             if run_end is not None:
                 scrubbed["run_end"] = run_end
                 record.msg = ENDED
@@ -55,13 +51,6 @@ class JobTraceFilter(logging.Filter):
         if isinstance(getattr(record, "data", None), dict):
             record.data = scrubbed  # what custom (e.g. JSON) handlers read
         return True
-
-    @staticmethod
-    def _ours(celery_id: Any) -> bool:
-        if not isinstance(current_task, McpJob):  # the proxy forwards isinstance; None outside a task
-            return False
-        request = current_task.request
-        return getattr(request, "id", None) == celery_id and row_key(request) is not None
 
 
 _installed = False
