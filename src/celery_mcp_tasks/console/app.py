@@ -1,9 +1,6 @@
 """The console's Starlette app: the JSON API, the pages, the operator check, and the live-update loop.
 
-Built by `McpTasks.console_app()` (mounted in the user's app) or by
-`celery-mcp-tasks console APP` (its own process and port). Either way it
-needs an operator credential: MCP_TASKS_CONSOLE_TOKEN, or, when mounted, the
-host application's authentication (`operator=`).
+Built by `McpTasks.console_app()` (mounted in the user's app) or `celery-mcp-tasks console APP` (standalone).
 """
 
 from __future__ import annotations
@@ -18,15 +15,11 @@ import anyio
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.routing import BaseRoute
 
 from celery_mcp_tasks.config import ConfigError
-from celery_mcp_tasks.console import api
-from celery_mcp_tasks.console.auth import AuthConfig, ConsoleAuth
+from celery_mcp_tasks.console import api, pages
+from celery_mcp_tasks.console.auth import AuthConfig, ConsoleAuth, json_error
 from celery_mcp_tasks.console.context import Console
-
-__all__ = ["check_mount_path", "create_app", "serving"]
 
 TOKEN_SETTING = "MCP_TASKS_CONSOLE_TOKEN"
 logger = logging.getLogger(__name__)
@@ -65,15 +58,6 @@ async def serving(console: Console) -> AsyncIterator[None]:
             tg.cancel_scope.cancel()
 
 
-def _pages(console: Console) -> list[BaseRoute]:
-    """The server-rendered pages (`console.pages`), when present."""
-    try:
-        from celery_mcp_tasks.console import pages
-    except ImportError:  # pragma: no cover - the pages ship with the package
-        return []
-    return list(pages.routes(console))
-
-
 def create_app(
     console: Console,
     auth: AuthConfig,
@@ -93,7 +77,7 @@ def create_app(
             yield
 
     app = Starlette(
-        routes=[*api.routes(console), *_pages(console)],
+        routes=[*api.routes(console), *pages.routes(console)],
         middleware=[
             Middleware(_MountGuard, path=mount_path, console=console),
             Middleware(ConsoleAuth, config=auth),
@@ -126,26 +110,19 @@ class _MountGuard:
         self.warned = False
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if self.path is not None and scope["type"] == "http" and not self.console.serving:
+        root = str(scope.get("root_path", "")).rstrip("/")
+        if self.path is None or scope["type"] != "http":
+            await self.app(scope, receive, send)
+        elif not self.console.serving:
             if not self.warned:
                 self.warned = True
                 logger.error("celery-mcp-tasks console: %s", NO_LIFESPAN)
-            response = JSONResponse({"error": {"code": "no_lifespan", "message": NO_LIFESPAN}}, status_code=503)
-            await response(scope, receive, send)
-            return
-        if self.path is not None and scope["type"] == "http":
-            root = str(scope.get("root_path", "")).rstrip("/")
-            if root != self.path:
-                response = JSONResponse(
-                    {
-                        "error": {
-                            "code": "misplaced",
-                            "message": f"the console is mounted at {root or '/'!r}, not at console_app(path="
-                            f"{self.path!r}): mount it where console_app says",
-                        }
-                    },
-                    status_code=404,
-                )
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+            await json_error(503, "no_lifespan", NO_LIFESPAN)(scope, receive, send)
+        elif root != self.path:
+            message = (
+                f"the console is mounted at {root or '/'!r}, not at console_app(path={self.path!r}): "
+                "mount it where console_app says"
+            )
+            await json_error(404, "misplaced", message)(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
