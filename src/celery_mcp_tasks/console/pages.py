@@ -50,6 +50,7 @@ _CONFIRM: Final = {
     "delete": ("Delete", "The finished task's row is removed; its client then finds no such task."),
     "reveal": ("Reveal", "The task's arguments, answers and result are shown to you; an audit line names you."),
 }
+_EXPIRED: Final = "Refused: the form has expired or was not made here"
 _CSP: Final = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
     "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
@@ -224,8 +225,10 @@ class Pages:
         return response
 
     def problem(
-        self, request: Request, status_code: int, heading: str, message: str, back: str | None = None
+        self, request: Request, status_code: int, heading: str, message: str, back: str | None = "/tasks"
     ) -> Response:
+        """An error page; `back`: a link to this page of the console."""
+        back = None if back is None else auth.mount_root(request) + back
         return self.render(request, "error.html", "error", status_code, heading=heading, error=message, back=back)
 
     # -- GET pages
@@ -271,7 +274,7 @@ class Pages:
             detail = await self.console.detail(key)
         except ConsoleError as exc:  # not found, or a prefix of several rows' keys
             title = "No such task" if isinstance(exc, NotFound) else "Which task?"
-            return self.problem(request, exc.status, title, exc.message, back=f"{auth.mount_root(request)}/tasks")
+            return self.problem(request, exc.status, title, exc.message)
         return self.task_page(request, detail, notice=notice)
 
     def task_page(self, request: Request, detail: TaskDetail, status_code: int = 200, **context: Any) -> Response:
@@ -307,16 +310,14 @@ class Pages:
         form = await request.form()
         refusal = auth.csrf_refusal(request, str(form.get("csrf", "")))
         if refusal is not None:
-            return self.problem(
-                request, 403, "Refused: the form has expired or was not made here", refusal, back=f"{root}/tasks/{key}"
-            )
+            return self.problem(request, 403, _EXPIRED, refusal, back=f"/tasks/{key}")
         operator = auth.operator_of(request)
         terminate = form.get("terminate") == "on"
         if form.get("confirm") != "yes":
             try:
                 await self.console.detail(key)
             except NotFound as exc:
-                return self.problem(request, 404, "No such task", exc.message, back=f"{root}/tasks")
+                return self.problem(request, 404, "No such task", exc.message)
             verb, explain = _CONFIRM[action]
             if terminate:
                 explain += " Its running job is also terminated (killed where it runs)."
@@ -344,13 +345,7 @@ class Pages:
         try:
             detail = await self.console.detail(key)
         except NotFound:
-            return self.problem(
-                request,
-                exc.status,
-                "Nothing changed",
-                _nothing_changed(exc.message),
-                back=f"{auth.mount_root(request)}/tasks",
-            )
+            return self.problem(request, exc.status, "Nothing changed", _nothing_changed(exc.message))
         return self.task_page(request, detail, exc.status, error=_nothing_changed(exc.message))
 
     # -- login / logout
@@ -389,7 +384,7 @@ class Pages:
         form = await request.form()
         refusal = auth.csrf_refusal(request, str(form.get("csrf", "")))
         if refusal is not None:
-            return self.problem(request, 403, "Refused: the form has expired or was not made here", refusal)
+            return self.problem(request, 403, _EXPIRED, refusal, back=None)
         response = RedirectResponse(f"{auth.mount_root(request)}/login", status_code=303)
         auth.end_session(request, response)
         return response
@@ -417,9 +412,7 @@ def _valid_key(endpoint: Any) -> Any:
         action = request.path_params.get("action")
         if (key is not None and not _KEY.fullmatch(key)) or (action is not None and action not in ACTIONS):
             pages: Pages = endpoint.__self__
-            return pages.problem(
-                request, 404, "No such task", "A row key is 64 hex digits.", back=f"{auth.mount_root(request)}/tasks"
-            )
+            return pages.problem(request, 404, "No such task", "A row key is 64 hex digits.")
         response: Response = await endpoint(request)
         return response
 
