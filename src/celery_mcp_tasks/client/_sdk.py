@@ -24,8 +24,6 @@ from mcp_types import INTERNAL_ERROR, SubscriptionFilter
 if TYPE_CHECKING:
     from mcp.client.session import ClientSession
 
-__all__ = ["SDK_VERSIONS", "ListenClosed", "listen_tasks", "task_group"]
-
 SDK_VERSIONS = ("2.3",)
 """The SDK releases whose internals this module was checked against (mcp>=2.3,<2.4)."""
 

@@ -15,8 +15,6 @@ from celery_mcp_tasks.client.models import Ack, GetTaskRequest, TaskIdParams, Ta
 if TYPE_CHECKING:
     from mcp.client.session import ClientSession
 
-__all__ = ["TASKS_VERSIONS", "brief", "get_task", "send", "translate"]
-
 TASKS_VERSIONS = frozenset({"2026-07-28"}) & frozenset(MODERN_PROTOCOL_VERSIONS)
 """Protocol versions on which a tool may answer with a task."""
 

@@ -6,8 +6,6 @@ from mcp.shared.exceptions import MCPError
 
 from celery_mcp_tasks.client.models import TaskState
 
-__all__ = ["InputNotAnswered", "TaskCancelled", "TaskNotFound"]
-
 
 class TaskCancelled(Exception):
     """The task ended `cancelled` (by this client, another client, or the server)."""

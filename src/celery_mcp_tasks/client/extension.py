@@ -12,12 +12,7 @@ import anyio
 import anyio.abc
 from mcp.client.extension import ClaimContext, ClientExtension, NotificationBinding, ResultClaim
 from mcp.shared.exceptions import MCPError
-from mcp_types import (
-    INVALID_REQUEST,
-    CallToolResult,
-    RequestParamsMeta,
-    TextContent,
-)
+from mcp_types import INVALID_REQUEST, CallToolResult, RequestParamsMeta, TextContent
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from celery_mcp_tasks.client import calls

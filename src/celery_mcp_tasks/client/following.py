@@ -25,8 +25,6 @@ if TYPE_CHECKING:
     from mcp.client.session import ClientSession
 
 
-__all__ = ["Follower", "Tracked", "moment"]
-
 logger = logging.getLogger("celery_mcp_tasks.client")
 
 

@@ -12,16 +12,6 @@ from mcp_types import CallToolResult, ErrorData, Request, RequestParams, Result
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-__all__ = [
-    "TERMINAL",
-    "CancelTaskRequest",
-    "CreateTaskResult",
-    "GetTaskRequest",
-    "TaskState",
-    "TaskStatus",
-    "UpdateTaskRequest",
-]
-
 TaskStatus = Literal["working", "input_required", "completed", "failed", "cancelled"]
 TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
 

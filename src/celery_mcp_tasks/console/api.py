@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
 from celery_mcp_tasks.console import auth
-from celery_mcp_tasks.console.context import Console, ConsoleError, parse_list_query
+from celery_mcp_tasks.console.context import ACTIONS, Console, ConsoleError, parse_list_query
 from celery_mcp_tasks.store.base import StoreUnavailable
 from celery_mcp_tasks.store.rows import BadFilter
 
@@ -142,9 +142,6 @@ def routes(console: Console) -> list[BaseRoute]:
         Route("/api/overview", _guarded(_overview, console), methods=["GET"]),
         Route("/api/tasks", _guarded(_tasks, console), methods=["GET"]),
         Route("/api/tasks/{key}", _guarded(_task, console), methods=["GET"]),
-        *(
-            Route(f"/api/tasks/{{key}}/{name}", _guarded(_action(name), console), methods=["POST"])
-            for name in ("cancel", "resend", "delete", "reveal")
-        ),
+        *(Route(f"/api/tasks/{{key}}/{name}", _guarded(_action(name), console), methods=["POST"]) for name in ACTIONS),
         Route("/api/events", _guarded(_events, console), methods=["GET"]),
     ]

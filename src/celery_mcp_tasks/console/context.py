@@ -46,7 +46,8 @@ TICK_S: Final = 0.1
 _KNOWN_VERSIONS: Final = 20_000  # rows whose last fanned-out version is remembered (dedupes hints and polls)
 _POLL_BATCH: Final = 500
 _POLL_MARGIN_MS: Final = 1_000  # a write committed a little after its `updated_at` was taken is still found
-_KEY = re.compile(r"[0-9a-f]{64}")
+KEY = re.compile(r"[0-9a-f]{64}")
+ACTIONS: Final = ("cancel", "resend", "delete", "reveal")
 _KEY_PREFIX = re.compile(r"[0-9a-f]{8,63}")
 MIN_PREFIX: Final = 8  # hex digits of a row key prefix (lists show 12)
 _T = TypeVar("_T")
@@ -246,7 +247,7 @@ class Console:
     async def matching_row(self, key: str, filter: Filter) -> Row | None:
         """The row of `key` if it exists and belongs in a list filtered by `filter` (the store's one
         definition of the filter rules decides), else None."""
-        if not _KEY.fullmatch(key):
+        if not KEY.fullmatch(key):
             return None
         found = await anyio.to_thread.run_sync(lambda: self.service.rows([key], filter, now_ms=self.clock()))
         return found[0] if found else None
@@ -258,7 +259,7 @@ class Console:
         """The row of `key`: its 64 hex digits, or a prefix of them (at least 8, as lists show 12) that
         only one row's key starts with."""
         key = key.strip().lower()
-        if not _KEY.fullmatch(key):
+        if not KEY.fullmatch(key):
             if not _KEY_PREFIX.fullmatch(key):
                 raise NotFound(
                     f"no task has this row key (a row key is 64 hex digits, or its first {MIN_PREFIX} or more)"

@@ -20,7 +20,8 @@ from starlette.templating import Jinja2Templates
 
 from celery_mcp_tasks.console import auth
 from celery_mcp_tasks.console.context import (
-    _KEY,
+    ACTIONS,
+    KEY,
     Console,
     ConsoleError,
     ListQuery,
@@ -32,7 +33,6 @@ from celery_mcp_tasks.model import now_ms
 from celery_mcp_tasks.store.rows import DEFAULT_LIMIT, DEFAULT_SORT, STATUS_NAMES, BadFilter, Overview, TaskDetail
 
 _NAME: Final = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
-ACTIONS: Final = ("cancel", "resend", "delete", "reveal")
 SORT_LABELS: Final = (
     ("-created", "Newest first"),
     ("created", "Oldest first"),
@@ -410,7 +410,7 @@ def _valid_key(endpoint: Any) -> Any:
     async def checked(request: Request) -> Response:
         key = request.path_params.get("key")
         action = request.path_params.get("action")
-        if (key is not None and not _KEY.fullmatch(key)) or (action is not None and action not in ACTIONS):
+        if (key is not None and not KEY.fullmatch(key)) or (action is not None and action not in ACTIONS):
             pages: Pages = endpoint.__self__
             return pages.problem(request, 404, "No such task", "A row key is 64 hex digits.")
         response: Response = await endpoint(request)
