@@ -13,7 +13,7 @@ from mcp_types import INVALID_PARAMS, CallToolResult, ErrorData, InputRequest
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from celery_mcp_tasks.client import calls
-from celery_mcp_tasks.client.errors import InputNotAnswered, TaskCancelled, TaskNotFound
+from celery_mcp_tasks.client.calls import InputNotAnswered, TaskCancelled, TaskNotFound
 from celery_mcp_tasks.client.following import Pacing, Tracked
 from celery_mcp_tasks.client.models import CancelTaskRequest, TaskIdParams, TaskState, UpdateParams, UpdateTaskRequest
 
