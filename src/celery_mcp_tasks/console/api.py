@@ -65,7 +65,7 @@ async def _overview(request: Request, console: Console) -> Response:
 
 async def _tasks(request: Request, console: Console) -> Response:
     query = parse_list_query(request.query_params)
-    page = await console.page(query.filter, query.sort, query.cursor, query.limit)
+    page = await console.page(query)
     return JSONResponse(
         {
             "rows": [row.as_json() for row in page.rows],

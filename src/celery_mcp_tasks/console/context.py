@@ -24,7 +24,6 @@ from celery_mcp_tasks.notify.hub import Hub, Watch
 from celery_mcp_tasks.service import NotLost, TaskService
 from celery_mcp_tasks.store.base import TaskNotFound
 from celery_mcp_tasks.store.rows import (
-    DEFAULT_LIMIT,
     DEFAULT_SORT,
     STATUS_NAMES,
     Filter,
@@ -136,7 +135,7 @@ class Change:
 
 @dataclass(frozen=True)
 class ListQuery:
-    """The list page's query as typed (to show it back in the form) and as parsed."""
+    """A task list's query (the list page's, the API's): as parsed, and as typed (for the page's form)."""
 
     form: dict[str, Any]
     filter: Filter
@@ -236,12 +235,10 @@ class Console:
 
     # -- reads ----------------------------------------------------------------------------
 
-    async def page(
-        self, filter: Filter, sort: str = DEFAULT_SORT, cursor: str | None = None, limit: int = DEFAULT_LIMIT
-    ) -> Page:
+    async def page(self, query: ListQuery) -> Page:
         """A keyset page. Raises `BadFilter` (a malformed cursor included)."""
         return await anyio.to_thread.run_sync(
-            lambda: self.service.browse(filter, sort, cursor, limit, now_ms=self.clock())
+            lambda: self.service.browse(query.filter, query.sort, query.cursor, query.limit, now_ms=self.clock())
         )
 
     async def matching_row(self, key: str, filter: Filter) -> Row | None:

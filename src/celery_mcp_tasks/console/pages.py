@@ -254,7 +254,7 @@ class Pages:
         }
         try:
             query = parse_list_query(flat)
-            page = await self.console.page(query.filter, query.sort, query.cursor, query.limit)
+            page = await self.console.page(query)
         except BadFilter as exc:
             context.update(bad_field=exc.field, error=f"{exc.field}: {exc.message}")
             return self.render(request, "tasks.html", "tasks", 400, **context)
@@ -363,22 +363,14 @@ class Pages:
         name, token = str(form.get("name", "")).strip(), str(form.get("token", ""))
         target = _next(str(form.get("next", "")), root)
         if not _NAME.fullmatch(name):
-            return self.render(
-                request,
-                "login.html",
-                "login",
-                400,
-                next_path=target,
-                name="",
-                error="Your name: 1 to 64 letters, digits or . _ @ - (it goes into the audit log).",
-            )
-        if not auth.token_ok(request, token):
-            return self.render(
-                request, "login.html", "login", 401, next_path=target, name=name, error="Wrong operator token."
-            )
-        response = RedirectResponse(target, status_code=303)
-        auth.start_session(request, response, name)
-        return response
+            status, name, error = 400, "", "Your name: 1 to 64 letters, digits or . _ @ - (it goes into the audit log)."
+        elif not auth.token_ok(request, token):
+            status, error = 401, "Wrong operator token."
+        else:
+            response = RedirectResponse(target, status_code=303)
+            auth.start_session(request, response, name)
+            return response
+        return self.render(request, "login.html", "login", status, next_path=target, name=name, error=error)
 
     async def logout(self, request: Request) -> Response:
         form = await request.form()
