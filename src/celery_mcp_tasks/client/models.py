@@ -1,8 +1,5 @@
-"""The Tasks extension's shapes as the client reads them: a created task, a task's state, the requests.
-
-Plain pydantic models over the SDK's wire base classes (`mcp_types`): nothing
-here talks to a server.
-"""
+"""The Tasks extension's shapes as the client reads them (pydantic over `mcp_types`): a created task, a
+task's state, the requests."""
 
 from __future__ import annotations
 

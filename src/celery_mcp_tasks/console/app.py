@@ -97,11 +97,8 @@ NO_LIFESPAN = (
 
 
 class _MountGuard:
-    """A mounted console answers only where `console_app(path=...)` said it is mounted (the path was checked
-    against the MCP endpoint's there); elsewhere it refuses, so it is never served on the MCP path.
-
-    It also refuses, in one line, while its live-update loop is not running: mounted in an app that was
-    not given `lifespan=tasks.lifespan`, its pages would silently never update."""
+    """A mounted console answers only at the path `console_app(path=...)` checked (so never on the MCP path),
+    and only while its live-update loop runs (without `lifespan=tasks.lifespan` its pages would never update)."""
 
     def __init__(self, app: Any, path: str | None, console: Console) -> None:
         self.app = app

@@ -199,12 +199,8 @@ def csrf_refusal(request: Request, token: str | None) -> str | None:
 
 
 class ConsoleAuth:
-    """Let a request through only with an operator (bearer token, host authentication or session).
-
-    `/static/*` and `/login` are open (styles for the login page, the login itself).
-    A browser page request without an operator is sent to the login page; anything
-    else gets 401 with a JSON error.
-    """
+    """Let a request through only with an operator; `/static/*` and `/login` are open. Without one, a
+    browser page request is sent to the login page, anything else gets 401 with a JSON error."""
 
     def __init__(self, app: ASGIApp, config: AuthConfig) -> None:
         self.app = app
