@@ -122,15 +122,11 @@ class Change:
     def status(self) -> str | None:
         return None if self.row is None else self.row.status
 
-    def as_json(self) -> dict[str, object]:
-        if self.row is None:
-            return {"key": self.key, "row": self.key[:12], "status": None, "version": None, "deleted": True}
-        return self.row.as_json()
-
     @functools.cached_property
     def data(self) -> str:
         """The change as an SSE `data:` line carries it."""
-        return json.dumps(self.as_json(), separators=(",", ":"))
+        gone = {"key": self.key, "row": self.key[:12], "status": None, "version": None, "deleted": True}
+        return json.dumps(gone if self.row is None else self.row.as_json(), separators=(",", ":"))
 
 
 @dataclass(frozen=True)
