@@ -470,11 +470,7 @@ class Console:
                     rows[row.key] = row
             if self._mark is None:
                 self._mark = now
-            elif found:
-                # a full batch: continue from its last row next time (the margin re-reads some, deduped)
-                self._mark = max(
-                    self._mark, found[-1].updated_at + _POLL_MARGIN_MS if len(found) == _POLL_BATCH else now
-                )
-            else:
-                self._mark = max(self._mark, now)
+            else:  # after a full batch, go on from its last row (the margin re-reads some, deduped)
+                full = len(found) == _POLL_BATCH
+                self._mark = max(self._mark, found[-1].updated_at + _POLL_MARGIN_MS if full else now)
         return list(rows.values())
