@@ -50,13 +50,7 @@ async def _overview(request: Request, console: Console) -> Response:
             "oldest_working": overview.oldest_working and overview.oldest_working.as_json(),
             "oldest_input_required": overview.oldest_input_required and overview.oldest_input_required.as_json(),
             "last_sweep": sweep
-            and {
-                "swept_at": sweep.swept_at,
-                "duration_ms": sweep.duration_ms,
-                "sweeps": sweep.sweeps,
-                "report": sweep.report,
-                "read_at": sweep.read_at,
-            },
+            and {k: getattr(sweep, k) for k in ("swept_at", "duration_ms", "sweeps", "report", "read_at")},
             "lost_resent": overview.lost_resent,
             "lost_failed": overview.lost_failed,
         }

@@ -74,14 +74,8 @@ def _ago(ms: int | None, now: int | None = None) -> str:
     future, seconds = seconds < 0, abs(seconds)
     if seconds < 5:
         return "just now"
-    if seconds < 60:
-        text = f"{seconds}s"
-    elif seconds < 3600:
-        text = f"{seconds // 60} min"
-    elif seconds < 86400:
-        text = f"{seconds // 3600} h"
-    else:
-        text = f"{seconds // 86400} d"
+    units = ((" d", 86400), (" h", 3600), (" min", 60), ("s", 1))
+    text = next(f"{seconds // size}{unit}" for unit, size in units if seconds >= size)
     return f"in {text}" if future else f"{text} ago"
 
 
@@ -214,6 +208,7 @@ class Pages:
                 "can_logout": operator is not None and auth.has_session(request),
                 "csrf": auth.csrf_token(request) if operator is not None else "",
                 "statuses": STATUS_NAMES,
+                "payloads_allowed": self.console.payloads_allowed,
                 **context,
             },
             status_code=status_code,
@@ -275,18 +270,7 @@ class Pages:
         except ConsoleError as exc:  # not found, or a prefix of several rows' keys
             title = "No such task" if isinstance(exc, NotFound) else "Which task?"
             return self.problem(request, exc.status, title, exc.message)
-        return self.task_page(request, detail, notice=notice)
-
-    def task_page(self, request: Request, detail: TaskDetail, status_code: int = 200, **context: Any) -> Response:
-        return self.render(
-            request,
-            "task.html",
-            "task",
-            status_code,
-            d=detail,
-            payloads_allowed=self.console.payloads_allowed,
-            **context,
-        )
+        return self.render(request, "task.html", "task", d=detail, notice=notice)
 
     async def row(self, request: Request) -> Response:
         """One list row for live.js: the <tr>, or 204 when the row is gone or the list's filter leaves it out."""
@@ -336,7 +320,7 @@ class Pages:
         except ConsoleError as exc:
             return await self._refused(request, key, exc)
         if isinstance(result, TaskDetail):  # a reveal
-            return self.task_page(request, result)
+            return self.render(request, "task.html", "task", d=result)
         target = f"{root}/tasks?done=delete" if result.row is None else f"{root}/tasks/{key}?done={action}"
         return RedirectResponse(target, status_code=303)
 
@@ -346,7 +330,7 @@ class Pages:
             detail = await self.console.detail(key)
         except NotFound:
             return self.problem(request, exc.status, "Nothing changed", _nothing_changed(exc.message))
-        return self.task_page(request, detail, exc.status, error=_nothing_changed(exc.message))
+        return self.render(request, "task.html", "task", exc.status, d=detail, error=_nothing_changed(exc.message))
 
     # -- login / logout
 
