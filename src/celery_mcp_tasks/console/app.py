@@ -21,7 +21,6 @@ from celery_mcp_tasks.console import api, pages
 from celery_mcp_tasks.console.auth import AuthConfig, ConsoleAuth, json_error
 from celery_mcp_tasks.console.context import Console
 
-TOKEN_SETTING = "MCP_TASKS_CONSOLE_TOKEN"
 logger = logging.getLogger(__name__)
 
 
@@ -40,8 +39,7 @@ def check_mount_path(path: str, mcp_path: str | None) -> str:
 
 
 def auth_config(token: str | None, operator: Callable[[Request], Any] | None) -> AuthConfig:
-    if token is None and operator is None:
-        raise ConfigError(f"{TOKEN_SETTING}: the console needs an operator token (or, mounted, operator=)")
+    """`ConfigError` naming MCP_TASKS_CONSOLE_TOKEN when neither is given."""
     return AuthConfig(token=token, operator=operator)
 
 

@@ -25,6 +25,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from celery_mcp_tasks.config import ConfigError
+
 COOKIE: Final = "mcp_tasks_console"
 CSRF_HEADER: Final = "x-csrf-token"
 OPERATOR_HEADER: Final = "x-console-operator"
@@ -46,7 +48,7 @@ class AuthConfig:
 
     def __post_init__(self) -> None:
         if self.token is None and self.operator is None:
-            raise ValueError("the console needs MCP_TASKS_CONSOLE_TOKEN or the host's authentication (operator=)")
+            raise ConfigError("MCP_TASKS_CONSOLE_TOKEN: the console needs an operator token (or, mounted, operator=)")
         # Without a token (host authentication only) the key is this process's own: CSRF tokens then
         # hold within one process; set MCP_TASKS_CONSOLE_TOKEN to share them between processes.
         seed = self.token.encode() if self.token is not None else secrets.token_bytes(32)
