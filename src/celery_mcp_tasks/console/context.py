@@ -46,14 +46,12 @@ _KNOWN_VERSIONS: Final = 20_000  # rows whose last fanned-out version is remembe
 _POLL_BATCH: Final = 500
 _POLL_MARGIN_MS: Final = 1_000  # a write committed a little after its `updated_at` was taken is still found
 KEY = re.compile(r"[0-9a-f]{64}")
-ACTIONS: Final = ("cancel", "resend", "delete", "reveal")
 _KEY_PREFIX = re.compile(r"[0-9a-f]{8,63}")
 MIN_PREFIX: Final = 8  # hex digits of a row key prefix (lists show 12)
-_T = TypeVar("_T")
-
-
+ACTIONS: Final = ("cancel", "resend", "delete", "reveal")
 _GONE: Final = "no such task (it may have expired or been deleted)"
 _HIDDEN: Final = "payloads are hidden: MCP_TASKS_CONSOLE_PAYLOADS is off"
+_T = TypeVar("_T")
 
 
 class ConsoleError(Exception):
