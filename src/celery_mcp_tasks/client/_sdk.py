@@ -1,11 +1,8 @@
 """Every private part of the SDK's client that the tasks client uses, in one place.
 
-mcp 2.3's public `listen()` builds its filter from four keyword arguments, so
-it cannot name `taskIds`; this module opens the same stream with the filter
-the Tasks extension defines, the way the SDK's own driver does (register the
-demux route before the request is written, wait for the acknowledgment, end
-the stream by cancelling the request). tests/client/test_sdk_contract.py pins
-each attribute used here to the SDK release it was written against.
+mcp 2.3's public `listen()` cannot name `taskIds`, so this opens the same stream with the Tasks filter, as the
+SDK's own driver does (route registered before the request is written, acknowledgment awaited, the stream
+ended by cancelling the request). tests/client/test_sdk_contract.py pins each attribute used here.
 """
 
 from __future__ import annotations
@@ -23,8 +20,6 @@ from mcp_types import INTERNAL_ERROR, SubscriptionFilter
 
 if TYPE_CHECKING:
     from mcp.client.session import ClientSession
-
-__all__ = ["SDK_VERSIONS", "ListenClosed", "listen_tasks", "task_group"]
 
 SDK_VERSIONS = ("2.3",)
 """The SDK releases whose internals this module was checked against (mcp>=2.3,<2.4)."""
@@ -116,10 +111,9 @@ async def listen_tasks(session: ClientSession, task_ids: list[str], ack_timeout:
     finally:
         route.settle("local")
         scope.cancel()
-        # Wait until the request is abandoned: its cancellation is then in the transport's hands,
-        # which aborts the stream's POST before the session could close under it (a notification
-        # arriving on a POST still open after the session's streams closed is logged by the SDK
-        # with a traceback). Shielded: the stream ends the same way when its owner is cancelled.
+        # Wait until the request is abandoned, so the transport aborts the stream's POST before the session
+        # can close under it (the SDK logs a traceback for a notification on a POST left open then).
+        # Shielded: the stream ends the same way when its owner is cancelled.
         with anyio.CancelScope(shield=True), anyio.move_on_after(_END_TIMEOUT_S):
             await driven.wait()
         session._unregister_listen_route(request_id)  # pyright: ignore[reportPrivateUsage]

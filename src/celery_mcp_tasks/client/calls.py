@@ -1,4 +1,5 @@
-"""The requests the client sends about a task (`tasks/get`, `tasks/update`, `tasks/cancel`), their errors translated."""
+"""The requests the client sends about a task (`tasks/get`, `tasks/update`, `tasks/cancel`), and the errors a
+task-following client raises besides the SDK's own `MCPError`."""
 
 from __future__ import annotations
 
@@ -9,16 +10,33 @@ from mcp_types import INVALID_PARAMS
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
-from celery_mcp_tasks.client.errors import TaskNotFound
 from celery_mcp_tasks.client.models import Ack, GetTaskRequest, TaskIdParams, TaskState
 
 if TYPE_CHECKING:
     from mcp.client.session import ClientSession
 
-__all__ = ["TASKS_VERSIONS", "brief", "get_task", "send", "translate"]
-
 TASKS_VERSIONS = frozenset({"2026-07-28"}) & frozenset(MODERN_PROTOCOL_VERSIONS)
 """Protocol versions on which a tool may answer with a task."""
+
+
+class TaskCancelled(Exception):
+    """The task ended `cancelled` (by this client, another client, or the server)."""
+
+    def __init__(self, state: TaskState) -> None:
+        reason = f": {state.status_message}" if state.status_message else ""
+        super().__init__(f"The task was cancelled{reason}")
+        self.state = state
+
+
+class TaskNotFound(MCPError):
+    """The server no longer knows the task (expired, evicted, or never this caller's)."""
+
+
+class InputNotAnswered(MCPError):
+    """The task asked for input this client could not give (no callback, or the callback refused).
+
+    The task is cancelled before this is raised.
+    """
 
 
 async def send(session: ClientSession, request: Any) -> None:

@@ -1,28 +1,4 @@
-"""`TasksClient`: the Tasks extension for the SDK's `Client`.
-
-    async with Client(url, extensions=[TasksClient()], elicitation_callback=ask) as client:
-        result = await client.call_tool("write_report", {"topic": "tides"})  # waits for the task
-
-The extension advertises `io.modelcontextprotocol/tasks` and claims
-`resultType: "task"`, so a plain `call_tool` on a task tool follows the task
-to its end and returns the `CallToolResult` the synchronous call would have
-returned. A `failed` task raises the SDK's `MCPError` with the task's error, a
-`cancelled` one `TaskCancelled`, a task the server no longer knows
-`TaskNotFound`. Questions (`input_required`) are answered with the client's
-own elicitation / sampling / roots callbacks and sent with `tasks/update`.
-Cancelling the awaiting coroutine cancels the task.
-
-Following: one `subscriptions/listen` stream per connection names every task
-being followed (`taskIds`) when the server follows tasks on listen; it is
-re-opened after a drop, and each newly followed task is read once after the
-acknowledgment, so no change between creation and subscription is missed.
-Otherwise each task is polled at its `pollIntervalMs` (within a floor and a
-ceiling), backing off while nothing changes.
-
-For applications that keep tasks across restarts: `start()` returns a
-`TaskHandle` (id, state, state changes, `answer`, `cancel`, `result`), and
-`attach()` makes one for a task id stored earlier. No log line names a task.
-"""
+"""`TasksClient`: the Tasks extension for the SDK's `Client` (the guide is docs/clients.md)."""
 
 from __future__ import annotations
 
@@ -36,17 +12,11 @@ import anyio
 import anyio.abc
 from mcp.client.extension import ClaimContext, ClientExtension, NotificationBinding, ResultClaim
 from mcp.shared.exceptions import MCPError
-from mcp_types import (
-    INVALID_REQUEST,
-    CallToolResult,
-    RequestParamsMeta,
-    TextContent,
-)
+from mcp_types import INVALID_REQUEST, CallToolResult, RequestParamsMeta, TextContent
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from celery_mcp_tasks.client import calls
 from celery_mcp_tasks.client.calls import TASKS_VERSIONS
-from celery_mcp_tasks.client.errors import InputNotAnswered, TaskCancelled, TaskNotFound
 from celery_mcp_tasks.client.following import Follower
 from celery_mcp_tasks.client.handle import TaskHandle
 from celery_mcp_tasks.client.models import CreateTaskResult, TaskState
@@ -55,9 +25,6 @@ from celery_mcp_tasks.protocol import EXTENSION_ID
 if TYPE_CHECKING:
     from mcp.client.client import Client
     from mcp.client.session import ClientSession
-
-
-__all__ = ["InputNotAnswered", "TaskCancelled", "TaskHandle", "TaskNotFound", "TasksClient"]
 
 logger = logging.getLogger("celery_mcp_tasks.client")
 
@@ -68,6 +35,11 @@ class _TasksNotificationParams(BaseModel):
 
 class TasksClient(ClientExtension):
     """The Tasks extension for `mcp.Client(extensions=[...])`.
+
+    A plain `call_tool` on a task tool follows the task to its end and returns the `CallToolResult`
+    the synchronous call would have; a `failed` task raises `MCPError` with the task's error, a
+    `cancelled` one `TaskCancelled`, a task the server no longer knows `TaskNotFound`. Questions are
+    answered with the client's own callbacks; cancelling the awaiting coroutine cancels the task.
 
     poll_floor_s / poll_ceiling_s: the bounds of the polling interval when the server
     does not follow tasks on listen (the server's `pollIntervalMs` inside them, growing
@@ -165,20 +137,14 @@ class TasksClient(ClientExtension):
         """
         from mcp.client.client import Client
 
+        request_meta = cast(RequestParamsMeta, dict(meta)) if meta else None
         captured: list[TaskHandle] = []
         token = self._capture.set(captured)
         try:
             if isinstance(client, Client):
-                result: Any = await client.call_tool(
-                    name, arguments, meta=cast(RequestParamsMeta, dict(meta)) if meta else None
-                )
+                result: Any = await client.call_tool(name, arguments, meta=request_meta)
             else:
-                result = await client.call_tool(
-                    name,
-                    arguments,
-                    meta=cast(RequestParamsMeta, dict(meta)) if meta else None,
-                    allow_claimed=True,
-                )
+                result = await client.call_tool(name, arguments, meta=request_meta, allow_claimed=True)
                 if isinstance(result, CreateTaskResult):
                     return self._handle(client, result.state(), name)
         finally:
@@ -187,16 +153,12 @@ class TasksClient(ClientExtension):
             return captured[0]
         if not isinstance(result, CallToolResult):
             raise MCPError(INVALID_REQUEST, f"tools/call returned an unexpected result: {type(result).__name__}")
-        session = client.session if isinstance(client, Client) else client
-        return TaskHandle(self, session, None, name, immediate=result)
+        return TaskHandle(self, _session(client), None, name, immediate=result)
 
     async def attach(self, client: Client | ClientSession, task_id: str) -> TaskHandle:
         """A handle for a task created earlier (by this process or another); reads it once."""
-        from mcp.client.client import Client
-
-        session = client.session if isinstance(client, Client) else client
-        state = await calls.get_task(session, task_id)
-        return self._handle(session, state, None)
+        session = _session(client)
+        return self._handle(session, await calls.get_task(session, task_id), None)
 
     async def stop_following(self, client: Client | ClientSession) -> None:
         """Stop following this connection's tasks and wait until that is done; call it before the
@@ -205,10 +167,7 @@ class TasksClient(ClientExtension):
         The listen stream is ended and no read is left in flight, so closing the connection
         cannot catch one of them half-way. An open handle's `result()` then raises `MCPError`.
         """
-        from mcp.client.client import Client
-
-        session = client.session if isinstance(client, Client) else client
-        follower = self._followers.get(session)
+        follower = self._followers.get(_session(client))
         if follower is not None:
             await follower.stop()
 
@@ -219,3 +178,9 @@ class TasksClient(ClientExtension):
         if follower is None:
             follower = self._followers[session] = Follower(self, session)
         return TaskHandle(self, session, follower.track(state), tool)
+
+
+def _session(client: Client | ClientSession) -> ClientSession:
+    from mcp.client.client import Client
+
+    return client.session if isinstance(client, Client) else client

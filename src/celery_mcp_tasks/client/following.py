@@ -17,21 +17,18 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR
 
 from celery_mcp_tasks.client import _sdk, calls
-from celery_mcp_tasks.client.calls import TASKS_VERSIONS
-from celery_mcp_tasks.client.errors import TaskNotFound
+from celery_mcp_tasks.client.calls import TASKS_VERSIONS, TaskNotFound
 from celery_mcp_tasks.client.models import TaskState
 
 if TYPE_CHECKING:
     from mcp.client.session import ClientSession
 
 
-__all__ = ["Follower", "Tracked", "moment"]
-
 logger = logging.getLogger("celery_mcp_tasks.client")
 
 
 class Pacing(Protocol):
-    """What following and a handle read of the client's options (`TasksClient` is one), read live."""
+    """The options of `TasksClient` that following and a handle read (live)."""
 
     poll_floor_s: float
     poll_ceiling_s: float
@@ -60,11 +57,8 @@ class Tracked:
     settle: Callable[[], Awaitable[None]] | None = None  # the follower's `settle`
 
     def offer(self, state: TaskState) -> bool:
-        """Take a newer state; never leave a terminal one, never go back in time (but a final state always wins).
-
-        Fires (and answers True) only for news: a state that differs in what a follower sees
-        (`TaskState.seen_as`), not merely in its timestamp or the protocol's `_meta`, is kept quietly.
-        """
+        """Take a newer state (never leave a terminal one, never go back in time, but a final state always
+        wins); fire and answer True only when it differs in what a follower sees (`TaskState.seen_as`)."""
         current = self.state
         if current.terminal or state.task_id != current.task_id:
             return False
@@ -131,22 +125,15 @@ class Follower:
         return tracked
 
     async def settle(self) -> None:
-        """When no task is followed any more, wait until following has ended (its stream closed).
-
-        Following ends by itself once the last followed task ends or is let go, but in the
-        session's background: a caller who may close the connection next waits here, so
-        nothing of this connection's following is still on the wire when the `Client` closes
-        (a notification arriving on a stream the closing session no longer reads is logged
-        by the SDK with a traceback). Returns at once while other tasks are followed.
-        """
+        """When no task is followed any more, wait until following (in the session's background) has ended,
+        so the `Client` may close next: a notification arriving on a stream the closing session no longer
+        reads is logged by the SDK with a traceback. Returns at once while other tasks are followed."""
         with anyio.CancelScope(shield=True), anyio.move_on_after(_STOP_TIMEOUT_S):
             while self._running and not self._live():
                 await self._news.wait()
 
     async def stop(self) -> None:
-        """Stop following every task on this connection now (its listen stream ended, no read left
-        in flight) and wait until that is done; a handle still waiting learns that following stopped.
-        """
+        """Stop following every task on this connection now, and wait until no stream or read is left."""
         if self._run_scope is not None:
             self._run_scope.cancel()
         with anyio.CancelScope(shield=True), anyio.move_on_after(_STOP_TIMEOUT_S):
@@ -217,9 +204,8 @@ class Follower:
     async def _listen(self) -> None:
         """Follow every live task on one stream; re-open (overlapping the old one) when tasks join.
 
-        Falls back to polling (for good, on this connection) when the server refuses
-        listen, does not follow tasks on it, leaves a live task out of its
-        acknowledgment, or does not acknowledge within `_ACK_TIMEOUT_S` (a proxy
+        Falls back to polling for good when the server refuses listen, does not follow tasks on it, leaves
+        a live task out of its acknowledgment, or does not acknowledge within `_ACK_TIMEOUT_S` (a proxy
         that buffers the stream would deliver nothing either).
         """
         failures = 0

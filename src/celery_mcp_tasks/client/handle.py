@@ -9,30 +9,17 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 from mcp.shared.exceptions import MCPError
-from mcp_types import (
-    INVALID_PARAMS,
-    CallToolResult,
-    ErrorData,
-    InputRequest,
-)
+from mcp_types import INVALID_PARAMS, CallToolResult, ErrorData, InputRequest
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from celery_mcp_tasks.client import calls
-from celery_mcp_tasks.client.errors import InputNotAnswered, TaskCancelled, TaskNotFound
+from celery_mcp_tasks.client.calls import InputNotAnswered, TaskCancelled, TaskNotFound
 from celery_mcp_tasks.client.following import Pacing, Tracked
-from celery_mcp_tasks.client.models import (
-    CancelTaskRequest,
-    TaskIdParams,
-    TaskState,
-    UpdateParams,
-    UpdateTaskRequest,
-)
+from celery_mcp_tasks.client.models import CancelTaskRequest, TaskIdParams, TaskState, UpdateParams, UpdateTaskRequest
 
 if TYPE_CHECKING:
     from mcp.client.session import ClientSession
 
-
-__all__ = ["TaskHandle"]
 
 logger = logging.getLogger("celery_mcp_tasks.client")
 

@@ -1,8 +1,5 @@
-"""The Tasks extension's shapes as the client reads them: a created task, a task's state, the requests.
-
-Plain pydantic models over the SDK's wire base classes (`mcp_types`): nothing
-here talks to a server.
-"""
+"""The Tasks extension's shapes as the client reads them (pydantic over `mcp_types`): a created task, a
+task's state, the requests."""
 
 from __future__ import annotations
 
@@ -11,16 +8,6 @@ from typing import Any, Literal
 from mcp_types import CallToolResult, ErrorData, Request, RequestParams, Result
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
-
-__all__ = [
-    "TERMINAL",
-    "CancelTaskRequest",
-    "CreateTaskResult",
-    "GetTaskRequest",
-    "TaskState",
-    "TaskStatus",
-    "UpdateTaskRequest",
-]
 
 TaskStatus = Literal["working", "input_required", "completed", "failed", "cancelled"]
 TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})

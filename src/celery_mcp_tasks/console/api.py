@@ -1,18 +1,6 @@
-"""The console's JSON API, under the console's root (the CLI and scripts use it; the pages share `Console`).
-
-    GET  /api/overview
-    GET  /api/tasks?status=&tool=&owner=&min_age=&max_age=&q=&sort=&cursor=&limit=
-    GET  /api/tasks/{key}
-    POST /api/tasks/{key}/cancel   (JSON or form body: {"terminate": true} optional)
-    POST /api/tasks/{key}/resend | /delete | /reveal
-    GET  /api/events               (Server-Sent Events: `event: task`, data a row as JSON)
-
-Errors are `{"error": {"code", "message", "field"?}}`: 400 for a bad filter,
-sort, cursor or limit (naming the query parameter), 401 without an operator,
-403 for a missing, forged or expired CSRF token (a cookie-authenticated POST;
-a bearer token needs none), 404, 409 when the task changed meanwhile or the
-action does not apply, 503 when the store is unavailable. Nothing changes on
-any error.
+"""The console's JSON API under `/api/` (the CLI and scripts use it): the overview, the task list and one task,
+the actions (POST), and `/api/events` (Server-Sent Events). Errors are `{"error": {"code", "message", "field"?}}`,
+and nothing changes on any error.
 """
 
 from __future__ import annotations
@@ -26,43 +14,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
 from celery_mcp_tasks.console import auth
-from celery_mcp_tasks.console.context import ActionResult, Console, ConsoleError
+from celery_mcp_tasks.console.context import ACTIONS, Console, ConsoleError, parse_list_query
 from celery_mcp_tasks.store.base import StoreUnavailable
-from celery_mcp_tasks.store.rows import BadFilter, Filter, Overview, parse_limit, parse_sort
-
-__all__ = ["overview_json", "routes"]
+from celery_mcp_tasks.store.rows import BadFilter
 
 KEEPALIVE_S = 15.0
-
-
-def _error(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
-    return JSONResponse({"error": {"code": code, "message": message, **extra}}, status_code=status)
-
-
-def overview_json(overview: Overview) -> dict[str, Any]:
-    sweep = overview.last_sweep
-    return {
-        "now": overview.now_ms,
-        "final_since": overview.final_since_ms,
-        "by_status": overview.by_status,
-        "by_tool": overview.by_tool,
-        "per_minute": [m._asdict() for m in overview.per_minute],
-        "oldest_working": None if overview.oldest_working is None else overview.oldest_working.as_json(),
-        "oldest_input_required": (
-            None if overview.oldest_input_required is None else overview.oldest_input_required.as_json()
-        ),
-        "last_sweep": None
-        if sweep is None
-        else {
-            "swept_at": sweep.swept_at,
-            "duration_ms": sweep.duration_ms,
-            "sweeps": sweep.sweeps,
-            "report": sweep.report,
-            "read_at": sweep.read_at,
-        },
-        "lost_resent": overview.lost_resent,
-        "lost_failed": overview.lost_failed,
-    }
 
 
 def _guarded(
@@ -72,32 +28,44 @@ def _guarded(
         try:
             return await handler(request, console)
         except BadFilter as exc:
-            return _error(400, "bad_filter", exc.message, field=exc.field)
+            return auth.json_error(400, "bad_filter", exc.message, field=exc.field)
         except ConsoleError as exc:
-            return _error(exc.status, exc.outcome, exc.message)
+            return auth.json_error(exc.status, exc.outcome, exc.message)
         except StoreUnavailable:
-            return _error(503, "store_unavailable", StoreUnavailable.MESSAGE)
+            return auth.json_error(503, "store_unavailable", StoreUnavailable.MESSAGE)
 
     return endpoint
 
 
 async def _overview(request: Request, console: Console) -> Response:
-    return JSONResponse(overview_json(await console.overview()))
+    overview = await console.overview()
+    sweep = overview.last_sweep
+    return JSONResponse(
+        {
+            "now": overview.now_ms,
+            "final_since": overview.final_since_ms,
+            "by_status": overview.by_status,
+            "by_tool": overview.by_tool,
+            "per_minute": [m._asdict() for m in overview.per_minute],
+            "oldest_working": overview.oldest_working and overview.oldest_working.as_json(),
+            "oldest_input_required": overview.oldest_input_required and overview.oldest_input_required.as_json(),
+            "last_sweep": sweep
+            and {k: getattr(sweep, k) for k in ("swept_at", "duration_ms", "sweeps", "report", "read_at")},
+            "lost_resent": overview.lost_resent,
+            "lost_failed": overview.lost_failed,
+        }
+    )
 
 
 async def _tasks(request: Request, console: Console) -> Response:
-    query = request.query_params
-    filter = Filter.parse(query)
-    sort = parse_sort(query.get("sort"))
-    limit = parse_limit(query.get("limit"))
-    cursor = (query.get("cursor") or "").strip() or None
-    page = await console.page(filter, sort, cursor, limit)
+    query = parse_list_query(request.query_params)
+    page = await console.page(query)
     return JSONResponse(
         {
             "rows": [row.as_json() for row in page.rows],
             "next_cursor": page.next_cursor,
-            "sort": sort,
-            "filter": filter.query(),
+            "sort": query.sort,
+            "filter": query.filter.query(),
         }
     )
 
@@ -139,27 +107,10 @@ def _action(name: str) -> Callable[[Request, Console], Awaitable[Response]]:
             token = request.headers.get(auth.CSRF_HEADER) or str(fields.get("csrf", ""))
             refusal = auth.csrf_refusal(request, token)
             if refusal is not None:
-                return _error(403, "csrf", refusal)
-        key = request.path_params["key"]
-        operator = auth.operator_of(request)
-        if name == "reveal":
-            return JSONResponse((await console.reveal(key, operator)).as_json())
-        result: ActionResult
-        if name == "cancel":
-            result = await console.cancel(key, operator, _truthy(fields.get("terminate", False)))
-        elif name == "resend":
-            result = await console.resend(key, operator)
-        else:
-            result = await console.delete(key, operator)
-        return JSONResponse(
-            {
-                "action": result.action,
-                "key": result.key,
-                "outcome": result.outcome,
-                "message": result.message,
-                "row": None if result.row is None else result.row.as_json(),
-            }
-        )
+                return auth.json_error(403, "csrf", refusal)
+        terminate = _truthy(fields.get("terminate", False))
+        result = await console.act(name, request.path_params["key"], auth.operator_of(request), terminate)
+        return JSONResponse(result.as_json())
 
     return handler
 
@@ -185,9 +136,6 @@ def routes(console: Console) -> list[BaseRoute]:
         Route("/api/overview", _guarded(_overview, console), methods=["GET"]),
         Route("/api/tasks", _guarded(_tasks, console), methods=["GET"]),
         Route("/api/tasks/{key}", _guarded(_task, console), methods=["GET"]),
-        *(
-            Route(f"/api/tasks/{{key}}/{name}", _guarded(_action(name), console), methods=["POST"])
-            for name in ("cancel", "resend", "delete", "reveal")
-        ),
+        *(Route(f"/api/tasks/{{key}}/{name}", _guarded(_action(name), console), methods=["POST"]) for name in ACTIONS),
         Route("/api/events", _guarded(_events, console), methods=["GET"]),
     ]

@@ -1,9 +1,6 @@
 """The console's Starlette app: the JSON API, the pages, the operator check, and the live-update loop.
 
-Built by `McpTasks.console_app()` (mounted in the user's app) or by
-`celery-mcp-tasks console APP` (its own process and port). Either way it
-needs an operator credential: MCP_TASKS_CONSOLE_TOKEN, or, when mounted, the
-host application's authentication (`operator=`).
+Built by `McpTasks.console_app()` (mounted in the user's app) or `celery-mcp-tasks console APP` (standalone).
 """
 
 from __future__ import annotations
@@ -18,17 +15,12 @@ import anyio
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.routing import BaseRoute
 
 from celery_mcp_tasks.config import ConfigError
-from celery_mcp_tasks.console import api
-from celery_mcp_tasks.console.auth import AuthConfig, ConsoleAuth
+from celery_mcp_tasks.console import api, pages
+from celery_mcp_tasks.console.auth import AuthConfig, ConsoleAuth, json_error
 from celery_mcp_tasks.console.context import Console
 
-__all__ = ["check_mount_path", "create_app", "serving"]
-
-TOKEN_SETTING = "MCP_TASKS_CONSOLE_TOKEN"
 logger = logging.getLogger(__name__)
 
 
@@ -47,8 +39,7 @@ def check_mount_path(path: str, mcp_path: str | None) -> str:
 
 
 def auth_config(token: str | None, operator: Callable[[Request], Any] | None) -> AuthConfig:
-    if token is None and operator is None:
-        raise ConfigError(f"{TOKEN_SETTING}: the console needs an operator token (or, mounted, operator=)")
+    """`ConfigError` naming MCP_TASKS_CONSOLE_TOKEN when neither is given."""
     return AuthConfig(token=token, operator=operator)
 
 
@@ -63,15 +54,6 @@ async def serving(console: Console) -> AsyncIterator[None]:
         finally:
             console.serving = False
             tg.cancel_scope.cancel()
-
-
-def _pages(console: Console) -> list[BaseRoute]:
-    """The server-rendered pages (`console.pages`), when present."""
-    try:
-        from celery_mcp_tasks.console import pages
-    except ImportError:  # pragma: no cover - the pages ship with the package
-        return []
-    return list(pages.routes(console))
 
 
 def create_app(
@@ -93,7 +75,7 @@ def create_app(
             yield
 
     app = Starlette(
-        routes=[*api.routes(console), *_pages(console)],
+        routes=[*api.routes(console), *pages.routes(console)],
         middleware=[
             Middleware(_MountGuard, path=mount_path, console=console),
             Middleware(ConsoleAuth, config=auth),
@@ -113,11 +95,8 @@ NO_LIFESPAN = (
 
 
 class _MountGuard:
-    """A mounted console answers only where `console_app(path=...)` said it is mounted (the path was checked
-    against the MCP endpoint's there); elsewhere it refuses, so it is never served on the MCP path.
-
-    It also refuses, in one line, while its live-update loop is not running: mounted in an app that was
-    not given `lifespan=tasks.lifespan`, its pages would silently never update."""
+    """A mounted console answers only at the path `console_app(path=...)` checked (so never on the MCP path),
+    and only while its live-update loop runs (without `lifespan=tasks.lifespan` its pages would never update)."""
 
     def __init__(self, app: Any, path: str | None, console: Console) -> None:
         self.app = app
@@ -126,26 +105,19 @@ class _MountGuard:
         self.warned = False
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if self.path is not None and scope["type"] == "http" and not self.console.serving:
+        root = str(scope.get("root_path", "")).rstrip("/")
+        if self.path is None or scope["type"] != "http":
+            await self.app(scope, receive, send)
+        elif not self.console.serving:
             if not self.warned:
                 self.warned = True
                 logger.error("celery-mcp-tasks console: %s", NO_LIFESPAN)
-            response = JSONResponse({"error": {"code": "no_lifespan", "message": NO_LIFESPAN}}, status_code=503)
-            await response(scope, receive, send)
-            return
-        if self.path is not None and scope["type"] == "http":
-            root = str(scope.get("root_path", "")).rstrip("/")
-            if root != self.path:
-                response = JSONResponse(
-                    {
-                        "error": {
-                            "code": "misplaced",
-                            "message": f"the console is mounted at {root or '/'!r}, not at console_app(path="
-                            f"{self.path!r}): mount it where console_app says",
-                        }
-                    },
-                    status_code=404,
-                )
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+            await json_error(503, "no_lifespan", NO_LIFESPAN)(scope, receive, send)
+        elif root != self.path:
+            message = (
+                f"the console is mounted at {root or '/'!r}, not at console_app(path={self.path!r}): "
+                "mount it where console_app says"
+            )
+            await json_error(404, "misplaced", message)(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)

@@ -1,24 +1,11 @@
-"""Who may look at the console, and the CSRF tokens of its forms.
+"""Who may look at the console (`ConsoleAuth`, an ASGI middleware), and the CSRF tokens of its forms.
 
-Three ways in, tried in this order by `ConsoleAuth` (an ASGI middleware):
-
-- the API with `Authorization: Bearer <MCP_TASKS_CONSOLE_TOKEN>` (the CLI, a
-  script): no cookie is used, so no CSRF token is needed;
-- the host application's authentication, when mounted with `operator=`:
-  `operator(request) -> str | None` names the operator or refuses;
-- a browser session: the login form posts the token and a name; the answer
-  sets a signed, HttpOnly, SameSite=Strict cookie that expires.
-
-Tokens are compared with `hmac.compare_digest`. The session cookie and the
-CSRF tokens are signed with HMAC-SHA256 under a key derived from the operator
-token, so every console process with the same token accepts them, and changing
-the token signs everyone out. A CSRF token is bound to the session (or, with
-host authentication, to the operator) and expires; a cookie-authenticated
-state-changing request without a valid one is refused (403) before anything
-changes.
-
-What the middleware leaves in `request.state`: `operator` (the name for audit
-lines, or None) and `auth_via` ("bearer", "host", "session" or None).
+Three ways in, tried in this order: `Authorization: Bearer <MCP_TASKS_CONSOLE_TOKEN>` (the CLI, scripts:
+no cookie, so no CSRF token); the host application's `operator(request)` when mounted; a browser session
+(a signed, HttpOnly, SameSite=Strict, expiring cookie from the login form). Cookies and CSRF tokens are
+signed with HMAC-SHA256 under a key derived from the token, so every console process with that token
+accepts them and changing it signs everyone out. A CSRF token is bound to the session (or host operator)
+and expires. The middleware leaves `operator` and `auth_via` ("bearer", "host", "session") in `request.state`.
 """
 
 from __future__ import annotations
@@ -38,29 +25,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-__all__ = [
-    "COOKIE",
-    "CSRF_HEADER",
-    "AuthConfig",
-    "ConsoleAuth",
-    "csrf_refusal",
-    "csrf_token",
-    "end_session",
-    "has_session",
-    "operator_of",
-    "start_session",
-    "token_ok",
-]
+from celery_mcp_tasks.config import ConfigError
 
 COOKIE: Final = "mcp_tasks_console"
 CSRF_HEADER: Final = "x-csrf-token"
 OPERATOR_HEADER: Final = "x-console-operator"
 SESSION_TTL_S: Final = 8 * 3600
 CSRF_TTL_S: Final = 2 * 3600
-OPEN_PATHS: Final = ("/login", "/static/")
 MAX_NAME: Final = 64
-
-HostOperator = Callable[[Request], "str | Awaitable[str | None] | None"]
 
 
 @dataclass
@@ -76,7 +48,7 @@ class AuthConfig:
 
     def __post_init__(self) -> None:
         if self.token is None and self.operator is None:
-            raise ValueError("the console needs MCP_TASKS_CONSOLE_TOKEN or the host's authentication (operator=)")
+            raise ConfigError("MCP_TASKS_CONSOLE_TOKEN: the console needs an operator token (or, mounted, operator=)")
         # Without a token (host authentication only) the key is this process's own: CSRF tokens then
         # hold within one process; set MCP_TASKS_CONSOLE_TOKEN to share them between processes.
         seed = self.token.encode() if self.token is not None else secrets.token_bytes(32)
@@ -133,8 +105,13 @@ def _session_of(config: AuthConfig, cookie: str | None) -> Session | None:
     return session if session.expires > config.clock() else None
 
 
-def _root(request: Request) -> str:
+def mount_root(request: Request) -> str:
+    """Where the console is mounted ("" when it is the whole app): every link is under it."""
     return str(request.scope.get("root_path", "")).rstrip("/")
+
+
+def json_error(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message, **extra}}, status_code=status)
 
 
 # -- what pages and the API call ------------------------------------------------------------
@@ -169,7 +146,7 @@ def start_session(request: Request, response: Response, name: str) -> None:
         COOKIE,
         f"{body}.{config.sign('session', body)}",
         max_age=config.session_ttl_s,
-        path=_root(request) or "/",
+        path=mount_root(request) or "/",
         secure=request.url.scheme == "https",
         httponly=True,
         samesite="strict",
@@ -177,7 +154,7 @@ def start_session(request: Request, response: Response, name: str) -> None:
 
 
 def end_session(request: Request, response: Response) -> None:
-    response.delete_cookie(COOKIE, path=_root(request) or "/", httponly=True, samesite="strict")
+    response.delete_cookie(COOKIE, path=mount_root(request) or "/", httponly=True, samesite="strict")
 
 
 def _csrf_subject(request: Request) -> str | None:
@@ -223,17 +200,9 @@ def csrf_refusal(request: Request, token: str | None) -> str | None:
 # -- the middleware ---------------------------------------------------------------------------
 
 
-def _wants_html(request: Request) -> bool:
-    return "text/html" in request.headers.get("accept", "")
-
-
 class ConsoleAuth:
-    """Let a request through only with an operator (bearer token, host authentication or session).
-
-    `/static/*` and `/login` are open (styles for the login page, the login itself).
-    A browser page request without an operator is sent to the login page; anything
-    else gets 401 with a JSON error.
-    """
+    """Let a request through only with an operator; `/static/*` and `/login` are open. Without one, a
+    browser page request is sent to the login page, anything else gets 401 with a JSON error."""
 
     def __init__(self, app: ASGIApp, config: AuthConfig) -> None:
         self.app = app
@@ -244,7 +213,7 @@ class ConsoleAuth:
             await self.app(scope, receive, send)
             return
         request = Request(scope)
-        root = _root(request)
+        root = mount_root(request)
         path = scope["path"][len(root) :] if scope["path"].startswith(root) else scope["path"]
         state = scope.setdefault("state", {})
         state["operator"], state["auth_via"] = await self._identify(request)
@@ -272,17 +241,19 @@ class ConsoleAuth:
         return None, None
 
     def _refuse(self, request: Request, path: str) -> Response:
-        if request.method in ("GET", "HEAD") and _wants_html(request) and not path.startswith("/api/"):
+        if (
+            request.method in ("GET", "HEAD")
+            and "text/html" in request.headers.get("accept", "")
+            and not path.startswith("/api/")
+        ):
             target = path + (f"?{request.url.query}" if request.url.query else "")
-            return RedirectResponse(f"{_root(request)}/login?next={quote(target, safe='')}", status_code=303)
+            return RedirectResponse(f"{mount_root(request)}/login?next={quote(target, safe='')}", status_code=303)
         bearer = request.headers.get("authorization", "").lower().startswith("bearer ")
         message = (
             "the operator token is wrong (MCP_TASKS_CONSOLE_TOKEN)"
             if bearer
             else "sign in: send Authorization: Bearer <MCP_TASKS_CONSOLE_TOKEN>, or log in at /login"
         )
-        return JSONResponse(
-            {"error": {"code": "unauthorized", "message": message}},
-            status_code=401,
-            headers={"WWW-Authenticate": 'Bearer realm="celery-mcp-tasks console"'},
-        )
+        response = json_error(401, "unauthorized", message)
+        response.headers["WWW-Authenticate"] = 'Bearer realm="celery-mcp-tasks console"'
+        return response

@@ -1,17 +1,8 @@
-"""`Console`: what the console's pages and its JSON API both use.
+"""`Console`: the reads, audited actions and live updates that the console's pages and JSON API share.
 
-Reads go to the store through `TaskService` (`browse`, `overview`, `record`) in a worker thread;
-actions go through `TaskService` (cancel, re-send a lost job, delete a final
-task), each written to the audit log as one line naming the operator and the
-row key's first 12 characters. Nothing here ever sees a task id: the store
-does not have one.
-
-Live updates: one every-key watch on the process's push hub, drained every
-~100 ms tick: the rows hinted in a tick are read in one query and fanned out to
-every open page (`events()`), so 50 open pages cost what one does. New rows
-(a creation sends no hint: no listener can follow a task yet) and, under the
-polling transport, every change are found by a small indexed read of the rows
-written since the last look.
+It names rows by their store key, never by task id (the store has none). Live updates: one every-key hub
+watch, drained each ~100 ms tick and read in one query for every open page; new rows (a creation sends no
+hint) and, under the polling transport, every change are found by an indexed read of rows written since.
 """
 
 from __future__ import annotations
@@ -21,9 +12,9 @@ import json
 import logging
 import re
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -33,29 +24,18 @@ from celery_mcp_tasks.notify.hub import Hub, Watch
 from celery_mcp_tasks.service import NotLost, TaskService
 from celery_mcp_tasks.store.base import TaskNotFound
 from celery_mcp_tasks.store.rows import (
-    DEFAULT_LIMIT,
     DEFAULT_SORT,
+    STATUS_NAMES,
     Filter,
     Overview,
     Page,
     Row,
     TaskDetail,
     detail_of,
+    parse_limit,
+    parse_sort,
     row_of,
 )
-
-__all__ = [
-    "AUDIT_LOGGER",
-    "ActionResult",
-    "Ambiguous",
-    "Change",
-    "Conflict",
-    "Console",
-    "ConsoleError",
-    "NotFound",
-    "PayloadsHidden",
-    "Refused",
-]
 
 AUDIT_LOGGER: Final = "celery_mcp_tasks.console.audit"
 audit_log = logging.getLogger(AUDIT_LOGGER)
@@ -65,19 +45,19 @@ TICK_S: Final = 0.1
 _KNOWN_VERSIONS: Final = 20_000  # rows whose last fanned-out version is remembered (dedupes hints and polls)
 _POLL_BATCH: Final = 500
 _POLL_MARGIN_MS: Final = 1_000  # a write committed a little after its `updated_at` was taken is still found
-_KEY = re.compile(r"[0-9a-f]{64}")
+KEY = re.compile(r"[0-9a-f]{64}")
 _KEY_PREFIX = re.compile(r"[0-9a-f]{8,63}")
 MIN_PREFIX: Final = 8  # hex digits of a row key prefix (lists show 12)
-
-
-# -- outcomes -------------------------------------------------------------------------------
+ACTIONS: Final = ("cancel", "resend", "delete", "reveal")
+_GONE: Final = "no such task (it may have expired or been deleted)"
+_HIDDEN: Final = "payloads are hidden: MCP_TASKS_CONSOLE_PAYLOADS is off"
+_T = TypeVar("_T")
 
 
 class ConsoleError(Exception):
     """An action or read the console refuses; nothing changed. `status`: the HTTP status to answer."""
 
-    status = 400
-    outcome = "refused"
+    status, outcome = 400, "refused"
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -87,36 +67,31 @@ class ConsoleError(Exception):
 class NotFound(ConsoleError):
     """No such row (never existed, evicted, or deleted)."""
 
-    status = 404
-    outcome = "not_found"
+    status, outcome = 404, "not_found"
 
 
 class Ambiguous(ConsoleError):
     """A row key prefix that more than one row's key starts with."""
 
-    status = 400
     outcome = "ambiguous"
 
 
 class Conflict(ConsoleError):
-    """The task changed meanwhile (e.g. a cancel that lost the race to `completed`); nothing changed."""
+    """The task changed meanwhile (e.g. a cancel that lost the race to `completed`)."""
 
-    status = 409
-    outcome = "conflict"
+    status, outcome = 409, "conflict"
 
 
 class Refused(ConsoleError):
     """The action does not apply to this task (a re-send of a job not judged lost, terminate not allowed)."""
 
-    status = 409
-    outcome = "refused"
+    status, outcome = 409, "refused"
 
 
 class PayloadsHidden(ConsoleError):
     """Payloads are off (MCP_TASKS_CONSOLE_PAYLOADS): no reveal."""
 
-    status = 403
-    outcome = "forbidden"
+    status, outcome = 403, "forbidden"
 
 
 @dataclass(frozen=True)
@@ -129,28 +104,57 @@ class ActionResult:
     message: str
     row: Row | None
 
+    def as_json(self) -> dict[str, object]:
+        row = None if self.row is None else self.row.as_json()
+        return {"action": self.action, "key": self.key, "outcome": self.outcome, "message": self.message, "row": row}
+
 
 @dataclass(frozen=True)
 class Change:
-    """One live update: a row's new status and version (`row` None: the row is gone).
-
-    One object per change, put to every open page: its JSON (`data`) is encoded once, not once a page.
-    """
+    """One live update: a row as it is now (None: gone), put to every open page: its JSON is encoded once."""
 
     key: str
-    status: str | None
-    version: int | None
     row: Row | None
 
-    def as_json(self) -> dict[str, object]:
-        if self.row is None:
-            return {"key": self.key, "row": self.key[:12], "status": None, "version": None, "deleted": True}
-        return self.row.as_json()
+    @property
+    def status(self) -> str | None:
+        return None if self.row is None else self.row.status
 
     @functools.cached_property
     def data(self) -> str:
         """The change as an SSE `data:` line carries it."""
-        return json.dumps(self.as_json(), separators=(",", ":"))
+        gone = {"key": self.key, "row": self.key[:12], "status": None, "version": None, "deleted": True}
+        return json.dumps(gone if self.row is None else self.row.as_json(), separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class ListQuery:
+    """A task list's query (the list page's, the API's): as parsed, and as typed (for the page's form)."""
+
+    form: dict[str, Any]
+    filter: Filter
+    sort: str
+    cursor: str | None
+    limit: int
+
+
+def form_of(flat: Mapping[str, str]) -> dict[str, Any]:
+    return {
+        "status": [s.strip() for s in flat.get("status", "").split(",") if s.strip()],
+        **{name: flat.get(name, "") for name in ("tool", "owner", "min_age", "max_age", "q")},
+        "sort": flat.get("sort", "") or DEFAULT_SORT,
+    }
+
+
+def parse_list_query(flat: Mapping[str, str]) -> ListQuery:
+    """Raises `BadFilter` naming the parameter."""
+    filter = Filter.parse(flat)
+    sort = parse_sort(flat.get("sort"))
+    limit = parse_limit(flat.get("limit"))
+    cursor = (flat.get("cursor") or "").strip() or None
+    form = form_of(flat)
+    form["status"] = [s for s in STATUS_NAMES if s in filter.statuses]  # groups (active, final) spelled out
+    return ListQuery(form, filter, sort, cursor, limit)
 
 
 def _operator(name: str | None) -> str:
@@ -225,18 +229,16 @@ class Console:
 
     # -- reads ----------------------------------------------------------------------------
 
-    async def page(
-        self, filter: Filter, sort: str = DEFAULT_SORT, cursor: str | None = None, limit: int = DEFAULT_LIMIT
-    ) -> Page:
+    async def page(self, query: ListQuery) -> Page:
         """A keyset page. Raises `BadFilter` (a malformed cursor included)."""
         return await anyio.to_thread.run_sync(
-            lambda: self.service.browse(filter, sort, cursor, limit, now_ms=self.clock())
+            lambda: self.service.browse(query.filter, query.sort, query.cursor, query.limit, now_ms=self.clock())
         )
 
     async def matching_row(self, key: str, filter: Filter) -> Row | None:
         """The row of `key` if it exists and belongs in a list filtered by `filter` (the store's one
         definition of the filter rules decides), else None."""
-        if not _KEY.fullmatch(key):
+        if not KEY.fullmatch(key):
             return None
         found = await anyio.to_thread.run_sync(lambda: self.service.rows([key], filter, now_ms=self.clock()))
         return found[0] if found else None
@@ -248,7 +250,7 @@ class Console:
         """The row of `key`: its 64 hex digits, or a prefix of them (at least 8, as lists show 12) that
         only one row's key starts with."""
         key = key.strip().lower()
-        if not _KEY.fullmatch(key):
+        if not KEY.fullmatch(key):
             if not _KEY_PREFIX.fullmatch(key):
                 raise NotFound(
                     f"no task has this row key (a row key is 64 hex digits, or its first {MIN_PREFIX} or more)"
@@ -257,102 +259,108 @@ class Console:
             if len(found) > 1:
                 raise Ambiguous(f"several rows' keys start with {key}: give more of the key's digits")
             if not found:
-                raise NotFound("no such task (it may have expired or been deleted)")
+                raise NotFound(_GONE)
             key = found[0]
         record = await anyio.to_thread.run_sync(lambda: self.service.record(key))
         if record is None:
-            raise NotFound("no such task (it may have expired or been deleted)")
+            raise NotFound(_GONE)
         return record
 
-    async def detail(self, key: str, reveal: bool = False) -> TaskDetail:
-        """The task page's view. `reveal`: with payloads (only through `reveal()`, which audits it)."""
-        if reveal and not self.payloads_allowed:
-            raise PayloadsHidden("payloads are hidden: MCP_TASKS_CONSOLE_PAYLOADS is off")
+    async def detail(self, key: str) -> TaskDetail:
+        """The task page's view, without payloads."""
         record = await self._record(key)
-        return detail_of(record, queue=self.queue_of(record.tool), reveal=reveal)
+        return detail_of(record, queue=self.queue_of(record.tool))
+
+    # -- actions --------------------------------------------------------------------------
+
+    async def act(
+        self, action: str, key: str, operator: str | None, terminate: bool = False
+    ) -> ActionResult | TaskDetail:
+        """`action` (cancel, resend, delete or reveal) as the pages and the API name it."""
+        if action == "reveal":
+            return await self.reveal(key, operator)
+        if action == "cancel":
+            return await self.cancel(key, operator, terminate)
+        return await (self.resend if action == "resend" else self.delete)(key, operator)
+
+    async def _audited(
+        self, action: str, key: str, operator: str | None, act: Callable[[TaskRecord], Awaitable[tuple[str, _T]]]
+    ) -> _T:
+        """`act` on the row of `key`, one audit line either way (its outcome, or the refusal's)."""
+        try:
+            record = await self._record(key)
+            key = record.key
+            try:
+                outcome, done = await act(record)
+            except TaskNotFound:
+                raise NotFound(_GONE) from None
+        except ConsoleError as exc:
+            audit(operator, action, key, exc.outcome)
+            raise
+        audit(operator, action, key, outcome)
+        return done
 
     async def reveal(self, key: str, operator: str | None) -> TaskDetail:
         """The detail with arguments, result and answers, audited (refused unless payloads are allowed)."""
         if not self.payloads_allowed:
             audit(operator, "reveal", key, "forbidden")
-            raise PayloadsHidden("payloads are hidden: MCP_TASKS_CONSOLE_PAYLOADS is off")
-        try:
-            detail = await self.detail(key, reveal=True)
-        except ConsoleError as exc:
-            audit(operator, "reveal", key, exc.outcome)
-            raise
-        audit(operator, "reveal", detail.key, "revealed")
-        return detail
+            raise PayloadsHidden(_HIDDEN)
 
-    # -- actions --------------------------------------------------------------------------
+        async def act(record: TaskRecord) -> tuple[str, TaskDetail]:
+            return "revealed", detail_of(record, queue=self.queue_of(record.tool), reveal=True)
+
+        return await self._audited("reveal", key, operator, act)
 
     async def cancel(self, key: str, operator: str | None, terminate: bool = False) -> ActionResult:
         """Cancel an active task; with `terminate`, also stop its running job (only where its tool allows)."""
-        try:
-            record = await self._record(key)
-            key = record.key
+
+        async def act(record: TaskRecord) -> tuple[str, TaskRecord]:
             if terminate and not self.terminable(record.tool):
                 raise Refused(f"tool {record.tool!r} does not allow terminate; cancel without it")
             if record.terminal:
                 raise Conflict(f"the task is already {record.status.value}; nothing changed")
             message = f"Cancelled by an operator ({_operator(operator)})"
-            try:
-                record, changed = await anyio.to_thread.run_sync(
-                    lambda: self.service.cancel_by_key(key, message, terminate=terminate)
-                )
-            except TaskNotFound:
-                raise NotFound("no such task (it may have expired or been deleted)") from None
+            record, changed = await anyio.to_thread.run_sync(
+                lambda: self.service.cancel_by_key(record.key, message, terminate=terminate)
+            )
             if not changed:
                 raise Conflict(f"the task became {record.status.value} first; nothing changed")
-        except ConsoleError as exc:
-            audit(operator, "cancel", key, exc.outcome)
-            raise
-        outcome = "cancelled+terminate" if terminate else "cancelled"
-        audit(operator, "cancel", key, outcome)
-        self._local_change(record)
-        return ActionResult("cancel", key, "cancelled", "The task is cancelled", row_of(record))
+            return ("cancelled+terminate" if terminate else "cancelled"), record
+
+        record = await self._audited("cancel", key, operator, act)
+        self._fan_out_news([row_of(record)])  # this process's own action: the pages hear of it now
+        return ActionResult("cancel", record.key, "cancelled", "The task is cancelled", row_of(record))
 
     async def resend(self, key: str, operator: str | None) -> ActionResult:
         """Send the job of a `working` task judged lost (no heartbeat for the stale timeout) again."""
-        try:
-            key = (await self._record(key)).key
+
+        async def act(record: TaskRecord) -> tuple[str, TaskRecord]:
+            stale_before_ms = stale_cutoff(self.clock(), self.stale_timeout_s)
+            message = f"Re-sent by an operator ({_operator(operator)})"
             try:
-                record = await anyio.to_thread.run_sync(
-                    lambda: self.service.resend(
-                        key,
-                        stale_before_ms=stale_cutoff(self.clock(), self.stale_timeout_s),
-                        message=f"Re-sent by an operator ({_operator(operator)})",
-                    )
+                return "resent", await anyio.to_thread.run_sync(
+                    lambda: self.service.resend(record.key, stale_before_ms=stale_before_ms, message=message)
                 )
-            except TaskNotFound:
-                raise NotFound("no such task (it may have expired or been deleted)") from None
             except NotLost as exc:
                 raise Refused(str(exc)) from None
-        except ConsoleError as exc:
-            audit(operator, "resend", key, exc.outcome)
-            raise
-        audit(operator, "resend", key, "resent")
-        self._local_change(record)
-        return ActionResult("resend", key, "resent", "The job is sent again", row_of(record))
+
+        record = await self._audited("resend", key, operator, act)
+        self._fan_out_news([row_of(record)])  # this process's own action: the pages hear of it now
+        return ActionResult("resend", record.key, "resent", "The job is sent again", row_of(record))
 
     async def delete(self, key: str, operator: str | None) -> ActionResult:
         """Delete a final task's row (an active one is refused: cancel it first)."""
-        try:
-            record = await self._record(key)
-            key = record.key
+
+        async def act(record: TaskRecord) -> tuple[str, str]:
             if not record.terminal:
                 raise Refused(
                     f"the task is {record.status.value}: only a finished task can be deleted; cancel it first"
                 )
-            try:
-                await anyio.to_thread.run_sync(lambda: self.service.delete(key))
-            except TaskNotFound:
-                raise NotFound("no such task (it may have expired or been deleted)") from None
-        except ConsoleError as exc:
-            audit(operator, "delete", key, exc.outcome)
-            raise
-        audit(operator, "delete", key, "deleted")
-        self._fan_out([Change(key, None, None, None)])
+            await anyio.to_thread.run_sync(lambda: self.service.delete(record.key))
+            return "deleted", record.key
+
+        key = await self._audited("delete", key, operator, act)
+        self._fan_out([Change(key, None)])
         return ActionResult("delete", key, "deleted", "The task is deleted", None)
 
     # -- live updates -----------------------------------------------------------------------
@@ -400,11 +408,8 @@ class Console:
             for change in changes:
                 subscriber.put(change)
 
-    def _local_change(self, record: TaskRecord) -> None:
-        """This process's own action: the pages hear of it now, whatever the transport."""
-        row = row_of(record)
-        if self._remember(row):
-            self._fan_out([Change(row.key, row.status, row.version, row)])
+    def _fan_out_news(self, rows: list[Row]) -> None:
+        self._fan_out([Change(row.key, row) for row in rows if self._remember(row)])
 
     async def run(self) -> None:
         """The fan-out loop (the console app's lifespan runs it): one hub watch while a page looks, one read per tick.
@@ -442,9 +447,7 @@ class Console:
                     except Exception as exc:  # noqa: BLE001 - a store outage: pages catch up on the next tick
                         logger.warning("console live update read failed (%s); retrying", type(exc).__name__)
                         continue
-                    changes = [Change(r.key, r.status, r.version, r) for r in rows if self._remember(r)]
-                    if changes:
-                        self._fan_out(changes)
+                    self._fan_out_news(rows)
         finally:
             if watch is not None:
                 watch.close()
@@ -465,11 +468,7 @@ class Console:
                     rows[row.key] = row
             if self._mark is None:
                 self._mark = now
-            elif found:
-                # a full batch: continue from its last row next time (the margin re-reads some, deduped)
-                self._mark = max(
-                    self._mark, found[-1].updated_at + _POLL_MARGIN_MS if len(found) == _POLL_BATCH else now
-                )
-            else:
-                self._mark = max(self._mark, now)
+            else:  # after a full batch, go on from its last row (the margin re-reads some, deduped)
+                full = len(found) == _POLL_BATCH
+                self._mark = max(self._mark, found[-1].updated_at + _POLL_MARGIN_MS if full else now)
         return list(rows.values())

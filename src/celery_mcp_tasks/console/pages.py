@@ -1,25 +1,11 @@
-"""The console's web pages: server-rendered (Jinja2, autoescaped), readable without JavaScript.
-
-    /                     the overview: counts by status and tool, the last hour per minute (an SVG chart
-                          drawn here), the oldest open tasks, the janitor's last sweep
-    /tasks                the list: a GET filter form, keyset "next page" links; live.js keeps it live
-    /tasks/{key}          one task: status, progress, timestamps, the job's runs, questions, the error, actions
-    /tasks/{key}/row      one list row (a <tr>) for live.js, or 204 when it does not match the list's filter
-    POST /tasks/{key}/{cancel|resend|delete|reveal}
-                          first without `confirm=yes`: a confirmation page; then the action (CSRF-checked both times)
-    /login, /logout       the operator token form (a signed session cookie) and its end
-    /static/...           console.css, live.js (shipped in the wheel; nothing from a CDN)
-
-A row is named by its store key (64 hex digits in URLs, the first 12 in lists): the store has no task
-id, so no page can show one. Payloads appear only after a confirmed, audited reveal, and only when
-MCP_TASKS_CONSOLE_PAYLOADS allows it.
+"""The console's web pages: server-rendered (Jinja2, autoescaped), readable without JavaScript (live.js keeps
+them live). Rows are named by store key; payloads appear only after a confirmed, audited reveal.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -33,25 +19,20 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from celery_mcp_tasks.console import auth
-from celery_mcp_tasks.console.context import ActionResult, Console, ConsoleError, NotFound
-from celery_mcp_tasks.model import now_ms
-from celery_mcp_tasks.store.rows import (
-    DEFAULT_LIMIT,
-    DEFAULT_SORT,
-    STATUS_NAMES,
-    BadFilter,
-    Filter,
-    Overview,
-    TaskDetail,
-    parse_limit,
-    parse_sort,
+from celery_mcp_tasks.console.context import (
+    ACTIONS,
+    KEY,
+    Console,
+    ConsoleError,
+    ListQuery,
+    NotFound,
+    form_of,
+    parse_list_query,
 )
+from celery_mcp_tasks.model import now_ms
+from celery_mcp_tasks.store.rows import DEFAULT_LIMIT, DEFAULT_SORT, STATUS_NAMES, BadFilter, Overview, TaskDetail
 
-__all__ = ["routes"]
-
-_KEY: Final = re.compile(r"[0-9a-f]{64}")
 _NAME: Final = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
-ACTIONS: Final = ("cancel", "resend", "delete", "reveal")
 SORT_LABELS: Final = (
     ("-created", "Newest first"),
     ("created", "Oldest first"),
@@ -69,6 +50,7 @@ _CONFIRM: Final = {
     "delete": ("Delete", "The finished task's row is removed; its client then finds no such task."),
     "reveal": ("Reveal", "The task's arguments, answers and result are shown to you; an audit line names you."),
 }
+_EXPIRED: Final = "Refused: the form has expired or was not made here"
 _CSP: Final = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
     "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
@@ -92,14 +74,8 @@ def _ago(ms: int | None, now: int | None = None) -> str:
     future, seconds = seconds < 0, abs(seconds)
     if seconds < 5:
         return "just now"
-    if seconds < 60:
-        text = f"{seconds}s"
-    elif seconds < 3600:
-        text = f"{seconds // 60} min"
-    elif seconds < 86400:
-        text = f"{seconds // 3600} h"
-    else:
-        text = f"{seconds // 86400} d"
+    units = ((" d", 86400), (" h", 3600), (" min", 60), ("s", 1))
+    text = next(f"{seconds // size}{unit}" for unit, size in units if seconds >= size)
     return f"in {text}" if future else f"{text} ago"
 
 
@@ -155,6 +131,7 @@ class Chart:
     series: dict[str, str]  # name -> polyline points
     ticks: list[tuple[float, str]]  # y, label
     marks: list[tuple[float, str]]  # x, label
+    totals: dict[str, int]  # name -> the hour's sum
     summary: str
 
 
@@ -179,21 +156,10 @@ def chart_of(overview: Overview) -> Chart:
         f"In the last hour: {totals['created']} created, {totals['completed']} completed, "
         f"{totals['failed']} failed; at most {peak} in one minute."
     )
-    return Chart(width, height, left, top, bottom, peak, series, ticks, marks, summary)
+    return Chart(width, height, left, top, bottom, peak, series, ticks, marks, totals, summary)
 
 
 # -- the list's query ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ListQuery:
-    """The list page's query as typed (to show it back in the form) and as parsed."""
-
-    form: dict[str, Any]
-    filter: Filter
-    sort: str
-    cursor: str | None
-    limit: int
 
 
 def _flat(request: Request) -> dict[str, str]:
@@ -204,25 +170,6 @@ def _flat(request: Request) -> dict[str, str]:
     if statuses:
         flat["status"] = ",".join(statuses)
     return flat
-
-
-def _form(flat: Mapping[str, str]) -> dict[str, Any]:
-    return {
-        "status": [s.strip() for s in flat.get("status", "").split(",") if s.strip()],
-        **{name: flat.get(name, "") for name in ("tool", "owner", "min_age", "max_age", "q")},
-        "sort": flat.get("sort", "") or DEFAULT_SORT,
-    }
-
-
-def parse_list_query(flat: Mapping[str, str]) -> ListQuery:
-    """Raises `BadFilter` naming the parameter."""
-    filter = Filter.parse(flat)
-    sort = parse_sort(flat.get("sort"))
-    limit = parse_limit(flat.get("limit"))
-    cursor = (flat.get("cursor") or "").strip() or None
-    form = _form(flat)
-    form["status"] = [s for s in STATUS_NAMES if s in filter.statuses]  # groups (active, final) spelled out
-    return ListQuery(form, filter, sort, cursor, limit)
 
 
 def _list_href(root: str, query: ListQuery, cursor: str | None) -> str:
@@ -255,12 +202,13 @@ class Pages:
             request,
             template,
             {
-                "root": _root(request),
+                "root": auth.mount_root(request),
                 "page_name": page_name,
                 "operator": operator,
                 "can_logout": operator is not None and auth.has_session(request),
                 "csrf": auth.csrf_token(request) if operator is not None else "",
                 "statuses": STATUS_NAMES,
+                "payloads_allowed": self.console.payloads_allowed,
                 **context,
             },
             status_code=status_code,
@@ -272,59 +220,47 @@ class Pages:
         return response
 
     def problem(
-        self, request: Request, status_code: int, heading: str, message: str, back: str | None = None
+        self, request: Request, status_code: int, heading: str, message: str, back: str | None = "/tasks"
     ) -> Response:
+        """An error page; `back`: a link to this page of the console."""
+        back = None if back is None else auth.mount_root(request) + back
         return self.render(request, "error.html", "error", status_code, heading=heading, error=message, back=back)
 
     # -- GET pages
 
     async def overview(self, request: Request) -> Response:
         overview = await self.console.overview()
-        totals = {
-            name: sum(getattr(m, name) for m in overview.per_minute) for name in ("created", "completed", "failed")
-        }
-        return self.render(request, "overview.html", "overview", ov=overview, chart=chart_of(overview), totals=totals)
+        return self.render(request, "overview.html", "overview", ov=overview, chart=chart_of(overview))
 
     async def tasks(self, request: Request) -> Response:
-        root = _root(request)
+        root = auth.mount_root(request)
         flat = _flat(request)
-        notice = _DONE.get(request.query_params.get("done", ""))
         context: dict[str, Any] = {
             "tools": self.console.tools,
             "sorts": SORT_LABELS,
-            "notice": notice,
+            "notice": _DONE.get(request.query_params.get("done", "")),
             "rendered_at": now_ms(),
+            "form": form_of(flat),
+            "rows": [],
+            "bad_field": None,
+            "next_href": None,
+            "first_href": None,
+            "can_insert": False,
         }
         try:
             query = parse_list_query(flat)
-            page = await self.console.page(query.filter, query.sort, query.cursor, query.limit)
+            page = await self.console.page(query)
         except BadFilter as exc:
-            return self.render(
-                request,
-                "tasks.html",
-                "tasks",
-                400,
-                form=_form(flat),
-                rows=[],
-                bad_field=exc.field,
-                error=f"{exc.field}: {exc.message}",
-                next_href=None,
-                first_href=None,
-                can_insert=False,
-                **context,
-            )
-        return self.render(
-            request,
-            "tasks.html",
-            "tasks",
+            context.update(bad_field=exc.field, error=f"{exc.field}: {exc.message}")
+            return self.render(request, "tasks.html", "tasks", 400, **context)
+        context.update(
             form=query.form,
             rows=page.rows,
-            bad_field=None,
             next_href=_list_href(root, query, page.next_cursor) if page.next_cursor else None,
             first_href=_list_href(root, query, None) if query.cursor else None,
             can_insert=query.cursor is None and query.sort == "-created",
-            **context,
         )
+        return self.render(request, "tasks.html", "tasks", **context)
 
     async def task(self, request: Request) -> Response:
         key = request.path_params["key"]
@@ -333,19 +269,8 @@ class Pages:
             detail = await self.console.detail(key)
         except ConsoleError as exc:  # not found, or a prefix of several rows' keys
             title = "No such task" if isinstance(exc, NotFound) else "Which task?"
-            return self.problem(request, exc.status, title, exc.message, back=f"{_root(request)}/tasks")
-        return self.task_page(request, detail, notice=notice)
-
-    def task_page(self, request: Request, detail: TaskDetail, status_code: int = 200, **context: Any) -> Response:
-        return self.render(
-            request,
-            "task.html",
-            "task",
-            status_code,
-            d=detail,
-            payloads_allowed=self.console.payloads_allowed,
-            **context,
-        )
+            return self.problem(request, exc.status, title, exc.message)
+        return self.render(request, "task.html", "task", d=detail, notice=notice)
 
     async def row(self, request: Request) -> Response:
         """One list row for live.js: the <tr>, or 204 when the row is gone or the list's filter leaves it out."""
@@ -357,7 +282,7 @@ class Pages:
         row = await self.console.matching_row(key, query.filter)
         if row is None:
             return Response(status_code=204)
-        response = TEMPLATES.TemplateResponse(request, "_row.html", {"r": row, "root": _root(request)})
+        response = TEMPLATES.TemplateResponse(request, "_row.html", {"r": row, "root": auth.mount_root(request)})
         response.headers["Cache-Control"] = "no-store"
         return response
 
@@ -365,20 +290,18 @@ class Pages:
 
     async def act(self, request: Request) -> Response:
         key, action = request.path_params["key"], request.path_params["action"]
-        root = _root(request)
+        root = auth.mount_root(request)
         form = await request.form()
         refusal = auth.csrf_refusal(request, str(form.get("csrf", "")))
         if refusal is not None:
-            return self.problem(
-                request, 403, "Refused: the form has expired or was not made here", refusal, back=f"{root}/tasks/{key}"
-            )
+            return self.problem(request, 403, _EXPIRED, refusal, back=f"/tasks/{key}")
         operator = auth.operator_of(request)
         terminate = form.get("terminate") == "on"
         if form.get("confirm") != "yes":
             try:
                 await self.console.detail(key)
             except NotFound as exc:
-                return self.problem(request, 404, "No such task", exc.message, back=f"{root}/tasks")
+                return self.problem(request, 404, "No such task", exc.message)
             verb, explain = _CONFIRM[action]
             if terminate:
                 explain += " Its running job is also terminated (killed where it runs)."
@@ -393,17 +316,11 @@ class Pages:
                 terminate=terminate,
             )
         try:
-            if action == "reveal":
-                return self.task_page(request, await self.console.reveal(key, operator))
-            result: ActionResult
-            if action == "cancel":
-                result = await self.console.cancel(key, operator, terminate)
-            elif action == "resend":
-                result = await self.console.resend(key, operator)
-            else:
-                result = await self.console.delete(key, operator)
+            result = await self.console.act(action, key, operator, terminate)
         except ConsoleError as exc:
             return await self._refused(request, key, exc)
+        if isinstance(result, TaskDetail):  # a reveal
+            return self.render(request, "task.html", "task", d=result)
         target = f"{root}/tasks?done=delete" if result.row is None else f"{root}/tasks/{key}?done={action}"
         return RedirectResponse(target, status_code=303)
 
@@ -412,15 +329,13 @@ class Pages:
         try:
             detail = await self.console.detail(key)
         except NotFound:
-            return self.problem(
-                request, exc.status, "Nothing changed", _nothing_changed(exc.message), back=f"{_root(request)}/tasks"
-            )
-        return self.task_page(request, detail, exc.status, error=_nothing_changed(exc.message))
+            return self.problem(request, exc.status, "Nothing changed", _nothing_changed(exc.message))
+        return self.render(request, "task.html", "task", exc.status, d=detail, error=_nothing_changed(exc.message))
 
     # -- login / logout
 
     async def login(self, request: Request) -> Response:
-        root = _root(request)
+        root = auth.mount_root(request)
         if request.method == "GET":
             if auth.operator_of(request) is not None:
                 return RedirectResponse(_next(request.query_params.get("next"), root), status_code=303)
@@ -432,29 +347,21 @@ class Pages:
         name, token = str(form.get("name", "")).strip(), str(form.get("token", ""))
         target = _next(str(form.get("next", "")), root)
         if not _NAME.fullmatch(name):
-            return self.render(
-                request,
-                "login.html",
-                "login",
-                400,
-                next_path=target,
-                name="",
-                error="Your name: 1 to 64 letters, digits or . _ @ - (it goes into the audit log).",
-            )
-        if not auth.token_ok(request, token):
-            return self.render(
-                request, "login.html", "login", 401, next_path=target, name=name, error="Wrong operator token."
-            )
-        response = RedirectResponse(target, status_code=303)
-        auth.start_session(request, response, name)
-        return response
+            status, name, error = 400, "", "Your name: 1 to 64 letters, digits or . _ @ - (it goes into the audit log)."
+        elif not auth.token_ok(request, token):
+            status, error = 401, "Wrong operator token."
+        else:
+            response = RedirectResponse(target, status_code=303)
+            auth.start_session(request, response, name)
+            return response
+        return self.render(request, "login.html", "login", status, next_path=target, name=name, error=error)
 
     async def logout(self, request: Request) -> Response:
         form = await request.form()
         refusal = auth.csrf_refusal(request, str(form.get("csrf", "")))
         if refusal is not None:
-            return self.problem(request, 403, "Refused: the form has expired or was not made here", refusal)
-        response = RedirectResponse(f"{_root(request)}/login", status_code=303)
+            return self.problem(request, 403, _EXPIRED, refusal, back=None)
+        response = RedirectResponse(f"{auth.mount_root(request)}/login", status_code=303)
         auth.end_session(request, response)
         return response
 
@@ -463,11 +370,6 @@ def _nothing_changed(message: str) -> str:
     """A refusal as the page says it: the reason, and that nothing changed (said once)."""
     text = message[:1].upper() + message[1:]
     return text if "nothing changed" in text.lower() else f"{text}; nothing changed."
-
-
-def _root(request: Request) -> str:
-    """Where the console is mounted ("" when it is the whole app): every link is under it."""
-    return str(request.scope.get("root_path", "")).rstrip("/")
 
 
 def _next(value: str | None, root: str) -> str:
@@ -484,11 +386,9 @@ def _valid_key(endpoint: Any) -> Any:
     async def checked(request: Request) -> Response:
         key = request.path_params.get("key")
         action = request.path_params.get("action")
-        if (key is not None and not _KEY.fullmatch(key)) or (action is not None and action not in ACTIONS):
+        if (key is not None and not KEY.fullmatch(key)) or (action is not None and action not in ACTIONS):
             pages: Pages = endpoint.__self__
-            return pages.problem(
-                request, 404, "No such task", "A row key is 64 hex digits.", back=f"{_root(request)}/tasks"
-            )
+            return pages.problem(request, 404, "No such task", "A row key is 64 hex digits.")
         response: Response = await endpoint(request)
         return response
 

@@ -1,11 +1,10 @@
 /* The task console's one script: live updates over SSE, the theme toggle, j/k keys, relative times.
  *
  * Every page reads fine without it. With it:
- *  - the list (/tasks) follows GET <root>/api/events (`event: task`, data {key|row, status, version, ...}):
+ *  - the list (/tasks) follows GET <root>/api/events (`event: task`, data: a row's JSON, or {key, deleted}):
  *    a row on the page gets its status, message and progress in place; on the first page of the newest-first
- *    order a new task that matches the filter is inserted at the top. Rows are rendered by the server
- *    (GET <root>/tasks/<key>/row?<filter>: a <tr>, or 204 when the row does not match the filter), so the
- *    script never builds markup from data;
+ *    order a new task that matches the filter is inserted at the top, rendered by the server
+ *    (GET <root>/tasks/<key>/row?<filter>: a <tr>, or 204 when the row does not match the filter);
  *  - a task page (/tasks/<key>) moves its status, message and progress bar as the task changes;
  *  - the overview counts the changes since it was loaded and offers a refresh.
  * No framework, nothing from a CDN.
@@ -154,11 +153,24 @@
         updated.textContent = ago(data.updated_at);
       }
     }
-    return true;
   }
 
-  function complete(data) {
-    return "status_message" in data && "progress" in data;
+  // A notice at the top of the page (made once), ending in a link that reloads it.
+  function notice(id, text, link) {
+    var main = document.getElementById("main");
+    var shown = document.getElementById(id);
+    if (!shown) {
+      shown = document.createElement("p");
+      shown.id = id;
+      shown.className = "notice";
+      shown.setAttribute("role", "status");
+      main.insertBefore(shown, main.firstChild);
+    }
+    shown.textContent = text;
+    var again = document.createElement("a");
+    again.href = window.location.pathname;
+    again.textContent = link;
+    shown.appendChild(again);
   }
 
   // The server-rendered row, or null when it does not match this page's filter (204).
@@ -188,22 +200,15 @@
     var tbody = document.getElementById("rows");
     if (!tbody) return;
     var row = document.getElementById("row-" + key);
-    if (row && data.deleted) {
-      row.parentNode.removeChild(row);
+    if (data.deleted) {
+      if (row) row.parentNode.removeChild(row);
       return;
     }
-    if (data.deleted) return;
     if (row) {
       var known = parseInt(row.getAttribute("data-version") || "0", 10);
       if (data.version && data.version <= known) return;
-      if (complete(data)) {
-        patch(row, data);
-        if (data.version) row.setAttribute("data-version", data.version);
-        return;
-      }
-      fetchRow(key).then(function (fresh) {
-        if (fresh && row.parentNode) row.parentNode.replaceChild(fresh, row);
-      });
+      patch(row, data);
+      if (data.version) row.setAttribute("data-version", data.version);
       return;
     }
     if (listMode !== "insert") return;
@@ -230,16 +235,8 @@
     var known = parseInt(document.body.getAttribute("data-version") || "0", 10);
     if (data.version && data.version <= known) return;
     if (data.version) document.body.setAttribute("data-version", data.version);
-    var main = document.getElementById("main");
     var before = document.body.getAttribute("data-status");
-    if (complete(data)) {
-      patch(main, data);
-    } else {
-      // Only status and version in the hint: the row's JSON has the rest.
-      window.fetch(root + "/api/tasks/" + encodeURIComponent(taskKey), { credentials: "same-origin" })
-        .then(function (response) { return response.ok ? response.json() : null; })
-        .then(function (fresh) { if (fresh) patch(main, fresh); });
-    }
+    if (data.status !== "deleted") patch(document.getElementById("main"), data);
     if (data.status && data.status !== before) {
       document.body.setAttribute("data-status", data.status);
       var final = ["completed", "failed", "cancelled", "deleted"].indexOf(data.status) >= 0;
@@ -247,39 +244,14 @@
         var stale = document.querySelectorAll(data.status === "deleted" ? ".actions form" : ".action-cancel, .action-resend");
         for (var i = 0; i < stale.length; i++) stale[i].hidden = true;
       }
-      var notice = document.getElementById("status-changed");
-      if (!notice) {
-        notice = document.createElement("p");
-        notice.id = "status-changed";
-        notice.className = "notice";
-        notice.setAttribute("role", "status");
-        main.insertBefore(notice, main.firstChild);
-      }
-      notice.textContent = "The task is now " + data.status.replace("_", " ") + ". ";
-      var again = document.createElement("a");
-      again.href = window.location.pathname;
-      again.textContent = "Reload for the actions that apply";
-      notice.appendChild(again);
+      notice("status-changed", "The task is now " + data.status.replace("_", " ") + ". ", "Reload for the actions that apply");
     }
   }
 
   var changes = 0;
   function onOverviewEvent() {
     changes += 1;
-    var notice = document.getElementById("changes");
-    if (!notice) {
-      notice = document.createElement("p");
-      notice.id = "changes";
-      notice.className = "notice";
-      notice.setAttribute("role", "status");
-      var main = document.getElementById("main");
-      main.insertBefore(notice, main.firstChild);
-    }
-    notice.textContent = changes + (changes === 1 ? " change" : " changes") + " since this page was loaded. ";
-    var again = document.createElement("a");
-    again.href = window.location.pathname;
-    again.textContent = "Refresh";
-    notice.appendChild(again);
+    notice("changes", changes + (changes === 1 ? " change" : " changes") + " since this page was loaded. ", "Refresh");
   }
 
   var source = new EventSource(root + "/api/events", { withCredentials: true });
