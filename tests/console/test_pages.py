@@ -19,7 +19,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from celery_mcp_tasks.console.app import NO_LIFESPAN, create_app, serving
-from celery_mcp_tasks.console.auth import AuthConfig
+from celery_mcp_tasks.console.auth import COOKIE, AuthConfig
 from celery_mcp_tasks.console.context import AUDIT_LOGGER, Console
 from celery_mcp_tasks.console.pages import chart_of
 from celery_mcp_tasks.migrate import upgrade
@@ -262,6 +262,21 @@ def test_a_forged_or_missing_csrf_token_is_refused_and_nothing_changes(deploymen
         assert "Refused" in refused.text
         assert deployment.get(key).status.value == "working"
     assert client.post("/logout", data={"csrf": "forged"}).status_code == 403
+
+
+def test_a_forged_token_or_cookie_with_non_ascii_characters_is_refused_not_a_server_error(
+    deployment: Deployment,
+) -> None:
+    key = deployment.add("t")
+    client = signed_in(deployment)
+    refused = client.post(f"/tasks/{key}/cancel", data={"csrf": "1.signé", "confirm": "yes"})
+    assert refused.status_code == 403 and "Refused" in refused.text
+    assert deployment.get(key).status.value == "working"
+    forged = TestClient(console_app(deployment), base_url="http://console.test", follow_redirects=False)
+    cookie = {"cookie": f"{COOKIE}=e30.signé".encode("latin-1")}  # a header's bytes, as a browser may send them
+    assert forged.get("/api/overview", headers=cookie).status_code == 401
+    page = forged.get("/tasks", headers=cookie)
+    assert page.status_code == forged.get("/tasks").status_code == 401 and "sign in" in page.text
 
 
 def test_a_cancel_that_lost_the_race_says_so_and_changes_nothing(deployment: Deployment) -> None:

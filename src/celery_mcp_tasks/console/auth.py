@@ -62,6 +62,11 @@ class AuthConfig:
     def sign(self, purpose: str, payload: str) -> str:
         return hmac.new(self._key, f"{purpose}\n{payload}".encode(), hashlib.sha256).hexdigest()
 
+    def signed(self, purpose: str, payload: str, signature: str) -> bool:
+        """`signature` is this payload's; compared as bytes (`compare_digest` raises on non-ASCII text)."""
+        given = signature.encode("utf-8", "surrogatepass")
+        return hmac.compare_digest(given, self.sign(purpose, payload).encode())
+
 
 def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
@@ -95,7 +100,7 @@ def _session_of(config: AuthConfig, cookie: str | None) -> Session | None:
     if not cookie or "." not in cookie:
         return None
     body, signature = cookie.rsplit(".", 1)
-    if not hmac.compare_digest(signature, config.sign("session", body)):
+    if not config.signed("session", body, signature):
         return None
     try:
         values = json.loads(_unb64(body))
@@ -190,7 +195,7 @@ def csrf_refusal(request: Request, token: str | None) -> str | None:
         expires = int(expires_text)
     except ValueError:
         return "The form's security token is not valid: reload the page and try again. Nothing was changed."
-    if not hmac.compare_digest(signature, config.sign("csrf", f"{subject}:{expires}")):
+    if not config.signed("csrf", f"{subject}:{expires}", signature):
         return "The form's security token is not valid: reload the page and try again. Nothing was changed."
     if expires <= config.clock():
         return "The form's security token has expired: reload the page and try again. Nothing was changed."
