@@ -1,14 +1,8 @@
-"""The console's values: rows, keyset pages, the overview, a task's detail; the filters and cursors that ask for them.
+"""The console's values (rows, keyset pages, the overview, a task's detail) and the filters and cursors that ask for them.
 
-The console (and its JSON API and CLI) sees rows, never tasks: the store keeps
-only `key` = sha256(task id), so nothing here can hold or show a task id. An
-owner is shown as its namespace (`sub:<issuer>`, `client_id:<issuer>`,
-`anonymous`) and a short hash of the whole owner string (its *tag*), never the
-raw subject. Payloads (arguments, result, answers) are left out of every view
-unless the caller explicitly reveals them.
-
-Pure values and parsing: no I/O, no `mcp`, no `celery`. The SQL that answers these lives in
-`store.browse` (`SqlStore.browse`, `SqlStore.overview`, `SqlStore.rows` delegate to it).
+Rows, never tasks: the store keeps only `key` = sha256(task id). An owner shows as its namespace and a short
+hash of the whole owner string (its *tag*), never the raw subject; payloads only when the caller reveals them.
+Pure values and parsing; the SQL that answers them is `store.browse`.
 """
 
 from __future__ import annotations
@@ -33,31 +27,6 @@ from celery_mcp_tasks.model import (
     owner_namespace,
 )
 from celery_mcp_tasks.store.ledger import SweepRecord
-
-__all__ = [
-    "DEFAULT_LIMIT",
-    "DEFAULT_SORT",
-    "MAX_LIMIT",
-    "SORTS",
-    "BadFilter",
-    "ErrorView",
-    "Filter",
-    "MinuteCount",
-    "Overview",
-    "Page",
-    "Question",
-    "Row",
-    "TaskDetail",
-    "decode_cursor",
-    "detail_of",
-    "encode_cursor",
-    "owner_namespace",
-    "owner_tag",
-    "parse_limit",
-    "parse_sort",
-    "row_of",
-    "trace_id_of",
-]
 
 SORTS: Final = ("-created", "created", "-updated", "updated")
 DEFAULT_SORT: Final = "-created"
@@ -85,22 +54,11 @@ class BadFilter(ValueError):
         self.message = message
 
 
-# -- owners ---------------------------------------------------------------------------
-
-
 def owner_tag(owner: str | None) -> str | None:
     """A short hash of the whole owner string: tells owners apart without showing any of them."""
     if owner is None:
         return None
     return hashlib.sha256(owner.encode("utf-8", "surrogatepass")).hexdigest()[:OWNER_TAG_LEN]
-
-
-def owner_label(owner: str | None) -> str:
-    tag = owner_tag(owner)
-    return owner_namespace(owner) if tag is None else f"{owner_namespace(owner)} {tag}"
-
-
-# -- filters ----------------------------------------------------------------------------
 
 
 def _duration_s(name: str, value: str) -> int:
@@ -127,9 +85,6 @@ class Filter:
     min_age_s: int | None = None
     max_age_s: int | None = None
     text: str | None = None
-
-    # query parameter names, as the API, the list page's form and the CLI use them
-    PARAMS: Final = ("status", "tool", "owner", "min_age", "max_age", "q")  # type: ignore[misc]
 
     @classmethod
     def parse(cls, query: Mapping[str, str]) -> Filter:
@@ -244,9 +199,6 @@ def parse_limit(value: str | None) -> int:
     return limit
 
 
-# -- rows and pages ------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Row:
     """One task as a list shows it. `key` is the full row key (URLs); `short` its first 12 characters."""
@@ -309,25 +261,38 @@ class Row:
         }
 
 
-def row_of(record: TaskRecord) -> Row:
+_COPIED: Final = (
+    "key",
+    "tool",
+    "status_message",
+    "created_at",
+    "updated_at",
+    "progress",
+    "progress_total",
+    "attempt",
+    "resends",
+    "dispatches",
+    "heartbeat_at",
+    "expires_at",
+    "version",
+)
+ROW_COLUMNS: Final = ("owner", "status", *_COPIED)
+"""The columns a `Row` shows (never a payload)."""
+
+
+def row_from(values: Mapping[Any, Any]) -> Row:
+    """The `Row` of a mapping of `ROW_COLUMNS` (a result row, or a record's fields)."""
+    owner = values["owner"]
     return Row(
-        key=record.key,
-        tool=record.tool,
-        status=record.status.value,
-        status_message=record.status_message,
-        owner_namespace=owner_namespace(record.owner),
-        owner_tag=owner_tag(record.owner),
-        created_at=record.created_at,
-        updated_at=record.updated_at,
-        progress=record.progress,
-        progress_total=record.progress_total,
-        attempt=record.attempt,
-        resends=record.resends,
-        dispatches=record.dispatches,
-        heartbeat_at=record.heartbeat_at,
-        expires_at=record.expires_at,
-        version=record.version,
+        status=values["status"],
+        owner_namespace=owner_namespace(owner),
+        owner_tag=owner_tag(owner),
+        **{name: values[name] for name in _COPIED},
     )
+
+
+def row_of(record: TaskRecord) -> Row:
+    return row_from({name: getattr(record, name) for name in ROW_COLUMNS} | {"status": record.status.value})
 
 
 @dataclass(frozen=True)
@@ -336,13 +301,10 @@ class Page:
     next_cursor: str | None
 
 
-def _sort_value(sort: str, row: Row) -> int:
-    return row.created_at if sort.endswith("created") else row.updated_at
-
-
 def encode_cursor(sort: str, row: Row) -> str:
     """The opaque cursor for the page after `row` (the last row of a page) in `sort` order."""
-    raw = json.dumps([sort, _sort_value(sort, row), row.key], separators=(",", ":")).encode()
+    value = row.created_at if sort.endswith("created") else row.updated_at
+    raw = json.dumps([sort, value, row.key], separators=(",", ":")).encode()
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
 
 
@@ -363,9 +325,6 @@ def decode_cursor(sort: str, cursor: str) -> tuple[int, str]:
     ):
         raise BadFilter("cursor", "malformed page cursor (take it from a page's next_cursor)")
     return value, key
-
-
-# -- overview -----------------------------------------------------------------------------
 
 
 class MinuteCount(NamedTuple):
@@ -406,9 +365,6 @@ class Overview:
     @property
     def lost_failed(self) -> int:
         return 0 if self.last_sweep is None else int(self.last_sweep.report.get("failed", 0))
-
-
-# -- detail -------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
