@@ -1,16 +1,9 @@
 """Engines tuned for atomic transitions on SQLite and PostgreSQL.
 
-SQLite needs three things or updates are lost or fail with "database is
-locked": WAL, a busy timeout, and `BEGIN IMMEDIATE` so a transaction that
-reads and then writes holds the write lock from its start. PostgreSQL needs
-nothing special: transitions are conditional UPDATEs checked by rowcount. The
-store's own engine is in autocommit (`SqlStore.from_url`), as almost every
-statement it sends is a transaction of its own.
-
-The write lock is waited for in short steps of our own (`_begin_immediate`),
-not in SQLite's busy handler: that one sleeps in growing steps up to 100 ms,
-so beside a worker that writes progress in a loop (and re-takes the lock the
-moment it commits) a request's INSERT waited in those steps for seconds.
+SQLite needs WAL, a busy timeout and `BEGIN IMMEDIATE` (a transaction that reads then writes holds the write
+lock from its start), or updates are lost or fail with "database is locked". The write lock is waited for in
+short steps of our own (`_begin_immediate`): SQLite's busy handler sleeps in steps growing to 100 ms, so beside
+a worker writing progress in a loop a request's INSERT waited seconds. PostgreSQL needs nothing special.
 """
 
 from __future__ import annotations
@@ -40,13 +33,9 @@ _SQLITE_BUSY = 5
 
 
 def _leave_the_parents_connections() -> None:
-    """In a forked child (Celery's prefork pool, a forking server): a new pool for every engine.
-
-    The child inherits the parent's pooled connections, sockets and all. Using one
-    (a service or store object built before the fork) would talk over the parent's
-    socket; closing one would end the parent's session. `dispose(close=False)`
-    drops the old pool without touching it, so anything in the child connects anew.
-    """
+    """In a forked child (Celery's prefork pool): a new pool for every engine. Using an inherited connection
+    would talk over the parent's socket, closing one would end its session: `dispose(close=False)` drops the
+    old pool without touching it."""
     for engine in list(_ENGINES):
         engine.dispose(close=False)
 
@@ -112,12 +101,8 @@ def _sqlite_engine(url: str, database: str | None, **kwargs: Any) -> Engine:
 
 
 def _begin_immediate(connection: Any) -> None:
-    """`BEGIN IMMEDIATE`, retried in steps of at most 2 ms for up to `BUSY_TIMEOUT_S` while another holds the lock.
-
-    Tried with the connection's busy handler off; once it is not "busy" or the
-    time is up, the last attempt goes through SQLAlchemy, which raises its own
-    error for it as before.
-    """
+    """`BEGIN IMMEDIATE`, retried in steps of at most 2 ms for up to `BUSY_TIMEOUT_S` while another holds the lock,
+    with the busy handler off; the last attempt goes through SQLAlchemy, which raises its own error for it."""
     raw = connection.connection.driver_connection
     raw.execute("PRAGMA busy_timeout=0")
     try:

@@ -1,19 +1,10 @@
 """The key ring's SQL side: the start-up check (`ring_check`) and re-encryption (`reencrypt`).
 
-`ring_check` reads the newest rows' arguments and asks `codec.ring_problem` whether this
-process's ring opens what was written last (a wrong or missing ring refuses to start).
-
-`reencrypt` seals every task's payloads with the ring's first key (`celery-mcp-tasks db reencrypt`),
-safe while web processes and workers run. Rows are read in key order, in bounded
-batches; a row whose payloads are not all sealed with the first key is opened and
-sealed again, and written back with `UPDATE ... SET <those payloads> WHERE key AND
-version`, the version left as it is. Leaving the version alone is what makes it safe:
-the row's meaning does not change, so a writer that read the row before the rewrite
-still writes on top of it (its own columns win), and a write that landed first moves
-the version, so the rewrite matches nothing and is recomputed from the fresh row.
-Clients hear of nothing (no version bump, no change hint).
-
-A row sealed with a key no longer in the ring is left as it is and counted.
+`reencrypt` (`celery-mcp-tasks db reencrypt`) seals every row's payloads with the ring's first key, safe while
+web processes and workers run: a row is rewritten with `UPDATE ... SET <payloads> WHERE key AND version`, the
+version left alone. The row's meaning does not change, so a writer that read it before still writes on top (its
+own columns win), and a write that landed first moves the version, so the rewrite misses and is recomputed.
+Clients hear of nothing. A row sealed with a key no longer in the ring is left as it is and counted.
 """
 
 from __future__ import annotations
@@ -36,8 +27,6 @@ from celery_mcp_tasks.store.codec import (
 )
 from celery_mcp_tasks.store.schema import tasks
 
-__all__ = ["Reencryption", "reencrypt", "ring_check", "sealed_census"]
-
 _ATTEMPTS = 16
 _NEWEST = 50
 _READ = sa.select(tasks.c.key, tasks.c.version, *(tasks.c[name] for name in PAYLOADS))
@@ -51,11 +40,10 @@ def ring_check(conn: Connection, ring: KeyRing | None) -> str | None:
 
 
 def sealed_census(conn: Connection) -> dict[str | None, int]:
-    """How many rows' arguments each key sealed (key id -> rows; None: rows in clear), in one grouped scan.
+    """How many rows' arguments each key sealed (key id -> rows; None: in clear), in one grouped scan.
 
-    The arguments column decides whether a row reads: every sealed row has its arguments sealed,
-    and `reencrypt` rewrites a row's payloads together. The sealed form is a JSON string, so its
-    text starts with a quote, the prefix and the key id (`codec.sealed_key_id`)."""
+    The arguments decide whether a row reads (a row's payloads are sealed together); as JSON text the
+    sealed form is a quote, the prefix and the key id."""
     head = sa.func.substr(sa.cast(tasks.c.arguments, sa.Text), 1, 1 + SEALED_HEAD_CHARS)
     census: dict[str | None, int] = {}
     for text, count in conn.execute(sa.select(head, sa.func.count()).group_by(head)):
