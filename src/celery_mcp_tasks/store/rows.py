@@ -13,7 +13,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Final, NamedTuple
 
 from celery_mcp_tasks.model import (
@@ -73,10 +73,9 @@ def _duration_s(name: str, value: str) -> int:
 class Filter:
     """Which rows to list. Every part optional; all given parts must hold.
 
-    `owner`: `anonymous`, a namespace (`sub:<issuer>` / `client_id:<issuer>`), a
-    tag (the short hash, or a prefix of it of 4 or more hex digits) or a whole
-    label (`<namespace> <tag>`). Ages are in seconds, measured from creation.
-    `text`: a case-insensitive substring of the status message.
+    `owner`: `anonymous`, a namespace (`sub:<issuer>` / `client_id:<issuer>`), a tag (the short hash, or a prefix
+    of 4 or more hex digits) or a label (`<namespace> <tag>`). Ages are seconds since creation. `text`: a
+    case-insensitive substring of the status message.
     """
 
     statuses: frozenset[str] = frozenset()
@@ -95,11 +94,7 @@ class Filter:
         """
 
         def given(name: str) -> str | None:
-            value = query.get(name)
-            if value is None:
-                return None
-            value = value.strip()
-            return value or None
+            return (query.get(name) or "").strip() or None
 
         statuses: set[str] = set()
         if (raw := given("status")) is not None:
@@ -159,20 +154,15 @@ class Filter:
 
     def query(self) -> dict[str, str]:
         """Back to query parameters (for "next page" links and the CLI): `Filter.parse(f.query()) == f`."""
-        out: dict[str, str] = {}
-        if self.statuses:
-            out["status"] = ",".join(s for s in STATUS_NAMES if s in self.statuses)
-        if self.tool is not None:
-            out["tool"] = self.tool
-        if self.owner is not None:
-            out["owner"] = self.owner
-        if self.min_age_s is not None:
-            out["min_age"] = str(self.min_age_s)
-        if self.max_age_s is not None:
-            out["max_age"] = str(self.max_age_s)
-        if self.text is not None:
-            out["q"] = self.text
-        return out
+        values = {
+            "status": ",".join(s for s in STATUS_NAMES if s in self.statuses) or None,
+            "tool": self.tool,
+            "owner": self.owner,
+            "min_age": self.min_age_s,
+            "max_age": self.max_age_s,
+            "q": self.text,
+        }
+        return {name: str(value) for name, value in values.items() if value is not None}
 
     @property
     def empty(self) -> bool:
@@ -340,13 +330,10 @@ class MinuteCount(NamedTuple):
 class Overview:
     """The state of the store at `now_ms`, read without scanning it.
 
-    `by_status` / `by_tool`: every active task (`working`, `input_required`),
-    and the final ones that ended since `final_since_ms` (the chart's hour: a
-    store keeps finished tasks for their TTL, and counting all of them would
-    read every row). `per_minute`: the last 60 minutes, oldest first, every
-    minute present (completed/failed counted by the time the task ended: its
-    `updated_at`, as a final task is never written again). `last_sweep`: the
-    janitor's ledger row (its `report` has `resent` and `failed` for lost jobs).
+    `by_status` / `by_tool`: every active task, and the final ones that ended since `final_since_ms` (the chart's
+    hour: counting every finished task kept for its TTL would read every row). `per_minute`: the last 60 minutes,
+    oldest first, a final task counted at its `updated_at` (it is never written again). `last_sweep`: the
+    janitor's ledger row.
     """
 
     now_ms: int
@@ -370,10 +357,7 @@ class Overview:
 @dataclass(frozen=True)
 class Question:
     """An input request the task made: its key, and whether it is answered, outstanding or was dropped.
-
-    `message`: the question's own text while it is outstanding (the request is
-    cleared once answered or once the task ends), never the answer.
-    """
+    `message`: the question's own text while it is outstanding, never the answer."""
 
     key: str
     state: str  # "answered" | "outstanding" | "dropped"
@@ -418,10 +402,8 @@ class TaskDetail:
             "poll_interval_ms": self.poll_interval_ms,
             "started_at": self.started_at,
             "parked": self.parked,
-            "questions": [
-                {"key": q.key, "state": q.state, "method": q.method, "message": q.message} for q in self.questions
-            ],
-            "error": None if self.error is None else {"message": self.error.message, "code": self.error.code},
+            "questions": [asdict(question) for question in self.questions],
+            "error": None if self.error is None else asdict(self.error),
             "trace_id": self.trace_id,
             "celery_message_id": self.celery_message_id,
             "queue": self.queue,

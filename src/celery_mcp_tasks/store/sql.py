@@ -120,7 +120,6 @@ _INSERT_IF_ROOM = tasks.insert().from_select(
     [c.name for c in tasks.columns],
     sa.select(*(sa.bindparam(c.name, type_=c.type).label(c.name) for c in tasks.columns)).where(_ROOM),
 )
-_NEWER_HEARTBEAT = "heartbeat_at"
 
 
 def _hinted(statement: Any, returning: Any, hinted: bool, *, durable: bool = True) -> Any:
@@ -149,15 +148,12 @@ def _update_statement(columns: tuple[str, ...], owner: OwnerScope, hinted: bool,
     values: dict[str, Any] = {}
     for name in columns:
         value = sa.bindparam(f"new_{name}", type_=tasks.c[name].type)
-        values[name] = _later(value) if forward and name == _NEWER_HEARTBEAT else value
-    query = (
-        tasks.update()
-        .where(tasks.c.key == sa.bindparam("cas_key"))
-        .where(tasks.c.version == sa.bindparam("cas_version"))
+        values[name] = _later(value) if forward and name == "heartbeat_at" else value
+    query = tasks.update().where(
+        tasks.c.key == sa.bindparam("cas_key"),
+        tasks.c.version == sa.bindparam("cas_version"),
+        *_owner_clause(owner, "cas_owner"),
     )
-    clause = _owner_clause(owner, "cas_owner")
-    if clause is not None:
-        query = query.where(clause)
     return _hinted(query.values(values), tasks.c.heartbeat_at, hinted, durable=durable)
 
 
@@ -166,10 +162,7 @@ def _select_statement(owner: OwnerScope, for_update: bool) -> Any:
     """`SELECT * WHERE key [AND owner] [FOR UPDATE]`. FOR UPDATE (PostgreSQL) waits for a concurrent writer, so
     the CAS after it almost never loses (else a fast writer can starve a slow one); SQLite's BEGIN IMMEDIATE
     serializes already."""
-    query = sa.select(tasks).where(tasks.c.key == sa.bindparam("key"))
-    clause = _owner_clause(owner, "owner")
-    if clause is not None:
-        query = query.where(clause)
+    query = sa.select(tasks).where(tasks.c.key == sa.bindparam("key"), *_owner_clause(owner, "owner"))
     return query.with_for_update() if for_update else query
 
 
@@ -240,14 +233,12 @@ def _owner_shape(owner: Owner, params: dict[str, Any], name: str) -> OwnerScope:
     return scope
 
 
-def _owner_clause(scope: OwnerScope, name: str) -> sa.ColumnElement[bool] | None:
+def _owner_clause(scope: OwnerScope, name: str) -> tuple[sa.ColumnElement[bool], ...]:
     """The owner rule (`model.owner_scope`) in SQL: nothing for "any", owner-less rows for "none", else the
     rows of the owner bound as `name`."""
     if scope == "any":
-        return None
-    if scope == "none":
-        return tasks.c.owner.is_(None)
-    return tasks.c.owner == sa.bindparam(name)
+        return ()
+    return (tasks.c.owner.is_(None) if scope == "none" else tasks.c.owner == sa.bindparam(name),)
 
 
 class SqlStore:
@@ -526,7 +517,7 @@ class SqlStore:
         hint = self._hint(nxt)
         if hint is not None:
             params["hint_channel"], params["hint_payload"] = hint
-        forward = forward and changes.get(_NEWER_HEARTBEAT) is not None
+        forward = forward and changes.get("heartbeat_at") is not None
         statement = _update_statement(tuple(changes), shape, hint is not None, forward, durable)
         return conn.execute(statement, params).first()
 
