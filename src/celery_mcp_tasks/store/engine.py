@@ -91,8 +91,7 @@ def _sqlite_engine(url: str, database: str | None, **kwargs: Any) -> Engine:
     def _on_begin(connection: Any) -> None:
         # Reads take a deferred BEGIN (WAL readers never wait for the writer); every write
         # takes the write lock at once, waited for in short steps.
-        options = connection.get_execution_options()
-        if options.get(READ_ONLY):
+        if connection.get_execution_options().get(READ_ONLY):
             connection.exec_driver_sql("BEGIN")
         else:
             _begin_immediate(connection)

@@ -433,15 +433,10 @@ def _question(key: str, record: TaskRecord) -> Question:
     request = record.input_requests.get(key)
     if request is None:
         return Question(key, "dropped")
-    method = request.get("method") if isinstance(request, dict) else None
-    params = request.get("params") if isinstance(request, dict) else None
+    request = request if isinstance(request, dict) else {}
+    method, params = request.get("method"), request.get("params")
     message = params.get("message") if isinstance(params, dict) else None
-    return Question(
-        key,
-        "outstanding",
-        method if isinstance(method, str) else None,
-        message if isinstance(message, str) else None,
-    )
+    return Question(key, "outstanding", *(text if isinstance(text, str) else None for text in (method, message)))
 
 
 def _error(error: dict[str, Any] | None) -> ErrorView | None:

@@ -62,27 +62,17 @@ def _stored(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
-def _same(a: TaskRecord, b: TaskRecord) -> bool:
-    return _stored(_to_row(a)) == _stored(_to_row(b))
-
-
 def _changes(before: TaskRecord, after: TaskRecord) -> dict[str, Any]:
-    """The columns `after` changes (the version always; `expires_at` when its inputs move): all an UPDATE
-    needs to set, as `_to_row` writes them. Compared field by field, only the changed ones converted."""
-    changes = {name: _column(after, name) for name in _SET if getattr(after, name) != getattr(before, name)}
+    """The columns `after` changes (the version always; `expires_at` when its inputs move), as `_to_row` writes
+    them: all an UPDATE needs to set. Compared field by field, only the changed ones converted."""
+    changes = {name: getattr(after, name) for name in _SET if getattr(after, name) != getattr(before, name)}
+    if "status" in changes:
+        changes["status"] = after.status.value
+    if "issued_keys" in changes:
+        changes["issued_keys"] = list(after.issued_keys)
     if after.expires_at != before.expires_at:
         changes["expires_at"] = after.expires_at
     return changes
-
-
-def _column(record: TaskRecord, name: str) -> Any:
-    """One field of `record` as its column holds it (`_to_row`)."""
-    value = getattr(record, name)
-    if name == "status":
-        return record.status.value
-    if name == "issued_keys":
-        return list(record.issued_keys)
-    return value
 
 
 def _holds(found: TaskRecord, changes: Mapping[str, Any]) -> bool:
@@ -363,7 +353,7 @@ class SqlStore:
                 found = self.get(record.key)
             except _CommitInDoubt as again:
                 raise again.cause from None
-        if found is not None and (idempotent or _same(found, record)):
+        if found is not None and (idempotent or _stored(_to_row(found)) == _stored(_to_row(record))):
             return found
         raise lost.cause
 
