@@ -114,9 +114,7 @@ def rows(
     conn: Connection, keys: Iterable[str], filter: Filter | None = None, *, now_ms: int | None = None
 ) -> list[Row]:
     wanted = list(dict.fromkeys(keys))
-    where: list[sa.ColumnElement[bool]] | None = []
-    if filter is not None:
-        where = _where(conn, filter, now_ms if now_ms is not None else clock_ms())
+    where = [] if filter is None else _where(conn, filter, clock_ms() if now_ms is None else now_ms)
     if where is None:
         return []
     found: list[Row] = []

@@ -54,6 +54,11 @@ def _reported(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def _operation(method: F) -> F:
+    """A store operation that may simply run again: `_reconnecting`, inside `_reported`."""
+    return _reported(_reconnecting(method))
+
+
 class _CommitInDoubt(Exception):
     """The connection was lost while a write's commit was in flight: applied or not, nobody knows yet.
 

@@ -170,11 +170,10 @@ class Filter:
 
 
 def parse_sort(value: str | None) -> str:
-    if value is None or not value.strip():
-        return DEFAULT_SORT
-    if value.strip() not in SORTS:
-        raise BadFilter("sort", f"unknown sort {value.strip()!r} (one of {', '.join(SORTS)})")
-    return value.strip()
+    sort = (value or "").strip() or DEFAULT_SORT
+    if sort not in SORTS:
+        raise BadFilter("sort", f"unknown sort {sort!r} (one of {', '.join(SORTS)})")
+    return sort
 
 
 def parse_limit(value: str | None) -> int:
@@ -307,12 +306,8 @@ def decode_cursor(sort: str, cursor: str) -> tuple[int, str]:
         raise BadFilter("cursor", "malformed page cursor (take it from a page's next_cursor)") from None
     if made_for != sort:
         raise BadFilter("cursor", f"this cursor pages the {made_for!r} order, not {sort!r}")
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int)
-        or not isinstance(key, str)
-        or not re.fullmatch(r"[0-9a-f]{64}", key)
-    ):
+    # type(), not isinstance: a bool is no position
+    if type(value) is not int or not isinstance(key, str) or not re.fullmatch(r"[0-9a-f]{64}", key):
         raise BadFilter("cursor", "malformed page cursor (take it from a page's next_cursor)")
     return value, key
 

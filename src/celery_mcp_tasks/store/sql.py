@@ -43,7 +43,7 @@ from celery_mcp_tasks.store.base import (
 )
 from celery_mcp_tasks.store.codec import PAYLOADS, KeyRing, UnreadablePayload, open_columns, seal_columns
 from celery_mcp_tasks.store.engine import READ_ONLY, create_store_engine, normalize_url
-from celery_mcp_tasks.store.failures import _CommitInDoubt, _in_doubt, _reconnecting, _reported
+from celery_mcp_tasks.store.failures import _CommitInDoubt, _in_doubt, _operation, _reconnecting, _reported
 from celery_mcp_tasks.store.rows import Filter, Overview, Page, Row
 from celery_mcp_tasks.store.schema import tasks
 from celery_mcp_tasks.store.sweeps import SweepLedger, count_by_status, evict, unanswered
@@ -292,8 +292,7 @@ class SqlStore:
         payload = hint.payload(record)
         return None if payload is None else (hint.channel, payload)
 
-    @_reported
-    @_reconnecting
+    @_operation
     def get(self, key: str, owner: Owner = ANY) -> TaskRecord | None:
         return self._read(self._select, key, owner)
 
@@ -303,8 +302,7 @@ class SqlStore:
         row = conn.execute(statement, params).mappings().first()
         return None if row is None else _from_row(row, self.ring)
 
-    @_reported
-    @_reconnecting
+    @_operation
     def versions(self, keys: Iterable[str]) -> dict[str, int]:
         wanted = list(keys)
         if not wanted:
@@ -312,8 +310,7 @@ class SqlStore:
         query = sa.select(tasks.c.key, tasks.c.version).where(tasks.c.key.in_(wanted))
         return dict(self._read(lambda conn: conn.execute(query).all()))
 
-    @_reported
-    @_reconnecting
+    @_operation
     def stale(self, *, heartbeat_before_ms: int, limit: int) -> list[TaskRecord]:
         query = (
             sa.select(tasks)
@@ -530,14 +527,12 @@ class SqlStore:
             return _with_heartbeat(after, found.heartbeat_at) if _holds(found, doubt.changes) else None
         raise doubt.cause
 
-    @_reported
-    @_reconnecting
+    @_operation
     def _locked(self, key: str) -> TaskRecord | None:
         with self._locking() as conn, conn.begin():
             return self._select(conn, key, ANY, for_update=True)
 
-    @_reported
-    @_reconnecting
+    @_operation
     def touch(self, key: str, at_ms: int, *, dispatch: int | None = None) -> bool:
         """One conditional UPDATE in autocommit, no version bump (liveness is not a change clients see), never
         moving it backwards. Idempotent, so retried even after a lost COMMIT."""
@@ -549,33 +544,27 @@ class SqlStore:
             conn.commit()
         return touched
 
-    @_reported
-    @_reconnecting
+    @_operation
     def browse(self, filter: Filter, sort: str, cursor: str | None, limit: int, *, now_ms: int) -> Page:
         return self._read(browse.browse, filter, sort, cursor, limit, now_ms=now_ms)
 
-    @_reported
-    @_reconnecting
+    @_operation
     def overview(self, now_ms: int) -> Overview:
         return self._read(browse.overview, now_ms)
 
-    @_reported
-    @_reconnecting
+    @_operation
     def rows(self, keys: Iterable[str], filter: Filter | None = None, *, now_ms: int | None = None) -> list[Row]:
         return self._read(browse.rows, keys, filter, now_ms=now_ms)
 
-    @_reported
-    @_reconnecting
+    @_operation
     def keys_starting(self, prefix: str, *, limit: int) -> list[str]:
         return self._read(browse.keys_starting, prefix, limit=limit)
 
-    @_reported
-    @_reconnecting
+    @_operation
     def changed_since(self, updated_at_ms: int, *, limit: int) -> list[Row]:
         return self._read(browse.changed_since, updated_at_ms, limit=limit)
 
-    @_reported
-    @_reconnecting
+    @_operation
     def delete(self, key: str) -> bool:
         """One conditional DELETE (idempotent, so retried after a lost COMMIT too)."""
         query = tasks.delete().where(tasks.c.key == key).where(tasks.c.status.in_(TERMINAL_VALUES))

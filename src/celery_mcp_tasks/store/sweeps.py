@@ -17,7 +17,7 @@ from sqlalchemy.engine import Engine
 from celery_mcp_tasks.model import TERMINAL_VALUES, TaskStatus
 from celery_mcp_tasks.store.base import Eviction
 from celery_mcp_tasks.store.engine import READ_ONLY
-from celery_mcp_tasks.store.failures import _reconnecting, _reported
+from celery_mcp_tasks.store.failures import _operation, _reconnecting
 from celery_mcp_tasks.store.ledger import JANITOR as JANITOR
 from celery_mcp_tasks.store.ledger import SweepRecord
 from celery_mcp_tasks.store.schema import sweeps, tasks
@@ -62,16 +62,14 @@ class SweepLedger:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    @_reported
-    @_reconnecting
+    @_operation
     def last(self, name: str = JANITOR) -> SweepRecord | None:
         with self.engine.connect().execution_options(**{READ_ONLY: True}) as conn:
             record = read_sweep(conn, name)
             conn.rollback()
         return record
 
-    @_reported
-    @_reconnecting
+    @_operation
     def claim(self, name: str, *, interval_ms: int, by: str) -> bool:
         """One upsert that moves the claim only when the last one is `interval_ms` old on the database's clock
         (PostgreSQL re-checks the condition on the row it waited for; SQLite's `BEGIN IMMEDIATE` serializes).
@@ -87,8 +85,7 @@ class SweepLedger:
         with self.engine.begin() as conn:  # RETURNING, not rowcount: psycopg reports -1 for an upsert
             return conn.execute(stmt).first() is not None
 
-    @_reported
-    @_reconnecting
+    @_operation
     def record(self, name: str, *, duration_ms: int, report: dict[str, int], statuses: dict[str, int]) -> None:
         """`swept_at` (when it began) is the database's clock minus `duration_ms`."""
         values = {
@@ -106,8 +103,7 @@ class SweepLedger:
             conn.execute(stmt)
 
 
-@_reported
-@_reconnecting
+@_operation
 def count_by_status(engine: Engine) -> dict[str, int]:
     """Tasks in each status right now, every status named (0 when none): one `GROUP BY` on the status."""
     counts = {status.value: 0 for status in TaskStatus}
@@ -119,8 +115,7 @@ def count_by_status(engine: Engine) -> dict[str, int]:
     return counts
 
 
-@_reported
-@_reconnecting
+@_operation
 def unanswered(engine: Engine, *, changed_before_ms: int, limit: int) -> list[str]:
     """Row keys of `input_required` tasks unchanged since the bound, for the input timeout (walks
     the (status, updated_at) index). Only keys: the janitor decides each inside a compare-and-swap."""
