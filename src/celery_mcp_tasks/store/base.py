@@ -49,10 +49,7 @@ class QuotaExceeded(Exception):
 
     def __init__(self, limit: str, allowed: int, retry_after_ms: int | None, window_ms: int) -> None:
         super().__init__(limit)
-        self.limit = limit
-        self.allowed = allowed
-        self.retry_after_ms = retry_after_ms
-        self.window_ms = window_ms
+        self.limit, self.allowed, self.retry_after_ms, self.window_ms = limit, allowed, retry_after_ms, window_ms
 
 
 class TaskNotFound(LookupError):

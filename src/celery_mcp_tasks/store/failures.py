@@ -72,10 +72,7 @@ class _CommitInDoubt(Exception):
         changes: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__("the outcome of a COMMIT is unknown")
-        self.cause = cause
-        self.before = before
-        self.after = after
-        self.changes = changes or {}
+        self.cause, self.before, self.after, self.changes = cause, before, after, changes or {}
 
 
 def _in_doubt(exc: sa.exc.DBAPIError, *written: Any) -> _CommitInDoubt:

@@ -70,8 +70,8 @@ def reencrypt(
     after = ""
     while True:
         with engine.connect() as conn:
-            rows = conn.execute(_READ.where(tasks.c.key > after).order_by(tasks.c.key).limit(batch_size)).mappings()
-            batch = [dict(row) for row in rows]
+            query = _READ.where(tasks.c.key > after).order_by(tasks.c.key).limit(batch_size)
+            batch = [dict(row) for row in conn.execute(query).mappings()]
             conn.rollback()
         if not batch:
             return tally

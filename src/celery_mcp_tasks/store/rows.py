@@ -36,10 +36,7 @@ OWNER_TAG_LEN: Final = 10
 MAX_TEXT: Final = 200
 
 STATUS_NAMES: Final = tuple(status.value for status in TaskStatus)
-_STATUS_GROUPS: Final = {
-    "active": frozenset(ACTIVE_VALUES),
-    "final": frozenset(TERMINAL_VALUES),
-}
+_STATUS_GROUPS: Final = {"active": frozenset(ACTIVE_VALUES), "final": frozenset(TERMINAL_VALUES)}
 _HEX = re.compile(r"[0-9a-f]{4,64}")
 _DURATION = re.compile(r"(\d{1,9})([smhd]?)")
 _UNITS: Final = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}

@@ -92,7 +92,7 @@ class _Landed(Exception):
 def _unless_landed(transition: Transition, doubt: _CommitInDoubt) -> Transition:
     """`transition`, unless the row already holds the write that was in doubt (then `_Landed`)."""
     after, changes = doubt.after, doubt.changes
-    assert after is not None and changes is not None
+    assert after is not None
 
     def step(record: TaskRecord) -> TaskRecord:
         if record.version == after.version and _holds(record, changes):
@@ -285,12 +285,14 @@ class SqlStore:
             return conn
         return conn.execution_options(isolation_level=conn.dialect.default_isolation_level)
 
-    def _hint(self, record: TaskRecord) -> tuple[str, str] | None:
+    def _hint(self, record: TaskRecord, params: dict[str, Any]) -> bool:
+        """Whether a write of `record` carries a change hint; if so, bound into `params`."""
         hint = self.change_hint
-        if hint is None:
-            return None
-        payload = hint.payload(record)
-        return None if payload is None else (hint.channel, payload)
+        payload = None if hint is None else hint.payload(record)
+        if hint is None or payload is None:
+            return False
+        params["hint_channel"], params["hint_payload"] = hint.channel, payload
+        return True
 
     @_operation
     def get(self, key: str, owner: Owner = ANY) -> TaskRecord | None:
@@ -386,10 +388,7 @@ class SqlStore:
             params = seal_columns(self.ring, record.key, params)
         if max_rows is not None:
             params["max_rows"] = max_rows
-        hint = self._hint(record)
-        if hint is not None:
-            params["hint_channel"], params["hint_payload"] = hint
-        return _insert_statement(max_rows is not None, hint is not None), params
+        return _insert_statement(max_rows is not None, self._hint(record, params)), params
 
     def _insert(self, record: TaskRecord, max_rows: int | None) -> None:
         statement, params = self._insert_statement(record, max_rows)
@@ -501,11 +500,9 @@ class SqlStore:
             params = seal_columns(self.ring, key, params, prefix="new_")
         params["cas_key"], params["cas_version"] = key, version
         shape = _owner_shape(owner, params, "cas_owner")
-        hint = self._hint(nxt)
-        if hint is not None:
-            params["hint_channel"], params["hint_payload"] = hint
+        hinted = self._hint(nxt, params)
         forward = forward and changes.get("heartbeat_at") is not None
-        statement = _update_statement(tuple(changes), shape, hint is not None, forward, durable)
+        statement = _update_statement(tuple(changes), shape, hinted, forward, durable)
         return conn.execute(statement, params).first()
 
     def _settle(self, doubt: _CommitInDoubt) -> TaskRecord | None:
