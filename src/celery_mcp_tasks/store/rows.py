@@ -247,9 +247,11 @@ class Row:
         }
 
 
-_COPIED: Final = (
+ROW_COLUMNS: Final = (
     "key",
+    "owner",
     "tool",
+    "status",
     "status_message",
     "created_at",
     "updated_at",
@@ -262,8 +264,8 @@ _COPIED: Final = (
     "expires_at",
     "version",
 )
-ROW_COLUMNS: Final = ("owner", "status", *_COPIED)
 """The columns a `Row` shows (never a payload)."""
+_COPIED: Final = tuple(name for name in ROW_COLUMNS if name not in ("owner", "status"))
 
 
 def row_from(values: Mapping[Any, Any]) -> Row:
