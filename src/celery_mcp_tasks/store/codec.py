@@ -184,31 +184,3 @@ def open_columns(ring: KeyRing | None, row: str, values: dict[str, Any]) -> dict
                 )
             values[column] = ring.open(stored, row=row, column=column)
     return values
-
-
-def ring_problem(newest: Sequence[Mapping[str, Any]], ring: KeyRing | None) -> str | None:
-    """Why a process with `ring` must not start on a store whose newest rows are `newest` (None: it may).
-
-    Decided on the newest sealed row (rows ordered newest first, each with `key` and `arguments`):
-    a process that cannot open what was written last has the wrong ring, or none. Older rows
-    sealed with a key retired since read as failed tasks instead.
-    """
-    for found in newest:
-        stored = found["arguments"]
-        key_id = sealed_key_id(stored)
-        if key_id is None:
-            continue
-        if ring is None:
-            return (
-                f"{ENCRYPTION_SETTING}: unset, but the task store holds encrypted payloads; "
-                "set it to the key ring they were written with"
-            )
-        try:
-            ring.open(stored, row=str(found["key"]), column="arguments")
-        except UnreadablePayload:
-            return (
-                f"{ENCRYPTION_SETTING}: none of its keys opens the task store's newest payloads (written with key "
-                f"{key_id}); set the ring the other processes use"
-            )
-        return None
-    return None

@@ -17,12 +17,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from celery_mcp_tasks.store.codec import (
+    ENCRYPTION_SETTING,
     PAYLOADS,
     SEALED_HEAD_CHARS,
     KeyRing,
     UnreadablePayload,
     open_columns,
-    ring_problem,
     sealed_key_id,
 )
 from celery_mcp_tasks.store.schema import tasks
@@ -33,10 +33,30 @@ _READ = sa.select(tasks.c.key, tasks.c.version, *(tasks.c[name] for name in PAYL
 
 
 def ring_check(conn: Connection, ring: KeyRing | None) -> str | None:
-    """Why a process with `ring` must not start on this store (one line naming the setting), or None."""
+    """Why a process with `ring` must not start on this store (one line naming the setting), or None.
+
+    Decided on the newest sealed row: a process that cannot open what was written last has the wrong ring, or
+    none. Older rows sealed with a key retired since read as failed tasks instead.
+    """
     query = sa.select(tasks.c.key, tasks.c.arguments).order_by(tasks.c.updated_at.desc(), tasks.c.key.desc())
-    newest = [dict(row) for row in conn.execute(query.limit(_NEWEST)).mappings()]
-    return ring_problem(newest, ring)
+    for key, stored in conn.execute(query.limit(_NEWEST)):
+        key_id = sealed_key_id(stored)
+        if key_id is None:
+            continue
+        if ring is None:
+            return (
+                f"{ENCRYPTION_SETTING}: unset, but the task store holds encrypted payloads; "
+                "set it to the key ring they were written with"
+            )
+        try:
+            ring.open(stored, row=str(key), column="arguments")
+        except UnreadablePayload:
+            return (
+                f"{ENCRYPTION_SETTING}: none of its keys opens the task store's newest payloads (written with key "
+                f"{key_id}); set the ring the other processes use"
+            )
+        return None
+    return None
 
 
 def sealed_census(conn: Connection) -> dict[str | None, int]:
