@@ -12,8 +12,9 @@ import os
 import sqlite3
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine, make_url
@@ -24,6 +25,7 @@ READ_ONLY = "mcp_tasks_read_only"
 """Execution option marking a read-only connection (a deferred BEGIN on SQLite)."""
 
 _ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
+_T = TypeVar("_T")
 
 BUSY_TIMEOUT_S = 30.0
 """How long a SQLite statement waits for a lock before "database is locked"."""
@@ -49,6 +51,16 @@ def normalize_url(url: str) -> str:
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     return parsed.render_as_string(hide_password=False)
+
+
+def read(engine: Engine, reader: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+    """`reader(conn, *args, **kwargs)` on a connection for reads: no transaction kept (SQLite: a deferred BEGIN)."""
+    with engine.connect() as conn:
+        if engine.dialect.name == "sqlite":
+            conn = conn.execution_options(**{READ_ONLY: True})
+        found = reader(conn, *args, **kwargs)
+        conn.rollback()
+    return found
 
 
 def create_store_engine(url: str, **kwargs: Any) -> Engine:

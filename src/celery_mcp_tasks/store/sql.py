@@ -20,9 +20,9 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import fields, replace
-from typing import Any, TypeVar
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, make_url
@@ -42,14 +42,13 @@ from celery_mcp_tasks.store.base import (
     apply,
 )
 from celery_mcp_tasks.store.codec import PAYLOADS, KeyRing, UnreadablePayload, open_columns, seal_columns
-from celery_mcp_tasks.store.engine import READ_ONLY, create_store_engine, normalize_url
+from celery_mcp_tasks.store.engine import create_store_engine, normalize_url, read
 from celery_mcp_tasks.store.failures import _CommitInDoubt, _in_doubt, _operation, _reconnecting, _reported
 from celery_mcp_tasks.store.rows import Filter, Overview, Page, Row
 from celery_mcp_tasks.store.schema import tasks
 from celery_mcp_tasks.store.sweeps import SweepLedger, count_by_status, evict, unanswered
 
 logger = logging.getLogger(__name__)
-_T = TypeVar("_T")
 
 _MAX_CAS_ATTEMPTS = 64
 _COLUMNS = [f.name for f in fields(TaskRecord)]
@@ -268,16 +267,6 @@ class SqlStore:
     def dispose(self) -> None:
         self.engine.dispose()
 
-    def _read(self, read: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
-        """`read(conn, *args, **kwargs)` on a connection for reads (a deferred BEGIN on SQLite)."""
-        conn = self.engine.connect()
-        if self._sqlite:
-            conn = conn.execution_options(**{READ_ONLY: True})
-        with conn:
-            found = read(conn, *args, **kwargs)
-            conn.rollback()
-        return found
-
     def _locking(self) -> Connection:
         """A connection for the locking path: the server's isolation level on PostgreSQL, BEGIN IMMEDIATE on SQLite."""
         conn = self.engine.connect()
@@ -296,7 +285,7 @@ class SqlStore:
 
     @_operation
     def get(self, key: str, owner: Owner = ANY) -> TaskRecord | None:
-        return self._read(self._select, key, owner)
+        return read(self.engine, self._select, key, owner)
 
     def _select(self, conn: Connection, key: str, owner: Owner, *, for_update: bool = False) -> TaskRecord | None:
         params = {"key": key}
@@ -310,7 +299,7 @@ class SqlStore:
         if not wanted:
             return {}
         query = sa.select(tasks.c.key, tasks.c.version).where(tasks.c.key.in_(wanted))
-        return dict(self._read(lambda conn: conn.execute(query).all()))
+        return dict(read(self.engine, lambda conn: conn.execute(query).all()))
 
     @_operation
     def stale(self, *, heartbeat_before_ms: int, limit: int) -> list[TaskRecord]:
@@ -320,7 +309,7 @@ class SqlStore:
             .where(sa.or_(tasks.c.heartbeat_at.is_(None), tasks.c.heartbeat_at < heartbeat_before_ms))
             .limit(limit)
         )
-        rows = self._read(lambda conn: conn.execute(query).mappings().all())
+        rows = read(self.engine, lambda conn: conn.execute(query).mappings().all())
         return [_from_row(row, self.ring) for row in rows]
 
     @_reported
@@ -543,23 +532,23 @@ class SqlStore:
 
     @_operation
     def browse(self, filter: Filter, sort: str, cursor: str | None, limit: int, *, now_ms: int) -> Page:
-        return self._read(browse.browse, filter, sort, cursor, limit, now_ms=now_ms)
+        return read(self.engine, browse.browse, filter, sort, cursor, limit, now_ms=now_ms)
 
     @_operation
     def overview(self, now_ms: int) -> Overview:
-        return self._read(browse.overview, now_ms)
+        return read(self.engine, browse.overview, now_ms)
 
     @_operation
     def rows(self, keys: Iterable[str], filter: Filter | None = None, *, now_ms: int | None = None) -> list[Row]:
-        return self._read(browse.rows, keys, filter, now_ms=now_ms)
+        return read(self.engine, browse.rows, keys, filter, now_ms=now_ms)
 
     @_operation
     def keys_starting(self, prefix: str, *, limit: int) -> list[str]:
-        return self._read(browse.keys_starting, prefix, limit=limit)
+        return read(self.engine, browse.keys_starting, prefix, limit=limit)
 
     @_operation
     def changed_since(self, updated_at_ms: int, *, limit: int) -> list[Row]:
-        return self._read(browse.changed_since, updated_at_ms, limit=limit)
+        return read(self.engine, browse.changed_since, updated_at_ms, limit=limit)
 
     @_operation
     def delete(self, key: str) -> bool:

@@ -16,7 +16,7 @@ from sqlalchemy.engine import Engine
 
 from celery_mcp_tasks.model import TERMINAL_VALUES, TaskStatus
 from celery_mcp_tasks.store.base import Eviction
-from celery_mcp_tasks.store.engine import READ_ONLY
+from celery_mcp_tasks.store.engine import read
 from celery_mcp_tasks.store.failures import _operation, _reconnecting
 from celery_mcp_tasks.store.ledger import JANITOR as JANITOR
 from celery_mcp_tasks.store.ledger import SweepRecord
@@ -64,10 +64,7 @@ class SweepLedger:
 
     @_operation
     def last(self, name: str = JANITOR) -> SweepRecord | None:
-        with self.engine.connect().execution_options(**{READ_ONLY: True}) as conn:
-            record = read_sweep(conn, name)
-            conn.rollback()
-        return record
+        return read(self.engine, read_sweep, name)
 
     @_operation
     def claim(self, name: str, *, interval_ms: int, by: str) -> bool:
@@ -108,10 +105,8 @@ def count_by_status(engine: Engine) -> dict[str, int]:
     """Tasks in each status right now, every status named (0 when none): one `GROUP BY` on the status."""
     counts = {status.value: 0 for status in TaskStatus}
     query = sa.select(tasks.c.status, sa.func.count()).group_by(tasks.c.status)
-    with engine.connect().execution_options(**{READ_ONLY: True}) as conn:
-        for status, count in conn.execute(query).all():
-            counts[str(status)] = int(count)
-        conn.rollback()
+    for status, count in read(engine, lambda conn: conn.execute(query).all()):
+        counts[str(status)] = int(count)
     return counts
 
 
@@ -125,10 +120,7 @@ def unanswered(engine: Engine, *, changed_before_ms: int, limit: int) -> list[st
         .where(tasks.c.updated_at < changed_before_ms)
         .limit(limit)
     )
-    with engine.connect().execution_options(**{READ_ONLY: True}) as conn:
-        keys = list(conn.execute(query).scalars())
-        conn.rollback()
-    return keys
+    return read(engine, lambda conn: list(conn.execute(query).scalars()))
 
 
 @_reconnecting
