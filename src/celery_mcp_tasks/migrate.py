@@ -1,9 +1,5 @@
-"""Programmatic migrations: `upgrade(url)` without an alembic.ini.
-
-The migration scripts ship inside the package (`celery_mcp_tasks/migrations`),
-so this works from a plain `pip install`; the repository keeps them at the
-top level and links them in.
-"""
+"""Programmatic migrations without an alembic.ini: the scripts ship inside the package (`celery_mcp_tasks/migrations`,
+linked from the repository's top level), so this works from a plain `pip install`."""
 
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
 """The `Store` contract: how task state is kept, whatever the database.
 
-A store holds `TaskRecord`s keyed by the hash of the task id. It never lists
-tasks to a caller (there is deliberately no `list`), and every read-modify-write
-is atomic: `update` applies a pure transition as a compare-and-swap on the
-record's `version`, so a client's `tasks/update` can never write `working` back
-over a worker's `completed`.
-
-Owner scoping lives here too: `get(key, owner)` answers `None` for a record
-owned by someone else, exactly as for a missing one (the rule is `model.owner_scope`).
-`ANY` is for server-side callers only (the worker, the janitor), never for a request handler.
+Records are keyed by the hash of the task id and never listed to a caller (deliberately no `list`). Every
+read-modify-write is a compare-and-swap on the record's `version`, so a client's `tasks/update` can never
+write `working` back over a worker's `completed`. A record owned by someone else reads as missing
+(`model.owner_scope`); `ANY` is for server-side callers only (the worker, the janitor).
 """
 
 from __future__ import annotations
@@ -33,10 +28,9 @@ class TaskLimitReached(Exception):
 
 @dataclass(frozen=True)
 class Quota:
-    """What one principal may have of the store, decided in the creating transaction.
+    """What one principal may have of the store, decided in the creating transaction (None: unlimited).
 
-    `active`: tasks not yet final, all tools; `active_tool`: of the tool being created;
-    `creations`: tasks created within the last `window_ms`. None: unlimited.
+    `active`: tasks not yet final; `active_tool`: of the tool being created; `creations`: within `window_ms`.
     """
 
     active: int | None = None
@@ -50,18 +44,12 @@ class Quota:
 
 
 class QuotaExceeded(Exception):
-    """A principal's creation refused by its `Quota`; nothing was stored.
-
-    `limit`: which one ("active", "active_tool" or "creations"), `allowed` its value,
-    `retry_after_ms`: when a retry can succeed (creations), or None (once a task ends).
-    """
+    """A creation refused by its `Quota`; nothing was stored. `limit` names the field, `allowed` its value;
+    `retry_after_ms`: when a retry can succeed (creations), or None (once a task ends)."""
 
     def __init__(self, limit: str, allowed: int, retry_after_ms: int | None, window_ms: int) -> None:
         super().__init__(limit)
-        self.limit = limit
-        self.allowed = allowed
-        self.retry_after_ms = retry_after_ms
-        self.window_ms = window_ms
+        self.limit, self.allowed, self.retry_after_ms, self.window_ms = limit, allowed, retry_after_ms, window_ms
 
 
 class TaskNotFound(LookupError):
@@ -75,9 +63,8 @@ class StoreConflict(RuntimeError):
 class StoreUnavailable(RuntimeError):
     """The database could not be reached, or failed the operation.
 
-    Its text is fixed: the database's own message (SQL, sometimes values) stays in
-    the chained cause, for the server's log only, so whatever shows this exception
-    (a client's error, a failed task's message) shows nothing of the store.
+    Its text is fixed: the database's own message (SQL, sometimes values) stays in the chained cause, for the
+    server's log only, so whatever shows this exception (a client's error, a task's message) shows nothing of it.
     """
 
     MESSAGE = "The task store is unavailable"
@@ -95,12 +82,8 @@ Transition = Callable[[TaskRecord], TaskRecord]
 
 @dataclass(frozen=True)
 class ChangeHint:
-    """A change hint the store sends with each write it commits (PostgreSQL's `pg_notify`).
-
-    Part of the write itself, in the same statement or transaction, so it is delivered
-    at commit and never for a write that did not happen. `payload(record)` is the text
-    for the record just written, or None for a write no one can be listening to.
-    """
+    """A change hint sent in each write's own statement (PostgreSQL's `pg_notify`): delivered at its commit,
+    never for a write that did not happen. `payload(record)`: its text, or None when no one can be listening."""
 
     channel: str
     payload: Callable[[TaskRecord], str | None]
@@ -116,8 +99,7 @@ def apply(transition: Transition, current: TaskRecord) -> TaskRecord:
 
 @dataclass
 class Eviction:
-    """What one eviction removed (`Store.evict`; on SQL, `store.cleanup`): every row, and by tool the rows
-    that were not final yet."""
+    """What one eviction removed: every row, and by tool the rows that were not final yet."""
 
     removed: int = 0
     unfinished: Counter[str] = field(default_factory=Counter)
@@ -131,9 +113,8 @@ class Store(Protocol):
     ) -> TaskRecord:
         """Insert a new record; the record now stored under its key. Durable on return.
 
-        Raises `TaskLimitReached` at the cap, `QuotaExceeded` (decided under a lock per
-        owner, so it holds across processes) when `quota` refuses it. `idempotent`: a row
-        already under the key is not an error; that row is returned, and nothing is written.
+        Raises `TaskLimitReached` at the cap, `QuotaExceeded` (decided under a lock per owner, across
+        processes). `idempotent`: a row already under the key is returned, and nothing is written.
         """
         ...
 
@@ -152,14 +133,11 @@ class Store(Protocol):
     ) -> TaskRecord:
         """Atomically replace the record with `transition(record)` and return the new one.
 
-        Raises `TaskNotFound`; anything `transition` raises propagates and leaves
-        the record unchanged. `expected`: the record the caller last saw or wrote;
-        when the row is still at its version the transition is computed on it and
-        written at once (no locking read). Otherwise, or when the transition refuses
-        it, the transition is computed on the row as it is now, as without it.
-        `durable=False`: the write is as atomic and as visible as any, but its return
-        need not wait until it would survive a crash of the database (a run's claim:
-        losing it only lets the run be claimed again). Durable on return otherwise.
+        Raises `TaskNotFound`; anything `transition` raises propagates and leaves the record unchanged.
+        `expected`: the record the caller last saw or wrote; while the row is at its version the transition
+        is computed on it and written at once (no locking read), else on the row as it is now.
+        `durable=False`: as atomic and visible as any write, but its return need not wait until it would
+        survive a database crash (a run's claim: losing it only lets the run be claimed again).
         """
         ...
 
@@ -191,13 +169,11 @@ class Store(Protocol):
         """The sweep ledger kept beside the tasks."""
         ...
 
-    # -- the operators' console (`store.rows`): rows by key, never by task id --------------
+    # The operators' console (`store.rows`): rows by key, never by task id.
 
     def browse(self, filter: Filter, sort: str, cursor: str | None, limit: int, *, now_ms: int) -> Page:
-        """One keyset page of rows matching `filter` in `sort` order (`rows.SORTS`), after `cursor`.
-
-        Raises `BadFilter("cursor", ...)` for a malformed cursor or one made for another sort.
-        """
+        """One keyset page of rows matching `filter` in `sort` order (`rows.SORTS`), after `cursor`
+        (`BadFilter("cursor", ...)` when malformed or made for another sort)."""
         ...
 
     def overview(self, now_ms: int) -> Overview:

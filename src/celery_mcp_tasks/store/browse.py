@@ -1,19 +1,14 @@
-"""The console's reads, in SQLAlchemy Core for SQLite and PostgreSQL alike (`SqlStore` delegates here).
+"""The console's reads (`SqlStore.browse`, `overview`, `rows`, ...), answered in `store.rows`' values.
 
-They answer in the values of `store.rows` (a `Filter` in, `Row`s, `Page`s and an `Overview` out).
-
-Every list is a keyset page on an index (migration 0006): `(created_at, key)`,
-`(updated_at, key)`, and `(status|tool|owner, created_at, key)` for the common
-filters, so the first page and the thousandth cost the same at a million rows.
-Only the columns a row shows are read, never the payloads (arguments, result,
-answers). An owner *tag* (a short hash) cannot be computed in SQL on SQLite:
-it is resolved to the owners it names by a loose index scan of the distinct
-owners (one index probe per owner), hashed here.
+Every list is a keyset page on an index (migration 0006): `(created_at, key)`, `(updated_at, key)`, and
+`(status|tool|owner, created_at, key)`, so the thousandth page costs what the first does at a million rows.
+Payloads are never read. An owner tag (a hash SQLite cannot compute) is resolved by a loose index scan of
+the distinct owners, hashed here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 import sqlalchemy as sa
@@ -22,6 +17,7 @@ from sqlalchemy.engine import Connection
 from celery_mcp_tasks.model import ACTIVE_VALUES, TERMINAL_VALUES, TaskStatus
 from celery_mcp_tasks.model import now_ms as clock_ms
 from celery_mcp_tasks.store.rows import (
+    ROW_COLUMNS,
     Filter,
     MinuteCount,
     Overview,
@@ -29,57 +25,23 @@ from celery_mcp_tasks.store.rows import (
     Row,
     decode_cursor,
     encode_cursor,
-    owner_namespace,
     owner_tag,
+    row_from,
 )
 from celery_mcp_tasks.store.schema import tasks
 from celery_mcp_tasks.store.sweeps import JANITOR, read_sweep
-
-__all__ = ["browse", "changed_since", "keys_starting", "overview", "rows"]
 
 MINUTE_MS = 60_000
 HOUR_MINUTES = 60
 _BATCH = 500  # stays under SQLite's bound-parameter limit on old builds
 _MAX_OWNERS = 10_000  # distinct owners a tag is looked for among
 
-ROW_COLUMNS = (
-    tasks.c.key,
-    tasks.c.owner,
-    tasks.c.tool,
-    tasks.c.status,
-    tasks.c.status_message,
-    tasks.c.created_at,
-    tasks.c.updated_at,
-    tasks.c.progress,
-    tasks.c.progress_total,
-    tasks.c.attempt,
-    tasks.c.resends,
-    tasks.c.dispatches,
-    tasks.c.heartbeat_at,
-    tasks.c.expires_at,
-    tasks.c.version,
-)
+_COLUMNS = tuple(tasks.c[name] for name in ROW_COLUMNS)
 
 
-def row_from(values: Mapping[Any, Any]) -> Row:
-    return Row(
-        key=values["key"],
-        tool=values["tool"],
-        status=values["status"],
-        status_message=values["status_message"],
-        owner_namespace=owner_namespace(values["owner"]),
-        owner_tag=owner_tag(values["owner"]),
-        created_at=int(values["created_at"]),
-        updated_at=int(values["updated_at"]),
-        progress=values["progress"],
-        progress_total=values["progress_total"],
-        attempt=int(values["attempt"]),
-        resends=int(values["resends"]),
-        dispatches=int(values["dispatches"]),
-        heartbeat_at=values["heartbeat_at"],
-        expires_at=values["expires_at"],
-        version=int(values["version"]),
-    )
+def _rows(conn: Connection, *where: Any, order_by: Any = (), limit: int | None = None) -> list[Row]:
+    query = sa.select(*_COLUMNS).where(*where).order_by(*order_by).limit(limit)
+    return [row_from(values) for values in conn.execute(query).mappings()]
 
 
 _DISTINCT_OWNERS = sa.text(
@@ -104,11 +66,7 @@ def _owners_tagged(conn: Connection, namespace: str | None, tag: str) -> list[st
 
 
 def _where(conn: Connection, filter: Filter, now_ms: int) -> list[sa.ColumnElement[bool]] | None:
-    """The filter as SQL conditions; None when it can match nothing (an owner tag nobody has).
-
-    The one definition of each filter rule: a list page, and the live list asking whether a changed
-    row belongs on it (`rows(keys, filter)`), both read through here.
-    """
+    """The filter as SQL conditions (for a page and for `rows`); None when it can match nothing (an unknown tag)."""
     where: list[sa.ColumnElement[bool]] = []
     if filter.statuses:
         statuses = sorted(filter.statuses)
@@ -146,8 +104,7 @@ def browse(conn: Connection, filter: Filter, sort: str, cursor: str | None, limi
         bound = sa.tuple_(sa.literal(after[0], sa.BigInteger), sa.literal(after[1]))
         where.append(position < bound if descending else position > bound)
     order = (column.desc(), tasks.c.key.desc()) if descending else (column.asc(), tasks.c.key.asc())
-    query = sa.select(*ROW_COLUMNS).where(*where).order_by(*order).limit(limit + 1)
-    found = [row_from(values) for values in conn.execute(query).mappings().all()]
+    found = _rows(conn, *where, order_by=order, limit=limit + 1)
     more = len(found) > limit
     page = found[:limit]
     return Page(page, encode_cursor(sort, page[-1]) if more and page else None)
@@ -157,15 +114,12 @@ def rows(
     conn: Connection, keys: Iterable[str], filter: Filter | None = None, *, now_ms: int | None = None
 ) -> list[Row]:
     wanted = list(dict.fromkeys(keys))
-    where: list[sa.ColumnElement[bool]] | None = []
-    if filter is not None:
-        where = _where(conn, filter, now_ms if now_ms is not None else clock_ms())
+    where = [] if filter is None else _where(conn, filter, clock_ms() if now_ms is None else now_ms)
     if where is None:
         return []
     found: list[Row] = []
     for start in range(0, len(wanted), _BATCH):
-        query = sa.select(*ROW_COLUMNS).where(tasks.c.key.in_(wanted[start : start + _BATCH]), *where)
-        found.extend(row_from(values) for values in conn.execute(query).mappings().all())
+        found.extend(_rows(conn, tasks.c.key.in_(wanted[start : start + _BATCH]), *where))
     return found
 
 
@@ -181,24 +135,13 @@ def keys_starting(conn: Connection, prefix: str, *, limit: int) -> list[str]:
 
 
 def changed_since(conn: Connection, updated_at_ms: int, *, limit: int) -> list[Row]:
-    query = (
-        sa.select(*ROW_COLUMNS)
-        .where(tasks.c.updated_at >= updated_at_ms)
-        .order_by(tasks.c.updated_at.asc(), tasks.c.key.asc())
-        .limit(limit)
-    )
-    return [row_from(values) for values in conn.execute(query).mappings().all()]
+    order = (tasks.c.updated_at.asc(), tasks.c.key.asc())
+    return _rows(conn, tasks.c.updated_at >= updated_at_ms, order_by=order, limit=limit)
 
 
 def _oldest(conn: Connection, status: TaskStatus) -> Row | None:
-    query = (
-        sa.select(*ROW_COLUMNS)
-        .where(tasks.c.status == status.value)
-        .order_by(tasks.c.created_at.asc(), tasks.c.key.asc())
-        .limit(1)
-    )
-    values = conn.execute(query).mappings().first()
-    return None if values is None else row_from(values)
+    order = (tasks.c.created_at.asc(), tasks.c.key.asc())
+    return next(iter(_rows(conn, tasks.c.status == status.value, order_by=order, limit=1)), None)
 
 
 def overview(conn: Connection, now_ms: int) -> Overview:

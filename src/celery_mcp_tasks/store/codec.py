@@ -1,21 +1,10 @@
 """The store's payload codec: the one place a task's payloads are measured, sealed and opened.
 
-A task's payloads are its arguments, its input requests, the answers to them and its
-result (the `PAYLOADS` columns). Their size is what the column holds: the compact
-JSON encoding (`encode`, the store engine's JSON serializer), in UTF-8 bytes
-(`payload_bytes`), which the service compares with the payload limits.
-
-With a key ring (MCP_TASKS_ENCRYPTION_KEYS, opt-in) each payload is sealed with
-AES-256-GCM from `cryptography` before it is written and opened after it is read,
-so a database dump shows none of them. The sealed form is a JSON string,
-`mcpenc1:<key id>:<nonce + ciphertext, base64url>`, in the same column; the
-associated data binds it to its column and its row (a payload copied to another
-row or column does not open). The key id is derived from the key, so a read goes
-straight to the key that wrote it (no trial decryption), and a ring that lacks it
-says which key is missing. New writes use the ring's first key; reads use any.
-
-Without a ring nothing here runs on a write, and a read only looks for the prefix
-in the columns that hold a string.
+A payload's size is its compact JSON encoding (`encode`, the engine's serializer) in UTF-8 bytes. With a key ring
+(MCP_TASKS_ENCRYPTION_KEYS, opt-in) each payload is sealed with AES-256-GCM as the JSON string
+`mcpenc1:<key id>:<nonce + ciphertext, base64url>`, bound to its column and row (a copy elsewhere does not
+open). The key id derives from the key, so a read goes straight to the key that wrote it, and a ring that lacks
+it says which. New writes use the ring's first key; reads use any.
 """
 
 from __future__ import annotations
@@ -27,19 +16,6 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
-
-__all__ = [
-    "ENCRYPTION_SETTING",
-    "PAYLOADS",
-    "SEALED_HEAD_CHARS",
-    "KeyRing",
-    "PayloadTooLarge",
-    "UnreadablePayload",
-    "encode",
-    "new_key",
-    "payload_bytes",
-    "ring_problem",
-]
 
 ENCRYPTION_SETTING: Final = "MCP_TASKS_ENCRYPTION_KEYS"
 PAYLOADS: Final = ("arguments", "input_requests", "input_responses", "result")
@@ -55,7 +31,8 @@ _EMPTY: Final = {type(None): "null", dict: "{}", list: "[]", tuple: "[]"}
 """The encodings of the values most columns hold (no arguments, no answers yet, no result): not worth a dumps."""
 
 
-def _dumps(value: Any) -> str:
+def encode(value: Any) -> str:
+    """A JSON column's value as the store writes it: its compact JSON encoding (the engine's `json_serializer`)."""
     if not value:
         known = _EMPTY.get(type(value))
         if known is not None:
@@ -63,14 +40,9 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
-def encode(value: Any) -> str:
-    """A JSON column's value as the store writes it: its compact JSON encoding (the engine's `json_serializer`)."""
-    return _dumps(value)
-
-
 def payload_bytes(value: Any) -> int:
-    """The size of `value` as the store keeps it: its compact JSON encoding (`encode`), in UTF-8 bytes."""
-    return len(_dumps(value).encode())
+    """The size of `value` as the store keeps it: `encode(value)` in UTF-8 bytes."""
+    return len(encode(value).encode())
 
 
 class PayloadTooLarge(ValueError):
@@ -151,7 +123,7 @@ class KeyRing:
     def seal(self, value: Any, *, row: str, column: str) -> str:
         """`value` sealed with the first key, for `column` of the row keyed `row`."""
         nonce = os.urandom(_NONCE_BYTES)
-        plain = json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str).encode()
+        plain = encode(value).encode()
         sealed = self._primary.encrypt(nonce, plain, _bound(row, column))
         body = base64.urlsafe_b64encode(nonce + sealed).rstrip(b"=").decode("ascii")
         return f"{_SEALED}{self.primary_id}:{body}"
@@ -212,31 +184,3 @@ def open_columns(ring: KeyRing | None, row: str, values: dict[str, Any]) -> dict
                 )
             values[column] = ring.open(stored, row=row, column=column)
     return values
-
-
-def ring_problem(newest: Sequence[Mapping[str, Any]], ring: KeyRing | None) -> str | None:
-    """Why a process with `ring` must not start on a store whose newest rows are `newest` (None: it may).
-
-    Decided on the newest sealed row (rows ordered newest first, each with `key` and `arguments`):
-    a process that cannot open what was written last has the wrong ring, or none. Older rows
-    sealed with a key retired since read as failed tasks instead.
-    """
-    for found in newest:
-        stored = found["arguments"]
-        key_id = sealed_key_id(stored)
-        if key_id is None:
-            continue
-        if ring is None:
-            return (
-                f"{ENCRYPTION_SETTING}: unset, but the task store holds encrypted payloads; "
-                "set it to the key ring they were written with"
-            )
-        try:
-            ring.open(stored, row=str(found["key"]), column="arguments")
-        except UnreadablePayload:
-            return (
-                f"{ENCRYPTION_SETTING}: none of its keys opens the task store's newest payloads (written with key "
-                f"{key_id}); set the ring the other processes use"
-            )
-        return None
-    return None

@@ -1,16 +1,9 @@
 """Engines tuned for atomic transitions on SQLite and PostgreSQL.
 
-SQLite needs three things or updates are lost or fail with "database is
-locked": WAL, a busy timeout, and `BEGIN IMMEDIATE` so a transaction that
-reads and then writes holds the write lock from its start. PostgreSQL needs
-nothing special: transitions are conditional UPDATEs checked by rowcount. The
-store's own engine is in autocommit (`SqlStore.from_url`), as almost every
-statement it sends is a transaction of its own.
-
-The write lock is waited for in short steps of our own (`_begin_immediate`),
-not in SQLite's busy handler: that one sleeps in growing steps up to 100 ms,
-so beside a worker that writes progress in a loop (and re-takes the lock the
-moment it commits) a request's INSERT waited in those steps for seconds.
+SQLite needs WAL, a busy timeout and `BEGIN IMMEDIATE` (a transaction that reads then writes holds the write
+lock from its start), or updates are lost or fail with "database is locked". The write lock is waited for in
+short steps of our own (`_begin_immediate`): SQLite's busy handler sleeps in steps growing to 100 ms, so beside
+a worker writing progress in a loop a request's INSERT waited seconds. PostgreSQL needs nothing special.
 """
 
 from __future__ import annotations
@@ -19,8 +12,9 @@ import os
 import sqlite3
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine, make_url
@@ -31,6 +25,7 @@ READ_ONLY = "mcp_tasks_read_only"
 """Execution option marking a read-only connection (a deferred BEGIN on SQLite)."""
 
 _ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
+_T = TypeVar("_T")
 
 BUSY_TIMEOUT_S = 30.0
 """How long a SQLite statement waits for a lock before "database is locked"."""
@@ -40,13 +35,9 @@ _SQLITE_BUSY = 5
 
 
 def _leave_the_parents_connections() -> None:
-    """In a forked child (Celery's prefork pool, a forking server): a new pool for every engine.
-
-    The child inherits the parent's pooled connections, sockets and all. Using one
-    (a service or store object built before the fork) would talk over the parent's
-    socket; closing one would end the parent's session. `dispose(close=False)`
-    drops the old pool without touching it, so anything in the child connects anew.
-    """
+    """In a forked child (Celery's prefork pool): a new pool for every engine. Using an inherited connection
+    would talk over the parent's socket, closing one would end its session: `dispose(close=False)` drops the
+    old pool without touching it."""
     for engine in list(_ENGINES):
         engine.dispose(close=False)
 
@@ -60,6 +51,16 @@ def normalize_url(url: str) -> str:
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     return parsed.render_as_string(hide_password=False)
+
+
+def read(engine: Engine, reader: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+    """`reader(conn, *args, **kwargs)` on a connection for reads: no transaction kept (SQLite: a deferred BEGIN)."""
+    with engine.connect() as conn:
+        if engine.dialect.name == "sqlite":
+            conn = conn.execution_options(**{READ_ONLY: True})
+        found = reader(conn, *args, **kwargs)
+        conn.rollback()
+    return found
 
 
 def create_store_engine(url: str, **kwargs: Any) -> Engine:
@@ -102,8 +103,7 @@ def _sqlite_engine(url: str, database: str | None, **kwargs: Any) -> Engine:
     def _on_begin(connection: Any) -> None:
         # Reads take a deferred BEGIN (WAL readers never wait for the writer); every write
         # takes the write lock at once, waited for in short steps.
-        options = connection.get_execution_options()
-        if options.get(READ_ONLY):
+        if connection.get_execution_options().get(READ_ONLY):
             connection.exec_driver_sql("BEGIN")
         else:
             _begin_immediate(connection)
@@ -112,12 +112,8 @@ def _sqlite_engine(url: str, database: str | None, **kwargs: Any) -> Engine:
 
 
 def _begin_immediate(connection: Any) -> None:
-    """`BEGIN IMMEDIATE`, retried in steps of at most 2 ms for up to `BUSY_TIMEOUT_S` while another holds the lock.
-
-    Tried with the connection's busy handler off; once it is not "busy" or the
-    time is up, the last attempt goes through SQLAlchemy, which raises its own
-    error for it as before.
-    """
+    """`BEGIN IMMEDIATE`, retried in steps of at most 2 ms for up to `BUSY_TIMEOUT_S` while another holds the lock,
+    with the busy handler off; the last attempt goes through SQLAlchemy, which raises its own error for it."""
     raw = connection.connection.driver_connection
     raw.execute("PRAGMA busy_timeout=0")
     try:

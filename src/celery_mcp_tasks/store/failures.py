@@ -1,7 +1,4 @@
-"""How the store fails: a dropped connection retried once, a write in doubt settled, the rest `StoreUnavailable`.
-
-Shared by the task store (`store.sql`) and the sweep ledger (`store.sweeps`).
-"""
+"""How the store fails: a dropped connection retried once, a write in doubt settled, the rest `StoreUnavailable`."""
 
 from __future__ import annotations
 
@@ -23,12 +20,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 def _reconnecting(method: F) -> F:
     """Run again, once, when the database dropped the pooled connection (a restart, a failover).
 
-    The pool does not ping before every checkout (a round trip on the hot path);
-    instead the first statement on a dead connection fails, SQLAlchemy invalidates
-    the pool, and the operation is retried on a fresh connection. That is safe for
-    work the server never committed (it rolls back a transaction whose connection is
-    gone) and for idempotent writes. A connection lost *during* a COMMIT is another
-    matter: the store reports it as `_CommitInDoubt`, which is never retried blindly.
+    The pool does not ping before every checkout (a round trip on the hot path): the first statement on a dead
+    connection fails and invalidates the pool. A retry is safe for work the server never committed and for
+    idempotent writes; a connection lost *during* a COMMIT is `_CommitInDoubt`, never retried blindly.
     """
 
     @functools.wraps(method)
@@ -60,12 +54,15 @@ def _reported(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def _operation(method: F) -> F:
+    """A store operation that may simply run again: `_reconnecting`, inside `_reported`."""
+    return _reported(_reconnecting(method))
+
+
 class _CommitInDoubt(Exception):
     """The connection was lost while a write's commit was in flight: applied or not, nobody knows yet.
 
-    For an update: `before` is the record the transition was computed on, `after` the
-    record written, `changes` the columns the UPDATE set.
-    """
+    For an update: the record the transition was computed on (`before`), the one written, the columns set."""
 
     def __init__(
         self,
@@ -75,10 +72,7 @@ class _CommitInDoubt(Exception):
         changes: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__("the outcome of a COMMIT is unknown")
-        self.cause = cause
-        self.before = before
-        self.after = after
-        self.changes = changes or {}
+        self.cause, self.before, self.after, self.changes = cause, before, after, changes or {}
 
 
 def _in_doubt(exc: sa.exc.DBAPIError, *written: Any) -> _CommitInDoubt:

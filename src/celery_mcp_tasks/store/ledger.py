@@ -1,15 +1,9 @@
-"""The sweep ledger's contract: the row it keeps for each sweeping duty, and what a ledger does.
-
-Plain values and a protocol, imported by the `Store` contract (`store.base`), the console's
-overview (`store.rows`) and the operations' readers; the ledger on SQL is `store.sweeps`.
-"""
+"""The sweep ledger's contract (`store.sweeps` is its SQL): the row kept for each sweeping duty, and the protocol."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Final, Protocol
-
-__all__ = ["JANITOR", "Ledger", "SweepRecord"]
 
 JANITOR: Final = "janitor"
 """The janitor's row in the ledger."""
@@ -19,8 +13,7 @@ JANITOR: Final = "janitor"
 class SweepRecord:
     """One duty's row: the last recorded sweep (None before the first) and the current claim.
 
-    `read_at` is the database's clock when the row was read (None for a record made
-    by hand): ages are measured against it, so they hold whatever this host's clock says.
+    `read_at`: the database's clock at the read (None for a record made by hand), which ages are measured against.
     """
 
     name: str

@@ -1,15 +1,9 @@
-"""Per-principal quotas, decided in the transaction that creates the task.
+"""Per-principal quotas, decided in the transaction that creates the task (only when a quota is set).
 
-A quota counts the principal's own rows, so there is no counter to drift: a task
-that ends, is cancelled or is evicted stops counting at that write. Two creations
-by one principal on two replicas must not both see room for one: on PostgreSQL
-the creating transaction first takes a transaction-scoped advisory lock named
-after the principal (other principals never wait on it), then counts and
-inserts; on SQLite `BEGIN IMMEDIATE` already serializes every writer. Each count
-is bounded by its limit, so a principal with many rows costs no more than that.
-
-Only a creation that has a quota takes this path: with quotas off, creating is
-the one INSERT it always was.
+A quota counts the principal's own rows, so no counter can drift. Two creations by one principal on two
+replicas must not both see room for one: on PostgreSQL the transaction first takes an advisory lock named after
+the principal (others never wait on it); on SQLite `BEGIN IMMEDIATE` serializes every writer. Each count is
+bounded by its limit.
 """
 
 from __future__ import annotations
@@ -28,16 +22,12 @@ from celery_mcp_tasks.store.schema import tasks
 _LOCK = sa.select(sa.func.pg_advisory_xact_lock(sa.bindparam("lock", type_=sa.BigInteger)))
 
 
-def lock_id(owner: str | None, caller: str | None = None) -> int:
-    """The caller's advisory lock: 64 bits of a hash that no other use of advisory locks shares."""
-    who = owner_bytes(owner) if owner is not None else owner_bytes(None) + (caller or "").encode()
-    digest = hashlib.sha256(b"celery-mcp-tasks quota\0" + who).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
-
-
 def lock_caller(conn: Connection, record: TaskRecord) -> None:
-    """Serialize this caller's quota-checked creations until the transaction ends (PostgreSQL)."""
-    conn.execute(_LOCK, {"lock": lock_id(record.owner, record.caller)})
+    """Serialize this caller's quota-checked creations until the transaction ends (PostgreSQL), on 64 bits of a
+    hash that no other use of advisory locks shares."""
+    who = owner_bytes(record.owner) if record.owner is not None else owner_bytes(None) + (record.caller or "").encode()
+    digest = hashlib.sha256(b"celery-mcp-tasks quota\0" + who).digest()
+    conn.execute(_LOCK, {"lock": int.from_bytes(digest[:8], "big", signed=True)})
 
 
 def _owner(anonymous: bool, per_client: bool = False) -> Any:
@@ -56,18 +46,15 @@ def _bounded(limit: str, *where: Any) -> Any:
 
 
 @functools.cache
-def _counts(anonymous: bool, per_client: bool, active: bool, active_tool: bool, creations: bool) -> Any:
-    """One SELECT of the bounded counts a quota needs (built once per shape)."""
-    live = tasks.c.status.not_in(TERMINAL_VALUES)
-    mine = _owner(anonymous, per_client)
-    columns = []
-    if creations:
-        columns.append(_bounded("q_creations", mine, tasks.c.created_at > sa.bindparam("q_since")))
-    if active_tool:
-        columns.append(_bounded("q_active_tool", mine, live, tasks.c.tool == sa.bindparam("q_tool")))
-    if active:
-        columns.append(_bounded("q_active", mine, live))
-    return sa.select(*columns)
+def _counts(anonymous: bool, per_client: bool, limits: tuple[str, ...]) -> Any:
+    """One SELECT of the bounded counts of `limits` (built once per shape)."""
+    mine, live = _owner(anonymous, per_client), tasks.c.status.not_in(TERMINAL_VALUES)
+    where = {
+        "creations": (mine, tasks.c.created_at > sa.bindparam("q_since")),
+        "active_tool": (mine, live, tasks.c.tool == sa.bindparam("q_tool")),
+        "active": (mine, live),
+    }
+    return sa.select(*(_bounded(f"q_{limit}", *where[limit]) for limit in limits))
 
 
 @functools.cache
@@ -93,20 +80,12 @@ def refusal(conn: Connection, record: TaskRecord, quota: Quota) -> QuotaExceeded
         params["q_caller"] = record.caller
     # The creation rate first: when it is reached too, a retry once a task ends would be refused
     # again, so the refusal a client can act on is the rate's, with its time to retry.
-    checks: list[tuple[str, int]] = []
-    if quota.creations is not None:
-        params["q_creations"] = quota.creations
-        checks.append(("creations", quota.creations))
+    limits = (("creations", quota.creations), ("active_tool", quota.active_tool), ("active", quota.active))
+    checks = [(limit, allowed) for limit, allowed in limits if allowed is not None]
+    params.update({f"q_{limit}": allowed for limit, allowed in checks})
     if quota.active_tool is not None:
-        params["q_active_tool"], params["q_tool"] = quota.active_tool, record.tool
-        checks.append(("active_tool", quota.active_tool))
-    if quota.active is not None:
-        params["q_active"] = quota.active
-        checks.append(("active", quota.active))
-    statement = _counts(
-        anonymous, per_client, quota.active is not None, quota.active_tool is not None, quota.creations is not None
-    )
-    counts = conn.execute(statement, params).one()
+        params["q_tool"] = record.tool
+    counts = conn.execute(_counts(anonymous, per_client, tuple(limit for limit, _ in checks)), params).one()
     for (limit, allowed), count in zip(checks, counts, strict=True):
         if count < allowed:
             continue

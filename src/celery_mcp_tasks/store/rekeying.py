@@ -1,19 +1,10 @@
 """The key ring's SQL side: the start-up check (`ring_check`) and re-encryption (`reencrypt`).
 
-`ring_check` reads the newest rows' arguments and asks `codec.ring_problem` whether this
-process's ring opens what was written last (a wrong or missing ring refuses to start).
-
-`reencrypt` seals every task's payloads with the ring's first key (`celery-mcp-tasks db reencrypt`),
-safe while web processes and workers run. Rows are read in key order, in bounded
-batches; a row whose payloads are not all sealed with the first key is opened and
-sealed again, and written back with `UPDATE ... SET <those payloads> WHERE key AND
-version`, the version left as it is. Leaving the version alone is what makes it safe:
-the row's meaning does not change, so a writer that read the row before the rewrite
-still writes on top of it (its own columns win), and a write that landed first moves
-the version, so the rewrite matches nothing and is recomputed from the fresh row.
-Clients hear of nothing (no version bump, no change hint).
-
-A row sealed with a key no longer in the ring is left as it is and counted.
+`reencrypt` (`celery-mcp-tasks db reencrypt`) seals every row's payloads with the ring's first key, safe while
+web processes and workers run: a row is rewritten with `UPDATE ... SET <payloads> WHERE key AND version`, the
+version left alone. The row's meaning does not change, so a writer that read it before still writes on top (its
+own columns win), and a write that landed first moves the version, so the rewrite misses and is recomputed.
+Clients hear of nothing. A row sealed with a key no longer in the ring is left as it is and counted.
 """
 
 from __future__ import annotations
@@ -26,17 +17,15 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from celery_mcp_tasks.store.codec import (
+    ENCRYPTION_SETTING,
     PAYLOADS,
     SEALED_HEAD_CHARS,
     KeyRing,
     UnreadablePayload,
     open_columns,
-    ring_problem,
     sealed_key_id,
 )
 from celery_mcp_tasks.store.schema import tasks
-
-__all__ = ["Reencryption", "reencrypt", "ring_check", "sealed_census"]
 
 _ATTEMPTS = 16
 _NEWEST = 50
@@ -44,18 +33,37 @@ _READ = sa.select(tasks.c.key, tasks.c.version, *(tasks.c[name] for name in PAYL
 
 
 def ring_check(conn: Connection, ring: KeyRing | None) -> str | None:
-    """Why a process with `ring` must not start on this store (one line naming the setting), or None."""
+    """Why a process with `ring` must not start on this store (one line naming the setting), or None.
+
+    Decided on the newest sealed row: a process that cannot open what was written last has the wrong ring, or
+    none. Older rows sealed with a key retired since read as failed tasks instead.
+    """
     query = sa.select(tasks.c.key, tasks.c.arguments).order_by(tasks.c.updated_at.desc(), tasks.c.key.desc())
-    newest = [dict(row) for row in conn.execute(query.limit(_NEWEST)).mappings()]
-    return ring_problem(newest, ring)
+    for key, stored in conn.execute(query.limit(_NEWEST)):
+        key_id = sealed_key_id(stored)
+        if key_id is None:
+            continue
+        if ring is None:
+            return (
+                f"{ENCRYPTION_SETTING}: unset, but the task store holds encrypted payloads; "
+                "set it to the key ring they were written with"
+            )
+        try:
+            ring.open(stored, row=str(key), column="arguments")
+        except UnreadablePayload:
+            return (
+                f"{ENCRYPTION_SETTING}: none of its keys opens the task store's newest payloads (written with key "
+                f"{key_id}); set the ring the other processes use"
+            )
+        return None
+    return None
 
 
 def sealed_census(conn: Connection) -> dict[str | None, int]:
-    """How many rows' arguments each key sealed (key id -> rows; None: rows in clear), in one grouped scan.
+    """How many rows' arguments each key sealed (key id -> rows; None: in clear), in one grouped scan.
 
-    The arguments column decides whether a row reads: every sealed row has its arguments sealed,
-    and `reencrypt` rewrites a row's payloads together. The sealed form is a JSON string, so its
-    text starts with a quote, the prefix and the key id (`codec.sealed_key_id`)."""
+    The arguments decide whether a row reads (a row's payloads are sealed together); as JSON text the
+    sealed form is a quote, the prefix and the key id."""
     head = sa.func.substr(sa.cast(tasks.c.arguments, sa.Text), 1, 1 + SEALED_HEAD_CHARS)
     census: dict[str | None, int] = {}
     for text, count in conn.execute(sa.select(head, sa.func.count()).group_by(head)):
@@ -82,8 +90,8 @@ def reencrypt(
     after = ""
     while True:
         with engine.connect() as conn:
-            rows = conn.execute(_READ.where(tasks.c.key > after).order_by(tasks.c.key).limit(batch_size)).mappings()
-            batch = [dict(row) for row in rows]
+            query = _READ.where(tasks.c.key > after).order_by(tasks.c.key).limit(batch_size)
+            batch = [dict(row) for row in conn.execute(query).mappings()]
             conn.rollback()
         if not batch:
             return tally

@@ -1,14 +1,8 @@
-"""The console's values: rows, keyset pages, the overview, a task's detail; the filters and cursors that ask for them.
+"""The console's values (rows, keyset pages, the overview, a task's detail) and the filters and cursors that ask for them.
 
-The console (and its JSON API and CLI) sees rows, never tasks: the store keeps
-only `key` = sha256(task id), so nothing here can hold or show a task id. An
-owner is shown as its namespace (`sub:<issuer>`, `client_id:<issuer>`,
-`anonymous`) and a short hash of the whole owner string (its *tag*), never the
-raw subject. Payloads (arguments, result, answers) are left out of every view
-unless the caller explicitly reveals them.
-
-Pure values and parsing: no I/O, no `mcp`, no `celery`. The SQL that answers these lives in
-`store.browse` (`SqlStore.browse`, `SqlStore.overview`, `SqlStore.rows` delegate to it).
+Rows, never tasks: the store keeps only `key` = sha256(task id). An owner shows as its namespace and a short
+hash of the whole owner string (its *tag*), never the raw subject; payloads only when the caller reveals them.
+Pure values and parsing; the SQL that answers them is `store.browse`.
 """
 
 from __future__ import annotations
@@ -19,7 +13,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Final, NamedTuple
 
 from celery_mcp_tasks.model import (
@@ -34,31 +28,6 @@ from celery_mcp_tasks.model import (
 )
 from celery_mcp_tasks.store.ledger import SweepRecord
 
-__all__ = [
-    "DEFAULT_LIMIT",
-    "DEFAULT_SORT",
-    "MAX_LIMIT",
-    "SORTS",
-    "BadFilter",
-    "ErrorView",
-    "Filter",
-    "MinuteCount",
-    "Overview",
-    "Page",
-    "Question",
-    "Row",
-    "TaskDetail",
-    "decode_cursor",
-    "detail_of",
-    "encode_cursor",
-    "owner_namespace",
-    "owner_tag",
-    "parse_limit",
-    "parse_sort",
-    "row_of",
-    "trace_id_of",
-]
-
 SORTS: Final = ("-created", "created", "-updated", "updated")
 DEFAULT_SORT: Final = "-created"
 DEFAULT_LIMIT: Final = 50
@@ -67,10 +36,7 @@ OWNER_TAG_LEN: Final = 10
 MAX_TEXT: Final = 200
 
 STATUS_NAMES: Final = tuple(status.value for status in TaskStatus)
-_STATUS_GROUPS: Final = {
-    "active": frozenset(ACTIVE_VALUES),
-    "final": frozenset(TERMINAL_VALUES),
-}
+_STATUS_GROUPS: Final = {"active": frozenset(ACTIVE_VALUES), "final": frozenset(TERMINAL_VALUES)}
 _HEX = re.compile(r"[0-9a-f]{4,64}")
 _DURATION = re.compile(r"(\d{1,9})([smhd]?)")
 _UNITS: Final = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -85,22 +51,11 @@ class BadFilter(ValueError):
         self.message = message
 
 
-# -- owners ---------------------------------------------------------------------------
-
-
 def owner_tag(owner: str | None) -> str | None:
     """A short hash of the whole owner string: tells owners apart without showing any of them."""
     if owner is None:
         return None
     return hashlib.sha256(owner.encode("utf-8", "surrogatepass")).hexdigest()[:OWNER_TAG_LEN]
-
-
-def owner_label(owner: str | None) -> str:
-    tag = owner_tag(owner)
-    return owner_namespace(owner) if tag is None else f"{owner_namespace(owner)} {tag}"
-
-
-# -- filters ----------------------------------------------------------------------------
 
 
 def _duration_s(name: str, value: str) -> int:
@@ -115,10 +70,9 @@ def _duration_s(name: str, value: str) -> int:
 class Filter:
     """Which rows to list. Every part optional; all given parts must hold.
 
-    `owner`: `anonymous`, a namespace (`sub:<issuer>` / `client_id:<issuer>`), a
-    tag (the short hash, or a prefix of it of 4 or more hex digits) or a whole
-    label (`<namespace> <tag>`). Ages are in seconds, measured from creation.
-    `text`: a case-insensitive substring of the status message.
+    `owner`: `anonymous`, a namespace (`sub:<issuer>` / `client_id:<issuer>`), a tag (the short hash, or a prefix
+    of 4 or more hex digits) or a label (`<namespace> <tag>`). Ages are seconds since creation. `text`: a
+    case-insensitive substring of the status message.
     """
 
     statuses: frozenset[str] = frozenset()
@@ -127,9 +81,6 @@ class Filter:
     min_age_s: int | None = None
     max_age_s: int | None = None
     text: str | None = None
-
-    # query parameter names, as the API, the list page's form and the CLI use them
-    PARAMS: Final = ("status", "tool", "owner", "min_age", "max_age", "q")  # type: ignore[misc]
 
     @classmethod
     def parse(cls, query: Mapping[str, str]) -> Filter:
@@ -140,11 +91,7 @@ class Filter:
         """
 
         def given(name: str) -> str | None:
-            value = query.get(name)
-            if value is None:
-                return None
-            value = value.strip()
-            return value or None
+            return (query.get(name) or "").strip() or None
 
         statuses: set[str] = set()
         if (raw := given("status")) is not None:
@@ -204,20 +151,15 @@ class Filter:
 
     def query(self) -> dict[str, str]:
         """Back to query parameters (for "next page" links and the CLI): `Filter.parse(f.query()) == f`."""
-        out: dict[str, str] = {}
-        if self.statuses:
-            out["status"] = ",".join(s for s in STATUS_NAMES if s in self.statuses)
-        if self.tool is not None:
-            out["tool"] = self.tool
-        if self.owner is not None:
-            out["owner"] = self.owner
-        if self.min_age_s is not None:
-            out["min_age"] = str(self.min_age_s)
-        if self.max_age_s is not None:
-            out["max_age"] = str(self.max_age_s)
-        if self.text is not None:
-            out["q"] = self.text
-        return out
+        values = {
+            "status": ",".join(s for s in STATUS_NAMES if s in self.statuses) or None,
+            "tool": self.tool,
+            "owner": self.owner,
+            "min_age": self.min_age_s,
+            "max_age": self.max_age_s,
+            "q": self.text,
+        }
+        return {name: str(value) for name, value in values.items() if value is not None}
 
     @property
     def empty(self) -> bool:
@@ -225,11 +167,10 @@ class Filter:
 
 
 def parse_sort(value: str | None) -> str:
-    if value is None or not value.strip():
-        return DEFAULT_SORT
-    if value.strip() not in SORTS:
-        raise BadFilter("sort", f"unknown sort {value.strip()!r} (one of {', '.join(SORTS)})")
-    return value.strip()
+    sort = (value or "").strip() or DEFAULT_SORT
+    if sort not in SORTS:
+        raise BadFilter("sort", f"unknown sort {sort!r} (one of {', '.join(SORTS)})")
+    return sort
 
 
 def parse_limit(value: str | None) -> int:
@@ -242,9 +183,6 @@ def parse_limit(value: str | None) -> int:
     if not 1 <= limit <= MAX_LIMIT:
         raise BadFilter("limit", f"between 1 and {MAX_LIMIT}")
     return limit
-
-
-# -- rows and pages ------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -309,25 +247,40 @@ class Row:
         }
 
 
-def row_of(record: TaskRecord) -> Row:
+ROW_COLUMNS: Final = (
+    "key",
+    "owner",
+    "tool",
+    "status",
+    "status_message",
+    "created_at",
+    "updated_at",
+    "progress",
+    "progress_total",
+    "attempt",
+    "resends",
+    "dispatches",
+    "heartbeat_at",
+    "expires_at",
+    "version",
+)
+"""The columns a `Row` shows (never a payload)."""
+_COPIED: Final = tuple(name for name in ROW_COLUMNS if name not in ("owner", "status"))
+
+
+def row_from(values: Mapping[Any, Any]) -> Row:
+    """The `Row` of a mapping of `ROW_COLUMNS` (a result row, or a record's fields)."""
+    owner = values["owner"]
     return Row(
-        key=record.key,
-        tool=record.tool,
-        status=record.status.value,
-        status_message=record.status_message,
-        owner_namespace=owner_namespace(record.owner),
-        owner_tag=owner_tag(record.owner),
-        created_at=record.created_at,
-        updated_at=record.updated_at,
-        progress=record.progress,
-        progress_total=record.progress_total,
-        attempt=record.attempt,
-        resends=record.resends,
-        dispatches=record.dispatches,
-        heartbeat_at=record.heartbeat_at,
-        expires_at=record.expires_at,
-        version=record.version,
+        status=values["status"],
+        owner_namespace=owner_namespace(owner),
+        owner_tag=owner_tag(owner),
+        **{name: values[name] for name in _COPIED},
     )
+
+
+def row_of(record: TaskRecord) -> Row:
+    return row_from({name: getattr(record, name) for name in ROW_COLUMNS} | {"status": record.status.value})
 
 
 @dataclass(frozen=True)
@@ -336,13 +289,10 @@ class Page:
     next_cursor: str | None
 
 
-def _sort_value(sort: str, row: Row) -> int:
-    return row.created_at if sort.endswith("created") else row.updated_at
-
-
 def encode_cursor(sort: str, row: Row) -> str:
     """The opaque cursor for the page after `row` (the last row of a page) in `sort` order."""
-    raw = json.dumps([sort, _sort_value(sort, row), row.key], separators=(",", ":")).encode()
+    value = row.created_at if sort.endswith("created") else row.updated_at
+    raw = json.dumps([sort, value, row.key], separators=(",", ":")).encode()
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
 
 
@@ -355,17 +305,10 @@ def decode_cursor(sort: str, cursor: str) -> tuple[int, str]:
         raise BadFilter("cursor", "malformed page cursor (take it from a page's next_cursor)") from None
     if made_for != sort:
         raise BadFilter("cursor", f"this cursor pages the {made_for!r} order, not {sort!r}")
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int)
-        or not isinstance(key, str)
-        or not re.fullmatch(r"[0-9a-f]{64}", key)
-    ):
+    # type(), not isinstance: a bool is no position
+    if type(value) is not int or not isinstance(key, str) or not re.fullmatch(r"[0-9a-f]{64}", key):
         raise BadFilter("cursor", "malformed page cursor (take it from a page's next_cursor)")
     return value, key
-
-
-# -- overview -----------------------------------------------------------------------------
 
 
 class MinuteCount(NamedTuple):
@@ -381,13 +324,10 @@ class MinuteCount(NamedTuple):
 class Overview:
     """The state of the store at `now_ms`, read without scanning it.
 
-    `by_status` / `by_tool`: every active task (`working`, `input_required`),
-    and the final ones that ended since `final_since_ms` (the chart's hour: a
-    store keeps finished tasks for their TTL, and counting all of them would
-    read every row). `per_minute`: the last 60 minutes, oldest first, every
-    minute present (completed/failed counted by the time the task ended: its
-    `updated_at`, as a final task is never written again). `last_sweep`: the
-    janitor's ledger row (its `report` has `resent` and `failed` for lost jobs).
+    `by_status` / `by_tool`: every active task, and the final ones that ended since `final_since_ms` (the chart's
+    hour: counting every finished task kept for its TTL would read every row). `per_minute`: the last 60 minutes,
+    oldest first, a final task counted at its `updated_at` (it is never written again). `last_sweep`: the
+    janitor's ledger row.
     """
 
     now_ms: int
@@ -408,16 +348,10 @@ class Overview:
         return 0 if self.last_sweep is None else int(self.last_sweep.report.get("failed", 0))
 
 
-# -- detail -------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Question:
     """An input request the task made: its key, and whether it is answered, outstanding or was dropped.
-
-    `message`: the question's own text while it is outstanding (the request is
-    cleared once answered or once the task ends), never the answer.
-    """
+    `message`: the question's own text while it is outstanding, never the answer."""
 
     key: str
     state: str  # "answered" | "outstanding" | "dropped"
@@ -462,10 +396,8 @@ class TaskDetail:
             "poll_interval_ms": self.poll_interval_ms,
             "started_at": self.started_at,
             "parked": self.parked,
-            "questions": [
-                {"key": q.key, "state": q.state, "method": q.method, "message": q.message} for q in self.questions
-            ],
-            "error": None if self.error is None else {"message": self.error.message, "code": self.error.code},
+            "questions": [asdict(question) for question in self.questions],
+            "error": None if self.error is None else asdict(self.error),
             "trace_id": self.trace_id,
             "celery_message_id": self.celery_message_id,
             "queue": self.queue,
@@ -495,15 +427,10 @@ def _question(key: str, record: TaskRecord) -> Question:
     request = record.input_requests.get(key)
     if request is None:
         return Question(key, "dropped")
-    method = request.get("method") if isinstance(request, dict) else None
-    params = request.get("params") if isinstance(request, dict) else None
+    request = request if isinstance(request, dict) else {}
+    method, params = request.get("method"), request.get("params")
     message = params.get("message") if isinstance(params, dict) else None
-    return Question(
-        key,
-        "outstanding",
-        method if isinstance(method, str) else None,
-        message if isinstance(message, str) else None,
-    )
+    return Question(key, "outstanding", *(text if isinstance(text, str) else None for text in (method, message)))
 
 
 def _error(error: dict[str, Any] | None) -> ErrorView | None:

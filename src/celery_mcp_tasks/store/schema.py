@@ -42,20 +42,16 @@ tasks = sa.Table(
     sa.Column("version", sa.Integer, nullable=False),
     sa.Column("dispatches", sa.Integer, nullable=False),
     sa.Column("heartbeat_at", sa.BigInteger, nullable=True),
-    # The job's run bookkeeping (migration 0002): Celery attempt of the current
-    # dispatch, the reaper's re-sends, and whether a job blocks waiting for input.
+    # Run bookkeeping (migration 0002): the dispatch's Celery attempt, the reaper's re-sends, a job parked on input.
     sa.Column("attempt", sa.Integer, nullable=False, server_default="0"),
     sa.Column("resends", sa.Integer, nullable=False, server_default="0"),
     sa.Column("parked", sa.Boolean, nullable=False, server_default=sa.false()),
-    # When a copy of the job claimed the current run (migration 0003): a redelivered
-    # second copy of the same run stands aside while the first one heartbeats.
+    # When a copy of the job claimed the run (migration 0003): a redelivered copy stands aside while it heartbeats.
     sa.Column("started_at", sa.BigInteger, nullable=True),
-    # The job's last numeric progress report (migration 0004): how much is done and,
-    # when known, how much there is. NULL: never reported.
+    # The last numeric progress report (migration 0004): done and, when known, total. NULL: never reported.
     sa.Column("progress", sa.Float, nullable=True),
     sa.Column("progress_total", sa.Float, nullable=True),
-    # The W3C `traceparent` of the call that created the task (migration 0005): every
-    # later run (a retry, a re-send, the run after an answer) joins the task's one trace.
+    # The creating call's W3C `traceparent` (migration 0005): every later run joins the task's one trace.
     sa.Column("trace_context", sa.String(512), nullable=True),
     # An anonymous caller's quota identity (migration 0007): a hash of its address, only with
     # MCP_TASKS_QUOTA_ANONYMOUS=per_client; NULL otherwise (an authenticated caller is its owner).
@@ -63,8 +59,7 @@ tasks = sa.Table(
     sa.Index(None, "expires_at"),
     sa.Index(None, "status", "heartbeat_at"),
     sa.Index(None, "status", "updated_at"),
-    # The operators' console (migration 0006): keyset pages by creation or last change,
-    # narrowed to a status, a tool or an owner.
+    # The console's keyset pages (migration 0006), by creation or last change, narrowed to a status, tool or owner.
     sa.Index(None, "created_at", "key"),
     sa.Index(None, "updated_at", "key"),
     sa.Index(None, "status", "created_at", "key"),
@@ -75,17 +70,14 @@ tasks = sa.Table(
 sweeps = sa.Table(
     f"{TABLE_PREFIX}sweep",
     metadata,
-    # One row per sweeping duty ("janitor"): the last sweep's time and counts, so
-    # `/readyz`, the metrics and `doctor` can tell a janitor that stopped; and the
-    # claim that lets many in-worker janitors sweep once per interval between them.
+    # One row per sweeping duty ("janitor"): its last sweep and the claim on the current interval (`store.sweeps`).
     sa.Column("name", sa.String(32), primary_key=True),
     sa.Column("claimed_at", sa.BigInteger, nullable=True),
     sa.Column("claimed_by", sa.String(128), nullable=True),
     sa.Column("swept_at", sa.BigInteger, nullable=True),
     sa.Column("duration_ms", sa.BigInteger, nullable=True),
     sa.Column("sweeps", sa.BigInteger, nullable=False, server_default="0"),
-    # The last sweep's report ({"removed": n, "resent": n, ...}) and the tasks in
-    # each status it counted ({"working": n, ...}).
+    # The last sweep's report ({"removed": n, "resent": n, ...}) and the tasks it counted by status.
     sa.Column("report", sa.JSON, nullable=True),
     sa.Column("statuses", sa.JSON, nullable=True),
 )

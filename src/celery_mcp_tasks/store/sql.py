@@ -1,28 +1,18 @@
 """`SqlStore`: the `Store` on SQLAlchemy Core, for SQLite and PostgreSQL alike.
 
-Every transition is computed (a pure `TaskRecord` method) and written with
-`UPDATE ... WHERE key = :key AND version = :version`, setting only the columns
-it changed; no row means another writer won, and the transition is recomputed
-from the fresh row. That is correct on both databases in every isolation mode.
+Every transition is a compare-and-swap: `UPDATE ... WHERE key AND version` setting only the columns it
+changed; no row means another writer won, and the transition is recomputed from the fresh row.
 
-A write costs what it must. A creation is one statement in autocommit (the
-INSERT, or the capped `INSERT ... SELECT ... WHERE <room>`): atomic and durable
-on its own. An update told the record its caller last saw (`expected`) is one
-conditional UPDATE in autocommit, computed on that record: one round trip, one
-commit. Only when that misses (another writer moved the row) or nothing is
-expected does it take the locking path: BEGIN, `SELECT ... FOR UPDATE` (a slow
-writer is never starved by fast ones; SQLite serializes with `BEGIN IMMEDIATE`),
-the UPDATE, COMMIT. The `ChangeHint` (PostgreSQL's `pg_notify`) is folded into
-the writing statement's RETURNING (`UPDATE ... RETURNING heartbeat_at, pg_notify(...)`), so it goes
-out at that write's commit and never for a write that missed. A write that
-need not be durable (a run's claim: `update(durable=False)`) folds `set_config('synchronous_commit',
-'off', true)` in the same way: its commit does not wait for the WAL flush.
+A write costs what it must. A creation is one statement in autocommit (the INSERT, or the capped
+`INSERT ... SELECT ... WHERE <room>`). An update told the record its caller last saw (`expected`) is one
+conditional UPDATE in autocommit; only when that misses does it take the locking path (BEGIN,
+`SELECT ... FOR UPDATE`, UPDATE, COMMIT; SQLite serializes with `BEGIN IMMEDIATE`). The change hint
+(`pg_notify`) and a non-durable write's `synchronous_commit` off ride in the writing statement's
+RETURNING, so they take effect at that write's commit and never for a write that missed.
 
-A dropped connection is retried once, but never past a write whose outcome is
-unknown (a COMMIT, or an autocommit statement, lost in flight): `create` and
-`update` then read what the row became, so a retried answer cannot be applied
-twice, nor a created row be inserted twice. Every failure leaves the store as
-`StoreUnavailable`, whose text names nothing of SQL.
+A dropped connection is retried once, but never past a write whose outcome is unknown (a COMMIT, or an
+autocommit statement, lost in flight): `create` and `update` then read what the row became, so nothing is
+applied twice. Every failure leaves as `StoreUnavailable`, whose text names nothing of SQL.
 """
 
 from __future__ import annotations
@@ -30,9 +20,9 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import fields, replace
-from typing import Any, TypeVar
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, make_url
@@ -51,16 +41,14 @@ from celery_mcp_tasks.store.base import (
     Transition,
     apply,
 )
-from celery_mcp_tasks.store.cleanup import evict
 from celery_mcp_tasks.store.codec import KeyRing, UnreadablePayload, open_columns, seal_columns
-from celery_mcp_tasks.store.engine import READ_ONLY, create_store_engine, normalize_url
-from celery_mcp_tasks.store.failures import _CommitInDoubt, _in_doubt, _reconnecting, _reported
+from celery_mcp_tasks.store.engine import create_store_engine, normalize_url, read
+from celery_mcp_tasks.store.failures import _CommitInDoubt, _in_doubt, _operation, _reconnecting, _reported
 from celery_mcp_tasks.store.rows import Filter, Overview, Page, Row
 from celery_mcp_tasks.store.schema import tasks
-from celery_mcp_tasks.store.sweeps import SweepLedger, count_by_status, unanswered
+from celery_mcp_tasks.store.sweeps import SweepLedger, count_by_status, evict, unanswered
 
 logger = logging.getLogger(__name__)
-_T = TypeVar("_T")
 
 _MAX_CAS_ATTEMPTS = 64
 _COLUMNS = [f.name for f in fields(TaskRecord)]
@@ -73,27 +61,17 @@ def _stored(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
-def _same(a: TaskRecord, b: TaskRecord) -> bool:
-    return _stored(_to_row(a)) == _stored(_to_row(b))
-
-
 def _changes(before: TaskRecord, after: TaskRecord) -> dict[str, Any]:
-    """The columns `after` changes (the version always; `expires_at` when its inputs move): all an UPDATE
-    needs to set, as `_to_row` writes them. Compared field by field, only the changed ones converted."""
-    changes = {name: _column(after, name) for name in _SET if getattr(after, name) != getattr(before, name)}
+    """The columns `after` changes (the version always; `expires_at` when its inputs move), as `_to_row` writes
+    them: all an UPDATE needs to set. Compared field by field, only the changed ones converted."""
+    changes = {name: getattr(after, name) for name in _SET if getattr(after, name) != getattr(before, name)}
+    if "status" in changes:
+        changes["status"] = after.status.value
+    if "issued_keys" in changes:
+        changes["issued_keys"] = list(after.issued_keys)
     if after.expires_at != before.expires_at:
         changes["expires_at"] = after.expires_at
     return changes
-
-
-def _column(record: TaskRecord, name: str) -> Any:
-    """One field of `record` as its column holds it (`_to_row`)."""
-    value = getattr(record, name)
-    if name == "status":
-        return record.status.value
-    if name == "issued_keys":
-        return list(record.issued_keys)
-    return value
 
 
 def _holds(found: TaskRecord, changes: Mapping[str, Any]) -> bool:
@@ -113,7 +91,7 @@ class _Landed(Exception):
 def _unless_landed(transition: Transition, doubt: _CommitInDoubt) -> Transition:
     """`transition`, unless the row already holds the write that was in doubt (then `_Landed`)."""
     after, changes = doubt.after, doubt.changes
-    assert after is not None and changes is not None
+    assert after is not None
 
     def step(record: TaskRecord) -> TaskRecord:
         if record.version == after.version and _holds(record, changes):
@@ -123,28 +101,20 @@ def _unless_landed(transition: Transition, doubt: _CommitInDoubt) -> Transition:
     return step
 
 
-def _insert_if_room() -> sa.Insert:
-    """`INSERT ... SELECT :values WHERE (bounded count) < :max_rows` (RETURNING key: `_insert_statement`), built once.
-
-    RETURNING rather than rowcount: psycopg reports -1 for INSERT ... SELECT.
-    """
-    capped = sa.select(sa.literal_column("1")).select_from(tasks).limit(sa.bindparam("max_rows")).subquery()
-    room = sa.select(sa.func.count()).select_from(capped).scalar_subquery() < sa.bindparam("max_rows")
-    values = sa.select(*(sa.bindparam(c.name, type_=c.type).label(c.name) for c in tasks.columns)).where(room)
-    return tasks.insert().from_select([c.name for c in tasks.columns], values)
-
-
-_INSERT_IF_ROOM = _insert_if_room()
-_NEWER_HEARTBEAT = "heartbeat_at"
+# `INSERT ... SELECT :values WHERE (count bounded by the cap) < :max_rows`. Its caller asks RETURNING key,
+# not rowcount: psycopg reports -1 for INSERT ... SELECT.
+_CAPPED = sa.select(sa.literal_column("1")).select_from(tasks).limit(sa.bindparam("max_rows")).subquery()
+_ROOM = sa.select(sa.func.count()).select_from(_CAPPED).scalar_subquery() < sa.bindparam("max_rows")
+_INSERT_IF_ROOM = tasks.insert().from_select(
+    [c.name for c in tasks.columns],
+    sa.select(*(sa.bindparam(c.name, type_=c.type).label(c.name) for c in tasks.columns)).where(_ROOM),
+)
 
 
 def _hinted(statement: Any, returning: Any, hinted: bool, *, durable: bool = True) -> Any:
-    """`statement` (a DML statement) `RETURNING returning`, with the change hint folded into the RETURNING when
-    `hinted`: `... RETURNING <returning>, pg_notify(:hint_channel, :hint_payload)`. RETURNING is computed for
-    each row the statement writes and for no other, so the hint goes out exactly when it wrote one, at that
-    write's commit. Not `durable` (PostgreSQL): `set_config('synchronous_commit', 'off', true)` folded in the
-    same way, so the statement's commit (autocommit: at its end) does not wait for the WAL flush
-    (`SqlStore.update`); a statement that wrote nothing has nothing to flush. One statement, no CTE around it."""
+    """`statement RETURNING returning`, plus `pg_notify(...)` when `hinted` and `set_config('synchronous_commit',
+    'off', true)` when not `durable`: RETURNING runs once per row written and for no other, so the hint goes out
+    exactly when a row was written, at its commit, and only a write that happened skips the WAL flush."""
     folded: list[Any] = []
     if hinted:
         folded.append(sa.func.pg_notify(sa.bindparam("hint_channel"), sa.bindparam("hint_payload")))
@@ -155,41 +125,33 @@ def _hinted(statement: Any, returning: Any, hinted: bool, *, durable: bool = Tru
 
 @functools.cache
 def _insert_statement(capped: bool, hinted: bool) -> Any:
-    """A creation's one statement (built once per shape): RETURNING key, so a row back means inserted."""
+    """A creation's one statement: RETURNING key, so a row back means inserted."""
     return _hinted(_INSERT_IF_ROOM if capped else tasks.insert(), tasks.c.key, hinted)
 
 
 @functools.cache
 def _update_statement(columns: tuple[str, ...], owner: OwnerScope, hinted: bool, forward: bool, durable: bool) -> Any:
-    """`UPDATE ... SET <columns> WHERE key AND version [AND owner] RETURNING heartbeat_at` (built once per shape).
+    """`UPDATE ... SET <columns> WHERE key AND version [AND owner] RETURNING heartbeat_at`.
 
-    `owner`: its scope (`_owner_clause`). `forward`: the heartbeat only grows. `durable`: see `_hinted`."""
+    `forward`: the heartbeat only grows. `durable`: see `_hinted`."""
     values: dict[str, Any] = {}
     for name in columns:
         value = sa.bindparam(f"new_{name}", type_=tasks.c[name].type)
-        values[name] = _later(value) if forward and name == _NEWER_HEARTBEAT else value
-    query = (
-        tasks.update()
-        .where(tasks.c.key == sa.bindparam("cas_key"))
-        .where(tasks.c.version == sa.bindparam("cas_version"))
+        values[name] = _later(value) if forward and name == "heartbeat_at" else value
+    query = tasks.update().where(
+        tasks.c.key == sa.bindparam("cas_key"),
+        tasks.c.version == sa.bindparam("cas_version"),
+        *_owner_clause(owner, "cas_owner"),
     )
-    clause = _owner_clause(owner, "cas_owner")
-    if clause is not None:
-        query = query.where(clause)
     return _hinted(query.values(values), tasks.c.heartbeat_at, hinted, durable=durable)
 
 
 @functools.cache
 def _select_statement(owner: OwnerScope, for_update: bool) -> Any:
-    """`SELECT * FROM tasks WHERE key = :key [AND owner] [FOR UPDATE]` (built once per shape).
-
-    `owner`: its scope (`_owner_clause`). `for_update`, on PostgreSQL: the read blocks
-    until a concurrent writer commits, so the CAS after it almost never loses (without it a fast writer
-    can starve a slow one); on SQLite a no-op, as BEGIN IMMEDIATE already serializes the transaction."""
-    query = sa.select(tasks).where(tasks.c.key == sa.bindparam("key"))
-    clause = _owner_clause(owner, "owner")
-    if clause is not None:
-        query = query.where(clause)
+    """`SELECT * WHERE key [AND owner] [FOR UPDATE]`. FOR UPDATE (PostgreSQL) waits for a concurrent writer, so
+    the CAS after it almost never loses (else a fast writer can starve a slow one); SQLite's BEGIN IMMEDIATE
+    serializes already."""
+    query = sa.select(tasks).where(tasks.c.key == sa.bindparam("key"), *_owner_clause(owner, "owner"))
     return query.with_for_update() if for_update else query
 
 
@@ -207,7 +169,13 @@ def _from_row(row: Mapping[Any, Any], ring: KeyRing | None = None) -> TaskRecord
     A payload this process cannot open (a retired key, no ring) reads as a failed task whose error
     says why: the row is left as it is, and nothing can move a terminal record."""
     values = {name: row[name] for name in _COLUMNS}
-    if ring is not None or str in _payload_types(values):
+    # In clear the payloads are objects or NULL: a str among them is sealed. (Spelled out: this runs on every read.)
+    if ring is not None or str in (
+        type(values["arguments"]),
+        type(values["input_requests"]),
+        type(values["input_responses"]),
+        type(values["result"]),
+    ):
         try:
             open_columns(ring, values["key"], values)
         except UnreadablePayload as exc:
@@ -217,16 +185,6 @@ def _from_row(row: Mapping[Any, Any], ring: KeyRing | None = None) -> TaskRecord
     for name in ("arguments", "input_requests", "input_responses"):
         values[name] = values[name] or {}
     return TaskRecord(**values)
-
-
-def _payload_types(values: dict[str, Any]) -> tuple[type, ...]:
-    """The payload columns' types: a `str` among them is a sealed payload (in clear they are objects or NULL)."""
-    return (
-        type(values["arguments"]),
-        type(values["input_requests"]),
-        type(values["input_responses"]),
-        type(values["result"]),
-    )
 
 
 def _unreadable(values: dict[str, Any], reason: str) -> TaskRecord:
@@ -270,14 +228,12 @@ def _owner_shape(owner: Owner, params: dict[str, Any], name: str) -> OwnerScope:
     return scope
 
 
-def _owner_clause(scope: OwnerScope, name: str) -> sa.ColumnElement[bool] | None:
+def _owner_clause(scope: OwnerScope, name: str) -> tuple[sa.ColumnElement[bool], ...]:
     """The owner rule (`model.owner_scope`) in SQL: nothing for "any", owner-less rows for "none", else the
     rows of the owner bound as `name`."""
     if scope == "any":
-        return None
-    if scope == "none":
-        return tasks.c.owner.is_(None)
-    return tasks.c.owner == sa.bindparam(name)
+        return ()
+    return (tasks.c.owner.is_(None) if scope == "none" else tasks.c.owner == sa.bindparam(name),)
 
 
 class SqlStore:
@@ -292,10 +248,7 @@ class SqlStore:
         if change_hint is not None and self.dialect != "postgresql":
             raise ValueError(f"a change hint is PostgreSQL's pg_notify; this store is {self.dialect}")
         self.change_hint = change_hint
-        # PostgreSQL: the engine is in autocommit (`from_url`), so a read or a write that is one
-        # statement is one round trip (not BEGIN, statement, COMMIT) with nothing to set per connection.
-        # SQLite: a read takes a deferred BEGIN; a write takes the write lock first (BEGIN IMMEDIATE,
-        # waited for in short steps) and releases it at its commit.
+        # SQLite: a read takes a deferred BEGIN; a write takes the write lock first (BEGIN IMMEDIATE).
         self._sqlite = self.dialect == "sqlite"
         self._ledger: SweepLedger | None = None
 
@@ -303,10 +256,8 @@ class SqlStore:
     def from_url(
         cls, url: str, *, change_hint: ChangeHint | None = None, ring: KeyRing | None = None, **engine_kwargs: Any
     ) -> SqlStore:
-        """The store on an engine of its own. On PostgreSQL that engine is in autocommit: a statement is its
-        own transaction (one round trip, nothing set or reset per checkout); the locking path asks for the
-        server's isolation level on its connection. (An engine in transactions works too, at a BEGIN and a
-        COMMIT more per write.)"""
+        """The store on an engine of its own, in autocommit on PostgreSQL: a one-statement read or write is one
+        round trip (an engine in transactions works too, at a BEGIN and a COMMIT more per write)."""
         if make_url(normalize_url(url)).get_backend_name() == "postgresql":
             engine_kwargs.setdefault("isolation_level", "AUTOCOMMIT")
         return cls(create_store_engine(url, **engine_kwargs), change_hint=change_hint, ring=ring)
@@ -322,35 +273,25 @@ class SqlStore:
     def dispose(self) -> None:
         self.engine.dispose()
 
-    def _reading(self) -> Connection:
-        """A connection for a read: one statement, no transaction to keep (a deferred BEGIN on SQLite)."""
-        conn = self.engine.connect()
-        return conn.execution_options(**{READ_ONLY: True}) if self._sqlite else conn
-
     def _locking(self) -> Connection:
-        """A connection for the locking path: a transaction of the server's isolation level on PostgreSQL
-        (whose store engine is in autocommit), BEGIN IMMEDIATE on SQLite."""
+        """A connection for the locking path: the server's isolation level on PostgreSQL, BEGIN IMMEDIATE on SQLite."""
         conn = self.engine.connect()
         if self._sqlite:
             return conn
         return conn.execution_options(isolation_level=conn.dialect.default_isolation_level)
 
-    def _hint(self, record: TaskRecord) -> tuple[str, str] | None:
+    def _hint(self, record: TaskRecord, params: dict[str, Any]) -> bool:
+        """Whether a write of `record` carries a change hint; if so, bound into `params`."""
         hint = self.change_hint
-        if hint is None:
-            return None
-        payload = hint.payload(record)
-        return None if payload is None else (hint.channel, payload)
+        payload = None if hint is None else hint.payload(record)
+        if hint is None or payload is None:
+            return False
+        params["hint_channel"], params["hint_payload"] = hint.channel, payload
+        return True
 
-    # -- reads ---------------------------------------------------------------------
-
-    @_reported
-    @_reconnecting
+    @_operation
     def get(self, key: str, owner: Owner = ANY) -> TaskRecord | None:
-        with self._reading() as conn:
-            row = self._select(conn, key, owner)
-            conn.rollback()
-        return row
+        return read(self.engine, self._select, key, owner)
 
     def _select(self, conn: Connection, key: str, owner: Owner, *, for_update: bool = False) -> TaskRecord | None:
         params = {"key": key}
@@ -358,19 +299,15 @@ class SqlStore:
         row = conn.execute(statement, params).mappings().first()
         return None if row is None else _from_row(row, self.ring)
 
-    @_reported
-    @_reconnecting
+    @_operation
     def versions(self, keys: Iterable[str]) -> dict[str, int]:
         wanted = list(keys)
         if not wanted:
             return {}
-        with self._reading() as conn:
-            rows = conn.execute(sa.select(tasks.c.key, tasks.c.version).where(tasks.c.key.in_(wanted))).all()
-            conn.rollback()
-        return dict(rows)
+        query = sa.select(tasks.c.key, tasks.c.version).where(tasks.c.key.in_(wanted))
+        return dict(read(self.engine, lambda conn: conn.execute(query).all()))
 
-    @_reported
-    @_reconnecting
+    @_operation
     def stale(self, *, heartbeat_before_ms: int, limit: int) -> list[TaskRecord]:
         query = (
             sa.select(tasks)
@@ -378,27 +315,16 @@ class SqlStore:
             .where(sa.or_(tasks.c.heartbeat_at.is_(None), tasks.c.heartbeat_at < heartbeat_before_ms))
             .limit(limit)
         )
-        with self._reading() as conn:
-            rows = conn.execute(query).mappings().all()
-            conn.rollback()
+        rows = read(self.engine, lambda conn: conn.execute(query).mappings().all())
         return [_from_row(row, self.ring) for row in rows]
-
-    # -- writes --------------------------------------------------------------------
 
     @_reported
     def create(
         self, record: TaskRecord, *, max_rows: int | None, quota: Quota | None = None, idempotent: bool = False
     ) -> TaskRecord:
-        """Insert; at the cap, refuse. One statement in autocommit: the row goes in only if there is room.
-
-        The count is bounded (it never scans more rows than the cap) and part of
-        the INSERT itself, so the hot path pays one round trip, not two. Under
-        concurrency the cap is approximate by at most the number of racing creates.
-        A connection lost during the statement is settled by reading the row: there
-        with this content, the create succeeded; absent, it is inserted again.
-        With a `quota`, the creation is a transaction of its own (`store.quotas`).
-        `idempotent`: a row already under the key is returned instead of an error.
-        """
+        """One statement in autocommit whose bounded count of the rows is part of the INSERT (the cap is approximate
+        by at most the racing creates). A statement lost in flight is settled by reading the row: there with this
+        content, created; absent, inserted again. With a `quota`, a transaction of its own (`store.quotas`)."""
         if quota is not None and not quota.unlimited:
             return self._create_within_quota(record, max_rows, quota, idempotent)
         try:
@@ -421,7 +347,7 @@ class SqlStore:
                 found = self.get(record.key)
             except _CommitInDoubt as again:
                 raise again.cause from None
-        if found is not None and (idempotent or _same(found, record)):
+        if found is not None and (idempotent or _stored(_to_row(found)) == _stored(_to_row(record))):
             return found
         raise lost.cause
 
@@ -457,10 +383,7 @@ class SqlStore:
             params = seal_columns(self.ring, record.key, params)
         if max_rows is not None:
             params["max_rows"] = max_rows
-        hint = self._hint(record)
-        if hint is not None:
-            params["hint_channel"], params["hint_payload"] = hint
-        return _insert_statement(max_rows is not None, hint is not None), params
+        return _insert_statement(max_rows is not None, self._hint(record, params)), params
 
     def _insert(self, record: TaskRecord, max_rows: int | None) -> None:
         statement, params = self._insert_statement(record, max_rows)
@@ -483,9 +406,7 @@ class SqlStore:
         expected: TaskRecord | None = None,
         durable: bool = True,
     ) -> TaskRecord:
-        """`Store.update`. Not `durable`, on PostgreSQL: the write is atomic and seen by every reader at its
-        commit, as any, but that commit does not wait for the WAL flush (`synchronous_commit` off for that
-        transaction alone), so a database crash right after may lose it; a later durable commit flushes it."""
+        """Not `durable`, on PostgreSQL: `synchronous_commit` off for that transaction alone."""
         durable = durable or self._sqlite  # SQLite (WAL, synchronous=NORMAL) waits for no flush at commit anyway
         step = transition
         if expected is not None:
@@ -510,13 +431,10 @@ class SqlStore:
     ) -> tuple[TaskRecord | None, _CommitInDoubt | None]:
         """The transition computed on `expected` and written as ONE conditional UPDATE in autocommit.
 
-        The record written, or None when the locking path must decide: the row is no
-        longer at `expected.version` (or is gone, or foreign), or the transition refused
-        `expected` or left it as it was (either may be wrong for the row as it is now).
-        With None, the write lost in flight if it was: settled as not applied, it may
-        still land later (an autocommit statement holds no lock while it travels).
-        Only the columns the transition changed are set, so a heartbeat a touch moved
-        since `expected` is never rewound; one the transition moves only moves forward.
+        The record written, or None when the locking path must decide: the row moved on (or is gone, or
+        foreign), or the transition refused `expected` or left it as it was. With None, the write lost in
+        flight if it was: settled as not applied, it may still land later (an autocommit statement holds no
+        lock while it travels). Only changed columns are set, so a touched heartbeat is never rewound.
         """
         if expected.key != key:
             raise ValueError("the expected record is another task's")
@@ -571,29 +489,23 @@ class SqlStore:
         forward: bool = False,
         durable: bool = True,
     ) -> Any:
-        """`UPDATE ... SET <changes> WHERE key AND version [AND owner] RETURNING heartbeat_at`, the hint
-        folded in: the returned row, or None when it matched nothing. `forward`: the heartbeat only grows.
-        `durable`: False folds in `synchronous_commit` off for this write's transaction (`_hinted`)."""
+        """The compare-and-swap UPDATE (`_update_statement`): the returned row, or None when it matched nothing."""
         params: dict[str, Any] = {f"new_{name}": value for name, value in changes.items()}
         if self.ring is not None:
             params = seal_columns(self.ring, key, params, prefix="new_")
         params["cas_key"], params["cas_version"] = key, version
         shape = _owner_shape(owner, params, "cas_owner")
-        hint = self._hint(nxt)
-        if hint is not None:
-            params["hint_channel"], params["hint_payload"] = hint
-        forward = forward and changes.get(_NEWER_HEARTBEAT) is not None
-        statement = _update_statement(tuple(changes), shape, hint is not None, forward, durable)
+        hinted = self._hint(nxt, params)
+        forward = forward and changes.get("heartbeat_at") is not None
+        statement = _update_statement(tuple(changes), shape, hinted, forward, durable)
         return conn.execute(statement, params).first()
 
     def _settle(self, doubt: _CommitInDoubt) -> TaskRecord | None:
         """After a write lost in flight: the written record if it was applied, None if it was not.
 
-        Decided on the row as it is once the lost transaction is resolved (the
-        locking read waits for it on PostgreSQL). Versions only grow, one per write:
-        still at the version read, nothing was applied; at the version written, it
-        is ours exactly when it holds what we wrote. Further along, nobody can tell,
-        and the write fails rather than being applied twice.
+        Decided on the row once the lost transaction is resolved (the locking read waits for it on PostgreSQL).
+        Versions grow one per write: still at the version read, nothing was applied; at the version written,
+        it is ours exactly when it holds what we wrote. Further along, nobody can tell: the write fails.
         """
         before, after = doubt.before, doubt.after
         assert before is not None and after is not None
@@ -607,18 +519,15 @@ class SqlStore:
             return _with_heartbeat(after, found.heartbeat_at) if _holds(found, doubt.changes) else None
         raise doubt.cause
 
-    @_reported
-    @_reconnecting
+    @_operation
     def _locked(self, key: str) -> TaskRecord | None:
         with self._locking() as conn, conn.begin():
             return self._select(conn, key, ANY, for_update=True)
 
-    @_reported
-    @_reconnecting
+    @_operation
     def touch(self, key: str, at_ms: int, *, dispatch: int | None = None) -> bool:
-        """Record a heartbeat: one conditional UPDATE in autocommit, no version bump (liveness is not a change
-        clients see), never moving it backwards. False when the task is final, gone, or (with
-        `dispatch`) owned by a newer run. Idempotent, so retried even after a lost COMMIT."""
+        """One conditional UPDATE in autocommit, no version bump (liveness is not a change clients see), never
+        moving it backwards. Idempotent, so retried even after a lost COMMIT."""
         query = tasks.update().where(tasks.c.key == key).where(tasks.c.status.not_in(TERMINAL_VALUES))
         if dispatch is not None:
             query = query.where(tasks.c.dispatches == dispatch)
@@ -627,51 +536,34 @@ class SqlStore:
             conn.commit()
         return touched
 
-    # -- the operators' console (`store.browse`) ----------------------------------------
-
-    def _browsing(self, read: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
-        """One of `store.browse`'s reads on a read connection."""
-        with self._reading() as conn:
-            found = read(conn, *args, **kwargs)
-            conn.rollback()
-        return found
-
-    @_reported
-    @_reconnecting
+    @_operation
     def browse(self, filter: Filter, sort: str, cursor: str | None, limit: int, *, now_ms: int) -> Page:
-        return self._browsing(browse.browse, filter, sort, cursor, limit, now_ms=now_ms)
+        return read(self.engine, browse.browse, filter, sort, cursor, limit, now_ms=now_ms)
 
-    @_reported
-    @_reconnecting
+    @_operation
     def overview(self, now_ms: int) -> Overview:
-        return self._browsing(browse.overview, now_ms)
+        return read(self.engine, browse.overview, now_ms)
 
-    @_reported
-    @_reconnecting
+    @_operation
     def rows(self, keys: Iterable[str], filter: Filter | None = None, *, now_ms: int | None = None) -> list[Row]:
-        return self._browsing(browse.rows, keys, filter, now_ms=now_ms)
+        return read(self.engine, browse.rows, keys, filter, now_ms=now_ms)
 
-    @_reported
-    @_reconnecting
+    @_operation
     def keys_starting(self, prefix: str, *, limit: int) -> list[str]:
-        return self._browsing(browse.keys_starting, prefix, limit=limit)
+        return read(self.engine, browse.keys_starting, prefix, limit=limit)
 
-    @_reported
-    @_reconnecting
+    @_operation
     def changed_since(self, updated_at_ms: int, *, limit: int) -> list[Row]:
-        return self._browsing(browse.changed_since, updated_at_ms, limit=limit)
+        return read(self.engine, browse.changed_since, updated_at_ms, limit=limit)
 
-    @_reported
-    @_reconnecting
+    @_operation
     def delete(self, key: str) -> bool:
-        """Delete a final row: one conditional DELETE (idempotent, so retried after a lost COMMIT too)."""
+        """One conditional DELETE (idempotent, so retried after a lost COMMIT too)."""
         query = tasks.delete().where(tasks.c.key == key).where(tasks.c.status.in_(TERMINAL_VALUES))
         with self.engine.connect() as conn:
             deleted = conn.execute(query).rowcount == 1
             conn.commit()
         return deleted
-
-    # -- the janitor's --------------------------------------------------------------
 
     def unanswered(self, *, changed_before_ms: int, limit: int) -> list[str]:
         return unanswered(self.engine, changed_before_ms=changed_before_ms, limit=limit)
@@ -687,12 +579,6 @@ class SqlStore:
 
     @_reported
     def evict(self, *, now_ms: int, retention_ms: int, batch_size: int) -> Eviction:
-        """Delete expired rows in bounded batches (`store.cleanup.evict`): how many went, and which of them
-        went before their task was final (by tool)."""
         tally = Eviction()  # outside the retry: batches committed before a dropped connection stay counted
-        self._evict(tally, now_ms=now_ms, retention_ms=retention_ms, batch_size=batch_size)
-        return tally
-
-    @_reconnecting
-    def _evict(self, tally: Eviction, *, now_ms: int, retention_ms: int, batch_size: int) -> None:
         evict(self.engine, tally, now_ms=now_ms, retention_ms=retention_ms, batch_size=batch_size)
+        return tally

@@ -1,22 +1,9 @@
-"""The sweep ledger on SQL: when each sweeping duty last ran, what it did, and who may run it next.
+"""The janitor's SQL: the sweep ledger (`store.ledger`'s contract), eviction, and its reads of the tasks.
 
-Its contract and row (`Ledger`, `SweepRecord`) are `store.ledger`'s; the janitor's reads of the tasks it sweeps
-(`count_by_status`, `unanswered`) live here too.
-
-A janitor that stops must be visible: every sweep records itself here (time,
-duration, counts, the tasks in each status), so `/readyz`, the metrics and
-`doctor` read its age from the store instead of trusting that a `celery beat`
-is somewhere. The same row is the claim that lets many in-worker janitors
-sweep once per interval between them: `claim` is one atomic upsert whose
-`WHERE` admits a claimant only when the last claim is an interval old, so of
-N workers asking at once exactly one wins (PostgreSQL re-checks the condition
-on the row it waited for; SQLite's `BEGIN IMMEDIATE` serializes the writers).
-
-Every time in this table is the database's clock, read inside the statement
-(`claimed_at`, `swept_at`, and `read_at` on a read), never the caller's: the
-claimants and the readers (web, `doctor`, metrics) run on hosts whose clocks
-differ, and a claimant whose clock is behind would otherwise stamp an old claim
-that lets another worker sweep again early.
+Every sweep records itself in the ledger, so `/readyz`, the metrics and `doctor` read the janitor's age from the
+store. The same row is the claim that lets many in-worker janitors sweep once per interval between them. Every
+time in that table is the database's clock, read inside the statement, never a caller's: hosts' clocks differ,
+and a claimant whose clock is behind would stamp an old claim that lets another worker sweep again early.
 """
 
 from __future__ import annotations
@@ -25,23 +12,15 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Engine, RowMapping
+from sqlalchemy.engine import Engine
 
-from celery_mcp_tasks.model import TaskStatus
-from celery_mcp_tasks.store.engine import READ_ONLY
-from celery_mcp_tasks.store.failures import _reconnecting, _reported
+from celery_mcp_tasks.model import TERMINAL_VALUES, TaskStatus
+from celery_mcp_tasks.store.base import Eviction
+from celery_mcp_tasks.store.engine import read
+from celery_mcp_tasks.store.failures import _operation, _reconnecting
 from celery_mcp_tasks.store.ledger import JANITOR as JANITOR
 from celery_mcp_tasks.store.ledger import SweepRecord
 from celery_mcp_tasks.store.schema import sweeps, tasks
-
-__all__ = [
-    "JANITOR",
-    "SweepLedger",
-    "count_by_status",
-    "db_now_ms",
-    "read_sweep",
-    "unanswered",
-]
 
 
 def db_now_ms(dialect: str) -> sa.ColumnElement[int]:
@@ -57,10 +36,8 @@ def read_sweep(conn: sa.Connection, name: str = JANITOR) -> SweepRecord | None:
     """`name`'s row and the database's clock, in one statement on `conn` (the caller owns the transaction)."""
     query = sa.select(sweeps, db_now_ms(conn.dialect.name).label("read_at")).where(sweeps.c.name == name)
     row = conn.execute(query).mappings().first()
-    return None if row is None else _from_row(row)
-
-
-def _from_row(row: RowMapping) -> SweepRecord:
+    if row is None:
+        return None
     return SweepRecord(
         name=row["name"],
         swept_at=row["swept_at"],
@@ -70,47 +47,31 @@ def _from_row(row: RowMapping) -> SweepRecord:
         statuses=dict(row["statuses"] or {}),
         claimed_at=row["claimed_at"],
         claimed_by=row["claimed_by"],
-        read_at=row.get("read_at"),
+        read_at=row["read_at"],
     )
 
 
 def _upsert(engine: Engine, values: dict[str, Any]) -> Any:
-    """`INSERT ... ON CONFLICT (name)` in the engine's dialect (both speak it, spelled alike)."""
-    if engine.dialect.name == "postgresql":
-        return postgresql.insert(sweeps).values(**values)
-    if engine.dialect.name == "sqlite":
-        return sqlite.insert(sweeps).values(**values)
-    raise NotImplementedError(f"the sweep ledger supports PostgreSQL and SQLite, not {engine.dialect.name}")
+    """`INSERT ... ON CONFLICT (name)`, spelled alike by both dialects (`db_now_ms` refused any other already)."""
+    return (postgresql if engine.dialect.name == "postgresql" else sqlite).insert(sweeps).values(**values)
 
 
 class SweepLedger:
-    """The `sweeps` table on the store's engine. Thread-safe; every call is one short transaction.
-
-    Failures leave as `StoreUnavailable` (operation "last", "claim" or "record"), as the store's do.
-    """
+    """The `sweeps` table on the store's engine. Thread-safe; every call is one short transaction."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    @_reported
-    @_reconnecting
+    @_operation
     def last(self, name: str = JANITOR) -> SweepRecord | None:
-        with self.engine.connect().execution_options(**{READ_ONLY: True}) as conn:
-            record = read_sweep(conn, name)
-            conn.rollback()
-        return record
+        return read(self.engine, read_sweep, name)
 
-    @_reported
-    @_reconnecting
+    @_operation
     def claim(self, name: str, *, interval_ms: int, by: str) -> bool:
-        """Take the duty for this interval: True for exactly one of any number of claimants at once.
-
-        Inserts the row when there is none; otherwise moves the claim only when the
-        last one is at least `interval_ms` old, both times read from the database's
-        clock. A claimant whose sweep then fails simply holds the interval; the next
-        interval is anyone's again. A retry after a lost connection may answer False
-        for a claim that landed: one missed interval, never two sweeps.
-        """
+        """One upsert that moves the claim only when the last one is `interval_ms` old on the database's clock
+        (PostgreSQL re-checks the condition on the row it waited for; SQLite's `BEGIN IMMEDIATE` serializes).
+        A retry after a lost connection may answer False for a claim that landed: one missed interval, never
+        two sweeps."""
         now = db_now_ms(self.engine.dialect.name)
         stmt = _upsert(self.engine, {"name": name, "claimed_at": now, "claimed_by": by[:128], "sweeps": 0})
         stmt = stmt.on_conflict_do_update(
@@ -121,21 +82,9 @@ class SweepLedger:
         with self.engine.begin() as conn:  # RETURNING, not rowcount: psycopg reports -1 for an upsert
             return conn.execute(stmt).first() is not None
 
-    @_reported
-    @_reconnecting
-    def record(
-        self,
-        name: str,
-        *,
-        duration_ms: int,
-        report: dict[str, int],
-        statuses: dict[str, int],
-    ) -> None:
-        """A sweep that just ended after `duration_ms`: the row now shows it, and `sweeps` counts it.
-
-        `swept_at` (when it began) is the database's clock minus `duration_ms`: one
-        clock for every writer and reader, whatever the hosts' own clocks say.
-        """
+    @_operation
+    def record(self, name: str, *, duration_ms: int, report: dict[str, int], statuses: dict[str, int]) -> None:
+        """`swept_at` (when it began) is the database's clock minus `duration_ms`."""
         values = {
             "swept_at": db_now_ms(self.engine.dialect.name) - duration_ms,
             "duration_ms": duration_ms,
@@ -151,21 +100,17 @@ class SweepLedger:
             conn.execute(stmt)
 
 
-@_reported
-@_reconnecting
+@_operation
 def count_by_status(engine: Engine) -> dict[str, int]:
     """Tasks in each status right now, every status named (0 when none): one `GROUP BY` on the status."""
     counts = {status.value: 0 for status in TaskStatus}
     query = sa.select(tasks.c.status, sa.func.count()).group_by(tasks.c.status)
-    with engine.connect().execution_options(**{READ_ONLY: True}) as conn:
-        for status, count in conn.execute(query).all():
-            counts[str(status)] = int(count)
-        conn.rollback()
+    for status, count in read(engine, lambda conn: conn.execute(query).all()):
+        counts[str(status)] = int(count)
     return counts
 
 
-@_reported
-@_reconnecting
+@_operation
 def unanswered(engine: Engine, *, changed_before_ms: int, limit: int) -> list[str]:
     """Row keys of `input_required` tasks unchanged since the bound, for the input timeout (walks
     the (status, updated_at) index). Only keys: the janitor decides each inside a compare-and-swap."""
@@ -175,7 +120,31 @@ def unanswered(engine: Engine, *, changed_before_ms: int, limit: int) -> list[st
         .where(tasks.c.updated_at < changed_before_ms)
         .limit(limit)
     )
-    with engine.connect().execution_options(**{READ_ONLY: True}) as conn:
-        keys = list(conn.execute(query).scalars())
-        conn.rollback()
-    return keys
+    return read(engine, lambda conn: list(conn.execute(query).scalars()))
+
+
+@_reconnecting
+def evict(engine: Engine, tally: Eviction, *, now_ms: int, retention_ms: int, batch_size: int) -> None:
+    """Delete expired rows into `tally` (the caller's: batches committed before a dropped connection stay counted).
+
+    First the TTL pass (walking the `expires_at` index), then final rows without a TTL past the retention, each a
+    `DELETE ... WHERE key IN (SELECT key ... LIMIT n) RETURNING tool, status` per short transaction: RETURNING says
+    which were unfinished at no extra read, and on PostgreSQL `FOR UPDATE SKIP LOCKED` gives two janitors disjoint
+    batches and skips a row a writer holds, so its final status and this count never disagree.
+    """
+    expired = tasks.c.expires_at <= now_ms
+    retained = sa.and_(
+        tasks.c.status.in_(TERMINAL_VALUES), tasks.c.updated_at <= now_ms - retention_ms, tasks.c.expires_at.is_(None)
+    )
+    for condition, order in ((expired, (tasks.c.expires_at,)), (retained, ())):
+        while True:
+            victims = sa.select(tasks.c.key).where(condition).order_by(*order).limit(batch_size)
+            if engine.dialect.name == "postgresql":
+                victims = victims.with_for_update(skip_locked=True)
+            statement = tasks.delete().where(tasks.c.key.in_(victims.scalar_subquery()))
+            with engine.begin() as conn:
+                rows = conn.execute(statement.returning(tasks.c.tool, tasks.c.status)).all()
+            tally.removed += len(rows)
+            tally.unfinished.update(tool for tool, status in rows if status not in TERMINAL_VALUES)
+            if len(rows) < batch_size:
+                break
