@@ -35,23 +35,6 @@ from sqlalchemy.engine import make_url
 
 from celery_mcp_tasks.config import ConfigError, Settings, redact_url, unknown_settings
 
-__all__ = [
-    "CONNECT_TIMEOUT_S",
-    "LOCAL_BROKERS",
-    "NOT_CREATED",
-    "UPGRADE",
-    "check_environment",
-    "current_revisions",
-    "db_reason",
-    "key_ring_problem",
-    "missing_sqlite_file",
-    "preflight",
-    "probe_engine",
-    "revision_problem",
-    "script_heads",
-    "shared_store_problem",
-]
-
 CONNECT_TIMEOUT_S = 5
 """How long the start-up probe waits for the database before it says the store is unreachable."""
 LOCAL_BROKERS = ("filesystem://", "memory://")

@@ -20,24 +20,6 @@ from pydantic import TypeAdapter, ValidationError
 
 from celery_mcp_tasks.model import TaskRecord, TaskStatus
 
-__all__ = [
-    "EXTENSION_ID",
-    "IDEMPOTENCY_META_KEY",
-    "INTERNAL_ERROR",
-    "PROGRESS_META_KEY",
-    "QUOTA_EXCEEDED",
-    "InvalidInputRequest",
-    "elicit",
-    "format_timestamp",
-    "list_roots",
-    "render_create_result",
-    "render_error",
-    "render_task",
-    "required_capabilities",
-    "sample",
-    "validate_input_requests",
-]
-
 EXTENSION_ID = "io.modelcontextprotocol/tasks"
 INTERNAL_ERROR = -32603
 """The JSON-RPC code of a failed task whose error names none (every failure the runtime records)."""

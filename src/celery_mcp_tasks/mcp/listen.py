@@ -49,8 +49,6 @@ from celery_mcp_tasks.protocol import EXTENSION_ID, render_task
 from celery_mcp_tasks.service import TaskExpired, TaskService
 from celery_mcp_tasks.store.base import StoreUnavailable, TaskNotFound
 
-__all__ = ["MAX_TASK_IDS", "ListenObserver", "ListenObservers", "TaskListenHandler", "requested_task_ids"]
-
 logger = logging.getLogger("celery_mcp_tasks.mcp")
 
 T = TypeVar("T")

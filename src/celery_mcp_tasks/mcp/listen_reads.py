@@ -23,8 +23,6 @@ import anyio
 from celery_mcp_tasks.model import TaskRecord
 from celery_mcp_tasks.protocol import render_task
 
-__all__ = ["SharedRead", "SharedReads", "digest"]
-
 T = TypeVar("T")
 
 

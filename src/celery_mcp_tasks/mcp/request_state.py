@@ -27,8 +27,6 @@ from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.mcp.sdk_internals import sealed_elsewhere
 from celery_mcp_tasks.preflight import LOCAL_BROKERS
 
-__all__ = ["FOREIGN_STATE_WARNING", "UNSHARED_NOTE", "ProcessLocalCodec", "share_request_state", "warn_unless_shared"]
-
 logger = logging.getLogger("celery_mcp_tasks")
 
 UNSHARED_NOTE = (

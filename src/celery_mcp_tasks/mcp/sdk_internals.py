@@ -36,14 +36,6 @@ from typing import Any
 
 from mcp.server.mcpserver import MCPServer
 
-__all__ = [
-    "on_server_exit",
-    "replace_listen_handler",
-    "sealed_elsewhere",
-    "tool_registered",
-    "wrap_lifespan",
-]
-
 LISTEN = "subscriptions/listen"
 _EXIT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 

@@ -24,8 +24,6 @@ from mcp.server.mcpserver import MCPServer
 
 from celery_mcp_tasks.mcp.sdk_internals import tool_registered
 
-__all__ = ["TasksServer"]
-
 
 class TasksServer(MCPServer[Any]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -40,17 +40,6 @@ from celery_mcp_tasks.notify.hub import Hub
 from celery_mcp_tasks.notify.push import Push
 from celery_mcp_tasks.service import TaskService
 
-__all__ = [
-    "BodyLimitMessage",
-    "attach_listen",
-    "listen_bus",
-    "push_hub",
-    "request_state_sealed",
-    "serving",
-    "with_body_limit_message",
-    "with_serving",
-]
-
 logger = logging.getLogger("celery_mcp_tasks.mcp")
 
 

@@ -18,8 +18,6 @@ from typing import Any, Literal
 from mcp.server.mcpserver.tools import Tool
 from pydantic import ValidationError
 
-__all__ = ["IdempotencyKey", "Prepare", "TaskMode", "TaskTool", "find_context_parameter"]
-
 TaskMode = Literal["optional", "required", "forbidden"]
 _MODES = ("optional", "required", "forbidden")
 _CAPABILITIES = ("elicitation", "sampling", "roots")
