@@ -42,10 +42,10 @@ from pydantic import BaseModel
 
 from celery_mcp_tasks.mcp.listen_reads import SharedRead, SharedReads, digest
 from celery_mcp_tasks.mcp.principal import current_principal
-from celery_mcp_tasks.mcp.wire import declared_extension, invalid_params, missing_capability, store_unavailable
+from celery_mcp_tasks.mcp.wire import declared_extension, invalid_params, missing_extension, store_unavailable
 from celery_mcp_tasks.model import TaskRecord, task_key
 from celery_mcp_tasks.notify.hub import Hub, Watch
-from celery_mcp_tasks.protocol import EXTENSION_ID, render_task
+from celery_mcp_tasks.protocol import render_task
 from celery_mcp_tasks.service import TaskExpired, TaskService
 from celery_mcp_tasks.store.base import StoreUnavailable, TaskNotFound
 
@@ -221,7 +221,7 @@ class TaskListenHandler:
             raise MCPError(INVALID_REQUEST, "subscriptions/listen requires a request id")
         task_ids = requested_task_ids(params.notifications)
         if task_ids is not None and not declared_extension(ctx):
-            raise missing_capability({"extensions": {EXTENSION_ID: {}}}, EXTENSION_ID)
+            raise missing_extension()
         if len(self._streams) >= self.max_streams:
             raise MCPError(INTERNAL_ERROR, "Subscription limit reached")
         meta: dict[str, Any] = {SUBSCRIPTION_ID_META_KEY: subscription_id}

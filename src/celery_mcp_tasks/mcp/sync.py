@@ -1,12 +1,8 @@
 """The synchronous path: a task tool called by a client without the Tasks extension.
 
-A client that did not declare the extension (every earlier-era client, and a
-2026-07-28 one without the opt-in) gets the synchronous path: the job runs
-as a hidden task the client never sees, and the call answers with its outcome.
-The wait wakes on the push hub's change hints; the job's reports reach the
-caller as `notifications/progress`; its questions are asked on the request's
-own stream (earlier eras) or as an MRTR `InputRequiredResult` (2026-07-28);
-and a cancelled, abandoned or timed-out call cancels the hidden task.
+The job runs as a hidden task and the call answers with its outcome; its reports go out as
+`notifications/progress`, its questions on the request's own stream (earlier eras) or as an MRTR
+`InputRequiredResult` (2026-07-28); a cancelled, abandoned or timed-out call cancels the hidden task.
 """
 
 from __future__ import annotations
@@ -35,12 +31,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from celery_mcp_tasks.mcp.principal import current_principal
 from celery_mcp_tasks.mcp.toolspec import TaskTool
-from celery_mcp_tasks.mcp.wire import (
-    declared_capability,
-    internal,
-    invalid_params,
-    plain_responses,
-)
+from celery_mcp_tasks.mcp.wire import declared_capability, internal, invalid_params, plain_responses
 from celery_mcp_tasks.model import InvalidInputResponse, TaskRecord, TaskStatus
 from celery_mcp_tasks.notify.hub import Hub, Watch
 from celery_mcp_tasks.protocol import render_error
@@ -70,7 +61,7 @@ class Run(Protocol):
 
 
 class _Latest:
-    """The last record a synchronous call read: one at a time, however long the job runs."""
+    """The last record a synchronous call read (only that one, however long the job runs)."""
 
     __slots__ = ("record",)
 
@@ -81,10 +72,10 @@ class _Latest:
 class SyncCalls:
     """The synchronous path of `TasksExtension` (which builds it with its own service, pool and settings).
 
-    `service`: the service factory. `run`: the extension's bounded pool runner.
-    `hub`: this process's push hub (None: push is off, the wait polls the row).
-    `sealed_state`: whether the SDK seals `requestState` on this server.
-    `sync_timeout_s`: the default bound on a call's silence (a tool's own wins).
+    `sync_timeout_s` (MCP_TASKS_SYNC_TIMEOUT_S; a tool's own wins) bounds a call's silence, not its
+    length: it restarts at every change the job reports (`_reported`); a job silent that long is
+    cancelled and the caller gets -32603. `hub` None: push is off, the wait polls the row.
+    `sealed_state`: whether the SDK seals `requestState` (questions go by MRTR only then).
     """
 
     def __init__(
@@ -101,8 +92,7 @@ class SyncCalls:
         self._sync_timeout_s = sync_timeout_s
         self._hub = hub
         self._sealed_state = sealed_state
-        self._waiting: dict[object, str] = {}
-        """The hidden row's key of every call in `call` (for `abandon_all`)."""
+        self._waiting: dict[object, str] = {}  # the hidden row's key of every call in `call` (for `abandon_all`)
 
     async def call(
         self, tool: TaskTool, ctx: ServerRequestContext[Any, Any], record: TaskRecord, *, idempotent: bool = False
@@ -144,7 +134,7 @@ class SyncCalls:
     ) -> HandlerResult:
         """Wait (woken by `watch`, else polling) until the task ends, bridging its reports and questions.
 
-        `latest` holds the last record read (only that one), for the caller to abandon on the way out.
+        `latest` holds the last record read, for the caller to abandon on the way out.
         """
         service = self._service()
         record = latest.record
@@ -174,7 +164,7 @@ class SyncCalls:
             else:
                 await anyio.sleep(min(delay, remaining))
                 delay = min(delay * 1.5, _POLL_MAX_S)
-            read = await self._read(service, record.key)
+            read = await self._run(partial(service.record, record.key), "tools/call")
             if read is None:
                 raise internal(f"Tool {tool.name}: the job's task is gone")
             latest.record = record = read
@@ -260,16 +250,11 @@ class SyncCalls:
         except MCPError:
             pass  # the store is unavailable: already logged
 
-    async def _read(self, service: TaskService, key: str) -> TaskRecord | None:
-        """The row now, read on the bounded pool (the one read path, as `tasks/get`)."""
-        return await self._run(partial(service.record, key), "tools/call")
-
     def abandon_all(self, message: str) -> int:
-        """Cancel the hidden task of every call still waiting here; how many there were. Blocking: run it in a thread.
+        """Cancel the hidden task of every call still waiting; how many there were. Blocking: run it in a thread.
 
-        For a server that exits before its handlers can unwind (`stdio` on a signal):
-        otherwise their jobs would run on for nobody. Never raises; bound it by the caller's
-        own time limit (a hung store is simply left behind).
+        For a server that exits before its handlers can unwind (`stdio` on a signal), so no job runs on
+        for nobody. Never raises; the caller bounds it in time (a hung store is simply left behind).
         """
         keys = set(self._waiting.copy().values())  # one C-level copy: safe against the loop's changes
         if not keys:
