@@ -1,24 +1,9 @@
 """Start-up checks: a process that cannot work refuses to start, in one line that names the fix.
 
-Run once per process start (never per request) by `serve`, `stdio`, `db`, the
-worker's main process and beat, before anything is written to the store:
-
-- the store is reachable (a short connect timeout, not a hang or a traceback);
-- its schema is at the head of the package's own migrations (else: run
-  `celery-mcp-tasks db upgrade`), unless the caller is about to migrate it;
-- the payload key ring (MCP_TASKS_ENCRYPTION_KEYS) opens the newest rows: a
-  process without it, or with the wrong one, on an encrypted store refuses;
-- a process on a remote broker has a store it shares with the others: the
-  embedded SQLite default lives in one machine's data directory, so a web
-  process and a worker that meet over Redis would each see their own tasks.
-
-Each start also names every MCP_TASKS_* variable that is not a setting (a misspelled
-name would otherwise be ignored in silence): one warning line each, once per process,
-or a refusal with MCP_TASKS_STRICT_SETTINGS on.
-
-Every failure is a `ConfigError` whose message starts with the setting to
-change; URLs in it have their password replaced by `***`. `/readyz` and `doctor`
-reuse the probes and the revision check (`revision_problem`).
+Run once per start of `serve`, `stdio`, `db`, a worker and beat (never per request): the store is
+reachable, its schema at head, the key ring opens its rows, a process on a remote broker does not keep
+tasks in its own embedded SQLite file, and every MCP_TASKS_* name is a setting. Each failure is a
+`ConfigError` starting with the setting to change (passwords shown as `***`).
 """
 
 from __future__ import annotations
@@ -50,9 +35,9 @@ _said: set[str] = set()  # the lines this process has logged (serve checks twice
 def preflight(settings: Settings, *, role: str, need_schema: bool = True, broker_url: str | None = None) -> None:
     """Raise `ConfigError` (one line, naming the setting) if a `role` process must not start.
 
-    `role`: "serve", "stdio", "worker", "beat" or "db" (which neither checks the broker nor
-    needs a schema). `broker_url`: the Celery app's effective broker (default: the
-    settings'). `need_schema=False` for a caller that migrates right after.
+    `role`: "serve", "stdio", "worker", "beat" or "db" (which neither checks the broker nor needs a
+    schema). `broker_url`: the Celery app's effective broker (default: the settings').
+    `need_schema=False` for a caller that migrates right after.
     """
     check_environment()
     schema = need_schema and role != "db"

@@ -1,12 +1,6 @@
-"""The Tasks extension's wire shapes, shared by every side: the one module both adapters use.
-
-The domain (`model`, `store`, `service`) keeps task state in its own terms;
-this module says how that state looks on the wire (`CreateTaskResult`,
-`DetailedTask`, JSON-RPC errors) and builds the input requests a job can ask
-for mid-flight, checked against the SDK's own wire models (`mcp_types`), so a
-typo in a schema is an error in the job that made it rather than a broken
-`tasks/get` for the client. It imports `mcp_types` (the protocol's types) and
-nothing of the SDK's server or client, nor Celery.
+"""The Tasks extension's wire shapes, shared by both adapters (it imports neither the SDK's server or
+client nor Celery): how the domain's task state looks on the wire, and the input requests a job can
+ask, checked against `mcp_types` (so a typo in a schema fails the job, not the client's `tasks/get`).
 """
 
 from __future__ import annotations

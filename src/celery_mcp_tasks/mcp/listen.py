@@ -1,17 +1,9 @@
-"""`subscriptions/listen` that honours the Tasks extension's `taskIds`.
+"""`subscriptions/listen` that honours the Tasks extension's `taskIds` (the SDK's stock handler drops them).
 
-It replaces the SDK's stock handler, which drops `taskIds`, and keeps
-everything that one serves: the core change events published on the SDK's
-subscription bus (tools, prompts, resources list changes and resource
-updates) reach the stream exactly as before.
-
-Per stream: validate (-32602 for a wrong `taskIds`, -32021 without the
-extension on this request, both before the stream opens), keep only the ids
-the caller owns (foreign and unknown dropped alike), acknowledge first, then
-for every hint about a followed row re-read it owner-scoped and send
-`notifications/tasks` when the client-visible state moved on, in version
-order; after a task's terminal notification it is no longer followed. The
-streams of one owner woken by one hint share the re-read (`listen_reads`).
+The core events of the SDK's subscription bus reach the stream as before. Per stream: validate (-32602,
+-32021, before the stream opens), follow only the ids the caller owns (foreign and unknown alike dropped),
+acknowledge, then on each hint re-read the row owner-scoped and send `notifications/tasks` when the
+client-visible state moved on, until its terminal one. Streams of one owner share a re-read (`listen_reads`).
 """
 
 from __future__ import annotations
@@ -78,7 +70,7 @@ def requested_task_ids(requested: SubscriptionFilter) -> list[str] | None:
 
 
 def honored_core(requested: SubscriptionFilter) -> SubscriptionFilter:
-    """The core kinds this server honours: all that were asked for (as the SDK's own handler)."""
+    """Every core kind asked for, as the SDK's own handler honours them."""
     return SubscriptionFilter(
         tools_list_changed=True if requested.tools_list_changed else None,
         prompts_list_changed=True if requested.prompts_list_changed else None,
@@ -89,11 +81,8 @@ def honored_core(requested: SubscriptionFilter) -> SubscriptionFilter:
 
 @dataclass
 class _Followed:
-    """What a stream remembers of a task it follows: the version and a digest of what it last sent.
-
-    Never the rendered payload itself (results can be large): 10 000 streams
-    following tasks must not hold 10 000 copies of their results.
-    """
+    """A followed task's last version and a digest of what was last sent: never the payload, so 10 000
+    streams following large results do not hold 10 000 copies of them."""
 
     task_id: str
     version: int
@@ -101,8 +90,6 @@ class _Followed:
 
 
 class _Stream:
-    """One open listen stream: its filter, the tasks it follows and its inbox."""
-
     def __init__(self, honored: SubscriptionFilter, watch: Watch, max_buffered: int) -> None:
         self.honored = honored
         self.uris = frozenset(honored.resource_subscriptions or ())
@@ -114,7 +101,7 @@ class _Stream:
         self.ending = False
 
     def deliver(self, event: ServerEvent) -> None:
-        """Bus listener (sync, on the loop): queue a matching core event and wake the stream."""
+        """Bus listener (sync, on the loop): queue a matching core event."""
         if self.ending or not event_matches(self.honored, self.uris, event):
             return
         if self.events is None:
@@ -170,10 +157,9 @@ class ListenObservers(list[ListenObserver]):
 class TaskListenHandler:
     """The `subscriptions/listen` handler for one server (`McpTasks.listen`).
 
-    `max_streams` bounds the streams open in this process (one more is refused
-    with -32603 before it opens); `max_buffered_events` bounds a stream's
-    backlog of core events (a client that stopped reading is ended there).
-    Task hints never queue up: they coalesce per row.
+    `max_streams` bounds the streams open in this process (one more is refused with -32603);
+    `max_buffered_events` bounds a stream's backlog of core events (a client that stopped reading is
+    ended there). Task hints never queue up: they coalesce per row.
     """
 
     def __init__(
@@ -294,11 +280,8 @@ class TaskListenHandler:
         return SubscriptionFilter.model_validate(honored)
 
     def _reread(self, due: dict[str, tuple[_Followed, int | None]], owner: str | None) -> dict[str, TaskRecord | None]:
-        """Owner-scoped reads of the rows that may have moved on (in a worker thread).
-
-        A hint without a version (a resync) first asks the versions of all such
-        rows in one query, and reads in full only those that changed.
-        """
+        """Owner-scoped reads (in a worker thread); hints without a version (a resync) first ask every such
+        row's version in one query, and only the rows that changed are read in full."""
         unknown = [key for key, (_, hint) in due.items() if hint is None]
         current = self._service().versions(unknown) if unknown else {}
         records: dict[str, TaskRecord | None] = {}
@@ -319,8 +302,7 @@ class TaskListenHandler:
     ) -> None:
         """Re-read the hinted rows the stream follows and send what the client has not seen.
 
-        `woke`: when a hint woke the stream (monotonic), to time hint -> notification.
-        """
+        `woke`: when a hint woke the stream (monotonic), to time hint -> notification."""
         due: dict[str, tuple[_Followed, int | None]] = {}
         for key, hint in hints.items():
             followed = stream.followed.get(key)
