@@ -102,7 +102,8 @@ def render_task(task_id: str, record: TaskRecord) -> dict[str, Any]:
 
 _JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
 _REQUEST = TypeAdapter(ElicitRequest | CreateMessageRequest | ListRootsRequest)
-_CAPABILITY = {"elicitation/create": "elicitation", "sampling/createMessage": "sampling", "roots/list": "roots"}
+INPUT_CAPABILITIES = {"elicitation/create": "elicitation", "sampling/createMessage": "sampling", "roots/list": "roots"}
+"""The client capability each kind of input request needs."""
 
 
 class InvalidInputRequest(ValueError):
@@ -171,4 +172,4 @@ def validate_input_requests(requests: Mapping[str, Any]) -> dict[str, Any]:
 
 def required_capabilities(requests: Mapping[str, Any]) -> set[str]:
     """The client capabilities a set of input requests needs (elicitation, sampling, roots)."""
-    return {_CAPABILITY[r["method"]] for r in requests.values() if r.get("method") in _CAPABILITY}
+    return {INPUT_CAPABILITIES[r["method"]] for r in requests.values() if r.get("method") in INPUT_CAPABILITIES}

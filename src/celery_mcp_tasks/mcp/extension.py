@@ -72,11 +72,11 @@ class TasksExtension(Extension):
         tools: Mapping[str, TaskTool],
         service: Callable[[], TaskService],
         *,
-        known_tool: Callable[[str], bool] | None = None,
-        sync_timeout_s: float = 60.0,
+        known_tool: Callable[[str], bool],
+        sync_timeout_s: float,
         max_threads: int = 32,
-        hub: Callable[[], Hub | None] | None = None,
-        sealed_state: Callable[[], bool] | None = None,
+        hub: Callable[[], Hub | None],
+        sealed_state: Callable[[], bool],
         quota: Quota | None = None,
         refused: Callable[[str, str], None] | None = None,
         anonymous_per_client: bool = False,
@@ -115,7 +115,7 @@ class TasksExtension(Extension):
     ) -> HandlerResult:
         tool = self._tools.get(params.name)
         if tool is None:
-            if self._known_tool is not None and not self._known_tool(params.name):
+            if not self._known_tool(params.name):
                 raise invalid_params(f"Unknown tool: {params.name}")
             return await call_next(ctx)
 

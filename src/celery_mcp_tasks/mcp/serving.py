@@ -111,19 +111,6 @@ def attach_listen(
     return handler if replace_listen_handler(server, SubscriptionsListenRequestParams, handler) else None
 
 
-MAX_REQUEST_BYTES_SETTING = "MCP_TASKS_MAX_REQUEST_BYTES"
-
-
-def body_limit_error(limit: int) -> bytes:
-    """The JSON-RPC error a too-large request gets (`id` null: the body was never read)."""
-    message = (
-        f"Request body too large: this server reads at most {limit} bytes "
-        f"({limit / 1024 / 1024:.3g} MiB; set by {MAX_REQUEST_BYTES_SETTING})"
-    )
-    error = {"code": INVALID_REQUEST, "message": message, "data": {"maxRequestBytes": limit}}
-    return json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
-
-
 class BodyLimitMessage:
     """ASGI middleware: the SDK's 413 for a body over the limit, re-said as a JSON-RPC error naming it.
 
@@ -133,7 +120,12 @@ class BodyLimitMessage:
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app = app
-        self.body = body_limit_error(limit)
+        message = (
+            f"Request body too large: this server reads at most {limit} bytes "
+            f"({limit / 1024 / 1024:.3g} MiB; set by MCP_TASKS_MAX_REQUEST_BYTES)"
+        )
+        error = {"code": INVALID_REQUEST, "message": message, "data": {"maxRequestBytes": limit}}
+        self.body = json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()  # `id` null: never read
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

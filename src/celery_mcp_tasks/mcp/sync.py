@@ -34,7 +34,7 @@ from celery_mcp_tasks.mcp.toolspec import TaskTool
 from celery_mcp_tasks.mcp.wire import declared_capability, internal, invalid_params, plain_responses
 from celery_mcp_tasks.model import InvalidInputResponse, TaskRecord, TaskStatus
 from celery_mcp_tasks.notify.hub import Hub, Watch
-from celery_mcp_tasks.protocol import render_error
+from celery_mcp_tasks.protocol import INPUT_CAPABILITIES, render_error
 from celery_mcp_tasks.service import PayloadTooLarge, TaskExpired, TaskService
 from celery_mcp_tasks.store.base import TaskNotFound
 
@@ -46,8 +46,6 @@ _SYNC_STATE = "celery-mcp-tasks/sync/1:"
 _SAFETY_REREAD_S = 1.0  # with push on: a hint can be lost (or land before the watch exists); re-read anyway
 _POLL_FIRST_S, _POLL_MAX_S = 0.02, 0.25  # with push off: poll the row, growing delay
 
-INPUT_CAPABILITIES = {"elicitation/create": "elicitation", "sampling/createMessage": "sampling", "roots/list": "roots"}
-"""The client capability each kind of input request needs (the Tasks extension's three)."""
 _INPUT_REQUEST: TypeAdapter[InputRequest] = TypeAdapter(InputRequest)
 _CALLER_CHECK_S = 0.5
 _ABANDON_S = 5.0
@@ -84,8 +82,8 @@ class SyncCalls:
         run: Run,
         *,
         sync_timeout_s: float,
-        hub: Callable[[], Hub | None] | None,
-        sealed_state: Callable[[], bool] | None,
+        hub: Callable[[], Hub | None],
+        sealed_state: Callable[[], bool],
     ) -> None:
         self._service = service
         self._run = run
@@ -107,7 +105,7 @@ class SyncCalls:
         with an idempotency key) is not abandoned when its caller leaves either: its
         retry, with the same key, meets the same row and waits for the same job.
         """
-        hub = self._hub() if self._hub is not None else None
+        hub = self._hub()
         watch = hub.watch([record.key]) if hub is not None else None
         latest = _Latest(record)
         waiting = object()
@@ -189,7 +187,7 @@ class SyncCalls:
         requests = record.input_requests
         if can_answer(ctx, requests):
             if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
-                if self._sealed_state is not None and self._sealed_state():
+                if self._sealed_state():
                     return input_required(requests, _SYNC_STATE + record.key)
             elif ctx.session.can_send_request:
                 try:
@@ -216,7 +214,7 @@ class SyncCalls:
         state = params.request_state
         if not (isinstance(state, str) and state.startswith(_SYNC_STATE)):
             return None
-        if self._sealed_state is None or not self._sealed_state():
+        if not self._sealed_state():
             raise invalid_params("Invalid or expired requestState")  # never minted here: the key would be in clear
         key = state.removeprefix(_SYNC_STATE)
         owner = current_principal()
