@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -48,12 +47,15 @@ def preflight(settings: Settings, *, role: str, need_schema: bool = True, broker
     url = settings.store_url
     if schema and missing_sqlite_file(url):  # said without creating the file
         raise ConfigError(f"{_store(settings)}: {NOT_CREATED}")
+    from celery_mcp_tasks.store.rekeying import ring_check
+
     engine = probe_engine(url)
     try:
         try:
             with engine.connect() as conn:
                 current = current_revisions(conn) if schema else ()
-                keys = key_ring_problem(conn, settings) if schema and revision_problem(current) is None else None
+                # A wrong or missing MCP_TASKS_ENCRYPTION_KEYS for this store, or None.
+                keys = ring_check(conn, settings.key_ring()) if schema and revision_problem(current) is None else None
         except sa.exc.DBAPIError as exc:
             raise ConfigError(f"{_store(settings)}: cannot connect to the task store ({db_reason(exc)})") from None
         except OSError as exc:  # e.g. the SQLite file's directory cannot be created
@@ -68,16 +70,9 @@ def preflight(settings: Settings, *, role: str, need_schema: bool = True, broker
         raise ConfigError(keys)
 
 
-def key_ring_problem(conn: sa.Connection, settings: Settings) -> str | None:
-    """A wrong or missing MCP_TASKS_ENCRYPTION_KEYS for this store (`store.rekeying.ring_check`), or None."""
-    from celery_mcp_tasks.store.rekeying import ring_check
-
-    return ring_check(conn, settings.key_ring())
-
-
-def check_environment(env: Mapping[str, str] | None = None) -> None:
+def check_environment() -> None:
     """Warn once per process about each MCP_TASKS_* name that is not a setting (strict: `ConfigError`)."""
-    for line in unknown_settings(os.environ if env is None else env):
+    for line in unknown_settings(os.environ):
         if line not in _said:
             _said.add(line)
             logger.warning(line)
@@ -112,26 +107,22 @@ def missing_sqlite_file(url: str) -> bool:
 
 def probe_engine(url: str, *, connect_timeout_s: int | None = None) -> sa.Engine:
     """The one engine a check builds (start-up, `db`, `/readyz`, `doctor`): no pool, so each check is a fresh
-    connection, and on PostgreSQL a socket bounded by `_probe_connect_args` (default `CONNECT_TIMEOUT_S`)."""
+    connection. On PostgreSQL, libpq bounds its socket (default `CONNECT_TIMEOUT_S`): the connect, then
+    keepalives and `tcp_user_timeout`, so a vanished peer (a partition, a dead NAT entry) fails in seconds."""
     from celery_mcp_tasks.store.engine import create_store_engine
 
     timeout = CONNECT_TIMEOUT_S if connect_timeout_s is None else connect_timeout_s
-    return create_store_engine(url, poolclass=sa.pool.NullPool, connect_args=_probe_connect_args(url, timeout))
-
-
-def _probe_connect_args(url: str, timeout_s: int) -> dict[str, Any]:
-    """libpq's own bounds on a check's socket: the connect, then keepalives and `tcp_user_timeout`, so a
-    connection whose peer vanishes (a partition, a dead NAT entry) fails within seconds instead of hours."""
-    if make_url(url).get_backend_name() != "postgresql":
-        return {}
-    return {
-        "connect_timeout": timeout_s,
-        "keepalives": 1,
-        "keepalives_idle": timeout_s,
-        "keepalives_interval": 1,
-        "keepalives_count": 3,
-        "tcp_user_timeout": timeout_s * 1000,
-    }
+    args: dict[str, Any] = {}
+    if make_url(url).get_backend_name() == "postgresql":
+        args = {
+            "connect_timeout": timeout,
+            "keepalives": 1,
+            "keepalives_idle": timeout,
+            "keepalives_interval": 1,
+            "keepalives_count": 3,
+            "tcp_user_timeout": timeout * 1000,
+        }
+    return create_store_engine(url, poolclass=sa.pool.NullPool, connect_args=args)
 
 
 def db_reason(exc: sa.exc.DBAPIError) -> str:

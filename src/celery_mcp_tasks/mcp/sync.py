@@ -97,13 +97,10 @@ class SyncCalls:
     ) -> HandlerResult:
         """A task tool called without the extension: wait for the hidden task's outcome, answer plainly.
 
-        The row is an implementation detail the client never sees: whenever the
-        answer can no longer be delivered (a question the client cannot answer,
-        `sync_timeout_s` of silence, a cancelled request, a caller that went
-        away) it is cancelled, so no job keeps running for nobody. An MRTR round
-        is the one exit that leaves it waiting: for the retry. An `idempotent` call (one
-        with an idempotency key) is not abandoned when its caller leaves either: its
-        retry, with the same key, meets the same row and waits for the same job.
+        Whenever the answer can no longer be delivered (an unanswerable question, `sync_timeout_s` of
+        silence, a cancelled request, a caller gone) the row is cancelled, so no job runs for nobody. An
+        MRTR round leaves it waiting for the retry, and so does an `idempotent` call's caller leaving:
+        its retry with the same key meets the same row.
         """
         hub = self._hub()
         watch = hub.watch([record.key]) if hub is not None else None
@@ -180,9 +177,8 @@ class SyncCalls:
     ) -> TaskRecord | InputRequiredResult:
         """The job asked: the client answers (the task resumes) or, when it cannot, the task is cancelled.
 
-        2026-07-28: an MRTR round naming the row in its (sealed) `requestState`.
-        Earlier eras: each question as a request on the call's own stream; the
-        answers go into the task as `tasks/update` would put them.
+        2026-07-28: an MRTR round naming the row in its sealed `requestState`. Earlier eras: each question
+        as a request on the call's own stream, the answers put into the task as `tasks/update` would.
         """
         requests = record.input_requests
         if can_answer(ctx, requests):
@@ -208,8 +204,8 @@ class SyncCalls:
     async def resume(self, tool: TaskTool, params: CallToolRequestParams) -> TaskRecord | None:
         """The hidden task an MRTR retry names (answered with its `inputResponses`); None for any other call.
 
-        The SDK has verified the seal (and the tool, arguments and principal it
-        binds); the row must still be the caller's and this tool's.
+        The SDK verified the seal (and the tool, arguments and principal it binds); the row must still be
+        the caller's and this tool's.
         """
         state = params.request_state
         if not (isinstance(state, str) and state.startswith(_SYNC_STATE)):
@@ -238,10 +234,9 @@ class SyncCalls:
         return record
 
     async def _abandon(self, record: TaskRecord, message: str) -> None:
-        """Cancel a synchronous call's hidden task (a no-op once it is terminal; the service revokes its job).
+        """Cancel a synchronous call's hidden task (a no-op once terminal; the service revokes its job).
 
-        Never raises: it runs on the way out of another answer (or of a cancellation).
-        With the store down the job ends on its own, or the reaper ends it.
+        Never raises: it runs on the way out of another answer. With the store down the reaper ends the job.
         """
         try:
             await self._run(partial(self._service().cancel_by_key, record.key, message), "tools/call")
@@ -277,9 +272,7 @@ def _the_claim(record: TaskRecord, hints: Mapping[str, int | None]) -> bool:
 
 def _reported(record: TaskRecord) -> tuple[Any, ...]:
     """What the job reports (state, message, progress, questions): a change restarts the idle bound.
-
-    Not the version: a run's claim and other bookkeeping bump it without the job saying anything.
-    """
+    Not the version: a run's claim and other bookkeeping bump it without the job saying anything."""
     return (record.status, record.status_message, record.progress, record.progress_total, tuple(record.input_requests))
 
 
@@ -306,11 +299,8 @@ def input_required(requests: Mapping[str, Any], request_state: str) -> InputRequ
 
 
 async def ask_client(ctx: ServerRequestContext[Any, Any], request: Mapping[str, Any]) -> dict[str, Any]:
-    """Ask one input request (a wire shape) on the calling request's own stream (earlier eras).
-
-    Returns the client's answer as `tasks/update` would carry it. Raises `MCPError`
-    (the client answered with an error) or `ValidationError` (a malformed request or answer).
-    """
+    """Ask one input request (a wire shape) on the calling request's own stream (earlier eras): the answer
+    as `tasks/update` would carry it. `MCPError`: the client's error; `ValidationError`: a malformed one."""
     typed = _INPUT_REQUEST.validate_python(request, by_alias=True, by_name=False)
     params = request.get("params") or {}
     result_type: type[Result] = ElicitResult
@@ -360,9 +350,8 @@ async def unless_caller_leaves(
 ) -> tuple[T | None, bool]:
     """Run `fn`: `(its result, False)`, or `(None, True)` once the HTTP caller disconnected (`fn` is then cancelled).
 
-    Needed on the earlier eras' Streamable HTTP, where a closed response stream does
-    not cancel the handler (the session outlives the POST). Without an HTTP request
-    (stdio, in-process) `fn` simply runs.
+    On the earlier eras' Streamable HTTP a closed response stream does not cancel the handler (the
+    session outlives the POST). Without an HTTP request (stdio, in-process) `fn` simply runs.
     """
     disconnected: Callable[[], Awaitable[bool]] | None = getattr(ctx.request, "is_disconnected", None)
     if disconnected is None:

@@ -44,9 +44,8 @@ class UpdateParams(TaskIdParams):
 def declared_extension(ctx: ServerRequestContext[Any, Any]) -> bool:
     """The request may be answered with a task: a 2026-07-28 request that declared the extension.
 
-    An earlier-era session (2025-06-18, 2025-11-25) can name the extension in its
-    `initialize` capabilities, but its `tools/call` result schema has no task
-    shape (the SDK rejects a `CreateTaskResult` there): the era decides.
+    An earlier era can name the extension in `initialize`, but its `tools/call` result has no task shape
+    (the SDK rejects a `CreateTaskResult` there): the era decides.
     """
     if ctx.protocol_version not in TASKS_VERSIONS:
         return False
@@ -172,11 +171,8 @@ def internal(message: str) -> MCPError:
 
 
 def store_unavailable(method: str, exc: StoreUnavailable) -> MCPError:
-    """-32603 with a fixed message, and one log line naming the method and the store operation.
-
-    Never the database's text on the wire (it quotes SQL), and never the SDK's own
-    fallback for an unexpected exception, which on earlier-era sessions sends `str(exc)`.
-    """
+    """-32603 with a fixed message, and one log line naming the method and the store operation: never the
+    database's text (it quotes SQL), as the SDK's fallback would send on earlier eras (`str(exc)`)."""
     cause = exc.__cause__
     logger.error(
         "%s: the task store is unavailable (%s failed: %s)",
