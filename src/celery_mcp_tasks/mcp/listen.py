@@ -134,26 +134,6 @@ class ListenObserver(Protocol):
         ...
 
 
-class ListenObservers(list[ListenObserver]):
-    """Every observer installed (the app's plugins with stream hooks); one that raises is logged and skipped."""
-
-    def _each(self, tell: Callable[[ListenObserver], None]) -> None:
-        for observer in self:
-            try:
-                tell(observer)
-            except Exception:
-                logger.exception("listen observer raised")
-
-    def stream_opened(self) -> None:
-        self._each(lambda observer: observer.stream_opened())
-
-    def stream_closed(self) -> None:
-        self._each(lambda observer: observer.stream_closed())
-
-    def stream_notified(self, latency_s: float) -> None:
-        self._each(lambda observer: observer.stream_notified(latency_s))
-
-
 class TaskListenHandler:
     """The `subscriptions/listen` handler for one server (`McpTasks.listen`).
 
@@ -183,7 +163,14 @@ class TaskListenHandler:
         self._reads = SharedReads(self._in_thread)
         self._streams: set[_Stream] = set()
         self._closing = False
-        self.observers = ListenObservers()
+        self.observers: list[ListenObserver] = []  # the app's plugins with stream hooks
+
+    def _tell(self, hook: str, *args: float) -> None:
+        for observer in self.observers:
+            try:
+                getattr(observer, hook)(*args)
+            except Exception:  # one observer that raises is logged and skipped
+                logger.exception("listen observer raised")
 
     @property
     def open_streams(self) -> int:
@@ -220,7 +207,7 @@ class TaskListenHandler:
         stream = _Stream(honored_core(params.notifications), watch, self._max_buffered)
         self._streams.add(stream)
         unsubscribe = self._bus.subscribe(stream.deliver)
-        self.observers.stream_opened()
+        self._tell("stream_opened")
         try:
             if followed_ids:
                 await self._follow_owned(stream, followed_ids, owner)
@@ -241,7 +228,7 @@ class TaskListenHandler:
                 logger.exception("subscription bus unsubscribe raised")
             watch.close()
             self._streams.discard(stream)
-            self.observers.stream_closed()
+            self._tell("stream_closed")
         return SubscriptionsListenResult(_meta=meta)
 
     # -- tasks -----------------------------------------------------------------------
@@ -341,7 +328,7 @@ class TaskListenHandler:
             # Seen only once it went out: a send that fails leaves the row due, and the retry sends it.
             followed.version, followed.seen = record.version, seen
             if woke is not None:
-                self.observers.stream_notified(time.monotonic() - woke)
+                self._tell("stream_notified", time.monotonic() - woke)
             if record.terminal:
                 stream.unfollow(key)
 
