@@ -148,7 +148,7 @@ def _check_store_url(url: str) -> None:
 
 
 class _ReadNames(Mapping[str, str]):
-    """An empty environment that remembers every name read from it: `from_env`'s own list of settings."""
+    """An empty environment that remembers every name read from it (`Mapping.get` asks `__getitem__`)."""
 
     def __init__(self) -> None:
         self.names: set[str] = set()
@@ -156,10 +156,6 @@ class _ReadNames(Mapping[str, str]):
     def __getitem__(self, name: str) -> str:
         self.names.add(name)
         raise KeyError(name)
-
-    def get(self, name: str, default: Any = None) -> Any:
-        self.names.add(name)
-        return default
 
     def __iter__(self) -> Iterator[str]:
         return iter(())
@@ -177,11 +173,8 @@ def known_settings() -> frozenset[str]:
 
 
 def unknown_settings(env: Mapping[str, str]) -> list[str]:
-    """One line for each MCP_TASKS_* name in `env` that is not a setting (sorted), naming the closest one.
-
-    With MCP_TASKS_STRICT_SETTINGS on, the first such name raises `ConfigError` instead.
-    A retired setting is named as ignored, never an error.
-    """
+    """One line for each MCP_TASKS_* name in `env` that is not a setting (sorted), naming the closest one;
+    with MCP_TASKS_STRICT_SETTINGS on, the first raises `ConfigError` (a retired one never does)."""
     known = known_settings()
     lines = []
     for name in sorted(env):
@@ -299,7 +292,6 @@ class Settings:
         env = os.environ if env is None else env
         database_url = env.get("MCP_TASKS_DATABASE_URL") or None
         broker_url = env.get("CELERY_BROKER_URL") or None
-        # The embedded default is one machine: lost work is recovered in seconds, not minutes.
         embedded = database_url is None and broker_url is None
         values: dict[str, Any] = {
             "data_dir": Path(env.get("MCP_TASKS_DATA_DIR") or ".celery-mcp-tasks"),

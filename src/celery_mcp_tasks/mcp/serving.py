@@ -42,11 +42,9 @@ async def serving(
     *,
     exit_signals: bool = True,
 ) -> AsyncIterator[None]:
-    """The served app's whole life, over HTTP (its lifespan) or stdio: this process's store and service
-    first (push binds to them), then the hint listener that feeds the listen streams, then each of
-    `contexts` (the plugins'); the streams end when serving ends, or, with `exit_signals`, as soon
-    as the ASGI server is told to exit.
-    """
+    """The served app's whole life, over HTTP (its lifespan) or stdio: the service (push binds to it), the
+    hint listener, then `contexts` (the plugins'). The streams end with it, or with `exit_signals` as
+    soon as the ASGI server is told to exit."""
     service()
     async with push.serving():
         if listen is not None:

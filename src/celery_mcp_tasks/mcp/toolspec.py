@@ -1,9 +1,7 @@
 """`TaskTool`: one job's description, shared by the web side and the worker side.
 
-The input schema, argument validation and result conversion all come from the
-SDK's own function metadata, so a task tool accepts exactly the arguments and
-returns exactly the `CallToolResult` that the same function would as a plain
-synchronous MCP tool. The job's `TaskContext` parameter is hidden from the schema.
+Schema, argument validation and result conversion come from the SDK's own function metadata, so a task
+tool takes and returns exactly what the same function would as a plain MCP tool (its context hidden).
 """
 
 from __future__ import annotations
