@@ -20,11 +20,6 @@ if TYPE_CHECKING:
     from celery_mcp_tasks.store.codec import KeyRing
 
 
-_NOTIFY_MODES = ("auto", "postgres", "broker", "poll", "off")
-_JANITOR_MODES = ("beat", "worker")
-_LOG_FORMATS = ("text", "json")
-_TRACING_MODES = ("off", "on", "otlp", "console")
-_ANONYMOUS_QUOTAS = ("shared", "per_client")
 # Settings that once meant something and are now ignored when set (a warning, never an error):
 # MCP_TASKS_LISTEN_ENTRY chose a second HTTP entry for `subscriptions/listen`, removed in issue 20.
 RETIRED_SETTINGS = ("MCP_TASKS_LISTEN_ENTRY",)
@@ -111,11 +106,6 @@ def _secret(env: Mapping[str, str], name: str) -> str | None:
 
 def _list(env: Mapping[str, str], name: str) -> tuple[str, ...]:
     return tuple(item.strip() for item in (env.get(name) or "").split(",") if item.strip())
-
-
-def _one_of(name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(f"{name}: expected one of {', '.join(choices)}, got {value!r}")
 
 
 def redact_url(url: str) -> str:
@@ -237,11 +227,15 @@ class Settings:
     encryption_keys: tuple[str, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
-        _one_of("MCP_TASKS_JANITOR", self.janitor, _JANITOR_MODES)
-        _one_of("MCP_TASKS_LOG_FORMAT", self.log_format, _LOG_FORMATS)
-        _one_of("MCP_TASKS_TRACING", self.tracing, _TRACING_MODES)
-        _one_of("MCP_TASKS_QUOTA_ANONYMOUS", self.quota_anonymous, _ANONYMOUS_QUOTAS)
-        _one_of("MCP_TASKS_NOTIFY", self.notify, _NOTIFY_MODES)
+        for name, value, choices in (
+            ("MCP_TASKS_JANITOR", self.janitor, ("beat", "worker")),
+            ("MCP_TASKS_LOG_FORMAT", self.log_format, ("text", "json")),
+            ("MCP_TASKS_TRACING", self.tracing, ("off", "on", "otlp", "console")),
+            ("MCP_TASKS_QUOTA_ANONYMOUS", self.quota_anonymous, ("shared", "per_client")),
+            ("MCP_TASKS_NOTIFY", self.notify, ("auto", "postgres", "broker", "poll", "off")),
+        ):
+            if value not in choices:
+                raise ConfigError(f"{name}: expected one of {', '.join(choices)}, got {value!r}")
         for secret in self.request_state_secrets:
             if len(secret.encode()) < MIN_SECRET_BYTES:
                 raise ConfigError(

@@ -31,7 +31,6 @@ from typing import Any
 from mcp.server.mcpserver import MCPServer
 
 LISTEN = "subscriptions/listen"
-_EXIT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 Lifespan = Callable[[Any], AbstractAsyncContextManager[Any]]
 
@@ -80,7 +79,7 @@ def on_server_exit(callback: Callable[[], None]) -> Callable[[], None]:
         if prior is not None:
             prior(signum, frame)
 
-    for sig in _EXIT_SIGNALS:
+    for sig in (signal.SIGTERM, signal.SIGINT):
         prior = signal.getsignal(sig)
         if callable(prior):
             previous[sig] = prior

@@ -34,10 +34,8 @@ def find_context_parameter(fn: Callable[..., Any], context_type: type | None) ->
     """The parameter annotated with the job's context class (handed in by the composition root)."""
     if context_type is None:
         return None
-    signature = inspect.signature(fn, eval_str=True)
-    for name, parameter in signature.parameters.items():
-        annotation = parameter.annotation
-        if isinstance(annotation, type) and issubclass(annotation, context_type):
+    for name, parameter in inspect.signature(fn, eval_str=True).parameters.items():
+        if isinstance(parameter.annotation, type) and issubclass(parameter.annotation, context_type):
             return name
     return None
 
