@@ -97,7 +97,6 @@ class _Stream:
         self.events: deque[ServerEvent] | None = None  # made on the first core event (most streams get none)
         self.max_buffered = max_buffered
         self.followed: dict[str, _Followed] = {}
-        self.acknowledged: list[str] = []
         self.ending = False
 
     def deliver(self, event: ServerEvent) -> None:
@@ -209,12 +208,13 @@ class TaskListenHandler:
         unsubscribe = self._bus.subscribe(stream.deliver)
         self._tell("stream_opened")
         try:
-            if followed_ids:
-                await self._follow_owned(stream, followed_ids, owner)
+            honored = stream.honored.model_dump(by_alias=True, exclude_none=True)
+            if followed_ids is not None:
+                honored[TASK_IDS] = await self._follow_owned(stream, followed_ids, owner) if followed_ids else []
             await ctx.session.send_notification(
                 SubscriptionsAcknowledgedNotification(
                     params=SubscriptionsAcknowledgedNotificationParams(
-                        notifications=self._acknowledged(stream, followed_ids), _meta=meta
+                        notifications=SubscriptionFilter.model_validate(honored), _meta=meta
                     )
                 ),
                 related_request_id=subscription_id,
@@ -242,29 +242,25 @@ class TaskListenHandler:
     async def _in_thread(self, fn: Callable[[], T]) -> T:
         return await anyio.to_thread.run_sync(fn, limiter=self._limiter)
 
-    async def _follow_owned(self, stream: _Stream, task_ids: list[str], owner: str | None) -> None:
+    async def _follow_owned(self, stream: _Stream, task_ids: list[str], owner: str | None) -> list[str]:
+        """Follow the caller's own tasks among `task_ids`; the ones to acknowledge."""
         try:
             records = await self._in_thread(lambda: {task_id: self._read(task_id, owner) for task_id in task_ids})
         except StoreUnavailable as exc:  # before the stream opens: an error with a fixed text, not the store's
             raise store_unavailable("subscriptions/listen", exc) from None
+        acknowledged = []
         for task_id in task_ids:
             key = task_key(task_id)
             record = records[task_id]
             if record is None:
                 stream.watch.forget(key)  # unknown and foreign look the same: simply not followed
                 continue
-            stream.acknowledged.append(task_id)
+            acknowledged.append(task_id)
             if record.terminal:
                 stream.watch.forget(key)  # acknowledged (it is the caller's), but nothing more will come
                 continue
             stream.followed[key] = _Followed(task_id, record.version, digest(render_task(task_id, record)))
-
-    def _acknowledged(self, stream: _Stream, task_ids: list[str] | None) -> SubscriptionFilter:
-        honored = stream.honored.model_dump(by_alias=True, exclude_none=True)
-        if task_ids is not None:
-            honored[TASK_IDS] = list(stream.acknowledged)
-        stream.acknowledged = []  # the ack is sent once; only the followed versions stay
-        return SubscriptionFilter.model_validate(honored)
+        return acknowledged
 
     def _reread(self, due: dict[str, tuple[_Followed, int | None]], owner: str | None) -> dict[str, TaskRecord | None]:
         """Owner-scoped reads (in a worker thread); hints without a version (a resync) first ask every such
