@@ -43,9 +43,6 @@ DEFAULT_MAX_ANSWER_BYTES = 1024 * 1024
 DEFAULT_MAX_RESULT_BYTES = 4 * 1024 * 1024
 """Payload limits (MCP_TASKS_MAX_ARGUMENTS_BYTES, _ANSWER_BYTES, _RESULT_BYTES): a task's arguments, one
 `tasks/update`'s answers and a job's result, as compact JSON in UTF-8 bytes (what the store keeps)."""
-EMBEDDED_STALE_TIMEOUT_S = 15.0
-EMBEDDED_JANITOR_INTERVAL_S = 5.0
-"""Defaults on the embedded default (no store or broker URL): a laptop recovers lost work in seconds."""
 
 
 class ConfigError(ValueError):
@@ -286,7 +283,7 @@ class Settings:
         env = os.environ if env is None else env
         database_url = env.get("MCP_TASKS_DATABASE_URL") or None
         broker_url = env.get("CELERY_BROKER_URL") or None
-        embedded = database_url is None and broker_url is None
+        embedded = database_url is None and broker_url is None  # one machine: it recovers lost work in seconds
         values: dict[str, Any] = {
             "data_dir": Path(env.get("MCP_TASKS_DATA_DIR") or ".celery-mcp-tasks"),
             "database_url": database_url,
@@ -296,11 +293,9 @@ class Settings:
             "poll_interval_ms": _int(env, "MCP_TASKS_POLL_INTERVAL_MS", 1_000),
             "retention_ms": _int(env, "MCP_TASKS_RETENTION_MS", 3_600_000, minimum=0, allow_none=False),
             "janitor_interval_s": _float(
-                env, "MCP_TASKS_JANITOR_INTERVAL_S", EMBEDDED_JANITOR_INTERVAL_S if embedded else 60.0, allow_off=True
+                env, "MCP_TASKS_JANITOR_INTERVAL_S", 5.0 if embedded else 60.0, allow_off=True
             ),
-            "stale_timeout_s": _float(
-                env, "MCP_TASKS_STALE_TIMEOUT_S", EMBEDDED_STALE_TIMEOUT_S if embedded else 300.0
-            ),
+            "stale_timeout_s": _float(env, "MCP_TASKS_STALE_TIMEOUT_S", 15.0 if embedded else 300.0),
             # MCP_TASKS_MAX_DISPATCHES: the setting's name in 0.1.0, still read when the new one is unset
             "max_sends": _int(env, "MCP_TASKS_MAX_SENDS", None, allow_none=False)
             or _int(env, "MCP_TASKS_MAX_DISPATCHES", 3, allow_none=False),

@@ -183,8 +183,12 @@ class SyncCalls:
         requests = record.input_requests
         if can_answer(ctx, requests):
             if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
-                if self._sealed_state():
-                    return input_required(requests, _SYNC_STATE + record.key)
+                if self._sealed_state():  # an MRTR round; the SDK's `RequestStateBoundary` seals the state
+                    typed = {
+                        key: _INPUT_REQUEST.validate_python(r, by_alias=True, by_name=False)
+                        for key, r in requests.items()
+                    }
+                    return InputRequiredResult(input_requests=typed, request_state=_SYNC_STATE + record.key)
             elif ctx.session.can_send_request:
                 try:
                     answers = {key: await ask_client(ctx, request) for key, request in requests.items()}
@@ -284,17 +288,6 @@ def can_answer(ctx: ServerRequestContext[Any, Any], requests: Mapping[str, Any])
     methods = [request.get("method") if isinstance(request, Mapping) else None for request in requests.values()]
     return bool(methods) and all(
         method in INPUT_CAPABILITIES and declared_capability(ctx, INPUT_CAPABILITIES[method]) for method in methods
-    )
-
-
-def input_required(requests: Mapping[str, Any], request_state: str) -> InputRequiredResult:
-    """An MRTR round (2026-07-28) asking `requests`; the SDK's `RequestStateBoundary` seals the state."""
-    return InputRequiredResult(
-        input_requests={
-            key: _INPUT_REQUEST.validate_python(request, by_alias=True, by_name=False)
-            for key, request in requests.items()
-        },
-        request_state=request_state,
     )
 
 
