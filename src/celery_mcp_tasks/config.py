@@ -24,8 +24,7 @@ if TYPE_CHECKING:
 # MCP_TASKS_LISTEN_ENTRY chose a second HTTP entry for `subscriptions/listen`, removed in issue 20.
 RETIRED_SETTINGS = ("MCP_TASKS_LISTEN_ENTRY",)
 _PREFIX = "MCP_TASKS_"
-STRICT_SETTINGS = "MCP_TASKS_STRICT_SETTINGS"
-"""On: an unknown MCP_TASKS_* name stops the process instead of a warning."""
+STRICT_SETTINGS = "MCP_TASKS_STRICT_SETTINGS"  # on: an unknown MCP_TASKS_* name stops the process
 READ_ELSEWHERE = ("MCP_TASKS_OPS_HOST", "MCP_TASKS_OPS_PORT", "MCP_TASKS_TOKEN", STRICT_SETTINGS)
 """Names read outside `Settings.from_env`: the ops listener's address (`ops/serving.py`), the token
 `call` sends (`cli/connection.py`), and the strict switch itself."""

@@ -20,8 +20,7 @@ INTERNAL_ERROR = -32603
 IDEMPOTENCY_META_KEY = "io.github.celery-mcp-tasks/idempotencyKey"
 """A `tools/call` request's `_meta` entry: a short string naming this creation, so a retry of the
 same call (same caller, tool and key) gets the first call's task back instead of a second job."""
-MAX_IDEMPOTENCY_KEY = 255
-"""The longest idempotency key accepted, in characters."""
+MAX_IDEMPOTENCY_KEY = 255  # characters
 QUOTA_EXCEEDED = -32029
 """The JSON-RPC code of a creation refused by the caller's quota or rate limit (a server-defined
 error code); its `data` says which limit and, when known, `retryAfterMs`."""

@@ -128,9 +128,7 @@ class ListenObserver(Protocol):
 
     def stream_closed(self) -> None: ...
 
-    def stream_notified(self, latency_s: float) -> None:
-        """A notification went out `latency_s` after a hint woke its stream."""
-        ...
+    def stream_notified(self, latency_s: float) -> None: ...  # sent `latency_s` after a hint woke the stream
 
 
 class TaskListenHandler:

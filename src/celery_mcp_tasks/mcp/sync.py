@@ -52,9 +52,7 @@ _ABANDON_S = 5.0
 """The bound on cancelling a hidden task on the way out of a cancelled call: a hung store does not hold it."""
 
 
-class Run(Protocol):
-    """`fn` on the bounded pool; a store outage answers -32603 (`TasksExtension._run`)."""
-
+class Run(Protocol):  # `TasksExtension._run`: `fn` on the bounded pool; a store outage answers -32603
     def __call__(self, fn: Callable[[], T], method: str) -> Awaitable[T]: ...
 
 

@@ -16,9 +16,10 @@ from typing import Any, Literal
 from mcp.server.mcpserver.tools import Tool
 from pydantic import ValidationError
 
+from celery_mcp_tasks.protocol import INPUT_CAPABILITIES
+
 TaskMode = Literal["optional", "required", "forbidden"]
 _MODES = ("optional", "required", "forbidden")
-_CAPABILITIES = ("elicitation", "sampling", "roots")
 
 Prepare = Callable[[dict[str, Any], Mapping[str, Any]], Awaitable[Any]]
 """Web-side hook run before the task exists: `(arguments, input_responses)` ->
@@ -75,7 +76,7 @@ class TaskTool:
     def __post_init__(self) -> None:
         if self.mode not in _MODES:
             raise ValueError(f"task tool {self.name!r}: mode must be one of {_MODES}, got {self.mode!r}")
-        unknown = set(self.needs) - set(_CAPABILITIES)
+        unknown = set(self.needs) - set(INPUT_CAPABILITIES.values())
         if unknown:
             raise ValueError(f"task tool {self.name!r}: unknown client capabilities in needs: {sorted(unknown)}")
         if inspect.iscoroutinefunction(self.fn):

@@ -25,10 +25,8 @@ from celery_mcp_tasks.store.base import QuotaExceeded, StoreUnavailable
 
 logger = logging.getLogger("celery_mcp_tasks.mcp")
 
-TASKS_VERSIONS = frozenset({"2026-07-28"})
-"""Protocol versions on which a task can be returned: the extension is defined for these only."""
-MAX_MS = 2**53 - 1
-"""The largest duration a `task` field may name: any JSON number up to it is an exact integer everywhere."""
+TASKS_VERSIONS = frozenset({"2026-07-28"})  # the protocol versions the extension is defined for
+MAX_MS = 2**53 - 1  # the longest duration a `task` field may name: an exact integer in every JSON parser
 RELATED_TASK_META_KEY = "io.modelcontextprotocol/related-task"
 
 
