@@ -1,10 +1,6 @@
-"""Settings, read once at start-up and validated there.
+"""Settings, read from the environment once at start-up: a wrong value stops the process naming the variable.
 
-Every setting has an environment variable; a wrong value stops the process
-with a message that names the variable, instead of surfacing as a confusing
-failure on the first task. With nothing set, everything lives in one local
-data directory (SQLite store, Celery `filesystem://` broker): the embedded
-default that needs no servers.
+With nothing set, everything lives in one local data directory (SQLite store, `filesystem://` broker).
 """
 
 from __future__ import annotations
@@ -23,19 +19,12 @@ from sqlalchemy.engine import make_url
 if TYPE_CHECKING:
     from celery_mcp_tasks.store.codec import KeyRing
 
-__all__ = ["ConfigError", "Settings", "redact_url", "unknown_settings"]
 
-_NOTIFY_MODES = ("auto", "postgres", "broker", "poll", "off")
-_JANITOR_MODES = ("beat", "worker")
-_LOG_FORMATS = ("text", "json")
-_TRACING_MODES = ("off", "on", "otlp", "console")
-_ANONYMOUS_QUOTAS = ("shared", "per_client")
 # Settings that once meant something and are now ignored when set (a warning, never an error):
 # MCP_TASKS_LISTEN_ENTRY chose a second HTTP entry for `subscriptions/listen`, removed in issue 20.
 RETIRED_SETTINGS = ("MCP_TASKS_LISTEN_ENTRY",)
 _PREFIX = "MCP_TASKS_"
-STRICT_SETTINGS = "MCP_TASKS_STRICT_SETTINGS"
-"""On: an unknown MCP_TASKS_* name stops the process instead of a warning."""
+STRICT_SETTINGS = "MCP_TASKS_STRICT_SETTINGS"  # on: an unknown MCP_TASKS_* name stops the process
 READ_ELSEWHERE = ("MCP_TASKS_OPS_HOST", "MCP_TASKS_OPS_PORT", "MCP_TASKS_TOKEN", STRICT_SETTINGS)
 """Names read outside `Settings.from_env`: the ops listener's address (`ops/serving.py`), the token
 `call` sends (`cli/connection.py`), and the strict switch itself."""
@@ -53,9 +42,6 @@ DEFAULT_MAX_ANSWER_BYTES = 1024 * 1024
 DEFAULT_MAX_RESULT_BYTES = 4 * 1024 * 1024
 """Payload limits (MCP_TASKS_MAX_ARGUMENTS_BYTES, _ANSWER_BYTES, _RESULT_BYTES): a task's arguments, one
 `tasks/update`'s answers and a job's result, as compact JSON in UTF-8 bytes (what the store keeps)."""
-EMBEDDED_STALE_TIMEOUT_S = 15.0
-EMBEDDED_JANITOR_INTERVAL_S = 5.0
-"""Defaults on the embedded default (no store or broker URL): a laptop recovers lost work in seconds."""
 
 
 class ConfigError(ValueError):
@@ -63,7 +49,7 @@ class ConfigError(ValueError):
 
 
 def _int(
-    env: Mapping[str, str], name: str, default: int | None, *, minimum: int = 1, allow_none: bool = False
+    env: Mapping[str, str], name: str, default: int | None, *, minimum: int = 1, allow_none: bool = True
 ) -> int | None:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
@@ -106,9 +92,16 @@ def _switch(env: Mapping[str, str], name: str, default: bool) -> bool:
     raise ConfigError(f"{name}: expected on or off, got {env.get(name)!r}")
 
 
-def _one_of(name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(f"{name}: expected one of {', '.join(choices)}, got {value!r}")
+def _choice(env: Mapping[str, str], name: str, default: str) -> str:
+    return (env.get(name) or default).strip().lower()
+
+
+def _secret(env: Mapping[str, str], name: str) -> str | None:
+    return (env.get(name) or "").strip() or None
+
+
+def _list(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in (env.get(name) or "").split(",") if item.strip())
 
 
 def redact_url(url: str) -> str:
@@ -141,7 +134,7 @@ def _check_store_url(url: str) -> None:
 
 
 class _ReadNames(Mapping[str, str]):
-    """An empty environment that remembers every name read from it: `from_env`'s own list of settings."""
+    """An empty environment that remembers every name read from it (`Mapping.get` asks `__getitem__`)."""
 
     def __init__(self) -> None:
         self.names: set[str] = set()
@@ -149,10 +142,6 @@ class _ReadNames(Mapping[str, str]):
     def __getitem__(self, name: str) -> str:
         self.names.add(name)
         raise KeyError(name)
-
-    def get(self, name: str, default: Any = None) -> Any:
-        self.names.add(name)
-        return default
 
     def __iter__(self) -> Iterator[str]:
         return iter(())
@@ -170,11 +159,8 @@ def known_settings() -> frozenset[str]:
 
 
 def unknown_settings(env: Mapping[str, str]) -> list[str]:
-    """One line for each MCP_TASKS_* name in `env` that is not a setting (sorted), naming the closest one.
-
-    With MCP_TASKS_STRICT_SETTINGS on, the first such name raises `ConfigError` instead.
-    A retired setting is named as ignored, never an error.
-    """
+    """One line for each MCP_TASKS_* name in `env` that is not a setting (sorted), naming the closest one;
+    with MCP_TASKS_STRICT_SETTINGS on, the first raises `ConfigError` (a retired one never does)."""
     known = known_settings()
     lines = []
     for name in sorted(env):
@@ -237,10 +223,15 @@ class Settings:
     encryption_keys: tuple[str, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
-        _one_of("MCP_TASKS_JANITOR", self.janitor, _JANITOR_MODES)
-        _one_of("MCP_TASKS_LOG_FORMAT", self.log_format, _LOG_FORMATS)
-        _one_of("MCP_TASKS_TRACING", self.tracing, _TRACING_MODES)
-        _one_of("MCP_TASKS_QUOTA_ANONYMOUS", self.quota_anonymous, _ANONYMOUS_QUOTAS)
+        for name, value, choices in (
+            ("MCP_TASKS_JANITOR", self.janitor, ("beat", "worker")),
+            ("MCP_TASKS_LOG_FORMAT", self.log_format, ("text", "json")),
+            ("MCP_TASKS_TRACING", self.tracing, ("off", "on", "otlp", "console")),
+            ("MCP_TASKS_QUOTA_ANONYMOUS", self.quota_anonymous, ("shared", "per_client")),
+            ("MCP_TASKS_NOTIFY", self.notify, ("auto", "postgres", "broker", "poll", "off")),
+        ):
+            if value not in choices:
+                raise ConfigError(f"{name}: expected one of {', '.join(choices)}, got {value!r}")
         for secret in self.request_state_secrets:
             if len(secret.encode()) < MIN_SECRET_BYTES:
                 raise ConfigError(
@@ -251,8 +242,6 @@ class Settings:
             raise ConfigError(
                 f"MCP_TASKS_WORKER_METRICS_PORT: expected a TCP port or off, got {self.worker_metrics_port}"
             )
-        if self.notify not in _NOTIFY_MODES:
-            raise ConfigError(f"MCP_TASKS_NOTIFY: expected one of {', '.join(_NOTIFY_MODES)}, got {self.notify!r}")
         if self.broker_url is not None and "://" not in self.broker_url:
             raise ConfigError(f"CELERY_BROKER_URL: expected a URL such as redis://host:6379/0, got {self.broker_url!r}")
         if self.database_url is not None:
@@ -264,15 +253,17 @@ class Settings:
                 f"MCP_TASKS_CONSOLE_TOKEN: the operators' token must be at least {MIN_CONSOLE_TOKEN_BYTES} bytes "
                 f"(got {len(self.console_token.encode())}); generate one with `openssl rand -base64 32`"
             )
-        for name, limit in (
-            ("MCP_TASKS_QUOTA_ACTIVE", self.quota_active),
-            ("MCP_TASKS_QUOTA_ACTIVE_PER_TOOL", self.quota_active_per_tool),
-            ("MCP_TASKS_QUOTA_CREATIONS", self.quota_creations),
+        for name, limit, what, minimum in (
+            ("MCP_TASKS_QUOTA_ACTIVE", self.quota_active, "an integer", 1),
+            ("MCP_TASKS_QUOTA_ACTIVE_PER_TOOL", self.quota_active_per_tool, "an integer", 1),
+            ("MCP_TASKS_QUOTA_CREATIONS", self.quota_creations, "an integer", 1),
+            ("MCP_TASKS_FAIR_QUEUES", self.fair_queues, "an integer", 2),
+            ("MCP_TASKS_MAX_ARGUMENTS_BYTES", self.max_arguments_bytes, "a number of bytes", 1),
+            ("MCP_TASKS_MAX_ANSWER_BYTES", self.max_answer_bytes, "a number of bytes", 1),
+            ("MCP_TASKS_MAX_RESULT_BYTES", self.max_result_bytes, "a number of bytes", 1),
         ):
-            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-                raise ConfigError(f"{name}: expected an integer >= 1 or none, got {limit!r}")
-        if self.fair_queues is not None and (isinstance(self.fair_queues, bool) or self.fair_queues < 2):
-            raise ConfigError(f"MCP_TASKS_FAIR_QUEUES: expected an integer >= 2 or none, got {self.fair_queues!r}")
+            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < minimum):
+                raise ConfigError(f"{name}: expected {what} >= {minimum} or none, got {limit!r}")
         if not self.quota_window_s > 0:
             raise ConfigError(f"MCP_TASKS_QUOTA_WINDOW_S: must be > 0, got {self.quota_window_s!r}")
         if self.idempotency_secret is not None and len(self.idempotency_secret.encode()) < MIN_SECRET_BYTES:
@@ -280,13 +271,6 @@ class Settings:
                 f"MCP_TASKS_IDEMPOTENCY_SECRET: must be at least {MIN_SECRET_BYTES} bytes "
                 f"(got {len(self.idempotency_secret.encode())}); generate one with `openssl rand -base64 48`"
             )
-        for name, limit in (
-            ("MCP_TASKS_MAX_ARGUMENTS_BYTES", self.max_arguments_bytes),
-            ("MCP_TASKS_MAX_ANSWER_BYTES", self.max_answer_bytes),
-            ("MCP_TASKS_MAX_RESULT_BYTES", self.max_result_bytes),
-        ):
-            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-                raise ConfigError(f"{name}: expected a number of bytes >= 1 or none, got {limit!r}")
         self.key_ring()  # a malformed key stops the start here, naming the setting
         if self.stale_timeout_s < 1:
             raise ConfigError(
@@ -298,67 +282,55 @@ class Settings:
         env = os.environ if env is None else env
         database_url = env.get("MCP_TASKS_DATABASE_URL") or None
         broker_url = env.get("CELERY_BROKER_URL") or None
-        # The embedded default is one machine: lost work is recovered in seconds, not minutes.
-        embedded = database_url is None and broker_url is None
+        embedded = database_url is None and broker_url is None  # one machine: it recovers lost work in seconds
         values: dict[str, Any] = {
             "data_dir": Path(env.get("MCP_TASKS_DATA_DIR") or ".celery-mcp-tasks"),
             "database_url": database_url,
             "broker_url": broker_url,
-            "max_rows": _int(env, "MCP_TASKS_MAX_ROWS", 10_000, allow_none=True),
-            "default_ttl_ms": _int(env, "MCP_TASKS_DEFAULT_TTL_MS", 3_600_000, allow_none=True),
-            "poll_interval_ms": _int(env, "MCP_TASKS_POLL_INTERVAL_MS", 1_000, allow_none=True),
-            "retention_ms": _int(env, "MCP_TASKS_RETENTION_MS", 3_600_000, minimum=0),
+            "max_rows": _int(env, "MCP_TASKS_MAX_ROWS", 10_000),
+            "default_ttl_ms": _int(env, "MCP_TASKS_DEFAULT_TTL_MS", 3_600_000),
+            "poll_interval_ms": _int(env, "MCP_TASKS_POLL_INTERVAL_MS", 1_000),
+            "retention_ms": _int(env, "MCP_TASKS_RETENTION_MS", 3_600_000, minimum=0, allow_none=False),
             "janitor_interval_s": _float(
-                env, "MCP_TASKS_JANITOR_INTERVAL_S", EMBEDDED_JANITOR_INTERVAL_S if embedded else 60.0, allow_off=True
+                env, "MCP_TASKS_JANITOR_INTERVAL_S", 5.0 if embedded else 60.0, allow_off=True
             ),
-            "stale_timeout_s": _float(
-                env, "MCP_TASKS_STALE_TIMEOUT_S", EMBEDDED_STALE_TIMEOUT_S if embedded else 300.0
-            ),
+            "stale_timeout_s": _float(env, "MCP_TASKS_STALE_TIMEOUT_S", 15.0 if embedded else 300.0),
             # MCP_TASKS_MAX_DISPATCHES: the setting's name in 0.1.0, still read when the new one is unset
-            "max_sends": _int(env, "MCP_TASKS_MAX_SENDS", None) or _int(env, "MCP_TASKS_MAX_DISPATCHES", 3),
+            "max_sends": _int(env, "MCP_TASKS_MAX_SENDS", None, allow_none=False)
+            or _int(env, "MCP_TASKS_MAX_DISPATCHES", 3, allow_none=False),
             "sync_timeout_s": _float(env, "MCP_TASKS_SYNC_TIMEOUT_S", 60.0),
-            "notify": (env.get("MCP_TASKS_NOTIFY") or "auto").strip().lower(),
+            "notify": _choice(env, "MCP_TASKS_NOTIFY", "auto"),
             "queue": env.get("MCP_TASKS_QUEUE") or None,
-            "allowed_hosts": tuple(
-                h.strip() for h in (env.get("MCP_TASKS_ALLOWED_HOSTS") or "").split(",") if h.strip()
-            ),
+            "allowed_hosts": _list(env, "MCP_TASKS_ALLOWED_HOSTS"),
             # Operations are opt-in plugins (celery_mcp_tasks.plugin): each of these turns one on.
             "metrics": _switch(env, "MCP_TASKS_METRICS", False),
             "health": _switch(env, "MCP_TASKS_HEALTH", False),
             "janitor_watch": _switch(env, "MCP_TASKS_JANITOR_WATCH", False),
-            "worker_metrics_port": _int(
-                env, "MCP_TASKS_WORKER_METRICS_PORT", DEFAULT_WORKER_METRICS_PORT, allow_none=True
-            ),
-            "tracing": (env.get("MCP_TASKS_TRACING") or "off").strip().lower(),
-            "janitor": (env.get("MCP_TASKS_JANITOR") or "beat").strip().lower(),
+            "worker_metrics_port": _int(env, "MCP_TASKS_WORKER_METRICS_PORT", DEFAULT_WORKER_METRICS_PORT),
+            "tracing": _choice(env, "MCP_TASKS_TRACING", "off"),
+            "janitor": _choice(env, "MCP_TASKS_JANITOR", "beat"),
             "input_timeout_s": _float(env, "MCP_TASKS_INPUT_TIMEOUT_S", DEFAULT_INPUT_TIMEOUT_S, allow_off=True),
-            "log_format": (env.get("MCP_TASKS_LOG_FORMAT") or "text").strip().lower(),
-            "max_request_bytes": _int(env, "MCP_TASKS_MAX_REQUEST_BYTES", DEFAULT_MAX_REQUEST_BYTES),
+            "log_format": _choice(env, "MCP_TASKS_LOG_FORMAT", "text"),
+            "max_request_bytes": _int(env, "MCP_TASKS_MAX_REQUEST_BYTES", DEFAULT_MAX_REQUEST_BYTES, allow_none=False),
             # The operators' console: who may look, and whether payloads may be revealed.
-            "console_token": (env.get("MCP_TASKS_CONSOLE_TOKEN") or "").strip() or None,
+            "console_token": _secret(env, "MCP_TASKS_CONSOLE_TOKEN"),
             "console_payloads": _switch(env, "MCP_TASKS_CONSOLE_PAYLOADS", False),
             # Per-principal quotas: unlimited unless set (MCP_TASKS_QUOTA_*), decided by the store.
-            "quota_active": _int(env, "MCP_TASKS_QUOTA_ACTIVE", None, allow_none=True),
-            "quota_active_per_tool": _int(env, "MCP_TASKS_QUOTA_ACTIVE_PER_TOOL", None, allow_none=True),
-            "quota_creations": _int(env, "MCP_TASKS_QUOTA_CREATIONS", None, allow_none=True),
+            "quota_active": _int(env, "MCP_TASKS_QUOTA_ACTIVE", None),
+            "quota_active_per_tool": _int(env, "MCP_TASKS_QUOTA_ACTIVE_PER_TOOL", None),
+            "quota_creations": _int(env, "MCP_TASKS_QUOTA_CREATIONS", None),
             "quota_window_s": _float(env, "MCP_TASKS_QUOTA_WINDOW_S", 60.0),
-            "quota_anonymous": (env.get("MCP_TASKS_QUOTA_ANONYMOUS") or "shared").strip().lower(),
-            "fair_queues": _int(env, "MCP_TASKS_FAIR_QUEUES", None, minimum=2, allow_none=True),
-            "idempotency_secret": (env.get("MCP_TASKS_IDEMPOTENCY_SECRET") or "").strip() or None,
+            "quota_anonymous": _choice(env, "MCP_TASKS_QUOTA_ANONYMOUS", "shared"),
+            "fair_queues": _int(env, "MCP_TASKS_FAIR_QUEUES", None, minimum=2),
+            "idempotency_secret": _secret(env, "MCP_TASKS_IDEMPOTENCY_SECRET"),
             # Payload limits, in bytes of compact JSON (none: unlimited); a tool's @mcp_task options win.
-            "max_arguments_bytes": _int(
-                env, "MCP_TASKS_MAX_ARGUMENTS_BYTES", DEFAULT_MAX_ARGUMENTS_BYTES, allow_none=True
-            ),
-            "max_answer_bytes": _int(env, "MCP_TASKS_MAX_ANSWER_BYTES", DEFAULT_MAX_ANSWER_BYTES, allow_none=True),
-            "max_result_bytes": _int(env, "MCP_TASKS_MAX_RESULT_BYTES", DEFAULT_MAX_RESULT_BYTES, allow_none=True),
+            "max_arguments_bytes": _int(env, "MCP_TASKS_MAX_ARGUMENTS_BYTES", DEFAULT_MAX_ARGUMENTS_BYTES),
+            "max_answer_bytes": _int(env, "MCP_TASKS_MAX_ANSWER_BYTES", DEFAULT_MAX_ANSWER_BYTES),
+            "max_result_bytes": _int(env, "MCP_TASKS_MAX_RESULT_BYTES", DEFAULT_MAX_RESULT_BYTES),
             # Encryption at rest: a key ring, the first key seals, every one opens (comma-separated).
-            "encryption_keys": tuple(
-                k.strip() for k in (env.get("MCP_TASKS_ENCRYPTION_KEYS") or "").split(",") if k.strip()
-            ),
+            "encryption_keys": _list(env, "MCP_TASKS_ENCRYPTION_KEYS"),
             # A rotation ring: the first secret seals, every one unseals (comma-separated).
-            "request_state_secrets": tuple(
-                s.strip() for s in (env.get("MCP_TASKS_REQUEST_STATE_SECRET") or "").split(",") if s.strip()
-            ),
+            "request_state_secrets": _list(env, "MCP_TASKS_REQUEST_STATE_SECRET"),
         }
         values.update(overrides)
         return cls(**values)

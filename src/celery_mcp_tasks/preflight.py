@@ -1,24 +1,9 @@
 """Start-up checks: a process that cannot work refuses to start, in one line that names the fix.
 
-Run once per process start (never per request) by `serve`, `stdio`, `db`, the
-worker's main process and beat, before anything is written to the store:
-
-- the store is reachable (a short connect timeout, not a hang or a traceback);
-- its schema is at the head of the package's own migrations (else: run
-  `celery-mcp-tasks db upgrade`), unless the caller is about to migrate it;
-- the payload key ring (MCP_TASKS_ENCRYPTION_KEYS) opens the newest rows: a
-  process without it, or with the wrong one, on an encrypted store refuses;
-- a process on a remote broker has a store it shares with the others: the
-  embedded SQLite default lives in one machine's data directory, so a web
-  process and a worker that meet over Redis would each see their own tasks.
-
-Each start also names every MCP_TASKS_* variable that is not a setting (a misspelled
-name would otherwise be ignored in silence): one warning line each, once per process,
-or a refusal with MCP_TASKS_STRICT_SETTINGS on.
-
-Every failure is a `ConfigError` whose message starts with the setting to
-change; URLs in it have their password replaced by `***`. `/readyz` and `doctor`
-reuse the probes and the revision check (`revision_problem`).
+Run once per start of `serve`, `stdio`, `db`, a worker and beat (never per request): the store is
+reachable, its schema at head, the key ring opens its rows, a process on a remote broker does not keep
+tasks in its own embedded SQLite file, and every MCP_TASKS_* name is a setting. Each failure is a
+`ConfigError` starting with the setting to change (passwords shown as `***`).
 """
 
 from __future__ import annotations
@@ -26,7 +11,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,23 +18,6 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 from celery_mcp_tasks.config import ConfigError, Settings, redact_url, unknown_settings
-
-__all__ = [
-    "CONNECT_TIMEOUT_S",
-    "LOCAL_BROKERS",
-    "NOT_CREATED",
-    "UPGRADE",
-    "check_environment",
-    "current_revisions",
-    "db_reason",
-    "key_ring_problem",
-    "missing_sqlite_file",
-    "preflight",
-    "probe_engine",
-    "revision_problem",
-    "script_heads",
-    "shared_store_problem",
-]
 
 CONNECT_TIMEOUT_S = 5
 """How long the start-up probe waits for the database before it says the store is unreachable."""
@@ -67,9 +34,9 @@ _said: set[str] = set()  # the lines this process has logged (serve checks twice
 def preflight(settings: Settings, *, role: str, need_schema: bool = True, broker_url: str | None = None) -> None:
     """Raise `ConfigError` (one line, naming the setting) if a `role` process must not start.
 
-    `role`: "serve", "stdio", "worker", "beat" or "db" (which neither checks the broker nor
-    needs a schema). `broker_url`: the Celery app's effective broker (default: the
-    settings'). `need_schema=False` for a caller that migrates right after.
+    `role`: "serve", "stdio", "worker", "beat" or "db" (which neither checks the broker nor needs a
+    schema). `broker_url`: the Celery app's effective broker (default: the settings').
+    `need_schema=False` for a caller that migrates right after.
     """
     check_environment()
     schema = need_schema and role != "db"
@@ -80,12 +47,15 @@ def preflight(settings: Settings, *, role: str, need_schema: bool = True, broker
     url = settings.store_url
     if schema and missing_sqlite_file(url):  # said without creating the file
         raise ConfigError(f"{_store(settings)}: {NOT_CREATED}")
+    from celery_mcp_tasks.store.rekeying import ring_check
+
     engine = probe_engine(url)
     try:
         try:
             with engine.connect() as conn:
                 current = current_revisions(conn) if schema else ()
-                keys = key_ring_problem(conn, settings) if schema and revision_problem(current) is None else None
+                # A wrong or missing MCP_TASKS_ENCRYPTION_KEYS for this store, or None.
+                keys = ring_check(conn, settings.key_ring()) if schema and revision_problem(current) is None else None
         except sa.exc.DBAPIError as exc:
             raise ConfigError(f"{_store(settings)}: cannot connect to the task store ({db_reason(exc)})") from None
         except OSError as exc:  # e.g. the SQLite file's directory cannot be created
@@ -100,16 +70,9 @@ def preflight(settings: Settings, *, role: str, need_schema: bool = True, broker
         raise ConfigError(keys)
 
 
-def key_ring_problem(conn: sa.Connection, settings: Settings) -> str | None:
-    """A wrong or missing MCP_TASKS_ENCRYPTION_KEYS for this store (`store.rekeying.ring_check`), or None."""
-    from celery_mcp_tasks.store.rekeying import ring_check
-
-    return ring_check(conn, settings.key_ring())
-
-
-def check_environment(env: Mapping[str, str] | None = None) -> None:
+def check_environment() -> None:
     """Warn once per process about each MCP_TASKS_* name that is not a setting (strict: `ConfigError`)."""
-    for line in unknown_settings(os.environ if env is None else env):
+    for line in unknown_settings(os.environ):
         if line not in _said:
             _said.add(line)
             logger.warning(line)
@@ -144,26 +107,22 @@ def missing_sqlite_file(url: str) -> bool:
 
 def probe_engine(url: str, *, connect_timeout_s: int | None = None) -> sa.Engine:
     """The one engine a check builds (start-up, `db`, `/readyz`, `doctor`): no pool, so each check is a fresh
-    connection, and on PostgreSQL a socket bounded by `_probe_connect_args` (default `CONNECT_TIMEOUT_S`)."""
+    connection. On PostgreSQL, libpq bounds its socket (default `CONNECT_TIMEOUT_S`): the connect, then
+    keepalives and `tcp_user_timeout`, so a vanished peer (a partition, a dead NAT entry) fails in seconds."""
     from celery_mcp_tasks.store.engine import create_store_engine
 
     timeout = CONNECT_TIMEOUT_S if connect_timeout_s is None else connect_timeout_s
-    return create_store_engine(url, poolclass=sa.pool.NullPool, connect_args=_probe_connect_args(url, timeout))
-
-
-def _probe_connect_args(url: str, timeout_s: int) -> dict[str, Any]:
-    """libpq's own bounds on a check's socket: the connect, then keepalives and `tcp_user_timeout`, so a
-    connection whose peer vanishes (a partition, a dead NAT entry) fails within seconds instead of hours."""
-    if make_url(url).get_backend_name() != "postgresql":
-        return {}
-    return {
-        "connect_timeout": timeout_s,
-        "keepalives": 1,
-        "keepalives_idle": timeout_s,
-        "keepalives_interval": 1,
-        "keepalives_count": 3,
-        "tcp_user_timeout": timeout_s * 1000,
-    }
+    args: dict[str, Any] = {}
+    if make_url(url).get_backend_name() == "postgresql":
+        args = {
+            "connect_timeout": timeout,
+            "keepalives": 1,
+            "keepalives_idle": timeout,
+            "keepalives_interval": 1,
+            "keepalives_count": 3,
+            "tcp_user_timeout": timeout * 1000,
+        }
+    return create_store_engine(url, poolclass=sa.pool.NullPool, connect_args=args)
 
 
 def db_reason(exc: sa.exc.DBAPIError) -> str:

@@ -1,12 +1,6 @@
-"""The Tasks extension's wire shapes, shared by every side: the one module both adapters use.
-
-The domain (`model`, `store`, `service`) keeps task state in its own terms;
-this module says how that state looks on the wire (`CreateTaskResult`,
-`DetailedTask`, JSON-RPC errors) and builds the input requests a job can ask
-for mid-flight, checked against the SDK's own wire models (`mcp_types`), so a
-typo in a schema is an error in the job that made it rather than a broken
-`tasks/get` for the client. It imports `mcp_types` (the protocol's types) and
-nothing of the SDK's server or client, nor Celery.
+"""The Tasks extension's wire shapes, shared by both adapters (it imports neither the SDK's server or
+client nor Celery): how the domain's task state looks on the wire, and the input requests a job can
+ask, checked against `mcp_types` (so a typo in a schema fails the job, not the client's `tasks/get`).
 """
 
 from __future__ import annotations
@@ -20,32 +14,13 @@ from pydantic import TypeAdapter, ValidationError
 
 from celery_mcp_tasks.model import TaskRecord, TaskStatus
 
-__all__ = [
-    "EXTENSION_ID",
-    "IDEMPOTENCY_META_KEY",
-    "INTERNAL_ERROR",
-    "PROGRESS_META_KEY",
-    "QUOTA_EXCEEDED",
-    "InvalidInputRequest",
-    "elicit",
-    "format_timestamp",
-    "list_roots",
-    "render_create_result",
-    "render_error",
-    "render_task",
-    "required_capabilities",
-    "sample",
-    "validate_input_requests",
-]
-
 EXTENSION_ID = "io.modelcontextprotocol/tasks"
 INTERNAL_ERROR = -32603
 """The JSON-RPC code of a failed task whose error names none (every failure the runtime records)."""
 IDEMPOTENCY_META_KEY = "io.github.celery-mcp-tasks/idempotencyKey"
 """A `tools/call` request's `_meta` entry: a short string naming this creation, so a retry of the
 same call (same caller, tool and key) gets the first call's task back instead of a second job."""
-MAX_IDEMPOTENCY_KEY = 255
-"""The longest idempotency key accepted, in characters."""
+MAX_IDEMPOTENCY_KEY = 255  # characters
 QUOTA_EXCEEDED = -32029
 """The JSON-RPC code of a creation refused by the caller's quota or rate limit (a server-defined
 error code); its `data` says which limit and, when known, `retryAfterMs`."""
@@ -126,7 +101,8 @@ def render_task(task_id: str, record: TaskRecord) -> dict[str, Any]:
 
 _JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
 _REQUEST = TypeAdapter(ElicitRequest | CreateMessageRequest | ListRootsRequest)
-_CAPABILITY = {"elicitation/create": "elicitation", "sampling/createMessage": "sampling", "roots/list": "roots"}
+INPUT_CAPABILITIES = {"elicitation/create": "elicitation", "sampling/createMessage": "sampling", "roots/list": "roots"}
+"""The client capability each kind of input request needs."""
 
 
 class InvalidInputRequest(ValueError):
@@ -195,4 +171,4 @@ def validate_input_requests(requests: Mapping[str, Any]) -> dict[str, Any]:
 
 def required_capabilities(requests: Mapping[str, Any]) -> set[str]:
     """The client capabilities a set of input requests needs (elicitation, sampling, roots)."""
-    return {_CAPABILITY[r["method"]] for r in requests.values() if r.get("method") in _CAPABILITY}
+    return {INPUT_CAPABILITIES[r["method"]] for r in requests.values() if r.get("method") in INPUT_CAPABILITIES}

@@ -1,20 +1,10 @@
-"""`TasksExtension`: the Tasks extension on the SDK's `MCPServer`.
+"""`TasksExtension`: intercepts `tools/call` for task tools and serves `tasks/get`, `tasks/update`, `tasks/cancel`.
 
-It intercepts `tools/call` for task tools and serves `tasks/get`,
-`tasks/update` and `tasks/cancel`. Everything it knows about a task it reads
-from the store through the service, on a bounded thread pool (the store and
-the Celery publish are synchronous; nothing may block the event loop).
-
-Arguments that do not fit the tool's signature are answered by the SDK, as for a
-plain tool: a `CallToolResult` with `isError` the model can read, no task.
-
-Check order on `tasks/*`: the routing header (-32020), the client's opt-in
-(-32021, before any lookup), then the owner-scoped lookup (-32602, the same
-answer for a missing, expired-and-evicted or foreign task; the id is never
-echoed). A store outage is -32603 "The task store is unavailable" on every
-path and every protocol era, with one log line naming the method.
-
-A client that did not declare the extension gets the synchronous path (`celery_mcp_tasks.mcp.sync`).
+The store and the Celery publish are synchronous, so every call to the service runs on a bounded
+thread pool. Check order on `tasks/*`: the routing header (-32020), the client's opt-in (-32021,
+before any lookup), then the owner-scoped lookup (-32602, the same for a missing, evicted or
+foreign task; the id is never echoed). A store outage is -32603 on every path and era.
+A client without the extension gets the synchronous path (`mcp.sync`).
 """
 
 from __future__ import annotations
@@ -46,10 +36,9 @@ from celery_mcp_tasks.mcp.wire import (
     internal,
     invalid_params,
     missing_capability,
-    not_found,
+    missing_extension,
     plain_responses,
     quota_exceeded,
-    require_extension,
     require_routing_name,
     store_unavailable,
 )
@@ -69,16 +58,9 @@ _COMPLETE = {"resultType": "complete"}
 class TasksExtension(Extension):
     """The Tasks extension for `MCPServer(extensions=[...])` (`McpTasks` builds and wires it).
 
-    `sync_timeout_s` (default 60 s, `MCP_TASKS_SYNC_TIMEOUT_S`; a tool's own
-    `@mcp_task(sync_timeout_s=...)` wins) bounds a synchronous call's silence,
-    not its length: the bound restarts at every change the job reports (its
-    state, statusMessage or progress), so a job that keeps reporting is never
-    cut; one that stays silent that long is cancelled (and revoked for
-    `terminate=True` tools) and the caller gets -32603. `hub`: this process's
-    push hub (None: push is off, the wait polls the row). `sealed_state`: whether
-    the SDK seals `requestState` on this server (a synchronous 2026-07-28 call
-    asks its job's questions by MRTR only then). `quota`: each principal's limits (a tool's
-    `max_active` replaces `active_tool`); None: no quota, and creating costs nothing more.
+    `sync_timeout_s`: the bound on a synchronous call's silence (`SyncCalls`). `hub`: this process's
+    push hub (None: push is off). `sealed_state`: whether the SDK seals `requestState` here.
+    `quota`: each principal's limits (a tool's `max_active` replaces `active_tool`; None: no quota).
     `refused(tool, limit)`: told of each creation a quota refused (metrics). `anonymous_per_client`:
     anonymous callers' quotas count per client address (`principal.anonymous_caller`), not as one.
     """
@@ -90,11 +72,11 @@ class TasksExtension(Extension):
         tools: Mapping[str, TaskTool],
         service: Callable[[], TaskService],
         *,
-        known_tool: Callable[[str], bool] | None = None,
-        sync_timeout_s: float = 60.0,
+        known_tool: Callable[[str], bool],
+        sync_timeout_s: float,
         max_threads: int = 32,
-        hub: Callable[[], Hub | None] | None = None,
-        sealed_state: Callable[[], bool] | None = None,
+        hub: Callable[[], Hub | None],
+        sealed_state: Callable[[], bool],
         quota: Quota | None = None,
         refused: Callable[[str, str], None] | None = None,
         anonymous_per_client: bool = False,
@@ -109,10 +91,7 @@ class TasksExtension(Extension):
         self._sync = SyncCalls(service, self._run, sync_timeout_s=sync_timeout_s, hub=hub, sealed_state=sealed_state)
 
     def abandon_synchronous_calls(self, message: str) -> None:
-        """Cancel the hidden task of every synchronous call in flight (blocking: call it from a thread).
-
-        For a process about to exit with requests still open (`stdio` on SIGTERM).
-        """
+        """Cancel the hidden task of every synchronous call in flight (`SyncCalls.abandon_all`)."""
         self._sync.abandon_all(message)
 
     async def _run(self, fn: Callable[[], T], method: str) -> T:
@@ -136,7 +115,7 @@ class TasksExtension(Extension):
     ) -> HandlerResult:
         tool = self._tools.get(params.name)
         if tool is None:
-            if self._known_tool is not None and not self._known_tool(params.name):
+            if not self._known_tool(params.name):
                 raise invalid_params(f"Unknown tool: {params.name}")
             return await call_next(ctx)
 
@@ -153,7 +132,7 @@ class TasksExtension(Extension):
                     f" (this session negotiated protocol {ctx.protocol_version}; tool {tool.name} runs only as"
                     " a task, which needs protocol 2026-07-28)"
                 )
-            raise missing_capability({"extensions": {EXTENSION_ID: {}}}, what)
+            raise missing_extension(what)
         missing = sorted(name for name in tool.needs if not declared_capability(ctx, name))
         if missing:
             raise missing_capability({name: {} for name in missing}, ", ".join(missing))
@@ -211,9 +190,9 @@ class TasksExtension(Extension):
         arguments: dict[str, Any],
         seeded: dict[str, Any],
         message: str | None,
-        idempotency_key: str | None = None,
-        key_sent: bool = False,
-        caller: str | None = None,
+        idempotency_key: str | None,
+        key_sent: bool,
+        caller: str | None,
     ) -> tuple[str, TaskRecord]:
         service = self._service()
         options: dict[str, Any] = {}
@@ -265,21 +244,21 @@ class TasksExtension(Extension):
 
     def _guard(self, ctx: ServerRequestContext[Any, Any], task_id: str) -> None:
         require_routing_name(ctx, task_id)
-        require_extension(ctx)
+        if not declared_extension(ctx):
+            raise missing_extension()
 
     async def _lookup(self, fn: Callable[[], T], method: str) -> T:
         """`fn` on the bounded pool (`_run`); a missing, foreign or expired task answers "not found"."""
         try:
             return await self._run(fn, method)
         except TaskNotFound:
-            raise not_found() from None
+            raise invalid_params("Failed to retrieve task: Task not found") from None
         except TaskExpired:
-            raise not_found(expired=True) from None
+            raise invalid_params("Failed to retrieve task: Task has expired") from None
 
     async def get(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
         self._guard(ctx, params.task_id)
-        owner = current_principal()
-        record = await self._lookup(partial(self._service().get, params.task_id, owner), "tasks/get")
+        record = await self._lookup(partial(self._service().get, params.task_id, current_principal()), "tasks/get")
         return {**_COMPLETE, **render_task(params.task_id, record)}
 
     async def update(self, ctx: ServerRequestContext[Any, Any], params: UpdateParams) -> dict[str, Any]:

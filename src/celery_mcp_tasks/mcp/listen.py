@@ -1,17 +1,9 @@
-"""`subscriptions/listen` that honours the Tasks extension's `taskIds`.
+"""`subscriptions/listen` that honours the Tasks extension's `taskIds` (the SDK's stock handler drops them).
 
-It replaces the SDK's stock handler, which drops `taskIds`, and keeps
-everything that one serves: the core change events published on the SDK's
-subscription bus (tools, prompts, resources list changes and resource
-updates) reach the stream exactly as before.
-
-Per stream: validate (-32602 for a wrong `taskIds`, -32021 without the
-extension on this request, both before the stream opens), keep only the ids
-the caller owns (foreign and unknown dropped alike), acknowledge first, then
-for every hint about a followed row re-read it owner-scoped and send
-`notifications/tasks` when the client-visible state moved on, in version
-order; after a task's terminal notification it is no longer followed. The
-streams of one owner woken by one hint share the re-read (`listen_reads`).
+The core events of the SDK's subscription bus reach the stream as before. Per stream: validate (-32602,
+-32021, before the stream opens), follow only the ids the caller owns (foreign and unknown alike dropped),
+acknowledge, then on each hint re-read the row owner-scoped and send `notifications/tasks` when the
+client-visible state moved on, until its terminal one. Streams of one owner share a re-read (`listen_reads`).
 """
 
 from __future__ import annotations
@@ -42,14 +34,12 @@ from pydantic import BaseModel
 
 from celery_mcp_tasks.mcp.listen_reads import SharedRead, SharedReads, digest
 from celery_mcp_tasks.mcp.principal import current_principal
-from celery_mcp_tasks.mcp.wire import declared_extension, invalid_params, missing_capability, store_unavailable
+from celery_mcp_tasks.mcp.wire import declared_extension, invalid_params, missing_extension, store_unavailable
 from celery_mcp_tasks.model import TaskRecord, task_key
 from celery_mcp_tasks.notify.hub import Hub, Watch
-from celery_mcp_tasks.protocol import EXTENSION_ID, render_task
+from celery_mcp_tasks.protocol import render_task
 from celery_mcp_tasks.service import TaskExpired, TaskService
 from celery_mcp_tasks.store.base import StoreUnavailable, TaskNotFound
-
-__all__ = ["MAX_TASK_IDS", "ListenObserver", "ListenObservers", "TaskListenHandler", "requested_task_ids"]
 
 logger = logging.getLogger("celery_mcp_tasks.mcp")
 
@@ -80,7 +70,7 @@ def requested_task_ids(requested: SubscriptionFilter) -> list[str] | None:
 
 
 def honored_core(requested: SubscriptionFilter) -> SubscriptionFilter:
-    """The core kinds this server honours: all that were asked for (as the SDK's own handler)."""
+    """Every core kind asked for, as the SDK's own handler honours them."""
     return SubscriptionFilter(
         tools_list_changed=True if requested.tools_list_changed else None,
         prompts_list_changed=True if requested.prompts_list_changed else None,
@@ -91,11 +81,8 @@ def honored_core(requested: SubscriptionFilter) -> SubscriptionFilter:
 
 @dataclass
 class _Followed:
-    """What a stream remembers of a task it follows: the version and a digest of what it last sent.
-
-    Never the rendered payload itself (results can be large): 10 000 streams
-    following tasks must not hold 10 000 copies of their results.
-    """
+    """A followed task's last version and a digest of what was last sent: never the payload, so 10 000
+    streams following large results do not hold 10 000 copies of them."""
 
     task_id: str
     version: int
@@ -103,8 +90,6 @@ class _Followed:
 
 
 class _Stream:
-    """One open listen stream: its filter, the tasks it follows and its inbox."""
-
     def __init__(self, honored: SubscriptionFilter, watch: Watch, max_buffered: int) -> None:
         self.honored = honored
         self.uris = frozenset(honored.resource_subscriptions or ())
@@ -112,11 +97,10 @@ class _Stream:
         self.events: deque[ServerEvent] | None = None  # made on the first core event (most streams get none)
         self.max_buffered = max_buffered
         self.followed: dict[str, _Followed] = {}
-        self.acknowledged: list[str] = []
         self.ending = False
 
     def deliver(self, event: ServerEvent) -> None:
-        """Bus listener (sync, on the loop): queue a matching core event and wake the stream."""
+        """Bus listener (sync, on the loop): queue a matching core event."""
         if self.ending or not event_matches(self.honored, self.uris, event):
             return
         if self.events is None:
@@ -144,38 +128,15 @@ class ListenObserver(Protocol):
 
     def stream_closed(self) -> None: ...
 
-    def stream_notified(self, latency_s: float) -> None:
-        """A notification went out `latency_s` after a hint woke its stream."""
-        ...
-
-
-class ListenObservers(list[ListenObserver]):
-    """Every observer installed (the app's plugins with stream hooks); one that raises is logged and skipped."""
-
-    def _each(self, tell: Callable[[ListenObserver], None]) -> None:
-        for observer in self:
-            try:
-                tell(observer)
-            except Exception:
-                logger.exception("listen observer raised")
-
-    def stream_opened(self) -> None:
-        self._each(lambda observer: observer.stream_opened())
-
-    def stream_closed(self) -> None:
-        self._each(lambda observer: observer.stream_closed())
-
-    def stream_notified(self, latency_s: float) -> None:
-        self._each(lambda observer: observer.stream_notified(latency_s))
+    def stream_notified(self, latency_s: float) -> None: ...  # sent `latency_s` after a hint woke the stream
 
 
 class TaskListenHandler:
     """The `subscriptions/listen` handler for one server (`McpTasks.listen`).
 
-    `max_streams` bounds the streams open in this process (one more is refused
-    with -32603 before it opens); `max_buffered_events` bounds a stream's
-    backlog of core events (a client that stopped reading is ended there).
-    Task hints never queue up: they coalesce per row.
+    `max_streams` bounds the streams open in this process (one more is refused with -32603);
+    `max_buffered_events` bounds a stream's backlog of core events (a client that stopped reading is
+    ended there). Task hints never queue up: they coalesce per row.
     """
 
     def __init__(
@@ -199,7 +160,14 @@ class TaskListenHandler:
         self._reads = SharedReads(self._in_thread)
         self._streams: set[_Stream] = set()
         self._closing = False
-        self.observers = ListenObservers()
+        self.observers: list[ListenObserver] = []  # the app's plugins with stream hooks
+
+    def _tell(self, hook: str, *args: float) -> None:
+        for observer in self.observers:
+            try:
+                getattr(observer, hook)(*args)
+            except Exception:  # one observer that raises is logged and skipped
+                logger.exception("listen observer raised")
 
     @property
     def open_streams(self) -> int:
@@ -223,7 +191,7 @@ class TaskListenHandler:
             raise MCPError(INVALID_REQUEST, "subscriptions/listen requires a request id")
         task_ids = requested_task_ids(params.notifications)
         if task_ids is not None and not declared_extension(ctx):
-            raise missing_capability({"extensions": {EXTENSION_ID: {}}}, EXTENSION_ID)
+            raise missing_extension()
         if len(self._streams) >= self.max_streams:
             raise MCPError(INTERNAL_ERROR, "Subscription limit reached")
         meta: dict[str, Any] = {SUBSCRIPTION_ID_META_KEY: subscription_id}
@@ -236,14 +204,15 @@ class TaskListenHandler:
         stream = _Stream(honored_core(params.notifications), watch, self._max_buffered)
         self._streams.add(stream)
         unsubscribe = self._bus.subscribe(stream.deliver)
-        self.observers.stream_opened()
+        self._tell("stream_opened")
         try:
-            if followed_ids:
-                await self._follow_owned(stream, followed_ids, owner)
+            honored = stream.honored.model_dump(by_alias=True, exclude_none=True)
+            if followed_ids is not None:
+                honored[TASK_IDS] = await self._follow_owned(stream, followed_ids, owner) if followed_ids else []
             await ctx.session.send_notification(
                 SubscriptionsAcknowledgedNotification(
                     params=SubscriptionsAcknowledgedNotificationParams(
-                        notifications=self._acknowledged(stream, followed_ids), _meta=meta
+                        notifications=SubscriptionFilter.model_validate(honored), _meta=meta
                     )
                 ),
                 related_request_id=subscription_id,
@@ -257,7 +226,7 @@ class TaskListenHandler:
                 logger.exception("subscription bus unsubscribe raised")
             watch.close()
             self._streams.discard(stream)
-            self.observers.stream_closed()
+            self._tell("stream_closed")
         return SubscriptionsListenResult(_meta=meta)
 
     # -- tasks -----------------------------------------------------------------------
@@ -271,36 +240,29 @@ class TaskListenHandler:
     async def _in_thread(self, fn: Callable[[], T]) -> T:
         return await anyio.to_thread.run_sync(fn, limiter=self._limiter)
 
-    async def _follow_owned(self, stream: _Stream, task_ids: list[str], owner: str | None) -> None:
+    async def _follow_owned(self, stream: _Stream, task_ids: list[str], owner: str | None) -> list[str]:
+        """Follow the caller's own tasks among `task_ids`; the ones to acknowledge."""
         try:
             records = await self._in_thread(lambda: {task_id: self._read(task_id, owner) for task_id in task_ids})
         except StoreUnavailable as exc:  # before the stream opens: an error with a fixed text, not the store's
             raise store_unavailable("subscriptions/listen", exc) from None
+        acknowledged = []
         for task_id in task_ids:
             key = task_key(task_id)
             record = records[task_id]
             if record is None:
                 stream.watch.forget(key)  # unknown and foreign look the same: simply not followed
                 continue
-            stream.acknowledged.append(task_id)
+            acknowledged.append(task_id)
             if record.terminal:
                 stream.watch.forget(key)  # acknowledged (it is the caller's), but nothing more will come
                 continue
             stream.followed[key] = _Followed(task_id, record.version, digest(render_task(task_id, record)))
-
-    def _acknowledged(self, stream: _Stream, task_ids: list[str] | None) -> SubscriptionFilter:
-        honored = stream.honored.model_dump(by_alias=True, exclude_none=True)
-        if task_ids is not None:
-            honored[TASK_IDS] = list(stream.acknowledged)
-        stream.acknowledged = []  # the ack is sent once; only the followed versions stay
-        return SubscriptionFilter.model_validate(honored)
+        return acknowledged
 
     def _reread(self, due: dict[str, tuple[_Followed, int | None]], owner: str | None) -> dict[str, TaskRecord | None]:
-        """Owner-scoped reads of the rows that may have moved on (in a worker thread).
-
-        A hint without a version (a resync) first asks the versions of all such
-        rows in one query, and reads in full only those that changed.
-        """
+        """Owner-scoped reads (in a worker thread); hints without a version (a resync) first ask every such
+        row's version in one query, and only the rows that changed are read in full."""
         unknown = [key for key, (_, hint) in due.items() if hint is None]
         current = self._service().versions(unknown) if unknown else {}
         records: dict[str, TaskRecord | None] = {}
@@ -321,8 +283,7 @@ class TaskListenHandler:
     ) -> None:
         """Re-read the hinted rows the stream follows and send what the client has not seen.
 
-        `woke`: when a hint woke the stream (monotonic), to time hint -> notification.
-        """
+        `woke`: when a hint woke the stream (monotonic), to time hint -> notification."""
         due: dict[str, tuple[_Followed, int | None]] = {}
         for key, hint in hints.items():
             followed = stream.followed.get(key)
@@ -361,7 +322,7 @@ class TaskListenHandler:
             # Seen only once it went out: a send that fails leaves the row due, and the retry sends it.
             followed.version, followed.seen = record.version, seen
             if woke is not None:
-                self.observers.stream_notified(time.monotonic() - woke)
+                self._tell("stream_notified", time.monotonic() - woke)
             if record.terminal:
                 stream.unfollow(key)
 

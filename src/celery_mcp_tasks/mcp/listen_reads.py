@@ -1,14 +1,10 @@
 """Re-reads of a followed row, shared by the listen streams of one owner.
 
-One change to a task wakes every stream that follows it. Read stream by stream,
-10 000 streams on one task were 10 000 owner-scoped reads of the same row
-(measured: ~1 000 reads/s through the thread pool, the last stream served ~10 s
-after the write). Here a stream joins a read of the same (row, owner) whose
-query has not started yet, so what it gets was read after its hint arrived; a
-read already under way is never joined (it may predate the hint). The owner
-stays in the query: streams of another principal never share a read, each
-gets exactly what the store answers for its owner, and the rendering (with its
-digest) is made once per read.
+Read stream by stream, 10 000 streams on one task were 10 000 reads of the row (measured: ~1 000
+reads/s through the pool, the last stream served ~10 s after the write). Here a stream joins a read of
+the same (row, owner) whose query has not started yet, so it was read after its hint arrived; a read
+under way is never joined (it may predate the hint). The owner stays in the query, so streams of
+another principal never share a read; the rendering (with its digest) is made once per read.
 """
 
 from __future__ import annotations
@@ -16,16 +12,12 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 
 from celery_mcp_tasks.model import TaskRecord
 from celery_mcp_tasks.protocol import render_task
-
-__all__ = ["SharedRead", "SharedReads", "digest"]
-
-T = TypeVar("T")
 
 
 def digest(rendered: dict[str, Any]) -> bytes:

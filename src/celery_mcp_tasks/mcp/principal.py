@@ -1,11 +1,8 @@
-"""Who is asking: the owner string a task is bound to.
+"""Who is asking: the owner string a task is bound to (`model.owner_of`), from the SDK's auth context.
 
-Taken from the SDK's auth context. Each id carries the claim that produced it
-(`sub:` for a user, `client_id:` for a client acting for itself) plus the
-issuer, each part percent-encoded, so no client can pick a `client_id` that
-equals somebody's `sub`, and two issuers never share a namespace. `None`
-means the server runs without authentication: then the task id alone
-protects the task.
+It names the claim (`sub:` or `client_id:`) and the issuer, percent-encoded, so no client can take a
+`client_id` equal to somebody's `sub` and two issuers never share a namespace. `None`: the server
+runs without authentication, and the task id alone protects the task.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """The request-state key that several web replicas share (MCP_TASKS_REQUEST_STATE_SECRET).
 
-A multi-round (MRTR) question asked before a task exists (a tool's `prepare=`, or the
-synchronous path's question for a client without the extension) travels in a
-`requestState` the SDK seals, by default under a key each process makes at start. Behind a
-proxy without stickiness the answer may reach another replica, which cannot unseal it and
-answers -32602 "Invalid or expired requestState". A shared ring of secrets fixes that.
-
-Without one, nothing is said at warning level until it matters: a single replica (most
-deployments, and every `dev` and `stdio`) never meets a state sealed elsewhere. The
-process-local key is the SDK's own codec under a key made here, as
-`RequestStateSecurity.ephemeral()` makes it; it only watches its refusals, and the first
-state sealed under a key this process does not hold (another replica's, or one from before
-a restart) logs one warning naming the setting. At start a web process on a remote broker
-says it once at debug level.
+A multi-round (MRTR) question asked before a task exists travels in a `requestState` the SDK seals, by
+default under a per-process key: behind a proxy without stickiness another replica cannot unseal the
+answer (-32602 "Invalid or expired requestState"). A shared ring of secrets fixes that. Without one,
+a single replica never meets a state sealed elsewhere, so the warning waits for the first one that is.
 """
 
 from __future__ import annotations
@@ -26,8 +17,6 @@ from mcp.server.request_state import AESGCMRequestStateCodec, InvalidRequestStat
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.mcp.sdk_internals import sealed_elsewhere
 from celery_mcp_tasks.preflight import LOCAL_BROKERS
-
-__all__ = ["FOREIGN_STATE_WARNING", "UNSHARED_NOTE", "ProcessLocalCodec", "share_request_state", "warn_unless_shared"]
 
 logger = logging.getLogger("celery_mcp_tasks")
 
@@ -45,8 +34,8 @@ _PROCESS_LOCAL_AUDIENCE = "celery-mcp-tasks/process-local"
 
 
 class ProcessLocalCodec:
-    """The SDK's AES-GCM codec under a key made now (as `ephemeral()` does), which says once when a
-    state sealed under another process's key arrives: the moment a shared secret would have helped."""
+    """The SDK's AES-GCM codec under a key made now (as `ephemeral()` does), warning once when a state
+    sealed under another process's key arrives."""
 
     def __init__(self) -> None:
         self._codec = AESGCMRequestStateCodec([os.urandom(32)])

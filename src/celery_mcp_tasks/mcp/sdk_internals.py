@@ -1,27 +1,21 @@
 """Every place this package reaches past the SDK's public API, in one module (pinned: mcp 2.3.x).
 
-Each function names the private thing it uses and the public hook that would
-remove the need; `tests/mcp/test_sdk_internals.py` fails with the SDK version
-in its message as soon as one of them moves.
+Each names the private thing it uses and the public hook that would remove the need;
+`tests/mcp/test_sdk_internals.py` fails, naming the SDK version, as soon as one of them moves.
 
-1. `tool_registered`: `MCPServer._tool_manager`. There is no synchronous public
-   lookup (`list_tools()` is async); a public `MCPServer.get_tool(name)` or a
-   strict-duplicates option on `add_tool` would remove it.
-2. `replace_listen_handler`: `MCPServer._lowlevel_server`, to swap the stock
-   `subscriptions/listen` handler for ours (it drops the Tasks extension's
-   `taskIds`). A public `MCPServer(listen_handler=...)`, or letting an
-   `Extension` claim a core method, would remove it.
-3. `wrap_lifespan`: reassigns the Starlette app's `router.lifespan_context` that
-   `streamable_http_app()` built, to run our listener beside the SDK's session
-   manager. A `lifespan=` parameter on `streamable_http_app()` would remove it.
-4. `on_server_exit`: chains onto the SIGTERM/SIGINT handler the ASGI server
-   (uvicorn) installed, because an open listen stream keeps uvicorn from ever
-   running the lifespan's shutdown. A shutdown hook in the SDK's session manager
-   that ends open SSE streams would remove it.
-5. `sealed_elsewhere`: the message of the SDK's `InvalidRequestState` when a
-   state was sealed under a key this codec does not hold ("unknown key"), to
-   tell another replica's state from a forged or expired one. A distinct
-   exception type (or a `reason` attribute) would remove it.
+1. `tool_registered`: `MCPServer._tool_manager` (`list_tools()` is async). A public
+   `MCPServer.get_tool(name)` or a strict-duplicates option on `add_tool` would remove it.
+2. `replace_listen_handler`: `MCPServer._lowlevel_server`, to swap the stock `subscriptions/listen`
+   handler (it drops `taskIds`) for ours. A public `MCPServer(listen_handler=...)`, or an `Extension`
+   allowed to claim a core method, would remove it.
+3. `wrap_lifespan`: reassigns the `router.lifespan_context` that `streamable_http_app()` built, to run
+   our listener beside the SDK's session manager. A `lifespan=` parameter there would remove it.
+4. `on_server_exit`: chains onto the SIGTERM/SIGINT handler uvicorn installed, since an open listen
+   stream keeps it from ever running the lifespan's shutdown. A shutdown hook in the SDK's session
+   manager that ends open SSE streams would remove it.
+5. `sealed_elsewhere`: the message ("unknown key") of the SDK's `InvalidRequestState` for a state sealed
+   under a key this codec does not hold, to tell another replica's state from a forged or expired one.
+   A distinct exception type (or a `reason` attribute) would remove it.
 """
 
 from __future__ import annotations
@@ -36,16 +30,7 @@ from typing import Any
 
 from mcp.server.mcpserver import MCPServer
 
-__all__ = [
-    "on_server_exit",
-    "replace_listen_handler",
-    "sealed_elsewhere",
-    "tool_registered",
-    "wrap_lifespan",
-]
-
 LISTEN = "subscriptions/listen"
-_EXIT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 Lifespan = Callable[[Any], AbstractAsyncContextManager[Any]]
 
@@ -94,7 +79,7 @@ def on_server_exit(callback: Callable[[], None]) -> Callable[[], None]:
         if prior is not None:
             prior(signum, frame)
 
-    for sig in _EXIT_SIGNALS:
+    for sig in (signal.SIGTERM, signal.SIGINT):
         prior = signal.getsignal(sig)
         if callable(prior):
             previous[sig] = prior

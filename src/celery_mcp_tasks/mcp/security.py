@@ -1,9 +1,7 @@
-"""DNS-rebinding protection: which Host and Origin values the web process accepts.
+"""DNS-rebinding protection: local names (any port) and MCP_TASKS_ALLOWED_HOSTS are accepted.
 
-Local names (`localhost`, `127.0.0.1`, `[::1]`, with or without a port) are
-always allowed, plus the public names in MCP_TASKS_ALLOWED_HOSTS. Bound to a
-non-local address with no names configured, the SDK's check would refuse the
-server's own public name, so it stays off there and says so once at start-up.
+Bound to a non-local address with no names configured, the SDK's check would refuse the server's own
+public name, so it stays off there and says so once at start-up.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """`TasksServer`: the SDK's `MCPServer`, refusing a tool name twice, and a guest in the process.
 
-The SDK's tool manager only logs a warning for a second tool of the same name
-and keeps the first, so `@tasks.mcp_task` and `tasks.server.tool()` on one
-name would leave one of the two silently unreachable. Every registration
-(the `tool()` decorator included) goes through the public `add_tool`, so
-overriding it catches both orders at registration time.
-
-The SDK's `MCPServer.__init__` also calls `logging.basicConfig` (with rich's
-handler when `rich` is importable): constructing it would configure the
-application's root logger. Ours leaves the root logger as it found it; the
-application configures logging, and the package's commands do for theirs
-(`ops.root_handler.plain_root_logging`).
+The SDK's tool manager only warns about a second tool of the same name and keeps the first; every
+registration goes through the public `add_tool`, so overriding it catches both orders. The SDK's
+`MCPServer.__init__` also calls `logging.basicConfig`; ours leaves the root logger as it found it.
 """
 
 from __future__ import annotations
@@ -23,8 +15,6 @@ from typing import Any
 from mcp.server.mcpserver import MCPServer
 
 from celery_mcp_tasks.mcp.sdk_internals import tool_registered
-
-__all__ = ["TasksServer"]
 
 
 class TasksServer(MCPServer[Any]):
@@ -49,10 +39,8 @@ class TasksServer(MCPServer[Any]):
 def root_logger_kept() -> Iterator[None]:
     """The root logger's handlers and level as they were before the block, whatever it configured.
 
-    `logging.basicConfig` does nothing while the root logger has a handler, so an
-    unconfigured root gets a `NullHandler` for the block's length: the SDK's call
-    then installs nothing (the handler it made is dropped unused). Anything added
-    all the same is removed, and the level is put back.
+    `logging.basicConfig` does nothing while the root logger has a handler, so an unconfigured root gets
+    a `NullHandler` for the block's length; anything added all the same is removed, the level put back.
     """
     root = logging.getLogger()
     level, handlers = root.level, list(root.handlers)

@@ -1,18 +1,8 @@
-"""Serving the MCP app: the request body limit's answer, push (the listen handler, the listener in the lifespan).
+"""Serving the MCP app: its lifespan (push, the listen handler, plugins) and the request body limit's answer.
 
-The SDK refuses a request body over its limit (ours: MCP_TASKS_MAX_REQUEST_BYTES) with
-HTTP 413 and the plain text "Request body too large", which its own client can only
-report as `-32603 Server returned an error response`. `with_body_limit_message` keeps
-the SDK's check and says the same 413 as a JSON-RPC error naming the limit and the
-setting, which the SDK's client (and so `TasksClient` and `call`) shows as it is.
-
-Two traps shape this module. The SDK's `MCPServer` registers its own
-`subscriptions/listen` handler and offers no public way to swap it, so ours
-replaces it (`sdk_internals.replace_listen_handler`). And an ASGI server runs
-the lifespan's shutdown only after every connection has drained, which an open
-listen stream never does: so the streams are ended when the
-server *receives* SIGTERM or SIGINT (`sdk_internals.on_server_exit`), and each
-stream then sends its listen result and closes, letting the server exit at once.
+An ASGI server runs the lifespan's shutdown only once every connection drained, which an open listen
+stream never does: so the streams end when the server *receives* SIGTERM or SIGINT
+(`sdk_internals.on_server_exit`), each sending its listen result, and the server exits at once.
 """
 
 from __future__ import annotations
@@ -40,17 +30,6 @@ from celery_mcp_tasks.notify.hub import Hub
 from celery_mcp_tasks.notify.push import Push
 from celery_mcp_tasks.service import TaskService
 
-__all__ = [
-    "BodyLimitMessage",
-    "attach_listen",
-    "listen_bus",
-    "push_hub",
-    "request_state_sealed",
-    "serving",
-    "with_body_limit_message",
-    "with_serving",
-]
-
 logger = logging.getLogger("celery_mcp_tasks.mcp")
 
 
@@ -63,11 +42,9 @@ async def serving(
     *,
     exit_signals: bool = True,
 ) -> AsyncIterator[None]:
-    """The served app's whole life, over HTTP (its lifespan) or stdio: this process's store and service
-    first (push binds to them), then the hint listener that feeds the listen streams, then each of
-    `contexts` (the plugins'); the streams end when serving ends, or, with `exit_signals`, as soon
-    as the ASGI server is told to exit.
-    """
+    """The served app's whole life, over HTTP (its lifespan) or stdio: the service (push binds to it), the
+    hint listener, then `contexts` (the plugins'). The streams end with it, or with `exit_signals` as
+    soon as the ASGI server is told to exit."""
     service()
     async with push.serving():
         if listen is not None:
@@ -85,11 +62,8 @@ async def serving(
 
 
 def with_serving(app: Any, run: Callable[[], AbstractAsyncContextManager[None]]) -> Any:
-    """Wrap a Starlette app's lifespan (the SDK's session manager) in `run()` (`serving`).
-
-    The wrapped lifespan is the app's whole life, so an application that mounts
-    this app inside its own runs it as its lifespan (`McpTasks.lifespan`).
-    """
+    """Wrap a Starlette app's lifespan (the SDK's session manager) in `run()` (`serving`): the app's whole
+    life, so an application mounting this app runs it as its own lifespan (`McpTasks.lifespan`)."""
 
     def wrap(inner: Lifespan) -> Lifespan:
         @asynccontextmanager
@@ -104,10 +78,8 @@ def with_serving(app: Any, run: Callable[[], AbstractAsyncContextManager[None]])
 
 
 def listen_bus(server_options: dict[str, Any]) -> SubscriptionBus | None:
-    """The SDK subscription bus the server will publish core events on (made here so ours can read it).
-
-    Honours a user's `subscriptions=` (their bus, or False for no listen at all).
-    """
+    """The SDK subscription bus the server will publish core events on (made here so ours can read it);
+    a user's `subscriptions=` wins (their bus, or False for no listen at all)."""
     bus = server_options.get("subscriptions")
     if bus is False:
         return None
@@ -137,25 +109,21 @@ def attach_listen(
     return handler if replace_listen_handler(server, SubscriptionsListenRequestParams, handler) else None
 
 
-MAX_REQUEST_BYTES_SETTING = "MCP_TASKS_MAX_REQUEST_BYTES"
-
-
-def body_limit_error(limit: int) -> bytes:
-    """The JSON-RPC error a too-large request gets (`id` null: the body was never read)."""
-    message = (
-        f"Request body too large: this server reads at most {limit} bytes "
-        f"({limit / 1024 / 1024:.3g} MiB; set by {MAX_REQUEST_BYTES_SETTING})"
-    )
-    error = {"code": INVALID_REQUEST, "message": message, "data": {"maxRequestBytes": limit}}
-    return json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
-
-
 class BodyLimitMessage:
-    """ASGI middleware: the SDK's 413 for a body over the limit, re-said as a JSON-RPC error naming it."""
+    """ASGI middleware: the SDK's 413 for a body over the limit, re-said as a JSON-RPC error naming it.
+
+    The SDK's plain-text 413 reaches its own client (so `TasksClient` and `call`) only as `-32603 Server
+    returned an error response`; this one is shown as it is.
+    """
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app = app
-        self.body = body_limit_error(limit)
+        message = (
+            f"Request body too large: this server reads at most {limit} bytes "
+            f"({limit / 1024 / 1024:.3g} MiB; set by MCP_TASKS_MAX_REQUEST_BYTES)"
+        )
+        error = {"code": INVALID_REQUEST, "message": message, "data": {"maxRequestBytes": limit}}
+        self.body = json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()  # `id` null: never read
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -1,12 +1,8 @@
 """The synchronous path: a task tool called by a client without the Tasks extension.
 
-A client that did not declare the extension (every earlier-era client, and a
-2026-07-28 one without the opt-in) gets the synchronous path: the job runs
-as a hidden task the client never sees, and the call answers with its outcome.
-The wait wakes on the push hub's change hints; the job's reports reach the
-caller as `notifications/progress`; its questions are asked on the request's
-own stream (earlier eras) or as an MRTR `InputRequiredResult` (2026-07-28);
-and a cancelled, abandoned or timed-out call cancels the hidden task.
+The job runs as a hidden task and the call answers with its outcome; its reports go out as
+`notifications/progress`, its questions on the request's own stream (earlier eras) or as an MRTR
+`InputRequiredResult` (2026-07-28); a cancelled, abandoned or timed-out call cancels the hidden task.
 """
 
 from __future__ import annotations
@@ -35,15 +31,10 @@ from pydantic import TypeAdapter, ValidationError
 
 from celery_mcp_tasks.mcp.principal import current_principal
 from celery_mcp_tasks.mcp.toolspec import TaskTool
-from celery_mcp_tasks.mcp.wire import (
-    declared_capability,
-    internal,
-    invalid_params,
-    plain_responses,
-)
+from celery_mcp_tasks.mcp.wire import declared_capability, internal, invalid_params, plain_responses
 from celery_mcp_tasks.model import InvalidInputResponse, TaskRecord, TaskStatus
 from celery_mcp_tasks.notify.hub import Hub, Watch
-from celery_mcp_tasks.protocol import render_error
+from celery_mcp_tasks.protocol import INPUT_CAPABILITIES, render_error
 from celery_mcp_tasks.service import PayloadTooLarge, TaskExpired, TaskService
 from celery_mcp_tasks.store.base import TaskNotFound
 
@@ -55,22 +46,18 @@ _SYNC_STATE = "celery-mcp-tasks/sync/1:"
 _SAFETY_REREAD_S = 1.0  # with push on: a hint can be lost (or land before the watch exists); re-read anyway
 _POLL_FIRST_S, _POLL_MAX_S = 0.02, 0.25  # with push off: poll the row, growing delay
 
-INPUT_CAPABILITIES = {"elicitation/create": "elicitation", "sampling/createMessage": "sampling", "roots/list": "roots"}
-"""The client capability each kind of input request needs (the Tasks extension's three)."""
 _INPUT_REQUEST: TypeAdapter[InputRequest] = TypeAdapter(InputRequest)
 _CALLER_CHECK_S = 0.5
 _ABANDON_S = 5.0
 """The bound on cancelling a hidden task on the way out of a cancelled call: a hung store does not hold it."""
 
 
-class Run(Protocol):
-    """`fn` on the bounded pool; a store outage answers -32603 (`TasksExtension._run`)."""
-
+class Run(Protocol):  # `TasksExtension._run`: `fn` on the bounded pool; a store outage answers -32603
     def __call__(self, fn: Callable[[], T], method: str) -> Awaitable[T]: ...
 
 
 class _Latest:
-    """The last record a synchronous call read: one at a time, however long the job runs."""
+    """The last record a synchronous call read (only that one, however long the job runs)."""
 
     __slots__ = ("record",)
 
@@ -81,10 +68,10 @@ class _Latest:
 class SyncCalls:
     """The synchronous path of `TasksExtension` (which builds it with its own service, pool and settings).
 
-    `service`: the service factory. `run`: the extension's bounded pool runner.
-    `hub`: this process's push hub (None: push is off, the wait polls the row).
-    `sealed_state`: whether the SDK seals `requestState` on this server.
-    `sync_timeout_s`: the default bound on a call's silence (a tool's own wins).
+    `sync_timeout_s` (MCP_TASKS_SYNC_TIMEOUT_S; a tool's own wins) bounds a call's silence, not its
+    length: it restarts at every change the job reports (`_reported`); a job silent that long is
+    cancelled and the caller gets -32603. `hub` None: push is off, the wait polls the row.
+    `sealed_state`: whether the SDK seals `requestState` (questions go by MRTR only then).
     """
 
     def __init__(
@@ -93,31 +80,27 @@ class SyncCalls:
         run: Run,
         *,
         sync_timeout_s: float,
-        hub: Callable[[], Hub | None] | None,
-        sealed_state: Callable[[], bool] | None,
+        hub: Callable[[], Hub | None],
+        sealed_state: Callable[[], bool],
     ) -> None:
         self._service = service
         self._run = run
         self._sync_timeout_s = sync_timeout_s
         self._hub = hub
         self._sealed_state = sealed_state
-        self._waiting: dict[object, str] = {}
-        """The hidden row's key of every call in `call` (for `abandon_all`)."""
+        self._waiting: dict[object, str] = {}  # the hidden row's key of every call in `call` (for `abandon_all`)
 
     async def call(
         self, tool: TaskTool, ctx: ServerRequestContext[Any, Any], record: TaskRecord, *, idempotent: bool = False
     ) -> HandlerResult:
         """A task tool called without the extension: wait for the hidden task's outcome, answer plainly.
 
-        The row is an implementation detail the client never sees: whenever the
-        answer can no longer be delivered (a question the client cannot answer,
-        `sync_timeout_s` of silence, a cancelled request, a caller that went
-        away) it is cancelled, so no job keeps running for nobody. An MRTR round
-        is the one exit that leaves it waiting: for the retry. An `idempotent` call (one
-        with an idempotency key) is not abandoned when its caller leaves either: its
-        retry, with the same key, meets the same row and waits for the same job.
+        Whenever the answer can no longer be delivered (an unanswerable question, `sync_timeout_s` of
+        silence, a cancelled request, a caller gone) the row is cancelled, so no job runs for nobody. An
+        MRTR round leaves it waiting for the retry, and so does an `idempotent` call's caller leaving:
+        its retry with the same key meets the same row.
         """
-        hub = self._hub() if self._hub is not None else None
+        hub = self._hub()
         watch = hub.watch([record.key]) if hub is not None else None
         latest = _Latest(record)
         waiting = object()
@@ -144,7 +127,7 @@ class SyncCalls:
     ) -> HandlerResult:
         """Wait (woken by `watch`, else polling) until the task ends, bridging its reports and questions.
 
-        `latest` holds the last record read (only that one), for the caller to abandon on the way out.
+        `latest` holds the last record read, for the caller to abandon on the way out.
         """
         service = self._service()
         record = latest.record
@@ -174,7 +157,7 @@ class SyncCalls:
             else:
                 await anyio.sleep(min(delay, remaining))
                 delay = min(delay * 1.5, _POLL_MAX_S)
-            read = await self._read(service, record.key)
+            read = await self._run(partial(service.record, record.key), "tools/call")
             if read is None:
                 raise internal(f"Tool {tool.name}: the job's task is gone")
             latest.record = record = read
@@ -192,15 +175,18 @@ class SyncCalls:
     ) -> TaskRecord | InputRequiredResult:
         """The job asked: the client answers (the task resumes) or, when it cannot, the task is cancelled.
 
-        2026-07-28: an MRTR round naming the row in its (sealed) `requestState`.
-        Earlier eras: each question as a request on the call's own stream; the
-        answers go into the task as `tasks/update` would put them.
+        2026-07-28: an MRTR round naming the row in its sealed `requestState`. Earlier eras: each question
+        as a request on the call's own stream, the answers put into the task as `tasks/update` would.
         """
         requests = record.input_requests
         if can_answer(ctx, requests):
             if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
-                if self._sealed_state is not None and self._sealed_state():
-                    return input_required(requests, _SYNC_STATE + record.key)
+                if self._sealed_state():  # an MRTR round; the SDK's `RequestStateBoundary` seals the state
+                    typed = {
+                        key: _INPUT_REQUEST.validate_python(r, by_alias=True, by_name=False)
+                        for key, r in requests.items()
+                    }
+                    return InputRequiredResult(input_requests=typed, request_state=_SYNC_STATE + record.key)
             elif ctx.session.can_send_request:
                 try:
                     answers = {key: await ask_client(ctx, request) for key, request in requests.items()}
@@ -220,13 +206,13 @@ class SyncCalls:
     async def resume(self, tool: TaskTool, params: CallToolRequestParams) -> TaskRecord | None:
         """The hidden task an MRTR retry names (answered with its `inputResponses`); None for any other call.
 
-        The SDK has verified the seal (and the tool, arguments and principal it
-        binds); the row must still be the caller's and this tool's.
+        The SDK verified the seal (and the tool, arguments and principal it binds); the row must still be
+        the caller's and this tool's.
         """
         state = params.request_state
         if not (isinstance(state, str) and state.startswith(_SYNC_STATE)):
             return None
-        if self._sealed_state is None or not self._sealed_state():
+        if not self._sealed_state():
             raise invalid_params("Invalid or expired requestState")  # never minted here: the key would be in clear
         key = state.removeprefix(_SYNC_STATE)
         owner = current_principal()
@@ -250,26 +236,20 @@ class SyncCalls:
         return record
 
     async def _abandon(self, record: TaskRecord, message: str) -> None:
-        """Cancel a synchronous call's hidden task (a no-op once it is terminal; the service revokes its job).
+        """Cancel a synchronous call's hidden task (a no-op once terminal; the service revokes its job).
 
-        Never raises: it runs on the way out of another answer (or of a cancellation).
-        With the store down the job ends on its own, or the reaper ends it.
+        Never raises: it runs on the way out of another answer. With the store down the reaper ends the job.
         """
         try:
             await self._run(partial(self._service().cancel_by_key, record.key, message), "tools/call")
         except MCPError:
             pass  # the store is unavailable: already logged
 
-    async def _read(self, service: TaskService, key: str) -> TaskRecord | None:
-        """The row now, read on the bounded pool (the one read path, as `tasks/get`)."""
-        return await self._run(partial(service.record, key), "tools/call")
-
     def abandon_all(self, message: str) -> int:
-        """Cancel the hidden task of every call still waiting here; how many there were. Blocking: run it in a thread.
+        """Cancel the hidden task of every call still waiting; how many there were. Blocking: run it in a thread.
 
-        For a server that exits before its handlers can unwind (`stdio` on a signal):
-        otherwise their jobs would run on for nobody. Never raises; bound it by the caller's
-        own time limit (a hung store is simply left behind).
+        For a server that exits before its handlers can unwind (`stdio` on a signal), so no job runs on
+        for nobody. Never raises; the caller bounds it in time (a hung store is simply left behind).
         """
         keys = set(self._waiting.copy().values())  # one C-level copy: safe against the loop's changes
         if not keys:
@@ -294,9 +274,7 @@ def _the_claim(record: TaskRecord, hints: Mapping[str, int | None]) -> bool:
 
 def _reported(record: TaskRecord) -> tuple[Any, ...]:
     """What the job reports (state, message, progress, questions): a change restarts the idle bound.
-
-    Not the version: a run's claim and other bookkeeping bump it without the job saying anything.
-    """
+    Not the version: a run's claim and other bookkeeping bump it without the job saying anything."""
     return (record.status, record.status_message, record.progress, record.progress_total, tuple(record.input_requests))
 
 
@@ -311,23 +289,9 @@ def can_answer(ctx: ServerRequestContext[Any, Any], requests: Mapping[str, Any])
     )
 
 
-def input_required(requests: Mapping[str, Any], request_state: str) -> InputRequiredResult:
-    """An MRTR round (2026-07-28) asking `requests`; the SDK's `RequestStateBoundary` seals the state."""
-    return InputRequiredResult(
-        input_requests={
-            key: _INPUT_REQUEST.validate_python(request, by_alias=True, by_name=False)
-            for key, request in requests.items()
-        },
-        request_state=request_state,
-    )
-
-
 async def ask_client(ctx: ServerRequestContext[Any, Any], request: Mapping[str, Any]) -> dict[str, Any]:
-    """Ask one input request (a wire shape) on the calling request's own stream (earlier eras).
-
-    Returns the client's answer as `tasks/update` would carry it. Raises `MCPError`
-    (the client answered with an error) or `ValidationError` (a malformed request or answer).
-    """
+    """Ask one input request (a wire shape) on the calling request's own stream (earlier eras): the answer
+    as `tasks/update` would carry it. `MCPError`: the client's error; `ValidationError`: a malformed one."""
     typed = _INPUT_REQUEST.validate_python(request, by_alias=True, by_name=False)
     params = request.get("params") or {}
     result_type: type[Result] = ElicitResult
@@ -377,9 +341,8 @@ async def unless_caller_leaves(
 ) -> tuple[T | None, bool]:
     """Run `fn`: `(its result, False)`, or `(None, True)` once the HTTP caller disconnected (`fn` is then cancelled).
 
-    Needed on the earlier eras' Streamable HTTP, where a closed response stream does
-    not cancel the handler (the session outlives the POST). Without an HTTP request
-    (stdio, in-process) `fn` simply runs.
+    On the earlier eras' Streamable HTTP a closed response stream does not cancel the handler (the
+    session outlives the POST). Without an HTTP request (stdio, in-process) `fn` simply runs.
     """
     disconnected: Callable[[], Awaitable[bool]] | None = getattr(ctx.request, "is_disconnected", None)
     if disconnected is None:

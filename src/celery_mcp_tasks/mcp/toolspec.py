@@ -1,9 +1,7 @@
 """`TaskTool`: one job's description, shared by the web side and the worker side.
 
-The input schema, argument validation and result conversion all come from the
-SDK's own function metadata, so a task tool accepts exactly the arguments and
-returns exactly the `CallToolResult` that the same function would as a plain
-synchronous MCP tool. The job's `TaskContext` parameter is hidden from the schema.
+Schema, argument validation and result conversion come from the SDK's own function metadata, so a task
+tool takes and returns exactly what the same function would as a plain MCP tool (its context hidden).
 """
 
 from __future__ import annotations
@@ -18,11 +16,10 @@ from typing import Any, Literal
 from mcp.server.mcpserver.tools import Tool
 from pydantic import ValidationError
 
-__all__ = ["IdempotencyKey", "Prepare", "TaskMode", "TaskTool", "find_context_parameter"]
+from celery_mcp_tasks.protocol import INPUT_CAPABILITIES
 
 TaskMode = Literal["optional", "required", "forbidden"]
 _MODES = ("optional", "required", "forbidden")
-_CAPABILITIES = ("elicitation", "sampling", "roots")
 
 Prepare = Callable[[dict[str, Any], Mapping[str, Any]], Awaitable[Any]]
 """Web-side hook run before the task exists: `(arguments, input_responses)` ->
@@ -38,10 +35,8 @@ def find_context_parameter(fn: Callable[..., Any], context_type: type | None) ->
     """The parameter annotated with the job's context class (handed in by the composition root)."""
     if context_type is None:
         return None
-    signature = inspect.signature(fn, eval_str=True)
-    for name, parameter in signature.parameters.items():
-        annotation = parameter.annotation
-        if isinstance(annotation, type) and issubclass(annotation, context_type):
+    for name, parameter in inspect.signature(fn, eval_str=True).parameters.items():
+        if isinstance(parameter.annotation, type) and issubclass(parameter.annotation, context_type):
             return name
     return None
 
@@ -81,7 +76,7 @@ class TaskTool:
     def __post_init__(self) -> None:
         if self.mode not in _MODES:
             raise ValueError(f"task tool {self.name!r}: mode must be one of {_MODES}, got {self.mode!r}")
-        unknown = set(self.needs) - set(_CAPABILITIES)
+        unknown = set(self.needs) - set(INPUT_CAPABILITIES.values())
         if unknown:
             raise ValueError(f"task tool {self.name!r}: unknown client capabilities in needs: {sorted(unknown)}")
         if inspect.iscoroutinefunction(self.fn):

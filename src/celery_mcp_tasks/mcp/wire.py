@@ -1,5 +1,5 @@
-"""Wire helpers for the tasks methods: errors with the right codes, and the
-`Mcp-Name` routing-header rule the SDK does not know for `tasks/*`."""
+"""Wire helpers for the tasks methods: errors with the right codes, strict checks of what the SDK parses
+leniently, and the `Mcp-Name` routing-header rule the SDK does not know for `tasks/*`."""
 
 from __future__ import annotations
 
@@ -25,13 +25,9 @@ from celery_mcp_tasks.store.base import QuotaExceeded, StoreUnavailable
 
 logger = logging.getLogger("celery_mcp_tasks.mcp")
 
-TASKS_VERSIONS = frozenset({"2026-07-28"})
-"""Protocol versions on which a task can be returned: the extension is defined for these only."""
-MAX_MS = 2**53 - 1
-"""The largest duration a `task` field may name: any JSON number up to it is an exact integer everywhere."""
+TASKS_VERSIONS = frozenset({"2026-07-28"})  # the protocol versions the extension is defined for
+MAX_MS = 2**53 - 1  # the longest duration a `task` field may name: an exact integer in every JSON parser
 RELATED_TASK_META_KEY = "io.modelcontextprotocol/related-task"
-NOT_FOUND = "Failed to retrieve task: Task not found"
-EXPIRED = "Failed to retrieve task: Task has expired"
 
 
 class TaskIdParams(RequestParams):
@@ -46,9 +42,8 @@ class UpdateParams(TaskIdParams):
 def declared_extension(ctx: ServerRequestContext[Any, Any]) -> bool:
     """The request may be answered with a task: a 2026-07-28 request that declared the extension.
 
-    An earlier-era session (2025-06-18, 2025-11-25) can name the extension in its
-    `initialize` capabilities, but its `tools/call` result schema has no task
-    shape (the SDK rejects a `CreateTaskResult` there): the era decides.
+    An earlier era can name the extension in `initialize`, but its `tools/call` result has no task shape
+    (the SDK rejects a `CreateTaskResult` there): the era decides.
     """
     if ctx.protocol_version not in TASKS_VERSIONS:
         return False
@@ -64,13 +59,10 @@ def declared_capability(ctx: ServerRequestContext[Any, Any], name: str) -> bool:
 
 def plain_responses(responses: Mapping[str, Any] | None) -> dict[str, Any]:
     """`inputResponses` as the store keeps them: each answer as plain JSON (the SDK parses them into models)."""
-    return {key: _plain(value) for key, value in (responses or {}).items()}
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, BaseModel):
-        return value.model_dump(by_alias=True, mode="json", exclude_none=True)
-    return value
+    return {
+        key: value.model_dump(by_alias=True, mode="json", exclude_none=True) if isinstance(value, BaseModel) else value
+        for key, value in (responses or {}).items()
+    }
 
 
 def _whole(value: Any) -> bool:
@@ -83,16 +75,10 @@ def _whole(value: Any) -> bool:
 def check_task_fields(params: Mapping[str, Any] | None, *, legacy_task: bool) -> None:
     """-32602 for a task tool's `tools/call` whose task fields are malformed, as the client sent them.
 
-    The SDK parses `task` and `_meta` leniently (`"5"` and `true` pass as
-    integers, a negative or 80-digit `ttl` passes, `true` passes as a progress
-    token, the Tasks `related-task` key is kept as it is); this server ignores a
-    requested TTL, but a malformed one is the client's mistake and must be
-    answered as one, before anything is asked or created. Checked on the raw
-    params, with the SDK's own models in strict mode where it has them.
-
-    `legacy_task`: whether `task` means anything on this request. On 2026-07-28 the
-    legacy `task: {ttl, pollInterval}` param MUST be ignored (the Tasks extension), so
-    it is checked only on earlier eras.
+    The SDK parses `task` and `_meta` leniently (`"5"` and `true` pass as integers, a negative or
+    80-digit `ttl` passes, `true` passes as a progress token, `related-task` is kept as it is): a
+    malformed field is the client's mistake and is answered as one, before anything is asked or
+    created. `legacy_task`: whether `task` means anything (on 2026-07-28 it MUST be ignored).
     """
     if not params:
         return
@@ -157,9 +143,8 @@ def missing_capability(required: dict[str, Any], what: str) -> MCPError:
     )
 
 
-def require_extension(ctx: ServerRequestContext[Any, Any]) -> None:
-    if not declared_extension(ctx):
-        raise missing_capability({"extensions": {EXTENSION_ID: {}}}, EXTENSION_ID)
+def missing_extension(what: str = EXTENSION_ID) -> MCPError:
+    return missing_capability({"extensions": {EXTENSION_ID: {}}}, what)
 
 
 def require_routing_name(ctx: ServerRequestContext[Any, Any], task_id: str) -> None:
@@ -175,10 +160,6 @@ def require_routing_name(ctx: ServerRequestContext[Any, Any], task_id: str) -> N
         raise MCPError(code=HEADER_MISMATCH, message="Mcp-Name header does not match params.taskId")
 
 
-def not_found(expired: bool = False) -> MCPError:
-    return MCPError(code=INVALID_PARAMS, message=EXPIRED if expired else NOT_FOUND)
-
-
 def invalid_params(message: str) -> MCPError:
     return MCPError(code=INVALID_PARAMS, message=message)
 
@@ -188,11 +169,8 @@ def internal(message: str) -> MCPError:
 
 
 def store_unavailable(method: str, exc: StoreUnavailable) -> MCPError:
-    """-32603 with a fixed message, and one log line naming the method and the store operation.
-
-    Never the database's text on the wire (it quotes SQL), and never the SDK's own
-    fallback for an unexpected exception, which on earlier-era sessions sends `str(exc)`.
-    """
+    """-32603 with a fixed message, and one log line naming the method and the store operation: never the
+    database's text (it quotes SQL), as the SDK's fallback would send on earlier eras (`str(exc)`)."""
     cause = exc.__cause__
     logger.error(
         "%s: the task store is unavailable (%s failed: %s)",
