@@ -17,10 +17,9 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
-from celery_mcp_tasks.cli.outcome import PROG
 from celery_mcp_tasks.client.models import TaskState
 
-__all__ = ["JsonView", "LiveView", "PlainView", "View", "result_text"]
+PROG = "celery-mcp-tasks call"
 
 
 def _since(created_at: str) -> float:
