@@ -39,8 +39,7 @@ from celery_mcp_tasks.cli.call import (
     read_arguments,
     run_call,
 )
-from celery_mcp_tasks.cli.forms import parse_form
-from celery_mcp_tasks.cli.prompts import FdLines, Prompter
+from celery_mcp_tasks.cli.prompts import FdLines, Prompter, parse_form
 from celery_mcp_tasks.cli.views import JsonView, PlainView, _StatusLine, result_text
 from celery_mcp_tasks.client.models import PROGRESS_META_KEY, TaskState
 
