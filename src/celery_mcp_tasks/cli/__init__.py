@@ -9,8 +9,9 @@ import argparse
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the command's imports wait for main(): a Ctrl-C while they run is one line
@@ -41,51 +42,6 @@ def _serve(args: argparse.Namespace) -> int:
         if ops is not None:
             ops.stop()
     return 0
-
-
-def _dev(args: argparse.Namespace) -> int:
-    from celery_mcp_tasks.cli.dev import run_dev
-
-    return run_dev(args)
-
-
-def _stdio(args: argparse.Namespace) -> int:
-    from celery_mcp_tasks.cli.stdio import run_stdio
-
-    return run_stdio(args)
-
-
-def _call(args: argparse.Namespace) -> int:
-    if args.resume is not None and not args.resume.strip():
-        # An empty id would be asked for and answered "no such task": it is a usage error.
-        print("celery-mcp-tasks call: --resume needs a TASK_ID (the id the call printed)", file=sys.stderr)
-        return 2
-    from celery_mcp_tasks.cli.call import CallOptions, run_call
-
-    return run_call(
-        CallOptions(
-            url=args.url,
-            tool=args.tool,
-            arguments=args.arguments,
-            resume=args.resume,
-            token=args.token,
-            json_output=args.json_output,
-            no_wait=args.no_wait,
-            timeout=args.timeout,
-        )
-    )
-
-
-def _doctor(args: argparse.Namespace) -> int:
-    from celery_mcp_tasks.cli.doctor import doctor
-
-    return doctor(args.app, json_output=args.json_output, timeout_s=args.timeout)
-
-
-def _tasks(args: argparse.Namespace) -> int:
-    from celery_mcp_tasks.cli.tasks import run
-
-    return run(args)
 
 
 def _revisions(url: str) -> tuple[str, ...]:
@@ -367,18 +323,6 @@ def _console(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {
-    "serve": _serve,
-    "dev": _dev,
-    "stdio": _stdio,
-    "db": _db,
-    "call": _call,
-    "doctor": _doctor,
-    "console": _console,
-    "tasks": _tasks,
-}
-
-
 def main(argv: list[str] | None = None) -> int:
     """The `celery-mcp-tasks` command; its exit status. Ctrl-C at any point, the imports included, is one
     line and 130 (this module imports nothing heavy: the command's own imports happen in here)."""
@@ -411,7 +355,11 @@ def _command(argv: list[str] | None) -> int:
     from celery_mcp_tasks.config import ConfigError
 
     try:
-        return COMMANDS[args.command](args)
+        if args.command in ("serve", "db", "console"):
+            return {"serve": _serve, "db": _db, "console": _console}[args.command](args)
+        # The others live in a module of their name, each with its `run(args)`.
+        run: Callable[[argparse.Namespace], int] = import_module(f"celery_mcp_tasks.cli.{args.command}").run
+        return run(args)
     except ConfigError as exc:
         print(f"celery-mcp-tasks: configuration error: {exc}", file=sys.stderr)
         return 2

@@ -5,15 +5,16 @@ The task id is shown to the person (their handle for `--resume`), never written 
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
 import sys
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 import anyio
 import anyio.abc
@@ -24,10 +25,6 @@ from rich.console import Console
 from celery_mcp_tasks.cli.prompts import FdLines, LineSource, Prompter
 from celery_mcp_tasks.cli.views import PROG, JsonView, LiveView, PlainView, View
 from celery_mcp_tasks.client import TaskCancelled, TaskHandle, TaskNotFound, TasksClient, TaskState
-
-if TYPE_CHECKING:
-    from mcp.client.client import Client
-
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # failed, a result with isError, the server unreachable or refusing
@@ -67,41 +64,6 @@ class CallOptions:
     timeout: float | None = None  # seconds to wait for the end; None: as long as it runs
 
 
-@asynccontextmanager
-async def connect(options: CallOptions, tasks: TasksClient, prompter: Prompter) -> AsyncIterator[Client]:
-    """The SDK's `Client` over Streamable HTTP, with the bearer token (if any) on every request."""
-    import httpx2
-    from mcp import Client
-    from mcp.client.streamable_http import streamable_http_client
-
-    token = options.token if options.token is not None else os.environ.get("MCP_TASKS_TOKEN")
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    refused: list[int] = []
-
-    async def note_refusal(response: httpx2.Response) -> None:
-        if response.status_code in (401, 403):
-            refused.append(response.status_code)
-
-    http = httpx2.AsyncClient(
-        headers=headers,
-        timeout=httpx2.Timeout(30, read=300),  # the SDK's own defaults: a response stream may stay open
-        event_hooks={"response": [note_refusal]},
-    )
-    try:
-        async with http:
-            client = Client(
-                streamable_http_client(options.url, http_client=http),
-                extensions=[tasks],
-                elicitation_callback=prompter.elicit,
-                sampling_callback=prompter.sample,
-                list_roots_callback=prompter.roots,
-            )
-            async with client:
-                yield client
-    except Exception as exc:  # noqa: BLE001 - an ExceptionGroup from the SDK's task groups, or one error: one line
-        raise _one_line(exc, options, refused, bool(token)) from None
-
-
 def _leaves(exc: BaseException) -> list[BaseException]:
     if isinstance(exc, BaseExceptionGroup):
         return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
@@ -130,20 +92,6 @@ def _one_line(exc: BaseException, options: CallOptions, refused: Sequence[int], 
     if isinstance(exc, BaseExceptionGroup) and len(leaves) == 1:
         return leaves[0]
     return exc
-
-
-async def open_task(
-    options: CallOptions, arguments: dict[str, Any], tasks: TasksClient, client: Client
-) -> TaskHandle | None:
-    try:
-        if options.resume is not None:
-            return await tasks.attach(client, options.resume)
-        assert options.tool is not None
-        return await tasks.start(client, options.tool, arguments)
-    except TaskNotFound:
-        raise CallError("no such task: it expired, or it belongs to another user") from None
-    except MCPError as exc:
-        raise CallError(exc.message) from None
 
 
 def read_arguments(text: str | None, stdin: IO[str] | None) -> str | None:
@@ -177,6 +125,26 @@ def parse_arguments(text: str | None) -> dict[str, Any]:
     if not isinstance(parsed, dict):
         raise CallError('ARGS must be a JSON object, e.g. \'{"topic": "tides"}\'', EXIT_USAGE)
     return parsed
+
+
+def run(args: argparse.Namespace) -> int:
+    """`celery-mcp-tasks call`."""
+    if args.resume is not None and not args.resume.strip():
+        # An empty id would be asked for and answered "no such task": it is a usage error.
+        print("celery-mcp-tasks call: --resume needs a TASK_ID (the id the call printed)", file=sys.stderr)
+        return 2
+    return run_call(
+        CallOptions(
+            url=args.url,
+            tool=args.tool,
+            arguments=args.arguments,
+            resume=args.resume,
+            token=args.token,
+            json_output=args.json_output,
+            no_wait=args.no_wait,
+            timeout=args.timeout,
+        )
+    )
 
 
 # -- the run --------------------------------------------------------------------------------
@@ -321,24 +289,63 @@ async def _run(options: CallOptions, io: CallIo, abort: Callable[[], bool] | Non
 
 
 async def _session(options: CallOptions, arguments: dict[str, Any], io: CallIo, interrupts: _Interrupts) -> int:
+    """Connect (the SDK's `Client` over Streamable HTTP, the bearer token on every request), start or attach
+    to the task, and follow it; whatever goes wrong on the way is one `CallError` line."""
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    token = options.token if options.token is not None else os.environ.get("MCP_TASKS_TOKEN")
+    refused: list[int] = []
+
+    async def note_refusal(response: httpx2.Response) -> None:
+        if response.status_code in (401, 403):
+            refused.append(response.status_code)
+
+    http = httpx2.AsyncClient(
+        headers={"Authorization": f"Bearer {token}"} if token else {},
+        timeout=httpx2.Timeout(30, read=300),  # the SDK's own defaults: a response stream may stay open
+        event_hooks={"response": [note_refusal]},
+    )
     tasks = TasksClient()
-    async with connect(options, tasks, io.prompter) as client:
-        try:
-            with interrupts.stage() as starting:
-                handle = await open_task(options, arguments, tasks, client)
-            if starting.cancelled_caught:
-                io.view.note("interrupted")
-                return EXIT_CANCELLED
-            assert handle is not None
+    prompter = io.prompter
+    try:
+        async with (
+            http,
+            Client(
+                streamable_http_client(options.url, http_client=http),
+                extensions=[tasks],
+                elicitation_callback=prompter.elicit,
+                sampling_callback=prompter.sample,
+                list_roots_callback=prompter.roots,
+            ) as client,
+        ):
             try:
-                return await _follow(options, io, interrupts, handle)
+                with interrupts.stage() as starting:
+                    try:
+                        if options.resume is not None:
+                            handle = await tasks.attach(client, options.resume)
+                        else:
+                            assert options.tool is not None
+                            handle = await tasks.start(client, options.tool, arguments)
+                    except TaskNotFound:
+                        raise CallError("no such task: it expired, or it belongs to another user") from None
+                    except MCPError as exc:
+                        raise CallError(exc.message) from None
+                if starting.cancelled_caught:
+                    io.view.note("interrupted")
+                    return EXIT_CANCELLED
+                try:
+                    return await _follow(options, io, interrupts, handle)
+                finally:
+                    handle.close()
             finally:
-                handle.close()
-        finally:
-            # Following ends before the connection closes, also when leaving at once (shielded):
-            # a notification on a listen stream still open would meet a closed session.
-            with anyio.CancelScope(shield=True):
-                await tasks.stop_following(client)
+                # Following ends before the connection closes, also when leaving at once (shielded):
+                # a notification on a listen stream still open would meet a closed session.
+                with anyio.CancelScope(shield=True):
+                    await tasks.stop_following(client)
+    except Exception as exc:  # noqa: BLE001 - an ExceptionGroup from the SDK's task groups, or one error: one line
+        raise _one_line(exc, options, refused, bool(token)) from None
 
 
 async def _follow(options: CallOptions, io: CallIo, interrupts: _Interrupts, handle: TaskHandle) -> int:

@@ -54,7 +54,7 @@ def bind_port(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run_dev(options: argparse.Namespace) -> int:
+def run(options: argparse.Namespace) -> int:
     """Serve (or call one tool) with a supervised worker; the exit status says what happened."""
     import uvicorn
 

@@ -6,6 +6,7 @@ check under a deadline of its own. URLs are shown with their password replaced b
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -475,3 +476,7 @@ def doctor(app_path: str, *, json_output: bool = False, timeout_s: float = DEFAU
     rows = diagnose(app_path, timeout_s=timeout_s)
     render(rows, json_output=json_output)
     return 1 if any(row.status == "FAIL" for row in rows) else 0
+
+
+def run(args: argparse.Namespace) -> int:
+    return doctor(args.app, json_output=args.json_output, timeout_s=args.timeout)

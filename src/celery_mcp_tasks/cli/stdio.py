@@ -133,7 +133,7 @@ def _say(*lines: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
-def run_stdio(options: argparse.Namespace) -> int:
+def run(options: argparse.Namespace) -> int:
     """Serve APP over stdio (with a supervised worker when asked); the exit status says what happened."""
     import anyio
 
