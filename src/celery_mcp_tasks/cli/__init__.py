@@ -9,8 +9,7 @@ import argparse
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
@@ -325,29 +324,21 @@ def _console(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """The `celery-mcp-tasks` command; its exit status. Ctrl-C at any point, the imports included, is one
-    line and 130 (this module imports nothing heavy: the command's own imports happen in here)."""
-    with _ctrl_c_interrupts():
-        try:
-            return _command(argv)
-        except KeyboardInterrupt:
-            print("celery-mcp-tasks: interrupted", file=sys.stderr)
-            return 130
+    line and 130 (this module imports nothing heavy: the command's own imports happen in here).
 
-
-@contextmanager
-def _ctrl_c_interrupts() -> Iterator[None]:
-    """Ctrl-C (SIGINT) raises `KeyboardInterrupt` for the command's whole run, also when the command was
-    started with SIGINT ignored, as a shell script's background job is: uvicorn stops on SIGINT whatever
-    the disposition, then re-raises it to leave as interrupted, and an ignored re-raise ended `dev` and
-    `serve` with status 0. The previous handler is back once the command returns."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    SIGINT raises `KeyboardInterrupt` for the whole run, also when the command was started with SIGINT
+    ignored (a shell script's background job): uvicorn stops on SIGINT whatever the disposition, then
+    re-raises it to leave as interrupted, and an ignored re-raise ended `dev` and `serve` with status 0."""
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler) if main_thread else None
     try:
-        yield
+        return _command(argv)
+    except KeyboardInterrupt:
+        print("celery-mcp-tasks: interrupted", file=sys.stderr)
+        return 130
     finally:
-        signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+        if main_thread:
+            signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
 
 
 def _command(argv: list[str] | None) -> int:

@@ -17,12 +17,12 @@ import threading
 
 from celery_mcp_tasks.cli.shared import (
     Stopped,
+    WorkerSupervisor,
     banner,
     celery_target,
     load_app,
     raise_stop,
     start_ops_server,
-    supervised_worker,
 )
 
 PREFIX = "celery-mcp-tasks dev"
@@ -31,10 +31,8 @@ PREFIX = "celery-mcp-tasks dev"
 def bind_port(host: str, port: int) -> socket.socket:
     """Bind and listen now; a busy port is an error before anything else happens.
 
-    Made as uvicorn makes its own (`Config.bind_socket`): with `IPPROTO_TCP`, which
-    asyncio checks before it sets `TCP_NODELAY` on each accepted connection. Without
-    it every response waited ~40 ms for a delayed ACK (uvicorn writes headers and
-    body separately).
+    With `IPPROTO_TCP`, as uvicorn's own: asyncio checks it before it sets `TCP_NODELAY` on each accepted
+    connection, without which every response waited ~40 ms for a delayed ACK.
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
@@ -95,7 +93,7 @@ def run(options: argparse.Namespace) -> int:
         stopped.set()
         server.should_exit = True
 
-    worker = supervised_worker(target, tasks, on_death=on_worker_death)
+    worker = WorkerSupervisor(target, tasks, on_death=on_worker_death)
     previous = signal.signal(signal.SIGTERM, raise_stop)
     status = 0
     ops = start_ops_server(tasks, None, None)  # MCP_TASKS_OPS_HOST/PORT, when a plugin added routes

@@ -262,23 +262,23 @@ class FormField:
             if lowered in ("n", "no", "false", "0"):
                 return False
             raise ValueError("type y or n")
-        if self.kind == "integer":
+        if self.kind in ("integer", "number"):
             try:
                 number: int | float = int(text)
             except ValueError:
-                raise ValueError("type a whole number") from None
-            return self._in_bounds(number)
-        if self.kind == "number":
-            try:
-                number = int(text)
-            except ValueError:
+                if self.kind == "integer":
+                    raise ValueError("type a whole number") from None
                 try:
                     number = float(text)
                 except ValueError:
                     raise ValueError("type a number") from None
                 if not math.isfinite(number):
                     raise ValueError("type a finite number") from None
-            return self._in_bounds(number)
+            if (self.minimum is not None and number < self.minimum) or (
+                self.maximum is not None and number > self.maximum
+            ):
+                raise ValueError(f"type a number {_bounds(self.minimum, self.maximum)}")
+            return number
         if self.kind == "choice":
             return self._choice(text)
         if self.kind == "choices":
@@ -298,11 +298,6 @@ class FormField:
             raise ValueError(f"at most {self.max_length} characters")
         _check_format(self.format, text)
         return text
-
-    def _in_bounds(self, number: int | float) -> int | float:
-        if (self.minimum is not None and number < self.minimum) or (self.maximum is not None and number > self.maximum):
-            raise ValueError(f"type a number {_bounds(self.minimum, self.maximum)}")
-        return number
 
     def _choice(self, text: str) -> str:
         if text.isdigit() and 1 <= int(text) <= len(self.choices):

@@ -156,11 +156,23 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
 
 
 class WorkerSupervisor:
-    """A `celery worker` in its own process group, its output forwarded and its death reported."""
+    """`celery worker -B` consuming `supervised_queues`, in its own process group, its output forwarded and its
+    death reported (`on_death`, from the output thread); `stdio` names its own node and beat schedule file."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], *, on_death: Callable[[], None]) -> None:
-        self._argv = argv
-        self._env = env
+    def __init__(
+        self,
+        target: str,
+        tasks: Any,
+        *,
+        on_death: Callable[[], None] = lambda: None,
+        node: str = "dev@%h",
+        schedule: str = "beat-schedule",
+    ) -> None:
+        queues = supervised_queues(tasks)
+        self._argv = [sys.executable, "-m", "celery", "--quiet", "-A", target, "worker", "-B", *WORKER_POOL]
+        self._argv += ["--loglevel", "WARNING", "--without-mingle", "--without-gossip", "-n", node]
+        beat_schedule = str(tasks.settings.resolved_data_dir / schedule)
+        self._argv += ["-s", beat_schedule, *(["-Q", ",".join(queues)] if queues else [])]
         self._on_death = on_death
         self._tail: collections.deque[str] = collections.deque(maxlen=40)
         self._stopping = threading.Event()
@@ -168,9 +180,10 @@ class WorkerSupervisor:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
         self.proc = subprocess.Popen(
             self._argv,
-            env=self._env,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -214,18 +227,14 @@ class WorkerSupervisor:
         except (subprocess.TimeoutExpired, KeyboardInterrupt, Stopped):
             pass  # a second Ctrl-C, or a job that does not end: no more waiting
         finally:
-            _killpg(proc.pid, signal.SIGKILL)  # the embedded beat and any pool child included
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # the embedded beat and any pool child included
+            except (ProcessLookupError, PermissionError):
+                pass
             try:
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def raise_stop(signum: int, frame: FrameType | None) -> None:
@@ -267,37 +276,3 @@ def supervised_queues(tasks: Any) -> list[str]:
         wanted += shard_queues(default, tasks.settings.fair_queues)
     queues = list(dict.fromkeys(wanted))
     return [] if queues == [default] else queues
-
-
-def supervised_worker(
-    target: str, tasks: Any, *, on_death: Callable[[], None], node: str = "dev@%h", schedule: str = "beat-schedule"
-) -> WorkerSupervisor:
-    """`celery worker -B` consuming `supervised_queues`, under a `WorkerSupervisor` (not started yet); `stdio`
-    names its own node and beat schedule file."""
-    queues = supervised_queues(tasks)
-    argv = [
-        sys.executable,
-        "-m",
-        "celery",
-        "--quiet",
-        "-A",
-        target,
-        "worker",
-        "-B",
-        *WORKER_POOL,
-        "--loglevel",
-        "WARNING",
-        "--without-mingle",
-        "--without-gossip",
-        "-n",
-        node,
-        "-s",
-        str(tasks.settings.resolved_data_dir / schedule),
-        *(["-Q", ",".join(queues)] if queues else []),
-    ]
-    env = {
-        **os.environ,
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])),
-    }
-    return WorkerSupervisor(argv, env, on_death=on_death)

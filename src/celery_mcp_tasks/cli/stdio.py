@@ -28,7 +28,6 @@ from celery_mcp_tasks.cli.shared import (
     load_app,
     prepare,
     raise_stop,
-    supervised_worker,
 )
 from celery_mcp_tasks.config import redact_url
 
@@ -65,11 +64,8 @@ def wants_worker(option: bool | None, broker_url: str) -> bool:
 async def serve(tasks: Any, worker: WorkerSupervisor | None) -> None:
     """Serve over stdin/stdout until the client closes stdin; a signal or the worker's death ends the process.
 
-    The SDK reads stdin in a thread that no cancellation reaches (it returns only
-    with a line or at EOF), so those two do not unwind the serve loop: they end the
-    worker and exit right there (`finish`), the way a killed server would, minus
-    the orphans. The hidden tasks of synchronous calls still waiting are cancelled
-    first (`abandon_calls`): their handlers never get to.
+    The SDK reads stdin in a thread no cancellation reaches, so those two cannot unwind the serve loop: they
+    cancel the synchronous calls' hidden tasks (their handlers never get to), end the worker and exit there.
     """
     import anyio
 
@@ -96,14 +92,14 @@ async def serve(tasks: Any, worker: WorkerSupervisor | None) -> None:
         group.cancel_scope.cancel()
 
 
-async def abandon_calls(tasks: Any, bound_s: float = ABANDON_S) -> None:
-    """Cancel the hidden task of every synchronous call in flight, within `bound_s`: no job runs on for nobody."""
+async def abandon_calls(tasks: Any) -> None:
+    """Cancel the hidden task of every synchronous call in flight, within `ABANDON_S`: no job runs on for nobody."""
     import anyio
 
     from celery_mcp_tasks.app import internals
 
     abandon = partial(internals(tasks).abandon_synchronous_calls, "The server stopped before the job finished")
-    with anyio.move_on_after(bound_s):
+    with anyio.move_on_after(ABANDON_S):
         await anyio.to_thread.run_sync(abandon, abandon_on_cancel=True)  # a hung store is left to the exit
 
 
@@ -150,14 +146,11 @@ def run(options: argparse.Namespace) -> int:
                 os.environ["MCP_TASKS_DATA_DIR"] = str(Path(options.data_dir).expanduser().resolve())
             tasks = load_app(options.app)
             broker_url = str(tasks.celery.conf.broker_url)
-            start_worker = wants_worker(options.worker, broker_url)
-            target = celery_target(options.app, tasks) if start_worker else None
+            target = celery_target(options.app, tasks) if wants_worker(options.worker, broker_url) else None
             prepare(tasks, "stdio", migrate=not options.no_migrate)
             _say(f"{PREFIX}: serving {options.app} over stdin/stdout", *banner(tasks.settings))
             if target is not None:
-                worker = supervised_worker(
-                    target, tasks, on_death=lambda: None, node="stdio@%h", schedule="stdio-beat-schedule"
-                )
+                worker = WorkerSupervisor(target, tasks, node="stdio@%h", schedule="stdio-beat-schedule")
                 worker.start()
                 assert worker.proc is not None
                 _say(f"  worker  pid {worker.proc.pid} (celery -A {target} worker -B, supervised)")
