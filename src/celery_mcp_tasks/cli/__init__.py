@@ -20,17 +20,26 @@ APP_HELP = "the module holding your McpTasks, e.g. examples.quickstart.app (impo
 
 
 def _serve(args: argparse.Namespace) -> int:
+    """`serve` (the MCP endpoint) or `console` (the operators' console): APP under uvicorn."""
     import uvicorn
 
     from celery_mcp_tasks.cli.shared import load_app, prepare, start_ops_server
     from celery_mcp_tasks.ops.logs import uvicorn_log_config
 
     tasks = load_app(args.app)
-    prepare(tasks, "serve", migrate=not args.no_migrate)
-    ops = start_ops_server(tasks, args.ops_host, args.ops_port)
+    console = args.command == "console"
+    if console and tasks.settings.console_token is None:
+        print(
+            "celery-mcp-tasks console: MCP_TASKS_CONSOLE_TOKEN is not set: the console needs an operator token "
+            "(generate one with `openssl rand -base64 32`)",
+            file=sys.stderr,
+        )
+        return 2
+    prepare(tasks, "serve", migrate=not console and not args.no_migrate)
+    ops = None if console else start_ops_server(tasks, args.ops_host, args.ops_port)
     try:
         uvicorn.run(
-            tasks.asgi_app(host=args.host),
+            tasks.console_app(standalone=True) if console else tasks.asgi_app(host=args.host),
             host=args.host,
             port=args.port,
             log_level=args.log_level,
@@ -296,32 +305,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _console(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from celery_mcp_tasks.cli.shared import load_app, prepare
-    from celery_mcp_tasks.ops.logs import uvicorn_log_config
-
-    tasks = load_app(args.app)
-    if tasks.settings.console_token is None:
-        print(
-            "celery-mcp-tasks console: MCP_TASKS_CONSOLE_TOKEN is not set: the console needs an operator token "
-            "(generate one with `openssl rand -base64 32`)",
-            file=sys.stderr,
-        )
-        return 2
-    prepare(tasks, "serve", migrate=False)  # the store must be reachable and migrated, as for the web process
-    uvicorn.run(
-        tasks.console_app(standalone=True),
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        log_config=uvicorn_log_config(tasks.settings),
-        timeout_graceful_shutdown=5,
-    )
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     """The `celery-mcp-tasks` command; its exit status. Ctrl-C at any point, the imports included, is one
     line and 130 (this module imports nothing heavy: the command's own imports happen in here).
@@ -347,7 +330,7 @@ def _command(argv: list[str] | None) -> int:
 
     try:
         if args.command in ("serve", "db", "console"):
-            return {"serve": _serve, "db": _db, "console": _console}[args.command](args)
+            return _db(args) if args.command == "db" else _serve(args)
         # The others live in a module of their name, each with its `run(args)`.
         run: Callable[[argparse.Namespace], int] = import_module(f"celery_mcp_tasks.cli.{args.command}").run
         return run(args)

@@ -13,7 +13,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import IO, Any
 
 import anyio
@@ -128,23 +128,12 @@ def parse_arguments(text: str | None) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """`celery-mcp-tasks call`."""
     if args.resume is not None and not args.resume.strip():
         # An empty id would be asked for and answered "no such task": it is a usage error.
         print("celery-mcp-tasks call: --resume needs a TASK_ID (the id the call printed)", file=sys.stderr)
         return 2
-    return run_call(
-        CallOptions(
-            url=args.url,
-            tool=args.tool,
-            arguments=args.arguments,
-            resume=args.resume,
-            token=args.token,
-            json_output=args.json_output,
-            no_wait=args.no_wait,
-            timeout=args.timeout,
-        )
-    )
+    given = {option.name: getattr(args, option.name) for option in fields(CallOptions)}  # named as the parser's
+    return run_call(CallOptions(**given))
 
 
 # -- the run --------------------------------------------------------------------------------
