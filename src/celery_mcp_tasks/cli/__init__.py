@@ -91,10 +91,8 @@ def _db(args: argparse.Namespace) -> int:
         return _reencrypt(settings)
     if args.action in ("upgrade", "downgrade"):
         before = _revisions(url)
-        if args.action == "upgrade":
-            migrate.upgrade(url, args.revision or "head")
-        else:
-            migrate.downgrade(url, args.revision or "base")
+        up = args.action == "upgrade"
+        (migrate.upgrade if up else migrate.downgrade)(url, args.revision or ("head" if up else "base"))
         after = _revisions(url)
         store = redact_url(url)
         if before == after:

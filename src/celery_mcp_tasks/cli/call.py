@@ -198,7 +198,11 @@ class CallIo:
     err: IO[str]
 
 
-def _make_io(options: CallOptions, stdin_fd: int | None) -> CallIo:
+def _make_io(options: CallOptions) -> CallIo:
+    try:  # when ARGS is -, stdin is the arguments, not the answers to questions
+        stdin_fd = sys.stdin.fileno() if sys.stdin is not None and options.arguments != "-" else None
+    except (OSError, ValueError):
+        stdin_fd = None
     console = Console(file=sys.stdout)
     err_console = Console(stderr=True)
     view: View
@@ -225,13 +229,7 @@ def run_call(
     io: CallIo | None = None,
 ) -> int:
     """Call (or resume) and follow one task; print as `options` say; return the exit status."""
-    args_on_stdin = options.arguments == "-"  # then stdin is the arguments, not the answers to questions
-    if io is None:
-        try:
-            stdin_fd: int | None = sys.stdin.fileno() if sys.stdin is not None and not args_on_stdin else None
-        except (OSError, ValueError):
-            stdin_fd = None
-        io = _make_io(options, stdin_fd)
+    io = io or _make_io(options)
     try:
         options = replace(options, arguments=read_arguments(options.arguments, sys.stdin))
         return anyio.run(_run, options, io, abort)

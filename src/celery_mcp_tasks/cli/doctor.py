@@ -441,34 +441,29 @@ def render(rows: Sequence[Row], *, json_output: bool = False, stream: IO[str] | 
         statuses = {row.status for row in rows}
         worst = "fail" if "FAIL" in statuses else "warn" if "WARN" in statuses else "ok"
         out.write(json.dumps({"status": worst, "checks": [asdict(row) for row in rows]}, indent=2) + "\n")
-        return
-    if out.isatty():
-        _rich_table(rows, out)
-        return
-    width = max(len(row.name) for row in rows)
-    out.write(f"{'CHECK'.ljust(width)}  STATUS  DETAIL\n")
-    for row in rows:
-        out.write(f"{row.name.ljust(width)}  {row.status.ljust(6)}  {row.detail}\n")
-        if row.fix:
-            out.write(f"{' ' * width}          fix: {row.fix}\n")
+    elif out.isatty():
+        from rich.console import Console
+        from rich.markup import escape
+        from rich.table import Table
+
+        table = Table(show_lines=False)
+        table.add_column("check")
+        table.add_column("status")
+        table.add_column("detail / fix", overflow="fold")
+        for row in rows:
+            text = escape(row.detail) + (f"\n[bold]fix:[/bold] {escape(row.fix)}" if row.fix else "")
+            table.add_row(row.name, f"[{_STYLES.get(row.status, '')}]{row.status}[/]", text)
+        Console(file=out, highlight=False).print(table)
+    else:
+        width = max(len(row.name) for row in rows)
+        out.write(f"{'CHECK'.ljust(width)}  STATUS  DETAIL\n")
+        for row in rows:
+            out.write(f"{row.name.ljust(width)}  {row.status.ljust(6)}  {row.detail}\n")
+            if row.fix:
+                out.write(f"{' ' * width}          fix: {row.fix}\n")
 
 
 _STYLES = {"OK": "green", "WARN": "yellow", "FAIL": "bold red", "SKIP": "dim"}
-
-
-def _rich_table(rows: Sequence[Row], out: IO[str]) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
-    table = Table(show_lines=False)
-    table.add_column("check")
-    table.add_column("status")
-    table.add_column("detail / fix", overflow="fold")
-    for row in rows:
-        text = escape(row.detail) + (f"\n[bold]fix:[/bold] {escape(row.fix)}" if row.fix else "")
-        table.add_row(row.name, f"[{_STYLES.get(row.status, '')}]{row.status}[/]", text)
-    Console(file=out, highlight=False).print(table)
 
 
 def doctor(app_path: str, *, json_output: bool = False, timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
