@@ -132,19 +132,13 @@ def display_path(path: Path) -> str:
 def banner(settings: Any) -> list[str]:
     """Where this app keeps its tasks and messages (the embedded default shows its files)."""
     data_dir = settings.resolved_data_dir
+    store = f"sqlite:///{display_path(data_dir / 'tasks.db')}"
     if settings.database_url:
         store = redact_url(settings.database_url)
-    else:
-        store = f"sqlite:///{display_path(data_dir / 'tasks.db')}"
-    if settings.embedded_broker:
-        broker = f"filesystem:// ({display_path(settings.broker_folder)})"
-    else:
+    broker = f"filesystem:// ({display_path(settings.broker_folder)})"
+    if not settings.embedded_broker:
         broker = redact_url(settings.celery_broker_url)
-    return [
-        f"  store   {store}",
-        f"  broker  {broker}",
-        f"  data    {display_path(data_dir)}",
-    ]
+    return [f"  store   {store}", f"  broker  {broker}", f"  data    {display_path(data_dir)}"]
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec

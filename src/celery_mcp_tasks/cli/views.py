@@ -114,15 +114,9 @@ class JsonView(PlainView):
         self.note(f"{PROG}: the task was cancelled")
 
 
-_STYLES = {
-    "working": "cyan",
-    "input_required": "bold yellow",
-    "completed": "bold green",
-    "failed": "bold red",
-    "cancelled": "bold magenta",
-}
-
-
+_STYLES = dict(
+    working="cyan", input_required="bold yellow", completed="bold green", failed="bold red", cancelled="bold magenta"
+)
 _MARKS = {"input_required": "?", "completed": "✔", "failed": "✘", "cancelled": "■"}
 
 
