@@ -27,7 +27,7 @@ _PREFIX = "MCP_TASKS_"
 STRICT_SETTINGS = "MCP_TASKS_STRICT_SETTINGS"  # on: an unknown MCP_TASKS_* name stops the process
 READ_ELSEWHERE = ("MCP_TASKS_OPS_HOST", "MCP_TASKS_OPS_PORT", "MCP_TASKS_TOKEN", STRICT_SETTINGS)
 """Names read outside `Settings.from_env`: the ops listener's address (`ops/serving.py`), the token
-`call` sends (`cli/connection.py`), and the strict switch itself."""
+`call` sends (`cli/call.py`), and the strict switch itself."""
 NOT_SETTINGS = ("MCP_TASKS_TEST_", "MCP_TASKS_SMOKE_")
 """Prefixes of names the test suite and CI read (service URLs): never settings, never flagged."""
 MIN_SECRET_BYTES = 32

@@ -25,10 +25,21 @@ from mcp_types import (
 )
 from rich.console import Console
 
-from celery_mcp_tasks.cli.call import CallIo, CallOptions, _Interrupts, parse_arguments, read_arguments, run_call
-from celery_mcp_tasks.cli.forms import parse_form
-from celery_mcp_tasks.cli.outcome import EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, EXIT_USAGE, CallError, exit_code
-from celery_mcp_tasks.cli.prompts import FdLines, Prompter
+from celery_mcp_tasks.cli.call import (
+    EXIT_CANCELLED,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    CallError,
+    CallIo,
+    CallOptions,
+    _Interrupts,
+    exit_code,
+    parse_arguments,
+    read_arguments,
+    run_call,
+)
+from celery_mcp_tasks.cli.prompts import FdLines, Prompter, parse_form
 from celery_mcp_tasks.cli.views import JsonView, PlainView, _StatusLine, result_text
 from celery_mcp_tasks.client.models import PROGRESS_META_KEY, TaskState
 

@@ -1,15 +1,5 @@
 """`celery-mcp-tasks`: dev | serve | stdio | db | call | doctor | console | tasks.
 
-    celery-mcp-tasks dev APP [--call TOOL ARGS]   web + worker + beat on the embedded default
-    celery-mcp-tasks serve APP [--host --port]    the web process (uvicorn), MCP at /mcp
-    celery-mcp-tasks stdio APP [--[no-]worker]    the same app over stdin/stdout (desktop and IDE clients)
-    celery-mcp-tasks db upgrade|check|current     migrate the store (MCP_TASKS_DATABASE_URL)
-    celery-mcp-tasks db newkey|reencrypt          a payload encryption key; re-encrypt every row (MCP_TASKS_ENCRYPTION_KEYS)
-    celery-mcp-tasks call URL TOOL ARGS           call a tool as a task and follow it to the end
-    celery-mcp-tasks doctor APP [--json]          check the deployment: OK / WARN / FAIL and the fix for each
-    celery-mcp-tasks console APP [--host --port]  the operators' console: every task, live (port 9102)
-    celery-mcp-tasks tasks ls|show|cancel|resend|delete --url URL   the console's API from a terminal
-
 APP is a module path such as `examples.quickstart.app` holding one `McpTasks`.
 """
 
@@ -19,96 +9,47 @@ import argparse
 import signal
 import sys
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the command's imports wait for main(): a Ctrl-C while they run is one line
     from celery_mcp_tasks.config import Settings
 
-__all__ = ["main"]
-
 APP_HELP = "the module holding your McpTasks, e.g. examples.quickstart.app (imported from the current directory)"
 
 
-def _serve(
-    app_path: str,
-    host: str,
-    port: int,
-    migrate: bool,
-    log_level: str,
-    ops_host: str | None = None,
-    ops_port: int | None = None,
-) -> None:
+def _serve(args: argparse.Namespace) -> int:
+    """`serve` (the MCP endpoint) or `console` (the operators' console): APP under uvicorn."""
     import uvicorn
 
-    from celery_mcp_tasks.cli.shared import load_app, quiet_libraries, start_ops_server
-
-    tasks = load_app(app_path)
-    from celery_mcp_tasks.app import internals  # loaded with the app anyway
-
-    quiet_libraries()
-    if migrate:  # checked first: a store that cannot be reached, or must not be used, is never migrated
-        from celery_mcp_tasks.migrate import upgrade
-
-        internals(tasks).preflight("serve", need_schema=False)
-        upgrade(tasks.settings.store_url)
-    internals(tasks).preflight("serve")  # once per start: never an "Internal server error" at the first call
+    from celery_mcp_tasks.cli.shared import load_app, prepare, start_ops_server
     from celery_mcp_tasks.ops.logs import uvicorn_log_config
 
-    ops = start_ops_server(tasks, ops_host, ops_port)
+    tasks = load_app(args.app)
+    console = args.command == "console"
+    if console and tasks.settings.console_token is None:
+        print(
+            "celery-mcp-tasks console: MCP_TASKS_CONSOLE_TOKEN is not set: the console needs an operator token "
+            "(generate one with `openssl rand -base64 32`)",
+            file=sys.stderr,
+        )
+        return 2
+    prepare(tasks, "serve", migrate=not console and not args.no_migrate)
+    ops = None if console else start_ops_server(tasks, args.ops_host, args.ops_port)
     try:
         uvicorn.run(
-            tasks.asgi_app(host=host),
-            host=host,
-            port=port,
-            log_level=log_level,
+            tasks.console_app(standalone=True) if console else tasks.asgi_app(host=args.host),
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
             log_config=uvicorn_log_config(tasks.settings),  # json: uvicorn's lines go through the JSON root handler
             timeout_graceful_shutdown=5,
         )
     finally:
         if ops is not None:
             ops.stop()
-
-
-def _dev(args: argparse.Namespace) -> int:
-    from celery_mcp_tasks.cli.dev import DevOptions, run_dev
-
-    return run_dev(
-        DevOptions(
-            app=args.app,
-            host=args.host,
-            port=args.port,
-            data_dir=args.data_dir,
-            keep_env=args.keep_env,
-            call=tuple(args.call) if args.call else None,
-        )
-    )
-
-
-def _stdio(args: argparse.Namespace) -> int:
-    from celery_mcp_tasks.cli.stdio import StdioOptions, run_stdio
-
-    return run_stdio(
-        StdioOptions(
-            app=args.app,
-            worker=args.worker,
-            directory=args.directory,
-            data_dir=args.data_dir,
-            migrate=not args.no_migrate,
-        )
-    )
-
-
-def _call_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The `call` subcommand's options, as `call()` takes them."""
-    return {
-        "resume": args.resume,
-        "token": args.token,
-        "json_output": args.json_output,
-        "no_wait": args.no_wait,
-        "timeout": args.timeout,
-    }
+    return 0
 
 
 def _revisions(url: str) -> tuple[str, ...]:
@@ -150,10 +91,8 @@ def _db(args: argparse.Namespace) -> int:
         return _reencrypt(settings)
     if args.action in ("upgrade", "downgrade"):
         before = _revisions(url)
-        if args.action == "upgrade":
-            migrate.upgrade(url, args.revision or "head")
-        else:
-            migrate.downgrade(url, args.revision or "base")
+        up = args.action == "upgrade"
+        (migrate.upgrade if up else migrate.downgrade)(url, args.revision or ("head" if up else "base"))
         after = _revisions(url)
         store = redact_url(url)
         if before == after:
@@ -201,13 +140,33 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="celery-mcp-tasks", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="run the web process (uvicorn)")
-    serve.add_argument("app", metavar="APP", help=APP_HELP)
-    serve.add_argument(
-        "--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)"
+    def command(name: str, *, host: str = "", port: int = 0, **kwargs: Any) -> argparse.ArgumentParser:
+        """A subcommand taking APP, and --host/--port when `host` says what they are."""
+        found = sub.add_parser(name, **kwargs)
+        found.add_argument("app", metavar="APP", help=APP_HELP)
+        if host:
+            found.add_argument("--host", default="127.0.0.1", help=host)
+            found.add_argument("--port", type=int, default=port, help=f"the port to listen on (default {port})")
+        return found
+
+    def data_dir(found: argparse.ArgumentParser) -> None:
+        found.add_argument(
+            "--data-dir",
+            default=None,
+            help="where the embedded store and broker live (wins over MCP_TASKS_DATA_DIR; "
+            "default: MCP_TASKS_DATA_DIR or .celery-mcp-tasks)",
+        )
+
+    def no_migrate(found: argparse.ArgumentParser) -> None:
+        found.add_argument("--no-migrate", action="store_true", help="do not apply migrations at start")
+
+    serve = command(
+        "serve",
+        help="run the web process (uvicorn)",
+        host="the address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)",
+        port=8000,
     )
-    serve.add_argument("--port", type=int, default=8000, help="the port to listen on (default 8000)")
-    serve.add_argument("--no-migrate", action="store_true", help="do not apply migrations at start")
+    no_migrate(serve)
     serve.add_argument(
         "--log-level",
         default="info",
@@ -224,16 +183,10 @@ def _parser() -> argparse.ArgumentParser:
         "--ops-port", type=int, default=None, help="their port (default: MCP_TASKS_OPS_PORT or 9101; 0: none)"
     )
 
-    dev = sub.add_parser("dev", help="web + worker + beat on SQLite and the filesystem broker")
-    dev.add_argument("app", metavar="APP", help=APP_HELP)
+    dev = command("dev", help="web + worker + beat on SQLite and the filesystem broker")
     dev.add_argument("--host", default="127.0.0.1", help="the address the MCP endpoint listens on (default 127.0.0.1)")
     dev.add_argument("--port", type=int, default=8000, help="its port (default 8000); a busy port is an error at once")
-    dev.add_argument(
-        "--data-dir",
-        default=None,
-        help="where the embedded store and broker live (wins over MCP_TASKS_DATA_DIR; "
-        "default: MCP_TASKS_DATA_DIR or .celery-mcp-tasks)",
-    )
+    data_dir(dev)
     dev.add_argument("--keep-env", action="store_true", help="keep MCP_TASKS_DATABASE_URL / CELERY_BROKER_URL")
     dev.add_argument("--call", nargs=2, metavar=("TOOL", "ARGS_JSON"), help="call one tool, follow it, then exit")
 
@@ -257,7 +210,7 @@ def _parser() -> argparse.ArgumentParser:
         help="the revision to upgrade or downgrade to (default: head for upgrade, base for downgrade)",
     )
 
-    stdio = sub.add_parser(
+    stdio = command(
         "stdio",
         help="serve over stdin/stdout, for clients that launch a command (desktop, IDE)",
         description="Serve APP over stdin/stdout (JSON-RPC only on stdout; logs, banner and worker output on "
@@ -266,7 +219,6 @@ def _parser() -> argparse.ArgumentParser:
         "command in the client's configuration is the whole deployment. Everything it started ends when "
         "the client closes stdin or sends SIGTERM.",
     )
-    stdio.add_argument("app", metavar="APP", help=APP_HELP)
     stdio.add_argument(
         "--worker",
         action=argparse.BooleanOptionalAction,
@@ -281,14 +233,8 @@ def _parser() -> argparse.ArgumentParser:
         help="change to DIR first: APP is imported from it and the default data dir lives in it "
         "(for clients whose configuration cannot set a working directory)",
     )
-    stdio.add_argument(
-        "--data-dir",
-        default=None,
-        help="where the embedded store and broker live (wins over MCP_TASKS_DATA_DIR; "
-        "default: MCP_TASKS_DATA_DIR or .celery-mcp-tasks)",
-    )
-    stdio.add_argument("--no-migrate", action="store_true", help="do not apply migrations at start")
-
+    data_dir(stdio)
+    no_migrate(stdio)
     caller = sub.add_parser(
         "call",
         help="call a tool as a task and follow it",
@@ -323,13 +269,12 @@ def _parser() -> argparse.ArgumentParser:
         help="bearer token sent as `Authorization: Bearer ...` (default: $MCP_TASKS_TOKEN); never printed",
     )
 
-    console = sub.add_parser(
+    console = command(
         "console",
         help="the operators' console: every task, live, in web pages and a JSON API (needs MCP_TASKS_CONSOLE_TOKEN)",
+        host="the address to listen on (default 127.0.0.1)",
+        port=9102,
     )
-    console.add_argument("app", metavar="APP", help=APP_HELP)
-    console.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1)")
-    console.add_argument("--port", type=int, default=9102, help="the port to listen on (default 9102)")
     console.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"], help="uvicorn's"
     )
@@ -337,7 +282,7 @@ def _parser() -> argparse.ArgumentParser:
 
     add_tasks_parser(sub)
 
-    doctor = sub.add_parser(
+    doctor = command(
         "doctor",
         help="check a deployment: configuration, database, broker, workers, janitor, push, clock",
         description="Check APP's deployment with its own settings (run it with the environment the web process "
@@ -347,7 +292,6 @@ def _parser() -> argparse.ArgumentParser:
         "(SKIP when a check it needs failed).",
         epilog="exit status: 0 no check failed (warnings allowed); 1 at least one FAIL.",
     )
-    doctor.add_argument("app", metavar="APP", help=APP_HELP)
     doctor.add_argument("--json", dest="json_output", action="store_true", help="print the checks as one JSON document")
     doctor.add_argument(
         "--timeout",
@@ -359,67 +303,23 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _console(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from celery_mcp_tasks.cli.shared import load_app, quiet_libraries
-
-    tasks = load_app(args.app)
-    quiet_libraries()
-    if tasks.settings.console_token is None:
-        print(
-            "celery-mcp-tasks console: MCP_TASKS_CONSOLE_TOKEN is not set: the console needs an operator token "
-            "(generate one with `openssl rand -base64 32`)",
-            file=sys.stderr,
-        )
-        return 2
-    from celery_mcp_tasks.app import internals  # loaded with the app anyway
-
-    internals(tasks).preflight("serve")  # the store must be reachable and migrated, as for the web process
-    from celery_mcp_tasks.ops.logs import uvicorn_log_config
-
-    uvicorn.run(
-        tasks.console_app(standalone=True),
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        log_config=uvicorn_log_config(tasks.settings),
-        timeout_graceful_shutdown=5,
-    )
-    return 0
-
-
-def _doctor(args: argparse.Namespace) -> int:
-    from celery_mcp_tasks.cli.doctor import doctor
-
-    return doctor(args.app, json_output=args.json_output, timeout_s=args.timeout)
-
-
 def main(argv: list[str] | None = None) -> int:
     """The `celery-mcp-tasks` command; its exit status. Ctrl-C at any point, the imports included, is one
-    line and 130 (this module imports nothing heavy: the command's own imports happen in here)."""
-    with _ctrl_c_interrupts():
-        try:
-            return _command(argv)
-        except KeyboardInterrupt:
-            print("celery-mcp-tasks: interrupted", file=sys.stderr)
-            return 130
+    line and 130 (this module imports nothing heavy: the command's own imports happen in here).
 
-
-@contextmanager
-def _ctrl_c_interrupts() -> Iterator[None]:
-    """Ctrl-C (SIGINT) raises `KeyboardInterrupt` for the command's whole run, also when the command was
-    started with SIGINT ignored, as a shell script's background job is: uvicorn stops on SIGINT whatever
-    the disposition, then re-raises it to leave as interrupted, and an ignored re-raise ended `dev` and
-    `serve` with status 0. The previous handler is back once the command returns."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    SIGINT raises `KeyboardInterrupt` for the whole run, also when the command was started with SIGINT
+    ignored (a shell script's background job): uvicorn stops on SIGINT whatever the disposition, then
+    re-raises it to leave as interrupted, and an ignored re-raise ended `dev` and `serve` with status 0."""
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler) if main_thread else None
     try:
-        yield
+        return _command(argv)
+    except KeyboardInterrupt:
+        print("celery-mcp-tasks: interrupted", file=sys.stderr)
+        return 130
     finally:
-        signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+        if main_thread:
+            signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
 
 
 def _command(argv: list[str] | None) -> int:
@@ -427,30 +327,11 @@ def _command(argv: list[str] | None) -> int:
     from celery_mcp_tasks.config import ConfigError
 
     try:
-        if args.command == "serve":
-            _serve(args.app, args.host, args.port, not args.no_migrate, args.log_level, args.ops_host, args.ops_port)
-            return 0
-        if args.command == "dev":
-            return _dev(args)
-        if args.command == "stdio":
-            return _stdio(args)
-        if args.command == "db":
-            return _db(args)
-        if args.command == "doctor":
-            return _doctor(args)
-        if args.command == "console":
-            return _console(args)
-        if args.command == "tasks":
-            from celery_mcp_tasks.cli.tasks import run
-
-            return run(args)
-        if args.resume is not None and not args.resume.strip():
-            # An empty id would be asked for and answered "no such task": it is a usage error.
-            print("celery-mcp-tasks call: --resume needs a TASK_ID (the id the call printed)", file=sys.stderr)
-            return 2
-        from celery_mcp_tasks.cli.call import call
-
-        return call(args.url, args.tool, args.arguments, **_call_options(args))
+        if args.command in ("serve", "db", "console"):
+            return _db(args) if args.command == "db" else _serve(args)
+        # The others live in a module of their name, each with its `run(args)`.
+        run: Callable[[argparse.Namespace], int] = import_module(f"celery_mcp_tasks.cli.{args.command}").run
+        return run(args)
     except ConfigError as exc:
         print(f"celery-mcp-tasks: configuration error: {exc}", file=sys.stderr)
         return 2

@@ -1,34 +1,19 @@
-"""`celery-mcp-tasks call` on a terminal: the tasks client, a status line, and answers typed at the prompt.
+"""`celery-mcp-tasks call`: the tasks client on a terminal, a task followed to the end.
 
-    run_call(CallOptions(url="http://127.0.0.1:8000/mcp", tool="write_report", arguments='{"topic": "tides"}'))
-
-Everything that talks to the server is the SDK's `Client` with `TasksClient`
-(`start`, `attach`, `TaskHandle.updates/result/cancel`, opened in `connection`);
-this module runs the command, and what it shows and asks lives in `views`, `prompts`, `forms`:
-
-- on a terminal, a live status line (rich): status, statusMessage, elapsed
-  time, and a progress bar when the job reports numbers;
-- otherwise plain lines, one per change of status or statusMessage, then the
-  result text (what the README's first command shows; no times, deterministic);
-- `--json`: only the final result, as JSON.
-
-Questions from the job reach the `Client`'s callbacks (elicitation: a form
-asked field by field from `requestedSchema`; sampling: the person answers as
-the model; roots: the current directory), so `TaskHandle.result()` answers
-them. Ctrl-C cancels the task (`tasks/cancel`), a second Ctrl-C leaves at once.
-The task id is shown to the person (it is their handle for `--resume`), never
-written to a log line.
+The task id is shown to the person (their handle for `--resume`), never written to a log line.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import IO, Any
 
 import anyio
@@ -37,36 +22,76 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult
 from rich.console import Console
 
-from celery_mcp_tasks.cli.connection import CallOptions, connect, open_task
-from celery_mcp_tasks.cli.outcome import (
-    EXIT_CANCELLED,
-    EXIT_FAILED,
-    EXIT_OK,
-    EXIT_TIMEOUT,
-    EXIT_USAGE,
-    PROG,
-    CallError,
-    exit_code,
-)
 from celery_mcp_tasks.cli.prompts import FdLines, LineSource, Prompter
-from celery_mcp_tasks.cli.views import JsonView, LiveView, PlainView, View
-from celery_mcp_tasks.client import TaskCancelled, TaskHandle, TaskNotFound, TasksClient
+from celery_mcp_tasks.cli.views import PROG, JsonView, LiveView, PlainView, View
+from celery_mcp_tasks.client import TaskCancelled, TaskHandle, TaskNotFound, TasksClient, TaskState
 
-__all__ = [
-    "EXIT_CANCELLED",
-    "EXIT_FAILED",
-    "EXIT_OK",
-    "EXIT_TIMEOUT",
-    "EXIT_USAGE",
-    "PROG",
-    "CallError",
-    "CallIo",
-    "CallOptions",
-    "exit_code",
-    "parse_arguments",
-    "read_arguments",
-    "run_call",
-]
+EXIT_OK = 0
+EXIT_FAILED = 1  # failed, a result with isError, the server unreachable or refusing
+EXIT_USAGE = 2  # ARGS not JSON / not an object, TOOL and --resume both or neither
+EXIT_TIMEOUT = 124  # --timeout expired: the task keeps running (resume it), like timeout(1)
+EXIT_CANCELLED = 130  # the task ended cancelled (Ctrl-C, a declined question, another client)
+
+
+class CallError(Exception):
+    """One line for stderr, and the exit status that goes with it."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def exit_code(status: str | None, *, is_error: bool = False) -> int:
+    """The exit status for a task's final status (None: it never ended here)."""
+    if status == "completed":
+        return EXIT_FAILED if is_error else EXIT_OK
+    if status == "cancelled":
+        return EXIT_CANCELLED
+    return EXIT_FAILED
+
+
+@dataclass(frozen=True)
+class CallOptions:
+    """What `celery-mcp-tasks call` was given: where to connect, what to start or attach to, how to show it."""
+
+    url: str
+    tool: str | None = None
+    arguments: str | None = None  # the JSON text as typed
+    resume: str | None = None  # a task id to attach to instead of calling a tool
+    token: str | None = None  # bearer token (None: $MCP_TASKS_TOKEN)
+    json_output: bool = False
+    no_wait: bool = False
+    timeout: float | None = None  # seconds to wait for the end; None: as long as it runs
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+def _one_line(exc: BaseException, options: CallOptions, refused: Sequence[int], has_token: bool) -> BaseException:
+    """Whatever escaped the connection, as the one line a person needs (or itself, when it is not ours)."""
+    import httpx2
+
+    leaves = _leaves(exc)
+    for leaf in leaves:
+        if isinstance(leaf, CallError):
+            return leaf
+    if refused:
+        if has_token:
+            return CallError(f"the server refused the token (HTTP {refused[-1]})")
+        return CallError(f"the server requires a token (HTTP {refused[-1]}): pass --token or set MCP_TASKS_TOKEN")
+    for leaf in leaves:
+        if isinstance(leaf, httpx2.TransportError | OSError):
+            return CallError(f"cannot reach {options.url}: {type(leaf).__name__}")
+        if isinstance(leaf, httpx2.HTTPError):
+            return CallError(f"HTTP error talking to {options.url}: {type(leaf).__name__}")
+        if isinstance(leaf, MCPError):
+            return CallError(f"{options.url}: {leaf.message}")
+    if isinstance(exc, BaseExceptionGroup) and len(leaves) == 1:
+        return leaves[0]
+    return exc
 
 
 def read_arguments(text: str | None, stdin: IO[str] | None) -> str | None:
@@ -100,6 +125,15 @@ def parse_arguments(text: str | None) -> dict[str, Any]:
     if not isinstance(parsed, dict):
         raise CallError('ARGS must be a JSON object, e.g. \'{"topic": "tides"}\'', EXIT_USAGE)
     return parsed
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.resume is not None and not args.resume.strip():
+        # An empty id would be asked for and answered "no such task": it is a usage error.
+        print("celery-mcp-tasks call: --resume needs a TASK_ID (the id the call printed)", file=sys.stderr)
+        return 2
+    given = {option.name: getattr(args, option.name) for option in fields(CallOptions)}  # named as the parser's
+    return run_call(CallOptions(**given))
 
 
 # -- the run --------------------------------------------------------------------------------
@@ -164,7 +198,11 @@ class CallIo:
     err: IO[str]
 
 
-def _make_io(options: CallOptions, stdin_fd: int | None) -> CallIo:
+def _make_io(options: CallOptions) -> CallIo:
+    try:  # when ARGS is -, stdin is the arguments, not the answers to questions
+        stdin_fd = sys.stdin.fileno() if sys.stdin is not None and options.arguments != "-" else None
+    except (OSError, ValueError):
+        stdin_fd = None
     console = Console(file=sys.stdout)
     err_console = Console(stderr=True)
     view: View
@@ -191,13 +229,7 @@ def run_call(
     io: CallIo | None = None,
 ) -> int:
     """Call (or resume) and follow one task; print as `options` say; return the exit status."""
-    args_on_stdin = options.arguments == "-"  # then stdin is the arguments, not the answers to questions
-    if io is None:
-        try:
-            stdin_fd: int | None = sys.stdin.fileno() if sys.stdin is not None and not args_on_stdin else None
-        except (OSError, ValueError):
-            stdin_fd = None
-        io = _make_io(options, stdin_fd)
+    io = io or _make_io(options)
     try:
         options = replace(options, arguments=read_arguments(options.arguments, sys.stdin))
         return anyio.run(_run, options, io, abort)
@@ -231,8 +263,7 @@ async def _run(options: CallOptions, io: CallIo, abort: Callable[[], bool] | Non
             try:
                 code = await _session(options, arguments, io, interrupts)
             except CallError as exc:
-                io.view.close()
-                io.view.note(f"{PROG}: {exc}")
+                _stop(io.view, str(exc))
                 code = exc.code
             finally:
                 group.cancel_scope.cancel()
@@ -245,24 +276,63 @@ async def _run(options: CallOptions, io: CallIo, abort: Callable[[], bool] | Non
 
 
 async def _session(options: CallOptions, arguments: dict[str, Any], io: CallIo, interrupts: _Interrupts) -> int:
+    """Connect (the SDK's `Client` over Streamable HTTP, the bearer token on every request), start or attach
+    to the task, and follow it; whatever goes wrong on the way is one `CallError` line."""
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    token = options.token if options.token is not None else os.environ.get("MCP_TASKS_TOKEN")
+    refused: list[int] = []
+
+    async def note_refusal(response: httpx2.Response) -> None:
+        if response.status_code in (401, 403):
+            refused.append(response.status_code)
+
+    http = httpx2.AsyncClient(
+        headers={"Authorization": f"Bearer {token}"} if token else {},
+        timeout=httpx2.Timeout(30, read=300),  # the SDK's own defaults: a response stream may stay open
+        event_hooks={"response": [note_refusal]},
+    )
     tasks = TasksClient()
-    async with connect(options, tasks, io.prompter) as client:
-        try:
-            with interrupts.stage() as starting:
-                handle = await open_task(options, arguments, tasks, client)
-            if starting.cancelled_caught:
-                io.view.note("interrupted")
-                return EXIT_CANCELLED
-            assert handle is not None
+    prompter = io.prompter
+    try:
+        async with (
+            http,
+            Client(
+                streamable_http_client(options.url, http_client=http),
+                extensions=[tasks],
+                elicitation_callback=prompter.elicit,
+                sampling_callback=prompter.sample,
+                list_roots_callback=prompter.roots,
+            ) as client,
+        ):
             try:
-                return await _follow(options, io, interrupts, handle)
+                with interrupts.stage() as starting:
+                    try:
+                        if options.resume is not None:
+                            handle = await tasks.attach(client, options.resume)
+                        else:
+                            assert options.tool is not None
+                            handle = await tasks.start(client, options.tool, arguments)
+                    except TaskNotFound:
+                        raise CallError("no such task: it expired, or it belongs to another user") from None
+                    except MCPError as exc:
+                        raise CallError(exc.message) from None
+                if starting.cancelled_caught:
+                    io.view.note("interrupted")
+                    return EXIT_CANCELLED
+                try:
+                    return await _follow(options, io, interrupts, handle)
+                finally:
+                    handle.close()
             finally:
-                handle.close()
-        finally:
-            # Following ends before the connection closes, also when leaving at once (shielded):
-            # a notification on a listen stream still open would meet a closed session.
-            with anyio.CancelScope(shield=True):
-                await tasks.stop_following(client)
+                # Following ends before the connection closes, also when leaving at once (shielded):
+                # a notification on a listen stream still open would meet a closed session.
+                with anyio.CancelScope(shield=True):
+                    await tasks.stop_following(client)
+    except Exception as exc:  # noqa: BLE001 - an ExceptionGroup from the SDK's task groups, or one error: one line
+        raise _one_line(exc, options, refused, bool(token)) from None
 
 
 async def _follow(options: CallOptions, io: CallIo, interrupts: _Interrupts, handle: TaskHandle) -> int:
@@ -312,26 +382,18 @@ async def _follow(options: CallOptions, io: CallIo, interrupts: _Interrupts, han
     assert state is not None
     view.update(state)
     if timed_out:
-        view.close()
-        view.note(
-            f"{PROG}: still {state.status} after {options.timeout:g}s; the task keeps running. "
-            f"Follow it with: celery-mcp-tasks call {options.url} --resume={task_id}"
+        _stop(
+            view,
+            f"still {state.status} after {options.timeout:g}s; the task keeps running. "
+            f"Follow it with: celery-mcp-tasks call {options.url} --resume={task_id}",
         )
         return EXIT_TIMEOUT
-    if result is not None:
-        view.result(result)
-        return exit_code("completed", is_error=bool(result.is_error))
-    if state.status == "failed":
-        view.failed(state.error_data())
-        return EXIT_FAILED
-    if state.status == "cancelled":
-        view.stopped()
-        if problem is not None:  # e.g. a question this client could not answer
-            view.note(f"{PROG}: {problem.message}")
-        return EXIT_CANCELLED
-    view.close()
-    message = problem.message if problem is not None else "the task ended without an outcome"
-    view.note(f"{PROG}: {message}")
+    code = _show_end(view, state, result)
+    if code == EXIT_CANCELLED and problem is not None:  # e.g. a question this client could not answer
+        view.note(f"{PROG}: {problem.message}")
+    if code is not None:
+        return code
+    _stop(view, problem.message if problem is not None else "the task ended without an outcome")
     if not isinstance(problem, TaskNotFound):
         view.note(f"{PROG}: the task may still be running: celery-mcp-tasks call {options.url} --resume={task_id}")
     return EXIT_FAILED
@@ -347,19 +409,26 @@ async def _cancel(io: CallIo, interrupts: _Interrupts, handle: TaskHandle) -> in
             if not handle.finished:
                 await handle.wait(answer_input=False)
     except TaskNotFound:
-        view.close()
-        view.note(f"{PROG}: the task is gone (expired)")
+        _stop(view, "the task is gone (expired)")
         return EXIT_FAILED
     except (MCPError, TimeoutError) as exc:
-        view.close()
-        reason = exc.message if isinstance(exc, MCPError) else "no answer within 10s"
-        view.note(f"{PROG}: could not cancel the task: {reason}")
+        _stop(
+            view, f"could not cancel the task: {exc.message if isinstance(exc, MCPError) else 'no answer within 10s'}"
+        )
         return EXIT_FAILED
     state = handle.state
     assert state is not None
     view.update(state)
-    if state.status == "completed":  # it finished before the cancel arrived
-        result = state.call_tool_result()
+    result = state.call_tool_result() if state.status == "completed" else None  # it finished before the cancel
+    code = _show_end(view, state, result)
+    if code is None:
+        _stop(view, f"the cancel was sent; the task is still {state.status}")
+    return EXIT_CANCELLED if code is None else code
+
+
+def _show_end(view: View, state: TaskState, result: CallToolResult | None) -> int | None:
+    """Show the result, or how the task failed or was cancelled: the exit status (None: it did not end)."""
+    if result is not None:
         view.result(result)
         return exit_code("completed", is_error=bool(result.is_error))
     if state.status == "failed":
@@ -368,36 +437,9 @@ async def _cancel(io: CallIo, interrupts: _Interrupts, handle: TaskHandle) -> in
     if state.status == "cancelled":
         view.stopped()
         return EXIT_CANCELLED
+    return None
+
+
+def _stop(view: View, message: str) -> None:
     view.close()
-    view.note(f"{PROG}: the cancel was sent; the task is still {state.status}")
-    return EXIT_CANCELLED
-
-
-def call(
-    url: str,
-    tool: str | None,
-    arguments: str | None = None,
-    *,
-    abort: Callable[[], bool] | None = None,
-    resume: str | None = None,
-    token: str | None = None,
-    json_output: bool = False,
-    no_wait: bool = False,
-    timeout: float | None = None,
-) -> int:
-    """Call `tool` as a task (or follow `resume`) and show it until it ends: the tasks client's terminal front.
-
-    Exit status: 0 completed, 1 failed / isError / unreachable, 2 usage, 124 --timeout, 130 cancelled.
-    `abort` (dev --call): polled; once true the call returns 1 at once.
-    """
-    options = CallOptions(
-        url=url,
-        tool=tool,
-        arguments=arguments,
-        resume=resume,
-        token=token,
-        json_output=json_output,
-        no_wait=no_wait,
-        timeout=timeout,
-    )
-    return run_call(options, abort=abort)
+    view.note(f"{PROG}: {message}")

@@ -1,13 +1,12 @@
 """`celery-mcp-tasks dev`: the web process and a supervised worker (with beat) on one machine.
 
-The port is ours before anything starts: it is bound here and the socket is
-handed to uvicorn, so a busy port is the first error, and `--call` can never talk
-to some other server that happens to own it. The worker is started and ended as
-`cli.shared.WorkerSupervisor` promises (supervised, its whole process group ended).
+The port is bound here and the socket handed to uvicorn: a busy port is the first error, and
+`--call` can never talk to some other server that happens to own it.
 """
 
 from __future__ import annotations
 
+import argparse
 import errno
 import logging
 import os
@@ -15,7 +14,6 @@ import signal
 import socket
 import sys
 import threading
-from dataclasses import dataclass
 
 from celery_mcp_tasks.cli.shared import (
     Stopped,
@@ -23,35 +21,18 @@ from celery_mcp_tasks.cli.shared import (
     banner,
     celery_target,
     load_app,
-    quiet_libraries,
     raise_stop,
     start_ops_server,
-    supervised_queues,
-    worker_argv,
 )
 
-__all__ = ["DevOptions", "bind_port", "run_dev"]
-
 PREFIX = "celery-mcp-tasks dev"
-
-
-@dataclass(frozen=True)
-class DevOptions:
-    app: str
-    host: str = "127.0.0.1"
-    port: int = 8000
-    data_dir: str | None = None
-    keep_env: bool = False
-    call: tuple[str, str] | None = None
 
 
 def bind_port(host: str, port: int) -> socket.socket:
     """Bind and listen now; a busy port is an error before anything else happens.
 
-    Made as uvicorn makes its own (`Config.bind_socket`): with `IPPROTO_TCP`, which
-    asyncio checks before it sets `TCP_NODELAY` on each accepted connection. Without
-    it every response waited ~40 ms for a delayed ACK (uvicorn writes headers and
-    body separately).
+    With `IPPROTO_TCP`, as uvicorn's own: asyncio checks it before it sets `TCP_NODELAY` on each accepted
+    connection, without which every response waited ~40 ms for a delayed ACK.
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
@@ -71,12 +52,12 @@ def bind_port(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run_dev(options: DevOptions) -> int:
+def run(options: argparse.Namespace) -> int:
     """Serve (or call one tool) with a supervised worker; the exit status says what happened."""
     import uvicorn
 
     from celery_mcp_tasks.app import internals
-    from celery_mcp_tasks.cli.call import call
+    from celery_mcp_tasks.cli.call import CallOptions, run_call
     from celery_mcp_tasks.migrate import upgrade
 
     sock = bind_port(options.host, options.port)
@@ -87,7 +68,6 @@ def run_dev(options: DevOptions) -> int:
             os.environ.pop(name, None)
     tasks = load_app(options.app)
     target = celery_target(options.app, tasks)
-    quiet_libraries()
     if options.call:
         logging.getLogger("mcp").setLevel(logging.WARNING)  # the server's INFO lines would interleave the call's
     internals(tasks).preflight("serve", need_schema=False)  # e.g. --keep-env with an unreachable database: one line
@@ -113,16 +93,8 @@ def run_dev(options: DevOptions) -> int:
         stopped.set()
         server.should_exit = True
 
-    cwd = os.getcwd()
-    env = {
-        **os.environ,
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": os.pathsep.join(filter(None, [cwd, os.environ.get("PYTHONPATH")])),
-    }
-    worker = WorkerSupervisor(
-        worker_argv(target, tasks.settings, queues=supervised_queues(tasks)), env, on_death=on_worker_death
-    )
-    previous = {sig: signal.signal(sig, raise_stop) for sig in (signal.SIGTERM,)}
+    worker = WorkerSupervisor(target, tasks, on_death=on_worker_death)
+    previous = signal.signal(signal.SIGTERM, raise_stop)
     status = 0
     ops = start_ops_server(tasks, None, None)  # MCP_TASKS_OPS_HOST/PORT, when a plugin added routes
     try:
@@ -131,7 +103,7 @@ def run_dev(options: DevOptions) -> int:
             thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="dev-web", daemon=True)
             thread.start()
             try:
-                status = call(url, options.call[0], options.call[1], abort=stopped.is_set)
+                status = run_call(CallOptions(url, *options.call), abort=stopped.is_set)
             finally:
                 server.should_exit = True
                 thread.join(timeout=5)
@@ -144,8 +116,7 @@ def run_dev(options: DevOptions) -> int:
             ops.stop()
         worker.stop()
         sock.close()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        signal.signal(signal.SIGTERM, previous)
     if worker.died is not None:
         print(f"{PREFIX}: the worker exited (status {worker.died}): {worker.why()}", file=sys.stderr)
         return 1

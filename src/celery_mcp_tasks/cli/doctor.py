@@ -1,29 +1,12 @@
 """`celery-mcp-tasks doctor APP`: is this deployment able to run tasks, and if not, what to do.
 
-One row per check, OK / WARN / FAIL (SKIP when a check it depends on failed),
-each FAIL with the one-line fix. It runs where a person runs it, with the
-app's own settings (the same environment as the web process and workers):
-
-    config    the app loads and its settings validate
-    database  the store answers
-    schema    the store is migrated to the package's head
-    broker    the Celery broker accepts a connection
-    workers   a worker consumes every queue the task tools go to, with those tools registered
-    janitor   the janitor swept within three intervals (the sweep ledger)
-    push      a hint published through the push transport comes back to a listener
-    clock     this host's clock agrees with the database's
-    encryption  the payload key ring (MCP_TASKS_ENCRYPTION_KEYS) opens what the store holds:
-              the newest sealed rows (FAIL: the processes would refuse to start), rows
-              sealed with a key retired since (they read as failed tasks), rows not yet
-              sealed with the ring's first key (`db reencrypt` seals them)
-
-Each check has a deadline of its own, so a hung database or broker makes a FAIL,
-never a doctor that hangs. Exit status 1 when any check fails. URLs are shown with
-their password replaced by `***`, and no task id is ever read.
+One row per check (OK / WARN / FAIL, SKIP when a check it needs failed), each FAIL with its fix, each
+check under a deadline of its own. URLs are shown with their password replaced by `***`; no task id is read.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -33,12 +16,13 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import wait
 from dataclasses import asdict, dataclass
-from typing import IO, TYPE_CHECKING, Any, Literal
+from typing import IO, Any, Literal
 
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
-from celery_mcp_tasks.cli.shared import tool_queues
+from celery_mcp_tasks.app import McpTasks, internals
+from celery_mcp_tasks.cli.shared import load_app, tool_queues
 from celery_mcp_tasks.config import ConfigError, redact_url
 from celery_mcp_tasks.model import TaskRecord, TaskStatus, now_ms
 from celery_mcp_tasks.ops.probes import (
@@ -52,26 +36,8 @@ from celery_mcp_tasks.ops.probes import (
     store_probe,
 )
 
-if TYPE_CHECKING:
-    from celery_mcp_tasks.app import Internals, McpTasks
-
-__all__ = [
-    "Row",
-    "Verdict",
-    "clock_check",
-    "diagnose",
-    "doctor",
-    "encryption_check",
-    "push_check",
-    "render",
-    "tool_queues",
-    "workers_check",
-]
-
-# -- the checks only `doctor` runs ----------------------------------------------------------
-# They go further than `/readyz` (a broadcast to every worker, a listener of their own, a clock
-# comparison), which is why they belong to a command a person runs, not to a probe that runs
-# every few seconds. Each takes a loaded app and answers a `Verdict`; none raises.
+# The checks below go further than `/readyz` (a broadcast to every worker, a listener of their own, a
+# clock comparison): a command a person runs, not a probe every few seconds. None raises.
 
 Level = Literal["OK", "WARN", "FAIL", "SKIP"]
 
@@ -86,12 +52,6 @@ class Verdict:
     fix: str = ""
 
 
-def _internals(tasks: McpTasks) -> Internals:
-    from celery_mcp_tasks.app import internals  # loaded with the app anyway; not for `--help`
-
-    return internals(tasks)
-
-
 def _worker_command(app_path: str, queues: list[str], default_queue: str) -> str:
     extra = "" if queues == [default_queue] else f" -Q {','.join(queues)}"
     return f"start a worker with this app's settings: `celery -A {app_path} worker{extra}`"
@@ -104,7 +64,7 @@ def workers_check(tasks: McpTasks, app_path: str, *, timeout_s: float) -> Verdic
         return Verdict("SKIP", "the app declares no task tools")
     celery = tasks.celery
     default_queue = str(celery.conf.task_default_queue)
-    tools = {tool.name: tool.celery_name for tool in _internals(tasks).tools.values()}
+    tools = {tool.name: tool.celery_name for tool in internals(tasks).tools.values()}
     try:
         active: dict[str, Any] = celery.control.inspect(timeout=timeout_s).active_queues() or {}
     except Exception as exc:  # noqa: BLE001
@@ -154,10 +114,14 @@ def workers_check(tasks: McpTasks, app_path: str, *, timeout_s: float) -> Verdic
     return Verdict("OK", f"{where}; every task tool registered")
 
 
-def _probe_record(key: str) -> TaskRecord:
-    """A hint's worth of a task that does not exist: listeners that hear it find no stream watching it."""
+async def _deliver(listener: Any, hub: Any, publish: Callable[[TaskRecord], None], timeout_s: float) -> float | str:
+    """Start `listener` as a web process does, publish one hint, and time its arrival (seconds), or say why not."""
+    import anyio
+    import anyio.to_thread
+
+    key = secrets.token_hex(32)  # a task that does not exist: listeners that hear it find no stream watching it
     at = now_ms()
-    return TaskRecord(
+    record = TaskRecord(
         key=key,
         owner=None,
         tool="doctor",
@@ -167,47 +131,30 @@ def _probe_record(key: str) -> TaskRecord:
         ttl_ms=None,
         version=2,
     )
-
-
-async def _deliver(listener: Any, hub: Any, publish: Callable[[TaskRecord], None], timeout_s: float) -> float | str:
-    """Start `listener` as a web process does, publish one hint, and time its arrival (seconds), or say why not."""
-    import anyio
-
-    key = secrets.token_hex(32)
     watch = hub.watch([key])
-    outcome: float | str = "the probe did not finish"
     async with anyio.create_task_group() as tg:
         tg.start_soon(listener.run)
         try:
-            outcome = await _round_trip(listener, watch, key, publish, timeout_s)
+            deadline = time.monotonic() + timeout_s
+            with anyio.move_on_after(timeout_s):
+                await listener.ready.wait()
+            if not listener.ready.is_set():
+                return f"the listener did not connect within {timeout_s:g}s"
+            await watch.next(0)  # a listener that starts listening asks every watch to re-read: not the probe's hint
+            start = time.monotonic()
+            try:
+                await anyio.to_thread.run_sync(publish, record)
+            except Exception as exc:  # noqa: BLE001
+                return f"publishing the hint failed: {short_reason(exc)}"
+            while time.monotonic() < deadline:
+                taken = await watch.next(timeout=max(deadline - time.monotonic(), 0.01))
+                if taken and taken.get(key) is not None:  # the probe's hint (a re-read request carries no version)
+                    return time.monotonic() - start
+            return f"the hint was published but not received within {timeout_s:g}s"
         finally:
             watch.close()
             tg.cancel_scope.cancel()
-    return outcome
-
-
-async def _round_trip(
-    listener: Any, watch: Any, key: str, publish: Callable[[TaskRecord], None], timeout_s: float
-) -> float | str:
-    import anyio
-    import anyio.to_thread
-
-    deadline = time.monotonic() + timeout_s
-    with anyio.move_on_after(timeout_s):
-        await listener.ready.wait()
-    if not listener.ready.is_set():
-        return f"the listener did not connect within {timeout_s:g}s"
-    await watch.next(0)  # a listener that starts listening asks every watch to re-read: not the probe's hint
-    start = time.monotonic()
-    try:
-        await anyio.to_thread.run_sync(publish, _probe_record(key))
-    except Exception as exc:  # noqa: BLE001
-        return f"publishing the hint failed: {short_reason(exc)}"
-    while time.monotonic() < deadline:
-        taken = await watch.next(timeout=max(deadline - time.monotonic(), 0.01))
-        if taken and taken.get(key) is not None:  # the probe's hint (a re-read request carries no version)
-            return time.monotonic() - start
-    return f"the hint was published but not received within {timeout_s:g}s"
+    return "the probe did not finish"
 
 
 def push_check(tasks: McpTasks, probe: ProbeEngine, *, timeout_s: float) -> Verdict:
@@ -216,7 +163,7 @@ def push_check(tasks: McpTasks, probe: ProbeEngine, *, timeout_s: float) -> Verd
 
     from celery_mcp_tasks.notify.hub import Hub
 
-    mode = _internals(tasks).push.mode
+    mode = internals(tasks).push.mode
     if mode == "off":
         return Verdict(
             "WARN",
@@ -372,7 +319,6 @@ def _from_finding(finding: Finding, fix: str) -> Verdict:
 
 def _load(app_path: str) -> tuple[McpTasks | None, Verdict]:
     """The app, and the configuration row: an app that does not load is the first FAIL, not a traceback."""
-    from celery_mcp_tasks.cli.shared import load_app
     from celery_mcp_tasks.preflight import shared_store_problem
 
     try:
@@ -390,7 +336,7 @@ def _load(app_path: str) -> tuple[McpTasks | None, Verdict]:
     problem = shared_store_problem(tasks.settings, "process", str(tasks.celery.conf.broker_url))
     if problem is not None:
         return tasks, Verdict("FAIL", problem, "set MCP_TASKS_DATABASE_URL to the database every process shares")
-    tools = sorted(_internals(tasks).tools)
+    tools = sorted(internals(tasks).tools)
     where = f"store {redact_url(tasks.settings.store_url)}, broker {redact_url(str(tasks.celery.conf.broker_url))}"
     if not tools:
         return tasks, Verdict("WARN", f"{app_path} loads but declares no task tools; {where}", "")
@@ -461,7 +407,7 @@ def diagnose(app_path: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Row
     check("broker", (), lambda: _from_finding(broker_probe(tasks.celery), broker_fix))
     check("workers", ("broker",), lambda: workers_check(tasks, app_path, timeout_s=timeout_s))
     check("janitor", ("database", "schema"), lambda: _janitor(tasks, probe, app_path))
-    push_needs = {"postgres": ("database",), "broker": ("broker",)}.get(_internals(tasks).push.mode, ())
+    push_needs = {"postgres": ("database",), "broker": ("broker",)}.get(internals(tasks).push.mode, ())
     check("push", push_needs, lambda: push_check(tasks, probe, timeout_s=timeout_s))
     check("clock", ("database",), lambda: clock_check(probe))
     check("encryption", ("database", "schema"), lambda: encryption_check(tasks, probe))
@@ -492,47 +438,32 @@ def render(rows: Sequence[Row], *, json_output: bool = False, stream: IO[str] | 
     """A rich table on a terminal, aligned plain text otherwise, or one JSON document."""
     out = stream or sys.stdout
     if json_output:
-        worst = (
-            "fail"
-            if any(r.status == "FAIL" for r in rows)
-            else "warn"
-            if any(r.status == "WARN" for r in rows)
-            else "ok"
-        )
+        statuses = {row.status for row in rows}
+        worst = "fail" if "FAIL" in statuses else "warn" if "WARN" in statuses else "ok"
         out.write(json.dumps({"status": worst, "checks": [asdict(row) for row in rows]}, indent=2) + "\n")
-        return
-    if out.isatty():
-        _rich_table(rows, out)
-        return
-    width = max(len(row.name) for row in rows)
-    out.write(f"{'CHECK'.ljust(width)}  STATUS  DETAIL\n")
-    for row in rows:
-        out.write(f"{row.name.ljust(width)}  {row.status.ljust(6)}  {row.detail}\n")
-        if row.fix:
-            out.write(f"{' ' * width}          fix: {row.fix}\n")
+    elif out.isatty():
+        from rich.console import Console
+        from rich.markup import escape
+        from rich.table import Table
+
+        table = Table(show_lines=False)
+        table.add_column("check")
+        table.add_column("status")
+        table.add_column("detail / fix", overflow="fold")
+        for row in rows:
+            text = escape(row.detail) + (f"\n[bold]fix:[/bold] {escape(row.fix)}" if row.fix else "")
+            table.add_row(row.name, f"[{_STYLES.get(row.status, '')}]{row.status}[/]", text)
+        Console(file=out, highlight=False).print(table)
+    else:
+        width = max(len(row.name) for row in rows)
+        out.write(f"{'CHECK'.ljust(width)}  STATUS  DETAIL\n")
+        for row in rows:
+            out.write(f"{row.name.ljust(width)}  {row.status.ljust(6)}  {row.detail}\n")
+            if row.fix:
+                out.write(f"{' ' * width}          fix: {row.fix}\n")
 
 
 _STYLES = {"OK": "green", "WARN": "yellow", "FAIL": "bold red", "SKIP": "dim"}
-
-
-def _rich_table(rows: Sequence[Row], out: IO[str]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(show_lines=False)
-    table.add_column("check")
-    table.add_column("status")
-    table.add_column("detail / fix", overflow="fold")
-    for row in rows:
-        text = _escape(row.detail) + (f"\n[bold]fix:[/bold] {_escape(row.fix)}" if row.fix else "")
-        table.add_row(row.name, f"[{_STYLES.get(row.status, '')}]{row.status}[/]", text)
-    Console(file=out, highlight=False).print(table)
-
-
-def _escape(text: str) -> str:
-    from rich.markup import escape
-
-    return escape(text)
 
 
 def doctor(app_path: str, *, json_output: bool = False, timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
@@ -540,3 +471,7 @@ def doctor(app_path: str, *, json_output: bool = False, timeout_s: float = DEFAU
     rows = diagnose(app_path, timeout_s=timeout_s)
     render(rows, json_output=json_output)
     return 1 if any(row.status == "FAIL" for row in rows) else 0
+
+
+def run(args: argparse.Namespace) -> int:
+    return doctor(args.app, json_output=args.json_output, timeout_s=args.timeout)

@@ -1,15 +1,8 @@
-"""What the commands share: loading APP, the ops listener, and a supervised `celery worker`.
+"""What the commands share: loading APP, the start-up checks, the ops listener, and a supervised `celery worker`.
 
-`dev` and `stdio` run the whole deployment on one machine; both load the app the
-same way (`load_app`), start the same worker (`worker_argv`) under the same
-supervisor, and leave through the same stop. The supervisor keeps three promises:
-
-- The worker (and the beat it embeds) is supervised: if it dies, the command says
-  why and exits non-zero instead of serving tasks that stay `Queued` forever.
-- The worker runs in a process group of its own, which the command always ends:
-  Ctrl-C (or SIGTERM) is a warm shutdown, then the whole group is killed after a
-  bound. On Linux the worker also gets SIGTERM if the command itself is killed.
-- Its output is forwarded, and the last meaningful line says why it died.
+The worker (`dev`, `stdio`) runs in a process group of its own that the command always ends (a warm
+shutdown, then the group is killed); if it dies, the command says why and exits non-zero instead of
+serving tasks that stay `Queued` forever.
 """
 
 from __future__ import annotations
@@ -31,31 +24,32 @@ from typing import Any
 from celery_mcp_tasks.config import redact_url
 from celery_mcp_tasks.ops.root_handler import plain_root_logging
 
-__all__ = [
-    "Stopped",
-    "WorkerSupervisor",
-    "banner",
-    "celery_target",
-    "load_app",
-    "quiet_libraries",
-    "raise_stop",
-    "start_ops_server",
-    "supervised_queues",
-    "tool_queues",
-    "worker_argv",
-]
-
 
 def load_app(path: str) -> Any:
     """Import APP (`module` or `module:attribute`) and return its `McpTasks`; one-line errors otherwise.
 
     The command is the application here: once APP is imported, it configures root logging
-    (`plain_root_logging`) unless APP did (`logging.basicConfig` anywhere in it, or the logs
-    plugin), as `McpTasks` itself leaves logging alone.
+    (`plain_root_logging`) unless APP did (`McpTasks` itself leaves logging alone), at INFO, where
+    migrations and HTTP client chatter are noise.
     """
     tasks = _import_app(path)
     plain_root_logging()
+    for name in ("alembic", "httpx", "httpx2"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     return tasks
+
+
+def prepare(tasks: Any, role: str, *, migrate: bool) -> None:
+    """The start-up checks (once per start: never an "Internal server error" at the first call), after
+    migrating when asked."""
+    from celery_mcp_tasks.app import internals  # loaded with the app anyway; not for `--help`
+
+    if migrate:  # checked first: a store that cannot be reached, or must not be used, is never migrated
+        from celery_mcp_tasks.migrate import upgrade
+
+        internals(tasks).preflight(role, need_schema=False)
+        upgrade(tasks.settings.store_url)
+    internals(tasks).preflight(role)
 
 
 def _import_app(path: str) -> Any:
@@ -87,12 +81,6 @@ def _import_app(path: str) -> Any:
     return candidates[0]
 
 
-def quiet_libraries() -> None:
-    """Root logging is at INFO here (`plain_root_logging`); migrations and HTTP client chatter are noise."""
-    for name in ("alembic", "httpx", "httpx2"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-
-
 def start_ops_server(tasks: Any, host: str | None, port: int | None) -> Any:
     """The plugins' operations routes on a listener of their own (None when no plugin added any, or off)."""
     app = tasks.ops_app()
@@ -107,11 +95,7 @@ def start_ops_server(tasks: Any, host: str | None, port: int | None) -> Any:
     return OpsServer(app, bind_host, bind_port, log_config=uvicorn_log_config(tasks.settings)).start()
 
 
-WARM_SHUTDOWN_S = 6.0
-"""How long a running job gets to finish after Ctrl-C before the worker's group is killed."""
-
-
-_TAIL_LINES = 40
+WARM_SHUTDOWN_S = 6.0  # how long a running job gets to finish after Ctrl-C before the worker's group is killed
 
 
 class Stopped(Exception):
@@ -148,19 +132,13 @@ def display_path(path: Path) -> str:
 def banner(settings: Any) -> list[str]:
     """Where this app keeps its tasks and messages (the embedded default shows its files)."""
     data_dir = settings.resolved_data_dir
+    store = f"sqlite:///{display_path(data_dir / 'tasks.db')}"
     if settings.database_url:
         store = redact_url(settings.database_url)
-    else:
-        store = f"sqlite:///{display_path(data_dir / 'tasks.db')}"
-    if settings.embedded_broker:
-        broker = f"filesystem:// ({display_path(settings.broker_folder)})"
-    else:
+    broker = f"filesystem:// ({display_path(settings.broker_folder)})"
+    if not settings.embedded_broker:
         broker = redact_url(settings.celery_broker_url)
-    return [
-        f"  store   {store}",
-        f"  broker  {broker}",
-        f"  data    {display_path(data_dir)}",
-    ]
+    return [f"  store   {store}", f"  broker  {broker}", f"  data    {display_path(data_dir)}"]
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
@@ -172,21 +150,34 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
 
 
 class WorkerSupervisor:
-    """A `celery worker` in its own process group, its output forwarded and its death reported."""
+    """`celery worker -B` consuming `supervised_queues`, in its own process group, its output forwarded and its
+    death reported (`on_death`, from the output thread); `stdio` names its own node and beat schedule file."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], *, on_death: Callable[[], None]) -> None:
-        self._argv = argv
-        self._env = env
+    def __init__(
+        self,
+        target: str,
+        tasks: Any,
+        *,
+        on_death: Callable[[], None] = lambda: None,
+        node: str = "dev@%h",
+        schedule: str = "beat-schedule",
+    ) -> None:
+        queues = supervised_queues(tasks)
+        self._argv = [sys.executable, "-m", "celery", "--quiet", "-A", target, "worker", "-B", *WORKER_POOL]
+        self._argv += ["--loglevel", "WARNING", "--without-mingle", "--without-gossip", "-n", node]
+        beat_schedule = str(tasks.settings.resolved_data_dir / schedule)
+        self._argv += ["-s", beat_schedule, *(["-Q", ",".join(queues)] if queues else [])]
         self._on_death = on_death
-        self._tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
+        self._tail: collections.deque[str] = collections.deque(maxlen=40)
         self._stopping = threading.Event()
         self.died: int | None = None
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
         self.proc = subprocess.Popen(
             self._argv,
-            env=self._env,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -230,33 +221,25 @@ class WorkerSupervisor:
         except (subprocess.TimeoutExpired, KeyboardInterrupt, Stopped):
             pass  # a second Ctrl-C, or a job that does not end: no more waiting
         finally:
-            _killpg(proc.pid, signal.SIGKILL)  # the embedded beat and any pool child included
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # the embedded beat and any pool child included
+            except (ProcessLookupError, PermissionError):
+                pass
             try:
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
 
 
-def _killpg(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def raise_stop(signum: int, frame: FrameType | None) -> None:
     raise Stopped(signal.Signals(signum).name)
 
 
+# Prefork, not threads: only it can kill a running job (`terminate=True` tools); it forks its children
+# from the loaded app (the store's engine is disposed in each child). Measured on the quickstart
+# (2026-12-03, 2 cores): ready in ~1.4-2.4 s either way; -c 4 holds ~310 MB PSS against ~110 MB for
+# threads, and autoscaling from one child took 3.4 s for four one-second jobs, against 1.1 s.
 WORKER_POOL = ("-P", "prefork", "-c", "4")
-"""The pool `dev` and `stdio` run: one that can terminate a job (`terminate=True` tools).
-
-A thread pool cannot kill a running job; prefork can, and forks its children from the
-loaded app (the store's engine is disposed in each child). Measured on the quickstart
-(2026-12-03, 2 cores): ready in ~1.4-2.4 s either way; prefork -c 4 holds ~310 MB PSS in
-six processes against ~110 MB for threads -c 4, and runs four jobs at once as before
-(autoscaling from one child took 3.4 s for four one-second jobs, against 1.1 s).
-"""
 
 
 def tool_queues(tasks: Any) -> dict[str, list[str]]:
@@ -287,35 +270,3 @@ def supervised_queues(tasks: Any) -> list[str]:
         wanted += shard_queues(default, tasks.settings.fair_queues)
     queues = list(dict.fromkeys(wanted))
     return [] if queues == [default] else queues
-
-
-def worker_argv(
-    target: str,
-    settings: Any,
-    *,
-    queues: list[str] | None = None,
-    node: str = "dev@%h",
-    schedule: str = "beat-schedule",
-) -> list[str]:
-    """`celery worker -B` as `dev` runs it, consuming `queues` (see `supervised_queues`) when given;
-    `stdio` names its own node and beat schedule file."""
-    return [
-        sys.executable,
-        "-m",
-        "celery",
-        "--quiet",
-        "-A",
-        target,
-        "worker",
-        "-B",
-        *WORKER_POOL,
-        "--loglevel",
-        "WARNING",
-        "--without-mingle",
-        "--without-gossip",
-        "-n",
-        node,
-        "-s",
-        str(settings.resolved_data_dir / schedule),
-        *(["-Q", ",".join(queues)] if queues else []),
-    ]

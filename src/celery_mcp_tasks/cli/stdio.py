@@ -1,36 +1,21 @@
 """`celery-mcp-tasks stdio`: the same app over stdin/stdout, for clients that launch a local command.
 
-Desktop and IDE clients start the server themselves and speak JSON-RPC over its
-pipes, so four promises shape this module:
-
-- stdout is the wire and nothing else: from the first line of start-up, file
-  descriptor 1 points at stderr (an app's `print` at import, a library's
-  banner), until the SDK's stdio transport claims it for the JSON-RPC frames
-  (it keeps diverting stray writes to stderr while it serves). Logs, the
-  banner and the worker's output all go to stderr, which clients keep as the
-  server's log.
-- One command in the client's configuration just works: on the embedded
-  default (no MCP_TASKS_DATABASE_URL, no CELERY_BROKER_URL) the command starts
-  and supervises its own worker (with beat), as `dev` does; with a networked
-  broker it is a web-process twin that expects workers elsewhere (`--worker`
-  starts one anyway, `--no-worker` never does).
-- The server is the app's whole life, as under `serve`: start-up checks,
-  migrations, the push listener that feeds `subscriptions/listen`.
-- Nothing outlives the client: stdin closing (the client's normal goodbye), a
-  SIGTERM or SIGINT ends the worker's process group and then the server, within
-  the grace the SDK's client gives before it kills the server (2 s); the worker
-  also gets SIGTERM on Linux if this process is killed outright.
+stdout is the wire and nothing else: from the first line of start-up, file descriptor 1 points at
+stderr (an app's `print` at import, a library's banner) until the SDK's stdio transport claims it.
+On the embedded default the command starts and supervises its own worker (with beat), as `dev` does.
+Nothing outlives the client: stdin closing, SIGTERM or SIGINT ends the worker's process group and
+then the server, within the 2 s grace the SDK's client gives before it kills the server.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -41,39 +26,18 @@ from celery_mcp_tasks.cli.shared import (
     banner,
     celery_target,
     load_app,
-    quiet_libraries,
+    prepare,
     raise_stop,
-    supervised_queues,
-    worker_argv,
 )
 from celery_mcp_tasks.config import redact_url
 
-__all__ = ["StdioOptions", "run_stdio"]
-
 PREFIX = "celery-mcp-tasks stdio"
+# How long the worker gets to finish after the client leaves: under the SDK client's 2 s grace. A job
+# still running then is killed; the janitor re-sends (or fails) its task, as for any lost worker.
 WARM_SHUTDOWN_S = 1.5
-"""How long the worker gets to finish after the client leaves: under the SDK client's 2 s grace.
-
-A job still running then is killed; its task is `working` with a heartbeat that stops, and the
-janitor re-sends it (or fails it) once its stale timeout passes, as for any lost worker.
-"""
+# How long a signal or the worker's death waits for the in-flight synchronous calls' tasks to be
+# cancelled: milliseconds normally, bounded so that a hung store cannot hold the exit.
 ABANDON_S = 1.0
-"""How long a signal or the worker's death waits for the in-flight synchronous calls' tasks to be cancelled.
-
-Milliseconds normally; bounded so that a hung store cannot hold the exit (the warm shutdown comes after).
-"""
-_WATCH_INTERVAL_S = 0.2
-_LOCAL_BROKERS = ("filesystem://", "memory://")
-
-
-@dataclass(frozen=True)
-class StdioOptions:
-    app: str
-    worker: bool | None = None
-    """None: start a worker when the app's broker is the embedded `filesystem://` one."""
-    directory: str | None = None
-    data_dir: str | None = None
-    migrate: bool = True
 
 
 @contextmanager
@@ -94,17 +58,14 @@ def stdout_to_stderr() -> Iterator[None]:
 
 def wants_worker(option: bool | None, broker_url: str) -> bool:
     """`--worker`/`--no-worker` when given; otherwise a worker exactly when the broker is local."""
-    return option if option is not None else broker_url.startswith(_LOCAL_BROKERS)
+    return option if option is not None else broker_url.startswith(("filesystem://", "memory://"))
 
 
 async def serve(tasks: Any, worker: WorkerSupervisor | None) -> None:
     """Serve over stdin/stdout until the client closes stdin; a signal or the worker's death ends the process.
 
-    The SDK reads stdin in a thread that no cancellation reaches (it returns only
-    with a line or at EOF), so those two do not unwind the serve loop: they end the
-    worker and exit right there (`finish`), the way a killed server would, minus
-    the orphans. The hidden tasks of synchronous calls still waiting are cancelled
-    first (`abandon_calls`): their handlers never get to.
+    The SDK reads stdin in a thread no cancellation reaches, so those two cannot unwind the serve loop: they
+    cancel the synchronous calls' hidden tasks (their handlers never get to), end the worker and exit there.
     """
     import anyio
 
@@ -118,7 +79,7 @@ async def serve(tasks: Any, worker: WorkerSupervisor | None) -> None:
 
     async def on_worker_death() -> None:
         while worker is not None and worker.died is None:  # noqa: ASYNC110 - set by the supervisor's thread
-            await anyio.sleep(_WATCH_INTERVAL_S)
+            await anyio.sleep(0.2)
         await abandon_calls(tasks)
         _exit(finish(worker, "worker"))
 
@@ -131,14 +92,14 @@ async def serve(tasks: Any, worker: WorkerSupervisor | None) -> None:
         group.cancel_scope.cancel()
 
 
-async def abandon_calls(tasks: Any, bound_s: float = ABANDON_S) -> None:
-    """Cancel the hidden task of every synchronous call in flight, within `bound_s`: no job runs on for nobody."""
+async def abandon_calls(tasks: Any) -> None:
+    """Cancel the hidden task of every synchronous call in flight, within `ABANDON_S`: no job runs on for nobody."""
     import anyio
 
     from celery_mcp_tasks.app import internals
 
     abandon = partial(internals(tasks).abandon_synchronous_calls, "The server stopped before the job finished")
-    with anyio.move_on_after(bound_s):
+    with anyio.move_on_after(ABANDON_S):
         await anyio.to_thread.run_sync(abandon, abandon_on_cancel=True)  # a hung store is left to the exit
 
 
@@ -163,25 +124,14 @@ def _exit(status: int) -> None:
     os._exit(status)
 
 
-def _worker_env() -> dict[str, str]:
-    cwd = os.getcwd()
-    return {
-        **os.environ,
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": os.pathsep.join(filter(None, [cwd, os.environ.get("PYTHONPATH")])),
-    }
-
-
 def _say(*lines: str) -> None:
     for line in lines:
         print(line, file=sys.stderr, flush=True)
 
 
-def run_stdio(options: StdioOptions) -> int:
+def run(options: argparse.Namespace) -> int:
     """Serve APP over stdio (with a supervised worker when asked); the exit status says what happened."""
     import anyio
-
-    from celery_mcp_tasks.app import internals
 
     worker: WorkerSupervisor | None = None
     previous = signal.signal(signal.SIGTERM, raise_stop)  # until the serve loop listens: leave via `finally`
@@ -195,26 +145,12 @@ def run_stdio(options: StdioOptions) -> int:
             if options.data_dir:  # wins over MCP_TASKS_DATA_DIR; the worker inherits it
                 os.environ["MCP_TASKS_DATA_DIR"] = str(Path(options.data_dir).expanduser().resolve())
             tasks = load_app(options.app)
-            quiet_libraries()
             broker_url = str(tasks.celery.conf.broker_url)
-            start_worker = wants_worker(options.worker, broker_url)
-            target = celery_target(options.app, tasks) if start_worker else None
-            if options.migrate:  # checked first: a store that cannot be reached, or must not be used, is never migrated
-                from celery_mcp_tasks.migrate import upgrade
-
-                internals(tasks).preflight("stdio", need_schema=False)
-                upgrade(tasks.settings.store_url)
-            internals(tasks).preflight("stdio")
+            target = celery_target(options.app, tasks) if wants_worker(options.worker, broker_url) else None
+            prepare(tasks, "stdio", migrate=not options.no_migrate)
             _say(f"{PREFIX}: serving {options.app} over stdin/stdout", *banner(tasks.settings))
             if target is not None:
-                argv = worker_argv(
-                    target,
-                    tasks.settings,
-                    queues=supervised_queues(tasks),
-                    node="stdio@%h",
-                    schedule="stdio-beat-schedule",
-                )
-                worker = WorkerSupervisor(argv, _worker_env(), on_death=lambda: None)
+                worker = WorkerSupervisor(target, tasks, node="stdio@%h", schedule="stdio-beat-schedule")
                 worker.start()
                 assert worker.proc is not None
                 _say(f"  worker  pid {worker.proc.pid} (celery -A {target} worker -B, supervised)")

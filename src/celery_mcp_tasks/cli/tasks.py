@@ -1,11 +1,7 @@
 """`celery-mcp-tasks tasks ls|show|cancel|resend|delete --url URL`: the console's JSON API from a terminal.
 
-The operator token is MCP_TASKS_CONSOLE_TOKEN (sent as a bearer token, never
-printed); `--url` is the console's root (`http://127.0.0.1:9102`, or where it
-is mounted). Output is a table, or the API's JSON with `--json`. Rows are
-named by their row key (sha256 of the task id): `ls` shows its first 12
-characters (`--wide`: all 64); `show`, `cancel`, ... take the key or a prefix
-of 8+ of its digits that only one row's key starts with.
+Rows are named by their row key (sha256 of the task id) or a prefix of 8+ of its digits that only one row's key
+starts with; the operator token is MCP_TASKS_CONSOLE_TOKEN (sent as a bearer token, never printed).
 """
 
 from __future__ import annotations
@@ -20,8 +16,6 @@ import urllib.parse
 import urllib.request
 from datetime import UTC, datetime
 from typing import Any
-
-__all__ = ["add_parser", "run"]
 
 TOKEN_SETTING = "MCP_TASKS_CONSOLE_TOKEN"
 TIMEOUT_S = 30.0
@@ -176,21 +170,8 @@ def run(args: argparse.Namespace) -> int:
     command = args.tasks_command
     try:
         if command == "ls":
-            query = {
-                name: value
-                for name, value in [
-                    ("status", args.status),
-                    ("tool", args.tool),
-                    ("owner", args.owner),
-                    ("min_age", args.min_age),
-                    ("max_age", args.max_age),
-                    ("q", args.text),
-                    ("sort", args.sort),
-                    ("limit", args.limit),
-                    ("cursor", args.cursor),
-                ]
-                if value
-            }
+            filters = ("status", "tool", "owner", "min_age", "max_age", "text", "sort", "limit", "cursor")
+            query = {("q" if name == "text" else name): getattr(args, name) for name in filters if getattr(args, name)}
             page = _request(args, "GET", "/api/tasks?" + urllib.parse.urlencode(query))
             if args.json_output:
                 print(json.dumps(page, indent=2))

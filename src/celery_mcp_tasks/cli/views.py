@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import IO, Any, Protocol
+from typing import IO, Any
 
 from mcp_types import CallToolResult, ErrorData, TextContent
 from rich.console import Console, RenderableType
@@ -17,10 +17,9 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
-from celery_mcp_tasks.cli.outcome import PROG
 from celery_mcp_tasks.client.models import TaskState
 
-__all__ = ["JsonView", "LiveView", "PlainView", "View", "result_text"]
+PROG = "celery-mcp-tasks call"
 
 
 def _since(created_at: str) -> float:
@@ -54,21 +53,6 @@ def _result_json(result: CallToolResult) -> dict[str, Any]:
     return shown
 
 
-def _line(state: TaskState) -> str:
-    return f"status={state.status}{f'  ({state.status_message})' if state.status_message else ''}"
-
-
-class View(Protocol):
-    def created(self, state: TaskState, *, attached: bool, task_id: str) -> None: ...
-    def update(self, state: TaskState) -> None: ...
-    def pause(self) -> AbstractContextManager[None]: ...
-    def note(self, message: str) -> None: ...
-    def result(self, result: CallToolResult) -> None: ...
-    def failed(self, error: ErrorData) -> None: ...
-    def stopped(self) -> None: ...
-    def close(self) -> None: ...
-
-
 class PlainView:
     """One line per change of (status, statusMessage), then the result: for pipes, files and CI."""
 
@@ -88,7 +72,7 @@ class PlainView:
         seen = (state.status, state.status_message)
         if seen != self._last:
             self._last = seen
-            self._print(_line(state))
+            self._print(f"status={state.status}{f'  ({state.status_message})' if state.status_message else ''}")
 
     @contextmanager
     def pause(self) -> Iterator[None]:
@@ -130,15 +114,9 @@ class JsonView(PlainView):
         self.note(f"{PROG}: the task was cancelled")
 
 
-_STYLES = {
-    "working": "cyan",
-    "input_required": "bold yellow",
-    "completed": "bold green",
-    "failed": "bold red",
-    "cancelled": "bold magenta",
-}
-
-
+_STYLES = dict(
+    working="cyan", input_required="bold yellow", completed="bold green", failed="bold red", cancelled="bold magenta"
+)
 _MARKS = {"input_required": "?", "completed": "✔", "failed": "✘", "cancelled": "■"}
 
 
@@ -248,3 +226,6 @@ class LiveView:
     def close(self) -> None:
         self._started = False
         self._live.stop()
+
+
+View = PlainView | LiveView  # JsonView is a PlainView
