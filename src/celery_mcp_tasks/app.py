@@ -63,14 +63,10 @@ FILESYSTEM_TRANSPORT = "celery_mcp_tasks.worker.filesystem_transport:Transport"
 
 
 def fixed_transport(conf: Any) -> str | None:
-    """Our transport for this app's broker URL, or None: selected through the app's own `broker_transport`.
-
-    kombu takes `transport` over the URL's scheme (`Connection.__init__`) and parses the URL as
-    before; kombu's process-wide alias table is never touched. (kombu's `as_uri`, in Celery's
-    banner and connection errors, shows the transport's path where the scheme was.) None when the application chose a transport itself, for any other scheme,
-    and for `rediss://` without TLS options: kombu gives that scheme its TLS default only
-    while the transport is named by the scheme (`Connection._init_params`).
-    """
+    """Our transport for this app's broker URL, set as the app's own `broker_transport` (kombu takes it over
+    the URL's scheme; its process-wide alias table is never touched), or None: for a transport the application
+    chose, any other scheme, and `rediss://` without TLS options (kombu gives that scheme its TLS default only
+    while the scheme names the transport, `Connection._init_params`)."""
     if conf.broker_transport:
         return None
     url = str(conf.broker_url)
@@ -116,11 +112,8 @@ def configure_celery(app: Celery, settings: Settings) -> None:
 
 
 def _settings_from_env() -> Settings:
-    """Start-up validation: a wrong setting stops the process with one line naming it.
-
-    A `SystemExit`, not a traceback: `celery -A app worker` would otherwise
-    print its 40-line "Unable to load celery application" around it.
-    """
+    """A wrong setting stops the process with one line naming it: a `SystemExit`, not a traceback, which
+    `celery -A app worker` would wrap in its 40-line "Unable to load celery application"."""
     try:
         return Settings.from_env()
     except ConfigError as exc:
@@ -153,10 +146,9 @@ class McpTasks:
         `metric`: deprecated (a `DeprecationWarning`); a plugin with a `swept` hook is told of
         every sweep instead. Other keyword arguments go to `MCPServer`.
         """
-        # One construction order, nothing calling back into a half-built object:
-        # settings -> Celery -> tools and their dispatcher -> push -> (per process:
-        # store -> push bound to it -> service) -> the SDK server with our extension
-        # and listen handler -> the Celery signals.
+        # One construction order, nothing calling back into a half-built object: settings -> Celery -> tools
+        # and dispatcher -> push -> (per process: store -> push bound to it -> service) -> the SDK server with
+        # our extension and listen handler -> the Celery signals.
         self.name = name
         self.settings = settings or _settings_from_env()
         self.celery = celery or Celery(name)

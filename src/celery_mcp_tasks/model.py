@@ -353,16 +353,11 @@ class TaskRecord:
     def began(self, run: Run, at_ms: int, *, stale_before_ms: int) -> TaskRecord:
         """A copy of the job's message starts `run`: it claims the run (and beats), or it raises.
 
-        Raises `Superseded` for a message that is not the current run (an older
-        dispatch or attempt, or any run while the task waits for input), and
-        `RunInProgress` for a second copy of the current run (a broker redelivering
-        a message whose job still runs) while the copy that claimed it heartbeats
-        after `stale_before_ms`; once that heartbeat is stale, this copy takes over.
-
-        The start is visible: the status message says which start this is
-        (`_start_message`) and `lastUpdatedAt` moves, unless the message already
-        says exactly that. Whatever it replaces is the runtime's own word ("Queued",
-        "Retrying ...", "Resuming ...") or a word of a copy of the job that is gone.
+        `Superseded`: not the current run (an older dispatch or attempt, or any run while the task waits for
+        input). `RunInProgress`: a second copy of the current run (a redelivery) while the claiming copy beats
+        after `stale_before_ms`; once that beat is stale, this copy takes over. The status message says which
+        start this is (`_start_message`), replacing the runtime's own word ("Queued", "Retrying ...") or that
+        of a copy that is gone; unless it already says exactly that, `lastUpdatedAt` moves.
         """
         self._require_active(run)
         if self.status is not TaskStatus.WORKING:
@@ -484,15 +479,12 @@ class TaskRecord:
         )
 
     def answered(self, responses: dict[str, Any], at_ms: int, *, dispatch: bool = True) -> tuple[TaskRecord, bool]:
-        """Record answers to outstanding keys; others are ignored.
+        """Record answers to outstanding keys (others are ignored).
 
-        Returns the next record and whether the job must be enqueued again: the
-        task just went back to `working` and no parked job is waiting for these
-        answers. With `dispatch`, that new run is part of the same transition (one
-        write, one notification, no window in which the reaper sees a run that was
-        never sent). Raises `InvalidTransition` when nothing outstanding was
-        answered, so callers can skip the write, and `InvalidInputResponse` when
-        an outstanding key's answer is not an object (only those are validated).
+        Returns the next record and whether the job must be enqueued again (back to `working`, no parked job
+        waiting). With `dispatch` that new run is part of this transition: one write, one notification, no
+        window in which the reaper sees a run never sent. Raises `InvalidTransition` when nothing outstanding
+        was answered (callers skip the write), `InvalidInputResponse` when such an answer is not an object.
         """
         if self.terminal or self.status is not TaskStatus.INPUT_REQUIRED:
             raise InvalidTransition("no input is outstanding")

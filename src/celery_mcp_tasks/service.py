@@ -1,12 +1,9 @@
 """The domain operations, shared by the web process, the workers and the janitor.
 
-Every write goes through here: the store applies it atomically, then the
-notifier hears of it. Sending the job is a `Dispatcher` injected by the
-composition root (Celery in practice), always called *after* the row is
-committed, so a worker can never run a job whose task does not exist yet.
-
-Request-side calls take the raw task id and the caller's principal and are
-owner-scoped; worker-side calls take the row key and are not.
+Every write goes through here: the store applies it atomically, then the notifier hears of it. The job is
+sent (`Dispatcher`) only after its row is committed, so no worker runs a job whose task does not exist.
+Request-side calls take the raw task id and the caller's principal and are owner-scoped; worker-side
+calls take the row key and are not.
 """
 
 from __future__ import annotations
@@ -171,15 +168,12 @@ class TaskService:
         """Store a new `working` task, then send its job. Returns (task id, record).
 
         Raises `TaskLimitReached`, `PayloadTooLarge` or `QuotaExceeded` (the owner's `quota`) before anything
-        is stored. `idempotency_key`: the id is derived from the secret, the owner, the tool
-        and the key, so a retry meets the row its first call stored and gets that task back
-        (no second job) while the task is unexpired; the same key with other arguments raises
-        `IdempotencyKeyReused`. `caller`: which anonymous client the quota counts this for
-        (None: the owner, or all anonymous callers as one). If sending fails
-        the task is marked `failed` and the failed record is returned:
-        the client learns an id only for a row that exists and tells the truth.
-        `input_responses` seeds answers gathered before the task existed (MRTR);
-        their keys count as used. `trace_context`: the W3C `traceparent` every send of the job carries.
+        is stored. `idempotency_key`: the id is derived from the secret, owner, tool and key, so a retry gets
+        the first call's task back (no second job) while it is unexpired; the same key with other arguments
+        raises `IdempotencyKeyReused`. `caller`: the anonymous client the quota counts this for. If sending
+        fails the failed record is returned: a client learns an id only for a row that tells the truth.
+        `input_responses`: answers gathered before the task existed (MRTR); their keys count as used.
+        `trace_context`: the W3C `traceparent` every send of the job carries.
         """
         if self.limits is not None:
             refused = _over(_ARGUMENTS, arguments, self.limits(tool).arguments)
@@ -252,18 +246,15 @@ class TaskService:
             raise TaskExpired()
 
     def answer(self, task_id: str, owner: str | None, responses: dict[str, Any]) -> TaskRecord:
-        """Record answers for outstanding keys; send the job again when none remain.
+        """Record answers for outstanding keys (others are ignored); send the job again when none remain.
 
-        Keys that are not outstanding are ignored; a terminal task is left alone. Answers over
-        the tool's limit raise `PayloadTooLarge` and change nothing.
-        Ownership and expiry are checked on the row the write reads (one read, not two),
-        and the answers and the new run are one transition: one commit, one notification.
+        A terminal task is left alone; answers over the tool's limit raise `PayloadTooLarge`. Ownership and
+        expiry are checked on the row the write reads; answers and new run are one commit, one notification.
         """
         return self._answer(task_key(task_id), owner, responses)
 
     def answer_by_key(self, key: str, responses: dict[str, Any], *, owner: Owner = ANY) -> TaskRecord:
-        """`answer` for a task known by its row key (a synchronous call's hidden task, the owner's when
-        `owner` is given). The same transition, notification and new run as `tasks/update`."""
+        """`answer` by row key (a synchronous call's hidden task; owner-scoped when `owner` is given)."""
         return self._answer(key, owner, responses)
 
     def _answer(self, key: str, owner: Owner, responses: dict[str, Any]) -> TaskRecord:
@@ -332,45 +323,36 @@ class TaskService:
     def record(self, key: str) -> TaskRecord | None:
         return self.store.get(key, ANY)
 
-    # -- the janitor's reads (server side) -----------------------------------------------
+    # -- the janitor's and the operators' reads (server side; the console's by row key): the `Store`'s ----
 
     def evict(self, *, now_ms: int, retention_ms: int, batch_size: int) -> Eviction:
-        """Evict expired rows in batches (`Store.evict`)."""
         return self.store.evict(now_ms=now_ms, retention_ms=retention_ms, batch_size=batch_size)
 
     def stale(self, *, heartbeat_before_ms: int, limit: int) -> list[TaskRecord]:
-        """`working` tasks whose heartbeat is older than the bound: the reaper's candidates."""
         return self.store.stale(heartbeat_before_ms=heartbeat_before_ms, limit=limit)
 
     def unanswered(self, *, changed_before_ms: int, limit: int) -> list[str]:
-        """Row keys of `input_required` tasks unchanged since the bound: the input timeout's candidates."""
         return self.store.unanswered(changed_before_ms=changed_before_ms, limit=limit)
 
     def count_by_status(self) -> dict[str, int]:
         return self.store.count_by_status()
 
     def ledger(self) -> Ledger:
-        """The sweep ledger kept beside the tasks (when the janitor last swept)."""
         return self.store.ledger()
 
-    # -- the operators' reads (the console): rows by key, never by task id ---------------
-
     def browse(self, filter: Filter, sort: str, cursor: str | None, limit: int, *, now_ms: int) -> Page:
-        """One keyset page of rows (`Store.browse`). Raises `BadFilter`."""
         return self.store.browse(filter, sort, cursor, limit, now_ms=now_ms)
 
     def overview(self, now_ms: int) -> Overview:
         return self.store.overview(now_ms)
 
     def rows(self, keys: Iterable[str], filter: Filter | None = None, *, now_ms: int | None = None) -> list[Row]:
-        """The rows of these keys that exist and match `filter` (`Store.rows`)."""
         return self.store.rows(keys, filter, now_ms=now_ms)
 
     def keys_starting(self, prefix: str, *, limit: int) -> list[str]:
         return self.store.keys_starting(prefix, limit=limit)
 
     def changed_since(self, updated_at_ms: int, *, limit: int) -> list[Row]:
-        """Rows written at or after `updated_at_ms`, oldest first (`Store.changed_since`)."""
         return self.store.changed_since(updated_at_ms, limit=limit)
 
     # Writes that name a `run` are refused with `Superseded` once a newer dispatch
@@ -459,13 +441,11 @@ class TaskService:
     def begin(self, key: str, run: Run, *, stale_before_ms: int, expected: TaskRecord | None = None) -> TaskRecord:
         """A copy of the job's message starts `run`: it claims the run, or it must not run the body.
 
-        One read (unless the caller has `expected`, the record as it last read it, or as the
-        job's message carries it) and one write: a conditional UPDATE that records the claim
-        and beats, whose commit does not wait for the database's flush (`durable=False`). Raises
-        `TaskNotFound`, `TerminalTask`, `Superseded` (not the current run) or
-        `RunInProgress` (a redelivered copy, while the copy that claimed this run
-        has beaten since `stale_before_ms`). The start says so ("Started", "Started
-        (attempt 2)", ...) and clients hear of it, unless the task already said exactly that.
+        One read (none with `expected`, the record as the caller or the job's message has it) and one
+        conditional UPDATE recording the claim and a beat, not flushed at commit (`durable=False`). Raises
+        `TaskNotFound`, `TerminalTask`, `Superseded` (not the current run) or `RunInProgress` (a redelivered
+        copy while the claiming one beats since `stale_before_ms`). Clients hear of the start ("Started",
+        "Started (attempt 2)", ...) unless the task already said exactly that.
         """
         said = False
 
@@ -506,12 +486,9 @@ class TaskService:
         return self._cancel(key, ANY, message, revoke=terminate)
 
     def resend(self, key: str, *, stale_before_ms: int, message: str) -> TaskRecord:
-        """Send the job of a `working` task judged lost (no heartbeat since `stale_before_ms`) again.
-
-        The operator's counterpart of the reaper's re-send: a new dispatch (an older message
-        still in flight is superseded), decided inside the compare-and-swap. Raises
-        `NotLost` (saying why) for a task not judged lost, `TaskNotFound`.
-        """
+        """An operator's re-send of a `working` task judged lost (no heartbeat since `stale_before_ms`): a new
+        dispatch (an older message in flight is superseded), decided in the compare-and-swap. Raises `NotLost`
+        (saying why) or `TaskNotFound`."""
 
         def transition(record: TaskRecord) -> TaskRecord:
             if record.terminal:
