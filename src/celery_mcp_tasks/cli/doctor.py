@@ -131,6 +131,7 @@ async def _deliver(listener: Any, hub: Any, publish: Callable[[TaskRecord], None
         ttl_ms=None,
         version=2,
     )
+    # Watched before the listener starts: a PostgreSQL listener LISTENs only while the hub follows a row.
     watch = hub.watch([key])
     async with anyio.create_task_group() as tg:
         tg.start_soon(listener.run)
