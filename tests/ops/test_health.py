@@ -7,6 +7,9 @@ tests/integration/test_health.py.
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import logging
 import os
 import socket
 import threading
@@ -282,3 +285,24 @@ def test_a_check_that_raises_is_a_failed_check() -> None:
 
     findings = anyio.run(CheckRunner({"broken": broken}).run)
     assert findings["broken"] == Finding("fail", "probe exploded")
+
+
+def test_a_check_that_raises_while_waited_on_logs_nothing_at_error(caplog: pytest.LogCaptureFixture) -> None:
+    """The run is a failed finding, not an exception left in a future nobody reads (asyncio would log
+    "Future exception was never retrieved" with the probe's traceback)."""
+
+    def broken_later() -> Finding:
+        time.sleep(0.05)  # still running when the request starts waiting on it
+        raise RuntimeError("probe exploded")
+
+    async def answered() -> dict[str, Finding]:
+        findings = await CheckRunner({"broken": broken_later}).run()
+        await asyncio.sleep(0)
+        gc.collect()  # the waited-on copy of the future is gone: asyncio says what it held, if anything
+        await asyncio.sleep(0)
+        return findings
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        findings = asyncio.run(answered())
+    assert findings["broken"] == Finding("fail", "probe exploded")
+    assert not [r for r in caplog.records if r.name == "asyncio"], caplog.text

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import asdict
+from functools import partial
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -94,7 +95,7 @@ class CheckRunner:
                 self._running = {}
             run = self._running.get(name)
             if run is None or run[0].done():
-                future = in_daemon_thread(self.checks[name], name="mcp-tasks-readyz")
+                future = in_daemon_thread(partial(_contained, self.checks[name]), name="mcp-tasks-readyz")
                 run = self._running[name] = (future, time.monotonic() + self.deadline_s)
             return run
 
@@ -128,12 +129,18 @@ async def _settled(future: Future[Finding], until: float) -> None:
         await asyncio.wait([asyncio.wrap_future(future)], timeout=remaining)
 
 
+def _contained(check: Callable[[], Finding]) -> Finding:
+    """A probe that raises is a failed check, decided in its thread: a future that held the exception would
+    have asyncio log "Future exception was never retrieved" for the copy a request waited on."""
+    try:
+        return check()
+    except Exception as exc:  # noqa: BLE001
+        return Finding("fail", short_reason(exc))
+
+
 def _finding(future: Future[Finding], deadline_s: float) -> Finding:
     if not future.done():
         return Finding("fail", f"timed out (no answer within {deadline_s:g}s)")
     if future.cancelled():
         return Finding("fail", "cancelled")
-    error = future.exception()
-    if isinstance(error, Exception):  # a probe that raises is a failed check
-        return Finding("fail", short_reason(error))
     return future.result()
