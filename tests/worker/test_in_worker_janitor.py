@@ -290,3 +290,26 @@ def test_a_janitor_message_goes_to_a_queue_this_worker_consumes() -> None:
     assert messages.queue() == "tools"
     app.amqp.queues.select(["only-this"])  # `celery worker -Q only-this`: the default queue is nobody's here
     assert messages.queue() == "only-this"
+
+
+def test_starting_twice_keeps_one_sweep_thread_and_one_pair_of_timer_entries() -> None:
+    clock = [0.0]
+    janitor = InWorkerJanitor(lambda: None, lambda: DrivenLedger(clock), 60.0, "w", clock=lambda: clock[0])
+    before = threading.active_count()
+    janitor.start()
+    janitor.start()
+    try:
+        assert threading.active_count() == before + 1
+    finally:
+        janitor.stop()
+    timer = Timer()
+    app = Celery(f"twice-{time.monotonic_ns()}", broker="memory://", set_as_current=False)
+    messages = JanitorMessages(app, timer, 60)
+    messages.start()
+    messages.start()
+    try:
+        assert len(timer.queue) == 2, "a second start must not add entries that stop() could never cancel"
+    finally:
+        messages.stop()
+        timer.stop()
+    assert not messages.running

@@ -275,6 +275,8 @@ class InWorkerJanitor:
         return self._thread is not None and self._thread.is_alive()
 
     def start(self) -> None:
+        if self.running:  # one sweep thread, however often a worker says it is ready
+            return
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, name="celery-mcp-tasks-janitor", daemon=True)
         self._thread.start()
@@ -329,6 +331,8 @@ class JanitorMessages:
         return bool(self._entries)
 
     def start(self) -> None:
+        if self._entries:  # started: a second pair of entries could never be cancelled
+            return
         self._entries = [
             self.timer.call_after(0.0, self.send),  # the first claim at once, as beat's first sweep
             self.timer.call_repeatedly(self.interval_s, self.send),
