@@ -59,7 +59,7 @@ class TasksExtension(Extension):
     """The Tasks extension for `MCPServer(extensions=[...])` (`McpTasks` builds and wires it).
 
     `sync_timeout_s`: the bound on a synchronous call's silence (`SyncCalls`). `hub`: this process's
-    push hub (None: push is off). `sealed_state`: whether the SDK seals `requestState` here.
+    push hub (`hub()` None: push is off). `sealed_state`: whether the SDK seals `requestState` here.
     `quota`: each principal's limits (a tool's `max_active` replaces `active_tool`; None: no quota).
     `refused(tool, limit)`: told of each creation a quota refused (metrics). `anonymous_per_client`:
     anonymous callers' quotas count per client address (`principal.anonymous_caller`), not as one.

@@ -70,7 +70,7 @@ class SyncCalls:
 
     `sync_timeout_s` (MCP_TASKS_SYNC_TIMEOUT_S; a tool's own wins) bounds a call's silence, not its
     length: it restarts at every change the job reports (`_reported`); a job silent that long is
-    cancelled and the caller gets -32603. `hub` None: push is off, the wait polls the row.
+    cancelled and the caller gets -32603. `hub()` None: push is off, the wait polls the row.
     `sealed_state`: whether the SDK seals `requestState` (questions go by MRTR only then).
     """
 

@@ -39,7 +39,7 @@ def ring_check(conn: Connection, ring: KeyRing | None) -> str | None:
     none. Older rows sealed with a key retired since read as failed tasks instead.
     """
     query = sa.select(tasks.c.key, tasks.c.arguments).order_by(tasks.c.updated_at.desc(), tasks.c.key.desc())
-    for key, stored in conn.execute(query.limit(_NEWEST)):
+    for key, stored in conn.execute(query.limit(_NEWEST)).all():  # read whole: the cursor is done before a return
         key_id = sealed_key_id(stored)
         if key_id is None:
             continue
