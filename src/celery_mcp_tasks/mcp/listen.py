@@ -162,12 +162,15 @@ class TaskListenHandler:
         self._closing = False
         self.observers: list[ListenObserver] = []  # the app's plugins with stream hooks
 
-    def _tell(self, hook: str, *args: float) -> None:
+    def _tell(self, hear: Callable[[ListenObserver], None]) -> None:
         for observer in self.observers:
             try:
-                getattr(observer, hook)(*args)
+                hear(observer)
             except Exception:  # one observer that raises is logged and skipped
                 logger.exception("listen observer raised")
+
+    def _notified(self, latency_s: float) -> None:
+        self._tell(lambda observer: observer.stream_notified(latency_s))
 
     @property
     def open_streams(self) -> int:
@@ -204,7 +207,7 @@ class TaskListenHandler:
         stream = _Stream(honored_core(params.notifications), watch, self._max_buffered)
         self._streams.add(stream)
         unsubscribe = self._bus.subscribe(stream.deliver)
-        self._tell("stream_opened")
+        self._tell(lambda observer: observer.stream_opened())
         try:
             honored = stream.honored.model_dump(by_alias=True, exclude_none=True)
             if followed_ids is not None:
@@ -226,7 +229,7 @@ class TaskListenHandler:
                 logger.exception("subscription bus unsubscribe raised")
             watch.close()
             self._streams.discard(stream)
-            self._tell("stream_closed")
+            self._tell(lambda observer: observer.stream_closed())
         return SubscriptionsListenResult(_meta=meta)
 
     # -- tasks -----------------------------------------------------------------------
@@ -322,7 +325,7 @@ class TaskListenHandler:
             # Seen only once it went out: a send that fails leaves the row due, and the retry sends it.
             followed.version, followed.seen = record.version, seen
             if woke is not None:
-                self._tell("stream_notified", time.monotonic() - woke)
+                self._notified(time.monotonic() - woke)
             if record.terminal:
                 stream.unfollow(key)
 
