@@ -1,7 +1,7 @@
 """`doctor` in process: each check's row on a real store, broker and transport, the table, and the redaction.
 
 The command against real deployments (a worker, a broker and a schema each broken
-in turn): tests/integration/test_doctor.py.
+in turn), and a broken install: tests/integration/test_doctor.py.
 """
 
 from __future__ import annotations

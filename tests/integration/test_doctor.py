@@ -3,12 +3,14 @@ and its fix as the worker, the broker and the schema are each broken for real.
 
 The deployment is `serve` + a real `celery worker -B` (so the janitor sweeps for real) on a
 PostgreSQL database and a `redis-server` of the test's own, which the test stops; the schema
-case is a database of its own migrated to 0004 only.
+case is a database of its own migrated to 0004 only. A broken install (Celery fails to import) is the
+config row's FAIL, not a traceback.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -35,7 +37,7 @@ from tests.support import (
 
 (HEAD,) = script_heads()[0]  # the package's newest migration
 
-pytestmark = [pytest.mark.integration, pytest.mark.postgres]
+pytestmark = pytest.mark.integration
 
 APP = "examples.quickstart.app"
 INTERVAL = "2"
@@ -80,6 +82,7 @@ def _listening(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
+@pytest.mark.postgres
 def test_healthy_then_worker_stopped_then_broker_stopped(tmp_path: Path, probe: httpx.Client) -> None:
     ops_port = free_port()
     health = {"MCP_TASKS_HEALTH": "on", "MCP_TASKS_OPS_PORT": str(ops_port)}
@@ -144,6 +147,7 @@ def test_healthy_then_worker_stopped_then_broker_stopped(tmp_path: Path, probe: 
         assert body["checks"]["store"]["status"] == "ok"
 
 
+@pytest.mark.postgres
 def test_a_schema_behind_head_is_a_schema_fail_naming_the_upgrade(tmp_path: Path) -> None:
     if not POSTGRES_URL:
         pytest.skip("set MCP_TASKS_TEST_POSTGRES_URL to run")
@@ -159,3 +163,23 @@ def test_a_schema_behind_head_is_a_schema_fail_naming_the_upgrade(tmp_path: Path
     assert statuses(document)["database"] == "OK"
     assert statuses(document)["janitor"] == "SKIP"
     assert "fix: run `celery-mcp-tasks db upgrade`" in table
+
+
+def test_a_broken_install_is_a_config_fail_row_not_a_traceback(tmp_path: Path) -> None:
+    """Celery itself fails to import (a broken install): the app's import fails inside doctor's config check."""
+    (tmp_path / "celery").mkdir()
+    (tmp_path / "celery" / "__init__.py").write_text('raise ImportError("celery is broken in this install")\n')
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    done = subprocess.run(
+        [sys.executable, "-m", "celery_mcp_tasks.cli", "doctor", "examples.quickstart.app", "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "Traceback" not in done.stderr, done.stderr
+    rows = json.loads(done.stdout)["checks"]
+    assert rows[0]["name"] == "config" and rows[0]["status"] == "FAIL"
+    assert "celery is broken in this install" in rows[0]["detail"]
+    assert done.returncode != 0

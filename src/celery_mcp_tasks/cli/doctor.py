@@ -16,12 +16,11 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import wait
 from dataclasses import asdict, dataclass
-from typing import IO, Any, Literal
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
-from celery_mcp_tasks.app import McpTasks, internals
 from celery_mcp_tasks.cli.shared import load_app, tool_queues
 from celery_mcp_tasks.config import ConfigError, redact_url
 from celery_mcp_tasks.model import TaskRecord, TaskStatus, now_ms
@@ -35,6 +34,9 @@ from celery_mcp_tasks.ops.probes import (
     short_reason,
     store_probe,
 )
+
+if TYPE_CHECKING:
+    from celery_mcp_tasks.app import Internals, McpTasks
 
 # The checks below go further than `/readyz` (a broadcast to every worker, a listener of their own, a
 # clock comparison): a command a person runs, not a probe every few seconds. None raises.
@@ -52,6 +54,12 @@ class Verdict:
     fix: str = ""
 
 
+def _internals(tasks: McpTasks) -> Internals:
+    from celery_mcp_tasks.app import internals  # loaded with the app: a broken install is a FAIL row, not a traceback
+
+    return internals(tasks)
+
+
 def _worker_command(app_path: str, queues: list[str], default_queue: str) -> str:
     extra = "" if queues == [default_queue] else f" -Q {','.join(queues)}"
     return f"start a worker with this app's settings: `celery -A {app_path} worker{extra}`"
@@ -64,7 +72,7 @@ def workers_check(tasks: McpTasks, app_path: str, *, timeout_s: float) -> Verdic
         return Verdict("SKIP", "the app declares no task tools")
     celery = tasks.celery
     default_queue = str(celery.conf.task_default_queue)
-    tools = {tool.name: tool.celery_name for tool in internals(tasks).tools.values()}
+    tools = {tool.name: tool.celery_name for tool in _internals(tasks).tools.values()}
     try:
         active: dict[str, Any] = celery.control.inspect(timeout=timeout_s).active_queues() or {}
     except Exception as exc:  # noqa: BLE001
@@ -164,7 +172,7 @@ def push_check(tasks: McpTasks, probe: ProbeEngine, *, timeout_s: float) -> Verd
 
     from celery_mcp_tasks.notify.hub import Hub
 
-    mode = internals(tasks).push.mode
+    mode = _internals(tasks).push.mode
     if mode == "off":
         return Verdict(
             "WARN",
@@ -337,7 +345,7 @@ def _load(app_path: str) -> tuple[McpTasks | None, Verdict]:
     problem = shared_store_problem(tasks.settings, "process", str(tasks.celery.conf.broker_url))
     if problem is not None:
         return tasks, Verdict("FAIL", problem, "set MCP_TASKS_DATABASE_URL to the database every process shares")
-    tools = sorted(internals(tasks).tools)
+    tools = sorted(_internals(tasks).tools)
     where = f"store {redact_url(tasks.settings.store_url)}, broker {redact_url(str(tasks.celery.conf.broker_url))}"
     if not tools:
         return tasks, Verdict("WARN", f"{app_path} loads but declares no task tools; {where}", "")
@@ -408,7 +416,7 @@ def diagnose(app_path: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Row
     check("broker", (), lambda: _from_finding(broker_probe(tasks.celery), broker_fix))
     check("workers", ("broker",), lambda: workers_check(tasks, app_path, timeout_s=timeout_s))
     check("janitor", ("database", "schema"), lambda: _janitor(tasks, probe, app_path))
-    push_needs = {"postgres": ("database",), "broker": ("broker",)}.get(internals(tasks).push.mode, ())
+    push_needs = {"postgres": ("database",), "broker": ("broker",)}.get(_internals(tasks).push.mode, ())
     check("push", push_needs, lambda: push_check(tasks, probe, timeout_s=timeout_s))
     check("clock", ("database",), lambda: clock_check(probe))
     check("encryption", ("database", "schema"), lambda: encryption_check(tasks, probe))
