@@ -29,14 +29,20 @@ def deployment(backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> It
 
 
 @pytest.fixture(scope="module")
-def web(deployment: Deployment) -> str:
-    return deployment.web(**FAST)
+def runtime_env() -> dict[str, str]:
+    """The settings both processes run with (a module overrides this fixture to change them)."""
+    return FAST
 
 
 @pytest.fixture(scope="module")
-def worker(deployment: Deployment, web: str) -> Proc:
+def web(deployment: Deployment, runtime_env: dict[str, str]) -> str:
+    return deployment.web(**runtime_env)
+
+
+@pytest.fixture(scope="module")
+def worker(deployment: Deployment, web: str, runtime_env: dict[str, str]) -> Proc:
     """One prefork worker (2 processes) with beat, so the janitor runs every second."""
-    return deployment.worker(beat=True, env=FAST)
+    return deployment.worker(beat=True, env=runtime_env)
 
 
 @pytest.fixture

@@ -17,22 +17,16 @@ import pytest
 
 from celery_mcp_tasks.model import task_key
 from celery_mcp_tasks.store.sql import SqlStore
-from tests.support import Backend, Deployment, McpHttp, Proc
+from tests.support import Backend, McpHttp, Proc
 from tests.worker.conftest import JANITOR_INTERVAL_S, follow, job_pid, text_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("worker")]
 
-REAPER_OUT_OF_THE_WAY = {"MCP_TASKS_STALE_TIMEOUT_S": "120", "MCP_TASKS_JANITOR_INTERVAL_S": f"{JANITOR_INTERVAL_S:g}"}
-
 
 @pytest.fixture(scope="module")
-def web(deployment: Deployment) -> str:
-    return deployment.web(**REAPER_OUT_OF_THE_WAY)
-
-
-@pytest.fixture(scope="module")
-def worker(deployment: Deployment, web: str) -> Proc:
-    return deployment.worker(beat=True, env=REAPER_OUT_OF_THE_WAY)
+def runtime_env() -> dict[str, str]:
+    """The reaper out of the way: Celery's own retry must settle the lost job, not the janitor."""
+    return {"MCP_TASKS_STALE_TIMEOUT_S": "120", "MCP_TASKS_JANITOR_INTERVAL_S": f"{JANITOR_INTERVAL_S:g}"}
 
 
 def test_killing_the_pool_process_retries_the_job_once_and_it_completes(client: McpHttp, worker: Proc) -> None:
