@@ -53,3 +53,22 @@ def test_db_upgrade_and_downgrade_say_from_which_revision_to_which(
         f"celery-mcp-tasks db: downgraded the task store {store} from {head} (head) to base (no tables)"
     ]
     assert said("current") == ["base (no tables): run `celery-mcp-tasks db upgrade`"]
+
+
+def test_a_database_failure_after_the_start_up_checks_is_one_line_with_the_drivers_reason(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same reason `preflight` gives (the driver's first line, its "connection failed: " prefix dropped)."""
+    import sqlalchemy as sa
+
+    import celery_mcp_tasks.cli as cli
+
+    lost = Exception("connection failed: server closed the connection unexpectedly\n\tThis probably means ...")
+
+    def run(args: argparse.Namespace) -> int:
+        raise sa.exc.OperationalError("SELECT ...", {}, lost)
+
+    monkeypatch.setattr(cli, "_db", run)
+    assert main(["db", "current"]) == 1
+    err = capsys.readouterr().err
+    assert err == "celery-mcp-tasks: database error: server closed the connection unexpectedly\n"

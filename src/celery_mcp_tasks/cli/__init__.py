@@ -340,8 +340,9 @@ def _command(argv: list[str] | None) -> int:
         from sqlalchemy.exc import DBAPIError
 
         if isinstance(exc, DBAPIError):
-            reason = (str(exc.orig or "").strip().splitlines() or [type(exc.orig or exc).__name__])[0]
-            print(f"celery-mcp-tasks: database error: {reason[:300]}", file=sys.stderr)
+            from celery_mcp_tasks.preflight import db_reason
+
+            print(f"celery-mcp-tasks: database error: {db_reason(exc)}", file=sys.stderr)
         elif isinstance(exc, CommandError):  # e.g. a store migrated by a newer release
             print(f"celery-mcp-tasks: migration error: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
         else:
