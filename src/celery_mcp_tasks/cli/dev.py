@@ -21,6 +21,7 @@ from celery_mcp_tasks.cli.shared import (
     banner,
     celery_target,
     load_app,
+    prepare,
     raise_stop,
     start_ops_server,
 )
@@ -56,9 +57,7 @@ def run(options: argparse.Namespace) -> int:
     """Serve (or call one tool) with a supervised worker; the exit status says what happened."""
     import uvicorn
 
-    from celery_mcp_tasks.app import internals
     from celery_mcp_tasks.cli.call import CallOptions, run_call
-    from celery_mcp_tasks.migrate import upgrade
 
     sock = bind_port(options.host, options.port)
     # --data-dir wins over MCP_TASKS_DATA_DIR; the worker inherits the one chosen here.
@@ -70,8 +69,8 @@ def run(options: argparse.Namespace) -> int:
     target = celery_target(options.app, tasks)
     if options.call:
         logging.getLogger("mcp").setLevel(logging.WARNING)  # the server's INFO lines would interleave the call's
-    internals(tasks).preflight("serve", need_schema=False)  # e.g. --keep-env with an unreachable database: one line
-    upgrade(tasks.settings.store_url)
+    # Migrated, then checked as `serve` checks (with --keep-env: a database or a key ring that cannot work is one line).
+    prepare(tasks, "serve", migrate=True)
 
     host = f"[{options.host}]" if ":" in options.host else options.host
     url = f"http://{host}:{options.port}/mcp"
