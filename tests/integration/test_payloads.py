@@ -17,10 +17,13 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.model import task_key
+from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.codec import KeyRing, new_key
 from celery_mcp_tasks.store.engine import normalize_url
 from celery_mcp_tasks.store.schema import tasks
+from celery_mcp_tasks.store.sql import SqlStore
 from tests.integration.test_protocol_eras import LegacySession
 from tests.support import POSTGRES_URL, REDIS_URL, ROOT, Backend, Deployment, McpHttp, fresh_postgres_database
 
@@ -283,9 +286,14 @@ def test_a_key_rotation_reencrypts_every_row_while_the_tasks_stay_readable(
 
 
 def test_a_process_with_a_wrong_or_missing_ring_refuses_to_start_in_one_line(backend: Backend, tmp_path: Path):
+    upgrade(backend.store_url)  # run alone, the store is neither migrated nor sealed by the tests before
+    store = SqlStore.from_url(backend.store_url, ring=KeyRing.parse([NEW]))
+    TaskService(store, max_rows=None).create(owner=None, tool="confirm", arguments={"secret": "s"}, dispatch=False)
+    store.dispose()
     worker = ["-m", "celery", "-A", APP, "worker", "-P", "solo", "--without-mingle", "--without-gossip"]
     serve = ["-m", "celery_mcp_tasks.cli", "serve", APP, "--port", "0", "--no-migrate"]
-    for argv in (worker, serve):
+    dev = ["-m", "celery_mcp_tasks.cli", "dev", APP, "--keep-env", "--port", "0", "--data-dir", str(tmp_path / "dev")]
+    for argv in (worker, serve, dev):
         for ring, why in ((new_key(), "none of its keys opens"), ("", "unset, but the task store holds encrypted")):
             done = run(argv, backend, tmp_path, ring)
             lines = done.stderr.strip().splitlines()
