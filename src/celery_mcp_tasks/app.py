@@ -162,7 +162,11 @@ class McpTasks:
             fair_queues=self.settings.fair_queues,
             send_arguments=not self.settings.encryption_keys,
         )
-        self._push = Push(self.settings, notifier=notifier, broker=BrokerAccess.of(self.celery))
+        self._push = Push(
+            self.settings,
+            notifier="transport" if isinstance(notifier, _Default) else notifier,
+            broker=BrokerAccess.of(self.celery),
+        )
         self._lock = threading.Lock()
         self._built: TaskService | None = None
         self._built_pid: int | None = None

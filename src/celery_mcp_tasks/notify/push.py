@@ -22,7 +22,6 @@ from celery_mcp_tasks.notify.base import Notifier
 from celery_mcp_tasks.notify.hub import Hub
 from celery_mcp_tasks.notify.polling import RowPoller
 from celery_mcp_tasks.notify.postgres import PG_HINT, PgListener, PgNotifier
-from celery_mcp_tasks.service import DEFAULT, _Default
 from celery_mcp_tasks.store.base import ChangeHint, Store
 from celery_mcp_tasks.store.engine import normalize_url
 
@@ -87,20 +86,16 @@ class BrokerAccess:
 class Push:
     """The push side of one `McpTasks`: publisher for every process, hub and listener for web ones.
 
-    `notifier`: `DEFAULT` publishes on the selected transport; `None` turns
-    push off; any other `Notifier` replaces the publisher (web processes still
+    `notifier`: "transport" publishes on the selected transport; `None` turns
+    push off; a `Notifier` replaces the publisher (web processes still
     listen, so it can keep push by calling `push.publisher`).
     """
 
     def __init__(
-        self,
-        settings: Settings,
-        *,
-        notifier: Notifier | _Default | None = DEFAULT,
-        broker: BrokerAccess,
+        self, settings: Settings, *, notifier: Notifier | Literal["transport"] | None, broker: BrokerAccess
     ) -> None:
         self.mode: Mode = "off" if notifier is None else select_mode(settings, broker.url)
-        self._custom: Notifier | None = None if isinstance(notifier, _Default) else notifier
+        self._custom: Notifier | None = None if notifier == "transport" else notifier
         self._settings = settings
         self._broker = broker
         self._store: Store | None = None
