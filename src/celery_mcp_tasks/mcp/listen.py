@@ -169,7 +169,7 @@ class TaskListenHandler:
             except Exception:  # one observer that raises is logged and skipped
                 logger.exception("listen observer raised")
 
-    def _notified(self, latency_s: float) -> None:
+    def _notified(self, latency_s: float) -> None:  # a method: a lambda in `_pump`'s loop would bind late
         self._tell(lambda observer: observer.stream_notified(latency_s))
 
     @property
