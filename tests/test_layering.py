@@ -66,6 +66,14 @@ def test_an_adapter_never_imports_another(adapter: str) -> None:
         assert not wrong, f"{path.relative_to(PACKAGE)} imports {wrong}"
 
 
+@pytest.mark.parametrize("path", _files("notify"), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_the_push_transports_sit_below_the_service(path: Path) -> None:
+    """The service calls a `Notifier`; the transports import neither the service nor the app back."""
+    above = ("celery_mcp_tasks.service", "celery_mcp_tasks.app")
+    wrong = sorted(name for name in _imports(path) if any(_reaches(name, prefix) for prefix in above))
+    assert not wrong, f"{path.relative_to(PACKAGE)} imports {wrong}"
+
+
 @pytest.mark.integration
 def test_importing_the_domain_loads_neither_the_sdk_nor_celery() -> None:
     probe = (

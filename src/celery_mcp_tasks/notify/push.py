@@ -95,7 +95,7 @@ class Push:
         self, settings: Settings, *, notifier: Notifier | Literal["transport"] | None, broker: BrokerAccess
     ) -> None:
         self.mode: Mode = "off" if notifier is None else select_mode(settings, broker.url)
-        self._custom: Notifier | None = None if notifier == "transport" else notifier
+        self._custom: Notifier | None = None if isinstance(notifier, str) else notifier
         self._settings = settings
         self._broker = broker
         self._store: Store | None = None
