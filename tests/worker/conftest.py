@@ -31,7 +31,7 @@ def deployment(backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> It
 @pytest.fixture(scope="module")
 def runtime_env() -> dict[str, str]:
     """The settings both processes run with (a module overrides this fixture to change them)."""
-    return FAST
+    return dict(FAST)
 
 
 @pytest.fixture(scope="module")

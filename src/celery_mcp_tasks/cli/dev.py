@@ -69,7 +69,7 @@ def run(options: argparse.Namespace) -> int:
     target = celery_target(options.app, tasks)
     if options.call:
         logging.getLogger("mcp").setLevel(logging.WARNING)  # the server's INFO lines would interleave the call's
-    # Migrated, then checked as `serve` checks (with --keep-env: a database or a key ring that cannot work is one line).
+    # Migrated, then checked as `serve` checks: a database (--keep-env) or a key ring that cannot work is one line.
     prepare(tasks, "serve", migrate=True)
 
     host = f"[{options.host}]" if ":" in options.host else options.host
