@@ -293,6 +293,7 @@ def test_a_process_with_a_wrong_or_missing_ring_refuses_to_start_in_one_line(bac
     worker = ["-m", "celery", "-A", APP, "worker", "-P", "solo", "--without-mingle", "--without-gossip"]
     serve = ["-m", "celery_mcp_tasks.cli", "serve", APP, "--port", "0", "--no-migrate"]
     dev = ["-m", "celery_mcp_tasks.cli", "dev", APP, "--keep-env", "--port", "0", "--data-dir", str(tmp_path / "dev")]
+    dev += ["--call", "no_such_tool", "{}"]  # should it start after all, it ends by itself, its worker with it
     for argv in (worker, serve, dev):
         for ring, why in ((new_key(), "none of its keys opens"), ("", "unset, but the task store holds encrypted")):
             done = run(argv, backend, tmp_path, ring)
