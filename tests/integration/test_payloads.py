@@ -42,6 +42,14 @@ def backend() -> Iterator[Backend]:
         yield Backend("pg_redis", {"MCP_TASKS_DATABASE_URL": url, "CELERY_BROKER_URL": REDIS_URL})
 
 
+@pytest.fixture
+def own_store(backend: Backend) -> Iterator[Backend]:
+    """The module's broker with a database of the test's own: a test that seals with the new key leaves
+    the module's store to the old one, so the module's deployment starts whichever test ran first."""
+    with fresh_postgres_database(POSTGRES_URL) as url:
+        yield Backend("own", {**backend.env, "MCP_TASKS_DATABASE_URL": url})
+
+
 @pytest.fixture(scope="module")
 def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("payload-logs")
@@ -174,17 +182,17 @@ def test_with_encryption_on_the_table_holds_no_argument_question_answer_or_resul
         assert clear not in dumped
 
 
-def test_with_encryption_on_the_celery_message_carries_no_arguments(backend: Backend, log_dir: Path):
+def test_with_encryption_on_the_celery_message_carries_no_arguments(own_store: Backend, log_dir: Path):
     import redis
 
-    waiting = Deployment(APP, backend, log_dir)  # a queue no worker consumes: the message stays on the broker
+    waiting = Deployment(APP, own_store, log_dir)  # a queue no worker consumes: the message stays on the broker
     with waiting:
         client = McpHttp(waiting.web("web-no-worker", **{RING: f"{NEW},{OLD}"}))
         try:
             task_id = client.create("secret_echo", {"secret": "MSG-0c4d1e"})
         finally:
             client.close()
-        broker = redis.Redis.from_url(backend.env["CELERY_BROKER_URL"])
+        broker = redis.Redis.from_url(own_store.env["CELERY_BROKER_URL"])
         try:
             raw = broker.lrange(waiting.queue, 0, -1)
             broker.delete(waiting.queue)
@@ -198,12 +206,12 @@ def test_with_encryption_on_the_celery_message_carries_no_arguments(backend: Bac
     assert "MSG-0c4d1e" not in json.dumps(message) + str(body)
 
 
-def test_the_console_reveals_sealed_payloads_through_the_same_decryption(backend: Backend, log_dir: Path):
+def test_the_console_reveals_sealed_payloads_through_the_same_decryption(own_store: Backend, log_dir: Path):
     """The operators' console process, given the ring, shows a sealed task's payloads on reveal, and only there."""
     import httpx
 
     token = "payload-console-token-0123456789"
-    with Deployment(APP, backend, log_dir) as sealed:
+    with Deployment(APP, own_store, log_dir) as sealed:
         client = McpHttp(sealed.web("web-console", **{RING: f"{NEW},{OLD}"}))
         try:
             key = task_key(client.create("secret_echo", {"secret": "CONSOLE-3b7e"}))
@@ -216,12 +224,14 @@ def test_the_console_reveals_sealed_payloads_through_the_same_decryption(backend
             revealed = api.post(f"/api/tasks/{key}/reveal", json={}, headers={"X-Console-Operator": "pat"})
             assert revealed.status_code == 200, revealed.text
             assert revealed.json()["arguments"] == {"secret": "CONSOLE-3b7e"}
-    assert "CONSOLE-3b7e" not in repr(rows(backend.store_url))
+    assert "CONSOLE-3b7e" not in repr(rows(own_store.store_url))
 
 
 def test_a_key_rotation_reencrypts_every_row_while_the_tasks_stay_readable(
-    backend: Backend, log_dir: Path, deployment: Deployment
+    own_store: Backend, log_dir: Path, request: pytest.FixtureRequest
 ):
+    deployment = start(own_store, log_dir, OLD, "old-rotated")  # its own: the test stops it halfway
+    request.addfinalizer(deployment.stop)
     before = McpHttp(deployment.url)  # tasks sealed with the old key, waiting for an answer through the rotation
     try:
         ids = [before.create("secret_echo", {"secret": f"s{n}"}) for n in range(2)]
@@ -229,10 +239,10 @@ def test_a_key_rotation_reencrypts_every_row_while_the_tasks_stay_readable(
             before.wait_for(task_id, "input_required")
     finally:
         before.close()
-    sealed_old = [row for row in rows(backend.store_url) if row["key"] in {task_key(task_id) for task_id in ids}]
+    sealed_old = [row for row in rows(own_store.store_url) if row["key"] in {task_key(task_id) for task_id in ids}]
     assert len(sealed_old) == 2 and all(KeyRing.parse([OLD]).is_current(r["arguments"].strip('"')) for r in sealed_old)
     deployment.stop()  # the old ring's processes go; the rotated ring's come (new key first, old one still read)
-    with start(backend, log_dir, f"{NEW},{OLD}", "rotating") as rotating:
+    with start(own_store, log_dir, f"{NEW},{OLD}", "rotating") as rotating:
         client = McpHttp(rotating.url)
         try:
             ids.append(client.create("secret_echo", {"secret": "s2"}))
@@ -252,7 +262,7 @@ def test_a_key_rotation_reencrypts_every_row_while_the_tasks_stay_readable(
             thread = threading.Thread(target=read_all)
             thread.start()
             try:
-                reencrypted = reencrypt(backend, f"{NEW},{OLD}")
+                reencrypted = reencrypt(own_store, f"{NEW},{OLD}")
             finally:
                 stop.set()
                 thread.join()
@@ -266,7 +276,7 @@ def test_a_key_rotation_reencrypts_every_row_while_the_tasks_stay_readable(
             assert reads and set(reads) == {"input_required"}
 
             new_only = KeyRing.parse([NEW])
-            for row in rows(backend.store_url):
+            for row in rows(own_store.store_url):
                 for column in ("arguments", "input_requests", "input_responses", "result"):
                     assert row[column] in (None, "null") or new_only.is_current(row[column].strip('"')), column
             for n, task_id in enumerate(ids[:2]):  # the worker reads the re-encrypted rows
@@ -275,7 +285,7 @@ def test_a_key_rotation_reencrypts_every_row_while_the_tasks_stay_readable(
         finally:
             client.close()
 
-    with start(backend, log_dir, NEW, "new") as retired:  # the old key retired: everything still reads
+    with start(own_store, log_dir, NEW, "new") as retired:  # the old key retired: everything still reads
         client = McpHttp(retired.url)
         try:
             answer(client, ids[2], "confirm", {"answer": "late"})
@@ -285,9 +295,9 @@ def test_a_key_rotation_reencrypts_every_row_while_the_tasks_stay_readable(
             client.close()
 
 
-def test_a_process_with_a_wrong_or_missing_ring_refuses_to_start_in_one_line(backend: Backend, tmp_path: Path):
-    upgrade(backend.store_url)  # run alone, the store is neither migrated nor sealed by the tests before
-    store = SqlStore.from_url(backend.store_url, ring=KeyRing.parse([NEW]))
+def test_a_process_with_a_wrong_or_missing_ring_refuses_to_start_in_one_line(own_store: Backend, tmp_path: Path):
+    upgrade(own_store.store_url)
+    store = SqlStore.from_url(own_store.store_url, ring=KeyRing.parse([NEW]))
     TaskService(store, max_rows=None).create(owner=None, tool="confirm", arguments={"secret": "s"}, dispatch=False)
     store.dispose()
     worker = ["-m", "celery", "-A", APP, "worker", "-P", "solo", "--without-mingle", "--without-gossip"]
@@ -296,11 +306,11 @@ def test_a_process_with_a_wrong_or_missing_ring_refuses_to_start_in_one_line(bac
     dev += ["--call", "no_such_tool", "{}"]  # should it start after all, it ends by itself, its worker with it
     for argv in (worker, serve, dev):
         for ring, why in ((new_key(), "none of its keys opens"), ("", "unset, but the task store holds encrypted")):
-            done = run(argv, backend, tmp_path, ring)
+            done = run(argv, own_store, tmp_path, ring)
             lines = done.stderr.strip().splitlines()
             assert done.returncode != 0 and len(lines) == 1, done.stderr
             assert lines[0].startswith(f"celery-mcp-tasks: configuration error: {RING}: ") and why in lines[0]
-    malformed = run(serve, backend, tmp_path, f"{NEW},not-a-key")
+    malformed = run(serve, own_store, tmp_path, f"{NEW},not-a-key")
     assert malformed.returncode != 0
     assert malformed.stderr.strip().splitlines() == [
         f"celery-mcp-tasks: configuration error: {RING}: key 2 of 2 is not a base64 32-byte key "
@@ -321,10 +331,10 @@ def reencrypt(backend: Backend, ring: str) -> subprocess.CompletedProcess[str]:
 # -- the controls together, and a retired key over HTTP ------------------------------------------------------
 
 
-def test_an_idempotent_retry_compares_the_arguments_through_the_decryption(backend: Backend, log_dir: Path):
+def test_an_idempotent_retry_compares_the_arguments_through_the_decryption(own_store: Backend, log_dir: Path):
     """The stored arguments are sealed: a retry's comparison opens them (the same ones match, others are refused)."""
     key = "io.github.celery-mcp-tasks/idempotencyKey"
-    with Deployment(APP, backend, log_dir) as sealed:
+    with Deployment(APP, own_store, log_dir) as sealed:
         client = McpHttp(
             sealed.web("web-idempotent", **{RING: f"{NEW},{OLD}", "MCP_TASKS_IDEMPOTENCY_SECRET": "p" * 40})
         )
@@ -336,9 +346,9 @@ def test_an_idempotent_retry_compares_the_arguments_through_the_decryption(backe
             assert other["error"]["code"] == -32602 and key in other["error"]["message"]
         finally:
             client.close()
-    stored = [row for row in rows(backend.store_url) if row["key"] == task_key(first)]
+    stored = [row for row in rows(own_store.store_url) if row["key"] == task_key(first)]
     assert len(stored) == 1 and stored[0]["arguments"].strip('"').startswith("mcpenc1:")
-    assert "IDEM-" not in repr(rows(backend.store_url))
+    assert "IDEM-" not in repr(rows(own_store.store_url))
 
 
 def test_a_row_sealed_with_a_retired_key_reads_over_http_as_a_failed_task_naming_the_cause(tmp_path: Path):
