@@ -257,8 +257,11 @@ def test_the_worker_served_its_metrics_without_a_warning(scraped: Scraped, ran: 
 
 def test_push_streams_and_their_latency_are_scraped(scraped: Scraped, ran: Ran) -> None:
     scraped.settles('sum(mcp_tasks_listen_streams{job="celery-mcp-tasks-web"})', 1, "the open stream")
-    pushed = scraped.scalar("sum(mcp_tasks_push_notify_latency_seconds_count)") or 0
-    assert pushed >= 1  # the start and the cancel were pushed (one may coalesce into the other)
+    # The start and the cancel were pushed (one may coalesce into the other); waited for, as the stream
+    # gauge above may have been scraped before the pushes were counted.
+    count = "sum(mcp_tasks_push_notify_latency_seconds_count)"
+    pushed = wait_until(lambda: scraped.scalar(count), 30, "a push's latency scraped", interval=0.5)
+    assert pushed >= 1
     assert (scraped.scalar("sum(mcp_tasks_push_notify_latency_seconds_sum)") or 0) < pushed  # well under 1 s each
 
     ran.stream.close()

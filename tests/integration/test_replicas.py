@@ -218,6 +218,7 @@ def test_a_question_before_a_task_exists_then_its_task_cross_replicas(proxied: P
     created = proxied.call("test_tool_with_task", inputResponses={key: {"action": "accept", "content": NAME}}, **state)
     assert created["resultType"] == "task", created
     done = proxied.http.wait_for(created["taskId"])
+    assert proxied.http.get(created["taskId"])["status"] == "completed"  # read twice at least: once on each replica
     assert proxied.served[0] != proxied.served[1] and {"a", "b"} <= set(proxied.served[2:]), proxied.served
     assert done["status"] == "completed" and "Alice" in done["result"]["content"][0]["text"], done
 
