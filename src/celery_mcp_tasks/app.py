@@ -35,13 +35,14 @@ from celery_mcp_tasks.mcp.serving import (
     with_serving,
 )
 from celery_mcp_tasks.mcp.toolspec import IdempotencyKey, Prepare, TaskMode, TaskTool
+from celery_mcp_tasks.model import DEFAULT, _Default
 from celery_mcp_tasks.notify.base import Notifier
 from celery_mcp_tasks.notify.push import BrokerAccess, Push
 from celery_mcp_tasks.observe import Observers
 from celery_mcp_tasks.ops import plugins_from_settings  # the package alone: it names its modules, imports none
 from celery_mcp_tasks.plugin import Plugin, Runtime, overrides, store_built_hook
 from celery_mcp_tasks.preflight import preflight
-from celery_mcp_tasks.service import DEFAULT, PayloadLimits, TaskService, _Default
+from celery_mcp_tasks.service import PayloadLimits, TaskService
 from celery_mcp_tasks.store.base import Quota
 from celery_mcp_tasks.store.ledger import Ledger
 from celery_mcp_tasks.store.sql import SqlStore
@@ -162,11 +163,7 @@ class McpTasks:
             fair_queues=self.settings.fair_queues,
             send_arguments=not self.settings.encryption_keys,
         )
-        self._push = Push(
-            self.settings,
-            notifier="transport" if isinstance(notifier, _Default) else notifier,
-            broker=BrokerAccess.of(self.celery),
-        )
+        self._push = Push(self.settings, notifier=notifier, broker=BrokerAccess.of(self.celery))
         self._lock = threading.Lock()
         self._built: TaskService | None = None
         self._built_pid: int | None = None
@@ -432,7 +429,8 @@ class McpTasks:
         is refused: 503 and one line saying so). `standalone`: served
         alone at the root (`celery-mcp-tasks console`), with its own push listener in its own lifespan.
         """
-        from celery_mcp_tasks.console.app import auth_config, check_mount_path, create_app, serving
+        from celery_mcp_tasks.console.app import check_mount_path, create_app, serving
+        from celery_mcp_tasks.console.auth import AuthConfig
         from celery_mcp_tasks.console.context import Console
 
         mount = None if standalone else check_mount_path(path, self._mcp_path or "/mcp")
@@ -448,7 +446,7 @@ class McpTasks:
         )
         app = create_app(
             console,
-            auth_config(self.settings.console_token, operator),
+            AuthConfig(token=self.settings.console_token, operator=operator),
             lifespan_contexts=[self._push.serving] if standalone else [],
             mount_path=mount,
         )

@@ -80,6 +80,15 @@ def stale_cutoff(at_ms: int, stale_timeout_s: float) -> int:
     return at_ms - int(stale_timeout_s * 1000)
 
 
+class _Default:
+    def __repr__(self) -> str:
+        return "DEFAULT"
+
+
+DEFAULT: Final = _Default()
+"""An argument left out: the configured default applies (a TTL, a poll interval, the notifier)."""
+
+
 CANCELLED_BY_CLIENT = "Cancelled by the client"
 
 

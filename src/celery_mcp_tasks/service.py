@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from celery_mcp_tasks.model import (
     ANY,
+    DEFAULT,
     DuplicateInputKeys,
     InvalidTransition,
     Owner,
@@ -23,6 +24,7 @@ from celery_mcp_tasks.model import (
     TaskRecord,
     TaskStatus,
     TerminalTask,
+    _Default,
     checked_progress,
     derived_task_id,
     new_task_id,
@@ -70,14 +72,6 @@ class Dispatcher(Protocol):
 
         Must return at once (a broker outage may not hold a request); best effort.
         """
-
-
-class _Default:
-    def __repr__(self) -> str:
-        return "DEFAULT"
-
-
-DEFAULT: Final = _Default()
 
 
 class NotLost(Exception):

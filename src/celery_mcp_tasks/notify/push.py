@@ -18,6 +18,7 @@ import anyio
 from sqlalchemy.engine import Engine, make_url
 
 from celery_mcp_tasks.config import ConfigError, Settings, redact_url
+from celery_mcp_tasks.model import _Default
 from celery_mcp_tasks.notify.base import Notifier
 from celery_mcp_tasks.notify.hub import Hub
 from celery_mcp_tasks.notify.polling import RowPoller
@@ -86,16 +87,14 @@ class BrokerAccess:
 class Push:
     """The push side of one `McpTasks`: publisher for every process, hub and listener for web ones.
 
-    `notifier`: "transport" publishes on the selected transport; `None` turns
-    push off; a `Notifier` replaces the publisher (web processes still
+    `notifier`: `DEFAULT` publishes on the selected transport; `None` turns
+    push off; any other `Notifier` replaces the publisher (web processes still
     listen, so it can keep push by calling `push.publisher`).
     """
 
-    def __init__(
-        self, settings: Settings, *, notifier: Notifier | Literal["transport"] | None, broker: BrokerAccess
-    ) -> None:
+    def __init__(self, settings: Settings, *, notifier: Notifier | _Default | None, broker: BrokerAccess) -> None:
         self.mode: Mode = "off" if notifier is None else select_mode(settings, broker.url)
-        self._custom: Notifier | None = None if isinstance(notifier, str) else notifier
+        self._custom: Notifier | None = None if isinstance(notifier, _Default) else notifier
         self._settings = settings
         self._broker = broker
         self._store: Store | None = None
