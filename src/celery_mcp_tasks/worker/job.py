@@ -75,6 +75,7 @@ _SKIPS: tuple[tuple[type[Exception], str, str], ...] = (
     (Superseded, "superseded by a newer dispatch or attempt", ""),
     (TerminalTask, "its task is already final", ""),
 )
+_SKIPPED = tuple(kind for kind, _, _ in _SKIPS)  # what `begin` raises that skips the body: the table decides
 
 _current: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar("mcp_task_context", default=None)
 
@@ -228,7 +229,7 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
                 run = Run(found.dispatches, self.request.retries or 0)
             stale_before = stale_cutoff(now_ms(), self.mcp_runtime.stale_timeout_s)
             record = service.begin(key, run, stale_before_ms=stale_before, expected=found)
-        except (TaskNotFound, TerminalTask) as exc:
+        except _SKIPPED as exc:
             why, detail = next((why, detail) for kind, why, detail in _SKIPS if isinstance(exc, kind))
             logger.info("job for tool %r skipped: %s%s", tool.name, why, detail)
             return self._ended(f"skipped, {why}")
