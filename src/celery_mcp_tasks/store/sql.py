@@ -283,8 +283,7 @@ class SqlStore:
     def _hint(self, record: TaskRecord, params: dict[str, Any]) -> bool:
         """Whether a write of `record` carries a change hint; if so, bound into `params`."""
         hint = self.change_hint
-        payload = None if hint is None else hint.payload(record)
-        if hint is None or payload is None:
+        if hint is None or (payload := hint.payload(record)) is None:
             return False
         params["hint_channel"], params["hint_payload"] = hint.channel, payload
         return True

@@ -305,10 +305,9 @@ class InWorkerJanitor:
         except Exception as exc:  # a janitor that stops silently is the bug this prevents
             logger.warning("in-worker janitor: the sweep failed (%s); trying again next interval", type(exc).__name__)
             logger.debug("in-worker janitor failure", exc_info=True)
+        due += self.interval_s
         now = self._clock()
-        return (
-            due + self.interval_s if due + self.interval_s >= now else now + self.interval_s
-        )  # no burst after a long sweep
+        return due if due >= now else now + self.interval_s  # no burst after a long sweep
 
 
 class JanitorMessages:
