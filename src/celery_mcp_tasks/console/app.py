@@ -14,7 +14,6 @@ from typing import Any
 import anyio
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.requests import Request
 
 from celery_mcp_tasks.config import ConfigError
 from celery_mcp_tasks.console import api, pages
@@ -36,11 +35,6 @@ def check_mount_path(path: str, mcp_path: str | None) -> str:
                 f"console_app(path={path!r}): the console is never served on the MCP endpoint's path ({mcp})"
             )
     return normalised
-
-
-def auth_config(token: str | None, operator: Callable[[Request], Any] | None) -> AuthConfig:
-    """`ConfigError` naming MCP_TASKS_CONSOLE_TOKEN when neither is given."""
-    return AuthConfig(token=token, operator=operator)
 
 
 @asynccontextmanager

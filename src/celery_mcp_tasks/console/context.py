@@ -281,7 +281,11 @@ class Console:
             return await self.reveal(key, operator)
         if action == "cancel":
             return await self.cancel(key, operator, terminate)
-        return await (self.resend if action == "resend" else self.delete)(key, operator)
+        if action == "resend":
+            return await self.resend(key, operator)
+        if action == "delete":
+            return await self.delete(key, operator)
+        raise ValueError(f"unknown console action {action!r}")
 
     async def _audited(
         self, action: str, key: str, operator: str | None, act: Callable[[TaskRecord], Awaitable[tuple[str, _T]]]
