@@ -49,7 +49,7 @@ class ConfigError(ValueError):
 
 
 def _int(
-    env: Mapping[str, str], name: str, default: int | None, *, minimum: int = 1, allow_none: bool = True
+    env: Mapping[str, str], name: str, default: int | None, *, minimum: int = 1, allow_none: bool = False
 ) -> int | None:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
@@ -287,17 +287,16 @@ class Settings:
             "data_dir": Path(env.get("MCP_TASKS_DATA_DIR") or ".celery-mcp-tasks"),
             "database_url": database_url,
             "broker_url": broker_url,
-            "max_rows": _int(env, "MCP_TASKS_MAX_ROWS", 10_000),
-            "default_ttl_ms": _int(env, "MCP_TASKS_DEFAULT_TTL_MS", 3_600_000),
-            "poll_interval_ms": _int(env, "MCP_TASKS_POLL_INTERVAL_MS", 1_000),
-            "retention_ms": _int(env, "MCP_TASKS_RETENTION_MS", 3_600_000, minimum=0, allow_none=False),
+            "max_rows": _int(env, "MCP_TASKS_MAX_ROWS", 10_000, allow_none=True),
+            "default_ttl_ms": _int(env, "MCP_TASKS_DEFAULT_TTL_MS", 3_600_000, allow_none=True),
+            "poll_interval_ms": _int(env, "MCP_TASKS_POLL_INTERVAL_MS", 1_000, allow_none=True),
+            "retention_ms": _int(env, "MCP_TASKS_RETENTION_MS", 3_600_000, minimum=0),
             "janitor_interval_s": _float(
                 env, "MCP_TASKS_JANITOR_INTERVAL_S", 5.0 if embedded else 60.0, allow_off=True
             ),
             "stale_timeout_s": _float(env, "MCP_TASKS_STALE_TIMEOUT_S", 15.0 if embedded else 300.0),
             # MCP_TASKS_MAX_DISPATCHES: the setting's name in 0.1.0, still read when the new one is unset
-            "max_sends": _int(env, "MCP_TASKS_MAX_SENDS", None, allow_none=False)
-            or _int(env, "MCP_TASKS_MAX_DISPATCHES", 3, allow_none=False),
+            "max_sends": _int(env, "MCP_TASKS_MAX_SENDS", None) or _int(env, "MCP_TASKS_MAX_DISPATCHES", 3),
             "sync_timeout_s": _float(env, "MCP_TASKS_SYNC_TIMEOUT_S", 60.0),
             "notify": _choice(env, "MCP_TASKS_NOTIFY", "auto"),
             "queue": env.get("MCP_TASKS_QUEUE") or None,
@@ -306,27 +305,31 @@ class Settings:
             "metrics": _switch(env, "MCP_TASKS_METRICS", False),
             "health": _switch(env, "MCP_TASKS_HEALTH", False),
             "janitor_watch": _switch(env, "MCP_TASKS_JANITOR_WATCH", False),
-            "worker_metrics_port": _int(env, "MCP_TASKS_WORKER_METRICS_PORT", DEFAULT_WORKER_METRICS_PORT),
+            "worker_metrics_port": _int(
+                env, "MCP_TASKS_WORKER_METRICS_PORT", DEFAULT_WORKER_METRICS_PORT, allow_none=True
+            ),
             "tracing": _choice(env, "MCP_TASKS_TRACING", "off"),
             "janitor": _choice(env, "MCP_TASKS_JANITOR", "beat"),
             "input_timeout_s": _float(env, "MCP_TASKS_INPUT_TIMEOUT_S", DEFAULT_INPUT_TIMEOUT_S, allow_off=True),
             "log_format": _choice(env, "MCP_TASKS_LOG_FORMAT", "text"),
-            "max_request_bytes": _int(env, "MCP_TASKS_MAX_REQUEST_BYTES", DEFAULT_MAX_REQUEST_BYTES, allow_none=False),
+            "max_request_bytes": _int(env, "MCP_TASKS_MAX_REQUEST_BYTES", DEFAULT_MAX_REQUEST_BYTES),
             # The operators' console: who may look, and whether payloads may be revealed.
             "console_token": _secret(env, "MCP_TASKS_CONSOLE_TOKEN"),
             "console_payloads": _switch(env, "MCP_TASKS_CONSOLE_PAYLOADS", False),
             # Per-principal quotas: unlimited unless set (MCP_TASKS_QUOTA_*), decided by the store.
-            "quota_active": _int(env, "MCP_TASKS_QUOTA_ACTIVE", None),
-            "quota_active_per_tool": _int(env, "MCP_TASKS_QUOTA_ACTIVE_PER_TOOL", None),
-            "quota_creations": _int(env, "MCP_TASKS_QUOTA_CREATIONS", None),
+            "quota_active": _int(env, "MCP_TASKS_QUOTA_ACTIVE", None, allow_none=True),
+            "quota_active_per_tool": _int(env, "MCP_TASKS_QUOTA_ACTIVE_PER_TOOL", None, allow_none=True),
+            "quota_creations": _int(env, "MCP_TASKS_QUOTA_CREATIONS", None, allow_none=True),
             "quota_window_s": _float(env, "MCP_TASKS_QUOTA_WINDOW_S", 60.0),
             "quota_anonymous": _choice(env, "MCP_TASKS_QUOTA_ANONYMOUS", "shared"),
-            "fair_queues": _int(env, "MCP_TASKS_FAIR_QUEUES", None, minimum=2),
+            "fair_queues": _int(env, "MCP_TASKS_FAIR_QUEUES", None, minimum=2, allow_none=True),
             "idempotency_secret": _secret(env, "MCP_TASKS_IDEMPOTENCY_SECRET"),
             # Payload limits, in bytes of compact JSON (none: unlimited); a tool's @mcp_task options win.
-            "max_arguments_bytes": _int(env, "MCP_TASKS_MAX_ARGUMENTS_BYTES", DEFAULT_MAX_ARGUMENTS_BYTES),
-            "max_answer_bytes": _int(env, "MCP_TASKS_MAX_ANSWER_BYTES", DEFAULT_MAX_ANSWER_BYTES),
-            "max_result_bytes": _int(env, "MCP_TASKS_MAX_RESULT_BYTES", DEFAULT_MAX_RESULT_BYTES),
+            "max_arguments_bytes": _int(
+                env, "MCP_TASKS_MAX_ARGUMENTS_BYTES", DEFAULT_MAX_ARGUMENTS_BYTES, allow_none=True
+            ),
+            "max_answer_bytes": _int(env, "MCP_TASKS_MAX_ANSWER_BYTES", DEFAULT_MAX_ANSWER_BYTES, allow_none=True),
+            "max_result_bytes": _int(env, "MCP_TASKS_MAX_RESULT_BYTES", DEFAULT_MAX_RESULT_BYTES, allow_none=True),
             # Encryption at rest: a key ring, the first key seals, every one opens (comma-separated).
             "encryption_keys": _list(env, "MCP_TASKS_ENCRYPTION_KEYS"),
             # A rotation ring: the first secret seals, every one unseals (comma-separated).
