@@ -51,10 +51,10 @@ celery.conf.task_default_queue = os.environ.get("BENCH_FLOOR_QUEUE", "bench-floo
 celery.conf.broker_connection_retry_on_startup = True
 
 
-def _row_values(key: str, n: int) -> dict[str, Any]:
-    """Every column of the store's table, with the values a fresh task's row gets (JSON pre-encoded)."""
+def _fresh(key: str, n: int) -> dict[str, Any]:
+    """The values a fresh task's row gets (JSON pre-encoded)."""
     at = int(time.time() * 1000)
-    known: dict[str, Any] = {
+    return {
         "key": key,
         "tool": "noop",
         "status": "working",
@@ -72,16 +72,26 @@ def _row_values(key: str, n: int) -> dict[str, Any]:
         "dispatches": 1,
         "heartbeat_at": at,
     }
-    row: dict[str, Any] = {}
+
+
+def _filler() -> dict[str, Any]:
+    """A value for each column the store's table requires that `_fresh` does not name (one added since);
+    nullable columns and those with a server default are left to the database, as a creation leaves them."""
+    named = _fresh("k", 0)
+    filler: dict[str, Any] = {}
     for column in TABLE.columns:
-        if column.name in known:
-            row[column.name] = known[column.name]
-        elif column.nullable or column.server_default is not None:
-            continue  # NULL, or the server's default: what a creation leaves to the database too
-        else:
+        if column.name not in named and not column.nullable and column.server_default is None:
             python_type = column.type.python_type
-            row[column.name] = "{}" if python_type is dict else python_type()  # a column added since
-    return row
+            filler[column.name] = "{}" if python_type is dict else python_type()
+    return filler
+
+
+_FILLER = _filler()  # worked out once: a creation on the floor does no more than bind its row
+
+
+def _row_values(key: str, n: int) -> dict[str, Any]:
+    """Every column a creation writes: the fresh values, plus the filler."""
+    return {**_fresh(key, n), **_FILLER} if _FILLER else _fresh(key, n)
 
 
 _COLUMNS = list(_row_values("k", 0))
