@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -25,6 +25,9 @@ from rich.console import Console
 from celery_mcp_tasks.cli.prompts import FdLines, LineSource, Prompter
 from celery_mcp_tasks.cli.views import PROG, JsonView, LiveView, PlainView, View
 from celery_mcp_tasks.client import TaskCancelled, TaskHandle, TaskNotFound, TasksClient, TaskState
+
+if TYPE_CHECKING:
+    from mcp import Client
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # failed, a result with isError, the server unreachable or refusing
@@ -309,16 +312,7 @@ async def _session(options: CallOptions, arguments: dict[str, Any], io: CallIo, 
         ):
             try:
                 with interrupts.stage() as starting:
-                    try:
-                        if options.resume is not None:
-                            handle = await tasks.attach(client, options.resume)
-                        else:
-                            assert options.tool is not None
-                            handle = await tasks.start(client, options.tool, arguments)
-                    except TaskNotFound:
-                        raise CallError("no such task: it expired, or it belongs to another user") from None
-                    except MCPError as exc:
-                        raise CallError(exc.message) from None
+                    handle = await _start(options, arguments, tasks, client)
                 if starting.cancelled_caught:
                     io.view.note("interrupted")
                     return EXIT_CANCELLED
@@ -333,6 +327,19 @@ async def _session(options: CallOptions, arguments: dict[str, Any], io: CallIo, 
                     await tasks.stop_following(client)
     except Exception as exc:  # noqa: BLE001 - an ExceptionGroup from the SDK's task groups, or one error: one line
         raise _one_line(exc, options, refused, bool(token)) from None
+
+
+async def _start(options: CallOptions, arguments: dict[str, Any], tasks: TasksClient, client: Client) -> TaskHandle:
+    """The tool's task (or an answer at once), or `--resume`'s; a refusal is one `CallError` line."""
+    try:
+        if options.resume is not None:
+            return await tasks.attach(client, options.resume)
+        assert options.tool is not None
+        return await tasks.start(client, options.tool, arguments)
+    except TaskNotFound:
+        raise CallError("no such task: it expired, or it belongs to another user") from None
+    except MCPError as exc:
+        raise CallError(exc.message) from None
 
 
 async def _follow(options: CallOptions, io: CallIo, interrupts: _Interrupts, handle: TaskHandle) -> int:
