@@ -26,6 +26,20 @@ logging.basicConfig(format="app %(message)s")  # after the construction: McpTask
 """
 
 
+def _probe(cwd: Path, source: str, *args: str) -> str:
+    """What `source` prints in a fresh interpreter in `cwd` (where the_app.py is)."""
+    done = subprocess.run(
+        [sys.executable, "-c", source, *args],
+        cwd=cwd,
+        env={"PATH": "/usr/bin:/bin", "MCP_TASKS_DATA_DIR": str(cwd / "data")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
 @pytest.mark.parametrize(
     ("source", "expected"),
     [
@@ -38,13 +52,20 @@ def test_a_command_keeps_the_apps_logging_and_adds_its_own_only_where_none(
     tmp_path: Path, source: str, expected: str
 ) -> None:
     (tmp_path / "the_app.py").write_text(source)
-    done = subprocess.run(
-        [sys.executable, "-c", PROBE, "the_app"],
-        cwd=tmp_path,
-        env={"PATH": "/usr/bin:/bin", "MCP_TASKS_DATA_DIR": str(tmp_path / "data")},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
+    assert _probe(tmp_path, PROBE, "the_app") == expected
+
+
+def test_a_command_quiets_http_and_migration_chatter_unless_the_app_chose_a_level(tmp_path: Path) -> None:
+    (tmp_path / "the_app.py").write_text(
+        "import logging\n"
+        "from celery_mcp_tasks import McpTasks\n"
+        "tasks = McpTasks('app')\n"
+        "logging.getLogger('httpx').setLevel(logging.DEBUG)  # the app wants its HTTP client's lines\n"
     )
-    assert done.stdout.strip() == expected, done.stderr
+    probe = (
+        "import logging, sys\n"
+        "from celery_mcp_tasks.cli.shared import load_app\n"
+        "load_app('the_app')\n"
+        "print([logging.getLevelName(logging.getLogger(n).level) for n in ('httpx', 'httpx2', 'alembic')])\n"
+    )
+    assert _probe(tmp_path, probe) == "['DEBUG', 'WARNING', 'WARNING']"

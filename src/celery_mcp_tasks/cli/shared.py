@@ -30,12 +30,14 @@ def load_app(path: str) -> Any:
 
     The command is the application here: once APP is imported, it configures root logging
     (`plain_root_logging`) unless APP did (`McpTasks` itself leaves logging alone), at INFO, where
-    migrations and HTTP client chatter are noise.
+    migrations and HTTP client chatter are noise: those loggers are set to WARNING unless APP set a level.
     """
     tasks = _import_app(path)
     plain_root_logging()
     for name in ("alembic", "httpx", "httpx2"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+        chatty = logging.getLogger(name)
+        if chatty.level == logging.NOTSET:
+            chatty.setLevel(logging.WARNING)
     return tasks
 
 
