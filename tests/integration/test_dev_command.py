@@ -80,6 +80,15 @@ def test_dev_runs_the_quickstart_from_working_to_completed(tmp_path: Path):
     assert lines[-2:] == ["status=completed", "A 3-section report on tides."]
     assert (data / "tasks.db").is_file()  # SQLite, no servers
     assert not _processes_mentioning(str(data))
+    assert '"POST /mcp HTTP/1.1"' not in run.stdout  # with --call, the server's access lines stay out
+
+
+def test_dev_takes_the_servers_log_level(tmp_path: Path):
+    port = str(free_port())
+    call = ("--call", "write_report", '{"topic": "tides", "sections": 1}')
+    run = _dev("examples.quickstart.app", "--data-dir", str(tmp_path), "--port", port, "--log-level", "INFO", *call)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert '"POST /mcp HTTP/1.1" 200' in run.stdout  # uvicorn's access lines, asked for over --call's default
 
 
 def test_a_busy_port_is_an_error_before_anything_happens(tmp_path: Path):

@@ -160,6 +160,15 @@ def _parser() -> argparse.ArgumentParser:
     def no_migrate(found: argparse.ArgumentParser) -> None:
         found.add_argument("--no-migrate", action="store_true", help="do not apply migrations at start")
 
+    def log_level(found: argparse.ArgumentParser, default: str | None = "info", shown: str = "info") -> None:
+        found.add_argument(
+            "--log-level",
+            default=default,
+            type=str.lower,
+            choices=["critical", "error", "warning", "info", "debug", "trace"],
+            help=f"uvicorn's log level (default {shown})",
+        )
+
     serve = command(
         "serve",
         help="run the web process (uvicorn)",
@@ -167,13 +176,7 @@ def _parser() -> argparse.ArgumentParser:
         port=8000,
     )
     no_migrate(serve)
-    serve.add_argument(
-        "--log-level",
-        default="info",
-        type=str.lower,
-        choices=["critical", "error", "warning", "info", "debug", "trace"],
-        help="uvicorn's log level (default info)",
-    )
+    log_level(serve)
     serve.add_argument(
         "--ops-host",
         default=None,
@@ -189,6 +192,7 @@ def _parser() -> argparse.ArgumentParser:
     data_dir(dev)
     dev.add_argument("--keep-env", action="store_true", help="keep MCP_TASKS_DATABASE_URL / CELERY_BROKER_URL")
     dev.add_argument("--call", nargs=2, metavar=("TOOL", "ARGS_JSON"), help="call one tool, follow it, then exit")
+    log_level(dev, default=None, shown="info; warning with --call")
 
     db = sub.add_parser(
         "db",
@@ -275,9 +279,7 @@ def _parser() -> argparse.ArgumentParser:
         host="the address to listen on (default 127.0.0.1)",
         port=9102,
     )
-    console.add_argument(
-        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"], help="uvicorn's"
-    )
+    log_level(console)
     from celery_mcp_tasks.cli.tasks import add_parser as add_tasks_parser
 
     add_tasks_parser(sub)

@@ -80,7 +80,7 @@ def run(options: argparse.Namespace) -> int:
 
     config = uvicorn.Config(
         tasks.asgi_app(host=options.host),
-        log_level="warning" if options.call else "info",
+        log_level=options.log_level or ("warning" if options.call else "info"),
         timeout_graceful_shutdown=3,
         lifespan="on",
         log_config=uvicorn_log_config(tasks.settings),  # json: uvicorn's lines go through the JSON root handler
