@@ -375,7 +375,7 @@ def start_embedded(stack: ExitStack, data_dir: Path, logs: Path) -> Deployment:
     env = process_env(Backend("embedded", {}), **ours_env(MCP_TASKS_DATA_DIR=str(data_dir)))
     port = free_port()
     argv = [sys.executable, "-m", "celery_mcp_tasks.cli", "dev", "bench.task_app", "--port", str(port)]
-    dev = spawn("embedded-dev", [*argv, "--data-dir", str(data_dir)], env, logs)
+    dev = spawn("embedded-dev", [*argv, "--data-dir", str(data_dir), "--log-level", "warning"], env, logs)
     stack.callback(dev.stop)
     url = wait_listening(dev, port)
     store = Settings.from_env({"MCP_TASKS_DATA_DIR": str(data_dir)}).store_url
@@ -565,7 +565,8 @@ def header() -> list[str]:
         f"{RUNS} runs; 1 client: {WARMUP} warm-up + {ROUNDS} calls each, in turns; {CLIENTS} clients: {WARM_S:g} s + "
         f"{SECONDS:g} s windows, in turns; bursts of {BURST}; workers -P {POOL} -c {CONCURRENCY} "
         "(embedded: `dev`'s own); ratio = value / ref per run, median of the runs (range beside it)",
-        "ours as shipped but MCP_TASKS_MAX_ROWS=none and MCP_TASKS_WORKER_METRICS_PORT=off; CPU from /proc/<pid>/stat "
+        "ours as shipped but MCP_TASKS_MAX_ROWS=none, MCP_TASKS_WORKER_METRICS_PORT=off and uvicorn at --log-level "
+        "warning (serve and dev alike: no access lines); CPU from /proc/<pid>/stat "
         f"at {CLK_TCK} ticks/s; a redis-server or PostgreSQL shared with other work adds its noise to both sides",
     ]
 
