@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,7 @@ def test_resume_with_an_empty_id_is_a_usage_error_in_one_line(capsys: pytest.Cap
     assert captured.out == ""
 
 
-def test_db_upgrade_and_downgrade_say_from_which_revision_to_which(
+def test_db_says_what_it_did_and_never_downgrades_without_a_revision(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("MCP_TASKS_DATA_DIR", str(tmp_path))
@@ -49,10 +50,31 @@ def test_db_upgrade_and_downgrade_say_from_which_revision_to_which(
     ]
     assert said("upgrade") == [f"celery-mcp-tasks db: the task store {store} is already at {head} (head)"]
     assert "no tables" not in "".join(said("current"))  # alembic prints the revision itself
-    assert said("downgrade") == [
+    checked = f"celery-mcp-tasks db check: the task store {store} is at {head} (head), as this release expects"
+    assert said("check") == [checked]
+    assert main(["db", "downgrade"]) == 2  # never by default: the revision to go back to is said
+    assert capsys.readouterr().err.splitlines() == [
+        "celery-mcp-tasks db: downgrade needs the REVISION to go back to (`base` drops the package's tables "
+        "and every task in them)"
+    ]
+    assert said("check") == [checked]  # the refusal changed nothing
+    assert said("downgrade", "base") == [
         f"celery-mcp-tasks db: downgraded the task store {store} from {head} (head) to base (no tables)"
     ]
     assert said("current") == ["base (no tables): run `celery-mcp-tasks db upgrade`"]
+    assert main(["db", "check"]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"celery-mcp-tasks db check: the task store is not migrated; run `celery-mcp-tasks db upgrade` ({store})"
+    ]
+    said("upgrade")
+    with sqlite3.connect(tmp_path / "tasks.db") as conn:  # a schema changed by hand: alembic's comparison sees it
+        (index,) = conn.execute(
+            "SELECT name FROM sqlite_master WHERE type='index' AND sql LIKE '%expires_at%'"
+        ).fetchone()
+        conn.execute(f"DROP INDEX {index}")
+    assert main(["db", "check"]) == 1
+    (differs,) = capsys.readouterr().err.splitlines()
+    assert differs.startswith(f"celery-mcp-tasks db check: the task store {store} differs from this release's schema:")
 
 
 def test_a_database_failure_after_the_start_up_checks_is_one_line_with_the_drivers_reason(

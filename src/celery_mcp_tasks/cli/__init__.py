@@ -84,6 +84,13 @@ def _db(args: argparse.Namespace) -> int:
 
         print(new_key())
         return 0
+    if args.action == "downgrade" and not args.revision:  # never by default: `base` drops every task
+        print(
+            "celery-mcp-tasks db: downgrade needs the REVISION to go back to (`base` drops the package's tables "
+            "and every task in them)",
+            file=sys.stderr,
+        )
+        return 2
     settings = Settings.from_env()
     preflight(settings, role="db", need_schema=False)  # unreachable: one line, not alembic's traceback
     url = settings.store_url
@@ -92,21 +99,47 @@ def _db(args: argparse.Namespace) -> int:
     if args.action in ("upgrade", "downgrade"):
         before = _revisions(url)
         up = args.action == "upgrade"
-        (migrate.upgrade if up else migrate.downgrade)(url, args.revision or ("head" if up else "base"))
+        (migrate.upgrade if up else migrate.downgrade)(url, args.revision or "head")
         after = _revisions(url)
-        store = redact_url(url)
         if before == after:
-            print(f"celery-mcp-tasks db: the task store {store} is already at {_named(after)}")
+            print(f"celery-mcp-tasks db: the task store {redact_url(url)} is already at {_named(after)}")
         else:
             print(
-                f"celery-mcp-tasks db: {args.action}d the task store {store} from {_named(before)} to {_named(after)}"
+                f"celery-mcp-tasks db: {args.action}d the task store {redact_url(url)} from {_named(before)} "
+                f"to {_named(after)}"
             )
     elif args.action == "check":
-        migrate.check(url)
+        return _check(url)
     else:
         migrate.current(url)
         if not _revisions(url):
             print("base (no tables): run `celery-mcp-tasks db upgrade`")
+    return 0
+
+
+def _check(url: str) -> int:
+    """0 when the store is at this release's head and its schema is the one the models describe; else 1, saying why."""
+    from alembic.util import CommandError
+
+    from celery_mcp_tasks import migrate
+    from celery_mcp_tasks.config import redact_url
+    from celery_mcp_tasks.preflight import revision_problem
+
+    store = redact_url(url)
+    problem = revision_problem(_revisions(url))
+    if problem is not None:
+        print(f"celery-mcp-tasks db check: {problem} ({store})", file=sys.stderr)
+        return 1
+    try:
+        migrate.check(url)  # alembic compares the models with the tables: a column changed by hand shows here
+    except CommandError as exc:
+        detail = str(exc).strip().splitlines()[0]
+        print(
+            f"celery-mcp-tasks db check: the task store {store} differs from this release's schema: {detail}",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"celery-mcp-tasks db check: the task store {store} is at {_named(_revisions(url))}, as this release expects")
     return 0
 
 
@@ -203,7 +236,7 @@ def _parser() -> argparse.ArgumentParser:
     db.add_argument(
         "action",
         choices=["upgrade", "downgrade", "check", "current", "newkey", "reencrypt"],
-        help="upgrade (to head) or downgrade (to base) and say from which revision to which; check: the schema "
+        help="upgrade (to head) or downgrade (to REVISION) and say from which revision to which; check: the schema "
         "matches this release; current: print the store's revision; newkey: print a fresh key for "
         "MCP_TASKS_ENCRYPTION_KEYS; reencrypt: seal every task's payloads with the ring's first key (safe while "
         "web processes and workers run)",
@@ -211,7 +244,7 @@ def _parser() -> argparse.ArgumentParser:
     db.add_argument(
         "revision",
         nargs="?",
-        help="the revision to upgrade or downgrade to (default: head for upgrade, base for downgrade)",
+        help="the revision to upgrade to (default: head), or to downgrade to (required; base: no tables)",
     )
 
     stdio = command(
