@@ -225,6 +225,13 @@ def patient(seconds: float) -> str:
     return f"waited {seconds:g}s"
 
 
+@tasks.mcp_task(mode="forbidden")
+def never_a_task(seconds: float) -> str:
+    """Answered only as a plain call, however the client calls it: the answer waits for the job."""
+    time.sleep(seconds)
+    return f"slept {seconds:g}s"
+
+
 # -- lifetimes and input of every kind ------------------------------------------------------------
 
 

@@ -124,6 +124,16 @@ def test_timeout_leaves_the_task_running_and_says_how_to_resume(runtime: Deploym
         client.close()
 
 
+def test_timeout_bounds_a_call_answered_without_a_task_too(runtime: Deployment) -> None:
+    """A `mode="forbidden"` tool answers only when its job has run: --timeout gives that call up (124)."""
+    started = time.monotonic()
+    run = _call(runtime.url, "never_a_task", '{"seconds": 30}', "--timeout", "1")
+    _ok(run, 124)
+    assert time.monotonic() - started < 20  # not the job's 30 s
+    assert run.stderr.strip().splitlines()[-1] == "celery-mcp-tasks call: no answer after 1s; the call was given up"
+    assert _ok(_call(runtime.url, "never_a_task", '{"seconds": 0.1}', "--timeout", "30")) == ["slept 0.1s"]
+
+
 def test_a_failed_task_exits_1_with_its_error(runtime: Deployment) -> None:
     lines = _ok(_call(runtime.url, "explode", '{"message": "boom"}'), 1)
     assert lines[-2:] == [

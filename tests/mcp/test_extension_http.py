@@ -176,7 +176,11 @@ def test_the_servers_sync_timeout_ends_the_call_cancels_the_task_and_the_job_sto
 ) -> None:
     marker = tmp_path / "work"
     error = short_sync.call_tool("work", {"seconds": 60, "marker": str(marker)}, capabilities=WITHOUT_EXT)["error"]
-    assert error == {"code": -32603, "message": "Tool work did not finish in time; call it with the tasks extension"}
+    assert error == {
+        "code": -32603,
+        "message": "Tool work did not finish in time, and its job was cancelled: its job reported nothing for 1 s "
+        "(MCP_TASKS_SYNC_TIMEOUT_S); call it with the tasks extension to wait as long as it runs",
+    }
     row = hidden_row(deployment, "work", marker=str(marker))
     assert (row["status"], row["status_message"]) == ("cancelled", "Timed out waiting synchronously")
     wait_until(lambda: Path(f"{marker}.stopped").exists(), 15, "the job to see the cancel and stop")
@@ -188,7 +192,7 @@ def test_a_tools_own_sync_timeout_wins_over_the_servers_both_ways(
     marker = tmp_path / "impatient"
     # The server allows 60 s; the tool, 1 s.
     error = client.call_tool("impatient", {"seconds": 60, "marker": str(marker)}, capabilities=WITHOUT_EXT)["error"]
-    assert error["message"] == "Tool impatient did not finish in time; call it with the tasks extension"
+    assert "reported nothing for 1 s (the tool's sync_timeout_s)" in error["message"]
     assert hidden_row(deployment, "impatient", marker=str(marker))["status"] == "cancelled"
     wait_until(lambda: Path(f"{marker}.stopped").exists(), 15, "the job to stop")
     # The server allows 1 s; the tool, 60 s.

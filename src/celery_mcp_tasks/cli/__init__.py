@@ -297,7 +297,8 @@ def _parser() -> argparse.ArgumentParser:
         "--timeout",
         type=float,
         metavar="SECONDS",
-        help="wait at most this long; then exit 124 and leave the task running (the message says how to resume)",
+        help="wait at most this long; then exit 124 and leave the task running (the message says how to resume), "
+        "or give up a call the tool answers without a task (mode=forbidden)",
     )
     caller.add_argument("--json", dest="json_output", action="store_true", help="print only the final result, as JSON")
     caller.add_argument(

@@ -32,7 +32,9 @@ if TYPE_CHECKING:
 EXIT_OK = 0
 EXIT_FAILED = 1  # failed, a result with isError, the server unreachable or refusing
 EXIT_USAGE = 2  # ARGS not JSON / not an object, TOOL and --resume both or neither
-EXIT_TIMEOUT = 124  # --timeout expired: the task keeps running (resume it), like timeout(1)
+EXIT_TIMEOUT = (
+    124  # --timeout expired: the task keeps running (resume it), like timeout(1); a call without a task is given up
+)
 EXIT_CANCELLED = 130  # the task ended cancelled (Ctrl-C, a declined question, another client)
 
 
@@ -311,11 +313,16 @@ async def _session(options: CallOptions, arguments: dict[str, Any], io: CallIo, 
             ) as client,
         ):
             try:
-                with interrupts.stage() as starting:
+                # --timeout bounds the start too: a tool that answers without a task (mode="forbidden", or a
+                # server without the extension) answers only when its job has run.
+                with interrupts.stage() as starting, anyio.move_on_after(options.timeout) as answering:
                     handle = await _start(options, arguments, tasks, client)
                 if starting.cancelled_caught:
                     io.view.note("interrupted")
                     return EXIT_CANCELLED
+                if answering.cancelled_caught:
+                    _stop(io.view, f"no answer after {options.timeout:g}s; the call was given up")
+                    return EXIT_TIMEOUT
                 try:
                     return await _follow(options, io, interrupts, handle)
                 finally:

@@ -146,8 +146,11 @@ class SyncCalls:
                 continue
             remaining = deadline - anyio.current_time()
             if remaining <= 0:
+                # Read again: a claim is not read as it lands (`_the_claim`), and whether the job started says why.
+                read = await self._run(partial(service.record, record.key), "tools/call")
+                latest.record = record = read or record
                 await self._abandon(record, "Timed out waiting synchronously")
-                raise internal(f"Tool {tool.name} did not finish in time; call it with the tasks extension")
+                raise internal(_timed_out(tool, record, idle_s))
             if watch is not None:
                 hints = await watch.next(min(_SAFETY_REREAD_S, remaining))
                 if hints and all(version is not None and version <= record.version for version in hints.values()):
@@ -261,6 +264,18 @@ class SyncCalls:
             except Exception as exc:  # noqa: BLE001 - on the way out: the reaper ends what is left
                 logger.warning("could not cancel a synchronous call's task on shutdown: %s", type(exc).__name__)
         return len(keys)
+
+
+def _timed_out(tool: TaskTool, record: TaskRecord, idle_s: float) -> str:
+    """Why a synchronous call gave up its job, naming the bound that ended it and what to do."""
+    setting = "the tool's sync_timeout_s" if tool.sync_timeout_s else "MCP_TASKS_SYNC_TIMEOUT_S"
+    bound = f"{idle_s:g} s ({setting})"
+    if record.started_at is None:
+        why = f"no worker started its job within {bound}: check that a worker consumes its queue"
+    else:
+        why = f"its job reported nothing for {bound}"
+    advice = "" if tool.mode == "forbidden" else "; call it with the tasks extension to wait as long as it runs"
+    return f"Tool {tool.name} did not finish in time, and its job was cancelled: {why}{advice}"
 
 
 def _the_claim(record: TaskRecord, hints: Mapping[str, int | None]) -> bool:
