@@ -96,6 +96,26 @@ def test_the_embedded_store_before_its_first_upgrade_is_a_database_fail_with_its
     assert rows["broker"].status == "OK"
 
 
+def test_a_misspelled_setting_is_a_config_warning_and_under_strict_settings_a_fail(
+    app_module: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What `serve` and the worker say of it: doctor's config row must not pass what they refuse."""
+    monkeypatch.setenv("MCP_TASKS_JANITOR_INTERVAL", "30")
+    config = by_name(diagnose(app_module, timeout_s=0.5))["config"]
+    assert config.status == "WARN"
+    assert config.detail.startswith(
+        "MCP_TASKS_JANITOR_INTERVAL is not a celery-mcp-tasks setting and is ignored (did you mean "
+        "MCP_TASKS_JANITOR_INTERVAL_S?); MCP_TASKS_STRICT_SETTINGS=on makes this an error; store sqlite:///"
+    )
+    monkeypatch.setenv("MCP_TASKS_STRICT_SETTINGS", "on")
+    rows = diagnose(app_module, timeout_s=0.5)
+    assert (rows[0].name, rows[0].status) == ("config", "FAIL")
+    assert rows[0].detail == (
+        "configuration error: MCP_TASKS_JANITOR_INTERVAL is not a celery-mcp-tasks setting (did you mean "
+        "MCP_TASKS_JANITOR_INTERVAL_S?); MCP_TASKS_STRICT_SETTINGS is on"
+    )
+
+
 def test_a_schema_behind_head_is_a_schema_fail_with_the_upgrade_command(app_module: str, tmp_path: Path) -> None:
     upgrade(Settings(data_dir=tmp_path / "data").store_url, "0004")
     rows = by_name(diagnose(app_module, timeout_s=0.5))

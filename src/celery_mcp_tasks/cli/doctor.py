@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 from celery_mcp_tasks.cli.shared import load_app, tool_queues
-from celery_mcp_tasks.config import ConfigError, redact_url
+from celery_mcp_tasks.config import ConfigError, redact_url, unknown_settings
 from celery_mcp_tasks.model import TaskRecord, TaskStatus, now_ms
 from celery_mcp_tasks.ops.probes import (
     Finding,
@@ -345,8 +345,14 @@ def _load(app_path: str) -> tuple[McpTasks | None, Verdict]:
     problem = shared_store_problem(tasks.settings, "process", str(tasks.celery.conf.broker_url))
     if problem is not None:
         return tasks, Verdict("FAIL", problem, "set MCP_TASKS_DATABASE_URL to the database every process shares")
+    try:  # what `serve` and the worker warn about, or refuse with MCP_TASKS_STRICT_SETTINGS on
+        unknown = unknown_settings(os.environ)
+    except ConfigError as exc:
+        return tasks, Verdict("FAIL", f"configuration error: {exc}", "fix the setting the message names")
     tools = sorted(_internals(tasks).tools)
     where = f"store {redact_url(tasks.settings.store_url)}, broker {redact_url(str(tasks.celery.conf.broker_url))}"
+    if unknown:
+        return tasks, Verdict("WARN", f"{'; '.join(unknown)}; {where}", "")
     if not tools:
         return tasks, Verdict("WARN", f"{app_path} loads but declares no task tools; {where}", "")
     return tasks, Verdict("OK", f"{len(tools)} task tool(s) ({', '.join(tools)}); {where}")
