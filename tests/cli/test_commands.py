@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sqlite3
+import uuid
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,56 @@ def test_a_database_failure_after_the_start_up_checks_is_one_line_with_the_drive
     assert main(["db", "current"]) == 1
     err = capsys.readouterr().err
     assert err == "celery-mcp-tasks: database error: server closed the connection unexpectedly\n"
+
+
+TWICE = """
+from celery_mcp_tasks import McpTasks
+
+tasks = McpTasks("twice")
+
+
+@tasks.mcp_task
+def report(topic: str) -> str:
+    return topic
+
+
+@tasks.mcp_task(name="report")
+def summary(topic: str) -> str:
+    return topic
+"""
+
+
+@pytest.mark.parametrize(
+    ("source", "said"),
+    [
+        (TWICE, "{module}.py:12: task tool 'report': a tool of that name is already registered on this server"),
+        (
+            TWICE.replace("def report", "async def report"),
+            "{module}.py:7: task tool 'report': Celery jobs are synchronous; define it with `def`",
+        ),
+    ],
+    ids=["named-twice", "async"],
+)
+def test_a_tool_the_package_refuses_at_import_is_one_line_naming_the_apps_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, said: str
+) -> None:
+    from celery_mcp_tasks.cli.shared import load_app
+
+    module = f"refused_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(source)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("MCP_TASKS_DATA_DIR", str(tmp_path / "data"))
+    with pytest.raises(SystemExit) as refused:
+        load_app(module)
+    assert refused.value.code == "celery-mcp-tasks: " + said.format(module=module)
+
+
+def test_an_error_of_the_apps_own_keeps_its_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from celery_mcp_tasks.cli.shared import load_app
+
+    module = f"broken_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text("int('not a number')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError, match="invalid literal"):
+        load_app(module)

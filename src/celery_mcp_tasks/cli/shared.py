@@ -69,6 +69,11 @@ def _import_app(path: str) -> Any:
                 f"myapp.tasks, importable from {os.getcwd()})"
             ) from None
         raise
+    except (ValueError, TypeError) as exc:
+        where = _refused_at(exc)
+        if where is None:
+            raise  # the app's own error: its traceback shows where
+        raise SystemExit(f"celery-mcp-tasks: {where}: {exc}") from None
     if attribute:
         found = getattr(module, attribute, None)
         if not isinstance(found, McpTasks):
@@ -81,6 +86,23 @@ def _import_app(path: str) -> Any:
             f"(found {len(candidates)}); name it as {module_name}:NAME"
         )
     return candidates[0]
+
+
+_PACKAGE = str(Path(__file__).resolve().parent.parent)
+
+
+def _refused_at(exc: BaseException) -> str | None:
+    """`file:line` in APP where this package refused a definition (a tool named twice, an async tool, ...), or
+    None when `exc` was raised elsewhere. This package raises those with the whole story in their message."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames or not frames[-1].filename.startswith(_PACKAGE):
+        return None
+    for frame in reversed(frames):
+        if not frame.filename.startswith((_PACKAGE, "<")):
+            return f"{os.path.relpath(frame.filename)}:{frame.lineno}"
+    return None
 
 
 def start_ops_server(tasks: Any, host: str | None, port: int | None) -> Any:
