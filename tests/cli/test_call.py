@@ -449,8 +449,17 @@ def test_an_unreachable_server_is_one_line_and_exit_1() -> None:
     url = f"http://127.0.0.1:{port}/mcp"
     run_io, out, err = _io()
     assert run_call(CallOptions(url=url, tool="t", token="s3cret-token"), io=run_io) == EXIT_FAILED
-    assert err.getvalue() == f"celery-mcp-tasks call: cannot reach {url}: ConnectError\n"
+    assert err.getvalue() == f"celery-mcp-tasks call: cannot reach {url}: Connection refused (ConnectError)\n"
     assert "s3cret" not in out.getvalue() + err.getvalue()
+
+
+def test_a_url_without_its_scheme_is_a_usage_error_saying_what_it_needs() -> None:
+    run_io, out, err = _io()
+    assert run_call(CallOptions(url="localhost:8000/mcp", tool="t"), io=run_io) == EXIT_USAGE
+    assert err.getvalue() == (
+        "celery-mcp-tasks call: URL must start with http:// or https:// (e.g. http://127.0.0.1:8000/mcp), "
+        "not 'localhost:8000/mcp'\n"
+    )
 
 
 def test_one_interrupt_ends_the_current_step_and_a_second_one_everything() -> None:

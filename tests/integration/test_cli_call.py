@@ -158,7 +158,7 @@ def test_mistakes_are_one_line_each(runtime: Deployment) -> None:
     unreachable = _call(url, "work", "{}")
     assert (unreachable.returncode, unreachable.stderr) == (
         1,
-        f"celery-mcp-tasks call: cannot reach {url}: ConnectError\n",
+        f"celery-mcp-tasks call: cannot reach {url}: Connection refused (ConnectError)\n",
     )
     gone = _call(runtime.url, "--resume=no-such-task-id-at-all-just-a-probe-000000")
     assert (gone.returncode, gone.stderr) == (

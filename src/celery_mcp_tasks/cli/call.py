@@ -89,14 +89,30 @@ def _one_line(exc: BaseException, options: CallOptions, refused: Sequence[int], 
         return CallError(f"the server requires a token (HTTP {refused[-1]}): pass --token or set MCP_TASKS_TOKEN")
     for leaf in leaves:
         if isinstance(leaf, httpx2.TransportError | OSError):
-            return CallError(f"cannot reach {options.url}: {type(leaf).__name__}")
+            return CallError(f"cannot reach {options.url}: {_reason(leaf)}")
         if isinstance(leaf, httpx2.HTTPError):
-            return CallError(f"HTTP error talking to {options.url}: {type(leaf).__name__}")
+            return CallError(f"HTTP error talking to {options.url}: {_reason(leaf)}")
         if isinstance(leaf, MCPError):
             return CallError(f"{options.url}: {leaf.message}")
     if isinstance(exc, BaseExceptionGroup) and len(leaves) == 1:
         return leaves[0]
     return exc
+
+
+def _reason(exc: BaseException) -> str:
+    """The operating system's words where the error came from one (`Connection refused`), else the library's
+    first line, with the error's name."""
+    cause: BaseException | None = exc
+    for _ in range(8):  # the chain httpx and anyio build: ConnectError <- OSError <- ExceptionGroup[OSError]
+        if cause is None:
+            break
+        if isinstance(cause, OSError) and cause.strerror:  # asyncio's words add the address: the errno's alone
+            words = os.strerror(cause.errno) if cause.errno and cause.errno > 0 else cause.strerror
+            return f"{words} ({type(exc).__name__})"
+        grouped = cause.exceptions[0] if isinstance(cause, BaseExceptionGroup) else None
+        cause = grouped or cause.__cause__ or cause.__context__
+    lines = str(exc).strip().splitlines()
+    return f"{lines[0][:200]} ({type(exc).__name__})" if lines else type(exc).__name__
 
 
 def read_arguments(text: str | None, stdin: IO[str] | None) -> str | None:
@@ -255,6 +271,10 @@ async def _run(options: CallOptions, io: CallIo, abort: Callable[[], bool] | Non
         raise CallError("--resume follows an existing task: it takes no ARGS and no --no-wait", EXIT_USAGE)
     if options.timeout is not None and options.timeout <= 0:
         raise CallError("--timeout must be a positive number of seconds", EXIT_USAGE)
+    if not options.url.lower().startswith(("http://", "https://")):
+        raise CallError(
+            f"URL must start with http:// or https:// (e.g. http://127.0.0.1:8000/mcp), not {options.url!r}", EXIT_USAGE
+        )
     arguments = parse_arguments(options.arguments)
     outer = anyio.CancelScope()
     interrupts = _Interrupts(outer)
