@@ -18,27 +18,29 @@ WRONG = [
     ("MCP_TASKS_DATABASE_URL", "not a url", "not a database URL"),
     ("MCP_TASKS_DATABASE_URL", "postgresql+psycopg2://db/tasks", "psycopg 3"),
     ("MCP_TASKS_MAX_ROWS", "0", "must be >= 1"),
-    ("MCP_TASKS_MAX_ROWS", "lots", "expected an integer or none"),
+    ("MCP_TASKS_MAX_ROWS", "lots", "expected an integer, or none/off"),
     ("MCP_TASKS_DEFAULT_TTL_MS", "-5", "must be >= 1"),
     ("MCP_TASKS_POLL_INTERVAL_MS", "1.5", "expected an integer"),
     ("MCP_TASKS_RETENTION_MS", "-1", "must be >= 0"),
     ("MCP_TASKS_JANITOR_INTERVAL_S", "-60", "must be > 0 (or off)"),
     ("MCP_TASKS_STALE_TIMEOUT_S", "0.2", "must be >= 1"),
+    ("MCP_TASKS_STALE_TIMEOUT_S", "0", "must be >= 1"),  # the same bound for every value under it
+    ("MCP_TASKS_WORKER_METRICS_PORT", "x", "expected an integer, or none/off"),
     ("MCP_TASKS_STALE_TIMEOUT_S", "soon", "expected a number of seconds"),
     ("MCP_TASKS_MAX_SENDS", "0", "must be >= 1"),
     ("MCP_TASKS_NOTIFY", "carrier-pigeon", "expected one of"),
     ("CELERY_BROKER_URL", "localhost:6379", "expected a URL"),
     ("MCP_TASKS_QUOTA_ACTIVE", "-1", "must be >= 1"),
-    ("MCP_TASKS_QUOTA_ACTIVE", "ten", "expected an integer or none"),
+    ("MCP_TASKS_QUOTA_ACTIVE", "ten", "expected an integer, or none/off"),
     ("MCP_TASKS_QUOTA_ACTIVE_PER_TOOL", "0", "must be >= 1"),
-    ("MCP_TASKS_QUOTA_CREATIONS", "2.5", "expected an integer or none"),
+    ("MCP_TASKS_QUOTA_CREATIONS", "2.5", "expected an integer, or none/off"),
     ("MCP_TASKS_QUOTA_WINDOW_S", "-60", "must be > 0"),
     ("MCP_TASKS_QUOTA_WINDOW_S", "a minute", "expected a number of seconds"),
     ("MCP_TASKS_IDEMPOTENCY_SECRET", "short", "at least 32 bytes"),
     ("MCP_TASKS_FAIR_QUEUES", "1", "must be >= 2"),
     ("MCP_TASKS_QUOTA_ANONYMOUS", "per_ip", "expected one of shared, per_client"),
-    ("MCP_TASKS_FAIR_QUEUES", "many", "expected an integer or none"),
-    ("MCP_TASKS_MAX_ARGUMENTS_BYTES", "big", "expected an integer or none"),
+    ("MCP_TASKS_FAIR_QUEUES", "many", "expected an integer, or none/off"),
+    ("MCP_TASKS_MAX_ARGUMENTS_BYTES", "big", "expected an integer, or none/off"),
     ("MCP_TASKS_MAX_ANSWER_BYTES", "0", "must be >= 1"),
     ("MCP_TASKS_MAX_RESULT_BYTES", "-5", "must be >= 1"),
     ("MCP_TASKS_ENCRYPTION_KEYS", "not-a-key", "key 1 of 1 is not a base64 32-byte key"),
@@ -111,7 +113,7 @@ def test_every_process_refuses_to_start_with_one_line(argv: list[str], tmp_path:
     done = subprocess.run([sys.executable, *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert done.stderr.strip().splitlines() == [
-        "celery-mcp-tasks: configuration error: MCP_TASKS_MAX_ROWS: expected an integer or none, got 'lots'"
+        "celery-mcp-tasks: configuration error: MCP_TASKS_MAX_ROWS: expected an integer, or none/off, got 'lots'"
     ]
     assert "Traceback" not in done.stdout + done.stderr
 

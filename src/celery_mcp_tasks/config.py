@@ -60,13 +60,15 @@ def _int(
     try:
         value = int(text)
     except ValueError:
-        raise ConfigError(f"{name}: expected an integer{' or none' if allow_none else ''}, got {raw!r}") from None
+        raise ConfigError(f"{name}: expected an integer{', or none/off' if allow_none else ''}, got {raw!r}") from None
     if value < minimum:
         raise ConfigError(f"{name}: must be >= {minimum}, got {value}")
     return value
 
 
-def _float(env: Mapping[str, str], name: str, default: float, *, allow_off: bool = False) -> float | None:
+def _float(
+    env: Mapping[str, str], name: str, default: float, *, allow_off: bool = False, minimum: float = 0.0
+) -> float | None:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
@@ -76,8 +78,9 @@ def _float(env: Mapping[str, str], name: str, default: float, *, allow_off: bool
         value = float(raw)
     except ValueError:
         raise ConfigError(f"{name}: expected a number of seconds, got {raw!r}") from None
-    if value <= 0:
-        raise ConfigError(f"{name}: must be > 0{' (or off)' if allow_off else ''}, got {raw!r}")
+    if value <= 0 or value < minimum:
+        bound = f">= {minimum:g}" if minimum else "> 0"
+        raise ConfigError(f"{name}: must be {bound}{' (or off)' if allow_off else ''}, got {raw!r}")
     return value
 
 
@@ -294,7 +297,7 @@ class Settings:
             "janitor_interval_s": _float(
                 env, "MCP_TASKS_JANITOR_INTERVAL_S", 5.0 if embedded else 60.0, allow_off=True
             ),
-            "stale_timeout_s": _float(env, "MCP_TASKS_STALE_TIMEOUT_S", 15.0 if embedded else 300.0),
+            "stale_timeout_s": _float(env, "MCP_TASKS_STALE_TIMEOUT_S", 15.0 if embedded else 300.0, minimum=1.0),
             # MCP_TASKS_MAX_DISPATCHES: the setting's name in 0.1.0, still read when the new one is unset
             "max_sends": _int(env, "MCP_TASKS_MAX_SENDS", None) or _int(env, "MCP_TASKS_MAX_DISPATCHES", 3),
             "sync_timeout_s": _float(env, "MCP_TASKS_SYNC_TIMEOUT_S", 60.0),

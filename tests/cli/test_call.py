@@ -460,6 +460,7 @@ def test_a_url_without_its_scheme_is_a_usage_error_saying_what_it_needs() -> Non
         "celery-mcp-tasks call: URL must start with http:// or https:// (e.g. http://127.0.0.1:8000/mcp), "
         "not 'localhost:8000/mcp'\n"
     )
+    assert not out.getvalue()
 
 
 def test_one_interrupt_ends_the_current_step_and_a_second_one_everything() -> None:

@@ -148,3 +148,14 @@ def test_an_error_of_the_apps_own_keeps_its_traceback(tmp_path: Path, monkeypatc
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ValueError, match="invalid literal"):
         load_app(module)
+
+
+@pytest.mark.parametrize(("given", "port"), [("off", 0), ("OFF", 0), ("0", 0), ("9200", 9200)])
+def test_ops_port_takes_what_its_setting_takes(given: str, port: int) -> None:
+    assert _parser().parse_args(["serve", "app", "--ops-port", given]).ops_port == port
+
+
+def test_an_ops_port_out_of_range_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["serve", "app", "--ops-port", "99999"])
+    assert "argument --ops-port: expected a TCP port or off, got '99999'" in capsys.readouterr().err

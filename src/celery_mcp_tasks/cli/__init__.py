@@ -169,6 +169,15 @@ def _reencrypt(settings: Settings) -> int:
     return 1 if done.busy else 0
 
 
+def _ops_port(text: str) -> int:
+    """`--ops-port` takes what MCP_TASKS_OPS_PORT takes: a TCP port, or off (0)."""
+    if text.strip().lower() in ("off", "none", "0"):
+        return 0
+    if not text.strip().isdigit() or not 0 < int(text) < 65536:
+        raise argparse.ArgumentTypeError(f"expected a TCP port or off, got {text!r}")
+    return int(text)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="celery-mcp-tasks", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -216,7 +225,10 @@ def _parser() -> argparse.ArgumentParser:
         help="where the plugins' /metrics, /healthz, /readyz listen (default: MCP_TASKS_OPS_HOST or 127.0.0.1)",
     )
     serve.add_argument(
-        "--ops-port", type=int, default=None, help="their port (default: MCP_TASKS_OPS_PORT or 9101; 0: none)"
+        "--ops-port",
+        type=_ops_port,
+        default=None,
+        help="their port (default: MCP_TASKS_OPS_PORT or 9101; off or 0: none)",
     )
 
     dev = command("dev", help="web + worker + beat on SQLite and the filesystem broker")
