@@ -492,6 +492,8 @@ class TaskService:
             if self.dispatcher is None:
                 raise NotLost("this process sends no jobs")
             if not record.stale(stale_before_ms):
+                if record.started_at is None:  # sent, not started: its message may still be waiting in the queue
+                    raise NotLost("the job was sent less than the stale timeout ago and has not started yet")
                 raise NotLost("the job is alive: its heartbeat is newer than the stale timeout")
             return record.dispatched(self.clock(), message, resend=True)
 

@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from celery_mcp_tasks.console.context import Ambiguous, Conflict, Console, NotFound, PayloadsHidden, Refused
-from celery_mcp_tasks.model import TaskRecord, TaskStatus, celery_message_id
+from celery_mcp_tasks.model import Run, TaskRecord, TaskStatus, celery_message_id
 from celery_mcp_tasks.notify.hub import Hub
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.codec import KeyRing, new_key
@@ -314,13 +314,19 @@ async def test_resend_only_a_job_judged_lost_and_delete_only_a_final_task(
     _, rec = console.service.create(owner=None, tool="t", arguments={})
     with pytest.raises(Refused) as caught:
         await console.resend(rec.key, "ann")
-    assert "alive" in caught.value.message and len(runner.sent) == 1
+    assert caught.value.message == "the job was sent less than the stale timeout ago and has not started yet"
+    assert len(runner.sent) == 1
+    _, started = console.service.create(owner=None, tool="t", arguments={})
+    console.service.begin(started.key, Run(started.dispatches), stale_before_ms=0)  # a worker took it
+    with pytest.raises(Refused) as caught:
+        await console.resend(started.key, "ann")
+    assert caught.value.message == "the job is alive: its heartbeat is newer than the stale timeout"
     with pytest.raises(Refused):
         await console.delete(rec.key, "ann")
     assert isinstance(console.clock, Clock)
     console.clock.now += 31_000  # no heartbeat for longer than the stale timeout
     done = await console.resend(rec.key, "ann")
-    assert done.row is not None and done.row.dispatches == 2 and done.row.resends == 1 and len(runner.sent) == 2
+    assert done.row is not None and done.row.dispatches == 2 and done.row.resends == 1 and len(runner.sent) == 3
     await console.cancel(rec.key, "ann")
     await console.delete(rec.key, "ann")
     assert console.service.store.get(rec.key) is None
@@ -329,7 +335,7 @@ async def test_resend_only_a_job_judged_lost_and_delete_only_a_final_task(
     with pytest.raises(NotFound):
         await console.detail("not-a-key")
     outcomes = [line.rsplit("outcome=", 1)[1] for line in audits(caplog)]
-    assert outcomes == ["refused", "refused", "resent", "cancelled", "deleted", "not_found"]
+    assert outcomes == ["refused", "refused", "refused", "resent", "cancelled", "deleted", "not_found"]
 
 
 @pytest.mark.anyio
