@@ -18,7 +18,7 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
+from types import FrameType, TracebackType
 from typing import Any
 
 from celery_mcp_tasks.config import redact_url
@@ -71,7 +71,7 @@ def _import_app(path: str) -> Any:
         raise
     except (ValueError, TypeError) as exc:
         where = _refused_at(exc)
-        if where is None:
+        if not where:
             raise  # the app's own error: its traceback shows where
         raise SystemExit(f"celery-mcp-tasks: {where}: {exc}") from None
     if attribute:
@@ -88,21 +88,24 @@ def _import_app(path: str) -> Any:
     return candidates[0]
 
 
-_PACKAGE = str(Path(__file__).resolve().parent.parent)
-
-
-def _refused_at(exc: BaseException) -> str | None:
+def _refused_at(exc: BaseException) -> str:
     """`file:line` in APP where this package refused a definition (a tool named twice, an async tool, ...), or
-    None when `exc` was raised elsewhere. This package raises those with the whole story in their message."""
-    import traceback
+    "" when `exc` was raised elsewhere. This package raises those with the whole story in their message."""
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append(tb)
+        tb = tb.tb_next
 
-    frames = traceback.extract_tb(exc.__traceback__)
-    if not frames or not frames[-1].filename.startswith(_PACKAGE):
-        return None
+    def module(frame: TracebackType) -> str:
+        return str(frame.tb_frame.f_globals.get("__name__") or "").partition(".")[0]
+
+    if not frames or module(frames[-1]) != "celery_mcp_tasks":
+        return ""
     for frame in reversed(frames):
-        if not frame.filename.startswith((_PACKAGE, "<")):
-            return f"{os.path.relpath(frame.filename)}:{frame.lineno}"
-    return None
+        if module(frame) not in ("celery_mcp_tasks", "importlib"):
+            return f"{os.path.relpath(frame.tb_frame.f_code.co_filename)}:{frame.tb_lineno}"
+    return ""
 
 
 def start_ops_server(tasks: Any, host: str | None, port: int | None) -> Any:
