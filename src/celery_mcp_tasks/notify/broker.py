@@ -1,9 +1,9 @@
 """Broker transport: a kombu fanout exchange on the Celery broker (Redis, RabbitMQ), for a non-PostgreSQL store.
 
 The writer publishes a transient hint after its write (~2.6 ms over Redis) through the app's producer
-pool (no new connection per write); a web process where some stream follows a task consumes an exclusive,
-auto-deleted queue bound to the exchange in a thread (kombu is synchronous), handing hints to the hub.
-Body: `{"k": row key, "v": version}`, never a task id or a result.
+pool (no new connection per write); every web process consumes an exclusive, auto-deleted queue bound to
+the exchange in a thread (kombu is synchronous), handing hints to the hub. Body: `{"k": row key, "v":
+version}`, never a task id or a result.
 """
 
 from __future__ import annotations
@@ -30,8 +30,6 @@ logger = logging.getLogger(__name__)
 # A hint is worth one quick retry, not a stalled job: the seam swallows the failure.
 _RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.1, "interval_max": 0.1}
 _DRAIN_TIMEOUT_S = 0.5
-_IDLE_S = 5.0
-"""How often a bound listener checks whether anything still follows a task."""
 _RETRY_MAX_S = 5.0
 
 
@@ -88,13 +86,7 @@ class BrokerPublisher:
 
 
 class BrokerListener:
-    """Consumes the fanout in a daemon thread while some watch follows a row; `run` lives as long as the web app.
-
-    Connected from the start, so an unreachable broker is said at once, but bound to the exchange only while
-    the hub follows a row, as `PgListener` LISTENs: every hint heard costs this process a wake-up, so an idle
-    process unbinds `_IDLE_S` to twice that after the last watch closed (its queue goes with it). Each binding
-    asks every watch to re-read: what changed while unbound (or disconnected) was heard by no one.
-    """
+    """Consumes the fanout in a daemon thread; `run` lives as long as the web app."""
 
     def __init__(self, connection: Callable[[], Connection], exchange: Exchange, hub: Hub, *, url: str = "") -> None:
         self._connection = connection
@@ -102,55 +94,53 @@ class BrokerListener:
         self._exchange = exchange
         self._hub = hub
         self._stop = threading.Event()
-        self._wanted = threading.Event()  # some watch follows a row: be bound (set and cleared on the loop)
-        self._settled = threading.Event()  # connected, and bound if wanted: the listener is ready
+        self._connected = threading.Event()
         self.ready = anyio.Event()
-        self.listening = False  # bound to the exchange
 
     async def run(self) -> None:
         self._hub.bind()
-        if self._hub.followed:  # decided before the thread connects, so its first settled state is the right one
-            self._wanted.set()
         thread = threading.Thread(target=self._consume, name="mcp-tasks-hints", daemon=True)
         thread.start()
         try:
-            while not self._settled.is_set():  # noqa: ASYNC110 - a threading.Event, set by the consumer thread
+            while not self._connected.is_set():  # noqa: ASYNC110 - a threading.Event, set by the consumer thread
                 await anyio.sleep(0.02)
             self.ready.set()
-            while True:
-                await self._hub.until_followed()
-                self._wanted.set()
-                idle_periods = 0
-                while idle_periods < 2:  # unfollowed through one whole period: unbind
-                    await anyio.sleep(_IDLE_S)
-                    idle_periods = 0 if self._hub.followed else idle_periods + 1
-                self._wanted.clear()
+            await anyio.sleep_forever()
         finally:
             self._stop.set()
-            self._wanted.set()  # wakes an idle thread
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(thread.join, _DRAIN_TIMEOUT_S * 4)
 
     def _consume(self) -> None:
         delay = 0.1
+        connected_before = False
         failing = False  # the first failure of an outage is a warning with the fix; its retries are debug
         while not self._stop.is_set():
             connection = self._connection()
             try:
                 with connection as conn:
-                    # The broker answers (Redis: a PING), or this raises; connecting as the app's transport
-                    # options say (`Connection.channel()` would retry on kombu's own 2 s schedule).
-                    conn.default_channel  # noqa: B018 - the property connects
-                    if failing:
-                        logger.info("task change listener reached the broker %s again", self._url or conn.as_uri())
-                    failing, delay = False, 0.1
-                    while not self._stop.is_set():
-                        if self._wanted.is_set():
-                            self._bound(conn)
-                        else:
-                            self._settled.set()
-                            self._wanted.wait(_DRAIN_TIMEOUT_S)
-                            _drain(conn, 0)  # reads what the broker sent meanwhile (AMQP heartbeats)
+                    queue = Queue(
+                        f"{self._exchange.name}.{uuid.uuid4().hex}",
+                        exchange=self._exchange,
+                        routing_key="",
+                        exclusive=True,
+                        auto_delete=True,
+                        durable=False,
+                    )
+                    with Consumer(conn, queues=[queue], callbacks=[self._on_message], accept=["json"], no_ack=True):
+                        if connected_before:
+                            self._hub.resync_threadsafe()
+                        if failing:
+                            logger.info("task change listener reached the broker %s again", self._url or conn.as_uri())
+                        connected_before, failing = True, False
+                        self._connected.set()
+                        delay = 0.1
+                        while not self._stop.is_set():
+                            try:
+                                conn.drain_events(timeout=_DRAIN_TIMEOUT_S)
+                            except TimeoutError:
+                                pass
+                            conn.heartbeat_check()  # sends ours, raises when the broker's stopped (a no-op off AMQP)
             except Exception as exc:  # noqa: BLE001 - any broker failure: back off, reconnect, resync
                 if self._stop.is_set():
                     return
@@ -162,46 +152,10 @@ class BrokerListener:
                     _reason(exc),
                 )
                 failing = True
-            finally:
-                self.listening = False
             self._stop.wait(delay)
             delay = min(delay * 2, _RETRY_MAX_S)
-
-    def _bound(self, conn: Connection) -> None:
-        """Consume a queue of this process's own, bound to the exchange, for as long as a watch wants it.
-
-        On a channel of its own: kombu's Redis channel subscribes to a fanout once per channel, so a queue
-        bound again on a channel that unsubscribed would never hear a hint."""
-        queue = Queue(
-            f"{self._exchange.name}.{uuid.uuid4().hex}",
-            exchange=self._exchange,
-            routing_key="",
-            exclusive=True,
-            auto_delete=True,
-            durable=False,
-        )
-        with (
-            conn.channel() as channel,
-            Consumer(channel, queues=[queue], callbacks=[self._on_message], accept=["json"], no_ack=True),
-        ):
-            _drain(conn, 0)  # Redis subscribes on the first drain (AMQP consumes once the Consumer is made)
-            self.listening = True
-            self._hub.resync_threadsafe()  # whatever changed before the binding took effect was heard by no one
-            self._settled.set()
-            while self._wanted.is_set() and not self._stop.is_set():
-                _drain(conn, _DRAIN_TIMEOUT_S)
-        self.listening = False
 
     def _on_message(self, body: Any, _message: Any) -> None:
         key, version = (body.get("k"), body.get("v")) if isinstance(body, dict) else (None, None)
         if isinstance(key, str) and len(key) == 64 and isinstance(version, int):
             self._hub.hint_threadsafe(key, version)
-
-
-def _drain(conn: Connection, timeout: float) -> None:
-    """What arrives within `timeout` s goes to the consumer's callback; then our heartbeat (AMQP; a no-op else)."""
-    try:
-        conn.drain_events(timeout=timeout)
-    except TimeoutError:
-        pass
-    conn.heartbeat_check()  # sends ours, raises when the broker's stopped
