@@ -122,8 +122,13 @@ def summary(topic: str) -> str:
             TWICE.replace("def report", "async def report"),
             "{module}.py:7: task tool 'report': Celery jobs are synchronous; define it with `def`",
         ),
+        (
+            TWICE.replace('@tasks.mcp_task(name="report")', '@tasks.server.tool(name="report")'),
+            "{module}.py:12: tool 'report' is already registered on this server; give one of the two another name "
+            "(a task tool and a plain tool cannot share one)",
+        ),
     ],
-    ids=["named-twice", "async"],
+    ids=["named-twice", "async", "plain-tool-clash"],
 )
 def test_a_tool_the_package_refuses_at_import_is_one_line_naming_the_apps_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, said: str
@@ -138,6 +143,26 @@ def test_a_tool_the_package_refuses_at_import_is_one_line_naming_the_apps_line(
     with pytest.raises(SystemExit) as refused:
         load_app(module)
     assert refused.value.code == "celery-mcp-tasks: " + said.format(module=module)
+
+
+def test_a_bad_setting_read_at_import_stays_a_configuration_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ConfigError` is a ValueError: it must reach the commands' own "configuration error" line (exit 2)."""
+    from celery_mcp_tasks.cli.shared import load_app
+    from celery_mcp_tasks.config import ConfigError
+
+    module = f"configured_{uuid.uuid4().hex[:8]}"
+    source = (
+        "from celery_mcp_tasks import McpTasks\n"
+        "from celery_mcp_tasks.config import Settings\n"
+        "tasks = McpTasks('c', settings=Settings.from_env())\n"
+    )
+    (tmp_path / f"{module}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("MCP_TASKS_MAX_ROWS", "lots")
+    with pytest.raises(ConfigError, match="MCP_TASKS_MAX_ROWS"):
+        load_app(module)
 
 
 def test_an_error_of_the_apps_own_keeps_its_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
-from celery_mcp_tasks.config import redact_url
+from celery_mcp_tasks.config import ConfigError, redact_url
 from celery_mcp_tasks.ops.root_handler import plain_root_logging
 
 
@@ -70,7 +70,7 @@ def _import_app(path: str) -> Any:
             ) from None
         raise
     except (ValueError, TypeError) as exc:
-        where = _refused_at(exc)
+        where = "" if isinstance(exc, ConfigError) else _refused_at(exc, module_name)  # a setting: said as such
         if not where:
             raise  # the app's own error: its traceback shows where
         raise SystemExit(f"celery-mcp-tasks: {where}: {exc}") from None
@@ -88,24 +88,27 @@ def _import_app(path: str) -> Any:
     return candidates[0]
 
 
-def _refused_at(exc: BaseException) -> str:
-    """`file:line` in APP where this package refused a definition (a tool named twice, an async tool, ...), or
-    "" when `exc` was raised elsewhere. This package raises those with the whole story in their message."""
+def _refused_at(exc: BaseException, app_module: str) -> str:
+    """`file:line` of the declaration in APP's package that this package refused (a tool named twice, an async
+    tool, ...), or "" when `exc` was raised elsewhere. This package raises those with the whole story in their
+    message; an error raised by the app's own code, or by this package's internals, keeps its traceback."""
     frames = []
     tb = exc.__traceback__
     while tb is not None:
         frames.append(tb)
         tb = tb.tb_next
 
-    def module(frame: TracebackType) -> str:
+    def package(frame: TracebackType) -> str:
         return str(frame.tb_frame.f_globals.get("__name__") or "").partition(".")[0]
 
-    if not frames or module(frames[-1]) != "celery_mcp_tasks":
+    if not frames or package(frames[-1]) != "celery_mcp_tasks":
         return ""
-    for frame in reversed(frames):
-        if module(frame) not in ("celery_mcp_tasks", "importlib"):
-            return f"{os.path.relpath(frame.tb_frame.f_code.co_filename)}:{frame.tb_lineno}"
-    return ""
+    app = app_module.partition(".")[0]
+    # The innermost of APP's frames: past the SDK's own decorator, say, for `tasks.server.tool()`.
+    declared = next((frame for frame in reversed(frames) if package(frame) == app), None)
+    if declared is None:
+        return ""
+    return f"{os.path.relpath(declared.tb_frame.f_code.co_filename)}:{declared.tb_lineno}"
 
 
 def start_ops_server(tasks: Any, host: str | None, port: int | None) -> Any:
