@@ -490,3 +490,29 @@ def test_args_are_read_from_a_file_after_at_or_from_stdin_for_a_dash(tmp_path: P
     assert missing.value.code == EXIT_USAGE
     with pytest.raises(CallError, match="no stdin"):
         read_arguments("-", None)
+
+
+def _raised_from(cause: BaseException) -> BaseException:
+    import httpx2
+
+    try:
+        try:
+            raise cause
+        except BaseException as inner:
+            raise httpx2.ConnectError("All connection attempts failed") from inner
+    except httpx2.ConnectError as exc:
+        return exc
+
+
+def test_an_unreachable_servers_reason_is_the_systems_and_a_tls_failure_is_not_read_as_one() -> None:
+    import errno
+    import ssl
+
+    from celery_mcp_tasks.cli.call import _reason
+
+    refused = ConnectionRefusedError(errno.ECONNREFUSED, "Connect call failed ('127.0.0.1', 9)")
+    assert _reason(_raised_from(refused)) == "Connection refused (ConnectError)"
+    tls = ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong version number")
+    tls.reason = "WRONG_VERSION_NUMBER"  # as the ssl module sets it
+    assert _reason(_raised_from(tls)) == "TLS handshake failed, WRONG_VERSION_NUMBER (ConnectError)"  # not EPERM
+    assert _reason(ValueError()) == "ValueError"

@@ -6,9 +6,11 @@ The task id is shown to the person (their handle for `--resume`), never written 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import signal
+import ssl
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -106,8 +108,11 @@ def _reason(exc: BaseException) -> str:
     for _ in range(8):  # the chain httpx and anyio build: ConnectError <- OSError <- ExceptionGroup[OSError]
         if cause is None:
             break
+        if isinstance(cause, ssl.SSLError):  # its errno is the TLS library's code, not the system's
+            return f"TLS handshake failed, {cause.reason or cause} ({type(exc).__name__})"
         if isinstance(cause, OSError) and cause.strerror:  # asyncio's words add the address: the errno's alone
-            words = os.strerror(cause.errno) if cause.errno and cause.errno > 0 else cause.strerror
+            code = cause.errno
+            words = os.strerror(code) if code is not None and code in errno.errorcode else cause.strerror
             return f"{words} ({type(exc).__name__})"
         grouped = cause.exceptions[0] if isinstance(cause, BaseExceptionGroup) else None
         cause = grouped or cause.__cause__ or cause.__context__
