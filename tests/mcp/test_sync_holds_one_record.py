@@ -114,3 +114,36 @@ async def test_the_claims_hint_is_not_read_the_outcomes_is(tmp_path: Any) -> Non
         store.dispose()
     assert outcome == [{"content": []}]
     assert len([sql for sql in reads if sql.lstrip().upper().startswith("SELECT")]) == 1  # the outcome: one read
+
+
+class EndsAtTheDeadline:
+    """A row unchanged on the first read, completed on the next: the job ended while its caller's bound ran out."""
+
+    def __init__(self, first: TaskRecord) -> None:
+        self.reads = [first, replace(first, status=TaskStatus.COMPLETED, result={"content": []}, version=2)]
+        self.cancelled: list[str] = []
+
+    def record(self, key: str) -> TaskRecord:
+        return self.reads.pop(0) if len(self.reads) > 1 else self.reads[0]
+
+    def cancel_by_key(self, key: str, message: str) -> None:
+        self.cancelled.append(message)
+
+
+@pytest.mark.anyio
+async def test_a_job_that_ended_as_the_bound_ran_out_is_answered_not_cancelled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bound is checked against the row read again at that moment: its outcome is the answer."""
+    monkeypatch.setattr(sync, "_POLL_FIRST_S", 1.0)  # the one poll sleeps until the bound is out
+    first = TaskRecord(
+        key="k", owner=None, tool="t", status=TaskStatus.WORKING, created_at=1, updated_at=1, ttl_ms=None
+    )
+    rows = EndsAtTheDeadline(first)
+
+    async def run(fn: Callable[[], T], method: str) -> T:
+        return fn()
+
+    calls = sync.SyncCalls(lambda: rows, run, sync_timeout_s=60, hub=None, sealed_state=None)  # type: ignore[arg-type,return-value]
+    tool = SimpleNamespace(name="t", sync_timeout_s=0.05, mode="optional")
+    ctx = SimpleNamespace(session=Session())
+    result = await calls._follow(tool, ctx, sync._Latest(first), None)  # type: ignore[arg-type]
+    assert result == {"content": []} and rows.cancelled == []

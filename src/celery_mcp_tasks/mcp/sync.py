@@ -146,8 +146,15 @@ class SyncCalls:
                 continue
             remaining = deadline - anyio.current_time()
             if remaining <= 0:
-                # Read again: a claim is not read as it lands (`_the_claim`), and whether the job started says why.
+                # Read again before giving up: a claim is not read as it lands (`_the_claim`), and a last hint
+                # may not have been taken yet; the row says whether the job ended, spoke, or ever started.
                 read = await self._run(partial(service.record, record.key), "tools/call")
+                if read is not None and (read.terminal or _reported(read) != reported):
+                    latest.record = record = read
+                    deadline, reported = anyio.current_time() + idle_s, _reported(record)
+                    if not record.terminal:
+                        await progress.report(record)
+                    continue  # ended (the loop's condition) or spoke: its idle bound starts again
                 latest.record = record = read or record
                 await self._abandon(record, "Timed out waiting synchronously")
                 raise internal(_timed_out(tool, record, idle_s))
