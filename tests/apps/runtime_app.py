@@ -226,9 +226,16 @@ def patient(seconds: float) -> str:
 
 
 @tasks.mcp_task(mode="forbidden")
-def never_a_task(seconds: float) -> str:
-    """Answered only as a plain call, however the client calls it: the answer waits for the job."""
-    time.sleep(seconds)
+def never_a_task(seconds: float, ctx: TaskContext, marker: str | None = None) -> str:
+    """Answered only as a plain call, however the client calls it: the answer waits for the job. Creates
+    `<marker>.stopped` when its call's hidden task is cancelled."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if ctx.cancelled():
+            if marker:
+                open(f"{marker}.stopped", "w").close()
+            return "stopped early"
+        time.sleep(0.05)
     return f"slept {seconds:g}s"
 
 

@@ -124,13 +124,19 @@ def test_timeout_leaves_the_task_running_and_says_how_to_resume(runtime: Deploym
         client.close()
 
 
-def test_timeout_bounds_a_call_answered_without_a_task_too(runtime: Deployment) -> None:
-    """A `mode="forbidden"` tool answers only when its job has run: --timeout gives that call up (124)."""
+def test_timeout_bounds_a_call_answered_without_a_task_too(runtime: Deployment, tmp_path: Path) -> None:
+    """A `mode="forbidden"` tool answers only when its job has run: --timeout gives that call up (124), and
+    the server cancels the call's job once its caller has left."""
+    marker = str(tmp_path / "never")
     started = time.monotonic()
-    run = _call(runtime.url, "never_a_task", '{"seconds": 30}', "--timeout", "1")
+    run = _call(runtime.url, "never_a_task", json.dumps({"seconds": 30, "marker": marker}), "--timeout", "1")
     _ok(run, 124)
     assert time.monotonic() - started < 20  # not the job's 30 s
-    assert run.stderr.strip().splitlines()[-1] == "celery-mcp-tasks call: no answer after 1s; the call was given up"
+    assert run.stderr.strip().splitlines()[-1] == (
+        "celery-mcp-tasks call: no answer after 1s; gave up waiting (the server cancels a call's job when its "
+        "caller leaves; a task it created meanwhile keeps running)"
+    )
+    wait_until(lambda: Path(f"{marker}.stopped").exists(), 15, "the job to see its call's cancel")
     assert _ok(_call(runtime.url, "never_a_task", '{"seconds": 0.1}', "--timeout", "30")) == ["slept 0.1s"]
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import math
 import os
 import signal
 import ssl
@@ -340,16 +341,21 @@ async def _session(options: CallOptions, arguments: dict[str, Any], io: CallIo, 
             try:
                 # --timeout bounds the start too: a tool that answers without a task (mode="forbidden", or a
                 # server without the extension) answers only when its job has run.
-                with interrupts.stage() as starting, anyio.move_on_after(options.timeout) as answering:
+                deadline = None if options.timeout is None else anyio.current_time() + options.timeout
+                with interrupts.stage() as starting, anyio.move_on_at(deadline or math.inf) as answering:
                     handle = await _start(options, arguments, tasks, client)
                 if starting.cancelled_caught:
                     io.view.note("interrupted")
                     return EXIT_CANCELLED
                 if answering.cancelled_caught:
-                    _stop(io.view, f"no answer after {options.timeout:g}s; the call was given up")
+                    _stop(
+                        io.view,
+                        f"no answer after {options.timeout:g}s; gave up waiting (the server cancels a call's job "
+                        f"when its caller leaves; a task it created meanwhile keeps running)",
+                    )
                     return EXIT_TIMEOUT
                 try:
-                    return await _follow(options, io, interrupts, handle)
+                    return await _follow(options, io, interrupts, handle, deadline)
                 finally:
                     handle.close()
             finally:
@@ -374,7 +380,10 @@ async def _start(options: CallOptions, arguments: dict[str, Any], tasks: TasksCl
         raise CallError(exc.message) from None
 
 
-async def _follow(options: CallOptions, io: CallIo, interrupts: _Interrupts, handle: TaskHandle) -> int:
+async def _follow(
+    options: CallOptions, io: CallIo, interrupts: _Interrupts, handle: TaskHandle, deadline: float | None
+) -> int:
+    """Show the task's changes until it ends, `deadline` (--timeout, from the call's start) or a Ctrl-C."""
     view = io.view
     if handle.id is None:  # the tool answered at once: there is no task
         answer = await handle.result()
@@ -406,7 +415,7 @@ async def _follow(options: CallOptions, io: CallIo, interrupts: _Interrupts, han
         async with anyio.create_task_group() as group:
             group.start_soon(watch)
             try:
-                with anyio.fail_after(options.timeout):
+                with anyio.fail_at(deadline or math.inf):
                     result = await handle.result()
             except TaskCancelled:
                 pass
