@@ -68,6 +68,18 @@ def wait_or_give_up(timeout: float, ctx: TaskContext) -> str:
     return "answered"
 
 
+def _cancelled_within(ctx: TaskContext, seconds: float, marker: str | None) -> bool:
+    """Wait `seconds`, checking for a cancel in a tight loop: True (and `<marker>.stopped`) when one came first."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if ctx.cancelled():
+            if marker:
+                open(f"{marker}.stopped", "w").close()
+            return True
+        time.sleep(0.01)
+    return False
+
+
 @tasks.mcp_task
 def work(seconds: float, ctx: TaskContext, marker: str | None = None) -> str:
     """Works for `seconds`, checking for cancellation in a tight loop.
@@ -83,13 +95,8 @@ def work(seconds: float, ctx: TaskContext, marker: str | None = None) -> str:
         if marker:
             open(f"{marker}.stopped", "w").close()
         raise
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if ctx.cancelled():
-            if marker:
-                open(f"{marker}.stopped", "w").close()
-            return "stopped early"
-        time.sleep(0.01)
+    if _cancelled_within(ctx, seconds, marker):
+        return "stopped early"
     return f"worked {seconds:g}s on attempt {ctx.attempt + 1}"
 
 
@@ -209,12 +216,8 @@ def refuse_by_raising(message: str) -> str:
 @tasks.mcp_task(sync_timeout_s=1)
 def impatient(seconds: float, ctx: TaskContext, marker: str) -> str:
     """`work` with its own 1 s bound on a synchronous call; creates `<marker>.stopped` when cancelled."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if ctx.cancelled():
-            open(f"{marker}.stopped", "w").close()
-            return "stopped early"
-        time.sleep(0.01)
+    if _cancelled_within(ctx, seconds, marker):
+        return "stopped early"
     return f"worked {seconds:g}s"
 
 
@@ -229,13 +232,8 @@ def patient(seconds: float) -> str:
 def never_a_task(seconds: float, ctx: TaskContext, marker: str | None = None) -> str:
     """Answered only as a plain call, however the client calls it: the answer waits for the job. Creates
     `<marker>.stopped` when its call's hidden task is cancelled."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if ctx.cancelled():
-            if marker:
-                open(f"{marker}.stopped", "w").close()
-            return "stopped early"
-        time.sleep(0.05)
+    if _cancelled_within(ctx, seconds, marker):
+        return "stopped early"
     return f"slept {seconds:g}s"
 
 
