@@ -35,9 +35,7 @@ if TYPE_CHECKING:
 EXIT_OK = 0
 EXIT_FAILED = 1  # failed, a result with isError, the server unreachable or refusing
 EXIT_USAGE = 2  # ARGS not JSON / not an object, TOOL and --resume both or neither
-EXIT_TIMEOUT = (
-    124  # --timeout expired: the task keeps running (resume it), like timeout(1); a call without a task is given up
-)
+EXIT_TIMEOUT = 124  # --timeout expired, like timeout(1): the task keeps running (resume it), or a call gave up
 EXIT_CANCELLED = 130  # the task ended cancelled (Ctrl-C, a declined question, another client)
 
 
