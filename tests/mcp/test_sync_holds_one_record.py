@@ -43,23 +43,27 @@ class Session:
         pass
 
 
-@pytest.mark.anyio
-async def test_the_wait_keeps_one_record_not_every_one_it_read(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sync, "_POLL_FIRST_S", 0.0)
-    monkeypatch.setattr(sync, "_POLL_MAX_S", 0.0)
-    first = TaskRecord(
-        key="k", owner=None, tool="t", status=TaskStatus.WORKING, created_at=1, updated_at=1, ttl_ms=None
-    )
-    rows = Rows(first)
+FIRST = TaskRecord(key="k", owner=None, tool="t", status=TaskStatus.WORKING, created_at=1, updated_at=1, ttl_ms=None)
+
+
+async def follow(rows: Any, latest: sync._Latest, sync_timeout_s: float | None = None) -> Any:
+    """`SyncCalls._follow` over `rows` (a service's reads and cancels), polling, for a tool with that bound."""
 
     async def run(fn: Callable[[], T], method: str) -> T:
         return fn()
 
-    calls = sync.SyncCalls(lambda: rows, run, sync_timeout_s=60, hub=None, sealed_state=None)  # type: ignore[arg-type,return-value]
-    latest = sync._Latest(first)
-    tool = SimpleNamespace(name="t", sync_timeout_s=None)
-    ctx = SimpleNamespace(session=Session())
-    result = await calls._follow(tool, ctx, latest, None)  # type: ignore[arg-type]
+    calls = sync.SyncCalls(lambda: rows, run, sync_timeout_s=60, hub=None, sealed_state=None)  # type: ignore[arg-type]
+    tool = SimpleNamespace(name="t", sync_timeout_s=sync_timeout_s, mode="optional")
+    return await calls._follow(tool, SimpleNamespace(session=Session()), latest, None)  # type: ignore[arg-type]
+
+
+@pytest.mark.anyio
+async def test_the_wait_keeps_one_record_not_every_one_it_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sync, "_POLL_FIRST_S", 0.0)
+    monkeypatch.setattr(sync, "_POLL_MAX_S", 0.0)
+    rows = Rows(FIRST)
+    latest = sync._Latest(FIRST)
+    result = await follow(rows, latest)
     assert result == {"content": []}
     assert latest.record.status is TaskStatus.COMPLETED and latest.record.version == READS + 1
     gc.collect()
@@ -134,16 +138,6 @@ class EndsAtTheDeadline:
 async def test_a_job_that_ended_as_the_bound_ran_out_is_answered_not_cancelled(monkeypatch: pytest.MonkeyPatch) -> None:
     """The bound is checked against the row read again at that moment: its outcome is the answer."""
     monkeypatch.setattr(sync, "_POLL_FIRST_S", 1.0)  # the one poll sleeps until the bound is out
-    first = TaskRecord(
-        key="k", owner=None, tool="t", status=TaskStatus.WORKING, created_at=1, updated_at=1, ttl_ms=None
-    )
-    rows = EndsAtTheDeadline(first)
-
-    async def run(fn: Callable[[], T], method: str) -> T:
-        return fn()
-
-    calls = sync.SyncCalls(lambda: rows, run, sync_timeout_s=60, hub=None, sealed_state=None)  # type: ignore[arg-type,return-value]
-    tool = SimpleNamespace(name="t", sync_timeout_s=0.05, mode="optional")
-    ctx = SimpleNamespace(session=Session())
-    result = await calls._follow(tool, ctx, sync._Latest(first), None)  # type: ignore[arg-type]
+    rows = EndsAtTheDeadline(FIRST)
+    result = await follow(rows, sync._Latest(FIRST), sync_timeout_s=0.05)
     assert result == {"content": []} and rows.cancelled == []
