@@ -170,12 +170,13 @@ def _reencrypt(settings: Settings) -> int:
 
 
 def _ops_port(text: str) -> int:
-    """`--ops-port` takes what MCP_TASKS_OPS_PORT takes: a TCP port, or off (0)."""
-    if text.strip().lower() in ("off", "none", "0"):
-        return 0
-    if not text.strip().isdigit() or not 0 < int(text) < 65536:
-        raise argparse.ArgumentTypeError(f"expected a TCP port or off, got {text!r}")
-    return int(text)
+    """`--ops-port` takes what MCP_TASKS_OPS_PORT takes (`ops.serving.ops_port`), said as argparse says it."""
+    from celery_mcp_tasks.ops.serving import ops_port
+
+    try:
+        return ops_port(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _parser() -> argparse.ArgumentParser:

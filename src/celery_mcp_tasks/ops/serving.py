@@ -17,21 +17,26 @@ DEFAULT_OPS_HOST = "127.0.0.1"
 DEFAULT_OPS_PORT = 9101
 
 
+def ops_port(text: str) -> int:
+    """A TCP port, or 0 for `off` (also `none`, `0`): what MCP_TASKS_OPS_PORT and `--ops-port` take."""
+    raw = text.strip().lower()
+    if raw in ("off", "0", "none"):
+        return 0
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        raise ValueError(f"expected a TCP port or off, got {text!r}")
+    return int(raw)
+
+
 def ops_address(host: str | None, port: int | None) -> tuple[str, int | None]:
     """The command line's address, else MCP_TASKS_OPS_HOST / MCP_TASKS_OPS_PORT (`off`: no ops listener)."""
     host = host or os.environ.get("MCP_TASKS_OPS_HOST") or DEFAULT_OPS_HOST
-    if port is not None:
-        return host, port or None
-    raw = (os.environ.get("MCP_TASKS_OPS_PORT") or "").strip().lower()
-    if raw in ("off", "0", "none"):
-        return host, None
-    if not raw:
-        return host, DEFAULT_OPS_PORT
-    if not raw.isdigit() or not 0 < int(raw) < 65536:
-        raise SystemExit(
-            f"celery-mcp-tasks: configuration error: MCP_TASKS_OPS_PORT: expected a TCP port or off, got {raw!r}"
-        )
-    return host, int(raw)
+    if port is None:
+        raw = os.environ.get("MCP_TASKS_OPS_PORT") or ""
+        try:
+            port = ops_port(raw) if raw.strip() else DEFAULT_OPS_PORT
+        except ValueError as exc:
+            raise SystemExit(f"celery-mcp-tasks: configuration error: MCP_TASKS_OPS_PORT: {exc}") from None
+    return host, port or None
 
 
 class OpsServer:
