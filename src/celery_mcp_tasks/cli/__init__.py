@@ -125,8 +125,8 @@ def _check(url: str) -> int:
     from celery_mcp_tasks.config import redact_url
     from celery_mcp_tasks.preflight import revision_problem
 
-    store = redact_url(url)
-    problem = revision_problem(_revisions(url))
+    store, revisions = redact_url(url), _revisions(url)
+    problem = revision_problem(revisions)
     if problem is not None:
         print(f"celery-mcp-tasks db check: {problem} ({store})", file=sys.stderr)
         return 1
@@ -139,7 +139,7 @@ def _check(url: str) -> int:
             file=sys.stderr,
         )
         return 1
-    print(f"celery-mcp-tasks db check: the task store {store} is at {_named(_revisions(url))}, as this release expects")
+    print(f"celery-mcp-tasks db check: the task store {store} is at {_named(revisions)}, as this release expects")
     return 0
 
 

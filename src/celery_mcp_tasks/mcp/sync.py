@@ -146,19 +146,9 @@ class SyncCalls:
                 continue
             remaining = deadline - anyio.current_time()
             if remaining <= 0:
-                # Read again before giving up: a claim is not read as it lands (`_the_claim`), and a last hint
-                # may not have been taken yet; the row says whether the job ended, spoke, or ever started.
-                read = await self._run(partial(service.record, record.key), "tools/call")
-                if read is not None and (read.terminal or _reported(read) != reported):
-                    latest.record = record = read
-                    deadline, reported = anyio.current_time() + idle_s, _reported(record)
-                    if not record.terminal:
-                        await progress.report(record)
-                    continue  # ended (the loop's condition) or spoke: its idle bound starts again
-                latest.record = record = read or record
-                await self._abandon(record, "Timed out waiting synchronously")
-                raise internal(_timed_out(tool, record, idle_s))
-            if watch is not None:
+                pass  # read once more before giving up: a claim is not read as it lands (`_the_claim`), a last
+                # hint may not be taken yet, and the row says whether the job ended, spoke, or ever started
+            elif watch is not None:
                 hints = await watch.next(min(_SAFETY_REREAD_S, remaining))
                 if hints and all(version is not None and version <= record.version for version in hints.values()):
                     continue  # nothing newer than what was read (the poller's first sight of the row)
@@ -175,6 +165,9 @@ class SyncCalls:
                 deadline, reported = anyio.current_time() + idle_s, _reported(record)
                 if not record.terminal:
                     await progress.report(record)
+            elif remaining <= 0:  # silent for the whole bound, read again included
+                await self._abandon(record, "Timed out waiting synchronously")
+                raise internal(_timed_out(tool, record, idle_s))
         if record.status is TaskStatus.COMPLETED and record.result is not None:
             return record.result
         error = render_error(record.error, record.status_message or "The job did not complete")
