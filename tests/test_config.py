@@ -142,6 +142,12 @@ def test_the_strict_option_makes_an_unknown_name_an_error_but_not_a_retired_one(
     ]
 
 
+def test_a_malformed_strict_switch_is_refused_even_with_every_name_known() -> None:
+    with pytest.raises(ConfigError) as refused:
+        unknown_settings({"MCP_TASKS_STRICT_SETTINGS": "yesplease", "MCP_TASKS_METRICS": "on"})
+    assert str(refused.value) == "MCP_TASKS_STRICT_SETTINGS: expected on or off, got 'yesplease'"
+
+
 def test_names_that_are_not_settings_are_never_flagged() -> None:
     env = {
         "MCP_TASKS_TEST_POSTGRES_URL": "postgresql://x",  # the test suite's

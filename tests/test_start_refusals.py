@@ -250,6 +250,7 @@ def test_with_strict_settings_a_misspelled_setting_is_one_refusing_line(argv: li
         ("MCP_TASKS_QUOTA_CREATIONS", "lots", "expected an integer, or none/off"),
         ("MCP_TASKS_MAX_RESULT_BYTES", "-5", "must be >= 1"),
         ("MCP_TASKS_ENCRYPTION_KEYS", "not-a-key", "key 1 of 1 is not a base64 32-byte key"),
+        ("MCP_TASKS_STRICT_SETTINGS", "yesplease", "expected on or off, got 'yesplease'"),
     ],
 )
 @pytest.mark.parametrize("argv", [WORKER, SERVE], ids=["worker", "serve"])

@@ -165,6 +165,7 @@ def unknown_settings(env: Mapping[str, str]) -> list[str]:
     """One line for each MCP_TASKS_* name in `env` that is not a setting (sorted), naming the closest one;
     with MCP_TASKS_STRICT_SETTINGS on, the first raises `ConfigError` (a retired one never does)."""
     known = known_settings()
+    strict = _switch(env, STRICT_SETTINGS, False)  # read first: a malformed value is refused even with no unknown name
     lines = []
     for name in sorted(env):
         if not name.startswith(_PREFIX) or name in known or name.startswith(NOT_SETTINGS):
@@ -178,7 +179,7 @@ def unknown_settings(env: Mapping[str, str]) -> list[str]:
         close = difflib.get_close_matches(name.removeprefix(_PREFIX), sorted(suffixes), n=1, cutoff=0.6)
         hint = f"did you mean {suffixes[close[0]]}?" if close else "no setting has a close name"
         line = f"{name} is not a celery-mcp-tasks setting and is ignored ({hint})"
-        if _switch(env, STRICT_SETTINGS, False):
+        if strict:
             raise ConfigError(f"{line.replace(' and is ignored', '')}; {STRICT_SETTINGS} is on")
         lines.append(f"{line}; {STRICT_SETTINGS}=on makes this an error")
     return lines

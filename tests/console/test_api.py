@@ -86,6 +86,24 @@ def test_a_bad_filter_cursor_or_limit_is_a_400_naming_the_field(api: httpx.Clien
     assert api.get("/api/tasks/" + "0" * 64).status_code == 404
 
 
+def test_a_cancel_whose_terminate_is_not_a_yes_or_no_is_a_400_and_nothing_changes(
+    api: httpx.Client, mcp: McpHttp
+) -> None:
+    task_id = mcp.create("slow_compute", {"seconds": 60})
+    key = task_key(task_id)
+    for body in ({"terminate": "yes please"}, {"terminate": "false-ish"}, {"terminate": 1}, {"terminate": None}):
+        reply = api.post(f"/api/tasks/{key}/cancel", json=body)
+        assert reply.status_code == 400, body
+        assert reply.json()["error"] == {
+            "code": "bad_filter",
+            "field": "terminate",
+            "message": "terminate must be true or false",
+        }
+    assert mcp.get(task_id)["status"] == "working"
+    cancelled = api.post(f"/api/tasks/{key}/cancel", data={"terminate": "off"})  # a form's "off": no
+    assert cancelled.status_code == 200 and cancelled.json()["outcome"] == "cancelled"
+
+
 def test_a_task_appears_live_is_listed_shown_and_cancelled_without_its_id_anywhere(
     api: httpx.Client, mcp: McpHttp
 ) -> None:

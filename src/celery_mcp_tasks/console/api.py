@@ -94,10 +94,17 @@ async def _body(request: Request) -> dict[str, Any]:
     return {}
 
 
-def _truthy(value: object) -> bool:
+def _flag(fields: dict[str, Any], name: str) -> bool:
+    """A yes/no field: JSON true/false, or a form's on/off, true/false, 1/0, yes/no (absent or empty: no)."""
+    value = fields.get(name, False)
     if isinstance(value, bool):
         return value
-    return str(value).strip().lower() in ("1", "true", "on", "yes")
+    text = value.strip().lower() if isinstance(value, str) else None
+    if text in ("", "0", "false", "off", "no"):
+        return False
+    if text in ("1", "true", "on", "yes"):
+        return True
+    raise BadFilter(name, f"{name} must be true or false")
 
 
 def _action(name: str) -> Callable[[Request, Console], Awaitable[Response]]:
@@ -108,7 +115,7 @@ def _action(name: str) -> Callable[[Request, Console], Awaitable[Response]]:
             refusal = auth.csrf_refusal(request, token)
             if refusal is not None:
                 return auth.json_error(403, "csrf", refusal)
-        terminate = _truthy(fields.get("terminate", False))
+        terminate = _flag(fields, "terminate")
         result = await console.act(name, request.path_params["key"], auth.operator_of(request), terminate)
         return JSONResponse(result.as_json())
 
