@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, Final, Literal
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 __all__ = [
     "ACTIVE",
@@ -52,6 +52,7 @@ __all__ = [
     "owner_namespace",
     "owner_of",
     "owner_scope",
+    "spelled_namespace",
     "stale_cutoff",
     "task_key",
 ]
@@ -226,6 +227,15 @@ def owner_namespace(owner: str | None) -> str:
         if owner.startswith(prefix):
             return owner.rsplit(":", 1)[0] if owner.count(":") >= 2 else prefix.rstrip(":")
     return "other"
+
+
+def spelled_namespace(namespace: str) -> str:
+    """A namespace as owner strings spell it (`sub:https%3A%2F%2Fidp`), given with its issuer either
+    percent-encoded or as the identity provider writes it (`sub:https://idp`)."""
+    for prefix in OWNER_CLAIMS:
+        if namespace.startswith(prefix):
+            return prefix + quote(unquote(namespace.removeprefix(prefix)), safe="")
+    return namespace
 
 
 def owner_bytes(owner: str | None) -> bytes:

@@ -157,6 +157,9 @@ def test_filters_by_status_tool_owner_age_and_text_alike_in_pages_and_for_given_
     assert keys(owner="anonymous") == {key(3)}
     assert keys(owner="sub:https%3A%2F%2Fidp.example") == {key(1), key(400)}
     assert keys(owner="client_id:https%3A%2F%2Fidp.example") == {key(2)}
+    assert keys(owner="sub:https://idp.example") == {key(1), key(400)}  # the issuer as the provider writes it
+    assert keys(owner=f"client_id:https://idp.example {owner_tag(BOB)}") == {key(2)}
+    assert keys(owner="sub:https://idp.example/other") == set()
     assert keys(owner=str(owner_tag(BOB))) == {key(2)}
     assert keys(owner=str(owner_tag(BOB))[:5]) >= {key(2)}
     assert keys(owner=row_of(record(key=key(1), owner=ALICE)).owner_label) == {key(1), key(400)}

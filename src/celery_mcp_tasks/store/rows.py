@@ -25,6 +25,7 @@ from celery_mcp_tasks.model import (
     TaskStatus,
     celery_message_id,
     owner_namespace,
+    spelled_namespace,
 )
 from celery_mcp_tasks.store.ledger import SweepRecord
 
@@ -129,8 +130,10 @@ class Filter:
         if tag:
             if not namespace.startswith(OWNER_CLAIMS) or not _HEX.fullmatch(tag.strip()):
                 raise BadFilter("owner", "a label is '<namespace> <tag>', e.g. 'sub:issuer 0a1b2c3d4e'")
-            return f"{namespace} {tag.strip()}"
-        if namespace.startswith(OWNER_CLAIMS) or _HEX.fullmatch(namespace):
+            return f"{spelled_namespace(namespace)} {tag.strip()}"
+        if namespace.startswith(OWNER_CLAIMS):
+            return spelled_namespace(namespace)
+        if _HEX.fullmatch(namespace):
             return namespace
         raise BadFilter(
             "owner", "an owner is 'anonymous', a namespace (sub:<issuer>, client_id:<issuer>) or a tag (hex digits)"
