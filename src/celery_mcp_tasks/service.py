@@ -349,6 +349,12 @@ class TaskService:
     def changed_since(self, updated_at_ms: int, *, limit: int) -> list[Row]:
         return self.store.changed_since(updated_at_ms, limit=limit)
 
+    def sign_out(self, session: str, expires_ms: int) -> None:
+        self.store.sign_out(session, expires_ms, now_ms=self.clock())
+
+    def signed_out(self, session: str) -> bool:
+        return self.store.signed_out(session)
+
     # Writes that name a `run` are refused with `Superseded` once a newer dispatch
     # or attempt owns the task, so a late signal or a lost-then-found job cannot
     # move the task backwards.

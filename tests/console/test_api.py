@@ -218,3 +218,25 @@ def test_the_cli_lists_shows_and_cancels(deployment: tuple[Deployment, str], mcp
     assert cli("cancel", key).returncode == 0
     again = cli("cancel", key)
     assert again.returncode == 1 and "409" in again.stderr
+
+
+def test_a_signed_out_session_cookie_is_refused_by_every_console_on_the_store(
+    deployment: tuple[Deployment, str],
+) -> None:
+    """Signing out in one console process: a copy of the cookie is refused there and by another one."""
+    import re
+
+    running, root = deployment
+    other = running.console(TOKEN, name="console-b")
+    with httpx.Client(base_url=root, timeout=10, follow_redirects=False) as browser:
+        assert browser.post("/login", data={"name": "ada", "token": TOKEN, "next": "/"}).status_code == 303
+        cookie = browser.cookies[COOKIE]
+        page = browser.get("/", headers={"Accept": "text/html"})
+        found = re.search(r'name="csrf" value="([^"]+)"', page.text)
+        assert page.status_code == 200 and found is not None
+        for console in (root, other):
+            assert httpx.get(f"{console}/api/overview", cookies={COOKIE: cookie}, timeout=10).status_code == 200
+        assert browser.post("/logout", data={"csrf": found.group(1)}).status_code == 303
+    for console in (root, other):
+        refused = httpx.get(f"{console}/api/overview", cookies={COOKIE: cookie}, timeout=10)
+        assert refused.status_code == 401 and refused.json()["error"]["code"] == "unauthorized"

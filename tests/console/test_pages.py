@@ -419,9 +419,56 @@ def test_mounted_in_an_app_without_its_lifespan_it_refuses_in_one_line_saying_wh
 
 def test_signing_out_ends_the_session(deployment: Deployment) -> None:
     client = signed_in(deployment)
+    cookie = client.cookies["mcp_tasks_console"]
     page = client.get("/")
     assert "Sign out" in page.text
     out = client.post("/logout", data={"csrf": csrf_of(page.text)})
     assert out.status_code == 303 and out.headers["location"] == "/login"
     assert 'mcp_tasks_console=""' in out.headers["set-cookie"] or "max-age=0" in out.headers["set-cookie"].lower()
     assert client.get("/", headers={"Accept": "text/html"}).status_code == 303
+    # A copy of the cookie taken before is refused too (another console process: tests/console/test_api.py).
+    replay = TestClient(console_app(deployment), base_url="http://console.test", follow_redirects=False)
+    replay.cookies.set("mcp_tasks_console", cookie)
+    assert replay.get("/", headers={"Accept": "text/html"}).status_code == 303
+    assert replay.get("/api/overview").status_code == 401
+    assert signed_in(deployment).get("/").status_code == 200  # signing in again is a new session
+
+
+def test_an_open_event_stream_ends_once_its_session_is_signed_out(
+    deployment: Deployment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The live list's stream asks the store again at each keep-alive (15 s; here 0.2 s) and ends once the
+    session was signed out, so a page left open in another tab stops following the store."""
+    import threading
+
+    import httpx
+    import uvicorn
+
+    from celery_mcp_tasks.console import api
+    from tests.support import free_port, wait_until
+
+    monkeypatch.setattr(api, "KEEPALIVE_S", 0.2)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(console_app(deployment), port=port, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: server.started, 10, "the console to listen")
+        root = f"http://127.0.0.1:{port}"
+        with httpx.Client(base_url=root, timeout=10, follow_redirects=False) as browser:
+            assert browser.post("/login", data={"name": "ada", "token": TOKEN}).status_code == 303
+            cookie = browser.cookies[COOKIE]
+            with httpx.stream("GET", f"{root}/api/events", cookies={COOKIE: cookie}, timeout=10) as events:
+                lines = events.iter_lines()
+                assert next(lines).startswith("retry:")
+                assert ": keep-alive" in [next(lines) for _ in range(4)]  # alive while signed in
+                page = browser.get("/", headers={"Accept": "text/html"})
+                assert browser.post("/logout", data={"csrf": csrf_of(page.text)}).status_code == 303
+                rest: list[str] = []
+                for line in lines:  # ends by itself, at the next keep-alive or the one after
+                    rest.append(line)
+                    assert rest.count(": keep-alive") <= 3, "the stream went on after the sign-out"
+            assert httpx.get(f"{root}/api/events", cookies={COOKIE: cookie}, timeout=10).status_code == 401
+    finally:
+        server.should_exit = True
+        thread.join(10)

@@ -147,3 +147,15 @@ def test_versions_and_stale_are_server_side_reads(store: SqlStore):
     store.create(make("c", status=TaskStatus.INPUT_REQUIRED, heartbeat_at=0), max_rows=None)
     assert store.versions(["a", "b", "missing"]) == {"a": 1, "b": 1}
     assert [r.key for r in store.stale(heartbeat_before_ms=5_000, limit=10)] == ["a"]
+
+
+def test_a_signed_out_console_session_stays_refused_until_it_expires_then_is_forgotten(store: SqlStore):
+    """What every console process reads: a sign-out is shared through the store, idempotent, and bounded."""
+    assert not store.signed_out("s1")
+    store.sign_out("s1", 2_000, now_ms=1_000)
+    store.sign_out("s1", 2_000, now_ms=1_000)  # again (a retried sign-out): no error, still one row
+    assert store.signed_out("s1") and not store.signed_out("s2")
+    store.sign_out("s2", 9_000, now_ms=2_000)  # s1's cookie has expired by now: its row goes
+    assert not store.signed_out("s1") and store.signed_out("s2")
+    with store.engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM mcp_tasks_console_signout")).scalar() == 1

@@ -6,6 +6,7 @@ and nothing changes on any error.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -123,9 +124,25 @@ def _action(name: str) -> Callable[[Request, Console], Awaitable[Response]]:
 
 
 async def _events(request: Request, console: Console) -> Response:
+    session = auth.session_of(request) if auth.has_session(request) else None
+
+    async def signed_out() -> bool:
+        """Whether the stream's session was signed out meanwhile (here or in another console process)."""
+        if session is None:
+            return False
+        try:
+            return await console.signed_out(session.sid)
+        except StoreUnavailable:
+            return False  # asked again at the next keep-alive
+
     async def stream() -> AsyncIterator[str]:
         yield f"retry: 2000\n: {console.subscriber_count + 1} open\n\n"
+        asked = time.monotonic()
         async for change in console.events(idle_s=KEEPALIVE_S):
+            if time.monotonic() - asked >= KEEPALIVE_S:
+                if await signed_out():
+                    return  # the browser's reconnect is then refused
+                asked = time.monotonic()
             if change is None:
                 yield ": keep-alive\n\n"
                 continue

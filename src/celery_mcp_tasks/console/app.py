@@ -72,7 +72,7 @@ def create_app(
         routes=[*api.routes(console), *pages.routes(console)],
         middleware=[
             Middleware(_MountGuard, path=mount_path, console=console),
-            Middleware(ConsoleAuth, config=auth),
+            Middleware(ConsoleAuth, config=auth, signed_out=console.signed_out),
         ],
         lifespan=lifespan,
     )

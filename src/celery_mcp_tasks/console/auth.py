@@ -26,6 +26,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from celery_mcp_tasks.config import ConfigError
+from celery_mcp_tasks.store.base import StoreUnavailable
 
 COOKIE: Final = "mcp_tasks_console"
 CSRF_HEADER: Final = "x-csrf-token"
@@ -158,6 +159,11 @@ def start_session(request: Request, response: Response, name: str) -> None:
     )
 
 
+def session_of(request: Request) -> Session | None:
+    """The request's signed, unexpired session cookie (None: none); whether it was signed out is not asked."""
+    return _session_of(_config(request), request.cookies.get(COOKIE))
+
+
 def end_session(request: Request, response: Response) -> None:
     response.delete_cookie(COOKIE, path=mount_root(request) or "/", httponly=True, samesite="strict")
 
@@ -209,9 +215,10 @@ class ConsoleAuth:
     """Let a request through only with an operator; `/static/*` and `/login` are open. Without one, a
     browser page request is sent to the login page, anything else gets 401 with a JSON error."""
 
-    def __init__(self, app: ASGIApp, config: AuthConfig) -> None:
+    def __init__(self, app: ASGIApp, config: AuthConfig, signed_out: Callable[[str], Awaitable[bool]]) -> None:
         self.app = app
         self.config = config
+        self.signed_out = signed_out  # whether a session was signed out (`Console.signed_out`: the store)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -220,9 +227,16 @@ class ConsoleAuth:
         request = Request(scope)
         root = mount_root(request)
         path = scope["path"][len(root) :] if scope["path"].startswith(root) else scope["path"]
+        if path.startswith("/static/"):  # open, and nobody needs to be known for it
+            await self.app(scope, receive, send)
+            return
         state = scope.setdefault("state", {})
-        state["operator"], state["auth_via"] = await self._identify(request)
-        if state["operator"] is None and not (path == "/login" or path.startswith("/static/")):
+        try:
+            state["operator"], state["auth_via"] = await self._identify(request)
+        except StoreUnavailable:  # a session cookie is checked against the store's sign-outs
+            await json_error(503, "store_unavailable", StoreUnavailable.MESSAGE)(scope, receive, send)
+            return
+        if state["operator"] is None and path != "/login":
             await self._refuse(request, path)(scope, receive, send)
             return
         await self.app(scope, receive, send)
@@ -241,7 +255,7 @@ class ConsoleAuth:
             if found:
                 return clean_name(str(found)) or "operator", "host"
         session = _session_of(self.config, request.cookies.get(COOKIE))
-        if session is not None:
+        if session is not None and not await self.signed_out(session.sid):
             return session.operator, "session"
         return None, None
 

@@ -273,6 +273,13 @@ class Console:
 
     # -- actions --------------------------------------------------------------------------
 
+    async def sign_out(self, session: str, expires_s: int) -> None:
+        """Refuse the console session `session` in every console process until it expires (epoch s)."""
+        await anyio.to_thread.run_sync(lambda: self.service.sign_out(session, expires_s * 1000))
+
+    async def signed_out(self, session: str) -> bool:
+        return await anyio.to_thread.run_sync(lambda: self.service.signed_out(session))
+
     async def act(
         self, action: str, key: str, operator: str | None, terminate: bool = False
     ) -> ActionResult | TaskDetail:

@@ -361,6 +361,9 @@ class Pages:
         refusal = auth.csrf_refusal(request, str(form.get("csrf", "")))
         if refusal is not None:
             return self.problem(request, 403, _EXPIRED, refusal, back=None)
+        session = auth.session_of(request)
+        if session is not None:  # every console process refuses a copy of the cookie from now on
+            await self.console.sign_out(session.sid, session.expires)
         response = RedirectResponse(f"{auth.mount_root(request)}/login", status_code=303)
         auth.end_session(request, response)
         return response

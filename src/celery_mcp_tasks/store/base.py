@@ -196,3 +196,12 @@ class Store(Protocol):
     def delete(self, key: str) -> bool:
         """Delete the row if it is final (completed, failed, cancelled): whether it was deleted."""
         ...
+
+    def sign_out(self, session: str, expires_ms: int, *, now_ms: int) -> None:
+        """Refuse the console session `session` from now until `expires_ms` (idempotent); forget the
+        sessions already past their expiry (`now_ms`)."""
+        ...
+
+    def signed_out(self, session: str) -> bool:
+        """Whether the console session `session` was signed out (and not yet forgotten)."""
+        ...

@@ -81,3 +81,13 @@ sweeps = sa.Table(
     sa.Column("report", sa.JSON, nullable=True),
     sa.Column("statuses", sa.JSON, nullable=True),
 )
+
+signouts = sa.Table(
+    f"{TABLE_PREFIX}console_signout",
+    metadata,
+    # A console session signed out before it expired (migration 0008): refused by every console process
+    # until `expires_at` (epoch ms), when its cookie would have been refused anyway. The session's random id,
+    # never the operator's name or anything of a task.
+    sa.Column("session", sa.String(64), primary_key=True),
+    sa.Column("expires_at", sa.BigInteger, nullable=False),
+)

@@ -25,6 +25,7 @@ from dataclasses import fields, replace
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine, make_url
 
 from celery_mcp_tasks.model import TERMINAL_VALUES, OwnerScope, TaskRecord, TaskStatus, owner_scope
@@ -45,7 +46,7 @@ from celery_mcp_tasks.store.codec import KeyRing, UnreadablePayload, open_column
 from celery_mcp_tasks.store.engine import create_store_engine, normalize_url, read
 from celery_mcp_tasks.store.failures import _CommitInDoubt, _in_doubt, _operation, _reconnecting, _reported
 from celery_mcp_tasks.store.rows import Filter, Overview, Page, Row
-from celery_mcp_tasks.store.schema import tasks
+from celery_mcp_tasks.store.schema import signouts, tasks
 from celery_mcp_tasks.store.sweeps import SweepLedger, count_by_status, evict, unanswered
 
 logger = logging.getLogger(__name__)
@@ -563,6 +564,22 @@ class SqlStore:
             deleted = conn.execute(query).rowcount == 1
             conn.commit()
         return deleted
+
+    @_operation
+    def sign_out(self, session: str, expires_ms: int, *, now_ms: int) -> None:
+        """The expired forgotten, then one INSERT that ignores a session already there (idempotent, retried)."""
+        dialect = postgresql if self.dialect == "postgresql" else sqlite
+        with self.engine.connect() as conn:
+            conn.execute(signouts.delete().where(signouts.c.expires_at <= now_ms))
+            conn.execute(
+                dialect.insert(signouts).values(session=session, expires_at=expires_ms).on_conflict_do_nothing()
+            )
+            conn.commit()
+
+    @_operation
+    def signed_out(self, session: str) -> bool:
+        query = sa.select(signouts.c.session).where(signouts.c.session == session)
+        return read(self.engine, lambda conn: conn.execute(query).first() is not None)
 
     def unanswered(self, *, changed_before_ms: int, limit: int) -> list[str]:
         return unanswered(self.engine, changed_before_ms=changed_before_ms, limit=limit)
