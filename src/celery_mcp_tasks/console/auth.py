@@ -4,8 +4,10 @@ Three ways in, tried in this order: `Authorization: Bearer <MCP_TASKS_CONSOLE_TO
 no cookie, so no CSRF token); the host application's `operator(request)` when mounted; a browser session
 (a signed, HttpOnly, SameSite=Strict, expiring cookie from the login form). Cookies and CSRF tokens are
 signed with HMAC-SHA256 under a key derived from the token, so every console process with that token
-accepts them and changing it signs everyone out. A CSRF token is bound to the session (or host operator)
-and expires. The middleware leaves `operator` and `auth_via` ("bearer", "host", "session") in `request.state`.
+accepts them and changing it signs everyone out. Signing out records the session's random id in the store
+until its cookie would expire, so every console process refuses a copy of it (`ConsoleAuth`'s `signed_out`,
+one primary-key read per request that carries a session cookie). A CSRF token is bound to the session (or
+host operator) and expires. The middleware leaves `operator` and `auth_via` ("bearer", "host", "session") in `request.state`.
 """
 
 from __future__ import annotations
