@@ -21,6 +21,7 @@ from celery_mcp_tasks.model import (
     owner_namespace,
     owner_of,
     owner_scope,
+    spelled_namespace,
     task_key,
 )
 from celery_mcp_tasks.protocol import render_task
@@ -281,6 +282,19 @@ def test_an_owner_string_names_its_claim_and_issuer_and_keeps_parts_apart() -> N
     assert owner_of(None) is None
     assert owner_namespace(user) == "sub:https%3A%2F%2Fid.example"
     assert owner_namespace(None) == "anonymous"
+
+
+@pytest.mark.parametrize(
+    "issuer", ["https://id.example", "https://id.example/t%2Fa", "id.example", "", "a b", "x%zz", "HTTPS://ID:8443/"]
+)
+def test_a_namespace_is_spelled_as_owners_spell_it_whichever_form_it_was_given_in(issuer: str) -> None:
+    """The console's owner filter: the issuer as the provider writes it, or percent-encoded as the list shows."""
+    for claim in ("sub", "client_id"):
+        stored = owner_namespace(owner_of(issuer, **{"subject" if claim == "sub" else "client_id": "u"}))
+        assert spelled_namespace(f"{claim}:{issuer}") == stored
+        assert spelled_namespace(stored) == stored
+        assert spelled_namespace(re.sub("%[0-9A-F]{2}", lambda e: e[0].lower(), stored)) == stored
+    assert spelled_namespace("anonymous") == "anonymous"
 
 
 def test_per_owner_hashes_take_the_owner_as_they_always_did() -> None:

@@ -16,13 +16,14 @@ import base64
 import hashlib
 import hmac
 import math
+import re
 import secrets
 import time
 import uuid
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, Final, Literal
-from urllib.parse import quote, unquote
+from urllib.parse import quote
 
 __all__ = [
     "ACTIVE",
@@ -209,6 +210,10 @@ ANONYMOUS: Final = "anonymous"
 """How an owner-less task's owner is named (`owner_namespace`)."""
 
 
+_ENCODED = re.compile(r"(?:[A-Za-z0-9_.~-]|%[0-9a-fA-F]{2})*")
+"""An issuer as `quote(issuer, safe="")` writes it: unreserved characters and `%XX` escapes."""
+
+
 def owner_of(issuer: str | None, *, subject: str | None = None, client_id: str | None = None) -> str | None:
     """The owner string of a principal: its subject's when it has one, else its client's, else None."""
     iss = quote(issuer or "", safe="")
@@ -231,10 +236,16 @@ def owner_namespace(owner: str | None) -> str:
 
 def spelled_namespace(namespace: str) -> str:
     """A namespace as owner strings spell it (`sub:https%3A%2F%2Fidp`), given with its issuer either
-    percent-encoded or as the identity provider writes it (`sub:https://idp`)."""
+    percent-encoded or as the identity provider writes it (`sub:https://idp`).
+
+    An issuer holding only what the encoding leaves as it is, and `%` escapes, is taken as encoded (its
+    escapes upper-cased, as `quote` writes them); any other is encoded, a `%` in it included."""
     for prefix in OWNER_CLAIMS:
         if namespace.startswith(prefix):
-            return prefix + quote(unquote(namespace.removeprefix(prefix)), safe="")
+            issuer = namespace.removeprefix(prefix)
+            if _ENCODED.fullmatch(issuer):
+                return prefix + re.sub(r"%[0-9a-fA-F]{2}", lambda escape: escape[0].upper(), issuer)
+            return prefix + quote(issuer, safe="")
     return namespace
 
 

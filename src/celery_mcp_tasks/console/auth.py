@@ -24,7 +24,7 @@ from typing import Any, Final
 from urllib.parse import quote
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from celery_mcp_tasks.config import ConfigError
@@ -236,7 +236,7 @@ class ConsoleAuth:
         try:
             state["operator"], state["auth_via"] = await self._identify(request)
         except StoreUnavailable:  # a session cookie is checked against the store's sign-outs
-            await json_error(503, "store_unavailable", StoreUnavailable.MESSAGE)(scope, receive, send)
+            await self._unavailable(request, path)(scope, receive, send)
             return
         if state["operator"] is None and path != "/login":
             await self._refuse(request, path)(scope, receive, send)
@@ -261,12 +261,21 @@ class ConsoleAuth:
             return session.operator, "session"
         return None, None
 
-    def _refuse(self, request: Request, path: str) -> Response:
-        if (
+    @staticmethod
+    def _wants_a_page(request: Request, path: str) -> bool:
+        return (
             request.method in ("GET", "HEAD")
             and "text/html" in request.headers.get("accept", "")
             and not path.startswith("/api/")
-        ):
+        )
+
+    def _unavailable(self, request: Request, path: str) -> Response:
+        if self._wants_a_page(request, path):
+            return PlainTextResponse(StoreUnavailable.MESSAGE, status_code=503)
+        return json_error(503, "store_unavailable", StoreUnavailable.MESSAGE)
+
+    def _refuse(self, request: Request, path: str) -> Response:
+        if self._wants_a_page(request, path):
             target = path + (f"?{request.url.query}" if request.url.query else "")
             return RedirectResponse(f"{mount_root(request)}/login?next={quote(target, safe='')}", status_code=303)
         bearer = request.headers.get("authorization", "").lower().startswith("bearer ")

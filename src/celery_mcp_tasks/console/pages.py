@@ -30,6 +30,7 @@ from celery_mcp_tasks.console.context import (
     parse_list_query,
 )
 from celery_mcp_tasks.model import now_ms
+from celery_mcp_tasks.store.base import StoreUnavailable
 from celery_mcp_tasks.store.rows import DEFAULT_LIMIT, DEFAULT_SORT, STATUS_NAMES, BadFilter, Overview, TaskDetail
 
 _NAME: Final = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
@@ -363,10 +364,19 @@ class Pages:
             return self.problem(request, 403, _EXPIRED, refusal, back=None)
         session = auth.session_of(request)
         if session is not None:  # every console process refuses a copy of the cookie from now on
-            await self.console.sign_out(session.sid, session.expires)
+            try:
+                await self.console.sign_out(session.sid, session.expires)
+            except StoreUnavailable:
+                return self.problem(request, 503, "Not signed out", _NOT_SIGNED_OUT, back="/")
         response = RedirectResponse(f"{auth.mount_root(request)}/login", status_code=303)
         auth.end_session(request, response)
         return response
+
+
+_NOT_SIGNED_OUT = (
+    "The task store is unreachable, so the sign-out could not be recorded: you are still signed in. Try again "
+    "once the store is back."
+)
 
 
 def _nothing_changed(message: str) -> str:

@@ -50,6 +50,8 @@ from celery_mcp_tasks.store.schema import signouts, tasks
 from celery_mcp_tasks.store.sweeps import SweepLedger, count_by_status, evict, unanswered
 
 logger = logging.getLogger(__name__)
+_SIGNOUT_KEPT_MS = 3_600_000
+"""How long a sign-out is kept after its cookie expired (`sign_out`): more than console hosts' clocks differ."""
 
 _MAX_CAS_ATTEMPTS = 64
 _COLUMNS = [f.name for f in fields(TaskRecord)]
@@ -567,10 +569,13 @@ class SqlStore:
 
     @_operation
     def sign_out(self, session: str, expires_ms: int, *, now_ms: int) -> None:
-        """The expired forgotten, then one INSERT that ignores a session already there (idempotent, retried)."""
+        """The long expired forgotten, then one INSERT that ignores a session already there (idempotent, retried).
+
+        Forgotten an hour after expiry, not at it: each console process judges a cookie's expiry by its own
+        clock, and one whose clock is behind this one's must still find the sign-out."""
         dialect = postgresql if self.dialect == "postgresql" else sqlite
         with self.engine.connect() as conn:
-            conn.execute(signouts.delete().where(signouts.c.expires_at <= now_ms))
+            conn.execute(signouts.delete().where(signouts.c.expires_at <= now_ms - _SIGNOUT_KEPT_MS))
             conn.execute(
                 dialect.insert(signouts).values(session=session, expires_at=expires_ms).on_conflict_do_nothing()
             )
