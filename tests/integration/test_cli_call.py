@@ -436,3 +436,16 @@ def test_in_tmux_ctrl_c_while_following_ends_in_one_line_and_130(
         assert client.get(task_id.group(1))["status"] == "cancelled"
     finally:
         client.close()
+
+
+def test_on_a_terminal_ctrl_c_at_a_question_cancels_and_starts_its_own_line(
+    runtime: Deployment, terminal: list[Terminal]
+) -> None:
+    term = Terminal(runtime.url, "two_rounds")
+    terminal.append(term)
+    term.expect("[c]ancel (a): ")
+    term.send(b"\x03")
+    term.expect("interrupted: cancelling the task")
+    assert term.wait() == 130, term.text
+    assert re.search(r"\n[\r]*interrupted: cancelling the task", term.text), repr(term.text)
+    assert "Traceback" not in term.text

@@ -309,3 +309,46 @@ def test_a_worker_is_started_by_default_only_on_the_embedded_broker() -> None:
     assert not wants_worker(None, "redis://127.0.0.1:6379/0")  # its workers run elsewhere
     assert wants_worker(True, "redis://127.0.0.1:6379/0")
     assert not wants_worker(False, "filesystem://")
+
+
+def test_a_second_server_on_the_same_data_directory_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Two supervised workers on one filesystem broker would take each other's jobs, and either one's exit would
+    kill the other's: a second `stdio` (or `dev`) there stops at start, naming the one that holds it."""
+    from tests.support import free_port
+
+    data = tmp_path / "data"
+
+    def command(*args: str) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("MCP_TASKS_", "CELERY_"))}
+        argv = [sys.executable, "-m", "celery_mcp_tasks.cli", *args]
+        return subprocess.run(
+            argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120
+        )
+
+    first, err = _launch(tmp_path, "tests.apps.runtime_app", "--directory", str(ROOT), "--data-dir", str(data))
+    try:
+        wait_until(lambda: "worker  pid" in err.read_text(), 60, "the first server's worker")
+        held = f"celery-mcp-tasks stdio (pid {first.pid}) already runs a worker on the data directory {data}"
+        second = command("stdio", "tests.apps.runtime_app", "--data-dir", str(data))
+        assert second.returncode == 1 and second.stdout == ""
+        assert second.stderr.strip().splitlines()[-1] == (
+            f"celery-mcp-tasks stdio: {held}; a second one would take its jobs and kill them when either exits. "
+            "Give each its own data directory (--data-dir or MCP_TASKS_DATA_DIR)"
+        ), second.stderr
+        dev = ["dev", "tests.apps.runtime_app", "--data-dir", str(data), "--port", str(free_port())]
+        refused = command(*dev, "--call", "work", '{"seconds": 0}')
+        assert refused.returncode == 1 and f"celery-mcp-tasks dev: {held}" in refused.stderr, refused.stderr
+        assert first.poll() is None and len(_worker_pids(data)) >= 1  # the first one runs on, untouched
+        _initialize_legacy(first)
+        _send(first, {"id": 2, "method": "tools/call", "params": {"name": "work", "arguments": {"seconds": 0}}})
+        assert _read_message(first, 60)["result"]["content"][0]["text"] == "worked 0s on attempt 1"
+        assert first.stdin is not None
+        first.stdin.close()  # the client leaves: the directory is free again
+        assert first.wait(timeout=30) == 0
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+    _nothing_left(data)
+    again = command(*dev, "--call", "work", '{"seconds": 0}')
+    assert again.returncode == 0, again.stderr

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any
+from typing import IO, Any
 
 from celery_mcp_tasks.config import ConfigError, redact_url
 from celery_mcp_tasks.ops.root_handler import plain_root_logging
@@ -179,6 +179,34 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
         pass
 
 
+def claim_data_dir(folder: Path, command: str) -> IO[str] | None:
+    """This process's claim on the embedded broker's data directory, held until the file is closed or the process
+    ends (`flock`). Two supervised workers on one filesystem broker take each other's jobs, and either one's exit
+    kills the other's: a second `dev` or `stdio` there is refused (SystemExit naming the holder). None without
+    `fcntl` (not POSIX)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    claim = open(folder / "worker.lock", "a+")  # noqa: SIM115 - held open for the life of the worker
+    try:
+        fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        claim.seek(0)
+        holder = claim.read().strip() or "another process"
+        claim.close()
+        raise SystemExit(
+            f"celery-mcp-tasks {command}: {holder} already runs a worker on the data directory "
+            f"{display_path(folder)}; a second one would take its jobs and kill them when either exits. "
+            f"Give each its own data directory (--data-dir or MCP_TASKS_DATA_DIR)"
+        ) from None
+    claim.truncate(0)
+    claim.write(f"celery-mcp-tasks {command} (pid {os.getpid()})")
+    claim.flush()
+    return claim
+
+
 class WorkerSupervisor:
     """`celery worker -B` consuming `supervised_queues`, in its own process group, its output forwarded and its
     death reported (`on_death`, from the output thread); `stdio` names its own node and beat schedule file."""
@@ -193,6 +221,10 @@ class WorkerSupervisor:
         schedule: str = "beat-schedule",
     ) -> None:
         queues = supervised_queues(tasks)
+        self._command = node.split("@", 1)[0]  # "dev" or "stdio": who holds the data directory
+        self._data_dir = tasks.settings.resolved_data_dir
+        self._embedded = str(tasks.celery.conf.broker_url or "").startswith("filesystem://")
+        self._claim: IO[str] | None = None
         self._argv = [sys.executable, "-m", "celery", "--quiet", "-A", target, "worker", "-B", *WORKER_POOL]
         self._argv += ["--loglevel", "WARNING", "--without-mingle", "--without-gossip", "-n", node]
         beat_schedule = str(tasks.settings.resolved_data_dir / schedule)
@@ -204,6 +236,8 @@ class WorkerSupervisor:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        if self._embedded:
+            self._claim = claim_data_dir(self._data_dir, self._command)
         path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
         self.proc = subprocess.Popen(
             self._argv,
@@ -237,8 +271,17 @@ class WorkerSupervisor:
         return "(no output)"
 
     def stop(self, warm_s: float = WARM_SHUTDOWN_S) -> None:
-        """Warm shutdown, then the whole process group is killed: nothing outlives `dev`."""
+        """Warm shutdown, then the whole process group is killed: nothing outlives `dev`. The data directory's
+        claim goes last."""
         self._stopping.set()
+        try:
+            self._stop(warm_s)
+        finally:
+            if self._claim is not None:
+                self._claim.close()  # unlocks
+                self._claim = None
+
+    def _stop(self, warm_s: float) -> None:
         proc = self.proc
         if proc is None:
             return

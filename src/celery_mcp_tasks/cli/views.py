@@ -196,7 +196,8 @@ class LiveView:
                 self._live.start(refresh=True)
 
     def note(self, message: str) -> None:
-        self._err.print(Text(message, style="yellow"), highlight=False, soft_wrap=True)
+        with self.pause():  # on a line of its own, not at the end of the live line (stderr is another console)
+            self._err.print(Text(message, style="yellow"), highlight=False, soft_wrap=True)
 
     def _final(self, extra: str = "") -> None:
         self.close()
