@@ -84,15 +84,22 @@ def _float(
     return value
 
 
+_YES_NO = dict.fromkeys(("1", "on", "true", "yes"), True) | dict.fromkeys(("0", "off", "false", "no"), False)
+
+
+def yes_no(text: str) -> bool | None:
+    """A switch's words: on/true/1/yes, off/false/0/no (any case), None for anything else."""
+    return _YES_NO.get(text.strip().lower())
+
+
 def _switch(env: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = (env.get(name) or "").strip().lower()
-    if not raw:
+    raw = env.get(name) or ""
+    if not raw.strip():
         return default
-    if raw in ("1", "on", "true", "yes"):
-        return True
-    if raw in ("0", "off", "false", "no"):
-        return False
-    raise ConfigError(f"{name}: expected on or off, got {env.get(name)!r}")
+    value = yes_no(raw)
+    if value is None:
+        raise ConfigError(f"{name}: expected on or off, got {raw!r}")
+    return value
 
 
 def _choice(env: Mapping[str, str], name: str, default: str) -> str:

@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
+from celery_mcp_tasks.config import yes_no
 from celery_mcp_tasks.console import auth
 from celery_mcp_tasks.console.context import ACTIONS, Console, ConsoleError, parse_list_query
 from celery_mcp_tasks.store.base import StoreUnavailable
@@ -98,13 +99,10 @@ async def _body(request: Request) -> dict[str, Any]:
 def _flag(fields: dict[str, Any], name: str) -> bool:
     """A yes/no field: JSON true/false, or a form's on/off, true/false, 1/0, yes/no (absent or empty: no)."""
     value = fields.get(name, False)
+    if isinstance(value, str):
+        value = yes_no(value) if value.strip() else False
     if isinstance(value, bool):
         return value
-    text = value.strip().lower() if isinstance(value, str) else None
-    if text in ("", "0", "false", "off", "no"):
-        return False
-    if text in ("1", "true", "on", "yes"):
-        return True
     raise BadFilter(name, f"{name} must be true or false")
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine, make_url
 
 from celery_mcp_tasks.store.codec import encode
@@ -61,6 +62,12 @@ def read(engine: Engine, reader: Callable[..., _T], *args: Any, **kwargs: Any) -
         found = reader(conn, *args, **kwargs)
         conn.rollback()
     return found
+
+
+def upsert(engine: Engine, table: sa.Table) -> Any:
+    """`INSERT INTO table` with `ON CONFLICT` clauses, spelled alike by both dialects."""
+    dialect = postgresql if engine.dialect.name == "postgresql" else sqlite
+    return dialect.insert(table)
 
 
 def create_store_engine(url: str, **kwargs: Any) -> Engine:

@@ -25,7 +25,6 @@ from dataclasses import fields, replace
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine, make_url
 
 from celery_mcp_tasks.model import TERMINAL_VALUES, OwnerScope, TaskRecord, TaskStatus, owner_scope
@@ -43,7 +42,7 @@ from celery_mcp_tasks.store.base import (
     apply,
 )
 from celery_mcp_tasks.store.codec import KeyRing, UnreadablePayload, open_columns, seal_columns
-from celery_mcp_tasks.store.engine import create_store_engine, normalize_url, read
+from celery_mcp_tasks.store.engine import create_store_engine, normalize_url, read, upsert
 from celery_mcp_tasks.store.failures import _CommitInDoubt, _in_doubt, _operation, _reconnecting, _reported
 from celery_mcp_tasks.store.rows import Filter, Overview, Page, Row
 from celery_mcp_tasks.store.schema import signouts, tasks
@@ -573,11 +572,10 @@ class SqlStore:
 
         Forgotten an hour after expiry, not at it: each console process judges a cookie's expiry by its own
         clock, and one whose clock is behind this one's must still find the sign-out."""
-        dialect = postgresql if self.dialect == "postgresql" else sqlite
         with self.engine.connect() as conn:
             conn.execute(signouts.delete().where(signouts.c.expires_at <= now_ms - _SIGNOUT_KEPT_MS))
             conn.execute(
-                dialect.insert(signouts).values(session=session, expires_at=expires_ms).on_conflict_do_nothing()
+                upsert(self.engine, signouts).values(session=session, expires_at=expires_ms).on_conflict_do_nothing()
             )
             conn.commit()
 

@@ -8,15 +8,12 @@ and a claimant whose clock is behind would stamp an old claim that lets another 
 
 from __future__ import annotations
 
-from typing import Any
-
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
 from celery_mcp_tasks.model import TERMINAL_VALUES, TaskStatus
 from celery_mcp_tasks.store.base import Eviction
-from celery_mcp_tasks.store.engine import read
+from celery_mcp_tasks.store.engine import read, upsert
 from celery_mcp_tasks.store.failures import _operation, _reconnecting
 from celery_mcp_tasks.store.ledger import JANITOR as JANITOR
 from celery_mcp_tasks.store.ledger import SweepRecord
@@ -51,11 +48,6 @@ def read_sweep(conn: sa.Connection, name: str = JANITOR) -> SweepRecord | None:
     )
 
 
-def _upsert(engine: Engine, values: dict[str, Any]) -> Any:
-    """`INSERT ... ON CONFLICT (name)`, spelled alike by both dialects (`db_now_ms` refused any other already)."""
-    return (postgresql if engine.dialect.name == "postgresql" else sqlite).insert(sweeps).values(**values)
-
-
 class SweepLedger:
     """The `sweeps` table on the store's engine. Thread-safe; every call is one short transaction."""
 
@@ -73,7 +65,7 @@ class SweepLedger:
         A retry after a lost connection may answer False for a claim that landed: one missed interval, never
         two sweeps."""
         now = db_now_ms(self.engine.dialect.name)
-        stmt = _upsert(self.engine, {"name": name, "claimed_at": now, "claimed_by": by[:128], "sweeps": 0})
+        stmt = upsert(self.engine, sweeps).values(name=name, claimed_at=now, claimed_by=by[:128], sweeps=0)
         stmt = stmt.on_conflict_do_update(
             index_elements=[sweeps.c.name],
             set_={"claimed_at": stmt.excluded.claimed_at, "claimed_by": stmt.excluded.claimed_by},
@@ -91,7 +83,7 @@ class SweepLedger:
             "report": dict(report),
             "statuses": dict(statuses),
         }
-        stmt = _upsert(self.engine, {"name": name, "sweeps": 1, **values})
+        stmt = upsert(self.engine, sweeps).values(name=name, sweeps=1, **values)
         stmt = stmt.on_conflict_do_update(
             index_elements=[sweeps.c.name],
             set_={**{key: stmt.excluded[key] for key in values}, "sweeps": sweeps.c.sweeps + 1},
