@@ -159,7 +159,7 @@ def test_an_adapter_reaches_no_other_through_a_shared_module(adapter: str) -> No
     assert not chains, "\n".join(" -> ".join(chain) for chain in chains.values())
 
 
-@pytest.mark.parametrize("module", ["ops/propagation.py", "ops/root_handler.py"])
+@pytest.mark.parametrize("module", ["propagation.py", "ops/root_handler.py"])
 def test_the_modules_adapters_share_with_ops_import_neither_celery_nor_the_sdk(module: str) -> None:
     """What `mcp/` and `worker/` import of tracing and logging: opentelemetry-api and the standard library only."""
     outside = ("mcp", "mcp_types", "celery", "kombu", "celery_mcp_tasks.ops.tracing", "celery_mcp_tasks.ops.logs")
@@ -167,7 +167,7 @@ def test_the_modules_adapters_share_with_ops_import_neither_celery_nor_the_sdk(m
     assert not wrong, f"{module} imports {wrong}"
 
 
-@pytest.mark.parametrize("module", ["ops/logs.py", "ops/redaction.py", "ops/tracing.py", "ops/propagation.py"])
+@pytest.mark.parametrize("module", ["ops/logs.py", "ops/redaction.py", "ops/tracing.py", "propagation.py"])
 def test_logging_and_tracing_import_nothing_of_the_sdk_adapter(module: str) -> None:
     """The root handler's name lives in `ops.root_handler`, which `mcp.server` imports: not the other way round."""
     wrong = sorted(name for name in _runtime_imports(PACKAGE / module) if _reaches(name, "celery_mcp_tasks.mcp"))

@@ -2,7 +2,8 @@
 changes nothing process-wide (no environment variable, no other library's global table, no global
 tracer provider, no registered collector, no atexit hook, no listening socket, no route on the MCP app, no task on another Celery app,
 no root logging handler or level, no filter on another library's logger, no warnings filter, no signal handler,
-no thread, no file in the working directory).
+no fork hook, no thread, no file in the working directory), and loads no operations module (the `ops`
+package itself only names them).
 
 Run in a fresh interpreter: this test process has long since imported and configured all of it.
 """
@@ -71,11 +72,17 @@ def state():
         "collectors": sorted(map(repr, REGISTRY._collector_to_names)),
         "atexit": atexit._ncallbacks(),
         "listening": listening(),
+        "fork_hooks": len(fork_hooks),
+        "ops_modules": sorted(name for name in sys.modules if name.startswith("celery_mcp_tasks.ops.")),
     }
 
 # The dependencies first: what their own imports do (e.g. the stdlib's one atexit hook for
 # `weakref.finalize`, which SQLAlchemy's import creates) is theirs, not this package's.
 import celery, kombu, sqlalchemy, starlette.applications, mcp.server  # noqa: E401
+
+fork_hooks = []  # os.register_at_fork keeps no list we could read: count the calls from here on
+_register_at_fork = os.register_at_fork
+os.register_at_fork = lambda **hooks: (fork_hooks.append(sorted(hooks)), _register_at_fork(**hooks))[1]
 
 before = state()
 import celery_mcp_tasks
@@ -91,7 +98,7 @@ def report() -> str:
 app = tasks.asgi_app()
 paths = sorted(getattr(route, "path", "") for route in app.routes)
 constructed = state()  # the working directory before the store is built (the embedded store is a file there)
-internals(tasks).service()  # the store built: still nothing process-wide
+internals(tasks).service()  # the store built: nothing process-wide but the fork hook its engine needs
 after = state()
 other = celery.Celery("another-app-in-the-process", set_as_current=False)  # e.g. the user's own
 other.finalize()
@@ -124,6 +131,9 @@ def test_importing_and_constructing_changes_nothing_process_wide(broker: str, tm
     assert after["collectors"] == before["collectors"]
     assert after["atexit"] == before["atexit"]
     assert after["listening"] == before["listening"] == []
+    assert constructed["fork_hooks"] == before["fork_hooks"] == 0, "importing or constructing registered a fork hook"
+    assert after["fork_hooks"] == 1  # the store's engine: a forked child must not share its connections
+    assert constructed["ops_modules"] == after["ops_modules"] == [], "an operations module was loaded"
     assert seen["plugins"] == 0
     assert seen["other_tasks"] == [], "a tool was registered on every Celery app in the process"
     assert not {"/metrics", "/healthz", "/readyz"} & set(seen["paths"]), seen["paths"]

@@ -32,9 +32,10 @@ from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from celery_mcp_tasks import propagation
 from celery_mcp_tasks.app import internals
 from celery_mcp_tasks.config import ConfigError, Settings
-from celery_mcp_tasks.ops import propagation, tracing
+from celery_mcp_tasks.ops import tracing
 from celery_mcp_tasks.worker.dispatch import CeleryDispatcher
 from tests.builders import record
 from tests.support import ROOT

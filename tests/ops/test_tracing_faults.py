@@ -22,9 +22,10 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Sampler, SamplingResult
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, StatusCode, TraceFlags
 from opentelemetry.util.types import Attributes
 
+from celery_mcp_tasks import propagation
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.model import new_task_id, task_key
-from celery_mcp_tasks.ops import propagation, tracing
+from celery_mcp_tasks.ops import tracing
 from celery_mcp_tasks.worker.job import DISPATCH_HEADER, KEY_HEADER
 from tests.builders import record
 

@@ -44,7 +44,7 @@ from celery_mcp_tasks.mcp.wire import (
 )
 from celery_mcp_tasks.model import InvalidInputResponse, TaskRecord
 from celery_mcp_tasks.notify.hub import Hub
-from celery_mcp_tasks.ops.propagation import creating
+from celery_mcp_tasks.propagation import creating
 from celery_mcp_tasks.protocol import EXTENSION_ID, IDEMPOTENCY_META_KEY, render_create_result, render_task
 from celery_mcp_tasks.service import IdempotencyKeyReused, PayloadTooLarge, TaskExpired, TaskService
 from celery_mcp_tasks.store.base import Quota, QuotaExceeded, StoreUnavailable, TaskLimitReached, TaskNotFound

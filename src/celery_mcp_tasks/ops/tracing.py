@@ -24,8 +24,8 @@ from opentelemetry.trace import SpanKind
 
 from celery_mcp_tasks.config import ConfigError
 from celery_mcp_tasks.model import TaskRecord
-from celery_mcp_tasks.ops.propagation import TOOL, end_span, mark_failed, start_span, warn_once
 from celery_mcp_tasks.plugin import Plugin, Runtime
+from celery_mcp_tasks.propagation import TOOL, end_span, mark_failed, start_span, warn_once
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider

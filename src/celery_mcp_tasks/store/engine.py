@@ -26,6 +26,7 @@ READ_ONLY = "mcp_tasks_read_only"
 """Execution option marking a read-only connection (a deferred BEGIN on SQLite)."""
 
 _ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
+_FORK_HOOK: list[bool] = []  # registered once, with the first engine
 _T = TypeVar("_T")
 
 BUSY_TIMEOUT_S = 30.0
@@ -43,7 +44,13 @@ def _leave_the_parents_connections() -> None:
         engine.dispose(close=False)
 
 
-os.register_at_fork(after_in_child=_leave_the_parents_connections)
+def _track(engine: Engine) -> None:
+    """Remember `engine` for `_leave_the_parents_connections`, registered as a fork hook with the first engine
+    (importing the package registers nothing)."""
+    if not _FORK_HOOK:
+        os.register_at_fork(after_in_child=_leave_the_parents_connections)
+        _FORK_HOOK.append(True)
+    _ENGINES.add(engine)
 
 
 def normalize_url(url: str) -> str:
@@ -85,7 +92,7 @@ def create_store_engine(url: str, **kwargs: Any) -> Engine:
             kwargs.setdefault("pool_size", 10)
             kwargs.setdefault("max_overflow", 10)
         engine = sa.create_engine(url, **kwargs)
-    _ENGINES.add(engine)
+    _track(engine)
     return engine
 
 

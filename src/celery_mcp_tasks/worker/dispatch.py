@@ -27,7 +27,7 @@ from kombu.exceptions import OperationalError
 
 from celery_mcp_tasks.config import redact_url
 from celery_mcp_tasks.model import TaskRecord, celery_message_id
-from celery_mcp_tasks.ops.propagation import sending
+from celery_mcp_tasks.propagation import sending
 from celery_mcp_tasks.worker.celery_internals import pool_terminates
 from celery_mcp_tasks.worker.fairness import routed_queue, shard_queue
 from celery_mcp_tasks.worker.job import DISPATCH_HEADER, HIDDEN_ARGS, KEY_HEADER, RECORD_HEADER, JobTool, record_header
