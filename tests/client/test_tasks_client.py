@@ -213,7 +213,7 @@ def test_push_is_used_when_the_server_offers_it(runtime: Deployment, monkeypatch
 
 
 def test_tasks_followed_at_once_share_one_listen_stream(runtime: Deployment, monkeypatch: pytest.MonkeyPatch):
-    from celery_mcp_tasks.client import _sdk
+    from celery_mcp_tasks import sdk_internals as _sdk
 
     opened: list[list[str]] = []
     original = _sdk.listen_tasks
@@ -245,7 +245,7 @@ def test_a_server_that_does_not_follow_tasks_on_listen_is_polled(runtime: Deploy
     from mcp.client.subscriptions import ListenRoute
     from mcp_types import SubscriptionFilter
 
-    from celery_mcp_tasks.client import _sdk
+    from celery_mcp_tasks import sdk_internals as _sdk
 
     @asynccontextmanager
     async def core_only(session: Any, task_ids: list[str], ack_timeout: float) -> Any:
@@ -263,7 +263,7 @@ def test_a_server_that_does_not_follow_tasks_on_listen_is_polled(runtime: Deploy
 def test_a_listen_stream_that_drops_is_reopened(runtime: Deployment, monkeypatch: pytest.MonkeyPatch):
     from contextlib import asynccontextmanager
 
-    from celery_mcp_tasks.client import _sdk
+    from celery_mcp_tasks import sdk_internals as _sdk
 
     original = _sdk.listen_tasks
     opened: list[int] = []

@@ -16,7 +16,8 @@ import anyio.abc
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR
 
-from celery_mcp_tasks.client import _sdk, calls
+from celery_mcp_tasks import sdk_internals
+from celery_mcp_tasks.client import calls
 from celery_mcp_tasks.client.calls import TASKS_VERSIONS, TaskNotFound
 from celery_mcp_tasks.client.models import TaskState
 
@@ -121,7 +122,7 @@ class Follower:
         if not self._running and not tracked.state.terminal:
             self._running = True
             self._run_scope = anyio.CancelScope()
-            _sdk.task_group(self._session).start_soon(self._run)
+            sdk_internals.task_group(self._session).start_soon(self._run)
         return tracked
 
     async def settle(self) -> None:
@@ -211,7 +212,7 @@ class Follower:
         failures = 0
         current: AsyncExitStack | None = None
         covered: set[str] = set()
-        watching: _sdk.TaskStream | None = None
+        watching: sdk_internals.TaskStream | None = None
         try:
             while True:
                 live = self._live()
@@ -224,9 +225,9 @@ class Follower:
                     stack = AsyncExitStack()
                     try:
                         stream = await stack.enter_async_context(
-                            _sdk.listen_tasks(self._session, sorted(ids), ack_timeout=_ACK_TIMEOUT_S)
+                            sdk_internals.listen_tasks(self._session, sorted(ids), ack_timeout=_ACK_TIMEOUT_S)
                         )
-                    except (MCPError, _sdk.ListenClosed, TimeoutError) as exc:
+                    except (MCPError, sdk_internals.ListenClosed, TimeoutError) as exc:
                         await stack.aclose()
                         if isinstance(exc, MCPError) and exc.code == CONNECTION_CLOSED:
                             raise anyio.ClosedResourceError from None
@@ -265,7 +266,7 @@ class Follower:
                 ended = anyio.Event()
                 async with anyio.create_task_group() as group:
 
-                    async def closed(stream: _sdk.TaskStream = watching, done: anyio.Event = ended) -> None:
+                    async def closed(stream: sdk_internals.TaskStream = watching, done: anyio.Event = ended) -> None:
                         await stream.wait_closed()
                         done.set()
                         group.cancel_scope.cancel()

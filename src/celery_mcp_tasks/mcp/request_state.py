@@ -15,8 +15,8 @@ from typing import Any
 from mcp.server.request_state import AESGCMRequestStateCodec, InvalidRequestState, RequestStateSecurity
 
 from celery_mcp_tasks.config import Settings
-from celery_mcp_tasks.mcp.sdk_internals import sealed_elsewhere
 from celery_mcp_tasks.preflight import LOCAL_BROKERS
+from celery_mcp_tasks.sdk_internals import sealed_elsewhere
 
 logger = logging.getLogger("celery_mcp_tasks")
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from mcp.server.mcpserver import MCPServer
 
-from celery_mcp_tasks.mcp.sdk_internals import tool_registered
+from celery_mcp_tasks.sdk_internals import tool_registered
 
 
 class TasksServer(MCPServer[Any]):

@@ -20,14 +20,14 @@ from mcp_types import INVALID_REQUEST, SubscriptionsListenRequestParams
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from celery_mcp_tasks.mcp.listen import TaskListenHandler
-from celery_mcp_tasks.mcp.sdk_internals import (
+from celery_mcp_tasks.notify.hub import Hub
+from celery_mcp_tasks.notify.push import Push
+from celery_mcp_tasks.sdk_internals import (
     Lifespan,
     on_server_exit,
     replace_listen_handler,
     wrap_lifespan,
 )
-from celery_mcp_tasks.notify.hub import Hub
-from celery_mcp_tasks.notify.push import Push
 from celery_mcp_tasks.service import TaskService
 
 logger = logging.getLogger("celery_mcp_tasks.mcp")

@@ -1,5 +1,6 @@
-"""Every place this package reaches past kombu's public API (pinned: kombu 5.7.x; the transports are modules
-of their own, as kombu loads them by path). tests/worker/test_kombu_internals.py fails when one moves.
+"""Every place this package reaches past kombu's public API (pinned: kombu 5.7.x), but for the two transports:
+kombu loads those by path when their broker is used, while every process imports this module (here the Redis
+one would load redis-py into an embedded server). tests/worker/test_kombu_internals.py fails when one moves.
 
 1. `bound_publish_retries`: kombu's `Mailbox` (under `control.revoke`) publishes with `retry=True` and no
    policy, so `Connection.ensure` retries a lost broker forever. A `retry_policy=` on `control.broadcast`

@@ -1,4 +1,5 @@
-"""Contract tests for every SDK internal this package uses (`celery_mcp_tasks.mcp.sdk_internals`).
+"""Contract tests for every SDK internal this package uses (`celery_mcp_tasks.sdk_internals`): the server's and
+the client's.
 
 Each fails with the installed SDK's version in its message the day the internal moves.
 """
@@ -6,18 +7,21 @@ Each fails with the installed SDK's version in its message the day the internal 
 from __future__ import annotations
 
 import importlib.metadata
+import inspect
 from typing import Any
 
 import uvicorn
+from mcp.client.session import ClientSession
+from mcp.client.subscriptions import ListenRoute
 from mcp.server.mcpserver import MCPServer
 from mcp_types import (
     SubscriptionsListenRequestParams,
 )
 
-from celery_mcp_tasks.mcp import sdk_internals
+from celery_mcp_tasks import sdk_internals
 
 SDK = importlib.metadata.version("mcp")
-WHERE = f"mcp {SDK}: an SDK internal moved; update celery_mcp_tasks/mcp/sdk_internals.py"
+WHERE = f"mcp {SDK}: an SDK internal moved; update celery_mcp_tasks/sdk_internals.py"
 
 
 def test_the_tool_manager_answers_by_name() -> None:
@@ -76,3 +80,36 @@ def test_a_state_sealed_under_another_key_is_refused_as_an_unknown_key() -> None
     with pytest.raises(InvalidRequestState) as garbage:
         AESGCMRequestStateCodec([os.urandom(32)]).unseal("garbage")
     assert not sdk_internals.sealed_elsewhere(garbage.value), WHERE
+
+
+def test_the_sdk_release_is_one_this_module_was_checked_against():
+    assert SDK.rsplit(".", 1)[0] in sdk_internals.VERSIONS, WHERE
+
+
+def test_the_session_internals_used_to_open_a_listen_stream_exist():
+    source = inspect.getsource(ClientSession)
+    for name in ("self._task_group", "self._dispatcher", "self._stamp"):
+        assert name in source, f"mcp {SDK}: ClientSession no longer has {name}"
+    for method in ("_register_listen_route", "_unregister_listen_route"):
+        assert callable(getattr(ClientSession, method, None)), f"mcp {SDK}: ClientSession.{method} is gone"
+    assert list(inspect.signature(ClientSession._register_listen_route).parameters) == ["self", "request_id"]
+
+
+def test_the_listen_route_keeps_its_shape():
+    route = ListenRoute()
+    for name in ("acked", "honored", "error", "end"):
+        assert hasattr(route, name), f"mcp {SDK}: ListenRoute.{name} is gone"
+    for method in ("set_acked", "settle", "next_event", "consume"):
+        assert callable(getattr(route, method, None)), f"mcp {SDK}: ListenRoute.{method} is gone"
+    route.settle("local")
+    assert route.end == "local" and route.acked.is_set()
+
+
+def test_the_acknowledged_filter_keeps_the_task_ids_it_was_not_built_for():
+    """`taskIds` is not a core field: the SDK's filter model must keep it (extra='allow')."""
+    from mcp_types import SubscriptionFilter
+
+    honored = SubscriptionFilter.model_validate({"taskIds": ["a", "b"]})
+    stream = sdk_internals.TaskStream(ListenRoute(), honored)
+    assert stream.task_ids == ["a", "b"]
+    assert sdk_internals.TaskStream(ListenRoute(), SubscriptionFilter()).task_ids is None
