@@ -8,7 +8,6 @@ calls take the row key and are not.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
@@ -34,7 +33,7 @@ from celery_mcp_tasks.model import (
 from celery_mcp_tasks.notify.base import Notifier, safe_notify
 from celery_mcp_tasks.observe import Observer, safe_observe
 from celery_mcp_tasks.store.base import Eviction, Quota, Store, TaskNotFound
-from celery_mcp_tasks.store.codec import PayloadTooLarge, payload_bytes
+from celery_mcp_tasks.store.codec import PayloadTooLarge, payload_bytes, same_json
 
 if TYPE_CHECKING:
     from celery_mcp_tasks.store.ledger import Ledger
@@ -80,11 +79,6 @@ class NotLost(Exception):
 
 class IdempotencyKeyReused(ValueError):
     """An idempotency key the caller already used for this tool, with other arguments: nothing was created."""
-
-
-def _same_arguments(a: Any, b: Any) -> bool:
-    """Equal as JSON (what the store kept of them is JSON: a tuple read back is a list)."""
-    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
 
 
 class TaskExpired(LookupError):
@@ -205,7 +199,7 @@ class TaskService:
         idempotent = idempotency_key is not None
         stored = self.store.create(record, max_rows=self.max_rows, quota=quota, idempotent=idempotent)
         if stored is not record:  # an idempotent retry: the first call's task, or its key freed
-            if not _same_arguments(stored.arguments, arguments):
+            if not same_json(stored.arguments, arguments):
                 raise IdempotencyKeyReused()
             if not (stored.expired(at) and stored.terminal and self.store.delete(stored.key)):
                 return task_id, stored

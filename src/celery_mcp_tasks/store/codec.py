@@ -40,6 +40,11 @@ def encode(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
+def same_json(a: Any, b: Any) -> bool:
+    """Equal as the store keeps them: as JSON (a tuple written reads back as a list; key order aside)."""
+    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+
 def payload_bytes(value: Any) -> int:
     """The size of `value` as the store keeps it: `encode(value)` in UTF-8 bytes."""
     return len(encode(value).encode())

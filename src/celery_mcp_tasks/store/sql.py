@@ -18,7 +18,6 @@ applied twice. Every failure leaves as `StoreUnavailable`, whose text names noth
 from __future__ import annotations
 
 import functools
-import json
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import fields, replace
@@ -41,7 +40,7 @@ from celery_mcp_tasks.store.base import (
     Transition,
     apply,
 )
-from celery_mcp_tasks.store.codec import KeyRing, UnreadablePayload, open_columns, seal_columns
+from celery_mcp_tasks.store.codec import KeyRing, UnreadablePayload, open_columns, same_json, seal_columns
 from celery_mcp_tasks.store.engine import create_store_engine, normalize_url, read, upsert
 from celery_mcp_tasks.store.failures import _CommitInDoubt, _in_doubt, _operation, _reconnecting, _reported
 from celery_mcp_tasks.store.rows import Filter, Overview, Page, Row
@@ -56,11 +55,6 @@ _MAX_CAS_ATTEMPTS = 64
 _COLUMNS = [f.name for f in fields(TaskRecord)]
 _SET = tuple(name for name in _COLUMNS if name != "key")
 _UNREADABLE_SAID: set[tuple[str, str]] = set()
-
-
-def _stored(value: Any) -> str:
-    """A column value as stored (JSON compared as JSON: a tuple written reads back as a list)."""
-    return json.dumps(value, sort_keys=True, default=str)
 
 
 def _changes(before: TaskRecord, after: TaskRecord) -> dict[str, Any]:
@@ -79,7 +73,7 @@ def _changes(before: TaskRecord, after: TaskRecord) -> dict[str, Any]:
 def _holds(found: TaskRecord, changes: Mapping[str, Any]) -> bool:
     """`found` holds what an UPDATE setting `changes` wrote (its heartbeat aside: a touch moves it freely)."""
     row = _to_row(found)
-    return all(_stored(row[name]) == _stored(value) for name, value in changes.items() if name != "heartbeat_at")
+    return all(same_json(row[name], value) for name, value in changes.items() if name != "heartbeat_at")
 
 
 class _Landed(Exception):
@@ -348,7 +342,7 @@ class SqlStore:
                 found = self.get(record.key)
             except _CommitInDoubt as again:
                 raise again.cause from None
-        if found is not None and (idempotent or _stored(_to_row(found)) == _stored(_to_row(record))):
+        if found is not None and (idempotent or same_json(_to_row(found), _to_row(record))):
             return found
         raise lost.cause
 
