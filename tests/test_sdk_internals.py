@@ -10,6 +10,7 @@ import importlib.metadata
 import inspect
 from typing import Any
 
+import pytest
 import uvicorn
 from mcp.client.session import ClientSession
 from mcp.client.subscriptions import ListenRoute
@@ -113,3 +114,13 @@ def test_the_acknowledged_filter_keeps_the_task_ids_it_was_not_built_for():
     stream = sdk_internals.TaskStream(ListenRoute(), honored)
     assert stream.task_ids == ["a", "b"]
     assert sdk_internals.TaskStream(ListenRoute(), SubscriptionFilter()).task_ids is None
+
+
+def test_the_decoder_still_raises_for_a_non_ascii_base64_name() -> None:
+    """When this fails the SDK answers None (malformed) itself: `decode_routing_name` and the serving guard can go."""
+    from mcp.shared.inbound import decode_header_value
+
+    with pytest.raises(ValueError, match="ASCII"):
+        decode_header_value("=?base64?\u00e9?=")
+    assert sdk_internals.decode_routing_name("=?base64?\u00e9?=") is None
+    assert sdk_internals.decode_routing_name(" =?base64?dGFzaw==?=\t") == "task"

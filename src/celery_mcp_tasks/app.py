@@ -31,7 +31,7 @@ from celery_mcp_tasks.mcp.serving import (
     push_hub,
     request_state_sealed,
     serving,
-    with_body_limit_message,
+    with_request_guards,
     with_serving,
 )
 from celery_mcp_tasks.mcp.toolspec import IdempotencyKey, Prepare, TaskMode, TaskTool
@@ -405,7 +405,7 @@ class McpTasks:
         app = self.server.streamable_http_app(
             streamable_http_path=path, host=host, transport_security=security, max_request_body_size=limit
         )
-        self._app = with_serving(with_body_limit_message(app, limit), self._serving)
+        self._app = with_serving(with_request_guards(app, limit), self._serving)
         return self._app
 
     def ops_app(self) -> Any:

@@ -2,7 +2,7 @@
 
 Each names the private thing it uses and the public hook that would remove the need;
 `tests/test_sdk_internals.py` fails, naming the SDK version, as soon as one of them moves.
-The server adapter (`mcp/`) uses 1-5, the client (`client/`) 6; neither imports the other.
+The server adapter (`mcp/`) uses 1-6, the client (`client/`) 7; neither imports the other.
 
 1. `tool_registered`: `MCPServer._tool_manager` (`list_tools()` is async). A public
    `MCPServer.get_tool(name)` or a strict-duplicates option on `add_tool` would remove it.
@@ -17,7 +17,10 @@ The server adapter (`mcp/`) uses 1-5, the client (`client/`) 6; neither imports 
 5. `sealed_elsewhere`: the message ("unknown key") of the SDK's `InvalidRequestState` for a state sealed
    under a key this codec does not hold, to tell another replica's state from a forged or expired one.
    A distinct exception type (or a `reason` attribute) would remove it.
-6. `listen_tasks`: `ClientSession._stamp`, `_register_listen_route`, `_dispatcher`, `_task_group` and
+6. `decode_routing_name`: not a private part but a fault of the public `decode_header_value`, which raises
+   for a base64 `Mcp-Name` holding a non-ASCII character where it should answer None (malformed).
+   `mcp.serving` refuses such a request before the SDK reads it. A fix in the SDK would remove both.
+7. `listen_tasks`: `ClientSession._stamp`, `_register_listen_route`, `_dispatcher`, `_task_group` and
    `_unregister_listen_route`, because mcp 2.3's public `listen()` cannot name `taskIds`: it opens the same
    stream with the Tasks filter as the SDK's own driver does (route registered before the request is
    written, acknowledgment awaited, the stream ended by cancelling the request). A `listen(filter=...)`
@@ -39,6 +42,7 @@ import anyio
 import anyio.abc
 from mcp.shared.dispatcher import CallOptions
 from mcp.shared.exceptions import MCPError
+from mcp.shared.inbound import decode_header_value
 from mcp_types import INTERNAL_ERROR, SubscriptionFilter
 
 if TYPE_CHECKING:
@@ -65,6 +69,16 @@ def replace_listen_handler(server: MCPServer[Any], params_type: type, handler: A
         return False  # built with subscriptions=False: leave listen unserved
     lowlevel.add_request_handler(LISTEN, params_type, handler)
     return True
+
+
+def decode_routing_name(raw: str) -> str | None:
+    """An `Mcp-Name` header's value as the SDK decodes it (its `=?base64?...?=` form included); None when it is
+    malformed, as the SDK documents. mcp 2.3's `decode_header_value` raises `ValueError` instead for a base64
+    form holding a non-ASCII character (so a `tools/call` carrying one got a 500): fixed there, this goes."""
+    try:
+        return decode_header_value(raw.strip(" \t"))
+    except ValueError:
+        return None
 
 
 def sealed_elsewhere(error: Exception) -> bool:
@@ -111,7 +125,7 @@ def on_server_exit(callback: Callable[[], None]) -> Callable[[], None]:
     return restore
 
 
-# -- the client (6) ---------------------------------------------------------------------------
+# -- the client (7) ---------------------------------------------------------------------------
 
 _ids = count(1)
 _END_TIMEOUT_S = 2.0  # ending a stream is local (abandon the request): it takes a few loop iterations

@@ -132,6 +132,28 @@ def test_mcp_name_is_compared_without_surrounding_whitespace(client: McpHttp):
     assert response.status == 200 and reply["result"]["taskId"] == task_id
 
 
+@pytest.mark.parametrize("method", ["tools/call", "tasks/get"])
+def test_an_unreadable_base64_mcp_name_is_a_header_mismatch_not_a_server_error(client: McpHttp, method):
+    """The SDK's decoder raises (instead of answering "malformed") for a non-ASCII byte inside the base64 form:
+    such a request is refused before the SDK reads it, as any other malformed routing header is."""
+    task_id = client.create("slow_compute", {"seconds": 0})
+    params = {"name": "slow_compute", "arguments": {"seconds": 0}} if method == "tools/call" else {"taskId": task_id}
+    response = client.raw(method, params, headers={"Mcp-Name": b"=?base64?\xc3\xa9?="})  # type: ignore[dict-item]
+    assert response.status_code == 400 and error_of(response)["code"] == -32020
+    assert client.task("tasks/get", task_id)["result"]["taskId"] == task_id  # the connection and server go on
+
+
+def test_a_lone_surrogate_in_the_arguments_reaches_the_job_and_the_client_as_sent(client: McpHttp):
+    """JSON may carry `"\\ud800"`, which UTF-8 cannot hold: the row keeps it escaped (was a -32603), the job gets
+    it, and its result comes back with it, with the extension and without."""
+    task_id = client.create("slow_compute", {"seconds": 0, "label": "\ud800"})
+    wait_until(lambda: client.task("tasks/get", task_id)["result"]["status"] == "completed", 30, "the job to complete")
+    done = client.task("tasks/get", task_id)["result"]["result"]
+    assert done["content"][0]["text"] == "Computed \ud800 after 0 second(s)"
+    waited = client.call_tool("slow_compute", {"seconds": 0, "label": "\ud800"}, capabilities=NO_EXT)["result"]
+    assert waited["content"][0]["text"] == "Computed \ud800 after 0 second(s)"
+
+
 def test_tasks_methods_need_the_extension_before_any_lookup(client: McpHttp):
     for method in ("tasks/get", "tasks/cancel", "tasks/update"):
         response = client.raw(

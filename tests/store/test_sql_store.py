@@ -25,6 +25,14 @@ def test_a_created_task_reads_back_whole(store: SqlStore):
     assert store.get("k1") == rec
 
 
+def test_text_utf8_cannot_hold_is_stored_escaped_and_reads_back_the_same(store: SqlStore):
+    """A lone surrogate (JSON's `"\\ud800"`) in arguments, answers or a result: the row keeps it escaped."""
+    store.create(make("k1", arguments={"label": "\ud800", "\udc00": "é"}), max_rows=None)
+    assert store.get("k1").arguments == {"label": "\ud800", "\udc00": "é"}
+    done = store.update("k1", ANY, lambda r: r.completed({"content": [{"type": "text", "text": "\ud800"}]}, 2_000))
+    assert store.get("k1") == done and done.result == {"content": [{"type": "text", "text": "\ud800"}]}
+
+
 def test_numeric_progress_reads_back_exactly(store: SqlStore):
     store.create(make("k1"), max_rows=None)
     counted = store.update("k1", ANY, lambda r: r.with_progress("a third", 2_000, current=1 / 3, total=1))

@@ -1,4 +1,5 @@
-"""Serving the MCP app: its lifespan (push, the listen handler, plugins) and the request body limit's answer.
+"""Serving the MCP app: its lifespan (push, the listen handler, plugins) and its answers to requests refused
+before the SDK reads them (a body over the limit, a malformed `Mcp-Name`).
 
 An ASGI server runs the lifespan's shutdown only once every connection drained, which an open listen
 stream never does: so the streams end when the server *receives* SIGTERM or SIGINT
@@ -16,7 +17,7 @@ from typing import Any
 from mcp.server.mcpserver import MCPServer
 from mcp.server.request_state import RequestStateBoundary
 from mcp.server.subscriptions import InMemorySubscriptionBus, SubscriptionBus
-from mcp_types import INVALID_REQUEST, SubscriptionsListenRequestParams
+from mcp_types import HEADER_MISMATCH, INVALID_REQUEST, SubscriptionsListenRequestParams
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from celery_mcp_tasks.mcp.listen import TaskListenHandler
@@ -24,6 +25,7 @@ from celery_mcp_tasks.notify.hub import Hub
 from celery_mcp_tasks.notify.push import Push
 from celery_mcp_tasks.sdk_internals import (
     Lifespan,
+    decode_routing_name,
     on_server_exit,
     replace_listen_handler,
     wrap_lifespan,
@@ -144,7 +146,31 @@ class BodyLimitMessage:
         await self.app(scope, receive, send_json_error)
 
 
-def with_body_limit_message(app: Any, limit: int) -> Any:
-    """`app` (the SDK's Starlette app, built with `max_request_body_size=limit`) answering 413 as JSON-RPC."""
+class MalformedRoutingName:
+    """ASGI middleware: a request whose `Mcp-Name` the SDK's decoder cannot read (`sdk_internals.decode_routing_name`)
+    answered 400 with -32020, as the SDK answers any other malformed routing header, instead of its 500."""
+
+    BODY = json.dumps(
+        {"jsonrpc": "2.0", "id": None, "error": {"code": HEADER_MISMATCH, "message": "Malformed Mcp-Name header"}}
+    ).encode()
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            for name, value in scope["headers"]:
+                if name == b"mcp-name" and b"=?" in value and decode_routing_name(value.decode("latin-1")) is None:
+                    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(self.BODY))]
+                    await send({"type": "http.response.start", "status": 400, "headers": headers})
+                    await send({"type": "http.response.body", "body": self.BODY})
+                    return
+        await self.app(scope, receive, send)
+
+
+def with_request_guards(app: Any, limit: int) -> Any:
+    """`app` (the SDK's Starlette app, built with `max_request_body_size=limit`) answering 413 as JSON-RPC, and a
+    malformed `Mcp-Name` as -32020."""
     app.add_middleware(BodyLimitMessage, limit=limit)
+    app.add_middleware(MalformedRoutingName)
     return app

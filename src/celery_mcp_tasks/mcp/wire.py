@@ -9,7 +9,6 @@ from typing import Any
 
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
-from mcp.shared.inbound import decode_header_value
 from mcp_types import (
     HEADER_MISMATCH,
     INTERNAL_ERROR,
@@ -21,6 +20,7 @@ from mcp_types import (
 from pydantic import BaseModel, Field, ValidationError
 
 from celery_mcp_tasks.protocol import EXTENSION_ID, IDEMPOTENCY_META_KEY, MAX_IDEMPOTENCY_KEY, QUOTA_EXCEEDED
+from celery_mcp_tasks.sdk_internals import decode_routing_name
 from celery_mcp_tasks.store.base import QuotaExceeded, StoreUnavailable
 
 logger = logging.getLogger("celery_mcp_tasks.mcp")
@@ -156,7 +156,7 @@ def require_routing_name(ctx: ServerRequestContext[Any, Any], task_id: str) -> N
     raw = headers.get("mcp-name")
     if raw is None:
         raise MCPError(code=HEADER_MISMATCH, message="Missing Mcp-Name header; it must equal params.taskId")
-    if decode_header_value(raw.strip(" \t")) != task_id:
+    if decode_routing_name(raw) != task_id:
         raise MCPError(code=HEADER_MISMATCH, message="Mcp-Name header does not match params.taskId")
 
 

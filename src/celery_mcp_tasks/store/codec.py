@@ -32,12 +32,21 @@ _EMPTY: Final = {type(None): "null", dict: "{}", list: "[]", tuple: "[]"}
 
 
 def encode(value: Any) -> str:
-    """A JSON column's value as the store writes it: its compact JSON encoding (the engine's `json_serializer`)."""
+    """A JSON column's value as the store writes it: its compact JSON encoding (the engine's `json_serializer`).
+
+    Text is kept as UTF-8 but for a lone surrogate (a client may send `"\\ud800"`, which JSON allows and
+    UTF-8 cannot hold): that value is written with every non-ASCII character escaped, read back the same."""
     if not value:
         known = _EMPTY.get(type(value))
         if known is not None:
             return known
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            return json.dumps(value, separators=(",", ":"), default=str)
+    return text
 
 
 def same_json(a: Any, b: Any) -> bool:
