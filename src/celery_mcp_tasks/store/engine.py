@@ -26,7 +26,7 @@ READ_ONLY = "mcp_tasks_read_only"
 """Execution option marking a read-only connection (a deferred BEGIN on SQLite)."""
 
 _ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
-_FORK_HOOK: list[bool] = []  # registered once, with the first engine
+_fork_hook_registered = False  # `_leave_the_parents_connections`, registered with the first engine
 _T = TypeVar("_T")
 
 BUSY_TIMEOUT_S = 30.0
@@ -47,9 +47,10 @@ def _leave_the_parents_connections() -> None:
 def _track(engine: Engine) -> None:
     """Remember `engine` for `_leave_the_parents_connections`, registered as a fork hook with the first engine
     (importing the package registers nothing)."""
-    if not _FORK_HOOK:
+    global _fork_hook_registered
+    if not _fork_hook_registered:
         os.register_at_fork(after_in_child=_leave_the_parents_connections)
-        _FORK_HOOK.append(True)
+        _fork_hook_registered = True
     _ENGINES.add(engine)
 
 
