@@ -18,8 +18,9 @@ The server adapter (`mcp/`) uses 1-6, the client (`client/`) 7; neither imports 
    under a key this codec does not hold, to tell another replica's state from a forged or expired one.
    A distinct exception type (or a `reason` attribute) would remove it.
 6. `decode_routing_name`: not a private part but a fault of the public `decode_header_value`, which raises
-   for a base64 `Mcp-Name` holding a non-ASCII character where it should answer None (malformed).
-   `mcp.serving` refuses such a request before the SDK reads it. A fix in the SDK would remove both.
+   for a base64 `Mcp-Name` (or `Mcp-Param-*`) holding a non-ASCII character where it should answer None
+   (malformed). `celery_mcp_tasks.mcp.serving.MalformedRoutingName` refuses such a request before the SDK
+   reads it. A fix in the SDK would remove both.
 7. `listen_tasks`: `ClientSession._stamp`, `_register_listen_route`, `_dispatcher`, `_task_group` and
    `_unregister_listen_route`, because mcp 2.3's public `listen()` cannot name `taskIds`: it opens the same
    stream with the Tasks filter as the SDK's own driver does (route registered before the request is

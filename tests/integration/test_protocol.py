@@ -143,15 +143,25 @@ def test_an_unreadable_base64_mcp_name_is_a_header_mismatch_not_a_server_error(c
     assert client.task("tasks/get", task_id)["result"]["taskId"] == task_id  # the connection and server go on
 
 
-def test_a_lone_surrogate_in_the_arguments_reaches_the_job_and_the_client_as_sent(client: McpHttp):
-    """JSON may carry `"\\ud800"`, which UTF-8 cannot hold: the row keeps it escaped (was a -32603), the job gets
-    it, and its result comes back with it, with the extension and without."""
+def test_an_unreadable_base64_param_header_is_a_header_mismatch_not_a_server_error(client: McpHttp):
+    """The same decoder reads `Mcp-Param-*` headers (a tool's `x-mcp-header` arguments)."""
+    params = {"name": "test_custom_headers", "arguments": {"region": "eu"}}
+    bad = {"Mcp-Param-Region": b"=?base64?\xc3\xa9?="}
+    response = client.raw("tools/call", params, name="test_custom_headers", headers=bad)  # type: ignore[arg-type]
+    assert response.status_code == 400 and error_of(response)["code"] == -32020
+    good = client.raw("tools/call", params, name="test_custom_headers", headers={"Mcp-Param-Region": "eu"})
+    assert good.status_code == 200 and "error" not in good.json(), good.text
+
+
+def test_a_lone_surrogate_in_the_arguments_is_kept_as_the_replacement_character(client: McpHttp):
+    """JSON may carry `"\\ud800"`, which is no character and UTF-8 cannot hold: the call is a task (was a -32603),
+    its job runs, and what the store keeps and answers holds U+FFFD in its place, with the extension and without."""
     task_id = client.create("slow_compute", {"seconds": 0, "label": "\ud800"})
     wait_until(lambda: client.task("tasks/get", task_id)["result"]["status"] == "completed", 30, "the job to complete")
     done = client.task("tasks/get", task_id)["result"]["result"]
-    assert done["content"][0]["text"] == "Computed \ud800 after 0 second(s)"
+    assert done["content"][0]["text"] == "Computed \ufffd after 0 second(s)"
     waited = client.call_tool("slow_compute", {"seconds": 0, "label": "\ud800"}, capabilities=NO_EXT)["result"]
-    assert waited["content"][0]["text"] == "Computed \ud800 after 0 second(s)"
+    assert waited["content"][0]["text"] == "Computed \ufffd after 0 second(s)"
 
 
 def test_tasks_methods_need_the_extension_before_any_lookup(client: McpHttp):

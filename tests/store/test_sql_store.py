@@ -8,6 +8,7 @@ import sqlalchemy as sa
 
 from celery_mcp_tasks.model import TaskRecord, TaskStatus, TerminalTask
 from celery_mcp_tasks.store import ANY, TaskLimitReached, TaskNotFound
+from celery_mcp_tasks.store.codec import same_json
 from celery_mcp_tasks.store.sql import SqlStore
 
 
@@ -25,12 +26,16 @@ def test_a_created_task_reads_back_whole(store: SqlStore):
     assert store.get("k1") == rec
 
 
-def test_text_utf8_cannot_hold_is_stored_escaped_and_reads_back_the_same(store: SqlStore):
-    """A lone surrogate (JSON's `"\\ud800"`) in arguments, answers or a result: the row keeps it escaped."""
-    store.create(make("k1", arguments={"label": "\ud800", "\udc00": "é"}), max_rows=None)
-    assert store.get("k1").arguments == {"label": "\ud800", "\udc00": "é"}
-    done = store.update("k1", ANY, lambda r: r.completed({"content": [{"type": "text", "text": "\ud800"}]}, 2_000))
-    assert store.get("k1") == done and done.result == {"content": [{"type": "text", "text": "\ud800"}]}
+def test_a_lone_surrogate_is_kept_as_the_replacement_character(store: SqlStore):
+    """JSON's `"\\ud800"` is no character and UTF-8 cannot hold it (the write failed): the row keeps U+FFFD, in
+    arguments and results alike, and what it holds compares equal to what was sent."""
+    sent = {"label": "\ud800", "\udc00": "é"}
+    store.create(make("k1", arguments=sent), max_rows=None)
+    assert store.get("k1").arguments == {"label": "\ufffd", "\ufffd": "é"}
+    assert same_json(store.get("k1").arguments, sent)
+    done = store.update("k1", ANY, lambda r: r.completed({"content": [{"type": "text", "text": "a\udfffb"}]}, 2_000))
+    assert store.get("k1").result == {"content": [{"type": "text", "text": "a\ufffdb"}]}
+    assert store.get("k1").version == done.version
 
 
 def test_numeric_progress_reads_back_exactly(store: SqlStore):

@@ -147,12 +147,17 @@ class BodyLimitMessage:
 
 
 class MalformedRoutingName:
-    """ASGI middleware: a request whose `Mcp-Name` makes the SDK's decoder raise (a non-ASCII byte inside the
-    base64 form, `sdk_internals.decode_routing_name`) answered 400 with -32020, as the SDK answers any other
-    malformed routing header, instead of its 500. Every other request goes on untouched."""
+    """ASGI middleware: a request (any method) with an `Mcp-Name` or `Mcp-Param-*` header that makes the SDK's
+    decoder raise (a non-ASCII byte inside the base64 form, `sdk_internals.decode_routing_name`) answered 400
+    with -32020, as the SDK answers any other malformed routing header, instead of its 500. A request whose
+    headers are ASCII, as every valid one's are, goes on untouched."""
 
     BODY = json.dumps(
-        {"jsonrpc": "2.0", "id": None, "error": {"code": HEADER_MISMATCH, "message": "Malformed Mcp-Name header"}}
+        {
+            "jsonrpc": "2.0",
+            "id": None,
+            "error": {"code": HEADER_MISMATCH, "message": "Malformed Mcp-Name or Mcp-Param-* header"},
+        }
     ).encode()
 
     def __init__(self, app: ASGIApp) -> None:
@@ -161,7 +166,8 @@ class MalformedRoutingName:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             for name, value in scope["headers"]:
-                if name == b"mcp-name" and not value.isascii() and decode_routing_name(value.decode("latin-1")) is None:
+                routing = name == b"mcp-name" or name.startswith(b"mcp-param-")
+                if routing and not value.isascii() and decode_routing_name(value.decode("latin-1")) is None:
                     headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(self.BODY))]
                     await send({"type": "http.response.start", "status": 400, "headers": headers})
                     await send({"type": "http.response.body", "body": self.BODY})

@@ -14,6 +14,7 @@ import binascii
 import hashlib
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -34,8 +35,9 @@ _EMPTY: Final = {type(None): "null", dict: "{}", list: "[]", tuple: "[]"}
 def encode(value: Any) -> str:
     """A JSON column's value as the store writes it: its compact JSON encoding (the engine's `json_serializer`).
 
-    Text is kept as UTF-8 but for a lone surrogate (a client may send `"\\ud800"`, which JSON allows and
-    UTF-8 cannot hold): that value is written with every non-ASCII character escaped, read back the same."""
+    A lone surrogate (a client may send `"\\ud800"`, which JSON allows but is no character, and UTF-8 cannot
+    hold) is written as U+FFFD, the replacement character, as a UTF-8 decoder reads invalid text: the row, and
+    every page, log and client that shows it, holds only text."""
     if not value:
         known = _EMPTY.get(type(value))
         if known is not None:
@@ -45,13 +47,21 @@ def encode(value: Any) -> str:
         try:
             text.encode()
         except UnicodeEncodeError:
-            return json.dumps(value, separators=(",", ":"), default=str)
+            return _LONE_SURROGATE.sub("\ufffd", text)
     return text
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # a str holds a valid pair as one code point: these are alone
+
+
 def same_json(a: Any, b: Any) -> bool:
-    """Equal as the store keeps them: as JSON (a tuple written reads back as a list; key order aside)."""
-    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+    """Equal as the store keeps them: as JSON (a tuple written reads back as a list; key order aside; a lone
+    surrogate as U+FFFD)."""
+    return _as_kept(a) == _as_kept(b)
+
+
+def _as_kept(value: Any) -> str:
+    return _LONE_SURROGATE.sub("\ufffd", json.dumps(value, sort_keys=True, ensure_ascii=False, default=str))
 
 
 def payload_bytes(value: Any) -> int:

@@ -48,7 +48,7 @@ def _track(engine: Engine) -> None:
     """Remember `engine` for `_leave_the_parents_connections`, registered as a fork hook with the first engine
     (importing the package registers nothing)."""
     global _fork_hook_registered
-    if not _fork_hook_registered:
+    if not _fork_hook_registered:  # two threads may both register it: disposing twice in the child is harmless
         os.register_at_fork(after_in_child=_leave_the_parents_connections)
         _fork_hook_registered = True
     _ENGINES.add(engine)
