@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -26,7 +27,7 @@ READ_ONLY = "mcp_tasks_read_only"
 """Execution option marking a read-only connection (a deferred BEGIN on SQLite)."""
 
 _ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
-_fork_hook_registered = False  # `_leave_the_parents_connections`, registered with the first engine
+_fork_hooks_registered = False  # `_ForkGate` and `_in_child`, registered with the first engine
 _T = TypeVar("_T")
 
 BUSY_TIMEOUT_S = 30.0
@@ -36,21 +37,95 @@ _LOCK_STEPS_S = (0.0002, 0.0005, 0.001, 0.002)
 _SQLITE_BUSY = 5
 
 
-def _leave_the_parents_connections() -> None:
+class _ForkGate:
+    """No fork while a thread of this process is inside SQLite: between a connection's checkout and its
+    checkin, and while one is opened or closed.
+
+    SQLite keeps the locks a process holds in memory shared by all its connections, and guards them with
+    process-wide mutexes. A child forked while another thread is inside a write transaction inherits "this
+    process holds the write lock" with no thread left to release it: every write of the child then waits out
+    the busy timeout ("database is locked"); forked while another thread opens a connection, it inherits a
+    held mutex and hangs at its first. Celery's prefork pool forks new children from a thread of the worker's
+    main process while the main thread records a revoke or a lost job, so a fork waits here until no thread
+    is inside (at most the busy timeout), and no thread gets in until it is done.
+    """
+
+    def __init__(self) -> None:
+        self._idle = threading.Condition()
+        self._out = 0  # connections out of the pools of this process's SQLite engines
+        self._forking = False
+        self._mine = threading.local()  # how many of them this thread holds
+
+    def enter(self, *_: Any) -> None:
+        mine = getattr(self._mine, "out", 0)
+        with self._idle:
+            if not mine:  # a thread already inside may take another connection: the fork waits for it anyway
+                self._idle.wait_for(lambda: not self._forking)
+            self._out += 1
+        self._mine.out = mine + 1
+
+    def leave(self, *_: Any) -> None:
+        self._mine.out = max(getattr(self._mine, "out", 0) - 1, 0)
+        with self._idle:
+            self._out = max(self._out - 1, 0)
+            self._idle.notify_all()
+
+    def hold(self) -> None:
+        """Before a fork: let no thread in, wait until none is inside, hold the gate until the fork is done."""
+        self._idle.acquire()
+        self._forking = True
+        own = getattr(self._mine, "out", 0)
+        self._idle.wait_for(lambda: self._out <= own, timeout=BUSY_TIMEOUT_S)
+
+    def release(self) -> None:
+        self._forking = False
+        self._idle.notify_all()
+        self._idle.release()
+
+    def reset(self) -> None:
+        """In the child: its only thread is the one that forked."""
+        self._idle = threading.Condition()
+        self._out = getattr(self._mine, "out", 0)
+        self._forking = False
+
+
+_FORK_GATE = _ForkGate()
+
+
+class _GatedConnection(sqlite3.Connection):
+    """A SQLite connection opened and closed inside the fork gate (`sqlite3.connect(factory=...)`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        _FORK_GATE.enter()
+        try:
+            super().__init__(*args, **kwargs)
+        finally:
+            _FORK_GATE.leave()
+
+    def close(self) -> None:
+        _FORK_GATE.enter()
+        try:
+            super().close()
+        finally:
+            _FORK_GATE.leave()
+
+
+def _in_child() -> None:
     """In a forked child (Celery's prefork pool): a new pool for every engine. Using an inherited connection
     would talk over the parent's socket, closing one would end its session: `dispose(close=False)` drops the
     old pool without touching it."""
+    _FORK_GATE.reset()
     for engine in list(_ENGINES):
         engine.dispose(close=False)
 
 
 def _track(engine: Engine) -> None:
-    """Remember `engine` for `_leave_the_parents_connections`, registered as a fork hook with the first engine
-    (importing the package registers nothing)."""
-    global _fork_hook_registered
-    if not _fork_hook_registered:  # two threads may both register it: disposing twice in the child is harmless
-        os.register_at_fork(after_in_child=_leave_the_parents_connections)
-        _fork_hook_registered = True
+    """Remember `engine` for `_in_child`; the fork hooks are registered with the first engine (importing the
+    package registers nothing)."""
+    global _fork_hooks_registered
+    if not _fork_hooks_registered:  # two threads may both register: the hooks run twice, harmlessly (re-entrant lock)
+        os.register_at_fork(before=_FORK_GATE.hold, after_in_parent=_FORK_GATE.release, after_in_child=_in_child)
+        _fork_hooks_registered = True
     _ENGINES.add(engine)
 
 
@@ -103,7 +178,10 @@ def _sqlite_engine(url: str, database: str | None, **kwargs: Any) -> Engine:
     connect_args = dict(kwargs.pop("connect_args", {}))
     connect_args.setdefault("timeout", BUSY_TIMEOUT_S)
     connect_args.setdefault("check_same_thread", False)
+    connect_args.setdefault("factory", _GatedConnection)
     engine = sa.create_engine(url, connect_args=connect_args, **kwargs)
+    sa.event.listen(engine, "checkout", _FORK_GATE.enter)
+    sa.event.listen(engine, "checkin", _FORK_GATE.leave)
 
     @sa.event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
