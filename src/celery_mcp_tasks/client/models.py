@@ -9,6 +9,8 @@ from mcp_types import CallToolResult, ErrorData, Request, RequestParams, Result
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from celery_mcp_tasks.protocol import PROGRESS_META_KEY
+
 TaskStatus = Literal["working", "input_required", "completed", "failed", "cancelled"]
 TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
 
@@ -89,9 +91,6 @@ def _number(value: Any) -> bool:
 
 
 _PROTOCOL_META_PREFIX = "io.modelcontextprotocol/"
-
-
-PROGRESS_META_KEY = "io.github.celery-mcp-tasks/progress"
 
 
 class TaskIdParams(RequestParams):
