@@ -46,14 +46,12 @@ class RowPoller:
         except Exception as exc:  # noqa: BLE001 - a locked or unreachable store: try again next tick
             logger.warning("task change poll failed (%s); retrying", type(exc).__name__)
             return
-        seen: dict[str, int] = {}
         for key, version in found.items():
-            seen[key] = version
             # A key seen for the first time is hinted too: its stream may have read it
             # just before a change, and it drops a hint that brings nothing new.
             if self._seen.get(key) != version:
                 self._hub.hint(key, version)
-        self._seen = seen
+        self._seen = found
 
     async def run(self) -> None:
         self.ready.set()
