@@ -152,9 +152,7 @@ class Hub:
 
     def hint(self, key: str, version: int | None = UNKNOWN) -> None:
         """A row changed (on the loop). Unwatched keys cost one dict lookup (and the every-key watches)."""
-        for watch in list(self._by_key.get(key, ())):
-            watch.offer(key, version)
-        for watch in list(self._every):
+        for watch in [*self._by_key.get(key, ()), *self._every]:
             watch.offer(key, version)
 
     def resync(self) -> None:
