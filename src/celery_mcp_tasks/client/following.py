@@ -103,8 +103,7 @@ class Follower:
         self._session = session
         self._tracked: dict[str, Tracked] = {}
         self._membership = anyio.Event()
-        self._running = False
-        self._run_scope: anyio.CancelScope | None = None
+        self._run_scope: anyio.CancelScope | None = None  # set while following runs (in the session's background)
         self._news = anyio.Event()  # fired when following ends (stream closed, no read in flight) or a task joins
         self._listen_ok: bool | None = None if tasks.listen else False
 
@@ -119,8 +118,7 @@ class Follower:
             self._announce()
         else:
             tracked.offer(state)
-        if not self._running and not tracked.state.terminal:
-            self._running = True
+        if self._run_scope is None and not tracked.state.terminal:
             self._run_scope = anyio.CancelScope()
             sdk_internals.task_group(self._session).start_soon(self._run)
         return tracked
@@ -130,7 +128,7 @@ class Follower:
         so the `Client` may close next: a notification arriving on a stream the closing session no longer
         reads is logged by the SDK with a traceback. Returns at once while other tasks are followed."""
         with anyio.CancelScope(shield=True), anyio.move_on_after(_STOP_TIMEOUT_S):
-            while self._running and not self._live():
+            while self._run_scope is not None and not self._live():
                 await self._news.wait()
 
     async def stop(self) -> None:
@@ -138,7 +136,7 @@ class Follower:
         if self._run_scope is not None:
             self._run_scope.cancel()
         with anyio.CancelScope(shield=True), anyio.move_on_after(_STOP_TIMEOUT_S):
-            while self._running:
+            while self._run_scope is not None:
                 await self._news.wait()
 
     def _announce(self) -> None:
@@ -185,7 +183,6 @@ class Follower:
             logger.exception("following tasks stopped")
             lost = MCPError(INTERNAL_ERROR, f"Following the task stopped: {type(exc).__name__}")
         finally:
-            self._running = False
             self._run_scope = None
             for tracked in self._tracked.values():
                 tracked.lose(lost)  # a no-op for finished tasks; nobody waits forever
