@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -236,10 +237,8 @@ class TaskHandle:
         """Ask the server to cancel the task (`tasks/cancel`); a finished task stays as it is."""
         tracked = self._require()
         await calls.send(self._session, CancelTaskRequest(params=TaskIdParams(task_id=tracked.state.task_id)))
-        try:
+        with contextlib.suppress(TaskNotFound):
             await self.refresh()
-        except TaskNotFound:
-            pass
         await self._settle()
 
     async def _cancel_on_the_way_out(self) -> None:
