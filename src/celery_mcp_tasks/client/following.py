@@ -89,10 +89,10 @@ class Tracked:
 def moment(stamp: str) -> tuple[int, float | str]:
     """A timestamp to order states by: parsed (servers differ in precision and offsets), else the text."""
     try:
-        moment = datetime.fromisoformat(stamp)
+        parsed = datetime.fromisoformat(stamp)
     except ValueError:
         return (1, stamp)
-    return (0, (moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)).timestamp())
+    return (0, (parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)).timestamp())
 
 
 class Follower:
