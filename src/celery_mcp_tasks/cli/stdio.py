@@ -71,17 +71,22 @@ async def serve(tasks: Any, worker: WorkerSupervisor | None) -> None:
 
     from celery_mcp_tasks.app import internals
 
+    async def leave(outcome: str) -> None:
+        """Cancel the synchronous calls' hidden tasks (no job runs on for nobody), end the worker, exit."""
+        abandon = partial(internals(tasks).abandon_synchronous_calls, "The server stopped before the job finished")
+        with anyio.move_on_after(ABANDON_S):
+            await anyio.to_thread.run_sync(abandon, abandon_on_cancel=True)  # a hung store is left to the exit
+        _exit(finish(worker, outcome))
+
     async def on_signal() -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
-                await abandon_calls(tasks)
-                _exit(finish(worker, signal.Signals(signum).name))
+                await leave(signal.Signals(signum).name)
 
     async def on_worker_death() -> None:
         while worker is not None and worker.died is None:  # noqa: ASYNC110 - set by the supervisor's thread
             await anyio.sleep(0.2)
-        await abandon_calls(tasks)
-        _exit(finish(worker, "worker"))
+        await leave("worker")
 
     async with anyio.create_task_group() as group:
         group.start_soon(on_signal)
@@ -90,17 +95,6 @@ async def serve(tasks: Any, worker: WorkerSupervisor | None) -> None:
         async with internals(tasks).serving(exit_signals=False):  # what `asgi_app()`'s lifespan runs
             await tasks.server.run_stdio_async()
         group.cancel_scope.cancel()
-
-
-async def abandon_calls(tasks: Any) -> None:
-    """Cancel the hidden task of every synchronous call in flight, within `ABANDON_S`: no job runs on for nobody."""
-    import anyio
-
-    from celery_mcp_tasks.app import internals
-
-    abandon = partial(internals(tasks).abandon_synchronous_calls, "The server stopped before the job finished")
-    with anyio.move_on_after(ABANDON_S):
-        await anyio.to_thread.run_sync(abandon, abandon_on_cancel=True)  # a hung store is left to the exit
 
 
 def finish(worker: WorkerSupervisor | None, outcome: str) -> int:
