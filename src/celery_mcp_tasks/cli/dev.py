@@ -117,6 +117,6 @@ def run(options: argparse.Namespace) -> int:
         sock.close()
         signal.signal(signal.SIGTERM, previous)
     if worker.died is not None:
-        print(f"{PREFIX}: the worker exited (status {worker.died}): {worker.why()}", file=sys.stderr)
+        print(f"{PREFIX}: {worker.why()}", file=sys.stderr)
         return 1
     return status

@@ -263,12 +263,10 @@ class WorkerSupervisor:
             self._on_death()
 
     def why(self) -> str:
-        """The worker's last meaningful line (an exception's message, usually)."""
-        for line in reversed(self._tail):
-            text = line.strip()
-            if text and not text.startswith(("File ", "^", "~")):
-                return text
-        return "(no output)"
+        """How the worker died: its exit status and last meaningful line (an exception's message, usually)."""
+        last = (line.strip() for line in reversed(self._tail))
+        text = next((text for text in last if text and not text.startswith(("File ", "^", "~"))), "(no output)")
+        return f"the worker exited (status {self.died}): {text}"
 
     def stop(self, warm_s: float = WARM_SHUTDOWN_S) -> None:
         """Warm shutdown, then the whole process group is killed: nothing outlives `dev`. The data directory's

@@ -106,7 +106,7 @@ def finish(worker: WorkerSupervisor | None, outcome: str) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
     if worker is not None and worker.died is not None:
-        _say(f"{PREFIX}: the worker exited (status {worker.died}): {worker.why()}")
+        _say(f"{PREFIX}: {worker.why()}")
         return 1
     return 0 if outcome in ("closed", "SIGTERM") else 130
 
