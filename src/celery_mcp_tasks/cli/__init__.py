@@ -98,8 +98,7 @@ def _db(args: argparse.Namespace) -> int:
         return _reencrypt(settings)
     if args.action in ("upgrade", "downgrade"):
         before = _revisions(url)
-        up = args.action == "upgrade"
-        (migrate.upgrade if up else migrate.downgrade)(url, args.revision or "head")
+        (migrate.upgrade if args.action == "upgrade" else migrate.downgrade)(url, args.revision or "head")
         after = _revisions(url)
         if before == after:
             print(f"celery-mcp-tasks db: the task store {redact_url(url)} is already at {_named(after)}")

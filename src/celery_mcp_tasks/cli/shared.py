@@ -227,8 +227,7 @@ class WorkerSupervisor:
         self._claim: IO[str] | None = None
         self._argv = [sys.executable, "-m", "celery", "--quiet", "-A", target, "worker", "-B", *WORKER_POOL]
         self._argv += ["--loglevel", "WARNING", "--without-mingle", "--without-gossip", "-n", node]
-        beat_schedule = str(tasks.settings.resolved_data_dir / schedule)
-        self._argv += ["-s", beat_schedule, *(["-Q", ",".join(queues)] if queues else [])]
+        self._argv += ["-s", str(self._data_dir / schedule), *(["-Q", ",".join(queues)] if queues else [])]
         self._on_death = on_death
         self._tail: collections.deque[str] = collections.deque(maxlen=40)
         self._stopping = threading.Event()
