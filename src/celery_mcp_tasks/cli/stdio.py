@@ -76,7 +76,10 @@ async def serve(tasks: Any, worker: WorkerSupervisor | None) -> None:
         abandon = partial(internals(tasks).abandon_synchronous_calls, "The server stopped before the job finished")
         with anyio.move_on_after(ABANDON_S):
             await anyio.to_thread.run_sync(abandon, abandon_on_cancel=True)  # a hung store is left to the exit
-        _exit(finish(worker, outcome))
+        status = finish(worker, outcome)
+        logging.shutdown()  # leaving now: what is buffered is written, nothing else runs
+        sys.stderr.flush()
+        os._exit(status)
 
     async def on_signal() -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -109,13 +112,6 @@ def finish(worker: WorkerSupervisor | None, outcome: str) -> int:
         _say(f"{PREFIX}: {worker.why()}")
         return 1
     return 0 if outcome in ("closed", "SIGTERM") else 130
-
-
-def _exit(status: int) -> None:
-    """Leave now (see `serve`): what is buffered is written, nothing else runs."""
-    logging.shutdown()
-    sys.stderr.flush()
-    os._exit(status)
 
 
 def _say(*lines: str) -> None:
