@@ -16,9 +16,10 @@ import signal
 import subprocess
 import sys
 import threading
+import traceback
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import FrameType
 from typing import IO, Any
 
 from celery_mcp_tasks.config import ConfigError, redact_url
@@ -92,23 +93,17 @@ def _refused_at(exc: BaseException, app_module: str) -> str:
     """`file:line` of the declaration in APP's package that this package refused (a tool named twice, an async
     tool, ...), or "" when `exc` was raised elsewhere. This package raises those with the whole story in their
     message; an error raised by the app's own code, or by this package's internals, keeps its traceback."""
-    frames = []
-    tb = exc.__traceback__
-    while tb is not None:
-        frames.append(tb)
-        tb = tb.tb_next
+    frames = list(traceback.walk_tb(exc.__traceback__))  # (frame, line), the innermost last
 
-    def package(frame: TracebackType) -> str:
-        return str(frame.tb_frame.f_globals.get("__name__") or "").partition(".")[0]
+    def package(frame: FrameType) -> str:
+        return str(frame.f_globals.get("__name__") or "").partition(".")[0]
 
-    if not frames or package(frames[-1]) != "celery_mcp_tasks":
+    if not frames or package(frames[-1][0]) != "celery_mcp_tasks":
         return ""
     app = app_module.partition(".")[0]
     # The innermost of APP's frames: past the SDK's own decorator, say, for `tasks.server.tool()`.
-    declared = next((frame for frame in reversed(frames) if package(frame) == app), None)
-    if declared is None:
-        return ""
-    return f"{os.path.relpath(declared.tb_frame.f_code.co_filename)}:{declared.tb_lineno}"
+    declared = next(((frame, line) for frame, line in reversed(frames) if package(frame) == app), None)
+    return "" if declared is None else f"{os.path.relpath(declared[0].f_code.co_filename)}:{declared[1]}"
 
 
 def start_ops_server(tasks: Any, host: str | None, port: int | None) -> Any:
