@@ -78,9 +78,8 @@ class ProbeEngine:
     """One pool-less engine per process for the probes: each probe is a fresh connection, which is what
     a new request would need, and a hung one never holds a pooled connection others wait for."""
 
-    def __init__(self, url: str, *, connect_timeout_s: int = PROBE_TIMEOUT_S) -> None:
+    def __init__(self, url: str) -> None:
         self.url = url
-        self._timeout = connect_timeout_s
         self._engine: Engine | None = None
         self._pid: int | None = None
         self._lock = threading.Lock()
@@ -89,7 +88,7 @@ class ProbeEngine:
     def engine(self) -> Engine:
         with self._lock:  # checks run in parallel threads: one engine between them
             if self._engine is None or self._pid != os.getpid():
-                self._engine = probe_engine(self.url, connect_timeout_s=self._timeout)
+                self._engine = probe_engine(self.url, connect_timeout_s=PROBE_TIMEOUT_S)
                 self._pid = os.getpid()
             return self._engine
 
@@ -101,7 +100,7 @@ class ProbeEngine:
         """Run `work` in a read-only transaction that the server ends after `PROBE_TIMEOUT_S` (a lock wait too)."""
         with self.engine.connect().execution_options(**{READ_ONLY: True}) as conn:
             if self.postgres:  # SET LOCAL, not a startup option: PgBouncer refuses `options`
-                conn.execute(sa.text(f"SET LOCAL statement_timeout = {self._timeout * 1000}"))
+                conn.execute(sa.text(f"SET LOCAL statement_timeout = {PROBE_TIMEOUT_S * 1000}"))
             try:
                 return work(conn)
             finally:
@@ -134,7 +133,7 @@ def schema_probe(probe: ProbeEngine) -> Finding:
     return Finding("ok", f"at head {', '.join(sorted(script_heads()[0]))}")
 
 
-def broker_probe(celery: Any, *, timeout_s: float = PROBE_TIMEOUT_S) -> Finding:
+def broker_probe(celery: Any) -> Finding:
     """The Celery broker accepts a connection (one attempt, no retries); the embedded one: its folders
     exist once it has (the transport makes them when it connects)."""
     url = str(celery.conf.broker_url)
@@ -142,9 +141,8 @@ def broker_probe(celery: Any, *, timeout_s: float = PROBE_TIMEOUT_S) -> Finding:
     if scheme == "memory":
         return Finding("ok", "in-memory broker (this process only)")
     start = time.monotonic()
-    conn = celery.connection_for_write(
-        connect_timeout=timeout_s, transport_options={"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
-    )
+    timeout = {"socket_timeout": PROBE_TIMEOUT_S, "socket_connect_timeout": PROBE_TIMEOUT_S}
+    conn = celery.connection_for_write(connect_timeout=PROBE_TIMEOUT_S, transport_options=timeout)
     try:
         conn.ensure_connection(max_retries=0)
     except Exception as exc:  # noqa: BLE001
