@@ -172,8 +172,7 @@ def end_session(request: Request, response: Response) -> None:
 
 def _csrf_subject(request: Request) -> str | None:
     """What a CSRF token is bound to: the session (its random id), or the host-authenticated operator."""
-    config = _config(request)
-    session = _session_of(config, request.cookies.get(COOKIE))
+    session = session_of(request)
     if session is not None:
         return f"session:{session.sid}"
     operator = operator_of(request)

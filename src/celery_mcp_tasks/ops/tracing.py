@@ -279,14 +279,11 @@ def _forks(pool_cls: Any) -> bool:
 def _install_worker_provider(celery: Any, name: str, mode: str) -> None:
     from celery import signals
 
-    def in_child(**_: Any) -> None:
-        configure(mode, name)
-
     def in_worker(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", None) is celery and not _forks(getattr(sender, "pool_cls", "prefork")):
             configure(mode, name)  # solo, threads, gevent: the jobs run in this very process
 
-    signals.worker_process_init.connect(in_child, weak=False)
+    signals.worker_process_init.connect(lambda **_: configure(mode, name), weak=False)
     signals.worker_init.connect(in_worker, weak=False)
     for stopping in (signals.worker_process_shutdown, signals.worker_shutdown):
         stopping.connect(lambda **_: shutdown(), weak=False)
