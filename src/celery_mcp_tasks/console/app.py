@@ -23,17 +23,14 @@ from celery_mcp_tasks.console.context import Console
 logger = logging.getLogger(__name__)
 
 
-def check_mount_path(path: str, mcp_path: str | None) -> str:
+def check_mount_path(path: str, mcp_path: str) -> str:
     """The normalised mount path; `ConfigError` for the MCP endpoint's path (or one above or below it)."""
     normalised = "/" + path.strip("/")
     if normalised == "/":
         raise ConfigError("console_app(path=...): mount the console under a path of its own, e.g. /console, not /")
-    if mcp_path is not None:
-        mcp = "/" + mcp_path.strip("/")
-        if normalised == mcp or normalised.startswith(mcp + "/") or mcp.startswith(normalised + "/"):
-            raise ConfigError(
-                f"console_app(path={path!r}): the console is never served on the MCP endpoint's path ({mcp})"
-            )
+    mcp = "/" + mcp_path.strip("/")
+    if normalised == mcp or normalised.startswith(mcp + "/") or mcp.startswith(normalised + "/"):
+        raise ConfigError(f"console_app(path={path!r}): the console is never served on the MCP endpoint's path ({mcp})")
     return normalised
 
 

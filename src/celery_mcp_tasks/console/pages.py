@@ -197,8 +197,6 @@ class Pages:
         self, request: Request, template: str, page_name: str, status_code: int = 200, **context: Any
     ) -> Response:
         operator = auth.operator_of(request)
-        context.setdefault("notice", None)
-        context.setdefault("error", None)
         response = TEMPLATES.TemplateResponse(
             request,
             template,
@@ -210,6 +208,8 @@ class Pages:
                 "csrf": auth.csrf_token(request) if operator is not None else "",
                 "statuses": STATUS_NAMES,
                 "payloads_allowed": self.console.payloads_allowed,
+                "notice": None,
+                "error": None,
                 **context,
             },
             status_code=status_code,
