@@ -199,10 +199,10 @@ def csrf_refusal(request: Request, token: str | None) -> str | None:
         return "The form's security token is missing: reload the page and try again. Nothing was changed."
     expires_text, signature = token.split(".", 1)
     try:
-        expires = int(expires_text)
+        expires: int | None = int(expires_text)
     except ValueError:
-        return "The form's security token is not valid: reload the page and try again. Nothing was changed."
-    if not config.signed("csrf", f"{subject}:{expires}", signature):
+        expires = None
+    if expires is None or not config.signed("csrf", f"{subject}:{expires}", signature):
         return "The form's security token is not valid: reload the page and try again. Nothing was changed."
     if expires <= config.clock():
         return "The form's security token has expired: reload the page and try again. Nothing was changed."
