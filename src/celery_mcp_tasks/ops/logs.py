@@ -228,8 +228,7 @@ def _after_setup_logger(sender: Any = None, logger: logging.Logger | None = None
     """Celery configured the root (and multiprocessing) logger of a worker or beat: restyle what it made."""
     from celery.utils.log import get_multiprocessing_logger
 
-    multiprocessing = get_multiprocessing_logger()
-    for target in (logger, multiprocessing):
+    for target in (logger, get_multiprocessing_logger()):
         if target is not None:
             _celery_styled(list(target.handlers))
 
