@@ -11,10 +11,10 @@ import logging
 ROOT_HANDLER = "celery-mcp-tasks"
 
 
-def plain_root_logging(level: str = "INFO") -> None:
+def plain_root_logging() -> None:
     """One plain line per record on stderr, unless the process configured logging already. Plain on purpose:
     rich's handler (the SDK's `MCPServer` would install it) wraps lines to 80 columns in a container."""
     if not logging.getLogger().handlers:
         handler = logging.StreamHandler()
         handler.set_name(ROOT_HANDLER)
-        logging.basicConfig(level=level, format="%(message)s", handlers=[handler])
+        logging.basicConfig(level="INFO", format="%(message)s", handlers=[handler])
