@@ -180,12 +180,11 @@ class _Subscriber:
 class Console:
     """The operators' view of one deployment's store.
 
-    `queue_of(tool)`: the Celery queue the tool's job goes to (its routing, else
-    the default queue); `terminable(tool)`: whether a cancel may terminate its
-    running job. `stale_timeout_s`: a `working` task whose heartbeat is older
-    is judged lost (and may be re-sent). `poll_s`: how often rows written since
-    the last look are read for live updates (every tick under the polling
-    transport, whose hints cover only watched keys; ~1 s otherwise, for new rows).
+    `queue_of(tool)`: the Celery queue the tool's job goes to (its routing, else the default queue);
+    `terminable(tool)`: whether a cancel may terminate its running job. `stale_timeout_s`: a `working` task
+    whose heartbeat is older is judged lost (and may be re-sent). `poll_s`: how often rows written since the
+    last look are read for live updates (every tick under the polling transport, whose hints cover only
+    watched keys; ~1 s otherwise, for new rows).
     """
 
     def __init__(

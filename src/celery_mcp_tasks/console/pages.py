@@ -296,7 +296,6 @@ class Pages:
         refusal = auth.csrf_refusal(request, str(form.get("csrf", "")))
         if refusal is not None:
             return self.problem(request, 403, _EXPIRED, refusal, back=f"/tasks/{key}")
-        operator = auth.operator_of(request)
         terminate = form.get("terminate") == "on"
         if form.get("confirm") != "yes":
             try:
@@ -317,7 +316,7 @@ class Pages:
                 terminate=terminate,
             )
         try:
-            result = await self.console.act(action, key, operator, terminate)
+            result = await self.console.act(action, key, auth.operator_of(request), terminate)
         except ConsoleError as exc:
             return await self._refused(request, key, exc)
         if isinstance(result, TaskDetail):  # a reveal
