@@ -38,7 +38,10 @@ class Heartbeats:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._pid = os.getpid()
+        self._reset(os.getpid())
+
+    def _reset(self, pid: int) -> None:
+        self._pid = pid
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._jobs: set[_Job] = set()
@@ -51,9 +54,7 @@ class Heartbeats:
         """Beat `beat` every `interval` seconds (the first one interval from now) until the block ends."""
         pid = os.getpid()
         if pid != self._pid:  # after a fork: the parent's thread, jobs and lock (perhaps held at the fork) are not ours
-            self._lock = threading.Lock()
-            self._changed = threading.Condition(self._lock)
-            self._jobs, self._thread, self._wake_at, self._idle_s, self._pid = set(), None, None, None, pid
+            self._reset(pid)
         job = _Job(beat, interval, self._clock() + interval)
         with self._changed:
             self._jobs.add(job)

@@ -31,16 +31,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from billiard.common import TERM_SIGNAL
 
-def _terminate_signals() -> frozenset[int]:
-    """SIGTERM (what a revoke sends), and billiard's TERM_SIGNAL (its parent's answer to DEATH; SIGTERM unless
-    REMAP_SIGTERM names another)."""
-    from billiard.common import TERM_SIGNAL
-
-    return frozenset({int(signal.SIGTERM), int(TERM_SIGNAL)})
-
-
-TERMINATE_SIGNALS = _terminate_signals()
+# SIGTERM (what a revoke sends), and billiard's TERM_SIGNAL (its parent's answer to DEATH; SIGTERM unless
+# REMAP_SIGTERM names another).
+TERMINATE_SIGNALS = frozenset({int(signal.SIGTERM), int(TERM_SIGNAL)})
 _CAN_MASK = hasattr(signal, "pthread_sigmask")  # not on Windows, where there are no prefork children either
 
 
