@@ -111,6 +111,17 @@ def attach_listen(
     return handler if replace_listen_handler(server, SubscriptionsListenRequestParams, handler) else None
 
 
+def _error_body(error: dict[str, Any]) -> bytes:
+    """A JSON-RPC error response for a request the SDK never read (`id` null: it was never read)."""
+    return json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
+
+
+async def _send_json(send: Send, status: int, body: bytes) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
 class BodyLimitMessage:
     """ASGI middleware: the SDK's 413 for a body over the limit, re-said as a JSON-RPC error naming it.
 
@@ -124,8 +135,7 @@ class BodyLimitMessage:
             f"Request body too large: this server reads at most {limit} bytes "
             f"({limit / 1024 / 1024:.3g} MiB; set by MCP_TASKS_MAX_REQUEST_BYTES)"
         )
-        error = {"code": INVALID_REQUEST, "message": message, "data": {"maxRequestBytes": limit}}
-        self.body = json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()  # `id` null: never read
+        self.body = _error_body({"code": INVALID_REQUEST, "message": message, "data": {"maxRequestBytes": limit}})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -137,9 +147,7 @@ class BodyLimitMessage:
             nonlocal replacing
             if message["type"] == "http.response.start" and message["status"] == 413:
                 replacing = True
-                headers = [(b"content-type", b"application/json"), (b"content-length", str(len(self.body)).encode())]
-                await send({"type": "http.response.start", "status": 413, "headers": headers})
-                await send({"type": "http.response.body", "body": self.body})
+                await _send_json(send, 413, self.body)
             elif not (replacing and message["type"] == "http.response.body"):
                 await send(message)
 
@@ -152,13 +160,7 @@ class MalformedRoutingName:
     with -32020, as the SDK answers any other malformed routing header, instead of its 500. A request whose
     headers are ASCII, as every valid one's are, goes on untouched."""
 
-    BODY = json.dumps(
-        {
-            "jsonrpc": "2.0",
-            "id": None,
-            "error": {"code": HEADER_MISMATCH, "message": "Malformed Mcp-Name or Mcp-Param-* header"},
-        }
-    ).encode()
+    BODY = _error_body({"code": HEADER_MISMATCH, "message": "Malformed Mcp-Name or Mcp-Param-* header"})
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -168,9 +170,7 @@ class MalformedRoutingName:
             for name, value in scope["headers"]:
                 routing = name == b"mcp-name" or name.startswith(b"mcp-param-")
                 if routing and not value.isascii() and decode_routing_name(value.decode("latin-1")) is None:
-                    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(self.BODY))]
-                    await send({"type": "http.response.start", "status": 400, "headers": headers})
-                    await send({"type": "http.response.body", "body": self.BODY})
+                    await _send_json(send, 400, self.BODY)
                     return
         await self.app(scope, receive, send)
 
