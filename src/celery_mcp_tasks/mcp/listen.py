@@ -46,6 +46,7 @@ logger = logging.getLogger("celery_mcp_tasks.mcp")
 T = TypeVar("T")
 
 MAX_TASK_IDS = 1000
+MAX_BUFFERED_EVENTS = 1024  # a stream's backlog of core events: a client that stopped reading is ended there
 _RETRY_S = 1.0
 TASK_IDS = "taskIds"
 
@@ -90,12 +91,11 @@ class _Followed:
 
 
 class _Stream:
-    def __init__(self, honored: SubscriptionFilter, watch: Watch, max_buffered: int) -> None:
+    def __init__(self, honored: SubscriptionFilter, watch: Watch) -> None:
         self.honored = honored
         self.uris = frozenset(honored.resource_subscriptions or ())
         self.watch = watch
         self.events: deque[ServerEvent] | None = None  # made on the first core event (most streams get none)
-        self.max_buffered = max_buffered
         self.followed: dict[str, _Followed] = {}
         self.ending = False
 
@@ -105,7 +105,7 @@ class _Stream:
             return
         if self.events is None:
             self.events = deque()
-        if len(self.events) >= self.max_buffered:
+        if len(self.events) >= MAX_BUFFERED_EVENTS:
             logger.warning("listen stream backlog full; ending the stream")
             self.end()
             return
@@ -134,9 +134,8 @@ class ListenObserver(Protocol):
 class TaskListenHandler:
     """The `subscriptions/listen` handler for one server (`McpTasks.listen`).
 
-    `max_streams` bounds the streams open in this process (one more is refused with -32603);
-    `max_buffered_events` bounds a stream's backlog of core events (a client that stopped reading is
-    ended there). Task hints never queue up: they coalesce per row.
+    `max_streams` bounds the streams open in this process (one more is refused with -32603). Task hints
+    never queue up: they coalesce per row.
     """
 
     def __init__(
@@ -146,7 +145,6 @@ class TaskListenHandler:
         hub: Callable[[], Hub | None],
         *,
         max_streams: int = 1024,
-        max_buffered_events: int = 1024,
         resync_interval_s: float = 30.0,
         max_threads: int = 16,
     ) -> None:
@@ -154,7 +152,6 @@ class TaskListenHandler:
         self._service = service
         self._hub = hub
         self.max_streams = max_streams
-        self._max_buffered = max_buffered_events
         self._resync_interval_s = resync_interval_s
         self._limiter = anyio.CapacityLimiter(max_threads)
         self._reads = SharedReads(self._in_thread)
@@ -204,7 +201,7 @@ class TaskListenHandler:
         followed_ids = task_ids if hub is not None else None
         # Watch before reading, so a change between the read and the ack is not missed.
         watch = hub.watch(map(task_key, followed_ids or ())) if hub is not None else Watch()
-        stream = _Stream(honored_core(params.notifications), watch, self._max_buffered)
+        stream = _Stream(honored_core(params.notifications), watch)
         self._streams.add(stream)
         unsubscribe = self._bus.subscribe(stream.deliver)
         self._tell(lambda observer: observer.stream_opened())
