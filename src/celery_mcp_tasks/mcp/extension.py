@@ -9,7 +9,6 @@ A client without the extension gets the synchronous path (`mcp.sync`).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import partial
@@ -48,8 +47,6 @@ from celery_mcp_tasks.propagation import creating
 from celery_mcp_tasks.protocol import EXTENSION_ID, IDEMPOTENCY_META_KEY, render_create_result, render_task
 from celery_mcp_tasks.service import IdempotencyKeyReused, PayloadTooLarge, TaskExpired, TaskService
 from celery_mcp_tasks.store.base import Quota, QuotaExceeded, StoreUnavailable, TaskLimitReached, TaskNotFound
-
-logger = logging.getLogger("celery_mcp_tasks.mcp")
 
 T = TypeVar("T")
 _COMPLETE = {"resultType": "complete"}

@@ -9,7 +9,6 @@ stream never does: so the streams end when the server *receives* SIGTERM or SIGI
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import Any
@@ -31,8 +30,6 @@ from celery_mcp_tasks.sdk_internals import (
     wrap_lifespan,
 )
 from celery_mcp_tasks.service import TaskService
-
-logger = logging.getLogger("celery_mcp_tasks.mcp")
 
 
 @asynccontextmanager
