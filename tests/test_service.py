@@ -106,6 +106,18 @@ def test_an_expired_task_reads_as_expired_before_the_janitor_evicts_it(store: Sq
         service.get(task_id, None)
 
 
+def test_many_tasks_read_at_once_leave_out_what_get_refuses(store: SqlStore) -> None:
+    """`get_many` (a listen stream's `taskIds`): the caller's unexpired tasks; missing, foreign, expired left out."""
+    clock = [1_000]
+    service = TaskService(store, clock=lambda: clock[0])
+    mine, _ = service.create(owner="sub:alice", tool="t", arguments={}, dispatch=False)
+    short, _ = service.create(owner="sub:alice", tool="t", arguments={}, ttl_ms=50, dispatch=False)
+    theirs, _ = service.create(owner="sub:bob", tool="t", arguments={}, dispatch=False)
+    clock[0] += 50
+    found = service.get_many([mine, short, theirs, "no-such-task"], "sub:alice")
+    assert found == {mine: service.get(mine, "sub:alice")}
+
+
 def test_cancel_is_final_and_a_late_result_cannot_overwrite_it(service: TaskService, seen: Recorder) -> None:
     task_id, record = service.create(owner=None, tool="t", arguments={})
     cancelled, changed = service.cancel(task_id, None)

@@ -38,11 +38,13 @@ def anyio_backend() -> str:
 
 
 class CountingStore:
-    """A real store whose `get` is counted per row, and can be held once (before or after its query)."""
+    """A real store whose reads (`get`, `get_many`) are counted per row, and can be held once (before or after
+    its query)."""
 
     def __init__(self, inner: SqlStore) -> None:
         self.inner = inner
         self.reads: Counter[str] = Counter()
+        self.queries = 0
         self._lock = threading.Lock()
         self._hold: tuple[str, bool] | None = None
         self.holding = threading.Event()
@@ -55,17 +57,26 @@ class CountingStore:
         self._hold = (key, after_query)
 
     def get(self, key: str, owner: Any = ANY) -> TaskRecord | None:
+        return self._counted([key], lambda: self.inner.get(key, owner))
+
+    def get_many(self, keys: Any, owner: Any = ANY) -> dict[str, TaskRecord]:
+        wanted = list(keys)
+        return self._counted(wanted, lambda: self.inner.get_many(wanted, owner))
+
+    def _counted(self, keys: list[str], query: Any) -> Any:
         with self._lock:
-            self.reads[key] += 1
-            held, self._hold = (self._hold, None) if self._hold and self._hold[0] == key else (None, self._hold)
+            self.reads.update(keys)
+            self.queries += 1
+            hit = self._hold is not None and self._hold[0] in keys
+            held, self._hold = (self._hold, None) if hit else (None, self._hold)
         if held is not None and not held[1]:
             self.holding.set()
             assert self.release.wait(30)
-        record = self.inner.get(key, owner)
+        found = query()
         if held is not None and held[1]:
             self.holding.set()
             assert self.release.wait(30)
-        return record
+        return found
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -170,6 +181,24 @@ async def test_two_owners_never_share_a_read_and_a_foreign_task_reaches_only_its
         await anyio.sleep(0.2)
         assert all(session.idle() for session in alice + mallory)  # nothing of the other owner's task, ever
         assert (world.store.reads[alice_key], world.store.reads[mallory_key]) == (1, 1), world.store.reads
+
+
+async def test_a_stream_following_many_tasks_reads_them_in_one_query(world: World) -> None:
+    """A stream's `taskIds` (up to 1 000) are read together when it opens: one owner-scoped query, not one each;
+    the caller's own are acknowledged (a final one too), another's and unknown ones are not."""
+    mine = [world.task("sub:alice") for _ in range(40)]
+    theirs = [world.task("sub:bob")[0] for _ in range(5)]
+    world.service.cancel(mine[0][0], "sub:alice")
+    world.owner = "sub:alice"
+    world.store.queries = 0
+    requested = [*theirs, *(task_id for task_id, _ in mine), "no-such-task"]
+    async with _open(world.handler, _params(taskIds=requested), request_id=7) as (session, _):
+        ack = await session.next()
+        assert world.store.queries == 1
+        assert ack["params"]["notifications"] == {"taskIds": [task_id for task_id, _ in mine]}
+        world.change(mine[1][1], "moved")
+        sent = await session.next()
+        assert (sent["params"]["taskId"], sent["params"]["statusMessage"]) == (mine[1][0], "moved")
 
 
 def _shared() -> SharedReads:

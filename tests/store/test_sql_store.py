@@ -57,6 +57,18 @@ def test_a_foreign_task_reads_exactly_like_a_missing_one(store: SqlStore):
         store.update("k1", "sub:bob", lambda r: r.cancelled(2))
 
 
+def test_many_tasks_read_at_once_follow_the_owner_rule_of_one(store: SqlStore):
+    """`get_many` (a listen stream's `taskIds`): one read, and for each key exactly what `get` answers."""
+    store.create(make("k1", "sub:alice"), max_rows=None)
+    store.create(make("k2", None), max_rows=None)
+    store.create(make("k3", "sub:alice", arguments={"n": 3}), max_rows=None)
+    keys = ["k1", "k2", "k3", "nope"]
+    for owner in ("sub:alice", "sub:bob", None, ANY):
+        expected = {key: record for key in keys if (record := store.get(key, owner)) is not None}
+        assert store.get_many(keys, owner) == expected, owner
+    assert set(store.get_many(keys, ANY)) == {"k1", "k2", "k3"} and store.get_many([], "sub:alice") == {}
+
+
 def test_row_cap_refuses_before_storing(store: SqlStore):
     for n in range(3):
         store.create(make(f"k{n}"), max_rows=3)

@@ -243,15 +243,15 @@ class TaskListenHandler:
     async def _follow_owned(self, stream: _Stream, task_ids: list[str], owner: str | None) -> list[str]:
         """Follow the caller's own tasks among `task_ids`; the ones to acknowledge."""
         try:
-            records = await self._in_thread(lambda: {task_id: self._read(task_id, owner) for task_id in task_ids})
+            records = await self._in_thread(lambda: self._service().get_many(task_ids, owner))  # one read for all
         except StoreUnavailable as exc:  # before the stream opens: an error with a fixed text, not the store's
             raise store_unavailable("subscriptions/listen", exc) from None
         acknowledged = []
         for task_id in task_ids:
             key = task_key(task_id)
-            record = records[task_id]
+            record = records.get(task_id)
             if record is None:
-                stream.watch.forget(key)  # unknown and foreign look the same: simply not followed
+                stream.watch.forget(key)  # unknown, foreign and expired look the same: simply not followed
                 continue
             acknowledged.append(task_id)
             if record.terminal:
@@ -261,16 +261,17 @@ class TaskListenHandler:
         return acknowledged
 
     def _reread(self, due: dict[str, tuple[_Followed, int | None]], owner: str | None) -> dict[str, TaskRecord | None]:
-        """Owner-scoped reads (in a worker thread); hints without a version (a resync) first ask every such
+        """One owner-scoped read (in a worker thread); hints without a version (a resync) first ask every such
         row's version in one query, and only the rows that changed are read in full."""
         unknown = [key for key, (_, hint) in due.items() if hint is None]
         current = self._service().versions(unknown) if unknown else {}
-        records: dict[str, TaskRecord | None] = {}
-        for key, (followed, hint) in due.items():
-            if hint is None and key in current and current[key] <= followed.version:
-                continue
-            records[key] = self._read(followed.task_id, owner)
-        return records
+        wanted = {
+            key: followed.task_id
+            for key, (followed, hint) in due.items()
+            if not (hint is None and key in current and current[key] <= followed.version)
+        }
+        found = self._service().get_many(wanted.values(), owner) if wanted else {}
+        return {key: found.get(task_id) for key, task_id in wanted.items()}
 
     async def _refresh(
         self,

@@ -122,6 +122,10 @@ class Store(Protocol):
         """The record, or `None` when missing or owned by another principal."""
         ...
 
+    def get_many(self, keys: Iterable[str], owner: Owner = ANY) -> dict[str, TaskRecord]:
+        """`get` of many keys in one read: the records by key, those missing or another's left out."""
+        ...
+
     def update(
         self,
         key: str,

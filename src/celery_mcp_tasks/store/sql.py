@@ -143,11 +143,12 @@ def _update_statement(columns: tuple[str, ...], owner: OwnerScope, hinted: bool,
 
 
 @functools.cache
-def _select_statement(owner: OwnerScope, for_update: bool) -> Any:
+def _select_statement(owner: OwnerScope, for_update: bool = False, many: bool = False) -> Any:
     """`SELECT * WHERE key [AND owner] [FOR UPDATE]`. FOR UPDATE (PostgreSQL) waits for a concurrent writer, so
     the CAS after it almost never loses (else a fast writer can starve a slow one); SQLite's BEGIN IMMEDIATE
-    serializes already."""
-    query = sa.select(tasks).where(tasks.c.key == sa.bindparam("key"), *_owner_clause(owner, "owner"))
+    serializes already. `many`: `key IN` the list bound as `keys`."""
+    key = tasks.c.key.in_(sa.bindparam("keys", expanding=True)) if many else tasks.c.key == sa.bindparam("key")
+    query = sa.select(tasks).where(key, *_owner_clause(owner, "owner"))
     return query.with_for_update() if for_update else query
 
 
@@ -293,6 +294,16 @@ class SqlStore:
         statement = _select_statement(_owner_shape(owner, params, "owner"), for_update)
         row = conn.execute(statement, params).mappings().first()
         return None if row is None else _from_row(row, self.ring)
+
+    @_operation
+    def get_many(self, keys: Iterable[str], owner: Owner = ANY) -> dict[str, TaskRecord]:
+        wanted = list(keys)
+        if not wanted:
+            return {}
+        params: dict[str, Any] = {"keys": wanted}
+        statement = _select_statement(_owner_shape(owner, params, "owner"), many=True)
+        rows = read(self.engine, lambda conn: conn.execute(statement, params).mappings().all())
+        return {row["key"]: _from_row(row, self.ring) for row in rows}
 
     @_operation
     def versions(self, keys: Iterable[str]) -> dict[str, int]:
