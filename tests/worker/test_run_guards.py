@@ -103,6 +103,32 @@ def test_a_retry_signal_that_lands_after_the_next_attempt_changes_nothing(tasks:
     assert status(tasks, task_id) == done
 
 
+def test_a_revoke_in_the_main_process_writes_only_to_a_task_not_final_yet(tasks: McpTasks) -> None:
+    """The worker's main process hears revokes with no record of the run: it reads the task, unlocked, and a
+    final one (our own cancel revoked it) gets no write and no write lock; another gets one conditional UPDATE."""
+
+    @tasks.mcp_task
+    def revoked_body() -> str:
+        return "never"
+
+    service = internals(tasks).service()
+    statements: list[str] = []
+    sa.event.listen(service.store.engine, "before_cursor_execute", lambda *a: statements.append(a[2].split()[0]))
+    cancelled, _ = service.create(owner=None, tool="revoked_body", arguments={})
+    service.cancel(cancelled, None)
+    working, _ = service.create(owner=None, tool="revoked_body", arguments={})
+    statements.clear()
+    bridge.on_revoked(sender=revoked_body, request=Context(retries=0, headers=headers(cancelled)))
+    assert statements == ["BEGIN", "SELECT"] and status(tasks, cancelled).status is TaskStatus.CANCELLED
+    statements.clear()
+    bridge.on_revoked(sender=revoked_body, request=Context(retries=0, headers=headers(working)))
+    assert statements == ["BEGIN", "SELECT", "UPDATE"], (
+        statements
+    )  # the write lock (BEGIN IMMEDIATE) is not a cursor statement
+    failed = status(tasks, working)
+    assert (failed.status, failed.status_message) == (TaskStatus.FAILED, "The job was revoked in Celery")
+
+
 def test_a_countdown_retry_is_not_reaped_early_but_a_lost_process_retry_is_not_waited_for(tasks: McpTasks) -> None:
     @tasks.mcp_task
     def retried_body() -> str:

@@ -35,8 +35,10 @@ Op = Callable[[TaskService, str, "Run | None", "TaskRecord | None"], object]
 def _settle(sender: Any, request: Any, what: str, op: Op, *, next_attempt: bool = False) -> None:
     """Apply `op(service, key, run, expected)` for one of our jobs; anything else is not ours to touch.
 
-    `expected`: the record the job's run last read or wrote (None when it did not run here), so the
-    write is one conditional UPDATE while nothing else changed the task meanwhile.
+    `expected`: the record the job's run last read or wrote, so the write is one conditional UPDATE while
+    nothing else changed the task meanwhile. Where the job did not run (the worker's main process: a revoke,
+    a lost pool process) it is read first, unlocked: most often the task is final already (our own cancel
+    revoked it), and then nothing is written, and no write lock taken while the pool may be forking.
     """
     if not isinstance(sender, McpJob):
         return
@@ -45,10 +47,15 @@ def _settle(sender: Any, request: Any, what: str, op: Op, *, next_attempt: bool 
         return  # a plain `.delay()` of the job: no MCP task behind it
     run = run_of(request, next_attempt=next_attempt)
     expected = getattr(request, LAST_RECORD, None)
-    if not isinstance(expected, TaskRecord) or expected.key != key:
-        expected = None
     try:
-        op(sender.mcp_runtime.service(), key, run, expected)
+        service = sender.mcp_runtime.service()
+        if not isinstance(expected, TaskRecord) or expected.key != key:
+            expected = service.record(key)
+            if expected is None:
+                raise TaskNotFound()
+            if expected.terminal:
+                raise TerminalTask()
+        op(service, key, run, expected)
     except (TerminalTask, TaskNotFound):
         logger.debug("tool %r: %s ignored, task final, superseded or gone", sender.mcp_tool.name, what)
     except Exception:
