@@ -8,11 +8,13 @@ a worker writing progress in a loop a request's INSERT waited seconds. PostgreSQ
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import threading
 import time
 import weakref
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,6 +24,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine, make_url
 
 from celery_mcp_tasks.store.codec import encode
+
+logger = logging.getLogger(__name__)
 
 READ_ONLY = "mcp_tasks_read_only"
 """Execution option marking a read-only connection (a deferred BEGIN on SQLite)."""
@@ -38,76 +42,91 @@ _SQLITE_BUSY = 5
 
 
 class _ForkGate:
-    """No fork while a thread of this process is inside SQLite: between a connection's checkout and its
-    checkin, and while one is opened or closed.
+    """No fork while a thread of this process is inside SQLite: from a connection's checkout to its checkin,
+    and while one is opened, set up or closed.
 
     SQLite keeps the locks a process holds in memory shared by all its connections, and guards them with
     process-wide mutexes. A child forked while another thread is inside a write transaction inherits "this
     process holds the write lock" with no thread left to release it: every write of the child then waits out
     the busy timeout ("database is locked"); forked while another thread opens a connection, it inherits a
     held mutex and hangs at its first. Celery's prefork pool forks new children from a thread of the worker's
-    main process while the main thread records a revoke or a lost job, so a fork waits here until no thread
-    is inside (at most the busy timeout), and no thread gets in until it is done.
+    main process while the main thread records a revoke or a lost job, so a fork waits here until no other
+    thread is inside (at most the busy timeout, then it goes ahead and says so), and no thread gets in until
+    it is done but one already inside (taking a second connection) and the forking thread itself (a
+    finalizer closing a connection during the fork). A checkout is counted for the thread that made it, on
+    its connection record, so a checkin from another thread (a collected connection) or without a checkout
+    (a failed reconnect) never unbalances the count.
     """
 
     def __init__(self) -> None:
         self._idle = threading.Condition()
-        self._out = 0  # connections out of the pools of this process's SQLite engines
-        self._forking = False
-        self._mine = threading.local()  # how many of them this thread holds
+        self._inside: Counter[int] = Counter()  # thread ident -> how deep it is inside
+        self._forker: int | None = None
 
-    def enter(self, *_: Any) -> None:
-        mine = getattr(self._mine, "out", 0)
+    def enter(self) -> int:
+        me = threading.get_ident()
         with self._idle:
-            if not mine:  # a thread already inside may take another connection: the fork waits for it anyway
-                self._idle.wait_for(lambda: not self._forking)
-            self._out += 1
-        self._mine.out = mine + 1
+            if not self._inside[me]:
+                self._idle.wait_for(lambda: self._forker in (None, me), timeout=BUSY_TIMEOUT_S)
+            self._inside[me] += 1
+        return me
 
-    def leave(self, *_: Any) -> None:
-        self._mine.out = max(getattr(self._mine, "out", 0) - 1, 0)
+    def leave(self, thread: int) -> None:
         with self._idle:
-            self._out = max(self._out - 1, 0)
+            self._inside[thread] -= 1
+            if self._inside[thread] <= 0:
+                del self._inside[thread]
             self._idle.notify_all()
 
+    def checkout(self, _dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        record.info[_GATE_KEY] = self.enter()
+
+    def checkin(self, _dbapi_connection: Any, record: Any) -> None:
+        """At checkin, and when a connection is detached from its pool: the checkout ends, if it was counted."""
+        thread = record.info.pop(_GATE_KEY, None) if record is not None else None
+        if thread is not None:
+            self.leave(thread)
+
     def hold(self) -> None:
-        """Before a fork: let no thread in, wait until none is inside, hold the gate until the fork is done."""
+        """Before a fork: let no thread in, wait until no other is inside, hold the gate until the fork is done."""
         self._idle.acquire()
-        self._forking = True
-        own = getattr(self._mine, "out", 0)
-        self._idle.wait_for(lambda: self._out <= own, timeout=BUSY_TIMEOUT_S)
+        me = self._forker = threading.get_ident()
+        if not self._idle.wait_for(lambda: not self._inside.keys() - {me}, timeout=BUSY_TIMEOUT_S):
+            logger.warning("a fork went ahead after %.0f s with another thread inside SQLite", BUSY_TIMEOUT_S)
 
     def release(self) -> None:
-        self._forking = False
+        self._forker = None
         self._idle.notify_all()
         self._idle.release()
 
     def reset(self) -> None:
         """In the child: its only thread is the one that forked."""
+        me = threading.get_ident()
         self._idle = threading.Condition()
-        self._out = getattr(self._mine, "out", 0)
-        self._forking = False
+        self._inside = Counter({me: self._inside[me]}) if self._inside[me] else Counter()
+        self._forker = None
 
 
 _FORK_GATE = _ForkGate()
+_GATE_KEY = "celery_mcp_tasks.fork_gate"  # a connection record's `info`: the thread whose checkout is counted
 
 
 class _GatedConnection(sqlite3.Connection):
     """A SQLite connection opened and closed inside the fork gate (`sqlite3.connect(factory=...)`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        _FORK_GATE.enter()
+        inside = _FORK_GATE.enter()
         try:
             super().__init__(*args, **kwargs)
         finally:
-            _FORK_GATE.leave()
+            _FORK_GATE.leave(inside)
 
     def close(self) -> None:
-        _FORK_GATE.enter()
+        inside = _FORK_GATE.enter()
         try:
             super().close()
         finally:
-            _FORK_GATE.leave()
+            _FORK_GATE.leave(inside)
 
 
 def _in_child() -> None:
@@ -180,17 +199,22 @@ def _sqlite_engine(url: str, database: str | None, **kwargs: Any) -> Engine:
     connect_args.setdefault("check_same_thread", False)
     connect_args.setdefault("factory", _GatedConnection)
     engine = sa.create_engine(url, connect_args=connect_args, **kwargs)
-    sa.event.listen(engine, "checkout", _FORK_GATE.enter)
-    sa.event.listen(engine, "checkin", _FORK_GATE.leave)
+    sa.event.listen(engine, "checkout", _FORK_GATE.checkout)
+    sa.event.listen(engine, "checkin", _FORK_GATE.checkin)
+    sa.event.listen(engine, "detach", _FORK_GATE.checkin)  # a detached connection is out of the pool's count
 
     @sa.event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None  # SQLAlchemy's "begin" event issues BEGIN itself
-        cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
-        cursor.close()
+        inside = _FORK_GATE.enter()  # WAL's files are opened (and, on a new database, its mode set) here
+        try:
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+            cursor.close()
+        finally:
+            _FORK_GATE.leave(inside)
 
     @sa.event.listens_for(engine, "begin")
     def _on_begin(connection: Any) -> None:
