@@ -69,6 +69,26 @@ def test_many_tasks_read_at_once_follow_the_owner_rule_of_one(store: SqlStore):
     assert set(store.get_many(keys, ANY)) == {"k1", "k2", "k3"} and store.get_many([], "sub:alice") == {}
 
 
+def test_many_keys_are_read_in_batches_an_old_sqlite_can_bind(tmp_path):
+    """SQLite before 3.32 binds at most 999 parameters in a statement; a listen may name 1 000 tasks."""
+    import sqlite3
+
+    from celery_mcp_tasks.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path / 'tasks.db'}"
+    upgrade(url)
+    store = SqlStore.from_url(url)
+    sa.event.listen(store.engine, "connect", lambda conn, _: conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999))
+    try:
+        for n in range(1_100):
+            store.create(make(f"k{n}", "sub:alice"), max_rows=None)
+        keys = [f"k{n}" for n in range(1_200)]
+        assert set(store.get_many(keys, "sub:alice")) == {f"k{n}" for n in range(1_100)}
+        assert store.versions(keys) == {f"k{n}": 1 for n in range(1_100)}
+    finally:
+        store.dispose()
+
+
 def test_row_cap_refuses_before_storing(store: SqlStore):
     for n in range(3):
         store.create(make(f"k{n}"), max_rows=3)

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import fields, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, make_url
@@ -52,6 +52,8 @@ _SIGNOUT_KEPT_MS = 3_600_000
 """How long a sign-out is kept after its cookie expired (`sign_out`): more than console hosts' clocks differ."""
 
 _MAX_CAS_ATTEMPTS = 64
+_BATCH = 500  # keys bound in one statement: SQLite before 3.32 binds at most 999 parameters
+_V = TypeVar("_V")
 _COLUMNS = [f.name for f in fields(TaskRecord)]
 _SET = tuple(name for name in _COLUMNS if name != "key")
 _UNREADABLE_SAID: set[tuple[str, str]] = set()
@@ -150,6 +152,23 @@ def _select_statement(owner: OwnerScope, for_update: bool = False, many: bool = 
     key = tasks.c.key.in_(sa.bindparam("keys", expanding=True)) if many else tasks.c.key == sa.bindparam("key")
     query = sa.select(tasks).where(key, *_owner_clause(owner, "owner"))
     return query.with_for_update() if for_update else query
+
+
+def _batched(
+    engine: Engine, keys: list[str], select: Callable[[Connection, list[str]], dict[str, _V]]
+) -> dict[str, _V]:
+    """`select(conn, batch)` over `keys` in batches of `_BATCH`, in one read: SQLite before 3.32 binds at most
+    999 parameters in a statement."""
+    if not keys:
+        return {}
+
+    def every(conn: Connection) -> dict[str, _V]:
+        found: dict[str, _V] = {}
+        for start in range(0, len(keys), _BATCH):
+            found.update(select(conn, keys[start : start + _BATCH]))
+        return found
+
+    return read(engine, every)
 
 
 def _to_row(record: TaskRecord) -> dict[str, Any]:
@@ -297,21 +316,19 @@ class SqlStore:
 
     @_operation
     def get_many(self, keys: Iterable[str], owner: Owner = ANY) -> dict[str, TaskRecord]:
-        wanted = list(keys)
-        if not wanted:
-            return {}
-        params: dict[str, Any] = {"keys": wanted}
-        statement = _select_statement(_owner_shape(owner, params, "owner"), many=True)
-        rows = read(self.engine, lambda conn: conn.execute(statement, params).mappings().all())
-        return {row["key"]: _from_row(row, self.ring) for row in rows}
+        def select(conn: Connection, batch: list[str]) -> dict[str, TaskRecord]:
+            params: dict[str, Any] = {"keys": batch}
+            statement = _select_statement(_owner_shape(owner, params, "owner"), many=True)
+            return {row["key"]: _from_row(row, self.ring) for row in conn.execute(statement, params).mappings()}
+
+        return _batched(self.engine, list(keys), select)
 
     @_operation
     def versions(self, keys: Iterable[str]) -> dict[str, int]:
-        wanted = list(keys)
-        if not wanted:
-            return {}
-        query = sa.select(tasks.c.key, tasks.c.version).where(tasks.c.key.in_(wanted))
-        return dict(read(self.engine, lambda conn: conn.execute(query).all()))
+        def select(conn: Connection, batch: list[str]) -> dict[str, int]:
+            return dict(conn.execute(sa.select(tasks.c.key, tasks.c.version).where(tasks.c.key.in_(batch))).all())
+
+        return _batched(self.engine, list(keys), select)
 
     @_operation
     def stale(self, *, heartbeat_before_ms: int, limit: int) -> list[TaskRecord]:
