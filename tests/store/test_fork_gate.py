@@ -14,15 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
-from celery_mcp_tasks.store.engine import _ForkGate
+from celery_mcp_tasks.store.engine import _FORK_GATE, _ForkGate, create_store_engine
 
 
 class Record:
-    """What the pool passes the gate for a connection: its record, whose `info` outlives one checkout."""
+    """What the pool passes the gate for a connection: its record, whose `record_info` outlives a reconnect."""
 
     def __init__(self) -> None:
-        self.info: dict[str, Any] = {}
+        self.record_info: dict[str, Any] = {}
 
 
 def _in_thread(fn: Any) -> None:
@@ -48,6 +49,40 @@ def test_a_checkin_without_a_counted_checkout_changes_nothing() -> None:
     gate.checkin(None, failed)
     gate.checkin(None, None)  # an invalidated connection's record may be gone
     assert dict(gate._inside) == {threading.get_ident(): 1}
+
+
+def test_a_checkout_the_pool_retries_is_counted_once(tmp_path: Path) -> None:
+    """A checkout listener's `DisconnectionError` makes the pool reconnect and run every checkout listener again."""
+    engine = create_store_engine(f"sqlite:///{tmp_path / 'tasks.db'}")
+    refused: list[bool] = []
+
+    def refuse_once(*_: Any) -> None:
+        if not refused:
+            refused.append(True)
+            raise sa.exc.DisconnectionError("try again")
+
+    sa.event.listen(engine, "checkout", refuse_once)
+    try:
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("select 1")).scalar() == 1
+            assert _FORK_GATE._inside[threading.get_ident()] == 1
+        assert refused and not _FORK_GATE._inside[threading.get_ident()]
+    finally:
+        engine.dispose()
+
+
+def test_a_new_connection_is_set_up_inside_the_gate(tmp_path: Path) -> None:
+    """The dialect's setup and ours (WAL's PRAGMAs) run between the connection's opening and `opened`."""
+    engine = create_store_engine(f"sqlite:///{tmp_path / 'tasks.db'}")
+    seen: list[int] = []
+    sa.event.listen(engine, "connect", lambda *_: seen.append(_FORK_GATE._inside[threading.get_ident()]), insert=True)
+    try:
+        with engine.connect() as conn:
+            conn.execute(sa.text("select 1"))
+        assert seen == [1] and not _FORK_GATE._inside[threading.get_ident()]
+    finally:
+        engine.dispose()
+    assert not _FORK_GATE._inside[threading.get_ident()]
 
 
 def test_a_fork_waits_for_another_thread_inside_then_lets_it_finish_its_checkin() -> None:
@@ -78,7 +113,7 @@ def _run(script: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=20,  # under the gate's own bound (the busy timeout, 30 s): the fork must not wait at all
     )
 
 

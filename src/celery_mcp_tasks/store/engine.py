@@ -43,19 +43,22 @@ _SQLITE_BUSY = 5
 
 class _ForkGate:
     """No fork while a thread of this process is inside SQLite: from a connection's checkout to its checkin,
-    and while one is opened, set up or closed.
+    and while one is opened (with the engine's setup of it) or closed.
 
     SQLite keeps the locks a process holds in memory shared by all its connections, and guards them with
-    process-wide mutexes. A child forked while another thread is inside a write transaction inherits "this
-    process holds the write lock" with no thread left to release it: every write of the child then waits out
-    the busy timeout ("database is locked"); forked while another thread opens a connection, it inherits a
-    held mutex and hangs at its first. Celery's prefork pool forks new children from a thread of the worker's
-    main process while the main thread records a revoke or a lost job, so a fork waits here until no other
-    thread is inside (at most the busy timeout, then it goes ahead and says so), and no thread gets in until
-    it is done but one already inside (taking a second connection) and the forking thread itself (a
-    finalizer closing a connection during the fork). A checkout is counted for the thread that made it, on
-    its connection record, so a checkin from another thread (a collected connection) or without a checkout
-    (a failed reconnect) never unbalances the count.
+    mutexes. A child forked while another thread is inside a write transaction inherits "this process holds
+    the write lock" with no thread left to release it: every write of the child then waits out the busy
+    timeout ("database is locked"); forked while another thread opens a connection, it inherits a held mutex
+    and hangs at its first. Celery's prefork pool forks new children from a thread of the worker's main
+    process while the main thread records a revoke or a lost job, so a fork waits here until no other thread
+    is inside (at most the busy timeout, then it goes ahead and says so), and no thread gets in until it is
+    done but one already inside (taking a second connection) and the forking thread itself (a finalizer
+    closing a connection during the fork). The gate's lock is never held across the fork: a thread inside
+    may be a finalizer that holds another lock a later fork hook takes (logging's).
+
+    A checkout is counted for the thread that made it, on its connection record (`record_info`, which
+    outlives a reconnect), so a checkin from another thread (a collected connection), without a checkout
+    (a failed reconnect) or after a retried checkout (a listener's `DisconnectionError`) never unbalances it.
     """
 
     def __init__(self) -> None:
@@ -79,25 +82,28 @@ class _ForkGate:
             self._idle.notify_all()
 
     def checkout(self, _dbapi_connection: Any, record: Any, _proxy: Any) -> None:
-        record.info[_GATE_KEY] = self.enter()
+        if _GATE_KEY not in record.record_info:  # else the pool retried this checkout: counted already
+            record.record_info[_GATE_KEY] = self.enter()
 
     def checkin(self, _dbapi_connection: Any, record: Any) -> None:
         """At checkin, and when a connection is detached from its pool: the checkout ends, if it was counted."""
-        thread = record.info.pop(_GATE_KEY, None) if record is not None else None
+        thread = record.record_info.pop(_GATE_KEY, None) if record is not None else None
         if thread is not None:
             self.leave(thread)
 
     def hold(self) -> None:
-        """Before a fork: let no thread in, wait until no other is inside, hold the gate until the fork is done."""
-        self._idle.acquire()
-        me = self._forker = threading.get_ident()
-        if not self._idle.wait_for(lambda: not self._inside.keys() - {me}, timeout=BUSY_TIMEOUT_S):
+        """Before a fork: let no other thread in, and wait until none is inside."""
+        me = threading.get_ident()
+        with self._idle:
+            self._forker = me
+            idle = self._idle.wait_for(lambda: not self._inside.keys() - {me}, timeout=BUSY_TIMEOUT_S)
+        if not idle:
             logger.warning("a fork went ahead after %.0f s with another thread inside SQLite", BUSY_TIMEOUT_S)
 
     def release(self) -> None:
-        self._forker = None
-        self._idle.notify_all()
-        self._idle.release()
+        with self._idle:
+            self._forker = None
+            self._idle.notify_all()
 
     def reset(self) -> None:
         """In the child: its only thread is the one that forked."""
@@ -108,18 +114,25 @@ class _ForkGate:
 
 
 _FORK_GATE = _ForkGate()
-_GATE_KEY = "celery_mcp_tasks.fork_gate"  # a connection record's `info`: the thread whose checkout is counted
+_GATE_KEY = "celery_mcp_tasks.fork_gate"  # a connection record's `record_info`: the thread whose checkout counts
 
 
 class _GatedConnection(sqlite3.Connection):
-    """A SQLite connection opened and closed inside the fork gate (`sqlite3.connect(factory=...)`)."""
+    """A SQLite connection (`sqlite3.connect(factory=...)`) inside the fork gate from its opening until the
+    engine has set it up (`opened`, the last of the engine's connect events), and while it closes."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        inside = _FORK_GATE.enter()
+        self._opening: int | None = _FORK_GATE.enter()
         try:
             super().__init__(*args, **kwargs)
-        finally:
-            _FORK_GATE.leave(inside)
+        except BaseException:
+            self.opened()
+            raise
+
+    def opened(self) -> None:
+        if self._opening is not None:
+            _FORK_GATE.leave(self._opening)
+            self._opening = None
 
     def close(self) -> None:
         inside = _FORK_GATE.enter()
@@ -127,6 +140,7 @@ class _GatedConnection(sqlite3.Connection):
             super().close()
         finally:
             _FORK_GATE.leave(inside)
+            self.opened()  # a connect event failed: SQLAlchemy closes the connection it could not set up
 
 
 def _in_child() -> None:
@@ -206,15 +220,13 @@ def _sqlite_engine(url: str, database: str | None, **kwargs: Any) -> Engine:
     @sa.event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None  # SQLAlchemy's "begin" event issues BEGIN itself
-        inside = _FORK_GATE.enter()  # WAL's files are opened (and, on a new database, its mode set) here
-        try:
-            cursor = dbapi_connection.cursor()
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute("PRAGMA synchronous=NORMAL")
-            cursor.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
-            cursor.close()
-        finally:
-            _FORK_GATE.leave(inside)
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")  # opens WAL's files (on a new database, sets its mode)
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+        cursor.close()
+        if isinstance(dbapi_connection, _GatedConnection):
+            dbapi_connection.opened()  # registered last: the dialect's own setup ran before, inside the gate
 
     @sa.event.listens_for(engine, "begin")
     def _on_begin(connection: Any) -> None:
