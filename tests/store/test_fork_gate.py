@@ -6,6 +6,8 @@ a fresh interpreter: a fork hook, once registered, stays for the life of the pro
 
 from __future__ import annotations
 
+import gc
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -83,6 +85,51 @@ def test_a_new_connection_is_set_up_inside_the_gate(tmp_path: Path) -> None:
     finally:
         engine.dispose()
     assert not _FORK_GATE._inside[threading.get_ident()]
+
+
+def test_a_connection_whose_setup_failed_leaves_the_gate(tmp_path: Path) -> None:
+    engine = create_store_engine(f"sqlite:///{tmp_path / 'tasks.db'}")
+    failed: list[bool] = []
+
+    def fail_once(*_: Any) -> None:
+        if not failed:
+            failed.append(True)
+            raise sqlite3.OperationalError("disk I/O error")
+
+    sa.event.listen(engine, "connect", fail_once, insert=True)  # before ours: ours never runs for it
+    try:
+        with pytest.raises(sa.exc.OperationalError):
+            engine.connect()
+        gc.collect()
+        assert not _FORK_GATE._inside[threading.get_ident()]
+    finally:
+        engine.dispose()
+
+
+def test_while_two_threads_fork_no_thread_gets_in_until_both_are_done() -> None:
+    gate, entered = _ForkGate(), threading.Event()
+    first, second = threading.Event(), threading.Event()
+
+    def fork(started: threading.Event, done: threading.Event) -> None:
+        gate.hold()
+        started.set()
+        done.wait(10)
+        gate.release()
+
+    first_done, second_done = threading.Event(), threading.Event()
+    forks = [threading.Thread(target=fork, args=pair) for pair in ((first, first_done), (second, second_done))]
+    for thread in forks:
+        thread.start()
+    assert first.wait(10) and second.wait(10)
+    first_done.set()
+    forks[0].join(10)
+    other = threading.Thread(target=lambda: (gate.enter(), entered.set()))
+    other.start()
+    assert not entered.wait(0.2)  # the second fork is still under way
+    second_done.set()
+    assert entered.wait(10)
+    other.join(10)
+    forks[1].join(10)
 
 
 def test_a_fork_waits_for_another_thread_inside_then_lets_it_finish_its_checkin() -> None:

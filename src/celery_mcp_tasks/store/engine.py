@@ -64,13 +64,13 @@ class _ForkGate:
     def __init__(self) -> None:
         self._idle = threading.Condition()
         self._inside: Counter[int] = Counter()  # thread ident -> how deep it is inside
-        self._forker: int | None = None
+        self._forking: Counter[int] = Counter()  # thread ident -> forks under way (two threads may fork at once)
 
     def enter(self) -> int:
         me = threading.get_ident()
         with self._idle:
             if not self._inside[me]:
-                self._idle.wait_for(lambda: self._forker in (None, me), timeout=BUSY_TIMEOUT_S)
+                self._idle.wait_for(lambda: not self._forking.keys() - {me}, timeout=BUSY_TIMEOUT_S)
             self._inside[me] += 1
         return me
 
@@ -95,14 +95,17 @@ class _ForkGate:
         """Before a fork: let no other thread in, and wait until none is inside."""
         me = threading.get_ident()
         with self._idle:
-            self._forker = me
+            self._forking[me] += 1
             idle = self._idle.wait_for(lambda: not self._inside.keys() - {me}, timeout=BUSY_TIMEOUT_S)
         if not idle:
             logger.warning("a fork went ahead after %.0f s with another thread inside SQLite", BUSY_TIMEOUT_S)
 
     def release(self) -> None:
+        me = threading.get_ident()
         with self._idle:
-            self._forker = None
+            self._forking[me] -= 1
+            if self._forking[me] <= 0:
+                del self._forking[me]
             self._idle.notify_all()
 
     def reset(self) -> None:
@@ -110,7 +113,7 @@ class _ForkGate:
         me = threading.get_ident()
         self._idle = threading.Condition()
         self._inside = Counter({me: self._inside[me]}) if self._inside[me] else Counter()
-        self._forker = None
+        self._forking = Counter()
 
 
 _FORK_GATE = _ForkGate()
@@ -119,10 +122,12 @@ _GATE_KEY = "celery_mcp_tasks.fork_gate"  # a connection record's `record_info`:
 
 class _GatedConnection(sqlite3.Connection):
     """A SQLite connection (`sqlite3.connect(factory=...)`) inside the fork gate from its opening until the
-    engine has set it up (`opened`, the last of the engine's connect events), and while it closes."""
+    engine has set it up (`opened`, at the end of the engine's last connect event, even when it fails), and
+    while it closes. One whose setup failed before ours ran, and which nothing closes (older SQLAlchemy
+    releases leave such a connection to the collector), leaves the gate when it is collected."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._opening: int | None = _FORK_GATE.enter()
+        self._opening = weakref.finalize(self, _FORK_GATE.leave, _FORK_GATE.enter())
         try:
             super().__init__(*args, **kwargs)
         except BaseException:
@@ -130,9 +135,7 @@ class _GatedConnection(sqlite3.Connection):
             raise
 
     def opened(self) -> None:
-        if self._opening is not None:
-            _FORK_GATE.leave(self._opening)
-            self._opening = None
+        self._opening()  # once: a finalizer runs at most once
 
     def close(self) -> None:
         inside = _FORK_GATE.enter()
@@ -156,7 +159,7 @@ def _track(engine: Engine) -> None:
     """Remember `engine` for `_in_child`; the fork hooks are registered with the first engine (importing the
     package registers nothing)."""
     global _fork_hooks_registered
-    if not _fork_hooks_registered:  # two threads may both register: the hooks run twice, harmlessly (re-entrant lock)
+    if not _fork_hooks_registered:  # two threads may both register: each fork then holds and releases twice
         os.register_at_fork(before=_FORK_GATE.hold, after_in_parent=_FORK_GATE.release, after_in_child=_in_child)
         _fork_hooks_registered = True
     _ENGINES.add(engine)
@@ -220,13 +223,15 @@ def _sqlite_engine(url: str, database: str | None, **kwargs: Any) -> Engine:
     @sa.event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None  # SQLAlchemy's "begin" event issues BEGIN itself
-        cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")  # opens WAL's files (on a new database, sets its mode)
-        cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
-        cursor.close()
-        if isinstance(dbapi_connection, _GatedConnection):
-            dbapi_connection.opened()  # registered last: the dialect's own setup ran before, inside the gate
+        try:
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")  # opens WAL's files (on a new database, sets its mode)
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+            cursor.close()
+        finally:
+            if isinstance(dbapi_connection, _GatedConnection):
+                dbapi_connection.opened()  # registered last: the dialect's own setup ran before, inside the gate
 
     @sa.event.listens_for(engine, "begin")
     def _on_begin(connection: Any) -> None:
