@@ -12,11 +12,13 @@ import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.engine import Engine
 
 from celery_mcp_tasks.store.engine import _FORK_GATE, _ForkGate, create_store_engine
 
@@ -53,57 +55,51 @@ def test_a_checkin_without_a_counted_checkout_changes_nothing() -> None:
     assert dict(gate._inside) == {threading.get_ident(): 1}
 
 
-def test_a_checkout_the_pool_retries_is_counted_once(tmp_path: Path) -> None:
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[Engine]:
+    engine = create_store_engine(f"sqlite:///{tmp_path / 'tasks.db'}")
+    yield engine
+    engine.dispose()
+    assert not _FORK_GATE._inside[threading.get_ident()]  # every test leaves the process's gate as it found it
+
+
+def _once(exc: Exception) -> Any:
+    """A listener that raises `exc` the first time it is called."""
+    raised: list[bool] = []
+
+    def listener(*_: Any) -> None:
+        if not raised:
+            raised.append(True)
+            raise exc
+
+    return listener
+
+
+def test_a_checkout_the_pool_retries_is_counted_once(engine: Engine) -> None:
     """A checkout listener's `DisconnectionError` makes the pool reconnect and run every checkout listener again."""
-    engine = create_store_engine(f"sqlite:///{tmp_path / 'tasks.db'}")
-    refused: list[bool] = []
-
-    def refuse_once(*_: Any) -> None:
-        if not refused:
-            refused.append(True)
-            raise sa.exc.DisconnectionError("try again")
-
-    sa.event.listen(engine, "checkout", refuse_once)
-    try:
-        with engine.connect() as conn:
-            assert conn.execute(sa.text("select 1")).scalar() == 1
-            assert _FORK_GATE._inside[threading.get_ident()] == 1
-        assert refused and not _FORK_GATE._inside[threading.get_ident()]
-    finally:
-        engine.dispose()
+    sa.event.listen(engine, "checkout", _once(sa.exc.DisconnectionError("try again")))
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("select 1")).scalar() == 1
+        assert _FORK_GATE._inside[threading.get_ident()] == 1
 
 
-def test_a_new_connection_is_set_up_inside_the_gate(tmp_path: Path) -> None:
+def test_a_new_connection_is_set_up_inside_the_gate(engine: Engine) -> None:
     """The dialect's setup and ours (WAL's PRAGMAs) run between the connection's opening and `opened`."""
-    engine = create_store_engine(f"sqlite:///{tmp_path / 'tasks.db'}")
     seen: list[int] = []
     sa.event.listen(engine, "connect", lambda *_: seen.append(_FORK_GATE._inside[threading.get_ident()]), insert=True)
-    try:
-        with engine.connect() as conn:
-            conn.execute(sa.text("select 1"))
-        assert seen == [1] and not _FORK_GATE._inside[threading.get_ident()]
-    finally:
-        engine.dispose()
+    with engine.connect() as conn:
+        conn.execute(sa.text("select 1"))
+    assert seen == [1]
+
+
+def test_a_connection_whose_setup_failed_leaves_the_gate(engine: Engine) -> None:
+    sa.event.listen(
+        engine, "connect", _once(sqlite3.OperationalError("disk I/O error")), insert=True
+    )  # ours never runs
+    with pytest.raises(sa.exc.OperationalError):
+        engine.connect()
+    gc.collect()
     assert not _FORK_GATE._inside[threading.get_ident()]
-
-
-def test_a_connection_whose_setup_failed_leaves_the_gate(tmp_path: Path) -> None:
-    engine = create_store_engine(f"sqlite:///{tmp_path / 'tasks.db'}")
-    failed: list[bool] = []
-
-    def fail_once(*_: Any) -> None:
-        if not failed:
-            failed.append(True)
-            raise sqlite3.OperationalError("disk I/O error")
-
-    sa.event.listen(engine, "connect", fail_once, insert=True)  # before ours: ours never runs for it
-    try:
-        with pytest.raises(sa.exc.OperationalError):
-            engine.connect()
-        gc.collect()
-        assert not _FORK_GATE._inside[threading.get_ident()]
-    finally:
-        engine.dispose()
 
 
 def test_while_two_threads_fork_no_thread_gets_in_until_both_are_done() -> None:
