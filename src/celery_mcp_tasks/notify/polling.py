@@ -1,8 +1,8 @@
 """Polling transport, for the embedded default (SQLite + filesystem broker), which has no fan-out.
 
-Every ~100 ms the web process reads the versions of the rows its streams watch, in one batched query, and
-hints the hub about each version it has not seen. Nothing is published (every write bumps the version);
-nothing is read while no stream is open.
+Every ~100 ms the web process reads the versions of the rows its streams watch, in one read (the store
+binds them in batches), and hints the hub about each version it has not seen. Nothing is published (every
+write bumps the version); nothing is read while no stream is open.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ logger = logging.getLogger(__name__)
 Versions = Callable[[Iterable[str]], dict[str, int]]
 
 _INTERVAL_S = 0.1
-_BATCH = 500  # stays under SQLite's bound-parameter limit on old builds
 
 
 class RowPoller:
@@ -30,19 +29,13 @@ class RowPoller:
         self._seen: dict[str, int] = {}
         self.ready = anyio.Event()
 
-    def _read(self, keys: list[str]) -> dict[str, int]:
-        found: dict[str, int] = {}
-        for start in range(0, len(keys), _BATCH):
-            found.update(self._versions(keys[start : start + _BATCH]))
-        return found
-
     async def poll_once(self) -> None:
         keys = self._hub.watched_keys()
         if not keys:
             self._seen.clear()
             return
         try:
-            found = await anyio.to_thread.run_sync(self._read, keys)
+            found = await anyio.to_thread.run_sync(self._versions, keys)
         except Exception as exc:  # noqa: BLE001 - a locked or unreachable store: try again next tick
             logger.warning("task change poll failed (%s); retrying", type(exc).__name__)
             return
