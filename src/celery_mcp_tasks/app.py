@@ -56,10 +56,10 @@ from celery_mcp_tasks.worker.startup import install_startup
 
 __all__ = ["Internals", "McpTasks", "internals"]
 
-REDIS_TRANSPORT = "celery_mcp_tasks.worker.redis_transport:Transport"
+REDIS_TRANSPORT = "celery_mcp_tasks.worker.kombu_internals.redis_transport:Transport"
 """kombu's Redis transport with the fix for a broker outage mid-job (imported by kombu only when used)."""
 
-FILESYSTEM_TRANSPORT = "celery_mcp_tasks.worker.filesystem_transport:Transport"
+FILESYSTEM_TRANSPORT = "celery_mcp_tasks.worker.kombu_internals.filesystem_transport:Transport"
 """kombu's filesystem transport with atomic message files (a reader never sees half a message)."""
 
 
@@ -94,7 +94,7 @@ def configure_celery(app: Celery, settings: Settings) -> None:
     if transport is not None:
         conf.broker_transport = transport
     if str(conf.broker_url).startswith("filesystem://"):
-        # The folders are made when the transport connects (`worker.filesystem_transport`), not here.
+        # The folders are made when the transport connects (`worker.kombu_internals.filesystem_transport`), not here.
         folder = settings.broker_folder
         options = dict(conf.broker_transport_options or {})
         options.setdefault("data_folder_in", str(folder / "queue"))

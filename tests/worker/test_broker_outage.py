@@ -2,7 +2,7 @@
 
 The test owns its Redis (a `redis-server` of its own on a free port), so stopping
 and restarting it disturbs nothing else. Before the transport fix
-(`celery_mcp_tasks.worker.redis_transport`), the worker died here every time with
+(`celery_mcp_tasks.worker.kombu_internals.redis_transport`), the worker died here every time with
 "Unrecoverable error: AttributeError('NoneType' object has no attribute 'hostname')".
 """
 

@@ -150,7 +150,7 @@ def broker_probe(celery: Any) -> Finding:
     finally:
         conn.release()
     if scheme == "filesystem":
-        from celery_mcp_tasks.worker.filesystem_transport import FOLDER_OPTIONS
+        from celery_mcp_tasks.worker.kombu_internals.filesystem_transport import FOLDER_OPTIONS
 
         options = dict(celery.conf.broker_transport_options or {})
         missing = [name for name in FOLDER_OPTIONS if options.get(name) and not Path(options[name]).is_dir()]

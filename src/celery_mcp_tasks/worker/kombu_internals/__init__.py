@@ -1,6 +1,10 @@
-"""Every place this package reaches past kombu's public API (pinned: kombu 5.7.x), but for the two transports:
-kombu loads those by path when their broker is used, while every process imports this module (here the Redis
-one would load redis-py into an embedded server). tests/worker/test_kombu_internals.py fails when one moves.
+"""Every place this package reaches past kombu's public API (pinned: kombu 5.7.x), in one package.
+
+This module holds what every process imports; kombu's two transports are modules of this package that
+kombu loads by their "module:Class" path only when their broker is used (here, the Redis one would load
+redis-py into an embedded server): `redis_transport` (a broker outage mid-job) and `filesystem_transport`
+(the embedded default's broker). tests/worker/test_kombu_internals.py fails naming the version when one
+moves; the transports' own tests pin the private methods they override.
 
 1. `bound_publish_retries`: kombu's `Mailbox` (under `control.revoke`) publishes with `retry=True` and no
    policy, so `Connection.ensure` retries a lost broker forever. A `retry_policy=` on `control.broadcast`
