@@ -4,8 +4,10 @@ A seeded generator builds 2026-07-28 `tools/call` requests for task tools
 (optional, required, one with a `prepare=` question; with and without the extension declared)
 and breaks one or more of the fields this package or the SDK reads on the way to a task: the
 `task` object and its `ttl`/`pollInterval`, `_meta` and the capability keys inside it, the
-progress token, MRTR `inputResponses` and `requestState`. Each answer must be -32602 (the
-client's mistake, with a message), and the store must hold exactly the rows it held before.
+progress token, the related task, the idempotency key, MRTR `inputResponses` and `requestState`.
+Another breaks the fields an earlier era's call reads (its `task` param is checked there). Each
+answer must be -32602 (the client's mistake, with a message), and the store must hold exactly the
+rows it held before.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from starlette.testclient import TestClient
 from celery_mcp_tasks import McpTasks, TaskContext
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.migrate import upgrade
+from celery_mcp_tasks.protocol import IDEMPOTENCY_META_KEY, MAX_IDEMPOTENCY_KEY
 from tests.support import EXT, PROTOCOL
 
 VERSION_KEY = "io.modelcontextprotocol/protocolVersion"
@@ -72,15 +75,15 @@ def rows(engine: sa.Engine) -> int:
         return int(conn.execute(sa.text("SELECT count(*) FROM mcp_tasks_task")).scalar_one())
 
 
-def post(client: TestClient, tool: str, params: dict[str, Any]) -> tuple[int, Any]:
+ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+
+
+def post(
+    client: TestClient, tool: str, params: dict[str, Any], session: dict[str, str] | None = None
+) -> tuple[int, Any]:
+    """One `tools/call`: on 2026-07-28, or in an earlier era's `session` (its headers)."""
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": tool, **params}}
-    headers = {
-        "Accept": "application/json, text/event-stream",
-        "Content-Type": "application/json",
-        "MCP-Protocol-Version": PROTOCOL,
-        "Mcp-Method": "tools/call",
-        "Mcp-Name": tool,
-    }
+    headers = ACCEPT | (session or {"MCP-Protocol-Version": PROTOCOL, "Mcp-Method": "tools/call", "Mcp-Name": tool})
     response = client.post("/mcp", content=json.dumps(body), headers=headers)
     if response.headers.get("content-type", "").startswith("text/event-stream"):
         finals = [json.loads(line[5:]) for line in response.text.splitlines() if line.startswith("data:")]
@@ -146,6 +149,14 @@ def bad_response(r: Gen) -> Any:
     )
 
 
+def bad_idempotency_key(r: Gen) -> Any:
+    return r.choice([None, "", 0, 1.5, True, [], ["k"], {}, {"k": None}, "k" * (MAX_IDEMPOTENCY_KEY + 1)])
+
+
+def bad_related_task(r: Gen) -> Any:
+    return r.choice([not_an_object(r), {"taskId": r.choice([None, 1, []])}])
+
+
 def bad_input_responses(r: Gen) -> Any:
     if r.random() < 0.3:
         return r.choice(["x", 1, [], [{}], True])
@@ -168,9 +179,8 @@ MUTATIONS: list[Any] = [
     lambda r: {"_meta": r.choice([None, not_an_object(r)])},
     lambda r: {"_meta": meta_with(**{CAPABILITIES_KEY: bad_capabilities(r)})},
     lambda r: {"_meta": meta_with(progressToken=r.choice([None, [], [1], True, {}, {"a": None}, 1.5]))},
-    lambda r: {
-        "_meta": meta_with(**{RELATED_TASK_KEY: r.choice([not_an_object(r), {"taskId": r.choice([None, 1, []])}])})
-    },
+    lambda r: {"_meta": meta_with(**{RELATED_TASK_KEY: bad_related_task(r)})},
+    lambda r: {"_meta": meta_with(**{IDEMPOTENCY_META_KEY: bad_idempotency_key(r)})},
     lambda r: {"inputResponses": bad_input_responses(r)},
     lambda r: {"requestState": r.choice([1, [], [None], True, {}, 1.5])},
     lambda r: {
@@ -180,28 +190,63 @@ MUTATIONS: list[Any] = [
 ]
 
 
-def malformed_calls(seed: int, count: int) -> Iterator[tuple[str, dict[str, Any]]]:
-    """`count` (tool, params) pairs, each with one to three malformed fields."""
+EARLIER_ERA = "2025-11-25"
+EARLIER_MUTATIONS: list[Any] = [
+    lambda r: {"task": not_an_object(r)},
+    lambda r: {"task": {"ttl": bad_ttl(r)}},
+    lambda r: {"_meta": not_an_object(r)},
+    lambda r: {"_meta": {"progressToken": r.choice([[], [1], True, {}, {"a": None}, 1.5])}},
+    lambda r: {"_meta": {RELATED_TASK_KEY: bad_related_task(r)}},
+    lambda r: {"_meta": {IDEMPOTENCY_META_KEY: bad_idempotency_key(r)}},
+]
+"""What an earlier era's call reads on the way to a task: its `task` param (`ttl`; a client's `pollInterval` is
+not a field of it there) and `_meta` (no capability keys: those are the session's)."""
+
+
+def malformed_calls(seed: int, count: int, mutations: list[Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """`count` (tool, params) pairs, each with one to three malformed fields (on 2026-07-28: a `_meta` with or
+    without the extension declared; in an earlier era's session, which declared it: none)."""
     r = random.Random(seed)
     for _ in range(count):
         tool = r.choice(["optional", "required", "prepared"])
         capabilities = r.choice([WITH_EXT, WITHOUT_EXT])
-        params: dict[str, Any] = {"arguments": ARGUMENTS, "_meta": meta_with(**{CAPABILITIES_KEY: capabilities})}
-        for mutate in r.sample(MUTATIONS, r.randint(1, 3)):
+        params: dict[str, Any] = {"arguments": ARGUMENTS}
+        if mutations is MUTATIONS:
+            params["_meta"] = meta_with(**{CAPABILITIES_KEY: capabilities})
+        for mutate in r.sample(mutations, r.randint(1, 3)):
             params.update(mutate(r))
         yield tool, params
 
 
+def earlier_session(client: TestClient) -> dict[str, str]:
+    """An initialized session of `EARLIER_ERA` declaring the tasks capability: its request headers."""
+    hello = {
+        "protocolVersion": EARLIER_ERA,
+        "capabilities": {"tasks": {"requests": {"tools": {"call": {}}}}},
+        "clientInfo": {"name": "fuzz", "version": "0"},
+    }
+    opened = client.post(
+        "/mcp", json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": hello}, headers=ACCEPT
+    )
+    session = {"Mcp-Session-Id": opened.headers["mcp-session-id"], "MCP-Protocol-Version": EARLIER_ERA}
+    client.post("/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=ACCEPT | session)
+    return session
+
+
+@pytest.mark.parametrize("era", [PROTOCOL, EARLIER_ERA])
 def test_a_malformed_tools_call_field_is_invalid_params_and_creates_no_task(
-    world: tuple[TestClient, sa.Engine],
+    world: tuple[TestClient, sa.Engine], era: str
 ) -> None:
     client, engine = world
     before = rows(engine)
+    session, mutations, requests, status_wanted = None, MUTATIONS, REQUESTS, 400
+    if era != PROTOCOL:  # a session's errors travel in a 200 response, as the SDK answers there
+        session, mutations, requests, status_wanted = earlier_session(client), EARLIER_MUTATIONS, REQUESTS // 4, 200
     wrong: dict[tuple[Any, ...], tuple[int, dict[str, Any], Any]] = {}
-    for tool, params in malformed_calls(SEED, REQUESTS):
-        status, answer = post(client, tool, params)
+    for tool, params in malformed_calls(SEED, requests, mutations):
+        status, answer = post(client, tool, params, session)
         error = answer.get("error") if isinstance(answer, dict) else None
-        if error is None or error.get("code") != -32602 or status != 400:
+        if error is None or error.get("code") != -32602 or status != status_wanted:
             kind = (tool, tuple(sorted(params)), status, error and error.get("code"))
             count = wrong[kind][0] + 1 if kind in wrong else 1
             wrong[kind] = (count, params, answer)
