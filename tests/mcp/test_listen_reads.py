@@ -147,6 +147,19 @@ async def _thread_held(world: World) -> AsyncIterator[None]:
         await session.next()
 
 
+async def _joined(world: World, key: str, owner: str, streams: int) -> None:
+    """Until `streams` streams of `owner` wait on one read of `key` whose query has not started: one leads it
+    (its query queued behind the held thread), the others joined it. Driven by the handler's state, not a sleep."""
+
+    def waiting() -> int:
+        read = world.handler._reads._pending.get((key, owner))
+        return -1 if read is None or read.started else read.done.statistics().tasks_waiting
+
+    with anyio.fail_after(30):
+        while waiting() != streams - 1:
+            await anyio.sleep(0.005)
+
+
 async def test_streams_of_one_owner_woken_by_one_hint_share_one_store_read(world: World) -> None:
     task_id, key = world.task("sub:alice")
     async with AsyncExitStack() as stack:
@@ -154,7 +167,7 @@ async def test_streams_of_one_owner_woken_by_one_hint_share_one_store_read(world
         world.store.reads.clear()
         async with _thread_held(world):
             world.change(key, "one change")
-            await anyio.sleep(0.2)  # every woken stream reaches the queued read (no thread needed to get there)
+            await _joined(world, key, "sub:alice", 12)
         for session in sessions:
             sent = await session.next()
             assert sent["params"]["taskId"] == task_id and sent["params"]["statusMessage"] == "one change"
@@ -172,7 +185,8 @@ async def test_two_owners_never_share_a_read_and_a_foreign_task_reaches_only_its
         async with _thread_held(world):
             world.change(alice_key, "alice's")
             world.change(mallory_key, "mallory's")
-            await anyio.sleep(0.2)
+            await _joined(world, alice_key, "sub:alice", 3)
+            await _joined(world, mallory_key, "sub:mallory", 3)
         for session in alice:
             assert (await session.next())["params"]["statusMessage"] == "alice's"
         for session in mallory:
