@@ -434,11 +434,12 @@ def test_signing_out_ends_the_session(deployment: Deployment) -> None:
     assert signed_in(deployment).get("/").status_code == 200  # signing in again is a new session
 
 
-def test_an_open_event_stream_ends_once_its_session_is_signed_out(
-    deployment: Deployment, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("ended_by", ["signing out", "expiry"])
+def test_an_open_event_stream_ends_once_its_session_ends(
+    deployment: Deployment, monkeypatch: pytest.MonkeyPatch, ended_by: str
 ) -> None:
-    """The live list's stream asks the store again at each keep-alive (15 s; here 0.2 s) and ends once the
-    session was signed out, so a page left open in another tab stops following the store."""
+    """The live list's stream looks again at each keep-alive (15 s; here 0.2 s) and ends once its session was
+    signed out or ran out (the console's clock is driven), so a page left open stops following the store."""
     import threading
     import time
 
@@ -449,8 +450,10 @@ def test_an_open_event_stream_ends_once_its_session_is_signed_out(
     from tests.support import free_port, wait_until
 
     monkeypatch.setattr(api, "KEEPALIVE_S", 0.2)
+    now = [time.time()]
+    app = create_app(deployment.console, AuthConfig(token=TOKEN, clock=lambda: now[0], session_ttl_s=3600))
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(console_app(deployment), port=port, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
@@ -463,15 +466,46 @@ def test_an_open_event_stream_ends_once_its_session_is_signed_out(
                 lines = events.iter_lines()
                 assert next(lines).startswith("retry:")
                 assert ": keep-alive" in [next(lines) for _ in range(4)]  # alive while signed in
-                page = browser.get("/", headers={"Accept": "text/html"})
-                assert browser.post("/logout", data={"csrf": csrf_of(page.text)}).status_code == 303
-                signed_out = time.monotonic()
+                if ended_by == "expiry":
+                    now[0] += 3601
+                else:
+                    page = browser.get("/", headers={"Accept": "text/html"})
+                    assert browser.post("/logout", data={"csrf": csrf_of(page.text)}).status_code == 303
+                ended = time.monotonic()
                 for _line in lines:  # ends by itself, at the next keep-alive or the one after (0.2-0.4 s)
-                    assert time.monotonic() - signed_out < 5, "the stream went on after the sign-out"
+                    assert time.monotonic() - ended < 5, f"the stream went on after {ended_by}"
             assert httpx.get(f"{root}/api/events", cookies={COOKIE: cookie}, timeout=10).status_code == 401
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def test_the_apis_answers_are_never_cached_and_its_audit_lines_name_only_row_keys(
+    deployment: Deployment, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every JSON answer (a refusal too) says `no-store`; an action on text that is no row key (a task id pasted
+    in its place, a line break) is a 404 whose audit line says `row=invalid`, never the text."""
+    caplog.set_level(logging.INFO, AUDIT_LOGGER)
+    key = deployment.add("t")
+    client = signed_in(deployment)
+    csrf = {"X-CSRF-Token": csrf_of(client.get(f"/tasks/{key}").text)}
+    answers = [
+        client.get("/api/overview"),
+        client.get("/api/tasks"),
+        client.get(f"/api/tasks/{key}"),
+        client.get("/api/tasks?limit=oops"),
+        client.post(f"/api/tasks/{key}/reveal", headers=csrf, json={}),
+    ]
+    assert [a.status_code for a in answers] == [200, 200, 200, 400, 403]
+    assert {a.headers["cache-control"] for a in answers} == {"no-store"}
+    task_id = deployment.ids["t"]
+    for text in (task_id, "%0Aoperator%3Droot%20action%3Ddelete"):
+        refused = client.post(f"/api/tasks/{text}/cancel", headers=csrf, json={})
+        assert refused.status_code == 404 and refused.headers["cache-control"] == "no-store"
+    lines = [r.getMessage() for r in caplog.records if r.name == AUDIT_LOGGER]
+    assert lines[-2:] == ["operator=ada action=cancel row=invalid outcome=not_found"] * 2
+    assert not any(task_id[:8] in line or "root" in line for line in lines)
+    assert deployment.get(key).status.value == "working"
 
 
 def test_with_the_store_unreachable_a_session_gets_a_readable_503_and_a_sign_out_says_it_failed(

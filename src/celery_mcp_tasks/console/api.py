@@ -28,13 +28,15 @@ def _guarded(
 ) -> Callable[[Request], Awaitable[Response]]:
     async def endpoint(request: Request) -> Response:
         try:
-            return await handler(request, console)
+            response = await handler(request, console)
         except BadFilter as exc:
-            return auth.json_error(400, "bad_filter", exc.message, field=exc.field)
+            response = auth.json_error(400, "bad_filter", exc.message, field=exc.field)
         except ConsoleError as exc:
-            return auth.json_error(exc.status, exc.outcome, exc.message)
+            response = auth.json_error(exc.status, exc.outcome, exc.message)
         except StoreUnavailable:
-            return auth.json_error(503, "store_unavailable", StoreUnavailable.MESSAGE)
+            response = auth.json_error(503, "store_unavailable", StoreUnavailable.MESSAGE)
+        response.headers.setdefault("Cache-Control", "no-store")  # an operator's answer: no cache keeps it
+        return response
 
     return endpoint
 
@@ -125,9 +127,12 @@ async def _events(request: Request, console: Console) -> Response:
     session = auth.session_of(request) if auth.has_session(request) else None
 
     async def signed_out() -> bool:
-        """Whether the stream's session was signed out meanwhile (here or in another console process)."""
+        """Whether the stream's session ended meanwhile: it expired, or was signed out (here or in another
+        console process). A request under it would be refused now, so the stream ends too."""
         if session is None:
             return False
+        if auth.expired(request, session):
+            return True
         try:
             return await console.signed_out(session.sid)
         except StoreUnavailable:

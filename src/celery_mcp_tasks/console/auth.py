@@ -113,6 +113,11 @@ def _session_of(config: AuthConfig, cookie: str | None) -> Session | None:
     return session if session.expires > config.clock() else None
 
 
+def expired(request: Request, session: Session) -> bool:
+    """Whether `session` has run out since it was read (an open stream outlives the request that checked it)."""
+    return session.expires <= _config(request).clock()
+
+
 def mount_root(request: Request) -> str:
     """Where the console is mounted ("" when it is the whole app): every link is under it."""
     return str(request.scope.get("root_path", "")).rstrip("/")

@@ -163,8 +163,15 @@ def _operator(name: str | None) -> str:
     return cleaned or "unknown"
 
 
+def _row(key: str) -> str:
+    """The row an audit line names: a row key's first 12 digits, or "invalid" for anything else (a task id
+    pasted in a key's place must not reach the log, nor a line break forge a line)."""
+    key = key.strip().lower()
+    return key[:12] if _KEY_PREFIX.fullmatch(key) or KEY.fullmatch(key) else "invalid"
+
+
 def audit(operator: str | None, action: str, key: str, outcome: str) -> None:
-    audit_log.info("operator=%s action=%s row=%s outcome=%s", _operator(operator), action, key[:12], outcome)
+    audit_log.info("operator=%s action=%s row=%s outcome=%s", _operator(operator), action, _row(key), outcome)
 
 
 @dataclass(eq=False)  # hashed by identity: one per open page
