@@ -7,6 +7,7 @@ their own connections, as two replicas would be.
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.model import TaskRecord, TaskStatus, derived_task_id, task_key
 from celery_mcp_tasks.service import IdempotencyKeyReused, TaskService
 from celery_mcp_tasks.store.base import Quota, QuotaExceeded, TaskLimitReached, TaskNotFound
@@ -125,6 +127,86 @@ def test_racing_retries_create_one_task(store_url: str, clock: Clock) -> None:
             s.dispose()
 
 
+def _replicas(store_url: str, n: int, **options: Any) -> list[SqlStore]:
+    """`n` stores on `store_url`, each with its own engine and connections, as `n` web processes have."""
+    return [SqlStore.from_url(store_url, **options) for _ in range(n)]
+
+
+def _at_once(services: list[TaskService], call: Callable[[TaskService], Any]) -> list[Any]:
+    """`call` on every service from its own thread, released together; what each returned or raised."""
+    barrier = threading.Barrier(len(services))
+
+    def one(service: TaskService) -> Any:
+        barrier.wait()
+        try:
+            return call(service)
+        except Exception as exc:  # noqa: BLE001 - the outcome under test
+            return exc
+
+    with ThreadPoolExecutor(len(services)) as pool:
+        return list(pool.map(one, services))
+
+
+@pytest.mark.parametrize("quota", [None, Quota(active=100)], ids=["no quota", "quota"])
+def test_racing_retries_of_an_expired_key_all_get_its_one_next_task(
+    store_url: str, clock: Clock, quota: Quota | None
+) -> None:
+    """The key's task finished and expired; eight replicas receive its retry at once. Each frees the key (unless
+    another did and created the next task already) and creates again: all get the one next task, none the old
+    one, none an error (the key's row may vanish between a conflict and its read)."""
+    stores = _replicas(store_url, 8)
+    services = [TaskService(s, clock=clock, idempotency_secret=SECRET) for s in stores]
+    try:
+        for round_ in range(5):
+            key = f"k{round_}"
+            first_id, first = services[0].create(
+                owner="sub:a", tool="t", arguments={}, ttl_ms=1000, idempotency_key=key, quota=quota
+            )
+            services[0].complete(first.key, {"content": []})
+            clock.at += 1000  # expired
+            answers = _at_once(
+                services,
+                lambda service, key=key: service.create(
+                    owner="sub:a", tool="t", arguments={}, ttl_ms=1000, idempotency_key=key, quota=quota
+                ),
+            )
+            assert not [a for a in answers if isinstance(a, Exception)], answers
+            assert {task_id for task_id, _ in answers} == {first_id}
+            assert {(r.status, r.created_at) for _, r in answers} == {(TaskStatus.WORKING, clock.at)}
+            clock.at += 10_000
+        assert rows(stores[0]) == 5
+    finally:
+        for s in stores:
+            s.dispose()
+
+
+def test_anonymous_callers_told_apart_sending_one_key_at_once_get_one_task(store_url: str, clock: Clock) -> None:
+    """Anonymous callers share idempotency keys (one task a key), while a quota counts each apart: two of them
+    racing with one key, each under its own lock, meet at the row's key: both get the one task."""
+    stores = _replicas(store_url, 2)
+    services = [TaskService(s, clock=clock, idempotency_secret=SECRET) for s in stores]
+    callers = {id(services[0]): "client-a", id(services[1]): "client-b"}
+    try:
+        for round_ in range(20):
+            answers = _at_once(
+                services,
+                lambda service, n=round_: service.create(
+                    owner=None,
+                    tool="t",
+                    arguments={"order": n},
+                    quota=Quota(active=100),
+                    idempotency_key=f"order-{n}",
+                    caller=callers[id(service)],
+                ),
+            )
+            assert not [a for a in answers if isinstance(a, Exception)], answers
+            assert len({task_id for task_id, _ in answers}) == 1
+        assert rows(stores[0]) == 20
+    finally:
+        for s in stores:
+            s.dispose()
+
+
 def test_an_idempotent_retry_is_answered_even_at_the_row_cap(store: SqlStore, clock: Clock) -> None:
     service = TaskService(store, clock=clock, idempotency_secret=SECRET, max_rows=1)
     first_id, _ = service.create(owner="sub:a", tool="t", arguments={}, idempotency_key="k")
@@ -215,6 +297,32 @@ def test_racing_creations_of_one_principal_never_exceed_its_quota(store_url: str
             created = list(pool.map(call, services))
         assert created.count(True) == 3 and rows(stores[0]) == 3
         assert stores[0].count_by_status()["working"] == 3
+    finally:
+        for s in stores:
+            s.dispose()
+
+
+@pytest.mark.postgres
+def test_the_quota_holds_where_the_servers_default_isolation_is_repeatable_read(
+    postgres_url: str, clock: Clock
+) -> None:
+    """A database whose default is REPEATABLE READ (`default_transaction_isolation`): the quota's count still
+    sees what the lock's last holder committed (under that default every racing creation got in)."""
+    upgrade(postgres_url)
+    options = {"connect_args": {"options": "-c default_transaction_isolation=repeatable\\ read"}}
+    stores = _replicas(postgres_url, 8, **options)
+    services = [TaskService(s, clock=clock) for s in stores]
+    try:
+        with stores[0].engine.connect() as conn:
+            assert conn.exec_driver_sql("SHOW default_transaction_isolation").scalar() == "repeatable read"
+        for _ in range(3):
+            owner = f"sub:flood-{uuid.uuid4().hex}"  # the database is the session's: an owner of this round's own
+            answers = _at_once(
+                services,
+                lambda service, owner=owner: service.create(owner=owner, tool="t", arguments={}, quota=Quota(active=3)),
+            )
+            assert all(isinstance(a, tuple | QuotaExceeded) for a in answers), answers
+            assert sum(isinstance(a, tuple) for a in answers) == 3, answers
     finally:
         for s in stores:
             s.dispose()

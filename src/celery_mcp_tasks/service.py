@@ -201,8 +201,11 @@ class TaskService:
         if stored is not record:  # an idempotent retry: the first call's task, or its key freed
             if not same_json(stored.arguments, arguments):
                 raise IdempotencyKeyReused()
-            if not (stored.expired(at) and stored.terminal and self.store.delete(stored.key)):
+            if not (stored.expired(at) and stored.terminal):
                 return task_id, stored
+            # That task is over and forgotten: free its key (unless a racing retry freed it and created the
+            # next task already) and create again; every racing retry gets the one next task.
+            self.store.delete(stored.key, expected=stored)
             stored = self.store.create(record, max_rows=self.max_rows, quota=quota, idempotent=idempotent)
             if stored is not record:
                 return task_id, stored

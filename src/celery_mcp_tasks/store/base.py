@@ -197,8 +197,9 @@ class Store(Protocol):
         """Rows written at or after `updated_at_ms` (their `updated_at`), oldest first, at most `limit`."""
         ...
 
-    def delete(self, key: str) -> bool:
-        """Delete the row if it is final (completed, failed, cancelled): whether it was deleted."""
+    def delete(self, key: str, *, expected: TaskRecord | None = None) -> bool:
+        """Delete the row if it is final (completed, failed, cancelled) and, with `expected`, still that task (its
+        creation time and version: not a later task under the same key): whether it was deleted."""
         ...
 
     def sign_out(self, session: str, expires_ms: int, *, now_ms: int) -> None:

@@ -2,8 +2,9 @@
 
 A quota counts the principal's own rows, so no counter can drift. Two creations by one principal on two
 replicas must not both see room for one: on PostgreSQL the transaction first takes an advisory lock named after
-the principal (others never wait on it); on SQLite `BEGIN IMMEDIATE` serializes every writer. Each count is
-bounded by its limit.
+the principal (others never wait on it; its own creations queue there, each on a pooled connection), then
+counts at READ COMMITTED (`SqlStore._locking`); on SQLite `BEGIN IMMEDIATE` serializes every writer. Each
+count is bounded by its limit.
 """
 
 from __future__ import annotations

@@ -290,11 +290,15 @@ class SqlStore:
         self.engine.dispose()
 
     def _locking(self) -> Connection:
-        """A connection for the locking path: the server's isolation level on PostgreSQL, BEGIN IMMEDIATE on SQLite."""
+        """A connection for the locking path: READ COMMITTED on PostgreSQL, BEGIN IMMEDIATE on SQLite.
+
+        READ COMMITTED whatever the server's default: a statement after a lock wait then sees what the lock's
+        holder committed (the quota's count, the row FOR UPDATE returns). Under REPEATABLE READ the snapshot
+        predates the wait: every racing creation counted the same rows, and the quota let them all in."""
         conn = self.engine.connect()
         if self._sqlite:
             return conn
-        return conn.execution_options(isolation_level=conn.dialect.default_isolation_level)
+        return conn.execution_options(isolation_level="READ COMMITTED")
 
     def _hint(self, record: TaskRecord, params: dict[str, Any]) -> bool:
         """Whether a write of `record` carries a change hint; if so, bound into `params`."""
@@ -346,18 +350,28 @@ class SqlStore:
         self, record: TaskRecord, *, max_rows: int | None, quota: Quota | None = None, idempotent: bool = False
     ) -> TaskRecord:
         """One statement in autocommit whose bounded count of the rows is part of the INSERT (the cap is approximate
-        by at most the racing creates). A statement lost in flight is settled by reading the row: there with this
-        content, created; absent, inserted again. With a `quota`, a transaction of its own (`store.quotas`)."""
-        if quota is not None and not quota.unlimited:
-            return self._create_within_quota(record, max_rows, quota, idempotent)
+        by at most the racing creates). With a `quota`, a transaction of its own (`store.quotas`). `idempotent`:
+        the row already under the key is the answer (a retry of its creation); a row gone between the conflict and
+        the read (a retry that freed an expired key meanwhile) is inserted again, once."""
+        for last in (False, True):
+            try:
+                if quota is not None and not quota.unlimited:
+                    return self._create_within_quota(record, max_rows, quota, idempotent)
+                return self._create(record, max_rows, idempotent)
+            except (sa.exc.IntegrityError, TaskLimitReached) as exc:
+                found = self.get(record.key) if idempotent else None
+                if found is not None:
+                    return found
+                if last or not (idempotent and isinstance(exc, sa.exc.IntegrityError)):
+                    raise
+        raise AssertionError("unreachable")
+
+    def _create(self, record: TaskRecord, max_rows: int | None, idempotent: bool) -> TaskRecord:
+        """The one INSERT; a statement lost in flight is settled by reading the row: there with this content,
+        created; absent, inserted again."""
         try:
             self._insert(record, max_rows)
             return record
-        except (sa.exc.IntegrityError, TaskLimitReached):
-            found = self.get(record.key) if idempotent else None
-            if found is None:
-                raise
-            return found
         except _CommitInDoubt as doubt:
             lost = doubt
         logger.warning("store connection was lost during a COMMIT (create); checking whether it was applied")
@@ -580,9 +594,11 @@ class SqlStore:
         return read(self.engine, browse.changed_since, updated_at_ms, limit=limit)
 
     @_operation
-    def delete(self, key: str) -> bool:
+    def delete(self, key: str, *, expected: TaskRecord | None = None) -> bool:
         """One conditional DELETE (idempotent, so retried after a lost COMMIT too)."""
         query = tasks.delete().where(tasks.c.key == key).where(tasks.c.status.in_(TERMINAL_VALUES))
+        if expected is not None:
+            query = query.where(tasks.c.created_at == expected.created_at, tasks.c.version == expected.version)
         with self.engine.connect() as conn:
             deleted = conn.execute(query).rowcount == 1
             conn.commit()
