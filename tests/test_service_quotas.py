@@ -16,7 +16,16 @@ import pytest
 import sqlalchemy as sa
 
 from celery_mcp_tasks.migrate import upgrade
-from celery_mcp_tasks.model import TaskRecord, TaskStatus, derived_task_id, task_key
+from celery_mcp_tasks.model import (
+    STARTED,
+    Run,
+    TaskRecord,
+    TaskStatus,
+    TerminalTask,
+    celery_message_id,
+    derived_task_id,
+    task_key,
+)
 from celery_mcp_tasks.service import IdempotencyKeyReused, TaskService
 from celery_mcp_tasks.store.base import Quota, QuotaExceeded, TaskLimitReached, TaskNotFound
 from celery_mcp_tasks.store.sql import SqlStore
@@ -99,6 +108,31 @@ def test_a_key_is_free_again_once_its_finished_task_has_expired(
     again_id, again = service.create(owner="sub:a", tool="t", arguments={}, ttl_ms=1000, idempotency_key="k")
     assert again_id == first_id and again.status is TaskStatus.WORKING and again.created_at == clock.at
     assert len(sent) == 2
+
+
+def test_a_task_created_again_under_its_key_is_out_of_reach_of_the_last_ones_job(
+    service: TaskService, clock: Clock
+) -> None:
+    """Cancelled without terminate, the key's task keeps its job running; once it expired, a retry creates the
+    next task under the same key. The key's counters go on, so that job's late writes (on its last record and
+    run), its heartbeats and its message id never reach the next task, which starts as a first run does."""
+    task_id, first = service.create(owner="sub:a", tool="t", arguments={}, ttl_ms=1000, idempotency_key="k")
+    run = Run(first.dispatches, 0)
+    begun = service.begin(first.key, run, stale_before_ms=0, expected=first)
+    service.cancel(task_id, "sub:a")
+    clock.at += 2000
+    again_id, again = service.create(owner="sub:a", tool="t", arguments={}, ttl_ms=1000, idempotency_key="k")
+    assert again_id == task_id and again.status is TaskStatus.WORKING
+    assert again.version > begun.version and again.dispatches > begun.dispatches
+    assert celery_message_id(again.key, again.dispatches) != celery_message_id(first.key, first.dispatches)
+    started = service.begin(again.key, Run(again.dispatches, 0), stale_before_ms=0, expected=again)
+    assert started.status_message == STARTED
+    with pytest.raises(TerminalTask):  # `Superseded`: a newer run owns the key
+        service.progress(first.key, "from the last task's job", run=run, expected=begun)
+    with pytest.raises(TerminalTask):
+        service.complete(first.key, {"content": []}, run=run, expected=begun)
+    assert not service.heartbeat(first.key, run)
+    assert service.record(first.key) == started
 
 
 def test_racing_retries_create_one_task(store_url: str, clock: Clock) -> None:

@@ -416,7 +416,7 @@ class TaskRecord:
             return start_message(run.attempt)
         if self.started_at is not None or self.resends > 0:  # a stale copy taken over, or the reaper's re-send
             return RESTARTED_AFTER_LOSS
-        if self.dispatches > 1:  # only an answer sends a new run without a resend
+        if self.dispatches > 1 and self.input_responses:  # answers sent a new run (a re-created task's count goes on)
             return RESUMED
         return STARTED
 

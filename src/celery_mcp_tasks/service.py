@@ -204,8 +204,11 @@ class TaskService:
             if not (stored.expired(at) and stored.terminal):
                 return task_id, stored
             # That task is over and forgotten: free its key (unless a racing retry freed it and created the
-            # next task already) and create again; every racing retry gets the one next task.
+            # next task already) and create again; every racing retry gets the one next task. The key's counters
+            # go on from that task's, so nothing of it (a late write on its version, a run or message of its
+            # dispatch, a heartbeat of its job still running after a cancel) ever matches the next one.
             self.store.delete(stored.key, expected=stored)
+            record = replace(record, version=stored.version + 1, dispatches=record.dispatches + stored.dispatches)
             stored = self.store.create(record, max_rows=self.max_rows, quota=quota, idempotent=idempotent)
             if stored is not record:
                 return task_id, stored
