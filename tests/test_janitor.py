@@ -127,9 +127,9 @@ def test_live_waiting_or_promised_tasks_are_left_alone(store: SqlStore) -> None:
     assert sweep(service(store), SETTINGS) == SweepReport()
 
 
-def test_a_resend_that_cannot_reach_the_broker_fails_the_task(store: SqlStore) -> None:
+def test_a_resend_that_cannot_reach_the_broker_fails_the_task_and_is_counted_so(store: SqlStore) -> None:
     add(store, "lost", heartbeat_at=now_ms() - 2 * MINUTE)
-    sweep(service(store, Sends(ConnectionError("broker down"))), SETTINGS)
+    assert sweep(service(store, Sends(ConnectionError("broker down"))), SETTINGS) == SweepReport(failed=1)
     record = store.get("lost")
     assert record is not None and record.status is TaskStatus.FAILED
     assert record.error == {"message": "Could not enqueue the job", "data": "ConnectionError"}

@@ -340,15 +340,16 @@ def test_racing_creations_of_one_principal_never_exceed_its_quota(store_url: str
 def test_the_quota_holds_where_the_servers_default_isolation_is_repeatable_read(
     postgres_url: str, clock: Clock
 ) -> None:
-    """A database whose default is REPEATABLE READ (`default_transaction_isolation`): the quota's count still
-    sees what the lock's last holder committed (under that default every racing creation got in)."""
+    """A database whose default is REPEATABLE READ (`default_transaction_isolation`): the store's sessions run at
+    READ COMMITTED all the same, so the quota's count sees what the lock's last holder committed (under that
+    default every racing creation got in) and a conditional write never fails on a row changed meanwhile."""
     upgrade(postgres_url)
     options = {"connect_args": {"options": "-c default_transaction_isolation=repeatable\\ read"}}
     stores = _replicas(postgres_url, 8, **options)
     services = [TaskService(s, clock=clock) for s in stores]
     try:
-        with stores[0].engine.connect() as conn:
-            assert conn.exec_driver_sql("SHOW default_transaction_isolation").scalar() == "repeatable read"
+        with stores[0].engine.connect() as conn:  # the database's default, overruled for the store's sessions
+            assert conn.exec_driver_sql("SHOW default_transaction_isolation").scalar() == "read committed"
         for _ in range(3):
             owner = f"sub:flood-{uuid.uuid4().hex}"  # the database is the session's: an owner of this round's own
             answers = _at_once(

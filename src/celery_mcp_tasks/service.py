@@ -542,7 +542,7 @@ class TaskService:
         """Settle a task whose job seems lost: send it again while the run has sends left, then fail it.
 
         Decided inside the compare-and-swap, so two janitors at once act only once.
-        Returns "resent", "failed" or "skipped" (it showed life or ended meanwhile).
+        Returns "resent", "failed" (a send the broker refused too) or "skipped" (it showed life or ended meanwhile).
         """
         outcome = "skipped"
 
@@ -563,8 +563,8 @@ class TaskService:
             record = self._write(key, transition)
         except (TerminalTask, TaskNotFound):
             return "skipped"
-        if outcome == "resent":
-            self._send(record)
+        if outcome == "resent" and self._send(record).terminal:
+            return "failed"  # the broker refused the send: `_send` failed the task, readable
         return outcome
 
     def _update(

@@ -204,8 +204,18 @@ def create_store_engine(url: str, **kwargs: Any) -> Engine:
             kwargs.setdefault("pool_size", 10)
             kwargs.setdefault("max_overflow", 10)
         engine = sa.create_engine(url, **kwargs)
+        sa.event.listen(engine, "connect", _read_committed)
     _track(engine)
     return engine
+
+
+def _read_committed(dbapi_connection: Any, _record: Any) -> None:
+    """PostgreSQL: the store's statements run at READ COMMITTED whatever the server's default. A conditional
+    UPDATE then re-checks a row another writer changed since the statement began (under REPEATABLE READ it
+    fails with a serialization error), and a count after a lock wait sees what the lock's holder committed."""
+    with dbapi_connection.cursor() as cursor:
+        cursor.execute("SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED")
+    dbapi_connection.commit()  # kept for the session (a no-op where the connection is in autocommit already)
 
 
 def _sqlite_engine(url: str, database: str | None, **kwargs: Any) -> Engine:
