@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from celery_mcp_tasks import TaskContext, elicit
 from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.model import (
     STARTED,
@@ -110,28 +111,40 @@ def test_a_key_is_free_again_once_its_finished_task_has_expired(
     assert len(sent) == 2
 
 
+@pytest.mark.parametrize("freed_by", ["the retry", "the janitor"])
 def test_a_task_created_again_under_its_key_is_out_of_reach_of_the_last_ones_job(
-    service: TaskService, clock: Clock
+    service: TaskService, store: SqlStore, clock: Clock, freed_by: str
 ) -> None:
-    """Cancelled without terminate, the key's task keeps its job running; once it expired, a retry creates the
-    next task under the same key. The key's counters go on, so that job's late writes (on its last record and
-    run), its heartbeats and its message id never reach the next task, which starts as a first run does."""
+    """Cancelled without terminate, the key's task keeps its job running; once it expired, its row is deleted
+    (by the retry, or by the janitor before it) and a retry creates the next task under the same key, its
+    counters from 1 again. The last task's job reaches none of it: its writes (on a record of the same version),
+    its heartbeats, its message id; to that job its task is gone."""
     task_id, first = service.create(owner="sub:a", tool="t", arguments={}, ttl_ms=1000, idempotency_key="k")
-    run = Run(first.dispatches, 0)
-    begun = service.begin(first.key, run, stale_before_ms=0, expected=first)
+    run = Run(first.dispatches, 0, first.created_at)
+    ctx = TaskContext(
+        service, first.key, record=service.begin(first.key, run, stale_before_ms=0, expected=first), run=run
+    )
     service.cancel(task_id, "sub:a")
     clock.at += 2000
+    if freed_by == "the janitor":
+        assert store.delete(first.key)
     again_id, again = service.create(owner="sub:a", tool="t", arguments={}, ttl_ms=1000, idempotency_key="k")
-    assert again_id == task_id and again.status is TaskStatus.WORKING
-    assert again.version > begun.version and again.dispatches > begun.dispatches
-    assert celery_message_id(again.key, again.dispatches) != celery_message_id(first.key, first.dispatches)
-    started = service.begin(again.key, Run(again.dispatches, 0), stale_before_ms=0, expected=again)
-    assert started.status_message == STARTED
-    with pytest.raises(TerminalTask):  # `Superseded`: a newer run owns the key
-        service.progress(first.key, "from the last task's job", run=run, expected=begun)
-    with pytest.raises(TerminalTask):
-        service.complete(first.key, {"content": []}, run=run, expected=begun)
+    assert again_id == task_id and again.status is TaskStatus.WORKING and again.created_at > first.created_at
+    assert celery_message_id(again) != celery_message_id(first)  # a revoke of the last run is not this one's
+    started = service.begin(again.key, Run(again.dispatches, 0, again.created_at), stale_before_ms=0, expected=again)
+    assert (started.version, started.status_message) == (ctx.last_record.version, STARTED)  # type: ignore[union-attr]
+    for write in (
+        lambda: ctx.progress("from the last task's job"),
+        lambda: ctx.require_input({"q": elicit("From the last task?", {"ok": bool})}),
+        lambda: ctx.complete("the last task's result"),
+    ):
+        with pytest.raises(TerminalTask):  # `Superseded`: the row is another task's
+            write()
     assert not service.heartbeat(first.key, run)
+    assert ctx.cancelled()
+    # the last run's outcome as a worker's main process settles it (on the row as it reads it now)
+    with pytest.raises(TerminalTask):
+        service.complete(first.key, {"content": []}, run=run, expected=started)
     assert service.record(first.key) == started
 
 

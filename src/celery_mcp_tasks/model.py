@@ -124,14 +124,23 @@ class DuplicateInputKeys(ValueError):
 
 @dataclass(frozen=True)
 class Run:
-    """Which run of the job is writing: the dispatch (message generation) and Celery's attempt (0-based).
+    """Which run of the job is writing: the dispatch (message generation) and Celery's attempt (0-based), of
+    the task created at `born`.
 
     Signals from different processes arrive out of order; a write that names its
-    run is refused (`Superseded`) once a newer dispatch or attempt exists.
+    run is refused (`Superseded`) once a newer dispatch or attempt exists, or once the
+    row under its key is another task: an idempotency key's retry after its task expired
+    creates the next task under the same key, with its counters from 1 again.
+    `born` None: a message of a release that did not carry it (the dispatch decides alone).
     """
 
     dispatch: int
     attempt: int = 0
+    born: int | None = None
+
+    def of(self, record: TaskRecord) -> bool:
+        """Whether this run was sent for `record`'s task (not an earlier task under the same key)."""
+        return self.born is None or self.born == record.created_at
 
 
 def retry_message(attempt: int) -> str:
@@ -281,12 +290,11 @@ def owner_scope(owner: Owner) -> OwnerScope:
 _CELERY_ID_NAMESPACE = uuid.UUID("4f0b5a8e-9c1d-4e57-8a43-6d2c1e0f7b19")
 
 
-def celery_message_id(key: str, dispatches: int) -> str:
-    """The Celery message id of a row's dispatch: derived (uuid5 of key and dispatch number), never stored.
-
-    Lets a cancel revoke the current message, and an operator find it in Flower or a worker's log.
-    """
-    return str(uuid.uuid5(_CELERY_ID_NAMESPACE, f"{key}:{dispatches}"))
+def celery_message_id(record: TaskRecord) -> str:
+    """The Celery message id of a row's current dispatch: derived (uuid5 of key, creation time and dispatch
+    number), never stored. Lets a cancel revoke the current message, and an operator find it in Flower or a
+    worker's log; a task created again under its key never shares an id (nor a revoke) with the last one."""
+    return str(uuid.uuid5(_CELERY_ID_NAMESPACE, f"{record.key}:{record.created_at}:{record.dispatches}"))
 
 
 def now_ms() -> int:
@@ -356,7 +364,7 @@ class TaskRecord:
     def _require_active(self, run: Run | None = None) -> None:
         if self.terminal:
             raise TerminalTask("task is already terminal")
-        if run is not None and (run.dispatch != self.dispatches or run.attempt < self.attempt):
+        if run is not None and (run.dispatch != self.dispatches or run.attempt < self.attempt or not run.of(self)):
             raise Superseded("a newer run of the job owns this task")
 
     def with_progress(
@@ -416,7 +424,7 @@ class TaskRecord:
             return start_message(run.attempt)
         if self.started_at is not None or self.resends > 0:  # a stale copy taken over, or the reaper's re-send
             return RESTARTED_AFTER_LOSS
-        if self.dispatches > 1 and self.input_responses:  # answers sent a new run (a re-created task's count goes on)
+        if self.dispatches > 1:  # only an answer sends a new run without a resend
             return RESUMED
         return STARTED
 
@@ -426,7 +434,12 @@ class TaskRecord:
         The heartbeat moves to the scheduled start, so a long countdown is not mistaken for a lost job.
         """
         self._require_active()
-        if run.dispatch != self.dispatches or run.attempt <= self.attempt or self.status is not TaskStatus.WORKING:
+        if (
+            run.dispatch != self.dispatches
+            or run.attempt <= self.attempt
+            or self.status is not TaskStatus.WORKING
+            or not run.of(self)
+        ):
             return self
         return self._next(
             at_ms,

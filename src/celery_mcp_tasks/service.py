@@ -204,11 +204,8 @@ class TaskService:
             if not (stored.expired(at) and stored.terminal):
                 return task_id, stored
             # That task is over and forgotten: free its key (unless a racing retry freed it and created the
-            # next task already) and create again; every racing retry gets the one next task. The key's counters
-            # go on from that task's, so nothing of it (a late write on its version, a run or message of its
-            # dispatch, a heartbeat of its job still running after a cancel) ever matches the next one.
+            # next task already) and create again; every racing retry gets the one next task.
             self.store.delete(stored.key, expected=stored)
-            record = replace(record, version=stored.version + 1, dispatches=record.dispatches + stored.dispatches)
             stored = self.store.create(record, max_rows=self.max_rows, quota=quota, idempotent=idempotent)
             if stored is not record:
                 return task_id, stored
@@ -385,9 +382,11 @@ class TaskService:
     def heartbeat(self, key: str, run: Run | None = None, *, ahead_ms: int = 0) -> bool:
         """Liveness for the stale reaper (`ahead_ms`: a promise to report again by then).
 
-        False once the task is final or a newer dispatch owns it.
+        False once the task is final, a newer dispatch owns it, or the key holds a later task than `run`'s.
         """
-        return self.store.touch(key, self.clock() + ahead_ms, dispatch=None if run is None else run.dispatch)
+        if run is None:
+            return self.store.touch(key, self.clock() + ahead_ms)
+        return self.store.touch(key, self.clock() + ahead_ms, dispatch=run.dispatch, born=run.born)
 
     # `expected` (worker side): the record the caller last saw or wrote. While the row is still
     # at its version the write is one conditional UPDATE (`Store.update`); else the usual one.

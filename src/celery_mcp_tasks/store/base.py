@@ -145,8 +145,9 @@ class Store(Protocol):
         """
         ...
 
-    def touch(self, key: str, at_ms: int, *, dispatch: int | None = None) -> bool:
-        """Set the heartbeat of an active record (of that dispatch) without a version bump."""
+    def touch(self, key: str, at_ms: int, *, dispatch: int | None = None, born: int | None = None) -> bool:
+        """Set the heartbeat of an active record (of that dispatch, of the task created at `born`) without a
+        version bump."""
         ...
 
     def versions(self, keys: Iterable[str]) -> dict[str, int]:

@@ -29,7 +29,7 @@ from celery_mcp_tasks.store.schema import tasks
 
 _ATTEMPTS = 16
 _NEWEST = 50
-_READ = sa.select(tasks.c.key, tasks.c.version, *(tasks.c[name] for name in PAYLOADS))
+_READ = sa.select(tasks.c.key, tasks.c.version, tasks.c.created_at, *(tasks.c[name] for name in PAYLOADS))
 
 
 def ring_check(conn: Connection, ring: KeyRing | None) -> str | None:
@@ -115,7 +115,13 @@ def _rekey(engine: Engine, ring: KeyRing, row: dict[str, Any], tally: Reencrypti
             tally.unreadable += 1
             return
         values = {name: ring.seal(opened[name], row=key, column=name) for name in stale}
-        query = tasks.update().where(tasks.c.key == key).where(tasks.c.version == row["version"]).values(values)
+        # That version of that task: a later task under the key (created again after this one expired) may
+        # have reached the same version since the read, with payloads of its own.
+        query = (
+            tasks.update()
+            .where(tasks.c.key == key, tasks.c.version == row["version"], tasks.c.created_at == row["created_at"])
+            .values(values)
+        )
         with engine.connect() as conn:
             written = conn.execute(query).rowcount == 1
             conn.commit()

@@ -129,7 +129,7 @@ def _insert_statement(capped: bool, hinted: bool) -> Any:
 
 @functools.cache
 def _update_statement(columns: tuple[str, ...], owner: OwnerScope, hinted: bool, forward: bool, durable: bool) -> Any:
-    """`UPDATE ... SET <columns> WHERE key AND version [AND owner] RETURNING heartbeat_at`.
+    """`UPDATE ... SET <columns> WHERE key AND version AND created_at [AND owner] RETURNING heartbeat_at`.
 
     `forward`: the heartbeat only grows. `durable`: see `_hinted`."""
     values: dict[str, Any] = {}
@@ -139,6 +139,7 @@ def _update_statement(columns: tuple[str, ...], owner: OwnerScope, hinted: bool,
     query = tasks.update().where(
         tasks.c.key == sa.bindparam("cas_key"),
         tasks.c.version == sa.bindparam("cas_version"),
+        tasks.c.created_at == sa.bindparam("cas_created"),  # that task's version, not a later task's under the key
         *_owner_clause(owner, "cas_owner"),
     )
     return _hinted(query.values(values), tasks.c.heartbeat_at, hinted, durable=durable)
@@ -530,7 +531,7 @@ class SqlStore:
         params: dict[str, Any] = {f"new_{name}": value for name, value in changes.items()}
         if self.ring is not None:
             params = seal_columns(self.ring, key, params, prefix="new_")
-        params["cas_key"], params["cas_version"] = key, version
+        params["cas_key"], params["cas_version"], params["cas_created"] = key, version, nxt.created_at  # never changes
         shape = _owner_shape(owner, params, "cas_owner")
         hinted = self._hint(nxt, params)
         forward = forward and changes.get("heartbeat_at") is not None
@@ -562,12 +563,14 @@ class SqlStore:
             return self._select(conn, key, ANY, for_update=True)
 
     @_operation
-    def touch(self, key: str, at_ms: int, *, dispatch: int | None = None) -> bool:
+    def touch(self, key: str, at_ms: int, *, dispatch: int | None = None, born: int | None = None) -> bool:
         """One conditional UPDATE in autocommit, no version bump (liveness is not a change clients see), never
         moving it backwards. Idempotent, so retried even after a lost COMMIT."""
         query = tasks.update().where(tasks.c.key == key).where(tasks.c.status.not_in(TERMINAL_VALUES))
         if dispatch is not None:
             query = query.where(tasks.c.dispatches == dispatch)
+        if born is not None:
+            query = query.where(tasks.c.created_at == born)
         with self.engine.connect() as conn:
             touched = conn.execute(query.values(heartbeat_at=_later(at_ms))).rowcount == 1
             conn.commit()

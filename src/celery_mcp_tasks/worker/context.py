@@ -91,7 +91,9 @@ class TaskContext:
         """A fresh read of the task (None when detached or evicted)."""
         if self._service is None or self._key is None:
             return None
-        self._record = self._service.record(self._key)
+        found = self._service.record(self._key)
+        # A later task under the key (created again after this one expired) is not this run's: this one is gone.
+        self._record = found if found is None or self._run is None or self._run.of(found) else None
         self._checked_at = time.monotonic()
         return self._record
 
@@ -209,6 +211,6 @@ class TaskContext:
         try:
             self._record = op(self._service, self._key)
         except TerminalTask:
-            self._record = self._service.record(self._key)
+            self.record()
             raise
         self._checked_at = time.monotonic()

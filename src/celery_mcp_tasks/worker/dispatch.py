@@ -30,7 +30,15 @@ from celery_mcp_tasks.model import TaskRecord, celery_message_id
 from celery_mcp_tasks.propagation import sending
 from celery_mcp_tasks.worker.celery_internals import pool_terminates
 from celery_mcp_tasks.worker.fairness import routed_queue, shard_queue
-from celery_mcp_tasks.worker.job import DISPATCH_HEADER, HIDDEN_ARGS, KEY_HEADER, RECORD_HEADER, JobTool, record_header
+from celery_mcp_tasks.worker.job import (
+    BORN_HEADER,
+    DISPATCH_HEADER,
+    HIDDEN_ARGS,
+    KEY_HEADER,
+    RECORD_HEADER,
+    JobTool,
+    record_header,
+)
 from celery_mcp_tasks.worker.kombu_internals import PIDBOX_LOGGER, bound_publish_retries
 from celery_mcp_tasks.worker.termination import start_thread
 
@@ -43,14 +51,19 @@ _SEND_RETRY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "int
 
 def celery_id(record: TaskRecord) -> str:
     """The Celery message id of the record's current dispatch (`model.celery_message_id`)."""
-    return celery_message_id(record.key, record.dispatches)
+    return celery_message_id(record)
 
 
 def message_headers(record: TaskRecord, *, with_arguments: bool = True) -> dict[str, Any]:
-    """The headers of the message sending `record`'s dispatch: the row key, the dispatch, and the record the
+    """The headers of the message sending `record`'s dispatch: the row key, the dispatch, its task's creation
+    time (`Run.born`), and the record the
     job's claim is computed on (`job.RECORD_HEADER`, when it carries no payload besides the arguments, and
     the message carries those: without them the job reads the row, so a carried record would be no use)."""
-    headers: dict[str, Any] = {KEY_HEADER: record.key, DISPATCH_HEADER: record.dispatches}
+    headers: dict[str, Any] = {
+        KEY_HEADER: record.key,
+        DISPATCH_HEADER: record.dispatches,
+        BORN_HEADER: record.created_at,
+    }
     carried = record_header(record) if with_arguments else None
     if carried is not None:
         headers[RECORD_HEADER] = carried

@@ -43,6 +43,8 @@ KEY_HEADER = "mcp_task_key"
 """Celery message header carrying the row key (a hash; never the task id)."""
 DISPATCH_HEADER = "mcp_task_dispatch"
 """Which dispatch of the task this message is; an older message than the row's is superseded."""
+BORN_HEADER = "mcp_task_born"
+"""When the task this message was sent for was created (`Run.born`): a later task under the same key is not it."""
 RECORD_HEADER = "mcp_task_record"
 """The task's record as its dispatch left it, but for the payloads (the arguments are the message's kwargs):
 what the job's claim is computed on, so starting a run is one conditional UPDATE on that version and no
@@ -152,7 +154,8 @@ def run_of(request: Any, *, next_attempt: bool = False) -> Run | None:
     if dispatch is None:
         return None
     retries = (request.get("retries") if isinstance(request, dict) else getattr(request, "retries", 0)) or 0
-    return Run(int(dispatch), int(retries) + (1 if next_attempt else 0))
+    born = _header(request, BORN_HEADER)
+    return Run(int(dispatch), int(retries) + (1 if next_attempt else 0), None if born is None else int(born))
 
 
 def record_header(record: TaskRecord) -> str | None:
@@ -182,7 +185,7 @@ def dispatched_record(request: Any, key: str, run: Run) -> TaskRecord | None:
         )
     except (TypeError, ValueError):
         return None
-    return record if record.dispatches == run.dispatch else None
+    return record if record.dispatches == run.dispatch and run.of(record) else None
 
 
 class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is Any to mypy
@@ -226,7 +229,7 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
             if found is None:
                 raise TaskNotFound()
             if run is None:  # a message from before the dispatch header: adopt the current run
-                run = Run(found.dispatches, self.request.retries or 0)
+                run = Run(found.dispatches, self.request.retries or 0, found.created_at)
             stale_before = stale_cutoff(now_ms(), self.mcp_runtime.stale_timeout_s)
             record = service.begin(key, run, stale_before_ms=stale_before, expected=found)
         except _SKIPPED as exc:
