@@ -109,6 +109,22 @@ def test_a_question_the_client_refuses_cancels_the_task_with_a_clear_error(runti
     assert "cancelled" in refused.message and status == "cancelled"
 
 
+def test_a_callback_that_raises_is_a_refusal_that_cancels_the_task(runtime: Deployment):
+    async def broken(ctx: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult:
+        raise ValueError("a bug in the callback")
+
+    async def scenario() -> tuple[InputNotAnswered, str]:
+        tasks = TasksClient()
+        async with Client(runtime.url, extensions=[tasks], elicitation_callback=broken) as client:
+            handle = await tasks.start(client, "two_rounds", {})
+            with pytest.raises(InputNotAnswered) as refused:  # not an ExceptionGroup of the callback's error
+                await handle.result()
+            return refused.value, handle.status
+
+    refused, status = run(scenario)
+    assert "callback raised ValueError" in refused.message and status == "cancelled"
+
+
 def test_cancelling_the_caller_cancels_the_task_and_its_job_stops(runtime: Deployment, tmp_path: Path):
     marker = tmp_path / "started"
 
@@ -312,6 +328,39 @@ def test_a_closed_handle_says_so_instead_of_waiting(runtime: Deployment):
                 await handle.result()
 
     run(scenario)
+
+
+async def _every_update(handle: Any) -> None:
+    async for _ in handle.updates():
+        pass
+
+
+def test_closing_a_handle_ends_what_another_coroutine_awaits_on_it(runtime: Deployment):
+    """`close()` from one coroutine while another is in `updates()` or `result()` on the same handle: both say
+    the handle is closed at once, instead of waiting for a change that will never be delivered to them."""
+
+    async def scenario() -> list[str]:
+        tasks = TasksClient()
+        ended: list[str] = []
+        async with Client(runtime.url, extensions=[tasks]) as client:
+            for how in ("updates", "result"):
+                handle = await tasks.start(client, "work", {"seconds": 30})
+
+                async def follow(handle: Any = handle, how: str = how) -> None:
+                    waiting = _every_update(handle) if how == "updates" else handle.result()
+                    with pytest.raises(RuntimeError, match="closed"):
+                        await waiting
+                    ended.append(how)
+
+                with anyio.fail_after(10):
+                    async with anyio.create_task_group() as group:
+                        group.start_soon(follow)
+                        await anyio.sleep(0.5)
+                        handle.close()
+                await handle.cancel()  # the server keeps a closed handle's task: this test does not
+        return ended
+
+    assert run(scenario) == ["updates", "result"]
 
 
 def test_following_has_ended_when_a_task_ends_or_stop_following_returns(runtime: Deployment):

@@ -78,10 +78,14 @@ class Tracked:
             self.gone = error
             self._fire()
 
-    def _fire(self) -> None:
-        self.version += 1
+    def wake(self) -> None:
+        """Wake whoever waits for a change, with none (a handle closed: its waiters look and leave)."""
         event, self.changed = self.changed, anyio.Event()
         event.set()
+
+    def _fire(self) -> None:
+        self.version += 1
+        self.wake()
         if (self.state.terminal or self.gone is not None) and self.on_end is not None:
             self.on_end()
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 from mcp.shared.exceptions import MCPError
-from mcp_types import INVALID_PARAMS, CallToolResult, ErrorData, InputRequest
+from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, CallToolResult, ErrorData, InputRequest
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from celery_mcp_tasks.client import calls
@@ -98,6 +98,7 @@ class TaskHandle:
             return
         seen = -1
         while True:
+            self._open()  # closed meanwhile (by another coroutine): RuntimeError
             if tracked.version != seen:
                 seen = tracked.version
                 yield tracked.state
@@ -118,6 +119,7 @@ class TaskHandle:
         if tracked is None:
             return None
         while True:
+            self._open()  # closed meanwhile (by another coroutine): RuntimeError
             state = tracked.state
             if state.terminal:
                 if (state.status == "completed" and state.result is None) or (
@@ -142,7 +144,12 @@ class TaskHandle:
             while True:
                 await tracked.changed.wait()
                 now = tracked.state
-                if now.terminal or tracked.gone is not None or not asked & set(now.input_requests or {}):
+                if (
+                    self._closed
+                    or now.terminal
+                    or tracked.gone is not None
+                    or not asked & set(now.input_requests or {})
+                ):
                     group.cancel_scope.cancel()
                     return
 
@@ -201,7 +208,10 @@ class TaskHandle:
                 )
                 return
             ctx = ClientRequestContext(session=self._session, request_id=key, meta=None)
-            answer = await self._session.dispatch_input_request(ctx, request)
+            try:
+                answer = await self._session.dispatch_input_request(ctx, request)
+            except Exception as exc:  # noqa: BLE001 - the user's callback: a refusal, not an ExceptionGroup
+                answer = ErrorData(code=INTERNAL_ERROR, message=f"its callback raised {type(exc).__name__}")
             if isinstance(answer, ErrorData):
                 refused = (request.method, answer)
                 group.cancel_scope.cancel()
@@ -219,9 +229,9 @@ class TaskHandle:
                 f"The task asked for {method}, which this client did not answer ({error.message});"
                 " the task was cancelled",
             )
-        self._answered.update(pending)
         with anyio.CancelScope(shield=True):  # once asked and answered, the answers are delivered
             await self.answer(responses)
+        self._answered.update(pending)  # only once delivered: a `respond` after a failed send asks again
 
     async def answer(self, responses: Mapping[str, Any]) -> None:
         """Send answers (`tasks/update`), keyed as the task's `inputRequests` are."""
@@ -258,6 +268,7 @@ class TaskHandle:
         self._tracked.refs -= 1
         if self._tracked.refs <= 0 and self._tracked.on_end is not None:
             self._tracked.on_end()  # nobody follows it any more: the follower may let it go
+        self._tracked.wake()  # a coroutine waiting on this handle (`updates`, `wait`, `result`) raises, not hangs
 
     async def _settle(self) -> None:
         """The task ended: when it was the connection's last followed task, wait until following has
