@@ -34,6 +34,7 @@ from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.model import TaskRecord, TaskStatus
 from celery_mcp_tasks.ops.probes import ProbeEngine
 from celery_mcp_tasks.preflight import script_heads
+from celery_mcp_tasks.store.base import ANY
 from celery_mcp_tasks.store.codec import KeyRing, new_key
 from celery_mcp_tasks.store.rekeying import reencrypt
 from celery_mcp_tasks.store.sql import SqlStore
@@ -338,3 +339,10 @@ def test_the_encryption_row_follows_the_ring_through_a_rotation(any_store: str, 
     finally:
         engine.dispose()
     assert verdict(new) == ("OK", f"on: 3 task(s) sealed with key {new_id}, the first of 1", "")
+
+    # A process still sealing with the old key finishes a job afterwards: that one column is the old key's.
+    late = SqlStore.from_url(any_store, ring=KeyRing.parse([old, new]))
+    late.update("c" * 64, ANY, lambda record: record.completed({"content": []}, 4_000))
+    late.dispose()
+    status, detail, _ = verdict(new)
+    assert (status, detail) == ("WARN", f"1 task(s) sealed with a key not in the ring read as failed: key {old_id} (1)")

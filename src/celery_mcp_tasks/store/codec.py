@@ -22,6 +22,8 @@ ENCRYPTION_SETTING: Final = "MCP_TASKS_ENCRYPTION_KEYS"
 PAYLOADS: Final = ("arguments", "input_requests", "input_responses", "result")
 """The columns that hold what clients and jobs sent: sealed with a ring, measured against the limits."""
 _SEALED: Final = "mcpenc1:"
+SEALED_PREFIX: Final = _SEALED
+"""How a sealed value begins (then its key id and the sealed bytes)."""
 _KEY_BYTES = 32
 SEALED_HEAD_CHARS: Final = len(_SEALED) + 8
 """The characters of a sealed value that say it is sealed and name its key (the key id: base64 of 6 bytes)."""

@@ -20,6 +20,7 @@ from celery_mcp_tasks.store.codec import (
     ENCRYPTION_SETTING,
     PAYLOADS,
     SEALED_HEAD_CHARS,
+    SEALED_PREFIX,
     KeyRing,
     UnreadablePayload,
     open_columns,
@@ -60,16 +61,18 @@ def ring_check(conn: Connection, ring: KeyRing | None) -> str | None:
 
 
 def sealed_census(conn: Connection) -> dict[str | None, int]:
-    """How many rows' arguments each key sealed (key id -> rows; None: in clear), in one grouped scan.
+    """How many rows hold a payload each key sealed (key id -> rows; None: a payload in clear), in one grouped
+    scan of every payload column. A write seals only the columns it sets, so one row can hold two keys'
+    payloads (a job finished by a process still sealing with the old key): it counts under both."""
 
-    The arguments decide whether a row reads (a row's payloads are sealed together); as JSON text the
-    sealed form is a quote, the prefix and the key id."""
-    head = sa.func.substr(sa.cast(tasks.c.arguments, sa.Text), 1, 1 + SEALED_HEAD_CHARS)
-    census: dict[str | None, int] = {}
-    for text, count in conn.execute(sa.select(head, sa.func.count()).group_by(head)):
-        key_id = sealed_key_id(text[1:]) if isinstance(text, str) and text.startswith('"') else None
-        census[key_id] = census.get(key_id, 0) + int(count)
-    return census
+    def heads(name: str) -> Any:
+        text = sa.cast(tasks.c[name], sa.Text)  # JSON text: a sealed value is a string, so a quote comes first
+        head = sa.case((text.startswith(f'"{SEALED_PREFIX}'), sa.func.substr(text, 2, SEALED_HEAD_CHARS)), else_=None)
+        return sa.select(tasks.c.key.label("row"), head.label("head")).where(tasks.c[name].is_not(None), text != "null")
+
+    found = sa.union_all(*(heads(name) for name in PAYLOADS)).subquery()
+    query = sa.select(found.c.head, sa.func.count(sa.distinct(found.c.row))).group_by(found.c.head)
+    return {sealed_key_id(head): int(count) for head, count in conn.execute(query)}
 
 
 @dataclass
