@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -222,27 +223,30 @@ def without_meta(task: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in task.items() if key != "_meta"}
 
 
-def celery_id_of(task_id: str, dispatch: int = 1) -> str:
-    """The Celery message id of a task's `dispatch`-th send (derived from the row key, never the id itself)."""
+def celery_id_of(client: McpHttp, task_id: str, dispatch: int = 1) -> str:
+    """The Celery message id of a task's `dispatch`-th send, as an operator derives it: from the row key (never
+    the id itself), the task's `createdAt` (what `tasks/get` says, to the millisecond) and the dispatch."""
     from types import SimpleNamespace
 
     from celery_mcp_tasks.model import task_key
     from celery_mcp_tasks.worker.dispatch import celery_id
 
-    return celery_id(SimpleNamespace(key=task_key(task_id), dispatches=dispatch))  # type: ignore[arg-type]
+    created = round(datetime.fromisoformat(client.get(task_id)["createdAt"]).timestamp() * 1000)
+    record = SimpleNamespace(key=task_key(task_id), created_at=created, dispatches=dispatch)
+    return celery_id(record)  # type: ignore[arg-type]
 
 
 _RUN_ENDS = (" succeeded in ", " ended its run in ", " raised unexpected", "Discarding revoked task")
 
 
-def run_ended(proc: Proc, task_id: str, dispatch: int = 1, timeout: float = 30) -> str:
+def run_ended(proc: Proc, client: McpHttp, task_id: str, dispatch: int = 1, timeout: float = 30) -> str:
     """Wait for the worker's trace line that closes the job's run, and return it.
 
     Celery writes it after the task_success/task_failure signal, i.e. after the signal
     bridge tried to record the outcome: once it is there, a late result had its chance.
     A message discarded as revoked counts too (the job never ran).
     """
-    marker = f"[{celery_id_of(task_id, dispatch)}]"
+    marker = f"[{celery_id_of(client, task_id, dispatch)}]"
 
     def closing_line() -> str | None:
         for line in proc.text().splitlines():

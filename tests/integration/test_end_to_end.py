@@ -99,8 +99,8 @@ def test_no_task_id_reaches_any_log(conformance: Deployment, client: McpHttp):
     client.task("tasks/cancel", ids[0])
     worker = conformance.first_worker()
     for task_id in ids:  # the worker logged each of these jobs (received, and how its run ended)...
-        assert f"[{celery_id_of(task_id)}] received" in worker.text()
-        run_ended(worker, task_id)
+        assert f"[{celery_id_of(client, task_id)}] received" in worker.text()
+        run_ended(worker, client, task_id)
     logs = conformance.logs()
     for task_id in ids:
         assert task_id not in logs  # ...and never a task id

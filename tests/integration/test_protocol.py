@@ -266,7 +266,7 @@ def test_update_validates_records_at_once_ignores_strangers_and_resumes(client: 
 def test_cancel_is_synchronous_final_and_idempotent(conformance: Deployment, client: McpHttp):
     task_id = client.create("slow_compute", {"seconds": 30})
     wait_until(
-        lambda: f"[{celery_id_of(task_id)}] received" in conformance.first_worker().text(),
+        lambda: f"[{celery_id_of(client, task_id)}] received" in conformance.first_worker().text(),
         30,
         "the worker to take the job",
     )
@@ -276,7 +276,7 @@ def test_cancel_is_synchronous_final_and_idempotent(conformance: Deployment, cli
     assert cancelled["status"] == "cancelled" and cancelled["statusMessage"] == "Cancelled by the client"
     assert client.task("tasks/cancel", task_id)["result"]["resultType"] == "complete"
     # The job notices within 100 ms and returns (or, not started yet, is skipped): its late result changes nothing.
-    run_ended(conformance.first_worker(), task_id)
+    run_ended(conformance.first_worker(), client, task_id)
     assert without_meta(client.get(task_id)) == without_meta(cancelled)
 
 
@@ -285,7 +285,7 @@ def test_cancel_racing_a_completion_leaves_exactly_one_final_state(conformance: 
         task_id = client.create("slow_compute", {"seconds": 0, "label": "race"})
         client.task("tasks/cancel", task_id)
         first = client.wait_for(task_id)
-        run_ended(conformance.first_worker(), task_id)  # whatever the job did, it has done it now
+        run_ended(conformance.first_worker(), client, task_id)  # whatever the job did, it has done it now
         assert without_meta(client.get(task_id)) == without_meta(first)  # never flips, never rewritten
         if first["status"] == "completed":  # the job won: its own result, untouched by the cancel
             assert first["result"]["content"][0]["text"] == "Computed race after 0 second(s)"

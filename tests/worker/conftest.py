@@ -75,7 +75,7 @@ def follow(
         time.sleep(0.03)
     runs = ""
     if worker is not None:
-        ids = [celery_id_of(task_id, dispatch) for dispatch in (1, 2, 3)]
+        ids = [celery_id_of(client, task_id, dispatch) for dispatch in (1, 2, 3)]
         lines = [line for line in worker.text().splitlines() if any(cid in line for cid in ids)]
         runs = "; the worker's lines about its runs:\n" + ("\n".join(lines[-20:]) or "(none: never received)")
     raise TimeoutError(f"task still not final after {timeout}s; seen {seen}{runs}")

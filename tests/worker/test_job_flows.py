@@ -121,7 +121,7 @@ def test_cancel_while_running_stops_a_cooperative_job(client: McpHttp, worker: P
     assert cancelled["status"] == "cancelled"  # synchronous in tasks/cancel
     # The job notices within its check interval and returns; its outcome is ignored.
     wait_until(lambda: Path(f"{marker}.stopped").exists(), 5, "the job to stop")
-    assert "succeeded in" in run_ended(worker, task_id)  # the bridge was handed "stopped early" ...
+    assert "succeeded in" in run_ended(worker, client, task_id)  # the bridge was handed "stopped early" ...
     assert without_meta(client.get(task_id)) == without_meta(cancelled)  # ... and refused it
 
 
@@ -135,7 +135,7 @@ def test_cancel_terminates_a_stubborn_job_when_the_tool_asks_for_it(
     assert cancelled["status"] == "cancelled" and cancelled["statusMessage"] == "Cancelled by the client"
     wait_until(lambda: not alive(pid), 15, "the pool process to be terminated")
     worker_caught_up(backend, worker)  # the revoke, and the bridge's task_revoked, are handled
-    assert f"Terminating {celery_id_of(task_id)}" in worker.text()
+    assert f"Terminating {celery_id_of(client, task_id)}" in worker.text()
     assert without_meta(client.get(task_id)) == without_meta(cancelled)  # not "revoked in Celery": still ours
 
 

@@ -21,8 +21,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("worker")]
 DELAYS_S = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3)
 
 
-def _received(worker: Proc, task_id: str) -> None:
-    marker = f"[{celery_id_of(task_id)}] received"
+def _received(client: McpHttp, worker: Proc, task_id: str) -> None:
+    marker = f"[{celery_id_of(client, task_id)}] received"
     wait_until(lambda: marker in worker.text(), 30, "the worker to receive the job", interval=0.005)
 
 
@@ -37,7 +37,7 @@ def _still_runs_a_job(client: McpHttp, after: str) -> None:
 
 def _terminate(client: McpHttp, worker: Proc, tool: str, delay_s: float) -> None:
     task_id = client.create(tool, {"seconds": 60})
-    _received(worker, task_id)
+    _received(client, worker, task_id)
     time.sleep(delay_s)
     client.task("tasks/cancel", task_id)
     assert client.get(task_id)["status"] == "cancelled"
