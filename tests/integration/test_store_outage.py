@@ -11,6 +11,8 @@ per request; an earlier-era session got the exception's own text (SQL included) 
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,7 @@ import pytest
 import sqlalchemy as sa
 
 from tests.integration.test_protocol_eras import WITHOUT_EXT, LegacySession
-from tests.support import POSTGRES_URL, Backend, Deployment, McpHttp, fresh_postgres_database
+from tests.support import POSTGRES_URL, Backend, Deployment, McpHttp, fresh_postgres_database, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -101,3 +103,32 @@ def test_a_store_outage_answers_a_fixed_internal_error_on_every_method_and_era(
         assert f"{method}: the task store is unavailable (" in log, log
     assert log.count("the task store is unavailable (") == 7, log
     assert "Traceback" not in log and task_id not in log
+
+
+def test_a_synchronous_call_and_its_job_outlive_a_short_store_outage(
+    down: tuple[Deployment, Outage], tmp_path: Path
+) -> None:
+    """The store is gone for 2.5 s while a synchronous call waits for its running job: the call's re-reads and the
+    job's cancel checks that fail are tried again (the call's bound is far from spent), and the caller gets the
+    result. Before, the first failed re-read answered -32603 and the job ran on for nobody."""
+    deployment, outage = down
+    deployment.worker()
+    plain = McpHttp(deployment.url, capabilities={"elicitation": {}})  # no extension: the synchronous path
+    marker = tmp_path / "started"
+    answers: list[dict[str, Any]] = []
+    caller = threading.Thread(
+        target=lambda: answers.append(plain.call_tool("work", {"seconds": 6, "marker": str(marker)}))
+    )
+    try:
+        caller.start()
+        wait_until(marker.exists, 30, "the job to start")
+        outage.begin()
+        time.sleep(2.5)  # the outage: every read of the call's and the job's in it fails
+        outage.end()
+        caller.join(60)
+        assert answers and answers[0].get("result", {}).get("content"), answers
+        assert answers[0]["result"]["content"][0]["text"] == "worked 6s on attempt 1"
+    finally:
+        outage.end()
+        caller.join(5)
+        plain.close()

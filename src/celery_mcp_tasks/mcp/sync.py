@@ -157,7 +157,13 @@ class SyncCalls:
             else:
                 await anyio.sleep(min(delay, remaining))
                 delay = min(delay * 1.5, _POLL_MAX_S)
-            read = await self._run(partial(service.record, record.key), "tools/call")
+            try:
+                read = await self._run(partial(service.record, record.key), "tools/call")
+            except MCPError:  # the store failed this read (logged): it may be back by the next, within the bound
+                if remaining > 0:
+                    continue
+                await self._abandon(record, "Timed out waiting synchronously")  # best effort: else the reaper
+                raise
             if read is None:
                 raise internal(f"Tool {tool.name}: the job's task is gone")
             latest.record = record = read

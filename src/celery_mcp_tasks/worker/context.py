@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 from celery_mcp_tasks.model import Run, Superseded, TaskRecord, TaskStatus, TerminalTask, checked_progress
 from celery_mcp_tasks.protocol import validate_input_requests
 from celery_mcp_tasks.service import TaskService, failure
+from celery_mcp_tasks.store.base import StoreUnavailable
 
 
 class EndRun(BaseException):
@@ -103,7 +104,10 @@ class TaskContext:
         if not self.attached:
             return False
         if time.monotonic() - self._checked_at >= self.cancel_check_interval:
-            self.record()
+            try:
+                self.record()
+            except StoreUnavailable:  # a store outage is no cancel: the last state read stands, asked again later
+                self._checked_at = time.monotonic()
         return self._record is None or self._record.status is TaskStatus.CANCELLED
 
     def progress(self, message: str, current: float | None = None, total: float | None = None) -> None:
