@@ -17,6 +17,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import uuid
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -138,7 +139,8 @@ def test_on_postgres_and_redis_it_serves_the_configured_store_and_workers_elsewh
     assert POSTGRES_URL and REDIS_URL
     with fresh_postgres_database(POSTGRES_URL) as url:
         backend = Backend("pg_redis", {"MCP_TASKS_DATABASE_URL": url, "CELERY_BROKER_URL": REDIS_URL})
-        queue = {"MCP_TASKS_QUEUE": f"stdio-{tmp_path.name[-12:]}"}
+        # A queue of its own: a test run beside this one on the same Redis would otherwise take its jobs.
+        queue = {"MCP_TASKS_QUEUE": f"stdio-{uuid.uuid4().hex[:12]}"}
         upgrade(url)  # the separate worker refuses an unmigrated store
         worker = start_worker(
             "tests.apps.runtime_app", backend, tmp_path, pool="threads", MCP_TASKS_QUEUE=queue["MCP_TASKS_QUEUE"]
