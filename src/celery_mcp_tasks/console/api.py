@@ -131,7 +131,7 @@ async def _events(request: Request, console: Console) -> Response:
         console process). A request under it would be refused now, so the stream ends too."""
         if session is None:
             return False
-        if auth.expired(request, session):
+        if auth.session_of(request) is None:  # expired
             return True
         try:
             return await console.signed_out(session.sid)

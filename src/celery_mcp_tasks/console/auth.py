@@ -113,11 +113,6 @@ def _session_of(config: AuthConfig, cookie: str | None) -> Session | None:
     return session if session.expires > config.clock() else None
 
 
-def expired(request: Request, session: Session) -> bool:
-    """Whether `session` has run out since it was read (an open stream outlives the request that checked it)."""
-    return session.expires <= _config(request).clock()
-
-
 def mount_root(request: Request) -> str:
     """Where the console is mounted ("" when it is the whole app): every link is under it."""
     return str(request.scope.get("root_path", "")).rstrip("/")
@@ -167,7 +162,8 @@ def start_session(request: Request, response: Response, name: str) -> None:
 
 
 def session_of(request: Request) -> Session | None:
-    """The request's signed, unexpired session cookie (None: none); whether it was signed out is not asked."""
+    """The request's signed, unexpired session cookie (None: none, or expired by now: an open stream asks again);
+    whether it was signed out is not asked."""
     return _session_of(_config(request), request.cookies.get(COOKIE))
 
 
