@@ -93,9 +93,7 @@ class Session:
 
 
 def _config(request: Request) -> AuthConfig:
-    config = getattr(request.app.state, "console_auth", None)
-    if not isinstance(config, AuthConfig):
-        raise RuntimeError("the console app has no AuthConfig in app.state.console_auth")
+    config: AuthConfig = request.app.state.console_auth  # set by `create_app`
     return config
 
 
@@ -198,14 +196,10 @@ def csrf_refusal(request: Request, token: str | None) -> str | None:
         return "Not signed in: sign in again, then repeat the action."
     if not token or "." not in token:
         return "The form's security token is missing: reload the page and try again. Nothing was changed."
-    expires_text, signature = token.split(".", 1)
-    try:
-        expires: int | None = int(expires_text)
-    except ValueError:
-        expires = None
-    if expires is None or not config.signed("csrf", f"{subject}:{expires}", signature):
+    expires, signature = token.split(".", 1)
+    if not expires.isdigit() or not config.signed("csrf", f"{subject}:{expires}", signature):
         return "The form's security token is not valid: reload the page and try again. Nothing was changed."
-    if expires <= config.clock():
+    if int(expires) <= config.clock():
         return "The form's security token has expired: reload the page and try again. Nothing was changed."
     return None
 
