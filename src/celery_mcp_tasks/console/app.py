@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
@@ -51,7 +51,7 @@ def create_app(
     console: Console,
     auth: AuthConfig,
     *,
-    lifespan_contexts: list[Callable[[], AbstractAsyncContextManager[Any]]] = (),  # type: ignore[assignment]
+    lifespan_contexts: Sequence[Callable[[], AbstractAsyncContextManager[Any]]] = (),
     mount_path: str | None = None,
 ) -> Starlette:
     """The console app. `lifespan_contexts`: entered for its life (the push listener, when standalone)
@@ -68,13 +68,12 @@ def create_app(
     app = Starlette(
         routes=[*api.routes(console), *pages.routes(console)],
         middleware=[
-            Middleware(_MountGuard, path=mount_path, console=console),
+            *([] if mount_path is None else [Middleware(_MountGuard, path=mount_path, console=console)]),
             Middleware(ConsoleAuth, config=auth, signed_out=console.signed_out),
         ],
         lifespan=lifespan,
     )
     app.state.console_auth = auth
-    app.state.console = console
     return app
 
 
@@ -89,7 +88,7 @@ class _MountGuard:
     """A mounted console answers only at the path `console_app(path=...)` checked (so never on the MCP path),
     and only while its live-update loop runs (without `lifespan=tasks.lifespan` its pages would never update)."""
 
-    def __init__(self, app: Any, path: str | None, console: Console) -> None:
+    def __init__(self, app: Any, path: str, console: Console) -> None:
         self.app = app
         self.path = path
         self.console = console
@@ -97,7 +96,7 @@ class _MountGuard:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         root = str(scope.get("root_path", "")).rstrip("/")
-        if self.path is None or scope["type"] != "http":
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
         elif not self.console.serving:
             if not self.warned:
