@@ -45,9 +45,9 @@ TICK_S: Final = 0.1
 _KNOWN_VERSIONS: Final = 20_000  # rows whose last fanned-out version is remembered (dedupes hints and polls)
 _POLL_BATCH: Final = 500
 _POLL_MARGIN_MS: Final = 1_000  # a write committed a little after its `updated_at` was taken is still found
-KEY = re.compile(r"[0-9a-f]{64}")
-_KEY_PREFIX = re.compile(r"[0-9a-f]{8,63}")
 MIN_PREFIX: Final = 8  # hex digits of a row key prefix (lists show 12)
+KEY = re.compile(r"[0-9a-f]{64}")
+_KEY_OR_PREFIX = re.compile(rf"[0-9a-f]{{{MIN_PREFIX},64}}")
 ACTIONS: Final = ("cancel", "resend", "delete", "reveal")
 _GONE: Final = "no such task (it may have expired or been deleted)"
 _HIDDEN: Final = "payloads are hidden: MCP_TASKS_CONSOLE_PAYLOADS is off"
@@ -167,7 +167,7 @@ def _row(key: str) -> str:
     """The row an audit line names: a row key's first 12 digits, or "invalid" for anything else (a task id
     pasted in a key's place must not reach the log, nor a line break forge a line)."""
     key = key.strip().lower()
-    return key[:12] if _KEY_PREFIX.fullmatch(key) or KEY.fullmatch(key) else "invalid"
+    return key[:12] if _KEY_OR_PREFIX.fullmatch(key) else "invalid"
 
 
 def audit(operator: str | None, action: str, key: str, outcome: str) -> None:
@@ -244,8 +244,6 @@ class Console:
     async def matching_row(self, key: str, filter: Filter) -> Row | None:
         """The row of `key` if it exists and belongs in a list filtered by `filter` (the store's one
         definition of the filter rules decides), else None."""
-        if not KEY.fullmatch(key):
-            return None
         found = await anyio.to_thread.run_sync(lambda: self.service.rows([key], filter, now_ms=self.clock()))
         return found[0] if found else None
 
@@ -256,11 +254,9 @@ class Console:
         """The row of `key`: its 64 hex digits, or a prefix of them (at least 8, as lists show 12) that
         only one row's key starts with."""
         key = key.strip().lower()
+        if not _KEY_OR_PREFIX.fullmatch(key):
+            raise NotFound(f"no task has this row key (a row key is 64 hex digits, or its first {MIN_PREFIX} or more)")
         if not KEY.fullmatch(key):
-            if not _KEY_PREFIX.fullmatch(key):
-                raise NotFound(
-                    f"no task has this row key (a row key is 64 hex digits, or its first {MIN_PREFIX} or more)"
-                )
             found = await anyio.to_thread.run_sync(lambda: self.service.keys_starting(key, limit=2))
             if len(found) > 1:
                 raise Ambiguous(f"several rows' keys start with {key}: give more of the key's digits")
@@ -345,8 +341,7 @@ class Console:
             return ("cancelled+terminate" if terminate else "cancelled"), record
 
         record = await self._audited("cancel", key, operator, act)
-        self._fan_out_news([row_of(record)])  # this process's own action: the pages hear of it now
-        return ActionResult("cancel", record.key, "cancelled", "The task is cancelled", row_of(record))
+        return self._done("cancel", "cancelled", "The task is cancelled", record)
 
     async def resend(self, key: str, operator: str | None) -> ActionResult:
         """Send the job of a `working` task judged lost (no heartbeat for the stale timeout) again."""
@@ -362,8 +357,7 @@ class Console:
                 raise Refused(str(exc)) from None
 
         record = await self._audited("resend", key, operator, act)
-        self._fan_out_news([row_of(record)])  # this process's own action: the pages hear of it now
-        return ActionResult("resend", record.key, "resent", "The job is sent again", row_of(record))
+        return self._done("resend", "resent", "The job is sent again", record)
 
     async def delete(self, key: str, operator: str | None) -> ActionResult:
         """Delete a final task's row (an active one is refused: cancel it first)."""
@@ -379,6 +373,12 @@ class Console:
         key = await self._audited("delete", key, operator, act)
         self._fan_out([Change(key, None)])
         return ActionResult("delete", key, "deleted", "The task is deleted", None)
+
+    def _done(self, action: str, outcome: str, message: str, record: TaskRecord) -> ActionResult:
+        """A cancel's or re-send's result; this process's own action, so its pages hear of it now."""
+        row = row_of(record)
+        self._fan_out_news([row])
+        return ActionResult(action, record.key, outcome, message, row)
 
     # -- live updates -----------------------------------------------------------------------
 
