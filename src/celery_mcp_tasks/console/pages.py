@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -67,11 +68,11 @@ def _iso(ms: int | None) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def _ago(ms: int | None, now: int | None = None) -> str:
+def _ago(ms: int | None) -> str:
     """How long ago (or how soon) `ms` is, as live.js writes it too."""
     if ms is None:
         return "never"
-    seconds = round(((now_ms() if now is None else now) - ms) / 1000)
+    seconds = round((now_ms() - ms) / 1000)
     future, seconds = seconds < 0, abs(seconds)
     if seconds < 5:
         return "just now"
@@ -101,19 +102,15 @@ def _pretty(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
 
 
-def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.PackageLoader("celery_mcp_tasks.console", "templates"),
-        autoescape=True,  # every template, whatever its name: a status message is the job's text
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    env.filters.update(iso=_iso, ago=_ago, span=_span, number=_number, pretty=_pretty)
-    return env
-
-
-TEMPLATES: Final = Jinja2Templates(env=_environment())
+_ENV: Final = jinja2.Environment(
+    loader=jinja2.PackageLoader("celery_mcp_tasks.console", "templates"),
+    autoescape=True,  # every template, whatever its name: a status message is the job's text
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+_ENV.filters.update(iso=_iso, ago=_ago, span=_span, number=_number, pretty=_pretty)
+TEMPLATES: Final = Jinja2Templates(env=_ENV)
 
 
 # -- the chart --------------------------------------------------------------------------------
@@ -392,30 +389,27 @@ def _next(value: str | None, root: str) -> str:
     return f"{root}/"
 
 
-def _valid_key(endpoint: Any) -> Any:
-    """404 for a path key that is not 64 hex digits, before anything reads the store."""
-
-    async def checked(request: Request) -> Response:
-        key = request.path_params.get("key")
-        action = request.path_params.get("action")
-        if (key is not None and not KEY.fullmatch(key)) or (action is not None and action not in ACTIONS):
-            pages: Pages = endpoint.__self__
-            return pages.problem(request, 404, "No such task", "A row key is 64 hex digits.")
-        response: Response = await endpoint(request)
-        return response
-
-    return checked
-
-
 def routes(console: Console) -> list[BaseRoute]:
     """The pages and the static files, for the console's Starlette app (console/app.py)."""
     pages = Pages(console)
+
+    def valid_key(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+        """404 for a path key that is not 64 hex digits (or an unknown action), before anything reads the store."""
+
+        async def checked(request: Request) -> Response:
+            action = request.path_params.get("action", ACTIONS[0])
+            if not KEY.fullmatch(request.path_params["key"]) or action not in ACTIONS:
+                return pages.problem(request, 404, "No such task", "A row key is 64 hex digits.")
+            return await endpoint(request)
+
+        return checked
+
     return [
         Route("/", pages.overview, name="console:overview"),
         Route("/tasks", pages.tasks, name="console:tasks"),
-        Route("/tasks/{key}", _valid_key(pages.task), name="console:task"),
-        Route("/tasks/{key}/row", _valid_key(pages.row), name="console:row"),
-        Route("/tasks/{key}/{action}", _valid_key(pages.act), methods=["POST"], name="console:act"),
+        Route("/tasks/{key}", valid_key(pages.task), name="console:task"),
+        Route("/tasks/{key}/row", valid_key(pages.row), name="console:row"),
+        Route("/tasks/{key}/{action}", valid_key(pages.act), methods=["POST"], name="console:act"),
         Route("/login", pages.login, methods=["GET", "POST"], name="console:login"),
         Route("/logout", pages.logout, methods=["POST"], name="console:logout"),
         Mount("/static", StaticFiles(packages=[("celery_mcp_tasks.console", "static")]), name="console:static"),
