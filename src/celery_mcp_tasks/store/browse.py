@@ -151,10 +151,9 @@ def overview(conn: Connection, now_ms: int) -> Overview:
     by_status = {status.value: 0 for status in TaskStatus}
     by_tool: dict[str, dict[str, int]] = {}
 
-    def count(tool: object, status: object, n: int) -> None:
-        by_status[str(status)] = by_status.get(str(status), 0) + n
-        tool_counts = by_tool.setdefault(str(tool), {status.value: 0 for status in TaskStatus})
-        tool_counts[str(status)] = tool_counts.get(str(status), 0) + n
+    def count(tool: object, status: object, n: int) -> None:  # `status` is one the query asked for: a known one
+        by_status[str(status)] += n
+        by_tool.setdefault(str(tool), dict.fromkeys(by_status, 0))[str(status)] += n
 
     query = (
         sa.select(tasks.c.tool, tasks.c.status, sa.func.count())
@@ -182,7 +181,7 @@ def overview(conn: Connection, now_ms: int) -> Overview:
         .group_by(tasks.c.tool, tasks.c.status, minute)
     )
     for tool, status, index, n in conn.execute(query).all():
-        if 0 <= int(index) < HOUR_MINUTES and str(status) in ended:
+        if 0 <= int(index) < HOUR_MINUTES:
             ended[str(status)][int(index)] += int(n)
             count(tool, status, int(n))
     per_minute = [
