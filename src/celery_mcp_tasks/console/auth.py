@@ -71,14 +71,6 @@ class AuthConfig:
         return hmac.compare_digest(given, self.sign(purpose, payload).encode())
 
 
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
 def clean_name(name: str | None) -> str:
     """An operator's name as audit lines show it: printable, one word per space, bounded."""
     text = "".join(ch if ch.isprintable() else " " for ch in (name or "")).strip()
@@ -104,7 +96,7 @@ def _session_of(config: AuthConfig, cookie: str | None) -> Session | None:
     if not config.signed("session", body, signature):
         return None
     try:
-        values = json.loads(_unb64(body))
+        values = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
         session = Session(str(values["op"]), str(values["sid"]), int(values["exp"]))
     except (ValueError, KeyError, TypeError):
         return None
@@ -142,12 +134,8 @@ def start_session(request: Request, response: Response, name: str) -> None:
     """Sign `name` in: the signed session cookie on `response` (HttpOnly, SameSite=Strict, expiring)."""
     config = _config(request)
     expires = int(config.clock()) + config.session_ttl_s
-    body = _b64(
-        json.dumps(
-            {"op": clean_name(name) or "operator", "sid": secrets.token_urlsafe(16), "exp": expires},
-            separators=(",", ":"),
-        ).encode()
-    )
+    values = {"op": clean_name(name) or "operator", "sid": secrets.token_urlsafe(16), "exp": expires}
+    body = base64.urlsafe_b64encode(json.dumps(values, separators=(",", ":")).encode()).rstrip(b"=").decode()
     response.set_cookie(
         COOKIE,
         f"{body}.{config.sign('session', body)}",
