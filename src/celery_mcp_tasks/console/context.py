@@ -49,6 +49,7 @@ MIN_PREFIX: Final = 8  # hex digits of a row key prefix (lists show 12)
 KEY = re.compile(r"[0-9a-f]{64}")
 _KEY_OR_PREFIX = re.compile(rf"[0-9a-f]{{{MIN_PREFIX},64}}")
 ACTIONS: Final = ("cancel", "resend", "delete", "reveal")
+DONE: Final = {"cancel": "The task is cancelled", "resend": "The job is sent again", "delete": "The task is deleted"}
 _GONE: Final = "no such task (it may have expired or been deleted)"
 _HIDDEN: Final = "payloads are hidden: MCP_TASKS_CONSOLE_PAYLOADS is off"
 _T = TypeVar("_T")
@@ -341,7 +342,7 @@ class Console:
             return ("cancelled+terminate" if terminate else "cancelled"), record
 
         record = await self._audited("cancel", key, operator, act)
-        return self._done("cancel", "cancelled", "The task is cancelled", record)
+        return self._done("cancel", "cancelled", record)
 
     async def resend(self, key: str, operator: str | None) -> ActionResult:
         """Send the job of a `working` task judged lost (no heartbeat for the stale timeout) again."""
@@ -357,7 +358,7 @@ class Console:
                 raise Refused(str(exc)) from None
 
         record = await self._audited("resend", key, operator, act)
-        return self._done("resend", "resent", "The job is sent again", record)
+        return self._done("resend", "resent", record)
 
     async def delete(self, key: str, operator: str | None) -> ActionResult:
         """Delete a final task's row (an active one is refused: cancel it first)."""
@@ -372,13 +373,13 @@ class Console:
 
         key = await self._audited("delete", key, operator, act)
         self._fan_out([Change(key, None)])
-        return ActionResult("delete", key, "deleted", "The task is deleted", None)
+        return ActionResult("delete", key, "deleted", DONE["delete"], None)
 
-    def _done(self, action: str, outcome: str, message: str, record: TaskRecord) -> ActionResult:
+    def _done(self, action: str, outcome: str, record: TaskRecord) -> ActionResult:
         """A cancel's or re-send's result; this process's own action, so its pages hear of it now."""
         row = row_of(record)
         self._fan_out_news([row])
-        return ActionResult(action, record.key, outcome, message, row)
+        return ActionResult(action, record.key, outcome, DONE[action], row)
 
     # -- live updates -----------------------------------------------------------------------
 

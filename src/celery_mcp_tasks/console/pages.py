@@ -22,6 +22,7 @@ from starlette.templating import Jinja2Templates
 from celery_mcp_tasks.console import auth
 from celery_mcp_tasks.console.context import (
     ACTIONS,
+    DONE,
     KEY,
     Console,
     ConsoleError,
@@ -41,11 +42,7 @@ SORT_LABELS: Final = (
     ("-updated", "Recently updated first"),
     ("updated", "Least recently updated first"),
 )
-_DONE: Final = {  # ?done=<action> after a redirect: fixed words, never text from the query
-    "cancel": "The task is cancelled.",
-    "resend": "The job is sent again.",
-    "delete": "The task is deleted.",
-}
+_DONE: Final = {action: f"{words}." for action, words in DONE.items()}  # ?done=<action>: never text from the query
 _CONFIRM: Final = {
     "cancel": ("Cancel", "The task becomes cancelled; its client sees that, and its running job is told to stop."),
     "resend": ("Re-send", "The job's message is sent to its queue again, as the janitor does for a lost job."),
