@@ -66,7 +66,7 @@ async def test_threads_hand_hints_to_the_loop() -> None:
     hub = Hub()
     hub.bind()
     watch = hub.watch(["k"])
-    thread = threading.Thread(target=hub.hint_threadsafe, args=("k", 4))
+    thread = threading.Thread(target=hub.from_thread, args=(hub.hint, "k", 4))
     thread.start()
     with anyio.fail_after(10):
         got = await watch.next(10)

@@ -129,7 +129,7 @@ class BrokerListener:
                     )
                     with Consumer(conn, queues=[queue], callbacks=[self._on_message], accept=["json"], no_ack=True):
                         if connected_before:
-                            self._hub.resync_threadsafe()
+                            self._hub.from_thread(self._hub.resync)
                         if failing:
                             logger.info("task change listener reached the broker %s again", self._url or conn.as_uri())
                         connected_before, failing = True, False
@@ -158,4 +158,4 @@ class BrokerListener:
     def _on_message(self, body: Any, _message: Any) -> None:
         key, version = (body.get("k"), body.get("v")) if isinstance(body, dict) else (None, None)
         if isinstance(key, str) and len(key) == 64 and isinstance(version, int):
-            self._hub.hint_threadsafe(key, version)
+            self._hub.from_thread(self._hub.hint, key, version)

@@ -4,22 +4,19 @@ One per web process. Transports feed it hints `(row key, version)`; streams regi
 follow. A hint is only a nudge: the stream re-reads the row, checks the owner and decides what to send,
 so a lost or duplicated hint costs latency, never correctness, and a burst for one row coalesces into one
 wake-up. Keys in, wake-ups out: no task ids, owners or wire. It runs on the event loop; a transport's
-thread hands hints over with `hint_threadsafe`.
+thread hands them over with `from_thread`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import anyio
 import anyio.from_thread
 import anyio.lowlevel
 
 logger = logging.getLogger(__name__)
-
-UNKNOWN: None = None
-"""A hint without a version ("re-read to find out"), e.g. after a transport reconnected."""
 
 
 class Watch:
@@ -38,12 +35,8 @@ class Watch:
         self.closed = False
         self.resynced = False  # an every-key watch: hints may have been lost, its owner re-reads what it shows
 
-    @property
-    def keys(self) -> frozenset[str]:
-        return frozenset(self._keys)
-
     def offer(self, key: str, version: int | None) -> None:
-        """Record a hint (keeping the highest version seen) and wake the stream."""
+        """Record a hint (keeping the highest version seen; None: "re-read to find out") and wake the stream."""
         if not self.every and key not in self._keys:
             return
         if key in self._pending:
@@ -100,7 +93,7 @@ class Hub:
 
     def watch(self, keys: Iterable[str]) -> Watch:
         watch = Watch(keys, self)
-        for key in watch.keys:
+        for key in watch._keys:
             self._by_key.setdefault(key, set()).add(watch)
         self._follow_changed()
         return watch
@@ -150,32 +143,26 @@ class Hub:
     def watch_count(self) -> int:
         return len({watch for watchers in self._by_key.values() for watch in watchers} | self._every)
 
-    def hint(self, key: str, version: int | None = UNKNOWN) -> None:
+    def hint(self, key: str, version: int | None) -> None:
         """A row changed (on the loop). Unwatched keys cost one dict lookup (and the every-key watches)."""
         for watch in [*self._by_key.get(key, ()), *self._every]:
             watch.offer(key, version)
 
     def resync(self) -> None:
         """Wake every stream to re-read everything it follows (hints may have been lost)."""
-        for key, watchers in list(self._by_key.items()):
-            for watch in list(watchers):
-                watch.offer(key, UNKNOWN)
-        for watch in list(self._every):
+        for key, watchers in self._by_key.items():
+            for watch in watchers:
+                watch.offer(key, None)
+        for watch in self._every:
             watch.resynced = True
             watch.wake()
 
-    def hint_threadsafe(self, key: str, version: int | None = UNKNOWN) -> None:
-        """`hint` from a transport thread. Dropped (harmlessly) when the loop is gone."""
-        self._from_thread(self.hint, key, version)
-
-    def resync_threadsafe(self) -> None:
-        self._from_thread(self.resync)
-
-    def _from_thread(self, fn: object, *args: object) -> None:
+    def from_thread(self, fn: Callable[..., None], *args: object) -> None:
+        """Run `hint` or `resync` from a transport thread. Dropped (harmlessly) when the loop is gone."""
         if self._token is None:
             logger.debug("hub not bound to a loop yet; hint dropped")
             return
         try:
-            anyio.from_thread.run_sync(fn, *args, token=self._token)  # type: ignore[arg-type]
+            anyio.from_thread.run_sync(fn, *args, token=self._token)
         except (RuntimeError, anyio.RunFinishedError):
             logger.debug("event loop gone; hint dropped")
