@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 
 from celery_mcp_tasks.model import Run, RunInProgress, Superseded, TaskRecord, TaskStatus, TerminalTask
-from celery_mcp_tasks.notify.postgres import CHANNEL, PG_HINT, format_hint, libpq_url
+from celery_mcp_tasks.notify.postgres import CHANNEL, PG_HINT, hint_payload, libpq_url
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.base import ANY, TaskNotFound
 from celery_mcp_tasks.store.sql import SqlStore
@@ -204,11 +204,11 @@ def test_notify_is_delivered_with_the_fast_write_in_the_same_statement(hinted: S
         seen = Statements(hinted)
         written = hinted.update("k", ANY, lambda r: r.with_progress("half way", 2), expected=created)
         assert seen.seen == ["UPDATE"] and "pg_notify" in seen.texts[0]  # UPDATE and pg_notify, one statement
-        assert _heard(listener) == [format_hint(written)]
+        assert _heard(listener) == [hint_payload(written)]
         # A miss sends nothing of its own: only the locking path's write is heard, at its version.
         again = hinted.update("k", ANY, lambda r: r.with_progress("again", 3), expected=created)
         assert again.version == 3
-        assert _heard(listener) == [format_hint(again)]
+        assert _heard(listener) == [hint_payload(again)]
     finally:
         listener.close()
 

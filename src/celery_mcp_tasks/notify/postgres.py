@@ -32,10 +32,6 @@ _IDLE_S = 5.0
 """How often a listening connection checks whether anything still follows a task."""
 
 
-def format_hint(record: TaskRecord) -> str:
-    return f"{record.key}:{record.version}"
-
-
 def parse_hint(payload: str) -> tuple[str, int] | None:
     key, _, version = payload.partition(":")
     if len(key) != 64 or not version.isdigit():
@@ -45,7 +41,7 @@ def parse_hint(payload: str) -> tuple[str, int] | None:
 
 def hint_payload(record: TaskRecord) -> str | None:
     """The hint for `record`'s write, or None when no stream can be following it yet."""
-    return format_hint(record) if listeners_possible(record) else None
+    return f"{record.key}:{record.version}" if listeners_possible(record) else None
 
 
 PG_HINT = ChangeHint(CHANNEL, hint_payload)
