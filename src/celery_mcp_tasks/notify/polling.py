@@ -17,13 +17,11 @@ from celery_mcp_tasks.notify.hub import Hub
 
 logger = logging.getLogger(__name__)
 
-Versions = Callable[[Iterable[str]], dict[str, int]]
-
 _INTERVAL_S = 0.1
 
 
 class RowPoller:
-    def __init__(self, versions: Versions, hub: Hub) -> None:
+    def __init__(self, versions: Callable[[Iterable[str]], dict[str, int]], hub: Hub) -> None:
         self._versions = versions
         self._hub = hub
         self._seen: dict[str, int] = {}

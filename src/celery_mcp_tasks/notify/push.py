@@ -97,29 +97,21 @@ class Push:
         self._custom: Notifier | None = None if isinstance(notifier, _Default) else notifier
         self._settings = settings
         self._broker = broker
-        self._store: Store | None = None
-        self._store_engine: Engine | None = None
+        self._bound: tuple[Store, Engine] | None = None
         self._publisher: Notifier | None = None
         self.hub = Hub()
 
-    def bind_store(self, store: Store, engine: Engine | None = None) -> None:
+    def bind_store(self, store: Store, engine: Engine) -> None:
         """This process's store (built with `change_hint`): push reads versions from it (polling) and,
         for a custom notifier that keeps push on PostgreSQL, sends hints on its `engine`. Called once
         per process, before the service exists."""
-        self._store = store
-        self._store_engine = engine
+        self._bound = (store, engine)
         self._publisher = None  # a publisher bound to an inherited (pre-fork) store must not be reused
 
-    def _bound_store(self) -> Store:
-        if self._store is None:
+    def _bound_store(self) -> tuple[Store, Engine]:
+        if self._bound is None:
             raise RuntimeError("Push.bind_store() was not called in this process")
-        return self._store
-
-    def _engine(self) -> Engine:
-        self._bound_store()
-        if self._store_engine is None:
-            raise RuntimeError("Push.bind_store() was given no engine for PostgreSQL hints")
-        return self._store_engine
+        return self._bound
 
     @property
     def publisher(self) -> Notifier | None:
@@ -132,7 +124,7 @@ class Push:
                     self._broker.producer_pool, hint_exchange(self._broker.namespace), url=redact_url(self._broker.url)
                 )
             elif self.mode == "postgres":
-                self._publisher = PgNotifier(self._engine)
+                self._publisher = PgNotifier(lambda: self._bound_store()[1])
         return self._publisher
 
     @property
@@ -160,7 +152,7 @@ class Push:
                 url=redact_url(self._broker.url),
             )
         if self.mode == "poll":
-            return RowPoller(lambda keys: self._bound_store().versions(keys), self.hub)
+            return RowPoller(lambda keys: self._bound_store()[0].versions(keys), self.hub)
         return None
 
     @asynccontextmanager
