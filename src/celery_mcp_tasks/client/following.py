@@ -109,7 +109,7 @@ class Follower:
         self._membership = anyio.Event()
         self._run_scope: anyio.CancelScope | None = None  # set while following runs (in the session's background)
         self._news = anyio.Event()  # fired when following ends (stream closed, no read in flight) or a task joins
-        self._listen_ok: bool | None = None if tasks.listen else False
+        self._may_listen = tasks.listen  # False for good once the server showed listen does not carry tasks
 
     def track(self, state: TaskState) -> Tracked:
         tracked = self._tracked.get(state.task_id)
@@ -175,7 +175,7 @@ class Follower:
                 while True:
                     if not self._live():
                         return
-                    if self._listen_ok is not False and self._session.protocol_version in TASKS_VERSIONS:
+                    if self._may_listen and self._session.protocol_version in TASKS_VERSIONS:
                         await self._listen()
                     else:
                         await self._poll()
@@ -239,16 +239,15 @@ class Follower:
                             or failures >= 6
                         ):
                             logger.warning("subscriptions/listen failed (%s); polling tasks instead", calls.brief(exc))
-                            self._listen_ok = False
+                            self._may_listen = False
                             return
                         await self._poll_once(self._live())  # keep the states moving meanwhile
                         await anyio.sleep(min(0.2 * 2**failures, 5.0))
                         continue
                     if stream.task_ids is None:
                         await stack.aclose()
-                        self._listen_ok = False  # the server does not follow tasks on listen
+                        self._may_listen = False  # the server does not follow tasks on listen
                         return
-                    self._listen_ok = True
                     failures = 0
                     old, current = current, stack
                     if old is not None:
@@ -259,7 +258,7 @@ class Follower:
                     await self._poll_once(fresh)
                     if any(t.state.task_id in ids and t.state.task_id not in covered for t in self._live()):
                         logger.warning("the server left followed tasks out of its listen acknowledgment; polling")
-                        self._listen_ok = False
+                        self._may_listen = False
                         return
                     watching = stream
                 assert watching is not None

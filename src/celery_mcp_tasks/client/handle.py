@@ -253,12 +253,11 @@ class TaskHandle:
 
     async def _cancel_on_the_way_out(self) -> None:
         """Shielded and bounded: the caller is leaving (cancelled, timed out, failed to answer)."""
-        with anyio.CancelScope(shield=True):
-            with anyio.move_on_after(self._tasks.cancel_timeout):
-                try:
-                    await self.cancel()
-                except (MCPError, OSError) as exc:
-                    logger.warning("could not cancel an abandoned task: %s", type(exc).__name__)
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self._tasks.cancel_timeout):
+            try:
+                await self.cancel()
+            except (MCPError, OSError) as exc:
+                logger.warning("could not cancel an abandoned task: %s", type(exc).__name__)
 
     def close(self) -> None:
         """Stop following the task (the server keeps it; `attach` again later)."""
