@@ -32,7 +32,6 @@ class Watch:
         self.every = every  # follows every key (the console), not a given set
         self._pending: dict[str, int | None] = {}
         self._event = anyio.Event()
-        self.closed = False
         self.resynced = False  # an every-key watch: hints may have been lost, its owner re-reads what it shows
 
     def offer(self, key: str, version: int | None) -> None:
@@ -67,12 +66,10 @@ class Watch:
             self._hub._unindex(self, [key])
 
     def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
+        """Unregister; idempotent, and wakes a stream still waiting on it."""
         if self._hub is not None:
             self._hub._every.discard(self)
-            self._hub._unindex(self, list(self._keys))
+            self._hub._unindex(self, self._keys)
         self._keys.clear()
         self._pending.clear()
         self._event.set()
