@@ -30,8 +30,6 @@ class _TaskFields(BaseModel):
 class CreateTaskResult(Result, _TaskFields):
     """`tools/call` answered with a task (`resultType: "task"`): the flat task fields, nothing else."""
 
-    model_config = ConfigDict(extra="allow")
-
     result_type: Literal["task"] = "task"
 
     def state(self) -> TaskState:
