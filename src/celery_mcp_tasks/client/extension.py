@@ -9,7 +9,6 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import anyio
-import anyio.abc
 from mcp.client.extension import ClaimContext, ClientExtension, NotificationBinding, ResultClaim
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_REQUEST, CallToolResult, RequestParamsMeta, TextContent
