@@ -10,7 +10,6 @@ import argparse
 import errno
 import logging
 import os
-import signal
 import socket
 import sys
 import threading
@@ -22,7 +21,7 @@ from celery_mcp_tasks.cli.shared import (
     celery_target,
     load_app,
     prepare,
-    raise_stop,
+    sigterm_stops,
     start_ops_server,
 )
 
@@ -93,29 +92,28 @@ def run(options: argparse.Namespace) -> int:
         server.should_exit = True
 
     worker = WorkerSupervisor(target, tasks, on_death=on_worker_death)
-    previous = signal.signal(signal.SIGTERM, raise_stop)
     status = 0
-    ops = start_ops_server(tasks, None, None)  # MCP_TASKS_OPS_HOST/PORT, when a plugin added routes
-    try:
-        worker.start()
-        if options.call:
-            thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="dev-web", daemon=True)
-            thread.start()
-            try:
-                status = run_call(CallOptions(url, *options.call), abort=stopped.is_set)
-            finally:
-                server.should_exit = True
-                thread.join(timeout=5)
-        else:
-            server.run(sockets=[sock])
-    except (KeyboardInterrupt, Stopped):
-        status = 130
-    finally:
-        if ops is not None:
-            ops.stop()
-        worker.stop()
-        sock.close()
-        signal.signal(signal.SIGTERM, previous)
+    with sigterm_stops():
+        ops = start_ops_server(tasks, None, None)  # MCP_TASKS_OPS_HOST/PORT, when a plugin added routes
+        try:
+            worker.start()
+            if options.call:
+                thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="dev-web", daemon=True)
+                thread.start()
+                try:
+                    status = run_call(CallOptions(url, *options.call), abort=stopped.is_set)
+                finally:
+                    server.should_exit = True
+                    thread.join(timeout=5)
+            else:
+                server.run(sockets=[sock])
+        except (KeyboardInterrupt, Stopped):
+            status = 130
+        finally:
+            if ops is not None:
+                ops.stop()
+            worker.stop()
+            sock.close()
     if worker.died is not None:
         print(f"{PREFIX}: {worker.why()}", file=sys.stderr)
         return 1

@@ -8,6 +8,7 @@ serving tasks that stay `Queued` forever.
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import importlib
 import logging
@@ -17,7 +18,7 @@ import subprocess
 import sys
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any
@@ -266,19 +267,9 @@ class WorkerSupervisor:
         """Warm shutdown, then the whole process group is killed: nothing outlives `dev`. The data directory's
         claim goes last."""
         self._stopping.set()
-        try:
-            self._stop(warm_s)
-        finally:
-            if self._claim is not None:
-                self._claim.close()  # unlocks
-                self._claim = None
-
-    def _stop(self, warm_s: float) -> None:
         proc = self.proc
-        if proc is None:
-            return
         try:
-            if proc.poll() is None:
+            if proc is not None and proc.poll() is None:
                 # The worker's main process only: it ends its pool and beat itself (a pool
                 # child's own SIGTERM would be logged as a lost process).
                 proc.send_signal(signal.SIGTERM)
@@ -287,17 +278,29 @@ class WorkerSupervisor:
             pass  # a second Ctrl-C, or a job that does not end: no more waiting
         finally:
             try:
-                os.killpg(proc.pid, signal.SIGKILL)  # the embedded beat and any pool child included
-            except (ProcessLookupError, PermissionError):
-                pass
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
+                if proc is not None:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(proc.pid, signal.SIGKILL)  # the embedded beat and any pool child included
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=5)
+            finally:
+                if self._claim is not None:
+                    self._claim.close()  # unlocks
+                    self._claim = None
 
 
-def raise_stop(signum: int, frame: FrameType | None) -> None:
+def _raise_stop(signum: int, frame: FrameType | None) -> None:
     raise Stopped(signal.Signals(signum).name)
+
+
+@contextlib.contextmanager
+def sigterm_stops() -> Iterator[None]:
+    """SIGTERM raises `Stopped` for the duration (the previous handler back after)."""
+    previous = signal.signal(signal.SIGTERM, _raise_stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 # Prefork, not threads: only it can kill a running job (`terminate=True` tools); it forks its children

@@ -27,7 +27,7 @@ from celery_mcp_tasks.cli.shared import (
     celery_target,
     load_app,
     prepare,
-    raise_stop,
+    sigterm_stops,
 )
 from celery_mcp_tasks.config import redact_url
 
@@ -102,12 +102,9 @@ async def serve(tasks: Any, worker: WorkerSupervisor | None) -> None:
 
 def finish(worker: WorkerSupervisor | None, outcome: str) -> int:
     """End the worker's process group (warm, then killed) and say how the server ends: its exit status."""
-    previous = signal.signal(signal.SIGTERM, raise_stop)  # a second SIGTERM cuts the warm shutdown short
-    try:
-        if worker is not None:
+    if worker is not None:
+        with sigterm_stops():  # a second SIGTERM cuts the warm shutdown short
             worker.stop(WARM_SHUTDOWN_S)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     if worker is not None and worker.died is not None:
         _say(f"{PREFIX}: {worker.why()}")
         return 1
@@ -124,29 +121,29 @@ def run(options: argparse.Namespace) -> int:
     import anyio
 
     worker: WorkerSupervisor | None = None
-    previous = signal.signal(signal.SIGTERM, raise_stop)  # until the serve loop listens: leave via `finally`
     try:
-        with stdout_to_stderr():
-            if options.directory:
-                try:
-                    os.chdir(options.directory)
-                except OSError as exc:
-                    raise SystemExit(f"{PREFIX}: --directory {options.directory}: {exc.strerror or exc}") from None
-            if options.data_dir:  # wins over MCP_TASKS_DATA_DIR; the worker inherits it
-                os.environ["MCP_TASKS_DATA_DIR"] = str(Path(options.data_dir).expanduser().resolve())
-            tasks = load_app(options.app)
-            broker_url = str(tasks.celery.conf.broker_url)
-            target = celery_target(options.app, tasks) if wants_worker(options.worker, broker_url) else None
-            prepare(tasks, "stdio", migrate=not options.no_migrate)
-            _say(f"{PREFIX}: serving {options.app} over stdin/stdout", *banner(tasks.settings))
-            if target is not None:
-                worker = WorkerSupervisor(target, tasks, node="stdio@%h", schedule="stdio-beat-schedule")
-                worker.start()
-                assert worker.proc is not None
-                _say(f"  worker  pid {worker.proc.pid} (celery -A {target} worker -B, supervised)")
-            else:
-                _say(f"  worker  none started: jobs run on workers of {redact_url(broker_url)}")
-        anyio.run(serve, tasks, worker)
+        with sigterm_stops():  # until the serve loop listens: SIGTERM leaves as `Stopped`
+            with stdout_to_stderr():
+                if options.directory:
+                    try:
+                        os.chdir(options.directory)
+                    except OSError as exc:
+                        raise SystemExit(f"{PREFIX}: --directory {options.directory}: {exc.strerror or exc}") from None
+                if options.data_dir:  # wins over MCP_TASKS_DATA_DIR; the worker inherits it
+                    os.environ["MCP_TASKS_DATA_DIR"] = str(Path(options.data_dir).expanduser().resolve())
+                tasks = load_app(options.app)
+                broker_url = str(tasks.celery.conf.broker_url)
+                target = celery_target(options.app, tasks) if wants_worker(options.worker, broker_url) else None
+                prepare(tasks, "stdio", migrate=not options.no_migrate)
+                _say(f"{PREFIX}: serving {options.app} over stdin/stdout", *banner(tasks.settings))
+                if target is not None:
+                    worker = WorkerSupervisor(target, tasks, node="stdio@%h", schedule="stdio-beat-schedule")
+                    worker.start()
+                    assert worker.proc is not None
+                    _say(f"  worker  pid {worker.proc.pid} (celery -A {target} worker -B, supervised)")
+                else:
+                    _say(f"  worker  none started: jobs run on workers of {redact_url(broker_url)}")
+            anyio.run(serve, tasks, worker)
         outcome = "closed"
     except KeyboardInterrupt:
         outcome = "SIGINT"
@@ -155,6 +152,4 @@ def run(options: argparse.Namespace) -> int:
     except BaseException:
         finish(worker, "error")
         raise
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     return finish(worker, outcome)
