@@ -6,7 +6,6 @@ import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from typing import IO, Any
 
 from mcp_types import CallToolResult, ErrorData, TextContent
@@ -17,6 +16,7 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
+from celery_mcp_tasks.client.following import moment
 from celery_mcp_tasks.client.models import TaskState
 
 PROG = "celery-mcp-tasks call"
@@ -24,13 +24,8 @@ PROG = "celery-mcp-tasks call"
 
 def _since(created_at: str) -> float:
     """Seconds since `created_at` (an ISO timestamp), 0 when it cannot be read."""
-    try:
-        created = datetime.fromisoformat(created_at.replace("Z", "+00:00"))
-    except ValueError:
-        return 0.0
-    if created.tzinfo is None:
-        created = created.replace(tzinfo=UTC)
-    return max(0.0, (datetime.now(UTC) - created).total_seconds())
+    _, at = moment(created_at)
+    return max(0.0, time.time() - at) if isinstance(at, float) else 0.0
 
 
 def _duration(seconds: float) -> str:
