@@ -84,14 +84,14 @@ def test_a_database_failure_after_the_start_up_checks_is_one_line_with_the_drive
     """The same reason `preflight` gives (the driver's first line, its "connection failed: " prefix dropped)."""
     import sqlalchemy as sa
 
-    import celery_mcp_tasks.cli as cli
+    import celery_mcp_tasks.cli.db as db
 
     lost = Exception("connection failed: server closed the connection unexpectedly\n\tThis probably means ...")
 
     def run(args: argparse.Namespace) -> int:
         raise sa.exc.OperationalError("SELECT ...", {}, lost)
 
-    monkeypatch.setattr(cli, "_db", run)
+    monkeypatch.setattr(db, "run", run)
     assert main(["db", "current"]) == 1
     err = capsys.readouterr().err
     assert err == "celery-mcp-tasks: database error: server closed the connection unexpectedly\n"

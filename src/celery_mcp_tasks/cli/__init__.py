@@ -11,161 +11,9 @@ import sys
 import threading
 from collections.abc import Callable
 from importlib import import_module
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # the command's imports wait for main(): a Ctrl-C while they run is one line
-    from celery_mcp_tasks.config import Settings
+from typing import Any
 
 APP_HELP = "the module holding your McpTasks, e.g. examples.quickstart.app (imported from the current directory)"
-
-
-def _serve(args: argparse.Namespace) -> int:
-    """`serve` (the MCP endpoint) or `console` (the operators' console): APP under uvicorn."""
-    import uvicorn
-
-    from celery_mcp_tasks.cli.shared import load_app, prepare, start_ops_server
-    from celery_mcp_tasks.ops.logs import uvicorn_log_config
-
-    tasks = load_app(args.app)
-    console = args.command == "console"
-    if console and tasks.settings.console_token is None:
-        print(
-            "celery-mcp-tasks console: MCP_TASKS_CONSOLE_TOKEN is not set: the console needs an operator token "
-            "(generate one with `openssl rand -base64 32`)",
-            file=sys.stderr,
-        )
-        return 2
-    prepare(tasks, "serve", migrate=not console and not args.no_migrate)
-    ops = None if console else start_ops_server(tasks, args.ops_host, args.ops_port)
-    try:
-        uvicorn.run(
-            tasks.console_app(standalone=True) if console else tasks.asgi_app(host=args.host),
-            host=args.host,
-            port=args.port,
-            log_level=args.log_level,
-            log_config=uvicorn_log_config(tasks.settings),  # json: uvicorn's lines go through the JSON root handler
-            timeout_graceful_shutdown=5,
-        )
-    finally:
-        if ops is not None:
-            ops.stop()
-    return 0
-
-
-def _revisions(url: str) -> tuple[str, ...]:
-    """The store's revisions now (() for an empty database, or a SQLite file not created yet)."""
-    from celery_mcp_tasks.preflight import current_revisions, missing_sqlite_file, probe_engine
-
-    if missing_sqlite_file(url):
-        return ()
-    engine = probe_engine(url)
-    try:
-        with engine.connect() as conn:
-            return current_revisions(conn)
-    finally:
-        engine.dispose()
-
-
-def _named(revisions: tuple[str, ...]) -> str:
-    from celery_mcp_tasks.preflight import script_heads
-
-    if not revisions:
-        return "base (no tables)"
-    return ", ".join(sorted(revisions)) + (" (head)" if set(revisions) == script_heads()[0] else "")
-
-
-def _db(args: argparse.Namespace) -> int:
-    from celery_mcp_tasks import migrate
-    from celery_mcp_tasks.config import Settings, redact_url
-    from celery_mcp_tasks.preflight import preflight
-
-    if args.action == "newkey":
-        from celery_mcp_tasks.store.codec import new_key
-
-        print(new_key())
-        return 0
-    if args.action == "downgrade" and not args.revision:  # never by default: `base` drops every task
-        print(
-            "celery-mcp-tasks db: downgrade needs the REVISION to go back to (`base` drops the package's tables "
-            "and every task in them)",
-            file=sys.stderr,
-        )
-        return 2
-    settings = Settings.from_env()
-    preflight(settings, role="db", need_schema=False)  # unreachable: one line, not alembic's traceback
-    url = settings.store_url
-    if args.action == "reencrypt":
-        return _reencrypt(settings)
-    if args.action in ("upgrade", "downgrade"):
-        before = _revisions(url)
-        (migrate.upgrade if args.action == "upgrade" else migrate.downgrade)(url, args.revision or "head")
-        after = _revisions(url)
-        if before == after:
-            print(f"celery-mcp-tasks db: the task store {redact_url(url)} is already at {_named(after)}")
-        else:
-            print(
-                f"celery-mcp-tasks db: {args.action}d the task store {redact_url(url)} from {_named(before)} "
-                f"to {_named(after)}"
-            )
-    elif args.action == "check":
-        return _check(url)
-    else:
-        migrate.current(url)
-        if not _revisions(url):
-            print("base (no tables): run `celery-mcp-tasks db upgrade`")
-    return 0
-
-
-def _check(url: str) -> int:
-    """0 when the store is at this release's head and its schema is the one the models describe; else 1, saying why."""
-    from alembic.util import CommandError
-
-    from celery_mcp_tasks import migrate
-    from celery_mcp_tasks.config import redact_url
-    from celery_mcp_tasks.preflight import revision_problem
-
-    store, revisions = redact_url(url), _revisions(url)
-    problem = revision_problem(revisions)
-    if problem is not None:
-        print(f"celery-mcp-tasks db check: {problem} ({store})", file=sys.stderr)
-        return 1
-    try:
-        migrate.check(url)  # alembic compares the models with the tables: a column changed by hand shows here
-    except CommandError as exc:
-        detail = str(exc).strip().splitlines()[0]
-        print(
-            f"celery-mcp-tasks db check: the task store {store} differs from this release's schema: {detail}",
-            file=sys.stderr,
-        )
-        return 1
-    print(f"celery-mcp-tasks db check: the task store {store} is at {_named(revisions)}, as this release expects")
-    return 0
-
-
-def _reencrypt(settings: Settings) -> int:
-    """Seal every row's payloads with the ring's first key, in batches, while everything runs."""
-    from celery_mcp_tasks.config import ConfigError
-    from celery_mcp_tasks.preflight import revision_problem
-    from celery_mcp_tasks.store.engine import create_store_engine
-    from celery_mcp_tasks.store.rekeying import reencrypt
-
-    ring = settings.key_ring()
-    if ring is None:
-        raise ConfigError("MCP_TASKS_ENCRYPTION_KEYS: unset; set the ring to re-encrypt with (the new key first)")
-    problem = revision_problem(_revisions(settings.store_url))
-    if problem is not None:
-        raise ConfigError(f"MCP_TASKS_DATABASE_URL: {problem}")
-    engine = create_store_engine(settings.store_url)
-    try:
-        done = reencrypt(engine, ring, batch_size=500)
-    finally:
-        engine.dispose()
-    print(
-        f"celery-mcp-tasks db reencrypt: {done.rewritten} rows re-encrypted with key {ring.primary_id}, "
-        f"{done.current} already were, {done.unreadable} sealed with a key not in the ring (left as they are), "
-        f"{done.busy} kept changing (run it again)"
-    )
-    return 1 if done.busy else 0
 
 
 def _ops_port(text: str) -> int:
@@ -375,10 +223,9 @@ def _command(argv: list[str] | None) -> int:
     from celery_mcp_tasks.config import ConfigError
 
     try:
-        if args.command in ("serve", "db", "console"):
-            return _db(args) if args.command == "db" else _serve(args)
-        # The others live in a module of their name, each with its `run(args)`.
-        run: Callable[[argparse.Namespace], int] = import_module(f"celery_mcp_tasks.cli.{args.command}").run
+        # Each command lives in a module of its name, with its `run(args)` (`console` is served as `serve` is).
+        module = "serve" if args.command == "console" else args.command
+        run: Callable[[argparse.Namespace], int] = import_module(f"celery_mcp_tasks.cli.{module}").run
         return run(args)
     except ConfigError as exc:
         print(f"celery-mcp-tasks: configuration error: {exc}", file=sys.stderr)

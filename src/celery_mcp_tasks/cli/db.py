@@ -1,0 +1,117 @@
+"""`celery-mcp-tasks db`: migrate, check and re-key the task store that MCP_TASKS_DATABASE_URL names."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from alembic.util import CommandError
+
+from celery_mcp_tasks import migrate
+from celery_mcp_tasks.config import ConfigError, Settings, redact_url
+from celery_mcp_tasks.preflight import (
+    current_revisions,
+    missing_sqlite_file,
+    preflight,
+    probe_engine,
+    revision_problem,
+    script_heads,
+)
+from celery_mcp_tasks.store.codec import new_key
+from celery_mcp_tasks.store.engine import create_store_engine
+from celery_mcp_tasks.store.rekeying import reencrypt
+
+
+def _revisions(url: str) -> tuple[str, ...]:
+    """The store's revisions now (() for an empty database, or a SQLite file not created yet)."""
+    if missing_sqlite_file(url):
+        return ()
+    engine = probe_engine(url)
+    try:
+        with engine.connect() as conn:
+            return current_revisions(conn)
+    finally:
+        engine.dispose()
+
+
+def _named(revisions: tuple[str, ...]) -> str:
+    if not revisions:
+        return "base (no tables)"
+    return ", ".join(sorted(revisions)) + (" (head)" if set(revisions) == script_heads()[0] else "")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.action == "newkey":
+        print(new_key())
+        return 0
+    if args.action == "downgrade" and not args.revision:  # never by default: `base` drops every task
+        print(
+            "celery-mcp-tasks db: downgrade needs the REVISION to go back to (`base` drops the package's tables "
+            "and every task in them)",
+            file=sys.stderr,
+        )
+        return 2
+    settings = Settings.from_env()
+    preflight(settings, role="db", need_schema=False)  # unreachable: one line, not alembic's traceback
+    url = settings.store_url
+    if args.action == "reencrypt":
+        return _reencrypt(settings)
+    if args.action in ("upgrade", "downgrade"):
+        before = _revisions(url)
+        (migrate.upgrade if args.action == "upgrade" else migrate.downgrade)(url, args.revision or "head")
+        after = _revisions(url)
+        if before == after:
+            print(f"celery-mcp-tasks db: the task store {redact_url(url)} is already at {_named(after)}")
+        else:
+            print(
+                f"celery-mcp-tasks db: {args.action}d the task store {redact_url(url)} from {_named(before)} "
+                f"to {_named(after)}"
+            )
+    elif args.action == "check":
+        return _check(url)
+    else:
+        migrate.current(url)
+        if not _revisions(url):
+            print("base (no tables): run `celery-mcp-tasks db upgrade`")
+    return 0
+
+
+def _check(url: str) -> int:
+    """0 when the store is at this release's head and its schema is the one the models describe; else 1, saying why."""
+    store, revisions = redact_url(url), _revisions(url)
+    problem = revision_problem(revisions)
+    if problem is not None:
+        print(f"celery-mcp-tasks db check: {problem} ({store})", file=sys.stderr)
+        return 1
+    try:
+        migrate.check(url)  # alembic compares the models with the tables: a column changed by hand shows here
+    except CommandError as exc:
+        detail = str(exc).strip().splitlines()[0]
+        print(
+            f"celery-mcp-tasks db check: the task store {store} differs from this release's schema: {detail}",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"celery-mcp-tasks db check: the task store {store} is at {_named(revisions)}, as this release expects")
+    return 0
+
+
+def _reencrypt(settings: Settings) -> int:
+    """Seal every row's payloads with the ring's first key, in batches, while everything runs."""
+    ring = settings.key_ring()
+    if ring is None:
+        raise ConfigError("MCP_TASKS_ENCRYPTION_KEYS: unset; set the ring to re-encrypt with (the new key first)")
+    problem = revision_problem(_revisions(settings.store_url))
+    if problem is not None:
+        raise ConfigError(f"MCP_TASKS_DATABASE_URL: {problem}")
+    engine = create_store_engine(settings.store_url)
+    try:
+        done = reencrypt(engine, ring, batch_size=500)
+    finally:
+        engine.dispose()
+    print(
+        f"celery-mcp-tasks db reencrypt: {done.rewritten} rows re-encrypted with key {ring.primary_id}, "
+        f"{done.current} already were, {done.unreadable} sealed with a key not in the ring (left as they are), "
+        f"{done.busy} kept changing (run it again)"
+    )
+    return 1 if done.busy else 0

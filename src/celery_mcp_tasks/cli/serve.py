@@ -1,0 +1,38 @@
+"""`celery-mcp-tasks serve` (the MCP endpoint) and `console` (the operators' console): APP under uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import uvicorn
+
+from celery_mcp_tasks.cli.shared import load_app, prepare, start_ops_server
+from celery_mcp_tasks.ops.logs import uvicorn_log_config
+
+
+def run(args: argparse.Namespace) -> int:
+    tasks = load_app(args.app)
+    console = args.command == "console"
+    if console and tasks.settings.console_token is None:
+        print(
+            "celery-mcp-tasks console: MCP_TASKS_CONSOLE_TOKEN is not set: the console needs an operator token "
+            "(generate one with `openssl rand -base64 32`)",
+            file=sys.stderr,
+        )
+        return 2
+    prepare(tasks, "serve", migrate=not console and not args.no_migrate)
+    ops = None if console else start_ops_server(tasks, args.ops_host, args.ops_port)
+    try:
+        uvicorn.run(
+            tasks.console_app(standalone=True) if console else tasks.asgi_app(host=args.host),
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            log_config=uvicorn_log_config(tasks.settings),  # json: uvicorn's lines go through the JSON root handler
+            timeout_graceful_shutdown=5,
+        )
+    finally:
+        if ops is not None:
+            ops.stop()
+    return 0
