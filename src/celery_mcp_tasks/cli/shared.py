@@ -205,7 +205,8 @@ def claim_data_dir(folder: Path, command: str) -> IO[str] | None:
 
 class WorkerSupervisor:
     """`celery worker -B` consuming `supervised_queues`, in its own process group, its output forwarded and its
-    death reported (`on_death`, from the output thread); `stdio` names its own node and beat schedule file."""
+    death reported (`on_death`, from the output thread); `command` (dev, stdio) names its node and holds the data
+    directory, and `stdio` keeps a beat schedule file of its own."""
 
     def __init__(
         self,
@@ -213,16 +214,16 @@ class WorkerSupervisor:
         tasks: Any,
         *,
         on_death: Callable[[], None] = lambda: None,
-        node: str = "dev@%h",
+        command: str = "dev",
         schedule: str = "beat-schedule",
     ) -> None:
         queues = supervised_queues(tasks)
-        self._command = node.split("@", 1)[0]  # "dev" or "stdio": who holds the data directory
+        self._command = command
         self._data_dir = tasks.settings.resolved_data_dir
         self._embedded = str(tasks.celery.conf.broker_url or "").startswith("filesystem://")
         self._claim: IO[str] | None = None
         self._argv = [sys.executable, "-m", "celery", "--quiet", "-A", target, "worker", "-B", *WORKER_POOL]
-        self._argv += ["--loglevel", "WARNING", "--without-mingle", "--without-gossip", "-n", node]
+        self._argv += ["--loglevel", "WARNING", "--without-mingle", "--without-gossip", "-n", f"{command}@%h"]
         self._argv += ["-s", str(self._data_dir / schedule), *(["-Q", ",".join(queues)] if queues else [])]
         self._on_death = on_death
         self._tail: collections.deque[str] = collections.deque(maxlen=40)

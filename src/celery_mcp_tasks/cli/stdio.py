@@ -105,9 +105,9 @@ def finish(worker: WorkerSupervisor | None, outcome: str) -> int:
     if worker is not None:
         with sigterm_stops():  # a second SIGTERM cuts the warm shutdown short
             worker.stop(WARM_SHUTDOWN_S)
-    if worker is not None and worker.died is not None:
-        _say(f"{PREFIX}: {worker.why()}")
-        return 1
+        if worker.died is not None:
+            _say(f"{PREFIX}: {worker.why()}")
+            return 1
     return 0 if outcome in ("closed", "SIGTERM") else 130
 
 
@@ -137,7 +137,7 @@ def run(options: argparse.Namespace) -> int:
                 prepare(tasks, "stdio", migrate=not options.no_migrate)
                 _say(f"{PREFIX}: serving {options.app} over stdin/stdout", *banner(tasks.settings))
                 if target is not None:
-                    worker = WorkerSupervisor(target, tasks, node="stdio@%h", schedule="stdio-beat-schedule")
+                    worker = WorkerSupervisor(target, tasks, command="stdio", schedule="stdio-beat-schedule")
                     worker.start()
                     assert worker.proc is not None
                     _say(f"  worker  pid {worker.proc.pid} (celery -A {target} worker -B, supervised)")
