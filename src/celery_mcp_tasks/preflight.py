@@ -57,7 +57,7 @@ def preflight(settings: Settings, *, role: str, need_schema: bool = True, broker
                 # A wrong or missing MCP_TASKS_ENCRYPTION_KEYS for this store, or None.
                 keys = ring_check(conn, settings.key_ring()) if schema and revision_problem(current) is None else None
         except sa.exc.DBAPIError as exc:
-            raise ConfigError(f"{_store(settings)}: cannot connect to the task store ({db_reason(exc)})") from None
+            raise ConfigError(f"{_store(settings)}: cannot connect to the task store ({short_reason(exc)})") from None
         except OSError as exc:  # e.g. the SQLite file's directory cannot be created
             raise ConfigError(f"{_store(settings)}: cannot open the task store ({exc.strerror or exc})") from None
     finally:
@@ -125,11 +125,13 @@ def probe_engine(url: str, *, connect_timeout_s: int | None = None) -> sa.Engine
     return create_store_engine(url, poolclass=sa.pool.NullPool, connect_args=args)
 
 
-def db_reason(exc: sa.exc.DBAPIError) -> str:
-    """The driver's own first line (e.g. "Connection refused"), without SQLAlchemy's statement dump."""
-    lines = str(exc.orig or exc).strip().splitlines()
-    text = lines[0].removeprefix("connection failed: ") if lines else type(exc.orig or exc).__name__
-    return text[:300]
+def short_reason(exc: BaseException) -> str:
+    """One line about a failure: the driver's own first line (e.g. "Connection refused"), without SQLAlchemy's
+    statement dump, or the exception's type."""
+    if isinstance(exc, sa.exc.DBAPIError) and exc.orig is not None:
+        exc = exc.orig
+    lines = str(exc).strip().splitlines()
+    return (lines[0].removeprefix("connection failed: ") if lines else type(exc).__name__)[:300]
 
 
 def current_revisions(conn: sa.Connection) -> tuple[str, ...]:

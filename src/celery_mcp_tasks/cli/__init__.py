@@ -235,9 +235,9 @@ def _command(argv: list[str] | None) -> int:
         from sqlalchemy.exc import DBAPIError
 
         if isinstance(exc, DBAPIError):
-            from celery_mcp_tasks.preflight import db_reason
+            from celery_mcp_tasks.preflight import short_reason
 
-            print(f"celery-mcp-tasks: database error: {db_reason(exc)}", file=sys.stderr)
+            print(f"celery-mcp-tasks: database error: {short_reason(exc)}", file=sys.stderr)
         elif isinstance(exc, CommandError):  # e.g. a store migrated by a newer release
             print(f"celery-mcp-tasks: migration error: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
         else:

@@ -31,9 +31,9 @@ from celery_mcp_tasks.ops.probes import (
     in_daemon_thread,
     janitor_probe,
     schema_probe,
-    short_reason,
     store_probe,
 )
+from celery_mcp_tasks.preflight import short_reason
 
 if TYPE_CHECKING:
     from celery_mcp_tasks.app import Internals, McpTasks

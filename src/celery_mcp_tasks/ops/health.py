@@ -30,10 +30,10 @@ from celery_mcp_tasks.ops.probes import (
     in_daemon_thread,
     janitor_probe,
     schema_probe,
-    short_reason,
     store_probe,
 )
 from celery_mcp_tasks.plugin import Plugin, Runtime
+from celery_mcp_tasks.preflight import short_reason
 
 logger = logging.getLogger("celery_mcp_tasks.ops.health")
 

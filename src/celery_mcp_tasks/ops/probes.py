@@ -23,11 +23,11 @@ from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.preflight import (
     NOT_CREATED,
     current_revisions,
-    db_reason,
     missing_sqlite_file,
     probe_engine,
     revision_problem,
     script_heads,
+    short_reason,
 )
 from celery_mcp_tasks.store.engine import READ_ONLY
 
@@ -45,14 +45,6 @@ T = TypeVar("T")
 class Finding:
     status: Status
     detail: str
-
-
-def short_reason(exc: BaseException) -> str:
-    """One line about a failure: the driver's own first line, or the exception's type."""
-    if isinstance(exc, sa.exc.DBAPIError):
-        return db_reason(exc)
-    lines = str(exc).strip().splitlines()
-    return (lines[0] if lines else type(exc).__name__)[:300]
 
 
 def _elapsed_ms(start: float) -> int:
