@@ -105,22 +105,21 @@ def missing_sqlite_file(url: str) -> bool:
     return not Path(database).exists()
 
 
-def probe_engine(url: str, *, connect_timeout_s: int | None = None) -> sa.Engine:
+def probe_engine(url: str, *, timeout_s: int = CONNECT_TIMEOUT_S) -> sa.Engine:
     """The one engine a check builds (start-up, `db`, `/readyz`, `doctor`): no pool, so each check is a fresh
-    connection. On PostgreSQL, libpq bounds its socket (default `CONNECT_TIMEOUT_S`): the connect, then
-    keepalives and `tcp_user_timeout`, so a vanished peer (a partition, a dead NAT entry) fails in seconds."""
+    connection. On PostgreSQL, libpq bounds its socket by `timeout_s`: the connect, then keepalives and
+    `tcp_user_timeout`, so a vanished peer (a partition, a dead NAT entry) fails in seconds."""
     from celery_mcp_tasks.store.engine import create_store_engine
 
-    timeout = CONNECT_TIMEOUT_S if connect_timeout_s is None else connect_timeout_s
     args: dict[str, Any] = {}
     if make_url(url).get_backend_name() == "postgresql":
         args = {
-            "connect_timeout": timeout,
+            "connect_timeout": timeout_s,
             "keepalives": 1,
-            "keepalives_idle": timeout,
+            "keepalives_idle": timeout_s,
             "keepalives_interval": 1,
             "keepalives_count": 3,
-            "tcp_user_timeout": timeout * 1000,
+            "tcp_user_timeout": timeout_s * 1000,
         }
     return create_store_engine(url, poolclass=sa.pool.NullPool, connect_args=args)
 

@@ -80,7 +80,7 @@ class ProbeEngine:
     def engine(self) -> Engine:
         with self._lock:  # checks run in parallel threads: one engine between them
             if self._engine is None or self._pid != os.getpid():
-                self._engine = probe_engine(self.url, connect_timeout_s=PROBE_TIMEOUT_S)
+                self._engine = probe_engine(self.url, timeout_s=PROBE_TIMEOUT_S)
                 self._pid = os.getpid()
             return self._engine
 
