@@ -19,7 +19,7 @@ from opentelemetry import trace
 
 from celery_mcp_tasks.model import TaskRecord, TaskStatus
 from celery_mcp_tasks.ops.metrics import queued_at
-from celery_mcp_tasks.ops.redaction import RedactTaskIds, record_message, redact
+from celery_mcp_tasks.ops.redaction import KEY_SHOWN, RedactTaskIds, record_message, redact
 from celery_mcp_tasks.ops.root_handler import ROOT_HANDLER, plain_root_logging
 from celery_mcp_tasks.plugin import Plugin, Runtime
 
@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from celery_mcp_tasks.config import Settings
 
 LIFECYCLE_LOGGER = "celery_mcp_tasks.tasks"
-KEY_PREFIX = 8  # hex digits of the row key a log line may show: enough to follow one task, useless to open it
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
 # Extras never rendered: Celery's `data` (a job's arguments and result), uvicorn's colour copy, any task id.
 _DROPPED = frozenset({"data", "color_message", "task_id", "task_name", "taskId"})
@@ -82,7 +81,7 @@ def _extras(record: logging.LogRecord) -> dict[str, Any]:
         if name in _STANDARD or name in _DROPPED or name.startswith("_") or name == "event":
             continue
         if isinstance(value, str):
-            found[name] = value[:KEY_PREFIX] if name == "key" else redact(value)
+            found[name] = value[:KEY_SHOWN] if name == "key" else redact(value)
         elif value is None or isinstance(value, (bool, int, float)):
             found[name] = value
     return found
@@ -136,7 +135,7 @@ def _job_fields() -> dict[str, str]:
     key = row_key(task.request)
     fields = {"tool": str(tool.name)}
     if key:
-        fields["key"] = key[:KEY_PREFIX]
+        fields["key"] = key[:KEY_SHOWN]
     return fields
 
 
@@ -156,9 +155,9 @@ class LifecycleLog:
                     "%s tool=%s key=%s%s",
                     event,
                     after.tool,
-                    after.key[:KEY_PREFIX],
+                    after.key[:KEY_SHOWN],
                     detail,
-                    extra={"event": event, "tool": after.tool, "key": after.key[:KEY_PREFIX], **fields},
+                    extra={"event": event, "tool": after.tool, "key": after.key[:KEY_SHOWN], **fields},
                 )
 
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 REDACTED = "<redacted>"
+KEY_SHOWN = 8  # hex digits of a row key a log line or a span may show: enough to follow one task, useless to open it
 
 # A task id: 32 random bytes in base64url, 43 characters. The last one carries 4 bits and 2
 # zero bits, so it is one of 16, and never `-` or `_`; the first may be either. Mixed case

@@ -24,6 +24,7 @@ from opentelemetry.trace import SpanKind
 
 from celery_mcp_tasks.config import ConfigError
 from celery_mcp_tasks.model import TaskRecord
+from celery_mcp_tasks.ops.redaction import KEY_SHOWN
 from celery_mcp_tasks.plugin import Plugin, Runtime
 from celery_mcp_tasks.propagation import TOOL, end_span, mark_failed, start_span, warn_once
 
@@ -38,7 +39,6 @@ DISPATCH = "mcp_task.dispatch"
 ATTEMPT = "mcp_task.attempt"
 STATUS = "mcp_task.status"
 RUN_END = "mcp_task.run_end"
-_PREFIX = 8
 _STOP_S = 5.0  # the bound on the last flush at exit: a collector that is down never holds a shutdown
 _SPAN = "_mcp_run_span"  # request attribute: our run span and the context token of its run
 
@@ -84,7 +84,7 @@ def _ours(task: Any) -> tuple[Any, str, Any] | None:
 
 
 def _attributes(tool: str, key: str, run: Any) -> dict[str, Any]:
-    attributes: dict[str, Any] = {TOOL: tool, KEY_PREFIX: key[:_PREFIX]}
+    attributes: dict[str, Any] = {TOOL: tool, KEY_PREFIX: key[:KEY_SHOWN]}
     if run is not None:
         attributes |= {DISPATCH: run.dispatch, ATTEMPT: run.attempt + 1}
     return attributes
@@ -332,7 +332,7 @@ class Tracing(Plugin):
         if not span.is_recording():
             return
         if before is None:
-            span.set_attributes({TOOL: after.tool, KEY_PREFIX: after.key[:_PREFIX], STATUS: after.status.value})
+            span.set_attributes({TOOL: after.tool, KEY_PREFIX: after.key[:KEY_SHOWN], STATUS: after.status.value})
             return
         span.set_attribute(STATUS, after.status.value)
         span.add_event("mcp_task.status", {STATUS: after.status.value})
