@@ -143,18 +143,9 @@ class Run:
         return self.born is None or self.born == record.created_at
 
 
-def retry_message(attempt: int) -> str:
-    return f"Retrying (attempt {attempt + 1})"
-
-
 STARTED = "Started"
 RESTARTED_AFTER_LOSS = "Started again after the worker was lost"
 RESUMED = "Resumed with the answers"
-
-
-def start_message(attempt: int) -> str:
-    """What a task says when attempt `attempt` (0-based) of a Celery retry starts."""
-    return STARTED if attempt == 0 else f"Started (attempt {attempt + 1})"
 
 
 def _progress_number(name: str, value: object) -> float:
@@ -421,7 +412,7 @@ class TaskRecord:
     def _start_message(self, run: Run) -> str:
         """Which start this is: a Celery retry, a run again after a lost worker, a run after answers, the first."""
         if run.attempt > 0:
-            return start_message(run.attempt)
+            return f"Started (attempt {run.attempt + 1})"
         if self.started_at is not None or self.resends > 0:  # a stale copy taken over, or the reaper's re-send
             return RESTARTED_AFTER_LOSS
         if self.dispatches > 1:  # only an answer sends a new run without a resend
@@ -444,7 +435,7 @@ class TaskRecord:
         return self._next(
             at_ms,
             attempt=run.attempt,
-            status_message=retry_message(run.attempt),
+            status_message=f"Retrying (attempt {run.attempt + 1})",
             heartbeat_at=max(start_by_ms, self.heartbeat_at or 0),
             started_at=None,
         )
