@@ -249,13 +249,10 @@ class TaskService:
         A terminal task is left alone; answers over the tool's limit raise `PayloadTooLarge`. Ownership and
         expiry are checked on the row the write reads; answers and new run are one commit, one notification.
         """
-        return self._answer(task_key(task_id), owner, responses)
+        return self.answer_by_key(task_key(task_id), responses, owner=owner)
 
     def answer_by_key(self, key: str, responses: dict[str, Any], *, owner: Owner = ANY) -> TaskRecord:
         """`answer` by row key (a synchronous call's hidden task; owner-scoped when `owner` is given)."""
-        return self._answer(key, owner, responses)
-
-    def _answer(self, key: str, owner: Owner, responses: dict[str, Any]) -> TaskRecord:
         changed = resumed = False
         dispatch = self.dispatcher is not None
 
