@@ -228,12 +228,11 @@ def celery_id_of(client: McpHttp, task_id: str, dispatch: int = 1) -> str:
     the id itself), the task's `createdAt` (what `tasks/get` says, to the millisecond) and the dispatch."""
     from types import SimpleNamespace
 
-    from celery_mcp_tasks.model import task_key
-    from celery_mcp_tasks.worker.dispatch import celery_id
+    from celery_mcp_tasks.model import celery_message_id, task_key
 
     created = round(datetime.fromisoformat(client.get(task_id)["createdAt"]).timestamp() * 1000)
     record = SimpleNamespace(key=task_key(task_id), created_at=created, dispatches=dispatch)
-    return celery_id(record)  # type: ignore[arg-type]
+    return celery_message_id(record)  # type: ignore[arg-type]
 
 
 _RUN_ENDS = (" succeeded in ", " ended its run in ", " raised unexpected", "Discarding revoked task")

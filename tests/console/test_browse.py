@@ -30,7 +30,6 @@ from celery_mcp_tasks.store.rows import (
 )
 from celery_mcp_tasks.store.schema import tasks
 from celery_mcp_tasks.store.sql import SqlStore
-from celery_mcp_tasks.worker.dispatch import celery_id
 from tests.builders import Clock, record
 
 NOW = 10_000_000_000
@@ -231,7 +230,7 @@ def test_a_detail_shows_questions_error_trace_and_message_id_and_payloads_only_r
         ("old", "dropped", None),
     ]
     assert shown.trace_id == "0af7651916cd43dd8448eb211c80319c" and shown.queue == "celery"
-    assert shown.celery_message_id == celery_id(rec) == celery_message_id(rec)
+    assert shown.celery_message_id == celery_message_id(rec)
     assert shown.error is not None and shown.error.message == "it broke" and shown.error.code == -32603
     assert shown.arguments is None and shown.answers is None and "secret" not in str(shown.as_json())
     revealed = detail_of(rec, queue=None, reveal=True)

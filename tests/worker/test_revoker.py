@@ -15,8 +15,8 @@ import pytest
 from celery import Celery
 
 from celery_mcp_tasks.app import REDIS_TRANSPORT
-from celery_mcp_tasks.model import TaskRecord, TaskStatus
-from celery_mcp_tasks.worker.dispatch import BackgroundRevoker, CeleryDispatcher, celery_id
+from celery_mcp_tasks.model import TaskRecord, TaskStatus, celery_message_id
+from celery_mcp_tasks.worker.dispatch import BackgroundRevoker, CeleryDispatcher
 from tests.support import free_port, wait_until
 
 
@@ -91,7 +91,7 @@ def test_only_a_tool_that_asked_for_termination_is_revoked() -> None:
     dispatcher.revoke(_record("polite"))  # it checks ctx.cancelled(); a queued message is skipped at its start
     dispatcher.revoke(_record("gone"))  # a tool no longer registered
     dispatcher.revoke(_record("stubborn"))
-    assert recording.submitted == [(celery_id(_record("stubborn")), "stubborn", True)]
+    assert recording.submitted == [(celery_message_id(_record("stubborn")), "stubborn", True)]
 
 
 @dataclass(eq=False)

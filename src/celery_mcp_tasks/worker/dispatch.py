@@ -49,11 +49,6 @@ logger = logging.getLogger("celery_mcp_tasks.worker")
 _SEND_RETRY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
 
 
-def celery_id(record: TaskRecord) -> str:
-    """The Celery message id of the record's current dispatch (`model.celery_message_id`)."""
-    return celery_message_id(record)
-
-
 def message_headers(record: TaskRecord, *, with_arguments: bool = True) -> dict[str, Any]:
     """The headers of the message sending `record`'s dispatch: the row key, the dispatch, its task's creation
     time (`Run.born`), and the record the
@@ -99,7 +94,7 @@ class CeleryDispatcher:
                 self.app.send_task(
                     tool.celery_name,
                     kwargs=record.arguments if self.send_arguments else {},
-                    task_id=celery_id(record),
+                    task_id=celery_message_id(record),
                     headers=headers,
                     shadow=tool.name,
                     **HIDDEN_ARGS,  # what worker logs and events show instead of the arguments
@@ -131,7 +126,7 @@ class CeleryDispatcher:
         at its start anyway, so a broadcast would buy nothing."""
         tool = self.tools.get(record.tool)
         if tool is not None and tool.terminate:
-            self.revoker.submit(celery_id(record), tool.name, terminate=True)
+            self.revoker.submit(celery_message_id(record), tool.name, terminate=True)
 
 
 # -- revokes off the request path -----------------------------------------------------------------
