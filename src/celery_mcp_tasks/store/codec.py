@@ -21,11 +21,10 @@ from typing import Any, Final
 ENCRYPTION_SETTING: Final = "MCP_TASKS_ENCRYPTION_KEYS"
 PAYLOADS: Final = ("arguments", "input_requests", "input_responses", "result")
 """The columns that hold what clients and jobs sent: sealed with a ring, measured against the limits."""
-_SEALED: Final = "mcpenc1:"
-SEALED_PREFIX: Final = _SEALED
+SEALED_PREFIX: Final = "mcpenc1:"
 """How a sealed value begins (then its key id and the sealed bytes)."""
 _KEY_BYTES = 32
-SEALED_HEAD_CHARS: Final = len(_SEALED) + 8
+SEALED_HEAD_CHARS: Final = len(SEALED_PREFIX) + 8
 """The characters of a sealed value that say it is sealed and name its key (the key id: base64 of 6 bytes)."""
 _NONCE_BYTES = 12
 
@@ -152,11 +151,11 @@ class KeyRing:
         plain = encode(value).encode()
         sealed = self._primary.encrypt(nonce, plain, _bound(row, column))
         body = base64.urlsafe_b64encode(nonce + sealed).rstrip(b"=").decode("ascii")
-        return f"{_SEALED}{self.primary_id}:{body}"
+        return f"{SEALED_PREFIX}{self.primary_id}:{body}"
 
     def open(self, stored: str, *, row: str, column: str) -> Any:
         """The value `seal` sealed. `UnreadablePayload` for a key not in the ring or a payload altered."""
-        key_id, _, body = stored.removeprefix(_SEALED).partition(":")
+        key_id, _, body = stored.removeprefix(SEALED_PREFIX).partition(":")
         cipher = self._ciphers.get(key_id)
         if cipher is None:
             raise UnreadablePayload(
@@ -174,7 +173,7 @@ class KeyRing:
 
     def is_current(self, stored: Any) -> bool:
         """`stored` (a column's value) is sealed with the first key already: nothing to re-encrypt."""
-        return stored is None or (isinstance(stored, str) and stored.startswith(f"{_SEALED}{self.primary_id}:"))
+        return stored is None or (isinstance(stored, str) and stored.startswith(f"{SEALED_PREFIX}{self.primary_id}:"))
 
 
 def _bound(row: str, column: str) -> bytes:
@@ -183,8 +182,8 @@ def _bound(row: str, column: str) -> bytes:
 
 def sealed_key_id(stored: Any) -> str | None:
     """The key id of a sealed column value; None for a value in clear."""
-    if isinstance(stored, str) and stored.startswith(_SEALED):
-        return stored.removeprefix(_SEALED).partition(":")[0]
+    if isinstance(stored, str) and stored.startswith(SEALED_PREFIX):
+        return stored.removeprefix(SEALED_PREFIX).partition(":")[0]
     return None
 
 
@@ -203,7 +202,7 @@ def open_columns(ring: KeyRing | None, row: str, values: dict[str, Any]) -> dict
     """`values` with every sealed payload opened (in place). Raises `UnreadablePayload`."""
     for column in PAYLOADS:
         stored = values.get(column)
-        if isinstance(stored, str) and stored.startswith(_SEALED):
+        if isinstance(stored, str) and stored.startswith(SEALED_PREFIX):
             if ring is None:
                 raise UnreadablePayload(
                     f"the task's {column} column is encrypted, and {ENCRYPTION_SETTING} is not set in this process"
