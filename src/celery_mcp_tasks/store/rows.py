@@ -13,7 +13,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Final, NamedTuple
 
 from celery_mcp_tasks.model import (
@@ -250,35 +250,16 @@ class Row:
         }
 
 
-ROW_COLUMNS: Final = (
-    "key",
-    "owner",
-    "tool",
-    "status",
-    "status_message",
-    "created_at",
-    "updated_at",
-    "progress",
-    "progress_total",
-    "attempt",
-    "resends",
-    "dispatches",
-    "heartbeat_at",
-    "expires_at",
-    "version",
-)
-"""The columns a `Row` shows (never a payload)."""
-_COPIED: Final = tuple(name for name in ROW_COLUMNS if name not in ("owner", "status"))
+_COPIED: Final = tuple(f.name for f in fields(Row) if f.name not in ("owner_namespace", "owner_tag"))
+ROW_COLUMNS: Final = ("owner", *_COPIED)
+"""The columns a `Row` shows (never a payload): its own fields, the owner whole (shown as namespace and tag)."""
 
 
 def row_from(values: Mapping[Any, Any]) -> Row:
     """The `Row` of a mapping of `ROW_COLUMNS` (a result row, or a record's fields)."""
     owner = values["owner"]
     return Row(
-        status=values["status"],
-        owner_namespace=owner_namespace(owner),
-        owner_tag=owner_tag(owner),
-        **{name: values[name] for name in _COPIED},
+        owner_namespace=owner_namespace(owner), owner_tag=owner_tag(owner), **{name: values[name] for name in _COPIED}
     )
 
 
