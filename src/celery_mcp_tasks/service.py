@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from celery_mcp_tasks.model import (
     ANY,
+    CANCELLED_BY_CLIENT,
     DEFAULT,
     DuplicateInputKeys,
     InvalidTransition,
@@ -293,9 +294,7 @@ class TaskService:
             if check_expiry:
                 self._require_unexpired(record)
             changed = not record.terminal
-            if not changed:
-                return record
-            return record.cancelled(self.clock(), message) if message else record.cancelled(self.clock())
+            return record.cancelled(self.clock(), message or CANCELLED_BY_CLIENT) if changed else record
 
         record = self._update(key, owner, transition)
         if changed:
