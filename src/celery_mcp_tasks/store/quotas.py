@@ -40,8 +40,9 @@ def _owner(anonymous: bool, per_client: bool = False) -> Any:
     return tasks.c.owner.is_(None)
 
 
-def _bounded(limit: str, *where: Any) -> Any:
-    """How many rows match, counting no further than the limit (`LIMIT`, then `count`)."""
+def bounded_count(limit: str, *where: Any) -> Any:
+    """How many rows match, counting no further than the limit bound as `limit` (`LIMIT`, then `count`): the
+    row cap's and each quota's count."""
     rows = sa.select(sa.literal_column("1")).select_from(tasks).where(*where).limit(sa.bindparam(limit)).subquery()
     return sa.select(sa.func.count()).select_from(rows).scalar_subquery()
 
@@ -55,7 +56,7 @@ def _counts(anonymous: bool, per_client: bool, limits: tuple[str, ...]) -> Any:
         "active_tool": (mine, live, tasks.c.tool == sa.bindparam("q_tool")),
         "active": (mine, live),
     }
-    return sa.select(*(_bounded(f"q_{limit}", *where[limit]) for limit in limits))
+    return sa.select(*(bounded_count(f"q_{limit}", *where[limit]) for limit in limits))
 
 
 @functools.cache

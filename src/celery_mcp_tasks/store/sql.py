@@ -101,8 +101,7 @@ def _unless_landed(transition: Transition, doubt: _CommitInDoubt) -> Transition:
 
 # `INSERT ... SELECT :values WHERE (count bounded by the cap) < :max_rows`. Its caller asks RETURNING key,
 # not rowcount: psycopg reports -1 for INSERT ... SELECT.
-_CAPPED = sa.select(sa.literal_column("1")).select_from(tasks).limit(sa.bindparam("max_rows")).subquery()
-_ROOM = sa.select(sa.func.count()).select_from(_CAPPED).scalar_subquery() < sa.bindparam("max_rows")
+_ROOM = quotas.bounded_count("max_rows") < sa.bindparam("max_rows")
 _INSERT_IF_ROOM = tasks.insert().from_select(
     [c.name for c in tasks.columns],
     sa.select(*(sa.bindparam(c.name, type_=c.type).label(c.name) for c in tasks.columns)).where(_ROOM),
