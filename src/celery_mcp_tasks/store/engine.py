@@ -183,6 +183,14 @@ def read(engine: Engine, reader: Callable[..., _T], *args: Any, **kwargs: Any) -
     return found
 
 
+def write(engine: Engine, statement: Any) -> int:
+    """`statement` in a transaction of its own (autocommit on PostgreSQL): how many rows it matched."""
+    with engine.connect() as conn:
+        count: int = conn.execute(statement).rowcount
+        conn.commit()
+    return count
+
+
 def upsert(engine: Engine, table: sa.Table) -> Any:
     """`INSERT INTO table` with `ON CONFLICT` clauses, spelled alike by both dialects."""
     dialect = postgresql if engine.dialect.name == "postgresql" else sqlite

@@ -26,6 +26,7 @@ from celery_mcp_tasks.store.codec import (
     open_columns,
     sealed_key_id,
 )
+from celery_mcp_tasks.store.engine import read, write
 from celery_mcp_tasks.store.schema import tasks
 
 _ATTEMPTS = 16
@@ -92,10 +93,7 @@ def reencrypt(
     tally = Reencryption()
     after = ""
     while True:
-        with engine.connect() as conn:
-            query = _READ.where(tasks.c.key > after).order_by(tasks.c.key).limit(batch_size)
-            batch = [dict(row) for row in conn.execute(query).mappings()]
-            conn.rollback()
+        batch = read(engine, _rows, _READ.where(tasks.c.key > after).order_by(tasks.c.key).limit(batch_size))
         if not batch:
             return tally
         after = batch[-1]["key"]
@@ -103,6 +101,10 @@ def reencrypt(
             _rekey(engine, ring, row, tally)
         if progress is not None:
             progress(tally)
+
+
+def _rows(conn: Connection, query: Any) -> list[dict[str, Any]]:
+    return [dict(row) for row in conn.execute(query).mappings()]
 
 
 def _rekey(engine: Engine, ring: KeyRing, row: dict[str, Any], tally: Reencryption) -> None:
@@ -125,16 +127,11 @@ def _rekey(engine: Engine, ring: KeyRing, row: dict[str, Any], tally: Reencrypti
             .where(tasks.c.key == key, tasks.c.version == row["version"], tasks.c.created_at == row["created_at"])
             .values(values)
         )
-        with engine.connect() as conn:
-            written = conn.execute(query).rowcount == 1
-            conn.commit()
-        if written:
+        if write(engine, query) == 1:
             tally.rewritten += 1
             return
-        with engine.connect() as conn:  # another writer moved the row: recompute from what it holds now
-            fresh = conn.execute(_READ.where(tasks.c.key == key)).mappings().first()
-            conn.rollback()
-        if fresh is None:  # evicted meanwhile: nothing left to protect
+        fresh = read(engine, _rows, _READ.where(tasks.c.key == key))  # another writer moved the row: recompute
+        if not fresh:  # evicted meanwhile: nothing left to protect
             return
-        row = dict(fresh)
+        row = fresh[0]
     tally.busy += 1

@@ -41,7 +41,7 @@ from celery_mcp_tasks.store.base import (
     apply,
 )
 from celery_mcp_tasks.store.codec import KeyRing, UnreadablePayload, open_columns, same_json, seal_columns
-from celery_mcp_tasks.store.engine import create_store_engine, normalize_url, read, upsert
+from celery_mcp_tasks.store.engine import create_store_engine, normalize_url, read, upsert, write
 from celery_mcp_tasks.store.failures import _CommitInDoubt, _in_doubt, _operation, _reconnecting, _reported
 from celery_mcp_tasks.store.rows import Filter, Overview, Page, Row
 from celery_mcp_tasks.store.schema import signouts, tasks
@@ -570,10 +570,7 @@ class SqlStore:
             query = query.where(tasks.c.dispatches == dispatch)
         if born is not None:
             query = query.where(tasks.c.created_at == born)
-        with self.engine.connect() as conn:
-            touched = conn.execute(query.values(heartbeat_at=_later(at_ms))).rowcount == 1
-            conn.commit()
-        return touched
+        return write(self.engine, query.values(heartbeat_at=_later(at_ms))) == 1
 
     @_operation
     def browse(self, filter: Filter, sort: str, cursor: str | None, limit: int, *, now_ms: int) -> Page:
@@ -601,10 +598,7 @@ class SqlStore:
         query = tasks.delete().where(tasks.c.key == key).where(tasks.c.status.in_(TERMINAL_VALUES))
         if expected is not None:
             query = query.where(tasks.c.created_at == expected.created_at, tasks.c.version == expected.version)
-        with self.engine.connect() as conn:
-            deleted = conn.execute(query).rowcount == 1
-            conn.commit()
-        return deleted
+        return write(self.engine, query) == 1
 
     @_operation
     def sign_out(self, session: str, expires_ms: int, *, now_ms: int) -> None:
