@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import socket
+import typing
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ from celery import Celery
 from celery_mcp_tasks import McpTasks, TaskContext
 from celery_mcp_tasks.app import internals
 from celery_mcp_tasks.config import Settings
+from celery_mcp_tasks.mcp.toolspec import TOOL_OPTIONS
 
 
 @pytest.fixture
@@ -108,3 +111,14 @@ def test_a_tools_payload_limits_win_over_the_settings(tmp_path: Path) -> None:
     assert limits is not None
     assert (limits("own").arguments, limits("own").answers, limits("own").result) == (10, 20, 300)
     assert (limits("plain").arguments, limits("plain").answers, limits("plain").result) == (10, 20, None)
+
+
+def test_every_keyword_of_the_typed_overload_describes_the_tool_and_no_other_does() -> None:
+    """`mcp_task` hands options to `TaskTool` by their names: the overload users see must name exactly those."""
+    with_options = typing.get_overloads(McpTasks.mcp_task)[1]
+    keywords = {
+        name
+        for name, parameter in inspect.signature(with_options).parameters.items()
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+    }
+    assert keywords == TOOL_OPTIONS

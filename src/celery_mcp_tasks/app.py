@@ -34,7 +34,7 @@ from celery_mcp_tasks.mcp.serving import (
     with_request_guards,
     with_serving,
 )
-from celery_mcp_tasks.mcp.toolspec import IdempotencyKey, Prepare, TaskMode, TaskTool
+from celery_mcp_tasks.mcp.toolspec import TOOL_OPTIONS, IdempotencyKey, Prepare, TaskMode, TaskTool
 from celery_mcp_tasks.model import DEFAULT, _Default
 from celery_mcp_tasks.notify.base import Notifier
 from celery_mcp_tasks.notify.push import BrokerAccess, Push
@@ -338,47 +338,13 @@ class McpTasks:
             return decorate
         return self._register(fn, **options)
 
-    def _register(
-        self,
-        fn: Callable[..., _R],
-        *,
-        name: str | None = None,
-        description: str | None = None,
-        mode: TaskMode = "optional",
-        needs: tuple[str, ...] = (),
-        ttl_ms: Any = "default",
-        poll_interval_ms: Any = "default",
-        sync_timeout_s: float | None = None,
-        prepare: Prepare | None = None,
-        terminate: bool = False,
-        max_sends: int | None = None,
-        max_active: int | None = None,
-        idempotency_key: IdempotencyKey | None = None,
-        max_arguments_bytes: int | None = None,
-        max_answer_bytes: int | None = None,
-        max_result_bytes: int | None = None,
-        **celery_options: Any,
-    ) -> McpTaskJob[_R]:
-        tool = TaskTool(
-            fn=fn,
-            context_type=TaskContext,
-            name=name or fn.__name__,
-            description=description or (fn.__doc__ or "").strip() or fn.__name__,
-            mode=mode,
-            needs=frozenset(needs),
-            ttl_ms=ttl_ms,
-            poll_interval_ms=poll_interval_ms,
-            sync_timeout_s=sync_timeout_s,
-            prepare=prepare,
-            bound=bool(celery_options.get("bind")),
-            terminate=terminate,
-            max_sends=max_sends,
-            max_active=max_active,
-            idempotency_key=idempotency_key,
-            max_arguments_bytes=max_arguments_bytes,
-            max_answer_bytes=max_answer_bytes,
-            max_result_bytes=max_result_bytes,
-        )
+    def _register(self, fn: Callable[..., _R], **celery_options: Any) -> McpTaskJob[_R]:
+        tool_options = {key: celery_options.pop(key) for key in TOOL_OPTIONS & celery_options.keys()}
+        tool_options["name"] = tool_options.get("name") or fn.__name__
+        tool_options["description"] = tool_options.get("description") or (fn.__doc__ or "").strip() or fn.__name__
+        tool_options["needs"] = frozenset(tool_options.get("needs", ()))
+        bound = bool(celery_options.get("bind"))
+        tool = TaskTool(fn=fn, context_type=TaskContext, bound=bound, **tool_options)
         if tool.name in self._tools or self._known_tool(tool.name):
             raise ValueError(f"task tool {tool.name!r}: a tool of that name is already registered on this server")
         celery_options.setdefault("acks_late", True)

@@ -10,7 +10,7 @@ import hashlib
 import inspect
 import json
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from mcp.server.mcpserver.tools import Tool
@@ -59,7 +59,7 @@ class TaskTool:
     poll_interval_ms: int | Literal["default"] | None = "default"
     sync_timeout_s: float | None = None
     prepare: Prepare | None = None
-    celery_name: str = ""
+    celery_name: str = field(default="", init=False)  # the job's, once Celery named it
     bound: bool = False  # `bind=True`: Celery passes the job (`self`) first, e.g. for `self.retry()`
     terminate: bool = False  # tasks/cancel also terminates a running job (prefork pools; best effort)
     max_sends: int | None = None  # sends of one run before a lost job fails; None: the setting
@@ -68,7 +68,7 @@ class TaskTool:
     max_answer_bytes: int | None = None
     max_result_bytes: int | None = None
     context_type: type | None = None  # the job's context class; its parameter is hidden from the schema
-    context_param: str | None = None
+    context_param: str | None = field(default=None, init=False)
     max_active: int | None = None  # unfinished tasks of this tool per principal; None: the setting
     idempotency_key: IdempotencyKey | None = None
     sdk_tool: Tool = field(init=False, repr=False)
@@ -163,3 +163,7 @@ class TaskTool:
     def job_signature(self) -> inspect.Signature:
         """What Celery checks `.delay()` against: the function without its context parameter."""
         return _public_signature(self.fn, self.context_param)
+
+
+TOOL_OPTIONS = frozenset(f.name for f in fields(TaskTool) if f.init) - {"fn", "bound", "context_type"}
+"""The `@mcp_task` keywords that describe the tool (its typed overload names them); the others go to Celery."""
