@@ -12,8 +12,8 @@ import logging
 import os
 import threading
 import warnings
-from collections.abc import Callable, Collection, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, nullcontext
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, overload
 
@@ -112,15 +112,6 @@ def configure_celery(app: Celery, settings: Settings) -> None:
         consume_shards(conf, settings.fair_queues)
 
 
-def _settings_from_env() -> Settings:
-    """A wrong setting stops the process with one line naming it: a `SystemExit`, not a traceback, which
-    `celery -A app worker` would wrap in its 40-line "Unable to load celery application"."""
-    try:
-        return Settings.from_env()
-    except ConfigError as exc:
-        raise SystemExit(f"celery-mcp-tasks: configuration error: {exc}") from None
-
-
 class McpTasks:
     """Declare task tools with `@tasks.mcp_task`; serve `tasks.server`; run workers on `tasks.celery`."""
 
@@ -151,7 +142,8 @@ class McpTasks:
         # and dispatcher -> push -> (per process: store -> push bound to it -> service) -> the SDK server with
         # our extension and listen handler -> the Celery signals.
         self.name = name
-        self.settings = settings or _settings_from_env()
+        with _refusing_to_start():
+            self.settings = settings or Settings.from_env()
         self.celery = celery or Celery(name)
         configure_celery(self.celery, self.settings)
         self._tools: dict[str, TaskTool] = {}
@@ -180,7 +172,7 @@ class McpTasks:
             hub=push_hub(self._push),
             sealed_state=lambda: request_state_sealed(self.server),
             quota=quota_of(self.settings),
-            refused=_refusals([p for p in self._plugins if overrides(p, "creation_refused")]),
+            refused=_each([p.creation_refused for p in self._plugins if overrides(p, "creation_refused")]),
             anonymous_per_client=self.settings.quota_anonymous == "per_client",
         )
         bus = listen_bus(server_options)
@@ -199,7 +191,8 @@ class McpTasks:
         # e.g. the metrics' error listener on each process's engine (before set_up, which may build the service)
         self._store_hooks = [store_built_hook(p) for p in self._plugins if overrides(p, "store_built")]
         for plugin in self._plugins:
-            _set_up(plugin, self._runtime)
+            with _refusing_to_start():  # a plugin refuses a setting with `ConfigError`, as `Settings` does
+                plugin.setup(self._runtime)
         if self._listen is not None:
             self._listen.observers.extend(p for p in self._plugins if overrides(p, "stream_opened"))
         # Entered for the served app's whole life (inside its lifespan): e.g. the janitor watch.
@@ -244,8 +237,8 @@ class McpTasks:
         return self._service().ledger()
 
     def _sweep(self) -> SweepReport:
-        hooks: list[MetricHook] = [plugin.swept for plugin in self._plugins if overrides(plugin, "swept")]
-        return sweep(self._service(), self.settings, metric=_all_of(hooks), max_sends=self._max_sends)
+        hooks = [plugin.swept for plugin in self._plugins if overrides(plugin, "swept")]
+        return sweep(self._service(), self.settings, metric=_each(hooks), max_sends=self._max_sends)
 
     def _limits(self, tool: str) -> PayloadLimits:
         """A tool's payload limits: its `@mcp_task` options, else the settings (worked out once per tool)."""
@@ -454,28 +447,11 @@ class _Runtime:
     """What plugins (`plugin.Runtime`) and jobs (`worker.job.WorkerRuntime`) know of the app: a narrow view."""
 
     def __init__(self, tasks: McpTasks) -> None:
-        self._tasks = tasks
+        self.name, self.settings, self.celery = tasks.name, tasks.settings, tasks.celery
+        self.tools: Collection[str] = tasks._tools.keys()  # a live view: tools declared later are in it
+        self.service = tasks._service
         self.heartbeat_interval_s = max(tasks.settings.stale_timeout_s / 4, 0.5)
         self.stale_timeout_s = tasks.settings.stale_timeout_s
-
-    @property
-    def name(self) -> str:
-        return self._tasks.name
-
-    @property
-    def settings(self) -> Settings:
-        return self._tasks.settings
-
-    @property
-    def celery(self) -> Celery:
-        return self._tasks.celery
-
-    @property
-    def tools(self) -> Collection[str]:
-        return self._tasks._tools.keys()  # live: tools declared later are in it
-
-    def service(self) -> TaskService:
-        return self._tasks._service()
 
 
 @dataclass(frozen=True)
@@ -534,19 +510,14 @@ def _secret(text: str | None) -> bytes | None:
     return None if text is None else text.encode()
 
 
-def _refusals(plugins: list[Plugin]) -> Callable[[str, str], None] | None:
-    """One callback telling every plugin of a refused creation; a plugin's failure is logged, never raised."""
-    if not plugins:
-        return None
-
-    def refused(tool: str, limit: str) -> None:
-        for plugin in plugins:
-            try:
-                plugin.creation_refused(tool, limit)
-            except Exception:
-                logger.exception("plugin %s failed in creation_refused", type(plugin).__name__)
-
-    return refused
+@contextmanager
+def _refusing_to_start() -> Iterator[None]:
+    """A wrong setting stops the process with one line naming it: a `SystemExit`, not a traceback, which
+    `celery -A app worker` would wrap in its 40-line "Unable to load celery application"."""
+    try:
+        yield
+    except ConfigError as exc:
+        raise SystemExit(f"celery-mcp-tasks: configuration error: {exc}") from None
 
 
 def _chosen(explicit: Sequence[Plugin], settings: Settings) -> list[Plugin]:
@@ -599,16 +570,16 @@ def _metric_shim(metric: MetricHook | None) -> list[Plugin]:
     return [_SweptHook(metric)]
 
 
-def _all_of(hooks: list[MetricHook]) -> MetricHook | None:
-    """One hook that tells each of `hooks` in turn (the sweep contains whatever one raises)."""
+def _each(hooks: Sequence[Callable[[str, Any], None]]) -> Callable[[str, Any], None] | None:
+    """One callback telling each of the plugins' `hooks` in turn: one that raises is logged, never raised."""
     if not hooks:
         return None
 
-    def every(name: str, counts: dict[str, int]) -> None:
+    def tell(name: str, detail: Any) -> None:
         for hook in hooks:
             try:
-                hook(name, counts)
+                hook(name, detail)
             except Exception:
-                logger.exception("a janitor metric hook raised")
+                logger.exception("plugin hook %s raised", getattr(hook, "__qualname__", "?"))
 
-    return every
+    return tell
