@@ -41,7 +41,7 @@ from celery_mcp_tasks.mcp.wire import (
     require_routing_name,
     store_unavailable,
 )
-from celery_mcp_tasks.model import InvalidInputResponse, TaskRecord
+from celery_mcp_tasks.model import DEFAULT, InvalidInputResponse, TaskRecord
 from celery_mcp_tasks.notify.hub import Hub
 from celery_mcp_tasks.propagation import creating
 from celery_mcp_tasks.protocol import EXTENSION_ID, IDEMPOTENCY_META_KEY, render_create_result, render_task
@@ -50,6 +50,7 @@ from celery_mcp_tasks.store.base import Quota, QuotaExceeded, StoreUnavailable, 
 
 T = TypeVar("T")
 _COMPLETE = {"resultType": "complete"}
+_MAX_THREADS = 32  # the service calls of tools/call and tasks/* running at once in this process
 
 
 class TasksExtension(Extension):
@@ -71,7 +72,6 @@ class TasksExtension(Extension):
         *,
         known_tool: Callable[[str], bool],
         sync_timeout_s: float,
-        max_threads: int = 32,
         hub: Callable[[], Hub | None],
         sealed_state: Callable[[], bool],
         quota: Quota | None = None,
@@ -84,7 +84,7 @@ class TasksExtension(Extension):
         self._refused = refused
         self._service = service
         self._known_tool = known_tool
-        self._limiter = anyio.CapacityLimiter(max_threads)
+        self._limiter = anyio.CapacityLimiter(_MAX_THREADS)
         self._sync = SyncCalls(service, self._run, sync_timeout_s=sync_timeout_s, hub=hub, sealed_state=sealed_state)
 
     def abandon_synchronous_calls(self, message: str) -> None:
@@ -191,28 +191,21 @@ class TasksExtension(Extension):
         key_sent: bool,
         caller: str | None,
     ) -> tuple[str, TaskRecord]:
-        service = self._service()
-        options: dict[str, Any] = {}
         quota = self._quota_of(tool)
-        if quota is not None:
-            options["quota"] = quota
-            options["caller"] = caller
-        if idempotency_key is not None:
-            options["idempotency_key"] = idempotency_key
-        if tool.ttl_ms != "default":
-            options["ttl_ms"] = tool.ttl_ms
-        if tool.poll_interval_ms != "default":
-            options["poll_interval_ms"] = tool.poll_interval_ms
         try:
             with creating(tool.name) as trace_context:  # a child of the SDK's tools/call span
-                return service.create(
+                return self._service().create(
                     owner=owner,
                     tool=tool.name,
                     arguments=arguments,
+                    ttl_ms=DEFAULT if tool.ttl_ms == "default" else tool.ttl_ms,
+                    poll_interval_ms=DEFAULT if tool.poll_interval_ms == "default" else tool.poll_interval_ms,
                     status_message=message,
                     input_responses=seeded,
                     trace_context=trace_context,
-                    **options,
+                    quota=quota,
+                    idempotency_key=idempotency_key,
+                    caller=caller if quota is not None else None,  # stored only for a quota to count by
                 )
         except TaskLimitReached:
             raise internal("Task limit reached") from None
