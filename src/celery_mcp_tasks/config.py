@@ -37,11 +37,8 @@ DEFAULT_INPUT_TIMEOUT_S = 86_400.0
 """An `input_required` task nobody answers fails after a day (MCP_TASKS_INPUT_TIMEOUT_S), so it frees its row."""
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 """The largest HTTP request body the MCP endpoint reads (MCP_TASKS_MAX_REQUEST_BYTES): the SDK's own default."""
-DEFAULT_MAX_ARGUMENTS_BYTES = 1024 * 1024
-DEFAULT_MAX_ANSWER_BYTES = 1024 * 1024
-DEFAULT_MAX_RESULT_BYTES = 4 * 1024 * 1024
-"""Payload limits (MCP_TASKS_MAX_ARGUMENTS_BYTES, _ANSWER_BYTES, _RESULT_BYTES): a task's arguments, one
-`tasks/update`'s answers and a job's result, as compact JSON in UTF-8 bytes (what the store keeps)."""
+_UNSET: Any = object()
+"""What a parser answers for a variable that is unset or empty: the field's default in `Settings` applies."""
 
 
 class ConfigError(ValueError):
@@ -49,7 +46,7 @@ class ConfigError(ValueError):
 
 
 def _int(
-    env: Mapping[str, str], name: str, default: int | None, *, minimum: int = 1, allow_none: bool = False
+    env: Mapping[str, str], name: str, default: int | None = _UNSET, *, minimum: int = 1, allow_none: bool = False
 ) -> int | None:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
@@ -67,7 +64,7 @@ def _int(
 
 
 def _float(
-    env: Mapping[str, str], name: str, default: float, *, allow_off: bool = False, minimum: float = 0.0
+    env: Mapping[str, str], name: str, default: float = _UNSET, *, allow_off: bool = False, minimum: float = 0.0
 ) -> float | None:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
@@ -92,7 +89,7 @@ def yes_no(text: str) -> bool | None:
     return _YES_NO.get(text.strip().lower())
 
 
-def _switch(env: Mapping[str, str], name: str, default: bool) -> bool:
+def _switch(env: Mapping[str, str], name: str, default: bool = _UNSET) -> bool:
     raw = env.get(name) or ""
     if not raw.strip():
         return default
@@ -102,8 +99,9 @@ def _switch(env: Mapping[str, str], name: str, default: bool) -> bool:
     return value
 
 
-def _choice(env: Mapping[str, str], name: str, default: str) -> str:
-    return (env.get(name) or default).strip().lower()
+def _choice(env: Mapping[str, str], name: str, default: str = _UNSET) -> str:
+    raw = env.get(name)
+    return raw.strip().lower() if raw else default
 
 
 def _secret(env: Mapping[str, str], name: str) -> str | None:
@@ -228,9 +226,11 @@ class Settings:
     quota_anonymous: str = "shared"
     fair_queues: int | None = None
     idempotency_secret: str | None = field(default=None, repr=False)
-    max_arguments_bytes: int | None = DEFAULT_MAX_ARGUMENTS_BYTES
-    max_answer_bytes: int | None = DEFAULT_MAX_ANSWER_BYTES
-    max_result_bytes: int | None = DEFAULT_MAX_RESULT_BYTES
+    # Payload limits: a task's arguments, one `tasks/update`'s answers and a job's result, as compact JSON in
+    # UTF-8 bytes (what the store keeps); None: unlimited.
+    max_arguments_bytes: int | None = 1024 * 1024
+    max_answer_bytes: int | None = 1024 * 1024
+    max_result_bytes: int | None = 4 * 1024 * 1024
     encryption_keys: tuple[str, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
@@ -294,58 +294,57 @@ class Settings:
         database_url = env.get("MCP_TASKS_DATABASE_URL") or None
         broker_url = env.get("CELERY_BROKER_URL") or None
         embedded = database_url is None and broker_url is None  # one machine: it recovers lost work in seconds
+        sends = _int(env, "MCP_TASKS_MAX_SENDS")
+        # Unset or empty: the field's default (`_UNSET`), but for those that depend on `embedded`.
         values: dict[str, Any] = {
-            "data_dir": Path(env.get("MCP_TASKS_DATA_DIR") or ".celery-mcp-tasks"),
+            "data_dir": Path(env["MCP_TASKS_DATA_DIR"]) if env.get("MCP_TASKS_DATA_DIR") else _UNSET,
             "database_url": database_url,
             "broker_url": broker_url,
-            "max_rows": _int(env, "MCP_TASKS_MAX_ROWS", 10_000, allow_none=True),
-            "default_ttl_ms": _int(env, "MCP_TASKS_DEFAULT_TTL_MS", 3_600_000, allow_none=True),
-            "poll_interval_ms": _int(env, "MCP_TASKS_POLL_INTERVAL_MS", 1_000, allow_none=True),
-            "retention_ms": _int(env, "MCP_TASKS_RETENTION_MS", 3_600_000, minimum=0),
+            "max_rows": _int(env, "MCP_TASKS_MAX_ROWS", allow_none=True),
+            "default_ttl_ms": _int(env, "MCP_TASKS_DEFAULT_TTL_MS", allow_none=True),
+            "poll_interval_ms": _int(env, "MCP_TASKS_POLL_INTERVAL_MS", allow_none=True),
+            "retention_ms": _int(env, "MCP_TASKS_RETENTION_MS", minimum=0),
             "janitor_interval_s": _float(
                 env, "MCP_TASKS_JANITOR_INTERVAL_S", 5.0 if embedded else 60.0, allow_off=True
             ),
             "stale_timeout_s": _float(env, "MCP_TASKS_STALE_TIMEOUT_S", 15.0 if embedded else 300.0, minimum=1.0),
             # MCP_TASKS_MAX_DISPATCHES: the setting's name in 0.1.0, still read when the new one is unset
-            "max_sends": _int(env, "MCP_TASKS_MAX_SENDS", None) or _int(env, "MCP_TASKS_MAX_DISPATCHES", 3),
-            "sync_timeout_s": _float(env, "MCP_TASKS_SYNC_TIMEOUT_S", 60.0),
-            "notify": _choice(env, "MCP_TASKS_NOTIFY", "auto"),
+            "max_sends": _int(env, "MCP_TASKS_MAX_DISPATCHES") if sends is _UNSET else sends,
+            "sync_timeout_s": _float(env, "MCP_TASKS_SYNC_TIMEOUT_S"),
+            "notify": _choice(env, "MCP_TASKS_NOTIFY"),
             "queue": env.get("MCP_TASKS_QUEUE") or None,
             "allowed_hosts": _list(env, "MCP_TASKS_ALLOWED_HOSTS"),
             # Operations are opt-in plugins (celery_mcp_tasks.plugin): each of these turns one on.
-            "metrics": _switch(env, "MCP_TASKS_METRICS", False),
-            "health": _switch(env, "MCP_TASKS_HEALTH", False),
-            "janitor_watch": _switch(env, "MCP_TASKS_JANITOR_WATCH", False),
-            "worker_metrics_port": _int(
-                env, "MCP_TASKS_WORKER_METRICS_PORT", DEFAULT_WORKER_METRICS_PORT, allow_none=True
-            ),
-            "tracing": _choice(env, "MCP_TASKS_TRACING", "off"),
-            "janitor": _choice(env, "MCP_TASKS_JANITOR", "beat"),
-            "input_timeout_s": _float(env, "MCP_TASKS_INPUT_TIMEOUT_S", DEFAULT_INPUT_TIMEOUT_S, allow_off=True),
-            "log_format": _choice(env, "MCP_TASKS_LOG_FORMAT", "text"),
-            "max_request_bytes": _int(env, "MCP_TASKS_MAX_REQUEST_BYTES", DEFAULT_MAX_REQUEST_BYTES),
+            "metrics": _switch(env, "MCP_TASKS_METRICS"),
+            "health": _switch(env, "MCP_TASKS_HEALTH"),
+            "janitor_watch": _switch(env, "MCP_TASKS_JANITOR_WATCH"),
+            "worker_metrics_port": _int(env, "MCP_TASKS_WORKER_METRICS_PORT", allow_none=True),
+            "tracing": _choice(env, "MCP_TASKS_TRACING"),
+            "janitor": _choice(env, "MCP_TASKS_JANITOR"),
+            "input_timeout_s": _float(env, "MCP_TASKS_INPUT_TIMEOUT_S", allow_off=True),
+            "log_format": _choice(env, "MCP_TASKS_LOG_FORMAT"),
+            "max_request_bytes": _int(env, "MCP_TASKS_MAX_REQUEST_BYTES"),
             # The operators' console: who may look, and whether payloads may be revealed.
             "console_token": _secret(env, "MCP_TASKS_CONSOLE_TOKEN"),
-            "console_payloads": _switch(env, "MCP_TASKS_CONSOLE_PAYLOADS", False),
+            "console_payloads": _switch(env, "MCP_TASKS_CONSOLE_PAYLOADS"),
             # Per-principal quotas: unlimited unless set (MCP_TASKS_QUOTA_*), decided by the store.
-            "quota_active": _int(env, "MCP_TASKS_QUOTA_ACTIVE", None, allow_none=True),
-            "quota_active_per_tool": _int(env, "MCP_TASKS_QUOTA_ACTIVE_PER_TOOL", None, allow_none=True),
-            "quota_creations": _int(env, "MCP_TASKS_QUOTA_CREATIONS", None, allow_none=True),
-            "quota_window_s": _float(env, "MCP_TASKS_QUOTA_WINDOW_S", 60.0),
-            "quota_anonymous": _choice(env, "MCP_TASKS_QUOTA_ANONYMOUS", "shared"),
-            "fair_queues": _int(env, "MCP_TASKS_FAIR_QUEUES", None, minimum=2, allow_none=True),
+            "quota_active": _int(env, "MCP_TASKS_QUOTA_ACTIVE", allow_none=True),
+            "quota_active_per_tool": _int(env, "MCP_TASKS_QUOTA_ACTIVE_PER_TOOL", allow_none=True),
+            "quota_creations": _int(env, "MCP_TASKS_QUOTA_CREATIONS", allow_none=True),
+            "quota_window_s": _float(env, "MCP_TASKS_QUOTA_WINDOW_S"),
+            "quota_anonymous": _choice(env, "MCP_TASKS_QUOTA_ANONYMOUS"),
+            "fair_queues": _int(env, "MCP_TASKS_FAIR_QUEUES", minimum=2, allow_none=True),
             "idempotency_secret": _secret(env, "MCP_TASKS_IDEMPOTENCY_SECRET"),
             # Payload limits, in bytes of compact JSON (none: unlimited); a tool's @mcp_task options win.
-            "max_arguments_bytes": _int(
-                env, "MCP_TASKS_MAX_ARGUMENTS_BYTES", DEFAULT_MAX_ARGUMENTS_BYTES, allow_none=True
-            ),
-            "max_answer_bytes": _int(env, "MCP_TASKS_MAX_ANSWER_BYTES", DEFAULT_MAX_ANSWER_BYTES, allow_none=True),
-            "max_result_bytes": _int(env, "MCP_TASKS_MAX_RESULT_BYTES", DEFAULT_MAX_RESULT_BYTES, allow_none=True),
+            "max_arguments_bytes": _int(env, "MCP_TASKS_MAX_ARGUMENTS_BYTES", allow_none=True),
+            "max_answer_bytes": _int(env, "MCP_TASKS_MAX_ANSWER_BYTES", allow_none=True),
+            "max_result_bytes": _int(env, "MCP_TASKS_MAX_RESULT_BYTES", allow_none=True),
             # Encryption at rest: a key ring, the first key seals, every one opens (comma-separated).
             "encryption_keys": _list(env, "MCP_TASKS_ENCRYPTION_KEYS"),
             # A rotation ring: the first secret seals, every one unseals (comma-separated).
             "request_state_secrets": _list(env, "MCP_TASKS_REQUEST_STATE_SECRET"),
         }
+        values = {name: value for name, value in values.items() if value is not _UNSET}
         values.update(overrides)
         return cls(**values)
 
