@@ -40,7 +40,7 @@ from celery_mcp_tasks.notify.base import Notifier
 from celery_mcp_tasks.notify.push import BrokerAccess, Push
 from celery_mcp_tasks.observe import Observers
 from celery_mcp_tasks.ops import plugins_from_settings  # the package alone: it names its modules, imports none
-from celery_mcp_tasks.plugin import Plugin, Runtime, overrides, store_built_hook
+from celery_mcp_tasks.plugin import Plugin, overrides, store_built_hook
 from celery_mcp_tasks.preflight import preflight
 from celery_mcp_tasks.service import PayloadLimits, TaskService
 from celery_mcp_tasks.store.base import Quota
@@ -529,14 +529,6 @@ def _chosen(explicit: Sequence[Plugin], settings: Settings) -> list[Plugin]:
     except ImportError as exc:
         raise SystemExit(f"celery-mcp-tasks: configuration error: a plugin could not be imported: {exc}") from None
     return given + [plugin for plugin in by_setting if type(plugin) not in kinds]
-
-
-def _set_up(plugin: Plugin, runtime: Runtime) -> None:
-    """A plugin refuses a setting with `ConfigError`: one line, as a bad setting in `_settings_from_env`."""
-    try:
-        plugin.setup(runtime)
-    except ConfigError as exc:
-        raise SystemExit(f"celery-mcp-tasks: configuration error: {exc}") from None
 
 
 def _serving(plugin: Plugin) -> Callable[[], AbstractAsyncContextManager[Any]]:
