@@ -447,11 +447,14 @@ class _Runtime:
     """What plugins (`plugin.Runtime`) and jobs (`worker.job.WorkerRuntime`) know of the app: a narrow view."""
 
     def __init__(self, tasks: McpTasks) -> None:
+        self._tasks = tasks
         self.name, self.settings, self.celery = tasks.name, tasks.settings, tasks.celery
         self.tools: Collection[str] = tasks._tools.keys()  # a live view: tools declared later are in it
-        self.service = tasks._service
         self.heartbeat_interval_s = max(tasks.settings.stale_timeout_s / 4, 0.5)
         self.stale_timeout_s = tasks.settings.stale_timeout_s
+
+    def service(self) -> TaskService:
+        return self._tasks._service()  # looked up at each call: the app's own, whatever replaced it
 
 
 @dataclass(frozen=True)
