@@ -243,3 +243,29 @@ def test_a_task_its_ttl_removed_unfinished_is_scraped_as_finished_expired(tmp_pa
 
 def _scraped(tasks: McpTasks) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return samples(TestClient(tasks.ops_app()).get("/metrics").text)
+
+
+def test_a_scrape_reads_the_ledger_while_the_application_holds_every_worker_thread(tmp_path: Path) -> None:
+    """`ops_app()` mounted in the application's own app shares the event loop's thread pool with its sync routes.
+    A read that waited there for a thread past the deadline never ran, and every later scrape said "a previous
+    read has not returned" until the process restarted."""
+    tasks = app_on(None, tmp_path)
+    upgrade(tasks.settings.store_url)
+    internals(tasks).sweep()
+    scrape = Scrape(internals(tasks).service, tasks.settings.janitor_interval_s, timeout_s=0.5)
+    release = threading.Event()
+    views = []
+
+    async def main() -> None:
+        anyio.to_thread.current_default_thread_limiter().total_tokens = 1
+        async with anyio.create_task_group() as group:
+            group.start_soon(anyio.to_thread.run_sync, release.wait)  # the application's work holds the one thread
+            await anyio.sleep(0.05)
+            views.append(await scrape.ledger())
+            release.set()
+        views.append(await scrape.ledger())
+
+    anyio.run(main)
+
+    assert [view.ok for view in views] == [True, True]
+    assert views[0].record is not None

@@ -7,6 +7,7 @@ the `tool` label takes the app's registered tool names only ("other" for anythin
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import glob
 import logging
@@ -16,10 +17,12 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from celery_mcp_tasks.model import TaskRecord, TaskStatus
+from celery_mcp_tasks.ops.probes import in_daemon_thread
 from celery_mcp_tasks.ops.prometheus_internals import count_in_files, counts_in_files, read_values, write_values
 from celery_mcp_tasks.plugin import Plugin, Runtime
 from celery_mcp_tasks.service import ENQUEUE_FAILED
@@ -252,7 +255,7 @@ class Scrape:
         self._service = service
         self._interval_s = interval_s
         self._timeout_s = timeout_s
-        self._reading = False  # a read that overran may still run: never start a second one
+        self._reading: Future[LedgerView] | None = None  # a read that overran may still run: never start a second
         self._logged_at = float("-inf")
 
     async def respond(self, _request: Request | None = None) -> Response:
@@ -268,27 +271,23 @@ class Scrape:
         return Response(body, media_type=CONTENT_TYPE)
 
     async def ledger(self) -> LedgerView:
-        import anyio
-        import anyio.to_thread
-
-        if self._reading:
+        """The sweep record, read in a daemon thread of its own: not one of the event loop's pool, whose tokens
+        the application's own work may hold (a read still waiting for one when the deadline passed never ran,
+        and its scrape's "still reading" never ended)."""
+        if self._reading is not None and not self._reading.done():
             return self._failed("a previous read has not returned")
-        self._reading = True
-        outcome: list[LedgerView] = []
+        self._reading = in_daemon_thread(self._read, name="mcp-tasks-metrics-ledger")
+        waiting = asyncio.wrap_future(self._reading)
+        done, _ = await asyncio.wait({waiting}, timeout=self._timeout_s)
+        return waiting.result() if done else self._failed(f"no answer within {self._timeout_s:g}s")
 
-        def read() -> None:
-            from celery_mcp_tasks.store.ledger import JANITOR
+    def _read(self) -> LedgerView:
+        from celery_mcp_tasks.store.ledger import JANITOR
 
-            try:
-                outcome.append(LedgerView(True, self._service().ledger().last(JANITOR)))
-            except Exception as exc:  # noqa: BLE001 - the store is down or behind: reported below
-                outcome.append(self._failed(type(exc).__name__))
-            finally:
-                self._reading = False
-
-        with anyio.move_on_after(self._timeout_s):
-            await anyio.to_thread.run_sync(read, abandon_on_cancel=True)
-        return outcome[0] if outcome else self._failed(f"no answer within {self._timeout_s:g}s")
+        try:
+            return LedgerView(True, self._service().ledger().last(JANITOR))
+        except Exception as exc:  # noqa: BLE001 - the store is down or behind: reported, never raised
+            return self._failed(type(exc).__name__)
 
     def _failed(self, why: str) -> LedgerView:
         families().scrape_errors.labels("ledger").inc()
