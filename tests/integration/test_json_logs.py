@@ -254,3 +254,33 @@ def test_in_text_mode_uvicorns_own_lines_redact_task_ids(backend: Backend, tmp_p
     assert probe not in web.stdout() + web.stderr()
     (line,) = [line for line in web.stdout().splitlines() if "/t/" in line]
     assert '"GET /t/<redacted>-1 HTTP/1.1" 404' in line and not line.startswith("{")  # uvicorn's own text format
+
+
+def test_logs_json_given_in_code_makes_uvicorns_own_lines_json_too(backend: Backend, tmp_path: Path) -> None:
+    """`Logs(json=True)` in the app's code is what MCP_TASKS_LOG_FORMAT=json turns on: uvicorn's start-up and
+    access lines are JSON objects as well, not its own text."""
+    port = free_port()
+    env = process_env(backend, MCP_TASKS_QUEUE=f"mcp-test-{uuid.uuid4().hex[:10]}")
+    env.pop("MCP_TASKS_LOG_FORMAT", None)
+    serve = [
+        sys.executable,
+        "-m",
+        "celery_mcp_tasks.cli",
+        "serve",
+        "tests.apps.json_logs_code_app",
+        "--port",
+        str(port),
+    ]
+    web = _spawn("web-code", serve, env, tmp_path)
+    try:
+        wait_until(lambda: _port_open(port) or web.popen.poll() is not None, 60, "web to listen")
+        assert httpx.get(f"http://127.0.0.1:{port}/t/nothing", timeout=30).status_code == 404
+        wait_until(lambda: "/t/nothing" in web.stderr(), 10, "the access line")
+    finally:
+        web.stop()
+    lines = [line for line in web.stderr().splitlines() if line.strip()]
+    assert lines and all(line.startswith("{") for line in lines), lines
+    records = [json.loads(line) for line in lines]
+    assert any(record["logger"] == "uvicorn.error" and "Uvicorn running" in record["message"] for record in records)
+    assert any(record["logger"] == "uvicorn.access" for record in records)
+    assert "/t/nothing" not in web.stdout()

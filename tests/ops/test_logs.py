@@ -22,7 +22,14 @@ from celery_mcp_tasks.app import internals
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.model import Run, new_task_id, task_key
 from celery_mcp_tasks.ops import logs
-from celery_mcp_tasks.ops.logs import JsonFormatter, LifecycleLog, RedactTaskIds, lifecycle_events, uvicorn_log_config
+from celery_mcp_tasks.ops.logs import (
+    JsonFormatter,
+    LifecycleLog,
+    Logs,
+    RedactTaskIds,
+    lifecycle_events,
+    uvicorn_log_config,
+)
 from celery_mcp_tasks.ops.redaction import REDACTED
 from celery_mcp_tasks.ops.root_handler import ROOT_HANDLER
 from celery_mcp_tasks.worker.janitor import METRIC
@@ -287,7 +294,7 @@ def test_uvicorn_keeps_its_own_lines_in_text_mode_with_redaction_and_none_in_jso
     from uvicorn.config import LOGGING_CONFIG
 
     pristine = json.dumps(LOGGING_CONFIG, default=str)
-    config = uvicorn_log_config(Settings())
+    config = uvicorn_log_config([Logs()])
     assert config is not None and json.dumps(LOGGING_CONFIG, default=str) == pristine  # a copy: uvicorn's is untouched
     assert config["formatters"] == LOGGING_CONFIG["formatters"]
     logging.config.dictConfig(config)  # as uvicorn applies it
@@ -301,4 +308,4 @@ def test_uvicorn_keeps_its_own_lines_in_text_mode_with_redaction_and_none_in_jso
     out, err = capsys.readouterr()
     assert task_id not in out + err
     assert f"Invalid request for {REDACTED}" in err and f'"GET /mcp?taskId={REDACTED} HTTP/1.1" 200 OK' in out
-    assert uvicorn_log_config(Settings(log_format="json")) is None
+    assert uvicorn_log_config([Logs(json=True)]) is None

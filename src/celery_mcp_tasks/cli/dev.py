@@ -23,6 +23,7 @@ from celery_mcp_tasks.cli.shared import (
     prepare,
     sigterm_stops,
     start_ops_server,
+    uvicorn_log_config,
 )
 
 PREFIX = "celery-mcp-tasks dev"
@@ -75,14 +76,12 @@ def run(options: argparse.Namespace) -> int:
     url = f"http://{host}:{options.port}/mcp"
     print("\n".join([f"{PREFIX}: MCP endpoint {url}", *banner(tasks.settings)]), flush=True)
 
-    from celery_mcp_tasks.ops.logs import uvicorn_log_config
-
     config = uvicorn.Config(
         tasks.asgi_app(host=options.host),
         log_level=options.log_level or ("warning" if options.call else "info"),
         timeout_graceful_shutdown=3,
         lifespan="on",
-        log_config=uvicorn_log_config(tasks.settings),  # json: uvicorn's lines go through the JSON root handler
+        log_config=uvicorn_log_config(tasks),
     )
     server = uvicorn.Server(config)
     stopped = threading.Event()

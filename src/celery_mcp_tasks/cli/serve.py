@@ -7,8 +7,7 @@ import sys
 
 import uvicorn
 
-from celery_mcp_tasks.cli.shared import load_app, prepare, start_ops_server
-from celery_mcp_tasks.ops.logs import uvicorn_log_config
+from celery_mcp_tasks.cli.shared import load_app, prepare, start_ops_server, uvicorn_log_config
 
 
 def run(args: argparse.Namespace) -> int:
@@ -29,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
             host=args.host,
             port=args.port,
             log_level=args.log_level,
-            log_config=uvicorn_log_config(tasks.settings),  # json: uvicorn's lines go through the JSON root handler
+            log_config=uvicorn_log_config(tasks),
             timeout_graceful_shutdown=5,
         )
     finally:

@@ -12,8 +12,9 @@ import functools
 import json
 import logging
 import sys
+from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from opentelemetry import trace
 
@@ -22,9 +23,6 @@ from celery_mcp_tasks.ops.metrics import queued_at
 from celery_mcp_tasks.ops.redaction import KEY_SHOWN, RedactTaskIds, record_message, redact
 from celery_mcp_tasks.ops.root_handler import ROOT_HANDLER, plain_root_logging
 from celery_mcp_tasks.plugin import Plugin, Runtime
-
-if TYPE_CHECKING:
-    from celery_mcp_tasks.config import Settings
 
 LIFECYCLE_LOGGER = "celery_mcp_tasks.tasks"
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
@@ -198,10 +196,11 @@ def style_web_root(json_format: bool) -> bool:
     return bool(ours)
 
 
-def uvicorn_log_config(settings: Settings) -> dict[str, Any] | None:
-    """The `log_config` for uvicorn: in json mode none (its loggers propagate to the root handler, access
-    lines included); for text a copy of its own default with `RedactTaskIds` on each of its handlers."""
-    if settings.log_format == "json":
+def uvicorn_log_config(plugins: Iterable[object]) -> dict[str, Any] | None:
+    """The `log_config` for uvicorn, for an app with these `plugins`: when its `Logs` plugin writes JSON (given
+    in code, or by MCP_TASKS_LOG_FORMAT=json) none, so uvicorn's loggers propagate to the root handler, access
+    lines included; else a copy of uvicorn's own default with `RedactTaskIds` on each of its handlers."""
+    if any(isinstance(plugin, Logs) and plugin.json for plugin in plugins):
         return None
     from uvicorn.config import LOGGING_CONFIG
 
