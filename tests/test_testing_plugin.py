@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import anyio
@@ -21,7 +22,8 @@ from mcp import Client
 from celery_mcp_tasks import testing
 from celery_mcp_tasks.client import TasksClient
 from celery_mcp_tasks.testing import ScriptedAnswers
-from tests.support import ROOT, wait_until
+from tests.conftest import needs_pg_redis
+from tests.support import POSTGRES_URL, REDIS_URL, ROOT, fresh_postgres_database, wait_until
 
 pytestmark = pytest.mark.integration
 pytest_plugins = ["pytester"]
@@ -66,6 +68,40 @@ def test_a_user_project_tests_the_quickstart_in_a_few_lines(
     pytester.makepyfile(test_quickstart=USER_TESTS)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=240)
     result.assert_outcomes(passed=2)
+
+
+@needs_pg_redis
+def test_the_database_and_broker_mcp_tasks_env_names_are_the_ones_served(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A team whose tests run on their PostgreSQL and Redis names them in `mcp_tasks_env`; the deployment serves
+    on them (its worker found on that broker), and leaves the test process's current Celery app as it was."""
+    import psycopg
+
+    assert POSTGRES_URL and REDIS_URL
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    queue = f"plugin-{uuid.uuid4().hex[:10]}"
+    with fresh_postgres_database(POSTGRES_URL) as url:
+        served = {"MCP_TASKS_DATABASE_URL": url, "CELERY_BROKER_URL": REDIS_URL, "MCP_TASKS_QUEUE": queue}
+        pytester.makeini("[pytest]\nmcp_tasks_app = examples.quickstart.app\n")
+        pytester.makeconftest(
+            f"import pytest\n\n\n@pytest.fixture(scope='module')\ndef mcp_tasks_env():\n    return {served!r}\n"
+        )
+        pytester.makepyfile(
+            test_quickstart=USER_TESTS
+            + """
+
+def test_the_current_celery_app_is_still_the_default():
+    import celery
+
+    assert not celery.current_app.main.startswith("mcp-tasks-ping")
+"""
+        )
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=240)
+        result.assert_outcomes(passed=3)
+        with psycopg.connect(url) as conn:
+            (completed,) = conn.execute("SELECT count(*) FROM mcp_tasks_task WHERE status = 'completed'").fetchone()
+        assert completed == 2
 
 
 USER_APP = """

@@ -172,19 +172,22 @@ def _answers(host: str, port: int) -> bool:
         return False
 
 
-def _worker_replies(data_dir: Path, timeout_s: float) -> bool:
-    """The worker is consuming: it answers a control ping over the embedded broker."""
+def _worker_replies(env: Mapping[str, str], timeout_s: float) -> bool:
+    """The worker is consuming: it answers a control ping over the broker the served processes use."""
     from celery import Celery
 
     from celery_mcp_tasks.app import configure_celery
     from celery_mcp_tasks.config import Settings
 
-    app = Celery(f"mcp-tasks-ping-{uuid.uuid4().hex[:6]}")
-    configure_celery(app, Settings(data_dir=data_dir))
+    app = Celery(f"mcp-tasks-ping-{uuid.uuid4().hex[:6]}", set_as_current=False)  # the user's app stays current
+    configure_celery(app, Settings.from_env(env))
     try:
         return bool(app.control.ping(timeout=timeout_s, limit=1))
     finally:
         app.close()
+
+
+_SERVICES = ("MCP_TASKS_DATABASE_URL", "CELERY_BROKER_URL")
 
 
 def _process_env(
@@ -192,7 +195,7 @@ def _process_env(
 ) -> dict[str, str]:
     """The served processes' environment: APP importable from `pythonpath` (pytest's own option), `cwd`
     and the current directory, as it is in the test process."""
-    env = {k: v for k, v in os.environ.items() if k not in ("MCP_TASKS_DATABASE_URL", "CELERY_BROKER_URL")}
+    env = {k: v for k, v in os.environ.items() if k not in _SERVICES}
     env.update(extra)
     env["MCP_TASKS_DATA_DIR"] = str(data_dir)
     env["PYTHONUNBUFFERED"] = "1"
@@ -222,11 +225,14 @@ def start_deployment(
     log = data_dir / "dev.log"
     workdir = cwd or Path.cwd()
     argv = [sys.executable, "-m", "celery_mcp_tasks.cli", "dev", app, "--port", str(port), "--data-dir", str(data_dir)]
+    if any(name in (env or {}) for name in _SERVICES):
+        argv.append("--keep-env")  # the database and broker `env` names, not the embedded ones
+    served_env = _process_env(workdir, data_dir, env or {}, pythonpath)
     with log.open("wb") as handle:
         proc = subprocess.Popen(
             argv,
             cwd=workdir,
-            env=_process_env(workdir, data_dir, env or {}, pythonpath),
+            env=served_env,
             stdin=subprocess.DEVNULL,
             stdout=handle,
             stderr=subprocess.STDOUT,
@@ -238,7 +244,7 @@ def start_deployment(
         while not _answers(host, port):
             _check_alive(deployment, deadline)
             time.sleep(0.05)
-        while not _worker_replies(data_dir, timeout_s=1.0):
+        while not _worker_replies(served_env, timeout_s=1.0):
             _check_alive(deployment, deadline)
     except BaseException:
         deployment.stop()
