@@ -45,7 +45,21 @@ WRONG = [
     ("MCP_TASKS_MAX_RESULT_BYTES", "-5", "must be >= 1"),
     ("MCP_TASKS_ENCRYPTION_KEYS", "not-a-key", "key 1 of 1 is not a base64 32-byte key"),
     ("MCP_TASKS_ENCRYPTION_KEYS", "A" * 43 + "=,c2hvcnQ=", "key 2 of 2 is not a base64 32-byte key"),
+    ("MCP_TASKS_REQUEST_STATE_SECRET", "s" * 40 + ",t" * 20, "at least 32 bytes"),
+    ("MCP_TASKS_REQUEST_STATE_SECRET", ",".join(["s" * 40] * 2), "listed twice"),
 ]
+
+
+def test_no_secret_shows_in_the_settings_repr() -> None:
+    """A failing assert that prints `tasks.settings` in CI prints none of them."""
+    secrets = {
+        "MCP_TASKS_REQUEST_STATE_SECRET": "r" * 40,
+        "MCP_TASKS_IDEMPOTENCY_SECRET": "i" * 40,
+        "MCP_TASKS_CONSOLE_TOKEN": "c" * 40,
+        "MCP_TASKS_ENCRYPTION_KEYS": "A" * 43 + "=",
+    }
+    shown = repr(Settings.from_env(secrets))
+    assert not [name for name, value in secrets.items() if value.rstrip("=") in shown]
 
 
 @pytest.mark.parametrize(("name", "value", "why"), WRONG)

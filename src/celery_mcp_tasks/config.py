@@ -214,7 +214,7 @@ class Settings:
     janitor: str = "beat"
     input_timeout_s: float | None = DEFAULT_INPUT_TIMEOUT_S
     log_format: str = "text"
-    request_state_secrets: tuple[str, ...] = ()
+    request_state_secrets: tuple[str, ...] = field(default=(), repr=False)
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     console_token: str | None = field(default=None, repr=False)
     console_payloads: bool = False
@@ -249,6 +249,8 @@ class Settings:
                     f"MCP_TASKS_REQUEST_STATE_SECRET: each secret must be at least {MIN_SECRET_BYTES} bytes "
                     f"(got one of {len(secret.encode())}); generate one with `openssl rand -base64 48`"
                 )
+        if len(set(self.request_state_secrets)) < len(self.request_state_secrets):
+            raise ConfigError("MCP_TASKS_REQUEST_STATE_SECRET: a secret is listed twice; list each one once")
         if self.worker_metrics_port is not None and not 0 < self.worker_metrics_port < 65536:
             raise ConfigError(
                 f"MCP_TASKS_WORKER_METRICS_PORT: expected a TCP port or off, got {self.worker_metrics_port}"
