@@ -88,15 +88,16 @@ def test_an_unreachable_database_is_named_with_its_password_redacted() -> None:
     assert "cannot connect to the task store" in message and "hunter2" not in message
 
 
+@pytest.mark.parametrize("scheme", ["postgresql", "postgres"])  # the store accepts both: so does its deadline
 def test_a_database_that_accepts_but_never_answers_is_given_up_on_after_the_connect_timeout(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, scheme: str
 ) -> None:
     """A black hole (a firewall dropping replies, a hung server): without the timeout, start-up would hang."""
     monkeypatch.setattr(preflight_module, "CONNECT_TIMEOUT_S", 1)
     with socket.socket() as black_hole:
         black_hole.bind(("127.0.0.1", 0))
         black_hole.listen(8)  # the kernel completes the handshake; nobody ever answers
-        url = f"postgresql://mcp:hunter2@127.0.0.1:{black_hole.getsockname()[1]}/tasks"
+        url = f"{scheme}://mcp:hunter2@127.0.0.1:{black_hole.getsockname()[1]}/tasks"
         message = refusal(Settings(database_url=url), role="db", need_schema=False)
     assert "cannot connect to the task store (connection timeout expired)" in message
 

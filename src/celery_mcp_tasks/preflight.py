@@ -105,14 +105,16 @@ def missing_sqlite_file(url: str) -> bool:
     return not Path(database).exists()
 
 
-def probe_engine(url: str, *, timeout_s: int = CONNECT_TIMEOUT_S) -> sa.Engine:
+def probe_engine(url: str, *, timeout_s: int | None = None) -> sa.Engine:
     """The one engine a check builds (start-up, `db`, `/readyz`, `doctor`): no pool, so each check is a fresh
-    connection. On PostgreSQL, libpq bounds its socket by `timeout_s`: the connect, then keepalives and
-    `tcp_user_timeout`, so a vanished peer (a partition, a dead NAT entry) fails in seconds."""
-    from celery_mcp_tasks.store.engine import create_store_engine
+    connection. On PostgreSQL, libpq bounds its socket by `timeout_s` (`CONNECT_TIMEOUT_S`, read at the call):
+    the connect, then keepalives and `tcp_user_timeout`, so a vanished peer (a partition, a dead NAT entry) fails
+    in seconds."""
+    from celery_mcp_tasks.store.engine import create_store_engine, normalize_url
 
+    timeout_s = CONNECT_TIMEOUT_S if timeout_s is None else timeout_s
     args: dict[str, Any] = {}
-    if make_url(url).get_backend_name() == "postgresql":
+    if make_url(normalize_url(url)).get_backend_name() == "postgresql":  # `postgres://` too
         args = {
             "connect_timeout": timeout_s,
             "keepalives": 1,

@@ -29,7 +29,7 @@ from celery_mcp_tasks.preflight import (
     script_heads,
     short_reason,
 )
-from celery_mcp_tasks.store.engine import READ_ONLY
+from celery_mcp_tasks.store.engine import READ_ONLY, normalize_url
 
 if TYPE_CHECKING:
     from celery_mcp_tasks.store.ledger import SweepRecord
@@ -86,7 +86,7 @@ class ProbeEngine:
 
     @property
     def postgres(self) -> bool:
-        return make_url(self.url).get_backend_name() == "postgresql"
+        return make_url(normalize_url(self.url)).get_backend_name() == "postgresql"  # `postgres://` too
 
     def read(self, work: Callable[[sa.Connection], Any]) -> Any:
         """Run `work` in a read-only transaction that the server ends after `PROBE_TIMEOUT_S` (a lock wait too)."""
