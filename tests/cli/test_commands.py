@@ -184,3 +184,20 @@ def test_an_ops_port_out_of_range_is_a_usage_error(capsys: pytest.CaptureFixture
     with pytest.raises(SystemExit):
         _parser().parse_args(["serve", "app", "--ops-port", "99999"])
     assert "argument --ops-port: expected a TCP port or off, got '99999'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("given", ["0", "-1", "nan"])
+def test_doctor_refuses_a_timeout_every_waiting_check_would_fail(
+    given: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as usage:
+        _parser().parse_args(["doctor", "app", "--timeout", given])
+    assert usage.value.code == 2
+    assert f"argument --timeout: must be a positive number of seconds, got {given}" in capsys.readouterr().err
+
+
+def test_the_usage_shows_resume_with_an_equals_sign_as_an_id_may_begin_with_a_dash() -> None:
+    task_id = "-4N56P81Y1VABbifks53lxL1nX7mJSYe2tdsUyXCybU"  # a task id as the server makes them, 1 in 64
+    call = commands()["call"]
+    assert "--resume=TASK_ID" in call.format_usage()
+    assert call.parse_args(["http://127.0.0.1:9/mcp", f"--resume={task_id}"]).resume == task_id

@@ -26,6 +26,17 @@ def _ops_port(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _positive_seconds(text: str) -> float:
+    """`--timeout`'s type: a positive number of seconds (0 would fail every check that waits)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return seconds
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="celery-mcp-tasks", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -135,7 +146,7 @@ def _parser() -> argparse.ArgumentParser:
     caller = sub.add_parser(
         "call",
         help="call a tool as a task and follow it",
-        usage="%(prog)s URL TOOL [ARGS] [options]\n       %(prog)s URL --resume TASK_ID [options]",
+        usage="%(prog)s URL TOOL [ARGS] [options]\n       %(prog)s URL --resume=TASK_ID [options]",
         description="Call TOOL at URL (the MCP endpoint) as a task and follow it to the end: a live status "
         "line on a terminal, plain lines otherwise. Questions from the job are asked at the prompt; "
         "Ctrl-C cancels the task, a second Ctrl-C leaves at once.",
@@ -151,7 +162,11 @@ def _parser() -> argparse.ArgumentParser:
         nargs="?",
         help="the tool's arguments, a JSON object (default {}); @PATH reads them from a file, - from stdin",
     )
-    caller.add_argument("--resume", metavar="TASK_ID", help="follow a task started earlier instead of calling a tool")
+    caller.add_argument(
+        "--resume",
+        metavar="TASK_ID",
+        help="follow a task started earlier instead of calling a tool; write --resume=TASK_ID (an id may begin with -)",
+    )
     caller.add_argument("--no-wait", action="store_true", help="print the new task's id alone and exit 0")
     caller.add_argument(
         "--timeout",
@@ -191,7 +206,7 @@ def _parser() -> argparse.ArgumentParser:
     doctor.add_argument("--json", dest="json_output", action="store_true", help="print the checks as one JSON document")
     doctor.add_argument(
         "--timeout",
-        type=float,
+        type=_positive_seconds,
         default=3.0,
         metavar="SECONDS",
         help="how long to wait for worker replies and for the push hint (default 3)",

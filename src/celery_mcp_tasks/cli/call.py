@@ -270,7 +270,7 @@ def run_call(
 
 async def _run(options: CallOptions, io: CallIo, abort: Callable[[], bool] | None) -> int:
     if (options.tool is None) == (options.resume is None):
-        raise CallError("give a TOOL to call, or --resume TASK_ID to follow a task (not both)", EXIT_USAGE)
+        raise CallError("give a TOOL to call, or --resume=TASK_ID to follow a task (not both)", EXIT_USAGE)
     if options.resume is not None and (options.arguments is not None or options.no_wait):
         raise CallError("--resume follows an existing task: it takes no ARGS and no --no-wait", EXIT_USAGE)
     if options.timeout is not None and options.timeout <= 0:
