@@ -449,3 +449,44 @@ def test_on_a_terminal_ctrl_c_at_a_question_cancels_and_starts_its_own_line(
     assert term.wait() == 130, term.text
     assert re.search(r"\n[\r]*interrupted: cancelling the task", term.text), repr(term.text)
     assert "Traceback" not in term.text
+
+
+def test_a_server_lost_while_following_says_how_to_resume(tmp_path: Path) -> None:
+    """The connection goes while the job runs: one line says why, the next how to follow the task again."""
+    backend = Backend("embedded", {"MCP_TASKS_DATA_DIR": str(tmp_path / "data")})
+    with Deployment("tests.apps.runtime_app", backend, tmp_path) as deployment:
+        deployment.web()
+        deployment.worker()
+        out, err = tmp_path / "out", tmp_path / "err"
+        with out.open("w") as stdout, err.open("w") as stderr:
+            call = subprocess.Popen(
+                [sys.executable, "-m", "celery_mcp_tasks.cli", "call", deployment.url, "work", '{"seconds": 60}'],
+                cwd=ROOT,
+                env=_env(),
+                stdin=subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=stderr,
+                text=True,
+            )
+            try:
+                wait_until(lambda: "status=working  (pid=" in out.read_text(), 90, "the job to report")
+                deployment.procs[0].stop()  # the web process
+                assert call.wait(timeout=60) == 1
+            finally:
+                call.kill()
+        lines = err.read_text().splitlines()
+        assert "Traceback" not in err.read_text()
+        assert lines[0].startswith(f"celery-mcp-tasks call: cannot reach {deployment.url}: "), lines
+        found = re.fullmatch(
+            rf"celery-mcp-tasks call: the task may still be running: celery-mcp-tasks call "
+            rf"{re.escape(deployment.url)} --resume=(\S+)",
+            lines[1],
+        )
+        assert found, lines
+        again = deployment.web(name="web-again")  # back (on a port of its own): the task named is still running
+        client = McpHttp(again)
+        try:
+            assert client.get(found.group(1))["status"] == "working"
+            client.task("tasks/cancel", found.group(1))
+        finally:
+            client.close()
