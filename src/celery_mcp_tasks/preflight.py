@@ -36,7 +36,8 @@ def preflight(settings: Settings, *, role: str, need_schema: bool = True, broker
 
     `role`: "serve", "stdio", "worker", "beat" or "db" (which neither checks the broker nor needs a
     schema). `broker_url`: the Celery app's effective broker (default: the settings').
-    `need_schema=False` for a caller that migrates right after.
+    `need_schema=False` for a caller that migrates right after (a store at a revision this release does not
+    know is refused still: no migration can start from it).
     """
     check_environment()
     schema = need_schema and role != "db"
@@ -53,7 +54,7 @@ def preflight(settings: Settings, *, role: str, need_schema: bool = True, broker
     try:
         try:
             with engine.connect() as conn:
-                current = current_revisions(conn) if schema else ()
+                current = current_revisions(conn)
                 # A wrong or missing MCP_TASKS_ENCRYPTION_KEYS for this store, or None.
                 keys = ring_check(conn, settings.key_ring()) if schema and revision_problem(current) is None else None
         except sa.exc.DBAPIError as exc:
@@ -62,10 +63,10 @@ def preflight(settings: Settings, *, role: str, need_schema: bool = True, broker
             raise ConfigError(f"{_store(settings)}: cannot open the task store ({exc.strerror or exc})") from None
     finally:
         engine.dispose()
-    if schema:
-        problem = revision_problem(current)
-        if problem is not None:
-            raise ConfigError(f"{_store(settings)}: {problem}")
+    problem = revision_problem(current)
+    # A store migrated by a newer release cannot be served, nor migrated from here (alembic knows no such revision).
+    if problem is not None and (schema or set(current) - script_heads()[1]):
+        raise ConfigError(f"{_store(settings)}: {problem}")
     if keys is not None:
         raise ConfigError(keys)
 

@@ -78,6 +78,37 @@ def test_db_says_what_it_did_and_never_downgrades_without_a_revision(
     assert differs.startswith(f"celery-mcp-tasks db check: the task store {store} differs from this release's schema:")
 
 
+def test_a_store_migrated_by_a_newer_release_is_one_line_naming_its_revision_and_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """alembic itself only says "Can't locate revision identified by '0099'": not which store, nor what to do."""
+    monkeypatch.setenv("MCP_TASKS_DATA_DIR", str(tmp_path))
+    for name in ("MCP_TASKS_DATABASE_URL", "CELERY_BROKER_URL"):
+        monkeypatch.delenv(name, raising=False)
+    assert main(["db", "upgrade"]) == 0
+    with sqlite3.connect(tmp_path / "tasks.db") as conn:
+        conn.execute("UPDATE mcp_tasks_alembic_version SET version_num = '0099'")
+    capsys.readouterr()
+    for action in ("upgrade", "current", "check"):
+        assert main(["db", action]) == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        assert "at revision 0099, which this release of celery-mcp-tasks does not know" in line, line
+        assert line.endswith(("upgrade the package", f"upgrade the package ({tmp_path.resolve() / 'tasks.db'})")), line
+
+
+def test_db_current_and_check_never_create_a_missing_sqlite_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A mistyped path must not become a new, empty store."""
+    typo = tmp_path / "no-such-dir" / "tasks.db"
+    monkeypatch.setenv("MCP_TASKS_DATABASE_URL", f"sqlite:///{typo}")
+    monkeypatch.delenv("CELERY_BROKER_URL", raising=False)
+    for action in ("current", "check"):
+        assert main(["db", action]) == 1
+        assert "the task store does not exist yet" in capsys.readouterr().err
+    assert not typo.parent.exists()
+
+
 def test_a_database_failure_after_the_start_up_checks_is_one_line_with_the_drivers_reason(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -10,6 +10,7 @@ from alembic.util import CommandError
 from celery_mcp_tasks import migrate
 from celery_mcp_tasks.config import ConfigError, Settings, redact_url
 from celery_mcp_tasks.preflight import (
+    NOT_CREATED,
     current_revisions,
     missing_sqlite_file,
     preflight,
@@ -52,8 +53,11 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     settings = Settings.from_env()
-    preflight(settings, role="db", need_schema=False)  # unreachable: one line, not alembic's traceback
     url = settings.store_url
+    if args.action in ("current", "check") and missing_sqlite_file(url):  # asked, never created (a mistyped path)
+        print(f"celery-mcp-tasks db: {NOT_CREATED} ({redact_url(url)})", file=sys.stderr)
+        return 1
+    preflight(settings, role="db", need_schema=False)  # unreachable: one line, not alembic's traceback
     if args.action == "reencrypt":
         return _reencrypt(settings)
     if args.action in ("upgrade", "downgrade"):
