@@ -63,6 +63,12 @@ FILESYSTEM_TRANSPORT = "celery_mcp_tasks.worker.kombu_internals.filesystem_trans
 """kombu's filesystem transport with atomic message files (a reader never sees half a message)."""
 
 
+REDIS_SOCKET_TIMEOUT_S = 5.0
+"""How long a Redis broker may leave a connect or a command unanswered (kombu's `socket_timeout` and
+`socket_connect_timeout`, None by default: forever): a broker gone silent without closing the connection
+(a failover, a partition) fails a send in seconds, its task readable, instead of holding the request."""
+
+
 def fixed_transport(conf: Any) -> str | None:
     """Our transport for this app's broker URL, set as the app's own `broker_transport` (kombu takes it over
     the URL's scheme; its process-wide alias table is never touched), or None: for a transport the application
@@ -93,6 +99,11 @@ def configure_celery(app: Celery, settings: Settings) -> None:
     transport = fixed_transport(conf)
     if transport is not None:
         conf.broker_transport = transport
+    if str(conf.broker_url).partition("://")[0].lower() in ("redis", "rediss"):
+        options = dict(conf.broker_transport_options or {})
+        options.setdefault("socket_timeout", REDIS_SOCKET_TIMEOUT_S)
+        options.setdefault("socket_connect_timeout", REDIS_SOCKET_TIMEOUT_S)
+        conf.broker_transport_options = options
     if str(conf.broker_url).startswith("filesystem://"):
         # The folders are made when the transport connects (`worker.kombu_internals.filesystem_transport`), not here.
         folder = settings.broker_folder

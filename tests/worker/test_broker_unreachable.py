@@ -8,8 +8,10 @@ Nothing listens on the port these use, so each fails at once with "Connection re
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,9 +20,14 @@ from celery import Celery
 from kombu.exceptions import OperationalError
 
 from celery_mcp_tasks import McpTasks
+from celery_mcp_tasks import app as app_module
+from celery_mcp_tasks.app import internals
 from celery_mcp_tasks.config import Settings
+from celery_mcp_tasks.migrate import upgrade
+from celery_mcp_tasks.model import TaskRecord
 from celery_mcp_tasks.notify.broker import BrokerListener, BrokerPublisher, hint_exchange
 from celery_mcp_tasks.notify.hub import Hub
+from celery_mcp_tasks.service import ENQUEUE_FAILED
 from celery_mcp_tasks.worker.dispatch import CeleryDispatcher
 from tests.builders import record
 from tests.support import free_port
@@ -77,3 +84,67 @@ def test_the_hint_listener_warns_once_then_retries_quietly(down: Celery, caplog:
     assert len(warnings) == 1 and warnings[0].startswith("task change listener cannot reach the broker redis://:***@")
     assert "start the broker or fix CELERY_BROKER_URL" in warnings[0]
     assert len(retries) >= 1 and all(r == warnings[0] for r in retries)
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port whose server accepts connections and never answers: a broker gone silent (a failover, a partition)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    thread.join()
+    for conn in held:
+        conn.close()
+    server.close()
+
+
+def test_a_send_to_a_redis_broker_that_stops_answering_fails_its_task_in_seconds(
+    tmp_path: Path, silent_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kombu waits forever for a silent Redis by default: the creation held its request (and one of the web
+    process's threads) for as long as the connection lasted, the task `working` and never sent."""
+    monkeypatch.setattr(app_module, "REDIS_SOCKET_TIMEOUT_S", 0.5)  # the shipped 5 s, made short for the test
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'tasks.db'}", broker_url=f"redis://127.0.0.1:{silent_port}/0"
+    )
+    tasks = McpTasks("silent", settings=settings, notifier=None)
+
+    @tasks.mcp_task(shared=False)
+    def report() -> str:
+        return "ok"
+
+    upgrade(settings.store_url)
+    created: list[TaskRecord] = []
+    thread = threading.Thread(
+        target=lambda: created.append(internals(tasks).service().create(owner=None, tool="report", arguments={})[1]),
+        daemon=True,
+    )
+    thread.start()
+    thread.join(timeout=60)
+    assert created, "the creation is still waiting for the broker"
+    assert (created[0].status, created[0].status_message) == ("failed", ENQUEUE_FAILED)
+
+
+def test_a_redis_brokers_socket_timeouts_are_defaults_the_application_may_set() -> None:
+    settings = Settings(broker_url="redis://127.0.0.1:6379/0")
+    options = McpTasks("defaults", settings=settings, notifier=None).celery.conf.broker_transport_options
+    assert (options["socket_timeout"], options["socket_connect_timeout"]) == (5.0, 5.0)
+    own = Celery("own")
+    own.conf.broker_transport_options = {"socket_timeout": 30}
+    options = McpTasks("own", celery=own, settings=settings, notifier=None).celery.conf.broker_transport_options
+    assert (options["socket_timeout"], options["socket_connect_timeout"]) == (30, 5.0)
