@@ -20,6 +20,7 @@ from celery_mcp_tasks.model import TaskRecord
 from celery_mcp_tasks.notify.base import listeners_possible
 from celery_mcp_tasks.notify.hub import Hub
 from celery_mcp_tasks.store.base import ChangeHint
+from celery_mcp_tasks.store.engine import libpq_deadlines
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +92,9 @@ class PgListener:
         delay = 0.1
         while True:
             try:
-                conn: Any = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
+                # A vanished peer is noticed in seconds (libpq_deadlines): then it reconnects and every watch re-reads.
+                conninfo = psycopg.conninfo.make_conninfo(self._conninfo, **libpq_deadlines())
+                conn: Any = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
                 async with conn:
                     delay = 0.1
                     await self._serve(conn)

@@ -34,6 +34,10 @@ _ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
 _fork_hooks_registered = False  # `_ForkGate` and `_in_child`, registered with the first engine
 _T = TypeVar("_T")
 
+SOCKET_TIMEOUT_S = 10
+"""How long a PostgreSQL connection may go unanswered at its connect, or once a peer has vanished (read where a
+connection is made)."""
+
 BUSY_TIMEOUT_S = 30.0
 """How long a SQLite statement waits for a lock before "database is locked"."""
 _LOCK_STEPS_S = (0.0002, 0.0005, 0.001, 0.002)
@@ -197,6 +201,21 @@ def upsert(engine: Engine, table: sa.Table) -> Any:
     return dialect.insert(table)
 
 
+def libpq_deadlines(timeout_s: int | None = None) -> dict[str, int]:
+    """libpq's parameters bounding a connection's socket by `timeout_s` (`SOCKET_TIMEOUT_S`): the connect, then keepalives and
+    `tcp_user_timeout`, so a vanished peer (a partition, a dead NAT entry, a failover) fails in seconds, not at
+    the kernel's ~15 minutes. A long statement is not cut short: a socket waiting for rows is still acknowledged."""
+    timeout_s = SOCKET_TIMEOUT_S if timeout_s is None else timeout_s
+    return {
+        "connect_timeout": timeout_s,
+        "keepalives": 1,
+        "keepalives_idle": timeout_s,
+        "keepalives_interval": 1,
+        "keepalives_count": 3,
+        "tcp_user_timeout": timeout_s * 1000,
+    }
+
+
 def create_store_engine(url: str, **kwargs: Any) -> Engine:
     """An engine whose errors never carry bound parameters (arguments, results, owners), which writes
     JSON compact (`store.codec.encode`), and which a forked child never shares with its parent."""
@@ -208,6 +227,7 @@ def create_store_engine(url: str, **kwargs: Any) -> Engine:
         engine = _sqlite_engine(url, parsed.database, **kwargs)
     else:
         kwargs.setdefault("pool_pre_ping", False)
+        kwargs["connect_args"] = {**libpq_deadlines(), **kwargs.get("connect_args", {})}
         if "poolclass" not in kwargs:
             kwargs.setdefault("pool_size", 10)
             kwargs.setdefault("max_overflow", 10)
