@@ -429,8 +429,8 @@ def _io() -> tuple[CallIo, io.StringIO, io.StringIO]:
     ("options", "message"),
     [
         (CallOptions(url="http://x/mcp", tool="t", arguments="{"), "ARGS is not JSON"),
-        (CallOptions(url="http://x/mcp"), "give a TOOL to call, or --resume TASK_ID"),
-        (CallOptions(url="http://x/mcp", tool="t", resume="abc"), "give a TOOL to call, or --resume TASK_ID"),
+        (CallOptions(url="http://x/mcp"), "give a TOOL to call, or --resume=TASK_ID"),
+        (CallOptions(url="http://x/mcp", tool="t", resume="abc"), "give a TOOL to call, or --resume=TASK_ID"),
         (CallOptions(url="http://x/mcp", resume="abc", no_wait=True), "--resume follows an existing task"),
         (CallOptions(url="http://x/mcp", tool="t", timeout=0), "--timeout must be a positive"),
     ],
