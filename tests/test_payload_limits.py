@@ -57,6 +57,17 @@ def test_answers_over_the_limit_change_nothing(service: TaskService):
     assert answered.status is TaskStatus.WORKING and answered.input_responses["q"]["content"] == {"x": "y"}
 
 
+def test_answers_given_before_the_task_existed_are_held_to_the_answers_limit(service: TaskService):
+    """`prepare=` seeds a new task with the client's answers: the same limit as answers to `tasks/update`."""
+    big = {"q": {"action": "accept", "content": {"x": "y" * 80}}}
+    with pytest.raises(PayloadTooLarge, match=r"^Answers too large: \d+ bytes, over the limit of 64 bytes"):
+        service.create(owner=None, tool="small", arguments={}, input_responses=big)
+    assert sum(service.store.count_by_status().values()) == 0
+    fits = {"q": {"action": "accept", "content": {"x": "y"}}}
+    _, record = service.create(owner=None, tool="small", arguments={}, input_responses=fits)
+    assert record.input_responses == fits
+
+
 def test_a_result_over_the_limit_fails_the_task_naming_it_and_keeps_none_of_it(
     service: TaskService, caplog: pytest.LogCaptureFixture
 ):

@@ -83,6 +83,19 @@ def test_distinct_tools_of_both_kinds_live_side_by_side(tasks: McpTasks) -> None
     assert tasks.server.has_tool("quick") and tasks.server.has_tool("slow") and list(internals(tasks).tools) == ["slow"]
 
 
+def test_a_prepare_that_is_not_async_is_refused_naming_the_tool(tasks: McpTasks) -> None:
+    """It is awaited in the web process's loop: a plain function would fail every call, not the registration."""
+
+    def ask_first(arguments: dict[str, object], answers: dict[str, object]) -> dict[str, object]:
+        return {}
+
+    with pytest.raises(TypeError, match=r"^task tool 'greet': prepare runs in the web process's loop; define it"):
+
+        @tasks.mcp_task(prepare=ask_first)  # type: ignore[arg-type]
+        def greet(name: str) -> str:
+            return name
+
+
 @pytest.mark.parametrize("option", ["max_arguments_bytes", "max_answer_bytes", "max_result_bytes"])
 @pytest.mark.parametrize("value", [0, -1, "1k", True])
 def test_a_payload_limit_that_is_not_a_positive_number_of_bytes_is_refused(

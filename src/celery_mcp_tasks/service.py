@@ -165,7 +165,10 @@ class TaskService:
         `trace_context`: the W3C `traceparent` every send of the job carries.
         """
         if self.limits is not None:
-            refused = _over(_ARGUMENTS, arguments, self.limits(tool).arguments)
+            limits = self.limits(tool)
+            refused = _over(_ARGUMENTS, arguments, limits.arguments)
+            if refused is None and input_responses:  # answers given before the task existed are answers too
+                refused = _over(_ANSWERS, input_responses, limits.answers)
             if refused is not None:
                 logger.warning("tool %r: a creation was refused: %s", tool, refused)
                 raise refused

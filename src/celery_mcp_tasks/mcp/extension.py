@@ -155,6 +155,8 @@ class TasksExtension(Extension):
             prepared = await tool.prepare(arguments, answers)
             if isinstance(prepared, InputRequiredResult):
                 return prepared
+            if prepared is not None and not isinstance(prepared, dict):  # the server's mistake: its log says which
+                raise TypeError(f"task tool {tool.name!r}: prepare returned {type(prepared).__name__}, not a dict")
             seeded = dict(prepared or {})
 
         owner = current_principal()

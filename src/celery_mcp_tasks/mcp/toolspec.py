@@ -81,6 +81,11 @@ class TaskTool:
             raise ValueError(f"task tool {self.name!r}: unknown client capabilities in needs: {sorted(unknown)}")
         if inspect.iscoroutinefunction(self.fn):
             raise TypeError(f"task tool {self.name!r}: Celery jobs are synchronous; define it with `def`")
+        prepare = self.prepare
+        if prepare is not None and not (
+            inspect.iscoroutinefunction(prepare) or inspect.iscoroutinefunction(type(prepare).__call__)
+        ):
+            raise TypeError(f"task tool {self.name!r}: prepare runs in the web process's loop; define it `async def`")
         if self.max_sends is not None and self.max_sends < 1:
             raise ValueError(f"task tool {self.name!r}: max_sends must be >= 1, got {self.max_sends}")
         if self.max_active is not None and (isinstance(self.max_active, bool) or self.max_active < 1):
