@@ -34,7 +34,8 @@ class InputTimeout(TimeoutError):
 
     The task still waits in `input_required` (a later answer enqueues the job
     again). Let it propagate and the task fails with this message; catch it to
-    decide otherwise (e.g. complete with a partial result).
+    decide otherwise (e.g. complete with a partial result). The question stays
+    asked: waiting again on the same key raises `DuplicateInputKeys`.
     """
 
 
