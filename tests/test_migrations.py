@@ -303,3 +303,44 @@ def test_two_migrators_at_once_both_end_at_head_through_the_concurrent_index_bui
             _, stderr = migrator.communicate(timeout=120)
             assert migrator.returncode == 0, stderr
         _assert_migrated_without_drift(url)
+
+
+@needs_postgres
+@pytest.mark.integration
+def test_an_index_build_that_died_half_way_is_built_again_valid():
+    """A cancelled or failed CREATE INDEX CONCURRENTLY leaves an INVALID index of that name: the run
+    after it must not keep it (IF NOT EXISTS alone would), or the console's lists never get their index."""
+    assert POSTGRES_URL
+    with fresh_postgres_database(POSTGRES_URL) as url:
+        migrate.upgrade(url, "0001")
+        (_, record), *_ = _tasks_written_at_0001()
+        engine = sa.create_engine(normalize_url(url), isolation_level="AUTOCOMMIT")
+        try:
+            old_table = sa.Table("mcp_tasks_task", sa.MetaData(), autoload_with=engine)
+            row = {f.name: getattr(record, f.name) for f in fields(TaskRecord)}
+            row.update(status=record.status.value, issued_keys=[], expires_at=record.expires_at)
+            with engine.connect() as conn:
+                conn.execute(old_table.insert(), {k: v for k, v in row.items() if k in old_table.c})
+            migrate.upgrade(url, "0005")
+            with engine.connect() as conn, pytest.raises(sa.exc.DataError):  # a build that fails on the row
+                conn.execute(
+                    sa.text(
+                        "CREATE INDEX CONCURRENTLY ix_mcp_tasks_task_created_at_key "
+                        "ON mcp_tasks_task ((1 / (version - version)))"
+                    )
+                )
+            migrate.upgrade(url)
+            with engine.connect() as conn:
+                invalid = conn.execute(
+                    sa.text(
+                        "SELECT count(*) FROM pg_index WHERE NOT indisvalid AND indrelid = 'mcp_tasks_task'::regclass"
+                    )
+                ).scalar()
+                built = conn.execute(
+                    sa.text("SELECT pg_get_indexdef('ix_mcp_tasks_task_created_at_key'::regclass)")
+                ).scalar()
+        finally:
+            engine.dispose()
+        assert invalid == 0
+        assert str(built).endswith("(created_at, key)")
+        _assert_migrated_without_drift(url)

@@ -8,8 +8,10 @@ serves the loose index scan that resolves an owner tag.
 
 On PostgreSQL the indexes are built CONCURRENTLY (outside the migration's
 transaction), so a live store keeps taking writes while a big table is indexed;
-`IF NOT EXISTS` lets a run that died half-way be run again. The migration lock
-(env.py) is a session lock, so it holds across this block's commit.
+`IF NOT EXISTS` lets a run that died half-way be run again, once the INVALID
+index a build that died leaves behind is dropped (IF NOT EXISTS would keep it,
+unused, for good). The migration lock (env.py) is a session lock, so it holds
+across this block's commit.
 
 Revision ID: 0006
 Revises: 0005
@@ -18,6 +20,7 @@ Create Date: 2027-01-10
 
 from __future__ import annotations
 
+import sqlalchemy as sa
 from alembic import op
 
 revision = "0006"
@@ -46,7 +49,17 @@ def upgrade() -> None:
         return
     with op.get_context().autocommit_block():
         for name, columns in _INDEXES.items():
+            if _invalid(name):
+                op.drop_index(name, table_name=_TABLE, postgresql_concurrently=True, if_exists=True)
             op.create_index(name, _TABLE, columns, postgresql_concurrently=True, if_not_exists=True)
+
+
+def _invalid(name: str) -> bool:
+    """Whether an index of that name exists, left INVALID by a concurrent build that failed or was cancelled."""
+    if op.get_context().as_sql:  # offline (--sql): no database to ask
+        return False
+    query = sa.text("SELECT NOT indisvalid FROM pg_index WHERE indexrelid = to_regclass(:name)")
+    return bool(op.get_bind().execute(query, {"name": name}).scalar())
 
 
 def downgrade() -> None:
