@@ -66,6 +66,36 @@ def free_port() -> int:
 
 
 @contextmanager
+def silent_server() -> Iterator[int]:
+    """A port whose server accepts connections and never answers (a hung database, a broker gone silent): its
+    port. The connections it held are closed on the way out, so whatever still waits on one ends then."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                accepted.append(server.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join()
+        for conn in accepted:
+            conn.close()
+        server.close()
+
+
+@contextmanager
 def fresh_postgres_database(base_url: str) -> Iterator[str]:
     """A new, empty database on the test server, dropped afterwards."""
     name = f"mcp_tasks_test_{uuid.uuid4().hex[:12]}"

@@ -26,7 +26,7 @@ from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.ops.metrics import Scrape
 from celery_mcp_tasks.store.base import StoreUnavailable
 from celery_mcp_tasks.store.sql import SqlStore
-from tests.support import POSTGRES_URL, fresh_postgres_database, wait_until
+from tests.support import POSTGRES_URL, fresh_postgres_database, silent_server, wait_until
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -120,28 +120,8 @@ def test_a_scrape_while_the_database_refuses_answers_and_counts_the_failure(tmp_
 @pytest.fixture
 def hanging_database() -> Iterator[int]:
     """A port that accepts connections and never answers: a database that hangs."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(16)
-    accepted: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        server.settimeout(0.1)
-        while not stop.is_set():
-            try:
-                accepted.append(server.accept()[0])
-            except TimeoutError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield server.getsockname()[1]
-    stop.set()
-    thread.join()
-    for conn in accepted:  # the abandoned read fails now and its thread ends
-        conn.close()
-    server.close()
+    with silent_server() as port:
+        yield port
 
 
 def test_a_scrape_while_the_database_hangs_answers_within_its_deadline(tmp_path: Path, hanging_database: int) -> None:

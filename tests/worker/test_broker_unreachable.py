@@ -8,7 +8,6 @@ Nothing listens on the port these use, so each fails at once with "Connection re
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -30,7 +29,7 @@ from celery_mcp_tasks.notify.hub import Hub
 from celery_mcp_tasks.service import ENQUEUE_FAILED
 from celery_mcp_tasks.worker.dispatch import CeleryDispatcher
 from tests.builders import record
-from tests.support import free_port
+from tests.support import free_port, silent_server
 
 SECRET = "s3cr3t-pw"
 
@@ -88,29 +87,9 @@ def test_the_hint_listener_warns_once_then_retries_quietly(down: Celery, caplog:
 
 @pytest.fixture
 def silent_port() -> Iterator[int]:
-    """A port whose server accepts connections and never answers: a broker gone silent (a failover, a partition)."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(64)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        server.settimeout(0.1)
-        while not stop.is_set():
-            try:
-                held.append(server.accept()[0])
-            except TimeoutError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield server.getsockname()[1]
-    stop.set()
-    thread.join()
-    for conn in held:
-        conn.close()
-    server.close()
+    """A broker gone silent (a failover, a partition): it accepts connections and never answers."""
+    with silent_server() as port:
+        yield port
 
 
 def test_a_send_to_a_redis_broker_that_stops_answering_fails_its_task_in_seconds(
