@@ -325,7 +325,7 @@ async def _session(options: CallOptions, arguments: dict[str, Any], io: CallIo, 
     )
     tasks = TasksClient()
     prompter = io.prompter
-    following: list[str] = []  # the task's id once it exists: a connection lost after that says how to resume
+    task_id: str | None = None  # once the task exists, a connection lost says how to resume it
     try:
         async with (
             http,
@@ -353,7 +353,7 @@ async def _session(options: CallOptions, arguments: dict[str, Any], io: CallIo, 
                         f"when its caller leaves; a task it created meanwhile keeps running)",
                     )
                     return EXIT_TIMEOUT
-                following.extend(filter(None, [handle.id]))
+                task_id = handle.id
                 try:
                     return await _follow(options, io, interrupts, handle, deadline)
                 finally:
@@ -365,8 +365,8 @@ async def _session(options: CallOptions, arguments: dict[str, Any], io: CallIo, 
                     await tasks.stop_following(client)
     except Exception as exc:  # noqa: BLE001 - an ExceptionGroup from the SDK's task groups, or one error: one line
         error = _one_line(exc, options, refused, bool(token))
-        if following and isinstance(error, CallError) and not any(isinstance(e, CallError) for e in _leaves(exc)):
-            resume = f"celery-mcp-tasks call {options.url} --resume={following[0]}"
+        if task_id and isinstance(error, CallError) and not any(isinstance(e, CallError) for e in _leaves(exc)):
+            resume = f"celery-mcp-tasks call {options.url} --resume={task_id}"
             error = CallError(f"{error}\n{PROG}: the task may still be running: {resume}", error.code)
         raise error from None
 

@@ -23,7 +23,7 @@ from celery_mcp_tasks.cli.shared import (
     prepare,
     sigterm_stops,
     start_ops_server,
-    uvicorn_log_config,
+    uvicorn_logging,
 )
 
 PREFIX = "celery-mcp-tasks dev"
@@ -81,7 +81,7 @@ def run(options: argparse.Namespace) -> int:
         log_level=options.log_level or ("warning" if options.call else "info"),
         timeout_graceful_shutdown=3,
         lifespan="on",
-        log_config=uvicorn_log_config(tasks),
+        log_config=uvicorn_logging(tasks),
     )
     server = uvicorn.Server(config)
     stopped = threading.Event()

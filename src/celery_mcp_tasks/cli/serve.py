@@ -7,7 +7,7 @@ import sys
 
 import uvicorn
 
-from celery_mcp_tasks.cli.shared import load_app, prepare, start_ops_server, uvicorn_log_config
+from celery_mcp_tasks.cli.shared import load_app, prepare, start_ops_server, uvicorn_logging
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
             host=args.host,
             port=args.port,
             log_level=args.log_level,
-            log_config=uvicorn_log_config(tasks),
+            log_config=uvicorn_logging(tasks),
             timeout_graceful_shutdown=5,
         )
     finally:

@@ -107,7 +107,7 @@ def _refused_at(exc: BaseException, app_module: str) -> str:
     return "" if declared is None else f"{os.path.relpath(declared[0].f_code.co_filename)}:{declared[1]}"
 
 
-def uvicorn_log_config(tasks: Any) -> dict[str, Any] | None:
+def uvicorn_logging(tasks: Any) -> dict[str, Any] | None:
     """uvicorn's `log_config` for APP: none when its `Logs` plugin writes JSON (uvicorn's lines then go through
     the JSON root handler), whether code (`Logs(json=True)`) or MCP_TASKS_LOG_FORMAT=json turned it on."""
     from celery_mcp_tasks.app import internals  # loaded with the app anyway; not for `--help`
@@ -126,7 +126,7 @@ def start_ops_server(tasks: Any, host: str | None, port: int | None) -> Any:
     bind_host, bind_port = ops_address(host, port)
     if bind_port is None:
         return None
-    return OpsServer(app, bind_host, bind_port, log_config=uvicorn_log_config(tasks)).start()
+    return OpsServer(app, bind_host, bind_port, log_config=uvicorn_logging(tasks)).start()
 
 
 WARM_SHUTDOWN_S = 6.0  # how long a running job gets to finish after Ctrl-C before the worker's group is killed
