@@ -111,11 +111,11 @@ def probe_engine(url: str, *, timeout_s: int | None = None) -> sa.Engine:
     connection. On PostgreSQL, libpq bounds its socket by `timeout_s` (`CONNECT_TIMEOUT_S`, read at the call):
     the connect, then keepalives and `tcp_user_timeout`, so a vanished peer (a partition, a dead NAT entry) fails
     in seconds."""
-    from celery_mcp_tasks.store.engine import create_store_engine, libpq_deadlines, normalize_url
+    from celery_mcp_tasks.store.engine import create_store_engine, is_postgres, libpq_deadlines
 
     timeout_s = CONNECT_TIMEOUT_S if timeout_s is None else timeout_s
     args: dict[str, Any] = {}
-    if make_url(normalize_url(url)).get_backend_name() == "postgresql":  # `postgres://` too
+    if is_postgres(url):
         args = libpq_deadlines(timeout_s)
     return create_store_engine(url, poolclass=sa.pool.NullPool, connect_args=args)
 

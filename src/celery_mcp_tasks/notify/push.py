@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import anyio
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine import Engine
 
 from celery_mcp_tasks.config import ConfigError, Settings, redact_url
 from celery_mcp_tasks.model import _Default
@@ -24,7 +24,7 @@ from celery_mcp_tasks.notify.hub import Hub
 from celery_mcp_tasks.notify.polling import RowPoller
 from celery_mcp_tasks.notify.postgres import PG_HINT, PgListener, PgNotifier
 from celery_mcp_tasks.store.base import ChangeHint, Store
-from celery_mcp_tasks.store.engine import normalize_url
+from celery_mcp_tasks.store.engine import is_postgres
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def broker_scheme(url: str) -> str:
 
 def select_mode(settings: Settings, broker_url: str) -> Mode:
     """The transport for these settings; `ConfigError` names MCP_TASKS_NOTIFY when it cannot work."""
-    postgres = make_url(normalize_url(settings.store_url)).get_backend_name() == "postgresql"
+    postgres = is_postgres(settings.store_url)
     networked = broker_scheme(broker_url) not in _LOCAL_BROKERS
     mode = settings.notify
     if mode == "auto":

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine import Engine
 
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.preflight import (
@@ -29,7 +29,7 @@ from celery_mcp_tasks.preflight import (
     script_heads,
     short_reason,
 )
-from celery_mcp_tasks.store.engine import READ_ONLY, normalize_url
+from celery_mcp_tasks.store.engine import READ_ONLY, is_postgres
 
 if TYPE_CHECKING:
     from celery_mcp_tasks.store.ledger import SweepRecord
@@ -86,7 +86,7 @@ class ProbeEngine:
 
     @property
     def postgres(self) -> bool:
-        return make_url(normalize_url(self.url)).get_backend_name() == "postgresql"  # `postgres://` too
+        return is_postgres(self.url)
 
     def read(self, work: Callable[[sa.Connection], Any]) -> Any:
         """Run `work` in a read-only transaction that the server ends after `PROBE_TIMEOUT_S` (a lock wait too)."""

@@ -177,6 +177,11 @@ def normalize_url(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
+def is_postgres(url: str) -> bool:
+    """Whether `url` names a PostgreSQL store (`postgres://` too)."""
+    return make_url(normalize_url(url)).get_backend_name() == "postgresql"
+
+
 def read(engine: Engine, reader: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
     """`reader(conn, *args, **kwargs)` on a connection for reads: no transaction kept (SQLite: a deferred BEGIN)."""
     with engine.connect() as conn:

@@ -24,7 +24,7 @@ from dataclasses import fields, replace
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.engine import Connection, Engine
 
 from celery_mcp_tasks.model import TERMINAL_VALUES, OwnerScope, TaskRecord, TaskStatus, owner_scope
 from celery_mcp_tasks.store import browse, quotas
@@ -41,7 +41,7 @@ from celery_mcp_tasks.store.base import (
     apply,
 )
 from celery_mcp_tasks.store.codec import KeyRing, UnreadablePayload, open_columns, same_json, seal_columns
-from celery_mcp_tasks.store.engine import create_store_engine, normalize_url, read, upsert, write
+from celery_mcp_tasks.store.engine import create_store_engine, is_postgres, read, upsert, write
 from celery_mcp_tasks.store.failures import _CommitInDoubt, _in_doubt, _operation, _reconnecting, _reported
 from celery_mcp_tasks.store.rows import Filter, Overview, Page, Row
 from celery_mcp_tasks.store.schema import signouts, tasks
@@ -274,7 +274,7 @@ class SqlStore:
     ) -> SqlStore:
         """The store on an engine of its own, in autocommit on PostgreSQL: a one-statement read or write is one
         round trip (an engine in transactions works too, at a BEGIN and a COMMIT more per write)."""
-        if make_url(normalize_url(url)).get_backend_name() == "postgresql":
+        if is_postgres(url):
             engine_kwargs.setdefault("isolation_level", "AUTOCOMMIT")
         return cls(create_store_engine(url, **engine_kwargs), change_hint=change_hint, ring=ring)
 
