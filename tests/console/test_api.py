@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
@@ -84,6 +85,47 @@ def test_a_bad_filter_cursor_or_limit_is_a_400_naming_the_field(api: httpx.Clien
         assert reply.status_code == 400, query
         assert reply.json()["error"]["field"] == field and reply.json()["error"]["message"]
     assert api.get("/api/tasks/" + "0" * 64).status_code == 404
+
+
+def _cursor(value: object, sort: str = "-created") -> str:
+    raw = json.dumps([sort, value, "a" * 64]).encode()
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def test_a_query_no_store_can_take_is_a_400_naming_the_field_not_a_500_or_503(api: httpx.Client) -> None:
+    """A cursor past 64 bits (SQLite overflowed, PostgreSQL answered "bigint out of range"), a NUL in a text
+    filter (PostgreSQL refuses it in any text) and a parameter given twice (only the last used to count)."""
+    for params, field in [
+        ([("cursor", _cursor(2**63))], "cursor"),
+        ([("cursor", _cursor(-(2**70)))], "cursor"),
+        ([("tool", "a\x00b")], "tool"),
+        ([("q", "a\x00b")], "q"),
+        ([("owner", "anonymous\x00")], "owner"),
+        ([("tool", "slow_compute"), ("tool", "other")], "tool"),
+        ([("limit", "5"), ("limit", "500")], "limit"),
+    ]:
+        reply = api.get("/api/tasks", params=params)
+        assert reply.status_code == 400, params
+        assert reply.json()["error"]["field"] == field and reply.json()["error"]["message"], params
+    assert api.get("/api/tasks", params={"cursor": _cursor(2**63 - 1)}).status_code == 200  # the largest is fine
+
+
+def test_repeated_statuses_are_all_kept_as_the_pages_checkboxes_send_them(api: httpx.Client) -> None:
+    reply = api.get("/api/tasks", params=[("status", "working"), ("status", "failed")])
+    assert reply.status_code == 200
+    assert set(reply.json()["filter"]["status"].split(",")) == {"working", "failed"}
+
+
+def test_a_body_nested_too_deep_or_a_cookie_expiring_at_infinity_is_refused_not_a_500(
+    deployment: tuple[Deployment, str], api: httpx.Client
+) -> None:
+    _, root = deployment
+    deep = api.post(f"/api/tasks/{'0' * 64}/cancel", content=b"[" * 100_000, headers={"Content-Type": "application/json"})
+    assert deep.status_code == 400 and deep.json()["error"]["field"] == "body"
+    config = AuthConfig(token=TOKEN)
+    body = base64.urlsafe_b64encode(b'{"op": "eve", "sid": "s1", "exp": Infinity}').rstrip(b"=").decode()
+    forever = {COOKIE: f"{body}.{config.sign('session', body)}"}
+    assert httpx.get(f"{root}/api/tasks", cookies=forever, timeout=10).status_code == 401
 
 
 def test_a_cancel_whose_terminate_is_not_a_yes_or_no_is_a_400_and_nothing_changes(

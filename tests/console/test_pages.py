@@ -530,3 +530,28 @@ def test_with_the_store_unreachable_a_session_gets_a_readable_503_and_a_sign_out
     out = client.post("/logout", data={"csrf": csrf_of(page.text)})
     assert out.status_code == 503 and "you are still signed in" in out.text
     assert "mcp_tasks_console" in client.cookies  # the cookie is kept: the session was not ended
+
+
+def test_while_the_store_is_unreachable_every_page_says_so_in_a_503_not_a_500(tmp_path: Path) -> None:
+    """A real store whose server refuses connections (a PostgreSQL URL on a port nothing listens on): the
+    pages answer as the API does, a 503 page naming the store, never an unhandled error."""
+    from tests.support import free_port
+
+    down = SqlStore.from_url(f"postgresql://postgres@127.0.0.1:{free_port()}/tasks")
+    console = Console(
+        TaskService(down, dispatcher=SendOnly(lambda record: None)),
+        hub=None,
+        queue_of=lambda tool: "celery",
+        terminable=lambda tool: False,
+        stale_timeout_s=60,
+        payloads_allowed=False,
+        tools=lambda: ["slow"],
+    )
+    client = TestClient(create_app(console, AuthConfig(token=TOKEN)), base_url="http://console.test")
+    try:
+        for path in ("/", "/tasks", "/tasks?status=working", f"/tasks/{'a' * 64}", f"/tasks/{'a' * 64}/row"):
+            page = client.get(path, headers={"Authorization": f"Bearer {TOKEN}", "Accept": "text/html"})
+            assert page.status_code == 503, (path, page.status_code)
+            assert "The task store is unavailable; try again in a moment." in page.text, path
+    finally:
+        down.dispose()

@@ -16,7 +16,7 @@ from starlette.routing import BaseRoute, Route
 
 from celery_mcp_tasks.config import yes_no
 from celery_mcp_tasks.console import auth
-from celery_mcp_tasks.console.context import ACTIONS, Console, ConsoleError, parse_list_query
+from celery_mcp_tasks.console.context import ACTIONS, Console, ConsoleError, flat_query, parse_list_query
 from celery_mcp_tasks.store.base import StoreUnavailable
 from celery_mcp_tasks.store.rows import BadFilter
 
@@ -62,7 +62,7 @@ async def _overview(request: Request, console: Console) -> Response:
 
 
 async def _tasks(request: Request, console: Console) -> Response:
-    query = parse_list_query(request.query_params)
+    query = parse_list_query(flat_query(request.query_params.multi_items()))
     page = await console.page(query)
     return JSONResponse(
         {
@@ -87,7 +87,7 @@ async def _body(request: Request) -> dict[str, Any]:
             return {}
         try:
             data = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
             raise BadFilter("body", "the body is not JSON") from None
         if not isinstance(data, dict):
             raise BadFilter("body", "the body must be a JSON object")

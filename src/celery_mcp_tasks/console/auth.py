@@ -98,7 +98,7 @@ def _session_of(config: AuthConfig, cookie: str | None) -> Session | None:
     try:
         values = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
         session = Session(str(values["op"]), str(values["sid"]), int(values["exp"]))
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, OverflowError):  # OverflowError: an expiry of Infinity
         return None
     return session if session.expires > config.clock() else None
 

@@ -12,7 +12,7 @@ import json
 import logging
 import re
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
@@ -26,6 +26,7 @@ from celery_mcp_tasks.store.base import TaskNotFound
 from celery_mcp_tasks.store.rows import (
     DEFAULT_SORT,
     STATUS_NAMES,
+    BadFilter,
     Filter,
     Overview,
     Page,
@@ -137,6 +138,23 @@ class ListQuery:
     sort: str
     cursor: str | None
     limit: int
+
+
+def flat_query(items: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """Query parameters as one string each: repeated `status` (the page's checkboxes) joined as a,b; any other
+    parameter given twice is `BadFilter` naming it (which of the two was meant cannot be told)."""
+    flat: dict[str, str] = {}
+    statuses: list[str] = []
+    for name, value in items:
+        if name == "status":
+            statuses.extend(part for part in value.split(",") if part.strip())
+        elif name in flat:
+            raise BadFilter(name, f"{name} is given more than once")
+        else:
+            flat[name] = value
+    if statuses:
+        flat["status"] = ",".join(statuses)
+    return flat
 
 
 def form_of(flat: Mapping[str, str]) -> dict[str, Any]:

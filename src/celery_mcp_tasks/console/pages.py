@@ -28,6 +28,7 @@ from celery_mcp_tasks.console.context import (
     ConsoleError,
     ListQuery,
     NotFound,
+    flat_query,
     form_of,
     parse_list_query,
 )
@@ -157,16 +158,6 @@ def chart_of(overview: Overview) -> Chart:
 # -- the list's query ---------------------------------------------------------------------------
 
 
-def _flat(request: Request) -> dict[str, str]:
-    """Query parameters as one string each: the status checkboxes (status=a&status=b) joined as a,b."""
-    query = request.query_params
-    flat = {name: query[name] for name in query if name != "status"}
-    statuses = [part for value in query.getlist("status") for part in value.split(",") if part.strip()]
-    if statuses:
-        flat["status"] = ",".join(statuses)
-    return flat
-
-
 def _list_href(root: str, query: ListQuery, cursor: str | None) -> str:
     params = dict(query.filter.query())
     if query.sort != DEFAULT_SORT:
@@ -229,7 +220,10 @@ class Pages:
 
     async def tasks(self, request: Request) -> Response:
         root = auth.mount_root(request)
-        flat = _flat(request)
+        try:
+            flat, repeated = flat_query(request.query_params.multi_items()), None
+        except BadFilter as exc:  # the form shows the last value of each
+            flat, repeated = dict(request.query_params), exc
         context: dict[str, Any] = {
             "tools": self.console.tools,
             "sorts": SORT_LABELS,
@@ -243,6 +237,8 @@ class Pages:
             "can_insert": False,
         }
         try:
+            if repeated is not None:
+                raise repeated
             query = parse_list_query(flat)
             page = await self.console.page(query)
         except BadFilter as exc:
@@ -271,7 +267,7 @@ class Pages:
         """One list row for live.js: the <tr>, or 204 when the row is gone or the list's filter leaves it out."""
         key = request.path_params["key"]
         try:
-            query = parse_list_query(_flat(request))
+            query = parse_list_query(flat_query(request.query_params.multi_items()))
         except BadFilter:
             return Response(status_code=204)
         row = await self.console.matching_row(key, query.filter)
@@ -390,6 +386,17 @@ def routes(console: Console) -> list[BaseRoute]:
     """The pages and the static files, for the console's Starlette app (console/app.py)."""
     pages = Pages(console)
 
+    def guarded(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+        """A page whose store is unreachable: a 503 page saying so, as the API answers it (not a 500)."""
+
+        async def page(request: Request) -> Response:
+            try:
+                return await endpoint(request)
+            except StoreUnavailable:
+                return pages.problem(request, 503, "Store unavailable", f"{StoreUnavailable.MESSAGE}; try again in a moment.")
+
+        return page
+
     def valid_key(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
         """404 for a path key that is not 64 hex digits (or an unknown action), before anything reads the store."""
 
@@ -399,15 +406,15 @@ def routes(console: Console) -> list[BaseRoute]:
                 return pages.problem(request, 404, "No such task", "A row key is 64 hex digits.")
             return await endpoint(request)
 
-        return checked
+        return guarded(checked)
 
     return [
-        Route("/", pages.overview, name="console:overview"),
-        Route("/tasks", pages.tasks, name="console:tasks"),
+        Route("/", guarded(pages.overview), name="console:overview"),
+        Route("/tasks", guarded(pages.tasks), name="console:tasks"),
         Route("/tasks/{key}", valid_key(pages.task), name="console:task"),
         Route("/tasks/{key}/row", valid_key(pages.row), name="console:row"),
         Route("/tasks/{key}/{action}", valid_key(pages.act), methods=["POST"], name="console:act"),
-        Route("/login", pages.login, methods=["GET", "POST"], name="console:login"),
-        Route("/logout", pages.logout, methods=["POST"], name="console:logout"),
+        Route("/login", guarded(pages.login), methods=["GET", "POST"], name="console:login"),
+        Route("/logout", guarded(pages.logout), methods=["POST"], name="console:logout"),
         Mount("/static", StaticFiles(packages=[("celery_mcp_tasks.console", "static")]), name="console:static"),
     ]

@@ -92,7 +92,10 @@ class Filter:
         """
 
         def given(name: str) -> str | None:
-            return (query.get(name) or "").strip() or None
+            value = (query.get(name) or "").strip() or None
+            if value is not None and "\x00" in value:  # PostgreSQL refuses it in any text: a 400, not a 503
+                raise BadFilter(name, "a filter holds no NUL character")
+            return value
 
         statuses: set[str] = set()
         if (raw := given("status")) is not None:
@@ -290,7 +293,9 @@ def decode_cursor(sort: str, cursor: str) -> tuple[int, str]:
     if made_for != sort:
         raise BadFilter("cursor", f"this cursor pages the {made_for!r} order, not {sort!r}")
     # type(), not isinstance: a bool is no position
-    if type(value) is not int or not isinstance(key, str) or not re.fullmatch(r"[0-9a-f]{64}", key):
+    if type(value) is not int or not -(2**63) <= value < 2**63 or not isinstance(key, str):
+        raise BadFilter("cursor", "malformed page cursor (take it from a page's next_cursor)")
+    if not re.fullmatch(r"[0-9a-f]{64}", key):
         raise BadFilter("cursor", "malformed page cursor (take it from a page's next_cursor)")
     return value, key
 
