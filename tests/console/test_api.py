@@ -120,7 +120,9 @@ def test_a_body_nested_too_deep_or_a_cookie_expiring_at_infinity_is_refused_not_
     deployment: tuple[Deployment, str], api: httpx.Client
 ) -> None:
     _, root = deployment
-    deep = api.post(f"/api/tasks/{'0' * 64}/cancel", content=b"[" * 100_000, headers={"Content-Type": "application/json"})
+    deep = api.post(
+        f"/api/tasks/{'0' * 64}/cancel", content=b"[" * 100_000, headers={"Content-Type": "application/json"}
+    )
     assert deep.status_code == 400 and deep.json()["error"]["field"] == "body"
     config = AuthConfig(token=TOKEN)
     body = base64.urlsafe_b64encode(b'{"op": "eve", "sid": "s1", "exp": Infinity}').rstrip(b"=").decode()

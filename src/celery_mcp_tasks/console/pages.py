@@ -393,7 +393,9 @@ def routes(console: Console) -> list[BaseRoute]:
             try:
                 return await endpoint(request)
             except StoreUnavailable:
-                return pages.problem(request, 503, "Store unavailable", f"{StoreUnavailable.MESSAGE}; try again in a moment.")
+                return pages.problem(
+                    request, 503, "Store unavailable", f"{StoreUnavailable.MESSAGE}; try again in a moment."
+                )
 
         return page
 
