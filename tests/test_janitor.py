@@ -219,3 +219,64 @@ def test_an_idle_sweep_is_quiet_and_a_broken_metric_hook_is_contained(
     with caplog.at_level(logging.INFO, logger="celery_mcp_tasks.janitor"):
         assert sweep(service(store), SETTINGS, metric=broken) == SweepReport()
     assert [r.levelname for r in caplog.records] == ["ERROR"]  # only the contained hook failure
+
+
+def test_a_store_failing_mid_sweep_still_reports_what_committed_in_one_line(
+    store: SqlStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Eviction commits batch by batch: a failure at the third batch (the database gone, injected where the
+    driver runs the statement) leaves the first two deleted, and they are logged and told to the metric hook
+    in one WARNING line saying the sweep stopped, not lost with the exception. The next sweep goes on."""
+    import sqlalchemy as sa
+
+    for n in range(6):
+        add(store, f"old{n}", age_ms=2 * MINUTE, ttl_ms=MINUTE, status=TaskStatus.COMPLETED)
+    deletes = 0
+
+    def gone(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        nonlocal deletes
+        if statement.lstrip().upper().startswith("DELETE"):
+            deletes += 1
+            if deletes == 3:
+                raise sa.exc.OperationalError(statement, {}, Exception("server closed the connection unexpectedly"))
+
+    seen: list[tuple[str, dict[str, int]]] = []
+    sa.event.listen(store.engine, "before_cursor_execute", gone)
+    try:
+        with caplog.at_level(logging.INFO, logger="celery_mcp_tasks.janitor"):
+            report = sweep(service(store), SETTINGS, batch_size=2, metric=lambda n, c: seen.append((n, c)))
+    finally:
+        sa.event.remove(store.engine, "before_cursor_execute", gone)
+    assert report.removed == 4 and sum(store.get(f"old{n}") is None for n in range(6)) == 4
+    (line,) = [r for r in caplog.records if r.name == "celery_mcp_tasks.janitor"]
+    assert line.levelname == "WARNING"
+    assert line.getMessage() == (
+        "janitor sweep stopped, the task store failed (evict), after removed=4 resent=0 failed=0 "
+        "expired_inputs=0; the next sweep goes on"
+    )
+    assert seen == [(METRIC, {"removed": 4, "resent": 0, "failed": 0, "expired_inputs": 0})]
+    assert service(store).ledger().last() is None  # an unfinished sweep is not recorded as one
+    assert sweep(service(store), SETTINGS, batch_size=2).removed == 2
+
+
+def test_the_janitor_task_whose_claim_the_store_cannot_take_logs_one_line_not_a_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from celery import Celery
+
+    from celery_mcp_tasks.worker.janitor import JANITOR_TASK, install_janitor
+    from tests.support import free_port
+
+    down = SqlStore.from_url(f"postgresql://postgres@127.0.0.1:{free_port()}/tasks")  # nothing listens there
+    app = Celery("janitor-claim", set_as_current=False)
+    swept: list[bool] = []
+    install_janitor(app, lambda: swept.append(True), None, ledger=down.ledger)
+    try:
+        with caplog.at_level(logging.INFO, logger="celery_mcp_tasks.janitor"):
+            app.tasks[JANITOR_TASK].apply(kwargs={"claim_interval_s": 60}).get()
+    finally:
+        down.dispose()
+    assert swept == []
+    (line,) = [r for r in caplog.records if r.name == "celery_mcp_tasks.janitor"]
+    assert line.getMessage() == "janitor: the task store failed (claim); trying again next interval"
+    assert line.exc_info is None

@@ -322,8 +322,8 @@ class TaskService:
 
     # -- the janitor's and the operators' reads (server side; the console's by row key): the `Store`'s ----
 
-    def evict(self, *, now_ms: int, retention_ms: int, batch_size: int) -> Eviction:
-        return self.store.evict(now_ms=now_ms, retention_ms=retention_ms, batch_size=batch_size)
+    def evict(self, *, now_ms: int, retention_ms: int, batch_size: int, into: Eviction | None = None) -> Eviction:
+        return self.store.evict(now_ms=now_ms, retention_ms=retention_ms, batch_size=batch_size, into=into)
 
     def stale(self, *, heartbeat_before_ms: int, limit: int) -> list[TaskRecord]:
         return self.store.stale(heartbeat_before_ms=heartbeat_before_ms, limit=limit)

@@ -154,8 +154,9 @@ class Store(Protocol):
         """Current version of each existing key (used by the polling notifier)."""
         ...
 
-    def evict(self, *, now_ms: int, retention_ms: int, batch_size: int) -> Eviction:
-        """Evict expired records in batches: how many went, and by tool those not final yet."""
+    def evict(self, *, now_ms: int, retention_ms: int, batch_size: int, into: Eviction | None = None) -> Eviction:
+        """Evict expired records in batches: how many went, and by tool those not final yet. `into`: the
+        caller's tally, counted batch by batch (what committed stays counted when a later batch fails)."""
         ...
 
     def stale(self, *, heartbeat_before_ms: int, limit: int) -> list[TaskRecord]:

@@ -631,7 +631,7 @@ class SqlStore:
         return self._ledger
 
     @_reported
-    def evict(self, *, now_ms: int, retention_ms: int, batch_size: int) -> Eviction:
-        tally = Eviction()  # outside the retry: batches committed before a dropped connection stay counted
+    def evict(self, *, now_ms: int, retention_ms: int, batch_size: int, into: Eviction | None = None) -> Eviction:
+        tally = Eviction() if into is None else into  # outside the retry: committed batches stay counted
         evict(self.engine, tally, now_ms=now_ms, retention_ms=retention_ms, batch_size=batch_size)
         return tally

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.model import now_ms, stale_cutoff
 from celery_mcp_tasks.service import TaskService
+from celery_mcp_tasks.store.base import Eviction, StoreUnavailable
 from celery_mcp_tasks.store.ledger import JANITOR, Ledger, SweepRecord
 
 if TYPE_CHECKING:
@@ -78,34 +79,37 @@ def sweep(
     """One pass: evict expired rows, re-send or fail `working` tasks with a stale heartbeat, fail
     `input_required` tasks past the input timeout; then record the sweep in the ledger.
 
-    `max_sends(tool)` is a tool's own bound (None: the setting's).
+    `max_sends(tool)` is a tool's own bound (None: the setting's). A store that fails mid-way stops the pass:
+    what it did until then (each batch and each task its own commit) is still logged and told to the metric
+    hook, in one line saying why it stopped; it is not recorded in the ledger (the next sweep goes on).
     """
     started = time.monotonic()
     at = now_ms()
-    eviction = service.evict(now_ms=at, retention_ms=settings.retention_ms, batch_size=batch_size)
-    outcomes = _reap(service, settings, at, batch_size, max_sends)
-    report = SweepReport(
-        removed=eviction.removed,
-        resent=outcomes["resent"],
-        failed=outcomes["failed"],
-        expired_inputs=_expire_inputs(service, settings, at, batch_size),
-    )
+    eviction = Eviction()
+    done = {"resent": 0, "failed": 0, "skipped": 0, "expired_inputs": 0}
+    stopped: StoreUnavailable | None = None
+    try:
+        service.evict(now_ms=at, retention_ms=settings.retention_ms, batch_size=batch_size, into=eviction)
+        _reap(service, settings, at, batch_size, max_sends, done)
+        _expire_inputs(service, settings, at, batch_size, done)
+    except StoreUnavailable as exc:
+        stopped = exc
+    report = SweepReport(eviction.removed, done["resent"], done["failed"], done["expired_inputs"])
     counts = asdict(report)
-    # An idle sweep is not news: INFO only when it did something (no log spam every interval).
-    logger.log(
-        logging.INFO if any(counts.values()) else logging.DEBUG,
-        "janitor sweep: removed=%d resent=%d failed=%d expired_inputs=%d",
-        report.removed,
-        report.resent,
-        report.failed,
-        report.expired_inputs,
-        extra={"event": METRIC, **counts},
-    )
+    said = "removed={removed} resent={resent} failed={failed} expired_inputs={expired_inputs}".format(**counts)
+    if stopped is not None:
+        reason = stopped.operation or "unknown"
+        message = f"janitor sweep stopped, the task store failed ({reason}), after {said}; the next sweep goes on"
+        logger.warning("%s", message, extra={"event": METRIC, **counts})
+    else:  # an idle sweep is not news: INFO only when it did something (no log spam every interval)
+        level = logging.INFO if any(counts.values()) else logging.DEBUG
+        logger.log(level, "janitor sweep: %s", said, extra={"event": METRIC, **counts})
     if metric is not None:
         _tell(metric, METRIC, counts)
         if eviction.unfinished:
             _tell(metric, EXPIRED_UNFINISHED, dict(eviction.unfinished))
-    _record(service, settings, started, counts)
+    if stopped is None:
+        _record(service, settings, started, counts)
     return report
 
 
@@ -122,8 +126,9 @@ def _reap(
     at: int,
     batch_size: int,
     max_sends: Callable[[str], int | None] | None,
-) -> dict[str, int]:
-    outcomes = {"resent": 0, "failed": 0, "skipped": 0}
+    outcomes: dict[str, int],
+) -> None:
+    """Re-send or fail stale `working` tasks, counting each outcome into `outcomes` as it is committed."""
     stale_before = stale_cutoff(at, settings.stale_timeout_s)
     while True:  # in batches; a batch where another janitor got there first ends the pass
         batch = service.stale(heartbeat_before_ms=stale_before, limit=batch_size)
@@ -138,22 +143,24 @@ def _reap(
             outcomes[outcome] += 1
             acted += outcome != "skipped"
         if len(batch) < batch_size or not acted:
-            return outcomes
+            return
 
 
-def _expire_inputs(service: TaskService, settings: Settings, at: int, batch_size: int) -> int:
-    """Fail `input_required` tasks nobody answered within the input timeout (None: never)."""
+def _expire_inputs(service: TaskService, settings: Settings, at: int, batch_size: int, done: dict[str, int]) -> None:
+    """Fail `input_required` tasks nobody answered within the input timeout (None: never), counted into `done`."""
     if settings.input_timeout_s is None:
-        return 0
+        return
     before = at - int(settings.input_timeout_s * 1000)
     message = input_timeout_message(settings.input_timeout_s)
-    expired = 0
     while True:
         batch = service.unanswered(changed_before_ms=before, limit=batch_size)
-        acted = sum(service.expire_input(key, changed_before_ms=before, message=message) for key in batch)
-        expired += acted
+        acted = 0
+        for key in batch:
+            expired = service.expire_input(key, changed_before_ms=before, message=message)
+            done["expired_inputs"] += expired
+            acted += expired
         if len(batch) < batch_size or not acted:
-            return expired
+            return
 
 
 def _record(service: TaskService, settings: Settings, started: float, counts: dict[str, int]) -> None:
@@ -213,7 +220,11 @@ def install_janitor(
     def janitor(task: Any, claim_interval_s: float | None = None) -> None:
         if claim_interval_s is not None:
             by = f"{task.request.hostname or socket.gethostname()}:{os.getpid()}"
-            if not claim(ledger(), claim_interval_s, by):
+            try:
+                if not claim(ledger(), claim_interval_s, by):
+                    return
+            except StoreUnavailable as exc:  # one line, not Celery's traceback every interval
+                logger.warning("janitor: the task store failed (%s); trying again next interval", exc.operation)
                 return
         run_sweep()
 
