@@ -29,6 +29,7 @@ from celery_mcp_tasks.cli.doctor import (
     render,
     tool_queues,
 )
+from celery_mcp_tasks.cli.shared import supervised_queues
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.model import TaskRecord, TaskStatus
@@ -204,6 +205,21 @@ def test_tool_queues_follow_the_jobs_own_routing(tmp_path: Path) -> None:
     tasks.celery.conf.task_routes = {"*.two": {"queue": "slow"}}
 
     assert tool_queues(tasks) == {"main": ["one"], "slow": ["two"]}
+
+
+def test_with_fair_queues_the_default_queues_tools_are_sent_to_each_shard(tmp_path: Path) -> None:
+    tasks = McpTasks("fair", settings=Settings(data_dir=tmp_path, queue="main", fair_queues=2))
+
+    @tasks.mcp_task
+    def one() -> None: ...
+
+    @tasks.mcp_task
+    def two() -> None: ...
+
+    tasks.celery.conf.task_routes = {"*.two": {"queue": "slow"}}
+
+    assert tool_queues(tasks) == {"main.fair0": ["one"], "main.fair1": ["one"], "slow": ["two"]}
+    assert supervised_queues(tasks) == ["main", "slow", "main.fair0", "main.fair1"]  # main: the janitor's
 
 
 # -- with real servers -------------------------------------------------------------------

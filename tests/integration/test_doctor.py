@@ -107,6 +107,16 @@ def test_healthy_then_worker_stopped_then_broker_stopped(tmp_path: Path, probe: 
         assert table.splitlines()[0].split() == ["CHECK", "STATUS", "DETAIL"]
         assert readyz(probe, base)[0] == 200
 
+        # The web side with fair queues, its worker without: jobs would go to shards nobody consumes.
+        code, document, table = doctor(deployment.backend, **env, MCP_TASKS_FAIR_QUEUES="2")
+        workers = row(document, "workers")
+        assert code == 1 and workers["status"] == "FAIL", table
+        assert (
+            workers["detail"]
+            == f"1 worker(s) answered, none consumes queue '{deployment.queue}.fair0' (tools write_report)"
+        )
+        assert workers["fix"].startswith("give the workers MCP_TASKS_FAIR_QUEUES=2, as here")
+
         worker.stop()
         code, document, table = doctor(deployment.backend, **env)
         assert code == 1

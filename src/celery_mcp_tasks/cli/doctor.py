@@ -90,11 +90,15 @@ def workers_check(tasks: McpTasks, app_path: str, *, timeout_s: float) -> Verdic
     idle = [queue for queue, names in consumers.items() if not names]
     if idle:
         queue = idle[0]
-        return Verdict(
-            "FAIL",
-            f"{len(active)} worker(s) answered, none consumes queue {queue!r} (tools {', '.join(needed[queue])})",
-            _worker_command(app_path, [queue], default_queue),
+        fair = tasks.settings.fair_queues
+        fix = (
+            f"give the workers MCP_TASKS_FAIR_QUEUES={fair}, as here: a worker consumes the shards its own setting "
+            "names, and jobs sent to a shard no worker consumes wait until the janitor fails them as lost"
+            if fair is not None and queue.startswith(f"{default_queue}.fair")
+            else _worker_command(app_path, [queue], default_queue)
         )
+        said = f"{len(active)} worker(s) answered, none consumes queue {queue!r} (tools {', '.join(needed[queue])})"
+        return Verdict("FAIL", said, fix)
     answering = sorted({name for names in consumers.values() for name in names})
     try:
         registered: dict[str, Any] = (

@@ -320,13 +320,18 @@ WORKER_POOL = ("-P", "prefork", "-c", "4")
 
 
 def tool_queues(tasks: Any) -> dict[str, list[str]]:
-    """{queue: [task tools sent to it]}, routed as `send_task` routes them (the job's options, task_routes)."""
+    """{queue: [task tools sent to it]}, routed as jobs are sent (the job's options, task_routes; with
+    MCP_TASKS_FAIR_QUEUES, the default queue's tools to each of its shards instead, `worker.fairness`)."""
     from celery_mcp_tasks.app import internals  # loaded with the app anyway; not for `--help`
-    from celery_mcp_tasks.worker.fairness import routed_queue
+    from celery_mcp_tasks.worker.fairness import routed_queue, shard_queues
 
     queues: dict[str, list[str]] = {}
     for tool in sorted(internals(tasks).tools.values(), key=lambda t: t.name):
         queues.setdefault(routed_queue(tasks.celery, tool.celery_name), []).append(tool.name)
+    default = str(tasks.celery.conf.task_default_queue)
+    if tasks.settings.fair_queues is not None and default in queues:
+        on_default = queues.pop(default)
+        queues.update(dict.fromkeys(shard_queues(default, tasks.settings.fair_queues), on_default))
     return queues
 
 
@@ -341,9 +346,5 @@ def supervised_queues(tasks: Any) -> list[str]:
     default = str(celery.conf.task_default_queue)
     janitor = celery.amqp.router.route({}, JANITOR_TASK).get("queue")
     wanted = [default, str(getattr(janitor, "name", janitor) or default), *tool_queues(tasks)]
-    if tasks.settings.fair_queues is not None:  # the default queue's shards (`worker.fairness`)
-        from celery_mcp_tasks.worker.fairness import shard_queues
-
-        wanted += shard_queues(default, tasks.settings.fair_queues)
     queues = list(dict.fromkeys(wanted))
     return [] if queues == [default] else queues
