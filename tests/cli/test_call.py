@@ -188,6 +188,21 @@ def test_enter_takes_the_default_and_skips_an_optional_field() -> None:
     assert "verbose (y/N):" in screen
 
 
+def test_a_choice_answers_the_schemas_own_value_an_integer_stays_an_integer() -> None:
+    params = _form(
+        "Pick",
+        {
+            "level": {"type": "integer", "enum": [1, 2, 3]},
+            "ratio": {"type": "number", "oneOf": [{"const": 0.5, "title": "Half"}, {"const": 1, "title": "All"}]},
+            "tags": {"type": "array", "items": {"type": "string", "enum": ["x", "y"]}},
+        },
+        required=["level", "ratio", "tags"],
+    )
+    answer, screen, _ = _elicit(params, "a", "2", "half", "2,1")
+    assert answer == ElicitResult(action="accept", content={"level": 2, "ratio": 0.5, "tags": ["y", "x"]})
+    assert "1) 1" in screen and "1) Half" in screen
+
+
 @pytest.mark.parametrize(("typed", "action"), [("d", "decline"), ("decline", "decline"), ("c", "cancel")])
 def test_a_question_can_be_declined_or_cancelled_before_any_field(typed: str, action: str) -> None:
     answer, _, remaining = _elicit(_form("Delete it?", {"sure": {"type": "boolean"}}), typed, "unused")
@@ -337,7 +352,15 @@ def test_exit_codes_follow_the_final_status() -> None:
 
 @pytest.mark.parametrize(
     ("text", "message"),
-    [("{", "ARGS is not JSON"), ("[1, 2]", "ARGS must be a JSON object"), ('"tides"', "ARGS must be a JSON object")],
+    [
+        ("{", "ARGS is not JSON"),
+        ("[1, 2]", "ARGS must be a JSON object"),
+        ('"tides"', "ARGS must be a JSON object"),
+        # Python's json reads these; sent on, they reached the tool as null
+        ('{"seconds": NaN}', "ARGS is not JSON: NaN is not JSON"),
+        ('{"seconds": -Infinity}', "ARGS is not JSON: -Infinity is not JSON"),
+        ('{"seconds": 1e400}', "ARGS is not JSON: 1e400 is out of range"),
+    ],
 )
 def test_args_must_be_a_json_object(text: str, message: str) -> None:
     with pytest.raises(CallError, match=message) as raised:
@@ -433,6 +456,7 @@ def _io() -> tuple[CallIo, io.StringIO, io.StringIO]:
         (CallOptions(url="http://x/mcp", tool="t", resume="abc"), "give a TOOL to call, or --resume=TASK_ID"),
         (CallOptions(url="http://x/mcp", resume="abc", no_wait=True), "--resume follows an existing task"),
         (CallOptions(url="http://x/mcp", tool="t", timeout=0), "--timeout must be a positive"),
+        (CallOptions(url="http://x/mcp", tool="t", timeout=float("nan")), "--timeout must be a positive"),
     ],
 )
 def test_bad_usage_is_one_line_and_exit_2(options: CallOptions, message: str) -> None:

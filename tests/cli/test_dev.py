@@ -1,11 +1,18 @@
-"""`celery-mcp-tasks dev`'s own listening socket: accepted connections as fast as uvicorn's own."""
+"""`celery-mcp-tasks dev`: its own listening socket (accepted connections as fast as uvicorn's own), and its
+`--call` refusing bad ARGS before anything starts."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 from celery_mcp_tasks.cli.dev import bind_port
+from tests.support import free_port
 
 
 def test_connections_accepted_on_the_dev_socket_have_tcp_nodelay() -> None:
@@ -31,3 +38,22 @@ def test_connections_accepted_on_the_dev_socket_have_tcp_nodelay() -> None:
 
     asyncio.run(main())
     assert accepted and accepted[0] != 0, "accepted connections lack TCP_NODELAY: every response waits a delayed ACK"
+
+
+@pytest.mark.integration
+def test_dev_call_with_args_that_are_not_json_refuses_before_starting_anything(tmp_path: Path) -> None:
+    """A usage error: one line, exit 2, and nothing made (no data directory, no migration, no worker)."""
+    data = tmp_path / "data"
+    dev = [sys.executable, "-m", "celery_mcp_tasks.cli", "dev", "examples.quickstart.app", "--data-dir", str(data)]
+    done = subprocess.run(
+        [*dev, "--port", str(free_port()), "--call", "write_report", '{"topic": NaN}'],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert (
+        done.stderr.strip() == "celery-mcp-tasks dev: ARGS is not JSON: NaN is not JSON (JSON has no NaN or Infinity)"
+    )
+    assert not data.exists()

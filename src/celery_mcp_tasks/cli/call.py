@@ -139,13 +139,25 @@ def read_arguments(text: str | None, stdin: IO[str] | None) -> str | None:
     return text
 
 
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of range for a JSON number")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (JSON has no NaN or Infinity)")
+
+
 def parse_arguments(text: str | None) -> dict[str, Any]:
-    """ARGS as typed -> the tool's arguments (a JSON object); `CallError` with one line otherwise."""
+    """ARGS as typed -> the tool's arguments (a JSON object); `CallError` with one line otherwise. Python's
+    NaN, Infinity and numbers past a float are refused: sent on, they would reach the tool as null."""
     if text is None or not text.strip():
         return {}
     try:
-        parsed = json.loads(text)
-    except json.JSONDecodeError as exc:
+        parsed = json.loads(text, parse_float=_finite, parse_constant=_no_constant)
+    except ValueError as exc:  # json.JSONDecodeError is one
         raise CallError(f"ARGS is not JSON: {exc}", EXIT_USAGE) from None
     if not isinstance(parsed, dict):
         raise CallError('ARGS must be a JSON object, e.g. \'{"topic": "tides"}\'', EXIT_USAGE)
@@ -273,7 +285,7 @@ async def _run(options: CallOptions, io: CallIo, abort: Callable[[], bool] | Non
         raise CallError("give a TOOL to call, or --resume=TASK_ID to follow a task (not both)", EXIT_USAGE)
     if options.resume is not None and (options.arguments is not None or options.no_wait):
         raise CallError("--resume follows an existing task: it takes no ARGS and no --no-wait", EXIT_USAGE)
-    if options.timeout is not None and options.timeout <= 0:
+    if options.timeout is not None and not options.timeout > 0:  # NaN too
         raise CallError("--timeout must be a positive number of seconds", EXIT_USAGE)
     if not options.url.lower().startswith(("http://", "https://")):
         raise CallError(

@@ -57,8 +57,14 @@ def run(options: argparse.Namespace) -> int:
     """Serve (or call one tool) with a supervised worker; the exit status says what happened."""
     import uvicorn
 
-    from celery_mcp_tasks.cli.call import CallOptions, run_call
+    from celery_mcp_tasks.cli.call import CallError, CallOptions, parse_arguments, run_call
 
+    if options.call:  # bad ARGS is a usage error before anything starts (or migrates)
+        try:
+            parse_arguments(options.call[1])
+        except CallError as exc:
+            print(f"{PREFIX}: {exc}", file=sys.stderr)
+            return exc.code
     sock = bind_port(options.host, options.port)
     # --data-dir wins over MCP_TASKS_DATA_DIR; the worker inherits the one chosen here.
     os.environ["MCP_TASKS_DATA_DIR"] = options.data_dir or os.environ.get("MCP_TASKS_DATA_DIR") or ".celery-mcp-tasks"

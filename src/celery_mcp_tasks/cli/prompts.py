@@ -196,7 +196,9 @@ class Prompter:
 # -- elicitation forms: a `requestedSchema` as fields to ask, the typed answers read and checked --
 
 FieldKind = Literal["string", "integer", "number", "boolean", "choice", "choices"]
-Value = str | int | float | bool | list[str]
+Choice = str | int | float | bool
+"""An `enum`/`const` value as the schema gives it: the answer carries it unchanged (an integer stays one)."""
+Value = Choice | list[str]  # a multi-select answers strings (its items are `{"type": "string", "enum": ...}`)
 
 
 @dataclass(frozen=True)
@@ -209,7 +211,7 @@ class FormField:
     description: str | None = None
     required: bool = False
     default: Value | None = None
-    choices: tuple[tuple[str, str], ...] = ()  # (value, label)
+    choices: tuple[tuple[Choice, str], ...] = ()  # (value, label)
     minimum: float | None = None
     maximum: float | None = None
     min_length: int | None = None
@@ -245,7 +247,7 @@ class FormField:
         return text
 
     def _shown(self, value: Value) -> str:
-        labels = dict(self.choices)
+        labels = {str(value): label for value, label in self.choices}
         if isinstance(value, list):
             return ", ".join(labels.get(str(item), str(item)) for item in value)
         if isinstance(value, bool):
@@ -284,7 +286,7 @@ class FormField:
         if self.kind == "choices":
             picked: list[str] = []
             for part in (item for item in text.split(",") if item.strip()):
-                value = self._choice(part.strip())
+                value = str(self._choice(part.strip()))
                 if value not in picked:
                     picked.append(value)
             if self.min_items is not None and len(picked) < self.min_items:
@@ -299,11 +301,11 @@ class FormField:
         _check_format(self.format, text)
         return text
 
-    def _choice(self, text: str) -> str:
+    def _choice(self, text: str) -> Choice:
         if text.isdigit() and 1 <= int(text) <= len(self.choices):
             return self.choices[int(text) - 1][0]
         for value, label in self.choices:
-            if text == value or text.lower() == label.lower():
+            if text == str(value) or text.lower() == label.lower():
                 return value
         raise ValueError(f"type a number from 1 to {len(self.choices)}")
 
@@ -335,24 +337,24 @@ def _check_format(fmt: str | None, text: str) -> None:
             raise ValueError("type a date and time as YYYY-MM-DDTHH:MM:SS") from None
 
 
-def _titled(options: Any) -> tuple[tuple[str, str], ...] | None:
+def _titled(options: Any) -> tuple[tuple[Choice, str], ...] | None:
     """`oneOf`/`anyOf` of `{"const": ..., "title": ...}`: titled choices."""
     if not isinstance(options, list) or not options:
         return None
-    found: list[tuple[str, str]] = []
+    found: list[tuple[Choice, str]] = []
     for option in options:
-        if not isinstance(option, dict) or "const" not in option:
+        if not isinstance(option, dict) or not isinstance(option.get("const"), Choice):
             return None
-        found.append((str(option["const"]), str(option.get("title") or option["const"])))
+        found.append((option["const"], str(option.get("title") or option["const"])))
     return tuple(found)
 
 
-def _enum(prop: Mapping[str, Any]) -> tuple[tuple[str, str], ...] | None:
+def _enum(prop: Mapping[str, Any]) -> tuple[tuple[Choice, str], ...] | None:
     values = prop.get("enum")
-    if isinstance(values, list) and values:
+    if isinstance(values, list) and values and all(isinstance(value, Choice) for value in values):
         names = prop.get("enumNames")
         labels = names if isinstance(names, list) and len(names) == len(values) else values
-        return tuple((str(value), str(label)) for value, label in zip(values, labels, strict=True))
+        return tuple((value, str(label)) for value, label in zip(values, labels, strict=True))
     return _titled(prop.get("oneOf")) or _titled(prop.get("anyOf"))
 
 
