@@ -302,6 +302,42 @@ def test_a_listen_stream_that_drops_is_reopened(runtime: Deployment, monkeypatch
     assert len(opened) >= 2
 
 
+def test_after_listen_kept_failing_for_a_while_the_client_polls_then_listens_again(
+    runtime: Deployment, monkeypatch: pytest.MonkeyPatch
+):
+    """A proxy answering 503 while the web process restarts: three failed listens are not "this server has no
+    push" (that was for good, for every later task on the connection); after `_RELISTEN_S` it listens again."""
+    from contextlib import asynccontextmanager
+
+    from mcp.shared.exceptions import MCPError
+    from mcp_types import INTERNAL_ERROR
+
+    from celery_mcp_tasks import sdk_internals as _sdk
+    from celery_mcp_tasks.client import following
+
+    original = _sdk.listen_tasks
+    attempts: list[str] = []
+
+    @asynccontextmanager
+    async def failing_at_first(session: Any, task_ids: list[str], ack_timeout: float) -> Any:
+        if len(attempts) < 3:
+            attempts.append("failed")
+            raise MCPError(INTERNAL_ERROR, "Service Unavailable")
+        async with original(session, task_ids, ack_timeout) as stream:
+            attempts.append("listening")
+            yield stream
+
+    monkeypatch.setattr(_sdk, "listen_tasks", failing_at_first)
+    monkeypatch.setattr(following, "_RELISTEN_S", 0.3)
+
+    async def scenario() -> str:
+        async with Client(runtime.url, extensions=[TasksClient(poll_floor_s=0.1)]) as client:
+            return text(await client.call_tool("work", {"seconds": 2}))
+
+    assert run(scenario) == "worked 2s on attempt 1"
+    assert attempts[:3] == ["failed"] * 3 and "listening" in attempts[3:]
+
+
 def test_the_listen_stream_closes_once_the_last_task_ended(runtime: Deployment):
     async def scenario() -> tuple[int, int]:
         tasks = TasksClient()

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import anyio
 from mcp.shared.exceptions import MCPError
-from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR
+from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, METHOD_NOT_FOUND
 
 from celery_mcp_tasks import sdk_internals
 from celery_mcp_tasks.client import calls
@@ -40,6 +40,9 @@ class Pacing(Protocol):
 _ACK_TIMEOUT_S = 5.0  # the acknowledgment is the stream's first frame: it comes at once or not at all
 _STOP_TIMEOUT_S = 5.0  # ending the stream is local; a read in flight is abandoned the same way
 _SAFETY_READ_S = 30.0  # with push on, each followed task is still read this often (a lost notification heals)
+_RELISTEN_S = (
+    30.0  # after listen kept failing (a server restarting, a proxy answering 503): poll this long, then listen again
+)
 
 
 @dataclass
@@ -109,6 +112,7 @@ class Follower:
         self._run_scope: anyio.CancelScope | None = None  # set while following runs (in the session's background)
         self._news = anyio.Event()  # fired when following ends (stream closed, no read in flight) or a task joins
         self._may_listen = tasks.listen  # False for good once the server showed listen does not carry tasks
+        self._listen_again_at = 0.0  # while listen keeps failing for a while: poll until then
 
     def track(self, state: TaskState) -> Tracked:
         tracked = self._tracked.get(state.task_id)
@@ -174,7 +178,8 @@ class Follower:
                 while True:
                     if not self._live():
                         return
-                    if self._may_listen and self._session.protocol_version in TASKS_VERSIONS:
+                    listening = self._may_listen and anyio.current_time() >= self._listen_again_at
+                    if listening and self._session.protocol_version in TASKS_VERSIONS:
                         await self._listen()
                     else:
                         await self._poll()
@@ -205,9 +210,10 @@ class Follower:
     async def _listen(self) -> None:
         """Follow every live task on one stream; re-open (overlapping the old one) when tasks join.
 
-        Falls back to polling for good when the server refuses listen, does not follow tasks on it, leaves
-        a live task out of its acknowledgment, or does not acknowledge within `_ACK_TIMEOUT_S` (a proxy
-        that buffers the stream would deliver nothing either).
+        Falls back to polling for good when the server has no listen (method not found), does not follow tasks
+        on it, leaves a live task out of its acknowledgment, or does not acknowledge within `_ACK_TIMEOUT_S` (a
+        proxy that buffers the stream would deliver nothing either); for `_RELISTEN_S` when it keeps failing
+        otherwise (a restart, a proxy answering 503 meanwhile), then listens again.
         """
         failures = 0
         current: AsyncExitStack | None = None
@@ -232,13 +238,19 @@ class Follower:
                         if isinstance(exc, MCPError) and exc.code == CONNECTION_CLOSED:
                             raise anyio.ClosedResourceError from None
                         failures += 1
-                        if (
-                            isinstance(exc, TimeoutError)
-                            or (isinstance(exc, MCPError) and failures >= 3)
-                            or failures >= 6
+                        if isinstance(exc, TimeoutError) or (
+                            isinstance(exc, MCPError) and exc.code == METHOD_NOT_FOUND
                         ):
                             logger.warning("subscriptions/listen failed (%s); polling tasks instead", calls.brief(exc))
                             self._may_listen = False
+                            return
+                        if (isinstance(exc, MCPError) and failures >= 3) or failures >= 6:
+                            logger.warning(
+                                "subscriptions/listen failed (%s); polling tasks, listening again in %gs",
+                                calls.brief(exc),
+                                _RELISTEN_S,
+                            )
+                            self._listen_again_at = anyio.current_time() + _RELISTEN_S
                             return
                         await self._poll_once(self._live())  # keep the states moving meanwhile
                         await anyio.sleep(min(0.2 * 2**failures, 5.0))
