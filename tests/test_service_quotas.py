@@ -285,6 +285,29 @@ def test_unfinished_tasks_per_principal_are_capped_and_a_finished_one_frees_room
     service.create(owner="sub:alice", tool="t", arguments={}, quota=quota)
 
 
+def test_a_task_past_its_ttl_holds_no_slot_though_the_janitor_has_not_deleted_it_yet(
+    service: TaskService, store: SqlStore, clock: Clock
+) -> None:
+    """Past its TTL a task is gone for its caller (tasks/get and tasks/cancel say it expired): it must not keep
+    the caller's slot until the next sweep, or forever where no janitor runs."""
+    quota = Quota(active=1, active_tool=1)
+    service.create(owner="sub:a", tool="t", arguments={}, quota=quota, ttl_ms=2_000)
+    assert refused(lambda: service.create(owner="sub:a", tool="t", arguments={}, quota=quota)).limit == "active_tool"
+    clock.at += 2_001
+    service.create(owner="sub:a", tool="t", arguments={}, quota=quota)
+    assert rows(store) == 2  # the expired one is still stored
+
+
+def test_a_retry_after_is_never_longer_than_the_window(service: TaskService, clock: Clock) -> None:
+    """A task stamped by a host whose clock runs ahead (here: this clock going back) would say 'retry in more
+    than the window'; the window is the longest any creation can hold a slot."""
+    quota = Quota(creations=1, window_ms=10_000)
+    service.create(owner="sub:a", tool="t", arguments={}, quota=quota)
+    clock.at -= 90_000
+    refusal = refused(lambda: service.create(owner="sub:a", tool="t", arguments={}, quota=quota))
+    assert refusal.limit == "creations" and refusal.retry_after_ms == 10_000
+
+
 def test_the_per_tool_cap_counts_only_that_tool(service: TaskService) -> None:
     quota = Quota(active_tool=1)
     service.create(owner="sub:a", tool="t", arguments={}, quota=quota)

@@ -50,7 +50,13 @@ def bounded_count(limit: str, *where: Any) -> Any:
 @functools.cache
 def _counts(anonymous: bool, per_client: bool, limits: tuple[str, ...]) -> Any:
     """One SELECT of the bounded counts of `limits` (built once per shape)."""
-    mine, live = _owner(anonymous, per_client), tasks.c.status.not_in(TERMINAL_VALUES)
+    mine = _owner(anonymous, per_client)
+    # Unfinished and not past its TTL: an expired task nobody can read or cancel any more must not hold a slot
+    # until the janitor deletes it.
+    live = sa.and_(
+        tasks.c.status.not_in(TERMINAL_VALUES),
+        sa.or_(tasks.c.expires_at.is_(None), tasks.c.expires_at > sa.bindparam("q_now")),
+    )
     where = {
         "creations": (mine, tasks.c.created_at > sa.bindparam("q_since")),
         "active_tool": (mine, live, tasks.c.tool == sa.bindparam("q_tool")),
@@ -75,7 +81,7 @@ def refusal(conn: Connection, record: TaskRecord, quota: Quota) -> QuotaExceeded
     """Why `quota` refuses `record` now (the rate, else the first active limit reached), or None when there is room."""
     anonymous = record.owner is None
     per_client = anonymous and record.caller is not None
-    params: dict[str, Any] = {"q_since": record.created_at - quota.window_ms}
+    params: dict[str, Any] = {"q_since": record.created_at - quota.window_ms, "q_now": record.created_at}
     if not anonymous:
         params["q_owner"] = record.owner
     if per_client:
@@ -95,6 +101,9 @@ def refusal(conn: Connection, record: TaskRecord, quota: Quota) -> QuotaExceeded
         if limit == "creations":
             params["q_offset"] = allowed - 1
             leaving = conn.execute(_nth_newest(anonymous, per_client), params).scalar()
-            retry_after_ms = 1 if leaving is None else max(leaving + quota.window_ms - record.created_at, 1)
+            # Never past the window: another host's clock ahead of this one's would make it so.
+            retry_after_ms = (
+                1 if leaving is None else min(max(leaving + quota.window_ms - record.created_at, 1), quota.window_ms)
+            )
         return QuotaExceeded(limit, allowed, retry_after_ms, quota.window_ms)
     return None
