@@ -20,6 +20,7 @@ import re
 import secrets
 import time
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, Final, Literal
@@ -512,19 +513,33 @@ class TaskRecord:
             parked=park,
         )
 
-    def answered(self, responses: dict[str, Any], at_ms: int, *, dispatch: bool = True) -> tuple[TaskRecord, bool]:
+    def answered(
+        self,
+        responses: dict[str, Any],
+        at_ms: int,
+        *,
+        dispatch: bool = True,
+        fits: Callable[[Mapping[str, Any], Any], bool] | None = None,
+    ) -> tuple[TaskRecord, bool]:
         """Record answers to outstanding keys (others are ignored).
 
         Returns the next record and whether the job must be enqueued again (back to `working`, no parked job
         waiting). With `dispatch` that new run is part of this transition: one write, one notification, no
         window in which the reaper sees a run never sent. Raises `InvalidTransition` when nothing outstanding
-        was answered (callers skip the write), `InvalidInputResponse` when such an answer is not an object.
+        was answered (callers skip the write), `InvalidInputResponse` when such an answer is not an object,
+        or not what `fits(request, answer)` says its request asks for (the wire's result types: `protocol`).
         """
         if self.terminal or self.status is not TaskStatus.INPUT_REQUIRED:
             raise InvalidTransition("no input is outstanding")
         taken = {key: value for key, value in responses.items() if key in self.input_requests}
         if any(not isinstance(value, dict) for value in taken.values()):
             raise InvalidInputResponse("each input response must be an object")
+        misfit = next(
+            (key for key in taken if fits is not None and not fits(self.input_requests[key], taken[key])), None
+        )
+        if misfit is not None:
+            method = self.input_requests[misfit].get("method")
+            raise InvalidInputResponse(f"the input response {misfit!r} is not an answer to its {method} request")
         if not taken:
             raise InvalidTransition("no outstanding key was answered")
         remaining = {key: value for key, value in self.input_requests.items() if key not in taken}

@@ -9,7 +9,14 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from mcp_types import CreateMessageRequest, ElicitRequest, ListRootsRequest
+from mcp_types import (
+    CreateMessageRequest,
+    CreateMessageResult,
+    ElicitRequest,
+    ElicitResult,
+    ListRootsRequest,
+    ListRootsResult,
+)
 from pydantic import TypeAdapter, ValidationError
 
 from celery_mcp_tasks.model import TaskRecord, TaskStatus
@@ -103,6 +110,24 @@ _JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", b
 _REQUEST = TypeAdapter(ElicitRequest | CreateMessageRequest | ListRootsRequest)
 INPUT_CAPABILITIES = {"elicitation/create": "elicitation", "sampling/createMessage": "sampling", "roots/list": "roots"}
 """The client capability each kind of input request needs."""
+_ANSWERS: dict[str, TypeAdapter[Any]] = {
+    "elicitation/create": TypeAdapter(ElicitResult),
+    "sampling/createMessage": TypeAdapter(CreateMessageResult),
+    "roots/list": TypeAdapter(ListRootsResult),
+}
+
+
+def answers(request: Mapping[str, Any], answer: Any) -> bool:
+    """Whether `answer` is a result of the kind `request` asks for (an elicitation's `ElicitResult`, ...): an
+    answer of another shape is refused (-32602) and its question stays outstanding, as on the synchronous path."""
+    adapter = _ANSWERS.get(str(request.get("method")))
+    if adapter is None:
+        return isinstance(answer, dict)
+    try:
+        adapter.validate_python(answer)
+    except ValidationError:
+        return False
+    return True
 
 
 class InvalidInputRequest(ValueError):

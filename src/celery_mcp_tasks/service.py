@@ -9,7 +9,7 @@ calls take the row key and are not.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
@@ -135,6 +135,8 @@ class TaskService:
     idempotency_secret: bytes | None = None  # derives the id of an idempotent creation (`model.derived_task_id`)
     limits: Callable[[str], PayloadLimits] | None = None
     """A tool's payload limits (the composition root: settings and `@mcp_task` options); None: unlimited."""
+    answer_fits: Callable[[Mapping[str, Any], Any], bool] | None = None
+    """Whether an answer is of the kind its input request asks for (the composition root: `protocol.answers`)."""
 
     # -- request side (raw id, owner-scoped) ----------------------------------------
 
@@ -270,7 +272,7 @@ class TaskService:
                     logger.warning("tool %r: answers were refused: %s", record.tool, refused)
                     raise refused
             try:
-                nxt, resumed = record.answered(responses, self.clock(), dispatch=dispatch)
+                nxt, resumed = record.answered(responses, self.clock(), dispatch=dispatch, fits=self.answer_fits)
             except InvalidTransition:
                 return record
             changed = True

@@ -236,6 +236,13 @@ def test_update_validates_records_at_once_ignores_strangers_and_resumes(client: 
     assert bad["error"]["code"] == -32602
     bad_value = client.task("tasks/update", task_id, inputResponses={"first": "not an object"})
     assert bad_value["error"] == {"code": -32602, "message": "each input response must be an object"}
+    # An object, but no answer to an elicitation (an ElicitResult): refused as the synchronous path refuses it.
+    for misfit in ({"action": "bogus"}, {"roots": []}, {"action": "accept", "content": "yes"}):
+        wrong = client.task("tasks/update", task_id, inputResponses={"first": misfit})
+        assert wrong["error"] == {
+            "code": -32602,
+            "message": "the input response 'first' is not an answer to its elicitation/create request",
+        }, misfit
     assert set(client.get(task_id)["inputRequests"]) == {"first", "second"}  # nothing recorded
 
     ack = client.task(
