@@ -92,6 +92,34 @@ def test_two_questions_are_answered_by_the_elicitation_callback(runtime: Deploym
     assert answers.asked == ["Your name?", "Favourite colour?"]
 
 
+def test_a_question_is_asked_once_however_many_coroutines_and_handles_wait_on_the_task(runtime: Deployment):
+    """Two coroutines waiting on one handle, and a second handle attached to the task, used to ask the same
+    question two or three times, and the first answer was thrown away."""
+
+    class Slow(Answers):
+        async def __call__(self, ctx: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult | ErrorData:
+            await anyio.sleep(0.3)  # the others look meanwhile
+            return await super().__call__(ctx, params)
+
+    answers = Slow(name={"name": "Ada"}, colour={"colour": "teal"})
+
+    async def scenario() -> list[str]:
+        tasks = TasksClient()
+        async with Client(runtime.url, extensions=[tasks], elicitation_callback=answers) as client:
+            handle = await tasks.start(client, "two_rounds", {})
+            assert handle.id is not None
+            other = await tasks.attach(client, handle.id)
+            async with anyio.create_task_group() as group:
+                group.start_soon(handle.wait)
+                group.start_soon(handle.wait)
+                group.start_soon(other.wait)
+            return [text(await handle.result()), text(await other.result())]
+
+    results = run(scenario)
+    assert all(result.startswith("Ada likes teal") for result in results)
+    assert answers.asked == ["Your name?", "Favourite colour?"]
+
+
 def test_a_question_the_client_refuses_cancels_the_task_with_a_clear_error(runtime: Deployment):
     async def refuse(ctx: ClientRequestContext, params: ElicitRequestParams) -> ErrorData:
         return ErrorData(code=-32600, message="nobody is here to answer")

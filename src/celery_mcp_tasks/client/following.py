@@ -56,6 +56,8 @@ class Tracked:
     refs: int = 0
     next_poll: float = 0.0
     interval: float = 0.0
+    answered: set[str] = field(default_factory=set)  # input keys whose answers were delivered (any handle)
+    asking: dict[str, anyio.Event] = field(default_factory=dict)  # input keys a handle is asking now: set once done
     on_end: Callable[[], None] | None = None  # the follower's wake-up: one task fewer to follow
     settle: Callable[[], Awaitable[None]] | None = None  # the follower's `settle`
 

@@ -48,7 +48,6 @@ class TaskHandle:
         self._tracked = tracked
         self.tool = tool
         self._immediate = immediate
-        self._answered: set[str] = set()
         self._closed = False
         if tracked is not None:
             tracked.refs += 1
@@ -138,7 +137,7 @@ class TaskHandle:
 
     async def _respond_while_asked(self, tracked: Tracked, state: TaskState) -> None:
         """`respond`, given up as soon as the questions are gone (answered elsewhere, task ended or lost)."""
-        asked = set(state.input_requests or {}) - self._answered
+        asked = set(state.input_requests or {}) - tracked.answered
 
         async def watch(group: anyio.abc.TaskGroup) -> None:
             while True:
@@ -187,13 +186,33 @@ class TaskHandle:
         """Answer the outstanding questions in `state` with the session's callbacks, then `tasks/update`.
 
         A question this client cannot answer (no callback for it, or the callback
-        refused with an error) cancels the task and raises `InputNotAnswered`.
+        refused with an error) cancels the task and raises `InputNotAnswered`. A question another coroutine
+        (or another handle of the task on this connection) is asking already is not asked twice: this waits
+        for that answer instead.
         """
+        if not state.input_requests:
+            return
+        tracked = self._require()
+        outstanding = {k: v for k, v in state.input_requests.items() if k not in tracked.answered}
+        elsewhere = [tracked.asking[k] for k in outstanding if k in tracked.asking]
+        pending = {k: v for k, v in outstanding.items() if k not in tracked.asking}
+        if pending:
+            mine = {key: anyio.Event() for key in pending}
+            tracked.asking.update(mine)
+            try:
+                await self._ask(state, pending)
+                tracked.answered.update(pending)  # only once delivered: a `respond` after a failed send asks again
+            finally:
+                for key, done in mine.items():
+                    tracked.asking.pop(key, None)
+                    done.set()
+        for done in elsewhere:
+            await done.wait()
+
+    async def _ask(self, state: TaskState, pending: dict[str, Any]) -> None:
+        """Ask `pending` with the session's callbacks (at once), then deliver every answer in one `tasks/update`."""
         from mcp.client.session import ClientRequestContext
 
-        pending = {k: v for k, v in (state.input_requests or {}).items() if k not in self._answered}
-        if not pending:
-            return
         responses: dict[str, Any] = {}
         refused: tuple[str, ErrorData] | None = None
 
@@ -231,7 +250,6 @@ class TaskHandle:
             )
         with anyio.CancelScope(shield=True):  # once asked and answered, the answers are delivered
             await self.answer(responses)
-        self._answered.update(pending)  # only once delivered: a `respond` after a failed send asks again
 
     async def answer(self, responses: Mapping[str, Any]) -> None:
         """Send answers (`tasks/update`), keyed as the task's `inputRequests` are."""
