@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+import sqlalchemy as sa
 from alembic.util import CommandError
 
 from celery_mcp_tasks import migrate
@@ -17,6 +18,7 @@ from celery_mcp_tasks.preflight import (
     probe_engine,
     revision_problem,
     script_heads,
+    short_reason,
 )
 from celery_mcp_tasks.store.codec import new_key
 from celery_mcp_tasks.store.engine import create_store_engine
@@ -111,6 +113,13 @@ def _reencrypt(settings: Settings) -> int:
     engine = create_store_engine(settings.store_url)
     try:
         done = reencrypt(engine, ring, batch_size=500)
+    except sa.exc.SQLAlchemyError as exc:  # each batch is its own commit: what was done stays done
+        print(
+            f"celery-mcp-tasks db reencrypt: the task store failed part-way ({short_reason(exc)}); the rows "
+            "re-encrypted so far stay so: run it again",
+            file=sys.stderr,
+        )
+        return 1
     finally:
         engine.dispose()
     print(
