@@ -534,3 +534,24 @@ def table_locked(url: str, table: str) -> Iterator[threading.Event]:
         release.set()
         holder.join(10)
         engine.dispose()
+
+
+@contextmanager
+def database_gone_at(target: Any, verb: str, nth: int) -> Iterator[None]:
+    """The database going away at the `nth` statement beginning with `verb` (e.g. "DELETE") on `target` (an
+    engine, or `sqlalchemy.engine.Engine` for engines the code under test makes): an OperationalError raised
+    where the driver would run it, as a dropped connection raises it."""
+    seen = 0
+
+    def gone(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        nonlocal seen
+        if statement.lstrip().upper().startswith(verb):
+            seen += 1
+            if seen == nth:
+                raise sa.exc.OperationalError(statement, {}, Exception("server closed the connection unexpectedly"))
+
+    sa.event.listen(target, "before_cursor_execute", gone)
+    try:
+        yield
+    finally:
+        sa.event.remove(target, "before_cursor_execute", gone)

@@ -227,26 +227,13 @@ def test_a_store_failing_mid_sweep_still_reports_what_committed_in_one_line(
     """Eviction commits batch by batch: a failure at the third batch (the database gone, injected where the
     driver runs the statement) leaves the first two deleted, and they are logged and told to the metric hook
     in one WARNING line saying the sweep stopped, not lost with the exception. The next sweep goes on."""
-    import sqlalchemy as sa
+    from tests.support import database_gone_at
 
     for n in range(6):
         add(store, f"old{n}", age_ms=2 * MINUTE, ttl_ms=MINUTE, status=TaskStatus.COMPLETED)
-    deletes = 0
-
-    def gone(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
-        nonlocal deletes
-        if statement.lstrip().upper().startswith("DELETE"):
-            deletes += 1
-            if deletes == 3:
-                raise sa.exc.OperationalError(statement, {}, Exception("server closed the connection unexpectedly"))
-
     seen: list[tuple[str, dict[str, int]]] = []
-    sa.event.listen(store.engine, "before_cursor_execute", gone)
-    try:
-        with caplog.at_level(logging.INFO, logger="celery_mcp_tasks.janitor"):
-            report = sweep(service(store), SETTINGS, batch_size=2, metric=lambda n, c: seen.append((n, c)))
-    finally:
-        sa.event.remove(store.engine, "before_cursor_execute", gone)
+    with database_gone_at(store.engine, "DELETE", 3), caplog.at_level(logging.INFO, logger="celery_mcp_tasks.janitor"):
+        report = sweep(service(store), SETTINGS, batch_size=2, metric=lambda n, c: seen.append((n, c)))
     assert report.removed == 4 and sum(store.get(f"old{n}") is None for n in range(6)) == 4
     (line,) = [r for r in caplog.records if r.name == "celery_mcp_tasks.janitor"]
     assert line.levelname == "WARNING"

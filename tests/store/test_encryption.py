@@ -237,7 +237,7 @@ def test_payload_size_is_the_compact_json_in_utf8_bytes():
 
 
 def test_a_reencrypt_the_store_fails_part_way_is_one_line_and_what_was_done_stays(
-    store_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    store_url: str, capsys: pytest.CaptureFixture[str]
 ):
     """`db reencrypt` with the database going away after two rows (injected where the driver runs the third
     UPDATE): one line saying to run it again, exit 1, and the two rows re-encrypted stay so."""
@@ -245,26 +245,14 @@ def test_a_reencrypt_the_store_fails_part_way_is_one_line_and_what_was_done_stay
 
     from celery_mcp_tasks.cli.db import _reencrypt
     from celery_mcp_tasks.config import Settings
+    from tests.support import database_gone_at
 
     old = with_ring(store_url, OLD)
     for n in range(4):
         fill(old, f"k{n}")
     old.dispose()
-    updates = 0
-
-    def gone(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
-        nonlocal updates
-        if statement.lstrip().upper().startswith("UPDATE"):
-            updates += 1
-            if updates == 3:
-                raise sa.exc.OperationalError(statement, {}, Exception("server closed the connection unexpectedly"))
-
-    sa.event.listen(sa.engine.Engine, "before_cursor_execute", gone)
-    try:
-        settings = Settings(database_url=store_url, encryption_keys=(NEW, OLD))
-        assert _reencrypt(settings) == 1
-    finally:
-        sa.event.remove(sa.engine.Engine, "before_cursor_execute", gone)
+    with database_gone_at(sa.engine.Engine, "UPDATE", 3):
+        assert _reencrypt(Settings(database_url=store_url, encryption_keys=(NEW, OLD))) == 1
     err = capsys.readouterr().err
     assert err == (
         "celery-mcp-tasks db reencrypt: the task store failed part-way (server closed the connection "
