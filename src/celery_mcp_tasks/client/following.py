@@ -40,9 +40,7 @@ class Pacing(Protocol):
 _ACK_TIMEOUT_S = 5.0  # the acknowledgment is the stream's first frame: it comes at once or not at all
 _STOP_TIMEOUT_S = 5.0  # ending the stream is local; a read in flight is abandoned the same way
 _SAFETY_READ_S = 30.0  # with push on, each followed task is still read this often (a lost notification heals)
-_RELISTEN_S = (
-    30.0  # after listen kept failing (a server restarting, a proxy answering 503): poll this long, then listen again
-)
+_RELISTEN_S = 30.0  # listen kept failing (a restart, a proxy's 503 meanwhile): poll this long, then listen again
 
 
 @dataclass
