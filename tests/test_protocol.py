@@ -5,6 +5,7 @@ import pytest
 from celery_mcp_tasks.protocol import (
     PROGRESS_META_KEY,
     InvalidInputRequest,
+    answers,
     elicit,
     format_timestamp,
     list_roots,
@@ -125,6 +126,28 @@ def test_sample_and_list_roots_build_the_requests_the_client_answers():
         },
     }
     assert list_roots() == {"method": "roots/list", "params": {}}
+
+
+def test_an_answer_fits_only_the_kind_of_request_it_answers():
+    """What tasks/update accepts for an outstanding key: the result type of that request's method."""
+    question = elicit("Name?", {"name": str})
+    assert answers(question, {"action": "accept", "content": {"name": "Ada"}})
+    assert answers(question, {"action": "decline"})
+    assert not answers(question, {"action": "bogus"}) and not answers(question, {"roots": []})
+    assert answers(list_roots(), {"roots": [{"uri": "file:///tmp"}]}) and not answers(
+        list_roots(), {"action": "accept"}
+    )
+    text = {"role": "assistant", "model": "m", "content": {"type": "text", "text": "hi"}}
+    tool_use = {
+        "role": "assistant",
+        "model": "m",
+        "stopReason": "toolUse",
+        "content": [{"type": "tool_use", "id": "c1", "name": "lookup", "input": {"q": "x"}}],
+    }
+    plain = sample("Summarize", max_tokens=50)
+    with_tools = sample("Look it up", max_tokens=50, tools=[{"name": "lookup", "inputSchema": {"type": "object"}}])
+    assert answers(plain, text) and not answers(plain, tool_use)
+    assert answers(with_tools, tool_use) and answers(with_tools, text)
 
 
 @pytest.mark.parametrize(

@@ -12,12 +12,13 @@ from typing import Any
 from mcp_types import (
     CreateMessageRequest,
     CreateMessageResult,
+    CreateMessageResultWithTools,
     ElicitRequest,
     ElicitResult,
     ListRootsRequest,
     ListRootsResult,
 )
-from pydantic import TypeAdapter, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from celery_mcp_tasks.model import TaskRecord, TaskStatus
 
@@ -110,21 +111,31 @@ _JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", b
 _REQUEST = TypeAdapter(ElicitRequest | CreateMessageRequest | ListRootsRequest)
 INPUT_CAPABILITIES = {"elicitation/create": "elicitation", "sampling/createMessage": "sampling", "roots/list": "roots"}
 """The client capability each kind of input request needs."""
-_ANSWERS: dict[str, TypeAdapter[Any]] = {
-    "elicitation/create": TypeAdapter(ElicitResult),
-    "sampling/createMessage": TypeAdapter(CreateMessageResult),
-    "roots/list": TypeAdapter(ListRootsResult),
-}
+
+
+def answer_type(request: Mapping[str, Any]) -> type[BaseModel] | None:
+    """The result type that answers `request` (a wire shape): an elicitation's `ElicitResult`, a sampling
+    request's `CreateMessageResult` (`...WithTools` when it offers tools), roots' `ListRootsResult`; None
+    for a method of none of these."""
+    method = request.get("method")
+    if method == "elicitation/create":
+        return ElicitResult
+    if method == "roots/list":
+        return ListRootsResult
+    if method == "sampling/createMessage":
+        params = request.get("params") or {}
+        return CreateMessageResultWithTools if "tools" in params or "toolChoice" in params else CreateMessageResult
+    return None
 
 
 def answers(request: Mapping[str, Any], answer: Any) -> bool:
-    """Whether `answer` is a result of the kind `request` asks for (an elicitation's `ElicitResult`, ...): an
-    answer of another shape is refused (-32602) and its question stays outstanding, as on the synchronous path."""
-    adapter = _ANSWERS.get(str(request.get("method")))
-    if adapter is None:
+    """Whether `answer` is a result of the kind `request` asks for (`answer_type`): an answer of another shape
+    is refused (-32602) and its question stays outstanding, as on the synchronous path."""
+    kind = answer_type(request)
+    if kind is None:
         return isinstance(answer, dict)
     try:
-        adapter.validate_python(answer)
+        kind.model_validate(answer)
     except ValidationError:
         return False
     return True

@@ -57,3 +57,14 @@ def test_dev_call_with_args_that_are_not_json_refuses_before_starting_anything(t
         done.stderr.strip() == "celery-mcp-tasks dev: ARGS is not JSON: NaN is not JSON (JSON has no NaN or Infinity)"
     )
     assert not data.exists()
+    missing = tmp_path / "missing.json"  # ARGS from a file (`@PATH`), read before anything starts too
+    done = subprocess.run(
+        [*dev, "--port", str(free_port()), "--call", "write_report", f"@{missing}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == f"celery-mcp-tasks dev: cannot read ARGS from '{missing}': No such file or directory"
+    assert not data.exists()

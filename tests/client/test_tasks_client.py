@@ -120,6 +120,39 @@ def test_a_question_is_asked_once_however_many_coroutines_and_handles_wait_on_th
     assert answers.asked == ["Your name?", "Favourite colour?"]
 
 
+def test_when_the_coroutine_asking_gives_up_another_one_waiting_asks_instead(runtime: Deployment):
+    """The first waiter is cancelled while its question is on screen: the second, which was waiting for that
+    answer instead of asking too, asks it itself (it does not wait forever for an answer nobody sends)."""
+
+    class FirstSlow(Answers):
+        async def __call__(self, ctx: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult | ErrorData:
+            if not self.asked:
+                self.asked.append(params.message)
+                await anyio.sleep(30)  # cancelled long before
+            return await super().__call__(ctx, params)
+
+    answers = FirstSlow(name={"name": "Ada"}, colour={"colour": "teal"})
+
+    async def scenario() -> str:
+        tasks = TasksClient()
+        async with Client(runtime.url, extensions=[tasks], elicitation_callback=answers) as client:
+            handle = await tasks.start(client, "two_rounds", {})
+            async with anyio.create_task_group() as group:
+
+                async def impatient() -> None:
+                    with anyio.move_on_after(1.0):
+                        await handle.wait()
+
+                group.start_soon(impatient)
+                await anyio.sleep(0.3)  # the impatient one asks first
+                with anyio.fail_after(30):
+                    result = await handle.result()
+            return text(result)
+
+    assert run(scenario).startswith("Ada likes teal")
+    assert answers.asked == ["Your name?", "Your name?", "Favourite colour?"]
+
+
 def test_a_question_the_client_refuses_cancels_the_task_with_a_clear_error(runtime: Deployment):
     async def refuse(ctx: ClientRequestContext, params: ElicitRequestParams) -> ErrorData:
         return ErrorData(code=-32600, message="nobody is here to answer")

@@ -57,11 +57,13 @@ def run(options: argparse.Namespace) -> int:
     """Serve (or call one tool) with a supervised worker; the exit status says what happened."""
     import uvicorn
 
-    from celery_mcp_tasks.cli.call import CallError, CallOptions, parse_arguments, run_call
+    from celery_mcp_tasks.cli.call import CallError, CallOptions, parse_arguments, read_arguments, run_call
 
-    if options.call:  # bad ARGS is a usage error before anything starts (or migrates)
+    if options.call:  # bad ARGS is a usage error before anything starts (or migrates); `@PATH` and `-` read once
+        tool, given = options.call
         try:
-            parse_arguments(options.call[1])
+            arguments = read_arguments(given, sys.stdin)
+            parse_arguments(arguments)
         except CallError as exc:
             print(f"{PREFIX}: {exc}", file=sys.stderr)
             return exc.code
@@ -106,7 +108,7 @@ def run(options: argparse.Namespace) -> int:
                 thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="dev-web", daemon=True)
                 thread.start()
                 try:
-                    status = run_call(CallOptions(url, *options.call), abort=stopped.is_set)
+                    status = run_call(CallOptions(url, tool, arguments), abort=stopped.is_set)
                 finally:
                     server.should_exit = True
                     thread.join(timeout=5)

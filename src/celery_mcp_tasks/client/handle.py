@@ -193,21 +193,25 @@ class TaskHandle:
         if not state.input_requests:
             return
         tracked = self._require()
-        outstanding = {k: v for k, v in state.input_requests.items() if k not in tracked.answered}
-        elsewhere = [tracked.asking[k] for k in outstanding if k in tracked.asking]
-        pending = {k: v for k, v in outstanding.items() if k not in tracked.asking}
-        if pending:
-            mine = {key: anyio.Event() for key in pending}
-            tracked.asking.update(mine)
-            try:
-                await self._ask(state, pending)
-                tracked.answered.update(pending)  # only once delivered: a `respond` after a failed send asks again
-            finally:
-                for key, done in mine.items():
-                    tracked.asking.pop(key, None)
-                    done.set()
-        for done in elsewhere:
-            await done.wait()
+        while True:
+            outstanding = {k: v for k, v in state.input_requests.items() if k not in tracked.answered}
+            elsewhere = [tracked.asking[k] for k in outstanding if k in tracked.asking]
+            pending = {k: v for k, v in outstanding.items() if k not in tracked.asking}
+            if pending:
+                mine = {key: anyio.Event() for key in pending}
+                tracked.asking.update(mine)
+                try:
+                    await self._ask(state, pending)
+                    tracked.answered.update(pending)  # only once delivered: a later `respond` asks again
+                finally:
+                    for key, done in mine.items():
+                        tracked.asking.pop(key, None)
+                        done.set()
+            if not elsewhere:
+                return
+            for done in elsewhere:
+                await done.wait()
+            # Answered there, or that asker gave up (cancelled, its send failed): what is left is asked here.
 
     async def _ask(self, state: TaskState, pending: dict[str, Any]) -> None:
         """Ask `pending` with the session's callbacks (at once), then deliver every answer in one `tasks/update`."""

@@ -18,13 +18,9 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import ServerMessageMetadata
 from mcp_types import (
     CallToolRequestParams,
-    CreateMessageResult,
-    CreateMessageResultWithTools,
     ElicitResult,
     InputRequest,
     InputRequiredResult,
-    ListRootsResult,
-    Result,
 )
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import TypeAdapter, ValidationError
@@ -34,7 +30,7 @@ from celery_mcp_tasks.mcp.toolspec import TaskTool
 from celery_mcp_tasks.mcp.wire import declared_capability, internal, invalid_params, plain_responses
 from celery_mcp_tasks.model import InvalidInputResponse, TaskRecord, TaskStatus
 from celery_mcp_tasks.notify.hub import Hub, Watch
-from celery_mcp_tasks.protocol import INPUT_CAPABILITIES, render_error
+from celery_mcp_tasks.protocol import INPUT_CAPABILITIES, answer_type, render_error
 from celery_mcp_tasks.service import PayloadTooLarge, TaskExpired, TaskService
 from celery_mcp_tasks.store.base import TaskNotFound
 
@@ -314,13 +310,7 @@ async def ask_client(ctx: ServerRequestContext[Any, Any], request: Mapping[str, 
     """Ask one input request (a wire shape) on the calling request's own stream (earlier eras): the answer
     as `tasks/update` would carry it. `MCPError`: the client's error; `ValidationError`: a malformed one."""
     typed = _INPUT_REQUEST.validate_python(request, by_alias=True, by_name=False)
-    params = request.get("params") or {}
-    result_type: type[Result] = ElicitResult
-    if typed.method == "roots/list":
-        result_type = ListRootsResult
-    elif typed.method == "sampling/createMessage":
-        with_tools = "tools" in params or "toolChoice" in params
-        result_type = CreateMessageResultWithTools if with_tools else CreateMessageResult
+    result_type = answer_type(request) or ElicitResult
     answer = await ctx.session.send_request(
         typed, result_type, metadata=ServerMessageMetadata(related_request_id=ctx.request_id)
     )

@@ -101,6 +101,7 @@ def sweep(
         reason = stopped.operation or "unknown"
         message = f"janitor sweep stopped, the task store failed ({reason}), after {said}; the next sweep goes on"
         logger.warning("%s", message, extra={"event": METRIC, **counts})
+        logger.debug("janitor sweep failure", exc_info=stopped)  # the database's own words, in the chained cause
     else:  # an idle sweep is not news: INFO only when it did something (no log spam every interval)
         level = logging.INFO if any(counts.values()) else logging.DEBUG
         logger.log(level, "janitor sweep: %s", said, extra={"event": METRIC, **counts})
@@ -225,6 +226,7 @@ def install_janitor(
                     return
             except StoreUnavailable as exc:  # one line, not Celery's traceback every interval
                 logger.warning("janitor: the task store failed (%s); trying again next interval", exc.operation)
+                logger.debug("janitor claim failure", exc_info=True)
                 return
         run_sweep()
 
