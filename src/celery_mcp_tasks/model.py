@@ -534,12 +534,10 @@ class TaskRecord:
         taken = {key: value for key, value in responses.items() if key in self.input_requests}
         if any(not isinstance(value, dict) for value in taken.values()):
             raise InvalidInputResponse("each input response must be an object")
-        misfit = next(
-            (key for key in taken if fits is not None and not fits(self.input_requests[key], taken[key])), None
-        )
-        if misfit is not None:
-            method = self.input_requests[misfit].get("method")
-            raise InvalidInputResponse(f"the input response {misfit!r} is not an answer to its {method} request")
+        for key, answer in taken.items():
+            if fits is not None and not fits(self.input_requests[key], answer):
+                method = self.input_requests[key].get("method")
+                raise InvalidInputResponse(f"the input response {key!r} is not an answer to its {method} request")
         if not taken:
             raise InvalidTransition("no outstanding key was answered")
         remaining = {key: value for key, value in self.input_requests.items() if key not in taken}

@@ -34,6 +34,7 @@ from celery_mcp_tasks.ops.probes import (
     store_probe,
 )
 from celery_mcp_tasks.preflight import short_reason
+from celery_mcp_tasks.worker.fairness import shard_queues
 
 if TYPE_CHECKING:
     from celery_mcp_tasks.app import Internals, McpTasks
@@ -94,7 +95,7 @@ def workers_check(tasks: McpTasks, app_path: str, *, timeout_s: float) -> Verdic
         fix = (
             f"give the workers MCP_TASKS_FAIR_QUEUES={fair}, as here: a worker consumes the shards its own setting "
             "names, and jobs sent to a shard no worker consumes wait until the janitor fails them as lost"
-            if fair is not None and queue.startswith(f"{default_queue}.fair")
+            if fair is not None and queue in shard_queues(default_queue, fair)
             else _worker_command(app_path, [queue], default_queue)
         )
         said = f"{len(active)} worker(s) answered, none consumes queue {queue!r} (tools {', '.join(needed[queue])})"
