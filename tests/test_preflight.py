@@ -57,6 +57,14 @@ def test_an_empty_database_file_is_not_migrated(tmp_path: Path) -> None:
     assert "is not migrated; run `celery-mcp-tasks db upgrade`" in refusal(Settings(database_url=url))
 
 
+def test_a_data_dir_that_cannot_be_made_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    settings = Settings(data_dir=tmp_path / "a-file" / "data")  # its parent is a file: mkdir fails
+    for role in ("db", "serve"):  # `db upgrade` and `dev` (which migrates right after) alike
+        said = refusal(settings, role=role, need_schema=False)
+        assert "MCP_TASKS_DATABASE_URL" in said and "cannot open the task store (Not a directory)" in said
+
+
 def test_a_schema_from_a_newer_release_is_refused(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path)
     upgrade(settings.store_url)

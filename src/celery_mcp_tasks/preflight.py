@@ -50,19 +50,20 @@ def preflight(settings: Settings, *, role: str, need_schema: bool = True, broker
         raise ConfigError(f"{_store(settings)}: {NOT_CREATED}")
     from celery_mcp_tasks.store.rekeying import ring_check
 
-    engine = probe_engine(url)
+    engine = None
     try:
-        try:
-            with engine.connect() as conn:
-                current = current_revisions(conn)
-                # A wrong or missing MCP_TASKS_ENCRYPTION_KEYS for this store, or None.
-                keys = ring_check(conn, settings.key_ring()) if schema and revision_problem(current) is None else None
-        except sa.exc.DBAPIError as exc:
-            raise ConfigError(f"{_store(settings)}: cannot connect to the task store ({short_reason(exc)})") from None
-        except OSError as exc:  # e.g. the SQLite file's directory cannot be created
-            raise ConfigError(f"{_store(settings)}: cannot open the task store ({exc.strerror or exc})") from None
+        engine = probe_engine(url)
+        with engine.connect() as conn:
+            current = current_revisions(conn)
+            # A wrong or missing MCP_TASKS_ENCRYPTION_KEYS for this store, or None.
+            keys = ring_check(conn, settings.key_ring()) if schema and revision_problem(current) is None else None
+    except sa.exc.DBAPIError as exc:
+        raise ConfigError(f"{_store(settings)}: cannot connect to the task store ({short_reason(exc)})") from None
+    except OSError as exc:  # e.g. the SQLite file's directory cannot be created (the engine makes it)
+        raise ConfigError(f"{_store(settings)}: cannot open the task store ({exc.strerror or exc})") from None
     finally:
-        engine.dispose()
+        if engine is not None:
+            engine.dispose()
     problem = revision_problem(current)
     # A store migrated by a newer release cannot be served, nor migrated from here (alembic knows no such revision).
     if problem is not None and (schema or set(current) - script_heads()[1]):
