@@ -367,3 +367,15 @@ def regenerate_cli_help() -> None:
 
 if __name__ == "__main__":
     regenerate_cli_help()
+
+
+def test_the_revision_the_docs_show_is_the_head_this_release_migrates_to() -> None:
+    from celery_mcp_tasks.preflight import script_heads
+
+    (head,) = script_heads()[0]
+    shown = {
+        (page.name, revision)
+        for page in (ROOT / "docs").rglob("*.md")
+        for revision in re.findall(r"(?:at head|behind) (\d{4})\b", page.read_text())
+    }
+    assert shown and {revision for _, revision in shown} == {head}, shown

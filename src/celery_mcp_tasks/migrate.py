@@ -3,6 +3,7 @@ linked from the repository's top level), so this works from a plain `pip install
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 from alembic import command
@@ -30,8 +31,11 @@ def downgrade(url: str, revision: str) -> None:
 
 
 def check(url: str) -> None:
-    """Raise if the models and the migrated schema differ (alembic's `check`)."""
-    command.check(alembic_config(url))
+    """Raise if the models and the migrated schema differ (alembic's `check`, whose "No new upgrade
+    operations detected." is not printed: the CLI says its own line)."""
+    config = alembic_config(url)
+    config.stdout = io.StringIO()
+    command.check(config)
 
 
 def current(url: str) -> None:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sqlite3
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -232,3 +235,20 @@ def test_the_usage_shows_resume_with_an_equals_sign_as_an_id_may_begin_with_a_da
     call = commands()["call"]
     assert "--resume=TASK_ID" in call.format_usage()
     assert call.parse_args(["http://127.0.0.1:9/mcp", f"--resume={task_id}"]).resume == task_id
+
+
+@pytest.mark.integration  # alembic prints to the stdout it bound at import: only a process of its own shows it
+def test_db_check_prints_its_own_line_alone(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("MCP_TASKS_DATABASE_URL", "CELERY_BROKER_URL")}
+    env["MCP_TASKS_DATA_DIR"] = str(tmp_path)
+
+    def db(action: str) -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-m", "celery_mcp_tasks.cli", "db", action], env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.splitlines()
+
+    db("upgrade")
+    (said,) = db("check")
+    assert said.startswith("celery-mcp-tasks db check: the task store ")
