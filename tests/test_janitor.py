@@ -238,7 +238,7 @@ def test_a_store_failing_mid_sweep_still_reports_what_committed_in_one_line(
     (line,) = [r for r in caplog.records if r.name == "celery_mcp_tasks.janitor"]
     assert line.levelname == "WARNING"
     assert line.getMessage() == (
-        "janitor sweep stopped, the task store failed (evict), after removed=4 resent=0 failed=0 "
+        "janitor sweep stopped, the task store failed (evict: Exception), after removed=4 resent=0 failed=0 "
         "expired_inputs=0; the next sweep goes on"
     )
     assert seen == [(METRIC, {"removed": 4, "resent": 0, "failed": 0, "expired_inputs": 0})]
@@ -265,5 +265,5 @@ def test_the_janitor_task_whose_claim_the_store_cannot_take_logs_one_line_not_a_
         down.dispose()
     assert swept == []
     (line,) = [r for r in caplog.records if r.name == "celery_mcp_tasks.janitor"]
-    assert line.getMessage() == "janitor: the task store failed (claim); trying again next interval"
+    assert line.getMessage() == "janitor: the task store failed (claim: OperationalError); trying again next interval"
     assert line.exc_info is None

@@ -2,6 +2,7 @@
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -206,3 +207,28 @@ def test_a_signed_out_console_session_stays_refused_until_it_expires_then_is_for
     assert not store.signed_out("s1") and store.signed_out("s2")
     with store.engine.connect() as conn:
         assert conn.execute(sa.text("SELECT count(*) FROM mcp_tasks_console_signout")).scalar() == 2
+
+
+def test_a_corrupt_sqlite_file_is_named_by_the_failure_a_log_line_shows(tmp_path: Path) -> None:
+    """The store's fixed error keeps the database's text out of what clients see; a log line may say SQLite's
+    own first line, which never quotes a value: an operator reads "malformed", not just "DatabaseError"."""
+    from celery_mcp_tasks.migrate import upgrade
+    from celery_mcp_tasks.store import StoreUnavailable
+
+    path = tmp_path / "tasks.db"
+    upgrade(f"sqlite:///{path}")
+    store = SqlStore.from_url(f"sqlite:///{path}")
+    for n in range(100):
+        store.create(make(f"k{n}", arguments={"text": "x" * 400}), max_rows=None)
+    store.dispose()  # the last connection closed: the write-ahead log is checkpointed into the file
+    with path.open("r+b") as file:
+        file.seek(4 * 4096)  # past the schema's pages, over the rows'
+        file.write(b"\xde\xad" * 10 * 4096)
+    store = SqlStore.from_url(f"sqlite:///{path}")
+    try:
+        with pytest.raises(StoreUnavailable) as failed:
+            store.get_many([f"k{n}" for n in range(100)])
+    finally:
+        store.dispose()
+    assert str(failed.value) == StoreUnavailable.MESSAGE
+    assert (failed.value.operation, failed.value.reason) == ("get_many", "database disk image is malformed")

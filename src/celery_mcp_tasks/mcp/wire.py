@@ -169,13 +169,10 @@ def internal(message: str) -> MCPError:
 
 
 def store_unavailable(method: str, exc: StoreUnavailable) -> MCPError:
-    """-32603 with a fixed message, and one log line naming the method and the store operation: never the
-    database's text (it quotes SQL), as the SDK's fallback would send on earlier eras (`str(exc)`)."""
-    cause = exc.__cause__
+    """-32603 with a fixed message (never the database's text, which quotes SQL, as the SDK's fallback would
+    send on earlier eras: `str(exc)`), and one log line naming the method, the store operation and the
+    failure's `reason`."""
     logger.error(
-        "%s: the task store is unavailable (%s failed: %s)",
-        method,
-        exc.operation or "store",
-        type(cause).__name__ if cause is not None else "unknown",
+        "%s: the task store is unavailable (%s failed: %s)", method, exc.operation or "store", exc.reason or "unknown"
     )
     return MCPError(code=INTERNAL_ERROR, message=StoreUnavailable.MESSAGE)

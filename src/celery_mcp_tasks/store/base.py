@@ -69,9 +69,10 @@ class StoreUnavailable(RuntimeError):
 
     MESSAGE = "The task store is unavailable"
 
-    def __init__(self, operation: str = "") -> None:
+    def __init__(self, operation: str = "", reason: str = "") -> None:
         super().__init__(operation)
         self.operation = operation  # the store method, e.g. "update": for a log line
+        self.reason = reason  # what a log line may say of the cause (`store.failures.loggable`), never values
 
     def __str__(self) -> str:
         return self.MESSAGE

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sqlite3
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -47,11 +48,22 @@ def _reported(method: F) -> F:
         try:
             return method(*args, **kwargs)
         except _CommitInDoubt as doubt:
-            raise StoreUnavailable(operation) from doubt.cause
+            raise StoreUnavailable(operation, loggable(doubt.cause)) from doubt.cause
         except sa.exc.SQLAlchemyError as exc:
-            raise StoreUnavailable(operation) from exc
+            raise StoreUnavailable(operation, loggable(exc)) from exc
 
     return wrapper  # type: ignore[return-value]
+
+
+def loggable(exc: BaseException) -> str:
+    """What a log line may say of a database failure: SQLite's own first line ("database disk image is
+    malformed", "disk I/O error": it never quotes a value), else the driver error's type (PostgreSQL's text
+    may quote a statement's values)."""
+    orig = exc.orig if isinstance(exc, sa.exc.DBAPIError) and exc.orig is not None else exc
+    text = str(orig).strip()
+    if isinstance(orig, sqlite3.Error) and text:
+        return text.splitlines()[0][:200]
+    return type(orig).__name__
 
 
 def _operation(method: F) -> F:

@@ -98,7 +98,7 @@ def sweep(
     counts = asdict(report)
     said = "removed={removed} resent={resent} failed={failed} expired_inputs={expired_inputs}".format(**counts)
     if stopped is not None:
-        reason = stopped.operation or "unknown"
+        reason = f"{stopped.operation or 'unknown'}: {stopped.reason or 'unknown'}"
         message = f"janitor sweep stopped, the task store failed ({reason}), after {said}; the next sweep goes on"
         logger.warning("%s", message, extra={"event": METRIC, **counts})
         logger.debug("janitor sweep failure", exc_info=stopped)  # the database's own words, in the chained cause
@@ -225,7 +225,9 @@ def install_janitor(
                 if not claim(ledger(), claim_interval_s, by):
                     return
             except StoreUnavailable as exc:  # one line, not Celery's traceback every interval
-                logger.warning("janitor: the task store failed (%s); trying again next interval", exc.operation)
+                logger.warning(
+                    "janitor: the task store failed (%s: %s); trying again next interval", exc.operation, exc.reason
+                )
                 logger.debug("janitor claim failure", exc_info=True)
                 return
         run_sweep()
