@@ -263,3 +263,40 @@ def test_a_terminate_tool_cancelled_under_dev_stops_within_a_second(tmp_path: Pa
             os.killpg(dev.pid, signal.SIGKILL)
         for pid in _processes_mentioning(str(data)):
             os.kill(pid, signal.SIGKILL)
+
+
+def _tides(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`dev --call write_report` on the quickstart, one section, in `env`."""
+    data, port = str(tmp_path / "data"), str(free_port())
+    return _dev("examples.quickstart.app", "--data-dir", data, "--port", port, *_ONE_SECTION, env=env)
+
+
+_ONE_SECTION = ("--call", "write_report", '{"topic": "tides", "sections": 1}')
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_dev_call_with_an_operations_plugin_says_its_port_once_and_adds_no_server_chatter(tmp_path: Path, busy: bool):
+    """The ops listener takes `dev`'s log level (warning with --call), says where it serves only once it is
+    bound, and a busy port is one warning naming the one setting `dev` reads for it."""
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        if busy:
+            other.listen(8)
+        ops_port = other.getsockname()[1]
+        if not busy:
+            other.close()
+        run = _tides(tmp_path, _env(MCP_TASKS_HEALTH="on", MCP_TASKS_OPS_PORT=str(ops_port)))
+    said = run.stdout + run.stderr
+    assert run.returncode == 0, said
+    assert "Uvicorn running" not in said and "Started server process" not in said and "Errno" not in said, said
+    where = f"operations routes on http://127.0.0.1:{ops_port}"
+    warning = f"the operations port 127.0.0.1:{ops_port} is not free; serving MCP without it (set MCP_TASKS_OPS_PORT)"
+    assert (said.count(warning), said.count(where)) == ((1, 0) if busy else (0, 1)), said
+
+
+def test_a_bad_ops_port_is_refused_with_no_plugin_serving_on_it(tmp_path: Path):
+    run = _tides(tmp_path, _env(MCP_TASKS_OPS_PORT="abc"))
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert run.stderr.strip().splitlines()[-1] == (
+        "celery-mcp-tasks: configuration error: MCP_TASKS_OPS_PORT: expected a TCP port or off, got 'abc'"
+    )

@@ -19,6 +19,7 @@ from celery_mcp_tasks.cli.shared import (
     WorkerSupervisor,
     banner,
     celery_target,
+    listening_socket,
     load_app,
     prepare,
     sigterm_stops,
@@ -30,27 +31,16 @@ PREFIX = "celery-mcp-tasks dev"
 
 
 def bind_port(host: str, port: int) -> socket.socket:
-    """Bind and listen now; a busy port is an error before anything else happens.
-
-    With `IPPROTO_TCP`, as uvicorn's own: asyncio checks it before it sets `TCP_NODELAY` on each accepted
-    connection, without which every response waited ~40 ms for a delayed ACK.
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    """Bind and listen now: a busy port is an error before anything else happens."""
     try:
-        sock.bind((host, port))
+        return listening_socket(host, port)
     except OSError as exc:
-        sock.close()
         if exc.errno == errno.EADDRINUSE:
             raise SystemExit(
                 f"{PREFIX}: port {port} on {host} is already in use (another server?); "
                 f"stop it or pick another with --port"
             ) from None
         raise SystemExit(f"{PREFIX}: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    sock.listen(2048)
-    sock.set_inheritable(False)
-    return sock
 
 
 def run(options: argparse.Namespace) -> int:
@@ -84,9 +74,10 @@ def run(options: argparse.Namespace) -> int:
     url = f"http://{host}:{options.port}/mcp"
     print("\n".join([f"{PREFIX}: MCP endpoint {url}", *banner(tasks.settings)]), flush=True)
 
+    log_level = options.log_level or ("warning" if options.call else "info")
     config = uvicorn.Config(
         tasks.asgi_app(host=options.host),
-        log_level=options.log_level or ("warning" if options.call else "info"),
+        log_level=log_level,
         timeout_graceful_shutdown=3,
         lifespan="on",
         log_config=uvicorn_logging(tasks),
@@ -101,7 +92,8 @@ def run(options: argparse.Namespace) -> int:
     worker = WorkerSupervisor(target, tasks, on_death=on_worker_death)
     status = 0
     with sigterm_stops():
-        ops = start_ops_server(tasks, None, None)  # MCP_TASKS_OPS_HOST/PORT, when a plugin added routes
+        # MCP_TASKS_OPS_HOST/PORT, when a plugin added routes (`dev` has no --ops-port)
+        ops = start_ops_server(tasks, None, None, log_level=log_level, set_by="MCP_TASKS_OPS_PORT")
         try:
             worker.start()
             if options.call:

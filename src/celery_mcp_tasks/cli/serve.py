@@ -21,7 +21,13 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     prepare(tasks, "serve", migrate=not console and not args.no_migrate)
-    ops = None if console else start_ops_server(tasks, args.ops_host, args.ops_port)
+    ops = (
+        None
+        if console
+        else start_ops_server(
+            tasks, args.ops_host, args.ops_port, log_level=args.log_level, set_by="--ops-port or MCP_TASKS_OPS_PORT"
+        )
+    )
     try:
         uvicorn.run(
             tasks.console_app(standalone=True) if console else tasks.asgi_app(host=args.host),

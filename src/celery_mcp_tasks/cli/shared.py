@@ -10,10 +10,12 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
+import errno
 import importlib
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +27,8 @@ from typing import IO, Any
 
 from celery_mcp_tasks.config import ConfigError, redact_url
 from celery_mcp_tasks.ops.root_handler import plain_root_logging
+
+_ops_logger = logging.getLogger("celery_mcp_tasks.ops")
 
 
 def load_app(path: str) -> Any:
@@ -116,17 +120,51 @@ def uvicorn_logging(tasks: Any) -> dict[str, Any] | None:
     return uvicorn_log_config(internals(tasks).plugins)
 
 
-def start_ops_server(tasks: Any, host: str | None, port: int | None) -> Any:
-    """The plugins' operations routes on a listener of their own (None when no plugin added any, or off)."""
-    app = tasks.ops_app()
-    if not app.routes:
-        return None
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound and listening on host:port now (OSError when it cannot be), for uvicorn to serve.
+
+    With `IPPROTO_TCP`, as uvicorn's own: asyncio checks it before it sets `TCP_NODELAY` on each accepted
+    connection, without which every response waited ~40 ms for a delayed ACK.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(False)
+    return sock
+
+
+def start_ops_server(tasks: Any, host: str | None, port: int | None, *, log_level: str | None, set_by: str) -> Any:
+    """The plugins' operations routes on a listener of their own (None when no plugin added any, or off).
+
+    MCP_TASKS_OPS_PORT is read (and a bad one refused) whether or not a plugin serves. A port that cannot be
+    bound is one warning line naming what to set (`set_by`); the MCP server runs on without it."""
     from celery_mcp_tasks.ops.serving import OpsServer, ops_address
 
     bind_host, bind_port = ops_address(host, port)
-    if bind_port is None:
+    app = tasks.ops_app()
+    if not app.routes or bind_port is None:
         return None
-    return OpsServer(app, bind_host, bind_port, log_config=uvicorn_logging(tasks)).start()
+    try:
+        sock = listening_socket(bind_host, bind_port)
+    except OSError as exc:
+        why = "is not free" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc.strerror or exc})"
+        _ops_logger.warning(
+            "celery-mcp-tasks: the operations port %s:%d %s; serving MCP without it (set %s)",
+            bind_host,
+            bind_port,
+            why,
+            set_by,
+        )
+        return None
+    server = OpsServer(app, sock, log_level=log_level, log_config=uvicorn_logging(tasks)).start()
+    _ops_logger.info("celery-mcp-tasks: operations routes on http://%s:%d", bind_host, bind_port)
+    return server
 
 
 WARM_SHUTDOWN_S = 6.0  # how long a running job gets to finish after Ctrl-C before the worker's group is killed

@@ -1,17 +1,16 @@
 """The operations app's own listener (`/metrics`, `/healthz`, `/readyz`), on a port apart from the MCP one.
 
 A uvicorn server in a daemon thread: outside the main thread it leaves the process's signal handlers
-to the MCP server. A port in use is one warning line; the MCP server runs on without it.
+to the MCP server. The command binds its socket first (`cli.shared.start_ops_server`): a port in use is
+one warning line, and the MCP server runs on without it.
 """
 
 from __future__ import annotations
 
-import logging
 import os
+import socket
 import threading
 from typing import Any
-
-logger = logging.getLogger("celery_mcp_tasks.ops")
 
 DEFAULT_OPS_HOST = "127.0.0.1"
 DEFAULT_OPS_PORT = 9101
@@ -40,33 +39,22 @@ def ops_address(host: str | None, port: int | None) -> tuple[str, int | None]:
 
 
 class OpsServer:
-    """Serves one ASGI app on host:port in a daemon thread until `stop()`."""
+    """Serves one ASGI app on a listening socket in a daemon thread until `stop()`."""
 
-    def __init__(self, app: Any, host: str, port: int, *, log_config: Any = None) -> None:
+    def __init__(self, app: Any, sock: socket.socket, *, log_level: str | None = None, log_config: Any = None) -> None:
         import uvicorn
 
-        self.host = host
-        self.port = port
-        config = uvicorn.Config(app, host=host, port=port, lifespan="off", access_log=False, log_config=log_config)
+        self._sock = sock
+        config = uvicorn.Config(app, lifespan="off", access_log=False, log_level=log_level, log_config=log_config)
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._run, name="mcp-tasks-ops-server", daemon=True)
-
-    def _run(self) -> None:
-        try:
-            self._server.run()
-        except SystemExit:  # uvicorn exits this way when it cannot bind
-            logger.warning(
-                "celery-mcp-tasks: the operations port %s:%d is not free; serving MCP without it "
-                "(set --ops-port or MCP_TASKS_OPS_PORT)",
-                self.host,
-                self.port,
-            )
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self._thread.name = "mcp-tasks-ops-server"
 
     def start(self) -> OpsServer:
         self._thread.start()
-        logger.info("celery-mcp-tasks: operations routes on http://%s:%d", self.host, self.port)
         return self
 
     def stop(self) -> None:
         self._server.should_exit = True
         self._thread.join(5)
+        self._sock.close()
