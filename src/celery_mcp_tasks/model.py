@@ -351,6 +351,9 @@ class TaskRecord:
     # result only if the row still has `self.version`.
 
     def _next(self, at_ms: int, **changes: Any) -> TaskRecord:
+        message = changes.get("status_message")
+        if message and "\x00" in message:  # a job's text (an exception's, a report's): PostgreSQL's text refuses NUL
+            changes["status_message"] = message.replace("\x00", "\ufffd")
         return replace(self, updated_at=max(at_ms, self.updated_at), version=self.version + 1, **changes)
 
     def _require_active(self, run: Run | None = None) -> None:

@@ -232,3 +232,20 @@ def test_a_corrupt_sqlite_file_is_named_by_the_failure_a_log_line_shows(tmp_path
         store.dispose()
     assert str(failed.value) == StoreUnavailable.MESSAGE
     assert (failed.value.operation, failed.value.reason) == ("get_many", "database disk image is malformed")
+
+
+def test_a_status_message_with_a_nul_is_stored_with_a_replacement_character(store: SqlStore) -> None:
+    """A job's exception text or report may hold NUL, which PostgreSQL's text refuses: the write must not fail
+    (a failure nobody can record re-runs the job until the reaper calls it lost)."""
+    from celery_mcp_tasks.service import TaskService, failure
+
+    service = TaskService(store)
+    _, record = service.create(owner=None, tool="t", arguments={}, dispatch=False)
+    service.progress(record.key, "step\x001")
+    assert store.get(record.key).status_message == "step\ufffd1"
+    service.fail(record.key, failure("bad record: a\x00b"), "Job failed: ValueError: bad record: a\x00b")
+    failed = store.get(record.key)
+    assert (
+        failed.status is TaskStatus.FAILED and failed.status_message == "Job failed: ValueError: bad record: a\ufffdb"
+    )
+    assert failed.error == failure("bad record: a\x00b")  # JSON keeps it, escaped
