@@ -172,3 +172,21 @@ def test_stored_arguments_that_no_longer_fit_fail_naming_the_field_not_its_value
     [line] = lines(trace_records, "count")  # the failure was logged (so the check below looked at something)
     assert " raised unexpected: ValueError" in line
     assert_nothing_secret(trace_records)
+
+
+def test_a_self_retry_that_runs_out_fails_without_quoting_the_arguments(
+    tasks: McpTasks, trace_records: TraceRecords
+) -> None:
+    """Celery's MaxRetriesExceededError quotes the job's args and kwargs; its text would be the task's error and
+    the worker's ERROR line. An MCP run's says how many attempts were made instead."""
+
+    @tasks.mcp_task(bind=True, max_retries=1)
+    def stubborn(self: Any, topic: str) -> str:
+        raise self.retry(countdown=0)
+
+    task_id = run_as_task(tasks, stubborn, "stubborn", topic=SECRET)
+    record = internals(tasks).service().record(task_key(task_id))
+    assert record is not None and record.status.value == "failed"
+    assert record.status_message == "Job failed: MaxRetriesExceededError: gave up after 2 attempts"
+    assert any(" raised unexpected: MaxRetriesExceededError" in line for line in lines(trace_records, "stubborn"))
+    assert_nothing_secret(trace_records)

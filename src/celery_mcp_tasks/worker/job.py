@@ -210,6 +210,17 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
                 extra_options.setdefault(option, text)
         return super().signature_from_request(request, args, kwargs, queue, **extra_options)
 
+    def retry(self, *args: Any, **kwargs: Any) -> Any:
+        """Celery's, but a run that may not retry again names no arguments: Celery's MaxRetriesExceededError
+        quotes them, and its text becomes the task's error and the worker's log line."""
+        try:
+            return super().retry(*args, **kwargs)
+        except self.MaxRetriesExceededError:
+            if row_key(self.request) is None:
+                raise
+            attempts = (self.request.retries or 0) + 1
+            raise self.MaxRetriesExceededError(f"gave up after {attempts} attempts") from None
+
     def _ended(self, why: str) -> None:
         setattr(self.request, RUN_END, why)
 
