@@ -43,3 +43,43 @@ def test_operations_survive_the_server_dropping_pooled_connections(pg_store: Sql
     assert drop_every_connection(pg_store) >= 1
     assert pg_store.update("k", ANY, lambda r: r.with_progress("after the restart", 2)).version == 2  # and a write
     assert pg_store.get("k").status_message == "after the restart"  # type: ignore[union-attr]
+
+
+class Interrupted(Exception):
+    """What a signal handler raises in the middle of a statement: Celery's SoftTimeLimitExceeded, for one."""
+
+
+def test_a_statement_interrupted_by_a_signal_leaves_no_broken_connection_in_the_pool(pg_store: SqlStore):
+    """An exception that is not the driver's, raised while a statement waits on the server, leaves its connection
+    mid-query: the store must discard it, not pool it, or the next operations fail on it ("another command is
+    already in progress") and a job's later writes are mislabelled as the store being unavailable."""
+    import signal
+
+    from celery_mcp_tasks.store.engine import create_store_engine
+    from celery_mcp_tasks.store.schema import tasks
+
+    record = TaskRecord(
+        key="k", owner=None, tool="t", status=TaskStatus.WORKING, created_at=1, updated_at=1, ttl_ms=None
+    )
+    pg_store.create(record, max_rows=None)
+    holder = create_store_engine(pg_store.engine.url.render_as_string(hide_password=False))
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise Interrupted()
+
+    before = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        with holder.connect() as lock:
+            lock.execute(sa.select(tasks.c.key).where(tasks.c.key == "k").with_for_update())  # the row stays locked
+            for attempt in range(4):  # each time on a connection the pool hands out, interrupted mid-wait
+                signal.setitimer(signal.ITIMER_REAL, 0.2)
+                with pytest.raises(Interrupted):
+                    pg_store.update("k", ANY, lambda r, n=attempt: r.with_progress(f"step {n}", 2 + n))
+            lock.rollback()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+        holder.dispose()
+    for n in range(4):
+        written = pg_store.update("k", ANY, lambda r, n=n: r.with_progress(f"after {n}", 10 + n))
+        assert written.status_message == f"after {n}"

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine import Engine, ExceptionContext, make_url
 
 from celery_mcp_tasks.store.codec import encode
 
@@ -223,7 +223,8 @@ def libpq_deadlines(timeout_s: int | None = None) -> dict[str, int]:
 
 def create_store_engine(url: str, **kwargs: Any) -> Engine:
     """An engine whose errors never carry bound parameters (arguments, results, owners), which writes
-    JSON compact (`store.codec.encode`), and which a forked child never shares with its parent."""
+    JSON compact (`store.codec.encode`), which a forked child never shares with its parent, and which never
+    pools a connection a statement was interrupted on (`_discard_interrupted`)."""
     kwargs.setdefault("hide_parameters", True)
     kwargs.setdefault("json_serializer", encode)  # compact, and a measured payload is not encoded twice
     url = normalize_url(url)
@@ -238,8 +239,19 @@ def create_store_engine(url: str, **kwargs: Any) -> Engine:
             kwargs.setdefault("max_overflow", 10)
         engine = sa.create_engine(url, **kwargs)
         sa.event.listen(engine, "connect", _read_committed)
+    sa.event.listen(engine, "handle_error", _discard_interrupted)
     _track(engine)
     return engine
+
+
+def _discard_interrupted(context: ExceptionContext) -> None:
+    """An exception that is not the driver's, raised while the driver ran a statement (a Celery soft time
+    limit, any signal handler's), may leave the connection mid-query: it is closed, not pooled, as SQLAlchemy
+    does itself only for exit exceptions such as KeyboardInterrupt. Else the next statement on it fails
+    ("another command is already in progress"). The other pooled connections are kept."""
+    if context.sqlalchemy_exception is None and not context.is_disconnect:
+        context.is_disconnect = True
+        context.invalidate_pool_on_disconnect = False
 
 
 def _read_committed(dbapi_connection: Any, _record: Any) -> None:
