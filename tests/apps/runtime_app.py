@@ -186,6 +186,15 @@ def hopeless(ctx: TaskContext) -> str:
     raise RuntimeError(f"broken on attempt {ctx.attempt + 1}")
 
 
+@tasks.mcp_task(soft_time_limit=1)
+def overtime(ctx: TaskContext) -> str:
+    """Reports without pause past its soft time limit: the limit's exception lands in the middle of a write."""
+    step = 0
+    while True:
+        step += 1
+        ctx.progress(f"step {step}")
+
+
 @tasks.mcp_task
 def elsewhere(ctx: TaskContext) -> str:
     """Hands the task to something outside the job, which completes it by row key."""

@@ -55,3 +55,18 @@ def test_only_a_started_prefork_pool_terminates() -> None:
     assert not celery_internals.pool_terminates(Threads.__new__(Threads)), WHERE
     assert not celery_internals.pool_terminates(Solo.__new__(Solo)), WHERE
     assert "self.terminate_job = " in inspect.getsource(Prefork.on_start), WHERE
+
+
+def test_the_soft_limit_is_a_signal_whose_pool_handler_raises_the_limit() -> None:
+    import signal
+
+    import pytest
+    from billiard import pool
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    assert celery_internals.soft_limit_signal() == signal.SIGUSR1, WHERE
+    with pytest.raises(SoftTimeLimitExceeded):
+        pool.soft_timeout_sighandler(signal.SIGUSR1, None)
+    assert "signal.signal(SIG_SOFT_TIMEOUT, soft_timeout_sighandler)" in inspect.getsource(pool.Worker.after_fork), (
+        WHERE
+    )

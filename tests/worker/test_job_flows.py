@@ -170,6 +170,18 @@ def test_autoretry_that_runs_out_fails_only_at_the_end(client: McpHttp, worker: 
     assert seen[_first_about(seen, "(attempt 3)")][0] == "working" and [s for s, _ in seen].count("failed") == 1, seen
 
 
+def test_a_soft_time_limit_reached_in_the_middle_of_a_write_fails_the_task_saying_so(client: McpHttp) -> None:
+    """The limit's exception lands while a progress write runs (the job writes without pause): the task fails
+    saying the limit was reached, never "the task store is unavailable" from a connection left mid-query,
+    and the next jobs on that pool process write as usual."""
+    task_ids = [client.create("overtime") for _ in range(4)]
+    for task_id in task_ids:
+        failed = client.wait_for(task_id, timeout=60)
+        assert failed["status"] == "failed", failed
+        assert failed["error"]["message"].startswith("Job failed: SoftTimeLimitExceeded"), failed
+    assert client.wait_for(client.create("flaky", {"failures": 0}))["status"] == "completed"
+
+
 def _first_about(seen: list[tuple[str, str | None]], attempt: str) -> int:
     """Where the first statusMessage about `attempt` ("(attempt 2)") is among the states seen."""
     return next(n for n, (_, message) in enumerate(seen) if message and message.endswith(attempt))

@@ -21,8 +21,9 @@ from celery.exceptions import WorkerLostError
 from celery_mcp_tasks.model import Run, TaskRecord, TerminalTask, now_ms
 from celery_mcp_tasks.service import TaskService, failure
 from celery_mcp_tasks.store.base import TaskNotFound
-from celery_mcp_tasks.worker import tracelog
+from celery_mcp_tasks.worker import soft_limits, tracelog
 from celery_mcp_tasks.worker.job import LAST_RECORD, OUTCOME, McpJob, row_key, run_of
+from celery_mcp_tasks.worker.soft_limits import shielded
 
 logger = logging.getLogger("celery_mcp_tasks.worker")
 
@@ -48,7 +49,7 @@ def _settle(sender: Any, request: Any, what: str, op: Op, *, next_attempt: bool 
     run = run_of(request, next_attempt=next_attempt)
     expected = getattr(request, LAST_RECORD, None)
     try:
-        service = sender.mcp_runtime.service()
+        service = shielded(sender.mcp_runtime.service())
         if not isinstance(expected, TaskRecord) or expected.key != key:
             expected = service.record(key)
             if expected is None:
@@ -109,12 +110,14 @@ def on_revoked(sender: Any = None, request: Any = None, expired: bool = False, *
 
 
 def on_prerun(sender: Any = None, **_: Any) -> None:
-    """Before a job's first run in this process: the trace's log lines of our jobs get no result, no arguments.
+    """Before a job's first run in this process: the trace's log lines of our jobs get no result, no arguments,
+    and a soft time limit waits for the store call in flight (`soft_limits`: the pool's handler is there now).
 
     Installed here, not with the bridge: constructing `McpTasks` puts no filter on Celery's logger.
     """
     if isinstance(sender, McpJob):
         tracelog.install()
+        soft_limits.install()
 
 
 def install() -> None:

@@ -7,6 +7,9 @@ tests/worker/test_celery_internals.py fails when one moves.
    send goes. A public `Task.exec_options` (or `Router.route_for_task`) would remove it.
 3. `pool_terminates`: a prefork pool sets its own `terminate_job` when it starts; every other keeps
    `BasePool.terminate_job`, which raises. A public `BasePool.can_terminate` would remove it.
+4. `soft_limit_signal`: billiard's pool process raises `SoftTimeLimitExceeded` from its handler of
+   `billiard.pool.SIG_SOFT_TIMEOUT` (SIGUSR1), installed after `worker_process_init` has run
+   (`worker.soft_limits`). A hook around the soft limit would remove it.
 """
 
 from __future__ import annotations
@@ -44,3 +47,11 @@ def pool_terminates(pool: Any) -> bool:
 
     method = getattr(pool, "terminate_job", None)
     return method is not None and getattr(method, "__func__", None) is not BasePool.terminate_job
+
+
+def soft_limit_signal() -> int | None:
+    """The signal a prefork pool process gets when a job reaches its soft time limit (None: no such limit)."""
+    from billiard import pool
+
+    number = pool.SIG_SOFT_TIMEOUT
+    return None if number is None else int(number)

@@ -33,6 +33,7 @@ from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.base import TaskNotFound
 from celery_mcp_tasks.worker.context import EndRun, HandedOff, InputRequested, TaskContext
 from celery_mcp_tasks.worker.heartbeats import heartbeats
+from celery_mcp_tasks.worker.soft_limits import shielded
 
 if TYPE_CHECKING:
     from celery.result import AsyncResult
@@ -229,7 +230,7 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
 
     def _run_for_task(self, key: str) -> None:
         tool = self.mcp_tool
-        service = self.mcp_runtime.service()
+        service = shielded(self.mcp_runtime.service())  # a soft time limit waits for the store call in flight
         interval = self.mcp_runtime.heartbeat_interval_s
         run = run_of(self.request)
         try:

@@ -1,0 +1,85 @@
+"""A Celery soft time limit waits for the store call in flight.
+
+In a prefork pool process the soft limit is a signal whose handler raises `SoftTimeLimitExceeded` wherever
+the job's thread is. Landing inside a store call, it could leave a PostgreSQL connection mid-query (the next
+statement on it fails) or an SQLite write transaction open (every other process then waits for the lock),
+and the job's failure could not be recorded. While the job's thread is in a call of the service `shielded`
+returns, the handler only notes the signal; the limit is raised as the call returns, a few milliseconds
+late. Calls from other threads (the heartbeat's) are not shielded: the handler runs on the job's thread.
+"""
+
+from __future__ import annotations
+
+import functools
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any, cast
+
+from celery_mcp_tasks.service import TaskService
+from celery_mcp_tasks.worker.celery_internals import soft_limit_signal
+
+_depth = 0  # store calls in flight on the main thread
+_pending: tuple[int, FrameType | None] | None = None
+_handler: Callable[[int, FrameType | None], Any] | None = None  # the pool's own, raising the limit
+
+
+def install() -> None:
+    """Defer the pool's soft-limit handler during store calls (a prefork pool process, before a job runs)."""
+    global _handler
+    number = soft_limit_signal()
+    if number is None or threading.current_thread() is not threading.main_thread():
+        return
+    current = signal.getsignal(number)
+    if callable(current) and current is not _deferring:
+        _handler = current
+        signal.signal(number, _deferring)
+
+
+def _deferring(signum: int, frame: FrameType | None) -> None:
+    global _pending
+    if _depth:
+        _pending = (signum, frame)
+    elif _handler is not None:
+        _handler(signum, frame)
+
+
+@contextmanager
+def _storing() -> Iterator[None]:
+    global _depth, _pending
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _depth += 1
+    try:
+        yield
+    finally:
+        _depth -= 1
+        if not _depth and _pending is not None and _handler is not None:
+            signum, frame = _pending
+            _pending = None
+            _handler(signum, frame)  # the limit, now that the call is over
+
+
+class _Shielded:
+    def __init__(self, service: TaskService) -> None:
+        self._service = service
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self._service, name)
+        if not callable(found):
+            return found
+
+        @functools.wraps(found)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with _storing():
+                return found(*args, **kwargs)
+
+        return call
+
+
+def shielded(service: TaskService) -> TaskService:
+    """`service`, each of whose calls finishes before a soft time limit raised during it."""
+    return cast("TaskService", _Shielded(service))
