@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -190,3 +191,23 @@ def test_a_self_retry_that_runs_out_fails_without_quoting_the_arguments(
     assert record.status_message == "Job failed: MaxRetriesExceededError: gave up after 2 attempts"
     assert any(" raised unexpected: MaxRetriesExceededError" in line for line in lines(trace_records, "stubborn"))
     assert_nothing_secret(trace_records)
+
+
+class Unpicklable(Exception):
+    """An exception Celery cannot pickle for its failure signal (nor any base class of it with its arguments)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason, threading.Lock())
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def test_a_job_failing_with_an_exception_celery_cannot_pickle_names_that_exception(tasks: McpTasks) -> None:
+    @tasks.mcp_task
+    def brittle(topic: str) -> str:
+        raise Unpicklable("the sensor went away")
+
+    task_id = run_as_task(tasks, brittle, "brittle", topic="x")
+    record = internals(tasks).service().record(task_key(task_id))
+    assert record is not None and record.status_message == "Job failed: Unpicklable: the sensor went away"

@@ -22,7 +22,7 @@ from celery_mcp_tasks.model import Run, TaskRecord, TerminalTask, now_ms
 from celery_mcp_tasks.service import TaskService, failure
 from celery_mcp_tasks.store.base import TaskNotFound
 from celery_mcp_tasks.worker import soft_limits, tracelog
-from celery_mcp_tasks.worker.job import LAST_RECORD, OUTCOME, McpJob, row_key, run_of
+from celery_mcp_tasks.worker.job import FAILED_WITH, LAST_RECORD, OUTCOME, McpJob, failure_text, row_key, run_of
 from celery_mcp_tasks.worker.soft_limits import shielded
 
 logger = logging.getLogger("celery_mcp_tasks.worker")
@@ -80,11 +80,12 @@ def on_success(sender: Any = None, **_: Any) -> None:
 
 
 def on_failure(sender: Any = None, exception: BaseException | None = None, **_: Any) -> None:
-    message = "Job failed"
-    if exception is not None:
-        text = str(exception).strip()
-        message = f"Job failed: {type(exception).__name__}" + (f": {text}" if text else "")
-    _settle(sender, getattr(sender, "request", None), "failure", _fail(message[:_MAX_MESSAGE]))
+    request = getattr(sender, "request", None)
+    said = getattr(request, FAILED_WITH, None)  # the body's own exception, before Celery made it picklable
+    if said is None and exception is not None:
+        said = failure_text(exception)
+    message = f"Job failed: {said}" if said else "Job failed"
+    _settle(sender, request, "failure", _fail(message[:_MAX_MESSAGE]))
 
 
 def on_retry(sender: Any = None, request: Any = None, reason: Any = None, **_: Any) -> None:

@@ -61,6 +61,10 @@ LAST_RECORD = "mcp_last_record"
 """Request attribute: the task's record as the run last read or wrote it, so the signal bridge's final
 write is one conditional UPDATE on it (`Store.update(expected=...)`) instead of a locked read and write."""
 
+FAILED_WITH = "mcp_failed_with"
+"""Request attribute: the exception the body raised, as the task's error names it (`failure_text`), taken
+before Celery makes it picklable for its signal (a base class of it, or a wrapper naming another class)."""
+
 OUTCOME = "mcp_outcome"
 """Request attribute: the CallToolResult of a run that produced one, for the signal bridge to record. The job
 returns None to Celery: an MCP run's outcome belongs to the task store, not to Celery's return value,
@@ -273,10 +277,22 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
         except TerminalTask:
             logger.info("job for tool %r stopped: its task was settled elsewhere", tool.name)
             return self._ended("stopped, its task was settled elsewhere")
+        except Exception as exc:
+            setattr(self.request, FAILED_WITH, failure_text(exc))
+            raise
         finally:
             _current.reset(token)
             setattr(self.request, LAST_RECORD, ctx.last_record)
         return self._outcome(tool.to_result(value))
+
+
+def failure_text(exc: BaseException) -> str:
+    """An exception as a failed task's message names it: its class, and its text when it has one."""
+    try:
+        text = str(exc).strip()
+    except Exception:  # noqa: BLE001 - a broken __str__ still fails the task readably
+        text = ""
+    return type(exc).__name__ + (f": {text}" if text else "")
 
 
 def make_run(tool: JobTool) -> Callable[..., Any]:
