@@ -137,3 +137,24 @@ def test_a_worker_whose_pool_cannot_terminate_says_so_once_and_logs_no_traceback
         assert pidbox.filter(_pidbox_error(KeyError("other")))  # every other pidbox error is still logged
     finally:
         pidbox.filters[:] = filters
+
+
+def test_a_threads_or_solo_worker_says_once_that_it_ignores_the_tools_time_limits(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from celery import signals
+    from celery.concurrency.solo import TaskPool as Solo
+
+    app = Celery("limits", broker="memory://")
+
+    @app.task(name="limited", soft_time_limit=5)
+    def limited() -> None: ...
+
+    CeleryDispatcher(app, {"slow": Tool("slow", terminate=False, celery_name="limited"), "quick": Tool("quick", False)})
+    with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks.worker"):
+        signals.worker_ready.send(sender=Consumer(app, Solo.__new__(Solo)))
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line == (
+        "this worker's solo pool enforces no time limit: time_limit and soft_time_limit of 'slow' are ignored "
+        "(a prefork worker enforces them)"
+    )

@@ -81,7 +81,11 @@ class CeleryDispatcher:
         self._sharded: dict[str, bool] = {}
         self.send_arguments = send_arguments  # False (encryption at rest): the job reads them from the row
         self.revoker = revoker or BackgroundRevoker(app)
-        warn_unless_pool_terminates(app, lambda: sorted(t.name for t in self.tools.values() if t.terminate))
+        warn_unless_pool_terminates(
+            app,
+            lambda: sorted(t.name for t in self.tools.values() if t.terminate),
+            lambda: sorted(t.name for t in self.tools.values() if _time_limited(app, t.celery_name)),
+        )
 
     def send(self, record: TaskRecord) -> None:
         tool = self.tools[record.tool]
@@ -215,18 +219,38 @@ class _CannotKillJob(logging.Filter):
         return not (isinstance(exc, NotImplementedError) and "kill_job" in str(exc))
 
 
-def warn_unless_pool_terminates(app: Celery, terminating_tools: Callable[[], list[str]]) -> None:
+def _time_limited(app: Celery, celery_name: str) -> bool:
+    """Whether the job has a time limit of its own or the app's."""
+    job = app.tasks.get(celery_name)
+    limits = (getattr(job, "time_limit", None), getattr(job, "soft_time_limit", None))
+    return any((*limits, app.conf.task_time_limit, app.conf.task_soft_time_limit))
+
+
+def warn_unless_pool_terminates(
+    app: Celery, terminating_tools: Callable[[], list[str]], time_limited_tools: Callable[[], list[str]]
+) -> None:
     """At `worker_ready` of `app`'s worker: one warning when its pool cannot terminate the tools that ask for it
-    (prefork can; threads and solo cannot), instead of Celery's logged traceback on each such revoke."""
+    (prefork can; threads and solo cannot), instead of Celery's logged traceback on each such revoke; and one
+    when a threads or solo pool would silently ignore the tools' time limits."""
 
     def ready(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", None) is not app:
             return
         pool = getattr(sender, "pool", None)
-        names = terminating_tools()
-        if pool is None or not names or pool_terminates(pool):
+        if pool is None or pool_terminates(pool):
             return
         kind = type(pool).__module__.rpartition(".")[2]
+        timed = time_limited_tools()
+        if timed and kind in ("thread", "solo"):
+            logger.warning(
+                "this worker's %s pool enforces no time limit: time_limit and soft_time_limit of %s are ignored "
+                "(a prefork worker enforces them)",
+                kind,
+                ", ".join(repr(name) for name in timed),
+            )
+        names = terminating_tools()
+        if not names:
+            return
         logger.warning(
             "this worker's %s pool cannot terminate a running job: tasks/cancel of %s cancels the task, "
             "and the job runs on until it checks ctx.cancelled() (a prefork worker terminates it)",
