@@ -301,3 +301,15 @@ def test_per_owner_hashes_take_the_owner_as_they_always_did() -> None:
     """Quota locks and fair shards are shared across processes and versions: the bytes must not move."""
     assert owner_bytes(None) == b"\1"
     assert owner_bytes("sub:i:s") == b"\2sub:i:s"
+
+
+def test_a_reported_message_is_kept_as_a_line_for_a_person() -> None:
+    from celery_mcp_tasks.model import MAX_STATUS_MESSAGE
+
+    working = record()
+    huge = working.with_progress("x" * (8 * 1024 * 1024), 2)
+    assert huge.status_message == "x" * (MAX_STATUS_MESSAGE - 1) + "\u2026"
+    assert working.with_progress("a\x00b", 2).status_message == "a\ufffdb"
+    assert working.with_progress("y" * MAX_STATUS_MESSAGE, 2).status_message == "y" * MAX_STATUS_MESSAGE
+    failed = working.failed({"message": "boom"}, 3, "Job failed: " + "z" * MAX_STATUS_MESSAGE)
+    assert failed.status_message is not None and len(failed.status_message) == MAX_STATUS_MESSAGE

@@ -144,6 +144,17 @@ class Run:
         return self.born is None or self.born == record.created_at
 
 
+MAX_STATUS_MESSAGE = 4096
+"""The longest `statusMessage` a task keeps (characters): a longer one a job reports is cut, ending in "…".
+Every `tasks/get` and notification carries it: it is a line for a person, not a payload."""
+
+
+def shown_message(message: str) -> str:
+    """`message` as a task keeps it: NUL (which PostgreSQL's text refuses) as U+FFFD, cut at the bound."""
+    message = message.replace("\x00", "\ufffd")
+    return message if len(message) <= MAX_STATUS_MESSAGE else message[: MAX_STATUS_MESSAGE - 1] + "\u2026"
+
+
 STARTED = "Started"
 RESTARTED_AFTER_LOSS = "Started again after the worker was lost"
 RESUMED = "Resumed with the answers"
@@ -352,8 +363,8 @@ class TaskRecord:
 
     def _next(self, at_ms: int, **changes: Any) -> TaskRecord:
         message = changes.get("status_message")
-        if message and "\x00" in message:  # a job's text (an exception's, a report's): PostgreSQL's text refuses NUL
-            changes["status_message"] = message.replace("\x00", "\ufffd")
+        if message and (len(message) > MAX_STATUS_MESSAGE or "\x00" in message):  # a job's text: see shown_message
+            changes["status_message"] = shown_message(message)
         return replace(self, updated_at=max(at_ms, self.updated_at), version=self.version + 1, **changes)
 
     def _require_active(self, run: Run | None = None) -> None:
