@@ -64,9 +64,10 @@ def test_the_soft_limit_is_a_signal_whose_pool_handler_raises_the_limit() -> Non
     from billiard import pool
     from celery.exceptions import SoftTimeLimitExceeded
 
-    assert celery_internals.soft_limit_signal() == signal.SIGUSR1, WHERE
+    found = celery_internals.soft_limit_handler()
+    assert found == (signal.SIGUSR1, pool.soft_timeout_sighandler), WHERE
     with pytest.raises(SoftTimeLimitExceeded):
-        pool.soft_timeout_sighandler(signal.SIGUSR1, None)
+        found[1](signal.SIGUSR1, None)
     assert "signal.signal(SIG_SOFT_TIMEOUT, soft_timeout_sighandler)" in inspect.getsource(pool.Worker.after_fork), (
         WHERE
     )

@@ -23,7 +23,6 @@ from celery_mcp_tasks.service import TaskService, failure
 from celery_mcp_tasks.store.base import TaskNotFound
 from celery_mcp_tasks.worker import soft_limits, tracelog
 from celery_mcp_tasks.worker.job import FAILED_WITH, LAST_RECORD, OUTCOME, McpJob, failure_text, row_key, run_of
-from celery_mcp_tasks.worker.soft_limits import shielded
 
 logger = logging.getLogger("celery_mcp_tasks.worker")
 
@@ -49,14 +48,15 @@ def _settle(sender: Any, request: Any, what: str, op: Op, *, next_attempt: bool 
     run = run_of(request, next_attempt=next_attempt)
     expected = getattr(request, LAST_RECORD, None)
     try:
-        service = shielded(sender.mcp_runtime.service())
-        if not isinstance(expected, TaskRecord) or expected.key != key:
-            expected = service.record(key)
-            if expected is None:
-                raise TaskNotFound()
-            if expected.terminal:
-                raise TerminalTask()
-        op(service, key, run, expected)
+        with soft_limits.settling():  # the body is over: a soft time limit coming now is dropped
+            service = sender.mcp_runtime.service()
+            if not isinstance(expected, TaskRecord) or expected.key != key:
+                expected = service.record(key)
+                if expected is None:
+                    raise TaskNotFound()
+                if expected.terminal:
+                    raise TerminalTask()
+            op(service, key, run, expected)
     except (TerminalTask, TaskNotFound):
         logger.debug("tool %r: %s ignored, task final, superseded or gone", sender.mcp_tool.name, what)
     except Exception:

@@ -7,13 +7,15 @@ tests/worker/test_celery_internals.py fails when one moves.
    send goes. A public `Task.exec_options` (or `Router.route_for_task`) would remove it.
 3. `pool_terminates`: a prefork pool sets its own `terminate_job` when it starts; every other keeps
    `BasePool.terminate_job`, which raises. A public `BasePool.can_terminate` would remove it.
-4. `soft_limit_signal`: billiard's pool process raises `SoftTimeLimitExceeded` from its handler of
-   `billiard.pool.SIG_SOFT_TIMEOUT` (SIGUSR1), installed after `worker_process_init` has run
-   (`worker.soft_limits`). A hook around the soft limit would remove it.
+4. `soft_limit_handler`: billiard's pool process raises `SoftTimeLimitExceeded` from its handler
+   (`billiard.pool.soft_timeout_sighandler`) of `billiard.pool.SIG_SOFT_TIMEOUT` (SIGUSR1), installed after
+   `worker_process_init` has run (`worker.soft_limits`). A hook around the soft limit would remove it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 VERSIONS = ("5.7",)
@@ -49,9 +51,10 @@ def pool_terminates(pool: Any) -> bool:
     return method is not None and getattr(method, "__func__", None) is not BasePool.terminate_job
 
 
-def soft_limit_signal() -> int | None:
-    """The signal a prefork pool process gets when a job reaches its soft time limit (None: no such limit)."""
+def soft_limit_handler() -> tuple[int, Callable[[int, FrameType | None], Any]] | None:
+    """The signal a prefork pool process gets when a job reaches its soft time limit, and the pool's handler of
+    it (raising the limit); None where there is no such limit."""
     from billiard import pool
 
     number = pool.SIG_SOFT_TIMEOUT
-    return None if number is None else int(number)
+    return None if number is None else (int(number), pool.soft_timeout_sighandler)

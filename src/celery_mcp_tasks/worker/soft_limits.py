@@ -4,8 +4,11 @@ In a prefork pool process the soft limit is a signal whose handler raises `SoftT
 the job's thread is. Landing inside a store call, it could leave a PostgreSQL connection mid-query (the next
 statement on it fails) or an SQLite write transaction open (every other process then waits for the lock),
 and the job's failure could not be recorded. While the job's thread is in a call of the service `shielded`
-returns, the handler only notes the signal; the limit is raised as the call returns, a few milliseconds
-late. Calls from other threads (the heartbeat's) are not shielded: the handler runs on the job's thread.
+returns, the pool's handler only notes the signal; the limit is raised as the call returns, a few
+milliseconds late (a call that never returns defers it until the hard `time_limit`). Once the body is
+over (`settling`: the bridge records its outcome), a limit coming is dropped. Calls from other threads (the
+heartbeat's) are not shielded: the handler runs on the job's thread. Only the pool's own handler is
+wrapped: another of the signal (the solo worker's thread dump) runs when it comes.
 """
 
 from __future__ import annotations
@@ -14,14 +17,14 @@ import functools
 import signal
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from types import FrameType
 from typing import Any, cast
 
 from celery_mcp_tasks.service import TaskService
-from celery_mcp_tasks.worker.celery_internals import soft_limit_signal
+from celery_mcp_tasks.worker.celery_internals import soft_limit_handler
 
-_depth = 0  # store calls in flight on the main thread
+_depth = 0  # store calls (or a settling outcome) in flight on the main thread
 _pending: tuple[int, FrameType | None] | None = None
 _handler: Callable[[int, FrameType | None], Any] | None = None  # the pool's own, raising the limit
 
@@ -29,12 +32,12 @@ _handler: Callable[[int, FrameType | None], Any] | None = None  # the pool's own
 def install() -> None:
     """Defer the pool's soft-limit handler during store calls (a prefork pool process, before a job runs)."""
     global _handler
-    number = soft_limit_signal()
-    if number is None or threading.current_thread() is not threading.main_thread():
+    found = soft_limit_handler()
+    if found is None or threading.current_thread() is not threading.main_thread():
         return
-    current = signal.getsignal(number)
-    if callable(current) and current is not _deferring:
-        _handler = current
+    number, pools = found
+    if signal.getsignal(number) is pools:
+        _handler = pools
         signal.signal(number, _deferring)
 
 
@@ -47,20 +50,32 @@ def _deferring(signum: int, frame: FrameType | None) -> None:
 
 
 @contextmanager
-def _storing() -> Iterator[None]:
+def _held(*, drop: bool) -> Iterator[None]:
+    """The job's thread inside: a soft limit coming waits. On the way out it is raised, or, with `drop` (the
+    body is over) or an exit propagating (SystemExit, KeyboardInterrupt win over the limit), forgotten."""
     global _depth, _pending
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     _depth += 1
+    exiting = False
     try:
         yield
+    except BaseException as exc:
+        exiting = not isinstance(exc, Exception)
+        raise
     finally:
         _depth -= 1
-        if not _depth and _pending is not None and _handler is not None:
+        if not _depth and _pending is not None:
             signum, frame = _pending
             _pending = None
-            _handler(signum, frame)  # the limit, now that the call is over
+            if not (drop or exiting) and _handler is not None:
+                _handler(signum, frame)  # the limit, now that the call is over
+
+
+def settling() -> AbstractContextManager[None]:
+    """The job's body is over: a soft limit coming while its outcome is recorded is dropped."""
+    return _held(drop=True)
 
 
 class _Shielded:
@@ -74,7 +89,7 @@ class _Shielded:
 
         @functools.wraps(found)
         def call(*args: Any, **kwargs: Any) -> Any:
-            with _storing():
+            with _held(drop=False):
                 return found(*args, **kwargs)
 
         return call
