@@ -111,11 +111,12 @@ def run(backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> Run:
         MCP_TASKS_JANITOR_INTERVAL_S="1",
         MCP_TASKS_WORKER_METRICS_PORT="off",  # no fixed port shared with other tests' workers
     )
-    port = free_port()
+    port, ops_port = free_port(), free_port()
     celery = [sys.executable, "-m", "celery"]
     node = f"json-{uuid.uuid4().hex[:6]}@%h"
     serve = [sys.executable, "-m", "celery_mcp_tasks.cli", "serve", APP, "--port", str(port)]
-    web = _spawn("web", serve, env, log_dir)
+    # With an ops plugin on: its listener's probes stay out of the access lines, the MCP server's stay in.
+    web = _spawn("web", [*serve, "--ops-port", str(ops_port)], {**env, "MCP_TASKS_HEALTH": "on"}, log_dir)
     procs = [web]
     try:
         # The web process migrates the store first: worker and beat refuse an unmigrated one.
@@ -133,6 +134,7 @@ def run(backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> Run:
         secrets = [f"arg-{uuid.uuid4().hex}", f"answer-{uuid.uuid4().hex}"]
         probe = new_task_id()
         assert httpx.get(f"http://127.0.0.1:{port}/t/mcp-{probe}", timeout=30).status_code == 404
+        assert httpx.get(f"http://127.0.0.1:{ops_port}/healthz", timeout=30).status_code == 200
         client = McpHttp(f"http://127.0.0.1:{port}/mcp")
         try:
             ids = {"echo": client.create("echo", {"secret": secrets[0]})}
@@ -236,6 +238,7 @@ def test_an_access_line_shows_a_task_id_in_its_path_redacted_with_its_fields(run
     expected = redact(f"/t/mcp-{run.probe}")
     assert expected in ("/t/mcp-<redacted>", "/t/<redacted>")
     assert [(r["http_method"], r["http_path"], r["http_status"]) for r in probes] == [("GET", expected, 404)]
+    assert not [r for r in run.web.records() if r.get("http_path") == "/healthz"]  # the ops listener's: no line
 
 
 def test_in_text_mode_uvicorns_own_lines_redact_task_ids(backend: Backend, tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ one warning line, and the MCP server runs on without it.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -38,17 +39,33 @@ def ops_address(host: str | None, port: int | None) -> tuple[str, int | None]:
     return host, port or None
 
 
+OPS_THREAD = "mcp-tasks-ops-server"
+
+
+class _NotTheOpsServers(logging.Filter):
+    """uvicorn's access lines of the MCP server only: probes and scrapes of the ops listener are not news."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.threadName != OPS_THREAD
+
+
 class OpsServer:
-    """Serves one ASGI app on a listening socket in a daemon thread until `stop()`."""
+    """Serves one ASGI app on a listening socket in a daemon thread until `stop()`.
+
+    Its access lines are filtered out, not turned off: uvicorn's `access_log=False` empties the process's one
+    `uvicorn.access` logger, the MCP server's access lines with it."""
 
     def __init__(self, app: Any, sock: socket.socket, *, log_level: str | None = None, log_config: Any = None) -> None:
         import uvicorn
 
         self._sock = sock
-        config = uvicorn.Config(app, lifespan="off", access_log=False, log_level=log_level, log_config=log_config)
+        config = uvicorn.Config(app, lifespan="off", log_level=log_level, log_config=log_config)
+        access = logging.getLogger("uvicorn.access")
+        if not any(isinstance(found, _NotTheOpsServers) for found in access.filters):
+            access.addFilter(_NotTheOpsServers())
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True)
-        self._thread.name = "mcp-tasks-ops-server"
+        self._thread.name = OPS_THREAD
 
     def start(self) -> OpsServer:
         self._thread.start()
