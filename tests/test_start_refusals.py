@@ -153,6 +153,30 @@ def test_a_remote_broker_with_the_embedded_default_store_is_refused(argv: list[s
     assert not (tmp_path / "data" / "tasks.db").exists()  # serve did not migrate it either
 
 
+MOUNTED = ["-m", "uvicorn", "tests.apps.mounted_app:app", "--port", "0"]
+
+
+def test_an_app_mounted_in_ones_own_runs_the_start_up_checks_in_its_lifespan(tmp_path: Path) -> None:
+    """Served by another ASGI server (FastAPI's lifespan=tasks.lifespan), the app refuses what `serve` refuses
+    before it takes a request: an embedded store not yet created, the embedded store on a remote broker."""
+    for env in ({}, {"CELERY_BROKER_URL": f"redis://127.0.0.1:{free_port()}/13"}):
+        done = run(MOUNTED, tmp_path, **env)
+        output = done.stdout + done.stderr
+        assert done.returncode != 0 and "Application startup complete" not in output, output
+        assert "ConfigError: MCP_TASKS_DATABASE_URL" in output, output
+        assert ("remote broker" if env else UPGRADE_HINT) in output, output
+        assert not (tmp_path / "data" / "tasks.db").exists()
+    assert run(DB_UPGRADE, tmp_path).returncode == 0
+    port = free_port()
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": path, "MCP_TASKS_DATA_DIR": str(tmp_path / "data")}
+    server = spawn("mounted", [sys.executable, *MOUNTED[:-1], str(port)], env, tmp_path)
+    try:
+        wait_until(lambda: "Application startup complete" in server.text(), 60, "the mounted app to start")
+    finally:
+        server.stop()
+
+
 def test_db_upgrade_creates_the_schema_on_an_empty_database_and_serve_no_migrate_then_starts(
     tmp_path: Path, empty_postgres: str
 ) -> None:

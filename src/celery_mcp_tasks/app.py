@@ -171,6 +171,7 @@ class McpTasks:
         self._lock = threading.Lock()
         self._built: TaskService | None = None
         self._built_pid: int | None = None
+        self._checked_pid: int | None = None  # the process whose start a web role's checks passed
         self._app: Any = None
         self._mcp_path: str | None = None
         self._runtime = _Runtime(self)
@@ -276,7 +277,7 @@ class McpTasks:
         return self.server.has_tool(name)
 
     def _preflight(self, role: str, *, need_schema: bool = True) -> None:
-        """Raise `ConfigError` if a `role` process ("serve", "worker", "beat") must not start; once per start."""
+        """Raise `ConfigError` if a `role` process ("serve", "stdio", "worker", "beat") must not start; once per start."""
         preflight(self.settings, role=role, need_schema=need_schema, broker_url=str(self.celery.conf.broker_url))
         derived = sorted(tool.name for tool in self._tools.values() if tool.idempotency_key is not None)
         if role == "serve" and derived and self.settings.idempotency_secret is None:
@@ -284,6 +285,8 @@ class McpTasks:
                 f"MCP_TASKS_IDEMPOTENCY_SECRET: task tools {', '.join(derived)} derive idempotency keys;"
                 " set a secret of at least 32 bytes, the same in every web process"
             )
+        if need_schema and role in ("serve", "stdio"):
+            self._checked_pid = os.getpid()
 
     def _startup_lines(self) -> list[str]:
         return [
@@ -453,6 +456,11 @@ class McpTasks:
         return self._app.router.lifespan_context(self._app)
 
     def _serving(self, *, exit_signals: bool = True) -> AbstractAsyncContextManager[None]:
+        """The served app's life; first the web process's start-up checks, unless this process's command ran
+        them (`celery-mcp-tasks serve`, `dev`, `stdio`): an app run by another ASGI server, or mounted in
+        one's own, refuses an unmigrated store as `serve` does, not at its first call."""
+        if self._checked_pid != os.getpid():
+            self._preflight("serve")
         return serving(self._push, self._listen, self._service, self._serving_contexts, exit_signals=exit_signals)
 
 

@@ -10,6 +10,7 @@ wrong, and answer a lost race with a clear 409 and nothing changed.
 from __future__ import annotations
 
 import logging
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -377,7 +378,7 @@ def test_an_expired_form_is_refused_and_nothing_changes(deployment: Deployment) 
     assert deployment.get(key).status.value == "cancelled"
 
 
-def test_the_docs_mounting_example_lets_in_only_whom_the_host_app_names() -> None:
+def test_the_docs_mounting_example_lets_in_only_whom_the_host_app_names(monkeypatch: pytest.MonkeyPatch) -> None:
     from types import SimpleNamespace
 
     from examples.guide import console_mounted
@@ -387,6 +388,9 @@ def test_the_docs_mounting_example_lets_in_only_whom_the_host_app_names() -> Non
     async def signed_in_host(scope: Any, receive: Any, send: Any) -> None:  # the host app's auth, in short
         await console_mounted.app({**scope, "user": user}, receive, send)
 
+    # The example's own store (the default data dir) is not what this is about: its start-up checks pass as
+    # `celery-mcp-tasks serve` would have run them (they are tests/test_start_refusals.py's).
+    monkeypatch.setattr(console_mounted.tasks, "_checked_pid", os.getpid())
     with TestClient(console_mounted.app, follow_redirects=False) as nobody:  # runs tasks.lifespan
         assert nobody.get("/console/api/overview").status_code == 401
         assert nobody.get("/console/login").status_code == 200  # no operator: the token form (no token is set)

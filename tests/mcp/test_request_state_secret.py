@@ -26,6 +26,7 @@ from starlette.testclient import TestClient
 from celery_mcp_tasks.app import McpTasks
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.mcp.request_state import FOREIGN_STATE_WARNING, UNSHARED_NOTE
+from celery_mcp_tasks.migrate import upgrade
 from tests.support import PROTOCOL
 
 SECRET = "a-replica-secret-of-more-than-thirty-two-bytes"
@@ -38,6 +39,7 @@ def replica(tmp_path: Path, label: str, **settings: Any) -> McpTasks:
     """One web replica's app: a plain tool whose second round needs the state sealed in its first."""
     options = {key: settings.pop(key) for key in ("request_state_security",) if key in settings}
     tasks = McpTasks(NAME, settings=Settings(data_dir=tmp_path / label, **settings), notifier=None, **options)
+    upgrade(tasks.settings.store_url)  # a replica serves a migrated store (its lifespan checks)
 
     @tasks.server.tool(name=TOOL)
     def confirm(ctx: Context) -> str | InputRequiredResult:
