@@ -210,6 +210,7 @@ class Settings:
     health: bool = False
     janitor_watch: bool = False
     worker_metrics_port: int | None = DEFAULT_WORKER_METRICS_PORT
+    worker_metrics_host: str | None = None  # None: 127.0.0.1 on the embedded default, else every interface
     tracing: str = "off"
     janitor: str = "beat"
     input_timeout_s: float | None = DEFAULT_INPUT_TIMEOUT_S
@@ -321,6 +322,7 @@ class Settings:
             "health": _switch(env, "MCP_TASKS_HEALTH"),
             "janitor_watch": _switch(env, "MCP_TASKS_JANITOR_WATCH"),
             "worker_metrics_port": _int(env, "MCP_TASKS_WORKER_METRICS_PORT", allow_none=True),
+            "worker_metrics_host": env.get("MCP_TASKS_WORKER_METRICS_HOST", "").strip() or None,
             "tracing": _choice(env, "MCP_TASKS_TRACING"),
             "janitor": _choice(env, "MCP_TASKS_JANITOR"),
             "input_timeout_s": _float(env, "MCP_TASKS_INPUT_TIMEOUT_S", allow_off=True),

@@ -74,6 +74,37 @@ def test_the_pool_children_counts_are_served_by_the_main_process(deployment: Dep
     assert list(directory.glob("counter_*.db"))  # the deployment's directory is left as it was
 
 
+def listening_on(port: int) -> set[str]:
+    """The IPv4 addresses a TCP socket listens on at `port` (from /proc/net/tcp: no tool needed)."""
+    found = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, _, hex_port = local.partition(":")
+        if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+            found.add(socket.inet_ntoa(bytes.fromhex(address)[::-1]))
+    return found
+
+
+@pytest.mark.integration
+def test_the_worker_metrics_port_listens_where_its_host_setting_says(deployment: Deployment, tmp_path: Path) -> None:
+    """On the embedded default it listens on 127.0.0.1; MCP_TASKS_WORKER_METRICS_HOST names another address."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    for host, expected in ((None, "127.0.0.1"), ("0.0.0.0", "0.0.0.0")):
+        port = free_port()
+        env = {**METRICS_ON, "MCP_TASKS_WORKER_METRICS_PORT": str(port), "TMPDIR": str(temp)}
+        worker = deployment.worker(
+            pool="prefork",
+            concurrency=1,
+            env={**env, **({} if host is None else {"MCP_TASKS_WORKER_METRICS_HOST": host})},
+        )
+        try:
+            wait_until(lambda port=port: listening_on(port), 30, "the worker's metrics port")
+            assert listening_on(port) == {expected}
+        finally:
+            worker.stop()
+
+
 @pytest.mark.integration
 def test_a_port_in_use_is_one_warning_and_the_worker_runs_on(deployment: Deployment, tmp_path: Path) -> None:
     temp = tmp_path / "tmp"

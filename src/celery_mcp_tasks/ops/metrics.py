@@ -461,9 +461,11 @@ class WorkerExporter:
             self.server, _thread = start_http_server(self.port, addr=self.addr, registry=registry)
         except OSError as exc:
             logger.warning(
-                "celery-mcp-tasks: worker metrics port %d is not free (%s); this worker runs without its "
-                "metrics endpoint (set MCP_TASKS_WORKER_METRICS_PORT to a free port, or off)",
+                "celery-mcp-tasks: worker metrics port %d is not free on %s (%s); this worker runs without its "
+                "metrics endpoint (set MCP_TASKS_WORKER_METRICS_PORT to a free port, or off, and "
+                "MCP_TASKS_WORKER_METRICS_HOST to an address of this host)",
                 self.port,
+                self.addr,
                 exc.strerror or type(exc).__name__,
             )
             return
@@ -536,9 +538,11 @@ class Prometheus(Counts):
         settings = runtime.settings
         self._tools = runtime.tools
         port = settings.worker_metrics_port if self._worker_port is _DEFAULT_PORT else self._worker_port
-        # The embedded default is one machine (as `serve` binds 127.0.0.1); a deployment is scraped from afar.
+        # The embedded default is one machine (as `serve` binds 127.0.0.1); a deployment is scraped from afar,
+        # unless MCP_TASKS_WORKER_METRICS_HOST names the one interface its scraper reaches.
         local = settings.database_url is None and settings.embedded_broker
-        install_worker_exporter(runtime.celery, port, addr="127.0.0.1" if local else "0.0.0.0")
+        addr = settings.worker_metrics_host or ("127.0.0.1" if local else "0.0.0.0")
+        install_worker_exporter(runtime.celery, port, addr=addr)
         scrape = Scrape(runtime.service, settings.janitor_interval_s)
         self._route = Route("/metrics", scrape.respond, methods=["GET"])
 
