@@ -16,7 +16,9 @@ from types import SimpleNamespace
 
 import pytest
 from celery import Celery
+from kombu.connection import Connection
 from kombu.exceptions import OperationalError
+from kombu.pools import ProducerPool
 
 from celery_mcp_tasks import McpTasks
 from celery_mcp_tasks import app as app_module
@@ -69,6 +71,21 @@ def test_the_hint_publisher_says_so_once_per_outage(down: Celery, caplog: pytest
     (line,) = said(caplog, logging.WARNING)
     assert line.startswith("cannot publish task change hints to the broker redis://:***@down:1/0 (")
     assert "CELERY_BROKER_URL" in line and not any(r.exc_info for r in caplog.records)
+
+
+def test_a_hint_with_every_pooled_producer_busy_is_one_warning_naming_the_pool_limit(
+    down: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Many threads writing at once can hold every producer of Celery's pool: the write is stored, its hint
+    is given up after 2 s, said once, never a traceback per write out of the notifier seam."""
+    pool = ProducerPool(Connection(down.conf.broker_url).Pool(limit=1), limit=1)  # broker_pool_limit=1
+    publisher = BrokerPublisher(lambda: pool, hint_exchange("t"), url="redis://:***@down:1/0")
+    with pool.acquire(block=True), caplog.at_level(logging.WARNING, logger="celery_mcp_tasks"):
+        for version in (2, 3):
+            publisher.task_changed(record(key="ef" * 32, version=version))
+    (line,) = said(caplog, logging.WARNING)
+    assert "no pooled broker connection was free" in line and line.endswith("raise broker_pool_limit")
+    assert "ef" * 32 not in line and not any(r.exc_info for r in caplog.records)
 
 
 def test_the_hint_listener_warns_once_then_retries_quietly(down: Celery, caplog: pytest.LogCaptureFixture) -> None:

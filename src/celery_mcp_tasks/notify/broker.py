@@ -18,7 +18,7 @@ import anyio
 import anyio.to_thread
 from kombu.connection import Connection  # not `from kombu import`: its lazy re-exports are invisible to mypy
 from kombu.entity import Exchange, Queue
-from kombu.exceptions import OperationalError
+from kombu.exceptions import LimitExceeded, OperationalError
 from kombu.messaging import Consumer
 
 from celery_mcp_tasks.model import TaskRecord
@@ -58,8 +58,8 @@ class BrokerPublisher:
     def task_changed(self, record: TaskRecord) -> None:
         if not listeners_possible(record):
             return
-        with self._producer_pool().acquire(block=True, timeout=2) as producer:
-            try:
+        try:
+            with self._producer_pool().acquire(block=True, timeout=2) as producer:
                 producer.publish(
                     {"k": record.key, "v": record.version},
                     exchange=self._exchange,
@@ -70,19 +70,24 @@ class BrokerPublisher:
                     retry=True,
                     retry_policy=_RETRY_POLICY,
                 )
-            except OperationalError as exc:
-                if not self._failing:
-                    self._failing = True
-                    logger.warning(
-                        "cannot publish task change hints to the broker %s (%s); the changes are stored and "
-                        "listen streams catch up by polling: start the broker or fix CELERY_BROKER_URL",
-                        self._url or producer.connection.as_uri(),
-                        _reason(exc),
-                    )
-                return
+        except OperationalError as exc:
+            return self._unpublished(_reason(exc), "start the broker or fix CELERY_BROKER_URL")
+        except LimitExceeded:  # every pooled producer is busy (many threads writing at once)
+            return self._unpublished("no pooled broker connection was free within 2 s", "raise broker_pool_limit")
         if self._failing:
             self._failing = False
             logger.info("task change hints reach the broker again")
+
+    def _unpublished(self, reason: str, fix: str) -> None:
+        if not self._failing:
+            self._failing = True
+            logger.warning(
+                "cannot publish task change hints to the broker %s (%s); the changes are stored and "
+                "listen streams catch up by polling: %s",
+                self._url or "of the Celery app",
+                reason,
+                fix,
+            )
 
 
 class BrokerListener:
