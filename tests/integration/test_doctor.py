@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from tests.support import (
     own_redis_deployment,
     probe_client,
     process_env,
+    spawn,
     wait_until,
 )
 
@@ -193,3 +195,25 @@ def test_a_broken_install_is_a_config_fail_row_not_a_traceback(tmp_path: Path) -
     assert rows[0]["name"] == "config" and rows[0]["status"] == "FAIL"
     assert "celery is broken in this install" in rows[0]["detail"]
     assert done.returncode != 0
+
+
+def test_workers_sharing_a_node_name_are_named_with_the_fix_not_a_celery_warning(tmp_path: Path) -> None:
+    """Two `celery@host` on one broker hide each other's replies: whichever answered last decided the row
+    (a FAIL saying to start a worker that runs). Now the row says why, with `-n`, and stderr stays clean."""
+    with own_redis_deployment(APP, tmp_path) as (deployment, _broker):
+        node = f"dup-{uuid.uuid4().hex[:6]}@%h"
+        workers = []
+        for name, queue in (("ours", deployment.queue), ("other", f"{deployment.queue}-other")):
+            argv = [sys.executable, "-m", "celery", "-A", APP, "worker", "-P", "solo", "-n", node]
+            argv += ["--without-mingle", "--without-gossip", "--loglevel", "INFO"]
+            workers.append(spawn(name, argv, process_env(deployment.backend, MCP_TASKS_QUEUE=queue), tmp_path))
+        try:
+            wait_until(lambda: all("ready." in proc.text() for proc in workers), 60, "both workers to be ready")
+            _, document, table = doctor(deployment.backend, **deployment.env())  # also asserts no stderr
+        finally:
+            for proc in workers:
+                proc.stop()
+    workers_row = row(document, "workers")
+    assert workers_row["status"] in ("WARN", "FAIL"), table
+    assert "workers share a node name, so their replies hide each other" in workers_row["detail"], table
+    assert workers_row["fix"] == f"give each worker a node name of its own: `celery -A {APP} worker -n NAME@%h`"

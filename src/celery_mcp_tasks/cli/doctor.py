@@ -13,6 +13,7 @@ import os
 import secrets
 import sys
 import time
+import warnings as py_warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import wait
 from dataclasses import asdict, dataclass
@@ -67,7 +68,26 @@ def _worker_command(app_path: str, queues: list[str], default_queue: str) -> str
 
 
 def workers_check(tasks: McpTasks, app_path: str, *, timeout_s: float) -> Verdict:
-    """At least one worker consumes each tool queue (`inspect active_queues`) and has its tools registered."""
+    """At least one worker consumes each tool queue (`inspect active_queues`) and has its tools registered.
+
+    Workers answering to one node name (two `celery@host` on a host) hide each other's replies, so what
+    they consume cannot be told: said with the fix, in place of Celery's warning on stderr."""
+    from celery.exceptions import DuplicateNodenameWarning
+
+    with py_warnings.catch_warnings(record=True) as caught:
+        py_warnings.simplefilter("always", DuplicateNodenameWarning)
+        verdict = _consumers_check(tasks, app_path, timeout_s=timeout_s)
+    shared = [str(w.message).splitlines()[0] for w in caught if issubclass(w.category, DuplicateNodenameWarning)]
+    for other in (w for w in caught if not issubclass(w.category, DuplicateNodenameWarning)):
+        py_warnings.showwarning(other.message, other.category, other.filename, other.lineno)
+    if not shared:
+        return verdict
+    detail = f"{verdict.detail}; workers share a node name, so their replies hide each other ({shared[0]})"
+    fix = f"give each worker a node name of its own: `celery -A {app_path} worker -n NAME@%h`"
+    return Verdict("WARN" if verdict.status == "OK" else verdict.status, detail, fix)
+
+
+def _consumers_check(tasks: McpTasks, app_path: str, *, timeout_s: float) -> Verdict:
     needed = tool_queues(tasks)
     if not needed:
         return Verdict("SKIP", "the app declares no task tools")
