@@ -461,7 +461,14 @@ class McpTasks:
         one's own, refuses an unmigrated store as `serve` does, not at its first call."""
         if self._checked_pid != os.getpid():
             self._preflight("serve")
-        return serving(self._push, self._listen, self._service, self._serving_contexts, exit_signals=exit_signals)
+        return serving(
+            self._push,
+            self._listen,
+            self._service,
+            self._serving_contexts,
+            abandon=self._extension.abandon_synchronous_calls,
+            exit_signals=exit_signals,
+        )
 
 
 class _Runtime:

@@ -13,6 +13,7 @@ the caller stops waiting.
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -344,3 +345,41 @@ def test_closing_a_2026_client_mid_call_cancels_the_task_and_the_job_stops(runti
     run(scenario)
     assert ended_row(runtime, "work", marker=str(marker))["status"] == "cancelled"
     wait_until(lambda: Path(f"{marker}.stopped").exists(), 15, "the job to see the cancel and stop")
+
+
+def test_a_web_process_told_to_stop_cancels_its_synchronous_calls_and_answers_them(
+    backend: Backend, tmp_path: Path
+) -> None:
+    """SIGTERM while a 2026-07-28 caller without the extension waits: its hidden task is cancelled at once (the
+    job stops, not running on for nobody) and the caller gets an error, not a connection cut off when the
+    server's graceful timeout ran out."""
+    marker = tmp_path / "stopping"
+    with Deployment(APP, backend, tmp_path) as deployment:
+        deployment.web()
+        web = deployment.procs[-1]
+        deployment.worker()
+        errors: list[BaseException] = []
+
+        async def scenario() -> None:
+            async with Client(deployment.url) as client, anyio.create_task_group() as tg:
+
+                async def call() -> None:
+                    try:
+                        await client.call_tool("work", {"seconds": 60, "marker": str(marker)})
+                    except Exception as exc:  # noqa: BLE001 - what the caller got is the point
+                        errors.append(exc)
+
+                tg.start_soon(call)
+                with anyio.fail_after(30):
+                    while not marker.exists():
+                        await anyio.sleep(0.05)
+                web.popen.send_signal(signal.SIGTERM)
+                with anyio.fail_after(20):
+                    while not errors:
+                        await anyio.sleep(0.05)
+
+        run(scenario)
+        assert isinstance(errors[0], MCPError), errors
+        row = ended_row(deployment, "work", marker=str(marker))
+        assert (row["status"], row["status_message"]) == ("cancelled", "The server stopped before the job finished")
+        wait_until(lambda: Path(f"{marker}.stopped").exists(), 15, "the job to see the cancel and stop")

@@ -70,10 +70,11 @@ async def serve(tasks: Any, worker: WorkerSupervisor | None) -> None:
     import anyio
 
     from celery_mcp_tasks.app import internals
+    from celery_mcp_tasks.mcp.serving import STOPPED
 
     async def leave(outcome: str) -> None:
         """Cancel the synchronous calls' hidden tasks (no job runs on for nobody), end the worker, exit."""
-        abandon = partial(internals(tasks).abandon_synchronous_calls, "The server stopped before the job finished")
+        abandon = partial(internals(tasks).abandon_synchronous_calls, STOPPED)
         with anyio.move_on_after(ABANDON_S):
             await anyio.to_thread.run_sync(abandon, abandon_on_cancel=True)  # a hung store is left to the exit
         status = finish(worker, outcome)

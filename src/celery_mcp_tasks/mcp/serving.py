@@ -9,10 +9,13 @@ stream never does: so the streams end when the server *receives* SIGTERM or SIGI
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import Any
 
+import anyio
+import anyio.to_thread
 from mcp.server.mcpserver import MCPServer
 from mcp.server.request_state import RequestStateBoundary
 from mcp.server.subscriptions import InMemorySubscriptionBus, SubscriptionBus
@@ -31,6 +34,10 @@ from celery_mcp_tasks.sdk_internals import (
 )
 from celery_mcp_tasks.service import TaskService
 
+STOPPED = "The server stopped before the job finished"
+"""The status message of a synchronous call's hidden task cancelled because its server is exiting."""
+_ABANDON_S = 5.0  # how long an exiting server waits for those cancels (a hung store is left to the reaper)
+
 
 @asynccontextmanager
 async def serving(
@@ -39,16 +46,26 @@ async def serving(
     service: Callable[[], TaskService],
     contexts: Sequence[Callable[[], AbstractAsyncContextManager[Any]]],
     *,
+    abandon: Callable[[str], object] | None = None,
     exit_signals: bool = True,
 ) -> AsyncIterator[None]:
     """The served app's whole life, over HTTP (its lifespan) or stdio: the service (push binds to it), the
     hint listener, then `contexts` (the plugins'). The streams end with it, or with `exit_signals` as
-    soon as the ASGI server is told to exit."""
+    soon as the ASGI server is told to exit; so does every synchronous call (`abandon`: cancel their hidden
+    tasks), whose callers then get their answer before the server's graceful timeout cuts them off, and
+    whose jobs stop instead of running on for nobody."""
     service()
     async with push.serving():
         if listen is not None:
             listen.reopen()
-        restore = on_server_exit(listen.close) if listen is not None and exit_signals else (lambda: None)
+
+        def exiting() -> None:
+            if listen is not None:
+                listen.close()
+            if abandon is not None:  # store writes: not on the loop
+                threading.Thread(target=abandon, args=(STOPPED,), name="mcp-tasks-abandon", daemon=True).start()
+
+        restore = on_server_exit(exiting) if exit_signals else (lambda: None)
         try:
             async with AsyncExitStack() as stack:
                 for context in contexts:
@@ -58,6 +75,9 @@ async def serving(
             restore()
             if listen is not None:
                 listen.close()
+            if abandon is not None:  # calls left (an exit without a signal, a call the server cancelled)
+                with anyio.CancelScope(shield=True), anyio.move_on_after(_ABANDON_S):
+                    await anyio.to_thread.run_sync(abandon, STOPPED, abandon_on_cancel=True)
 
 
 def with_serving(app: Any, run: Callable[[], AbstractAsyncContextManager[None]]) -> Any:
