@@ -344,3 +344,14 @@ def test_an_index_build_that_died_half_way_is_built_again_valid():
         assert invalid == 0
         assert str(built).endswith("(created_at, key)")
         _assert_migrated_without_drift(url)
+
+
+def test_every_migration_only_adds_so_the_release_before_runs_on_a_migrated_store() -> None:
+    """docs/production.md's upgrade order rests on it: an old process keeps working mid-upgrade only if no
+    migration drops, renames or changes what it reads and writes."""
+    changing = ("drop_column", "alter_column", "drop_table", "rename_table", "drop_constraint")
+    versions = Path(migrate.SCRIPT_LOCATION) / "versions"
+    for script in sorted(versions.glob("*.py")):
+        text = script.read_text()
+        upgrade = text[text.index("def upgrade(") : text.index("def downgrade(")]
+        assert not [word for word in changing if word in upgrade], script.name

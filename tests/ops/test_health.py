@@ -29,7 +29,7 @@ from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.ops.health import CheckRunner, Health
 from celery_mcp_tasks.ops.probes import PROBE_TIMEOUT_S, Finding, ProbeEngine, janitor_probe
 from celery_mcp_tasks.preflight import script_heads
-from celery_mcp_tasks.store.schema import sweeps
+from celery_mcp_tasks.store.schema import VERSION_TABLE, sweeps
 from celery_mcp_tasks.store.sweeps import JANITOR, SweepLedger
 from tests.support import free_port, table_locked
 
@@ -122,6 +122,19 @@ def test_a_schema_behind_head_fails_readiness_with_the_upgrade_command(embedded:
         "status": "fail",
         "detail": f"the task store is at revision 0004, behind {HEAD}; run `celery-mcp-tasks db upgrade`",
     }
+
+
+def test_a_schema_a_newer_release_migrated_is_a_warning_that_keeps_the_replica_ready(embedded: McpTasks) -> None:
+    """Mid-upgrade: the new release's `db upgrade` ran while this (older) replica still serves."""
+    upgrade(embedded.settings.store_url)
+    engine = sa.create_engine(embedded.settings.store_url)
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"UPDATE {VERSION_TABLE} SET version_num = '0099'"))
+    engine.dispose()
+    code, body, _ = readyz(embedded)
+    assert code == 200, body
+    assert body["checks"]["schema"]["status"] == "warn"
+    assert "revision 0099, which this release of celery-mcp-tasks does not know" in body["checks"]["schema"]["detail"]
 
 
 def test_a_broker_that_refuses_connections_fails_readiness_quickly(tmp_path: Path) -> None:

@@ -112,7 +112,9 @@ def store_probe(probe: ProbeEngine) -> Finding:
 
 
 def schema_probe(probe: ProbeEngine) -> Finding:
-    """The store's migrations are at the package's head (the same verdict as the start-up check)."""
+    """The store's migrations are at the package's head (the same verdict as the start-up check), but a store
+    a newer release migrated is a warning: mid-upgrade this replica keeps serving until it is replaced (the
+    migrations only add), and pulling every old replica out of rotation at once would be an outage."""
     if missing_sqlite_file(probe.url):
         return Finding("fail", NOT_CREATED)
     try:
@@ -121,7 +123,7 @@ def schema_probe(probe: ProbeEngine) -> Finding:
         return Finding("fail", f"cannot read the schema revision: {short_reason(exc)}")
     problem = revision_problem(current)
     if problem is not None:
-        return Finding("fail", problem)
+        return Finding("warn" if set(current) - script_heads()[1] else "fail", problem)
     return Finding("ok", f"at head {', '.join(sorted(script_heads()[0]))}")
 
 
