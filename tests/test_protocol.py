@@ -150,6 +150,22 @@ def test_an_answer_fits_only_the_kind_of_request_it_answers():
     assert answers(with_tools, tool_use) and answers(with_tools, text)
 
 
+def test_an_accepted_form_fits_only_if_its_content_fits_the_forms_schema():
+    question = elicit("Who and how many?", {"name": str, "count": int, "size": {"type": "string", "enum": ["s", "l"]}})
+    assert answers(question, {"action": "accept", "content": {"name": "Ada", "count": 2, "size": "s"}})
+    for content in (
+        {"name": "Ada", "count": "2", "size": "s"},
+        {"name": "Ada", "size": "s"},
+        {"name": "Ada", "count": 2, "size": "xl"},
+    ):
+        assert not answers(question, {"action": "accept", "content": content}), content
+    assert answers(question, {"action": "decline"}) and answers(question, {"action": "cancel"})
+    unreadable = {"method": "elicitation/create", "params": {"message": "?", "requestedSchema": {"type": 12}}}
+    assert answers(
+        unreadable, {"action": "accept", "content": {"any": "thing"}}
+    )  # a schema it cannot read decides nothing
+
+
 @pytest.mark.parametrize(
     "build",
     [

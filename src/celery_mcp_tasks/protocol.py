@@ -129,15 +129,26 @@ def answer_type(request: Mapping[str, Any]) -> type[BaseModel] | None:
 
 
 def answers(request: Mapping[str, Any], answer: Any) -> bool:
-    """Whether `answer` is a result of the kind `request` asks for (`answer_type`): an answer of another shape
-    is refused (-32602) and its question stays outstanding, as on the synchronous path."""
+    """Whether `answer` is a result of the kind `request` asks for (`answer_type`), and an accepted form
+    elicitation's content fits its `requestedSchema`: an answer that does not is refused (-32602) and its
+    question stays outstanding, so the job never reads a value of a type it did not ask for."""
     kind = answer_type(request)
     if kind is None:
         return isinstance(answer, dict)
     try:
-        kind.model_validate(answer)
+        result = kind.model_validate(answer)
     except ValidationError:
         return False
+    schema = (request.get("params") or {}).get("requestedSchema")
+    if isinstance(result, ElicitResult) and result.action == "accept" and isinstance(schema, Mapping):
+        from jsonschema.validators import validator_for  # the SDK's own dependency; loaded on an answer only
+
+        validator = validator_for(schema)
+        try:
+            validator.check_schema(schema)
+        except Exception:  # noqa: BLE001 - a schema jsonschema cannot read decides nothing
+            return True
+        return bool(validator(schema).is_valid(result.content or {}))
     return True
 
 

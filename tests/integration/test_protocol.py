@@ -237,7 +237,14 @@ def test_update_validates_records_at_once_ignores_strangers_and_resumes(client: 
     bad_value = client.task("tasks/update", task_id, inputResponses={"first": "not an object"})
     assert bad_value["error"] == {"code": -32602, "message": "each input response must be an object"}
     # An object, but no answer to an elicitation (an ElicitResult): refused as the synchronous path refuses it.
-    for misfit in ({"action": "bogus"}, {"roots": []}, {"action": "accept", "content": "yes"}):
+    # So is an accepted form whose content does not fit the question's requestedSchema ({"name": string}, required).
+    misfits = ({"name": 12}, {}, {"name": ["one"]})
+    for misfit in (
+        {"action": "bogus"},
+        {"roots": []},
+        {"action": "accept", "content": "yes"},
+        *({"action": "accept", "content": content} for content in misfits),
+    ):
         wrong = client.task("tasks/update", task_id, inputResponses={"first": misfit})
         assert wrong["error"] == {
             "code": -32602,
