@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -40,9 +41,10 @@ from mcp_types import (
 
 from celery_mcp_tasks.mcp.sync import CallProgress
 from celery_mcp_tasks.model import TaskRecord, TaskStatus
+from celery_mcp_tasks.protocol import IDEMPOTENCY_META_KEY
 from celery_mcp_tasks.store.engine import normalize_url
 from tests.integration.test_protocol_eras import LegacySession
-from tests.support import Backend, Deployment, wait_until
+from tests.support import Backend, Deployment, McpHttp, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -350,15 +352,22 @@ def test_closing_a_2026_client_mid_call_cancels_the_task_and_the_job_stops(runti
 def test_a_web_process_told_to_stop_cancels_its_synchronous_calls_and_answers_them(
     backend: Backend, tmp_path: Path
 ) -> None:
-    """SIGTERM while a 2026-07-28 caller without the extension waits: its hidden task is cancelled at once (the
-    job stops, not running on for nobody) and the caller gets an error, not a connection cut off when the
-    server's graceful timeout ran out."""
-    marker = tmp_path / "stopping"
+    """SIGTERM while 2026-07-28 callers without the extension wait: a call's hidden task is cancelled at once
+    (the job stops, not running on for nobody) and its caller gets an error, not a connection cut off when
+    the server's graceful timeout ran out. An idempotent call's task runs on: a retry with its key meets it."""
+    marker, kept = tmp_path / "stopping", tmp_path / "kept"
+    secret = {"MCP_TASKS_IDEMPOTENCY_SECRET": "stop-" + "s" * 40}
     with Deployment(APP, backend, tmp_path) as deployment:
-        deployment.web()
+        deployment.web(**secret)
         web = deployment.procs[-1]
-        deployment.worker()
+        deployment.worker(env=secret)
         errors: list[BaseException] = []
+        idempotent = threading.Thread(
+            target=lambda: McpHttp(deployment.url).call_tool(
+                "work", {"seconds": 4, "marker": str(kept)}, capabilities={}, meta={IDEMPOTENCY_META_KEY: "kept-1"}
+            ),
+            daemon=True,
+        )
 
         async def scenario() -> None:
             async with Client(deployment.url) as client, anyio.create_task_group() as tg:
@@ -370,8 +379,9 @@ def test_a_web_process_told_to_stop_cancels_its_synchronous_calls_and_answers_th
                         errors.append(exc)
 
                 tg.start_soon(call)
+                idempotent.start()
                 with anyio.fail_after(30):
-                    while not marker.exists():
+                    while not (marker.exists() and kept.exists()):
                         await anyio.sleep(0.05)
                 web.popen.send_signal(signal.SIGTERM)
                 with anyio.fail_after(20):
@@ -383,3 +393,4 @@ def test_a_web_process_told_to_stop_cancels_its_synchronous_calls_and_answers_th
         row = ended_row(deployment, "work", marker=str(marker))
         assert (row["status"], row["status_message"]) == ("cancelled", "The server stopped before the job finished")
         wait_until(lambda: Path(f"{marker}.stopped").exists(), 15, "the job to see the cancel and stop")
+        assert ended_row(deployment, "work", marker=str(kept))["status"] == "completed"  # never cancelled

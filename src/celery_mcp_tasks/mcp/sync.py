@@ -84,7 +84,9 @@ class SyncCalls:
         self._sync_timeout_s = sync_timeout_s
         self._hub = hub
         self._sealed_state = sealed_state
-        self._waiting: dict[object, str] = {}  # the hidden row's key of every call in `call` (for `abandon_all`)
+        self._waiting: dict[
+            object, str
+        ] = {}  # the hidden row's key of each non-idempotent call in `call` (`abandon_all`)
 
     async def call(
         self, tool: TaskTool, ctx: ServerRequestContext[Any, Any], record: TaskRecord, *, idempotent: bool = False
@@ -100,7 +102,8 @@ class SyncCalls:
         watch = hub.watch([record.key]) if hub is not None else None
         latest = _Latest(record)
         waiting = object()
-        self._waiting[waiting] = record.key
+        if not idempotent:  # an idempotent call's task outlives its caller, and its server: a retry meets it
+            self._waiting[waiting] = record.key
         try:
             outcome, gone = await unless_caller_leaves(ctx, lambda: self._follow(tool, ctx, latest, watch))
         except anyio.get_cancelled_exc_class():
@@ -251,7 +254,8 @@ class SyncCalls:
             pass  # the store is unavailable: already logged
 
     def abandon_all(self, message: str) -> int:
-        """Cancel the hidden task of every call still waiting; how many there were. Blocking: run it in a thread.
+        """Cancel the hidden task of every call still waiting (but idempotent ones: a retry with the key meets the
+        task); how many there were. Blocking: run it in a thread.
 
         For a server that exits before its handlers can unwind (`stdio` on a signal), so no job runs on
         for nobody. Never raises; the caller bounds it in time (a hung store is simply left behind).
