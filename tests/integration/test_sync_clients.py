@@ -352,16 +352,23 @@ def test_closing_a_2026_client_mid_call_cancels_the_task_and_the_job_stops(runti
 def test_a_web_process_told_to_stop_cancels_its_synchronous_calls_and_answers_them(
     backend: Backend, tmp_path: Path
 ) -> None:
-    """SIGTERM while 2026-07-28 callers without the extension wait: a call's hidden task is cancelled at once
-    (the job stops, not running on for nobody) and its caller gets an error, not a connection cut off when
-    the server's graceful timeout ran out. An idempotent call's task runs on: a retry with its key meets it."""
-    marker, kept = tmp_path / "stopping", tmp_path / "kept"
+    """SIGTERM while 2026-07-28 callers without the extension wait: a call that ends within the drain is answered
+    as usual; one still running then has its hidden task cancelled (the job stops, not running on for nobody)
+    and its caller gets an error, not a connection cut off when the server's graceful timeout ran out. An
+    idempotent call's task runs on: a retry with its key meets it."""
+    marker, kept, done = tmp_path / "stopping", tmp_path / "kept", tmp_path / "done"
     secret = {"MCP_TASKS_IDEMPOTENCY_SECRET": "stop-" + "s" * 40}
     with Deployment(APP, backend, tmp_path) as deployment:
         deployment.web(**secret)
         web = deployment.procs[-1]
         deployment.worker(env=secret)
         errors: list[BaseException] = []
+        finishing = threading.Thread(  # a call that ends within the drain after the signal: answered as usual
+            target=lambda: McpHttp(deployment.url).call_tool(
+                "work", {"seconds": 1, "marker": str(done)}, capabilities={}
+            ),
+            daemon=True,
+        )
         idempotent = threading.Thread(
             target=lambda: McpHttp(deployment.url).call_tool(
                 "work", {"seconds": 4, "marker": str(kept)}, capabilities={}, meta={IDEMPOTENCY_META_KEY: "kept-1"}
@@ -383,6 +390,10 @@ def test_a_web_process_told_to_stop_cancels_its_synchronous_calls_and_answers_th
                 with anyio.fail_after(30):
                     while not (marker.exists() and kept.exists()):
                         await anyio.sleep(0.05)
+                finishing.start()
+                with anyio.fail_after(30):
+                    while not done.exists():
+                        await anyio.sleep(0.02)
                 web.popen.send_signal(signal.SIGTERM)
                 with anyio.fail_after(20):
                     while not errors:
@@ -394,3 +405,4 @@ def test_a_web_process_told_to_stop_cancels_its_synchronous_calls_and_answers_th
         assert (row["status"], row["status_message"]) == ("cancelled", "The server stopped before the job finished")
         wait_until(lambda: Path(f"{marker}.stopped").exists(), 15, "the job to see the cancel and stop")
         assert ended_row(deployment, "work", marker=str(kept))["status"] == "completed"  # never cancelled
+        assert ended_row(deployment, "work", marker=str(done))["status"] == "completed"  # finished in the drain

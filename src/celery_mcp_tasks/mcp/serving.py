@@ -37,6 +37,9 @@ from celery_mcp_tasks.service import TaskService
 STOPPED = "The server stopped before the job finished"
 """The status message of a synchronous call's hidden task cancelled because its server is exiting."""
 _ABANDON_S = 5.0  # how long an exiting server waits for those cancels (a hung store is left to the reaper)
+DRAIN_S = 2.0
+"""How long a synchronous call may still finish after the server is told to stop, before its hidden task is
+cancelled and its caller answered: within `serve`'s (5 s) and `dev`'s (3 s) graceful shutdown."""
 
 
 @asynccontextmanager
@@ -51,19 +54,22 @@ async def serving(
 ) -> AsyncIterator[None]:
     """The served app's whole life, over HTTP (its lifespan) or stdio: the service (push binds to it), the
     hint listener, then `contexts` (the plugins'). The streams end with it, or with `exit_signals` as
-    soon as the ASGI server is told to exit; so does every synchronous call (`abandon`: cancel their hidden
-    tasks), whose callers then get their answer before the server's graceful timeout cuts them off, and
-    whose jobs stop instead of running on for nobody."""
+    soon as the ASGI server is told to exit; a synchronous call still running `DRAIN_S` later is abandoned
+    (`abandon`: its hidden task cancelled), so its caller gets an answer before the server's graceful
+    timeout cuts it off, and its job stops instead of running on for nobody."""
     service()
     async with push.serving():
         if listen is not None:
             listen.reopen()
+        drain: list[threading.Timer] = []
 
         def exiting() -> None:
             if listen is not None:
                 listen.close()
-            if abandon is not None:  # store writes: not on the loop
-                threading.Thread(target=abandon, args=(STOPPED,), name="mcp-tasks-abandon", daemon=True).start()
+            if abandon is not None and not drain:  # store writes, later: not on the loop
+                drain.append(threading.Timer(DRAIN_S, abandon, (STOPPED,)))
+                drain[0].daemon = True
+                drain[0].start()
 
         restore = on_server_exit(exiting) if exit_signals else (lambda: None)
         try:
@@ -73,6 +79,8 @@ async def serving(
                 yield
         finally:
             restore()
+            for timer in drain:
+                timer.cancel()  # every call has ended, or the abandon below takes what is left
             if listen is not None:
                 listen.close()
             if abandon is not None:  # calls left (an exit without a signal, a call the server cancelled)
