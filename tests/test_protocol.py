@@ -160,6 +160,9 @@ def test_an_accepted_form_fits_only_if_its_content_fits_the_forms_schema():
     ):
         assert not answers(question, {"action": "accept", "content": content}), content
     assert answers(question, {"action": "decline"}) and answers(question, {"action": "cancel"})
+    optional = elicit("Name, and a nickname if any?", {"name": str, "nick": str}, required=["name"])
+    assert answers(optional, {"action": "accept", "content": {"name": "Ada", "nick": None}})  # left empty: null
+    assert not answers(optional, {"action": "accept", "content": {"name": None}})
     unreadable = {"method": "elicitation/create", "params": {"message": "?", "requestedSchema": {"type": 12}}}
     assert answers(
         unreadable, {"action": "accept", "content": {"any": "thing"}}

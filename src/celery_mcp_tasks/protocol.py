@@ -148,7 +148,10 @@ def answers(request: Mapping[str, Any], answer: Any) -> bool:
             validator.check_schema(schema)
         except Exception:  # noqa: BLE001 - a schema jsonschema cannot read decides nothing
             return True
-        return bool(validator(schema).is_valid(result.content or {}))
+        # An optional field left empty may come as null (the SDK's own client sends it so): as if omitted.
+        required = schema.get("required") or ()
+        content = {key: value for key, value in (result.content or {}).items() if value is not None or key in required}
+        return bool(validator(schema).is_valid(content))
     return True
 
 
