@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 from celery import Celery
 from kombu.connection import Connection
-from kombu.exceptions import OperationalError
+from kombu.exceptions import LimitExceeded, OperationalError
 from kombu.pools import ProducerPool
 
 from celery_mcp_tasks import McpTasks
@@ -86,6 +86,23 @@ def test_a_hint_with_every_pooled_producer_busy_is_one_warning_naming_the_pool_l
     (line,) = said(caplog, logging.WARNING)
     assert "no pooled broker connection was free" in line and line.endswith("raise broker_pool_limit")
     assert "ef" * 32 not in line and not any(r.exc_info for r in caplog.records)
+
+
+def test_a_hint_failure_of_another_cause_is_said_again_with_its_own_fix(caplog: pytest.LogCaptureFixture) -> None:
+    class Pool:
+        def __init__(self) -> None:
+            self.failures: list[Exception] = [LimitExceeded(1), LimitExceeded(1), OperationalError("refused")]
+
+        def acquire(self, **_: object) -> object:
+            raise self.failures.pop(0)
+
+    pool = Pool()
+    publisher = BrokerPublisher(lambda: pool, hint_exchange("t"), url="redis://:***@down:1/0")
+    with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks"):
+        for version in (2, 3, 4):
+            publisher.task_changed(record(key="ab" * 32, version=version))
+    first, second = said(caplog, logging.WARNING)
+    assert first.endswith("raise broker_pool_limit") and second.endswith("start the broker or fix CELERY_BROKER_URL")
 
 
 def test_the_hint_listener_warns_once_then_retries_quietly(down: Celery, caplog: pytest.LogCaptureFixture) -> None:
