@@ -153,6 +153,28 @@ def test_a_remote_broker_with_the_embedded_default_store_is_refused(argv: list[s
     assert not (tmp_path / "data" / "tasks.db").exists()  # serve did not migrate it either
 
 
+@pytest.mark.parametrize("argv", [WORKER, BEAT, SERVE], ids=["worker", "beat", "serve"])
+def test_a_broker_url_naming_no_transport_and_a_notify_that_cannot_work_are_one_line(
+    argv: list[str], tmp_path: Path
+) -> None:
+    """A typo in the broker's scheme started serve (every send then failed) and killed the worker with a
+    traceback; MCP_TASKS_NOTIFY=broker on the embedded broker killed the worker with two."""
+    cases = (
+        (
+            {"CELERY_BROKER_URL": "redsi://127.0.0.1:6379/13"},
+            "CELERY_BROKER_URL: No such transport: redsi.  Did you mean redis?",
+        ),
+        ({"MCP_TASKS_NOTIFY": "broker"}, "MCP_TASKS_NOTIFY: broker needs a Redis or RabbitMQ broker"),
+    )
+    for env, said in cases:
+        done = run(argv, tmp_path, **env)
+        output = done.stdout + done.stderr
+        assert done.returncode != 0 and "Traceback" not in output, output
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"celery-mcp-tasks: configuration error: {said}"), output
+        assert not (tmp_path / "data" / "tasks.db").exists()
+
+
 MOUNTED = ["-m", "uvicorn", "tests.apps.mounted_app:app", "--port", "0"]
 
 

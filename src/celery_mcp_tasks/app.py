@@ -124,6 +124,29 @@ def configure_celery(app: Celery, settings: Settings) -> None:
         consume_shards(conf, settings.fair_queues)
 
 
+def _check_transport(conf: Any) -> None:
+    """`ConfigError` naming CELERY_BROKER_URL when kombu has no transport for its scheme (`redsi://`), or cannot
+    load it (Redis without its client library): else the web process starts and fails every send, and the
+    worker dies with a traceback. A transport the Celery configuration names itself is the user's."""
+    if conf.broker_transport:
+        return
+    from kombu.connection import Connection
+
+    connection = None
+    try:
+        connection = Connection(str(conf.broker_url))  # connects to nothing: only its transport is made
+        connection.transport  # noqa: B018 - made on first use: an unknown scheme, or a missing client library
+    except KeyError as exc:
+        raise ConfigError(f"CELERY_BROKER_URL: {exc.args[0] if exc.args else exc}") from None
+    except ImportError as exc:
+        raise ConfigError(
+            f"CELERY_BROKER_URL: its transport cannot load ({exc}); for Redis, install the redis extra"
+        ) from None
+    finally:
+        if connection is not None:
+            connection.release()
+
+
 class McpTasks:
     """Declare task tools with `@tasks.mcp_task`; serve `tasks.server`; run workers on `tasks.celery`."""
 
@@ -158,6 +181,8 @@ class McpTasks:
             self.settings = settings or Settings.from_env()
         self.celery = celery or Celery(name)
         configure_celery(self.celery, self.settings)
+        with _refusing_to_start():
+            _check_transport(self.celery.conf)
         self._tools: dict[str, TaskTool] = {}
         self._payload_limits: dict[str, PayloadLimits] = {}
         # With encryption at rest the arguments stay out of the broker too (the job reads the stored ones).
@@ -167,7 +192,8 @@ class McpTasks:
             fair_queues=self.settings.fair_queues,
             send_arguments=not self.settings.encryption_keys,
         )
-        self._push = Push(self.settings, notifier=notifier, broker=BrokerAccess.of(self.celery))
+        with _refusing_to_start():  # MCP_TASKS_NOTIFY a transport this store or broker cannot carry
+            self._push = Push(self.settings, notifier=notifier, broker=BrokerAccess.of(self.celery))
         self._lock = threading.Lock()
         self._built: TaskService | None = None
         self._built_pid: int | None = None
