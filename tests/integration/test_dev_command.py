@@ -300,3 +300,57 @@ def test_a_bad_ops_port_is_refused_with_no_plugin_serving_on_it(tmp_path: Path):
     assert run.stderr.strip().splitlines()[-1] == (
         "celery-mcp-tasks: configuration error: MCP_TASKS_OPS_PORT: expected a TCP port or off, got 'abc'"
     )
+
+
+def test_a_worker_killed_outright_ends_dev_though_its_beat_outlives_it(tmp_path: Path):
+    """SIGKILL of the worker's main process leaves its beat (and pool children) alive, holding the output pipe:
+    dev used to keep serving tasks that stayed `Queued` for good."""
+    data, port = tmp_path / "data", free_port()
+    argv = [sys.executable, "-m", "celery_mcp_tasks.cli", "dev", "tests.apps.runtime_app"]
+    dev = subprocess.Popen(
+        [*argv, "--data-dir", str(data), "--port", str(port)],
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        wait_until(lambda: _worker_main(dev.pid) is not None, 60, "dev's worker to start")
+        worker = _worker_main(dev.pid)
+        assert worker is not None
+        # Its four pool processes and the embedded beat (`worker -B` forks it once the worker is up).
+        wait_until(lambda: len(_children(worker)) >= 5, 60, "the worker's pool and beat")
+        os.kill(worker, signal.SIGKILL)
+        dev.wait(timeout=30)
+        errors = dev.stderr.read().decode(errors="replace") if dev.stderr else ""
+        assert dev.returncode == 1, errors
+        assert "celery-mcp-tasks dev: the worker exited (status -9)" in errors.strip().splitlines()[-1], errors
+        wait_until(lambda: not _processes_mentioning(str(data)), 10, "no process left behind")
+    finally:
+        if dev.poll() is None:
+            os.killpg(dev.pid, signal.SIGKILL)
+        for pid in _processes_mentioning(str(data)):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _children(parent: int) -> list[tuple[int, str]]:
+    """(pid, command line) of each live child of `parent`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        ppid = next((line.split()[1] for line in status.splitlines() if line.startswith("PPid:")), "")
+        if ppid == str(parent) and "State:\tZ" not in status:
+            found.append((int(entry.name), cmdline))
+    return found
+
+
+def _worker_main(dev_pid: int) -> int | None:
+    """The `celery worker` process `dev` started (its child; the worker's own children are not dev's)."""
+    return next((pid for pid, cmdline in _children(dev_pid) if " worker " in cmdline), None)

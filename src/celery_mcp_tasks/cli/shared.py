@@ -251,7 +251,7 @@ def claim_data_dir(folder: Path, command: str) -> IO[str] | None:
 
 class WorkerSupervisor:
     """`celery worker -B` consuming `supervised_queues`, in its own process group, its output forwarded and its
-    death reported (`on_death`, from the output thread); `command` (dev, stdio) names its node and holds the data
+    death reported (`on_death`, from a thread waiting for it); `command` (dev, stdio) names its node and holds the data
     directory, and `stdio` keeps a beat schedule file of its own."""
 
     def __init__(
@@ -290,7 +290,9 @@ class WorkerSupervisor:
             start_new_session=True,
             preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
         )
-        threading.Thread(target=self._forward, name="celery-mcp-tasks-worker-output", daemon=True).start()
+        output = threading.Thread(target=self._forward, name="celery-mcp-tasks-worker-output", daemon=True)
+        output.start()
+        threading.Thread(target=self._watch, args=(output,), name="celery-mcp-tasks-worker-watch", daemon=True).start()
 
     def _forward(self) -> None:
         proc = self.proc
@@ -299,7 +301,14 @@ class WorkerSupervisor:
             line = raw.decode(errors="replace").rstrip("\n")
             self._tail.append(line)
             print(line, file=sys.stderr, flush=True)
+
+    def _watch(self, output: threading.Thread) -> None:
+        """The worker's main process ending is its death, whatever holds its output: its beat or a pool child
+        outliving a SIGKILL of it keeps the pipe open (and is killed with the process group by `stop`)."""
+        proc = self.proc
+        assert proc is not None
         status = proc.wait()
+        output.join(timeout=1.0)  # its last lines, for `why`, unless an orphan still holds the pipe
         if not self._stopping.is_set():
             self.died = status
             self._on_death()
