@@ -226,15 +226,7 @@ def _try_create(client: McpHttp) -> str | None:
 def test_a_terminate_tool_cancelled_under_dev_stops_within_a_second(tmp_path: Path):
     """`dev` runs a pool that can kill a job: a busy `terminate=True` job stops at its cancel, quietly."""
     data, port, scribbles = tmp_path / "data", free_port(), tmp_path / "scribbles"
-    argv = [sys.executable, "-m", "celery_mcp_tasks.cli", "dev", "tests.apps.runtime_app"]
-    dev = subprocess.Popen(
-        [*argv, "--data-dir", str(data), "--port", str(port)],
-        cwd=ROOT,
-        env=_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    dev = _dev_on_runtime_app(data, port, stderr=subprocess.STDOUT)
     client = McpHttp(f"http://127.0.0.1:{port}/mcp")
 
     def create() -> str | None:
@@ -306,15 +298,7 @@ def test_a_worker_killed_outright_ends_dev_though_its_beat_outlives_it(tmp_path:
     """SIGKILL of the worker's main process leaves its beat (and pool children) alive, holding the output pipe:
     dev used to keep serving tasks that stayed `Queued` for good."""
     data, port = tmp_path / "data", free_port()
-    argv = [sys.executable, "-m", "celery_mcp_tasks.cli", "dev", "tests.apps.runtime_app"]
-    dev = subprocess.Popen(
-        [*argv, "--data-dir", str(data), "--port", str(port)],
-        cwd=ROOT,
-        env=_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
+    dev = _dev_on_runtime_app(data, port, stderr=subprocess.PIPE)
     try:
         wait_until(lambda: _worker_main(dev.pid) is not None, 60, "dev's worker to start")
         worker = _worker_main(dev.pid)
@@ -332,6 +316,19 @@ def test_a_worker_killed_outright_ends_dev_though_its_beat_outlives_it(tmp_path:
             os.killpg(dev.pid, signal.SIGKILL)
         for pid in _processes_mentioning(str(data)):
             os.kill(pid, signal.SIGKILL)
+
+
+def _dev_on_runtime_app(data: Path, port: int, *, stderr: int) -> subprocess.Popen[bytes]:
+    """`dev tests.apps.runtime_app` in a session of its own, its stdout piped (stderr: `stderr`)."""
+    argv = [sys.executable, "-m", "celery_mcp_tasks.cli", "dev", "tests.apps.runtime_app"]
+    return subprocess.Popen(
+        [*argv, "--data-dir", str(data), "--port", str(port)],
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        start_new_session=True,
+    )
 
 
 def _children(parent: int) -> list[tuple[int, str]]:
