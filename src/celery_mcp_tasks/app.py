@@ -125,22 +125,25 @@ def configure_celery(app: Celery, settings: Settings) -> None:
 
 
 def _check_transport(conf: Any) -> None:
-    """`ConfigError` naming CELERY_BROKER_URL when kombu has no transport for its scheme (`redsi://`), or cannot
-    load it (Redis without its client library): else the web process starts and fails every send, and the
-    worker dies with a traceback. A transport the Celery configuration names itself is the user's."""
-    if conf.broker_transport:
-        return
+    """`ConfigError` naming CELERY_BROKER_URL when kombu cannot make its transport: an unknown scheme (`redsi://`),
+    a missing client library (Redis's), a URL it cannot parse. Else the web process starts and fails every send,
+    and the worker dies with a traceback. The transport made is the one Celery will use (`broker_transport`:
+    ours for Redis and the embedded broker, or the user's), and connects to nothing."""
     from kombu.connection import Connection
 
     connection = None
     try:
-        connection = Connection(str(conf.broker_url))  # connects to nothing: only its transport is made
-        connection.transport  # noqa: B018 - made on first use: an unknown scheme, or a missing client library
+        connection = Connection(conf.broker_url, transport=conf.broker_transport or None)  # a list: failover
+        connection.transport  # noqa: B018 - made on first use
     except KeyError as exc:
         raise ConfigError(f"CELERY_BROKER_URL: {exc.args[0] if exc.args else exc}") from None
     except ImportError as exc:
         raise ConfigError(
             f"CELERY_BROKER_URL: its transport cannot load ({exc}); for Redis, install the redis extra"
+        ) from None
+    except ValueError:  # its text may quote the URL, password included
+        raise ConfigError(
+            "CELERY_BROKER_URL: not a URL kombu can read (a password with / or # must be %-escaped)"
         ) from None
     finally:
         if connection is not None:

@@ -91,7 +91,8 @@ def test_a_hint_with_every_pooled_producer_busy_is_one_warning_naming_the_pool_l
 def test_a_hint_failure_of_another_cause_is_said_again_with_its_own_fix(caplog: pytest.LogCaptureFixture) -> None:
     class Pool:
         def __init__(self) -> None:
-            self.failures: list[Exception] = [LimitExceeded(1), LimitExceeded(1), OperationalError("refused")]
+            # Under load in an outage the causes alternate: each is said once, not once a write.
+            self.failures: list[Exception] = [LimitExceeded(1), OperationalError("refused")] * 3
 
         def acquire(self, **_: object) -> object:
             raise self.failures.pop(0)
@@ -99,7 +100,7 @@ def test_a_hint_failure_of_another_cause_is_said_again_with_its_own_fix(caplog: 
     pool = Pool()
     publisher = BrokerPublisher(lambda: pool, hint_exchange("t"), url="redis://:***@down:1/0")
     with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks"):
-        for version in (2, 3, 4):
+        for version in range(2, 8):
             publisher.task_changed(record(key="ab" * 32, version=version))
     first, second = said(caplog, logging.WARNING)
     assert first.endswith("raise broker_pool_limit") and second.endswith("start the broker or fix CELERY_BROKER_URL")
@@ -161,3 +162,27 @@ def test_a_redis_brokers_socket_timeouts_are_defaults_the_application_may_set() 
     own.conf.broker_transport_options = {"socket_timeout": 30}
     options = McpTasks("own", celery=own, settings=settings, notifier=None).celery.conf.broker_transport_options
     assert (options["socket_timeout"], options["socket_connect_timeout"]) == (30, 5.0)
+
+
+def test_the_broker_url_is_checked_at_construction_as_celery_will_use_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kombu makes the URL's transport (ours for redis://) and connects to nothing: a failover list passes; a URL
+    kombu cannot read is refused without quoting it; Redis without its client library is refused naming it."""
+    store = f"sqlite:///{tmp_path / 'tasks.db'}"
+    failover = Celery("failover")
+    failover.conf.broker_url = ["amqp://guest@127.0.0.1:1//", "amqp://guest@127.0.0.1:2//"]
+    McpTasks("failover", celery=failover, settings=Settings(database_url=store), notifier=None)
+    with pytest.raises(SystemExit) as unreadable:
+        McpTasks(
+            "bad", settings=Settings(database_url=store, broker_url=f"amqp://u:{SECRET}/x@h:5672//"), notifier=None
+        )
+    assert "CELERY_BROKER_URL: not a URL kombu can read" in str(unreadable.value) and SECRET not in str(
+        unreadable.value
+    )
+    import kombu.transport.redis
+
+    monkeypatch.setattr(kombu.transport.redis, "redis", None)  # as without the redis extra
+    with pytest.raises(SystemExit) as missing:
+        McpTasks("no-redis", settings=Settings(database_url=store, broker_url="redis://127.0.0.1:1/0"), notifier=None)
+    assert "CELERY_BROKER_URL: its transport cannot load (Missing redis library" in str(missing.value)
