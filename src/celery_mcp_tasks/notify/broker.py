@@ -53,7 +53,7 @@ class BrokerPublisher:
         self._producer_pool = producer_pool
         self._exchange = exchange
         self._url = url  # for a log line: the broker URL, its password masked
-        self._failing: str | None = None  # the fix last said: once per outage, not with a traceback per write
+        self._said: set[str] = set()  # the fixes said in this outage: each once, not with a traceback per write
 
     def task_changed(self, record: TaskRecord) -> None:
         if not listeners_possible(record):
@@ -74,13 +74,13 @@ class BrokerPublisher:
             return self._unpublished(_reason(exc), "start the broker or fix CELERY_BROKER_URL")
         except LimitExceeded:  # every pooled producer is busy (many threads writing at once)
             return self._unpublished("no pooled broker connection was free within 2 s", "raise broker_pool_limit")
-        if self._failing is not None:
-            self._failing = None
+        if self._said:
+            self._said.clear()
             logger.info("task change hints reach the broker again")
 
     def _unpublished(self, reason: str, fix: str) -> None:
-        if self._failing != fix:  # once per outage, and again when its cause (and so its fix) changes
-            self._failing = fix
+        if fix not in self._said:  # once per outage and cause: causes that alternate under load say each once
+            self._said.add(fix)
             logger.warning(
                 "cannot publish task change hints to the broker %s (%s); the changes are stored and "
                 "listen streams catch up by polling: %s",
