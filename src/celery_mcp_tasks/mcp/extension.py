@@ -147,7 +147,8 @@ class TasksExtension(Extension):
         if not with_tasks:
             resumed = await self._sync.resume(tool, params)
             if resumed is not None:  # the retry of a synchronous call's MRTR round: answered, wait again
-                return await self._sync.call(tool, ctx, resumed)
+                idempotent = sent_key is not None or tool.derived_idempotency_key(arguments) is not None
+                return await self._sync.call(tool, ctx, resumed, idempotent=idempotent)
 
         seeded: dict[str, Any] = {}
         if tool.prepare is not None:
