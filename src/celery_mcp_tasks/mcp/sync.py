@@ -84,9 +84,7 @@ class SyncCalls:
         self._sync_timeout_s = sync_timeout_s
         self._hub = hub
         self._sealed_state = sealed_state
-        self._waiting: dict[
-            object, str
-        ] = {}  # the hidden row's key of each non-idempotent call in `call` (`abandon_all`)
+        self._waiting: dict[object, str] = {}  # each non-idempotent call's hidden row key (`abandon_all`)
 
     async def call(
         self, tool: TaskTool, ctx: ServerRequestContext[Any, Any], record: TaskRecord, *, idempotent: bool = False
