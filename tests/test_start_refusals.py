@@ -162,7 +162,7 @@ def test_a_broker_url_naming_no_transport_and_a_notify_that_cannot_work_are_one_
     cases = (
         (
             {"CELERY_BROKER_URL": "redsi://127.0.0.1:6379/13"},
-            "CELERY_BROKER_URL: No such transport: redsi.  Did you mean redis?",
+            "CELERY_BROKER_URL: kombu has no transport named 'redsi'; did you mean redis://?",
         ),
         ({"MCP_TASKS_NOTIFY": "broker"}, "MCP_TASKS_NOTIFY: broker needs a Redis or RabbitMQ broker"),
     )

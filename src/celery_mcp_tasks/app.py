@@ -125,29 +125,28 @@ def configure_celery(app: Celery, settings: Settings) -> None:
 
 
 def _check_transport(conf: Any) -> None:
-    """`ConfigError` naming CELERY_BROKER_URL when kombu cannot make its transport: an unknown scheme (`redsi://`),
-    a missing client library (Redis's), a URL it cannot parse. Else the web process starts and fails every send,
-    and the worker dies with a traceback. The transport made is the one Celery will use (`broker_transport`:
-    ours for Redis and the embedded broker, or the user's), and connects to nothing."""
-    from kombu.connection import Connection
+    """`ConfigError` naming CELERY_BROKER_URL when kombu has no transport for a URL's scheme (`redsi://`) or cannot
+    read the URL: else the web process starts and fails every send, and the worker dies with a traceback. Read
+    from kombu's transport table and URL parser: no transport (nor its client library) is imported, nothing
+    connects. A transport the configuration names (`broker_transport`) is the one used, whatever the scheme."""
+    import difflib
 
-    connection = None
-    try:
-        connection = Connection(conf.broker_url, transport=conf.broker_transport or None)  # a list: failover
-        connection.transport  # noqa: B018 - made on first use
-    except KeyError as exc:
-        raise ConfigError(f"CELERY_BROKER_URL: {exc.args[0] if exc.args else exc}") from None
-    except ImportError as exc:
-        raise ConfigError(
-            f"CELERY_BROKER_URL: its transport cannot load ({exc}); for Redis, install the redis extra"
-        ) from None
-    except ValueError:  # its text may quote the URL, password included
-        raise ConfigError(
-            "CELERY_BROKER_URL: not a URL kombu can read (a password with / or # must be %-escaped)"
-        ) from None
-    finally:
-        if connection is not None:
-            connection.release()
+    from kombu.transport import TRANSPORT_ALIASES
+    from kombu.utils.url import url_to_parts
+
+    urls = conf.broker_url if isinstance(conf.broker_url, list | tuple) else str(conf.broker_url).split(";")
+    for url in filter(None, (str(each).strip() for each in urls)):
+        scheme = url.partition("://")[0].partition("+")[0].lower()  # `sqla+postgresql://`: kombu's `sqla`
+        if not conf.broker_transport and scheme not in TRANSPORT_ALIASES:
+            close = difflib.get_close_matches(scheme, list(TRANSPORT_ALIASES), n=1)
+            hint = f"; did you mean {close[0]}://?" if close else ""
+            raise ConfigError(f"CELERY_BROKER_URL: kombu has no transport named {scheme!r}{hint}")
+        try:
+            url_to_parts(url)
+        except ValueError:  # its text may quote the URL, password included
+            raise ConfigError(
+                "CELERY_BROKER_URL: not a URL kombu can read (a password with / or # must be %-escaped)"
+            ) from None
 
 
 class McpTasks:
