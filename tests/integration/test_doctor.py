@@ -213,7 +213,9 @@ def test_workers_sharing_a_node_name_are_named_with_the_fix_not_a_celery_warning
         finally:
             for proc in workers:
                 proc.stop()
-    workers_row = row(document, "workers")
-    assert workers_row["status"] in ("WARN", "FAIL"), table
-    assert "workers share a node name, so their replies hide each other" in workers_row["detail"], table
+    workers_row = row(document, "workers")  # whichever reply was kept: `doctor` asserts both runs agree
+    assert workers_row["status"] == "WARN", table
+    assert workers_row["detail"].startswith(
+        "workers share a node name, so their replies hide each other and what they consume cannot be told"
+    ), table
     assert workers_row["fix"] == f"give each worker a node name of its own: `celery -A {APP} worker -n NAME@%h`"

@@ -71,7 +71,7 @@ def workers_check(tasks: McpTasks, app_path: str, *, timeout_s: float) -> Verdic
     """At least one worker consumes each tool queue (`inspect active_queues`) and has its tools registered.
 
     Workers answering to one node name (two `celery@host` on a host) hide each other's replies, so what
-    they consume cannot be told: said with the fix, in place of Celery's warning on stderr."""
+    they consume cannot be told: a WARN saying so, with the fix, in place of Celery's warning on stderr."""
     from celery.exceptions import DuplicateNodenameWarning
 
     with py_warnings.catch_warnings(record=True) as caught:
@@ -82,9 +82,10 @@ def workers_check(tasks: McpTasks, app_path: str, *, timeout_s: float) -> Verdic
         py_warnings.showwarning(other.message, other.category, other.filename, other.lineno)
     if not shared:
         return verdict
-    detail = f"{verdict.detail}; workers share a node name, so their replies hide each other ({shared[0]})"
+    # Which reply was kept is chance, so no verdict drawn from them holds: the same WARN every time.
+    detail = f"workers share a node name, so their replies hide each other and what they consume cannot be told ({shared[0]})"
     fix = f"give each worker a node name of its own: `celery -A {app_path} worker -n NAME@%h`"
-    return Verdict("WARN" if verdict.status == "OK" else verdict.status, detail, fix)
+    return Verdict("WARN", detail, fix)
 
 
 def _consumers_check(tasks: McpTasks, app_path: str, *, timeout_s: float) -> Verdict:
