@@ -20,6 +20,7 @@ def pool_handler(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """SIGUSR1 handled as a prefork pool process handles it, then `install()` as before a job's first run."""
     before = signal.signal(signal.SIGUSR1, soft_timeout_sighandler)
     monkeypatch.setattr(soft_limits, "_handler", None)
+    monkeypatch.setattr(soft_limits, "_looked", False)
     try:
         soft_limits.install()
         yield
@@ -75,6 +76,7 @@ def test_only_the_pools_own_handler_is_deferred(monkeypatch: pytest.MonkeyPatch)
     heard: list[int] = []  # how many writes had finished when the handler ran
     before = signal.signal(signal.SIGUSR1, lambda _signum, _frame: heard.append(len(service.done)))
     monkeypatch.setattr(soft_limits, "_handler", None)
+    monkeypatch.setattr(soft_limits, "_looked", False)
     try:
         soft_limits.install()
         shielded: Any = soft_limits.shielded(service)  # type: ignore[arg-type]
@@ -82,3 +84,13 @@ def test_only_the_pools_own_handler_is_deferred(monkeypatch: pytest.MonkeyPatch)
         assert heard == [0]  # inside the call, not after it
     finally:
         signal.signal(signal.SIGUSR1, before)
+
+
+def test_a_process_looks_for_the_pools_handler_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`install` runs before every job of ours: after the first, it costs nothing (no signal lookup)."""
+    looked: list[None] = []
+    monkeypatch.setattr(soft_limits, "_looked", False)
+    monkeypatch.setattr(soft_limits, "soft_limit_handler", lambda: looked.append(None))
+    for _ in range(3):
+        soft_limits.install()
+    assert looked == [None]

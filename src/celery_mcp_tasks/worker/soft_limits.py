@@ -27,11 +27,17 @@ from celery_mcp_tasks.worker.celery_internals import soft_limit_handler
 _depth = 0  # store calls (or a settling outcome) in flight on the main thread
 _pending: tuple[int, FrameType | None] | None = None
 _handler: Callable[[int, FrameType | None], Any] | None = None  # the pool's own, raising the limit
+_looked = False  # this process looked for the pool's handler (before its first job: the pool's is there by then)
 
 
 def install() -> None:
-    """Defer the pool's soft-limit handler during store calls (a prefork pool process, before a job runs)."""
-    global _handler
+    """Defer the pool's soft-limit handler during store calls (a prefork pool process, before a job runs).
+
+    Looks once per process: a pool process gets its handler before it runs a job, and nothing replaces ours."""
+    global _handler, _looked
+    if _looked:
+        return
+    _looked = True
     found = soft_limit_handler()
     if found is None or threading.current_thread() is not threading.main_thread():
         return
