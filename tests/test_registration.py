@@ -135,3 +135,29 @@ def test_every_keyword_of_the_typed_overload_describes_the_tool_and_no_other_doe
         if parameter.kind is inspect.Parameter.KEYWORD_ONLY
     }
     assert keywords == TOOL_OPTIONS
+
+
+def test_a_task_tools_job_is_of_the_apps_task_class_or_the_base_given(tmp_path: Path) -> None:
+    from celery import Task
+
+    from celery_mcp_tasks.worker.job import McpJob
+
+    class AppBase(Task):  # type: ignore[misc]  # Celery ships no types
+        origin = "the app's"
+
+    class Given(Task):  # type: ignore[misc]
+        origin = "given"
+
+    tasks = McpTasks("bases", celery=Celery("bases", task_cls=AppBase), settings=Settings(data_dir=tmp_path))
+
+    @tasks.mcp_task
+    def plain() -> str:
+        return "x"
+
+    @tasks.mcp_task(base=Given)
+    def based() -> str:
+        return "x"
+
+    assert isinstance(plain, McpJob) and plain.origin == "the app's"
+    assert isinstance(based, McpJob) and isinstance(based, Given) and based.origin == "given"
+    assert plain() == "x" and based() == "x"  # called directly: the body

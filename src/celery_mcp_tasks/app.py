@@ -365,7 +365,9 @@ class McpTasks:
         `max_answer_bytes`, `max_result_bytes`: this tool's payload limits (MCP_TASKS_MAX_ARGUMENTS_BYTES,
         MCP_TASKS_MAX_ANSWER_BYTES, MCP_TASKS_MAX_RESULT_BYTES).
         Other keyword arguments go to Celery's `@app.task`: with `bind=True` the function takes the
-        job first (`self.retry(...)`); jobs default to `acks_late` with a bounded `retry_on_worker_lost`.
+        job first (`self.retry(...)`); jobs default to `acks_late` with a bounded `retry_on_worker_lost`;
+        `base` (else the app's `task_cls`) is a base class of the job. A run for an MCP task leaves no
+        result in a result backend (the store has it); a detached run (`.delay()`) does.
         """
         if fn is None:
 
@@ -386,10 +388,12 @@ class McpTasks:
             raise ValueError(f"task tool {tool.name!r}: a tool of that name is already registered on this server")
         celery_options.setdefault("acks_late", True)
         celery_options.setdefault("retry_on_worker_lost", True)  # bounded by max_retries, unlike reject_on_worker_lost
-        celery_options.setdefault("ignore_result", True)
         celery_options.setdefault("shared", False)  # a guest: Celery's default adds the job to every app in the process
+        # The user's base class (else the app's `task_cls`) under ours: its hooks and attributes are the job's.
+        base = celery_options.pop("base", None) or self.celery.Task
+        job_class = base if issubclass(base, McpJob) else type(f"Mcp{base.__name__}", (McpJob, base), {})
         runtime: WorkerRuntime = self._runtime  # what a job knows of the app (typed: Celery's task() is not)
-        job: McpTaskJob[_R] = self.celery.task(base=McpJob, mcp_tool=tool, mcp_runtime=runtime, **celery_options)(
+        job: McpTaskJob[_R] = self.celery.task(base=job_class, mcp_tool=tool, mcp_runtime=runtime, **celery_options)(
             make_run(tool)
         )
         tool.celery_name = job.name

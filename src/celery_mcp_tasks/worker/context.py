@@ -58,12 +58,16 @@ class TaskContext:
         self._key = key
         self._record = record
         self._run = run
+        self._detached_attempt = 0
         self._checked_at = time.monotonic() if record is not None else 0.0
 
     @classmethod
-    def detached(cls) -> TaskContext:
-        """For a job called without an MCP task (`.delay()`, a plain call): every report is a no-op."""
-        return cls(None, None)
+    def detached(cls, *, attempt: int = 0) -> TaskContext:
+        """For a job called without an MCP task (`.delay()`, a plain call): every report is a no-op.
+        `attempt`: Celery's retry count of the running job."""
+        ctx = cls(None, None)
+        ctx._detached_attempt = attempt
+        return ctx
 
     @property
     def attached(self) -> bool:
@@ -77,7 +81,7 @@ class TaskContext:
     @property
     def attempt(self) -> int:
         """Celery's retry count for this run (0 on the first attempt)."""
-        return self._run.attempt if self._run is not None else 0
+        return self._run.attempt if self._run is not None else self._detached_attempt
 
     @property
     def input_responses(self) -> dict[str, Any]:

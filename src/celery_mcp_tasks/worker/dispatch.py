@@ -101,6 +101,7 @@ class CeleryDispatcher:
                     task_id=celery_message_id(record),
                     headers=headers,
                     shadow=tool.name,
+                    ignore_result=True,  # the outcome is the store's; nor does this process await a result
                     **HIDDEN_ARGS,  # what worker logs and events show instead of the arguments
                     retry=True,
                     retry_policy=_SEND_RETRY,

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
-from celery import Task
+from celery import Task, current_task
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent
 from pydantic import ValidationError
@@ -295,13 +295,18 @@ def failure_text(exc: BaseException) -> str:
     return type(exc).__name__ + (f": {text}" if text else "")
 
 
+def _retries() -> int:
+    """Celery's retry count of the job running on this thread (0 outside one: a plain call)."""
+    return int(getattr(getattr(current_task, "request", None), "retries", None) or 0)
+
+
 def make_run(tool: JobTool) -> Callable[..., Any]:
     """The Celery `run` for a tool: the user's function with the context injected (with `bind=True`, the job first)."""
     fn = tool.fn
 
     def run(*args: Any, **kwargs: Any) -> Any:
         if tool.context_param is not None:
-            kwargs[tool.context_param] = _current.get() or TaskContext.detached()
+            kwargs[tool.context_param] = _current.get() or TaskContext.detached(attempt=_retries())
         return fn(*args, **kwargs)
 
     run.__name__ = fn.__name__

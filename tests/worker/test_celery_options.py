@@ -1,0 +1,81 @@
+"""Task tools keep what a Celery user relies on, with a real worker on PostgreSQL + Redis: a base class of
+their own (`base=`), a result backend for detached runs and none for MCP tasks' runs, `ctx.attempt` in a
+detached retry."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+from celery import Celery
+
+from tests.support import POSTGRES_URL, REDIS_URL, Backend, Deployment, McpHttp, celery_id_of, fresh_postgres_database
+
+pytestmark = [pytest.mark.integration, pytest.mark.postgres, pytest.mark.redis]
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    if not (POSTGRES_URL and REDIS_URL):
+        pytest.skip("set MCP_TASKS_TEST_POSTGRES_URL and MCP_TASKS_TEST_REDIS_URL to run")
+    with fresh_postgres_database(POSTGRES_URL) as url:
+        backend = Backend(
+            "pg_redis",
+            {"MCP_TASKS_DATABASE_URL": url, "CELERY_BROKER_URL": REDIS_URL, "CELERY_RESULT_BACKEND": REDIS_URL},
+        )
+        with Deployment(
+            "tests.apps.celery_options_app", backend, tmp_path_factory.mktemp("celery-options")
+        ) as deployment:
+            deployment.web()
+            deployment.worker()
+            yield deployment
+
+
+@pytest.fixture
+def caller(deployment: Deployment) -> Iterator[Celery]:
+    """A plain Celery client of the same broker and result backend, sending by name as `.delay()` does."""
+    app = Celery("caller", broker=REDIS_URL, backend=REDIS_URL)
+    yield app
+    app.close()
+
+
+def test_a_detached_run_leaves_its_result_in_the_backend_and_an_mcp_tasks_run_none(
+    deployment: Deployment, caller: Celery
+) -> None:
+    sent = caller.send_task("tests.apps.celery_options_app.double", kwargs={"x": 4}, queue=deployment.queue)
+    assert sent.get(timeout=30) == 8
+
+    client = McpHttp(deployment.url)
+    try:
+        task_id = client.create("double", {"x": 5})
+        done = client.wait_for(task_id, timeout=30)
+        assert done["status"] == "completed", done
+        message_id = celery_id_of(client, task_id)
+    finally:
+        client.close()
+    backend = redis.Redis.from_url(str(REDIS_URL))
+    try:
+        assert not backend.exists(f"celery-task-meta-{message_id}")  # the outcome is the store's alone
+    finally:
+        backend.close()
+
+
+def test_the_jobs_base_class_is_the_users(deployment: Deployment) -> None:
+    from celery_mcp_tasks.worker.job import McpJob
+    from tests.apps.celery_options_app import Audited, double
+
+    assert isinstance(double, Audited) and isinstance(double, McpJob) and double.audited
+    client = McpHttp(deployment.url)
+    try:
+        done = client.wait_for(client.create("double", {"x": 1}), timeout=30)
+        assert done["status"] == "completed", done
+    finally:
+        client.close()
+    worker = deployment.procs[-1]
+    assert "audited run of tests.apps.celery_options_app.double" in worker.text()
+
+
+def test_a_detached_retry_knows_its_attempt(deployment: Deployment, caller: Celery) -> None:
+    sent = caller.send_task("tests.apps.celery_options_app.second_try", queue=deployment.queue)
+    assert sent.get(timeout=30) == 1
