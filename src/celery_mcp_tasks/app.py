@@ -47,7 +47,7 @@ from celery_mcp_tasks.service import PayloadLimits, TaskService
 from celery_mcp_tasks.store.base import Quota
 from celery_mcp_tasks.store.ledger import Ledger
 from celery_mcp_tasks.store.sql import SqlStore
-from celery_mcp_tasks.worker import bridge, termination
+from celery_mcp_tasks.worker import bridge, held, termination
 from celery_mcp_tasks.worker.context import TaskContext
 from celery_mcp_tasks.worker.dispatch import CeleryDispatcher
 from celery_mcp_tasks.worker.fairness import consume_shards
@@ -223,6 +223,7 @@ class McpTasks:
         self.server = TasksServer(name, extensions=[self._extension], **server_options)
         self._listen = attach_listen(self.server, bus, self._service, self._push)
         bridge.install()
+        held.install()  # a message the worker holds but has not started keeps its task alive
         termination.install()  # a prefork pool process that ends never leaves the pool's result lock held
         install_startup(self.celery, self._preflight, self._startup_lines)
         in_worker = self.settings.janitor == "worker"

@@ -38,3 +38,9 @@ def second_try(self: Any, ctx: TaskContext) -> int:
     if ctx.attempt == 0:
         raise self.retry(countdown=0)
     return ctx.attempt
+
+
+@tasks.mcp_task(rate_limit="6/m")
+def limited(i: int) -> int:
+    """At most one run every ten seconds in a worker: the second call waits in the worker for its slot."""
+    return i

@@ -1,6 +1,6 @@
 """Task tools keep what a Celery user relies on, with a real worker on PostgreSQL + Redis: a base class of
 their own (`base=`), a result backend for detached runs and none for MCP tasks' runs, `ctx.attempt` in a
-detached retry."""
+detached retry, a `rate_limit` that holds a job in the worker past the stale timeout."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import redis
 from celery import Celery
 
 from tests.support import POSTGRES_URL, REDIS_URL, Backend, Deployment, McpHttp, celery_id_of, fresh_postgres_database
+from tests.worker.conftest import FAST
 
 pytestmark = [pytest.mark.integration, pytest.mark.postgres, pytest.mark.redis]
 
@@ -27,8 +28,8 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         with Deployment(
             "tests.apps.celery_options_app", backend, tmp_path_factory.mktemp("celery-options")
         ) as deployment:
-            deployment.web()
-            deployment.worker()
+            deployment.web(**FAST)
+            deployment.worker(beat=True, env=FAST)  # stale timeout 3 s, janitor every second
             yield deployment
 
 
@@ -79,3 +80,18 @@ def test_the_jobs_base_class_is_the_users(deployment: Deployment) -> None:
 def test_a_detached_retry_knows_its_attempt(deployment: Deployment, caller: Celery) -> None:
     sent = caller.send_task("tests.apps.celery_options_app.second_try", queue=deployment.queue)
     assert sent.get(timeout=30) == 1
+
+
+def test_a_job_waiting_for_its_rate_limit_in_the_worker_is_not_taken_for_lost(deployment: Deployment) -> None:
+    """`rate_limit="6/m"`: the second run waits ~10 s in the worker, past the 3 s stale timeout. The worker
+    holds its message and keeps its task alive: it runs once and completes, never re-sent as lost."""
+    client = McpHttp(deployment.url)
+    try:
+        first, second = client.create("limited", {"i": 1}), client.create("limited", {"i": 2})
+        assert client.wait_for(first, timeout=30)["status"] == "completed"
+        done = client.wait_for(second, timeout=40)
+        assert done["status"] == "completed", done
+        assert "lost" not in (done.get("statusMessage") or "")
+    finally:
+        client.close()
+    assert "superseded" not in deployment.procs[-1].text()  # no second copy was sent and skipped

@@ -52,6 +52,15 @@ class Heartbeats:
     @contextmanager
     def running(self, beat: Beat, interval: float) -> Iterator[None]:
         """Beat `beat` every `interval` seconds (the first one interval from now) until the block ends."""
+        job = self.add(beat, interval)
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._jobs.discard(job)
+
+    def add(self, beat: Beat, interval: float) -> _Job:
+        """Beat `beat` every `interval` seconds (the first one interval from now) until it answers False."""
         pid = os.getpid()
         if pid != self._pid:  # after a fork: the parent's thread, jobs and lock (perhaps held at the fork) are not ours
             self._reset(pid)
@@ -63,11 +72,7 @@ class Heartbeats:
                 self._thread = start_thread(self._run, "mcp-task-heartbeat")  # never takes a SIGTERM
             elif self._wake_at is None or job.due < self._wake_at:
                 self._changed.notify()  # else the thread looks before this job is due: no wake-up per job
-        try:
-            yield
-        finally:
-            with self._changed:
-                self._jobs.discard(job)
+        return job
 
     @property
     def running_jobs(self) -> int:

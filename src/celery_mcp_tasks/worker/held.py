@@ -1,0 +1,80 @@
+"""A message this worker holds but has not started keeps its task alive.
+
+The reaper tells a lost job by its silence, and a job beats only once it runs. A worker also holds
+messages it has not started: prefetched while its pool is busy, waiting for a `rate_limit` slot, or
+counting down an ETA. Those are not lost, and the reaper must not send them again (the copy held would
+then be skipped as superseded, and after `max_sends` the task would fail as lost while a healthy worker
+had it). So the worker's main process, which receives every message (`task_received`), beats the task of
+each one it holds until that message starts (its run beats from then on), is acknowledged, or is gone.
+If the worker dies, the beats stop with it and the reaper acts as before. One beat per process, at the
+heartbeat interval, over the messages held then: a message that starts within the interval costs nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+from celery import signals
+
+from celery_mcp_tasks.model import Run
+from celery_mcp_tasks.service import TaskService
+from celery_mcp_tasks.worker.heartbeats import heartbeats
+from celery_mcp_tasks.worker.job import McpJob, row_key, run_of
+
+
+class Held:
+    """This process's held messages of our jobs, and the one beat that keeps their tasks alive."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: weakref.WeakKeyDictionary[Any, tuple[TaskService, str, Run]] = weakref.WeakKeyDictionary()
+        self._beating = False
+
+    def received(self, request: Any, service: TaskService, key: str, run: Run, interval: float) -> None:
+        with self._lock:
+            self._held[request] = (service, key, run)
+            if self._beating:
+                return
+            self._beating = True
+        heartbeats.add(self.beat, interval)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._held)
+
+    def beat(self) -> bool:
+        """Marks the task of every message still held alive; drops the rest. Always True: it beats on."""
+        with self._lock:
+            held = list(self._held.items())
+        for request, (service, key, run) in held:
+            if request.time_start is None and not request.acknowledged and service.heartbeat(key, run):
+                continue
+            with self._lock:  # started (its run beats now), done, or its task moved on: no longer ours to beat
+                self._held.pop(request, None)
+        return True
+
+
+held = Held()
+
+
+def on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
+    """`task_received`, in the worker's main process: a message of one of our jobs is held from now on."""
+    job = getattr(request, "task", None)
+    if not isinstance(job, McpJob):
+        return
+    headers = request.request_dict
+    key, run = row_key(headers), run_of(headers)
+    if key is not None and run is not None:
+        held.received(request, job.mcp_runtime.service(), key, run, job.mcp_runtime.heartbeat_interval_s)
+
+
+_installed = False
+
+
+def install() -> None:
+    global _installed
+    if not _installed:
+        signals.task_received.connect(on_received, weak=False)  # connected by call: Celery's signals are untyped
+        _installed = True

@@ -1,0 +1,45 @@
+"""The worker's main process keeps the tasks of messages it holds alive (`worker.held`); end to end, a job
+waiting for its rate limit: tests/worker/test_celery_options.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery_mcp_tasks.model import Run
+from celery_mcp_tasks.worker.held import Held
+
+
+class Request:
+    def __init__(self) -> None:
+        self.time_start: float | None = None
+        self.acknowledged = False
+
+
+class Service:
+    def __init__(self, moved_on: set[str] | None = None) -> None:
+        self.beats: list[str] = []
+        self.moved_on = moved_on or set()
+
+    def heartbeat(self, key: str, run: Run) -> bool:
+        self.beats.append(key)
+        return key not in self.moved_on
+
+
+def test_a_held_message_beats_until_it_starts_is_acknowledged_moves_on_or_is_gone() -> None:
+    held = Held()
+    service: Any = Service(moved_on={"superseded"})
+    requests = {name: Request() for name in ("waiting", "started", "acked", "superseded", "gone")}
+    for name, request in requests.items():
+        held._held[request] = (service, name, Run(1, 0, 1))  # as `received` records it, without the thread
+
+    requests["started"].time_start = 1.0
+    requests["acked"].acknowledged = True
+    del requests["gone"], request  # the worker let go of it: nothing refers to it any more
+
+    assert held.beat() is True
+    assert sorted(service.beats) == ["superseded", "waiting"]
+    assert len(held) == 1  # only the message still waiting is held
+
+    service.beats.clear()
+    held.beat()
+    assert service.beats == ["waiting"]
