@@ -113,9 +113,9 @@ def test_healthy_then_worker_stopped_then_broker_stopped(tmp_path: Path, probe: 
         code, document, table = doctor(deployment.backend, **env, MCP_TASKS_FAIR_QUEUES="2")
         workers = row(document, "workers")
         assert code == 1 and workers["status"] == "FAIL", table
-        assert (
-            workers["detail"]
-            == f"1 worker(s) answered, none consumes queue '{deployment.queue}.fair0' (tools write_report)"
+        assert workers["detail"] == (  # every queue nobody consumes, not only the first
+            f"1 worker(s) answered, none consumes queues '{deployment.queue}.fair0' (tools write_report); "
+            f"'{deployment.queue}.fair1' (tools write_report)"
         )
         assert workers["fix"].startswith("give the workers MCP_TASKS_FAIR_QUEUES=2, as here")
 

@@ -111,15 +111,15 @@ def _consumers_check(tasks: McpTasks, app_path: str, *, timeout_s: float) -> Ver
     }
     idle = [queue for queue, names in consumers.items() if not names]
     if idle:
-        queue = idle[0]
         fair = tasks.settings.fair_queues
         fix = (
             f"give the workers MCP_TASKS_FAIR_QUEUES={fair}, as here: a worker consumes the shards its own setting "
             "names, and jobs sent to a shard no worker consumes wait until the janitor fails them as lost"
-            if fair is not None and queue in shard_queues(default_queue, fair)
-            else _worker_command(app_path, [queue], default_queue)
+            if fair is not None and set(idle) & set(shard_queues(default_queue, fair))
+            else _worker_command(app_path, idle, default_queue)
         )
-        said = f"{len(active)} worker(s) answered, none consumes queue {queue!r} (tools {', '.join(needed[queue])})"
+        unconsumed = "; ".join(f"{queue!r} (tools {', '.join(needed[queue])})" for queue in idle)
+        said = f"{len(active)} worker(s) answered, none consumes queue{'s' if len(idle) > 1 else ''} {unconsumed}"
         return Verdict("FAIL", said, fix)
     answering = sorted({name for names in consumers.values() for name in names})
     try:
