@@ -125,3 +125,17 @@ def test_a_start_is_visible_once_and_a_start_that_changes_nothing_is_not_notifie
     clock.now += STALE_MS + 1
     quiet = _begin(service, clock, created.key, Run(1))
     assert quiet.started_at == clock.now and quiet.updated_at < clock.now and len(seen.notified) == notified
+
+
+def test_a_waiting_message_beats_its_task_only_while_no_copy_of_its_run_started(
+    service: TaskService, clock: Clock
+) -> None:
+    """A worker holding a message it has not started keeps the task alive (`worker.held`), but never a run
+    another copy started: if that copy died, a waiting copy's beat would hide it from the reaper."""
+    _, created = service.create(owner=None, tool="t", arguments={})
+    assert service.heartbeat(created.key, Run(1), waiting=True)  # queued: nobody started it
+    _begin(service, clock, created.key, Run(1))
+    assert not service.heartbeat(created.key, Run(1), waiting=True)  # a copy runs: its own beats speak for it
+    clock.now += STALE_MS + 1
+    assert service.heartbeat(created.key, Run(1, 1), waiting=True)  # Celery's next attempt, its retry signal late
+    assert service.heartbeat(created.key, Run(1))  # a running copy's beat is unconditional

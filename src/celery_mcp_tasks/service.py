@@ -380,14 +380,17 @@ class TaskService:
             key, lambda r: r.with_progress(message, self.clock(), run, current=current, total=total), expected
         )
 
-    def heartbeat(self, key: str, run: Run | None = None, *, ahead_ms: int = 0) -> bool:
+    def heartbeat(self, key: str, run: Run | None = None, *, ahead_ms: int = 0, waiting: bool = False) -> bool:
         """Liveness for the stale reaper (`ahead_ms`: a promise to report again by then).
 
         False once the task is final, a newer dispatch owns it, or the key holds a later task than `run`'s.
+        `waiting`: for a message of `run` not started yet, so also False once a copy of that run has started
+        (a copy that died then is the reaper's to notice; this one would stand aside for it when it starts).
         """
         if run is None:
             return self.store.touch(key, self.clock() + ahead_ms)
-        return self.store.touch(key, self.clock() + ahead_ms, dispatch=run.dispatch, born=run.born)
+        unstarted = run.attempt if waiting else None
+        return self.store.touch(key, self.clock() + ahead_ms, dispatch=run.dispatch, born=run.born, unstarted=unstarted)
 
     # `expected` (worker side): the record the caller last saw or wrote. While the row is still
     # at its version the write is one conditional UPDATE (`Store.update`); else the usual one.

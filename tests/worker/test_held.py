@@ -20,7 +20,8 @@ class Service:
         self.beats: list[str] = []
         self.moved_on = moved_on or set()
 
-    def heartbeat(self, key: str, run: Run) -> bool:
+    def heartbeat(self, key: str, run: Run, *, waiting: bool = False) -> bool:
+        assert waiting  # a held message's beat never keeps a started copy alive
         self.beats.append(key)
         return key not in self.moved_on
 

@@ -146,9 +146,17 @@ class Store(Protocol):
         """
         ...
 
-    def touch(self, key: str, at_ms: int, *, dispatch: int | None = None, born: int | None = None) -> bool:
+    def touch(
+        self,
+        key: str,
+        at_ms: int,
+        *,
+        dispatch: int | None = None,
+        born: int | None = None,
+        unstarted: int | None = None,
+    ) -> bool:
         """Set the heartbeat of an active record (of that dispatch, of the task created at `born`) without a
-        version bump."""
+        version bump. `unstarted`: only while no copy of that attempt (or a later one) has started a run."""
         ...
 
     def versions(self, keys: Iterable[str]) -> dict[str, int]:

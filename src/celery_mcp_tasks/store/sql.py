@@ -562,7 +562,15 @@ class SqlStore:
             return self._select(conn, key, ANY, for_update=True)
 
     @_operation
-    def touch(self, key: str, at_ms: int, *, dispatch: int | None = None, born: int | None = None) -> bool:
+    def touch(
+        self,
+        key: str,
+        at_ms: int,
+        *,
+        dispatch: int | None = None,
+        born: int | None = None,
+        unstarted: int | None = None,
+    ) -> bool:
         """One conditional UPDATE in autocommit, no version bump (liveness is not a change clients see), never
         moving it backwards. Idempotent, so retried even after a lost COMMIT."""
         query = tasks.update().where(tasks.c.key == key).where(tasks.c.status.not_in(TERMINAL_VALUES))
@@ -570,6 +578,8 @@ class SqlStore:
             query = query.where(tasks.c.dispatches == dispatch)
         if born is not None:
             query = query.where(tasks.c.created_at == born)
+        if unstarted is not None:  # a started copy's silence is the reaper's to judge, not hidden by a waiting one
+            query = query.where(sa.or_(tasks.c.started_at.is_(None), tasks.c.attempt < unstarted))
         return write(self.engine, query.values(heartbeat_at=_later(at_ms))) == 1
 
     @_operation

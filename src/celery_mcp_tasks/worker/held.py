@@ -6,8 +6,10 @@ counting down an ETA. Those are not lost, and the reaper must not send them agai
 then be skipped as superseded, and after `max_sends` the task would fail as lost while a healthy worker
 had it). So the worker's main process, which receives every message (`task_received`), beats the task of
 each one it holds until that message starts (its run beats from then on), is acknowledged, or is gone.
-If the worker dies, the beats stop with it and the reaper acts as before. One beat per process, at the
-heartbeat interval, over the messages held then: a message that starts within the interval costs nothing.
+If the worker dies, the beats stop with it and the reaper acts as before. A held copy of a run another
+copy has started (a redelivery) beats nothing: if that copy died, its silence is the reaper's to see.
+One beat per process, at the heartbeat interval, over the messages held then: a message that starts
+within the interval costs nothing.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ class Held:
         with self._lock:
             held = list(self._held.items())
         for request, (service, key, run) in held:
-            if request.time_start is None and not request.acknowledged and service.heartbeat(key, run):
+            if request.time_start is None and not request.acknowledged and service.heartbeat(key, run, waiting=True):
                 continue
             with self._lock:  # started (its run beats now), done, or its task moved on: no longer ours to beat
                 self._held.pop(request, None)
