@@ -147,6 +147,8 @@ def test_a_task_tools_job_is_of_the_apps_task_class_or_the_base_given(tmp_path: 
 
     class Given(Task):  # type: ignore[misc]
         origin = "given"
+        acks_late = False  # the base's attributes win over the package's defaults
+        typing = False
 
     tasks = McpTasks("bases", celery=Celery("bases", task_cls=AppBase), settings=Settings(data_dir=tmp_path))
 
@@ -160,4 +162,6 @@ def test_a_task_tools_job_is_of_the_apps_task_class_or_the_base_given(tmp_path: 
 
     assert isinstance(plain, McpJob) and plain.origin == "the app's"
     assert isinstance(based, McpJob) and isinstance(based, Given) and based.origin == "given"
+    assert (based.acks_late, based.typing, based.retry_on_worker_lost) == (False, False, True)
+    assert (plain.acks_late, plain.typing) == (True, True)  # the package's defaults where nobody said otherwise
     assert plain() == "x" and based() == "x"  # called directly: the body

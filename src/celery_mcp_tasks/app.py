@@ -17,7 +17,7 @@ from contextlib import AbstractAsyncContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, overload
 
-from celery import Celery
+from celery import Celery, Task
 
 from celery_mcp_tasks.config import ConfigError, Settings, redact_url
 from celery_mcp_tasks.mcp.extension import TasksExtension
@@ -387,12 +387,16 @@ class McpTasks:
         tool = TaskTool(fn=fn, context_type=TaskContext, bound=bound, **tool_options)
         if tool.name in self._tools or self._known_tool(tool.name):
             raise ValueError(f"task tool {tool.name!r}: a tool of that name is already registered on this server")
-        celery_options.setdefault("acks_late", True)
-        celery_options.setdefault("retry_on_worker_lost", True)  # bounded by max_retries, unlike reject_on_worker_lost
-        celery_options.setdefault("shared", False)  # a guest: Celery's default adds the job to every app in the process
-        # The user's base class (else the app's `task_cls`) under ours: its hooks and attributes are the job's.
+        # The user's base class (else the app's `task_cls`) under ours: its hooks and attributes are the job's,
+        # over the defaults below.
         base = celery_options.pop("base", None) or self.celery.Task
-        job_class = base if issubclass(base, McpJob) else type(f"Mcp{base.__name__}", (McpJob, base), {})
+        declared = {name for cls in base.__mro__ if cls not in Task.__mro__ for name in vars(cls)}
+        for name in ("acks_late", "retry_on_worker_lost"):  # bounded by max_retries, unlike reject_on_worker_lost
+            if name not in declared:
+                celery_options.setdefault(name, True)
+        celery_options.setdefault("shared", False)  # a guest: Celery's default adds the job to every app in the process
+        mine = {"typing": base.typing} if "typing" in declared else {}
+        job_class = base if issubclass(base, McpJob) else type(f"Mcp{base.__name__}", (McpJob, base), mine)
         runtime: WorkerRuntime = self._runtime  # what a job knows of the app (typed: Celery's task() is not)
         job: McpTaskJob[_R] = self.celery.task(base=job_class, mcp_tool=tool, mcp_runtime=runtime, **celery_options)(
             make_run(tool)
