@@ -165,3 +165,23 @@ def test_a_task_tools_job_is_of_the_apps_task_class_or_the_base_given(tmp_path: 
     assert (based.acks_late, based.typing, based.retry_on_worker_lost) == (False, False, True)
     assert (plain.acks_late, plain.typing) == (True, True)  # the package's defaults where nobody said otherwise
     assert plain() == "x" and based() == "x"  # called directly: the body
+
+
+def test_a_configuration_the_project_loads_after_the_construction_keeps_the_packages_settings(
+    tmp_path: Path,
+) -> None:
+    """Celery drops what was set on a configured app when it loads a configuration again: a project doing
+    `config_from_object` after `McpTasks(celery=app)` kept none of the package's settings."""
+
+    class Config:
+        broker_url = "redis://127.0.0.1:6379/0"
+        task_default_queue = "default"
+        task_acks_late = False  # the project's own settings stay
+
+    app = Celery("late")
+    McpTasks("late", celery=app, settings=Settings(data_dir=tmp_path, queue="mcp"))
+    app.config_from_object(Config)
+    assert app.conf.task_default_queue == "mcp"  # MCP_TASKS_QUEUE, as at construction
+    assert app.conf.broker_connection_retry_on_startup is True
+    assert app.conf.broker_transport_options["socket_timeout"] == 5.0
+    assert app.conf.broker_url == "redis://127.0.0.1:6379/0" and app.conf.task_acks_late is False

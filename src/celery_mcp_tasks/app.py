@@ -183,6 +183,9 @@ class McpTasks:
             self.settings = settings or Settings.from_env()
         self.celery = celery or Celery(name)
         configure_celery(self.celery, self.settings)
+        # Celery drops what was set on a configured app when it loads a configuration again (a project's
+        # `config_from_object` after this line): set it again each time.
+        self.celery.on_after_configure.connect(self._reconfigure, weak=False)  # connected by call: Celery is untyped
         with _refusing_to_start():
             _check_transport(self.celery.conf)
         self._tools: dict[str, TaskTool] = {}
@@ -239,6 +242,10 @@ class McpTasks:
             self._listen.observers.extend(p for p in self._plugins if overrides(p, "stream_opened"))
         # Entered for the served app's whole life (inside its lifespan): e.g. the janitor watch.
         self._serving_contexts = [_serving(p) for p in self._plugins if overrides(p, "serving")]
+
+    def _reconfigure(self, sender: Any = None, **_: Any) -> None:
+        if sender is self.celery:
+            configure_celery(self.celery, self.settings)
 
     # -- per-process state ---------------------------------------------------------------
 
