@@ -68,3 +68,21 @@ def test_dev_call_with_args_that_are_not_json_refuses_before_starting_anything(t
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip() == f"celery-mcp-tasks dev: cannot read ARGS from '{missing}': No such file or directory"
     assert not data.exists()
+
+
+def test_the_banner_names_the_broker_the_apps_celery_uses(tmp_path: Path) -> None:
+    """A broker set in code (run with `--keep-env`) is the one shown, not the embedded default's folder."""
+    from celery import Celery
+
+    from celery_mcp_tasks import McpTasks
+    from celery_mcp_tasks.cli.shared import banner
+    from celery_mcp_tasks.config import Settings
+
+    tasks = McpTasks(
+        "banner",
+        celery=Celery("banner", broker="redis://:secret@broker.example:6379/0"),
+        settings=Settings(data_dir=tmp_path, database_url="postgresql://db.example/tasks"),
+    )
+    assert banner(tasks)[1] == "  broker  redis://:***@broker.example:6379/0"
+    embedded = McpTasks("embedded", celery=Celery("embedded"), settings=Settings(data_dir=tmp_path))
+    assert banner(embedded)[1].startswith("  broker  filesystem:// (")

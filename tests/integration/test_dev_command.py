@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT, McpHttp, free_port, wait_until
+from tests.support import POSTGRES_URL, REDIS_URL, ROOT, McpHttp, free_port, fresh_postgres_database, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -81,6 +81,24 @@ def test_dev_runs_the_quickstart_from_working_to_completed(tmp_path: Path):
     assert (data / "tasks.db").is_file()  # SQLite, no servers
     assert not _processes_mentioning(str(data))
     assert '"POST /mcp HTTP/1.1"' not in run.stdout  # with --call, the server's access lines stay out
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_dev_keeping_the_environment_runs_beat_and_names_the_broker_its_app_uses(tmp_path: Path):
+    """`--keep-env` (an app whose broker and store are set for it): the data directory does not exist yet and
+    no embedded broker makes it; beat's schedule file is kept there all the same, and the banner names the
+    broker the app's Celery uses."""
+    if not (POSTGRES_URL and REDIS_URL):
+        pytest.skip("set MCP_TASKS_TEST_POSTGRES_URL and MCP_TASKS_TEST_REDIS_URL to run")
+    data = tmp_path / "data"  # not made yet
+    with fresh_postgres_database(POSTGRES_URL) as url:
+        run = _tides(tmp_path, _env(MCP_TASKS_DATABASE_URL=url, CELERY_BROKER_URL=REDIS_URL), "--keep-env")
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output
+    assert f"  broker  {REDIS_URL}" in run.stdout.splitlines()
+    assert "Removing corrupted schedule file" not in output, output  # beat did not die for want of its folder
+    assert (data / "beat-schedule.dat").is_file() or (data / "beat-schedule").is_file()
 
 
 def test_dev_takes_the_servers_log_level(tmp_path: Path):
@@ -257,10 +275,10 @@ def test_a_terminate_tool_cancelled_under_dev_stops_within_a_second(tmp_path: Pa
             os.kill(pid, signal.SIGKILL)
 
 
-def _tides(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def _tides(tmp_path: Path, env: dict[str, str], *options: str) -> subprocess.CompletedProcess[str]:
     """`dev --call write_report` on the quickstart, one section, in `env`."""
     data, port = str(tmp_path / "data"), str(free_port())
-    return _dev("examples.quickstart.app", "--data-dir", data, "--port", port, *_ONE_SECTION, env=env)
+    return _dev("examples.quickstart.app", *options, "--data-dir", data, "--port", port, *_ONE_SECTION, env=env)
 
 
 _ONE_SECTION = ("--call", "write_report", '{"topic": "tides", "sections": 1}')

@@ -72,7 +72,7 @@ def run(options: argparse.Namespace) -> int:
 
     host = f"[{options.host}]" if ":" in options.host else options.host
     url = f"http://{host}:{options.port}/mcp"
-    print("\n".join([f"{PREFIX}: MCP endpoint {url}", *banner(tasks.settings)]), flush=True)
+    print("\n".join([f"{PREFIX}: MCP endpoint {url}", *banner(tasks)]), flush=True)
 
     log_level = options.log_level or ("warning" if options.call else "info")
     config = uvicorn.Config(

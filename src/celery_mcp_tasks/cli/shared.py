@@ -201,15 +201,18 @@ def display_path(path: Path) -> str:
         return str(path)
 
 
-def banner(settings: Any) -> list[str]:
-    """Where this app keeps its tasks and messages (the embedded default shows its files)."""
+def banner(tasks: Any) -> list[str]:
+    """Where this app keeps its tasks and messages (the embedded default shows its files); the broker is the
+    one its Celery app uses (a broker set in code, with `--keep-env`, included)."""
+    settings = tasks.settings
     data_dir = settings.resolved_data_dir
     store = f"sqlite:///{display_path(data_dir / 'tasks.db')}"
     if settings.database_url:
         store = redact_url(settings.database_url)
-    broker = f"filesystem:// ({display_path(settings.broker_folder)})"
-    if not settings.embedded_broker:
-        broker = redact_url(settings.celery_broker_url)
+    broker_url = str(tasks.celery.conf.broker_url or "")
+    broker = redact_url(broker_url)
+    if broker_url.startswith("filesystem://") and settings.embedded_broker:
+        broker = f"filesystem:// ({display_path(settings.broker_folder)})"
     return [f"  store   {store}", f"  broker  {broker}", f"  data    {display_path(data_dir)}"]
 
 
@@ -278,6 +281,7 @@ class WorkerSupervisor:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        self._data_dir.mkdir(parents=True, exist_ok=True)  # beat's schedule file is there, whatever the broker
         if self._embedded:
             self._claim = claim_data_dir(self._data_dir, self._command)
         path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))

@@ -136,7 +136,7 @@ def run(options: argparse.Namespace) -> int:
                 broker_url = str(tasks.celery.conf.broker_url)
                 target = celery_target(options.app, tasks) if wants_worker(options.worker, broker_url) else None
                 prepare(tasks, "stdio", migrate=not options.no_migrate)
-                _say(f"{PREFIX}: serving {options.app} over stdin/stdout", *banner(tasks.settings))
+                _say(f"{PREFIX}: serving {options.app} over stdin/stdout", *banner(tasks))
                 if target is not None:
                     worker = WorkerSupervisor(target, tasks, command="stdio", schedule="stdio-beat-schedule")
                     worker.start()
