@@ -35,7 +35,8 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
 
 @pytest.fixture
 def caller(deployment: Deployment) -> Iterator[Celery]:
-    """A plain Celery client of the same broker and result backend, sending by name as `.delay()` does."""
+    """A plain Celery client of the same broker and result backend, sending by name as `.delay()` does. Its
+    `.get()` may not refuse as 'within a task': tests before it in this process may have run jobs eagerly."""
     app = Celery("caller", broker=REDIS_URL, backend=REDIS_URL)
     yield app
     app.close()
@@ -45,7 +46,7 @@ def test_a_detached_run_leaves_its_result_in_the_backend_and_an_mcp_tasks_run_no
     deployment: Deployment, caller: Celery
 ) -> None:
     sent = caller.send_task("tests.apps.celery_options_app.double", kwargs={"x": 4}, queue=deployment.queue)
-    assert sent.get(timeout=30) == 8
+    assert sent.get(timeout=30, disable_sync_subtasks=False) == 8
 
     client = McpHttp(deployment.url)
     try:
@@ -79,7 +80,7 @@ def test_the_jobs_base_class_is_the_users(deployment: Deployment) -> None:
 
 def test_a_detached_retry_knows_its_attempt(deployment: Deployment, caller: Celery) -> None:
     sent = caller.send_task("tests.apps.celery_options_app.second_try", queue=deployment.queue)
-    assert sent.get(timeout=30) == 1
+    assert sent.get(timeout=30, disable_sync_subtasks=False) == 1
 
 
 def test_a_job_waiting_for_its_rate_limit_in_the_worker_is_not_taken_for_lost(deployment: Deployment) -> None:

@@ -127,3 +127,35 @@ def test_job_after_job_wakes_the_thread_no_more(monkeypatch: pytest.MonkeyPatch)
     sooner = Counter()
     with registry.running(sooner, INTERVAL):  # due before the thread would look on its own: woken
         assert wakes == [1]
+
+
+def test_a_hurried_job_beats_now_then_at_its_pace() -> None:
+    registry = Heartbeats()
+    job = Counter()
+    beating = registry.add(job, 60.0)
+    time.sleep(0.05)
+    assert job.beats == 0  # due in a minute
+    registry.hurry(beating)
+    _until(lambda: job.beats == 1)
+    time.sleep(0.05)
+    assert job.beats == 1  # the next one a minute later
+
+
+def test_a_store_outage_is_one_line_a_beat_not_a_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    from celery_mcp_tasks.store.base import StoreUnavailable
+
+    registry = Heartbeats()
+    calls = []
+
+    def unreachable() -> bool:
+        calls.append(1)
+        try:
+            raise ConnectionRefusedError("connection refused")
+        except ConnectionRefusedError as exc:
+            raise StoreUnavailable("the task store is unavailable") from exc
+
+    with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks.worker"), registry.running(unreachable, INTERVAL):
+        _until(lambda: len(calls) >= 3)
+    said = [record for record in caplog.records if "task heartbeat failed" in record.getMessage()]
+    assert said and all(record.exc_info is None for record in said)
+    assert said[0].getMessage() == "task heartbeat failed (ConnectionRefusedError); will retry"

@@ -44,3 +44,20 @@ def test_a_held_message_beats_until_it_starts_is_acknowledged_moves_on_or_is_gon
     service.beats.clear()
     held.beat()
     assert service.beats == ["waiting"]
+
+
+def test_a_message_of_a_task_older_than_a_beat_interval_is_beaten_at_once(monkeypatch: Any) -> None:
+    """It may have waited in the broker for most of the stale timeout: the next shared beat could come too
+    late. A fresh task's message waits for that beat (no write for messages that start at once)."""
+    from celery_mcp_tasks.worker import held as module
+
+    hurried: list[object] = []
+    monkeypatch.setattr(module.heartbeats, "add", lambda beat, interval: "the held beat")
+    monkeypatch.setattr(module.heartbeats, "hurry", hurried.append)
+    monkeypatch.setattr(module, "now_ms", lambda: 100_000)
+    held, service = Held(), Service()
+    fresh, old = Request(), Request()
+    held.received(fresh, service, "fresh", Run(1, 0, 99_000), interval=2.0)  # born 1 s ago
+    assert hurried == []
+    held.received(old, service, "old", Run(1, 0, 97_000), interval=2.0)  # born 3 s ago
+    assert hurried == ["the held beat"] and len(held) == 2

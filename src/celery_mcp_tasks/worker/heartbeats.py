@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from celery_mcp_tasks.store.base import StoreUnavailable
+from celery_mcp_tasks.store.failures import loggable
 from celery_mcp_tasks.worker.termination import start_thread
 
 logger = logging.getLogger("celery_mcp_tasks.worker")
@@ -27,7 +29,7 @@ Beat = Callable[[], bool]
 
 
 @dataclass(eq=False)
-class _Job:
+class Job:
     beat: Beat
     interval: float
     due: float
@@ -44,7 +46,7 @@ class Heartbeats:
         self._pid = pid
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        self._jobs: set[_Job] = set()
+        self._jobs: set[Job] = set()
         self._thread: threading.Thread | None = None
         self._wake_at: float | None = None  # when the thread looks again at the latest (None: never on its own)
         self._idle_s: float | None = None  # with no job running, the thread looks again after this long
@@ -59,12 +61,19 @@ class Heartbeats:
             with self._changed:
                 self._jobs.discard(job)
 
-    def add(self, beat: Beat, interval: float) -> _Job:
+    def hurry(self, job: Job) -> None:
+        """Beat `job` now (and again an interval later) instead of when it is due."""
+        with self._changed:
+            if job in self._jobs and job.due > self._clock():
+                job.due = self._clock()
+                self._changed.notify()
+
+    def add(self, beat: Beat, interval: float) -> Job:
         """Beat `beat` every `interval` seconds (the first one interval from now) until it answers False."""
         pid = os.getpid()
         if pid != self._pid:  # after a fork: the parent's thread, jobs and lock (perhaps held at the fork) are not ours
             self._reset(pid)
-        job = _Job(beat, interval, self._clock() + interval)
+        job = Job(beat, interval, self._clock() + interval)
         with self._changed:
             self._jobs.add(job)
             self._idle_s = interval  # the next job is likely to beat at the same pace
@@ -97,6 +106,9 @@ class Heartbeats:
             for job in due:
                 try:
                     alive = job.beat()
+                except StoreUnavailable as exc:  # an outage: one line a beat, as the janitor says it
+                    logger.warning("task heartbeat failed (%s); will retry", loggable(exc.__cause__ or exc))
+                    continue
                 except Exception:  # a missed beat is only a later reap; never kill the job for it
                     logger.warning("task heartbeat failed; will retry", exc_info=True)
                     continue

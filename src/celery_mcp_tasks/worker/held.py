@@ -20,9 +20,9 @@ from typing import Any
 
 from celery import signals
 
-from celery_mcp_tasks.model import Run
+from celery_mcp_tasks.model import Run, now_ms
 from celery_mcp_tasks.service import TaskService
-from celery_mcp_tasks.worker.heartbeats import heartbeats
+from celery_mcp_tasks.worker.heartbeats import Job, heartbeats
 from celery_mcp_tasks.worker.job import McpJob, row_key, run_of
 
 
@@ -32,15 +32,18 @@ class Held:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._held: weakref.WeakKeyDictionary[Any, tuple[TaskService, str, Run]] = weakref.WeakKeyDictionary()
-        self._beating = False
+        self._beat: Job | None = None
 
     def received(self, request: Any, service: TaskService, key: str, run: Run, interval: float) -> None:
+        """Held from now on. A task older than a beat interval (its message waited in the broker, or it was
+        resumed) is beaten now, not up to an interval later: its last beat may be about to go stale."""
         with self._lock:
             self._held[request] = (service, key, run)
-            if self._beating:
-                return
-            self._beating = True
-        heartbeats.add(self.beat, interval)
+            beat = self._beat
+            if beat is None:
+                beat = self._beat = heartbeats.add(self.beat, interval)
+        if run.born is not None and now_ms() - run.born > interval * 1000:
+            heartbeats.hurry(beat)
 
     def __len__(self) -> int:
         with self._lock:
