@@ -136,7 +136,8 @@ def _consumers_check(tasks: McpTasks, app_path: str, *, timeout_s: float) -> Ver
                 return Verdict(
                     "FAIL",
                     f"no worker on queue {queue!r} has tool {tool!r} registered",
-                    f"deploy this version of {app_path} to the workers on {queue!r} and restart them",
+                    f"make the workers on {queue!r} import {app_path} (in -A, or the Celery app's include=[...]), "
+                    "with this version of it, and restart them",
                 )
             if len(having) < len(names):
                 warnings.append(f"{len(names) - len(having)} worker(s) on {queue!r} lack {tool!r}")
