@@ -139,3 +139,6 @@ def test_a_waiting_message_beats_its_task_only_while_no_copy_of_its_run_started(
     clock.now += STALE_MS + 1
     assert service.heartbeat(created.key, Run(1, 1), waiting=True)  # Celery's next attempt, its retry signal late
     assert service.heartbeat(created.key, Run(1))  # a running copy's beat is unconditional
+    service.retrying(created.key, Run(1, 2), start_by_ms=clock.now)  # attempt 2 scheduled, not started
+    assert not service.heartbeat(created.key, Run(1, 1), waiting=True)  # an older attempt's copy: not its to keep
+    assert service.heartbeat(created.key, Run(1, 2), waiting=True)

@@ -31,7 +31,7 @@ def test_a_held_message_beats_until_it_starts_is_acknowledged_moves_on_or_is_gon
     service: Any = Service(moved_on={"superseded"})
     requests = {name: Request() for name in ("waiting", "started", "acked", "superseded", "gone")}
     for name, request in requests.items():
-        held._held[request] = (service, name, Run(1, 0, 1))  # as `received` records it, without the thread
+        held._held[request] = (service, name, Run(1, 0, 1), None)  # as `received` records it, without the thread
 
     requests["started"].time_start = 1.0
     requests["acked"].acknowledged = True
@@ -61,3 +61,19 @@ def test_a_message_of_a_task_older_than_a_beat_interval_is_beaten_at_once(monkey
     assert hurried == []
     held.received(old, service, "old", Run(1, 0, 97_000), interval=2.0)  # born 3 s ago
     assert hurried == ["the held beat"] and len(held) == 2
+
+
+def test_a_hurried_beat_writes_only_for_the_messages_not_beaten_lately() -> None:
+    """Draining a backlog, every message received is of an old task and hurries the beat: each hurried beat
+    must write for the new message, not again for every message held."""
+    import time
+
+    held, service = Held(), Service()
+    held._interval = 10.0
+    beaten, new = Request(), Request()
+    held._held[beaten] = (service, "beaten", Run(1, 0, 1), time.monotonic())  # beaten a moment ago
+    held._held[new] = (service, "new", Run(1, 0, 1), None)
+    held.beat()
+    assert service.beats == ["new"]
+    held.beat()  # the next hurried beat: both were beaten lately
+    assert service.beats == ["new"]

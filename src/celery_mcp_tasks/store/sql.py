@@ -579,7 +579,10 @@ class SqlStore:
         if born is not None:
             query = query.where(tasks.c.created_at == born)
         if unstarted is not None:  # a started copy's silence is the reaper's to judge, not hidden by a waiting one
-            query = query.where(sa.or_(tasks.c.started_at.is_(None), tasks.c.attempt < unstarted))
+            query = query.where(
+                tasks.c.attempt <= unstarted,  # nor a later attempt's (whose message may be the one lost)
+                sa.or_(tasks.c.started_at.is_(None), tasks.c.attempt < unstarted),
+            )
         return write(self.engine, query.values(heartbeat_at=_later(at_ms))) == 1
 
     @_operation

@@ -15,6 +15,7 @@ within the interval costs nothing.
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -31,17 +32,22 @@ class Held:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._held: weakref.WeakKeyDictionary[Any, tuple[TaskService, str, Run]] = weakref.WeakKeyDictionary()
+        # request -> (service, row key, run, when its task was last beaten from here: None, not yet)
+        self._held: weakref.WeakKeyDictionary[Any, tuple[TaskService, str, Run, float | None]] = (
+            weakref.WeakKeyDictionary()
+        )
         self._beat: Job | None = None
+        self._interval = 0.0
 
     def received(self, request: Any, service: TaskService, key: str, run: Run, interval: float) -> None:
         """Held from now on. A task older than a beat interval (its message waited in the broker, or it was
         resumed) is beaten now, not up to an interval later: its last beat may be about to go stale."""
         with self._lock:
-            self._held[request] = (service, key, run)
+            self._held[request] = (service, key, run, None)
             beat = self._beat
             if beat is None:
                 beat = self._beat = heartbeats.add(self.beat, interval)
+                self._interval = interval
         if run.born is not None and now_ms() - run.born > interval * 1000:
             heartbeats.hurry(beat)
 
@@ -50,11 +56,18 @@ class Held:
             return len(self._held)
 
     def beat(self) -> bool:
-        """Marks the task of every message still held alive; drops the rest. Always True: it beats on."""
+        """Marks the task of every message still held alive, but for those beaten less than half an interval
+        ago (a beat hurried for a new message writes for that one); drops the rest. Always True: it beats on."""
+        now = time.monotonic()
         with self._lock:
             held = list(self._held.items())
-        for request, (service, key, run) in held:
+        for request, (service, key, run, beaten) in held:
+            if beaten is not None and now - beaten < self._interval / 2:
+                continue
             if request.time_start is None and not request.acknowledged and service.heartbeat(key, run, waiting=True):
+                with self._lock:
+                    if request in self._held:
+                        self._held[request] = (service, key, run, now)
                 continue
             with self._lock:  # started (its run beats now), done, or its task moved on: no longer ours to beat
                 self._held.pop(request, None)
