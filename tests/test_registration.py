@@ -185,3 +185,28 @@ def test_a_configuration_the_project_loads_after_the_construction_keeps_the_pack
     assert app.conf.broker_connection_retry_on_startup is True
     assert app.conf.broker_transport_options["socket_timeout"] == 5.0
     assert app.conf.broker_url == "redis://127.0.0.1:6379/0" and app.conf.task_acks_late is False
+
+
+def test_values_celery_copied_into_a_bound_task_class_are_not_taken_for_the_users(tmp_path: Path) -> None:
+    """Binding a task class copies the app's configuration into it (`task_acks_late=False` included): the
+    package's defaults still apply, as for a class nobody bound."""
+    app = Celery("bound")
+    app.conf.task_acks_late = False
+    app.Task.bind(app)
+    tasks = McpTasks("bound", celery=app, settings=Settings(data_dir=tmp_path))
+
+    @tasks.mcp_task
+    def plain() -> str:
+        return "x"
+
+    assert plain.acks_late is True
+
+
+def test_a_project_that_turns_retry_on_startup_off_keeps_it_off(tmp_path: Path) -> None:
+    class Config:
+        broker_connection_retry_on_startup = False
+
+    app = Celery("off")
+    McpTasks("off", celery=app, settings=Settings(data_dir=tmp_path))
+    app.config_from_object(Config)
+    assert app.conf.broker_connection_retry_on_startup is False

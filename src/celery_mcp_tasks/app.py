@@ -117,7 +117,8 @@ def configure_celery(app: Celery, settings: Settings) -> None:
         # The 1 s default grows to seconds of latency; 0.1 s costs ~1% CPU idle.
         options.setdefault("polling_interval", 0.1)
         conf.broker_transport_options = options
-    conf.broker_connection_retry_on_startup = True
+    if conf.broker_connection_retry_on_startup is None:
+        conf.broker_connection_retry_on_startup = True
     if settings.queue:
         conf.task_default_queue = settings.queue
     if settings.fair_queues is not None:
@@ -397,7 +398,12 @@ class McpTasks:
         # The user's base class (else the app's `task_cls`) under ours: its hooks and attributes are the job's,
         # over the defaults below.
         base = celery_options.pop("base", None) or self.celery.Task
-        declared = {name for cls in base.__mro__ if cls not in Task.__mro__ for name in vars(cls)}
+        declared = {  # a class Celery bound has its configuration's values copied in: not the user's word
+            name
+            for cls in base.__mro__
+            if cls not in Task.__mro__ and not vars(cls).get("__bound__")
+            for name in vars(cls)
+        }
         for name in ("acks_late", "retry_on_worker_lost"):  # bounded by max_retries, unlike reject_on_worker_lost
             if name not in declared:
                 celery_options.setdefault(name, True)

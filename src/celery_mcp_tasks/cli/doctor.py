@@ -112,12 +112,18 @@ def _consumers_check(tasks: McpTasks, app_path: str, *, timeout_s: float) -> Ver
     idle = [queue for queue, names in consumers.items() if not names]
     if idle:
         fair = tasks.settings.fair_queues
-        fix = (
-            f"give the workers MCP_TASKS_FAIR_QUEUES={fair}, as here: a worker consumes the shards its own setting "
-            "names, and jobs sent to a shard no worker consumes wait until the janitor fails them as lost"
-            if fair is not None and set(idle) & set(shard_queues(default_queue, fair))
-            else _worker_command(app_path, idle, default_queue)
+        shards = set(shard_queues(default_queue, fair)) if fair is not None else set()
+        fixes = (
+            [_worker_command(app_path, others, default_queue)]
+            if (others := [q for q in idle if q not in shards])
+            else []
         )
+        if shards & set(idle):
+            fixes.append(
+                f"give the workers MCP_TASKS_FAIR_QUEUES={fair}, as here: a worker consumes the shards its own "
+                "setting names, and jobs sent to a shard no worker consumes wait until the janitor fails them as lost"
+            )
+        fix = "; and ".join(fixes)
         unconsumed = "; ".join(f"{queue!r} (tools {', '.join(needed[queue])})" for queue in idle)
         said = f"{len(active)} worker(s) answered, none consumes queue{'s' if len(idle) > 1 else ''} {unconsumed}"
         return Verdict("FAIL", said, fix)
