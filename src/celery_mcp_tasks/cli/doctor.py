@@ -113,12 +113,9 @@ def _consumers_check(tasks: McpTasks, app_path: str, *, timeout_s: float) -> Ver
     if idle:
         fair = tasks.settings.fair_queues
         shards = set(shard_queues(default_queue, fair)) if fair is not None else set()
-        fixes = (
-            [_worker_command(app_path, others, default_queue)]
-            if (others := [q for q in idle if q not in shards])
-            else []
-        )
-        if shards & set(idle):
+        others = [queue for queue in idle if queue not in shards]
+        fixes = [_worker_command(app_path, others, default_queue)] if others else []
+        if len(others) < len(idle):  # some are shards
             fixes.append(
                 f"give the workers MCP_TASKS_FAIR_QUEUES={fair}, as here: a worker consumes the shards its own "
                 "setting names, and jobs sent to a shard no worker consumes wait until the janitor fails them as lost"
