@@ -79,6 +79,8 @@ def test_a_remote_broker_needs_a_named_store(tmp_path: Path) -> None:
     remote = Settings(data_dir=tmp_path, broker_url="amqp://guest:guest@127.0.0.1:5672//")
     message = refusal(remote, role="serve")
     assert "unset" in message and "amqp://guest:***@127.0.0.1:5672//" in message and ":guest@" not in message
+    assert "so this web process keeps tasks" in message  # the role as a reader names it (`dev` checks as serve)
+    assert "so this worker keeps tasks" in refusal(remote, role="worker")
     # A broker configured on the Celery app itself (not through CELERY_BROKER_URL) counts the same.
     assert "remote broker redis://h:6379/0" in refusal(Settings(data_dir=tmp_path), broker_url="redis://h:6379/0")
     explicit = f"sqlite:///{tmp_path / 'shared.db'}"

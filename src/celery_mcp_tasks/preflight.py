@@ -27,6 +27,9 @@ _DATABASE = "MCP_TASKS_DATABASE_URL"
 UPGRADE = "run `celery-mcp-tasks db upgrade`"
 NOT_CREATED = f"the task store does not exist yet; {UPGRADE}"
 
+_WHO = {"serve": "web process", "stdio": "stdio server"}
+"""How a role reads in a message (`dev` checks as "serve" does)."""
+
 logger = logging.getLogger("celery_mcp_tasks")
 _said: set[str] = set()  # the lines this process has logged (serve checks twice when it migrates)
 
@@ -91,8 +94,9 @@ def shared_store_problem(settings: Settings, role: str, broker_url: str) -> str 
     """Why a `role` process on `broker_url` would keep tasks no other process sees (None: it would not)."""
     if settings.database_url is not None or str(broker_url).startswith(LOCAL_BROKERS):
         return None
+    who = _WHO.get(role, role)
     return (
-        f"{_DATABASE}: unset, so this {role} keeps tasks in the embedded SQLite file {settings.store_url}, "
+        f"{_DATABASE}: unset, so this {who} keeps tasks in the embedded SQLite file {settings.store_url}, "
         f"which processes on the remote broker {redact_url(str(broker_url))} do not share; set {_DATABASE} "
         f"to the database every web process and worker uses (or an explicit sqlite:/// URL on one machine)"
     )
