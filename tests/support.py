@@ -96,14 +96,14 @@ def silent_server() -> Iterator[int]:
 
 
 @contextmanager
-def fresh_postgres_database(base_url: str) -> Iterator[str]:
-    """A new, empty database on the test server, dropped afterwards."""
+def fresh_postgres_database(base_url: str, options: str = "") -> Iterator[str]:
+    """A new, empty database on the test server (`options`: CREATE DATABASE's, e.g. a locale), dropped afterwards."""
     name = f"mcp_tasks_test_{uuid.uuid4().hex[:12]}"
     admin = sa.create_engine(
         base_url.replace("postgresql://", "postgresql+psycopg://", 1), isolation_level="AUTOCOMMIT"
     )
     with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+        conn.execute(sa.text(f'CREATE DATABASE "{name}" {options}'))
     url = sa.engine.make_url(base_url).set(database=name).render_as_string(hide_password=False)
     try:
         yield url

@@ -45,28 +45,33 @@ def _rows(conn: Connection, *where: Any, order_by: Any = (), limit: int | None =
 
 
 _DISTINCT_OWNERS = sa.text(
-    # A loose index scan: one probe of the owner index per distinct owner, not a scan of every row.
+    # A loose index scan: one probe of the owner index per distinct owner, not a scan of every row. It starts at
+    # the namespace's prefix and stops at the first owner outside it: the namespace's owners are consecutive in
+    # the index whatever the collation, but no upper bound is the same in all of them (in a C database ';'
+    # follows ':', in an en_US one it comes before).
     f"""
     WITH RECURSIVE o(owner) AS (
         SELECT min(owner) FROM {tasks.name} WHERE owner >= :low
         UNION ALL
         SELECT (SELECT min(t.owner) FROM {tasks.name} t WHERE t.owner > o.owner)
-        FROM o WHERE o.owner IS NOT NULL AND o.owner < :high
+        FROM o WHERE o.owner LIKE :within ESCAPE '/'
     )
-    SELECT owner FROM o WHERE owner IS NOT NULL AND owner < :high LIMIT :cap
+    SELECT owner FROM o WHERE owner LIKE :within ESCAPE '/' LIMIT :cap
     """
 )
 
 
 def _owners_tagged(conn: Connection, namespace: str | None, tag: str) -> list[str]:
     """The owners (within `namespace`, when given) whose tag starts with `tag`."""
-    low, high = (namespace + ":", namespace + ";") if namespace else ("", "\U0010ffff")
-    found = conn.execute(_DISTINCT_OWNERS, {"low": low, "high": high, "cap": _MAX_OWNERS}).scalars().all()
+    low = namespace + ":" if namespace else ""
+    within = low.replace("/", "//").replace("%", "/%").replace("_", "/_") + "%"
+    found = conn.execute(_DISTINCT_OWNERS, {"low": low, "within": within, "cap": _MAX_OWNERS}).scalars().all()
     return [owner for owner in found if (owner_tag(owner) or "").startswith(tag)]
 
 
-def _where(conn: Connection, filter: Filter, now_ms: int) -> list[sa.ColumnElement[bool]] | None:
-    """The filter as SQL conditions (for a page and for `rows`); None when it can match nothing (an unknown tag)."""
+def _where(conn: Connection, filter: Filter, now_ms: int, *, tags: bool = True) -> list[sa.ColumnElement[bool]] | None:
+    """The filter as SQL conditions (for a page and for `rows`); None when it can match nothing (an unknown tag).
+    Without `tags`, an owner tag is left for the caller to check on the rows (only its namespace is SQL)."""
     where: list[sa.ColumnElement[bool]] = []
     if filter.statuses:
         statuses = sorted(filter.statuses)
@@ -76,7 +81,7 @@ def _where(conn: Connection, filter: Filter, now_ms: int) -> list[sa.ColumnEleme
     namespace, tag, anonymous = filter.owner_parts()
     if anonymous:
         where.append(tasks.c.owner.is_(None))
-    elif tag is not None:
+    elif tag is not None and tags:
         owners = _owners_tagged(conn, namespace, tag)
         if not owners:
             return None
@@ -113,14 +118,17 @@ def browse(conn: Connection, filter: Filter, sort: str, cursor: str | None, limi
 def rows(
     conn: Connection, keys: Iterable[str], filter: Filter | None = None, *, now_ms: int | None = None
 ) -> list[Row]:
+    """The rows of `keys` that `filter` lists. An owner tag is checked on the rows found: resolving it lists the
+    distinct owners, a cost a page pays once but live.js would pay for every changed row it asks about."""
     wanted = list(dict.fromkeys(keys))
-    where = [] if filter is None else _where(conn, filter, clock_ms() if now_ms is None else now_ms)
+    where = [] if filter is None else _where(conn, filter, clock_ms() if now_ms is None else now_ms, tags=False)
     if where is None:
         return []
     found: list[Row] = []
     for start in range(0, len(wanted), _BATCH):
         found.extend(_rows(conn, tasks.c.key.in_(wanted[start : start + _BATCH]), *where))
-    return found
+    tag = None if filter is None else filter.owner_parts()[1]
+    return found if tag is None else [row for row in found if (row.owner_tag or "").startswith(tag)]
 
 
 def keys_starting(conn: Connection, prefix: str, *, limit: int) -> list[str]:
