@@ -56,9 +56,9 @@ class CommitFault:
         real_execute = dialect.do_execute
 
         def do_execute(cursor: Any, statement: str, parameters: Any, context: Any = None) -> None:
-            mode, self.statement_mode = self.statement_mode, None
-            if mode is None:
+            if self.statement_mode is None or statement.lstrip().upper().startswith("SELECT"):  # e.g. the row cap's
                 return real_execute(cursor, statement, parameters, context)
+            mode, self.statement_mode = self.statement_mode, None
             self.fired += 1
             if mode == "applied":
                 real_execute(cursor, statement, parameters, context)
@@ -79,7 +79,7 @@ class CommitFault:
         self.mode = mode
 
     def arm_statement(self, mode: str) -> None:
-        """The next statement (a write in autocommit) lands (`applied`) or not (`lost`), then the connection drops."""
+        """The next write statement (in autocommit) lands (`applied`) or not (`lost`), then the connection drops."""
         self.statement_mode = mode
 
 

@@ -19,6 +19,7 @@ from celery_mcp_tasks.model import Run, RunInProgress, Superseded, TaskRecord, T
 from celery_mcp_tasks.notify.postgres import CHANNEL, PG_HINT, hint_payload, libpq_url
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.base import ANY, TaskNotFound
+from celery_mcp_tasks.store.quotas import RowGauge
 from celery_mcp_tasks.store.sql import SqlStore
 from tests.builders import SendOnly
 
@@ -100,11 +101,16 @@ def test_a_write_that_need_not_be_durable_is_the_same_one_statement_and_seen_at_
 
 
 def test_a_creation_is_one_statement(store: SqlStore) -> None:
+    """The row cap costs a count at most once a second per process, and a count in the INSERT only near it."""
+    store._rows = RowGauge(clock=lambda: 0.0)  # the clock stands still: the second's one count, then none
     seen = Statements(store)
     store.create(_record("c1"), max_rows=None)
-    store.create(_record("c2"), max_rows=10)
+    store.create(_record("c2"), max_rows=10)  # the process's first creation under the cap counts the rows
+    store.create(_record("c3"), max_rows=10)
     per_write = ["INSERT", "COMMIT"] if store.dialect == "sqlite" else ["INSERT"]
-    assert seen.seen == per_write * 2
+    assert seen.seen == [*per_write, "SELECT", *per_write, *per_write]
+    inserts = [text.lower() for text in seen.texts if text.lstrip().upper().startswith("INSERT")]
+    assert len(inserts) == 3 and not any("count" in text for text in inserts)  # far from the cap: plain INSERTs
 
 
 def test_a_concurrent_writer_makes_it_fall_back_and_the_result_is_still_right(

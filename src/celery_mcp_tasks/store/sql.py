@@ -3,8 +3,8 @@
 Every transition is a compare-and-swap: `UPDATE ... WHERE key AND version` setting only the columns it
 changed; no row means another writer won, and the transition is recomputed from the fresh row.
 
-A write costs what it must. A creation is one statement in autocommit (the INSERT, or the capped
-`INSERT ... SELECT ... WHERE <room>`). An update told the record its caller last saw (`expected`) is one
+A write costs what it must. A creation is one statement in autocommit (the INSERT, or near the row cap the
+capped `INSERT ... SELECT ... WHERE <room>`; `quotas.RowGauge` says when, counting at most once a second). An update told the record its caller last saw (`expected`) is one
 conditional UPDATE in autocommit; only when that misses does it take the locking path (BEGIN,
 `SELECT ... FOR UPDATE`, UPDATE, COMMIT; SQLite serializes with `BEGIN IMMEDIATE`). The change hint
 (`pg_notify`) and a non-durable write's `synchronous_commit` off ride in the writing statement's
@@ -267,6 +267,7 @@ class SqlStore:
         # SQLite: a read takes a deferred BEGIN; a write takes the write lock first (BEGIN IMMEDIATE).
         self._sqlite = self.dialect == "sqlite"
         self._ledger: SweepLedger | None = None
+        self._rows = quotas.RowGauge()
 
     @classmethod
     def from_url(
@@ -349,8 +350,9 @@ class SqlStore:
     def create(
         self, record: TaskRecord, *, max_rows: int | None, quota: Quota | None = None, idempotent: bool = False
     ) -> TaskRecord:
-        """One statement in autocommit whose bounded count of the rows is part of the INSERT (the cap is approximate
-        by at most the racing creates). With a `quota`, a transaction of its own (`store.quotas`). `idempotent`:
+        """One INSERT in autocommit; near the row cap its bounded count of the rows is part of it, and the cap is
+        approximate by the racing creates (and what other processes created within a second: `quotas.RowGauge`).
+        With a `quota`, a transaction of its own (`store.quotas`). `idempotent`:
         the row already under the key is the answer (a retry of its creation); a row gone between the conflict and
         the read (a retry that freed an expired key meanwhile) is inserted again, once."""
         for last in (False, True):
@@ -405,14 +407,25 @@ class SqlStore:
             if refused is not None:
                 conn.rollback()
                 raise refused
-            if conn.execute(*self._insert_statement(record, max_rows)).first() is None:
+            if conn.execute(*self._insert_statement(record, self._cap(conn, max_rows))).first() is None:
                 conn.rollback()
                 raise TaskLimitReached()
             try:
                 conn.commit()
             except sa.exc.DBAPIError as exc:
                 raise _in_doubt(exc) from exc
+        self._rows.created()
         return record
+
+    def _cap(self, conn: Connection, max_rows: int | None) -> int | None:
+        """`max_rows` when this creation's INSERT must count the rows (`quotas.RowGauge`: near the cap), else None."""
+        if max_rows is None:
+            return None
+
+        def count() -> int:
+            return int(conn.execute(quotas.ROWS, {"max_rows": max_rows}).scalar_one())
+
+        return max_rows if self._rows.must_count(max_rows, count) else None
 
     def _insert_statement(self, record: TaskRecord, max_rows: int | None) -> tuple[Any, dict[str, Any]]:
         params = _to_row(record)
@@ -423,8 +436,8 @@ class SqlStore:
         return _insert_statement(max_rows is not None, self._hint(record, params)), params
 
     def _insert(self, record: TaskRecord, max_rows: int | None) -> None:
-        statement, params = self._insert_statement(record, max_rows)
         with self.engine.connect() as conn:
+            statement, params = self._insert_statement(record, self._cap(conn, max_rows))
             try:
                 inserted = conn.execute(statement, params).first()
                 conn.commit()  # PostgreSQL: autocommit already; SQLite: the BEGIN IMMEDIATE the write took
@@ -432,6 +445,7 @@ class SqlStore:
                 raise _in_doubt(exc) from exc
         if inserted is None:
             raise TaskLimitReached()
+        self._rows.created()
 
     @_reported
     def update(
