@@ -142,7 +142,7 @@ def serve(port: int) -> None:
 
     server: MCPServer[Any] = MCPServer("bench-floor")
 
-    @server.tool()
+    @server.tool(structured_output=False)  # ours answers a CreateTaskResult: no structured output to build
     def create(n: int = 0) -> str:
         """One committed INSERT of a task-shaped row, then one send_task."""
         key = secrets.token_hex(32)
