@@ -198,14 +198,20 @@ class Rows:
         done, total = self.conn.execute(self.QUERY).fetchone()
         return int(done or 0), int(total)
 
-    def drain(self, what: str) -> int:
-        """Wait until every row is completed; returns how many there are."""
+    def drain(self, what: str) -> None:
+        """Wait until every row is completed (an empty table too)."""
 
-        def drained() -> int | None:
+        def drained() -> bool:
             done, total = self.counts()
-            return total if done == total else None
+            return done == total
 
-        return int(wait_until(drained, DRAIN_S, f"{what}'s backlog to drain", interval=0.05) or 0)
+        try:
+            wait_until(drained, DRAIN_S, f"{what}'s backlog to drain", interval=0.05)
+        except TimeoutError:
+            left = self.conn.execute(
+                f"SELECT status, status_message, COUNT(*) FROM {TABLE} WHERE status <> 'completed' GROUP BY 1, 2"
+            ).fetchall()
+            raise TimeoutError(f"{what}'s backlog did not drain in {DRAIN_S:.0f} s; left: {left}") from None
 
     def clear(self) -> None:
         """Delete the completed rows (and vacuum them away): every window starts on a table of the same size,
