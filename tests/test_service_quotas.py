@@ -401,9 +401,9 @@ def test_the_quota_holds_where_the_servers_default_isolation_is_repeatable_read(
 
 
 def test_without_a_quota_a_creation_is_one_statement(store: SqlStore, clock: Clock) -> None:
-    """Quotas off cost nothing: the hot path stays the one INSERT (no lock, no count but the row cap's, at most once
-    a second per process: `RowGauge`)."""
-    store._rows = RowGauge(clock=lambda: 0.0)
+    """Quotas off cost nothing: the hot path stays the one INSERT (no lock, and the row cap's count in the INSERT
+    only once a second per process: `RowGauge`)."""
+    store._row_gauge = RowGauge(clock=lambda: 0.0)
     TaskService(store, clock=clock).create(owner="sub:a", tool="t", arguments={})  # this second's count of the rows
     statements: list[str] = []
 

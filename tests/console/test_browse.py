@@ -175,7 +175,8 @@ def test_filters_by_status_tool_owner_age_and_text_alike_in_pages_and_for_given_
 @pytest.mark.postgres
 def test_an_owner_tag_within_a_namespace_is_found_whatever_the_database_collation() -> None:
     """The official postgres image makes en_US databases. In a collation other than C, ';' sorts before ':',
-    and the owners of a namespace were looked for between "ns:" and "ns;": nothing was ever found."""
+    and the owners of a namespace were looked for between "ns:" and "ns;": nothing was ever found. Nor are a
+    namespace's owners consecutive there: ICU puts an issuer spelled in capitals between them."""
     if not POSTGRES_URL:
         pytest.skip("set MCP_TASKS_TEST_POSTGRES_URL to run")
     icu = "TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US'"
@@ -186,8 +187,13 @@ def test_an_owner_tag_within_a_namespace_is_found_whatever_the_database_collatio
             put(store, 1, owner=ALICE)
             put(store, 2, owner=BOB)
             put(store, 3, owner="subway:https%3A%2F%2Fidp.example:carol")  # a namespace "sub" is a prefix of
+            put(store, 4, owner="sub:https%3A%2F%2Fidp.EXAMPLE:bob")  # sorts between ALICE and ZED
+            zed = ALICE.rsplit(":", 1)[0] + ":zed"
+            put(store, 5, owner=zed)
             alice = Filter.parse({"owner": f"sub:https://idp.example {owner_tag(ALICE)}"})
             assert [r.key for r in store.browse(alice, "-created", None, 10, now_ms=NOW).rows] == [key(1)]
+            later = Filter.parse({"owner": f"sub:https://idp.example {owner_tag(zed)}"})
+            assert [r.key for r in store.browse(later, "-created", None, 10, now_ms=NOW).rows] == [key(5)]
             statements: list[str] = []
             sa.event.listen(store.engine, "before_cursor_execute", lambda *args: statements.append(args[2]))
             assert [r.key for r in store.rows([key(1), key(2), key(3)], alice, now_ms=NOW)] == [key(1)]

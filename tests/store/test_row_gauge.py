@@ -1,8 +1,6 @@
-"""The row cap's count is taken at most once a second per process, and paid in the INSERT only near the cap."""
+"""The row cap's count: in a creation's INSERT once a second, or near the cap; a creation is one statement."""
 
 from __future__ import annotations
-
-import pytest
 
 from celery_mcp_tasks.store.quotas import ROOM_CHECK_S, RowGauge
 
@@ -15,52 +13,51 @@ class Clock:
         return self.now
 
 
-class Counter:
-    """The rows the store holds, and how many times they were counted."""
-
-    def __init__(self, rows: int) -> None:
-        self.rows, self.counts = rows, 0
-
-    def __call__(self) -> int:
-        self.counts += 1
-        return self.rows
-
-
-def test_the_rows_are_counted_once_a_second_at_most() -> None:
-    clock, rows = Clock(), Counter(10)
-    gauge = RowGauge(clock)
-    assert not gauge.must_count(1_000, rows) and rows.counts == 1  # never counted: counted now
-    clock.now += ROOM_CHECK_S / 2
-    assert not gauge.must_count(1_000, rows) and rows.counts == 1
-    clock.now += ROOM_CHECK_S / 2
-    assert not gauge.must_count(1_000, rows) and rows.counts == 2
-
-
-def test_a_creation_counts_in_its_insert_within_a_tenth_of_the_cap() -> None:
-    assert not RowGauge(Clock()).must_count(100, Counter(89))
-    assert RowGauge(Clock()).must_count(100, Counter(90))
-    assert RowGauge(Clock()).must_count(1, Counter(0))  # a cap of one: every creation counts
-    assert not RowGauge(Clock()).must_count(3, Counter(1))
-    assert RowGauge(Clock()).must_count(3, Counter(2))
-
-
-def test_this_process_s_creations_since_the_count_move_the_estimate() -> None:
-    rows, gauge = Counter(85), RowGauge(Clock())
-    assert not gauge.must_count(100, rows)
-    for _ in range(4):
-        gauge.created()
-    assert not gauge.must_count(100, rows)  # 89
+def counted(gauge: RowGauge, max_rows: int, rows: int) -> None:
+    """A creation whose INSERT counts `rows` and stores its row."""
+    capped, mark = gauge.plan(max_rows)
+    assert capped and mark is not None
+    gauge.counted(rows, mark)
     gauge.created()
-    assert gauge.must_count(100, rows) and rows.counts == 1  # 90, without another count
 
 
-def test_a_count_that_failed_is_taken_again_by_the_next_creation() -> None:
+def test_the_rows_are_counted_once_a_second_far_from_the_cap() -> None:
+    clock = Clock()
+    gauge = RowGauge(clock)
+    counted(gauge, 1_000, 10)  # never counted: this INSERT counts, and says what it saw
+    clock.now += ROOM_CHECK_S / 2
+    assert gauge.plan(1_000) == (False, None)  # a plain INSERT
+    clock.now += ROOM_CHECK_S / 2
+    assert gauge.plan(1_000)[0]
+
+
+def test_near_the_cap_every_insert_counts_and_this_process_s_creations_move_the_estimate() -> None:
     gauge = RowGauge(Clock())
+    counted(gauge, 100, 85)  # 86 with this one
+    for _ in range(4):  # 86, 87, 88, 89
+        assert gauge.plan(100) == (False, None)
+        gauge.created()
+    assert gauge.plan(100) == (True, None)  # 90: within a tenth of the cap, counted in the INSERT
+    tiny = RowGauge(Clock())
+    counted(tiny, 1, 0)
+    assert tiny.plan(1) == (True, None)  # a cap of one: every creation counts
 
-    def broken() -> int:
-        raise OSError("the database went away")
 
-    with pytest.raises(OSError, match="went away"):
-        gauge.must_count(100, broken)
-    rows = Counter(5)
-    assert not gauge.must_count(100, rows) and rows.counts == 1
+def test_a_count_planned_before_the_last_one_does_not_replace_it() -> None:
+    gauge = RowGauge(Clock())
+    _, early = gauge.plan(100)
+    gauge.created()
+    gauge.uncounted()  # e.g. the store was down: the next creation counts again
+    _, late = gauge.plan(100)
+    assert early is not None and late is not None and late > early
+    gauge.counted(20, late)
+    gauge.counted(95, early)  # an older count, arriving last
+    assert gauge.plan(100) == (False, None)  # still 20 + 0 created since the late count was planned
+
+
+def test_an_insert_that_failed_to_count_makes_the_next_one_count() -> None:
+    gauge = RowGauge(Clock())
+    counted(gauge, 100, 5)
+    assert gauge.plan(100) == (False, None)
+    gauge.uncounted()
+    assert gauge.plan(100)[0]

@@ -45,28 +45,29 @@ def _rows(conn: Connection, *where: Any, order_by: Any = (), limit: int | None =
 
 
 _DISTINCT_OWNERS = sa.text(
-    # A loose index scan: one probe of the owner index per distinct owner, not a scan of every row. It starts at
-    # the namespace's prefix and stops at the first owner outside it: the namespace's owners are consecutive in
-    # the index whatever the collation, but no upper bound is the same in all of them (in a C database ';'
-    # follows ':', in an en_US one it comes before).
+    # A loose index scan: one probe of the owner index per distinct owner, not a scan of every row; at most
+    # :cap probes, from the namespace's prefix on. Its owners are not always consecutive in the index: where the
+    # collation ignores punctuation (glibc's en_US), "sub:ab" sorts after "subaa:x"; and no upper bound is the
+    # same in every collation (in a C database ';' follows ':', in an en_US one it comes before).
     f"""
-    WITH RECURSIVE o(owner) AS (
-        SELECT min(owner) FROM {tasks.name} WHERE owner >= :low
+    WITH RECURSIVE o(owner, n) AS (
+        SELECT min(owner), 1 FROM {tasks.name} WHERE owner >= :low
         UNION ALL
-        SELECT (SELECT min(t.owner) FROM {tasks.name} t WHERE t.owner > o.owner)
-        FROM o WHERE o.owner LIKE :within ESCAPE '/'
+        SELECT (SELECT min(t.owner) FROM {tasks.name} t WHERE t.owner > o.owner), o.n + 1
+        FROM o WHERE o.owner IS NOT NULL AND o.n < :cap
     )
-    SELECT owner FROM o WHERE owner LIKE :within ESCAPE '/' LIMIT :cap
+    SELECT owner FROM o WHERE owner LIKE :within ESCAPE '/'
     """
 )
 
 
 def _owners_tagged(conn: Connection, namespace: str | None, tag: str) -> list[str]:
-    """The owners (within `namespace`, when given) whose tag starts with `tag`."""
+    """The owners (within `namespace`, when given) whose tag starts with `tag`, among the first `_MAX_OWNERS`
+    distinct owners from the namespace's prefix on."""
     low = namespace + ":" if namespace else ""
     within = low.replace("/", "//").replace("%", "/%").replace("_", "/_") + "%"
     found = conn.execute(_DISTINCT_OWNERS, {"low": low, "within": within, "cap": _MAX_OWNERS}).scalars().all()
-    return [owner for owner in found if (owner_tag(owner) or "").startswith(tag)]
+    return [owner for owner in found if owner.startswith(low) and (owner_tag(owner) or "").startswith(tag)]
 
 
 def _where(conn: Connection, filter: Filter, now_ms: int, *, tags: bool = True) -> list[sa.ColumnElement[bool]] | None:

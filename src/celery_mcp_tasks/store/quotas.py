@@ -60,47 +60,47 @@ class RowGauge:
     """A process's estimate of how many rows the store holds, for the row cap (`MCP_TASKS_MAX_ROWS`).
 
     The cap's count (`bounded_count`) walks up to the cap's number of index entries: at 10,000 rows about 2 ms
-    of the database's CPU, more than the INSERT it guards. So a creation counts in its INSERT only when the
-    store may be near the cap: when the last count (taken by one creation at a time, at most `ROOM_CHECK_S`
-    old) plus the rows this process created since comes within a tenth of the cap. What other processes
-    created since that count is unseen: from under 90 % of the cap, more than a tenth of it created within
-    a second can pass it, by that much.
+    of the database's CPU, more than the INSERT it guards. So a creation's INSERT counts the rows (`plan`) only
+    when this process's last count is over `ROOM_CHECK_S` old (that INSERT also returns what it counted), or
+    when that count plus the rows this process created since comes within a tenth of the cap. A process that
+    creates often counts once a second; one that creates seldom counts in each INSERT, as every creation once
+    did: a creation is one statement either way. What other processes created since the last count is unseen:
+    from under 90 % of the cap, more than a tenth of it created within a second can pass it, by that much.
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._lock = threading.Lock()
-        self._counted: int | None = None  # None: not counted yet, or the last count failed
-        self._at = -math.inf
-        self._since = 0  # rows this process created since the last count
+        self._rows: int | None = None  # at the last count; None: none yet
+        self._mark = 0  # `_created` when the last count's creation was planned
+        self._created = 0  # creations of this process that stored a row, ever
+        self._counted_at = -math.inf  # when the last count was planned
 
-    def must_count(self, max_rows: int, count: Callable[[], int]) -> bool:
-        """Whether this creation's INSERT counts the rows; `count()` (bounded by `max_rows`) when the last is stale."""
+    def plan(self, max_rows: int) -> tuple[bool, int | None]:
+        """(whether this creation's INSERT counts the rows, and if it is to say what it counted: the mark to pass
+        to `counted`)."""
         now = self._clock()
         with self._lock:
-            stale = now - self._at >= ROOM_CHECK_S
-            if stale:
-                self._at = now  # this creation counts; the others meanwhile go by the last count
-            estimate = None if self._counted is None else self._counted + self._since
-        if stale:
-            try:
-                counted = count()
-            except BaseException:
-                with self._lock:
-                    self._counted, self._at = None, -math.inf
-                raise
-            with self._lock:
-                self._counted, self._since = counted, 0
-            estimate = counted
-        return estimate is None or estimate >= max_rows - max(1, max_rows // 10)
+            if now - self._counted_at >= ROOM_CHECK_S or self._rows is None:
+                self._counted_at = now  # the creations meanwhile go by the last count
+                return True, self._created
+            near = self._rows + self._created - self._mark >= max_rows - max(1, max_rows // 10)
+            return near, None
+
+    def counted(self, rows: int, mark: int) -> None:
+        """What an INSERT planned with `mark` counted (the cap, when it found no room)."""
+        with self._lock:
+            if self._rows is None or mark >= self._mark:  # a count planned earlier than the last one is older
+                self._rows, self._mark = rows, mark
+
+    def uncounted(self) -> None:
+        """The INSERT that was to count failed: the next creation counts."""
+        with self._lock:
+            self._counted_at = -math.inf
 
     def created(self) -> None:
         with self._lock:
-            self._since += 1
-
-
-ROWS = sa.select(bounded_count("max_rows"))
-"""How many rows the store holds, counting no further than `max_rows`."""
+            self._created += 1
 
 
 @functools.cache

@@ -3,12 +3,12 @@
 Every transition is a compare-and-swap: `UPDATE ... WHERE key AND version` setting only the columns it
 changed; no row means another writer won, and the transition is recomputed from the fresh row.
 
-A write costs what it must. A creation is one statement in autocommit (the INSERT, or near the row cap the
-capped `INSERT ... SELECT ... WHERE <room>`; `quotas.RowGauge` says when, counting at most once a second). An update told the record its caller last saw (`expected`) is one
-conditional UPDATE in autocommit; only when that misses does it take the locking path (BEGIN,
-`SELECT ... FOR UPDATE`, UPDATE, COMMIT; SQLite serializes with `BEGIN IMMEDIATE`). The change hint
-(`pg_notify`) and a non-durable write's `synchronous_commit` off ride in the writing statement's
-RETURNING, so they take effect at that write's commit and never for a write that missed.
+A write costs what it must. A creation is one statement in autocommit: the INSERT, or, when `quotas.RowGauge`
+says so (once a second, or near the row cap), the capped `INSERT ... SELECT ... WHERE <room>`. An update told
+the record its caller last saw (`expected`) is one conditional UPDATE in autocommit; only when that misses does
+it take the locking path (BEGIN, `SELECT ... FOR UPDATE`, UPDATE, COMMIT; SQLite serializes with `BEGIN
+IMMEDIATE`). The change hint (`pg_notify`) and a non-durable write's `synchronous_commit` off ride in the
+writing statement's RETURNING, so they take effect at that write's commit and never for a write that missed.
 
 A dropped connection is retried once, but never past a write whose outcome is unknown (a COMMIT, or an
 autocommit statement, lost in flight): `create` and `update` then read what the row became, so nothing is
@@ -108,7 +108,7 @@ _INSERT_IF_ROOM = tasks.insert().from_select(
 )
 
 
-def _hinted(statement: Any, returning: Any, hinted: bool, *, durable: bool = True) -> Any:
+def _hinted(statement: Any, returning: tuple[Any, ...], hinted: bool, *, durable: bool = True) -> Any:
     """`statement RETURNING returning`, plus `pg_notify(...)` when `hinted` and `set_config('synchronous_commit',
     'off', true)` when not `durable`: RETURNING runs once per row written and for no other, so the hint goes out
     exactly when a row was written, at its commit, and only a write that happened skips the WAL flush."""
@@ -117,13 +117,20 @@ def _hinted(statement: Any, returning: Any, hinted: bool, *, durable: bool = Tru
         folded.append(sa.func.pg_notify(sa.bindparam("hint_channel"), sa.bindparam("hint_payload")))
     if not durable:
         folded.append(sa.func.set_config("synchronous_commit", "off", sa.true()))
-    return statement.returning(returning, *folded)
+    return statement.returning(*returning, *folded)
+
+
+_ROWS_SEEN = quotas.bounded_count("max_rows").label("rows_seen")
+"""The capped INSERT's count, again in its RETURNING (`quotas.RowGauge`): the rows before it on PostgreSQL (the
+statement's snapshot), with it on SQLite."""
 
 
 @functools.cache
-def _insert_statement(capped: bool, hinted: bool) -> Any:
-    """A creation's one statement: RETURNING key, so a row back means inserted."""
-    return _hinted(_INSERT_IF_ROOM if capped else tasks.insert(), tasks.c.key, hinted)
+def _insert_statement(capped: bool, counted: bool, hinted: bool) -> Any:
+    """A creation's one statement: RETURNING key, so a row back means inserted; `counted`, the rows it saw too."""
+    if not capped:
+        return _hinted(tasks.insert(), (tasks.c.key,), hinted)
+    return _hinted(_INSERT_IF_ROOM, (tasks.c.key, _ROWS_SEEN) if counted else (tasks.c.key,), hinted)
 
 
 @functools.cache
@@ -141,7 +148,7 @@ def _update_statement(columns: tuple[str, ...], owner: OwnerScope, hinted: bool,
         tasks.c.created_at == sa.bindparam("cas_created"),  # that task's version, not a later task's under the key
         *_owner_clause(owner, "cas_owner"),
     )
-    return _hinted(query.values(values), tasks.c.heartbeat_at, hinted, durable=durable)
+    return _hinted(query.values(values), (tasks.c.heartbeat_at,), hinted, durable=durable)
 
 
 @functools.cache
@@ -267,7 +274,7 @@ class SqlStore:
         # SQLite: a read takes a deferred BEGIN; a write takes the write lock first (BEGIN IMMEDIATE).
         self._sqlite = self.dialect == "sqlite"
         self._ledger: SweepLedger | None = None
-        self._rows = quotas.RowGauge()
+        self._row_gauge = quotas.RowGauge()
 
     @classmethod
     def from_url(
@@ -350,9 +357,9 @@ class SqlStore:
     def create(
         self, record: TaskRecord, *, max_rows: int | None, quota: Quota | None = None, idempotent: bool = False
     ) -> TaskRecord:
-        """One INSERT in autocommit; near the row cap its bounded count of the rows is part of it, and the cap is
-        approximate by the racing creates (and what other processes created within a second: `quotas.RowGauge`).
-        With a `quota`, a transaction of its own (`store.quotas`). `idempotent`:
+        """One INSERT in autocommit, which counts the rows under the cap once a second and near it (`quotas.RowGauge`):
+        the cap is approximate by the racing creates and what other processes created within a second. With a
+        `quota`, a transaction of its own (`store.quotas`). `idempotent`:
         the row already under the key is the answer (a retry of its creation); a row gone between the conflict and
         the read (a retry that freed an expired key meanwhile) is inserted again, once."""
         for last in (False, True):
@@ -407,45 +414,46 @@ class SqlStore:
             if refused is not None:
                 conn.rollback()
                 raise refused
-            if conn.execute(*self._insert_statement(record, self._cap(conn, max_rows))).first() is None:
+            if not self._inserted(conn, record, max_rows):
                 conn.rollback()
                 raise TaskLimitReached()
             try:
                 conn.commit()
             except sa.exc.DBAPIError as exc:
                 raise _in_doubt(exc) from exc
-        self._rows.created()
+        self._row_gauge.created()
         return record
 
-    def _cap(self, conn: Connection, max_rows: int | None) -> int | None:
-        """`max_rows` when this creation's INSERT must count the rows (`quotas.RowGauge`: near the cap), else None."""
-        if max_rows is None:
-            return None
-
-        def count() -> int:
-            return int(conn.execute(quotas.ROWS, {"max_rows": max_rows}).scalar_one())
-
-        return max_rows if self._rows.must_count(max_rows, count) else None
-
-    def _insert_statement(self, record: TaskRecord, max_rows: int | None) -> tuple[Any, dict[str, Any]]:
+    def _inserted(self, conn: Connection, record: TaskRecord, max_rows: int | None) -> bool:
+        """The creation's INSERT: whether it stored the row (False: no room under the cap). Whether it counts the
+        rows, and tells the gauge what it counted, is `quotas.RowGauge`'s to say."""
         params = _to_row(record)
         if self.ring is not None:
             params = seal_columns(self.ring, record.key, params)
-        if max_rows is not None:
+        capped, mark = self._row_gauge.plan(max_rows) if max_rows is not None else (False, None)
+        if capped:
             params["max_rows"] = max_rows
-        return _insert_statement(max_rows is not None, self._hint(record, params)), params
+        statement = _insert_statement(capped, mark is not None, self._hint(record, params))
+        try:
+            inserted = conn.execute(statement, params).first()
+        except BaseException:
+            if mark is not None:
+                self._row_gauge.uncounted()
+            raise
+        if mark is not None and max_rows is not None:
+            self._row_gauge.counted(max_rows if inserted is None else int(inserted.rows_seen), mark)
+        return inserted is not None
 
     def _insert(self, record: TaskRecord, max_rows: int | None) -> None:
         with self.engine.connect() as conn:
-            statement, params = self._insert_statement(record, self._cap(conn, max_rows))
             try:
-                inserted = conn.execute(statement, params).first()
+                inserted = self._inserted(conn, record, max_rows)
                 conn.commit()  # PostgreSQL: autocommit already; SQLite: the BEGIN IMMEDIATE the write took
             except sa.exc.DBAPIError as exc:
                 raise _in_doubt(exc) from exc
-        if inserted is None:
+        if not inserted:
             raise TaskLimitReached()
-        self._rows.created()
+        self._row_gauge.created()
 
     @_reported
     def update(
