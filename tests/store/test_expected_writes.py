@@ -105,8 +105,8 @@ def test_a_creation_is_one_statement(store: SqlStore) -> None:
     store._row_gauge = RowGauge(clock=lambda: 0.0)  # the clock stands still: the second's one count, then none
     seen = Statements(store)
     store.create(_record("c1"), max_rows=None)
-    store.create(_record("c2"), max_rows=10)  # the process's first creation under the cap counts the rows
-    store.create(_record("c3"), max_rows=10)
+    store.create(_record("c2"), max_rows=1_000)  # the process's first creation under the cap counts the rows
+    store.create(_record("c3"), max_rows=1_000)
     per_write = ["INSERT", "COMMIT"] if store.dialect == "sqlite" else ["INSERT"]
     assert seen.seen == per_write * 3
     inserts = [text.lower() for text in seen.texts if text.lstrip().upper().startswith("INSERT")]

@@ -61,11 +61,12 @@ class RowGauge:
 
     The cap's count (`bounded_count`) walks up to the cap's number of index entries: at 10,000 rows about 2 ms
     of the database's CPU, more than the INSERT it guards. So a creation's INSERT counts the rows (`plan`) only
-    when this process's last count is over `ROOM_CHECK_S` old (that INSERT also returns what it counted), or
-    when that count plus the rows this process created since comes within a tenth of the cap. A process that
-    creates often counts once a second; one that creates seldom counts in each INSERT, as every creation once
-    did: a creation is one statement either way. What other processes created since the last count is unseen:
-    from under 90 % of the cap, more than a tenth of it created within a second can pass it, by that much.
+    when this process's last count is over `ROOM_CHECK_S` old or a tenth of the cap's creations of its own ago
+    (that INSERT also returns what it counted), or when that count plus the rows this process created since
+    comes within a tenth of the cap. A process that creates often counts once a second; one that creates
+    seldom counts in each INSERT, as every creation once did: a creation is one statement either way. What
+    other processes created since the last count is unseen: each can add about a tenth of the cap unseen, so
+    several creating at once can pass the cap by about a tenth of it for each process beyond the first.
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -75,17 +76,19 @@ class RowGauge:
         self._mark = 0  # `_created` when the last count's creation was planned
         self._created = 0  # creations of this process that stored a row, ever
         self._counted_at = -math.inf  # when the last count was planned
+        self._planned = 0  # `_created` then
 
     def plan(self, max_rows: int) -> tuple[bool, int | None]:
         """(whether this creation's INSERT counts the rows, and if it is to say what it counted: the mark to pass
         to `counted`)."""
         now = self._clock()
+        tenth = max(1, max_rows // 10)
         with self._lock:
-            if now - self._counted_at >= ROOM_CHECK_S or self._rows is None:
-                self._counted_at = now  # the creations meanwhile go by the last count
+            stale = now - self._counted_at >= ROOM_CHECK_S or self._created - self._planned >= tenth
+            if stale or self._rows is None:
+                self._counted_at, self._planned = now, self._created  # the creations meanwhile go by the last count
                 return True, self._created
-            near = self._rows + self._created - self._mark >= max_rows - max(1, max_rows // 10)
-            return near, None
+            return self._rows + self._created - self._mark >= max_rows - tenth, None
 
     def counted(self, rows: int, mark: int) -> None:
         """What an INSERT planned with `mark` counted (the cap, when it found no room)."""

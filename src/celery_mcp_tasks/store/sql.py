@@ -358,7 +358,7 @@ class SqlStore:
         self, record: TaskRecord, *, max_rows: int | None, quota: Quota | None = None, idempotent: bool = False
     ) -> TaskRecord:
         """One INSERT in autocommit, which counts the rows under the cap once a second and near it (`quotas.RowGauge`):
-        the cap is approximate by the racing creates and what other processes created within a second. With a
+        the cap is approximate by the racing creates and what other processes created since that count. With a
         `quota`, a transaction of its own (`store.quotas`). `idempotent`:
         the row already under the key is the answer (a retry of its creation); a row gone between the conflict and
         the read (a retry that freed an expired key meanwhile) is inserted again, once."""
