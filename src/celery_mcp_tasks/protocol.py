@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from mcp_types import (
+    CallToolResult,
     CreateMessageRequest,
     CreateMessageResult,
     CreateMessageResultWithTools,
@@ -17,6 +18,7 @@ from mcp_types import (
     ElicitResult,
     ListRootsRequest,
     ListRootsResult,
+    TextContent,
 )
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
@@ -217,6 +219,20 @@ def validate_input_requests(requests: Mapping[str, Any]) -> dict[str, Any]:
             )
         checked[key] = _checked(dict(request))
     return checked
+
+
+def tool_result(result: Mapping[str, Any] | str) -> dict[str, Any]:
+    """`result` as the wire JSON of a CallToolResult, as a job's return value is stored (`resultType` too): a str
+    becomes one text block; a mapping is checked against `mcp_types`. ValueError names the fields, never a value."""
+    if isinstance(result, str):
+        model = CallToolResult(content=[TextContent(type="text", text=result)])
+    else:
+        try:
+            model = CallToolResult.model_validate(result)
+        except ValidationError as exc:
+            where = sorted({".".join(map(str, error["loc"])) or "the result" for error in exc.errors()})
+            raise ValueError(f"not a CallToolResult: check {', '.join(where)}") from None
+    return model.model_dump(by_alias=True, mode="json", exclude_none=True)
 
 
 def required_capabilities(requests: Mapping[str, Any]) -> set[str]:

@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from celery import Celery
 from celery.app.task import Context
 from celery.exceptions import Retry, WorkerLostError
+from mcp_types import CallToolResult, TextContent
 
 from celery_mcp_tasks import McpTasks, TaskContext, elicit
 from celery_mcp_tasks.app import internals
@@ -369,6 +370,22 @@ def test_a_handle_outside_any_job_drives_the_task_and_answers_terminal_after(tas
     for write in (lambda: handle.progress("again"), lambda: handle.fail("late"), lambda: handle.complete("twice")):
         with pytest.raises(TerminalTask, match="terminal"):
             write()
+
+
+def test_a_handle_stores_the_result_a_job_returning_it_would_and_refuses_one_that_is_not_a_result(
+    tasks: McpTasks,
+) -> None:
+    service = internals(tasks).service()
+    task_id, record = service.create(owner=None, tool="unused", arguments={}, dispatch=False)
+    handle = tasks.task_handle(record.key)
+    with pytest.raises(ValueError, match="content") as refused:
+        handle.complete({"content": "the secret words"})
+    assert "secret" not in str(refused.value)  # the fields are named, never the values
+    assert service.get(task_id, None).status is TaskStatus.WORKING  # nothing stored
+    handle.complete({"content": [{"type": "text", "text": "done"}], "structuredContent": {"n": 1}})
+    returned = CallToolResult(content=[TextContent(type="text", text="done")], structured_content={"n": 1})
+    assert service.get(task_id, None).result == returned.model_dump(by_alias=True, mode="json", exclude_none=True)
+    assert service.get(task_id, None).result["resultType"] == "complete"  # as every stored outcome says
 
 
 def test_a_job_that_never_reports_shows_its_start_and_numbers_ride_along_when_it_does(tasks: McpTasks) -> None:

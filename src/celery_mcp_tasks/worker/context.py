@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from celery_mcp_tasks.model import Run, Superseded, TaskRecord, TaskStatus, TerminalTask, checked_progress
-from celery_mcp_tasks.protocol import validate_input_requests
+from celery_mcp_tasks.protocol import tool_result, validate_input_requests
 from celery_mcp_tasks.service import TaskService, failure
 from celery_mcp_tasks.store.base import StoreUnavailable
 
@@ -127,10 +127,10 @@ class TaskContext:
         self._write(lambda s, k: s.progress(k, message, self._run, current=current, total=total, expected=self._record))
 
     def complete(self, result: dict[str, Any] | str, message: str | None = None) -> None:
-        """Finish with a CallToolResult (a str becomes one text block). Mostly for work that ends outside a job."""
-        if isinstance(result, str):
-            result = {"content": [{"type": "text", "text": result}], "isError": False}
-        self._write(lambda s, k: s.complete(k, result, message, self._run, expected=self._record))
+        """Finish with a CallToolResult (a str becomes one text block), stored as a job's return value is. Mostly
+        for work that ends outside a job. A dict that is not a CallToolResult is a `ValueError` naming its fields."""
+        stored = tool_result(result)
+        self._write(lambda s, k: s.complete(k, stored, message, self._run, expected=self._record))
 
     def fail(self, error: dict[str, Any] | str, message: str | None = None) -> None:
         """Fail with a JSON-RPC error (`{"code", "message"}`, or a message for -32603)."""
