@@ -101,12 +101,14 @@ def test_dev_keeping_the_environment_runs_beat_and_names_the_broker_its_app_uses
     assert (data / "beat-schedule.dat").is_file() or (data / "beat-schedule").is_file()
 
 
-def test_dev_takes_the_servers_log_level(tmp_path: Path):
+def test_dev_takes_the_servers_and_workers_log_level(tmp_path: Path):
     port = str(free_port())
     call = ("--call", "write_report", '{"topic": "tides", "sections": 1}')
     run = _dev("examples.quickstart.app", "--data-dir", str(tmp_path), "--port", port, "--log-level", "INFO", *call)
     assert run.returncode == 0, run.stdout + run.stderr
     assert '"POST /mcp HTTP/1.1" 200' in run.stdout  # uvicorn's access lines, asked for over --call's default
+    worker = run.stderr  # the worker's output is forwarded to dev's stderr
+    assert "Task write_report[" in worker and "succeeded in" in worker  # its INFO lines too
 
 
 def test_a_busy_port_is_an_error_before_anything_happens(tmp_path: Path):

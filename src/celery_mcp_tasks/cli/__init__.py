@@ -61,13 +61,15 @@ def _parser() -> argparse.ArgumentParser:
     def no_migrate(found: argparse.ArgumentParser) -> None:
         found.add_argument("--no-migrate", action="store_true", help="do not apply migrations at start")
 
-    def log_level(found: argparse.ArgumentParser, default: str | None = "info", shown: str = "info") -> None:
+    def log_level(
+        found: argparse.ArgumentParser, default: str | None = "info", text: str = "uvicorn's log level (default info)"
+    ) -> None:
         found.add_argument(
             "--log-level",
             default=default,
             type=str.lower,
             choices=["critical", "error", "warning", "info", "debug", "trace"],
-            help=f"uvicorn's log level (default {shown})",
+            help=text,
         )
 
     serve = command(
@@ -96,7 +98,11 @@ def _parser() -> argparse.ArgumentParser:
     data_dir(dev)
     dev.add_argument("--keep-env", action="store_true", help="keep MCP_TASKS_DATABASE_URL / CELERY_BROKER_URL")
     dev.add_argument("--call", nargs=2, metavar=("TOOL", "ARGS_JSON"), help="call one tool, follow it, then exit")
-    log_level(dev, default=None, shown="info; warning with --call")
+    log_level(
+        dev,
+        default=None,
+        text="uvicorn's log level (default info; warning with --call), and when given the worker's (else warning)",
+    )
 
     db = sub.add_parser(
         "db",

@@ -89,7 +89,7 @@ def run(options: argparse.Namespace) -> int:
         stopped.set()
         server.should_exit = True
 
-    worker = WorkerSupervisor(target, tasks, on_death=on_worker_death)
+    worker = WorkerSupervisor(target, tasks, on_death=on_worker_death, log_level=options.log_level)
     status = 0
     with sigterm_stops():
         # MCP_TASKS_OPS_HOST/PORT, when a plugin added routes (`dev` has no --ops-port)

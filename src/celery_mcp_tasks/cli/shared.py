@@ -255,7 +255,8 @@ def claim_data_dir(folder: Path, command: str) -> IO[str] | None:
 class WorkerSupervisor:
     """`celery worker -B` consuming `supervised_queues`, in its own process group, its output forwarded and its
     death reported (`on_death`, from a thread waiting for it); `command` (dev, stdio) names its node and holds the data
-    directory, and `stdio` keeps a beat schedule file of its own."""
+    directory, and `stdio` keeps a beat schedule file of its own. `log_level`: the worker's (a `--log-level` given
+    to `dev`), so a job's own INFO lines show; None: WARNING, without Celery's lines for every task."""
 
     def __init__(
         self,
@@ -265,6 +266,7 @@ class WorkerSupervisor:
         on_death: Callable[[], None] = lambda: None,
         command: str = "dev",
         schedule: str = "beat-schedule",
+        log_level: str | None = None,
     ) -> None:
         queues = supervised_queues(tasks)
         self._command = command
@@ -272,7 +274,10 @@ class WorkerSupervisor:
         self._embedded = str(tasks.celery.conf.broker_url or "").startswith("filesystem://")
         self._claim: IO[str] | None = None
         self._argv = [sys.executable, "-m", "celery", "--quiet", "-A", target, "worker", "-B", *WORKER_POOL]
-        self._argv += ["--loglevel", "WARNING", "--without-mingle", "--without-gossip", "-n", f"{command}@%h"]
+        level = (
+            "DEBUG" if log_level == "trace" else (log_level or "WARNING").upper()
+        )  # uvicorn's "trace": Celery has none
+        self._argv += ["--loglevel", level, "--without-mingle", "--without-gossip", "-n", f"{command}@%h"]
         self._argv += ["-s", str(self._data_dir / schedule), *(["-Q", ",".join(queues)] if queues else [])]
         self._on_death = on_death
         self._tail: collections.deque[str] = collections.deque(maxlen=40)
