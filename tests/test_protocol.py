@@ -5,6 +5,7 @@ import pytest
 from celery_mcp_tasks.protocol import (
     PROGRESS_META_KEY,
     InvalidInputRequest,
+    answer_problem,
     answers,
     elicit,
     format_timestamp,
@@ -126,6 +127,20 @@ def test_sample_and_list_roots_build_the_requests_the_client_answers():
         },
     }
     assert list_roots() == {"method": "roots/list", "params": {}}
+
+
+def test_a_refused_answer_says_which_field_and_what_it_must_be_never_the_value_sent():
+    question = elicit("Size?", {"size": {"type": "string", "enum": ["s", "m"]}, "count": int})
+    assert answer_problem(question, {"action": "accept", "content": {"size": "s", "count": 2}}) is None
+    assert answer_problem(question, {"action": "maybe"}) == "action: Input should be 'accept', 'decline' or 'cancel'"
+    wrong_size = answer_problem(question, {"action": "accept", "content": {"size": "secret-xl", "count": 2}})
+    assert wrong_size == 'content.size: must satisfy enum ["s", "m"]'
+    wrong_count = answer_problem(question, {"action": "accept", "content": {"size": "s", "count": "secret"}})
+    assert wrong_count == 'content.count: must satisfy type "integer"'
+    assert answer_problem(question, {"action": "accept", "content": {"size": "s"}}) == (
+        "content: 'count' is a required property"
+    )
+    assert answer_problem(list_roots(), {"roots": "secret"}) == "roots: Input should be a valid list"
 
 
 def test_an_answer_fits_only_the_kind_of_request_it_answers():

@@ -42,7 +42,7 @@ from celery_mcp_tasks.observe import Observers
 from celery_mcp_tasks.ops import plugins_from_settings  # the package alone: it names its modules, imports none
 from celery_mcp_tasks.plugin import Plugin, overrides, store_built_hook
 from celery_mcp_tasks.preflight import preflight
-from celery_mcp_tasks.protocol import answers
+from celery_mcp_tasks.protocol import answer_problem
 from celery_mcp_tasks.service import PayloadLimits, TaskService
 from celery_mcp_tasks.store.base import Quota
 from celery_mcp_tasks.store.ledger import Ledger
@@ -273,7 +273,7 @@ class McpTasks:
                     observer=self._observers,
                     idempotency_secret=_secret(self.settings.idempotency_secret),
                     limits=self._limits,
-                    answer_fits=answers,
+                    answer_problem=answer_problem,
                 )
                 self._built_pid = pid
         return self._built

@@ -119,7 +119,11 @@ class DuplicateInputKeys(ValueError):
     """Input request keys are single-use over the task's whole life."""
 
     def __init__(self, keys: list[str]) -> None:
-        super().__init__(f"input request keys already used by this task: {', '.join(sorted(keys))}")
+        used = ", ".join(sorted(keys))
+        super().__init__(
+            f"input request keys already used by this task: {used} (a job runs again once answered: ask only while "
+            "the key is not in ctx.input_responses)"
+        )
         self.keys = sorted(keys)
 
 
@@ -533,7 +537,7 @@ class TaskRecord:
         at_ms: int,
         *,
         dispatch: bool = True,
-        fits: Callable[[Mapping[str, Any], Any], bool] | None = None,
+        problem: Callable[[Mapping[str, Any], Any], str | None] | None = None,
     ) -> tuple[TaskRecord, bool]:
         """Record answers to outstanding keys (others are ignored).
 
@@ -541,7 +545,7 @@ class TaskRecord:
         waiting). With `dispatch` that new run is part of this transition: one write, one notification, no
         window in which the reaper sees a run never sent. Raises `InvalidTransition` when nothing outstanding
         was answered (callers skip the write), `InvalidInputResponse` when such an answer is not an object,
-        or not what `fits(request, answer)` says its request asks for (the wire's result types: `protocol`).
+        or not what its request asks for: `problem(request, answer)` says why (the wire's result types: `protocol`).
         """
         if self.terminal or self.status is not TaskStatus.INPUT_REQUIRED:
             raise InvalidTransition("no input is outstanding")
@@ -549,9 +553,12 @@ class TaskRecord:
         if any(not isinstance(value, dict) for value in taken.values()):
             raise InvalidInputResponse("each input response must be an object")
         for key, answer in taken.items():
-            if fits is not None and not fits(self.input_requests[key], answer):
+            why = None if problem is None else problem(self.input_requests[key], answer)
+            if why is not None:
                 method = self.input_requests[key].get("method")
-                raise InvalidInputResponse(f"the input response {key!r} is not an answer to its {method} request")
+                raise InvalidInputResponse(
+                    f"the input response {key!r} is not an answer to its {method} request: {why}"
+                )
         if not taken:
             raise InvalidTransition("no outstanding key was answered")
         remaining = {key: value for key, value in self.input_requests.items() if key not in taken}

@@ -5,6 +5,7 @@ ask, checked against `mcp_types` (so a typo in a schema fails the job, not the c
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -131,30 +132,43 @@ def answer_type(request: Mapping[str, Any]) -> type[BaseModel] | None:
 
 
 def answers(request: Mapping[str, Any], answer: Any) -> bool:
-    """Whether `answer` is a result of the kind `request` asks for (`answer_type`), and an accepted form
-    elicitation's content fits its `requestedSchema`: an answer that does not is refused (-32602) and its
-    question stays outstanding, so the job never reads a value of a type it did not ask for."""
+    """Whether `answer` answers `request` (`answer_problem` finds nothing)."""
+    return answer_problem(request, answer) is None
+
+
+def answer_problem(request: Mapping[str, Any], answer: Any) -> str | None:
+    """Why `answer` is not a result of the kind `request` asks for (`answer_type`), or why an accepted form
+    elicitation's content does not fit its `requestedSchema`; None when it answers. Such an answer is refused
+    (-32602) and its question stays outstanding, so the job never reads a value of a type it did not ask for.
+    The reason names fields and what they must be, never a value the client sent."""
     kind = answer_type(request)
     if kind is None:
-        return isinstance(answer, dict)
+        return None if isinstance(answer, dict) else "an answer is an object"
     try:
         result = kind.model_validate(answer)
-    except ValidationError:
-        return False
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        return f"{'.'.join(map(str, error['loc'])) or 'the answer'}: {error['msg']}"  # pydantic's msg quotes no input
     schema = (request.get("params") or {}).get("requestedSchema")
     if isinstance(result, ElicitResult) and result.action == "accept" and isinstance(schema, Mapping):
-        from jsonschema.validators import validator_for  # the SDK's own dependency; loaded on an answer only
+        from jsonschema.exceptions import best_match  # the SDK's own dependency; loaded on an answer only
+        from jsonschema.validators import validator_for
 
         validator = validator_for(schema)
         try:
             validator.check_schema(schema)
         except Exception:  # noqa: BLE001 - a schema jsonschema cannot read decides nothing
-            return True
+            return None
         # An optional field left empty may come as null (the SDK's own client sends it so): as if omitted.
         required = schema.get("required") or ()
         content = {key: value for key, value in (result.content or {}).items() if value is not None or key in required}
-        return bool(validator(schema).is_valid(content))
-    return True
+        error = best_match(validator(schema).iter_errors(content))
+        if error is not None:
+            if error.validator == "required":  # "'name' is a required property": the schema's name, no value
+                return f"content: {error.message}"
+            rule = json.dumps(error.validator_value, default=str)
+            return f"{'.'.join(['content', *map(str, error.path)])}: must satisfy {error.validator} {rule[:120]}"
+    return None
 
 
 class InvalidInputRequest(ValueError):

@@ -135,8 +135,9 @@ class TaskService:
     idempotency_secret: bytes | None = None  # derives the id of an idempotent creation (`model.derived_task_id`)
     limits: Callable[[str], PayloadLimits] | None = None
     """A tool's payload limits (the composition root: settings and `@mcp_task` options); None: unlimited."""
-    answer_fits: Callable[[Mapping[str, Any], Any], bool] | None = None
-    """Whether an answer is of the kind its input request asks for (the composition root: `protocol.answers`)."""
+    answer_problem: Callable[[Mapping[str, Any], Any], str | None] | None = None
+    """Why an answer is not of the kind its input request asks for, None when it is (the composition root:
+    `protocol.answer_problem`)."""
 
     # -- request side (raw id, owner-scoped) ----------------------------------------
 
@@ -272,7 +273,7 @@ class TaskService:
                     logger.warning("tool %r: answers were refused: %s", record.tool, refused)
                     raise refused
             try:
-                nxt, resumed = record.answered(responses, self.clock(), dispatch=dispatch, fits=self.answer_fits)
+                nxt, resumed = record.answered(responses, self.clock(), dispatch=dispatch, problem=self.answer_problem)
             except InvalidTransition:
                 return record
             changed = True

@@ -238,17 +238,18 @@ def test_update_validates_records_at_once_ignores_strangers_and_resumes(client: 
     assert bad_value["error"] == {"code": -32602, "message": "each input response must be an object"}
     # An object, but no answer to an elicitation (an ElicitResult): refused as the synchronous path refuses it.
     # So is an accepted form whose content does not fit the question's requestedSchema ({"name": string}, required).
-    misfits = ({"name": 12}, {}, {"name": ["one"]})
-    for misfit in (
-        {"action": "bogus"},
-        {"roots": []},
-        {"action": "accept", "content": "yes"},
-        *({"action": "accept", "content": content} for content in misfits),
-    ):
+    misfits = {
+        "action: Input should be 'accept', 'decline' or 'cancel'": {"action": "bogus"},
+        "action: Field required": {"roots": []},
+        "content: Input should be a valid dictionary": {"action": "accept", "content": "yes"},
+        'content.name: must satisfy type "string"': {"action": "accept", "content": {"name": 12}},
+        "content: 'name' is a required property": {"action": "accept", "content": {}},
+    }
+    for why, misfit in misfits.items():
         wrong = client.task("tasks/update", task_id, inputResponses={"first": misfit})
         assert wrong["error"] == {
             "code": -32602,
-            "message": "the input response 'first' is not an answer to its elicitation/create request",
+            "message": f"the input response 'first' is not an answer to its elicitation/create request: {why}",
         }, misfit
     assert set(client.get(task_id)["inputRequests"]) == {"first", "second"}  # nothing recorded
 
