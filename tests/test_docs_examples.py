@@ -33,6 +33,8 @@ from examples.guide.test_tools import (
     test_crunch_shows_its_progress,
     test_deploy_asks_first,
     test_deploy_declined,
+    test_fetch_fails_once_its_retries_are_spent,
+    test_forecast_without_a_city_is_a_tool_error,
     test_scan_can_be_cancelled,
 )
 from tests.support import ROOT
@@ -172,6 +174,8 @@ for _test in (
     test_crunch_shows_its_progress,
     test_deploy_asks_first,
     test_deploy_declined,
+    test_fetch_fails_once_its_retries_are_spent,
+    test_forecast_without_a_city_is_a_tool_error,
     test_scan_can_be_cancelled,
 ):
     pytest.mark.integration(_test)

@@ -118,11 +118,23 @@ def shout(text: str) -> str:
 """
 
 
-def test_the_app_imports_from_pytests_pythonpath_option(pytester: pytest.Pytester) -> None:
-    """A src/ layout named only by `pythonpath = src`: the served processes import the app from there too."""
+FAILING_TOOL = """
+
+@tasks.mcp_task
+def whisper(text: str) -> str:
+    \"\"\"Loses it.\"\"\"
+    raise RuntimeError("the whisper was lost")
+"""
+
+
+def test_the_app_imports_from_pytests_pythonpath_option_and_a_failed_test_shows_its_jobs_traceback(
+    pytester: pytest.Pytester,
+) -> None:
+    """A src/ layout named only by `pythonpath = src`: the served processes import the app from there too. A test
+    failing on a failed job shows what the served processes logged during it, the job's traceback included."""
     pytester.makeini("[pytest]\npythonpath = src\nmcp_tasks_app = shouting_app\n")
     (pytester.path / "src").mkdir()
-    (pytester.path / "src" / "shouting_app.py").write_text(USER_APP)
+    (pytester.path / "src" / "shouting_app.py").write_text(USER_APP + FAILING_TOOL)
     pytester.makepyfile(
         test_shout="""
         import pytest
@@ -131,10 +143,18 @@ def test_the_app_imports_from_pytests_pythonpath_option(pytester: pytest.Pyteste
         async def test_shout(mcp_tasks_client) -> None:
             result = await mcp_tasks_client.call_tool("shout", {"text": "tides"})
             assert result.content[0].text == "TIDES"
+
+        @pytest.mark.anyio
+        async def test_whisper(mcp_tasks_client) -> None:
+            await mcp_tasks_client.call_tool("whisper", {"text": "tides"})
         """
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=240)
-    result.assert_outcomes(passed=1)
+    result.assert_outcomes(passed=1, failed=1)
+    shown = result.stdout.str()
+    section = shown[shown.index("celery-mcp-tasks dev log during the test") :]
+    assert "Traceback" in section and 'raise RuntimeError("the whisper was lost")' in section, shown[-3000:]
+    assert shown.count("celery-mcp-tasks dev log during the test") == 1  # the failed test's only
 
 
 def test_without_an_app_named_the_fixtures_say_how_to_name_one(pytester: pytest.Pytester) -> None:

@@ -5,6 +5,7 @@ tests/test_docs_examples.py imports these tests, so the suite runs them exactly 
 
 # --8<-- [start:tests]
 import pytest
+from mcp.shared.exceptions import MCPError
 
 
 @pytest.mark.anyio
@@ -38,8 +39,23 @@ async def test_deploy_declined(mcp_tasks_client):
 @pytest.mark.anyio
 async def test_scan_can_be_cancelled(mcp_tasks_client, mcp_tasks_extension):
     handle = await mcp_tasks_extension.start(mcp_tasks_client, "scan", {"paths": ["a"] * 20})
+    async for state in handle.updates():  # cancel the running job, not a message still queued
+        if state.status_message == "Started":
+            break
     await handle.cancel()
     assert handle.status == "cancelled"
+
+
+@pytest.mark.anyio
+async def test_fetch_fails_once_its_retries_are_spent(mcp_tasks_client):
+    with pytest.raises(MCPError, match="URLError"):  # a failed task: the error its job raised, by name
+        await mcp_tasks_client.call_tool("fetch", {"url": "http://127.0.0.1:9/"})  # nothing listens there
+
+
+@pytest.mark.anyio
+async def test_forecast_without_a_city_is_a_tool_error(mcp_tasks_client):
+    result = await mcp_tasks_client.call_tool("forecast", {"city": " "})
+    assert result.is_error and result.content[0].text == "Name a city."
 
 
 # --8<-- [end:tests]

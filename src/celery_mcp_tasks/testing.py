@@ -35,7 +35,8 @@ servers; MCP_TASKS_DATABASE_URL / CELERY_BROKER_URL are ignored), i.e. the
 real web process and a real supervised worker with beat. It is started once
 per app (and `mcp_tasks_env`) for the whole session, waited for until the web
 process answers and the worker replies to a ping, and ended at the end of the
-session. Its output goes to `<data dir>/dev.log`, quoted when it fails to start.
+session. Its output goes to `<data dir>/dev.log`, quoted when it fails to start; a failed test that used
+`mcp_tasks_client` shows the lines it wrote during that test (a failed job's traceback is there).
 
 This module imports only the standard library and pytest at import time: the
 plugin costs nothing to a test run that does not use it.
@@ -83,10 +84,33 @@ START_TIMEOUT_S = 90.0
 CALL_TIMEOUT_S = 60.0
 """The longest a plain `call_tool` in a test waits for its task (then the task is cancelled)."""
 _STOP_TIMEOUT_S = 15.0
+_SHOWN_LOG_CHARS = 6000
+_LOG_MARK = pytest.StashKey[tuple[Path, int]]()
+"""On a test that uses `mcp_tasks_client`: its deployment's log, and how long it was when the test began."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini(INI_APP, "celery-mcp-tasks: the APP (module path) that the mcp_tasks_* fixtures serve", default="")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test that used the client: what the served processes logged meanwhile, as a report section."""
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()  # type: ignore[attr-defined]
+    mark = item.stash.get(_LOG_MARK, None)
+    if mark is None or report.when != "call" or not report.failed:
+        return
+    log, start = mark
+    try:
+        with log.open("rb") as handle:
+            handle.seek(start)
+            written = handle.read().decode(errors="replace")
+    except OSError:
+        return
+    if written.strip():
+        shown = written if len(written) <= _SHOWN_LOG_CHARS else "...\n" + written[-_SHOWN_LOG_CHARS:]
+        report.sections.append((f"celery-mcp-tasks dev log during the test ({log})", shown))
 
 
 # -- the deployment ------------------------------------------------------------------
@@ -361,6 +385,15 @@ def mcp_tasks_server(mcp_tasks_app: str, mcp_tasks_env: dict[str, str], _mcp_tas
 
 
 @pytest.fixture
+def _mcp_tasks_log_mark(
+    request: pytest.FixtureRequest, mcp_tasks_app: str, mcp_tasks_env: dict[str, str], _mcp_tasks_deployments: Any
+) -> None:
+    """Where the deployment's log stands as the test begins (`pytest_runtest_makereport` shows what follows)."""
+    log: Path = _mcp_tasks_deployments.get(mcp_tasks_app, mcp_tasks_env).log
+    request.node.stash[_LOG_MARK] = (log, log.stat().st_size if log.exists() else 0)
+
+
+@pytest.fixture
 def mcp_tasks_answers() -> ScriptedAnswers:
     """The client's elicitation callback: script answers with `.when(text, content)` before calling."""
     return ScriptedAnswers()
@@ -376,7 +409,10 @@ def mcp_tasks_extension() -> TasksClient:
 
 @pytest.fixture
 async def mcp_tasks_client(
-    mcp_tasks_server: str, mcp_tasks_extension: TasksClient, mcp_tasks_answers: ScriptedAnswers
+    mcp_tasks_server: str,
+    mcp_tasks_extension: TasksClient,
+    mcp_tasks_answers: ScriptedAnswers,
+    _mcp_tasks_log_mark: None,
 ) -> AsyncIterator[Client]:
     """An SDK `Client` connected to the app, with the Tasks extension and the scripted answers."""
     async with _connected(mcp_tasks_server, mcp_tasks_extension, mcp_tasks_answers) as client:
