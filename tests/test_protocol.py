@@ -3,6 +3,7 @@
 import pytest
 
 from celery_mcp_tasks.protocol import (
+    INPUT_CAPABILITIES,
     PROGRESS_META_KEY,
     InvalidInputRequest,
     answer_problem,
@@ -13,7 +14,6 @@ from celery_mcp_tasks.protocol import (
     render_create_result,
     render_error,
     render_task,
-    required_capabilities,
     sample,
     validate_input_requests,
 )
@@ -201,8 +201,8 @@ def test_a_malformed_input_request_is_refused_in_the_job_that_built_it(build):
         build()
 
 
-def test_input_requests_name_the_client_capabilities_they_need():
+def test_each_input_request_names_the_client_capability_it_needs():
     asked = {"a": elicit("?", {"ok": bool}), "b": sample("?", max_tokens=5), "c": list_roots()}
     assert validate_input_requests(asked) == asked
-    assert required_capabilities(asked) == {"elicitation", "sampling", "roots"}
-    assert required_capabilities({"c": list_roots()}) == {"roots"}
+    needs = {key: INPUT_CAPABILITIES[request["method"]] for key, request in asked.items()}
+    assert needs == {"a": "elicitation", "b": "sampling", "c": "roots"}

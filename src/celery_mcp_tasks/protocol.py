@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from mcp_types import (
+    INTERNAL_ERROR,
     CallToolResult,
     CreateMessageRequest,
     CreateMessageResult,
@@ -26,8 +27,8 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from celery_mcp_tasks.model import TaskRecord, TaskStatus
 
 EXTENSION_ID = "io.modelcontextprotocol/tasks"
-INTERNAL_ERROR = -32603
-"""The JSON-RPC code of a failed task whose error names none (every failure the runtime records)."""
+TASKS_VERSIONS = frozenset({"2026-07-28"})
+"""The protocol versions the extension is defined for: on them a tool may answer with a task."""
 IDEMPOTENCY_META_KEY = "io.github.celery-mcp-tasks/idempotencyKey"
 """A `tools/call` request's `_meta` entry: a short string naming this creation, so a retry of the
 same call (same caller, tool and key) gets the first call's task back instead of a second job."""
@@ -247,8 +248,3 @@ def tool_result(result: Mapping[str, Any] | str) -> dict[str, Any]:
             where = sorted({".".join(map(str, error["loc"])) or "the result" for error in exc.errors()})
             raise ValueError(f"not a CallToolResult: check {', '.join(where)}") from None
     return model.model_dump(by_alias=True, mode="json", exclude_none=True)
-
-
-def required_capabilities(requests: Mapping[str, Any]) -> set[str]:
-    """The client capabilities a set of input requests needs (elicitation, sampling, roots)."""
-    return {INPUT_CAPABILITIES[r["method"]] for r in requests.values() if r.get("method") in INPUT_CAPABILITIES}

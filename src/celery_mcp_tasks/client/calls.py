@@ -10,13 +10,14 @@ from mcp_types import INVALID_PARAMS
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
+from celery_mcp_tasks import protocol
 from celery_mcp_tasks.client.models import Ack, GetTaskRequest, TaskIdParams, TaskState
 
 if TYPE_CHECKING:
     from mcp.client.session import ClientSession
 
-TASKS_VERSIONS = frozenset({"2026-07-28"}) & frozenset(MODERN_PROTOCOL_VERSIONS)
-"""Protocol versions on which a tool may answer with a task."""
+TASKS_VERSIONS = protocol.TASKS_VERSIONS & frozenset(MODERN_PROTOCOL_VERSIONS)
+"""Those of the extension's protocol versions this SDK speaks."""
 
 
 class TaskCancelled(Exception):

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from mcp_types import CallToolResult, ErrorData, Request, RequestParams, Result
+from mcp_types import INTERNAL_ERROR, CallToolResult, ErrorData, Request, RequestParams, Result
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from celery_mcp_tasks.model import TERMINAL_VALUES
 from celery_mcp_tasks.protocol import PROGRESS_META_KEY
 
 TaskStatus = Literal["working", "input_required", "completed", "failed", "cancelled"]
-TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
+TERMINAL: frozenset[str] = frozenset(TERMINAL_VALUES)
 
 
 class _TaskFields(BaseModel):
@@ -60,7 +61,7 @@ class TaskState(_TaskFields):
     def error_data(self) -> ErrorData:
         raw = self.error or {}
         return ErrorData(
-            code=int(raw.get("code", -32603)),
+            code=int(raw.get("code", INTERNAL_ERROR)),
             message=str(raw.get("message") or self.status_message or "The task failed"),
             data=raw.get("data"),
         )

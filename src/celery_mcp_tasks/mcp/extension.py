@@ -25,7 +25,6 @@ from celery_mcp_tasks.mcp.principal import anonymous_caller, current_principal
 from celery_mcp_tasks.mcp.sync import SyncCalls
 from celery_mcp_tasks.mcp.toolspec import TaskTool
 from celery_mcp_tasks.mcp.wire import (
-    TASKS_VERSIONS,
     TaskIdParams,
     UpdateParams,
     check_task_fields,
@@ -44,7 +43,13 @@ from celery_mcp_tasks.mcp.wire import (
 from celery_mcp_tasks.model import DEFAULT, InvalidInputResponse, TaskRecord
 from celery_mcp_tasks.notify.hub import Hub
 from celery_mcp_tasks.propagation import creating
-from celery_mcp_tasks.protocol import EXTENSION_ID, IDEMPOTENCY_META_KEY, render_create_result, render_task
+from celery_mcp_tasks.protocol import (
+    EXTENSION_ID,
+    IDEMPOTENCY_META_KEY,
+    TASKS_VERSIONS,
+    render_create_result,
+    render_task,
+)
 from celery_mcp_tasks.service import IdempotencyKeyReused, PayloadTooLarge, TaskExpired, TaskService
 from celery_mcp_tasks.store.base import Quota, QuotaExceeded, StoreUnavailable, TaskLimitReached, TaskNotFound
 

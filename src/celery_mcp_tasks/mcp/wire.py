@@ -19,13 +19,18 @@ from mcp_types import (
 )
 from pydantic import BaseModel, Field, ValidationError
 
-from celery_mcp_tasks.protocol import EXTENSION_ID, IDEMPOTENCY_META_KEY, MAX_IDEMPOTENCY_KEY, QUOTA_EXCEEDED
+from celery_mcp_tasks.protocol import (
+    EXTENSION_ID,
+    IDEMPOTENCY_META_KEY,
+    MAX_IDEMPOTENCY_KEY,
+    QUOTA_EXCEEDED,
+    TASKS_VERSIONS,
+)
 from celery_mcp_tasks.sdk_internals import decode_routing_name
 from celery_mcp_tasks.store.base import QuotaExceeded, StoreUnavailable
 
 logger = logging.getLogger("celery_mcp_tasks.mcp")
 
-TASKS_VERSIONS = frozenset({"2026-07-28"})  # the protocol versions the extension is defined for
 MAX_MS = 2**53 - 1  # the longest duration a `task` field may name: an exact integer in every JSON parser
 RELATED_TASK_META_KEY = "io.modelcontextprotocol/related-task"
 
