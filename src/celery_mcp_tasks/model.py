@@ -48,6 +48,7 @@ __all__ = [
     "celery_message_id",
     "checked_progress",
     "derived_task_id",
+    "failure",
     "new_task_id",
     "now_ms",
     "owner_bytes",
@@ -182,6 +183,17 @@ def checked_progress(current: float | None, total: float | None) -> tuple[float 
             raise ValueError("progress total needs a current value: call progress(message, current, total)")
         return None, None
     return _progress_number("current", current), None if total is None else _progress_number("total", total)
+
+
+def failure(message: str, data: Any = None) -> dict[str, Any]:
+    """What a failed task records when the runtime fails it: a message and optional data.
+
+    No protocol code: the wire renders it (as JSON-RPC -32603, see `protocol.render_error`).
+    """
+    error: dict[str, Any] = {"message": message}
+    if data is not None:
+        error["data"] = data
+    return error
 
 
 def new_task_id() -> str:
@@ -465,7 +477,14 @@ class TaskRecord:
         Every send is a new dispatch number, so an older message still in flight is superseded.
         """
         self._require_active()
-        changes: dict[str, Any] = {
+        changes = self._new_run(at_ms, resend=resend)
+        if message is None:
+            return replace(self, version=self.version + 1, **changes)
+        return self._next(at_ms, status_message=message, **changes)
+
+    def _new_run(self, at_ms: int, *, resend: bool = False) -> dict[str, Any]:
+        """What a send records: the next dispatch number, its first attempt, not started, beating from now."""
+        return {
             "dispatches": self.dispatches + 1,
             "heartbeat_at": at_ms,
             "attempt": 0,
@@ -473,9 +492,6 @@ class TaskRecord:
             "parked": False,
             "started_at": None,
         }
-        if message is None:
-            return replace(self, version=self.version + 1, **changes)
-        return self._next(at_ms, status_message=message, **changes)
 
     def unparked(self) -> TaskRecord:
         """The blocked job gave up waiting: from now on an answer enqueues the job again."""
@@ -571,6 +587,6 @@ class TaskRecord:
             "status_message": "Resuming with the answers" if resumed else self.status_message,
             "parked": self.parked and not resumed,
         }
-        if enqueue and dispatch:  # the new run, as `dispatched` would record it
-            changes.update(dispatches=self.dispatches + 1, heartbeat_at=at_ms, attempt=0, resends=0, started_at=None)
+        if enqueue and dispatch:  # the new run, as `dispatched` records it
+            changes.update(self._new_run(at_ms))
         return self._next(at_ms, **changes), enqueue

@@ -27,6 +27,7 @@ from celery_mcp_tasks.model import (
     _Default,
     checked_progress,
     derived_task_id,
+    failure,
     new_task_id,
     now_ms,
     task_key,
@@ -84,17 +85,6 @@ class IdempotencyKeyReused(ValueError):
 
 class TaskExpired(LookupError):
     """The owner's task outlived its TTL (the janitor has not evicted it yet)."""
-
-
-def failure(message: str, data: Any = None) -> dict[str, Any]:
-    """What a failed task records when the runtime fails it: a message and optional data.
-
-    No protocol code: the wire renders it (as JSON-RPC -32603, see `protocol.render_error`).
-    """
-    error: dict[str, Any] = {"message": message}
-    if data is not None:
-        error["data"] = data
-    return error
 
 
 @dataclass(frozen=True)

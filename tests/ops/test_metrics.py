@@ -6,11 +6,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from celery_mcp_tasks.config import Settings
-from celery_mcp_tasks.model import Run, TaskRecord, TaskStatus, TerminalTask
+from celery_mcp_tasks.model import Run, TaskRecord, TaskStatus, TerminalTask, failure
 from celery_mcp_tasks.observe import Observers
 from celery_mcp_tasks.ops.logs import lifecycle_events
 from celery_mcp_tasks.ops.metrics import OTHER, Counts, Families
-from celery_mcp_tasks.service import TaskService, failure
+from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.sql import SqlStore
 from celery_mcp_tasks.store.sweeps import count_by_status
 from celery_mcp_tasks.worker.janitor import EXPIRED_UNFINISHED, METRIC, sweep

@@ -237,7 +237,8 @@ def test_a_corrupt_sqlite_file_is_named_by_the_failure_a_log_line_shows(tmp_path
 def test_a_status_message_with_a_nul_is_stored_with_a_replacement_character(store: SqlStore) -> None:
     """A job's exception text or report may hold NUL, which PostgreSQL's text refuses: the write must not fail
     (a failure nobody can record re-runs the job until the reaper calls it lost)."""
-    from celery_mcp_tasks.service import TaskService, failure
+    from celery_mcp_tasks.model import failure
+    from celery_mcp_tasks.service import TaskService
 
     service = TaskService(store)
     _, record = service.create(owner=None, tool="t", arguments={}, dispatch=False)

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from celery_mcp_tasks.model import TERMINAL_VALUES, OwnerScope, TaskRecord, TaskStatus, owner_scope
+from celery_mcp_tasks.model import TERMINAL_VALUES, OwnerScope, TaskRecord, TaskStatus, failure, owner_scope
 from celery_mcp_tasks.store import browse, quotas
 from celery_mcp_tasks.store.base import (
     ANY,
@@ -222,7 +222,7 @@ def _unreadable(values: dict[str, Any], reason: str) -> TaskRecord:
     values.update(
         status=TaskStatus.FAILED,
         status_message=message,
-        error={"message": message},
+        error=failure(message),
         arguments={},
         input_requests={},
         input_responses={},

@@ -18,8 +18,8 @@ from typing import Any
 from celery import signals
 from celery.exceptions import WorkerLostError
 
-from celery_mcp_tasks.model import Run, TaskRecord, TerminalTask, now_ms
-from celery_mcp_tasks.service import TaskService, failure
+from celery_mcp_tasks.model import Run, TaskRecord, TerminalTask, failure, now_ms
+from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.base import TaskNotFound
 from celery_mcp_tasks.worker import soft_limits, tracelog
 from celery_mcp_tasks.worker.job import FAILED_WITH, LAST_RECORD, OUTCOME, McpJob, failure_text, row_key, run_of

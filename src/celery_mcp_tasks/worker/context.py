@@ -10,9 +10,9 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from celery_mcp_tasks.model import Run, Superseded, TaskRecord, TaskStatus, TerminalTask, checked_progress
+from celery_mcp_tasks.model import Run, Superseded, TaskRecord, TaskStatus, TerminalTask, checked_progress, failure
 from celery_mcp_tasks.protocol import tool_result, validate_input_requests
-from celery_mcp_tasks.service import TaskService, failure
+from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.base import StoreUnavailable
 
 
