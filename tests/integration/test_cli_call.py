@@ -155,7 +155,16 @@ def test_a_tool_error_result_exits_1_with_its_text(runtime: Deployment) -> None:
 
 def test_mistakes_are_one_line_each(runtime: Deployment) -> None:
     unknown = _call(runtime.url, "no_such_tool", "{}")
-    assert (unknown.returncode, unknown.stderr) == (1, "celery-mcp-tasks call: Unknown tool: no_such_tool\n")
+    assert unknown.returncode == 1
+    assert unknown.stderr.startswith("celery-mcp-tasks call: Unknown tool: no_such_tool (this server's tools: ")
+    assert "explode, " in unknown.stderr and unknown.stderr.count("\n") == 1  # a typo is seen at a glance
+    root = runtime.url.removesuffix("/mcp")
+    not_there = _call(root, "work", "{}")
+    assert (not_there.returncode, not_there.stderr) == (
+        1,
+        f"celery-mcp-tasks call: {root}: no MCP endpoint there (HTTP 404); the MCP endpoint is usually at /mcp: "
+        f"{root}/mcp\n",
+    )
     not_json = _call(runtime.url, "work", "{seconds: 1}")
     assert not_json.returncode == 2 and not_json.stderr.startswith("celery-mcp-tasks call: ARGS is not JSON: ")
     not_object = _call(runtime.url, "work", "[1]")

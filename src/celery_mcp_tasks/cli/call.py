@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from typing import IO, TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
@@ -37,6 +38,7 @@ EXIT_FAILED = 1  # failed, a result with isError, the server unreachable or refu
 EXIT_USAGE = 2  # ARGS not JSON / not an object, TOOL and --resume both or neither
 EXIT_TIMEOUT = 124  # --timeout expired, like timeout(1): the task keeps running (resume it), or a call gave up
 EXIT_CANCELLED = 130  # the task ended cancelled (Ctrl-C, a declined question, another client)
+_TOOLS_SHOWN = 12  # an unknown tool's refusal names this many of the server's tools
 
 
 class CallError(Exception):
@@ -84,6 +86,10 @@ def _one_line(exc: BaseException, options: CallOptions, refused: Sequence[int], 
     for leaf in leaves:
         if isinstance(leaf, CallError):
             return leaf
+    if 404 in refused:
+        at_mcp = urlsplit(options.url).path.rstrip("/").endswith("/mcp")
+        hint = "" if at_mcp else f"; the MCP endpoint is usually at /mcp: {options.url.rstrip('/')}/mcp"
+        return CallError(f"{options.url}: no MCP endpoint there (HTTP 404){hint}")
     if refused:
         if has_token:
             return CallError(f"the server refused the token (HTTP {refused[-1]})")
@@ -327,7 +333,7 @@ async def _session(options: CallOptions, arguments: dict[str, Any], io: CallIo, 
     refused: list[int] = []
 
     async def note_refusal(response: httpx2.Response) -> None:
-        if response.status_code in (401, 403):
+        if response.status_code in (401, 403, 404):
             refused.append(response.status_code)
 
     http = httpx2.AsyncClient(
@@ -393,7 +399,21 @@ async def _start(options: CallOptions, arguments: dict[str, Any], tasks: TasksCl
     except TaskNotFound:
         raise CallError("no such task: it expired, or it belongs to another user") from None
     except MCPError as exc:
-        raise CallError(exc.message) from None
+        raise CallError(exc.message + await _other_tools(client, options.tool)) from None
+
+
+async def _other_tools(client: Client, tool: str | None) -> str:
+    """When the server has no tool of that name, the ones it has (a typo is the usual reason); else nothing."""
+    if tool is None:
+        return ""
+    try:
+        names = sorted(listed.name for listed in (await client.list_tools()).tools)
+    except Exception:  # noqa: BLE001 - a hint only: the refusal itself is what is said
+        return ""
+    if tool in names:
+        return ""
+    shown = ", ".join(names[:_TOOLS_SHOWN]) + (", ..." if len(names) > _TOOLS_SHOWN else "")
+    return f" (this server's tools: {shown})" if names else " (this server has no tools)"
 
 
 async def _follow(
