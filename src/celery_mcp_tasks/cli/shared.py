@@ -274,9 +274,8 @@ class WorkerSupervisor:
         self._embedded = str(tasks.celery.conf.broker_url or "").startswith("filesystem://")
         self._claim: IO[str] | None = None
         self._argv = [sys.executable, "-m", "celery", "--quiet", "-A", target, "worker", "-B", *WORKER_POOL]
-        level = (
-            "DEBUG" if log_level == "trace" else (log_level or "WARNING").upper()
-        )  # uvicorn's "trace": Celery has none
+        # uvicorn's "trace" is Celery's DEBUG (Celery has no lower level)
+        level = "DEBUG" if log_level == "trace" else (log_level or "WARNING").upper()
         self._argv += ["--loglevel", level, "--without-mingle", "--without-gossip", "-n", f"{command}@%h"]
         self._argv += ["-s", str(self._data_dir / schedule), *(["-Q", ",".join(queues)] if queues else [])]
         self._on_death = on_death
