@@ -172,6 +172,29 @@ def test_without_an_app_named_the_fixtures_say_how_to_name_one(pytester: pytest.
     result.stdout.fnmatch_lines(["*name the app to serve: `mcp_tasks_app = myapp.tasks` in the pytest configuration*"])
 
 
+def test_a_server_of_the_users_own_gets_no_deployment_started_for_its_log(pytester: pytest.Pytester) -> None:
+    """`mcp_tasks_server` overridden (a server the user runs): the client's log mark starts nothing and marks nothing."""
+    pytester.makeconftest(
+        """
+        import pytest
+
+        @pytest.fixture(scope="module")
+        def mcp_tasks_server():
+            return "http://127.0.0.1:9/mcp"
+        """
+    )
+    pytester.makepyfile(
+        test_own="""
+        from celery_mcp_tasks.testing import _LOG_MARK
+
+        def test_mark(_mcp_tasks_log_mark, request):
+            assert _LOG_MARK not in request.node.stash
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=120)
+    result.assert_outcomes(passed=1)  # no app named anywhere: a deployment started would have failed the test
+
+
 def test_the_plugin_imports_nothing_heavy() -> None:
     code = (
         "import sys, celery_mcp_tasks.testing\n"

@@ -305,6 +305,10 @@ class _Deployments:
             )
         return found
 
+    def serving(self, url: str) -> Deployment | None:
+        """The running deployment at `url` (None: that server is not one of these, e.g. an overridden fixture's)."""
+        return next((found for found in self._running.values() if found.url == url), None)
+
     def stop(self) -> None:
         for deployment in self._running.values():
             deployment.stop()
@@ -385,12 +389,13 @@ def mcp_tasks_server(mcp_tasks_app: str, mcp_tasks_env: dict[str, str], _mcp_tas
 
 
 @pytest.fixture
-def _mcp_tasks_log_mark(
-    request: pytest.FixtureRequest, mcp_tasks_app: str, mcp_tasks_env: dict[str, str], _mcp_tasks_deployments: Any
-) -> None:
-    """Where the deployment's log stands as the test begins (`pytest_runtest_makereport` shows what follows)."""
-    log: Path = _mcp_tasks_deployments.get(mcp_tasks_app, mcp_tasks_env).log
-    request.node.stash[_LOG_MARK] = (log, log.stat().st_size if log.exists() else 0)
+def _mcp_tasks_log_mark(request: pytest.FixtureRequest, mcp_tasks_server: str, _mcp_tasks_deployments: Any) -> None:
+    """Where the served deployment's log stands as the test begins (`pytest_runtest_makereport` shows what
+    follows); nothing for a server that is not one of the plugin's (an overridden `mcp_tasks_server`)."""
+    deployment: Deployment | None = _mcp_tasks_deployments.serving(mcp_tasks_server)
+    if deployment is not None:
+        log = deployment.log
+        request.node.stash[_LOG_MARK] = (log, log.stat().st_size if log.exists() else 0)
 
 
 @pytest.fixture
