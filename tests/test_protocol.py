@@ -15,6 +15,7 @@ from celery_mcp_tasks.protocol import (
     render_error,
     render_task,
     sample,
+    tool_result,
     validate_input_requests,
 )
 from tests.builders import record
@@ -141,6 +142,32 @@ def test_a_refused_answer_says_which_field_and_what_it_must_be_never_the_value_s
         "content: 'count' is a required property"
     )
     assert answer_problem(list_roots(), {"roots": "secret"}) == "roots: Input should be a valid list"
+
+
+def test_a_refused_answer_names_no_key_the_client_chose_and_a_schema_it_cannot_read_decides_nothing():
+    loose = elicit("Name?", {"name": str})
+    loose["params"]["requestedSchema"]["additionalProperties"] = {"type": "integer"}
+    extra = answer_problem(loose, {"action": "accept", "content": {"name": "Ada", "secret-key": "v"}})
+    assert extra == 'content: must satisfy type "integer"'
+    nested = answer_problem(loose, {"action": "accept", "content": {"secret-key": [{"deep": 1}]}})
+    assert nested == "content: holds a value of another type than the result's"
+    closed = {
+        "method": "elicitation/create",
+        "params": {"message": "?", "requestedSchema": {"properties": {"a": False}}},
+    }
+    assert answer_problem(closed, {"action": "accept", "content": {"a": "x"}}) == "content: not allowed"
+    dangling = {"method": "elicitation/create", "params": {"message": "?", "requestedSchema": {"$ref": "#/nowhere"}}}
+    assert answer_problem(dangling, {"action": "accept", "content": {"a": "x"}}) is None
+
+
+def test_a_result_set_by_hand_is_the_sdks_and_complete():
+    assert tool_result("done") == {
+        "content": [{"type": "text", "text": "done"}],
+        "isError": False,
+        "resultType": "complete",
+    }
+    with pytest.raises(ValueError, match="resultType"):
+        tool_result({"content": [], "resultType": "input_required"})
 
 
 def test_an_answer_fits_only_the_kind_of_request_it_answers():

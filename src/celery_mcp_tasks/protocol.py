@@ -149,27 +149,38 @@ def answer_problem(request: Mapping[str, Any], answer: Any) -> str | None:
         result = kind.model_validate(answer)
     except ValidationError as exc:
         error = exc.errors()[0]
-        return f"{'.'.join(map(str, error['loc'])) or 'the answer'}: {error['msg']}"  # pydantic's msg quotes no input
+        if len(error["loc"]) > 1:  # deeper down: a key the client chose, a union's branch: not worth naming
+            return f"{error['loc'][0]}: holds a value of another type than the result's"
+        return f"{''.join(map(str, error['loc'])) or 'the answer'}: {error['msg']}"  # pydantic's msg quotes no input
     schema = (request.get("params") or {}).get("requestedSchema")
     if isinstance(result, ElicitResult) and result.action == "accept" and isinstance(schema, Mapping):
-        from jsonschema.exceptions import best_match  # the SDK's own dependency; loaded on an answer only
-        from jsonschema.validators import validator_for
-
-        validator = validator_for(schema)
-        try:
-            validator.check_schema(schema)
-        except Exception:  # noqa: BLE001 - a schema jsonschema cannot read decides nothing
-            return None
-        # An optional field left empty may come as null (the SDK's own client sends it so): as if omitted.
-        required = schema.get("required") or ()
-        content = {key: value for key, value in (result.content or {}).items() if value is not None or key in required}
-        error = best_match(validator(schema).iter_errors(content))
-        if error is not None:
-            if error.validator == "required":  # "'name' is a required property": the schema's name, no value
-                return f"content: {error.message}"
-            rule = json.dumps(error.validator_value, default=str)
-            return f"{'.'.join(['content', *map(str, error.path)])}: must satisfy {error.validator} {rule[:120]}"
+        return _form_problem(schema, result.content or {})
     return None
+
+
+def _form_problem(schema: Mapping[str, Any], content: Mapping[str, Any]) -> str | None:
+    """Why an accepted form's `content` does not fit its `requestedSchema`, naming only the schema's own fields."""
+    from jsonschema.exceptions import best_match  # the SDK's own dependency; loaded on an answer only
+    from jsonschema.validators import validator_for
+
+    # An optional field left empty may come as null (the SDK's own client sends it so): as if omitted.
+    required = schema.get("required") or ()
+    content = {key: value for key, value in content.items() if value is not None or key in required}
+    try:
+        validator = validator_for(schema)
+        validator.check_schema(schema)
+        error = best_match(validator(schema).iter_errors(content))
+    except Exception:  # noqa: BLE001 - a schema jsonschema cannot read (or resolve) decides nothing
+        return None
+    if error is None:
+        return None
+    if error.validator == "required":  # "'name' is a required property": the schema's name, no value
+        return f"content: {error.message}"
+    field = error.path[0] if error.path else None
+    where = f"content.{field}" if field in (schema.get("properties") or {}) else "content"
+    if error.validator is None:  # a `false` schema: nothing is allowed there
+        return f"{where}: not allowed"
+    return f"{where}: must satisfy {error.validator} {json.dumps(error.validator_value, default=str)[:120]}"
 
 
 class InvalidInputRequest(ValueError):
@@ -241,6 +252,8 @@ def tool_result(result: Mapping[str, Any] | str) -> dict[str, Any]:
     becomes one text block; a mapping is checked against `mcp_types`. ValueError names the fields, never a value."""
     if isinstance(result, str):
         model = CallToolResult(content=[TextContent(type="text", text=result)])
+    elif result.get("resultType", "complete") != "complete":
+        raise ValueError("not a CallToolResult: check resultType (a result is complete)")
     else:
         try:
             model = CallToolResult.model_validate(result)

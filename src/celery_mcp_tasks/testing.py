@@ -102,6 +102,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if mark is None or report.when != "call" or not report.failed:
         return
     log, start = mark
+    _settled(log)
     try:
         with log.open("rb") as handle:
             handle.seek(start)
@@ -386,6 +387,20 @@ def mcp_tasks_server(mcp_tasks_app: str, mcp_tasks_env: dict[str, str], _mcp_tas
     """The MCP endpoint URL of the app, served by a real web process with a real worker (shared per session)."""
     deployment: Deployment = _mcp_tasks_deployments.get(mcp_tasks_app, mcp_tasks_env)
     return deployment.url
+
+
+def _settled(log: Path, quiet_s: float = 0.2, bound_s: float = 2.0) -> None:
+    """Wait until `log` has not grown for `quiet_s` (at most `bound_s`): a failed job's traceback is logged just
+    after its task is recorded failed, which the test may have seen first."""
+    deadline = time.monotonic() + bound_s
+    size, still_since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        now = log.stat().st_size if log.exists() else 0
+        if now != size:
+            size, still_since = now, time.monotonic()
+        elif time.monotonic() - still_since >= quiet_s:
+            return
+        time.sleep(0.05)
 
 
 @pytest.fixture

@@ -39,6 +39,7 @@ EXIT_USAGE = 2  # ARGS not JSON / not an object, TOOL and --resume both or neith
 EXIT_TIMEOUT = 124  # --timeout expired, like timeout(1): the task keeps running (resume it), or a call gave up
 EXIT_CANCELLED = 130  # the task ended cancelled (Ctrl-C, a declined question, another client)
 _TOOLS_SHOWN = 12  # an unknown tool's refusal names this many of the server's tools
+_TOOLS_LOOKUP_S, _TOOLS_PAGES = 5.0, 20  # how long, and how many pages, looking them up may take
 
 
 class CallError(Exception):
@@ -333,7 +334,10 @@ async def _session(options: CallOptions, arguments: dict[str, Any], io: CallIo, 
     refused: list[int] = []
 
     async def note_refusal(response: httpx2.Response) -> None:
-        if response.status_code in (401, 403, 404):
+        # A 404 to a request in a session is the SDK's "session gone" (a restarted server), not a missing endpoint.
+        if response.status_code in (401, 403) or (
+            response.status_code == 404 and "mcp-session-id" not in response.request.headers
+        ):
             refused.append(response.status_code)
 
     http = httpx2.AsyncClient(
@@ -403,14 +407,24 @@ async def _start(options: CallOptions, arguments: dict[str, Any], tasks: TasksCl
 
 
 async def _other_tools(client: Client, tool: str | None) -> str:
-    """When the server has no tool of that name, the ones it has (a typo is the usual reason); else nothing."""
+    """When the server has no tool of that name, the ones it has (a typo is the usual reason); else nothing.
+    Every page of `tools/list`, within `_TOOLS_LOOKUP_S`: a hint must not hold the refusal up."""
     if tool is None:
         return ""
-    try:
-        names = sorted(listed.name for listed in (await client.list_tools()).tools)
-    except Exception:  # noqa: BLE001 - a hint only: the refusal itself is what is said
-        return ""
-    if tool in names:
+    found: list[str] = []
+    with anyio.move_on_after(_TOOLS_LOOKUP_S) as lookup:
+        try:
+            cursor: str | None = None
+            for _ in range(_TOOLS_PAGES):
+                page = await client.list_tools(cursor=cursor)
+                found += (listed.name for listed in page.tools)
+                cursor = page.next_cursor
+                if not cursor:
+                    break
+        except Exception:  # noqa: BLE001 - a hint only: the refusal itself is what is said
+            return ""
+    names = sorted(found)
+    if lookup.cancelled_caught or tool in names:
         return ""
     shown = ", ".join(names[:_TOOLS_SHOWN]) + (", ..." if len(names) > _TOOLS_SHOWN else "")
     return f" (this server's tools: {shown})" if names else " (this server has no tools)"
