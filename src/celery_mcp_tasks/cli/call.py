@@ -412,9 +412,9 @@ async def _other_tools(client: Client, tool: str | None) -> str:
     if tool is None:
         return ""
     found: list[str] = []
+    cursor: str | None = None
     with anyio.move_on_after(_TOOLS_LOOKUP_S) as lookup:
         try:
-            cursor: str | None = None
             for _ in range(_TOOLS_PAGES):
                 page = await client.list_tools(cursor=cursor)
                 found += (listed.name for listed in page.tools)
@@ -424,7 +424,7 @@ async def _other_tools(client: Client, tool: str | None) -> str:
         except Exception:  # noqa: BLE001 - a hint only: the refusal itself is what is said
             return ""
     names = sorted(found)
-    if lookup.cancelled_caught or tool in names:
+    if lookup.cancelled_caught or cursor or tool in names:  # not every page seen: no hint rather than a wrong one
         return ""
     shown = ", ".join(names[:_TOOLS_SHOWN]) + (", ..." if len(names) > _TOOLS_SHOWN else "")
     return f" (this server's tools: {shown})" if names else " (this server has no tools)"
