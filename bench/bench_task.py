@@ -34,9 +34,12 @@ turns so drift on a shared machine falls on them alike:
   redis-server (the embedded default: `dev`'s process tree, which holds all of it); a second
   table gives that CPU by process (web, worker tree, PostgreSQL, redis-server), the median of
   the runs.
-Before each timed window every path's backlog is drained (bounded waits) and its completed rows
-deleted (PostgreSQL: and vacuumed), so every window starts on tables of the same size, far
-below ours' row cap (`MCP_TASKS_MAX_ROWS`, on at its default as shipped).
+After the warm-up every path's table gets BENCH_SEED_ROWS (2000) settled rows, then ANALYZE, as a
+table in service holds its last TTL's tasks (on a near-empty table PostgreSQL plans an UPDATE by key
+as a sequential scan of every row the window made). Before each timed window every path's backlog
+is drained (bounded waits) and its other completed rows deleted (PostgreSQL: and vacuumed), so every
+window starts on tables of the same size, far below ours' row cap (`MCP_TASKS_MAX_ROWS`, on at its
+default as shipped).
 Ratios are taken within a run, then the median over the runs; the range is beside it.
 `--streams N` then opens N listen streams on ours' web process: RSS, and the time until the
 last stream hears one change.
@@ -86,6 +89,7 @@ CLIENTS = int(os.environ.get("BENCH_CLIENTS", "8"))
 SECONDS = float(os.environ.get("BENCH_SECONDS", "4"))
 WARM_S = float(os.environ.get("BENCH_WARM_S", "1"))
 BURST = int(os.environ.get("BENCH_BURST", "600"))
+SEED = int(os.environ.get("BENCH_SEED_ROWS", "2000"))
 POOL = os.environ.get("BENCH_WORKER_POOL", "prefork")
 CONCURRENCY = int(os.environ.get("BENCH_WORKER_CONCURRENCY", "2"))
 DRAIN_S = 180.0
@@ -181,6 +185,9 @@ def cpu_spent_s(before: dict[int, tuple[str, int]], after: dict[int, tuple[str, 
 # -- the store, watched ------------------------------------------------------------------------
 
 
+SEED_TOOL = "bench-seed"
+
+
 class Rows:
     """Counts of a path's rows, completed and not (the store's own table, either database)."""
 
@@ -193,6 +200,43 @@ class Rows:
         else:
             self.conn = psycopg.connect(pg_url(url), autocommit=True)
             self.backend_pid = self.conn.info.backend_pid
+
+    def seed(self) -> None:
+        """SEED settled rows (tool `SEED_TOOL`, never deleted), then ANALYZE: a deployment's table holds the tasks
+        of the last TTL, and the planner knows it. On a nearly empty table it plans every UPDATE by key as a
+        sequential scan (cheaper there than the index), so each write would read every row the window made:
+        work no table in service does, and twice as much for a path writing twice."""
+        now = int(time.time() * 1000)
+        row = {column.name: None for column in schema.tasks.columns}
+        row.update(
+            tool=SEED_TOOL,
+            status="completed",
+            created_at=now,
+            updated_at=now,
+            ttl_ms=86_400_000,
+            expires_at=now + 86_400_000,
+            poll_interval_ms=1000,
+            arguments="{}",
+            input_requests="{}",
+            input_responses="{}",
+            issued_keys="[]",
+            result='{"content":[]}',
+            version=3,
+            dispatches=1,
+            attempt=0,
+            resends=0,
+            parked=False,
+        )
+        names = list(row)
+        mark = "?" if self.backend_pid is None else "%s"
+        insert = f"INSERT INTO {TABLE} ({', '.join(names)}) VALUES ({', '.join(mark for _ in names)})"
+        values = [tuple(uuid.uuid4().hex * 2 if name == "key" else row[name] for name in names) for _ in range(SEED)]
+        if self.backend_pid is None:
+            self.conn.executemany(insert, values)
+        else:
+            with self.conn.cursor() as cursor:
+                cursor.executemany(insert, values)
+        self.conn.execute(f"ANALYZE {TABLE}")
 
     def counts(self) -> tuple[int, int]:
         done, total = self.conn.execute(self.QUERY).fetchone()
@@ -214,9 +258,9 @@ class Rows:
             raise TimeoutError(f"{what}'s backlog did not drain in {DRAIN_S:.0f} s; left: {left}") from None
 
     def clear(self) -> None:
-        """Delete the completed rows (and vacuum them away): every window starts on a table of the same size,
-        far below ours' row cap, with no autovacuum owed."""
-        self.conn.execute(f"DELETE FROM {TABLE} WHERE status = 'completed'")
+        """Delete the completed rows but the seeded ones (and vacuum them away): every window starts on a table of
+        the same size, far below ours' row cap, with no autovacuum owed."""
+        self.conn.execute(f"DELETE FROM {TABLE} WHERE status = 'completed' AND tool <> '{SEED_TOOL}'")
         if self.backend_pid is not None:
             self.conn.execute(f"VACUUM {TABLE}")
 
@@ -478,6 +522,8 @@ class Bench:
             call()
             close()
         self.drain()
+        for path in self.paths.values():  # now that every path's table is migrated
+            path.rows.seed()
 
     def one_client(self, run: int) -> None:
         """Creation on every path in turns, then the synchronous path in turns with the floor's creation: one call
@@ -597,9 +643,8 @@ def header() -> list[str]:
         f"{SECONDS:g} s windows, in turns; bursts of {BURST}; workers -P {POOL} -c {CONCURRENCY} "
         "(embedded: `dev`'s own); ratio = value / ref per run, median of the runs (range beside it)",
         "ours as shipped but MCP_TASKS_WORKER_METRICS_PORT=off and uvicorn at --log-level warning (serve and dev "
-        "alike: no access lines); completed rows deleted (PostgreSQL: and vacuumed) before every window; CPU from "
-        "/proc/<pid>/stat "
-        f"at {CLK_TCK} ticks/s; a redis-server or PostgreSQL shared with other work adds its noise to both sides",
+        f"alike: no access lines); {SEED} settled rows in every table, the other completed ones deleted (PostgreSQL: "
+        f"and vacuumed) before every window; CPU from /proc/<pid>/stat at {CLK_TCK} ticks/s; a redis-server or PostgreSQL shared with other work adds its noise to both sides",
     ]
 
 
