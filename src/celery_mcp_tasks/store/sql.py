@@ -281,9 +281,13 @@ class SqlStore:
         cls, url: str, *, change_hint: ChangeHint | None = None, ring: KeyRing | None = None, **engine_kwargs: Any
     ) -> SqlStore:
         """The store on an engine of its own, in autocommit on PostgreSQL: a one-statement read or write is one
-        round trip (an engine in transactions works too, at a BEGIN and a COMMIT more per write)."""
+        round trip (an engine in transactions works too, at a BEGIN and a COMMIT more per write). Its pool then
+        takes a connection back without a ROLLBACK (SQLAlchemy's `pool_reset_on_return=None`, meant for autocommit
+        pools): a transaction the store opens is its `Connection`'s, which ends it before the connection goes back."""
         if is_postgres(url):
             engine_kwargs.setdefault("isolation_level", "AUTOCOMMIT")
+            if engine_kwargs["isolation_level"] == "AUTOCOMMIT":
+                engine_kwargs.setdefault("pool_reset_on_return", None)
         return cls(create_store_engine(url, **engine_kwargs), change_hint=change_hint, ring=ring)
 
     @property
