@@ -11,7 +11,6 @@ import inspect
 from typing import Any
 
 import pytest
-import uvicorn
 from mcp.client.session import ClientSession
 from mcp.client.subscriptions import ListenRoute
 from mcp.server.mcpserver import MCPServer
@@ -60,12 +59,6 @@ def test_the_http_app_has_a_lifespan_to_wrap() -> None:
     seen: list[Any] = []
     sdk_internals.wrap_lifespan(app, lambda inner: seen.append(inner) or inner)
     assert seen == [original] and app.router.lifespan_context is original, WHERE
-
-
-def test_uvicorn_installs_the_exit_handler_that_on_server_exit_chains_onto() -> None:
-    server = uvicorn.Server(uvicorn.Config(app=None))
-    assert callable(getattr(server, "handle_exit", None)), f"uvicorn {uvicorn.__version__}: handle_exit moved"
-    assert callable(getattr(server, "capture_signals", None)), f"uvicorn {uvicorn.__version__}: capture_signals moved"
 
 
 def test_a_state_sealed_under_another_key_is_refused_as_an_unknown_key() -> None:

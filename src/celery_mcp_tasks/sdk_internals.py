@@ -2,7 +2,8 @@
 
 Each names the private thing it uses and the public hook that would remove the need;
 `tests/test_sdk_internals.py` fails, naming the SDK version, as soon as one of them moves.
-The server adapter (`mcp/`) uses 1-6, the client (`client/`) 7; neither imports the other.
+The server adapter (`mcp/`) uses 1-5, the client (`client/`) 6; neither imports the other. (What the
+server relies on of uvicorn, the web server the SDK's app runs on, is in `uvicorn_internals`.)
 
 1. `tool_registered`: `MCPServer._tool_manager` (`list_tools()` is async). A public
    `MCPServer.get_tool(name)` or a strict-duplicates option on `add_tool` would remove it.
@@ -11,17 +12,14 @@ The server adapter (`mcp/`) uses 1-6, the client (`client/`) 7; neither imports 
    allowed to claim a core method, would remove it.
 3. `wrap_lifespan`: reassigns the `router.lifespan_context` that `streamable_http_app()` built, to run
    our listener beside the SDK's session manager. A `lifespan=` parameter there would remove it.
-4. `on_server_exit`: chains onto the SIGTERM/SIGINT handler uvicorn installed, since an open listen
-   stream keeps it from ever running the lifespan's shutdown. A shutdown hook in the SDK's session
-   manager that ends open SSE streams would remove it.
-5. `sealed_elsewhere`: the message ("unknown key") of the SDK's `InvalidRequestState` for a state sealed
+4. `sealed_elsewhere`: the message ("unknown key") of the SDK's `InvalidRequestState` for a state sealed
    under a key this codec does not hold, to tell another replica's state from a forged or expired one.
    A distinct exception type (or a `reason` attribute) would remove it.
-6. `decode_routing_name`: not a private part but a fault of the public `decode_header_value`, which raises
+5. `decode_routing_name`: not a private part but a fault of the public `decode_header_value`, which raises
    for a base64 `Mcp-Name` (or `Mcp-Param-*`) holding a non-ASCII character where it should answer None
    (malformed). `celery_mcp_tasks.mcp.serving.MalformedRoutingName` refuses such a request before the SDK
    reads it. A fix in the SDK would remove both.
-7. `listen_tasks`: `ClientSession._stamp`, `_register_listen_route`, `_dispatcher`, `_task_group` and
+6. `listen_tasks`: `ClientSession._stamp`, `_register_listen_route`, `_dispatcher`, `_task_group` and
    `_unregister_listen_route`, because mcp 2.3's public `listen()` cannot name `taskIds`: it opens the same
    stream with the Tasks filter as the SDK's own driver does (route registered before the request is
    written, acknowledgment awaited, the stream ended by cancelling the request). A `listen(filter=...)`
@@ -30,13 +28,9 @@ The server adapter (`mcp/`) uses 1-6, the client (`client/`) 7; neither imports 
 
 from __future__ import annotations
 
-import asyncio
-import signal
-import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from itertools import count
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -92,41 +86,7 @@ def wrap_lifespan(app: Any, wrap: Callable[[Lifespan], Lifespan]) -> None:
     app.router.lifespan_context = wrap(app.router.lifespan_context)
 
 
-def on_server_exit(callback: Callable[[], None]) -> Callable[[], None]:
-    """Run `callback` on the loop when the server is told to exit; returns the undo.
-
-    Chains onto a handler the server installed (uvicorn's `handle_exit`), and
-    only from the main thread, where signal handlers live; otherwise a no-op.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        return lambda: None
-    previous: dict[int, Callable[[int, FrameType | None], Any]] = {}
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        loop.call_soon_threadsafe(callback)  # never touch the loop's state from inside a signal handler
-        prior = previous.get(signum)
-        if prior is not None:
-            prior(signum, frame)
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        prior = signal.getsignal(sig)
-        if callable(prior):
-            previous[sig] = prior
-            signal.signal(sig, handler)
-
-    def restore() -> None:
-        for sig, prior in previous.items():
-            if signal.getsignal(sig) is handler:
-                signal.signal(sig, prior)
-
-    return restore
-
-
-# -- the client (7) ---------------------------------------------------------------------------
+# -- the client (6) ---------------------------------------------------------------------------
 
 _ids = count(1)
 _END_TIMEOUT_S = 2.0  # ending a stream is local (abandon the request): it takes a few loop iterations

@@ -3,7 +3,7 @@ before the SDK reads them (a body over the limit, a malformed `Mcp-Name`).
 
 An ASGI server runs the lifespan's shutdown only once every connection drained, which an open listen
 stream never does: so the streams end when the server *receives* SIGTERM or SIGINT
-(`sdk_internals.on_server_exit`), each sending its listen result, and the server exits at once.
+(`uvicorn_internals.on_server_exit`), each sending its listen result, and the server exits at once.
 """
 
 from __future__ import annotations
@@ -25,14 +25,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from celery_mcp_tasks.mcp.listen import TaskListenHandler
 from celery_mcp_tasks.notify.hub import Hub
 from celery_mcp_tasks.notify.push import Push
-from celery_mcp_tasks.sdk_internals import (
-    Lifespan,
-    decode_routing_name,
-    on_server_exit,
-    replace_listen_handler,
-    wrap_lifespan,
-)
+from celery_mcp_tasks.sdk_internals import Lifespan, decode_routing_name, replace_listen_handler, wrap_lifespan
 from celery_mcp_tasks.service import TaskService
+from celery_mcp_tasks.uvicorn_internals import on_server_exit
 
 STOPPED = "The server stopped before the job finished"
 """The status message of a synchronous call's hidden task cancelled because its server is exiting."""
