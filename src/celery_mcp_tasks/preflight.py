@@ -126,8 +126,8 @@ def probe_engine(url: str, *, timeout_s: int | None = None) -> sa.Engine:
 
 
 def short_reason(exc: BaseException) -> str:
-    """One line about a failure: the driver's own first line (e.g. "Connection refused"), without SQLAlchemy's
-    statement dump, or the exception's type."""
+    """One line about a failure: the driver's or client's own first line (e.g. "Connection refused", "Error 111
+    connecting to host:6379. Connection refused."), without SQLAlchemy's statement dump, or the exception's type."""
     if isinstance(exc, sa.exc.DBAPIError) and exc.orig is not None:
         exc = exc.orig
     lines = str(exc).strip().splitlines()

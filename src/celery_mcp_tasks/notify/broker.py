@@ -24,6 +24,7 @@ from kombu.messaging import Consumer
 from celery_mcp_tasks.model import TaskRecord
 from celery_mcp_tasks.notify.base import listeners_possible
 from celery_mcp_tasks.notify.hub import Hub
+from celery_mcp_tasks.preflight import short_reason
 
 logger = logging.getLogger(__name__)
 
@@ -31,12 +32,6 @@ logger = logging.getLogger(__name__)
 _RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.1, "interval_max": 0.1}
 _DRAIN_TIMEOUT_S = 0.5
 _RETRY_MAX_S = 5.0
-
-
-def _reason(exc: Exception) -> str:
-    """The library's own first line (e.g. "Error 111 connecting to host:6379. Connection refused.")."""
-    lines = str(exc).strip().splitlines()
-    return lines[0][:300] if lines else type(exc).__name__
 
 
 def hint_exchange(namespace: str) -> Exchange:
@@ -71,7 +66,7 @@ class BrokerPublisher:
                     retry_policy=_RETRY_POLICY,
                 )
         except OperationalError as exc:
-            return self._unpublished(_reason(exc), "start the broker or fix CELERY_BROKER_URL")
+            return self._unpublished(short_reason(exc), "start the broker or fix CELERY_BROKER_URL")
         except LimitExceeded:  # every pooled producer is busy (many threads writing at once)
             return self._unpublished("no pooled broker connection was free within 2 s", "raise broker_pool_limit")
         if self._said:
@@ -154,7 +149,7 @@ class BrokerListener:
                     "task change listener cannot reach the broker %s (%s); retrying every few seconds, and listen "
                     "streams catch up by polling meanwhile: start the broker or fix CELERY_BROKER_URL",
                     self._url or connection.as_uri(),
-                    _reason(exc),
+                    short_reason(exc),
                 )
                 failing = True
             self._stop.wait(delay)
