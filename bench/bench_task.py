@@ -202,7 +202,7 @@ class Rows:
             self.backend_pid = self.conn.info.backend_pid
 
     def seed(self) -> None:
-        """SEED settled rows (tool `SEED_TOOL`, never deleted), then ANALYZE: a deployment's table holds the tasks
+        """SEED settled rows (tool `SEED_TOOL`, never deleted), then ANALYZE (PostgreSQL): a deployment's table holds the tasks
         of the last TTL, and the planner knows it. On a nearly empty table it plans every UPDATE by key as a
         sequential scan (cheaper there than the index), so each write would read every row the window made:
         work no table in service does, and twice as much for a path writing twice."""
@@ -231,12 +231,14 @@ class Rows:
         mark = "?" if self.backend_pid is None else "%s"
         insert = f"INSERT INTO {TABLE} ({', '.join(names)}) VALUES ({', '.join(mark for _ in names)})"
         values = [tuple(uuid.uuid4().hex * 2 if name == "key" else row[name] for name in names) for _ in range(SEED)]
-        if self.backend_pid is None:
+        if self.backend_pid is None:  # SQLite: one transaction; the package never analyzes it, neither does this
+            self.conn.execute("BEGIN")
             self.conn.executemany(insert, values)
+            self.conn.execute("COMMIT")
         else:
             with self.conn.cursor() as cursor:
                 cursor.executemany(insert, values)
-        self.conn.execute(f"ANALYZE {TABLE}")
+            self.conn.execute(f"ANALYZE {TABLE}")
 
     def counts(self) -> tuple[int, int]:
         done, total = self.conn.execute(self.QUERY).fetchone()

@@ -59,7 +59,9 @@ class Plugin:
 
     def store_built(self, store: Store, engine: Engine) -> None:
         """A process built its store (once per process, after a fork too), before any write: the `Store`
-        and the SQLAlchemy engine it runs on (that process's own, e.g. for an event listener)."""
+        and the SQLAlchemy engine it runs on (that process's own, e.g. for an event listener). On PostgreSQL
+        its pool is in autocommit and takes a connection back as it is, without a rollback: a transaction
+        opened on one of its connections must be ended before the connection is closed."""
 
     def task_changed(self, before: TaskRecord | None, after: TaskRecord) -> None:
         """`after` was committed, replacing `before` (None: created), in the process that wrote it."""
