@@ -100,38 +100,6 @@ def test_a_write_that_need_not_be_durable_is_the_same_one_statement_and_seen_at_
     assert durable.version == 3
 
 
-def test_an_autocommit_pool_takes_connections_back_without_a_rollback_and_never_in_a_transaction(
-    store: SqlStore, created: TaskRecord, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """PostgreSQL: a write or read costs its statement alone, and a locking transaction that raised half way is
-    still rolled back (by its `Connection`), so the next use of that connection starts outside any transaction."""
-    if store.dialect != "postgresql":
-        pytest.skip("the store's autocommit pool is PostgreSQL's")
-    from psycopg.pq import TransactionStatus
-
-    resets: list[object] = []
-    real = store.engine.dialect.do_rollback
-    monkeypatch.setattr(store.engine.dialect, "do_rollback", lambda conn: (resets.append(conn), real(conn)))
-    store.update("k", ANY, lambda r: r.with_progress("half way", 5), expected=created)
-    assert resets == []  # a write in autocommit: nothing to roll back, none sent
-    pooled: list[Any] = []
-
-    def raising_under_the_lock() -> None:
-        with store._locking() as conn:
-            conn.begin()
-            store._select(conn, "k", ANY, for_update=True)
-            pooled.append(conn.connection.driver_connection)
-            assert pooled[0].info.transaction_status == TransactionStatus.INTRANS
-            raise RuntimeError("a transition that raised under the row lock")
-
-    with pytest.raises(RuntimeError):
-        raising_under_the_lock()
-    assert len(resets) == 1  # the Connection's own rollback of the transaction it opened
-    assert pooled[0].info.transaction_status == TransactionStatus.IDLE  # back in the pool, outside any transaction
-    assert pooled[0].autocommit  # and in autocommit again, as the pool hands it out
-    assert store.update("k", ANY, lambda r: r.with_progress("again", 6)).version == 3
-
-
 def test_a_creation_is_one_statement(store: SqlStore) -> None:
     """The row cap is counted in the INSERT once a second per process (and near the cap): never a statement more."""
     store._row_gauge = RowGauge(clock=lambda: 0.0)  # the clock stands still: the second's one count, then none
@@ -207,6 +175,45 @@ def test_the_service_propagates_the_expected_record(store: SqlStore) -> None:
         claim, outcome = seen.texts
         assert "set_config" in claim and "set_config" not in outcome
     assert done.status is TaskStatus.COMPLETED and store.get(record.key) == done
+
+
+# -- PostgreSQL: the autocommit pool ------------------------------------------------------------------
+
+
+@pytest.mark.postgres
+def test_an_autocommit_pool_takes_connections_back_without_a_rollback_and_never_in_a_transaction(
+    pg_store: SqlStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write or read costs its statement alone, and a locking transaction that raised half way is still rolled
+    back (by its `Connection`), so the next use of that connection starts outside any transaction."""
+    from psycopg.pq import TransactionStatus
+
+    store = pg_store
+    store.create(_record(), max_rows=None)
+    created = store.get("k")
+    assert created is not None
+
+    resets: list[object] = []
+    real = store.engine.dialect.do_rollback
+    monkeypatch.setattr(store.engine.dialect, "do_rollback", lambda conn: (resets.append(conn), real(conn)))
+    store.update("k", ANY, lambda r: r.with_progress("half way", 5), expected=created)
+    assert resets == []  # a write in autocommit: nothing to roll back, none sent
+    pooled: list[Any] = []
+
+    def raising_under_the_lock() -> None:
+        with store._locking() as conn:
+            conn.begin()
+            store._select(conn, "k", ANY, for_update=True)
+            pooled.append(conn.connection.driver_connection)
+            assert pooled[0].info.transaction_status == TransactionStatus.INTRANS
+            raise RuntimeError("a transition that raised under the row lock")
+
+    with pytest.raises(RuntimeError):
+        raising_under_the_lock()
+    assert len(resets) == 1  # the Connection's own rollback of the transaction it opened
+    assert pooled[0].info.transaction_status == TransactionStatus.IDLE  # back in the pool, outside any transaction
+    assert pooled[0].autocommit  # and in autocommit again, as the pool hands it out
+    assert store.update("k", ANY, lambda r: r.with_progress("again", 6)).version == 3
 
 
 # -- PostgreSQL: the hint rides the write ------------------------------------------------------------
