@@ -293,31 +293,17 @@ def test_a_terminal_gets_the_rich_table_with_each_fix() -> None:
 # -- the key ring against the store (SQLite and PostgreSQL) -------------------------------
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'tasks.db'}"
-        upgrade(url)
-        yield url
-        return
-    if not POSTGRES_URL:
-        pytest.skip("set MCP_TASKS_TEST_POSTGRES_URL to run")
-    with fresh_postgres_database(POSTGRES_URL) as url:
-        upgrade(url)
-        yield url
-
-
-def test_the_encryption_row_follows_the_ring_through_a_rotation(any_store: str, tmp_path: Path) -> None:
+def test_the_encryption_row_follows_the_ring_through_a_rotation(store_url: str, tmp_path: Path) -> None:
     old, new = new_key(), new_key()
     old_id, new_id = (KeyRing.parse([key]).primary_id for key in (old, new))
 
     def verdict(*ring: str) -> tuple[str, str, str]:
-        tasks = McpTasks("ring", settings=Settings(database_url=any_store, encryption_keys=ring, data_dir=tmp_path))
-        found = encryption_check(tasks, ProbeEngine(any_store))
+        tasks = McpTasks("ring", settings=Settings(database_url=store_url, encryption_keys=ring, data_dir=tmp_path))
+        found = encryption_check(tasks, ProbeEngine(store_url))
         return found.status, found.detail, found.fix
 
     def write(key: str, at: int, *ring: str) -> None:
-        store = SqlStore.from_url(any_store, ring=KeyRing.parse(ring) if ring else None)
+        store = SqlStore.from_url(store_url, ring=KeyRing.parse(ring) if ring else None)
         record = TaskRecord(
             key=key, owner=None, tool="t", status=TaskStatus.WORKING, created_at=at, updated_at=at, ttl_ms=None
         )
@@ -349,7 +335,7 @@ def test_the_encryption_row_follows_the_ring_through_a_rotation(any_store: str, 
     assert (status, detail) == ("WARN", f"1 task(s) sealed with a key not in the ring read as failed: key {old_id} (1)")
     assert "put that key back" in fix and "db reencrypt" in fix
 
-    engine = SqlStore.from_url(any_store).engine
+    engine = SqlStore.from_url(store_url).engine
     try:
         assert reencrypt(engine, KeyRing.parse([new, old])).rewritten == 2
     finally:
@@ -357,7 +343,7 @@ def test_the_encryption_row_follows_the_ring_through_a_rotation(any_store: str, 
     assert verdict(new) == ("OK", f"on: 3 task(s) sealed with key {new_id}, the first of 1", "")
 
     # A process still sealing with the old key finishes a job afterwards: that one column is the old key's.
-    late = SqlStore.from_url(any_store, ring=KeyRing.parse([old, new]))
+    late = SqlStore.from_url(store_url, ring=KeyRing.parse([old, new]))
     late.update("c" * 64, ANY, lambda record: record.completed({"content": []}, 4_000))
     late.dispose()
     status, detail, _ = verdict(new)
