@@ -39,8 +39,8 @@ async def test_deploy_declined(mcp_tasks_client):
 @pytest.mark.anyio
 async def test_scan_can_be_cancelled(mcp_tasks_client, mcp_tasks_extension):
     handle = await mcp_tasks_extension.start(mcp_tasks_client, "scan", {"paths": ["a"] * 20})
-    async for state in handle.updates():  # cancel the running job, not a message still queued
-        if state.status_message == "Started":
+    async for state in handle.updates():  # cancel the running job, not a message still queued:
+        if state.status_message != "Queued":  # its start says "Started", or its first report already replaced that
             break
     await handle.cancel()
     assert handle.status == "cancelled"
