@@ -142,3 +142,27 @@ def test_a_waiting_message_beats_its_task_only_while_no_copy_of_its_run_started(
     service.retrying(created.key, Run(1, 2), start_by_ms=clock.now)  # attempt 2 scheduled, not started
     assert not service.heartbeat(created.key, Run(1, 1), waiting=True)  # an older attempt's copy: not its to keep
     assert service.heartbeat(created.key, Run(1, 2), waiting=True)
+
+
+def test_a_dropped_message_fails_its_task_naming_the_tool_and_what_to_do(service: TaskService, seen: Seen) -> None:
+    """A worker of an older release drops a message of a tool it does not know (Celery's `task_unknown`)."""
+    _, created = service.create(owner=None, tool="t", arguments={})
+    assert service.dropped(created.key, Run(1, 0, created.created_at), tool="t")
+    failed = service.record(created.key)
+    assert failed is not None and failed.status is TaskStatus.FAILED and len(seen.sent) == 1
+    said = "The worker that got the job does not know tool 't': restart the workers with the code that defines it"
+    assert failed.status_message == said and failed.error is not None and failed.error["message"] == said
+    assert not service.dropped(created.key, Run(1, 0, created.created_at), tool="t")  # a redelivery: final already
+
+
+def test_a_dropped_message_of_another_run_or_task_or_of_a_started_run_changes_nothing(
+    service: TaskService, clock: Clock
+) -> None:
+    _, created = service.create(owner=None, tool="t", arguments={})
+    born = created.created_at
+    assert not service.dropped(created.key, Run(1, 0, born - 1), tool="t")  # an earlier task under the key
+    assert not service.dropped(created.key, Run(0, 0, born), tool="t")  # an earlier dispatch
+    _begin(service, clock, created.key, Run(1, 0, born))  # another copy of the message started
+    assert not service.dropped(created.key, Run(1, 0, born), tool="t")
+    record = service.record(created.key)
+    assert record is not None and record.status is TaskStatus.WORKING

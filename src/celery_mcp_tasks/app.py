@@ -226,7 +226,7 @@ class McpTasks:
             server_options["version"] = version
         self.server = TasksServer(name, extensions=[self._extension], **server_options)
         self._listen = attach_listen(self.server, bus, self._service, self._push)
-        bridge.install()
+        bridge.install(self.celery, self._service)
         held.install()  # a message the worker holds but has not started keeps its task alive
         termination.install()  # a prefork pool process that ends never leaves the pool's result lock held
         install_startup(self.celery, self._preflight, self._startup_lines)

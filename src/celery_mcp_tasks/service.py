@@ -561,6 +561,26 @@ class TaskService:
             return "failed"  # the broker refused the send: `_send` failed the task, readable
         return outcome
 
+    def dropped(self, key: str, run: Run, *, tool: str) -> bool:
+        """A worker that does not know `tool` (an older release of the app) got `run`'s message, and Celery
+        dropped it: the task fails saying what to do, at once (that worker can send no job of a tool it does
+        not know; else the task would wait out the stale timeout). False, and nothing written, when that
+        message is no longer the task's current run or a copy of it started meanwhile."""
+        message = f"The worker that got the job does not know tool {tool!r}: restart the workers with the code that defines it"
+        failed = False
+
+        def transition(record: TaskRecord) -> TaskRecord:
+            nonlocal failed
+            current = record.status is TaskStatus.WORKING and record.started_at is None
+            failed = current and run.dispatch == record.dispatches and run.attempt >= record.attempt and run.of(record)
+            return record.failed(failure(message), self.clock(), message) if failed else record
+
+        try:
+            self._write(key, transition)
+        except (TerminalTask, TaskNotFound):
+            return False
+        return failed
+
     def _update(
         self,
         key: str,

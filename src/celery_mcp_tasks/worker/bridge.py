@@ -2,7 +2,9 @@
 
 Success -> `completed` with the CallToolResult the job left on the request (`job.OUTCOME`); a failure (an
 exception, retries exhausted, a lost pool process) or a revoke -> `failed` (after our own cancel the store
-already says `cancelled`); a retry keeps the task `working` until the next attempt. Signals come from
+already says `cancelled`); a retry keeps the task `working` until the next attempt; a message the worker
+has no task for (it runs an older release of the app), which Celery drops -> `failed` saying to restart the
+workers. Signals come from
 different processes and out of order (`task_retry` can land after the next attempt started), so every
 write names its run and is a compare-and-swap: a late signal never moves a task backwards. Celery swallows
 exceptions raised in signal handlers; ours log them loudly.
@@ -11,6 +13,7 @@ exceptions raised in signal handlers; ours log them loudly.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -28,6 +31,8 @@ logger = logging.getLogger("celery_mcp_tasks.worker")
 
 _MAX_MESSAGE = 500
 _installed = False
+_apps: weakref.WeakKeyDictionary[Any, weakref.WeakMethod[Callable[[], TaskService]]] = weakref.WeakKeyDictionary()
+"""The service of each Celery app of an `McpTasks` in this process (`on_unknown`), held weakly as the app is."""
 
 Op = Callable[[TaskService, str, "Run | None", "TaskRecord | None"], object]
 
@@ -110,6 +115,28 @@ def on_revoked(sender: Any = None, request: Any = None, expired: bool = False, *
     _settle(sender, request, "revoke", _fail(message))
 
 
+def on_unknown(sender: Any = None, message: Any = None, name: Any = None, **_: Any) -> None:
+    """`task_unknown`, in the worker's main process: a message for a task this worker does not have, which
+    Celery dropped. For one of our jobs (its tool added after this worker started) the task fails at once
+    saying to restart the workers, rather than waiting out the stale timeout as `working`."""
+    found = _apps.get(getattr(sender, "app", None))
+    service = None if found is None else found()
+    headers = getattr(message, "headers", None)
+    if service is None or not isinstance(headers, dict):
+        return
+    key, run = row_key(headers), run_of(headers)
+    if key is None or run is None:
+        return
+    tool = str(headers.get("shadow") or name)  # the MCP tool's name: its job's message is sent shadowed so
+    try:
+        failed = service().dropped(key, run, tool=tool)
+    except Exception:
+        logger.exception("tool %r: could not fail the task of a job this worker does not know", tool)
+        return
+    if failed:
+        logger.warning("tool %r: this worker does not know it; its task failed (restart the workers)", tool)
+
+
 def on_prerun(sender: Any = None, **_: Any) -> None:
     """Before a job's first run in this process: the trace's log lines of our jobs get no result, no arguments,
     and a soft time limit waits for the store call in flight (`soft_limits`: the pool's handler is there now).
@@ -121,9 +148,11 @@ def on_prerun(sender: Any = None, **_: Any) -> None:
         soft_limits.install()
 
 
-def install() -> None:
-    """Connect the bridge once per process (worker main process and pool children alike)."""
+def install(celery: Any, service: Callable[[], TaskService]) -> None:
+    """Connect the bridge once per process (worker main process and pool children alike), and know `celery`'s
+    service (a bound method) for the messages its workers drop."""
     global _installed
+    _apps[celery] = weakref.WeakMethod(service)
     if _installed:
         return
     signals.task_prerun.connect(on_prerun, weak=False)
@@ -131,4 +160,5 @@ def install() -> None:
     signals.task_failure.connect(on_failure, weak=False)
     signals.task_retry.connect(on_retry, weak=False)
     signals.task_revoked.connect(on_revoked, weak=False)
+    signals.task_unknown.connect(on_unknown, weak=False)
     _installed = True
