@@ -260,6 +260,7 @@ def test_a_final_state_keeps_the_last_numbers() -> None:
         (1, -5, "total must not be negative"),
         (float("nan"), None, "current must be a finite number"),
         (1, float("inf"), "total must be a finite number"),
+        pytest.param(1, 10**400, "total must be a finite number", id="an-int-beyond-any-float"),
         (True, None, "current must be a number, not bool"),
         ("3", None, "current must be a number, not str"),
     ],

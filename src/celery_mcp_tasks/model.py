@@ -168,7 +168,10 @@ RESUMED = "Resumed with the answers"
 def _progress_number(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"progress {name} must be a number, not {type(value).__name__}")
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond any float
+        number = math.inf
     if not math.isfinite(number):
         raise ValueError(f"progress {name} must be a finite number")
     if number < 0:
