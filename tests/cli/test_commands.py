@@ -252,3 +252,13 @@ def test_db_check_prints_its_own_line_alone(tmp_path: Path) -> None:
     db("upgrade")
     (said,) = db("check")
     assert said.startswith("celery-mcp-tasks db check: the task store ")
+
+
+def test_tasks_finds_the_console_where_it_listens_by_default_or_where_its_setting_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("MCP_TASKS_CONSOLE_URL", raising=False)
+    assert _parser().parse_args(["tasks", "ls"]).url == "http://127.0.0.1:9102"  # `console`'s own default
+    monkeypatch.setenv("MCP_TASKS_CONSOLE_URL", "https://console.example.internal")
+    assert _parser().parse_args(["tasks", "show", "abc"]).url == "https://console.example.internal"
+    assert _parser().parse_args(["tasks", "ls", "--url", "http://10.0.0.2:9102"]).url == "http://10.0.0.2:9102"

@@ -75,8 +75,8 @@ def console(backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 @pytest.fixture
 def shell(console: tuple[Deployment, str], tmp_path: Path) -> Iterator[Shell]:
-    deployment, _ = console
-    env = process_env(deployment.backend, MCP_TASKS_CONSOLE_TOKEN=TOKEN)
+    deployment, root = console
+    env = process_env(deployment.backend, MCP_TASKS_CONSOLE_TOKEN=TOKEN, MCP_TASKS_CONSOLE_URL=root)
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/bin:/bin')}"  # the venv's entry point
     opened = Shell(tmp_path / "tmux.sock", env)
     yield opened
@@ -95,8 +95,8 @@ def test_an_operator_lists_shows_and_cancels_a_task_by_the_row_prefix_the_list_s
     key = task_key(task_id)
     tasks = f"celery-mcp-tasks tasks {{}} --url {shlex.quote(root)}"
 
-    def listed() -> str | None:
-        status, printed = shell.run(tasks.format("ls") + " --tool slow_compute --status working")
+    def listed() -> str | None:  # at MCP_TASKS_CONSOLE_URL (the shell's): no --url
+        status, printed = shell.run("celery-mcp-tasks tasks ls --tool slow_compute --status working")
         return printed if status == 0 and key[:12] in printed else None
 
     printed = wait_until(listed, 30, "the task in `tasks ls`", interval=0.5)

@@ -1,4 +1,4 @@
-"""`celery-mcp-tasks tasks ls|show|cancel|resend|delete --url URL`: the console's JSON API from a terminal.
+"""`celery-mcp-tasks tasks ls|show|cancel|resend|delete [--url URL]`: the console's JSON API from a terminal.
 
 Rows are named by their row key (sha256 of the task id) or a prefix of 8+ of its digits that only one row's key
 starts with; the operator token is MCP_TASKS_CONSOLE_TOKEN (sent as a bearer token, never printed).
@@ -18,6 +18,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 TOKEN_SETTING = "MCP_TASKS_CONSOLE_TOKEN"
+URL_SETTING = "MCP_TASKS_CONSOLE_URL"
+DEFAULT_URL = "http://127.0.0.1:9102"  # where `celery-mcp-tasks console` listens unless told otherwise
 TIMEOUT_S = 30.0
 
 
@@ -35,7 +37,11 @@ def add_parser(sub: Any) -> None:
     commands = tasks.add_subparsers(dest="tasks_command", required=True, help="what to do")
 
     def common(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--url", required=True, help="the console's root, e.g. http://127.0.0.1:9102")
+        parser.add_argument(
+            "--url",
+            default=os.environ.get(URL_SETTING) or DEFAULT_URL,
+            help=f"the console's root (default: ${URL_SETTING}, else {DEFAULT_URL}, where `console` listens by default)",
+        )
         parser.add_argument("--json", dest="json_output", action="store_true", help="print the API's JSON")
         parser.add_argument("--operator", default=None, help="your name in the audit log (default: your login)")
 
