@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import pytest
 
 from celery_mcp_tasks.cli import _parser, main
 from celery_mcp_tasks.preflight import script_heads
+from tests.support import Backend, process_env
 
 
 def commands() -> dict[str, argparse.ArgumentParser]:
@@ -262,3 +264,24 @@ def test_tasks_finds_the_console_where_it_listens_by_default_or_where_its_settin
     monkeypatch.setenv("MCP_TASKS_CONSOLE_URL", "https://console.example.internal")
     assert _parser().parse_args(["tasks", "show", "abc"]).url == "https://console.example.internal"
     assert _parser().parse_args(["tasks", "ls", "--url", "http://10.0.0.2:9102"]).url == "http://10.0.0.2:9102"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("command", ["serve", "console"])
+def test_serve_and_console_on_a_busy_port_say_so_in_one_line_before_anything_else(command: str, tmp_path: Path) -> None:
+    """As `dev`: the port is bound first, so the line comes before the app is imported (it does not even exist
+    here) or the store is made, instead of uvicorn's Errno 98 after the start-up."""
+    data = tmp_path / "data"
+    env = process_env(Backend("embedded", {"MCP_TASKS_DATA_DIR": str(data), "MCP_TASKS_CONSOLE_TOKEN": "t" * 32}))
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen(1)
+        port = other.getsockname()[1]
+        argv = [sys.executable, "-m", "celery_mcp_tasks.cli", command, "tests.apps.no_such_app", "--port", str(port)]
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == [
+        f"celery-mcp-tasks {command}: port {port} on 127.0.0.1 is already in use (another server?); "
+        "stop it or pick another with --port"
+    ]
+    assert not data.exists()

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from celery_mcp_tasks.cli.dev import bind_port
+from celery_mcp_tasks.cli.shared import bind_port
 from tests.support import free_port
 
 
 def test_connections_accepted_on_the_dev_socket_have_tcp_nodelay() -> None:
     """asyncio sets TCP_NODELAY only on a listening socket made with IPPROTO_TCP (DESIGN.md decision 17)."""
-    sock = bind_port("127.0.0.1", 0)
+    sock = bind_port("dev", "127.0.0.1", 0)
     assert sock.proto == socket.IPPROTO_TCP
     port = sock.getsockname()[1]
     accepted: list[int] = []

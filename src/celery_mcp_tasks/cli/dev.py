@@ -7,10 +7,8 @@ The port is bound here and the socket handed to uvicorn: a busy port is the firs
 from __future__ import annotations
 
 import argparse
-import errno
 import logging
 import os
-import socket
 import sys
 import threading
 
@@ -18,8 +16,8 @@ from celery_mcp_tasks.cli.shared import (
     Stopped,
     WorkerSupervisor,
     banner,
+    bind_port,
     celery_target,
-    listening_socket,
     load_app,
     prepare,
     sigterm_stops,
@@ -28,19 +26,6 @@ from celery_mcp_tasks.cli.shared import (
 )
 
 PREFIX = "celery-mcp-tasks dev"
-
-
-def bind_port(host: str, port: int) -> socket.socket:
-    """Bind and listen now: a busy port is an error before anything else happens."""
-    try:
-        return listening_socket(host, port)
-    except OSError as exc:
-        if exc.errno == errno.EADDRINUSE:
-            raise SystemExit(
-                f"{PREFIX}: port {port} on {host} is already in use (another server?); "
-                f"stop it or pick another with --port"
-            ) from None
-        raise SystemExit(f"{PREFIX}: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
 def run(options: argparse.Namespace) -> int:
@@ -57,7 +42,7 @@ def run(options: argparse.Namespace) -> int:
         except CallError as exc:
             print(f"{PREFIX}: {exc}", file=sys.stderr)
             return exc.code
-    sock = bind_port(options.host, options.port)
+    sock = bind_port("dev", options.host, options.port)
     # --data-dir wins over MCP_TASKS_DATA_DIR; the worker inherits the one chosen here.
     os.environ["MCP_TASKS_DATA_DIR"] = options.data_dir or os.environ.get("MCP_TASKS_DATA_DIR") or ".celery-mcp-tasks"
     if not options.keep_env:

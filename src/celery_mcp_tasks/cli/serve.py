@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 
 import uvicorn
 
-from celery_mcp_tasks.cli.shared import load_app, prepare, start_ops_server, uvicorn_logging
+from celery_mcp_tasks.cli.shared import bind_port, load_app, prepare, start_ops_server, uvicorn_logging
 
 
 def run(args: argparse.Namespace) -> int:
+    sock = bind_port(args.command, args.host, args.port)  # a busy port: one line, before anything else
+    try:
+        return _serve(args, sock)
+    finally:
+        sock.close()
+
+
+def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
     tasks = load_app(args.app)
     console = args.command == "console"
     if console and tasks.settings.console_token is None:
@@ -29,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     try:
-        uvicorn.run(
+        config = uvicorn.Config(
             tasks.console_app(standalone=True) if console else tasks.asgi_app(host=args.host),
             host=args.host,
             port=args.port,
@@ -37,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
             log_config=uvicorn_logging(tasks),
             timeout_graceful_shutdown=5,
         )
+        uvicorn.Server(config).run(sockets=[sock])
     finally:
         if ops is not None:
             ops.stop()

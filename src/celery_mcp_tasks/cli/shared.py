@@ -120,6 +120,20 @@ def uvicorn_logging(tasks: Any) -> dict[str, Any] | None:
     return uvicorn_log_config(internals(tasks).plugins)
 
 
+def bind_port(command: str, host: str, port: int) -> socket.socket:
+    """Bind and listen now, for `command` (`dev`, `serve`, `console`): a busy port is one line before anything
+    else happens (before the app is imported, the store migrated or a worker started)."""
+    try:
+        return listening_socket(host, port)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise SystemExit(
+                f"celery-mcp-tasks {command}: port {port} on {host} is already in use (another server?); "
+                f"stop it or pick another with --port"
+            ) from None
+        raise SystemExit(f"celery-mcp-tasks {command}: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
 def listening_socket(host: str, port: int) -> socket.socket:
     """A socket bound and listening on host:port now (OSError when it cannot be), for uvicorn to serve.
 
