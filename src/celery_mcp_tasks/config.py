@@ -25,9 +25,15 @@ if TYPE_CHECKING:
 RETIRED_SETTINGS = ("MCP_TASKS_LISTEN_ENTRY",)
 _PREFIX = "MCP_TASKS_"
 STRICT_SETTINGS = "MCP_TASKS_STRICT_SETTINGS"  # on: an unknown MCP_TASKS_* name stops the process
-READ_ELSEWHERE = ("MCP_TASKS_OPS_HOST", "MCP_TASKS_OPS_PORT", "MCP_TASKS_TOKEN", STRICT_SETTINGS)
+READ_ELSEWHERE = (
+    "MCP_TASKS_OPS_HOST",
+    "MCP_TASKS_OPS_PORT",
+    "MCP_TASKS_TOKEN",
+    "MCP_TASKS_CONSOLE_URL",
+    STRICT_SETTINGS,
+)
 """Names read outside `Settings.from_env`: the ops listener's address (`ops/serving.py`), the token
-`call` sends (`cli/call.py`), and the strict switch itself."""
+`call` sends (`cli/call.py`), where `tasks` finds the console (`cli/tasks.py`), and the strict switch itself."""
 NOT_SETTINGS = ("MCP_TASKS_TEST_", "MCP_TASKS_SMOKE_")
 """Prefixes of names the test suite and CI read (service URLs): never settings, never flagged."""
 MIN_SECRET_BYTES = 32

@@ -17,6 +17,6 @@ def kept() -> str:
 if os.environ.get("UPGRADE_APP_ADDED") == "1":
 
     @tasks.mcp_task
-    def added() -> str:
+    def added(note: str = "") -> str:
         """Only in the newer release."""
-        return "added"
+        return f"added {note}"

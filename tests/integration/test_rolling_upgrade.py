@@ -11,6 +11,8 @@ from tests.support import Backend, Deployment, McpHttp
 
 pytestmark = pytest.mark.integration
 
+NOTE = "the-launch-codes"
+
 
 def test_a_tool_no_worker_knows_fails_its_task_at_once_saying_to_restart_the_workers(
     backend: Backend, tmp_path: Path
@@ -19,7 +21,7 @@ def test_a_tool_no_worker_knows_fails_its_task_at_once_saying_to_restart_the_wor
         client = McpHttp(deployment.web(UPGRADE_APP_ADDED="1"))
         worker = deployment.worker()  # the older release: it has no `added`
         try:
-            task_id = client.create("added")
+            task_id = client.create("added", {"note": NOTE})
             ended = client.wait_for(task_id, timeout=20)  # the stale timeout is minutes away
             assert ended["status"] == "failed"
             assert ended["statusMessage"] == (
@@ -31,3 +33,4 @@ def test_a_tool_no_worker_knows_fails_its_task_at_once_saying_to_restart_the_wor
         log = worker.text()
         assert "tool 'added': this worker does not know it; its task failed (restart the workers)" in log
         assert task_id not in log
+        assert NOTE not in log and "<an MCP task's arguments are not logged>" in log  # Celery's line, trimmed

@@ -9,6 +9,7 @@ import importlib.metadata
 import inspect
 import logging
 
+import pytest
 from celery import Celery
 
 from celery_mcp_tasks.worker import celery_internals
@@ -71,3 +72,41 @@ def test_the_soft_limit_is_a_signal_whose_pool_handler_raises_the_limit() -> Non
     assert "signal.signal(SIG_SOFT_TIMEOUT, soft_timeout_sighandler)" in inspect.getsource(pool.Worker.after_fork), (
         WHERE
     )
+
+
+def test_a_message_of_a_task_the_worker_lacks_is_logged_with_the_template_body_and_headers_we_filter(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`Consumer.on_unknown_task` run on a message as the consumer gets it: its line is the template, its
+    arguments the task's name, the body, the headers (what `tracelog.DroppedJobFilter` trims)."""
+    from types import SimpleNamespace
+
+    from celery.worker.consumer.consumer import Consumer, logger
+
+    assert logger.name == celery_internals.CONSUMER_LOGGER, WHERE
+    headers = {"id": "celery-id", "task": "app.added", "shadow": "added"}  # not one of our jobs': left unfiltered
+    message = SimpleNamespace(
+        headers=headers,
+        delivery_info={"routing_key": "q"},
+        properties={},
+        body=b"{}",
+        reject_log_error=lambda *args, **kwargs: None,
+    )
+
+    class Backend:
+        def mark_as_failure(self, *args: object, **kwargs: object) -> None: ...
+
+    class App:  # hashable, as a Celery app is: the task_unknown signal goes out with the consumer as its sender
+        backend = Backend()
+
+    class Stand:
+        app = App()
+        connection_errors = ()
+        event_dispatcher = None
+
+    consumer = Stand()
+    with caplog.at_level(logging.ERROR, logger=celery_internals.CONSUMER_LOGGER):
+        Consumer.on_unknown_task(consumer, [[], {"secret": "s3cret"}, {}], message, KeyError("app.added"))
+    (record,) = [r for r in caplog.records if r.name == celery_internals.CONSUMER_LOGGER]
+    assert record.msg == celery_internals.unknown_task_template(), WHERE
+    assert isinstance(record.args, tuple) and "s3cret" in str(record.args[1]) and record.args[2] is headers, WHERE

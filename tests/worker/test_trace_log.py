@@ -211,3 +211,24 @@ def test_a_job_failing_with_an_exception_celery_cannot_pickle_names_that_excepti
     task_id = run_as_task(tasks, brittle, "brittle", topic="x")
     record = internals(tasks).service().record(task_key(task_id))
     assert record is not None and record.status_message == "Job failed: Unpicklable: the sensor went away"
+
+
+def test_the_line_for_a_dropped_message_of_a_job_leaves_its_arguments_and_record_out() -> None:
+    """The consumer's line for a message of a task the worker does not have (Celery's template and arguments:
+    tests/worker/test_celery_internals.py), for one of our jobs and for any other task."""
+    from celery_mcp_tasks.worker.celery_internals import unknown_task_template
+
+    ours = {"id": "cid", "task": "app.added", "shadow": "added", KEY_HEADER: "k" * 64, "mcp_task_record": SECRET}
+    theirs = {"id": "cid", "task": "app.other"}
+    body = f"[[], {{'note': '{SECRET}'}}, {{}}] (40b)"
+    lines = []
+    for headers in (ours, theirs):
+        record = logging.LogRecord(
+            "celery.worker.consumer.consumer", logging.ERROR, __file__, 1, unknown_task_template(), None, None
+        )
+        record.args = (KeyError("app.added"), body, headers, {"routing_key": "q"})
+        assert tracelog.DroppedJobFilter().filter(record)
+        lines.append(record.getMessage())
+    assert SECRET not in lines[0] and "<an MCP task's arguments are not logged>" in lines[0]
+    assert "'shadow': 'added'" in lines[0] and "'routing_key': 'q'" in lines[0]  # what names the job stays
+    assert SECRET in lines[1]  # another task's line is Celery's own

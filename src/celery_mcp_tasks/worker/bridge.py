@@ -148,6 +148,13 @@ def on_prerun(sender: Any = None, **_: Any) -> None:
         soft_limits.install()
 
 
+def on_worker_init(sender: Any = None, **_: Any) -> None:
+    """A worker starts in this process: its consumer's line for a dropped message of one of our jobs leaves the
+    arguments out (`tracelog`). Installed here, not with the bridge: constructing `McpTasks` filters no logger."""
+    if getattr(sender, "app", None) in _apps:
+        tracelog.install_consumer()
+
+
 def install(celery: Any, service: Callable[[], TaskService]) -> None:
     """Connect the bridge once per process (worker main process and pool children alike), and know `celery`'s
     service (a bound method) for the messages its workers drop."""
@@ -161,4 +168,5 @@ def install(celery: Any, service: Callable[[], TaskService]) -> None:
     signals.task_retry.connect(on_retry, weak=False)
     signals.task_revoked.connect(on_revoked, weak=False)
     signals.task_unknown.connect(on_unknown, weak=False)
+    signals.worker_init.connect(on_worker_init, weak=False)
     _installed = True

@@ -10,6 +10,9 @@ tests/worker/test_celery_internals.py fails when one moves.
 4. `soft_limit_handler`: billiard's pool process raises `SoftTimeLimitExceeded` from its handler
    (`billiard.pool.soft_timeout_sighandler`) of `billiard.pool.SIG_SOFT_TIMEOUT` (SIGUSR1), installed after
    `worker_process_init` has run (`worker.soft_limits`). A hook around the soft limit would remove it.
+5. `CONSUMER_LOGGER`, `unknown_task_template`: the line the worker's consumer logs for a message of a task it
+   does not have, its arguments (the task's name, the message body, its headers, its delivery info), to keep
+   an MCP task's arguments and record out of it (`worker.tracelog`). A body-free template would remove it.
 """
 
 from __future__ import annotations
@@ -58,3 +61,13 @@ def soft_limit_handler() -> tuple[int, Callable[[int, FrameType | None], Any]] |
 
     number = pool.SIG_SOFT_TIMEOUT
     return None if number is None else (int(number), pool.soft_timeout_sighandler)
+
+
+CONSUMER_LOGGER = "celery.worker.consumer.consumer"
+
+
+def unknown_task_template() -> str:
+    """The template of the consumer's line for a message of a task this worker does not have."""
+    from celery.worker.consumer import consumer
+
+    return str(consumer.UNKNOWN_TASK_ERROR)

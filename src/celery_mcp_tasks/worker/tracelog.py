@@ -1,10 +1,14 @@
-"""What Celery's task trace logs about our jobs: the outcome's fact, never its content.
+"""What Celery logs about our jobs: the outcome's fact, never its content.
 
 Celery logs every return value at INFO and puts the arguments in each record's `data`; a tool's result
 and arguments are often more sensitive than its ids. For an MCP task's run this filter on Celery's trace
 logger drops the return value, hides the arguments, and says how a run without an outcome ended instead
 of "succeeded: None". Any other task keeps Celery's lines. It runs while the trace still has the task
 pushed, so `current_task.request` is the request the line is about (checked by id).
+
+A worker that gets a message of a task it does not have logs the message's body and headers whole
+(the arguments, and the task's record our header carries): for one of our jobs the consumer's filter
+leaves them out and keeps the rest of the line (the task's name, its Celery id, the delivery info).
 """
 
 from __future__ import annotations
@@ -14,7 +18,12 @@ from typing import Any
 
 from celery import current_task
 
-from celery_mcp_tasks.worker.celery_internals import TRACE_LOGGER, trace_templates
+from celery_mcp_tasks.worker.celery_internals import (
+    CONSUMER_LOGGER,
+    TRACE_LOGGER,
+    trace_templates,
+    unknown_task_template,
+)
 from celery_mcp_tasks.worker.job import HIDDEN_ARGS, RUN_END, McpJob, row_key
 
 _HIDDEN = "<not logged>"
@@ -53,6 +62,39 @@ class JobTraceFilter(logging.Filter):
         return True
 
 
+_KEPT_HEADERS = ("id", "task", "shadow", "retries")
+"""What the dropped-message line keeps of one of our jobs' headers: Celery's names for it, nothing of the task."""
+
+
+class DroppedJobFilter(logging.Filter):
+    """On the consumer's logger: the line for a message of a task the worker does not have, for one of our
+    jobs, without the message's body (the arguments) and with only Celery's own headers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._template = unknown_task_template()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if record.msg != self._template or not isinstance(args, tuple) or len(args) < 3:
+            return True
+        headers = args[2]
+        if not isinstance(headers, dict) or row_key(headers) is None:
+            return True
+        kept = {name: headers[name] for name in _KEPT_HEADERS if name in headers}
+        record.args = (args[0], "<an MCP task's arguments are not logged>", kept, *args[3:])
+        return True
+
+
+def install_consumer() -> None:
+    """Once per worker main process, at the worker's start (`bridge`): never at import or construction."""
+    global _consumer_installed
+    if not _consumer_installed:
+        logging.getLogger(CONSUMER_LOGGER).addFilter(DroppedJobFilter())
+        _consumer_installed = True
+
+
+_consumer_installed = False
 _installed = False
 
 
