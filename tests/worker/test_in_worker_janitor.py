@@ -198,7 +198,10 @@ class ReadyWorker(TestWorkController):
 @contextmanager
 def running_worker(app: Celery, pool: str) -> Iterator[ReadyWorker]:
     """`celery.contrib.testing.worker.start_worker` without its logging setup (which would take over the root
-    logger of the whole test process)."""
+    logger of the whole test process). As that helper does, it leaves the process as it found it: a prefork
+    pool marks the process as one whose `result.get()` would block (`Never call result.get() within a task!`
+    in every later test of this process)."""
+    from celery.result import _set_task_join_will_block
     from celery.worker import state
 
     app.finalize()
@@ -220,6 +223,7 @@ def running_worker(app: Celery, pool: str) -> Iterator[ReadyWorker]:
         state.should_terminate = 0
         thread.join(30)
         state.should_terminate = None
+        _set_task_join_will_block(False)
     assert not thread.is_alive(), "the worker did not stop"
 
 
