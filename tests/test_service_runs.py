@@ -166,3 +166,16 @@ def test_a_dropped_message_of_another_run_or_task_or_of_a_started_run_changes_no
     assert not service.dropped(created.key, Run(1, 0, born), tool="t")
     record = service.record(created.key)
     assert record is not None and record.status is TaskStatus.WORKING
+
+
+def test_a_dropped_retry_fails_the_task_even_before_the_retry_signal_said_so(
+    service: TaskService, clock: Clock
+) -> None:
+    """Celery sends a retry's message before `task_retry`: the row still shows attempt 0 started."""
+    _, created = service.create(owner=None, tool="t", arguments={})
+    born = created.created_at
+    _begin(service, clock, created.key, Run(1, 0, born))
+    assert not service.dropped(created.key, Run(1, 0, born), tool="t")  # attempt 0's own copy: it started
+    assert service.dropped(created.key, Run(1, 1, born), tool="t")  # attempt 1's message, dropped
+    record = service.record(created.key)
+    assert record is not None and record.status is TaskStatus.FAILED

@@ -565,13 +565,19 @@ class TaskService:
         """A worker that does not know `tool` (an older release of the app) got `run`'s message, and Celery
         dropped it: the task fails saying what to do, at once (that worker can send no job of a tool it does
         not know; else the task would wait out the stale timeout). False, and nothing written, when that
-        message is no longer the task's current run or a copy of it started meanwhile."""
+        message is no longer the task's current run or a copy of it started meanwhile (a retry's message counts
+        as unstarted while the attempt before it still shows: Celery sends it before it says so).
+
+        In a fleet of both releases, a copy of the message the broker handed out again (after its visibility
+        timeout) may be dropped while another worker holds the first copy unstarted: the task fails then too
+        (docs/production.md: a release that adds a tool replaces the workers first)."""
         message = f"The worker that got the job does not know tool {tool!r}: restart the workers with the code that defines it"
         failed = False
 
         def transition(record: TaskRecord) -> TaskRecord:
             nonlocal failed
-            current = record.status is TaskStatus.WORKING and record.started_at is None
+            unstarted = record.started_at is None or run.attempt > record.attempt
+            current = record.status is TaskStatus.WORKING and unstarted
             failed = current and run.dispatch == record.dispatches and run.attempt >= record.attempt and run.of(record)
             return record.failed(failure(message), self.clock(), message) if failed else record
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import socket
 import sys
 
 import uvicorn
@@ -12,14 +11,9 @@ from celery_mcp_tasks.cli.shared import bind_port, load_app, prepare, start_ops_
 
 
 def run(args: argparse.Namespace) -> int:
-    sock = bind_port(args.command, args.host, args.port)  # a busy port: one line, before anything else
-    try:
-        return _serve(args, sock)
-    finally:
-        sock.close()
-
-
-def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
+    # A busy port is one line before anything else; uvicorn binds it again once the app has started, so a
+    # connection until then is refused, and uvicorn says where it serves.
+    bind_port(args.command, args.host, args.port).close()
     tasks = load_app(args.app)
     console = args.command == "console"
     if console and tasks.settings.console_token is None:
@@ -38,7 +32,7 @@ def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
         )
     )
     try:
-        config = uvicorn.Config(
+        uvicorn.run(
             tasks.console_app(standalone=True) if console else tasks.asgi_app(host=args.host),
             host=args.host,
             port=args.port,
@@ -46,7 +40,6 @@ def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
             log_config=uvicorn_logging(tasks),
             timeout_graceful_shutdown=5,
         )
-        uvicorn.Server(config).run(sockets=[sock])
     finally:
         if ops is not None:
             ops.stop()

@@ -121,10 +121,10 @@ def uvicorn_logging(tasks: Any) -> dict[str, Any] | None:
 
 
 def bind_port(command: str, host: str, port: int) -> socket.socket:
-    """Bind and listen now, for `command` (`dev`, `serve`, `console`): a busy port is one line before anything
-    else happens (before the app is imported, the store migrated or a worker started)."""
+    """Bind now, for `command` (`dev`, `serve`, `console`): a busy port is one line before anything else happens
+    (before the app is imported, the store migrated or a worker started)."""
     try:
-        return listening_socket(host, port)
+        return bound_socket(host, port)
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
             raise SystemExit(
@@ -134,8 +134,10 @@ def bind_port(command: str, host: str, port: int) -> socket.socket:
         raise SystemExit(f"celery-mcp-tasks {command}: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
-def listening_socket(host: str, port: int) -> socket.socket:
-    """A socket bound and listening on host:port now (OSError when it cannot be), for uvicorn to serve.
+def bound_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port now (OSError when it cannot be: a port another server listens on), for uvicorn
+    to serve. Not listening yet: asyncio listens when the server starts, so a connection before the app is ready
+    is refused, not left hanging (a TCP probe sees the port closed until then).
 
     With `IPPROTO_TCP`, as uvicorn's own: asyncio checks it before it sets `TCP_NODELAY` on each accepted
     connection, without which every response waited ~40 ms for a delayed ACK.
@@ -145,7 +147,6 @@ def listening_socket(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
-        sock.listen(2048)
     except OSError:
         sock.close()
         raise
@@ -165,7 +166,7 @@ def start_ops_server(tasks: Any, host: str | None, port: int | None, *, log_leve
     if not app.routes or bind_port is None:
         return None
     try:
-        sock = listening_socket(bind_host, bind_port)
+        sock = bound_socket(bind_host, bind_port)
     except OSError as exc:
         why = "is not free" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc.strerror or exc})"
         _ops_logger.warning(

@@ -50,7 +50,7 @@ class _NotTheOpsServers(logging.Filter):
 
 
 class OpsServer:
-    """Serves one ASGI app on a listening socket in a daemon thread until `stop()`.
+    """Serves one ASGI app on a bound socket (it listens once the server starts) in a daemon thread until `stop()`.
 
     Its access lines are filtered out, not turned off: uvicorn's `access_log=False` empties the process's one
     `uvicorn.access` logger, the MCP server's access lines with it."""

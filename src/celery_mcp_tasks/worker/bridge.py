@@ -31,8 +31,17 @@ logger = logging.getLogger("celery_mcp_tasks.worker")
 
 _MAX_MESSAGE = 500
 _installed = False
-_apps: weakref.WeakKeyDictionary[Any, weakref.WeakMethod[Callable[[], TaskService]]] = weakref.WeakKeyDictionary()
-"""The service of each Celery app of an `McpTasks` in this process (`on_unknown`), held weakly as the app is."""
+_apps: weakref.WeakKeyDictionary[Any, list[weakref.WeakMethod[Callable[[], TaskService]]]] = weakref.WeakKeyDictionary()
+"""The services of each Celery app's `McpTasks` in this process (`on_unknown`), held weakly as the app is."""
+
+
+def _services(celery: Any) -> list[Callable[[], TaskService]]:
+    try:
+        found = _apps.get(celery)
+    except TypeError:  # not hashable or weakly referenceable: no `McpTasks` was built on it
+        return []
+    return [service for ref in found or () if (service := ref()) is not None]
+
 
 Op = Callable[[TaskService, str, "Run | None", "TaskRecord | None"], object]
 
@@ -119,17 +128,16 @@ def on_unknown(sender: Any = None, message: Any = None, name: Any = None, **_: A
     """`task_unknown`, in the worker's main process: a message for a task this worker does not have, which
     Celery dropped. For one of our jobs (its tool added after this worker started) the task fails at once
     saying to restart the workers, rather than waiting out the stale timeout as `working`."""
-    found = _apps.get(getattr(sender, "app", None))
-    service = None if found is None else found()
+    services = _services(getattr(sender, "app", None))
     headers = getattr(message, "headers", None)
-    if service is None or not isinstance(headers, dict):
+    if not services or not isinstance(headers, dict):
         return
     key, run = row_key(headers), run_of(headers)
     if key is None or run is None:
         return
     tool = str(headers.get("shadow") or name)  # the MCP tool's name: its job's message is sent shadowed so
     try:
-        failed = service().dropped(key, run, tool=tool)
+        failed = any(service().dropped(key, run, tool=tool) for service in services)  # the one whose task it is
     except Exception:
         logger.exception("tool %r: could not fail the task of a job this worker does not know", tool)
         return
@@ -151,7 +159,7 @@ def on_prerun(sender: Any = None, **_: Any) -> None:
 def on_worker_init(sender: Any = None, **_: Any) -> None:
     """A worker starts in this process: its consumer's line for a dropped message of one of our jobs leaves the
     arguments out (`tracelog`). Installed here, not with the bridge: constructing `McpTasks` filters no logger."""
-    if getattr(sender, "app", None) in _apps:
+    if _services(getattr(sender, "app", None)):
         tracelog.install_consumer()
 
 
@@ -159,7 +167,7 @@ def install(celery: Any, service: Callable[[], TaskService]) -> None:
     """Connect the bridge once per process (worker main process and pool children alike), and know `celery`'s
     service (a bound method) for the messages its workers drop."""
     global _installed
-    _apps[celery] = weakref.WeakMethod(service)
+    _apps.setdefault(celery, []).append(weakref.WeakMethod(service))
     if _installed:
         return
     signals.task_prerun.connect(on_prerun, weak=False)
