@@ -519,18 +519,7 @@ class TaskService:
 
     def expire_input(self, key: str, *, changed_before_ms: int, message: str) -> bool:
         """Fail a task nobody answered since the bound (the input timeout), inside the CAS: an answer first wins."""
-        expired = False
-
-        def transition(record: TaskRecord) -> TaskRecord:
-            nonlocal expired
-            expired = record.unanswered(changed_before_ms)
-            return record.failed(failure(message), self.clock(), message) if expired else record
-
-        try:
-            self._write(key, transition)
-        except (TerminalTask, TaskNotFound):
-            return False
-        return expired
+        return self._fail_if(key, lambda record: record.unanswered(changed_before_ms), message)
 
     def reap(self, key: str, *, stale_before_ms: int, max_sends: int, lost_message: str) -> str:
         """Settle a task whose job seems lost: send it again while the run has sends left, then fail it.
@@ -572,13 +561,21 @@ class TaskService:
         timeout) may be dropped while another worker holds the first copy unstarted: the task fails then too
         (docs/production.md: a release that adds a tool replaces the workers first)."""
         message = f"The worker that got the job does not know tool {tool!r}: restart the workers with the code that defines it"
+
+        def current(record: TaskRecord) -> bool:
+            unstarted = record.started_at is None or run.attempt > record.attempt
+            ours = run.dispatch == record.dispatches and run.attempt >= record.attempt and run.of(record)
+            return record.status is TaskStatus.WORKING and unstarted and ours
+
+        return self._fail_if(key, current, message)
+
+    def _fail_if(self, key: str, due: Callable[[TaskRecord], bool], message: str) -> bool:
+        """Fail the task with `message` when `due(record)`, decided inside the compare-and-swap; whether it did."""
         failed = False
 
         def transition(record: TaskRecord) -> TaskRecord:
             nonlocal failed
-            unstarted = record.started_at is None or run.attempt > record.attempt
-            current = record.status is TaskStatus.WORKING and unstarted
-            failed = current and run.dispatch == record.dispatches and run.attempt >= record.attempt and run.of(record)
+            failed = due(record)
             return record.failed(failure(message), self.clock(), message) if failed else record
 
         try:

@@ -4,10 +4,9 @@ Success -> `completed` with the CallToolResult the job left on the request (`job
 exception, retries exhausted, a lost pool process) or a revoke -> `failed` (after our own cancel the store
 already says `cancelled`); a retry keeps the task `working` until the next attempt; a message the worker
 has no task for (it runs an older release of the app), which Celery drops -> `failed` saying to restart the
-workers. Signals come from
-different processes and out of order (`task_retry` can land after the next attempt started), so every
-write names its run and is a compare-and-swap: a late signal never moves a task backwards. Celery swallows
-exceptions raised in signal handlers; ours log them loudly.
+workers. Signals come from different processes and out of order (`task_retry` can land after the next
+attempt started), so every write names its run and is a compare-and-swap: a late signal never moves a task
+backwards. Celery swallows exceptions raised in signal handlers; ours log them loudly.
 """
 
 from __future__ import annotations
