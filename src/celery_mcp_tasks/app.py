@@ -229,9 +229,10 @@ class McpTasks:
         bridge.install(self.celery, self._service)
         held.install()  # a message the worker holds but has not started keeps its task alive
         termination.install()  # a prefork pool process that ends never leaves the pool's result lock held
-        install_startup(self.celery, self._preflight, self._startup_lines)
+        # Connected weakly to Celery's process-wide signals and kept here: a dropped `McpTasks` takes them along.
+        self._receivers = install_startup(self.celery, self._preflight, self._startup_lines)
         in_worker = self.settings.janitor == "worker"
-        install_janitor(
+        self._receivers += install_janitor(
             self.celery, self._sweep, self.settings.janitor_interval_s, in_worker=in_worker, ledger=self._ledger
         )
         # e.g. the metrics' error listener on each process's engine (before set_up, which may build the service)

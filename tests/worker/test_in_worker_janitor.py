@@ -253,7 +253,7 @@ def test_with_a_forking_pool_the_main_process_only_sends_and_a_pool_process_clai
     app = Celery(f"prefork-janitor-{time.monotonic_ns()}", broker="memory://", set_as_current=False)
     app.conf.task_default_queue = f"janitor-{time.monotonic_ns()}"
     app.conf.broker_transport_options = {"polling_interval": 0.01}  # the virtual transport's default is 1 s
-    install_janitor(app, run_sweep, interval, in_worker=True, ledger=ledger_here)
+    _receivers = install_janitor(app, run_sweep, interval, in_worker=True, ledger=ledger_here)  # weak: kept here
     second = JanitorMessages(app, Timer(), interval)  # another worker's main process, on the same queue
     with running_worker(app, "prefork"):
         second.start()  # its first message at once, as the worker's own

@@ -122,7 +122,7 @@ def test_a_worker_whose_pool_cannot_terminate_says_so_once_and_logs_no_traceback
     from celery.concurrency.thread import TaskPool as Threads
 
     app = Celery("pools", broker="memory://")
-    CeleryDispatcher(app, {"slow": Tool("slow", terminate=True), "quick": Tool("quick", terminate=False)})
+    _dispatcher = CeleryDispatcher(app, {"slow": Tool("slow", terminate=True), "quick": Tool("quick", terminate=False)})
     pidbox = logging.getLogger("kombu.pidbox")
     filters = list(pidbox.filters)
     try:
@@ -150,7 +150,9 @@ def test_a_threads_or_solo_worker_says_once_that_it_ignores_the_tools_time_limit
     @app.task(name="limited", soft_time_limit=5)
     def limited() -> None: ...
 
-    CeleryDispatcher(app, {"slow": Tool("slow", terminate=False, celery_name="limited"), "quick": Tool("quick", False)})
+    _dispatcher = CeleryDispatcher(  # holds its `worker_ready` receiver (connected weakly)
+        app, {"slow": Tool("slow", terminate=False, celery_name="limited"), "quick": Tool("quick", False)}
+    )
     with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks.worker"):
         signals.worker_ready.send(sender=Consumer(app, Solo.__new__(Solo)))
     (line,) = [r.getMessage() for r in caplog.records]

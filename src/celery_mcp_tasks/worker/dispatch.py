@@ -81,7 +81,7 @@ class CeleryDispatcher:
         self._sharded: dict[str, bool] = {}
         self.send_arguments = send_arguments  # False (encryption at rest): the job reads them from the row
         self.revoker = revoker or BackgroundRevoker(app)
-        warn_unless_pool_terminates(
+        self._receivers = warn_unless_pool_terminates(
             app,
             lambda: sorted(t.name for t in self.tools.values() if t.terminate),
             lambda: sorted(t.name for t in self.tools.values() if _time_limited(app, t.celery_name)),
@@ -229,7 +229,7 @@ def _time_limited(app: Celery, celery_name: str) -> bool:
 
 def warn_unless_pool_terminates(
     app: Celery, terminating_tools: Callable[[], list[str]], time_limited_tools: Callable[[], list[str]]
-) -> None:
+) -> list[Callable[..., None]]:
     """At `worker_ready` of `app`'s worker: one warning when its pool cannot terminate the tools that ask for it
     (prefork can; threads and solo cannot), instead of Celery's logged traceback on each such revoke; and one
     when a threads or solo pool would silently ignore the tools' time limits."""
@@ -260,4 +260,5 @@ def warn_unless_pool_terminates(
         )
         logging.getLogger(PIDBOX_LOGGER).addFilter(_CannotKillJob())  # in this worker only: it has explained them
 
-    signals.worker_ready.connect(ready, weak=False)  # connected by call: Celery's signals are untyped
+    signals.worker_ready.connect(ready)  # weakly, and returned: its owner keeps it (`startup.install_startup`)
+    return [ready]

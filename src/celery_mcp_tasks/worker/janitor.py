@@ -206,7 +206,7 @@ def install_janitor(
     *,
     in_worker: bool = False,
     ledger: Callable[[], Ledger | None],
-) -> None:
+) -> list[Callable[..., None]]:
     """Register the janitor task (sweeping unconditionally: beat, a hand-run sweep; with `claim_interval_s`,
     the in-worker janitor's messages, only when it claimed that interval) and schedule it every `interval_s`
     (None: never): on beat, or with `in_worker` in every worker.
@@ -233,10 +233,9 @@ def install_janitor(
         run_sweep()
 
     if interval_s is None:
-        return
+        return []
     if in_worker:
-        install_in_worker(app, run_sweep, ledger, interval_s)
-        return
+        return install_in_worker(app, run_sweep, ledger, interval_s)
     entry = {"task": JANITOR_TASK, "schedule": interval_s, "options": {"expires": interval_s}}
 
     def add(sender: Celery, **_: Any) -> None:
@@ -255,7 +254,8 @@ def install_janitor(
         logger.info("re-inserting the janitor into a beat schedule that dropped it")
         scheduler.update_from_dict({JANITOR_TASK: entry})
 
-    signals.beat_init.connect(ensure, weak=False)
+    signals.beat_init.connect(ensure)  # weakly: its owner keeps the receivers returned (`install_startup`)
+    return [ensure]
 
 
 def claim(ledger: Ledger | None, interval_s: float, by: str) -> bool:
@@ -385,9 +385,9 @@ class JanitorMessages:
 
 def install_in_worker(
     app: Celery, run_sweep: Callable[[], Any], ledger: Callable[[], Ledger | None], interval_s: float
-) -> None:
+) -> list[Callable[..., None]]:
     """From `worker_ready` to `worker_shutdown`, every worker of `app` claims the sweep each interval, so any
-    number of workers sweep once per interval between them."""
+    number of workers sweep once per interval between them. Returns the receivers, connected weakly."""
     from celery import signals
 
     janitors: list[InWorkerJanitor | JanitorMessages] = []
@@ -419,8 +419,9 @@ def install_in_worker(
             while janitors:
                 janitors.pop().stop()
 
-    signals.worker_ready.connect(ready, weak=False)
-    signals.worker_shutdown.connect(shutdown, weak=False)
+    signals.worker_ready.connect(ready)
+    signals.worker_shutdown.connect(shutdown)
+    return [ready, shutdown]
 
 
 # -- liveness -------------------------------------------------------------------------------------

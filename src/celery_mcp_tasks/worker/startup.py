@@ -16,8 +16,12 @@ from celery import Celery, signals
 from celery_mcp_tasks.config import ConfigError
 
 
-def install_startup(app: Celery, check: Callable[[str], None], describe: Callable[[], list[str]]) -> None:
-    """`check(role)` raises `ConfigError` to refuse; `describe()` gives the lines printed before the banner."""
+def install_startup(
+    app: Celery, check: Callable[[str], None], describe: Callable[[], list[str]]
+) -> list[Callable[..., None]]:
+    """`check(role)` raises `ConfigError` to refuse; `describe()` gives the lines printed before the banner.
+
+    The receivers are connected weakly and returned: their owner keeps them, and takes them along when it goes."""
     checked: list[str] = []  # this process (or the worker it was forked from) passed the check
 
     def refuse_unless_ready(role: str) -> None:
@@ -42,6 +46,7 @@ def install_startup(app: Celery, check: Callable[[str], None], describe: Callabl
         if getattr(sender, "app", None) is app and not checked:
             refuse_unless_ready("beat")
 
-    signals.celeryd_init.connect(_worker, weak=False)
-    signals.celeryd_after_setup.connect(_banner, weak=False)
-    signals.beat_init.connect(_beat, weak=False)
+    signals.celeryd_init.connect(_worker)
+    signals.celeryd_after_setup.connect(_banner)
+    signals.beat_init.connect(_beat)
+    return [_worker, _banner, _beat]
