@@ -279,11 +279,14 @@ async def test_the_readme_example_asks_then_writes(tmp_path: Path) -> None:
 
     deployment = start_deployment("examples.guide.readme", tmp_path / "data", cwd=ROOT)
     try:
-        answers = ScriptedAnswers().when("sections", {"ok": True})
+        answers = ScriptedAnswers().when("tides", {"ok": True}).when("otters", {"ok": False})  # else: decline
         async with Client(deployment.url, extensions=[TasksClient()], elicitation_callback=answers) as client:
             result = await client.call_tool("write_report", {"topic": "tides", "sections": 1})
-        assert result.content[0].text == "A 1-section report on tides."
-        assert answers.asked == ["Write 1 sections on tides?"]
+            assert result.content[0].text == "A 1-section report on tides."
+            for topic in ("otters", "beavers"):  # "no", then a decline: nothing written
+                result = await client.call_tool("write_report", {"topic": topic, "sections": 1})
+                assert result.content[0].text == f"No report on {topic}."
+        assert answers.asked == [f"Write 1 sections on {topic}?" for topic in ("tides", "otters", "beavers")]
     finally:
         deployment.stop()
 

@@ -17,6 +17,9 @@ def write_report(topic: str, ctx: TaskContext, sections: int = 3) -> str:
     """Write a short report on a topic, one section at a time, once someone confirms it."""
     if "go" not in ctx.input_responses:  # ask first: this run ends, the answer starts the next
         ctx.require_input({"go": elicit(f"Write {sections} sections on {topic}?", {"ok": bool})})
+    answer = ctx.input_responses["go"]  # {"action": "accept", "content": {"ok": True}}, or a decline
+    if answer["action"] != "accept" or not answer["content"]["ok"]:
+        return f"No report on {topic}."
     for n in range(1, sections + 1):
         if ctx.cancelled():
             break

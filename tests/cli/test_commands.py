@@ -285,3 +285,41 @@ def test_serve_and_console_on_a_busy_port_say_so_in_one_line_before_anything_els
         "stop it or pick another with --port"
     ]
     assert not data.exists()
+
+
+@pytest.mark.integration
+def test_output_piped_into_a_reader_that_leaves_early_ends_without_a_traceback(tmp_path: Path) -> None:
+    """`celery-mcp-tasks tasks ls | head -3`: the reader closes the pipe mid-output. A local HTTP server answers
+    the console's page API with many rows (the command's pipe handling is what this test is about)."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    row = {"key": "ab" * 32, "row": "ab" * 6, "status": "working", "tool": "report", "owner": "-"}
+    page = json.dumps({"rows": [{**row, "created_at": 1_700_000_000_000, "status_message": "x" * 60}] * 5000})
+
+    class Console(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(page.encode())
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Console)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        env = {**os.environ, "MCP_TASKS_CONSOLE_TOKEN": "t" * 32}
+        command = [sys.executable, "-m", "celery_mcp_tasks.cli", "tasks", "ls", "--url", url]
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
+        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout.readline().startswith(b"ROW")
+        proc.stdout.close()  # `head -1` is done
+        stderr = proc.stderr.read().decode()
+        assert proc.wait(timeout=60) == 1
+    finally:
+        server.shutdown()
+    assert stderr == ""

@@ -6,6 +6,7 @@ APP is a module path such as `examples.quickstart.app` holding one `McpTasks`.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -234,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("celery-mcp-tasks: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`... | head`): no traceback, nor one at exit's flush
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     finally:
         if main_thread:
             signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
