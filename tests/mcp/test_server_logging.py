@@ -40,3 +40,16 @@ def test_the_applications_own_root_configuration_is_kept() -> None:
         root.setLevel(logging.ERROR)
         TasksServer("guest", log_level="DEBUG")
         assert root.handlers == [mine] and root.level == logging.ERROR
+
+
+def test_the_sdks_own_server_still_configures_the_root_logger() -> None:
+    """Why `root_logger_kept` exists: the day this fails, the SDK stopped, and the workaround can go."""
+    import importlib.metadata
+
+    from mcp.server.mcpserver import MCPServer
+
+    with bare_root() as root:
+        MCPServer("plain", log_level="DEBUG")
+        assert root.handlers or root.level != logging.WARNING, (
+            f"mcp {importlib.metadata.version('mcp')} no longer calls logging.basicConfig: remove root_logger_kept"
+        )

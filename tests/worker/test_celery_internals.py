@@ -110,3 +110,24 @@ def test_a_message_of_a_task_the_worker_lacks_is_logged_with_the_template_body_a
     (record,) = [r for r in caplog.records if r.name == celery_internals.CONSUMER_LOGGER]
     assert record.msg == celery_internals.unknown_task_template(), WHERE
     assert isinstance(record.args, tuple) and "s3cret" in str(record.args[1]) and record.args[2] is headers, WHERE
+
+
+def test_find_app_finds_the_celery_app_celery_dash_a_would_use() -> None:
+    import sys
+    import types
+
+    module = types.ModuleType("contract_find_app")
+    module.celery = Celery("contract-find-app", set_as_current=False)  # type: ignore[attr-defined]
+    sys.modules[module.__name__] = module
+    try:
+        assert celery_internals.find_app(module.__name__) is module.celery, WHERE  # type: ignore[attr-defined]
+    finally:
+        del sys.modules[module.__name__]
+
+
+def test_the_pool_term_signal_is_billiards() -> None:
+    import signal
+
+    from billiard import common
+
+    assert celery_internals.pool_term_signal() == int(common.TERM_SIGNAL) == int(signal.SIGTERM), WHERE

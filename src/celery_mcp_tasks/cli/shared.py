@@ -191,7 +191,7 @@ class Stopped(Exception):
 
 def celery_target(app_path: str, tasks: Any) -> str:
     """What `celery -A ...` must be given to find `tasks.celery`, or a one-line error saying what to add."""
-    from celery.app.utils import find_app
+    from celery_mcp_tasks.worker.celery_internals import find_app
 
     module_name = app_path.partition(":")[0]
     try:

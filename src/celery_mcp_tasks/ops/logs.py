@@ -23,6 +23,7 @@ from celery_mcp_tasks.ops.metrics import queued_at
 from celery_mcp_tasks.ops.redaction import KEY_SHOWN, RedactTaskIds, record_message, redact
 from celery_mcp_tasks.ops.root_handler import ROOT_HANDLER, plain_root_logging
 from celery_mcp_tasks.plugin import Plugin, Runtime
+from celery_mcp_tasks.worker.celery_internals import TRACE_LOGGER
 
 LIFECYCLE_LOGGER = "celery_mcp_tasks.tasks"
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
@@ -101,7 +102,7 @@ def _event(record: logging.LogRecord) -> str:
     explicit = record.__dict__.get("event")
     if explicit is not None:
         return str(explicit)
-    if record.name.startswith("celery.") and "celery.app.trace" in sys.modules:
+    if record.name.startswith("celery.") and TRACE_LOGGER in sys.modules:  # the trace logger: its module's name
         template = record.__dict__.get("_mcp_template", record.msg)
         if isinstance(template, str) and template in _celery_events():
             return _celery_events()[template]

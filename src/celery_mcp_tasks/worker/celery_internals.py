@@ -13,6 +13,12 @@ tests/worker/test_celery_internals.py fails when one moves.
 5. `CONSUMER_LOGGER`, `unknown_task_template`: the line the worker's consumer logs for a message of a task it
    does not have, its arguments (the task's name, the message body, its headers, its delivery info), to keep
    an MCP task's arguments and record out of it (`worker.tracelog`). A body-free template would remove it.
+6. `find_app`: `celery.app.utils.find_app`, how `celery -A NAME` finds the Celery app in a module, so the
+   commands can tell whether `-A NAME` would find this one (`cli.shared.celery_target`). A documented finder
+   would remove it.
+7. `pool_term_signal`: `billiard.common.TERM_SIGNAL`, the signal a prefork pool process gets from its parent
+   when it is to end (SIGTERM unless REMAP_SIGTERM names another), which our threads block
+   (`worker.termination`). A public constant on the pool would remove it.
 """
 
 from __future__ import annotations
@@ -71,3 +77,17 @@ def unknown_task_template() -> str:
     from celery.worker.consumer import consumer
 
     return str(consumer.UNKNOWN_TASK_ERROR)
+
+
+def find_app(module_name: str) -> Any:
+    """The Celery app `celery -A module_name` would use (AttributeError when it finds none)."""
+    from celery.app.utils import find_app as celery_find_app
+
+    return celery_find_app(module_name)
+
+
+def pool_term_signal() -> int:
+    """The signal a prefork pool process's parent ends it with."""
+    from billiard.common import TERM_SIGNAL
+
+    return int(TERM_SIGNAL)

@@ -31,11 +31,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from billiard.common import TERM_SIGNAL
+from celery_mcp_tasks.worker.celery_internals import pool_term_signal
 
 # SIGTERM (what a revoke sends), and billiard's TERM_SIGNAL (its parent's answer to DEATH; SIGTERM unless
 # REMAP_SIGTERM names another).
-TERMINATE_SIGNALS = frozenset({int(signal.SIGTERM), int(TERM_SIGNAL)})
+TERMINATE_SIGNALS = frozenset({int(signal.SIGTERM), pool_term_signal()})
 _CAN_MASK = hasattr(signal, "pthread_sigmask")  # not on Windows, where there are no prefork children either
 
 
