@@ -308,7 +308,7 @@ def test_a_worker_with_a_processes_pool_leaves_the_provider_to_its_children(
     tasks = McpTasks("pools", settings=Settings(data_dir=tmp_path))
     configured: list[str] = []
     monkeypatch.setattr(tracing, "configure", lambda mode, name: configured.append(mode))
-    tracing._install_worker_provider(tasks.celery, tasks.name, "console")
+    _receivers = tracing._install_worker_provider(tasks.celery, tasks.name, "console")  # weak: kept here
 
     class Worker:  # what `worker_init` sends: the WorkController, its pool still a name (`app.Worker(pool=...)`)
         def __init__(self, pool: str) -> None:

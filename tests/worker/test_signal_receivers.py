@@ -12,10 +12,20 @@ from celery import Celery, signals
 
 from celery_mcp_tasks import McpTasks
 from celery_mcp_tasks.config import Settings
+from celery_mcp_tasks.ops import Prometheus, Tracing
 
 SIGNALS = {
     name: getattr(signals, name)
-    for name in ("celeryd_init", "celeryd_after_setup", "beat_init", "worker_ready", "worker_shutdown")
+    for name in (
+        "celeryd_init",
+        "celeryd_after_setup",
+        "beat_init",
+        "worker_init",
+        "worker_ready",
+        "worker_shutdown",
+        "worker_process_init",
+        "worker_process_shutdown",
+    )
 }
 
 
@@ -26,10 +36,11 @@ def live_receivers() -> dict[str, int]:
     return {name: sum(alive(receiver) for _, receiver in signal.receivers) for name, signal in SIGNALS.items()}
 
 
-def build(tmp_path: Path, name: str, **settings: Any) -> McpTasks:
+def build(tmp_path: Path, name: str, plugins: tuple[Any, ...] = (), **settings: Any) -> McpTasks:
     # Not made the current app: Celery keeps its current app in a thread-local, which would hold it.
+    celery = Celery(name, set_as_current=False)
     tasks = McpTasks(
-        name, celery=Celery(name, set_as_current=False), settings=Settings(data_dir=tmp_path, **settings), notifier=None
+        name, celery=celery, settings=Settings(data_dir=tmp_path, **settings), notifier=None, plugins=plugins
     )
 
     @tasks.mcp_task
@@ -43,8 +54,12 @@ def test_a_dropped_mcptasks_leaves_no_receiver_on_celery_signals(tmp_path: Path)
     kept = build(tmp_path, "kept")  # whatever a process installs once is installed by now
     gc.collect()  # what earlier tests dropped
     before = live_receivers()
-    for janitor in ("beat", "worker"):
-        dropped = build(tmp_path, f"dropped-{janitor}", janitor=janitor)
+
+    def opted_in() -> tuple[Any, ...]:
+        return (Prometheus(), Tracing(exporter="console"))  # each connects receivers of its own
+
+    for janitor, plugins in (("beat", tuple), ("worker", tuple), ("beat", opted_in)):
+        dropped = build(tmp_path, f"dropped-{janitor}", plugins(), janitor=janitor)
         assert live_receivers() != before  # it listens while it lives
         dropped_ref = weakref.ref(dropped)
         del dropped

@@ -496,8 +496,9 @@ class WorkerExporter:
             self.private = False
 
 
-def install_worker_exporter(celery: Any, port: int | None, *, addr: str = "0.0.0.0") -> None:
-    """Connect an exporter to the `celery worker` of `celery` (by signal: only that command starts one)."""
+def install_worker_exporter(celery: Any, port: int | None, *, addr: str = "0.0.0.0") -> list[Callable[..., None]]:
+    """Connect an exporter to the `celery worker` of `celery` (by signal: only that command starts one). The
+    receivers are connected weakly and returned: the plugin keeps them, and takes them along when it goes."""
     from celery import signals
 
     exporter = WorkerExporter(port, addr=addr)
@@ -512,10 +513,15 @@ def install_worker_exporter(celery: Any, port: int | None, *, addr: str = "0.0.0
     def child_exited(sender: Any = None, pid: int | None = None, **_: Any) -> None:
         exporter.child_exited(pid if pid is not None else os.getpid())
 
-    signals.celeryd_init.connect(of_this_worker(exporter.prepare), weak=False)
-    signals.celeryd_after_setup.connect(of_this_worker(exporter.serve), weak=False)
-    signals.worker_process_shutdown.connect(child_exited, weak=False)
-    signals.worker_shutdown.connect(of_this_worker(exporter.stop), weak=False)
+    receivers = [
+        (signals.celeryd_init, of_this_worker(exporter.prepare)),
+        (signals.celeryd_after_setup, of_this_worker(exporter.serve)),
+        (signals.worker_process_shutdown, child_exited),
+        (signals.worker_shutdown, of_this_worker(exporter.stop)),
+    ]
+    for signal, receiver in receivers:
+        signal.connect(receiver)
+    return [receiver for _, receiver in receivers]
 
 
 _DEFAULT_PORT: Any = object()
@@ -542,7 +548,7 @@ class Prometheus(Counts):
         # unless MCP_TASKS_WORKER_METRICS_HOST names the one interface its scraper reaches.
         local = settings.database_url is None and settings.embedded_broker
         addr = settings.worker_metrics_host or ("127.0.0.1" if local else "0.0.0.0")
-        install_worker_exporter(runtime.celery, port, addr=addr)
+        self._receivers = install_worker_exporter(runtime.celery, port, addr=addr)
         scrape = Scrape(runtime.service, settings.janitor_interval_s)
         self._route = Route("/metrics", scrape.respond, methods=["GET"])
 

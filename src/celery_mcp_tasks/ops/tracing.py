@@ -276,17 +276,26 @@ def _forks(pool_cls: Any) -> bool:
     return isinstance(cls, type) and issubclass(cls, TaskPool)
 
 
-def _install_worker_provider(celery: Any, name: str, mode: str) -> None:
+def _install_worker_provider(celery: Any, name: str, mode: str) -> list[Callable[..., None]]:
+    """The stock provider in each process of `celery`'s worker that runs jobs. The receivers are connected weakly
+    and returned: the plugin keeps them, and takes them along when it goes."""
     from celery import signals
 
     def in_worker(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", None) is celery and not _forks(getattr(sender, "pool_cls", "prefork")):
             configure(mode, name)  # solo, threads, gevent: the jobs run in this very process
 
-    signals.worker_process_init.connect(lambda **_: configure(mode, name), weak=False)
-    signals.worker_init.connect(in_worker, weak=False)
-    for stopping in (signals.worker_process_shutdown, signals.worker_shutdown):
-        stopping.connect(lambda **_: shutdown(), weak=False)
+    def in_child(**_: Any) -> None:
+        configure(mode, name)
+
+    def stopping(**_: Any) -> None:
+        shutdown()
+
+    signals.worker_process_init.connect(in_child)
+    signals.worker_init.connect(in_worker)
+    signals.worker_process_shutdown.connect(stopping)
+    signals.worker_shutdown.connect(stopping)
+    return [in_child, in_worker, stopping]
 
 
 @asynccontextmanager
@@ -319,7 +328,7 @@ class Tracing(Plugin):
         if self.exporter is not None:
             require_extra(self.exporter)
             self._name = runtime.name
-            _install_worker_provider(runtime.celery, runtime.name, self.exporter)
+            self._receivers = _install_worker_provider(runtime.celery, runtime.name, self.exporter)
         _connect_run_spans()
 
     def task_changed(self, before: TaskRecord | None, after: TaskRecord) -> None:
