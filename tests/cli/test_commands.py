@@ -323,3 +323,43 @@ def test_output_piped_into_a_reader_that_leaves_early_ends_without_a_traceback(t
     finally:
         server.shutdown()
     assert stderr == ""
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("broker", ["embedded", "unreachable"])
+def test_serve_says_at_start_when_it_cannot_reach_the_broker_and_serves_all_the_same(
+    broker: str, tmp_path: Path
+) -> None:
+    """A web process may start before its broker (compose, a restart): it serves, and says at once why every task
+    call would fail until the broker answers, naming the setting; a reachable broker gets no such line."""
+    from tests.support import free_port, spawn, wait_until
+
+    extra = {"MCP_TASKS_DATA_DIR": str(tmp_path / "data")}
+    if broker == "unreachable":
+        refused = free_port()  # nothing listens there: connections are refused at once
+        extra.update(
+            CELERY_BROKER_URL=f"redis://127.0.0.1:{refused}/0", MCP_TASKS_DATABASE_URL=f"sqlite:///{tmp_path}/t.db"
+        )
+    port = free_port()
+    argv = [sys.executable, "-m", "celery_mcp_tasks.cli", "serve", "examples.quickstart.app", "--port", str(port)]
+    proc = spawn("web", argv, process_env(Backend(broker, extra)), tmp_path)
+    try:
+        wait_until(lambda: _listening(port) or proc.popen.poll() is not None, 60, "serve to listen")
+        assert proc.popen.poll() is None, proc.text()
+    finally:
+        proc.stop()
+    warnings = [line for line in proc.text().splitlines() if line.startswith("celery-mcp-tasks: warning:")]
+    if broker == "embedded":
+        assert warnings == []
+    else:
+        (line,) = warnings
+        assert line.startswith("celery-mcp-tasks: warning: cannot reach the broker: ")
+        assert line.endswith(
+            f"every task call fails until it answers; start the broker or fix CELERY_BROKER_URL "
+            f"(now redis://127.0.0.1:{refused}/0)"
+        )
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 import uvicorn
 
@@ -24,6 +25,8 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     prepare(tasks, "serve", migrate=not console and not args.no_migrate)
+    if not console:
+        warn_unless_broker_answers(tasks)
     ops = (
         None
         if console
@@ -44,3 +47,19 @@ def run(args: argparse.Namespace) -> int:
         if ops is not None:
             ops.stop()
     return 0
+
+
+def warn_unless_broker_answers(tasks: Any) -> None:
+    """A web process starts whatever the broker's state (it may come up later), but says at once when it cannot
+    reach it: until it can, every task call fails with "Could not enqueue the job"."""
+    from celery_mcp_tasks.config import redact_url
+    from celery_mcp_tasks.ops.probes import broker_probe
+
+    finding = broker_probe(tasks.celery)
+    if finding.status == "fail":
+        print(
+            f"celery-mcp-tasks: warning: {finding.detail.rstrip('.')}; every task call fails until it answers; start the broker "
+            f"or fix CELERY_BROKER_URL (now {redact_url(str(tasks.celery.conf.broker_url))})",
+            file=sys.stderr,
+            flush=True,
+        )
