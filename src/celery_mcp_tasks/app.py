@@ -186,6 +186,8 @@ class McpTasks:
         configure_celery(self.celery, self.settings)
         # Celery drops what was set on a configured app when it loads a configuration again (a project's
         # `config_from_object` after this line): set it again each time.
+        # Strongly, on purpose: the Celery app keeps this object (and the receivers it holds, connected weakly to
+        # Celery's process-wide signals) alive as long as it lives; `celery -A module` may find only the app.
         self.celery.on_after_configure.connect(self._reconfigure, weak=False)  # connected by call: Celery is untyped
         with _refusing_to_start():
             _check_transport(self.celery.conf)

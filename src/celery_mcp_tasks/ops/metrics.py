@@ -537,6 +537,7 @@ class Prometheus(Counts):
         super().__init__()
         self._worker_port = worker_port
         self._route: BaseRoute | None = None
+        self._receivers: list[Callable[..., None]] = []  # every app's it was set up on (a shared plugin)
 
     def setup(self, runtime: Runtime) -> None:
         from starlette.routing import Route
@@ -548,7 +549,7 @@ class Prometheus(Counts):
         # unless MCP_TASKS_WORKER_METRICS_HOST names the one interface its scraper reaches.
         local = settings.database_url is None and settings.embedded_broker
         addr = settings.worker_metrics_host or ("127.0.0.1" if local else "0.0.0.0")
-        self._receivers = install_worker_exporter(runtime.celery, port, addr=addr)
+        self._receivers += install_worker_exporter(runtime.celery, port, addr=addr)
         scrape = Scrape(runtime.service, settings.janitor_interval_s)
         self._route = Route("/metrics", scrape.respond, methods=["GET"])
 

@@ -322,13 +322,14 @@ class Tracing(Plugin):
             raise ConfigError(f"MCP_TASKS_TRACING: expected on, otlp or console, got {exporter!r}")
         self.exporter = exporter
         self._name = "celery-mcp-tasks"
+        self._receivers: list[Callable[..., None]] = []  # every app's it was set up on (a shared plugin)
 
     def setup(self, runtime: Runtime) -> None:
         """Only registers (signals, a serving context). A missing extra is a `ConfigError` naming it."""
         if self.exporter is not None:
             require_extra(self.exporter)
             self._name = runtime.name
-            self._receivers = _install_worker_provider(runtime.celery, runtime.name, self.exporter)
+            self._receivers += _install_worker_provider(runtime.celery, runtime.name, self.exporter)
         _connect_run_spans()
 
     def task_changed(self, before: TaskRecord | None, after: TaskRecord) -> None:

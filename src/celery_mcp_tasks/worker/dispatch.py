@@ -260,5 +260,5 @@ def warn_unless_pool_terminates(
         )
         logging.getLogger(PIDBOX_LOGGER).addFilter(_CannotKillJob())  # in this worker only: it has explained them
 
-    signals.worker_ready.connect(ready)  # weakly, and returned: its owner keeps it (`startup.install_startup`)
+    signals.worker_ready.connect(ready)  # weakly, and returned: the dispatcher keeps it
     return [ready]

@@ -254,7 +254,7 @@ def install_janitor(
         logger.info("re-inserting the janitor into a beat schedule that dropped it")
         scheduler.update_from_dict({JANITOR_TASK: entry})
 
-    signals.beat_init.connect(ensure)  # weakly: its owner keeps the receivers returned (`install_startup`)
+    signals.beat_init.connect(ensure)  # weakly, and returned: `McpTasks` keeps it
     return [ensure]
 
 
