@@ -231,7 +231,8 @@ class McpTasks:
         bridge.install(self.celery, self._service)
         held.install()  # a message the worker holds but has not started keeps its task alive
         termination.install()  # a prefork pool process that ends never leaves the pool's result lock held
-        # Connected weakly to Celery's process-wide signals and kept here: a dropped `McpTasks` takes them along.
+        # Connected weakly to Celery's process-wide signals and kept here: dropped with its Celery app, this object
+        # takes them along.
         self._receivers = install_startup(self.celery, self._preflight, self._startup_lines)
         in_worker = self.settings.janitor == "worker"
         self._receivers += install_janitor(

@@ -57,9 +57,11 @@ def warn_unless_broker_answers(tasks: Any) -> None:
 
     finding = broker_probe(tasks.celery)
     if finding.status == "fail":
+        url = redact_url(str(tasks.celery.conf.broker_url))
+        reason = finding.detail.rstrip(".")
         print(
-            f"celery-mcp-tasks: warning: {finding.detail.rstrip('.')}; every task call fails until it answers; start the broker "
-            f"or fix CELERY_BROKER_URL (now {redact_url(str(tasks.celery.conf.broker_url))})",
+            f"celery-mcp-tasks: warning: {reason}; every task call fails until it answers; "
+            f"start the broker or fix CELERY_BROKER_URL (now {url})",
             file=sys.stderr,
             flush=True,
         )
