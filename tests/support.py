@@ -175,7 +175,7 @@ def start_web(app: str, backend: Backend, log_dir: Path, name: str = "web", **ex
         log_dir,
     )
     url = f"http://127.0.0.1:{port}/mcp"
-    wait_until(lambda: _port_open(port) or _died(proc), 60, f"{name} to listen")
+    wait_until(lambda: port_open(port) or _died(proc), 60, f"{name} to listen")
     if proc.popen.poll() is not None:
         raise RuntimeError(f"{name} exited:\n{proc.text()}")
     return proc, url
@@ -225,7 +225,7 @@ def _died(proc: Proc) -> bool:
     return proc.popen.poll() is not None
 
 
-def _port_open(port: int) -> bool:
+def port_open(port: int) -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.2)
         return sock.connect_ex(("127.0.0.1", port)) == 0

@@ -332,7 +332,7 @@ def test_serve_says_at_start_when_it_cannot_reach_the_broker_and_serves_all_the_
 ) -> None:
     """A web process may start before its broker (compose, a restart): it serves, and says at once why every task
     call would fail until the broker answers, naming the setting; a reachable broker gets no such line."""
-    from tests.support import free_port, spawn, wait_until
+    from tests.support import free_port, port_open, spawn, wait_until
 
     extra = {"MCP_TASKS_DATA_DIR": str(tmp_path / "data")}
     if broker == "unreachable":
@@ -344,7 +344,7 @@ def test_serve_says_at_start_when_it_cannot_reach_the_broker_and_serves_all_the_
     argv = [sys.executable, "-m", "celery_mcp_tasks.cli", "serve", "examples.quickstart.app", "--port", str(port)]
     proc = spawn("web", argv, process_env(Backend(broker, extra)), tmp_path)
     try:
-        wait_until(lambda: _listening(port) or proc.popen.poll() is not None, 60, "serve to listen")
+        wait_until(lambda: port_open(port) or proc.popen.poll() is not None, 60, "serve to listen")
         assert proc.popen.poll() is None, proc.text()
     finally:
         proc.stop()
@@ -358,8 +358,3 @@ def test_serve_says_at_start_when_it_cannot_reach_the_broker_and_serves_all_the_
             f"every task call fails until it answers; start the broker or fix CELERY_BROKER_URL "
             f"(now redis://127.0.0.1:{refused}/0)"
         )
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as probe:
-        return probe.connect_ex(("127.0.0.1", port)) == 0

@@ -26,7 +26,7 @@ import anyio
 import pytest
 
 from celery_mcp_tasks.model import task_key
-from tests.support import ROOT, Backend, Deployment, Proc, _port_open, free_port, process_env, spawn, tool, wait_until
+from tests.support import ROOT, Backend, Deployment, Proc, free_port, port_open, process_env, spawn, tool, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -48,7 +48,7 @@ def start_console(deployment: Deployment, **extra: str) -> tuple[Proc, str]:
         deployment.log_dir,
     )
     deployment.procs.append(proc)
-    wait_until(lambda: _port_open(port) or proc.popen.poll() is not None, 60, "the console to listen")
+    wait_until(lambda: port_open(port) or proc.popen.poll() is not None, 60, "the console to listen")
     if proc.popen.poll() is not None:
         raise RuntimeError(f"the console exited:\n{proc.text()}")
     return proc, f"http://127.0.0.1:{port}"

@@ -31,6 +31,7 @@ from tests.support import (
     free_port,
     fresh_postgres_database,
     own_redis_deployment,
+    port_open,
     probe_client,
     process_env,
     spawn,
@@ -77,20 +78,13 @@ def readyz(probe: httpx.Client, base: str) -> tuple[int, dict[str, Any]]:
     return response.status_code, response.json()
 
 
-def _listening(port: int) -> bool:
-    import socket
-
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
 @pytest.mark.postgres
 def test_healthy_then_worker_stopped_then_broker_stopped(tmp_path: Path, probe: httpx.Client) -> None:
     ops_port = free_port()
     health = {"MCP_TASKS_HEALTH": "on", "MCP_TASKS_OPS_PORT": str(ops_port)}
     base = f"http://127.0.0.1:{ops_port}"
     with own_redis_deployment(APP, tmp_path, MCP_TASKS_JANITOR_INTERVAL_S=INTERVAL, **health) as (deployment, broker):
-        wait_until(lambda: _listening(ops_port), 20, "the operations port to listen")
+        wait_until(lambda: port_open(ops_port), 20, "the operations port to listen")
         env = deployment.env(MCP_TASKS_JANITOR_INTERVAL_S=INTERVAL)
         worker = deployment.worker(beat=True, env={"MCP_TASKS_JANITOR_INTERVAL_S": INTERVAL})
         wait_until(

@@ -25,7 +25,7 @@ import pytest
 from celery_mcp_tasks.model import new_task_id, task_key
 from celery_mcp_tasks.ops.redaction import redact
 from celery_mcp_tasks.worker.janitor import METRIC
-from tests.support import ROOT, Backend, McpHttp, _port_open, free_port, process_env, wait_until
+from tests.support import ROOT, Backend, McpHttp, free_port, port_open, process_env, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -120,7 +120,7 @@ def run(backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> Run:
     procs = [web]
     try:
         # The web process migrates the store first: worker and beat refuse an unmigrated one.
-        wait_until(lambda: _port_open(port) or web.popen.poll() is not None, 60, "web to listen")
+        wait_until(lambda: port_open(port) or web.popen.poll() is not None, 60, "web to listen")
         worker_argv = [*celery, "-A", APP, "worker", "-P", "prefork", "-c", "2", "--loglevel", "INFO"]
         worker = _spawn("worker", [*worker_argv, *WORKER_FLAGS, "-n", node], env, log_dir)
         # --quiet: beat's banner is left out of stdout (the worker keeps its own, to show where it goes)
@@ -249,7 +249,7 @@ def test_in_text_mode_uvicorns_own_lines_redact_task_ids(backend: Backend, tmp_p
     web = _spawn("web-text", serve, env, tmp_path)
     probe = new_task_id()
     try:
-        wait_until(lambda: _port_open(port) or web.popen.poll() is not None, 60, "web to listen")
+        wait_until(lambda: port_open(port) or web.popen.poll() is not None, 60, "web to listen")
         assert httpx.get(f"http://127.0.0.1:{port}/t/{probe}-1", timeout=30).status_code == 404
         wait_until(lambda: "/t/" in web.stdout(), 10, "the access line")
     finally:
@@ -276,7 +276,7 @@ def test_logs_json_given_in_code_makes_uvicorns_own_lines_json_too(backend: Back
     ]
     web = _spawn("web-code", serve, env, tmp_path)
     try:
-        wait_until(lambda: _port_open(port) or web.popen.poll() is not None, 60, "web to listen")
+        wait_until(lambda: port_open(port) or web.popen.poll() is not None, 60, "web to listen")
         assert httpx.get(f"http://127.0.0.1:{port}/t/nothing", timeout=30).status_code == 404
         wait_until(lambda: "/t/nothing" in web.stderr(), 10, "the access line")
     finally:

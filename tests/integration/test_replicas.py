@@ -32,9 +32,9 @@ from tests.support import (
     Deployment,
     McpHttp,
     Proc,
-    _port_open,
     free_port,
     fresh_postgres_database,
+    port_open,
     spawn,
     start_web,
     start_worker,
@@ -120,7 +120,7 @@ def _haproxy(log_dir: Path, a: str, b: str) -> tuple[Proc, str, str]:
     ports = {"a": httpx.URL(a).port, "b": httpx.URL(b).port}
     config.write_text(HAPROXY_CONFIG.format(proxy=proxy, stats=stats, **ports))
     proc = spawn("haproxy", [haproxy, "-db", "-f", str(config)], dict(os.environ), log_dir)
-    wait_until(lambda: (_port_open(proxy) and _port_open(stats)) or proc.popen.poll() is not None, 20, "haproxy")
+    wait_until(lambda: (port_open(proxy) and port_open(stats)) or proc.popen.poll() is not None, 20, "haproxy")
     if proc.popen.poll() is not None:
         raise RuntimeError(f"haproxy exited:\n{proc.text()}")
     return proc, f"http://127.0.0.1:{proxy}/mcp", f"http://127.0.0.1:{stats}/stats"
