@@ -499,3 +499,59 @@ def test_a_server_lost_while_following_says_how_to_resume(tmp_path: Path) -> Non
             client.task("tasks/cancel", found.group(1))
         finally:
             client.close()
+
+
+def test_a_session_the_server_forgot_is_one_line_not_a_missing_endpoint() -> None:
+    """A stateful server (an older protocol's `initialize` and `Mcp-Session-Id`) restarted under the call answers
+    404 to the session's requests: one line says so, not "no MCP endpoint there", and nothing of the SDK's own
+    logging (its "Session termination failed" warning) reaches the terminal. A local HTTP server plays it."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Forgetful(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.headers.get("Mcp-Session-Id") or body.get("method") != "initialize":
+                self.send_response(404)  # a session it no longer has; a method of a newer protocol
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            answer = json.dumps(
+                {
+                    "jsonrpc": "2.0",
+                    "id": body["id"],
+                    "result": {
+                        "protocolVersion": body["params"]["protocolVersion"],
+                        "capabilities": {"tools": {}},
+                        "serverInfo": {"name": "forgetful", "version": "1"},
+                    },
+                }
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.send_header("Mcp-Session-Id", "session-1")
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def do_DELETE(self) -> None:  # the client's goodbye: the session is gone for it too
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Forgetful)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/mcp"
+        run = _call(url, "work", "{}", timeout=60)
+    finally:
+        server.shutdown()
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert run.stdout == ""
+    assert run.stderr.splitlines() == [
+        f"celery-mcp-tasks call: {url}: the server no longer knows this connection's session (HTTP 404); "
+        "it may have restarted"
+    ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import logging
 import math
 import os
 import signal
@@ -79,10 +80,16 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     return [exc]
 
 
-def _one_line(exc: BaseException, options: CallOptions, refused: Sequence[int], has_token: bool) -> BaseException:
+def _one_line(
+    exc: BaseException, options: CallOptions, refused: Sequence[int], has_token: bool, session_gone: bool = False
+) -> BaseException:
     """Whatever escaped the connection, as the one line a person needs (or itself, when it is not ours)."""
     import httpx2
 
+    if session_gone:  # whatever failed after it failed for it (the SDK says only "Session terminated")
+        return CallError(
+            f"{options.url}: the server no longer knows this connection's session (HTTP 404); it may have restarted"
+        )
     leaves = _leaves(exc)
     for leaf in leaves:
         if isinstance(leaf, CallError):
@@ -177,7 +184,23 @@ def run(args: argparse.Namespace) -> int:
         print("celery-mcp-tasks call: --resume needs a TASK_ID (the id the call printed)", file=sys.stderr)
         return 2
     given = {option.name: getattr(args, option.name) for option in fields(CallOptions)}  # named as the parser's
+    sdk = logging.getLogger("mcp.client")
+    sdk.addHandler(_SdkLines())
+    sdk.propagate = False
     return run_call(CallOptions(**given))
+
+
+class _SdkLines(logging.Handler):
+    """The SDK client's own errors as this command's lines: one line each, without a traceback. Unhandled,
+    Python's last-resort handler prints its warnings bare beside the command's lines ("Session termination
+    failed: 404" after a restarted server); the command says what went wrong itself."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        first = (record.getMessage().strip().splitlines() or [record.levelname.lower()])[0]
+        sys.stderr.write(f"{PROG}: the MCP client: {first}\n")
 
 
 # -- the run --------------------------------------------------------------------------------
@@ -332,12 +355,15 @@ async def _session(options: CallOptions, arguments: dict[str, Any], io: CallIo, 
 
     token = options.token if options.token is not None else os.environ.get("MCP_TASKS_TOKEN")
     refused: list[int] = []
+    session_gone: list[bool] = []
 
     async def note_refusal(response: httpx2.Response) -> None:
-        # A 404 to a request in a session is the SDK's "session gone" (a restarted server), not a missing endpoint.
-        if response.status_code in (401, 403) or (
-            response.status_code == 404 and "mcp-session-id" not in response.request.headers
-        ):
+        # A 404 to a request in a session is the SDK's "session gone" (a restarted server), not a missing endpoint
+        # (the goodbye's DELETE after another failure says nothing new).
+        if response.status_code == 404 and "mcp-session-id" in response.request.headers:
+            if response.request.method != "DELETE":
+                session_gone.append(True)
+        elif response.status_code in (401, 403, 404):
             refused.append(response.status_code)
 
     http = httpx2.AsyncClient(
@@ -386,8 +412,9 @@ async def _session(options: CallOptions, arguments: dict[str, Any], io: CallIo, 
                 with anyio.CancelScope(shield=True):
                     await tasks.stop_following(client)
     except Exception as exc:  # noqa: BLE001 - an ExceptionGroup from the SDK's task groups, or one error: one line
-        error = _one_line(exc, options, refused, bool(token))
-        if task_id and isinstance(error, CallError) and not any(isinstance(e, CallError) for e in _leaves(exc)):
+        error = _one_line(exc, options, refused, bool(token), bool(session_gone))
+        ours = any(isinstance(e, CallError) for e in _leaves(exc)) and not session_gone
+        if task_id and isinstance(error, CallError) and not ours:
             resume = f"celery-mcp-tasks call {options.url} --resume={task_id}"
             error = CallError(f"{error}\n{PROG}: the task may still be running: {resume}", error.code)
         raise error from None
