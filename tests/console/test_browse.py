@@ -3,7 +3,9 @@ filters, keyset pages, the overview, a task's detail, the live fan-out and the a
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import json
 import logging
 
 import anyio
@@ -12,7 +14,7 @@ import sqlalchemy as sa
 
 from celery_mcp_tasks.console.context import Ambiguous, Conflict, Console, NotFound, PayloadsHidden, Refused
 from celery_mcp_tasks.migrate import upgrade
-from celery_mcp_tasks.model import Run, TaskRecord, TaskStatus, celery_message_id
+from celery_mcp_tasks.model import Run, TaskRecord, TaskStatus, celery_message_id, new_task_id
 from celery_mcp_tasks.notify.hub import Hub
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.codec import KeyRing, new_key
@@ -106,6 +108,25 @@ def test_sort_and_limit_are_checked() -> None:
         with pytest.raises(BadFilter) as caught:
             parse(bad)  # type: ignore[operator]
         assert caught.value.field == field
+
+
+def test_a_refusal_never_repeats_what_was_typed_a_pasted_task_id_least_of_all(store: SqlStore) -> None:
+    pasted = new_task_id()
+    refusals = []
+    for name in ("status", "min_age", "max_age", "owner"):
+        with pytest.raises(BadFilter) as caught:
+            Filter.parse({name: pasted})
+        refusals.append(caught.value)
+    for parse in (parse_sort, parse_limit):
+        with pytest.raises(BadFilter) as caught:
+            parse(pasted)
+        refusals.append(caught.value)
+    cursor = base64.urlsafe_b64encode(json.dumps([pasted, 1, key(1)]).encode()).decode()
+    with pytest.raises(BadFilter) as caught:
+        store.browse(Filter(), "-created", cursor, 10, now_ms=NOW)
+    refusals.append(caught.value)
+    for refusal in refusals:
+        assert pasted.lower() not in f"{refusal.field}: {refusal.message}".lower() and refusal.message, refusal.field
 
 
 def test_an_owner_shows_as_its_namespace_and_a_short_hash_never_its_subject() -> None:

@@ -13,9 +13,11 @@ import logging
 import os
 import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from starlette.testclient import TestClient
 
@@ -444,41 +446,65 @@ def test_an_open_event_stream_ends_once_its_session_ends(
 ) -> None:
     """The live list's stream looks again at each keep-alive (15 s; here 0.2 s) and ends once its session was
     signed out or ran out (the console's clock is driven), so a page left open stops following the store."""
-    import threading
     import time
 
-    import httpx
-    import uvicorn
-
     from celery_mcp_tasks.console import api
-    from tests.support import free_port, wait_until
 
     monkeypatch.setattr(api, "KEEPALIVE_S", 0.2)
     now = [time.time()]
-    app = create_app(deployment.console, AuthConfig(token=TOKEN, clock=lambda: now[0], session_ttl_s=3600))
+    with _served(deployment, AuthConfig(token=TOKEN, clock=lambda: now[0], session_ttl_s=3600)) as browser:
+        root, cookie = str(browser.base_url).rstrip("/"), browser.cookies[COOKIE]
+        with httpx.stream("GET", f"{root}/api/events", cookies={COOKIE: cookie}, timeout=10) as events:
+            lines = events.iter_lines()
+            assert next(lines).startswith("retry:")
+            assert ": keep-alive" in [next(lines) for _ in range(4)]  # alive while signed in
+            if ended_by == "expiry":
+                now[0] += 3601
+            else:
+                page = browser.get("/", headers={"Accept": "text/html"})
+                assert browser.post("/logout", data={"csrf": csrf_of(page.text)}).status_code == 303
+            ended = time.monotonic()
+            for _line in lines:  # ends by itself, at the next keep-alive or the one after (0.2-0.4 s)
+                assert time.monotonic() - ended < 5, f"the stream went on after {ended_by}"
+        assert httpx.get(f"{root}/api/events", cookies={COOKIE: cookie}, timeout=10).status_code == 401
+
+
+def test_a_stream_signed_out_through_its_own_console_process_sends_no_change_after(deployment: Deployment) -> None:
+    """Signed out through the console process that serves the stream, it ends at the next change, not at the
+    next keep-alive (15 s): no task changed after the sign-out reaches it."""
+    with _served(deployment, AuthConfig(token=TOKEN)) as browser:
+        root, cookie = str(browser.base_url).rstrip("/"), browser.cookies[COOKIE]
+        with httpx.stream("GET", f"{root}/api/events", cookies={COOKIE: cookie}, timeout=10) as events:
+            lines = events.iter_lines()
+            assert next(lines).startswith("retry:")
+            deployment.add("before")
+            assert next(line for line in lines if line.startswith("event:")) == "event: task"
+            page = browser.get("/", headers={"Accept": "text/html"})
+            assert browser.post("/logout", data={"csrf": csrf_of(page.text)}).status_code == 303
+            deployment.add("after")
+            assert [line for line in lines if line.startswith("event:")] == []  # ended, the change unsent
+
+
+@contextmanager
+def _served(deployment: Deployment, config: AuthConfig) -> Iterator[httpx.Client]:
+    """The console app on uvicorn (its lifespan runs the live-update loop), in a thread: a client signed in."""
+    import threading
+
+    import uvicorn
+
+    from tests.support import free_port, wait_until
+
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(deployment.console, config), port=port, log_level="warning", lifespan="on")
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
         wait_until(lambda: server.started, 10, "the console to listen")
-        root = f"http://127.0.0.1:{port}"
-        with httpx.Client(base_url=root, timeout=10, follow_redirects=False) as browser:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10, follow_redirects=False) as browser:
             assert browser.post("/login", data={"name": "ada", "token": TOKEN}).status_code == 303
-            cookie = browser.cookies[COOKIE]
-            with httpx.stream("GET", f"{root}/api/events", cookies={COOKIE: cookie}, timeout=10) as events:
-                lines = events.iter_lines()
-                assert next(lines).startswith("retry:")
-                assert ": keep-alive" in [next(lines) for _ in range(4)]  # alive while signed in
-                if ended_by == "expiry":
-                    now[0] += 3601
-                else:
-                    page = browser.get("/", headers={"Accept": "text/html"})
-                    assert browser.post("/logout", data={"csrf": csrf_of(page.text)}).status_code == 303
-                ended = time.monotonic()
-                for _line in lines:  # ends by itself, at the next keep-alive or the one after (0.2-0.4 s)
-                    assert time.monotonic() - ended < 5, f"the stream went on after {ended_by}"
-            assert httpx.get(f"{root}/api/events", cookies={COOKIE: cookie}, timeout=10).status_code == 401
+            yield browser
     finally:
         server.should_exit = True
         thread.join(10)

@@ -142,7 +142,9 @@ async def _events(request: Request, console: Console) -> Response:
         yield f"retry: 2000\n: {console.subscriber_count + 1} open\n\n"
         asked = time.monotonic()
         async for change in console.events(idle_s=KEEPALIVE_S):
-            if time.monotonic() - asked >= KEEPALIVE_S:
+            if session is not None and console.signed_out_here(session.sid):
+                return  # signed out through this process: not one change more
+            if time.monotonic() - asked >= KEEPALIVE_S:  # through another process, or expired
                 if await signed_out():
                     return  # the browser's reconnect is then refused
                 asked = time.monotonic()

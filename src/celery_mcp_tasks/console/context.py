@@ -239,6 +239,7 @@ class Console:
         self._has_subscribers = anyio.Event()
         self._known: OrderedDict[str, int] = OrderedDict()
         self._mark: int | None = None
+        self._signed_out_here: dict[str, int] = {}  # session -> when its cookie expires (epoch s)
         self.reads = 0  # store reads made for live updates (the benchmark and tests look)
         self.serving = False  # whether `console.app.serving` runs the live-update loop (a lifespan)
 
@@ -297,6 +298,13 @@ class Console:
     async def sign_out(self, session: str, expires_s: int) -> None:
         """Refuse the console session `session` in every console process until it expires (epoch s)."""
         await anyio.to_thread.run_sync(lambda: self.service.sign_out(session, expires_s * 1000))
+        now_s = self.clock() // 1000
+        kept = {sid: until for sid, until in self._signed_out_here.items() if until > now_s}
+        self._signed_out_here = {**kept, session: expires_s}
+
+    def signed_out_here(self, session: str) -> bool:
+        """Whether `session` was signed out by this process (no store read: a live stream asks at every change)."""
+        return session in self._signed_out_here
 
     async def signed_out(self, session: str) -> bool:
         return await anyio.to_thread.run_sync(lambda: self.service.signed_out(session))

@@ -60,10 +60,12 @@ def owner_tag(owner: str | None) -> str | None:
 
 
 def _duration_s(name: str, value: str) -> int:
-    """Seconds from `90`, `90s`, `15m`, `2h` or `7d`."""
+    """Seconds from `90`, `90s`, `15m`, `2h` or `7d`.
+
+    No refusal here repeats what was typed: an operator may paste a task id into any field."""
     match = _DURATION.fullmatch(value.strip().lower())
     if match is None:
-        raise BadFilter(name, f"{value!r} is not a duration (seconds, or a number with s, m, h or d)")
+        raise BadFilter(name, "not a duration (seconds, or a number with s, m, h or d: 90, 15m, 2h, 7d)")
     return int(match.group(1)) * _UNITS[match.group(2)]
 
 
@@ -107,9 +109,7 @@ class Filter:
                 elif part in STATUS_NAMES:
                     statuses.add(part)
                 else:
-                    raise BadFilter(
-                        "status", f"unknown status {part!r} (one of {', '.join(STATUS_NAMES)}, active, final)"
-                    )
+                    raise BadFilter("status", f"unknown status (one of {', '.join(STATUS_NAMES)}, active, final)")
         tool = given("tool")
         if tool is not None and len(tool) > 128:
             raise BadFilter("tool", "a tool name has at most 128 characters")
@@ -175,7 +175,7 @@ class Filter:
 def parse_sort(value: str | None) -> str:
     sort = (value or "").strip() or DEFAULT_SORT
     if sort not in SORTS:
-        raise BadFilter("sort", f"unknown sort {sort!r} (one of {', '.join(SORTS)})")
+        raise BadFilter("sort", f"unknown sort (one of {', '.join(SORTS)})")
     return sort
 
 
@@ -185,7 +185,7 @@ def parse_limit(value: str | None) -> int:
     try:
         limit = int(value)
     except ValueError:
-        raise BadFilter("limit", f"{value!r} is not a whole number") from None
+        raise BadFilter("limit", "not a whole number") from None
     if not 1 <= limit <= MAX_LIMIT:
         raise BadFilter("limit", f"between 1 and {MAX_LIMIT}")
     return limit
@@ -291,7 +291,8 @@ def decode_cursor(sort: str, cursor: str) -> tuple[int, str]:
     except (binascii.Error, ValueError, TypeError):
         raise BadFilter("cursor", "malformed page cursor (take it from a page's next_cursor)") from None
     if made_for != sort:
-        raise BadFilter("cursor", f"this cursor pages the {made_for!r} order, not {sort!r}")
+        made = f"the {made_for!r} order" if made_for in SORTS else "another order"
+        raise BadFilter("cursor", f"this cursor pages {made}, not {sort!r}")
     # type(), not isinstance: a bool is no position
     if type(value) is not int or not -(2**63) <= value < 2**63 or not isinstance(key, str):
         raise BadFilter("cursor", "malformed page cursor (take it from a page's next_cursor)")
