@@ -87,7 +87,7 @@ async def follow_and_answer(url: str) -> list[str]:
             seen.append(state.status)
             if state.status == "input_required":
                 await handle.respond(state)  # the elicitation callback answers; tasks/update sends it
-        return seen  # ["working", "input_required", "working", ..., "completed"]
+        return seen  # e.g. ["working", "input_required", "completed"]: a state that lasts a moment may be passed over
 
 
 # --8<-- [end:follow-questions]

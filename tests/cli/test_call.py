@@ -502,6 +502,23 @@ def test_one_interrupt_ends_the_current_step_and_a_second_one_everything() -> No
     assert anyio.run(scenario) == (True, True, EXIT_CANCELLED)
 
 
+def test_a_second_interrupt_once_the_task_exists_says_how_to_follow_it_again() -> None:
+    async def scenario(resume: str | None) -> str | None:
+        with anyio.CancelScope() as outer:
+            interrupts = _Interrupts(outer)
+            interrupts.resume = resume
+            with interrupts.stage():
+                interrupts.interrupt()  # following: the first one cancels the task
+                await anyio.sleep(1)
+            interrupts.interrupt()  # while the cancel is on its way
+            await anyio.sleep(1)
+        return interrupts.message
+
+    command = "celery-mcp-tasks call http://127.0.0.1:8000/mcp --resume=abc"
+    assert anyio.run(scenario, command) == f"interrupted again: leaving now; the task may still be running: {command}"
+    assert anyio.run(scenario, None) == "interrupted again: leaving now (the task may still be running)"
+
+
 def test_args_are_read_from_a_file_after_at_or_from_stdin_for_a_dash(tmp_path: Path) -> None:
     args = tmp_path / "args.json"
     args.write_text('{"topic": "tides"}', encoding="utf-8")

@@ -358,3 +358,41 @@ def test_serve_says_at_start_when_it_cannot_reach_the_broker_and_serves_all_the_
             f"every task call fails until it answers; start the broker or fix CELERY_BROKER_URL "
             f"(now redis://127.0.0.1:{refused}/0)"
         )
+
+
+@pytest.mark.integration
+def test_tasks_without_a_console_at_its_address_says_how_to_give_or_start_one(tmp_path: Path) -> None:
+    """Nothing listening, or another server (an MCP port) answering: one line naming --url, the setting and the
+    command that starts a console."""
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    from tests.support import free_port
+
+    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(tmp_path))
+    other = ThreadingHTTPServer(("127.0.0.1", 0), handler)  # answers 404 "File not found" to the API's path
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    where = "give its address with --url or MCP_TASKS_CONSOLE_URL, or start one: celery-mcp-tasks console APP"
+    try:
+        said = {}
+        for name, url in [
+            ("nothing", f"http://127.0.0.1:{free_port()}"),
+            ("other", f"http://127.0.0.1:{other.server_address[1]}"),
+        ]:
+            run = subprocess.run(
+                [sys.executable, "-m", "celery_mcp_tasks.cli", "tasks", "ls", "--url", url],
+                env={**os.environ, "MCP_TASKS_CONSOLE_TOKEN": "t" * 32},
+                capture_output=True,
+                text=True,
+                timeout=60,
+                cwd=tmp_path,
+            )
+            assert run.returncode != 0 and run.stdout == "", run
+            said[name] = (url, run.stderr.splitlines())
+    finally:
+        other.shutdown()
+    url, lines = said["nothing"]
+    assert lines == [f"celery-mcp-tasks tasks ls: cannot reach the console at {url}: Connection refused ({where})"]
+    url, lines = said["other"]
+    assert lines == [f"celery-mcp-tasks tasks ls: no console at {url}: File not found ({where}) (HTTP 404)"]

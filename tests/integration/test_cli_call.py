@@ -140,6 +140,16 @@ def test_timeout_bounds_a_call_answered_without_a_task_too(runtime: Deployment, 
     assert _ok(_call(runtime.url, "never_a_task", '{"seconds": 0.1}', "--timeout", "30")) == ["slept 0.1s"]
 
 
+def test_no_wait_on_a_tool_that_answers_without_a_task_prints_no_id(runtime: Deployment) -> None:
+    """`ID=$(call URL TOOL --no-wait)`: stdout holds a task id or nothing; the answer goes to stderr."""
+    run = _call(runtime.url, "never_a_task", '{"seconds": 0.1}', "--no-wait")
+    assert _ok(run) == []
+    assert run.stderr.splitlines() == [
+        "celery-mcp-tasks call: the tool answered without a task, so there is no id to print; its result:",
+        "slept 0.1s",
+    ]
+
+
 def test_a_failed_task_exits_1_with_its_error(runtime: Deployment) -> None:
     lines = _ok(_call(runtime.url, "explode", '{"message": "boom"}'), 1)
     assert lines[-2:] == [

@@ -28,7 +28,7 @@ from mcp_types import CallToolResult
 from rich.console import Console
 
 from celery_mcp_tasks.cli.prompts import FdLines, LineSource, Prompter
-from celery_mcp_tasks.cli.views import PROG, JsonView, LiveView, PlainView, View
+from celery_mcp_tasks.cli.views import PROG, JsonView, LiveView, PlainView, View, result_text
 from celery_mcp_tasks.client import TaskCancelled, TaskHandle, TaskNotFound, TasksClient, TaskState
 
 if TYPE_CHECKING:
@@ -215,6 +215,7 @@ class _Interrupts:
         self.count = 0
         self.forced: int | None = None
         self.message: str | None = None
+        self.resume: str | None = None  # the command that follows the task again, once there is one
 
     def interrupt(self) -> None:
         self.count += 1
@@ -222,8 +223,10 @@ class _Interrupts:
             self.step.cancel()
         elif self.count == 1:
             self.leave(EXIT_CANCELLED, "interrupted")
-        else:
+        elif self.resume is None:
             self.leave(EXIT_CANCELLED, "interrupted again: leaving now (the task may still be running)")
+        else:
+            self.leave(EXIT_CANCELLED, f"interrupted again: leaving now; the task may still be running: {self.resume}")
 
     def leave(self, code: int, message: str | None = None) -> None:
         if self.forced is None:
@@ -402,6 +405,8 @@ async def _session(options: CallOptions, arguments: dict[str, Any], io: CallIo, 
                     )
                     return EXIT_TIMEOUT
                 task_id = handle.id
+                if task_id is not None:
+                    interrupts.resume = f"celery-mcp-tasks call {options.url} --resume={task_id}"
                 try:
                     return await _follow(options, io, interrupts, handle, deadline)
                 finally:
@@ -464,9 +469,11 @@ async def _follow(
     view = io.view
     if handle.id is None:  # the tool answered at once: there is no task
         answer = await handle.result()
-        if options.no_wait:
-            view.note(f"{PROG}: the tool answered at once; there is no task to follow")
-        view.result(answer)
+        if options.no_wait:  # stdout holds a task id or nothing: a script's ID=$(...) never takes a result for one
+            view.note(f"{PROG}: the tool answered without a task, so there is no id to print; its result:")
+            view.note(result_text(answer))
+        else:
+            view.result(answer)
         return exit_code("completed", is_error=bool(answer.is_error))
     task_id = handle.id
     if options.no_wait:

@@ -96,12 +96,16 @@ def _request(args: argparse.Namespace, method: str, path: str, body: dict[str, A
             message = str(error.get("message") or exc.reason)
             if error.get("field"):
                 message = f"{error['field']}: {message}"
-        except (ValueError, AttributeError):
-            message = str(exc.reason)
+        except (ValueError, AttributeError):  # not the console's answer: another server at that address
+            message = f"no console at {args.url}: {exc.reason} ({_WHERE})"
         raise ApiError(exc.code, message) from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise ApiError(0, f"cannot reach the console at {args.url}: {reason}") from None
+        reason = getattr(reason, "strerror", None) or reason  # "Connection refused", not "[Errno 111] ..."
+        raise ApiError(0, f"cannot reach the console at {args.url}: {reason} ({_WHERE})") from None
+
+
+_WHERE = f"give its address with --url or {URL_SETTING}, or start one: celery-mcp-tasks console APP"
 
 
 def _login() -> str | None:
