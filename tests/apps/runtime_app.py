@@ -246,6 +246,15 @@ def never_a_task(seconds: float, ctx: TaskContext, marker: str | None = None) ->
     return f"slept {seconds:g}s"
 
 
+@tasks.mcp_task(mode="forbidden")
+def counted_answer(steps: int, interval: float, ctx: TaskContext) -> str:
+    """Never a task: reports step i of `steps` (current/total) every `interval` s while its caller waits."""
+    for step in range(1, steps + 1):
+        time.sleep(interval)
+        ctx.progress(f"step {step} of {steps}", current=step, total=steps)
+    return f"counted to {steps}"
+
+
 # -- lifetimes and input of every kind ------------------------------------------------------------
 
 

@@ -140,6 +140,29 @@ def test_timeout_bounds_a_call_answered_without_a_task_too(runtime: Deployment, 
     assert _ok(_call(runtime.url, "never_a_task", '{"seconds": 0.1}', "--timeout", "30")) == ["slept 0.1s"]
 
 
+def test_a_tool_that_answers_without_a_task_shows_its_progress_while_it_runs(
+    runtime: Deployment, tmux: list[Tmux], tmp_path: Path
+) -> None:
+    """`mode="forbidden"`: no task, but the call's progress notifications show as a task's would: a line per
+    message through a pipe, the live line with its bar on a terminal, then how it ended and the result."""
+    lines = _ok(_call(runtime.url, "counted_answer", '{"steps": 4, "interval": 0.5}'))
+    assert lines[-2:] == ["status=completed", "counted to 4"], lines
+    steps = [re.fullmatch(r"status=working  \(step (\d) of 4\)", line) for line in lines[:-2]]
+    assert steps and all(steps), lines  # what the server read of the job: a step may pass unseen
+    assert [int(step.group(1)) for step in steps if step] == sorted({int(step.group(1)) for step in steps if step})
+    pane = Tmux(tmp_path / "tmux.sock", runtime.url, "counted_answer", '{"steps": 40, "interval": 0.25}')
+    tmux.append(pane)
+    wait_until(
+        lambda: re.search(r"working +step \d+ of 40 .* \d+/40", pane.screen()), 60, "the live line", interval=0.2
+    )
+    wait_until(lambda: pane.exit_status() is not None, 60, "the call to end", interval=0.2)
+    shown = [line.rstrip() for line in pane.screen().splitlines() if line.strip()]
+    assert pane.exit_status() == 0, shown
+    at = next(n for n, line in enumerate(shown) if "completed" in line)
+    assert re.fullmatch(r"✔ completed +\d+:\d\d", shown[at]), shown
+    assert shown[at + 1] == "counted to 40", shown
+
+
 def test_no_wait_on_a_tool_that_answers_without_a_task_prints_no_id(runtime: Deployment) -> None:
     """`ID=$(call URL TOOL --no-wait)`: stdout holds a task id or nothing; the answer goes to stderr."""
     run = _call(runtime.url, "never_a_task", '{"seconds": 0.1}', "--no-wait")

@@ -30,6 +30,8 @@ from rich.console import Console
 from celery_mcp_tasks.cli.prompts import FdLines, LineSource, Prompter
 from celery_mcp_tasks.cli.views import PROG, JsonView, LiveView, PlainView, View, result_text
 from celery_mcp_tasks.client import TaskCancelled, TaskHandle, TaskNotFound, TasksClient, TaskState
+from celery_mcp_tasks.model import now_ms
+from celery_mcp_tasks.protocol import PROGRESS_META_KEY, format_timestamp
 
 if TYPE_CHECKING:
     from mcp import Client
@@ -376,6 +378,7 @@ async def _session(options: CallOptions, arguments: dict[str, Any], io: CallIo, 
     )
     tasks = TasksClient()
     prompter = io.prompter
+    shown = _Answering(io.view)
     task_id: str | None = None  # once the task exists, a connection lost says how to resume it
     try:
         async with (
@@ -393,7 +396,7 @@ async def _session(options: CallOptions, arguments: dict[str, Any], io: CallIo, 
                 # server without the extension) answers only when its job has run.
                 deadline = None if options.timeout is None else anyio.current_time() + options.timeout
                 with interrupts.stage() as starting, anyio.move_on_at(deadline or math.inf) as answering:
-                    handle = await _start(options, arguments, tasks, client)
+                    handle = await _start(options, arguments, tasks, client, shown)
                 if starting.cancelled_caught:
                     io.view.note("interrupted")
                     return EXIT_CANCELLED
@@ -408,7 +411,7 @@ async def _session(options: CallOptions, arguments: dict[str, Any], io: CallIo, 
                 if task_id is not None:
                     interrupts.resume = f"celery-mcp-tasks call {options.url} --resume={task_id}"
                 try:
-                    return await _follow(options, io, interrupts, handle, deadline)
+                    return await _follow(options, io, interrupts, handle, deadline, shown)
                 finally:
                     handle.close()
             finally:
@@ -425,13 +428,46 @@ async def _session(options: CallOptions, arguments: dict[str, Any], io: CallIo, 
         raise error from None
 
 
-async def _start(options: CallOptions, arguments: dict[str, Any], tasks: TasksClient, client: Client) -> TaskHandle:
+class _Answering:
+    """The progress a tool that answers without a task (`mode="forbidden"`) reports while its call runs (the
+    SDK's progress callback), shown as a task's state would be: the live line on a terminal, a line per
+    message otherwise."""
+
+    def __init__(self, view: View) -> None:
+        self.view = view
+        self.state: TaskState | None = None
+        self._since = format_timestamp(now_ms())
+
+    async def __call__(self, progress: float, total: float | None, message: str | None) -> None:
+        self.state = TaskState.model_validate(
+            {
+                "taskId": "",
+                "status": "working",
+                "statusMessage": message,
+                "createdAt": self._since,
+                "lastUpdatedAt": format_timestamp(now_ms()),
+                "_meta": {PROGRESS_META_KEY: {"progress": progress, "total": total}},
+            }
+        )
+        self.view.answering(self.state)
+
+    def ended(self, answer: CallToolResult) -> None:
+        """The answer came: the line it left says how the call ended (not the last progress it heard: the server
+        reports what it read of the job, and the job may have gone on before it answered)."""
+        if self.state is not None:
+            ended = "failed" if answer.is_error else "completed"
+            self.view.update(self.state.model_copy(update={"status": ended, "status_message": None}))
+
+
+async def _start(
+    options: CallOptions, arguments: dict[str, Any], tasks: TasksClient, client: Client, answering: _Answering
+) -> TaskHandle:
     """The tool's task (or an answer at once), or `--resume`'s; a refusal is one `CallError` line."""
     try:
         if options.resume is not None:
             return await tasks.attach(client, options.resume)
         assert options.tool is not None
-        return await tasks.start(client, options.tool, arguments)
+        return await tasks.start(client, options.tool, arguments, progress_callback=answering)
     except TaskNotFound:
         raise CallError("no such task: it expired, or it belongs to another user") from None
     except MCPError as exc:
@@ -463,12 +499,18 @@ async def _other_tools(client: Client, tool: str | None) -> str:
 
 
 async def _follow(
-    options: CallOptions, io: CallIo, interrupts: _Interrupts, handle: TaskHandle, deadline: float | None
+    options: CallOptions,
+    io: CallIo,
+    interrupts: _Interrupts,
+    handle: TaskHandle,
+    deadline: float | None,
+    shown: _Answering,
 ) -> int:
     """Show the task's changes until it ends, `deadline` (--timeout, from the call's start) or a Ctrl-C."""
     view = io.view
     if handle.id is None:  # the tool answered at once: there is no task
         answer = await handle.result()
+        shown.ended(answer)
         if options.no_wait:  # stdout holds a task id or nothing: a script's ID=$(...) never takes a result for one
             view.note(f"{PROG}: the tool answered without a task, so there is no id to print; its result:")
             view.note(result_text(answer))

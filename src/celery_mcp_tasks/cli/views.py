@@ -63,6 +63,10 @@ class PlainView:
     def created(self, state: TaskState, *, attached: bool, task_id: str) -> None:
         self._print(f"{'following' if attached else 'created'} task: status={state.status}")
 
+    def answering(self, state: TaskState) -> None:
+        """A tool answering without a task reported progress, shown as a task's state (`call.Answering`)."""
+        self.update(state)
+
     def update(self, state: TaskState) -> None:
         seen = (state.status, state.status_message)
         if seen != self._last:
@@ -178,6 +182,13 @@ class LiveView:
         self._line.set(state)
         if self._started:
             self._live.refresh()
+
+    def answering(self, state: TaskState) -> None:
+        self._line.set(state)
+        if not self._started:  # no task to announce: the live line alone
+            self._live.start(refresh=True)
+            self._started = True
+        self._live.refresh()
 
     @contextmanager
     def pause(self) -> Iterator[None]:

@@ -24,6 +24,7 @@ from celery_mcp_tasks.protocol import EXTENSION_ID
 if TYPE_CHECKING:
     from mcp.client.client import Client
     from mcp.client.session import ClientSession
+    from mcp.shared.dispatcher import ProgressFnT
 
 logger = logging.getLogger("celery_mcp_tasks.client")
 
@@ -127,12 +128,15 @@ class TasksClient(ClientExtension):
         arguments: dict[str, Any] | None = None,
         *,
         meta: Mapping[str, Any] | None = None,
+        progress_callback: ProgressFnT | None = None,
     ) -> TaskHandle:
         """Call `name` and return its task's handle without waiting.
 
         A tool that answers at once (a plain tool, or a server that chose not to
         make a task) gives a handle that is already finished: `id` is None and
-        `result()` returns that answer.
+        `result()` returns that answer. Such a call returns only once the tool
+        answered; `progress_callback` (the SDK's) hears its progress meanwhile. A
+        task reports progress through its states instead.
         """
         from mcp.client.client import Client
 
@@ -141,9 +145,13 @@ class TasksClient(ClientExtension):
         token = self._capture.set(captured)
         try:
             if isinstance(client, Client):
-                result: Any = await client.call_tool(name, arguments, meta=request_meta)
+                result: Any = await client.call_tool(
+                    name, arguments, meta=request_meta, progress_callback=progress_callback
+                )
             else:
-                result = await client.call_tool(name, arguments, meta=request_meta, allow_claimed=True)
+                result = await client.call_tool(
+                    name, arguments, meta=request_meta, progress_callback=progress_callback, allow_claimed=True
+                )
                 if isinstance(result, CreateTaskResult):
                     return self._handle(client, result.state(), name)
         finally:
