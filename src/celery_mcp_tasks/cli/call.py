@@ -460,14 +460,14 @@ class _Answering:
 
 
 async def _start(
-    options: CallOptions, arguments: dict[str, Any], tasks: TasksClient, client: Client, answering: _Answering
+    options: CallOptions, arguments: dict[str, Any], tasks: TasksClient, client: Client, progress: _Answering
 ) -> TaskHandle:
     """The tool's task (or an answer at once), or `--resume`'s; a refusal is one `CallError` line."""
     try:
         if options.resume is not None:
             return await tasks.attach(client, options.resume)
         assert options.tool is not None
-        return await tasks.start(client, options.tool, arguments, progress_callback=answering)
+        return await tasks.start(client, options.tool, arguments, progress_callback=progress)
     except TaskNotFound:
         raise CallError("no such task: it expired, or it belongs to another user") from None
     except MCPError as exc:

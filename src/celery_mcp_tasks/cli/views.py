@@ -64,7 +64,7 @@ class PlainView:
         self._print(f"{'following' if attached else 'created'} task: status={state.status}")
 
     def answering(self, state: TaskState) -> None:
-        """A tool answering without a task reported progress, shown as a task's state (`call.Answering`)."""
+        """A tool answering without a task reported progress, shown as a task's state (`call._Answering`)."""
         self.update(state)
 
     def update(self, state: TaskState) -> None:

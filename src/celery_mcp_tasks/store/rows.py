@@ -44,7 +44,8 @@ _UNITS: Final = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 class BadFilter(ValueError):
-    """A filter, sort, page cursor or limit the console cannot use. `field` names the query parameter."""
+    """A filter, sort, page cursor or limit the console cannot use. `field` names the query parameter; the
+    message says what it takes, never what was typed (an operator may paste a task id into any field)."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
@@ -60,9 +61,7 @@ def owner_tag(owner: str | None) -> str | None:
 
 
 def _duration_s(name: str, value: str) -> int:
-    """Seconds from `90`, `90s`, `15m`, `2h` or `7d`.
-
-    No refusal here repeats what was typed: an operator may paste a task id into any field."""
+    """Seconds from `90`, `90s`, `15m`, `2h` or `7d`."""
     match = _DURATION.fullmatch(value.strip().lower())
     if match is None:
         raise BadFilter(name, "not a duration (seconds, or a number with s, m, h or d: 90, 15m, 2h, 7d)")
