@@ -34,6 +34,7 @@ from celery_mcp_tasks.cli.call import (
     CallIo,
     CallOptions,
     _Interrupts,
+    _SdkLines,
     exit_code,
     parse_arguments,
     read_arguments,
@@ -557,3 +558,20 @@ def test_an_unreachable_servers_reason_is_the_systems_and_a_tls_failure_is_not_r
     tls.reason = "WRONG_VERSION_NUMBER"  # as the ssl module sets it
     assert _reason(_raised_from(tls)) == "TLS handshake failed, WRONG_VERSION_NUMBER (ConnectError)"  # not EPERM
     assert _reason(ValueError()) == "ValueError"
+
+
+def test_the_sdk_clients_errors_are_one_line_each_and_its_warnings_none(capsys: pytest.CaptureFixture[str]) -> None:
+    import logging
+
+    logger = logging.getLogger("tests.cli.sdk_lines")  # as `run` attaches it to the SDK client's logger
+    logger.addHandler(handler := _SdkLines())
+    logger.propagate = False
+    try:
+        logger.warning("Session termination failed: 404")
+        try:
+            raise RuntimeError("boom")
+        except RuntimeError:
+            logger.exception("Error in post_writer\nmore")
+    finally:
+        logger.removeHandler(handler)
+    assert capsys.readouterr().err == "celery-mcp-tasks call: the MCP client: Error in post_writer\n"
