@@ -43,6 +43,12 @@ async def test_the_many_callers_examples(mcp_tasks_server: str) -> None:
         again = await extension.start(client, "charge", {"order_id": "A-17", "cents": 990})
         assert again.id == charged.id  # the key derived from order_id: 2 creations
         assert (await charged.result()).content[0].text == "charged 990 cents for A-17"
+        # A retry once the task has completed: the creation answers with the task already final, and the client
+        # reads its result (`tasks/get`), through the handle and through the SDK's own call alike.
+        later = await extension.start(client, "charge", {"order_id": "A-17", "cents": 990})
+        assert later.id == charged.id and (await later.result()).content[0].text == "charged 990 cents for A-17"
+        plain = await client.call_tool("charge", {"order_id": "A-17", "cents": 990})
+        assert plain.content[0].text == "charged 990 cents for A-17"
 
     assert await many_callers.export_when_allowed(mcp_tasks_server) == 0.0  # 3
     assert await many_callers.export_when_allowed(mcp_tasks_server) == 0.0  # 4: the rate is used up

@@ -37,6 +37,18 @@ def test_a_terminal_state_is_final():
     assert tracked.state.terminal
 
 
+def test_a_final_state_without_its_outcome_takes_it_once_and_nothing_else():
+    """A creation answered with a task already final (an idempotent call's repeat) carries no result:
+    `tasks/get`'s state of the same status fills it in; nothing moves a final state otherwise."""
+    tracked = Tracked(state=state("completed", "2026-12-01T10:00:05.000Z"))
+    assert not tracked.offer(state("failed", "2026-12-01T10:00:05.000Z", error={"code": -1, "message": "x"}))
+    assert tracked.offer(state("completed", "2026-12-01T10:00:05.000Z", result={"content": []}))
+    assert tracked.state.result == {"content": []}
+    assert not tracked.offer(state("completed", "2026-12-01T10:00:05.000Z", result={"content": [], "isError": True}))
+    failed = Tracked(state=state("failed", "2026-12-01T10:00:05.000Z"))
+    assert failed.offer(state("failed", "2026-12-01T10:00:05.000Z", error={"code": -32603, "message": "boom"}))
+
+
 def test_another_tasks_state_is_never_taken():
     tracked = Tracked(state=state())
     other = state("completed", "2026-12-01T10:00:09.000Z").model_copy(update={"task_id": "u"})

@@ -43,6 +43,11 @@ _SAFETY_READ_S = 30.0  # with push on, each followed task is still read this oft
 _RELISTEN_S = 30.0  # listen kept failing (a restart, a proxy's 503 meanwhile): poll this long, then listen again
 
 
+def outcome_missing(state: TaskState) -> bool:
+    """A final state that lacks what it ended with: a completed one without `result`, a failed one without `error`."""
+    return (state.status == "completed" and state.result is None) or (state.status == "failed" and state.error is None)
+
+
 @dataclass
 class Tracked:
     """One followed task: its latest state, a version, and an event fired on each change."""
@@ -61,9 +66,14 @@ class Tracked:
 
     def offer(self, state: TaskState) -> bool:
         """Take a newer state (never leave a terminal one, never go back in time, but a final state always
-        wins); fire and answer True only when it differs in what a follower sees (`TaskState.seen_as`)."""
+        wins); fire and answer True only when it differs in what a follower sees (`TaskState.seen_as`).
+
+        A terminal state without its outcome (a creation answered with a task already final: a repeat of an
+        idempotent call) takes the same status with the outcome once, from `tasks/get`."""
         current = self.state
-        if current.terminal or state.task_id != current.task_id:
+        if state.task_id != current.task_id:
+            return False
+        if current.terminal and not (state.status == current.status and outcome_missing(current)):
             return False
         if not state.terminal and moment(state.last_updated_at) < moment(current.last_updated_at):
             return False  # notifications may arrive out of wire order

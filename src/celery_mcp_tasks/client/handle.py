@@ -15,7 +15,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from celery_mcp_tasks.client import calls
 from celery_mcp_tasks.client.calls import InputNotAnswered, TaskCancelled, TaskNotFound
-from celery_mcp_tasks.client.following import Pacing, Tracked
+from celery_mcp_tasks.client.following import Pacing, Tracked, outcome_missing
 from celery_mcp_tasks.client.models import CancelTaskRequest, TaskIdParams, TaskState, UpdateParams, UpdateTaskRequest
 
 if TYPE_CHECKING:
@@ -121,9 +121,7 @@ class TaskHandle:
             self._open()  # closed meanwhile (by another coroutine): RuntimeError
             state = tracked.state
             if state.terminal:
-                if (state.status == "completed" and state.result is None) or (
-                    state.status == "failed" and state.error is None
-                ):
+                if outcome_missing(state):
                     await self.refresh()  # e.g. a CreateTaskResult that was already final: read the outcome
                 await self._settle()
                 return tracked.state
