@@ -195,6 +195,13 @@ def overtime(ctx: TaskContext) -> str:
         ctx.progress(f"step {step}")
 
 
+@tasks.mcp_task(time_limit=1)
+def stuck(seconds: float) -> str:
+    """Sleeps past its hard time limit: the pool kills the process that runs it."""
+    time.sleep(seconds)
+    return "woke up"
+
+
 @tasks.mcp_task
 def elsewhere(ctx: TaskContext) -> str:
     """Hands the task to something outside the job, which completes it by row key."""

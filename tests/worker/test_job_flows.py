@@ -182,6 +182,14 @@ def test_a_soft_time_limit_reached_in_the_middle_of_a_write_fails_the_task_sayin
     assert client.wait_for(client.create("flaky", {"failures": 0}))["status"] == "completed"
 
 
+def test_a_hard_time_limit_fails_the_task_naming_the_option_and_its_seconds(client: McpHttp) -> None:
+    failed = client.wait_for(client.create("stuck", {"seconds": 30}), timeout=60)
+    assert failed["status"] == "failed", failed
+    assert failed["error"]["message"] == (
+        "Job failed: TimeLimitExceeded: the job ran longer than its time_limit (1 s) and was stopped"
+    )
+
+
 def _first_about(seen: list[tuple[str, str | None]], attempt: str) -> int:
     """Where the first statusMessage about `attempt` ("(attempt 2)") is among the states seen."""
     return next(n for n, (_, message) in enumerate(seen) if message and message.endswith(attempt))

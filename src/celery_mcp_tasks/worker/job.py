@@ -15,6 +15,7 @@ from dataclasses import fields
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from celery import Task, current_task
+from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent
 from pydantic import ValidationError
@@ -287,11 +288,19 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
 
 
 def failure_text(exc: BaseException) -> str:
-    """An exception as a failed task's message names it: its class, and its text when it has one."""
-    try:
-        text = str(exc).strip()
-    except Exception:  # noqa: BLE001 - a broken __str__ still fails the task readably
-        text = ""
+    """An exception as a failed task's message names it: its class, and its text when it has one (a time
+    limit's says which option it was: billiard's own text is only `TimeLimitExceeded(1,)`)."""
+    if isinstance(exc, TimeLimitExceeded):
+        limit = exc.args[0] if exc.args and isinstance(exc.args[0], int | float) else None
+        seconds = "" if limit is None else f" ({limit:g} s)"
+        text = f"the job ran longer than its time_limit{seconds} and was stopped"
+    elif isinstance(exc, SoftTimeLimitExceeded):
+        text = "the job ran longer than its soft_time_limit and did not catch SoftTimeLimitExceeded"
+    else:
+        try:
+            text = str(exc).strip()
+        except Exception:  # noqa: BLE001 - a broken __str__ still fails the task readably
+            text = ""
     return type(exc).__name__ + (f": {text}" if text else "")
 
 
