@@ -210,3 +210,53 @@ def test_a_project_that_turns_retry_on_startup_off_keeps_it_off(tmp_path: Path) 
     McpTasks("off", celery=app, settings=Settings(data_dir=tmp_path))
     app.config_from_object(Config)
     assert app.conf.broker_connection_retry_on_startup is False
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        ({"ttl_ms": 0}, "ttl_ms must be a whole number >= 1 (or None), got 0"),
+        ({"poll_interval_ms": -5}, "poll_interval_ms must be a whole number >= 1 (or None), got -5"),
+        ({"max_active": "2"}, "max_active must be a whole number >= 1 (or None), got '2'"),
+        ({"max_sends": 1.5}, "max_sends must be a whole number >= 1 (or None), got 1.5"),
+        ({"sync_timeout_s": 0}, "sync_timeout_s must be seconds > 0 (or None), got 0"),
+        ({"sync_timeout_s": float("nan")}, "sync_timeout_s must be seconds > 0 (or None), got nan"),
+        ({"terminate": "yes"}, "terminate must be True or False, got 'yes'"),
+        ({"needs": "elicitation"}, "needs is a tuple of names, e.g. needs=('elicitation',)"),
+    ],
+)
+def test_a_tool_option_out_of_its_range_is_refused_at_import_naming_tool_and_option(
+    tasks: McpTasks, options: dict[str, object], said: str
+) -> None:
+    """Each would break later and elsewhere: a task expired at its first read, a negative poll interval sent to
+    clients, a setting silently used instead, a bare TypeError, a capability per letter."""
+    with pytest.raises(ValueError, match=r"^task tool 'report': ") as refused:
+
+        @tasks.mcp_task(**options)  # type: ignore[call-overload]
+        def report(topic: str) -> str:
+            return topic
+
+    assert str(refused.value) == f"task tool 'report': {said}"
+
+
+def test_the_options_in_range_are_taken(tasks: McpTasks) -> None:
+    @tasks.mcp_task(ttl_ms=None, poll_interval_ms=1, sync_timeout_s=0.5, max_active=1, max_sends=2, terminate=True)
+    def report(topic: str) -> str:
+        return topic
+
+    tool = internals(tasks).tools["report"]
+    assert (
+        tool.ttl_ms,
+        tool.poll_interval_ms,
+        tool.sync_timeout_s,
+        tool.max_active,
+        tool.max_sends,
+        tool.terminate,
+    ) == (
+        None,
+        1,
+        0.5,
+        1,
+        2,
+        True,
+    )

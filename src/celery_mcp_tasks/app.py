@@ -394,7 +394,10 @@ class McpTasks:
         tool_options = {key: celery_options.pop(key) for key in TOOL_OPTIONS & celery_options.keys()}
         tool_options["name"] = tool_options.get("name") or fn.__name__
         tool_options["description"] = tool_options.get("description") or (fn.__doc__ or "").strip() or fn.__name__
-        tool_options["needs"] = frozenset(tool_options.get("needs", ()))
+        needs = tool_options.get("needs", ())
+        if isinstance(needs, str):  # needs=("elicitation") without its comma: a string, not a tuple of one
+            raise ValueError(f"task tool {tool_options['name']!r}: needs is a tuple of names, e.g. needs=({needs!r},)")
+        tool_options["needs"] = frozenset(needs)
         bound = bool(celery_options.get("bind"))
         tool = TaskTool(fn=fn, context_type=TaskContext, bound=bound, **tool_options)
         if tool.name in self._tools or self._known_tool(tool.name):

@@ -36,5 +36,5 @@ def test_a_tool_option_that_is_neither_a_function_nor_arguments_is_refused_at_im
     tasks = McpTasks("bad", settings=Settings(data_dir=tmp_path))
     with pytest.raises(ValueError, match="idempotency_key must be a function of the arguments or 'arguments'"):
         tasks.mcp_task(idempotency_key="order")(lambda order: order)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="max_active must be >= 1"):
+    with pytest.raises(ValueError, match="max_active must be a whole number >= 1"):
         tasks.mcp_task(max_active=0)(lambda order: order)

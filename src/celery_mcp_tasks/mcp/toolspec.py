@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import math
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
@@ -20,6 +21,12 @@ from celery_mcp_tasks.protocol import INPUT_CAPABILITIES
 
 TaskMode = Literal["optional", "required", "forbidden"]
 _MODES = ("optional", "required", "forbidden")
+
+
+def _whole(value: Any) -> bool:
+    """A whole number >= 1 (not a bool, not a string of digits)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
 
 Prepare = Callable[[dict[str, Any], Mapping[str, Any]], Awaitable[Any]]
 """Web-side hook run before the task exists: `(arguments, input_responses)` ->
@@ -86,10 +93,19 @@ class TaskTool:
             inspect.iscoroutinefunction(prepare) or inspect.iscoroutinefunction(type(prepare).__call__)
         ):
             raise TypeError(f"task tool {self.name!r}: prepare runs in the web process's loop; define it `async def`")
-        if self.max_sends is not None and self.max_sends < 1:
-            raise ValueError(f"task tool {self.name!r}: max_sends must be >= 1, got {self.max_sends}")
-        if self.max_active is not None and (isinstance(self.max_active, bool) or self.max_active < 1):
-            raise ValueError(f"task tool {self.name!r}: max_active must be >= 1 (or None), got {self.max_active!r}")
+        for option in ("max_sends", "max_active", "ttl_ms", "poll_interval_ms"):
+            value = getattr(self, option)
+            if value is not None and value != "default" and not _whole(value):
+                raise ValueError(
+                    f"task tool {self.name!r}: {option} must be a whole number >= 1 (or None), got {value!r}"
+                )
+        timeout = self.sync_timeout_s
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < math.inf
+        ):
+            raise ValueError(f"task tool {self.name!r}: sync_timeout_s must be seconds > 0 (or None), got {timeout!r}")
+        if not isinstance(self.terminate, bool):
+            raise ValueError(f"task tool {self.name!r}: terminate must be True or False, got {self.terminate!r}")
         key = self.idempotency_key
         if key is not None and key != "arguments" and not callable(key):
             raise ValueError(
@@ -97,7 +113,7 @@ class TaskTool:
             )
         for option in ("max_arguments_bytes", "max_answer_bytes", "max_result_bytes"):
             limit = getattr(self, option)
-            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            if limit is not None and not _whole(limit):
                 raise ValueError(f"task tool {self.name!r}: {option} must be a number of bytes >= 1, got {limit!r}")
         self.context_param = find_context_parameter(self.fn, self.context_type)
         try:
