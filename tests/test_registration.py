@@ -222,6 +222,9 @@ def test_a_project_that_turns_retry_on_startup_off_keeps_it_off(tmp_path: Path) 
         ({"sync_timeout_s": 0}, "sync_timeout_s must be seconds > 0 (or None), got 0"),
         ({"sync_timeout_s": float("nan")}, "sync_timeout_s must be seconds > 0 (or None), got nan"),
         ({"terminate": "yes"}, "terminate must be True or False, got 'yes'"),
+        ({"max_sends": "default"}, "max_sends must be a whole number >= 1 (or None), got 'default'"),
+        ({"max_active": "default"}, "max_active must be a whole number >= 1 (or None), got 'default'"),
+        ({"ttl_ms": 1.5}, "ttl_ms must be a whole number >= 1 (or None), got 1.5"),
         ({"needs": "elicitation"}, "needs is a tuple of names, e.g. needs=('elicitation',)"),
     ],
 )
@@ -244,19 +247,23 @@ def test_the_options_in_range_are_taken(tasks: McpTasks) -> None:
     def report(topic: str) -> str:
         return topic
 
-    tool = internals(tasks).tools["report"]
-    assert (
-        tool.ttl_ms,
-        tool.poll_interval_ms,
-        tool.sync_timeout_s,
-        tool.max_active,
-        tool.max_sends,
-        tool.terminate,
-    ) == (
+    @tasks.mcp_task(ttl_ms=3.6e6, poll_interval_ms="default", max_sends=2.0, max_arguments_bytes=1024.0, terminate=None)
+    def summary(topic: str) -> str:  # whole floats (an hour as 3.6e6 ms) and None, as before: ints, and False
+        return topic
+
+    first, second = internals(tasks).tools["report"], internals(tasks).tools["summary"]
+    assert [first.ttl_ms, first.poll_interval_ms, first.sync_timeout_s, first.max_active, first.max_sends] == [
         None,
         1,
         0.5,
         1,
         2,
-        True,
-    )
+    ]
+    assert first.terminate is True and second.terminate is False
+    assert [second.ttl_ms, second.poll_interval_ms, second.max_sends, second.max_arguments_bytes] == [
+        3_600_000,
+        "default",
+        2,
+        1024,
+    ]
+    assert {type(second.ttl_ms), type(second.max_sends), type(second.max_arguments_bytes)} == {int}

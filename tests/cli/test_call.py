@@ -468,14 +468,30 @@ def test_bad_usage_is_one_line_and_exit_2(options: CallOptions, message: str) ->
 
 
 def test_an_unreachable_server_is_one_line_and_exit_1() -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]  # closed again below: nothing listens there
-    url = f"http://127.0.0.1:{port}/mcp"
+    url = f"http://127.0.0.1:{_closed_port()}/mcp"
     run_io, out, err = _io()
     assert run_call(CallOptions(url=url, tool="t", token="s3cret-token"), io=run_io) == EXIT_FAILED
     assert err.getvalue() == f"celery-mcp-tasks call: cannot reach {url}: Connection refused (ConnectError)\n"
     assert "s3cret" not in out.getvalue() + err.getvalue()
+
+
+def test_a_call_leaves_the_sdk_clients_logger_as_it_found_it() -> None:
+    """`run_call` routes the SDK client's records to its own lines only while it runs (`dev --call`, and a
+    test suite, call it in a process that goes on)."""
+    import logging
+
+    sdk = logging.getLogger("mcp.client")
+    before = (list(sdk.handlers), sdk.propagate)
+    for _ in range(2):
+        run_io, _, _ = _io()
+        assert run_call(CallOptions(url=f"http://127.0.0.1:{_closed_port()}/mcp", tool="t"), io=run_io) == EXIT_FAILED
+        assert (list(sdk.handlers), sdk.propagate) == before
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])  # closed again on the way out: nothing listens there
 
 
 def test_a_url_without_its_scheme_is_a_usage_error_saying_what_it_needs() -> None:

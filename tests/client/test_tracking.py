@@ -42,6 +42,7 @@ def test_a_final_state_without_its_outcome_takes_it_once_and_nothing_else():
     `tasks/get`'s state of the same status fills it in; nothing moves a final state otherwise."""
     tracked = Tracked(state=state("completed", "2026-12-01T10:00:05.000Z"))
     assert not tracked.offer(state("failed", "2026-12-01T10:00:05.000Z", error={"code": -1, "message": "x"}))
+    assert not tracked.offer(state("completed", "2026-12-01T10:00:06.000Z"))  # still without it: nothing new
     assert tracked.offer(state("completed", "2026-12-01T10:00:05.000Z", result={"content": []}))
     assert tracked.state.result == {"content": []}
     assert not tracked.offer(state("completed", "2026-12-01T10:00:05.000Z", result={"content": [], "isError": True}))

@@ -164,12 +164,13 @@ def test_a_tool_that_answers_without_a_task_shows_its_progress_while_it_runs(
 
 
 def test_no_wait_on_a_tool_that_answers_without_a_task_prints_no_id(runtime: Deployment) -> None:
-    """`ID=$(call URL TOOL --no-wait)`: stdout holds a task id or nothing; the answer goes to stderr."""
-    run = _call(runtime.url, "never_a_task", '{"seconds": 0.1}', "--no-wait")
+    """`ID=$(call URL TOOL --no-wait)`: stdout holds a task id or nothing (no progress lines either); the
+    answer goes to stderr."""
+    run = _call(runtime.url, "counted_answer", '{"steps": 3, "interval": 0.5}', "--no-wait")
     assert _ok(run) == []
     assert run.stderr.splitlines() == [
         "celery-mcp-tasks call: the tool answered without a task, so there is no id to print; its result:",
-        "slept 0.1s",
+        "counted to 3",
     ]
 
 

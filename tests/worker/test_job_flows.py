@@ -178,7 +178,10 @@ def test_a_soft_time_limit_reached_in_the_middle_of_a_write_fails_the_task_sayin
     for task_id in task_ids:
         failed = client.wait_for(task_id, timeout=60)
         assert failed["status"] == "failed", failed
-        assert failed["error"]["message"].startswith("Job failed: SoftTimeLimitExceeded"), failed
+        assert failed["error"]["message"] == (
+            "Job failed: SoftTimeLimitExceeded: the job ran longer than its soft time limit (soft_time_limit or "
+            "task_soft_time_limit) and did not catch SoftTimeLimitExceeded"
+        ), failed
     assert client.wait_for(client.create("flaky", {"failures": 0}))["status"] == "completed"
 
 
@@ -186,7 +189,8 @@ def test_a_hard_time_limit_fails_the_task_naming_the_option_and_its_seconds(clie
     failed = client.wait_for(client.create("stuck", {"seconds": 30}), timeout=60)
     assert failed["status"] == "failed", failed
     assert failed["error"]["message"] == (
-        "Job failed: TimeLimitExceeded: the job ran longer than its time_limit (1 s) and was stopped"
+        "Job failed: TimeLimitExceeded: the job ran longer than its time limit (1 s, time_limit or task_time_limit) "
+        "and was stopped"
     )
 
 

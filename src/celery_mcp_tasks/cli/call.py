@@ -186,10 +186,21 @@ def run(args: argparse.Namespace) -> int:
         print("celery-mcp-tasks call: --resume needs a TASK_ID (the id the call printed)", file=sys.stderr)
         return 2
     given = {option.name: getattr(args, option.name) for option in fields(CallOptions)}  # named as the parser's
-    sdk = logging.getLogger("mcp.client")
-    sdk.addHandler(_SdkLines())
-    sdk.propagate = False
     return run_call(CallOptions(**given))
+
+
+@contextmanager
+def _sdk_lines() -> Iterator[None]:
+    """While a call runs, the SDK client's log records are this command's lines (`_SdkLines`), not the host's."""
+    sdk = logging.getLogger("mcp.client")
+    handler, propagated = _SdkLines(), sdk.propagate
+    sdk.addHandler(handler)
+    sdk.propagate = False
+    try:
+        yield
+    finally:
+        sdk.removeHandler(handler)
+        sdk.propagate = propagated
 
 
 class _SdkLines(logging.Handler):
@@ -304,7 +315,8 @@ def run_call(
     io = io or _make_io(options)
     try:
         options = replace(options, arguments=read_arguments(options.arguments, sys.stdin))
-        return anyio.run(_run, options, io, abort)
+        with _sdk_lines():
+            return anyio.run(_run, options, io, abort)
     except CallError as exc:
         io.view.close()
         io.err.write(f"{PROG}: {exc}\n")
@@ -467,7 +479,10 @@ async def _start(
         if options.resume is not None:
             return await tasks.attach(client, options.resume)
         assert options.tool is not None
-        return await tasks.start(client, options.tool, arguments, progress_callback=progress)
+        # --no-wait prints an id or nothing on stdout: no progress lines either
+        return await tasks.start(
+            client, options.tool, arguments, progress_callback=None if options.no_wait else progress
+        )
     except TaskNotFound:
         raise CallError("no such task: it expired, or it belongs to another user") from None
     except MCPError as exc:

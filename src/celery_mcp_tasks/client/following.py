@@ -73,7 +73,9 @@ class Tracked:
         current = self.state
         if state.task_id != current.task_id:
             return False
-        if current.terminal and not (state.status == current.status and outcome_missing(current)):
+        if current.terminal and not (
+            state.status == current.status and outcome_missing(current) and not outcome_missing(state)
+        ):
             return False
         if not state.terminal and moment(state.last_updated_at) < moment(current.last_updated_at):
             return False  # notifications may arrive out of wire order

@@ -24,8 +24,10 @@ _MODES = ("optional", "required", "forbidden")
 
 
 def _whole(value: Any) -> bool:
-    """A whole number >= 1 (not a bool, not a string of digits)."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    """A whole number >= 1: an int, or a float without a fraction (not a bool, not a string of digits)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return value >= 1 and (isinstance(value, int) or value.is_integer())
 
 
 Prepare = Callable[[dict[str, Any], Mapping[str, Any]], Awaitable[Any]]
@@ -95,15 +97,20 @@ class TaskTool:
             raise TypeError(f"task tool {self.name!r}: prepare runs in the web process's loop; define it `async def`")
         for option in ("max_sends", "max_active", "ttl_ms", "poll_interval_ms"):
             value = getattr(self, option)
-            if value is not None and value != "default" and not _whole(value):
+            if value is None or (value == "default" and option in ("ttl_ms", "poll_interval_ms")):
+                continue
+            if not _whole(value):
                 raise ValueError(
                     f"task tool {self.name!r}: {option} must be a whole number >= 1 (or None), got {value!r}"
                 )
+            setattr(self, option, int(value))  # 3.6e6 is an hour's milliseconds too
         timeout = self.sync_timeout_s
         if timeout is not None and (
             isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < math.inf
         ):
             raise ValueError(f"task tool {self.name!r}: sync_timeout_s must be seconds > 0 (or None), got {timeout!r}")
+        if self.terminate is None:
+            self.terminate = False
         if not isinstance(self.terminate, bool):
             raise ValueError(f"task tool {self.name!r}: terminate must be True or False, got {self.terminate!r}")
         key = self.idempotency_key
@@ -113,8 +120,11 @@ class TaskTool:
             )
         for option in ("max_arguments_bytes", "max_answer_bytes", "max_result_bytes"):
             limit = getattr(self, option)
-            if limit is not None and not _whole(limit):
+            if limit is None:
+                continue
+            if not _whole(limit):
                 raise ValueError(f"task tool {self.name!r}: {option} must be a number of bytes >= 1, got {limit!r}")
+            setattr(self, option, int(limit))
         self.context_param = find_context_parameter(self.fn, self.context_type)
         try:
             self.sdk_tool = Tool.from_function(self.schema_function(), name=self.name, description=self.description)

@@ -292,10 +292,13 @@ def failure_text(exc: BaseException) -> str:
     limit's says which option it was: billiard's own text is only `TimeLimitExceeded(1,)`)."""
     if isinstance(exc, TimeLimitExceeded):
         limit = exc.args[0] if exc.args and isinstance(exc.args[0], int | float) else None
-        seconds = "" if limit is None else f" ({limit:g} s)"
-        text = f"the job ran longer than its time_limit{seconds} and was stopped"
+        seconds = "" if limit is None else f"{limit:g} s, "
+        text = f"the job ran longer than its time limit ({seconds}time_limit or task_time_limit) and was stopped"
     elif isinstance(exc, SoftTimeLimitExceeded):
-        text = "the job ran longer than its soft_time_limit and did not catch SoftTimeLimitExceeded"
+        text = (
+            "the job ran longer than its soft time limit (soft_time_limit or task_soft_time_limit) "
+            "and did not catch SoftTimeLimitExceeded"
+        )
     else:
         try:
             text = str(exc).strip()
