@@ -295,6 +295,34 @@ def test_a_key_rotation_reencrypts_every_row_while_the_tasks_stay_readable(
             client.close()
 
 
+def test_reencrypt_waits_for_the_processes_to_seal_with_the_first_key_and_says_what_it_could_not_open(
+    own_store: Backend,
+) -> None:
+    """Run with a key no process seals with yet (step 2 of the rotation skipped), it would make every row
+    unreadable to them: it refuses and changes nothing, unless forced. Rows it cannot open fail its status."""
+    upgrade(own_store.store_url)
+    store = SqlStore.from_url(own_store.store_url, ring=KeyRing.parse([OLD]))  # the processes seal with OLD
+    TaskService(store, max_rows=None).create(owner=None, tool="confirm", arguments={"secret": "s"}, dispatch=False)
+    store.dispose()
+    before = rows(own_store.store_url)
+    new_id = KeyRing.parse([NEW]).primary_id
+    refused = reencrypt(own_store, f"{NEW},{OLD}")
+    assert refused.returncode == 1 and refused.stdout == "", refused
+    assert refused.stderr == (
+        f"celery-mcp-tasks db reencrypt: the store's newest payloads are sealed with key "
+        f"{KeyRing.parse([OLD]).primary_id}, not with {new_id}, the ring's first key: the running processes do not "
+        "seal with it yet, and a row sealed with a key they lack reads as failed to them. Restart every web "
+        f"process, worker and beat with {new_id} first in MCP_TASKS_ENCRYPTION_KEYS, then run this again "
+        "(--force: re-encrypt all the same)\n"
+    )
+    assert rows(own_store.store_url) == before
+    unopened = run(["-m", "celery_mcp_tasks.cli", "db", "reencrypt", "--force"], own_store, ROOT, NEW)
+    assert unopened.returncode == 1, unopened  # the row sealed with OLD, not in this ring: left, and said
+    assert ", 1 sealed with a key not in the ring (left as they are), " in unopened.stdout
+    forced = run(["-m", "celery_mcp_tasks.cli", "db", "reencrypt", "--force"], own_store, ROOT, f"{NEW},{OLD}")
+    assert forced.returncode == 0 and f"1 rows re-encrypted with key {new_id}" in forced.stdout, forced
+
+
 def test_a_process_with_a_wrong_or_missing_ring_refuses_to_start_in_one_line(own_store: Backend, tmp_path: Path):
     upgrade(own_store.store_url)
     store = SqlStore.from_url(own_store.store_url, ring=KeyRing.parse([NEW]))

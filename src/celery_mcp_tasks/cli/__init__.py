@@ -124,6 +124,12 @@ def _parser() -> argparse.ArgumentParser:
         nargs="?",
         help="the revision to upgrade to (default: head), or to downgrade to (required; base: no tables)",
     )
+    db.add_argument(
+        "--force",
+        action="store_true",
+        help="reencrypt only: go ahead although the store's newest payloads are not sealed with the ring's first "
+        "key (no running process is seen sealing with it)",
+    )
 
     stdio = command(
         "stdio",

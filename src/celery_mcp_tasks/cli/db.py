@@ -21,8 +21,8 @@ from celery_mcp_tasks.preflight import (
     short_reason,
 )
 from celery_mcp_tasks.store.codec import new_key
-from celery_mcp_tasks.store.engine import create_store_engine
-from celery_mcp_tasks.store.rekeying import reencrypt
+from celery_mcp_tasks.store.engine import create_store_engine, read
+from celery_mcp_tasks.store.rekeying import newest_sealed_key, reencrypt
 
 
 def _revisions(url: str) -> tuple[str, ...]:
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     preflight(settings, role="db", need_schema=False)  # unreachable: one line, not alembic's traceback
     if args.action == "reencrypt":
-        return _reencrypt(settings)
+        return _reencrypt(settings, force=args.force)
     if args.action in ("upgrade", "downgrade"):
         before = _revisions(url)
         (migrate.upgrade if args.action == "upgrade" else migrate.downgrade)(url, args.revision or "head")
@@ -102,8 +102,11 @@ def _check(url: str) -> int:
     return 0
 
 
-def _reencrypt(settings: Settings) -> int:
-    """Seal every row's payloads with the ring's first key, in batches, while everything runs."""
+def _reencrypt(settings: Settings, *, force: bool = False) -> int:
+    """Seal every row's payloads with the ring's first key, in batches, while everything runs.
+
+    Unless `force`d, only once the running processes are seen sealing with that key (the store's newest
+    payloads are): a row re-encrypted with a key they lack would read as failed to every one of them."""
     ring = settings.key_ring()
     if ring is None:
         raise ConfigError("MCP_TASKS_ENCRYPTION_KEYS: unset; set the ring to re-encrypt with (the new key first)")
@@ -112,6 +115,21 @@ def _reencrypt(settings: Settings) -> int:
         raise ConfigError(f"MCP_TASKS_DATABASE_URL: {problem}")
     engine = create_store_engine(settings.store_url)
     try:
+        newest = None if force else read(engine, newest_sealed_key)
+        if not force and newest != ring.primary_id:
+            sealed = (
+                "none of the store's newest payloads is sealed"
+                if newest is None
+                else f"the store's newest payloads are sealed with key {newest}"
+            )
+            print(
+                f"celery-mcp-tasks db reencrypt: {sealed}, not with {ring.primary_id}, the ring's first key: the "
+                "running processes do not seal with it yet, and a row sealed with a key they lack reads as failed "
+                f"to them. Restart every web process, worker and beat with {ring.primary_id} first in "
+                "MCP_TASKS_ENCRYPTION_KEYS, then run this again (--force: re-encrypt all the same)",
+                file=sys.stderr,
+            )
+            return 1
         done = reencrypt(engine, ring, batch_size=500)
     except sa.exc.SQLAlchemyError as exc:  # each batch is its own commit: what was done stays done
         print(
@@ -127,4 +145,4 @@ def _reencrypt(settings: Settings) -> int:
         f"{done.current} already were, {done.unreadable} sealed with a key not in the ring (left as they are), "
         f"{done.busy} kept changing (run it again)"
     )
-    return 1 if done.busy else 0
+    return 1 if done.busy or done.unreadable else 0

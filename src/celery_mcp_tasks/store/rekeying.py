@@ -34,17 +34,28 @@ _NEWEST = 50
 _READ = sa.select(tasks.c.key, tasks.c.version, tasks.c.created_at, *(tasks.c[name] for name in PAYLOADS))
 
 
+def _newest_sealed(conn: Connection) -> list[tuple[str, str]]:
+    """(row key, stored arguments) of the newest rows whose arguments are sealed, newest first."""
+    query = sa.select(tasks.c.key, tasks.c.arguments).order_by(tasks.c.updated_at.desc(), tasks.c.key.desc())
+    found = conn.execute(query.limit(_NEWEST)).all()  # read whole: the cursor is done before a caller returns
+    return [(str(key), stored) for key, stored in found if sealed_key_id(stored) is not None]
+
+
+def newest_sealed_key(conn: Connection) -> str | None:
+    """The id of the key that sealed the store's newest payloads: the one the running processes seal with
+    (None: nothing sealed among the newest rows)."""
+    newest = _newest_sealed(conn)
+    return sealed_key_id(newest[0][1]) if newest else None
+
+
 def ring_check(conn: Connection, ring: KeyRing | None) -> str | None:
     """Why a process with `ring` must not start on this store (one line naming the setting), or None.
 
     Decided on the newest sealed row: a process that cannot open what was written last has the wrong ring, or
     none. Older rows sealed with a key retired since read as failed tasks instead.
     """
-    query = sa.select(tasks.c.key, tasks.c.arguments).order_by(tasks.c.updated_at.desc(), tasks.c.key.desc())
-    for key, stored in conn.execute(query.limit(_NEWEST)).all():  # read whole: the cursor is done before a return
+    for key, stored in _newest_sealed(conn):
         key_id = sealed_key_id(stored)
-        if key_id is None:
-            continue
         if ring is None:
             return (
                 f"{ENCRYPTION_SETTING}: unset, but the task store holds encrypted payloads; "
