@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import pickle
 import sys
 import threading
 import time
@@ -28,6 +29,7 @@ from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.model import Run, Superseded, TaskRecord, TaskStatus, TerminalTask, now_ms, task_key
 from celery_mcp_tasks.service import TaskService
+from celery_mcp_tasks.store.base import StoreUnavailable
 from celery_mcp_tasks.store.sql import SqlStore
 from celery_mcp_tasks.worker import bridge
 from celery_mcp_tasks.worker.context import InputTimeout
@@ -233,8 +235,43 @@ def test_a_bridge_that_cannot_write_says_so_loudly(
             bridge.on_success(sender=unwritable_body, result=None)
     finally:
         unwritable_body.pop_request()
-    assert "tool 'unwritable_body': could not record completion; the reaper will settle the task" in caplog.text
+    assert "tool 'unwritable_body': could not record completion; the janitor will settle the task" in caplog.text
     assert task_id not in caplog.text
+
+
+class UnavailableStore(SqlStore):
+    def update(self, *args: Any, **kwargs: Any) -> TaskRecord:
+        raise StoreUnavailable("_locked", "OperationalError")
+
+
+def test_a_store_outage_at_the_outcome_is_one_warning_line_naming_the_setting(
+    tasks: McpTasks, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database is down as the job ends: one line, no traceback, nothing of the store's internals; the
+    exception itself, as Celery logs a job's, names no method either."""
+
+    @tasks.mcp_task
+    def outage_body() -> str:
+        return "ran"
+
+    task_id, _ = internals(tasks).service().create(owner=None, tool="outage_body", arguments={})
+    down = TaskService(UnavailableStore(internals(tasks).service().store.engine))
+    monkeypatch.setattr(tasks, "_service", lambda: down)
+    outage_body.push_request(headers=headers(task_id), retries=0, **{OUTCOME: {"content": []}})
+    try:
+        with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks.worker"):
+            bridge.on_success(sender=outage_body, result=None)
+    finally:
+        outage_body.pop_request()
+    [record] = [r for r in caplog.records if r.name.startswith("celery_mcp_tasks.worker")]
+    assert record.levelno == logging.WARNING and record.exc_info is None
+    assert record.getMessage() == (
+        "tool 'outage_body': could not record completion, the task store is unavailable (OperationalError; "
+        "MCP_TASKS_DATABASE_URL); the janitor sends the job again or fails the task after the stale timeout"
+    )
+    assert repr(StoreUnavailable("_locked", "OperationalError")) == "StoreUnavailable('The task store is unavailable')"
+    again = pickle.loads(pickle.dumps(StoreUnavailable("_locked", "OperationalError")))
+    assert (again.operation, again.reason, str(again)) == ("_locked", "OperationalError", StoreUnavailable.MESSAGE)
 
 
 # -- the context ---------------------------------------------------------------------------------

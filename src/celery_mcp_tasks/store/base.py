@@ -70,12 +70,15 @@ class StoreUnavailable(RuntimeError):
     MESSAGE = "The task store is unavailable"
 
     def __init__(self, operation: str = "", reason: str = "") -> None:
-        super().__init__(operation)
+        super().__init__(self.MESSAGE)  # its repr too (Celery logs a job's exception so) names no method of ours
         self.operation = operation  # the store method, e.g. "update": for a log line
         self.reason = reason  # what a log line may say of the cause (`store.failures.loggable`), never values
 
     def __str__(self) -> str:
         return self.MESSAGE
+
+    def __reduce__(self) -> tuple[type[StoreUnavailable], tuple[str, str]]:
+        return type(self), (self.operation, self.reason)  # pickled between Celery's processes whole
 
 
 Transition = Callable[[TaskRecord], TaskRecord]

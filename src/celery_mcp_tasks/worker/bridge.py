@@ -22,7 +22,7 @@ from celery.exceptions import WorkerLostError
 
 from celery_mcp_tasks.model import Run, TaskRecord, TerminalTask, failure, now_ms
 from celery_mcp_tasks.service import TaskService
-from celery_mcp_tasks.store.base import TaskNotFound
+from celery_mcp_tasks.store.base import StoreUnavailable, TaskNotFound
 from celery_mcp_tasks.worker import soft_limits, tracelog
 from celery_mcp_tasks.worker.job import FAILED_WITH, LAST_RECORD, OUTCOME, McpJob, failure_text, row_key, run_of
 
@@ -72,8 +72,16 @@ def _settle(sender: Any, request: Any, what: str, op: Op, *, next_attempt: bool 
             op(service, key, run, expected)
     except (TerminalTask, TaskNotFound):
         logger.debug("tool %r: %s ignored, task final, superseded or gone", sender.mcp_tool.name, what)
+    except StoreUnavailable as exc:  # said in one line: the cause is the database's, and the janitor recovers
+        logger.warning(
+            "tool %r: could not record %s, the task store is unavailable (%s; MCP_TASKS_DATABASE_URL); the janitor "
+            "sends the job again or fails the task after the stale timeout",
+            sender.mcp_tool.name,
+            what,
+            exc.reason or "no answer",
+        )
     except Exception:
-        logger.exception("tool %r: could not record %s; the reaper will settle the task", sender.mcp_tool.name, what)
+        logger.exception("tool %r: could not record %s; the janitor will settle the task", sender.mcp_tool.name, what)
 
 
 def _fail(message: str) -> Op:
