@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from celery_mcp_tasks.model import TaskStatus
 from celery_mcp_tasks.service import PayloadLimits, PayloadTooLarge, TaskService
 from celery_mcp_tasks.store import codec
-from celery_mcp_tasks.store.codec import payload_bytes
+from celery_mcp_tasks.store.codec import MAX_NESTING, PayloadTooDeep, payload_bytes, too_deep
 from celery_mcp_tasks.store.sql import SqlStore
 
 ELICIT = {"method": "elicitation/create", "params": {"message": "ok?", "requestedSchema": {"type": "object"}}}
@@ -105,3 +105,52 @@ def test_encode_is_compact() -> None:
     text = codec.encode(result)
     assert text == '{"content":[{"type":"text","text":"ok"}]}' and len(text.encode()) == payload_bytes(result)
     assert codec.encode(None) == "null" and codec.encode({}) == "{}" and codec.encode(()) == "[]"
+
+
+def nested(levels: int) -> list[object]:
+    """`levels` arrays, each inside the one before: `[[[...]]]`."""
+    value: list[object] = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+def test_nesting_is_counted_in_objects_and_arrays_alike() -> None:
+    assert not too_deep(nested(MAX_NESTING)) and too_deep(nested(MAX_NESTING + 1))
+    assert not too_deep({"a": nested(MAX_NESTING - 1)}) and too_deep({"a": {"b": nested(MAX_NESTING - 1)}})
+    assert not too_deep("[" * 1000) and not too_deep(None) and not too_deep({})
+    wide = {str(i): [{"x": [i]}] for i in range(1000)}  # wide, not deep
+    assert not too_deep(wide)
+
+
+@pytest.mark.parametrize("limits", [LIMITS.__getitem__, None], ids=["limits", "no limits"])
+def test_payloads_nested_too_deeply_are_refused_whatever_the_limits(
+    store: SqlStore, limits: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A few hundred brackets (~1 KB) would stop a prefork worker at every redelivery (its pool pickles the
+    arguments) or leave a row no process can parse: refused like a payload over its limit, nothing stored."""
+    service = TaskService(store, limits=limits)  # type: ignore[arg-type]
+    deep = {"ok": "yes", "extra": nested(500)}
+    with caplog.at_level(logging.WARNING), pytest.raises(PayloadTooDeep) as refused:
+        service.create(owner=None, tool="free", arguments=deep)
+    assert str(refused.value) == (f"Arguments nested too deeply: more than {MAX_NESTING} levels of objects and arrays")
+    assert isinstance(refused.value, PayloadTooLarge)  # refused wherever a payload too large is
+    with pytest.raises(PayloadTooDeep, match=r"^Answers nested too deeply"):
+        service.create(owner=None, tool="free", arguments={}, input_responses={"q": deep})
+    assert sum(store.count_by_status().values()) == 0
+    assert "a creation was refused: Arguments nested too deeply" in caplog.text
+
+    task_id, record = service.create(owner="sub:a", tool="free", arguments={"ok": "yes"})
+    asking = service.require_input(record.key, {"q": ELICIT})
+    with pytest.raises(PayloadTooDeep, match=r"^Answers nested too deeply"):
+        service.answer(task_id, "sub:a", {"q": {"action": "accept", "content": {"x": "y"}, "extra": nested(500)}})
+    assert store.get(record.key) == asking
+
+    resumed = service.answer(task_id, "sub:a", {"q": {"action": "accept", "content": {"x": "y"}}})
+    done = service.complete(record.key, {"content": [], "structuredContent": {"tree": nested(200)}}, expected=resumed)
+    assert done.status is TaskStatus.FAILED and done.result is None
+    assert done.error == {
+        "message": "The job's result was not stored: Result nested too deeply: more than "
+        f"{MAX_NESTING} levels of objects and arrays"
+    }
+    assert store.get(record.key) == done

@@ -35,7 +35,7 @@ from celery_mcp_tasks.model import (
 from celery_mcp_tasks.notify.base import Notifier, safe_notify
 from celery_mcp_tasks.observe import Observer, safe_observe
 from celery_mcp_tasks.store.base import Eviction, Quota, Store, TaskNotFound
-from celery_mcp_tasks.store.codec import PayloadTooLarge, payload_bytes, same_json
+from celery_mcp_tasks.store.codec import PayloadTooDeep, PayloadTooLarge, payload_bytes, same_json, too_deep
 
 if TYPE_CHECKING:
     from celery_mcp_tasks.store.ledger import Ledger
@@ -104,8 +104,14 @@ _ANSWERS = ("Answers", "MCP_TASKS_MAX_ANSWER_BYTES", "max_answer_bytes")
 _RESULT = ("Result", "MCP_TASKS_MAX_RESULT_BYTES", "max_result_bytes")
 
 
+_UNLIMITED = PayloadLimits()
+
+
 def _over(what: tuple[str, str, str], value: Any, limit: int | None) -> PayloadTooLarge | None:
-    """The refusal for `value` over `limit` (None when it fits or nothing limits it)."""
+    """The refusal for `value` nested too deeply (`PayloadTooDeep`, whatever the limits) or over `limit` bytes
+    (None when it fits)."""
+    if too_deep(value):
+        return PayloadTooDeep(what[0])
     if limit is None:
         return None
     size = payload_bytes(value)
@@ -157,14 +163,13 @@ class TaskService:
         `input_responses`: answers gathered before the task existed (MRTR); their keys count as used.
         `trace_context`: the W3C `traceparent` every send of the job carries.
         """
-        if self.limits is not None:
-            limits = self.limits(tool)
-            refused = _over(_ARGUMENTS, arguments, limits.arguments)
-            if refused is None and input_responses:  # answers given before the task existed are answers too
-                refused = _over(_ANSWERS, input_responses, limits.answers)
-            if refused is not None:
-                logger.warning("tool %r: a creation was refused: %s", tool, refused)
-                raise refused
+        limits = _UNLIMITED if self.limits is None else self.limits(tool)
+        refused = _over(_ARGUMENTS, arguments, limits.arguments)
+        if refused is None and input_responses:  # answers given before the task existed are answers too
+            refused = _over(_ANSWERS, input_responses, limits.answers)
+        if refused is not None:
+            logger.warning("tool %r: a creation was refused: %s", tool, refused)
+            raise refused
         at = self.clock()
         if idempotency_key is None:
             task_id = new_task_id()
@@ -257,8 +262,9 @@ class TaskService:
             nonlocal changed, resumed
             changed = resumed = False  # a CAS retry recomputes from the fresh row
             self._require_unexpired(record)
-            if self.limits is not None and not record.terminal:
-                refused = _over(_ANSWERS, responses, self.limits(record.tool).answers)
+            if not record.terminal:
+                limit = None if self.limits is None else self.limits(record.tool).answers
+                refused = _over(_ANSWERS, responses, limit)
                 if refused is not None:
                     logger.warning("tool %r: answers were refused: %s", record.tool, refused)
                     raise refused
@@ -395,18 +401,17 @@ class TaskService:
         *,
         expected: TaskRecord | None = None,
     ) -> TaskRecord:
-        limits = self.limits
-        if limits is None:
-            return self._write(key, lambda r: r.completed(result, self.clock(), message, run), expected)
-        sizes: list[int] = []  # measured once, however many times a CAS retry recomputes
+        refusals: list[PayloadTooLarge | None] = []  # judged once, however many times a CAS retry recomputes
 
         def transition(record: TaskRecord) -> TaskRecord:
-            """Completed with `result`, or failed when it is over the tool's limit (nothing of it kept)."""
-            limit = limits(record.tool).result
-            if limit is not None and not record.terminal:
-                sizes[:] = sizes or [payload_bytes(result)]
-                if sizes[0] > limit:
-                    refused = PayloadTooLarge(_RESULT[0], sizes[0], limit, _RESULT[1], _RESULT[2])
+            """Completed with `result`, or failed when it is over the tool's limit or nested too deeply (nothing
+            of it kept)."""
+            if not record.terminal:
+                if not refusals:
+                    limit = None if self.limits is None else self.limits(record.tool).result
+                    refusals.append(_over(_RESULT, result, limit))
+                refused = refusals[0]
+                if refused is not None:
                     logger.warning("tool %r: the job's result was refused, the task fails: %s", record.tool, refused)
                     reason = f"The job's result was not stored: {refused}"
                     return record.failed(failure(reason), self.clock(), reason, run)

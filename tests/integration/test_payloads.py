@@ -148,6 +148,37 @@ def test_a_result_within_the_limit_completes(client: McpHttp):
     assert done["status"] == "completed" and done["result"]["content"][0]["text"] == "r" * 100
 
 
+def test_payloads_nested_too_deeply_are_refused_and_the_worker_runs_on(
+    client: McpHttp, backend: Backend, deployment: Deployment
+):
+    """500 nested arrays (~1 KB, far under every byte limit) stopped the prefork worker at every redelivery
+    (its pool pickles the arguments: RecursionError), and in an answer left the task unreadable: -32602."""
+    deep: list[Any] = []
+    for _ in range(499):
+        deep = [deep]
+    before = len(rows(backend.store_url))
+    for options in ({}, {"capabilities": {"elicitation": {}}}):  # the tasks extension, then the synchronous path
+        reply = client.call_tool("secret_echo", {"secret": "s", "extra": deep}, **options)
+        assert reply["error"]["code"] == -32602, reply
+        assert reply["error"]["message"].startswith("Arguments nested too deeply: more than 100 levels")
+    assert len(rows(backend.store_url)) == before
+
+    task_id = client.create("secret_echo", {"secret": "s"})
+    client.wait_for(task_id, "input_required")
+    refused = client.task(
+        "tasks/update",
+        task_id,
+        inputResponses={"confirm": {"action": "accept", "content": {"answer": "y"}, "extra": deep}},
+    )
+    assert refused["error"]["code"] == -32602
+    assert refused["error"]["message"].startswith("Answers nested too deeply")
+    assert client.get(task_id)["status"] == "input_required"
+    assert "error" not in answer(client, task_id, "confirm", {"answer": "y"})
+    done = client.wait_for(task_id)  # the worker is alive: it runs the answered task to its end
+    assert done["status"] == "completed", done
+    assert "RecursionError" not in deployment.logs()
+
+
 def test_arguments_over_the_limit_are_refused_the_same_way_on_the_2025_eras(client: McpHttp, backend: Backend):
     before = len(rows(backend.store_url))
     for version in ("2025-06-18", "2025-11-25"):

@@ -70,14 +70,49 @@ def payload_bytes(value: Any) -> int:
     return len(encode(value).encode())
 
 
+MAX_NESTING: Final = 100
+"""The deepest a payload may nest objects and arrays. What carries a job is recursive (the prefork pool pickles
+its arguments, a read parses the row's JSON): a client's few hundred nested brackets, ~1 KB, would stop a worker
+at every redelivery, or leave a row no process can read. No tool's input needs a tenth of it."""
+
+
+_NESTING = (Mapping, list, tuple)
+
+
+def too_deep(value: Any, limit: int = MAX_NESTING) -> bool:
+    """Whether `value` nests objects and arrays more than `limit` levels deep (the value itself is level 1)."""
+    if not isinstance(value, _NESTING):
+        return False
+    pending: list[tuple[Any, int]] = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, Mapping) else item
+        pending.extend((child, depth + 1) for child in children if isinstance(child, _NESTING))
+    return False
+
+
 class PayloadTooLarge(ValueError):
     """A payload over its limit. The text names the limit and the setting, never the payload."""
+
+    size: int | None
+    setting: str | None
 
     def __init__(self, what: str, size: int, limit: int, setting: str, option: str) -> None:
         super().__init__(
             f"{what} too large: {size} bytes, over the limit of {limit} bytes ({setting}, or @mcp_task({option}=...))"
         )
         self.what, self.size, self.limit, self.setting = what, size, limit, setting
+
+
+class PayloadTooDeep(PayloadTooLarge):
+    """A payload nested deeper than `MAX_NESTING` levels: too large in depth, whatever its bytes (refused
+    wherever `PayloadTooLarge` is). A fixed limit of the runtime, no setting."""
+
+    def __init__(self, what: str) -> None:
+        ValueError.__init__(self, f"{what} nested too deeply: more than {MAX_NESTING} levels of objects and arrays")
+        self.what, self.size, self.limit, self.setting = what, None, MAX_NESTING, None
 
 
 class UnreadablePayload(Exception):
