@@ -289,3 +289,22 @@ def test_a_malformed_legacy_task_param_is_ignored_on_2026_07_28(world: tuple[Tes
             created += 1
     assert created and refused  # both kinds were sent
     assert rows(engine) == before + created
+
+
+@pytest.mark.parametrize("method", ["tasks/get", "tasks/cancel", "tasks/update"])
+@pytest.mark.parametrize("task_id", [5, None, ["t"], True, {"id": "t"}, "absent"])
+def test_a_task_id_missing_or_not_a_string_is_invalid_params_naming_it(
+    world: tuple[TestClient, sa.Engine], method: str, task_id: Any
+) -> None:
+    """-32602 saying what is wrong (was the SDK's bare "Invalid request parameters"), before the routing name's
+    check: a body's `taskId` that is not a string is the params' mistake, not the header's (whether one came)."""
+    client, _ = world
+    params: dict[str, Any] = {"_meta": meta_with(), "inputResponses": {}}
+    if task_id != "absent":
+        params["taskId"] = task_id
+    for name in ({"Mcp-Name": json.dumps(task_id)}, {}):
+        headers = ACCEPT | {"MCP-Protocol-Version": PROTOCOL, "Mcp-Method": method} | name
+        body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
+        response = client.post("/mcp", content=json.dumps(body), headers=headers)
+        assert response.status_code == 400, response.text
+        assert response.json()["error"] == {"code": -32602, "message": "Invalid params: taskId must be a string"}

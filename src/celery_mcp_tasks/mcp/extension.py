@@ -39,6 +39,7 @@ from celery_mcp_tasks.mcp.wire import (
     quota_exceeded,
     require_routing_name,
     store_unavailable,
+    task_id_of,
 )
 from celery_mcp_tasks.model import DEFAULT, InvalidInputResponse, TaskRecord
 from celery_mcp_tasks.notify.hub import Hub
@@ -240,10 +241,13 @@ class TasksExtension(Extension):
 
     # -- tasks/get | update | cancel --------------------------------------------------------
 
-    def _guard(self, ctx: ServerRequestContext[Any, Any], task_id: str) -> None:
+    def _guard(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> str:
+        """The request's task id, once its routing name and the extension are checked."""
+        task_id = task_id_of(params)
         require_routing_name(ctx, task_id)
         if not declared_extension(ctx):
             raise missing_extension()
+        return task_id
 
     async def _lookup(self, fn: Callable[[], T], method: str) -> T:
         """`fn` on the bounded pool (`_run`); a missing, foreign or expired task answers "not found"."""
@@ -255,16 +259,16 @@ class TasksExtension(Extension):
             raise invalid_params("Failed to retrieve task: Task has expired") from None
 
     async def get(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
-        self._guard(ctx, params.task_id)
-        record = await self._lookup(partial(self._service().get, params.task_id, current_principal()), "tasks/get")
-        return {**_COMPLETE, **render_task(params.task_id, record)}
+        task_id = self._guard(ctx, params)
+        record = await self._lookup(partial(self._service().get, task_id, current_principal()), "tasks/get")
+        return {**_COMPLETE, **render_task(task_id, record)}
 
     async def update(self, ctx: ServerRequestContext[Any, Any], params: UpdateParams) -> dict[str, Any]:
-        self._guard(ctx, params.task_id)
+        task_id = self._guard(ctx, params)
         responses = params.input_responses
         if not isinstance(responses, dict):
             raise invalid_params("inputResponses must be an object")
-        answer = partial(self._service().answer, params.task_id, current_principal(), responses)
+        answer = partial(self._service().answer, task_id, current_principal(), responses)
         try:
             await self._lookup(answer, "tasks/update")
         except (InvalidInputResponse, PayloadTooLarge) as exc:  # nothing was changed
@@ -272,7 +276,7 @@ class TasksExtension(Extension):
         return dict(_COMPLETE)
 
     async def cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
-        self._guard(ctx, params.task_id)
+        task_id = self._guard(ctx, params)
         # The service revokes the job (off this request's path) when this call cancelled it.
-        await self._lookup(partial(self._service().cancel, params.task_id, current_principal()), "tasks/cancel")
+        await self._lookup(partial(self._service().cancel, task_id, current_principal()), "tasks/cancel")
         return dict(_COMPLETE)

@@ -36,7 +36,8 @@ RELATED_TASK_META_KEY = "io.modelcontextprotocol/related-task"
 
 
 class TaskIdParams(RequestParams):
-    task_id: str = Field(alias="taskId")
+    # Any JSON here: a taskId missing or not a string is answered with our -32602 naming it (`task_id_of`).
+    task_id: Any = Field(default=None, alias="taskId")
 
 
 class UpdateParams(TaskIdParams):
@@ -150,6 +151,14 @@ def missing_capability(required: dict[str, Any], what: str) -> MCPError:
 
 def missing_extension(what: str = EXTENSION_ID) -> MCPError:
     return missing_capability({"extensions": {EXTENSION_ID: {}}}, what)
+
+
+def task_id_of(params: TaskIdParams) -> str:
+    """`params.taskId`, or -32602 naming it when it is missing or not a string (before the routing name's check,
+    which compares a string)."""
+    if not isinstance(params.task_id, str):
+        raise invalid_params("Invalid params: taskId must be a string")
+    return params.task_id
 
 
 def require_routing_name(ctx: ServerRequestContext[Any, Any], task_id: str) -> None:
