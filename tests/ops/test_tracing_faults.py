@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from opentelemetry.util.types import Attributes
 
 from celery_mcp_tasks import propagation
 from celery_mcp_tasks.config import Settings
-from celery_mcp_tasks.model import new_task_id, task_key
+from celery_mcp_tasks.model import TaskStatus, new_task_id, task_key
 from celery_mcp_tasks.ops import tracing
 from celery_mcp_tasks.worker.job import DISPATCH_HEADER, KEY_HEADER
 from tests.builders import record
@@ -215,3 +216,24 @@ def test_inside_a_recording_span_a_creation_adds_its_attributes_not_a_span(monke
         tracing.KEY_PREFIX: "ab12cd34",
         tracing.STATUS: "working",
     }
+
+
+def test_a_status_set_by_a_tasks_request_names_its_task_on_that_requests_span(monkeypatch: pytest.MonkeyPatch):
+    """`tasks/cancel` runs in the caller's trace, not the task's: its span says which task (tool, key prefix)
+    it changed, with the status event, never the id."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    use_provider(monkeypatch, provider)
+    working = record(key="ab12cd34" * 8, tool="report")
+    with provider.get_tracer("sdk").start_as_current_span("tasks/cancel"):
+        tracing.Tracing().task_changed(working, replace(working, status=TaskStatus.CANCELLED, version=2))
+    (span,) = exporter.get_finished_spans()
+    assert dict(span.attributes or {}) == {
+        propagation.TOOL: "report",
+        tracing.KEY_PREFIX: "ab12cd34",
+        tracing.STATUS: "cancelled",
+    }
+    assert [(event.name, dict(event.attributes or {})) for event in span.events] == [
+        ("mcp_task.status", {tracing.STATUS: "cancelled"})
+    ]

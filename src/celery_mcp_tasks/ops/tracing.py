@@ -333,19 +333,18 @@ class Tracing(Plugin):
         _connect_run_spans()
 
     def task_changed(self, before: TaskRecord | None, after: TaskRecord) -> None:
-        """Each status a write sets is an attribute and an event on the span current there (a run, a
-        `tasks/*`); a creation's is attributes only (tool, key prefix, status) on the span the row is
-        inserted in: its time is the span's own, and an event costs ~0.7 % of a creation (callgrind)."""
+        """Each status a write sets is attributes (tool, key prefix, status) on the span current there (a run,
+        a `tasks/*` request: which task it changed, as its own trace is the caller's) and, after the creation, an
+        event; a creation's is attributes only, on the span the row is inserted in: its time is the span's own,
+        and an event costs ~0.7 % of a creation (callgrind)."""
         if before is not None and before.status is after.status:
             return
         span = trace.get_current_span()
         if not span.is_recording():
             return
-        if before is None:
-            span.set_attributes({TOOL: after.tool, KEY_PREFIX: after.key[:KEY_SHOWN], STATUS: after.status.value})
-            return
-        span.set_attribute(STATUS, after.status.value)
-        span.add_event("mcp_task.status", {STATUS: after.status.value})
+        span.set_attributes({TOOL: after.tool, KEY_PREFIX: after.key[:KEY_SHOWN], STATUS: after.status.value})
+        if before is not None:
+            span.add_event("mcp_task.status", {STATUS: after.status.value})
 
     def serving(self) -> Any:
         return None if self.exporter is None else _provider_while_serving(self.exporter, self._name)
