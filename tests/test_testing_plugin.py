@@ -172,6 +172,25 @@ def test_without_an_app_named_the_fixtures_say_how_to_name_one(pytester: pytest.
     result.stdout.fnmatch_lines(["*name the app to serve: `mcp_tasks_app = myapp.tasks` in the pytest configuration*"])
 
 
+def test_pytest_asyncio_in_auto_mode_is_refused_in_one_line_before_anything_starts(pytester: pytest.Pytester) -> None:
+    """With pytest-asyncio's auto mode the client fixture ran on its event loop and every call hung (until a
+    timeout killed pytest): the fixture says so instead. Its default, strict mode, is left alone."""
+    pytester.makeini("[pytest]\nmcp_tasks_app = tests.apps.runtime_app\nasyncio_mode = auto\n")
+    pytester.makepyfile(
+        test_hangs="""
+        import pytest
+
+        @pytest.mark.anyio
+        async def test_call(mcp_tasks_client):
+            await mcp_tasks_client.call_tool("slow_echo", {"text": "x"})
+        """
+    )
+    result = pytester.runpytest_subprocess(timeout=120)  # pytest-asyncio loads as an installed plugin does
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*pytest-asyncio's asyncio_mode=auto takes it over*asyncio_mode = strict*"])
+    assert not list(pytester.path.rglob("dev.log"))  # no deployment was started for it
+
+
 def test_a_server_of_the_users_own_gets_no_deployment_started_for_its_log(pytester: pytest.Pytester) -> None:
     """`mcp_tasks_server` overridden (a server the user runs): the client's log mark starts nothing and marks nothing."""
     pytester.makeconftest(
@@ -232,6 +251,34 @@ def test_a_dev_that_ignores_sigterm_is_killed_with_its_worker_in_its_own_session
         wait_until(lambda: not _alive(worker_pid), 10, "the worker's group to be killed too")
     finally:
         for pgid in testing._groups_mentioning(data) | ({proc.pid} if proc.poll() is None else set()):
+            testing._killpg(pgid)
+
+
+KILLED_RUN = """
+import sys, time
+from pathlib import Path
+from celery_mcp_tasks import testing
+deployment = testing.start_deployment("tests.apps.runtime_app", Path(sys.argv[1]), cwd=Path(sys.argv[2]))
+print(deployment.proc.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_test_run_killed_outright_takes_its_deployment_with_it(tmp_path: Path) -> None:
+    """A CI job's timeout SIGKILLs pytest: `dev` gets SIGTERM and stops its worker; nothing is left running."""
+    data = tmp_path / "data"
+    run = subprocess.Popen([sys.executable, "-c", KILLED_RUN, str(data), str(ROOT)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert run.stdout is not None
+        dev_pid = int(run.stdout.readline())
+        assert testing._groups_mentioning(data), "the deployment runs"
+        run.kill()
+        run.wait(10)
+        wait_until(lambda: not _alive(dev_pid), 30, "dev to stop once the test run was killed")
+        wait_until(lambda: not testing._groups_mentioning(data), 30, "the worker to stop with dev")
+    finally:
+        run.kill()
+        for pgid in testing._groups_mentioning(data):
             testing._killpg(pgid)
 
 

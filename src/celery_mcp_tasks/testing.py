@@ -253,6 +253,8 @@ def start_deployment(
     if any(name in (env or {}) for name in _SERVICES):
         argv.append("--keep-env")  # the database and broker `env` names, not the embedded ones
     served_env = _process_env(workdir, data_dir, env or {}, pythonpath)
+    from celery_mcp_tasks.cli.shared import die_with_parent
+
     with log.open("wb") as handle:
         proc = subprocess.Popen(
             argv,
@@ -261,7 +263,9 @@ def start_deployment(
             stdin=subprocess.DEVNULL,
             stdout=handle,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
+            start_new_session=True,  # a Ctrl-C in the terminal is pytest's to handle, not the deployment's
+            # pytest killed outright (a CI job's timeout) ends the deployment too: `dev` stops its worker
+            preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
         )
     deployment = Deployment(app, f"http://{host}:{port}/mcp", data_dir, proc, log)
     deadline = time.monotonic() + timeout_s
@@ -427,8 +431,27 @@ def mcp_tasks_extension() -> TasksClient:
     return TasksClient(timeout=CALL_TIMEOUT_S)
 
 
+@pytest.fixture(scope="session")  # set up before the module's server: nothing is started for a test that would hang
+def _mcp_tasks_on_anyio(request: pytest.FixtureRequest) -> None:
+    """The client fixture is anyio's (the SDK's runner): pytest-asyncio in auto mode would take it over and run
+    it on an event loop of its own, where every call hangs. Said before anything is started."""
+    config = request.config
+    try:
+        mode = config.getoption("asyncio_mode", None) or config.getini("asyncio_mode")
+    except ValueError:  # pytest-asyncio is not installed: no such option
+        return
+    if mode == "auto":
+        pytest.fail(
+            "mcp_tasks_client runs under anyio (@pytest.mark.anyio); pytest-asyncio's asyncio_mode=auto takes it "
+            "over and its calls hang: set asyncio_mode = strict (pytest-asyncio's default) in the pytest "
+            "configuration",
+            pytrace=False,
+        )
+
+
 @pytest.fixture
 async def mcp_tasks_client(
+    _mcp_tasks_on_anyio: None,
     mcp_tasks_server: str,
     mcp_tasks_extension: TasksClient,
     mcp_tasks_answers: ScriptedAnswers,

@@ -231,8 +231,9 @@ def banner(tasks: Any) -> list[str]:
     return [f"  store   {store}", f"  broker  {broker}", f"  data    {display_path(data_dir)}"]
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Linux: the worker gets SIGTERM (a warm shutdown) if `dev` is killed outright."""
+def die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Linux, as a `preexec_fn`: the child gets SIGTERM (a warm shutdown) when its parent is killed outright
+    (the worker when `dev` is; `dev` when the pytest run that started it is)."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
@@ -311,7 +312,7 @@ class WorkerSupervisor:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
         )
         output = threading.Thread(target=self._forward, name="celery-mcp-tasks-worker-output", daemon=True)
         output.start()
