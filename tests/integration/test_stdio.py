@@ -50,6 +50,13 @@ def shout(text: str) -> str:
     """Prints in the worker, then answers."""
     print(f"shouting {text}")
     return text.upper()
+
+
+@tasks.server.tool()
+def echo(text: str) -> str:
+    """A plain tool of the web side: prints in the server process itself."""
+    print(f"echoing {text}", end="")  # no newline: held in sys.stdout's buffer until the process ends
+    return text
 '''
 
 
@@ -182,7 +189,8 @@ def _send(proc: subprocess.Popen[bytes], message: dict[str, Any]) -> None:
 
 def _launch(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[bytes], Path]:
     err = tmp_path / "stderr.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MCP_TASKS_", "CELERY_"))}
+    # As a desktop client launches it: no settings of this machine, and Python's own buffering of stdout.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MCP_TASKS_", "CELERY_", "PYTHONUNBUFFERED"))}
     proc = subprocess.Popen(
         [sys.executable, "-m", "celery_mcp_tasks.cli", "stdio", *args],
         stdin=subprocess.PIPE,
@@ -235,6 +243,34 @@ def test_stdout_carries_json_rpc_only_even_from_an_app_that_prints(tmp_path: Pat
     assert "celery-mcp-tasks stdio: serving noisy_app over stdin/stdout" in log
     assert "  data    .celery-mcp-tasks" in log  # the default data dir, in --directory
     assert (project / ".celery-mcp-tasks" / "tasks.db").is_file()
+    _nothing_left(project)
+
+
+def test_what_the_server_process_prints_never_follows_the_last_message_on_stdout(tmp_path: Path) -> None:
+    """A web-side tool's print sat in sys.stdout's buffer past the wire's end, and the SDK had given fd 1 back
+    to stdout by then: it came out after the last JSON-RPC message. The client closes stdin here (the SDK's
+    way), so the process ends normally and flushes."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "noisy_app.py").write_text(NOISY_APP)
+    proc, err = _launch(tmp_path, "noisy_app", "--directory", str(project))
+    try:
+        _initialize_legacy(proc)
+        _send(proc, {"id": 2, "method": "tools/call", "params": {"name": "echo", "arguments": {"text": "hi"}}})
+        reply = _read_message(proc, 60)
+        assert reply["id"] == 2 and reply["result"]["content"][0]["text"] == "hi", reply
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.close()
+        rest = proc.stdout.read()
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert b"echoing" not in rest, rest
+    for line in rest.splitlines():
+        assert json.loads(line)["jsonrpc"] == "2.0", line
+    assert "echoing hi" in err.read_text()
     _nothing_left(project)
 
 
@@ -304,6 +340,24 @@ def test_a_bad_app_is_one_line_on_stderr_and_nothing_on_stdout(tmp_path: Path) -
         f"celery-mcp-tasks: cannot import 'no_such_module.tasks' (APP is a module path such as myapp.tasks, "
         f"importable from {tmp_path})"
     ]
+
+
+def test_an_app_missing_a_dependency_is_not_said_to_be_missing_itself(tmp_path: Path) -> None:
+    """`pandas_tasks.py` importing a `pandas` that is not installed: the app is there, its dependency is not
+    (the check compared names by prefix, and blamed the APP path)."""
+    (tmp_path / "needy_tasks.py").write_text("import needy\n")
+    run = subprocess.run(
+        [sys.executable, "-m", "celery_mcp_tasks.cli", "stdio", "needy_tasks", "--data-dir", str(tmp_path)],
+        cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if not k.startswith(("MCP_TASKS_", "CELERY_"))},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 1 and run.stdout == ""
+    assert "cannot import 'needy_tasks'" not in run.stderr
+    assert "ModuleNotFoundError: No module named 'needy'" in run.stderr
 
 
 def test_a_worker_is_started_by_default_only_on_the_embedded_broker() -> None:

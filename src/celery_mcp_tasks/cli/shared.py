@@ -69,7 +69,7 @@ def _import_app(path: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        if exc.name and module_name.startswith(exc.name):
+        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):  # APP, not its imports
             raise SystemExit(
                 f"celery-mcp-tasks: cannot import {module_name!r} (APP is a module path such as "
                 f"myapp.tasks, importable from {os.getcwd()})"

@@ -98,7 +98,18 @@ async def serve(tasks: Any, worker: WorkerSupervisor | None) -> None:
             group.start_soon(on_worker_death)
         async with internals(tasks).serving(exit_signals=False):  # what `asgi_app()`'s lifespan runs
             await tasks.server.run_stdio_async()
+            wire_closed()
         group.cancel_scope.cancel()
+
+
+def wire_closed() -> None:
+    """The wire is over and the SDK gave fd 1 back to stdout: point it at stderr for the rest of the process, so
+    what the app printed and `sys.stdout` still buffers never follows the last message."""
+    try:
+        os.dup2(2, 1)
+        sys.stdout.flush()
+    except (OSError, ValueError):  # a closed stdout: nothing of it can follow the wire either
+        pass
 
 
 def finish(worker: WorkerSupervisor | None, outcome: str) -> int:
