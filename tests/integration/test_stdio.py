@@ -324,9 +324,10 @@ def test_a_dead_worker_ends_the_server_with_one_line(tmp_path: Path) -> None:
     _nothing_left(data)
 
 
-def test_a_bad_app_is_one_line_on_stderr_and_nothing_on_stdout(tmp_path: Path) -> None:
-    run = subprocess.run(
-        [sys.executable, "-m", "celery_mcp_tasks.cli", "stdio", "no_such_module.tasks", "--data-dir", str(tmp_path)],
+def _refused_start(tmp_path: Path, app: str) -> subprocess.CompletedProcess[str]:
+    """`stdio APP` run from `tmp_path` with stdin closed, for an APP that cannot start."""
+    return subprocess.run(
+        [sys.executable, "-m", "celery_mcp_tasks.cli", "stdio", app, "--data-dir", str(tmp_path)],
         cwd=tmp_path,
         env={k: v for k, v in os.environ.items() if not k.startswith(("MCP_TASKS_", "CELERY_"))},
         stdin=subprocess.DEVNULL,
@@ -334,6 +335,10 @@ def test_a_bad_app_is_one_line_on_stderr_and_nothing_on_stdout(tmp_path: Path) -
         text=True,
         timeout=60,
     )
+
+
+def test_a_bad_app_is_one_line_on_stderr_and_nothing_on_stdout(tmp_path: Path) -> None:
+    run = _refused_start(tmp_path, "no_such_module.tasks")
     assert run.returncode == 1
     assert run.stdout == ""
     assert run.stderr.strip().splitlines() == [
@@ -346,15 +351,7 @@ def test_an_app_missing_a_dependency_is_not_said_to_be_missing_itself(tmp_path: 
     """`pandas_tasks.py` importing a `pandas` that is not installed: the app is there, its dependency is not
     (the check compared names by prefix, and blamed the APP path)."""
     (tmp_path / "needy_tasks.py").write_text("import needy\n")
-    run = subprocess.run(
-        [sys.executable, "-m", "celery_mcp_tasks.cli", "stdio", "needy_tasks", "--data-dir", str(tmp_path)],
-        cwd=tmp_path,
-        env={k: v for k, v in os.environ.items() if not k.startswith(("MCP_TASKS_", "CELERY_"))},
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    run = _refused_start(tmp_path, "needy_tasks")
     assert run.returncode == 1 and run.stdout == ""
     assert "cannot import 'needy_tasks'" not in run.stderr
     assert "ModuleNotFoundError: No module named 'needy'" in run.stderr
