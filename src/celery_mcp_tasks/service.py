@@ -107,15 +107,14 @@ _RESULT = ("Result", "MCP_TASKS_MAX_RESULT_BYTES", "max_result_bytes")
 _UNLIMITED = PayloadLimits()
 
 
-def _over(what: tuple[str, str, str], value: Any, limit: int | None) -> PayloadTooLarge | None:
-    """The refusal for `value` nested too deeply (`PayloadTooDeep`, whatever the limits) or over `limit` bytes
-    (None when it fits)."""
-    if too_deep(value):
-        return PayloadTooDeep(what[0])
-    if limit is None:
-        return None
-    size = payload_bytes(value)
-    return None if size <= limit else PayloadTooLarge(what[0], size, limit, what[1], what[2])
+def _over(what: tuple[str, str, str], value: Any, limit: int | None, *, nesting: bool = True) -> PayloadTooLarge | None:
+    """The refusal for `value` over `limit` bytes, or (a client's, `nesting`) nested too deeply whatever the
+    limits (`PayloadTooDeep`); None when it fits."""
+    if limit is not None:
+        size = payload_bytes(value)
+        if size > limit:
+            return PayloadTooLarge(what[0], size, limit, what[1], what[2])
+    return PayloadTooDeep(what[0]) if nesting and too_deep(value) else None
 
 
 @dataclass
@@ -257,14 +256,17 @@ class TaskService:
         """`answer` by row key (a synchronous call's hidden task; owner-scoped when `owner` is given)."""
         changed = resumed = False
         dispatch = self.dispatcher is not None
+        refusals: list[PayloadTooLarge | None] = []  # judged once, however many times a CAS retry recomputes
 
         def transition(record: TaskRecord) -> TaskRecord:
             nonlocal changed, resumed
             changed = resumed = False  # a CAS retry recomputes from the fresh row
             self._require_unexpired(record)
             if not record.terminal:
-                limit = None if self.limits is None else self.limits(record.tool).answers
-                refused = _over(_ANSWERS, responses, limit)
+                if not refusals:
+                    limit = None if self.limits is None else self.limits(record.tool).answers
+                    refusals.append(_over(_ANSWERS, responses, limit))
+                refused = refusals[0]
                 if refused is not None:
                     logger.warning("tool %r: answers were refused: %s", record.tool, refused)
                     raise refused
@@ -404,12 +406,11 @@ class TaskService:
         refusals: list[PayloadTooLarge | None] = []  # judged once, however many times a CAS retry recomputes
 
         def transition(record: TaskRecord) -> TaskRecord:
-            """Completed with `result`, or failed when it is over the tool's limit or nested too deeply (nothing
-            of it kept)."""
+            """Completed with `result`, or failed when it is over the tool's limit (nothing of it kept)."""
             if not record.terminal:
                 if not refusals:
                     limit = None if self.limits is None else self.limits(record.tool).result
-                    refusals.append(_over(_RESULT, result, limit))
+                    refusals.append(_over(_RESULT, result, limit, nesting=False))  # no client's input
                 refused = refusals[0]
                 if refused is not None:
                     logger.warning("tool %r: the job's result was refused, the task fails: %s", record.tool, refused)

@@ -253,7 +253,7 @@ def start_deployment(
     if any(name in (env or {}) for name in _SERVICES):
         argv.append("--keep-env")  # the database and broker `env` names, not the embedded ones
     served_env = _process_env(workdir, data_dir, env or {}, pythonpath)
-    from celery_mcp_tasks.cli.shared import die_with_parent
+    from celery_mcp_tasks.cli.shared import dies_with_parent
 
     with log.open("wb") as handle:
         proc = subprocess.Popen(
@@ -265,7 +265,8 @@ def start_deployment(
             stderr=subprocess.STDOUT,
             start_new_session=True,  # a Ctrl-C in the terminal is pytest's to handle, not the deployment's
             # pytest killed outright (a CI job's timeout) ends the deployment too: `dev` stops its worker
-            preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
+            # (Linux, started from the main thread; else the session's end alone)
+            preexec_fn=dies_with_parent(),
         )
     deployment = Deployment(app, f"http://{host}:{port}/mcp", data_dir, proc, log)
     deadline = time.monotonic() + timeout_s

@@ -231,13 +231,25 @@ def banner(tasks: Any) -> list[str]:
     return [f"  store   {store}", f"  broker  {broker}", f"  data    {display_path(data_dir)}"]
 
 
-def die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Linux, as a `preexec_fn`: the child gets SIGTERM (a warm shutdown) when its parent is killed outright
-    (the worker when `dev` is; `dev` when the pytest run that started it is)."""
+def dies_with_parent() -> Callable[[], None] | None:
+    """A `preexec_fn` by which the child gets SIGTERM (a warm shutdown) when this process is killed outright (the
+    worker when `dev` is; `dev` when the pytest run that started it is), or None where that cannot hold: not
+    Linux, or not the main thread (the kernel signals when the starting *thread* ends). `prctl` is looked up
+    here, not between fork and exec."""
+    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+        return None
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        pass
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:  # pragma: no cover - runs in the child between fork and exec
+        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before that took effect
+            os._exit(1)
+
+    return preexec
 
 
 def claim_data_dir(folder: Path, command: str) -> IO[str] | None:
@@ -312,7 +324,7 @@ class WorkerSupervisor:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
+            preexec_fn=dies_with_parent(),
         )
         output = threading.Thread(target=self._forward, name="celery-mcp-tasks-worker-output", daemon=True)
         output.start()

@@ -78,6 +78,7 @@ async def serve(tasks: Any, worker: WorkerSupervisor | None) -> None:
         with anyio.move_on_after(ABANDON_S):
             await anyio.to_thread.run_sync(abandon, abandon_on_cancel=True)  # a hung store is left to the exit
         status = finish(worker, outcome)
+        wire_closed()  # what the app printed and is still buffered goes to stderr, not lost
         logging.shutdown()  # leaving now: what is buffered is written, nothing else runs
         sys.stderr.flush()
         os._exit(status)
@@ -97,8 +98,10 @@ async def serve(tasks: Any, worker: WorkerSupervisor | None) -> None:
         if worker is not None:
             group.start_soon(on_worker_death)
         async with internals(tasks).serving(exit_signals=False):  # what `asgi_app()`'s lifespan runs
-            await tasks.server.run_stdio_async()
-            wire_closed()
+            try:
+                await tasks.server.run_stdio_async()
+            finally:
+                wire_closed()
         group.cancel_scope.cancel()
 
 

@@ -71,26 +71,24 @@ def payload_bytes(value: Any) -> int:
 
 
 MAX_NESTING: Final = 100
-"""The deepest a payload may nest objects and arrays. What carries a job is recursive (the prefork pool pickles
-its arguments, a read parses the row's JSON): a client's few hundred nested brackets, ~1 KB, would stop a worker
-at every redelivery, or leave a row no process can read. No tool's input needs a tenth of it."""
+"""The deepest a client's payload (arguments, answers) may nest objects and arrays. What carries a job is
+recursive (the prefork pool pickles its arguments, a read parses the row's JSON): a few hundred nested brackets,
+~1 KB, would stop a worker at every redelivery, or leave a row no process can read. No tool's input needs a
+tenth of it. A job's own result is not held to it (it is no client's input, and never pickled)."""
 
 
-_NESTING = (Mapping, list, tuple)
+_CONTAINERS = (dict, list, tuple)  # what `encode` writes as JSON objects and arrays (another Mapping: a string)
 
 
 def too_deep(value: Any, limit: int = MAX_NESTING) -> bool:
-    """Whether `value` nests objects and arrays more than `limit` levels deep (the value itself is level 1)."""
-    if not isinstance(value, _NESTING):
+    """Whether `value` nests objects and arrays more than `limit` levels deep (the value itself is level 1).
+    Recursive, at most `limit` calls deep, and it stops at the first path over."""
+    if not isinstance(value, _CONTAINERS):
         return False
-    pending: list[tuple[Any, int]] = [(value, 1)]
-    while pending:
-        item, depth = pending.pop()
-        if depth > limit:
-            return True
-        children = item.values() if isinstance(item, Mapping) else item
-        pending.extend((child, depth + 1) for child in children if isinstance(child, _NESTING))
-    return False
+    if limit < 1:
+        return True
+    children = value.values() if isinstance(value, dict) else value
+    return any(isinstance(child, _CONTAINERS) and too_deep(child, limit - 1) for child in children)
 
 
 class PayloadTooLarge(ValueError):
@@ -107,8 +105,8 @@ class PayloadTooLarge(ValueError):
 
 
 class PayloadTooDeep(PayloadTooLarge):
-    """A payload nested deeper than `MAX_NESTING` levels: too large in depth, whatever its bytes (refused
-    wherever `PayloadTooLarge` is). A fixed limit of the runtime, no setting."""
+    """A client's payload nested deeper than `MAX_NESTING` levels: too large in depth, whatever its bytes
+    (refused wherever `PayloadTooLarge` is). A fixed limit of the runtime, no setting."""
 
     def __init__(self, what: str) -> None:
         ValueError.__init__(self, f"{what} nested too deeply: more than {MAX_NESTING} levels of objects and arrays")
