@@ -17,6 +17,7 @@ from typing import Any, Literal
 from mcp.server.mcpserver.tools import Tool
 from pydantic import ValidationError
 
+from celery_mcp_tasks.mcp.wire import json_integer
 from celery_mcp_tasks.protocol import INPUT_CAPABILITIES
 
 TaskMode = Literal["optional", "required", "forbidden"]
@@ -24,10 +25,8 @@ _MODES = ("optional", "required", "forbidden")
 
 
 def _whole(value: Any) -> bool:
-    """A whole number >= 1: an int, or a float without a fraction (not a bool, not a string of digits)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return False
-    return value >= 1 and (isinstance(value, int) or value.is_integer())
+    """A whole number >= 1 (`3.6e6` is one too; a bool or a string of digits is not)."""
+    return json_integer(value) and value >= 1
 
 
 Prepare = Callable[[dict[str, Any], Mapping[str, Any]], Awaitable[Any]]

@@ -71,7 +71,7 @@ def plain_responses(responses: Mapping[str, Any] | None) -> dict[str, Any]:
     }
 
 
-def _whole(value: Any) -> bool:
+def json_integer(value: Any) -> bool:
     """A JSON integer: an int (not a bool), or a number with no fraction (`1000.0` is an integer to JSON Schema)."""
     if isinstance(value, bool):
         return False
@@ -93,13 +93,13 @@ def check_task_fields(params: Mapping[str, Any] | None, *, legacy_task: bool) ->
         if not isinstance(task, Mapping):
             raise invalid_params("Invalid task: expected an object")
         ttl = task.get("ttl")
-        if ttl is not None and not (_whole(ttl) and 0 <= ttl <= MAX_MS):
+        if ttl is not None and not (json_integer(ttl) and 0 <= ttl <= MAX_MS):
             raise invalid_params(f"Invalid task: ttl must be an integer from 0 to {MAX_MS} (milliseconds)")
     meta = params.get("_meta")
     if not isinstance(meta, Mapping):
         return  # absent, or not an object: the SDK's own -32602
     token = meta.get("progressToken")
-    if token is not None and not (isinstance(token, str) or _whole(token)):
+    if token is not None and not (isinstance(token, str) or json_integer(token)):
         raise invalid_params("Invalid _meta: progressToken must be a string or an integer")
     related = meta.get(RELATED_TASK_META_KEY)
     if related is not None:
