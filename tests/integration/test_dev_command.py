@@ -227,6 +227,7 @@ def test_ctrl_c_while_a_job_runs_ends_everything_within_seconds(tmp_path: Path):
         output = dev.stdout.read().decode(errors="replace") if dev.stdout else ""
         assert dev.returncode == 130, output
         assert "Traceback" not in output
+        assert "the worker had not stopped 6 s after being asked" in output  # the job was killed: said so
         wait_until(lambda: not _processes_mentioning(str(data)), 5, "no process left behind")
     finally:
         client.close()
@@ -236,9 +237,33 @@ def test_ctrl_c_while_a_job_runs_ends_everything_within_seconds(tmp_path: Path):
             os.kill(pid, signal.SIGKILL)
 
 
-def _try_create(client: McpHttp) -> str | None:
+def test_ctrl_c_on_an_idle_dev_lets_the_worker_finish_its_warm_shutdown(tmp_path: Path):
+    """An idle worker on the embedded broker took ~7 s to stop (Celery drains it 2 s at a time, and once more
+    after the stop): `dev` killed it at 6 s, every time. Now it stops by itself, and nothing is killed."""
+    data, port = tmp_path / "data", free_port()
+    dev = _dev_on_runtime_app(data, port, stderr=subprocess.STDOUT)
+    client = McpHttp(f"http://127.0.0.1:{port}/mcp")
     try:
-        return client.create("stubborn", {"seconds": 120})
+        task_id = wait_until(lambda: _try_create(client, "work", {"seconds": 0}), 60, "dev to serve")
+        client.wait_for(task_id, "completed", timeout=60)  # the worker is up and idle again
+        os.killpg(dev.pid, signal.SIGINT)
+        dev.wait(timeout=30)
+        output = dev.stdout.read().decode(errors="replace") if dev.stdout else ""
+        assert dev.returncode == 130, output
+        assert "had not stopped" not in output, output
+        assert "Warm shutdown" in output and "Traceback" not in output, output
+        wait_until(lambda: not _processes_mentioning(str(data)), 5, "no process left behind")
+    finally:
+        client.close()
+        if dev.poll() is None:
+            os.killpg(dev.pid, signal.SIGKILL)
+        for pid in _processes_mentioning(str(data)):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _try_create(client: McpHttp, tool: str = "stubborn", arguments: dict[str, float] | None = None) -> str | None:
+    try:
+        return client.create(tool, {"seconds": 120} if arguments is None else arguments)
     except Exception:  # noqa: BLE001 - not listening yet
         return None
 

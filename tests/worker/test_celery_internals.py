@@ -131,3 +131,16 @@ def test_the_pool_term_signal_is_sigterm_unless_remapped() -> None:
 
     expected = signal.Signals[os.environ.get("REMAP_SIGTERM", "SIGTERM")]  # as Celery documents it (Heroku)
     assert celery_internals.pool_term_signal() == int(expected), WHERE
+
+
+def test_a_stop_is_what_the_workers_shutdown_handlers_set_and_its_loops_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    from celery.apps import worker as worker_app
+    from celery.worker import state
+
+    assert not celery_internals.stop_requested(), WHERE
+    for flag in ("should_stop", "should_terminate"):
+        with monkeypatch.context() as patched:
+            patched.setattr(state, flag, 0)  # EX_OK: a warm (or cold) shutdown asked with exit status 0
+            assert celery_internals.stop_requested(), WHERE
+    assert "should_stop" in inspect.getsource(worker_app._shutdown_handler), WHERE
+    assert "should_stop" in inspect.getsource(state.maybe_shutdown), WHERE

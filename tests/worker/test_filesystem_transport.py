@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import threading
 import time
 from pathlib import Path
@@ -166,3 +167,40 @@ def test_queues_declared_at_once_on_a_new_exchange_are_all_in_its_table(tmp_path
         assert errors == [], errors
         assert sorted(q.queue for q in channels[-1].get_table(exchange)) == [f"q{i}" for i in range(binders)], n
     assert not [name for name in os.listdir(tmp_path / "control") if name.endswith(PARTIAL_SUFFIX)]
+
+
+def test_a_timed_drain_ends_as_timed_out_once_the_worker_is_told_to_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Celery's loop for this transport drains 2 s at a time and once more after a stop: without slices, an idle
+    worker noticed Ctrl-C ~4 s late. A drain that waited out its whole timeout here would take 60 s."""
+    from celery.worker import state
+
+    (tmp_path / "queue").mkdir()
+    connection = Connection("filesystem://", transport=Transport, transport_options=_options(tmp_path))
+    with connection, kombu.Consumer(connection, queues=[kombu.Queue("jobs")], callbacks=[lambda *_: None]):
+        monkeypatch.setattr(state, "should_stop", 0)  # what Ctrl-C's warm shutdown sets (exit status 0)
+        started = time.monotonic()
+        with pytest.raises(socket.timeout):
+            connection.drain_events(timeout=60)
+        assert time.monotonic() - started < 10
+
+
+def test_a_timed_drain_still_waits_its_whole_timeout_and_delivers_what_comes(tmp_path: Path) -> None:
+    (tmp_path / "queue").mkdir()
+    got: list[object] = []
+
+    def send_late() -> None:
+        with Connection("filesystem://", transport=Transport, transport_options=_options(tmp_path)) as sender:
+            sender.Producer().publish("late", routing_key="jobs")
+
+    with Connection("filesystem://", transport=Transport, transport_options=_options(tmp_path)) as connection:
+        receive = [lambda body, message: got.append(body)]
+        with kombu.Consumer(connection, queues=[kombu.Queue("jobs")], callbacks=receive, no_ack=True):
+            started = time.monotonic()
+            with pytest.raises(socket.timeout):
+                connection.drain_events(timeout=0.6)  # longer than a slice
+            assert time.monotonic() - started >= 0.6
+            threading.Timer(0.4, send_late).start()
+            connection.drain_events(timeout=30)
+    assert got == ["late"]

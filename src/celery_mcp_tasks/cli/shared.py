@@ -366,8 +366,15 @@ class WorkerSupervisor:
                 # child's own SIGTERM would be logged as a lost process).
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(timeout=warm_s)
-        except (subprocess.TimeoutExpired, KeyboardInterrupt, Stopped):
-            pass  # a second Ctrl-C, or a job that does not end: no more waiting
+        except subprocess.TimeoutExpired:
+            print(
+                f"celery-mcp-tasks {self._command}: the worker had not stopped {warm_s:g} s after being asked "
+                "(a job still running?): killed it, with whatever it was running",
+                file=sys.stderr,
+                flush=True,
+            )
+        except (KeyboardInterrupt, Stopped):
+            pass  # a second Ctrl-C: no more waiting
         finally:
             try:
                 if proc is not None:

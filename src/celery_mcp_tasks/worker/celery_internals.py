@@ -19,6 +19,9 @@ tests/worker/test_celery_internals.py fails when one moves.
 7. `pool_term_signal`: `billiard.common.TERM_SIGNAL`, the signal a prefork pool process gets from its parent
    when it is to end (SIGTERM unless REMAP_SIGTERM names another), which our threads block
    (`worker.termination`). A public constant on the pool would remove it.
+8. `stop_requested`: `celery.worker.state.should_stop` / `should_terminate`, set by the worker's shutdown
+   signal handlers and read by its loops, so the embedded broker's waits end when the worker is told to stop
+   (`kombu_internals.filesystem_transport`). A stop event on the consumer would remove it.
 """
 
 from __future__ import annotations
@@ -91,3 +94,10 @@ def pool_term_signal() -> int:
     from billiard.common import TERM_SIGNAL
 
     return int(TERM_SIGNAL)
+
+
+def stop_requested() -> bool:
+    """Whether this process's worker was told to stop (warm or cold): what Celery's `maybe_shutdown` reads."""
+    from celery.worker import state
+
+    return any(flag is not None and flag is not False for flag in (state.should_stop, state.should_terminate))

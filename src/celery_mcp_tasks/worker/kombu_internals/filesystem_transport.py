@@ -6,7 +6,10 @@ ends the worker ("Unrecoverable error"). Here a message is written as `....msg.p
 (atomic within a folder); a reader that still meets an unreadable file (from a writer without this fix)
 waits briefly, then logs one line and moves on. kombu also opens a new exchange table (`control/*.exchange`)
 with "wb" before taking its lock, so two processes declaring queues at once can lose one's queue or parse
-an empty file: here a new table is written aside and linked into place only if absent.
+an empty file: here a new table is written aside and linked into place only if absent. Celery's loop for a
+transport like this one (`synloop`) drains 2 s at a time and once more after a stop was asked, so an idle
+worker took ~4 s to notice Ctrl-C (and `dev` killed it before its warm shutdown ended): here a wait with a
+timeout is drained in slices, and ends as timed out once the worker was told to stop.
 
 A guest: its folders are made when a connection is established, not when an app is configured, and it
 declares no default host (kombu would warn "No hostname was supplied"). `McpTasks` selects it for
@@ -31,9 +34,12 @@ from kombu.transport import filesystem as kombu_filesystem
 from kombu.utils.encoding import bytes_to_str, str_to_bytes
 from kombu.utils.json import dumps, loads
 
+from celery_mcp_tasks.worker.celery_internals import stop_requested
+
 logger = logging.getLogger("celery_mcp_tasks.worker")
 
 PARTIAL_SUFFIX = ".part"
+_SLICE_S = 0.25  # a drain's longest wait before it looks whether the worker is stopping
 _SETTLE_S = (0.01, 0.05, 0.2)  # how long a reader waits, in steps, for a writer without the fix
 
 
@@ -135,3 +141,17 @@ class Transport(kombu_filesystem.Transport):
             except OSError as exc:
                 raise ChannelError(f"cannot make the broker's folder {folder}: {exc.strerror or exc}") from exc
         return super().establish_connection()  # type: ignore[no-untyped-call]
+
+    def drain_events(self, connection: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+        """kombu's, waiting at most `_SLICE_S` at a time: a wait with a timeout ends as timed out (what the caller
+        handles already) as soon as the worker was told to stop. Without a timeout, kombu's own wait."""
+        if timeout is None:
+            return super().drain_events(connection, **kwargs)  # type: ignore[no-untyped-call]
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                left = max(deadline - time.monotonic(), 0.0)
+                return super().drain_events(connection, timeout=min(left, _SLICE_S), **kwargs)  # type: ignore[no-untyped-call]
+            except TimeoutError:  # socket.timeout, what kombu raises
+                if stop_requested() or time.monotonic() >= deadline:
+                    raise
