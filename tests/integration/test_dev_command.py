@@ -222,19 +222,31 @@ def test_ctrl_c_while_a_job_runs_ends_everything_within_seconds(tmp_path: Path):
         client.wait_for(task_id, "working", timeout=30)
         wait_until(lambda: "sleeping" in (client.get(task_id).get("statusMessage") or ""), 30, "the job to run")
         assert _processes_mentioning(str(data)), "the worker should be running"
-        os.killpg(dev.pid, signal.SIGINT)  # what the terminal does on Ctrl-C: the whole foreground group
-        dev.wait(timeout=20)  # "within seconds": a stubborn job must not hold dev up (it sleeps 120 s)
-        output = dev.stdout.read().decode(errors="replace") if dev.stdout else ""
-        assert dev.returncode == 130, output
-        assert "Traceback" not in output
+        # "within seconds": a stubborn job must not hold dev up (it sleeps 120 s)
+        output = _ctrl_c(dev, data, within_s=20)
         assert "the worker had not stopped 6 s after being asked" in output  # the job was killed: said so
-        wait_until(lambda: not _processes_mentioning(str(data)), 5, "no process left behind")
     finally:
-        client.close()
-        if dev.poll() is None:
-            os.killpg(dev.pid, signal.SIGKILL)
-        for pid in _processes_mentioning(str(data)):
-            os.kill(pid, signal.SIGKILL)
+        _stop(dev, client, data)
+
+
+def _ctrl_c(dev: subprocess.Popen[bytes], data: Path, *, within_s: float) -> str:
+    """What the terminal does on Ctrl-C (SIGINT to the whole foreground group); `dev`'s output once it ended as
+    interrupted, without a traceback, and nothing of it left behind."""
+    os.killpg(dev.pid, signal.SIGINT)
+    dev.wait(timeout=within_s)
+    output = dev.stdout.read().decode(errors="replace") if dev.stdout else ""
+    assert dev.returncode == 130, output
+    assert "Traceback" not in output, output
+    wait_until(lambda: not _processes_mentioning(str(data)), 5, "no process left behind")
+    return output
+
+
+def _stop(dev: subprocess.Popen[bytes], client: McpHttp, data: Path) -> None:
+    client.close()
+    if dev.poll() is None:
+        os.killpg(dev.pid, signal.SIGKILL)
+    for pid in _processes_mentioning(str(data)):
+        os.kill(pid, signal.SIGKILL)
 
 
 def test_ctrl_c_on_an_idle_dev_lets_the_worker_finish_its_warm_shutdown(tmp_path: Path):
@@ -246,19 +258,10 @@ def test_ctrl_c_on_an_idle_dev_lets_the_worker_finish_its_warm_shutdown(tmp_path
     try:
         task_id = wait_until(lambda: _try_create(client, "work", {"seconds": 0}), 60, "dev to serve")
         client.wait_for(task_id, "completed", timeout=60)  # the worker is up and idle again
-        os.killpg(dev.pid, signal.SIGINT)
-        dev.wait(timeout=30)
-        output = dev.stdout.read().decode(errors="replace") if dev.stdout else ""
-        assert dev.returncode == 130, output
-        assert "had not stopped" not in output, output
-        assert "Warm shutdown" in output and "Traceback" not in output, output
-        wait_until(lambda: not _processes_mentioning(str(data)), 5, "no process left behind")
+        output = _ctrl_c(dev, data, within_s=30)
+        assert "Warm shutdown" in output and "had not stopped" not in output, output
     finally:
-        client.close()
-        if dev.poll() is None:
-            os.killpg(dev.pid, signal.SIGKILL)
-        for pid in _processes_mentioning(str(data)):
-            os.kill(pid, signal.SIGKILL)
+        _stop(dev, client, data)
 
 
 def _try_create(client: McpHttp, tool: str = "stubborn", arguments: dict[str, float] | None = None) -> str | None:
