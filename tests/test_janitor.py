@@ -93,12 +93,16 @@ def lose(store: SqlStore, key: str) -> None:
     store.update(key, ANY, lambda r: replace(r, heartbeat_at=now_ms() - 2 * MINUTE, version=r.version + 1))
 
 
-def test_a_stale_working_task_is_sent_again_then_failed_once_its_sends_are_spent(store: SqlStore) -> None:
+def test_a_stale_working_task_is_sent_again_then_failed_once_its_sends_are_spent(
+    store: SqlStore, caplog: pytest.LogCaptureFixture
+) -> None:
     sends = Sends()
     svc = service(store, sends)
     add(store, "lost", heartbeat_at=now_ms() - 2 * MINUTE)
 
-    assert sweep(svc, SETTINGS) == SweepReport(resent=1)
+    with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks.janitor"):
+        assert sweep(svc, SETTINGS) == SweepReport(resent=1)
+    assert [r.getMessage() for r in caplog.records] == ["janitor sweep: removed=0 resent=1 failed=0 expired_inputs=0"]
     record = store.get("lost")
     assert record is not None and (record.status, record.dispatches, record.resends) == (TaskStatus.WORKING, 2, 1)
     assert record.status_message == "The worker was lost; running the job again (send 2 of 3)"
@@ -187,6 +191,7 @@ def test_counts_go_to_the_log_and_the_metric_hook_never_ids(store: SqlStore, cap
     assert line.getMessage() == "janitor sweep: removed=1 resent=0 failed=0 expired_inputs=0"
     assert line.event == METRIC and line.removed == 1  # type: ignore[attr-defined]
     assert "key-past-its-ttl" not in caplog.text
+    assert line.levelno == logging.INFO  # an eviction is routine; a lost job's re-send is a warning (below)
 
 
 def test_the_hook_hears_the_expired_unfinished_tasks_by_tool_and_nothing_more_for_final_ones(

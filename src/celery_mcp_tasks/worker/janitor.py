@@ -102,8 +102,9 @@ def sweep(
         message = f"janitor sweep stopped, the task store failed ({reason}), after {said}; the next sweep goes on"
         logger.warning("%s", message, extra={"event": METRIC, **counts})
         logger.debug("janitor sweep failure", exc_info=stopped)  # the database's own words, in the chained cause
-    else:  # an idle sweep is not news: INFO only when it did something (no log spam every interval)
-        level = logging.INFO if any(counts.values()) else logging.DEBUG
+    else:  # an idle sweep is not news (no log spam every interval); a lost job re-sent or failed is a warning
+        lost = counts["resent"] or counts["failed"]
+        level = logging.WARNING if lost else logging.INFO if any(counts.values()) else logging.DEBUG
         logger.log(level, "janitor sweep: %s", said, extra={"event": METRIC, **counts})
     if metric is not None:
         _tell(metric, METRIC, counts)
