@@ -320,7 +320,7 @@ def test_a_dead_worker_ends_the_server_with_one_line(tmp_path: Path) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     last = err.read_text().strip().splitlines()[-1]
-    assert last.startswith("celery-mcp-tasks stdio: the worker exited (status -9)"), last
+    assert last == "celery-mcp-tasks stdio: the worker was killed (SIGKILL)", last
     _nothing_left(data)
 
 
@@ -384,6 +384,7 @@ def test_a_second_server_on_the_same_data_directory_is_refused_in_one_line(tmp_p
         held = f"celery-mcp-tasks stdio (pid {first.pid}) already runs a worker on the data directory {data}"
         second = command("stdio", "tests.apps.runtime_app", "--data-dir", str(data))
         assert second.returncode == 1 and second.stdout == ""
+        assert "serving" not in second.stderr  # refused before anything was migrated or announced
         assert second.stderr.strip().splitlines()[-1] == (
             f"celery-mcp-tasks stdio: {held}; a second one would take its jobs and kill them when either exits. "
             "Give each its own data directory (--data-dir or MCP_TASKS_DATA_DIR)"
@@ -391,6 +392,7 @@ def test_a_second_server_on_the_same_data_directory_is_refused_in_one_line(tmp_p
         dev = ["dev", "tests.apps.runtime_app", "--data-dir", str(data), "--port", str(free_port())]
         refused = command(*dev, "--call", "work", '{"seconds": 0}')
         assert refused.returncode == 1 and f"celery-mcp-tasks dev: {held}" in refused.stderr, refused.stderr
+        assert "MCP endpoint" not in refused.stdout
         assert first.poll() is None and len(_worker_pids(data)) >= 1  # the first one runs on, untouched
         _initialize_legacy(first)
         _send(first, {"id": 2, "method": "tools/call", "params": {"name": "work", "arguments": {"seconds": 0}}})

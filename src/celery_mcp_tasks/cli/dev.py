@@ -13,6 +13,7 @@ import sys
 import threading
 
 from celery_mcp_tasks.cli.shared import (
+    WARM_SHUTDOWN_S,
     Stopped,
     WorkerSupervisor,
     banner,
@@ -52,6 +53,16 @@ def run(options: argparse.Namespace) -> int:
     target = celery_target(options.app, tasks)
     if options.call:
         logging.getLogger("mcp").setLevel(logging.WARNING)  # the server's INFO lines would interleave the call's
+    stopped = threading.Event()
+    server: uvicorn.Server | None = None
+
+    def on_worker_death() -> None:
+        stopped.set()
+        if server is not None:
+            server.should_exit = True
+
+    worker = WorkerSupervisor(target, tasks, on_death=on_worker_death, log_level=options.log_level)
+    worker.claim()  # a data directory another `dev` or `stdio` works on is refused before anything is touched
     # Migrated, then checked as `serve` checks: a database (--keep-env) or a key ring that cannot work is one line.
     prepare(tasks, "serve", migrate=True)
 
@@ -68,13 +79,6 @@ def run(options: argparse.Namespace) -> int:
         log_config=uvicorn_logging(tasks),
     )
     server = uvicorn.Server(config)
-    stopped = threading.Event()
-
-    def on_worker_death() -> None:
-        stopped.set()
-        server.should_exit = True
-
-    worker = WorkerSupervisor(target, tasks, on_death=on_worker_death, log_level=options.log_level)
     status = 0
     with sigterm_stops():
         # MCP_TASKS_OPS_HOST/PORT, when a plugin added routes (`dev` has no --ops-port)
@@ -96,7 +100,13 @@ def run(options: argparse.Namespace) -> int:
         finally:
             if ops is not None:
                 ops.stop()
-            worker.stop()
+            if worker.stop():
+                print(
+                    f"{PREFIX}: the worker was still running a job {WARM_SHUTDOWN_S:g} s after the stop: killed it; "
+                    "the janitor re-sends (or fails) its task at the next start",
+                    file=sys.stderr,
+                    flush=True,
+                )
             sock.close()
     if worker.died is not None:
         print(f"{PREFIX}: {worker.why()}", file=sys.stderr)

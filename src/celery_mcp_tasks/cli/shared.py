@@ -231,9 +231,9 @@ def banner(tasks: Any) -> list[str]:
     return [f"  store   {store}", f"  broker  {broker}", f"  data    {display_path(data_dir)}"]
 
 
-def dies_with_parent() -> Callable[[], None] | None:
-    """A `preexec_fn` by which the child gets SIGTERM (a warm shutdown) when this process is killed outright (the
-    worker when `dev` is; `dev` when the pytest run that started it is), or None where that cannot hold: not
+def dies_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A `preexec_fn` by which the child gets `sig` when this process is killed outright (`dev` gets SIGTERM when
+    the pytest run that started it is; its worker SIGQUIT when `dev` is), or None where that cannot hold: not
     Linux, or not the main thread (the kernel signals when the starting *thread* ends). `prctl` is looked up
     here, not between fork and exec."""
     if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
@@ -245,7 +245,7 @@ def dies_with_parent() -> Callable[[], None] | None:
     parent = os.getpid()
 
     def preexec() -> None:  # pragma: no cover - runs in the child between fork and exec
-        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        prctl(1, sig)  # PR_SET_PDEATHSIG
         if os.getppid() != parent:  # the parent died before that took effect
             os._exit(1)
 
@@ -312,10 +312,15 @@ class WorkerSupervisor:
         self.died: int | None = None
         self.proc: subprocess.Popen[bytes] | None = None
 
+    def claim(self) -> None:
+        """Claim the embedded broker's data directory (SystemExit when another `dev` or `stdio` holds it): before
+        anything is migrated or announced."""
+        if self._embedded and self._claim is None:
+            self._claim = claim_data_dir(self._data_dir, self._command)
+
     def start(self) -> None:
         self._data_dir.mkdir(parents=True, exist_ok=True)  # beat's schedule file is there, whatever the broker
-        if self._embedded:
-            self._claim = claim_data_dir(self._data_dir, self._command)
+        self.claim()
         path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
         self.proc = subprocess.Popen(
             self._argv,
@@ -324,7 +329,10 @@ class WorkerSupervisor:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=dies_with_parent(),
+            # The worker holds the claim too: a worker outliving its `dev` keeps the next one off its jobs.
+            pass_fds=() if self._claim is None else (self._claim.fileno(),),
+            # `dev` killed outright: a cold shutdown (Celery's SIGQUIT), its jobs ended at once, as `stop` would.
+            preexec_fn=dies_with_parent(signal.SIGQUIT),
         )
         output = threading.Thread(target=self._forward, name="celery-mcp-tasks-worker-output", daemon=True)
         output.start()
@@ -350,16 +358,24 @@ class WorkerSupervisor:
             self._on_death()
 
     def why(self) -> str:
-        """How the worker died: its exit status and last meaningful line (an exception's message, usually)."""
+        """How the worker died: the signal that killed it, or its exit status and last meaningful line (an
+        exception's message, usually)."""
+        if self.died is not None and self.died < 0:
+            try:
+                name = signal.Signals(-self.died).name
+            except ValueError:
+                name = f"signal {-self.died}"
+            return f"the worker was killed ({name})"
         last = (line.strip() for line in reversed(self._tail))
         text = next((text for text in last if text and not text.startswith(("File ", "^", "~"))), "(no output)")
         return f"the worker exited (status {self.died}): {text}"
 
-    def stop(self, warm_s: float = WARM_SHUTDOWN_S) -> None:
+    def stop(self, warm_s: float = WARM_SHUTDOWN_S) -> bool:
         """Warm shutdown, then the whole process group is killed: nothing outlives `dev`. The data directory's
-        claim goes last."""
+        claim goes last. True when the worker had not ended its warm shutdown within `warm_s`."""
         self._stopping.set()
         proc = self.proc
+        late = False
         try:
             if proc is not None and proc.poll() is None:
                 # The worker's main process only: it ends its pool and beat itself (a pool
@@ -367,12 +383,7 @@ class WorkerSupervisor:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(timeout=warm_s)
         except subprocess.TimeoutExpired:
-            print(
-                f"celery-mcp-tasks {self._command}: the worker had not stopped {warm_s:g} s after being asked "
-                "(a job still running?): killed it, with whatever it was running",
-                file=sys.stderr,
-                flush=True,
-            )
+            late = True
         except (KeyboardInterrupt, Stopped):
             pass  # a second Ctrl-C: no more waiting
         finally:
@@ -386,6 +397,7 @@ class WorkerSupervisor:
                 if self._claim is not None:
                     self._claim.close()  # unlocks
                     self._claim = None
+        return late
 
 
 def _raise_stop(signum: int, frame: FrameType | None) -> None:

@@ -149,10 +149,12 @@ def run(options: argparse.Namespace) -> int:
                 tasks = load_app(options.app)
                 broker_url = str(tasks.celery.conf.broker_url)
                 target = celery_target(options.app, tasks) if wants_worker(options.worker, broker_url) else None
+                if target is not None:  # a data directory another `dev` or `stdio` works on: refused first
+                    worker = WorkerSupervisor(target, tasks, command="stdio", schedule="stdio-beat-schedule")
+                    worker.claim()
                 prepare(tasks, "stdio", migrate=not options.no_migrate)
                 _say(f"{PREFIX}: serving {options.app} over stdin/stdout", *banner(tasks))
-                if target is not None:
-                    worker = WorkerSupervisor(target, tasks, command="stdio", schedule="stdio-beat-schedule")
+                if worker is not None:
                     worker.start()
                     assert worker.proc is not None
                     _say(f"  worker  pid {worker.proc.pid} (celery -A {target} worker -B, supervised)")
