@@ -112,7 +112,10 @@ def test_a_stale_working_task_is_sent_again_then_failed_once_its_sends_are_spent
     lose(store, "lost")
     assert sweep(svc, SETTINGS) == SweepReport(resent=1)
     lose(store, "lost")
-    assert sweep(svc, SETTINGS) == SweepReport(failed=1)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks.janitor"):
+        assert sweep(svc, SETTINGS) == SweepReport(failed=1)
+    assert [r.getMessage() for r in caplog.records] == ["janitor sweep: removed=0 resent=0 failed=1 expired_inputs=0"]
     final = store.get("lost")
     assert final is not None and final.status is TaskStatus.FAILED and len(sends.sent) == 2
     assert final.error == {"message": "The job was lost: no worker reported for 60s (sent 3 times)"}

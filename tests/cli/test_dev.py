@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+import collections
+import signal
 import socket
 import subprocess
 import sys
@@ -11,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from celery_mcp_tasks.cli.shared import bind_port
+from celery_mcp_tasks.cli.shared import WorkerSupervisor, bind_port
 from tests.support import free_port
 
 
@@ -86,3 +88,18 @@ def test_the_banner_names_the_broker_the_apps_celery_uses(tmp_path: Path) -> Non
     assert banner(tasks)[1] == "  broker  redis://:***@broker.example:6379/0"
     embedded = McpTasks("embedded", celery=Celery("embedded"), settings=Settings(data_dir=tmp_path))
     assert banner(embedded)[1].startswith("  broker  filesystem:// (")
+
+
+@pytest.mark.parametrize(
+    ("status", "said"),
+    [
+        (-signal.SIGKILL, "the worker was killed (SIGKILL)"),  # its last line is not why it ended
+        (-signal.SIGSEGV, "the worker crashed (SIGSEGV): Fatal Python error: Segmentation fault"),
+        (1, "the worker exited (status 1): Fatal Python error: Segmentation fault"),
+    ],
+)
+def test_how_the_worker_died_names_a_kill_a_crash_or_its_status(status: int, said: str) -> None:
+    worker = WorkerSupervisor.__new__(WorkerSupervisor)  # only what `why` reads: the status and the output's tail
+    worker.died = status
+    worker._tail = collections.deque(["Fatal Python error: Segmentation fault", '  File "x.py", line 1', ""])
+    assert worker.why() == said

@@ -144,3 +144,7 @@ def test_a_stop_is_what_the_workers_shutdown_handlers_set_and_its_loops_read(mon
             assert celery_internals.stop_requested(), WHERE
     assert "should_stop" in inspect.getsource(worker_app._shutdown_handler), WHERE
     assert "should_stop" in inspect.getsource(state.maybe_shutdown), WHERE
+    # the embedded broker's slices only help a loop that drains with a timeout and checks between drains
+    from celery.worker import loops
+
+    assert "drain_events(timeout=" in inspect.getsource(loops.synloop), WHERE

@@ -102,8 +102,8 @@ def run(options: argparse.Namespace) -> int:
                 ops.stop()
             if worker.stop():
                 print(
-                    f"{PREFIX}: the worker was still running a job {WARM_SHUTDOWN_S:g} s after the stop: killed it; "
-                    "the janitor re-sends (or fails) its task at the next start",
+                    f"{PREFIX}: the worker had not finished its warm shutdown within {WARM_SHUTDOWN_S:g} s: killed it "
+                    "and any job it ran (the janitor re-sends, or fails, their tasks at the next start)",
                     file=sys.stderr,
                     flush=True,
                 )

@@ -329,9 +329,8 @@ class WorkerSupervisor:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            # The worker holds the claim too: a worker outliving its `dev` keeps the next one off its jobs.
-            pass_fds=() if self._claim is None else (self._claim.fileno(),),
-            # `dev` killed outright: a cold shutdown (Celery's SIGQUIT), its jobs ended at once, as `stop` would.
+            # `dev` killed outright: a cold shutdown (Celery's SIGQUIT), its jobs ended at once, as `stop` would
+            # (a warm one waits for them however long they run, and the worker lived on beside the next `dev`).
             preexec_fn=dies_with_parent(signal.SIGQUIT),
         )
         output = threading.Thread(target=self._forward, name="celery-mcp-tasks-worker-output", daemon=True)
@@ -358,16 +357,18 @@ class WorkerSupervisor:
             self._on_death()
 
     def why(self) -> str:
-        """How the worker died: the signal that killed it, or its exit status and last meaningful line (an
-        exception's message, usually)."""
+        """How the worker died: killed by a signal from outside, or its exit status (a crash: its signal) and last
+        meaningful line (an exception's message, usually)."""
+        last = (line.strip() for line in reversed(self._tail))
+        text = next((text for text in last if text and not text.startswith(("File ", "^", "~"))), "(no output)")
         if self.died is not None and self.died < 0:
             try:
                 name = signal.Signals(-self.died).name
             except ValueError:
                 name = f"signal {-self.died}"
-            return f"the worker was killed ({name})"
-        last = (line.strip() for line in reversed(self._tail))
-        text = next((text for text in last if text and not text.startswith(("File ", "^", "~"))), "(no output)")
+            if -self.died in _KILLS:  # its last line is whatever it was doing, not why it ended
+                return f"the worker was killed ({name})"
+            return f"the worker crashed ({name}): {text}"
         return f"the worker exited (status {self.died}): {text}"
 
     def stop(self, warm_s: float = WARM_SHUTDOWN_S) -> bool:
@@ -398,6 +399,10 @@ class WorkerSupervisor:
                     self._claim.close()  # unlocks
                     self._claim = None
         return late
+
+
+_KILLS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP})
+"""Signals by which something outside ends a worker (as opposed to a crash: SIGSEGV, SIGABRT, ...)."""
 
 
 def _raise_stop(signum: int, frame: FrameType | None) -> None:

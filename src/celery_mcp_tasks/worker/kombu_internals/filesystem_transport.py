@@ -9,7 +9,9 @@ with "wb" before taking its lock, so two processes declaring queues at once can 
 an empty file: here a new table is written aside and linked into place only if absent. Celery's loop for a
 transport like this one (`synloop`) drains 2 s at a time and once more after a stop was asked, so an idle
 worker took ~4 s to notice Ctrl-C (and `dev` killed it before its warm shutdown ended): here a wait with a
-timeout is drained in slices, and ends as timed out once the worker was told to stop.
+timeout is drained in slices, and ends as timed out once the worker was told to stop. That relies on kombu's
+`Transport.drain_events` raising `socket.timeout` once a wait found nothing, and on Celery's `synloop` draining
+with a timeout (both pinned by the tests).
 
 A guest: its folders are made when a connection is established, not when an app is configured, and it
 declares no default host (kombu would warn "No hostname was supplied"). `McpTasks` selects it for
@@ -148,10 +150,11 @@ class Transport(kombu_filesystem.Transport):
         if timeout is None:
             return super().drain_events(connection, **kwargs)  # type: ignore[no-untyped-call]
         deadline = time.monotonic() + timeout
-        while True:
+        while not stop_requested():  # no new job once stopping (Celery drains once more after the stop)
             try:
                 left = max(deadline - time.monotonic(), 0.0)
                 return super().drain_events(connection, timeout=min(left, _SLICE_S), **kwargs)  # type: ignore[no-untyped-call]
-            except TimeoutError:  # socket.timeout, what kombu raises
-                if stop_requested() or time.monotonic() >= deadline:
+            except TimeoutError:  # socket.timeout, what kombu raises once a wait found nothing
+                if time.monotonic() >= deadline:
                     raise
+        raise TimeoutError("the worker is stopping")
