@@ -223,7 +223,10 @@ def test_filters_page_by_keyset_and_bad_values_name_their_field(deployment: Depl
 def test_the_row_fragment_follows_the_lists_filter(deployment: Deployment) -> None:
     key = deployment.add("t", tool="slow")
     client = signed_in(deployment)
-    assert client.get(f"/tasks/{key}/row", params={"tool": "slow", "status": "working"}).status_code == 200
+    row = client.get(f"/tasks/{key}/row", params={"tool": "slow", "status": "working"})
+    assert row.status_code == 200
+    assert "frame-ancestors 'none'" in row.headers["content-security-policy"]  # as every page: defence in depth
+    assert row.headers["x-content-type-options"] == "nosniff"
     assert client.get(f"/tasks/{key}/row", params={"tool": "quick"}).status_code == 204
     assert client.get(f"/tasks/{key}/row", params={"status": "completed"}).status_code == 204
     assert client.get(f"/tasks/{key}/row", params={"q": "no such words"}).status_code == 204

@@ -199,11 +199,7 @@ class Pages:
             },
             status_code=status_code,
         )
-        response.headers["Content-Security-Policy"] = _CSP
-        response.headers["X-Content-Type-Options"] = "nosniff"
-        response.headers["Referrer-Policy"] = "same-origin"
-        response.headers["Cache-Control"] = "no-store"
-        return response
+        return _guarded(response)
 
     def problem(
         self, request: Request, status_code: int, heading: str, message: str, back: str | None = "/tasks"
@@ -273,9 +269,7 @@ class Pages:
         row = await self.console.matching_row(key, query.filter)
         if row is None:
             return Response(status_code=204)
-        response = TEMPLATES.TemplateResponse(request, "_row.html", {"r": row, "root": auth.mount_root(request)})
-        response.headers["Cache-Control"] = "no-store"
-        return response
+        return _guarded(TEMPLATES.TemplateResponse(request, "_row.html", {"r": row, "root": auth.mount_root(request)}))
 
     # -- POST: actions with a confirmation step
 
@@ -420,3 +414,12 @@ def routes(console: Console) -> list[BaseRoute]:
         Route("/logout", guarded(pages.logout), methods=["POST"], name="console:logout"),
         Mount("/static", StaticFiles(packages=[("celery_mcp_tasks.console", "static")]), name="console:static"),
     ]
+
+
+def _guarded(response: Response) -> Response:
+    """Every HTML answer's headers: the content policy (no frames, no foreign scripts), no sniffing, no caching."""
+    response.headers["Content-Security-Policy"] = _CSP
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    response.headers["Referrer-Policy"] = "same-origin"
+    response.headers["Cache-Control"] = "no-store"
+    return response
