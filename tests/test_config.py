@@ -34,6 +34,7 @@ WRONG = [
     ("MCP_TASKS_QUOTA_ACTIVE", "ten", "expected an integer, or none/off"),
     ("MCP_TASKS_QUOTA_ACTIVE_PER_TOOL", "0", "must be >= 1"),
     ("MCP_TASKS_QUOTA_CREATIONS", "2.5", "expected an integer, or none/off"),
+    ("MCP_TASKS_QUOTA_STREAMS", "0", "must be >= 1"),
     ("MCP_TASKS_QUOTA_WINDOW_S", "-60", "must be > 0"),
     ("MCP_TASKS_QUOTA_WINDOW_S", "a minute", "expected a number of seconds"),
     ("MCP_TASKS_IDEMPOTENCY_SECRET", "short", "at least 32 bytes"),

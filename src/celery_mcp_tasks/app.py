@@ -227,7 +227,14 @@ class McpTasks:
         if version is not None:  # the server's version is the application's; the SDK's default otherwise
             server_options["version"] = version
         self.server = TasksServer(name, extensions=[self._extension], **server_options)
-        self._listen = attach_listen(self.server, bus, self._service, self._push)
+        self._listen = attach_listen(
+            self.server,
+            bus,
+            self._service,
+            self._push,
+            max_streams_per_caller=self.settings.quota_streams,
+            per_client=self.settings.quota_anonymous == "per_client",
+        )
         bridge.install(self.celery, self._service)
         held.install()  # a message the worker holds but has not started keeps its task alive
         termination.install()  # a prefork pool process that ends never leaves the pool's result lock held

@@ -231,6 +231,7 @@ class Settings:
     quota_creations: int | None = None
     quota_window_s: float = 60.0
     quota_anonymous: str = "shared"
+    quota_streams: int | None = None  # a caller's open `subscriptions/listen` streams, per web process
     fair_queues: int | None = None
     idempotency_secret: str | None = field(default=None, repr=False)
     # Payload limits: a task's arguments, one `tasks/update`'s answers and a job's result, as compact JSON in
@@ -277,6 +278,7 @@ class Settings:
             ("MCP_TASKS_QUOTA_ACTIVE", self.quota_active, "an integer", 1),
             ("MCP_TASKS_QUOTA_ACTIVE_PER_TOOL", self.quota_active_per_tool, "an integer", 1),
             ("MCP_TASKS_QUOTA_CREATIONS", self.quota_creations, "an integer", 1),
+            ("MCP_TASKS_QUOTA_STREAMS", self.quota_streams, "an integer", 1),
             ("MCP_TASKS_FAIR_QUEUES", self.fair_queues, "an integer", 2),
             ("MCP_TASKS_MAX_ARGUMENTS_BYTES", self.max_arguments_bytes, "a number of bytes", 1),
             ("MCP_TASKS_MAX_ANSWER_BYTES", self.max_answer_bytes, "a number of bytes", 1),
@@ -343,6 +345,7 @@ class Settings:
             "quota_creations": _int(env, "MCP_TASKS_QUOTA_CREATIONS", allow_none=True),
             "quota_window_s": _float(env, "MCP_TASKS_QUOTA_WINDOW_S"),
             "quota_anonymous": _choice(env, "MCP_TASKS_QUOTA_ANONYMOUS"),
+            "quota_streams": _int(env, "MCP_TASKS_QUOTA_STREAMS", allow_none=True),
             "fair_queues": _int(env, "MCP_TASKS_FAIR_QUEUES", minimum=2, allow_none=True),
             "idempotency_secret": _secret(env, "MCP_TASKS_IDEMPOTENCY_SECRET"),
             # Payload limits, in bytes of compact JSON (none: unlimited); a tool's @mcp_task options win.

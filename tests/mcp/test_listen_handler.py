@@ -215,6 +215,60 @@ async def test_streams_beyond_the_limit_are_refused(world: World) -> None:
     assert caught.value.error.code == -32603
 
 
+def _ctx(request_id: int, host: str | None = None) -> Any:
+    request = None if host is None else SimpleNamespace(client=SimpleNamespace(host=host))
+    return SimpleNamespace(
+        request_id=request_id, session=FakeSession(True), request=request, protocol_version="2026-07-28"
+    )
+
+
+async def test_one_caller_cannot_take_every_stream(world: World) -> None:
+    """`MCP_TASKS_QUOTA_STREAMS`: a caller's streams beyond the quota are refused with -32029 (naming no one),
+    others' are not, and a closed stream frees its slot."""
+    handler = world.handler(max_streams_per_caller=2)
+    params = _params(toolsListChanged=True)
+    async with _open(handler, params, request_id=1) as (first, _), _open(handler, params, request_id=2) as (second, _):
+        await first.next(), await second.next()
+        with pytest.raises(MCPError) as caught:
+            await handler(_ctx(3), params)
+        assert caught.value.error.code == -32029
+        assert caught.value.error.data == {"limit": "streams", "allowed": 2, "retryAfterMs": None}
+        assert "alice" not in caught.value.error.message
+        world.owner = "sub:bob"
+        async with _open(handler, params, request_id=4) as (bobs, _):
+            await bobs.next()  # acknowledged: alice's quota is hers alone
+        world.owner = "sub:alice"
+    async with _open(handler, params, request_id=5) as (again, _):
+        await again.next()  # her closed streams gave their slots back
+    assert handler.open_streams == 0
+
+
+async def test_anonymous_callers_share_the_stream_quota_unless_counted_per_client(world: World) -> None:
+    world.owner = None
+    params = _params(toolsListChanged=True)
+    for per_client, refused in ((False, True), (True, False)):
+        handler = world.handler(max_streams_per_caller=1, per_client=per_client)
+        async with _open(handler, params, request_id=1) as (first, _):
+            await first.next()
+            if refused:
+                with pytest.raises(MCPError) as caught:
+                    await handler(_ctx(2, host="10.0.0.2"), params)
+                assert caught.value.error.code == -32029
+            else:  # the first stream came from no address; another client's address is another caller
+                async with _open_with(handler, params, _ctx(2, host="10.0.0.2")) as other:
+                    await other.next()
+
+
+@asynccontextmanager
+async def _open_with(
+    handler: TaskListenHandler, params: SubscriptionsListenRequestParams, ctx: Any
+) -> AsyncIterator[FakeSession]:
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(handler, ctx, params)
+        yield ctx.session
+        tg.cancel_scope.cancel()
+
+
 async def test_core_events_reach_only_the_streams_that_asked(world: World) -> None:
     handler = world.handler()
     async with (

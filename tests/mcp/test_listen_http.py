@@ -157,3 +157,40 @@ def test_sigterm_ends_open_streams_with_their_result_and_the_server_exits(tmp_pa
         for stream in streams:
             stream.close()
         dep.stop()
+
+
+def test_a_callers_streams_beyond_its_quota_are_refused_over_http(deployment: Deployment) -> None:
+    """`MCP_TASKS_QUOTA_STREAMS=1`: alice's second listen is answered with -32029 (naming no one) instead of an
+    ack; mallory's opens; alice's closed stream frees her slot."""
+    url = deployment.web("capped", MCP_TASKS_QUOTA_STREAMS="1")
+    first = ListenStream(url, {"toolsListChanged": True}, token="alice", request_id=1)
+    try:
+        first.ack()
+        second = ListenStream(url, {"toolsListChanged": True}, token="alice", request_id=4)
+        try:  # answered with the refusal alone (a JSON response, no stream): no ack, no notification
+            answer = second.error_body
+            assert (second.status, second.next()) == (200, None) and answer is not None, second.status
+            assert answer["id"] == 4 and "result" not in answer, answer
+            error = answer["error"]
+            assert error["code"] == -32029 and "alice" not in str(error)
+            assert error["data"] == {"limit": "streams", "allowed": 1, "retryAfterMs": None}
+        finally:
+            second.close()
+        others = ListenStream(url, {"toolsListChanged": True}, token="mallory", request_id=2)
+        try:
+            others.ack()
+        finally:
+            others.close()
+    finally:
+        first.close()
+    again = wait_until(lambda: _opened(url), 15, "alice's slot freed by her closed stream")
+    again.close()
+
+
+def _opened(url: str) -> ListenStream | None:
+    stream = ListenStream(url, {"toolsListChanged": True}, token="alice", request_id=3)
+    first = stream.next()
+    if first is not None and first.get("method") == "notifications/subscriptions/acknowledged":
+        return stream
+    stream.close()
+    return None

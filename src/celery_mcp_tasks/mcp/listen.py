@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar
@@ -33,8 +33,14 @@ from mcp_types import (
 from pydantic import BaseModel
 
 from celery_mcp_tasks.mcp.listen_reads import SharedRead, SharedReads, digest
-from celery_mcp_tasks.mcp.principal import current_principal
-from celery_mcp_tasks.mcp.wire import declared_extension, invalid_params, missing_extension, store_unavailable
+from celery_mcp_tasks.mcp.principal import anonymous_caller, current_principal
+from celery_mcp_tasks.mcp.wire import (
+    declared_extension,
+    invalid_params,
+    missing_extension,
+    store_unavailable,
+    streams_quota_reached,
+)
 from celery_mcp_tasks.model import TaskRecord, task_key
 from celery_mcp_tasks.notify.hub import Hub, Watch
 from celery_mcp_tasks.protocol import render_task
@@ -134,8 +140,10 @@ class ListenObserver(Protocol):
 class TaskListenHandler:
     """The `subscriptions/listen` handler for one server (`McpTasks.listen`).
 
-    `max_streams` bounds the streams open in this process (one more is refused with -32603). Task hints
-    never queue up: they coalesce per row.
+    `max_streams` bounds the streams open in this process (one more is refused with -32603);
+    `max_streams_per_caller` (`MCP_TASKS_QUOTA_STREAMS`) bounds one caller's (-32029), so one caller cannot
+    take them all: a caller as the quotas count one (the principal; anonymous callers together, or each
+    client address with `per_client`). Task hints never queue up: they coalesce per row.
     """
 
     def __init__(
@@ -145,6 +153,8 @@ class TaskListenHandler:
         hub: Callable[[], Hub | None],
         *,
         max_streams: int = 1024,
+        max_streams_per_caller: int | None = None,
+        per_client: bool = False,
         resync_interval_s: float = 30.0,
         max_threads: int = 16,
     ) -> None:
@@ -152,6 +162,9 @@ class TaskListenHandler:
         self._service = service
         self._hub = hub
         self.max_streams = max_streams
+        self.max_streams_per_caller = max_streams_per_caller
+        self._per_client = per_client
+        self._by_caller: Counter[tuple[str | None, str | None]] = Counter()  # open streams per caller
         self._resync_interval_s = resync_interval_s
         self._limiter = anyio.CapacityLimiter(max_threads)
         self._reads = SharedReads(self._in_thread)
@@ -196,6 +209,10 @@ class TaskListenHandler:
             raise MCPError(INTERNAL_ERROR, "Subscription limit reached")
         meta: dict[str, Any] = {SUBSCRIPTION_ID_META_KEY: subscription_id}
         owner = current_principal()
+        caller = (owner, anonymous_caller(ctx.request) if owner is None and self._per_client else None)
+        allowed = self.max_streams_per_caller
+        if allowed is not None and self._by_caller[caller] >= allowed:
+            raise streams_quota_reached(allowed)
         # With push off there is no hub: `taskIds` is then left out of the ack (not honoured).
         hub = self._hub() if task_ids is not None else None
         followed_ids = task_ids if hub is not None else None
@@ -203,6 +220,7 @@ class TaskListenHandler:
         watch = hub.watch(map(task_key, followed_ids or ())) if hub is not None else Watch()
         stream = _Stream(honored_core(params.notifications), watch)
         self._streams.add(stream)
+        self._by_caller[caller] += 1
         unsubscribe = self._bus.subscribe(stream.deliver)
         self._tell(lambda observer: observer.stream_opened())
         try:
@@ -226,6 +244,9 @@ class TaskListenHandler:
                 logger.exception("subscription bus unsubscribe raised")
             watch.close()
             self._streams.discard(stream)
+            self._by_caller[caller] -= 1
+            if not self._by_caller[caller]:
+                del self._by_caller[caller]
             self._tell(lambda observer: observer.stream_closed())
         return SubscriptionsListenResult(_meta=meta)
 

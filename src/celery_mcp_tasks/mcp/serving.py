@@ -122,12 +122,20 @@ def request_state_sealed(server: MCPServer[Any]) -> bool:
 
 
 def attach_listen(
-    server: MCPServer[Any], bus: SubscriptionBus | None, service: Callable[[], TaskService], push: Push
+    server: MCPServer[Any],
+    bus: SubscriptionBus | None,
+    service: Callable[[], TaskService],
+    push: Push,
+    *,
+    max_streams_per_caller: int | None = None,
+    per_client: bool = False,
 ) -> TaskListenHandler | None:
     """Our listen handler on `server`, fed by `bus` (core events) and `push.hub` (task hints)."""
     if bus is None:
         return None
-    handler = TaskListenHandler(bus, service, push_hub(push))
+    handler = TaskListenHandler(
+        bus, service, push_hub(push), max_streams_per_caller=max_streams_per_caller, per_client=per_client
+    )
     return handler if replace_listen_handler(server, SubscriptionsListenRequestParams, handler) else None
 
 

@@ -141,6 +141,15 @@ def quota_exceeded(exc: QuotaExceeded, tool: str) -> MCPError:
     return MCPError(code=QUOTA_EXCEEDED, message=message, data=data)
 
 
+def streams_quota_reached(allowed: int) -> MCPError:
+    """A listen stream refused by the caller's stream quota (`MCP_TASKS_QUOTA_STREAMS`): never names the caller."""
+    return MCPError(
+        code=QUOTA_EXCEEDED,
+        message=f"Quota reached: at most {allowed} open listen streams per caller; retry once one of them has closed",
+        data={"limit": "streams", "allowed": allowed, "retryAfterMs": None},
+    )
+
+
 def missing_capability(required: dict[str, Any], what: str) -> MCPError:
     return MCPError(
         code=MISSING_REQUIRED_CLIENT_CAPABILITY,
