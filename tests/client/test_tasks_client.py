@@ -153,6 +153,36 @@ def test_when_the_coroutine_asking_gives_up_another_one_waiting_asks_instead(run
     assert answers.asked == ["Your name?", "Your name?", "Favourite colour?"]
 
 
+def test_an_answer_the_server_failed_to_take_is_sent_again_not_lost(
+    runtime: Deployment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a client behind a proxy meets while a web process restarts: one `tasks/update` answered with the
+    SDK's "Server returned an error response" (-32603). The answers are sent again; before, they were lost,
+    the call failed and the task was cancelled on the way out."""
+    from celery_mcp_tasks.client.models import UpdateTaskRequest
+
+    delivered = calls.send
+    updates: list[str] = []
+
+    async def first_update_fails(session: Any, request: Any) -> None:
+        if isinstance(request, UpdateTaskRequest):
+            updates.append("sent")
+            if len(updates) == 1:
+                raise MCPError(-32603, "Server returned an error response")
+        await delivered(session, request)
+
+    monkeypatch.setattr(calls, "send", first_update_fails)
+    answers = Answers(name={"name": "Ada"}, colour={"colour": "teal"})
+
+    async def scenario() -> str:
+        async with Client(runtime.url, extensions=[TasksClient()], elicitation_callback=answers) as client:
+            return text(await client.call_tool("two_rounds", {}))
+
+    assert run(scenario).startswith("Ada likes teal")
+    assert answers.asked == ["Your name?", "Favourite colour?"]  # each question asked once
+    assert len(updates) == 3  # the first round's answers twice, the second round's once
+
+
 def test_a_question_the_client_refuses_cancels_the_task_with_a_clear_error(runtime: Deployment):
     async def refuse(ctx: ClientRequestContext, params: ElicitRequestParams) -> ErrorData:
         return ErrorData(code=-32600, message="nobody is here to answer")

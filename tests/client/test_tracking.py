@@ -148,3 +148,32 @@ def test_a_task_that_ends_wakes_its_follower():
     assert woken == []
     tracked.offer(state("cancelled", "2026-12-01T10:00:03.000Z"))
     assert woken == [True]
+
+
+def test_a_followed_task_that_disappears_raises_without_its_last_state_again():
+    """`updates()` yields each change once: the loss fires the task's event (a version bump) but is no new state."""
+    import anyio
+
+    from celery_mcp_tasks.client.calls import TaskNotFound
+    from celery_mcp_tasks.client.handle import TaskHandle
+
+    tracked = Tracked(state=state())
+    handle = TaskHandle(None, None, tracked, "t")  # type: ignore[arg-type]  # updates() reads only the tracked task
+    seen: list[str] = []
+
+    async def follow() -> None:
+        async for update in handle.updates():
+            seen.append(update.status)
+
+    async def scenario() -> None:
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as group:
+                group.start_soon(follow)
+                await anyio.wait_all_tasks_blocked()  # the follower saw the state and waits for the next change
+                assert seen == ["working"]
+                tracked.lose(TaskNotFound(-32602, "Task not found"))
+
+    with pytest.raises(BaseExceptionGroup) as raised:
+        anyio.run(scenario)
+    assert raised.group_contains(TaskNotFound)
+    assert seen == ["working"]

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 
 logger = logging.getLogger("celery_mcp_tasks.client")
+_DELIVER_S = 30.0  # how long answers are sent again while the server answers with an internal error
 
 _INPUT_REQUEST: TypeAdapter[Any] = TypeAdapter(InputRequest)
 
@@ -98,6 +99,8 @@ class TaskHandle:
         seen = -1
         while True:
             self._open()  # closed meanwhile (by another coroutine): RuntimeError
+            if tracked.gone is not None and not tracked.state.terminal:  # its loss bumped the version: no repeat
+                raise tracked.gone
             if tracked.version != seen:
                 seen = tracked.version
                 yield tracked.state
@@ -250,8 +253,26 @@ class TaskHandle:
                 f"The task asked for {method}, which this client did not answer ({error.message});"
                 " the task was cancelled",
             )
-        with anyio.CancelScope(shield=True):  # once asked and answered, the answers are delivered
-            await self.answer(responses)
+        await self._deliver(responses)
+
+    async def _deliver(self, responses: dict[str, Any]) -> None:
+        """`answer`, sent again while the server answers with an internal error (a restart behind a proxy, a
+        store outage) for up to `_DELIVER_S`: answers the task already has are ignored, so a second copy is
+        harmless, and a user's answer is not lost to one bad response. Each send is shielded (once asked and
+        answered, a send under way is finished); the pause between sends is not."""
+        deadline = anyio.current_time() + _DELIVER_S
+        pause = 0.25
+        while True:
+            try:
+                with anyio.CancelScope(shield=True):
+                    await self.answer(responses)
+                return
+            except MCPError as exc:
+                if exc.code != INTERNAL_ERROR or anyio.current_time() + pause > deadline:
+                    raise
+                logger.warning("tasks/update failed (%s); sending the answers again", calls.brief(exc))
+            await anyio.sleep(pause)
+            pause = min(pause * 2, 5.0)
 
     async def answer(self, responses: Mapping[str, Any]) -> None:
         """Send answers (`tasks/update`), keyed as the task's `inputRequests` are."""
