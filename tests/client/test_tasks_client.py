@@ -183,6 +183,28 @@ def test_an_answer_the_server_failed_to_take_is_sent_again_not_lost(
     assert len(updates) == 3  # the first round's answers twice, the second round's once
 
 
+def test_a_stream_quota_of_one_still_follows_every_task_on_listen(
+    runtime: Deployment, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With `MCP_TASKS_QUOTA_STREAMS=1`, a task joining a connection that already listens is refused a second
+    stream (-32029): the client gives its stream back and opens one for them all, instead of polling."""
+    url = runtime.web("one-stream", MCP_TASKS_QUOTA_STREAMS="1")
+    opened = _recorded_streams(monkeypatch)
+
+    async def scenario() -> list[str]:
+        tasks = TasksClient()
+        async with Client(url, extensions=[tasks]) as client:
+            first = await tasks.start(client, "work", {"seconds": 3})
+            await anyio.wait_all_tasks_blocked()
+            second = await tasks.start(client, "work", {"seconds": 1})
+            return [text(await handle.result()) for handle in (first, second)]
+
+    with caplog.at_level("WARNING", logger="celery_mcp_tasks.client"):
+        assert run(scenario) == ["worked 3s on attempt 1", "worked 1s on attempt 1"]
+    assert "polling tasks" not in caplog.text, caplog.text
+    assert len(opened[-1]) == 2  # the last stream followed both
+
+
 def test_a_question_the_client_refuses_cancels_the_task_with_a_clear_error(runtime: Deployment):
     async def refuse(ctx: ClientRequestContext, params: ElicitRequestParams) -> ErrorData:
         return ErrorData(code=-32600, message="nobody is here to answer")
@@ -319,7 +341,8 @@ def test_push_is_used_when_the_server_offers_it(runtime: Deployment, monkeypatch
     assert polled > pushed, (polled, pushed)
 
 
-def test_tasks_followed_at_once_share_one_listen_stream(runtime: Deployment, monkeypatch: pytest.MonkeyPatch):
+def _recorded_streams(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The task ids of each listen stream the client opens from now on, in order."""
     from celery_mcp_tasks import sdk_internals as _sdk
 
     opened: list[list[str]] = []
@@ -330,6 +353,11 @@ def test_tasks_followed_at_once_share_one_listen_stream(runtime: Deployment, mon
         return original(session, task_ids, ack_timeout)
 
     monkeypatch.setattr(_sdk, "listen_tasks", recording)
+    return opened
+
+
+def test_tasks_followed_at_once_share_one_listen_stream(runtime: Deployment, monkeypatch: pytest.MonkeyPatch):
+    opened = _recorded_streams(monkeypatch)
 
     async def scenario() -> None:
         tasks = TasksClient()

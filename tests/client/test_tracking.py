@@ -1,13 +1,19 @@
-"""How the client keeps one task's state: newer wins, terminal is final, out-of-order notifications are dropped."""
+"""How the client keeps one task's state (newer wins, terminal is final, out-of-order notifications are dropped),
+follows it (each change once) and delivers answers (sent again only after an internal error, for a while)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import pytest
+from mcp.shared.exceptions import MCPError
 
-from celery_mcp_tasks.client.calls import translate
+from celery_mcp_tasks.client import calls
+from celery_mcp_tasks.client import handle as handle_module
+from celery_mcp_tasks.client.calls import TaskNotFound, translate
 from celery_mcp_tasks.client.following import Tracked
+from celery_mcp_tasks.client.handle import TaskHandle
 from celery_mcp_tasks.client.models import CreateTaskResult, TaskState
 
 
@@ -122,7 +128,6 @@ def test_a_failed_state_gives_its_jsonrpc_error():
     ],
 )
 def test_only_a_missing_task_is_task_not_found(message: str, gone: bool):
-    from mcp.shared.exceptions import MCPError
 
     from celery_mcp_tasks.client import TaskNotFound
 
@@ -150,13 +155,9 @@ def test_a_task_that_ends_wakes_its_follower():
     assert woken == [True]
 
 
-def test_a_followed_task_that_disappears_raises_without_its_last_state_again():
-    """`updates()` yields each change once: the loss fires the task's event (a version bump) but is no new state."""
-    import anyio
-
-    from celery_mcp_tasks.client.calls import TaskNotFound
-    from celery_mcp_tasks.client.handle import TaskHandle
-
+def _updates_until_lost(news: list[TaskState]) -> list[str]:
+    """The statuses `updates()` yields for a followed task that, once the follower waits, receives `news` and
+    then disappears, all before the follower runs again; `TaskNotFound` must end it."""
     tracked = Tracked(state=state())
     handle = TaskHandle(None, None, tracked, "t")  # type: ignore[arg-type]  # updates() reads only the tracked task
     seen: list[str] = []
@@ -170,10 +171,52 @@ def test_a_followed_task_that_disappears_raises_without_its_last_state_again():
             async with anyio.create_task_group() as group:
                 group.start_soon(follow)
                 await anyio.wait_all_tasks_blocked()  # the follower saw the state and waits for the next change
-                assert seen == ["working"]
+                for news_state in news:
+                    tracked.offer(news_state)
                 tracked.lose(TaskNotFound(-32602, "Task not found"))
 
     with pytest.raises(BaseExceptionGroup) as raised:
         anyio.run(scenario)
     assert raised.group_contains(TaskNotFound)
-    assert seen == ["working"]
+    return seen
+
+
+def test_a_followed_task_that_disappears_raises_without_its_last_state_again():
+    """`updates()` yields each change once: the loss fires the task's event (a version bump) but is no new state."""
+    assert _updates_until_lost([]) == ["working"]
+
+
+def test_a_state_that_came_just_before_the_loss_is_still_yielded():
+    assert _updates_until_lost([state("input_required", "2026-12-01T10:00:01.000Z")]) == ["working", "input_required"]
+
+
+def test_answers_are_sent_again_only_after_an_internal_error_and_only_for_a_while(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    failures: list[int] = []
+    sent: list[object] = []
+
+    async def send(session: object, request: object) -> None:
+        sent.append(request)
+        if failures:
+            raise MCPError(failures.pop(0), "refused")
+
+    monkeypatch.setattr(calls, "send", send)
+    handle = TaskHandle(None, None, Tracked(state=state("input_required")), "t")  # type: ignore[arg-type]
+
+    def deliver(*codes: int) -> int:
+        failures[:], sent[:] = list(codes), []
+        try:
+            anyio.run(handle._deliver, {"k": {"action": "accept"}})
+        finally:
+            count = len(sent)
+        return count
+
+    assert deliver(-32603, -32603) == 3  # a restart behind a proxy: sent until it is taken
+    with pytest.raises(MCPError):
+        deliver(-32602)  # the answers themselves are refused: never sent again
+    assert len(sent) == 1
+    monkeypatch.setattr(handle_module, "_DELIVER_S", 0.3)  # the first pause (0.25 s) fits, the second not
+    with pytest.raises(MCPError):
+        deliver(*[-32603] * 10)
+    assert len(sent) == 2

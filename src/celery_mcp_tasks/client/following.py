@@ -15,7 +15,7 @@ import anyio
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, METHOD_NOT_FOUND
 
-from celery_mcp_tasks import sdk_internals
+from celery_mcp_tasks import protocol, sdk_internals
 from celery_mcp_tasks.client import calls
 from celery_mcp_tasks.client.calls import TASKS_VERSIONS, TaskNotFound
 from celery_mcp_tasks.client.models import TaskState
@@ -249,6 +249,12 @@ class Follower:
                         await stack.aclose()
                         if isinstance(exc, MCPError) and exc.code == CONNECTION_CLOSED:
                             raise anyio.ClosedResourceError from None
+                        if isinstance(exc, MCPError) and exc.code == protocol.QUOTA_EXCEEDED and current is not None:
+                            # The caller's stream quota counts this connection's open stream too: give it back,
+                            # then ask once more for one stream with every task (refused again: as below).
+                            await current.aclose()
+                            current, covered = None, set()
+                            continue
                         failures += 1
                         if isinstance(exc, TimeoutError) or (
                             isinstance(exc, MCPError) and exc.code == METHOD_NOT_FOUND
@@ -256,7 +262,8 @@ class Follower:
                             logger.warning("subscriptions/listen failed (%s); polling tasks instead", calls.brief(exc))
                             self._may_listen = False
                             return
-                        if (isinstance(exc, MCPError) and failures >= 3) or failures >= 6:
+                        quota = isinstance(exc, MCPError) and exc.code == protocol.QUOTA_EXCEEDED  # no use at once
+                        if quota or (isinstance(exc, MCPError) and failures >= 3) or failures >= 6:
                             logger.warning(
                                 "subscriptions/listen failed (%s); polling tasks, listening again in %gs",
                                 calls.brief(exc),

@@ -97,13 +97,14 @@ class TaskHandle:
         if tracked is None:
             return
         seen = -1
+        last: TaskState | None = None
         while True:
             self._open()  # closed meanwhile (by another coroutine): RuntimeError
-            if tracked.gone is not None and not tracked.state.terminal:  # its loss bumped the version: no repeat
+            if tracked.gone is not None and tracked.state is last:  # the loss bumped the version: no repeat
                 raise tracked.gone
             if tracked.version != seen:
-                seen = tracked.version
-                yield tracked.state
+                seen, last = tracked.version, tracked.state
+                yield last
                 if tracked.state.terminal:
                     await self._settle()
                     return

@@ -221,9 +221,10 @@ class TaskListenHandler:
         stream = _Stream(honored_core(params.notifications), watch)
         self._streams.add(stream)
         self._by_caller[caller] += 1
-        unsubscribe = self._bus.subscribe(stream.deliver)
+        unsubscribe: Callable[[], None] | None = None
         self._tell(lambda observer: observer.stream_opened())
         try:
+            unsubscribe = self._bus.subscribe(stream.deliver)  # a custom bus that raises keeps no slot
             honored = stream.honored.model_dump(by_alias=True, exclude_none=True)
             if followed_ids is not None:
                 honored[TASK_IDS] = await self._follow_owned(stream, followed_ids, owner) if followed_ids else []
@@ -239,7 +240,8 @@ class TaskListenHandler:
         finally:
             stream.ending = True
             try:
-                unsubscribe()
+                if unsubscribe is not None:
+                    unsubscribe()
             except Exception:  # a custom bus must not keep the stream's slot
                 logger.exception("subscription bus unsubscribe raised")
             watch.close()
