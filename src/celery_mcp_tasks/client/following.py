@@ -251,7 +251,8 @@ class Follower:
                             raise anyio.ClosedResourceError from None
                         if isinstance(exc, MCPError) and exc.code == protocol.QUOTA_EXCEEDED and current is not None:
                             # The caller's stream quota counts this connection's open stream too: give it back,
-                            # then ask once more for one stream with every task (refused again: as below).
+                            # then ask for one stream with every task (refused again, as any refusal: retried
+                            # twice, the server may not have seen the old stream end yet, then polled a while).
                             await current.aclose()
                             current, covered = None, set()
                             continue
@@ -262,8 +263,7 @@ class Follower:
                             logger.warning("subscriptions/listen failed (%s); polling tasks instead", calls.brief(exc))
                             self._may_listen = False
                             return
-                        quota = isinstance(exc, MCPError) and exc.code == protocol.QUOTA_EXCEEDED  # no use at once
-                        if quota or (isinstance(exc, MCPError) and failures >= 3) or failures >= 6:
+                        if (isinstance(exc, MCPError) and failures >= 3) or failures >= 6:
                             logger.warning(
                                 "subscriptions/listen failed (%s); polling tasks, listening again in %gs",
                                 calls.brief(exc),
