@@ -569,8 +569,9 @@ class TaskRecord:
         if self.terminal or self.status is not TaskStatus.INPUT_REQUIRED:
             raise InvalidTransition("no input is outstanding")
         taken = {key: value for key, value in responses.items() if key in self.input_requests}
-        if any(not isinstance(value, dict) for value in taken.values()):
-            raise InvalidInputResponse("each input response must be an object")
+        for key, value in taken.items():
+            if not isinstance(value, dict):
+                raise InvalidInputResponse(f"the input response {key!r} must be an object")
         for key, answer in taken.items():
             why = None if problem is None else problem(self.input_requests[key], answer)
             if why is not None:

@@ -235,7 +235,7 @@ def test_update_validates_records_at_once_ignores_strangers_and_resumes(client: 
     bad = client.task("tasks/update", task_id, inputResponses=["not", "an", "object"])
     assert bad["error"]["code"] == -32602
     bad_value = client.task("tasks/update", task_id, inputResponses={"first": "not an object"})
-    assert bad_value["error"] == {"code": -32602, "message": "each input response must be an object"}
+    assert bad_value["error"] == {"code": -32602, "message": "the input response 'first' must be an object"}
     # An object, but no answer to an elicitation (an ElicitResult): refused as the synchronous path refuses it.
     # So is an accepted form whose content does not fit the question's requestedSchema ({"name": string}, required).
     misfits = {

@@ -206,6 +206,9 @@ class SyncCalls:
                 except PayloadTooLarge as exc:
                     await self._abandon(record, "The client's answer was too large")
                     raise invalid_params(str(exc)) from None
+                except InvalidInputResponse as exc:  # an answer of the wrong shape: the call cannot go on
+                    await self._abandon(record, "The client's answer did not fit the job's question")
+                    raise invalid_params(str(exc)) from None
         await self._abandon(record, "The job needs input; call it as a task")
         raise internal(f"Tool {tool.name} needs input from the user; call it with the tasks extension")
 
