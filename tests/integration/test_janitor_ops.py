@@ -6,6 +6,8 @@
   claims and sweeps happen in pool processes, never in a worker's main process (whose
   fork would copy a lock held by a sweep's metrics); the web process, watching the
   same ledger, stays quiet.
+- A queue that stays more than an interval behind (one worker, jobs arriving faster than it runs
+  them): sweeps still run as their turn comes, one per interval.
 - An `input_required` task nobody answers within MCP_TASKS_INPUT_TIMEOUT_S is failed
   by a sweep, and `tasks/get` says why.
 """
@@ -74,6 +76,38 @@ def test_without_beat_the_web_process_warns_within_three_intervals(
     assert text.count(STALE_WARNING) == 1, text
     assert "`celery -A APP beat`" in text and "MCP_TASKS_JANITOR=worker" in text
     assert ledger.last() == before  # nothing swept
+
+
+def test_sweeps_go_on_while_the_queue_stays_more_than_an_interval_behind(
+    backend: Backend, ledger: SweepLedger, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Jobs arrive faster than one worker runs them, so every sweep message waits behind more than an
+    interval of jobs. Each still sweeps when its turn comes (one that expired after an interval never did,
+    and nothing was swept until the queue drained), and their claims keep it to one sweep per interval."""
+    env = {"MCP_TASKS_JANITOR": "worker", "MCP_TASKS_JANITOR_INTERVAL_S": f"{INTERVAL_S:g}"}
+    with Deployment(APP, backend, tmp_path_factory.mktemp("backlog")) as deployment:
+        deployment.worker(concurrency=1, env=env)
+        deployment.web(**env)
+        client = McpHttp(deployment.url)
+        try:
+            wait_until(lambda: (r := ledger.last()) is not None and r.sweeps > 0, 20, "a first in-worker sweep")
+            # 0.8 s of work every 0.5 s: the queue falls 0.6 s further behind each second, 4.8 s in the end.
+            ids = []
+            for _ in range(16):
+                ids.append(client.create("work", {"seconds": 0.8}))
+                time.sleep(0.5)
+            behind = ledger.last()
+            assert behind is not None
+            client.wait_for(ids[-1], "completed", timeout=60)
+            drained = ledger.last()
+        finally:
+            client.close()
+    assert drained is not None and behind.swept_at is not None and drained.swept_at is not None
+    grown = drained.sweeps - behind.sweeps
+    # The messages sent 5, 6 and 7 s in sweep while the last job waits (at 8.0, 9.6 and 11.2 s); the one
+    # sent after it may sweep too. An expiring message swept only after the queue had drained.
+    assert grown >= 3, f"{grown} sweep(s) while the queue was behind"
+    assert (drained.swept_at - behind.swept_at) / grown >= 0.9 * INTERVAL_S * 1000  # still one per interval
 
 
 @pytest.fixture(scope="module")

@@ -208,13 +208,16 @@ def install_janitor(
     in_worker: bool = False,
     ledger: Callable[[], Ledger | None],
 ) -> list[Callable[..., None]]:
-    """Register the janitor task (sweeping unconditionally: beat, a hand-run sweep; with `claim_interval_s`,
-    the in-worker janitor's messages, only when it claimed that interval) and schedule it every `interval_s`
+    """Register the janitor task (sweeping unconditionally when run by hand; with `claim_interval_s`, as beat
+    and the in-worker janitor send it, only when it claimed that interval) and schedule it every `interval_s`
     (None: never): on beat, or with `in_worker` in every worker.
 
     The beat entry is added in `on_after_configure` (or at once when the app is already configured) and
     re-inserted at `beat_init`: either alone can be clobbered by a user's own `beat_schedule` assignment.
-    Each sweep message expires after one interval, so sweeps missed while no worker ran do not pile up.
+    A sweep message never expires: it waits its turn behind the jobs sent before it, however far behind the
+    queue is (one that expired after an interval was never run while the queue stayed that far behind, and
+    lost jobs, unanswered questions and TTLs waited for the backlog to drain). Beat's claim the interval as the
+    in-worker janitor's do, so the messages that piled up in a backlog or an outage sweep once between them.
     """
     from celery import signals
 
@@ -237,7 +240,7 @@ def install_janitor(
         return []
     if in_worker:
         return install_in_worker(app, run_sweep, ledger, interval_s)
-    entry = {"task": JANITOR_TASK, "schedule": interval_s, "options": {"expires": interval_s}}
+    entry = {"task": JANITOR_TASK, "schedule": interval_s, "kwargs": {"claim_interval_s": interval_s}}
 
     def add(sender: Celery, **_: Any) -> None:
         schedule = sender.conf.beat_schedule or {}
@@ -332,7 +335,8 @@ class JanitorMessages:
 
     Runs on the consumer's timer (Celery's own event loop, or its timer thread), so the main process adds
     no thread and never touches the store or the metrics (whose multiprocess lock a fork would copy while
-    another thread held it). The message goes to a queue this worker consumes and expires after one interval.
+    another thread held it). The message goes to a queue this worker consumes and never expires (see
+    `install_janitor`).
     """
 
     def __init__(self, app: Celery, timer: Any, interval_s: float) -> None:
@@ -363,7 +367,6 @@ class JanitorMessages:
             self.app.send_task(
                 JANITOR_TASK,
                 kwargs={"claim_interval_s": self.interval_s},
-                expires=self.interval_s,
                 queue=self.queue(),
                 retry=True,
                 retry_policy=_SEND_RETRY,
