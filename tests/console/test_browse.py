@@ -104,10 +104,23 @@ def test_sort_and_limit_are_checked() -> None:
         ("created_at", parse_sort, "sort"),
         ("0", parse_limit, "limit"),
         ("x", parse_limit, "limit"),
+        ("\uff11", parse_limit, "limit"),  # a full-width one: int() would take it
+        ("1_0", parse_limit, "limit"),
+        ("-1", parse_limit, "limit"),
     ]:
         with pytest.raises(BadFilter) as caught:
             parse(bad)  # type: ignore[operator]
         assert caught.value.field == field
+
+
+def test_an_owner_filter_is_bounded_and_ages_take_ascii_digits_only() -> None:
+    with pytest.raises(BadFilter, match="at most 1024 characters") as caught:
+        Filter.parse({"owner": "sub:" + "x" * 2000})
+    assert caught.value.field == "owner"
+    with pytest.raises(BadFilter) as caught:
+        Filter.parse({"min_age": "\uff11\uff10m"})  # full-width "10m"
+    assert caught.value.field == "min_age"
+    assert Filter.parse({"min_age": "10m"}).min_age_s == 600
 
 
 def test_a_refusal_never_repeats_what_was_typed_a_pasted_task_id_least_of_all(store: SqlStore) -> None:
@@ -224,6 +237,31 @@ def test_an_owner_tag_within_a_namespace_is_found_whatever_the_database_collatio
             assert [r.key for r in store.browse(anyone, "-created", None, 10, now_ms=NOW).rows] == [key(2)]
         finally:
             store.dispose()
+
+
+def test_a_short_hash_among_more_owners_than_are_looked_through_is_refused_not_answered_empty(
+    store: SqlStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the first owners are looked through for a short hash: past them, an empty page would say the owner
+    has no tasks. The filter is refused, saying what to give instead; with few enough owners it answers."""
+    from celery_mcp_tasks.store import browse
+
+    monkeypatch.setattr(browse, "_MAX_OWNERS", 3)
+    owners = [f"sub:https%3A%2F%2Fidp.example:user{n}" for n in range(3)]
+    for n, owner in enumerate(owners):
+        put(store, n, owner=owner)
+    last = Filter.parse({"owner": str(owner_tag(owners[2]))})
+    assert [r.key for r in store.browse(last, "-created", None, 10, now_ms=NOW).rows] == [key(2)]
+    put(store, 3, owner="sub:https%3A%2F%2Fidp.example:user3")
+    with pytest.raises(BadFilter) as refused:
+        store.browse(last, "-created", None, 10, now_ms=NOW)
+    assert refused.value.field == "owner"
+    assert "at most 3 owners" in refused.value.message and "`<namespace> <hash>`" in refused.value.message
+    within = Filter.parse({"owner": f"sub:https://idp.example {owner_tag(owners[2])}"})
+    with pytest.raises(BadFilter, match="filter by the namespace alone"):
+        store.browse(within, "-created", None, 10, now_ms=NOW)
+    monkeypatch.setattr(browse, "_MAX_OWNERS", 4)
+    assert [r.key for r in store.browse(within, "-created", None, 10, now_ms=NOW).rows] == [key(2)]
 
 
 def test_rows_changed_since_and_delete_of_a_final_row_only(store: SqlStore) -> None:

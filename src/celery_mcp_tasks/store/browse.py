@@ -18,6 +18,7 @@ from celery_mcp_tasks.model import ACTIVE_VALUES, TERMINAL_VALUES, TaskStatus
 from celery_mcp_tasks.model import now_ms as clock_ms
 from celery_mcp_tasks.store.rows import (
     ROW_COLUMNS,
+    BadFilter,
     Filter,
     MinuteCount,
     Overview,
@@ -54,20 +55,28 @@ _DISTINCT_OWNERS = sa.text(
         SELECT min(owner), 1 FROM {tasks.name} WHERE owner >= :low
         UNION ALL
         SELECT (SELECT min(t.owner) FROM {tasks.name} t WHERE t.owner > o.owner), o.n + 1
-        FROM o WHERE o.owner IS NOT NULL AND o.n < :cap
+        FROM o WHERE o.owner IS NOT NULL AND o.n <= :cap
     )
-    SELECT owner FROM o WHERE owner LIKE :within ESCAPE '/'
+    SELECT owner, n FROM o WHERE owner LIKE :within ESCAPE '/' OR (n > :cap AND owner IS NOT NULL)
     """
 )
 
 
 def _owners_tagged(conn: Connection, namespace: str | None, tag: str) -> list[str]:
-    """The owners (within `namespace`, when given) whose tag starts with `tag`, among the first `_MAX_OWNERS`
-    distinct owners from the namespace's prefix on."""
+    """The owners (within `namespace`, when given) whose tag starts with `tag`, looked for among the distinct
+    owners from the namespace's prefix on; `BadFilter` when there are more than `_MAX_OWNERS` of those (an
+    answer from the first ones only could leave out the very owner asked for)."""
     low = namespace + ":" if namespace else ""
     within = low.replace("/", "//").replace("%", "/%").replace("_", "/_") + "%"
-    found = conn.execute(_DISTINCT_OWNERS, {"low": low, "within": within, "cap": _MAX_OWNERS}).scalars().all()
-    return [owner for owner in found if owner.startswith(low) and (owner_tag(owner) or "").startswith(tag)]
+    found = conn.execute(_DISTINCT_OWNERS, {"low": low, "within": within, "cap": _MAX_OWNERS}).all()
+    if any(n > _MAX_OWNERS for _, n in found):
+        instead = (
+            "filter by the namespace alone" if namespace else "give the owner's namespace too: `<namespace> <hash>`"
+        )
+        raise BadFilter(
+            "owner", f"a short hash is looked up among at most {_MAX_OWNERS:,} owners, there are more; {instead}"
+        )
+    return [owner for owner, _ in found if owner.startswith(low) and (owner_tag(owner) or "").startswith(tag)]
 
 
 def _where(conn: Connection, filter: Filter, now_ms: int, *, tags: bool = True) -> list[sa.ColumnElement[bool]] | None:

@@ -39,7 +39,10 @@ MAX_TEXT: Final = 200
 STATUS_NAMES: Final = tuple(status.value for status in TaskStatus)
 _STATUS_GROUPS: Final = {"active": frozenset(ACTIVE_VALUES), "final": frozenset(TERMINAL_VALUES)}
 _HEX = re.compile(r"[0-9a-f]{4,64}")
-_DURATION = re.compile(r"(\d{1,9})([smhd]?)")
+MAX_OWNER = 1024
+"""The longest owner filter taken: a namespace names an issuer, at most the store's 512-character owner (its
+percent-encoded spelling may be longer), and a tag."""
+_DURATION = re.compile(r"([0-9]{1,9})([smhd]?)")  # [0-9], not \d: no full-width digits
 _UNITS: Final = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -113,6 +116,8 @@ class Filter:
         if tool is not None and len(tool) > 128:
             raise BadFilter("tool", "a tool name has at most 128 characters")
         owner = given("owner")
+        if owner is not None and len(owner) > MAX_OWNER:
+            raise BadFilter("owner", f"an owner filter has at most {MAX_OWNER} characters")
         if owner is not None:
             owner = cls._checked_owner(owner)
         min_age = None if (raw := given("min_age")) is None else _duration_s("min_age", raw)
@@ -181,10 +186,10 @@ def parse_sort(value: str | None) -> str:
 def parse_limit(value: str | None) -> int:
     if value is None or not value.strip():
         return DEFAULT_LIMIT
-    try:
-        limit = int(value)
-    except ValueError:
-        raise BadFilter("limit", "not a whole number") from None
+    digits = value.strip()
+    if not (digits.isascii() and digits.isdigit()):  # int() takes full-width digits and "1_0" too
+        raise BadFilter("limit", "not a whole number")
+    limit = int(digits)
     if not 1 <= limit <= MAX_LIMIT:
         raise BadFilter("limit", f"between 1 and {MAX_LIMIT}")
     return limit
