@@ -11,10 +11,12 @@ from __future__ import annotations
 import os
 import time
 from logging.config import fileConfig
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from alembic import context
 from alembic.runtime.environment import NameFilterParentNames, NameFilterType
+from alembic.runtime.migration import MigrationContext, MigrationInfo
 from sqlalchemy import pool, text
 
 from celery_mcp_tasks.store.engine import create_store_engine
@@ -48,10 +50,19 @@ def include_name(name: str | None, type_: NameFilterType, parent_names: NameFilt
     return True
 
 
+def _applied(ctx: MigrationContext, step: MigrationInfo, heads: Collection[Any], run_args: Mapping[str, Any]) -> None:
+    """Each migration step this run applied, for its caller (`migrate.upgrade`): recorded after the lock, so a
+    migrator that waited for another one's run reports what it did itself (nothing), not what it saw before."""
+    applied = config.attributes.get("applied")
+    if applied is not None:
+        applied.append((tuple(step.source_revision_ids), tuple(step.destination_revision_ids)))
+
+
 def _configure(**kwargs: Any) -> None:
     context.configure(
         target_metadata=metadata,
         version_table=VERSION_TABLE,
+        on_version_apply=_applied,
         include_name=include_name,
         compare_type=True,
         **kwargs,

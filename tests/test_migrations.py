@@ -299,10 +299,17 @@ def test_two_migrators_at_once_both_end_at_head_through_the_concurrent_index_bui
             subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for _ in range(2)
         ]
+        said = []
         for migrator in migrators:
-            _, stderr = migrator.communicate(timeout=120)
+            stdout, stderr = migrator.communicate(timeout=120)
             assert migrator.returncode == 0, stderr
+            said.append(stdout.strip())
         _assert_migrated_without_drift(url)
+    # Each says what it did itself: the one that waited applied nothing. (It read the store's revision before
+    # the lock once, and said "upgraded ... from base" too, or from a revision half-way through the other's run.)
+    upgraded = [line for line in said if " upgraded the task store " in line]
+    assert len(upgraded) == 1 and " from base (no tables) to " in upgraded[0], said
+    assert len([line for line in said if " is already at " in line]) == 1, said
 
 
 @needs_postgres

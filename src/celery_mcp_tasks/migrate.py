@@ -4,6 +4,7 @@ linked from the repository's top level), so this works from a plain `pip install
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from pathlib import Path
 
 from alembic import command
@@ -22,12 +23,26 @@ def alembic_config(url: str) -> Config:
     return config
 
 
-def upgrade(url: str, revision: str = "head") -> None:
-    command.upgrade(alembic_config(url), revision)
+Moved = tuple[tuple[str, ...], tuple[str, ...]]
+"""The revisions a migration run started from and ended at (() is base: no tables)."""
 
 
-def downgrade(url: str, revision: str) -> None:
-    command.downgrade(alembic_config(url), revision)
+def upgrade(url: str, revision: str = "head") -> Moved | None:
+    """Migrate up to `revision`; what this run moved the store from and to, None when it applied nothing (the
+    store was there already, or another migrator running at once took it there)."""
+    return _moving(command.upgrade, url, revision)
+
+
+def downgrade(url: str, revision: str) -> Moved | None:
+    return _moving(command.downgrade, url, revision)
+
+
+def _moving(run: Callable[[Config, str], None], url: str, revision: str) -> Moved | None:
+    config = alembic_config(url)
+    applied: list[Moved] = []
+    config.attributes["applied"] = applied  # filled by the environment's `on_version_apply`
+    run(config, revision)
+    return (applied[0][0], applied[-1][1]) if applied else None
 
 
 def check(url: str) -> None:

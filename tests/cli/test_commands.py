@@ -38,6 +38,29 @@ def test_resume_with_an_empty_id_is_a_usage_error_in_one_line(capsys: pytest.Cap
     assert captured.out == ""
 
 
+def test_a_server_that_migrates_its_store_on_start_says_so_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`serve`, `dev` and `stdio` migrate before they start: a schema change every process on the store lives
+    with is logged, once, and a start with nothing to migrate says nothing about it."""
+    import logging
+
+    from celery_mcp_tasks import McpTasks, migrate
+    from celery_mcp_tasks.cli.shared import prepare
+
+    monkeypatch.setenv("MCP_TASKS_DATA_DIR", str(tmp_path))
+    for name in ("MCP_TASKS_DATABASE_URL", "CELERY_BROKER_URL"):
+        monkeypatch.delenv(name, raising=False)
+    (head,) = script_heads()[0]
+    tasks = McpTasks("migrating")
+    migrate.upgrade(tasks.settings.store_url, "0007")
+    with caplog.at_level(logging.INFO, logger="celery_mcp_tasks"):
+        prepare(tasks, "web", migrate=True)
+        prepare(tasks, "web", migrate=True)
+    said = [r.getMessage() for r in caplog.records if "task store" in r.getMessage()]
+    assert said == [f"upgraded the task store sqlite:///{tmp_path.resolve() / 'tasks.db'} from 0007 to {head} (head)"]
+
+
 def test_db_says_what_it_did_and_never_downgrades_without_a_revision(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

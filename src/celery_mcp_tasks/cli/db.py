@@ -9,6 +9,7 @@ import sqlalchemy as sa
 from alembic.util import CommandError
 
 from celery_mcp_tasks import migrate
+from celery_mcp_tasks.cli.shared import named_revisions
 from celery_mcp_tasks.config import ConfigError, Settings, redact_url
 from celery_mcp_tasks.preflight import (
     NOT_CREATED,
@@ -17,7 +18,6 @@ from celery_mcp_tasks.preflight import (
     preflight,
     probe_engine,
     revision_problem,
-    script_heads,
     short_reason,
 )
 from celery_mcp_tasks.store.codec import new_key
@@ -35,12 +35,6 @@ def _revisions(url: str) -> tuple[str, ...]:
             return current_revisions(conn)
     finally:
         engine.dispose()
-
-
-def _named(revisions: tuple[str, ...]) -> str:
-    if not revisions:
-        return "base (no tables)"
-    return ", ".join(sorted(revisions)) + (" (head)" if set(revisions) == script_heads()[0] else "")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,15 +57,15 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "reencrypt":
         return _reencrypt(settings, force=args.force)
     if args.action in ("upgrade", "downgrade"):
-        before = _revisions(url)
-        (migrate.upgrade if args.action == "upgrade" else migrate.downgrade)(url, args.revision or "head")
-        after = _revisions(url)
-        if before == after:
-            print(f"celery-mcp-tasks db: the task store {redact_url(url)} is already at {_named(after)}")
+        moved = (migrate.upgrade if args.action == "upgrade" else migrate.downgrade)(url, args.revision or "head")
+        if moved is None:  # nothing to do, or another migrator running at once did it
+            print(
+                f"celery-mcp-tasks db: the task store {redact_url(url)} is already at {named_revisions(_revisions(url))}"
+            )
         else:
             print(
-                f"celery-mcp-tasks db: {args.action}d the task store {redact_url(url)} from {_named(before)} "
-                f"to {_named(after)}"
+                f"celery-mcp-tasks db: {args.action}d the task store {redact_url(url)} from {named_revisions(moved[0])} "
+                f"to {named_revisions(moved[1])}"
             )
     elif args.action == "check":
         return _check(url)
@@ -98,7 +92,9 @@ def _check(url: str) -> int:
             file=sys.stderr,
         )
         return 1
-    print(f"celery-mcp-tasks db check: the task store {store} is at {_named(revisions)}, as this release expects")
+    print(
+        f"celery-mcp-tasks db check: the task store {store} is at {named_revisions(revisions)}, as this release expects"
+    )
     return 0
 
 

@@ -56,8 +56,25 @@ def prepare(tasks: Any, role: str, *, migrate: bool) -> None:
         from celery_mcp_tasks.migrate import upgrade
 
         internals(tasks).preflight(role, need_schema=False)
-        upgrade(tasks.settings.store_url)
+        url = tasks.settings.store_url
+        moved = upgrade(url)
+        if moved is not None:  # the schema changed under every process on this store: the operator hears of it
+            logging.getLogger("celery_mcp_tasks").info(
+                "upgraded the task store %s from %s to %s",
+                redact_url(url),
+                named_revisions(moved[0]),
+                named_revisions(moved[1]),
+            )
     internals(tasks).preflight(role)
+
+
+def named_revisions(revisions: tuple[str, ...]) -> str:
+    """Migration revisions as the CLI says them: `base (no tables)`, or the ids, marked `(head)` at this release's."""
+    from celery_mcp_tasks.preflight import script_heads
+
+    if not revisions:
+        return "base (no tables)"
+    return ", ".join(sorted(revisions)) + (" (head)" if set(revisions) == script_heads()[0] else "")
 
 
 def _import_app(path: str) -> Any:
