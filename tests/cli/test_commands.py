@@ -78,6 +78,10 @@ def test_db_says_what_it_did_and_never_downgrades_without_a_revision(
         f"celery-mcp-tasks db: upgraded the task store {store} from base (no tables) to {head} (head)"
     ]
     assert said("upgrade") == [f"celery-mcp-tasks db: the task store {store} is already at {head} (head)"]
+    assert said("upgrade", "0003") == [  # an upgrade never goes back: it says how to
+        f"celery-mcp-tasks db: the task store {store} is already at {head} (head), past 0003: to go back to it, "
+        "`celery-mcp-tasks db downgrade 0003`"
+    ]
     assert "no tables" not in "".join(said("current"))  # alembic prints the revision itself
     checked = f"celery-mcp-tasks db check: the task store {store} is at {head} (head), as this release expects"
     assert said("check") == [checked]
@@ -104,6 +108,9 @@ def test_db_says_what_it_did_and_never_downgrades_without_a_revision(
     assert main(["db", "check"]) == 1
     (differs,) = capsys.readouterr().err.splitlines()
     assert differs.startswith(f"celery-mcp-tasks db check: the task store {store} differs from this release's schema:")
+    with sqlite3.connect(tmp_path / "tasks.db") as conn:  # a newer release migrated it: `current` still says where
+        conn.execute("UPDATE mcp_tasks_alembic_version SET version_num = '0099'")
+    assert said("current") == ["0099 (newer than this release of celery-mcp-tasks)"]
 
 
 def test_a_store_migrated_by_a_newer_release_is_one_line_naming_its_revision_and_the_fix(

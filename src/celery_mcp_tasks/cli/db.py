@@ -18,6 +18,7 @@ from celery_mcp_tasks.preflight import (
     preflight,
     probe_engine,
     revision_problem,
+    script_heads,
     short_reason,
 )
 from celery_mcp_tasks.store.codec import new_key
@@ -53,14 +54,29 @@ def run(args: argparse.Namespace) -> int:
     if args.action in ("current", "check") and missing_sqlite_file(url):  # asked, never created (a mistyped path)
         print(f"celery-mcp-tasks db: {NOT_CREATED} ({redact_url(url)})", file=sys.stderr)
         return 1
+    if args.action == "current":  # read-only: says where any store is, one a newer release migrated too
+        try:
+            revisions = _revisions(url)
+        except sa.exc.DBAPIError:
+            revisions = None  # unreachable: preflight says so in one line
+        if revisions is not None and set(revisions) - script_heads()[1]:
+            print(f"{', '.join(sorted(revisions))} (newer than this release of celery-mcp-tasks)")
+            return 0
     preflight(settings, role="db", need_schema=False)  # unreachable: one line, not alembic's traceback
     if args.action == "reencrypt":
         return _reencrypt(settings, force=args.force)
     if args.action in ("upgrade", "downgrade"):
         moved = (migrate.upgrade if args.action == "upgrade" else migrate.downgrade)(url, args.revision or "head")
         if moved is None:  # nothing to do, or another migrator running at once did it
+            now = _revisions(url)
+            past = args.action == "upgrade" and args.revision not in (None, "head", *now)
             print(
-                f"celery-mcp-tasks db: the task store {redact_url(url)} is already at {named_revisions(_revisions(url))}"
+                f"celery-mcp-tasks db: the task store {redact_url(url)} is already at {named_revisions(now)}"
+                + (
+                    f", past {args.revision}: to go back to it, `celery-mcp-tasks db downgrade {args.revision}`"
+                    if past
+                    else ""
+                )
             )
         else:
             print(
