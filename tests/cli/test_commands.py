@@ -110,7 +110,7 @@ def test_db_says_what_it_did_and_never_downgrades_without_a_revision(
     assert differs.startswith(f"celery-mcp-tasks db check: the task store {store} differs from this release's schema:")
     with sqlite3.connect(tmp_path / "tasks.db") as conn:  # a newer release migrated it: `current` still says where
         conn.execute("UPDATE mcp_tasks_alembic_version SET version_num = '0099'")
-    assert said("current") == ["0099 (newer than this release of celery-mcp-tasks)"]
+    assert said("current") == ["0099 (newer than this release of celery-mcp-tasks: upgrade the package)"]
 
 
 def test_a_store_migrated_by_a_newer_release_is_one_line_naming_its_revision_and_the_fix(
@@ -124,11 +124,15 @@ def test_a_store_migrated_by_a_newer_release_is_one_line_naming_its_revision_and
     with sqlite3.connect(tmp_path / "tasks.db") as conn:
         conn.execute("UPDATE mcp_tasks_alembic_version SET version_num = '0099'")
     capsys.readouterr()
-    for action in ("upgrade", "current", "check"):
+    for action in ("upgrade", "check"):
         assert main(["db", action]) == 2
         (line,) = capsys.readouterr().err.splitlines()
         assert "at revision 0099, which this release of celery-mcp-tasks does not know" in line, line
         assert line.endswith(("upgrade the package", f"upgrade the package ({tmp_path.resolve() / 'tasks.db'})")), line
+    assert main(["db", "current"]) == 0  # read-only: it says where the store is
+    assert capsys.readouterr().out.splitlines() == [
+        "0099 (newer than this release of celery-mcp-tasks: upgrade the package)"
+    ]
 
 
 def test_db_current_and_check_never_create_a_missing_sqlite_file(

@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         except sa.exc.DBAPIError:
             revisions = None  # unreachable: preflight says so in one line
         if revisions is not None and set(revisions) - script_heads()[1]:
-            print(f"{', '.join(sorted(revisions))} (newer than this release of celery-mcp-tasks)")
+            print(f"{', '.join(sorted(revisions))} (newer than this release of celery-mcp-tasks: upgrade the package)")
             return 0
     preflight(settings, role="db", need_schema=False)  # unreachable: one line, not alembic's traceback
     if args.action == "reencrypt":
