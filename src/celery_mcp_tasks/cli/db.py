@@ -57,8 +57,8 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "current":  # read-only: says where any store is, one a newer release migrated too
         try:
             revisions = _revisions(url)
-        except sa.exc.DBAPIError:
-            revisions = None  # unreachable: preflight says so in one line
+        except Exception:  # noqa: BLE001 - unreachable, a bad URL, a directory missing: preflight says which, in one line
+            revisions = None
         if revisions is not None and set(revisions) - script_heads()[1]:
             print(f"{', '.join(sorted(revisions))} (newer than this release of celery-mcp-tasks: upgrade the package)")
             return 0
