@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 import time
-from logging.config import fileConfig
 from collections.abc import Collection, Mapping
+from logging.config import fileConfig
 from typing import Any
 
 from alembic import context

@@ -262,6 +262,11 @@ def test_a_short_hash_among_more_owners_than_are_looked_through_is_refused_not_a
         store.browse(within, "-created", None, 10, now_ms=NOW)
     monkeypatch.setattr(browse, "_MAX_OWNERS", 4)
     assert [r.key for r in store.browse(within, "-created", None, 10, now_ms=NOW).rows] == [key(2)]
+    # More owners than that sort after another namespace's only owner: its short hash is still found.
+    monkeypatch.setattr(browse, "_MAX_OWNERS", 3)
+    put(store, 4, owner=BOB)  # client_id: sorts before sub:
+    robot = Filter.parse({"owner": f"client_id:https://idp.example {owner_tag(BOB)}"})
+    assert [r.key for r in store.browse(robot, "-created", None, 10, now_ms=NOW).rows] == [key(4)]
 
 
 def test_rows_changed_since_and_delete_of_a_final_row_only(store: SqlStore) -> None:

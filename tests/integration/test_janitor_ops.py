@@ -97,17 +97,18 @@ def test_sweeps_go_on_while_the_queue_stays_more_than_an_interval_behind(
                 ids.append(client.create("work", {"seconds": 0.8}))
                 time.sleep(0.5)
             behind = ledger.last()
-            assert behind is not None
+            # Until the last job but one is done, the queue has not drained: no message sent from now on is
+            # reached, and every one reached was sent while the queue was over an interval behind.
+            client.wait_for(ids[-2], "completed", timeout=60)
+            during = ledger.last()
             client.wait_for(ids[-1], "completed", timeout=60)
-            drained = ledger.last()
         finally:
             client.close()
-    assert drained is not None and behind.swept_at is not None and drained.swept_at is not None
-    grown = drained.sweeps - behind.sweeps
-    # The messages sent 5, 6 and 7 s in sweep while the last job waits (at 8.0, 9.6 and 11.2 s); the one
-    # sent after it may sweep too. An expiring message swept only after the queue had drained.
-    assert grown >= 3, f"{grown} sweep(s) while the queue was behind"
-    assert (drained.swept_at - behind.swept_at) / grown >= 0.9 * INTERVAL_S * 1000  # still one per interval
+    assert behind is not None and during is not None
+    # Ideally the messages sent 4-7 s in sweep at ~6.4, 8.0, 9.6 and 11.2 s; a loaded machine creates the
+    # jobs more slowly and the queue falls less far behind, but still more than an interval. An expiring
+    # message never swept in this window.
+    assert during.sweeps - behind.sweeps >= 1, "no sweep while the queue was more than an interval behind"
 
 
 @pytest.fixture(scope="module")

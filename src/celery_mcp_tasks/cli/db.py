@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         moved = (migrate.upgrade if args.action == "upgrade" else migrate.downgrade)(url, args.revision or "head")
         if moved is None:  # nothing to do, or another migrator running at once did it
             now = _revisions(url)
-            past = args.action == "upgrade" and args.revision not in (None, "head", *now)
+            past = args.action == "upgrade" and args.revision not in (None, "head", "heads", *now)
             print(
                 f"celery-mcp-tasks db: the task store {redact_url(url)} is already at {named_revisions(now)}"
                 + (

@@ -60,23 +60,29 @@ _DISTINCT_OWNERS = sa.text(
     SELECT owner, n FROM o WHERE owner LIKE :within ESCAPE '/' OR (n > :cap AND owner IS NOT NULL)
     """
 )
+_OWNERS_WITHIN = sa.text(f"SELECT DISTINCT owner FROM {tasks.name} WHERE owner LIKE :within ESCAPE '/' LIMIT :limit")
+"""A namespace's owners, when the walk above stopped before its end: up to `:limit` of them, wherever they sort."""
 
 
 def _owners_tagged(conn: Connection, namespace: str | None, tag: str) -> list[str]:
-    """The owners (within `namespace`, when given) whose tag starts with `tag`, looked for among the distinct
-    owners from the namespace's prefix on; `BadFilter` when there are more than `_MAX_OWNERS` of those (an
-    answer from the first ones only could leave out the very owner asked for)."""
+    """The owners (within `namespace`, when given) whose tag starts with `tag`: looked for among the first
+    `_MAX_OWNERS` distinct owners from the namespace's prefix on, or, when the walk stopped before the end,
+    among the namespace's own owners; `BadFilter` when there are more than `_MAX_OWNERS` of those (an answer
+    from some of them only could leave out the very owner asked for)."""
     low = namespace + ":" if namespace else ""
     within = low.replace("/", "//").replace("%", "/%").replace("_", "/_") + "%"
     found = conn.execute(_DISTINCT_OWNERS, {"low": low, "within": within, "cap": _MAX_OWNERS}).all()
-    if any(n > _MAX_OWNERS for _, n in found):
-        instead = (
-            "filter by the namespace alone" if namespace else "give the owner's namespace too: `<namespace> <hash>`"
-        )
-        raise BadFilter(
-            "owner", f"a short hash is looked up among at most {_MAX_OWNERS:,} owners, there are more; {instead}"
-        )
-    return [owner for owner, _ in found if owner.startswith(low) and (owner_tag(owner) or "").startswith(tag)]
+    owners = [owner for owner, n in found if n <= _MAX_OWNERS]
+    if len(owners) < len(found):  # the walk stopped early; past it, other namespaces' owners may be what it counted
+        owners = list(conn.execute(_OWNERS_WITHIN, {"within": within, "limit": _MAX_OWNERS + 1}).scalars())
+        if len(owners) > _MAX_OWNERS:
+            instead = (
+                "filter by the namespace alone" if namespace else "give the owner's namespace too: `<namespace> <hash>`"
+            )
+            raise BadFilter(
+                "owner", f"a short hash is looked up among at most {_MAX_OWNERS:,} owners, there are more; {instead}"
+            )
+    return [owner for owner in owners if owner.startswith(low) and (owner_tag(owner) or "").startswith(tag)]
 
 
 def _where(conn: Connection, filter: Filter, now_ms: int, *, tags: bool = True) -> list[sa.ColumnElement[bool]] | None:
