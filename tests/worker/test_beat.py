@@ -31,9 +31,9 @@ def beat_schedule_at_init(app: Celery) -> dict[str, object]:
 def test_the_janitor_is_scheduled_every_interval_never_expires_and_claims_its_interval(tmp_path: Path) -> None:
     tasks = runtime(tmp_path, janitor_interval_s=30.0)
     entry = tasks.celery.conf.beat_schedule[JANITOR_TASK]
-    # No expiry: a sweep waiting behind a backlog longer than an interval still runs; the claim keeps the ones
-    # that piled up to one sweep per interval.
-    assert entry == {"task": "celery_mcp_tasks.janitor", "schedule": 30.0, "kwargs": {"claim_interval_s": 30.0}}
+    # No expiry: a sweep waiting behind a backlog longer than an interval still runs; the claim (half an interval:
+    # a message that waited longer than the one before still sweeps) drops the ones that piled up and come together.
+    assert entry == {"task": "celery_mcp_tasks.janitor", "schedule": 30.0, "kwargs": {"claim_interval_s": 15.0}}
     assert tasks.celery.tasks[entry["task"]].name == JANITOR_TASK  # the entry names a task the worker has
     assert runtime(tmp_path / "b", janitor_interval_s=5.0).celery.conf.beat_schedule[JANITOR_TASK]["schedule"] == 5.0
 

@@ -216,8 +216,9 @@ def install_janitor(
     re-inserted at `beat_init`: either alone can be clobbered by a user's own `beat_schedule` assignment.
     A sweep message never expires: it waits its turn behind the jobs sent before it, however far behind the
     queue is (one that expired after an interval was never run while the queue stayed that far behind, and
-    lost jobs, unanswered questions and TTLs waited for the backlog to drain). Beat's claim the interval as the
-    in-worker janitor's do, so the messages that piled up in a backlog or an outage sweep once between them.
+    lost jobs, unanswered questions and TTLs waited for the backlog to drain). Beat's claim half an interval in
+    the ledger (the in-worker janitor's, sent by every worker, a whole one), so the messages that piled up in a
+    backlog or an outage sweep once between them.
     """
     from celery import signals
 
@@ -240,7 +241,9 @@ def install_janitor(
         return []
     if in_worker:
         return install_in_worker(app, run_sweep, ledger, interval_s)
-    entry = {"task": JANITOR_TASK, "schedule": interval_s, "kwargs": {"claim_interval_s": interval_s}}
+    # Beat sends one message per interval: each claims half an interval, so a message that waited longer in the
+    # queue than the one before it still sweeps, and only the copies that piled up and arrive together are dropped.
+    entry = {"task": JANITOR_TASK, "schedule": interval_s, "kwargs": {"claim_interval_s": interval_s / 2}}
 
     def add(sender: Celery, **_: Any) -> None:
         schedule = sender.conf.beat_schedule or {}
