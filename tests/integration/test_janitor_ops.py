@@ -83,7 +83,7 @@ def test_sweeps_go_on_while_the_queue_stays_more_than_an_interval_behind(
 ) -> None:
     """Jobs arrive faster than one worker runs them, so every sweep message waits behind more than an
     interval of jobs. Each still sweeps when its turn comes (one that expired after an interval never did,
-    and nothing was swept until the queue drained), and their claims keep it to one sweep per interval."""
+    and nothing was swept until the queue drained). One sweep per interval: the three workers' test above."""
     env = {"MCP_TASKS_JANITOR": "worker", "MCP_TASKS_JANITOR_INTERVAL_S": f"{INTERVAL_S:g}"}
     with Deployment(APP, backend, tmp_path_factory.mktemp("backlog")) as deployment:
         deployment.worker(concurrency=1, env=env)
