@@ -53,37 +53,15 @@ from celery_mcp_tasks.worker.dispatch import CeleryDispatcher
 from celery_mcp_tasks.worker.fairness import consume_shards
 from celery_mcp_tasks.worker.janitor import MetricHook, SweepReport, install_janitor, sweep
 from celery_mcp_tasks.worker.job import McpJob, McpTaskDecorator, McpTaskJob, WorkerRuntime, make_run
+from celery_mcp_tasks.worker.kombu_internals import fixed_transport
 from celery_mcp_tasks.worker.startup import install_startup
 
 __all__ = ["Internals", "McpTasks", "internals"]
-
-REDIS_TRANSPORT = "celery_mcp_tasks.worker.kombu_internals.redis_transport:Transport"
-"""kombu's Redis transport with the fix for a broker outage mid-job (imported by kombu only when used)."""
-
-FILESYSTEM_TRANSPORT = "celery_mcp_tasks.worker.kombu_internals.filesystem_transport:Transport"
-"""kombu's filesystem transport with atomic message files (a reader never sees half a message)."""
-
 
 REDIS_SOCKET_TIMEOUT_S = 5.0
 """How long a Redis broker may leave a connect or a command unanswered (kombu's `socket_timeout` and
 `socket_connect_timeout`, None by default: forever): a broker gone silent without closing the connection
 (a failover, a partition) fails a send in seconds, its task readable, instead of holding the request."""
-
-
-def fixed_transport(conf: Any) -> str | None:
-    """Our transport for this app's broker URL, set as the app's own `broker_transport` (kombu takes it over
-    the URL's scheme; its process-wide alias table is never touched), or None: for a transport the application
-    chose, any other scheme, and `rediss://` without TLS options (kombu gives that scheme its TLS default only
-    while the scheme names the transport, `Connection._init_params`)."""
-    if conf.broker_transport:
-        return None
-    url = str(conf.broker_url)
-    scheme = url.partition("://")[0].lower()
-    if scheme == "filesystem":
-        return FILESYSTEM_TRANSPORT
-    if scheme == "redis" or (scheme == "rediss" and (conf.broker_use_ssl or "ssl_cert_reqs=" in url)):
-        return REDIS_TRANSPORT
-    return None
 
 
 logger = logging.getLogger("celery_mcp_tasks")

@@ -17,9 +17,10 @@ from kombu import Connection
 from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import filesystem as kombu_filesystem
 
-from celery_mcp_tasks.app import FILESYSTEM_TRANSPORT, configure_celery
+from celery_mcp_tasks.app import configure_celery
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.worker import kombu_internals
+from celery_mcp_tasks.worker.kombu_internals import FILESYSTEM_TRANSPORT
 from celery_mcp_tasks.worker.kombu_internals.filesystem_transport import PARTIAL_SUFFIX, Channel, Transport
 
 

@@ -15,7 +15,7 @@ import pytest
 from celery_mcp_tasks.worker import kombu_internals
 
 KOMBU = importlib.metadata.version("kombu")
-WHERE = f"kombu {KOMBU}: an internal moved; update celery_mcp_tasks/worker/kombu_internals.py"
+WHERE = f"kombu {KOMBU}: an internal moved; update celery_mcp_tasks/worker/kombu_internals/"
 
 
 def test_the_release_is_one_this_module_was_checked_against() -> None:
@@ -48,6 +48,16 @@ def test_a_command_that_raises_is_logged_on_the_pidbox_logger_with_its_exception
     errors = [r for r in caplog.records if r.name == kombu_internals.PIDBOX_LOGGER]
     assert errors and errors[0].exc_info is not None, WHERE
     assert isinstance(errors[0].exc_info[1], NotImplementedError), WHERE
+
+
+def test_rediss_gets_its_tls_default_only_while_the_scheme_names_the_transport() -> None:
+    """Why `fixed_transport` leaves a `rediss://` URL without TLS options to kombu's own transport."""
+    from ssl import CERT_NONE
+
+    from kombu import Connection
+
+    assert Connection("rediss://h:6380/0").ssl == {"ssl_cert_reqs": CERT_NONE}, WHERE
+    assert not Connection("rediss://h:6380/0", transport=kombu_internals.REDIS_TRANSPORT).ssl, WHERE
 
 
 def _not_implemented(state: Any, **_: Any) -> None:

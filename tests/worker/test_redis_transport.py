@@ -11,9 +11,10 @@ from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from celery_mcp_tasks.app import REDIS_TRANSPORT, configure_celery
+from celery_mcp_tasks.app import configure_celery
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.worker import kombu_internals
+from celery_mcp_tasks.worker.kombu_internals import REDIS_TRANSPORT
 from celery_mcp_tasks.worker.kombu_internals.redis_transport import Channel, Transport
 
 

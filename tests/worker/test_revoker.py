@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import pytest
 from celery import Celery
 
-from celery_mcp_tasks.app import REDIS_TRANSPORT
 from celery_mcp_tasks.model import TaskRecord, TaskStatus, celery_message_id
 from celery_mcp_tasks.worker.dispatch import BackgroundRevoker, CeleryDispatcher
+from celery_mcp_tasks.worker.kombu_internals import REDIS_TRANSPORT
 from tests.support import free_port, wait_until
 
 

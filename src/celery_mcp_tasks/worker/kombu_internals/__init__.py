@@ -11,6 +11,9 @@ moves; the transports' own tests pin the private methods they override.
    would remove it.
 2. `PIDBOX_LOGGER`: where kombu's `Node.dispatch` logs a remote control command that raised, so a worker
    can leave out tracebacks it has explained. An error hook on the mailbox's node would remove it.
+3. `fixed_transport`: the app's own `broker_transport` names one of the two transports above, and kombu
+   gives `rediss://` its TLS default only while the scheme names the transport (`Connection._init_params`),
+   so a `rediss://` URL keeps kombu's own transport unless the app set its TLS options.
 """
 
 from __future__ import annotations
@@ -21,6 +24,28 @@ VERSIONS = ("5.7",)
 """The kombu releases whose internals this module was checked against."""
 
 PIDBOX_LOGGER = "kombu.pidbox"
+
+REDIS_TRANSPORT = "celery_mcp_tasks.worker.kombu_internals.redis_transport:Transport"
+"""kombu's Redis transport with the fix for a broker outage mid-job (imported by kombu only when used)."""
+
+FILESYSTEM_TRANSPORT = "celery_mcp_tasks.worker.kombu_internals.filesystem_transport:Transport"
+"""kombu's filesystem transport with atomic message files (a reader never sees half a message)."""
+
+
+def fixed_transport(conf: Any) -> str | None:
+    """Our transport for this app's broker URL, set as the app's own `broker_transport` (kombu takes it over
+    the URL's scheme; its process-wide alias table is never touched), or None: for a transport the application
+    chose, any other scheme, and `rediss://` without TLS options (kombu gives that scheme its TLS default only
+    while the scheme names the transport, `Connection._init_params`)."""
+    if conf.broker_transport:
+        return None
+    url = str(conf.broker_url)
+    scheme = url.partition("://")[0].lower()
+    if scheme == "filesystem":
+        return FILESYSTEM_TRANSPORT
+    if scheme == "redis" or (scheme == "rediss" and (conf.broker_use_ssl or "ssl_cert_reqs=" in url)):
+        return REDIS_TRANSPORT
+    return None
 
 
 def bound_publish_retries(conn: Any, policy: dict[str, Any]) -> None:
