@@ -78,7 +78,8 @@ _SKIPS: tuple[tuple[type[Exception], str, str], ...] = (
     (
         RunInProgress,
         "another copy of this run is already running",
-        " (a redelivered message; that copy still heartbeats)",
+        " (a redelivered message; that copy's last heartbeat is recent: if it stopped, the janitor sends the"
+        " job again once the heartbeat is stale)",
     ),
     (Superseded, "superseded by a newer dispatch or attempt", ""),
     # a record this process cannot open reads as failed too (a line before this one says why)
