@@ -45,22 +45,33 @@ def _rows(conn: Connection, *where: Any, order_by: Any = (), limit: int | None =
     return [row_from(values) for values in conn.execute(query).mappings()]
 
 
-_DISTINCT_OWNERS = sa.text(
-    # A loose index scan: one probe of the owner index per distinct owner, not a scan of every row; at most
-    # :cap probes, from the namespace's prefix on. Its owners are not always consecutive in the index: where the
-    # collation ignores punctuation (glibc's en_US), "sub:ab" sorts after "subaa:x"; and no upper bound is the
-    # same in every collation (in a C database ';' follows ':', in an en_US one it comes before).
-    f"""
-    WITH RECURSIVE o(owner, n) AS (
-        SELECT min(owner), 1 FROM {tasks.name} WHERE owner >= :low
-        UNION ALL
-        SELECT (SELECT min(t.owner) FROM {tasks.name} t WHERE t.owner > o.owner), o.n + 1
-        FROM o WHERE o.owner IS NOT NULL AND o.n <= :cap
+def _distinct_owners() -> Any:
+    """A loose index scan: one probe of the owner index per distinct owner, not a scan of every row; at most
+    `cap` probes, from the namespace's prefix (`low`) on. Its owners are not always consecutive in the index:
+    where the collation ignores punctuation (glibc's en_US), "sub:ab" sorts after "subaa:x"; and no upper bound
+    is the same in every collation (in a C database ';' follows ':', in an en_US one it comes before)."""
+    first = sa.select(sa.func.min(tasks.c.owner).label("owner"), sa.literal(1, sa.Integer).label("n"))
+    walk = first.where(tasks.c.owner >= sa.bindparam("low")).cte("o", recursive=True)
+    later = tasks.alias("t")
+    following = sa.select(sa.func.min(later.c.owner)).where(later.c.owner > walk.c.owner).scalar_subquery()
+    walk = walk.union_all(
+        sa.select(following, walk.c.n + 1).where(walk.c.owner.is_not(None), walk.c.n <= sa.bindparam("cap"))
     )
-    SELECT owner, n FROM o WHERE owner LIKE :within ESCAPE '/' OR (n > :cap AND owner IS NOT NULL)
-    """
+    return sa.select(walk.c.owner, walk.c.n).where(
+        sa.or_(
+            walk.c.owner.like(sa.bindparam("within"), escape="/"),
+            sa.and_(walk.c.n > sa.bindparam("cap"), walk.c.owner.is_not(None)),
+        )
+    )
+
+
+_DISTINCT_OWNERS = _distinct_owners()
+_OWNERS_WITHIN = (
+    sa.select(tasks.c.owner)
+    .distinct()
+    .where(tasks.c.owner.like(sa.bindparam("within"), escape="/"))
+    .limit(sa.bindparam("limit"))
 )
-_OWNERS_WITHIN = sa.text(f"SELECT DISTINCT owner FROM {tasks.name} WHERE owner LIKE :within ESCAPE '/' LIMIT :limit")
 """A namespace's owners, when the walk above stopped before its end: up to `:limit` of them, wherever they sort."""
 
 
