@@ -108,6 +108,11 @@ class RunInProgress(Superseded):
     """Another copy of the current run's message (a redelivery) started first and still heartbeats."""
 
 
+class TaskUnreadable(Exception):
+    """The task's row holds payloads this process cannot open (`UnreadableTask`): an answer or a cancel decided on
+    what it shows could be dropped while the row still waits for it. The text says why, naming the setting."""
+
+
 class InvalidTransition(Exception):
     """A transition that the status machine does not allow (e.g. answering a working task)."""
 
@@ -594,3 +599,8 @@ class TaskRecord:
         if enqueue and dispatch:  # the new run, as `dispatched` records it
             changes.update(self._new_run(at_ms))
         return self._next(at_ms, **changes), enqueue
+
+
+class UnreadableTask(TaskRecord):
+    """A row this process cannot open (a retired or missing encryption key), as every reader sees it: `failed`,
+    its status message saying why, its payloads left out. Nothing may be decided on it (`TaskUnreadable`)."""

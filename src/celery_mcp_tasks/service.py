@@ -23,7 +23,9 @@ from celery_mcp_tasks.model import (
     Run,
     TaskRecord,
     TaskStatus,
+    TaskUnreadable,
     TerminalTask,
+    UnreadableTask,
     _Default,
     checked_progress,
     derived_task_id,
@@ -262,6 +264,7 @@ class TaskService:
             nonlocal changed, resumed
             changed = resumed = False  # a CAS retry recomputes from the fresh row
             self._require_unexpired(record)
+            _require_readable(record)
             if not record.terminal:
                 if not refusals:
                     limit = None if self.limits is None else self.limits(record.tool).answers
@@ -297,6 +300,7 @@ class TaskService:
             nonlocal changed
             if check_expiry:
                 self._require_unexpired(record)
+                _require_readable(record)
             changed = not record.terminal
             return record.cancelled(self.clock(), message or CANCELLED_BY_CLIENT) if changed else record
 
@@ -635,3 +639,9 @@ class TaskService:
             except TerminalTask:
                 return self.store.get(record.key, ANY) or record
         return record
+
+
+def _require_readable(record: TaskRecord) -> None:
+    """A caller's answer or cancel is refused, not acknowledged and dropped, on a row this process cannot open."""
+    if isinstance(record, UnreadableTask):
+        raise TaskUnreadable(record.status_message or "The task cannot be read in this process")

@@ -9,12 +9,14 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from celery_mcp_tasks.model import TaskRecord, TaskStatus, TerminalTask
+from celery_mcp_tasks.model import TaskRecord, TaskStatus, TaskUnreadable, TerminalTask
+from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store import ANY
 from celery_mcp_tasks.store.codec import KeyRing, UnreadablePayload, new_key, payload_bytes
 from celery_mcp_tasks.store.rekeying import reencrypt, ring_check
 from celery_mcp_tasks.store.schema import tasks
 from celery_mcp_tasks.store.sql import SqlStore
+from tests.builders import SendOnly
 
 SECRETS = ["the-argument-secret", "the-question-secret", "the-answer-secret", "the-result-secret"]
 OLD, NEW = new_key(), new_key()
@@ -118,6 +120,30 @@ def test_a_row_sealed_with_a_retired_key_reads_as_a_failed_task_that_nothing_mov
         assert raw(store_url, "k1")["status"] == "working"  # the row is left as it is
     finally:
         new.dispose()
+
+
+def test_an_answer_or_a_cancel_for_a_row_this_process_cannot_open_is_refused_not_dropped(store_url: str):
+    """A process left with an older ring reads a newer key's row as failed: an answer acknowledged there (a
+    failed task ignores answers) would be lost while the row still waits for it. Refused instead, saying why."""
+    sent: list[TaskRecord] = []
+    newer = with_ring(store_url, NEW, OLD)
+    task_id, record = TaskService(newer, dispatcher=SendOnly(sent.append)).create(
+        owner="sub:alice", tool="t", arguments={"a": SECRETS[0]}
+    )
+    newer.update(record.key, ANY, lambda r: r.requiring_input({"q": {"message": SECRETS[1]}}, 2_000))
+    newer.dispose()
+    older = with_ring(store_url, OLD)
+    try:
+        service = TaskService(older, dispatcher=SendOnly(sent.append))
+        assert service.get(task_id, "sub:alice").status is TaskStatus.FAILED  # as every reader here sees it
+        with pytest.raises(TaskUnreadable, match="MCP_TASKS_ENCRYPTION_KEYS"):
+            service.answer(task_id, "sub:alice", {"q": {"action": "accept", "content": {}}})
+        with pytest.raises(TaskUnreadable, match="cannot be read"):
+            service.cancel(task_id, "sub:alice")
+        row = raw(store_url, record.key)
+        assert row["status"] == "input_required" and row["version"] == record.version + 1  # untouched
+    finally:
+        older.dispose()
 
 
 def test_the_ring_reads_with_every_key_and_writes_with_the_first(store_url: str):

@@ -41,7 +41,7 @@ from celery_mcp_tasks.mcp.wire import (
     store_unavailable,
     task_id_of,
 )
-from celery_mcp_tasks.model import DEFAULT, InvalidInputResponse, TaskRecord
+from celery_mcp_tasks.model import DEFAULT, InvalidInputResponse, TaskRecord, TaskUnreadable
 from celery_mcp_tasks.notify.hub import Hub
 from celery_mcp_tasks.propagation import creating
 from celery_mcp_tasks.protocol import (
@@ -98,11 +98,14 @@ class TasksExtension(Extension):
         self._sync.abandon_all(message)
 
     async def _run(self, fn: Callable[[], T], method: str) -> T:
-        """`fn` on the bounded pool; a store outage answers -32603 with a fixed message."""
+        """`fn` on the bounded pool; a store outage answers -32603 with a fixed message, and an answer or a cancel
+        for a row this process cannot open -32603 saying why (not an acknowledgement of a write that was dropped)."""
         try:
             return await anyio.to_thread.run_sync(fn, limiter=self._limiter)
         except StoreUnavailable as exc:
             raise store_unavailable(method, exc) from None
+        except TaskUnreadable as exc:
+            raise internal(str(exc)) from None
 
     def methods(self) -> list[MethodBinding]:
         return [

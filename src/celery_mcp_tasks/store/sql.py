@@ -26,7 +26,15 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from celery_mcp_tasks.model import TERMINAL_VALUES, OwnerScope, TaskRecord, TaskStatus, failure, owner_scope
+from celery_mcp_tasks.model import (
+    TERMINAL_VALUES,
+    OwnerScope,
+    TaskRecord,
+    TaskStatus,
+    UnreadableTask,
+    failure,
+    owner_scope,
+)
 from celery_mcp_tasks.store import browse, quotas
 from celery_mcp_tasks.store.base import (
     ANY,
@@ -229,7 +237,7 @@ def _unreadable(values: dict[str, Any], reason: str) -> TaskRecord:
         result=None,
         issued_keys=tuple(values["issued_keys"] or ()),
     )
-    return TaskRecord(**values)
+    return UnreadableTask(**values)
 
 
 def _later(at_ms: Any) -> sa.ColumnElement[int]:
