@@ -136,8 +136,8 @@ def _reencrypt(settings: Settings, *, force: bool = False) -> int:
             )
             print(
                 f"celery-mcp-tasks db reencrypt: {sealed}, not with {ring.primary_id}, the ring's first key: the "
-                "running processes do not appear to seal with it yet, and a row sealed with a key they lack reads as failed "
-                f"to them. Restart every web process, worker and beat with {ring.primary_id} first in "
+                "running processes do not appear to seal with it yet, and a row sealed with a key they lack reads as "
+                f"failed to them. Restart every web process, worker and beat with {ring.primary_id} first in "
                 "MCP_TASKS_ENCRYPTION_KEYS, then run this again (--force: re-encrypt all the same)",
                 file=sys.stderr,
             )
