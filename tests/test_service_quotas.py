@@ -27,7 +27,7 @@ from celery_mcp_tasks.model import (
     derived_task_id,
     task_key,
 )
-from celery_mcp_tasks.service import IdempotencyKeyReused, TaskService
+from celery_mcp_tasks.service import IdempotencyKeyReused, TaskExpired, TaskService
 from celery_mcp_tasks.store.base import Quota, QuotaExceeded, TaskLimitReached, TaskNotFound
 from celery_mcp_tasks.store.quotas import RowGauge
 from celery_mcp_tasks.store.sql import SqlStore
@@ -110,6 +110,30 @@ def test_a_key_is_free_again_once_its_finished_task_has_expired(
     again_id, again = service.create(owner="sub:a", tool="t", arguments={}, ttl_ms=1000, idempotency_key="k")
     assert again_id == first_id and again.status is TaskStatus.WORKING and again.created_at == clock.at
     assert len(sent) == 2
+
+
+def test_once_its_finished_task_expired_a_key_starts_a_new_one_whatever_the_arguments_were(
+    service: TaskService, clock: Clock, sent: list[TaskRecord]
+) -> None:
+    """Before the janitor evicted the expired row, the arguments it held were still compared, and refused."""
+    _, first = service.create(owner="sub:a", tool="t", arguments={"x": 1}, ttl_ms=1000, idempotency_key="k")
+    service.complete(first.key, {"content": []})
+    clock.at += 1000
+    _, again = service.create(owner="sub:a", tool="t", arguments={"x": 2}, ttl_ms=1000, idempotency_key="k")
+    assert again.arguments == {"x": 2} and again.status is TaskStatus.WORKING and len(sent) == 2
+
+
+def test_a_retry_after_the_ttl_while_the_job_runs_on_is_refused_not_handed_an_id_that_reads_as_expired(
+    service: TaskService, store: SqlStore, clock: Clock, sent: list[TaskRecord]
+) -> None:
+    task_id, first = service.create(owner="sub:a", tool="t", arguments={}, ttl_ms=1000, idempotency_key="k")
+    clock.at += 1000
+    with pytest.raises(TaskExpired):
+        service.get(task_id, "sub:a")
+    with pytest.raises(IdempotencyKeyReused) as refused:
+        service.create(owner="sub:a", tool="t", arguments={}, ttl_ms=1000, idempotency_key="k")
+    assert refused.value.how == IdempotencyKeyReused.STILL_RUNNING
+    assert len(sent) == 1 and rows(store) == 1 and store.get(first.key) == first  # nothing written
 
 
 @pytest.mark.parametrize("freed_by", ["the retry", "the janitor"])

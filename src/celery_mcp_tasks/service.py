@@ -82,7 +82,16 @@ class NotLost(Exception):
 
 
 class IdempotencyKeyReused(ValueError):
-    """An idempotency key the caller already used for this tool, with other arguments: nothing was created."""
+    """An idempotency key the caller already used for this tool, for a task it cannot have back: nothing was
+    created. `how`: with other arguments, or for a task that expired while its job runs on (its id reads as
+    expired, and the key cannot start another task while that job holds it)."""
+
+    OTHER_ARGUMENTS = "with other arguments"
+    STILL_RUNNING = "for a task that expired while its job still runs"
+
+    def __init__(self, how: str = OTHER_ARGUMENTS) -> None:
+        super().__init__(how)
+        self.how = how
 
 
 class TaskExpired(LookupError):
@@ -201,17 +210,18 @@ class TaskService:
             record = replace(record, dispatches=1, heartbeat_at=at)
         idempotent = idempotency_key is not None
         stored = self.store.create(record, max_rows=self.max_rows, quota=quota, idempotent=idempotent)
-        if stored is not record:  # an idempotent retry: the first call's task, or its key freed
-            if not same_json(stored.arguments, arguments):
-                raise IdempotencyKeyReused()
-            if not (stored.expired(at) and stored.terminal):
-                return task_id, stored
-            # That task is over and forgotten: free its key (unless a racing retry freed it and created the
-            # next task already) and create again; every racing retry gets the one next task.
+        if stored is not record and stored.expired(at) and stored.terminal:
+            # The key's task is over and forgotten, whatever its arguments were: free its key (unless a racing
+            # retry freed it and created the next task already) and create again; every racing retry gets the
+            # one next task.
             self.store.delete(stored.key, expected=stored)
             stored = self.store.create(record, max_rows=self.max_rows, quota=quota, idempotent=idempotent)
-            if stored is not record:
-                return task_id, stored
+        if stored is not record:  # an idempotent retry: the key's task
+            if not same_json(stored.arguments, arguments):
+                raise IdempotencyKeyReused()
+            if stored.expired(at):
+                raise IdempotencyKeyReused(IdempotencyKeyReused.STILL_RUNNING)
+            return task_id, stored
         safe_observe(self.observer, None, record)
         safe_notify(self.notifier, record)
         if will_send:

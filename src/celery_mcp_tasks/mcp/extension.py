@@ -225,10 +225,10 @@ class TasksExtension(Extension):
             if self._refused is not None:
                 self._refused(tool.name, exc.limit)
             raise quota_exceeded(exc, tool.name) from None
-        except IdempotencyKeyReused:
+        except IdempotencyKeyReused as exc:
             field = f"_meta {IDEMPOTENCY_META_KEY}" if key_sent else f"the idempotency key tool {tool.name} derives"
             raise invalid_params(
-                f"Invalid params: {field} was already used with other arguments; use a new key for a new call"
+                f"Invalid params: {field} was already used {exc.how}; use a new key for a new call"
             ) from None
         except PayloadTooLarge as exc:  # nothing was created
             raise invalid_params(str(exc)) from None
