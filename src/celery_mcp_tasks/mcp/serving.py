@@ -85,12 +85,14 @@ async def serving(
 
 def with_serving(app: Any, run: Callable[[], AbstractAsyncContextManager[None]]) -> Any:
     """Wrap a Starlette app's lifespan (the SDK's session manager) in `run()` (`serving`): the app's whole
-    life, so an application mounting this app runs it as its own lifespan (`McpTasks.lifespan`)."""
+    life, so an application mounting this app runs it as its own lifespan (`McpTasks.lifespan`). `run()` is
+    called first: it runs the start-up checks, whose refusal then ends the start-up as one `ConfigError`."""
 
     def wrap(inner: Lifespan) -> Lifespan:
         @asynccontextmanager
         async def lifespan(asgi_app: Any) -> AsyncIterator[Any]:
-            async with inner(asgi_app) as state, run():
+            serving_app = run()  # the start-up checks refuse here, as themselves: not inside the SDK's task group
+            async with inner(asgi_app) as state, serving_app:
                 yield state
 
         return lifespan
