@@ -202,6 +202,11 @@ def test_an_accepted_form_fits_only_if_its_content_fits_the_forms_schema():
     ):
         assert not answers(question, {"action": "accept", "content": content}), content
     assert answers(question, {"action": "decline"}) and answers(question, {"action": "cancel"})
+    assert answers(question, {"action": "decline", "content": None}) and answers(question, {"action": "cancel"})
+    for action in ("decline", "cancel"):  # content is an accepted answer's only: never past the check to the job
+        assert answer_problem(question, {"action": action, "content": {"count": "zz"}}) == (
+            f"content: only an accepted answer carries content, not a {action}"
+        )
     optional = elicit("Name, and a nickname if any?", {"name": str, "nick": str}, required=["name"])
     assert answers(optional, {"action": "accept", "content": {"name": "Ada", "nick": None}})  # left empty: null
     assert not answers(optional, {"action": "accept", "content": {"name": None}})

@@ -152,6 +152,8 @@ def answer_problem(request: Mapping[str, Any], answer: Any) -> str | None:
         if len(error["loc"]) > 1:  # deeper down: a key the client chose, a union's branch: not worth naming
             return f"{error['loc'][0]}: holds a value of another type than the result's"
         return f"{''.join(map(str, error['loc'])) or 'the answer'}: {error['msg']}"  # pydantic's msg quotes no input
+    if isinstance(result, ElicitResult) and result.action != "accept" and result.content:
+        return f"content: only an accepted answer carries content, not a {result.action}"
     schema = (request.get("params") or {}).get("requestedSchema")
     if isinstance(result, ElicitResult) and result.action == "accept" and isinstance(schema, Mapping):
         return _form_problem(schema, result.content or {})

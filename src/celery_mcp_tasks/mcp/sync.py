@@ -238,7 +238,9 @@ class SyncCalls:
             record = await self._run(answer, "tools/call")
         except (TaskNotFound, TaskExpired):
             record = None
-        except (InvalidInputResponse, PayloadTooLarge) as exc:
+        except (InvalidInputResponse, PayloadTooLarge) as exc:  # the call cannot go on, as on the earlier eras
+            why = "too large" if isinstance(exc, PayloadTooLarge) else "did not fit the job's question"
+            await self._abandon_key(key, f"The client's answer {why}")
             raise invalid_params(str(exc)) from None
         if record is None:
             raise invalid_params("Invalid or expired requestState")
@@ -249,8 +251,11 @@ class SyncCalls:
 
         Never raises: it runs on the way out of another answer. With the store down the reaper ends the job.
         """
+        await self._abandon_key(record.key, message)
+
+    async def _abandon_key(self, key: str, message: str) -> None:
         try:
-            await self._run(partial(self._service().cancel_by_key, record.key, message), "tools/call")
+            await self._run(partial(self._service().cancel_by_key, key, message), "tools/call")
         except MCPError:
             pass  # the store is unavailable: already logged
 
