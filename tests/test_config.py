@@ -17,6 +17,8 @@ WRONG = [
     ("MCP_TASKS_DATABASE_URL", "mysql://db/tasks", "unsupported database 'mysql'"),
     ("MCP_TASKS_DATABASE_URL", "not a url", "not a database URL"),
     ("MCP_TASKS_DATABASE_URL", "postgresql+psycopg2://db/tasks", "psycopg 3"),
+    ("MCP_TASKS_DATABASE_POOL_SIZE", "0", "must be >= 1"),
+    ("MCP_TASKS_DATABASE_POOL_SIZE", "many", "expected an integer"),
     ("MCP_TASKS_MAX_ROWS", "0", "must be >= 1"),
     ("MCP_TASKS_MAX_ROWS", "lots", "expected an integer, or none/off"),
     ("MCP_TASKS_DEFAULT_TTL_MS", "-5", "must be >= 1"),
@@ -79,6 +81,33 @@ def test_the_defaults_and_the_off_switches_are_valid() -> None:
         {"MCP_TASKS_DATABASE_URL": "postgresql://db/tasks", "CELERY_BROKER_URL": "redis://r"}
     )
     assert (production.stale_timeout_s, production.janitor_interval_s) == (300.0, 60.0)
+
+
+def test_the_store_pool_is_the_settings_size_on_postgresql_and_sqlite_keeps_its_own(tmp_path: Path) -> None:
+    """A threads or gevent worker runs `-c` jobs at once: its pool is sized by MCP_TASKS_DATABASE_POOL_SIZE."""
+    from celery_mcp_tasks.app import internals
+
+    postgres = McpTasks(
+        "pool",
+        settings=Settings.from_env(
+            {
+                "MCP_TASKS_DATABASE_URL": "postgresql://127.0.0.1:9/none",
+                "CELERY_BROKER_URL": "memory://",
+                "MCP_TASKS_DATABASE_POOL_SIZE": "40",
+            }
+        ),
+    )
+    assert Settings.from_env({}).database_pool_size == 10
+    engine = internals(postgres).service().store.engine  # type: ignore[attr-defined]
+    assert engine.pool.size() == 40  # built, not connected
+    engine.dispose()
+    sqlite = McpTasks(
+        "pool-sqlite",
+        settings=Settings.from_env({"MCP_TASKS_DATA_DIR": str(tmp_path), "MCP_TASKS_DATABASE_POOL_SIZE": "40"}),
+    )
+    engine = internals(sqlite).service().store.engine  # type: ignore[attr-defined]
+    assert engine.pool.size() != 40
+    engine.dispose()
 
 
 def test_quotas_are_off_by_default_and_unlimited_turns_one_off() -> None:

@@ -247,7 +247,10 @@ class McpTasks:
         with self._lock:
             if self._built is None or self._built_pid != pid:
                 store = SqlStore.from_url(
-                    self.settings.store_url, change_hint=self._push.change_hint, ring=self.settings.key_ring()
+                    self.settings.store_url,
+                    change_hint=self._push.change_hint,
+                    ring=self.settings.key_ring(),
+                    pool_size=self.settings.database_pool_size,
                 )
                 for hook in self._store_hooks:
                     hook(store, store.engine)

@@ -200,6 +200,7 @@ def unknown_settings(env: Mapping[str, str]) -> list[str]:
 class Settings:
     data_dir: Path = Path(".celery-mcp-tasks")
     database_url: str | None = None
+    database_pool_size: int = 10  # each process's kept PostgreSQL connections (and as many more at a peak)
     broker_url: str | None = None
     max_rows: int | None = 10_000
     default_ttl_ms: int | None = 3_600_000
@@ -310,6 +311,7 @@ class Settings:
         values: dict[str, Any] = {
             "data_dir": Path(env["MCP_TASKS_DATA_DIR"]) if env.get("MCP_TASKS_DATA_DIR") else _UNSET,
             "database_url": database_url,
+            "database_pool_size": _int(env, "MCP_TASKS_DATABASE_POOL_SIZE"),
             "broker_url": broker_url,
             "max_rows": _int(env, "MCP_TASKS_MAX_ROWS", allow_none=True),
             "default_ttl_ms": _int(env, "MCP_TASKS_DEFAULT_TTL_MS", allow_none=True),

@@ -3,11 +3,14 @@
 PostgreSQL only: a SQLite file has no server that could drop a connection.
 """
 
+import uuid
+
 import pytest
 import sqlalchemy as sa
 
 from celery_mcp_tasks.model import TaskRecord, TaskStatus
 from celery_mcp_tasks.store import ANY
+from celery_mcp_tasks.store.base import StoreUnavailable
 from celery_mcp_tasks.store.engine import normalize_url
 from celery_mcp_tasks.store.sql import SqlStore
 
@@ -83,3 +86,25 @@ def test_a_statement_interrupted_by_a_signal_leaves_no_broken_connection_in_the_
     for n in range(4):
         written = pg_store.update("k", ANY, lambda r, n=n: r.with_progress(f"after {n}", 10 + n))
         assert written.status_message == f"after {n}"
+
+
+def test_a_connection_the_server_refuses_says_why_in_the_store_error(pg_store: SqlStore):
+    """A role's CONNECTION LIMIT (or max_connections) reached: the error names the refusal, not only its type."""
+    role = f"mcp_tasks_limited_{uuid.uuid4().hex[:8]}"
+    admin = sa.create_engine(normalize_url(pg_store.engine.url.render_as_string(hide_password=False)))
+    try:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 0"))
+            conn.commit()
+        limited = SqlStore.from_url(pg_store.engine.url.set(username=role).render_as_string(hide_password=False))
+        try:
+            with pytest.raises(StoreUnavailable) as refused:
+                limited.get("k" * 64)
+            assert refused.value.reason == f'OperationalError: too many connections for role "{role}"'
+        finally:
+            limited.dispose()
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f"DROP ROLE IF EXISTS {role}"))
+            conn.commit()
+        admin.dispose()

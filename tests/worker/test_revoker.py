@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from celery import Celery
@@ -159,4 +160,39 @@ def test_a_threads_or_solo_worker_says_once_that_it_ignores_the_tools_time_limit
     assert line == (
         "this worker's solo pool enforces no time limit: time_limit and soft_time_limit of 'slow' are ignored "
         "(a prefork worker enforces them)"
+    )
+
+
+def test_a_gevent_worker_says_once_that_it_ignores_the_tools_soft_time_limits_and_nothing_of_terminate(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """gevent kills a greenlet (terminate works) and runs it under a gevent Timeout for the hard limit only."""
+    from celery import signals
+    from celery.concurrency.base import BasePool
+
+    class Gevent(BasePool):  # Celery's gevent pool, as the warning sees it, without importing gevent
+        def terminate_job(self, pid: Any, signal: Any = None) -> None: ...
+
+    Gevent.__module__ = "celery.concurrency.gevent"
+    app = Celery("gevent-limits", broker="memory://")
+
+    @app.task(name="soft", soft_time_limit=5)
+    def soft() -> None: ...
+
+    @app.task(name="hard", time_limit=5)
+    def hard() -> None: ...
+
+    _dispatcher = CeleryDispatcher(  # holds its `worker_ready` receiver (connected weakly)
+        app,
+        {
+            "soft": Tool("soft", terminate=True, celery_name="soft"),
+            "hard": Tool("hard", terminate=True, celery_name="hard"),
+        },
+    )
+    with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks.worker"):
+        signals.worker_ready.send(sender=Consumer(app, Gevent.__new__(Gevent)))
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line == (
+        "this worker's gevent pool enforces no soft time limit: soft_time_limit of 'soft' is ignored (their "
+        "time_limit holds; a prefork worker enforces both)"
     )

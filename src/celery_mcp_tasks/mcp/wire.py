@@ -196,6 +196,9 @@ def store_unavailable(method: str, exc: StoreUnavailable) -> MCPError:
     send on earlier eras: `str(exc)`), and one log line naming the method, the store operation and the
     failure's `reason`."""
     logger.error(
-        "%s: the task store is unavailable (%s failed: %s)", method, exc.operation or "store", exc.reason or "unknown"
+        "%s: the task store is unavailable (%s failed: %s; MCP_TASKS_DATABASE_URL)",
+        method,
+        exc.operation or "store",
+        exc.reason or "unknown",
     )
     return MCPError(code=INTERNAL_ERROR, message=StoreUnavailable.MESSAGE)

@@ -230,6 +230,8 @@ def create_store_engine(url: str, **kwargs: Any) -> Engine:
     url = normalize_url(url)
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
+        # MCP_TASKS_DATABASE_POOL_SIZE sizes PostgreSQL's pool; one host's SQLite file keeps SQLAlchemy's own.
+        kwargs.pop("pool_size", None)
         engine = _sqlite_engine(url, parsed.database, **kwargs)
     else:
         kwargs.setdefault("pool_pre_ping", False)

@@ -57,12 +57,16 @@ def _reported(method: F) -> F:
 
 def loggable(exc: BaseException) -> str:
     """What a log line may say of a database failure: SQLite's own first line ("database disk image is
-    malformed", "disk I/O error": it never quotes a value), else the driver error's type (PostgreSQL's text
-    may quote a statement's values)."""
+    malformed", "disk I/O error": it never quotes a value); PostgreSQL's refusal of a connection (the server's
+    FATAL line, "too many connections for role ...": no statement ran yet, so it quotes none), after the driver
+    error's type; else that type alone (PostgreSQL's text may quote a statement's values)."""
     orig = exc.orig if isinstance(exc, sa.exc.DBAPIError) and exc.orig is not None else exc
     text = str(orig).strip()
     if isinstance(orig, sqlite3.Error) and text:
         return text.splitlines()[0][:200]
+    _, fatal, refusal = text.partition("FATAL:")
+    if fatal and text.startswith("connection") and refusal.strip():
+        return f"{type(orig).__name__}: {refusal.strip().splitlines()[0][:200]}"
     return type(orig).__name__
 
 

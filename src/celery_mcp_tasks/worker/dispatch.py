@@ -84,7 +84,7 @@ class CeleryDispatcher:
         self._receivers = warn_unless_pool_terminates(
             app,
             lambda: sorted(t.name for t in self.tools.values() if t.terminate),
-            lambda: sorted(t.name for t in self.tools.values() if _time_limited(app, t.celery_name)),
+            lambda: {t.name: _time_limits(app, t.celery_name) for t in self.tools.values()},
         )
 
     def send(self, record: TaskRecord) -> None:
@@ -220,35 +220,61 @@ class _CannotKillJob(logging.Filter):
         return not (isinstance(exc, NotImplementedError) and "kill_job" in str(exc))
 
 
-def _time_limited(app: Celery, celery_name: str) -> bool:
-    """Whether the job has a time limit of its own or the app's."""
+def _time_limits(app: Celery, celery_name: str) -> tuple[bool, bool]:
+    """Whether the job has a hard and a soft time limit (its own or the app's)."""
     job = app.tasks.get(celery_name)
-    limits = (getattr(job, "time_limit", None), getattr(job, "soft_time_limit", None))
-    return any((*limits, app.conf.task_time_limit, app.conf.task_soft_time_limit))
+    hard = getattr(job, "time_limit", None) or app.conf.task_time_limit
+    soft = getattr(job, "soft_time_limit", None) or app.conf.task_soft_time_limit
+    return bool(hard), bool(soft)
+
+
+_IGNORED_LIMITS: dict[str, tuple[bool, bool]] = {
+    "thread": (True, True),
+    "solo": (True, True),
+    "eventlet": (True, True),
+    "gevent": (False, True),  # its greenlets run under a gevent Timeout for the hard limit only
+}
+"""The (hard, soft) time limits each of Celery's pools ignores (prefork enforces both)."""
 
 
 def warn_unless_pool_terminates(
-    app: Celery, terminating_tools: Callable[[], list[str]], time_limited_tools: Callable[[], list[str]]
+    app: Celery,
+    terminating_tools: Callable[[], list[str]],
+    time_limits: Callable[[], dict[str, tuple[bool, bool]]],
 ) -> list[Callable[..., None]]:
     """At `worker_ready` of `app`'s worker: one warning when its pool cannot terminate the tools that ask for it
-    (prefork can; threads and solo cannot), instead of Celery's logged traceback on each such revoke; and one
-    when a threads or solo pool would silently ignore the tools' time limits."""
+    (prefork, gevent and eventlet can; threads and solo cannot), instead of Celery's logged traceback on each
+    such revoke; and one when its pool would silently ignore the tools' time limits (all but prefork's)."""
 
     def ready(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", None) is not app:
             return
         pool = getattr(sender, "pool", None)
-        if pool is None or pool_terminates(pool):
+        if pool is None:
             return
         kind = type(pool).__module__.rpartition(".")[2]
-        timed = time_limited_tools()
-        if timed and kind in ("thread", "solo"):
-            logger.warning(
-                "this worker's %s pool enforces no time limit: time_limit and soft_time_limit of %s are ignored "
-                "(a prefork worker enforces them)",
-                kind,
-                ", ".join(repr(name) for name in timed),
+        ignores = _IGNORED_LIMITS.get(kind)
+        if ignores is not None:
+            limited = time_limits()
+            names = sorted(
+                name for name, has in limited.items() if any(i and h for i, h in zip(ignores, has, strict=True))
             )
+            if names and all(ignores):
+                logger.warning(
+                    "this worker's %s pool enforces no time limit: time_limit and soft_time_limit of %s are "
+                    "ignored (a prefork worker enforces them)",
+                    kind,
+                    ", ".join(repr(name) for name in names),
+                )
+            elif names:
+                logger.warning(
+                    "this worker's %s pool enforces no soft time limit: soft_time_limit of %s is ignored (their "
+                    "time_limit holds; a prefork worker enforces both)",
+                    kind,
+                    ", ".join(repr(name) for name in names),
+                )
+        if pool_terminates(pool):
+            return
         names = terminating_tools()
         if not names:
             return
