@@ -140,59 +140,46 @@ def test_a_worker_whose_pool_cannot_terminate_says_so_once_and_logs_no_traceback
         pidbox.filters[:] = filters
 
 
-def test_a_threads_or_solo_worker_says_once_that_it_ignores_the_tools_time_limits(
-    caplog: pytest.LogCaptureFixture,
+class _Gevent:
+    """Celery's gevent pool as the warnings see it (its module; it kills a job's greenlet), without gevent."""
+
+    __module__ = "celery.concurrency.gevent"
+
+    def terminate_job(self, pid: Any, signal: Any = None) -> None: ...
+
+
+@pytest.mark.parametrize(
+    ("pool", "line"),
+    [
+        (
+            "solo",
+            "this worker's solo pool enforces no time limit: time_limit and soft_time_limit of 'hard', 'soft' are "
+            "ignored (a prefork worker enforces them)",
+        ),
+        (  # a gevent Timeout holds the hard limit only; it terminates, so nothing is said of terminate
+            "gevent",
+            "this worker's gevent pool enforces no soft time limit: soft_time_limit of 'soft' is ignored (their "
+            "time_limit holds; a prefork worker enforces both)",
+        ),
+    ],
+)
+def test_a_worker_says_once_which_of_the_tools_time_limits_its_pool_ignores(
+    caplog: pytest.LogCaptureFixture, pool: str, line: str
 ) -> None:
     from celery import signals
     from celery.concurrency.solo import TaskPool as Solo
 
     app = Celery("limits", broker="memory://")
 
-    @app.task(name="limited", soft_time_limit=5)
-    def limited() -> None: ...
-
-    _dispatcher = CeleryDispatcher(  # holds its `worker_ready` receiver (connected weakly)
-        app, {"slow": Tool("slow", terminate=False, celery_name="limited"), "quick": Tool("quick", False)}
-    )
-    with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks.worker"):
-        signals.worker_ready.send(sender=Consumer(app, Solo.__new__(Solo)))
-    (line,) = [r.getMessage() for r in caplog.records]
-    assert line == (
-        "this worker's solo pool enforces no time limit: time_limit and soft_time_limit of 'slow' are ignored "
-        "(a prefork worker enforces them)"
-    )
-
-
-def test_a_gevent_worker_says_once_that_it_ignores_the_tools_soft_time_limits_and_nothing_of_terminate(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    """gevent kills a greenlet (terminate works) and runs it under a gevent Timeout for the hard limit only."""
-    from celery import signals
-    from celery.concurrency.base import BasePool
-
-    class Gevent(BasePool):  # Celery's gevent pool, as the warning sees it, without importing gevent
-        def terminate_job(self, pid: Any, signal: Any = None) -> None: ...
-
-    Gevent.__module__ = "celery.concurrency.gevent"
-    app = Celery("gevent-limits", broker="memory://")
-
-    @app.task(name="soft", soft_time_limit=5)
+    @app.task(name="soft", soft_time_limit=5, shared=False)
     def soft() -> None: ...
 
-    @app.task(name="hard", time_limit=5)
+    @app.task(name="hard", time_limit=5, shared=False)
     def hard() -> None: ...
 
-    _dispatcher = CeleryDispatcher(  # holds its `worker_ready` receiver (connected weakly)
-        app,
-        {
-            "soft": Tool("soft", terminate=True, celery_name="soft"),
-            "hard": Tool("hard", terminate=True, celery_name="hard"),
-        },
-    )
+    tools = {name: Tool(name, terminate=pool == "gevent", celery_name=name) for name in ("soft", "hard")}
+    _dispatcher = CeleryDispatcher(app, {**tools, "quick": Tool("quick", False)})  # holds its receiver (weakly)
+    instance = Solo.__new__(Solo) if pool == "solo" else _Gevent()
     with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks.worker"):
-        signals.worker_ready.send(sender=Consumer(app, Gevent.__new__(Gevent)))
-    (line,) = [r.getMessage() for r in caplog.records]
-    assert line == (
-        "this worker's gevent pool enforces no soft time limit: soft_time_limit of 'soft' is ignored (their "
-        "time_limit holds; a prefork worker enforces both)"
-    )
+        signals.worker_ready.send(sender=Consumer(app, instance))
+    assert [r.getMessage() for r in caplog.records] == [line]
