@@ -132,7 +132,7 @@ def test_a_retry_after_the_ttl_while_the_job_runs_on_is_refused_not_handed_an_id
         service.get(task_id, "sub:a")
     with pytest.raises(IdempotencyKeyReused) as refused:
         service.create(owner="sub:a", tool="t", arguments={}, ttl_ms=1000, idempotency_key="k")
-    assert refused.value.how == IdempotencyKeyReused.STILL_RUNNING
+    assert refused.value.how == IdempotencyKeyReused.UNFINISHED
     assert len(sent) == 1 and rows(store) == 1 and store.get(first.key) == first  # nothing written
 
 

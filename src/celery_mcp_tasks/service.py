@@ -83,11 +83,11 @@ class NotLost(Exception):
 
 class IdempotencyKeyReused(ValueError):
     """An idempotency key the caller already used for this tool, for a task it cannot have back: nothing was
-    created. `how`: with other arguments, or for a task that expired while its job runs on (its id reads as
-    expired, and the key cannot start another task while that job holds it)."""
+    created. `how`: with other arguments, or for a task that expired before it ended (its id reads as expired,
+    and the key cannot start another task while that one holds it)."""
 
     OTHER_ARGUMENTS = "with other arguments"
-    STILL_RUNNING = "for a task that expired while its job still runs"
+    UNFINISHED = "for a task that expired before it ended"
 
     def __init__(self, how: str = OTHER_ARGUMENTS) -> None:
         super().__init__(how)
@@ -210,6 +210,8 @@ class TaskService:
             record = replace(record, dispatches=1, heartbeat_at=at)
         idempotent = idempotency_key is not None
         stored = self.store.create(record, max_rows=self.max_rows, quota=quota, idempotent=idempotent)
+        if stored is not record:  # an idempotent retry: nothing is decided on a row this process cannot open
+            _require_readable(stored)
         if stored is not record and stored.expired(at) and stored.terminal:
             # The key's task is over and forgotten, whatever its arguments were: free its key (unless a racing
             # retry freed it and created the next task already) and create again; every racing retry gets the
@@ -220,7 +222,7 @@ class TaskService:
             if not same_json(stored.arguments, arguments):
                 raise IdempotencyKeyReused()
             if stored.expired(at):
-                raise IdempotencyKeyReused(IdempotencyKeyReused.STILL_RUNNING)
+                raise IdempotencyKeyReused(IdempotencyKeyReused.UNFINISHED)
             return task_id, stored
         safe_observe(self.observer, None, record)
         safe_notify(self.notifier, record)

@@ -146,6 +146,22 @@ def test_an_answer_or_a_cancel_for_a_row_this_process_cannot_open_is_refused_not
         older.dispose()
 
 
+def test_an_idempotent_retry_on_a_row_this_process_cannot_open_is_refused_saying_why(store_url: str):
+    """Not "already used with other arguments": the arguments it holds are out of this process's reach."""
+    newer = with_ring(store_url, NEW, OLD)
+    first = TaskService(newer, dispatcher=SendOnly(lambda _: None), idempotency_secret=b"s" * 32)
+    _, record = first.create(owner="sub:a", tool="t", arguments={"a": 1}, idempotency_key="k")
+    newer.dispose()
+    older = with_ring(store_url, OLD)
+    try:
+        retry = TaskService(older, dispatcher=SendOnly(lambda _: None), idempotency_secret=b"s" * 32)
+        with pytest.raises(TaskUnreadable, match="MCP_TASKS_ENCRYPTION_KEYS"):
+            retry.create(owner="sub:a", tool="t", arguments={"a": 1}, idempotency_key="k")
+        assert raw(store_url, record.key)["version"] == record.version  # untouched
+    finally:
+        older.dispose()
+
+
 def test_the_ring_reads_with_every_key_and_writes_with_the_first(store_url: str):
     old = with_ring(store_url, OLD)
     old.create(make("k1", arguments={"a": 1}), max_rows=None)

@@ -238,7 +238,7 @@ def create_store_engine(url: str, **kwargs: Any) -> Engine:
         kwargs["connect_args"] = {**libpq_deadlines(), **kwargs.get("connect_args", {})}
         if "poolclass" not in kwargs:
             kwargs.setdefault("pool_size", 10)
-            kwargs.setdefault("max_overflow", 10)
+            kwargs.setdefault("max_overflow", kwargs["pool_size"])  # as many again at a peak
         engine = sa.create_engine(url, **kwargs)
         sa.event.listen(engine, "connect", _read_committed)
     sa.event.listen(engine, "handle_error", _discard_interrupted)
