@@ -422,11 +422,72 @@ def test_tasks_without_a_console_at_its_address_says_how_to_give_or_start_one(tm
                 timeout=60,
                 cwd=tmp_path,
             )
-            assert run.returncode != 0 and run.stdout == "", run
+            assert run.returncode == 2 and run.stdout == "", run  # nothing was asked of a console
             said[name] = (url, run.stderr.splitlines())
     finally:
         other.shutdown()
     url, lines = said["nothing"]
     assert lines == [f"celery-mcp-tasks tasks ls: cannot reach the console at {url}: Connection refused ({where})"]
     url, lines = said["other"]
-    assert lines == [f"celery-mcp-tasks tasks ls: no console at {url}: File not found ({where}) (HTTP 404)"]
+    assert lines == [f"celery-mcp-tasks tasks ls: no console at {url}: HTTP 404 File not found ({where})"]
+
+
+# -- `tasks`: the console's API from a terminal ------------------------------------------------------
+
+
+def test_tasks_shows_no_control_character_a_jobs_message_may_hold() -> None:
+    """A status message with an escape sequence would clear or rewrite the operator's screen."""
+    from celery_mcp_tasks.cli.tasks import _show, _table
+
+    message = "half done\x1b[2J\x1b[1;1Hall fine\r\nforged line\x07"
+    row = {"key": "k" * 64, "row": "k" * 12, "status": "failed", "tool": "t\x1b[31m", "owner": "sub:a"}
+    table = _table([{**row, "created_at": 0, "status_message": message}], wide=False)
+    detail = {**row, "status_message": message, "created_at": 0, "updated_at": 0, "dispatches": 1, "resends": 0}
+    shown = _show({**detail, "attempt": 0, "error": {"message": message}})
+    for printed in (table, shown):
+        assert not [ch for ch in printed.replace("\n", "") if not ch.isprintable()], printed
+    assert len(table.splitlines()) == 2 and "half done" in table and "forged line" in table
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--url", "http://127.0.0.1:abc"], "--url is not a usable address"),
+        (["--url", "http://[::1"], "--url is not a usable address"),
+        (["--operator", "\u674e"], "--operator: an HTTP header carries printable ASCII only"),
+    ],
+)
+def test_tasks_refuses_a_bad_address_or_operator_in_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, argv: list[str], says: str
+) -> None:
+    monkeypatch.setenv("MCP_TASKS_CONSOLE_TOKEN", "t" * 32)
+    assert main(["tasks", "ls", *argv]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"celery-mcp-tasks tasks ls: {says}"), line
+
+
+def test_tasks_against_a_server_answering_a_page_not_json_says_so_in_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sign-in page in front of the console answers 200 with HTML: not a traceback from the JSON parser."""
+    import http.server
+    import threading
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(b"<html>Sign in</html>")
+
+        def log_message(self, *_: object) -> None: ...
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("MCP_TASKS_CONSOLE_TOKEN", "t" * 32)
+    try:
+        assert main(["tasks", "ls", "--url", f"http://127.0.0.1:{server.server_port}"]) == 2
+    finally:
+        server.shutdown()
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("celery-mcp-tasks tasks ls: no console's answer at http://127.0.0.1:"), line

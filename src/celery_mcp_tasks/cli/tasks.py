@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import http.client
 import json
 import os
+import shlex
 import sys
 import urllib.error
 import urllib.parse
@@ -33,6 +35,12 @@ def add_parser(sub: Any) -> None:
     tasks = sub.add_parser(
         "tasks",
         help="list, show, cancel, re-send or delete tasks through the console's API (MCP_TASKS_CONSOLE_TOKEN)",
+        description=(
+            f"The console's JSON API from a terminal, with the operator token from {TOKEN_SETTING}. Cancel, "
+            "resend and delete act at once (no confirmation). Exit status: 0 done; 1 the console refused "
+            "(no such task, it changed meanwhile, the action does not apply, its store is unavailable); 2 "
+            "nothing was asked (no token, a bad flag or filter, no console at the address, a refused token)."
+        ),
     )
     commands = tasks.add_subparsers(dest="tasks_command", required=True, help="what to do")
 
@@ -83,13 +91,15 @@ def _request(args: argparse.Namespace, method: str, path: str, body: dict[str, A
     headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
     operator = args.operator or _login()
     if operator:
+        if not operator.isascii() or not operator.isprintable():
+            raise ApiError(0, f"--operator: an HTTP header carries printable ASCII only, got {operator!r}")
         headers["X-Console-Operator"] = operator
     if data is not None:
         headers["Content-Type"] = "application/json"
-    request = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
+        request = urllib.request.Request(url, data=data, method=method, headers=headers)
         with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
-            return json.loads(response.read() or b"null")
+            answer = response.read()
     except urllib.error.HTTPError as exc:
         try:
             error = json.loads(exc.read()).get("error", {})
@@ -97,12 +107,18 @@ def _request(args: argparse.Namespace, method: str, path: str, body: dict[str, A
             if error.get("field"):
                 message = f"{error['field']}: {message}"
         except (ValueError, AttributeError):  # not the console's answer: another server at that address
-            message = f"no console at {args.url}: {exc.reason} ({_WHERE})"
+            raise ApiError(0, f"no console at {args.url}: HTTP {exc.code} {exc.reason} ({_WHERE})") from None
         raise ApiError(exc.code, message) from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         reason = getattr(reason, "strerror", None) or reason  # "Connection refused", not "[Errno 111] ..."
         raise ApiError(0, f"cannot reach the console at {args.url}: {reason} ({_WHERE})") from None
+    except (ValueError, http.client.HTTPException) as exc:  # a malformed address ("host:abc", "[::1")
+        raise ApiError(0, f"--url is not a usable address ({type(exc).__name__}: {exc})") from None
+    try:
+        return json.loads(answer or b"null")
+    except ValueError:  # a page, not JSON: a sign-in page in front of it, or another server
+        raise ApiError(0, f"no console's answer at {args.url}: not JSON ({_WHERE})") from None
 
 
 _WHERE = f"give its address with --url or {URL_SETTING}, or start one: celery-mcp-tasks console APP"
@@ -129,22 +145,26 @@ def _progress(row: dict[str, Any]) -> str:
     return ""
 
 
+def _plain(value: Any) -> str:
+    """A value as a terminal may show it: every character that is not printable (a newline, an escape
+    sequence a job's message may hold, which would move the cursor or clear the screen) as a space."""
+    return "".join(ch if ch.isprintable() else " " for ch in str(value))
+
+
 def _table(rows: list[dict[str, Any]], wide: bool) -> str:
     header = ["ROW", "STATUS", "TOOL", "OWNER", "CREATED (UTC)", "PROGRESS", "MESSAGE"]
     lines = [header]
     for row in rows:
-        message = (row.get("status_message") or "").replace("\n", " ")
-        lines.append(
-            [
-                row["key"] if wide else row["row"],
-                row["status"],
-                row["tool"],
-                row["owner"],
-                _when(row["created_at"]),
-                _progress(row),
-                message[:60],
-            ]
-        )
+        cells = [
+            row["key"] if wide else row["row"],
+            row["status"],
+            row["tool"],
+            row["owner"],
+            _when(row["created_at"]),
+            _progress(row),
+            (row.get("status_message") or "")[:60],
+        ]
+        lines.append([_plain(cell) for cell in cells])
     widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
     return "\n".join(
         "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(line[:-1])) + "  " + line[-1] for line in lines
@@ -173,7 +193,7 @@ def _show(detail: dict[str, Any]) -> str:
     for question in detail.get("questions", []):
         text = f" ({question['message']})" if question.get("message") else ""
         fields.append((f"input {question['key']}", question["state"] + text))
-    return "\n".join(f"{name:<12} {value}" for name, value in fields)
+    return "\n".join(f"{name:<12} {_plain(value)}" for name, value in fields)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -187,8 +207,14 @@ def run(args: argparse.Namespace) -> int:
                 print(json.dumps(page, indent=2))
             else:
                 print(_table(page["rows"], args.wide))
-                if page.get("next_cursor"):
-                    print(f"more: --cursor {page['next_cursor']}")
+                if page.get("next_cursor"):  # the same filters and sort with it, or the next page is another list's
+                    again = [
+                        f"--{name.replace('_', '-')}={getattr(args, name)}"
+                        for name in filters[:-1]
+                        if getattr(args, name)
+                    ]
+                    more = shlex.join(["celery-mcp-tasks", "tasks", "ls", *again, f"--cursor={page['next_cursor']}"])
+                    print(f"more: {more}", file=sys.stderr)
             return 0
         key = urllib.parse.quote(args.key.strip(), safe="")
         if command == "show":
@@ -197,7 +223,9 @@ def run(args: argparse.Namespace) -> int:
             return 0
         body = {"terminate": True} if command == "cancel" and args.terminate else {}
         result = _request(args, "POST", f"/api/tasks/{key}/{command}", body)
-        print(json.dumps(result, indent=2) if args.json_output else f"{result['key'][:12]}: {result['message']}")
+        print(
+            json.dumps(result, indent=2) if args.json_output else _plain(f"{result['key'][:12]}: {result['message']}")
+        )
         return 0
     except ApiError as exc:
         prefix = f"celery-mcp-tasks tasks {command}"
