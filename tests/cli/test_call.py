@@ -374,6 +374,13 @@ def test_no_args_is_an_empty_object() -> None:
     assert parse_arguments('{"topic": "tides"}') == {"topic": "tides"}
 
 
+def test_a_status_message_reaches_the_terminal_without_its_control_characters() -> None:
+    """A job's message holding an escape sequence would move the cursor or clear the caller's screen."""
+    out, err = io.StringIO(), io.StringIO()
+    PlainView(out, err).update(_state(message="step 1\x1b[2J\rstep 2\nforged"))
+    assert out.getvalue() == "status=working  (step 1 [2J step 2 forged)\n"
+
+
 def test_plain_lines_are_one_per_change_then_the_result() -> None:
     out, err = io.StringIO(), io.StringIO()
     view = PlainView(out, err)

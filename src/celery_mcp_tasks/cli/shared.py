@@ -472,3 +472,9 @@ def supervised_queues(tasks: Any) -> list[str]:
     wanted = [default, str(getattr(janitor, "name", janitor) or default), *tool_queues(tasks)]
     queues = list(dict.fromkeys(wanted))
     return [] if queues == [default] else queues
+
+
+def printable(value: object) -> str:
+    """A server's text as a terminal may show it: every character that is not printable (a newline, an
+    escape sequence a job's message may hold, which would move the cursor or clear the screen) as a space."""
+    return "".join(ch if ch.isprintable() else " " for ch in str(value))

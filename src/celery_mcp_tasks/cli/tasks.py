@@ -19,6 +19,8 @@ import urllib.request
 from datetime import UTC, datetime
 from typing import Any
 
+from celery_mcp_tasks.cli.shared import printable
+
 TOKEN_SETTING = "MCP_TASKS_CONSOLE_TOKEN"
 URL_SETTING = "MCP_TASKS_CONSOLE_URL"
 DEFAULT_URL = "http://127.0.0.1:9102"  # where `celery-mcp-tasks console` listens unless told otherwise
@@ -145,12 +147,6 @@ def _progress(row: dict[str, Any]) -> str:
     return ""
 
 
-def _plain(value: Any) -> str:
-    """A value as a terminal may show it: every character that is not printable (a newline, an escape
-    sequence a job's message may hold, which would move the cursor or clear the screen) as a space."""
-    return "".join(ch if ch.isprintable() else " " for ch in str(value))
-
-
 def _table(rows: list[dict[str, Any]], wide: bool) -> str:
     header = ["ROW", "STATUS", "TOOL", "OWNER", "CREATED (UTC)", "PROGRESS", "MESSAGE"]
     lines = [header]
@@ -164,7 +160,7 @@ def _table(rows: list[dict[str, Any]], wide: bool) -> str:
             _progress(row),
             (row.get("status_message") or "")[:60],
         ]
-        lines.append([_plain(cell) for cell in cells])
+        lines.append([printable(cell) for cell in cells])
     widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
     return "\n".join(
         "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(line[:-1])) + "  " + line[-1] for line in lines
@@ -193,7 +189,7 @@ def _show(detail: dict[str, Any]) -> str:
     for question in detail.get("questions", []):
         text = f" ({question['message']})" if question.get("message") else ""
         fields.append((f"input {question['key']}", question["state"] + text))
-    return "\n".join(f"{name:<12} {_plain(value)}" for name, value in fields)
+    return "\n".join(f"{name:<12} {printable(value)}" for name, value in fields)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -224,7 +220,9 @@ def run(args: argparse.Namespace) -> int:
         body = {"terminate": True} if command == "cancel" and args.terminate else {}
         result = _request(args, "POST", f"/api/tasks/{key}/{command}", body)
         print(
-            json.dumps(result, indent=2) if args.json_output else _plain(f"{result['key'][:12]}: {result['message']}")
+            json.dumps(result, indent=2)
+            if args.json_output
+            else printable(f"{result['key'][:12]}: {result['message']}")
         )
         return 0
     except ApiError as exc:

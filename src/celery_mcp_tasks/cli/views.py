@@ -16,6 +16,7 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
+from celery_mcp_tasks.cli.shared import printable
 from celery_mcp_tasks.client.following import moment
 from celery_mcp_tasks.client.models import TaskState
 
@@ -71,7 +72,8 @@ class PlainView:
         seen = (state.status, state.status_message)
         if seen != self._last:
             self._last = seen
-            self._print(f"status={state.status}{f'  ({state.status_message})' if state.status_message else ''}")
+            said = f"  ({printable(state.status_message)})" if state.status_message else ""
+            self._print(f"status={state.status}{said}")
 
     @contextmanager
     def pause(self) -> Iterator[None]:
@@ -147,7 +149,7 @@ class _StatusLine:
             Text(state.status, style=_STYLES.get(state.status, "")),
         ]
         if state.status_message:
-            cells.append(Text(state.status_message, overflow="ellipsis", no_wrap=True))
+            cells.append(Text(printable(state.status_message), overflow="ellipsis", no_wrap=True))
         progress = state.progress()
         if progress is not None:
             current, total = progress
@@ -213,7 +215,7 @@ class LiveView:
         mark = _MARKS.get(state.status, "·")
         parts: list[tuple[str, str] | str] = [(f"{mark} {state.status}", _STYLES.get(state.status, ""))]
         if state.status_message:
-            parts.append(f"  {state.status_message}")
+            parts.append(f"  {printable(state.status_message)}")
         parts.append((f"  {self._line.elapsed()}", "dim"))
         self._console.print(Text.assemble(*parts), highlight=False)
         if extra:
