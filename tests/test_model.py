@@ -311,6 +311,8 @@ def test_a_reported_message_is_kept_as_a_line_for_a_person() -> None:
     huge = working.with_progress("x" * (8 * 1024 * 1024), 2)
     assert huge.status_message == "x" * (MAX_STATUS_MESSAGE - 1) + "\u2026"
     assert working.with_progress("a\x00b", 2).status_message == "a\ufffdb"
+    assert working.with_progress("a\ud800b\udfff", 2).status_message == "a\ufffdb\ufffd"  # UTF-8 has no lone half
+    assert working.with_progress("\u00e9t\u00e9 \U0001f30a", 2).status_message == "\u00e9t\u00e9 \U0001f30a"
     assert working.with_progress("y" * MAX_STATUS_MESSAGE, 2).status_message == "y" * MAX_STATUS_MESSAGE
     failed = working.failed({"message": "boom"}, 3, "Job failed: " + "z" * MAX_STATUS_MESSAGE)
     assert failed.status_message is not None and len(failed.status_message) == MAX_STATUS_MESSAGE

@@ -159,10 +159,22 @@ MAX_STATUS_MESSAGE = 4096
 Every `tasks/get` and notification carries it: it is a line for a person, not a payload."""
 
 
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+"""A code point UTF-8 cannot encode (a str holds a valid pair as one code point: these are alone)."""
+
+
 def shown_message(message: str) -> str:
-    """`message` as a task keeps it: NUL (which PostgreSQL's text refuses) as U+FFFD, cut at the bound."""
-    message = message.replace("\x00", "\ufffd")
+    """`message` as a task keeps it: NUL (which PostgreSQL's text refuses) and a lone surrogate (which no
+    database's UTF-8 takes) as U+FFFD, cut at the bound."""
+    message = LONE_SURROGATE.sub("\ufffd", message.replace("\x00", "\ufffd"))
     return message if len(message) <= MAX_STATUS_MESSAGE else message[: MAX_STATUS_MESSAGE - 1] + "\u2026"
+
+
+def _unshowable(message: str) -> bool:
+    """Whether `shown_message` would change `message` (the common ASCII message is decided without a search)."""
+    if len(message) > MAX_STATUS_MESSAGE or "\x00" in message:
+        return True
+    return not message.isascii() and LONE_SURROGATE.search(message) is not None
 
 
 STARTED = "Started"
@@ -387,7 +399,7 @@ class TaskRecord:
 
     def _next(self, at_ms: int, **changes: Any) -> TaskRecord:
         message = changes.get("status_message")
-        if message and (len(message) > MAX_STATUS_MESSAGE or "\x00" in message):  # a job's text: see shown_message
+        if message and _unshowable(message):  # a job's text: see shown_message
             changes["status_message"] = shown_message(message)
         return replace(self, updated_at=max(at_ms, self.updated_at), version=self.version + 1, **changes)
 

@@ -128,6 +128,18 @@ def test_a_schema_becomes_fields_in_order_with_kinds_defaults_and_required_marke
     assert fields[3].hint() == "Y/n"
 
 
+def test_a_questions_text_reaches_the_terminal_without_control_characters_but_its_lines() -> None:
+    """A server's question with an escape sequence would paint or clear the user's screen."""
+    params = _form(
+        "Line one\x1b[41m\nline two\x07",
+        {"pick": {"type": "string", "description": "a\x1b[2Jb", "title": "Pick\x1b[1A"}},
+        required=["pick"],
+    )
+    _, screen, _ = _elicit(params, "", "x")
+    assert "\x1b" not in screen and "\x07" not in screen
+    assert "Line one [41m\nline two" in screen and "a [2Jb" in screen
+
+
 def test_an_answered_form_is_accepted_with_each_field_typed_and_checked() -> None:
     params = _form(
         "Tell me about you",
@@ -361,6 +373,8 @@ def test_exit_codes_follow_the_final_status() -> None:
         ('{"seconds": NaN}', "ARGS is not JSON: NaN is not JSON"),
         ('{"seconds": -Infinity}', "ARGS is not JSON: -Infinity is not JSON"),
         ('{"seconds": 1e400}', "ARGS is not JSON: 1e400 is out of range"),
+        # JSON's escapes allow half a pair; UTF-8, which the request is sent in, has no such text
+        ('{"text": "a\\ud800b"}', "ARGS holds a lone surrogate"),
     ],
 )
 def test_args_must_be_a_json_object(text: str, message: str) -> None:

@@ -62,3 +62,22 @@ def test_a_lock_held_past_the_timeout_is_still_database_is_locked(
         holder.join()
     with engine.connect() as conn:  # the connection's own busy timeout is back for its other statements
         assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 200
+
+
+def test_a_write_interrupted_mid_statement_gives_the_lock_back_at_once(engine: sa.Engine, tmp_path: Path) -> None:
+    """An exception that is not the driver's, raised inside a write (here a lone surrogate UTF-8 cannot encode;
+    a Celery soft time limit alike), closes that connection: its BEGIN IMMEDIATE's lock is given back then,
+    not when the traceback holding its statement is collected (until then every other writer waited)."""
+    import sqlite3
+
+    with engine.connect() as conn:
+        conn.begin()
+        with pytest.raises(UnicodeEncodeError) as interrupted:
+            conn.execute(sa.text("UPDATE t SET n = :n"), {"n": "a\ud800"})
+    assert interrupted.value.__traceback__ is not None  # still held, as a log or an error report holds it
+    other = sqlite3.connect(tmp_path / "lock.db", timeout=0.2)
+    try:
+        other.execute("BEGIN IMMEDIATE")  # "database is locked" before the fix
+        other.rollback()
+    finally:
+        other.close()

@@ -177,6 +177,12 @@ def parse_arguments(text: str | None) -> dict[str, Any]:
         raise CallError(f"ARGS is not JSON: {exc}", EXIT_USAGE) from None
     if not isinstance(parsed, dict):
         raise CallError('ARGS must be a JSON object, e.g. \'{"topic": "tides"}\'', EXIT_USAGE)
+    try:
+        json.dumps(parsed, ensure_ascii=False).encode()
+    except UnicodeEncodeError:  # "\ud800" alone: JSON's escapes allow it, UTF-8 (what is sent) has no such text
+        raise CallError(
+            "ARGS holds a lone surrogate (a \\ud800-\\udfff escape without its pair): not text", EXIT_USAGE
+        ) from None
     return parsed
 
 

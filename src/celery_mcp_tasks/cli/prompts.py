@@ -28,6 +28,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
+from celery_mcp_tasks.cli.shared import printable
+
 if TYPE_CHECKING:
     from mcp.client.session import ClientRequestContext
 
@@ -116,9 +118,11 @@ class Prompter:
         return ListRootsResult.model_validate({"roots": [{"uri": cwd.as_uri(), "name": cwd.name or str(cwd)}]})
 
     async def _elicit(self, params: ElicitRequestParams) -> ElicitResult:
-        self.console.print(Text.assemble(("? ", "bold yellow"), ("The task asks: ", "bold"), params.message))
+        self.console.print(
+            Text.assemble(("? ", "bold yellow"), ("The task asks: ", "bold"), printable(params.message, lines=True))
+        )
         if not isinstance(params, ElicitRequestFormParams):
-            self.console.print(Text.assemble("  open ", (params.url, "underline"), " and come back"))
+            self.console.print(Text.assemble("  open ", (printable(params.url), "underline"), " and come back"))
             action = await self._action("  Done there? [a]ccept / [d]ecline / [c]ancel (a): ")
             return ElicitResult(action=action)
         fields = parse_form(params.requested_schema)
@@ -141,11 +145,11 @@ class Prompter:
 
     async def _field(self, form_field: FormField) -> Value | None:
         if form_field.description:
-            self.console.print(f"  [dim]{escape(form_field.description)}[/]")
+            self.console.print(f"  [dim]{escape(printable(form_field.description, lines=True))}[/]")
         for number, (_, label) in enumerate(form_field.choices, 1):
-            self.console.print(f"    {number}) {escape(label)}")
+            self.console.print(f"    {number}) {escape(printable(label))}")
         hint = form_field.hint()
-        prompt = f"  {form_field.label}{' *' if form_field.required else ''}{f' ({hint})' if hint else ''}: "
+        prompt = f"  {printable(form_field.label)}{' *' if form_field.required else ''}{f' ({hint})' if hint else ''}: "
         while True:
             typed = await self._ask(prompt)
             if not typed.strip():
@@ -165,12 +169,12 @@ class Prompter:
             Text.assemble(("? ", "bold yellow"), ("The task asks a model; you answer as the model", "bold"))
         )
         if params.system_prompt:
-            self.console.print(Text.assemble(("  system: ", "dim"), params.system_prompt))
+            self.console.print(Text.assemble(("  system: ", "dim"), printable(params.system_prompt, lines=True)))
         for message in params.messages:
             contents = message.content if isinstance(message.content, list) else [message.content]
             for content in contents:
                 shown = content.text if isinstance(content, TextContent) else f"[{content.type}]"
-                self.console.print(Text.assemble((f"  {message.role}: ", "dim"), shown))
+                self.console.print(Text.assemble((f"  {message.role}: ", "dim"), printable(shown, lines=True)))
         self.console.print(f"  [dim](up to {params.max_tokens} tokens)[/]")
         typed = await self._ask("  Your answer (Enter on an empty line declines): ")
         if not typed.strip():

@@ -474,7 +474,8 @@ def supervised_queues(tasks: Any) -> list[str]:
     return [] if queues == [default] else queues
 
 
-def printable(value: object) -> str:
-    """A server's text as a terminal may show it: every character that is not printable (a newline, an
-    escape sequence a job's message may hold, which would move the cursor or clear the screen) as a space."""
-    return "".join(ch if ch.isprintable() else " " for ch in str(value))
+def printable(value: object, *, lines: bool = False) -> str:
+    """A server's text as a terminal may show it: every character that is not printable (an escape sequence
+    a job's message may hold, which would move the cursor or clear the screen; a newline, unless `lines`) as a
+    space."""
+    return "".join(ch if ch.isprintable() or (lines and ch == "\n") else " " for ch in str(value))

@@ -14,9 +14,10 @@ import binascii
 import hashlib
 import json
 import os
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
+
+from celery_mcp_tasks.model import LONE_SURROGATE
 
 ENCRYPTION_SETTING: Final = "MCP_TASKS_ENCRYPTION_KEYS"
 PAYLOADS: Final = ("arguments", "input_requests", "input_responses", "result")
@@ -48,11 +49,8 @@ def encode(value: Any) -> str:
         try:
             text.encode()
         except UnicodeEncodeError:
-            return _LONE_SURROGATE.sub("\ufffd", text)
+            return LONE_SURROGATE.sub("\ufffd", text)
     return text
-
-
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # a str holds a valid pair as one code point: these are alone
 
 
 def same_json(a: Any, b: Any) -> bool:
@@ -62,7 +60,7 @@ def same_json(a: Any, b: Any) -> bool:
 
 
 def _as_kept(value: Any) -> str:
-    return _LONE_SURROGATE.sub("\ufffd", json.dumps(value, sort_keys=True, ensure_ascii=False, default=str))
+    return LONE_SURROGATE.sub("\ufffd", json.dumps(value, sort_keys=True, ensure_ascii=False, default=str))
 
 
 def payload_bytes(value: Any) -> int:

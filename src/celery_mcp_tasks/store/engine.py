@@ -8,6 +8,7 @@ a worker writing progress in a loop a request's INSERT waited seconds. PostgreSQ
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sqlite3
@@ -144,6 +145,9 @@ class _GatedConnection(sqlite3.Connection):
     def close(self) -> None:
         inside = _FORK_GATE.enter()
         try:
+            if self.in_transaction:  # closed mid-write (an interrupted statement): give the write lock back now; a
+                with contextlib.suppress(sqlite3.Error):  # statement still referenced (a traceback's cursor)
+                    self.rollback()  # would keep it, the connection left open, until that is collected
             super().close()
         finally:
             _FORK_GATE.leave(inside)
