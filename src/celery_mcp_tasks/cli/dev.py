@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 import threading
+import time
 
 from celery_mcp_tasks.cli.shared import (
     WARM_SHUTDOWN_S,
@@ -27,6 +28,7 @@ from celery_mcp_tasks.cli.shared import (
 )
 
 PREFIX = "celery-mcp-tasks dev"
+STARTUP_WAIT_S = 60.0  # `--call` waits this long at most for the web app to start (a slow database at start)
 
 
 def run(options: argparse.Namespace) -> int:
@@ -88,6 +90,10 @@ def run(options: argparse.Namespace) -> int:
             if options.call:
                 thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="dev-web", daemon=True)
                 thread.start()
+                # The socket listens once the app's lifespan has started: a call before that would be refused.
+                deadline = time.monotonic() + STARTUP_WAIT_S
+                while not server.started and thread.is_alive() and not stopped.is_set() and time.monotonic() < deadline:
+                    time.sleep(0.01)
                 try:
                     status = run_call(CallOptions(url, tool, arguments), abort=stopped.is_set)
                 finally:
