@@ -162,6 +162,7 @@ class TaskService:
         quota: Quota | None = None,
         idempotency_key: str | None = None,
         caller: str | None = None,
+        durable: bool = True,
     ) -> tuple[str, TaskRecord]:
         """Store a new `working` task, then send its job. Returns (task id, record).
 
@@ -171,7 +172,10 @@ class TaskService:
         raises `IdempotencyKeyReused`. `caller`: the anonymous client the quota counts this for. If sending
         fails the failed record is returned: a client learns an id only for a row that tells the truth.
         `input_responses`: answers gathered before the task existed (MRTR); their keys count as used.
-        `trace_context`: the W3C `traceparent` every send of the job carries.
+        `trace_context`: the W3C `traceparent` every send of the job carries. Not `durable` (PostgreSQL): the
+        creation's commit does not wait for its flush to disk, for a task whose id no caller learns (a synchronous
+        call's hidden task): what the caller hears is a later write's (an outcome, a question, a cancel), whose
+        durable commit flushes the creation too. A database crash before then loses the row and the call fails.
         """
         limits = _UNLIMITED if self.limits is None else self.limits(tool)
         refused = _over(_ARGUMENTS, arguments, limits.arguments)
@@ -209,7 +213,7 @@ class TaskService:
         if will_send:  # the first dispatch is part of the insert: one write, then the send
             record = replace(record, dispatches=1, heartbeat_at=at)
         idempotent = idempotency_key is not None
-        stored = self.store.create(record, max_rows=self.max_rows, quota=quota, idempotent=idempotent)
+        stored = self.store.create(record, max_rows=self.max_rows, quota=quota, idempotent=idempotent, durable=durable)
         if stored is not record:  # an idempotent retry: nothing is decided on a row this process cannot open
             _require_readable(stored)
         if stored is not record and stored.expired(at) and stored.terminal:
@@ -217,7 +221,9 @@ class TaskService:
             # retry freed it and created the next task already) and create again; every racing retry gets the
             # one next task.
             self.store.delete(stored.key, expected=stored)
-            stored = self.store.create(record, max_rows=self.max_rows, quota=quota, idempotent=idempotent)
+            stored = self.store.create(
+                record, max_rows=self.max_rows, quota=quota, idempotent=idempotent, durable=durable
+            )
         if stored is not record:  # an idempotent retry: the key's task
             if not same_json(stored.arguments, arguments):
                 raise IdempotencyKeyReused()

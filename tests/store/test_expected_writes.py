@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from celery_mcp_tasks.model import Run, RunInProgress, Superseded, TaskRecord, TaskStatus, TerminalTask
 from celery_mcp_tasks.notify.postgres import CHANNEL, PG_HINT, hint_payload, libpq_url
 from celery_mcp_tasks.service import TaskService
-from celery_mcp_tasks.store.base import ANY, TaskNotFound
+from celery_mcp_tasks.store.base import ANY, Quota, TaskNotFound
 from celery_mcp_tasks.store.quotas import RowGauge
 from celery_mcp_tasks.store.sql import SqlStore
 from tests.builders import SendOnly
@@ -111,6 +111,27 @@ def test_a_creation_is_one_statement(store: SqlStore) -> None:
     assert seen.seen == per_write * 3
     inserts = [text.lower() for text in seen.texts if text.lstrip().upper().startswith("INSERT")]
     assert ["count" in text for text in inserts] == [False, True, False]
+
+
+def test_a_creation_that_need_not_be_durable_is_the_same_one_statement_and_seen_at_once(store: SqlStore) -> None:
+    """A synchronous call's hidden task (`durable=False`), capped or not, within a quota or not: on PostgreSQL its
+    INSERT alone skips the WAL flush at commit, and its connection goes back to the pool durable again."""
+    seen = Statements(store)
+    store.create(_record("c1"), max_rows=None, durable=False)
+    store.create(_record("c2"), max_rows=1_000, durable=False)
+    store.create(_record("c3"), max_rows=1_000, quota=Quota(active=5), durable=False)
+    store.create(_record("c4"), max_rows=None)
+    other = SqlStore.from_url(store.engine.url.render_as_string(hide_password=False))
+    try:
+        assert set(other.get_many(["c1", "c2", "c3", "c4"])) == {"c1", "c2", "c3", "c4"}  # at once, elsewhere
+    finally:
+        other.dispose()
+    inserts = [text for text in seen.texts if text.lstrip().upper().startswith("INSERT")]
+    flushed = ["set_config" not in text for text in inserts]
+    assert flushed == ([False, False, False, True] if store.dialect == "postgresql" else [True] * 4)
+    if store.dialect == "postgresql":
+        with store.engine.connect() as conn:
+            assert conn.exec_driver_sql("SHOW synchronous_commit").scalar() == "on"
 
 
 def test_a_concurrent_writer_makes_it_fall_back_and_the_result_is_still_right(

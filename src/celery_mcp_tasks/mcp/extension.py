@@ -184,6 +184,9 @@ class TasksExtension(Extension):
             idempotency_key=idempotency_key,
             key_sent=sent_key is not None,
             caller=anonymous_caller(ctx.request) if owner is None and self._per_client else None,
+            # A synchronous call's hidden task: its id is never answered, and what is (an outcome, a question)
+            # is a later durable write, which flushes the creation too. An idempotent one a retry may meet.
+            durable=with_tasks or idempotency_key is not None,
         )
         task_id, record = await self._run(create, "tools/call")
         if with_tasks:
@@ -202,6 +205,7 @@ class TasksExtension(Extension):
         idempotency_key: str | None,
         key_sent: bool,
         caller: str | None,
+        durable: bool,
     ) -> tuple[str, TaskRecord]:
         quota = self._quota_of(tool)
         try:
@@ -218,6 +222,7 @@ class TasksExtension(Extension):
                     quota=quota,
                     idempotency_key=idempotency_key,
                     caller=caller if quota is not None else None,  # stored only for a quota to count by
+                    durable=durable,
                 )
         except TaskLimitReached:
             raise internal("Task limit reached") from None

@@ -113,9 +113,16 @@ class Store(Protocol):
     # Every method raises `StoreUnavailable` when the database fails it.
 
     def create(
-        self, record: TaskRecord, *, max_rows: int | None, quota: Quota | None = None, idempotent: bool = False
+        self,
+        record: TaskRecord,
+        *,
+        max_rows: int | None,
+        quota: Quota | None = None,
+        idempotent: bool = False,
+        durable: bool = True,
     ) -> TaskRecord:
-        """Insert a new record; the record now stored under its key. Durable on return.
+        """Insert a new record; the record now stored under its key. Durable on return, unless not `durable`
+        (as `update`'s: a task no caller learns of before a later durable write flushes it too).
 
         Raises `TaskLimitReached` at the cap, `QuotaExceeded` (decided under a lock per owner, across
         processes). `idempotent`: a row already under the key is returned, and nothing is written.

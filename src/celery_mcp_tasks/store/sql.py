@@ -134,11 +134,12 @@ statement's snapshot), with it on SQLite."""
 
 
 @functools.cache
-def _insert_statement(capped: bool, counted: bool, hinted: bool) -> Any:
+def _insert_statement(capped: bool, counted: bool, hinted: bool, durable: bool) -> Any:
     """A creation's one statement: RETURNING key, so a row back means inserted; `counted`, the rows it saw too."""
     if not capped:
-        return _hinted(tasks.insert(), (tasks.c.key,), hinted)
-    return _hinted(_INSERT_IF_ROOM, (tasks.c.key, _ROWS_SEEN) if counted else (tasks.c.key,), hinted)
+        return _hinted(tasks.insert(), (tasks.c.key,), hinted, durable=durable)
+    returning = (tasks.c.key, _ROWS_SEEN) if counted else (tasks.c.key,)
+    return _hinted(_INSERT_IF_ROOM, returning, hinted, durable=durable)
 
 
 @functools.cache
@@ -367,18 +368,26 @@ class SqlStore:
 
     @_reported
     def create(
-        self, record: TaskRecord, *, max_rows: int | None, quota: Quota | None = None, idempotent: bool = False
+        self,
+        record: TaskRecord,
+        *,
+        max_rows: int | None,
+        quota: Quota | None = None,
+        idempotent: bool = False,
+        durable: bool = True,
     ) -> TaskRecord:
         """One INSERT in autocommit, which counts the rows under the cap once a second and near it (`quotas.RowGauge`):
         the cap is approximate by the racing creates and what other processes created since that count. With a
         `quota`, a transaction of its own (`store.quotas`). `idempotent`:
         the row already under the key is the answer (a retry of its creation); a row gone between the conflict and
-        the read (a retry that freed an expired key meanwhile) is inserted again, once."""
+        the read (a retry that freed an expired key meanwhile) is inserted again, once. Not `durable`, on
+        PostgreSQL: `synchronous_commit` off for its transaction alone, as `update`'s."""
+        durable = durable or self._sqlite
         for last in (False, True):
             try:
                 if quota is not None and not quota.unlimited:
-                    return self._create_within_quota(record, max_rows, quota, idempotent)
-                return self._create(record, max_rows, idempotent)
+                    return self._create_within_quota(record, max_rows, quota, idempotent, durable)
+                return self._create(record, max_rows, idempotent, durable)
             except (sa.exc.IntegrityError, TaskLimitReached) as exc:
                 found = self.get(record.key) if idempotent else None
                 if found is not None:
@@ -387,11 +396,11 @@ class SqlStore:
                     raise
         raise AssertionError("unreachable")
 
-    def _create(self, record: TaskRecord, max_rows: int | None, idempotent: bool) -> TaskRecord:
+    def _create(self, record: TaskRecord, max_rows: int | None, idempotent: bool, durable: bool) -> TaskRecord:
         """The one INSERT; a statement lost in flight is settled by reading the row: there with this content,
         created; absent, inserted again."""
         try:
-            self._insert(record, max_rows)
+            self._insert(record, max_rows, durable)
             return record
         except _CommitInDoubt as doubt:
             lost = doubt
@@ -399,7 +408,7 @@ class SqlStore:
         found = self.get(record.key)
         if found is None:
             try:
-                self._insert(record, max_rows)
+                self._insert(record, max_rows, durable)
                 return record
             except sa.exc.IntegrityError:  # the lost statement landed meanwhile
                 found = self.get(record.key)
@@ -411,7 +420,7 @@ class SqlStore:
 
     @_reconnecting
     def _create_within_quota(
-        self, record: TaskRecord, max_rows: int | None, quota: Quota, idempotent: bool
+        self, record: TaskRecord, max_rows: int | None, quota: Quota, idempotent: bool, durable: bool
     ) -> TaskRecord:
         """Lock the principal (PostgreSQL), read an idempotent creation's row, count, insert, commit."""
         with self._locking() as conn:
@@ -426,7 +435,7 @@ class SqlStore:
             if refused is not None:
                 conn.rollback()
                 raise refused
-            if not self._inserted(conn, record, max_rows):
+            if not self._inserted(conn, record, max_rows, durable):
                 conn.rollback()
                 raise TaskLimitReached()
             try:
@@ -436,7 +445,7 @@ class SqlStore:
         self._row_gauge.created()
         return record
 
-    def _inserted(self, conn: Connection, record: TaskRecord, max_rows: int | None) -> bool:
+    def _inserted(self, conn: Connection, record: TaskRecord, max_rows: int | None, durable: bool) -> bool:
         """The creation's INSERT: whether it stored the row (False: no room under the cap). Whether it counts the
         rows, and tells the gauge what it counted, is `quotas.RowGauge`'s to say."""
         params = _to_row(record)
@@ -445,7 +454,7 @@ class SqlStore:
         capped, mark = self._row_gauge.plan(max_rows) if max_rows is not None else (False, None)
         if capped:
             params["max_rows"] = max_rows
-        statement = _insert_statement(capped, mark is not None, self._hint(record, params))
+        statement = _insert_statement(capped, mark is not None, self._hint(record, params), durable)
         try:
             inserted = conn.execute(statement, params).first()
         except BaseException:
@@ -456,10 +465,10 @@ class SqlStore:
             self._row_gauge.counted(max_rows if inserted is None else int(inserted.rows_seen), mark)
         return inserted is not None
 
-    def _insert(self, record: TaskRecord, max_rows: int | None) -> None:
+    def _insert(self, record: TaskRecord, max_rows: int | None, durable: bool) -> None:
         with self.engine.connect() as conn:
             try:
-                inserted = self._inserted(conn, record, max_rows)
+                inserted = self._inserted(conn, record, max_rows, durable)
                 conn.commit()  # PostgreSQL: autocommit already; SQLite: the BEGIN IMMEDIATE the write took
             except sa.exc.DBAPIError as exc:
                 raise _in_doubt(exc) from exc
