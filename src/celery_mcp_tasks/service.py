@@ -216,14 +216,14 @@ class TaskService:
         stored = self.store.create(record, max_rows=self.max_rows, quota=quota, idempotent=idempotent, durable=durable)
         if stored is not record:  # an idempotent retry: nothing is decided on a row this process cannot open
             _require_readable(stored)
-        if stored is not record and stored.expired(at) and stored.terminal:
-            # The key's task is over and forgotten, whatever its arguments were: free its key (unless a racing
-            # retry freed it and created the next task already) and create again; every racing retry gets the
-            # one next task.
-            self.store.delete(stored.key, expected=stored)
-            stored = self.store.create(
-                record, max_rows=self.max_rows, quota=quota, idempotent=idempotent, durable=durable
-            )
+            if stored.expired(at) and stored.terminal:
+                # The key's task is over and forgotten, whatever its arguments were: free its key (unless a
+                # racing retry freed it and created the next task already) and create again; every racing
+                # retry gets the one next task.
+                self.store.delete(stored.key, expected=stored)
+                stored = self.store.create(
+                    record, max_rows=self.max_rows, quota=quota, idempotent=idempotent, durable=durable
+                )
         if stored is not record:  # an idempotent retry: the key's task
             if not same_json(stored.arguments, arguments):
                 raise IdempotencyKeyReused()
