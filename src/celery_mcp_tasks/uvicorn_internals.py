@@ -5,6 +5,9 @@
 1. `on_server_exit`: chains onto the SIGTERM/SIGINT handler uvicorn's `Server.capture_signals` installs
    (`Server.handle_exit`), since an open listen stream keeps uvicorn from ever running the lifespan's
    shutdown. A shutdown hook in the MCP SDK's session manager that ends open SSE streams would remove it.
+2. `has_started` and `stop`: `dev --call` serves on a thread, calls once `Server.started` is set (the lifespan
+   has started and the socket accepts), then ends the server with `Server.should_exit`: plain attributes of
+   uvicorn's `Server`, which its docs do not name.
 """
 
 from __future__ import annotations
@@ -14,7 +17,10 @@ import signal
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import uvicorn
 
 
 def on_server_exit(callback: Callable[[], None]) -> Callable[[], None]:
@@ -49,3 +55,13 @@ def on_server_exit(callback: Callable[[], None]) -> Callable[[], None]:
                 signal.signal(sig, prior)
 
     return restore
+
+
+def has_started(server: uvicorn.Server) -> bool:
+    """Whether `server` accepts connections: its lifespan has started and its sockets listen."""
+    return bool(server.started)
+
+
+def stop(server: uvicorn.Server) -> None:
+    """Tell `server` (serving on another thread) to shut down gracefully, as its signal handler does."""
+    server.should_exit = True

@@ -26,6 +26,7 @@ from celery_mcp_tasks.cli.shared import (
     start_ops_server,
     uvicorn_logging,
 )
+from celery_mcp_tasks.uvicorn_internals import has_started, stop
 
 PREFIX = "celery-mcp-tasks dev"
 STARTUP_WAIT_S = 60.0  # `--call` waits this long at most for the web app to start (a slow database at start)
@@ -92,12 +93,17 @@ def run(options: argparse.Namespace) -> int:
                 thread.start()
                 # The socket listens once the app's lifespan has started: a call before that would be refused.
                 deadline = time.monotonic() + STARTUP_WAIT_S
-                while not server.started and thread.is_alive() and not stopped.is_set() and time.monotonic() < deadline:
+                while (
+                    not has_started(server)
+                    and thread.is_alive()
+                    and not stopped.is_set()
+                    and time.monotonic() < deadline
+                ):
                     time.sleep(0.01)
                 try:
                     status = run_call(CallOptions(url, tool, arguments), abort=stopped.is_set)
                 finally:
-                    server.should_exit = True
+                    stop(server)
                     thread.join(timeout=5)
             else:
                 server.run(sockets=[sock])
