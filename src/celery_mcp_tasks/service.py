@@ -173,9 +173,10 @@ class TaskService:
         fails the failed record is returned: a client learns an id only for a row that tells the truth.
         `input_responses`: answers gathered before the task existed (MRTR); their keys count as used.
         `trace_context`: the W3C `traceparent` every send of the job carries. Not `durable` (PostgreSQL): the
-        creation's commit does not wait for its flush to disk, for a task whose id no caller learns (a synchronous
-        call's hidden task): what the caller hears is a later write's (an outcome, a question, a cancel), whose
-        durable commit flushes the creation too. A database crash before then loses the row and the call fails.
+        creation's commit does not wait for its flush to disk, for a task nothing of which reaches its caller
+        before a later durable write (a synchronous call's hidden task: the outcome, a question, a cancel),
+        whose commit flushes the creation too. A database crash before then loses the row: the call fails,
+        though its job may have run.
         """
         limits = _UNLIMITED if self.limits is None else self.limits(tool)
         refused = _over(_ARGUMENTS, arguments, limits.arguments)
