@@ -267,3 +267,18 @@ def test_the_options_in_range_are_taken(tasks: McpTasks) -> None:
         1024,
     ]
     assert {type(second.ttl_ms), type(second.max_sends), type(second.max_arguments_bytes)} == {int}
+
+
+def test_a_tool_name_longer_than_a_task_keeps_is_refused_at_import(tasks: McpTasks) -> None:
+    """Every call of it would fail in the store's INSERT (PostgreSQL's column holds 128 characters), and the
+    console's tool filter refuses it."""
+
+    @tasks.mcp_task(name="t" * 128)
+    def longest() -> str:
+        return "ok"
+
+    with pytest.raises(ValueError, match=r"^task tool 'u{40}': a name of 1 to 128 characters, got 129$"):
+
+        @tasks.mcp_task(name="u" * 129)
+        def too_long() -> str:
+            return "ok"

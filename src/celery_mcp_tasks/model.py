@@ -154,6 +154,9 @@ class Run:
         return self.born is None or self.born == record.created_at
 
 
+MAX_TOOL_NAME = 128
+"""The longest tool name a task keeps (characters): MCP's guidance for tool names, and the store's column."""
+
 MAX_STATUS_MESSAGE = 4096
 """The longest `statusMessage` a task keeps (characters): a longer one a job reports is cut, ending in "…".
 Every `tasks/get` and notification carries it: it is a line for a person, not a payload."""

@@ -58,3 +58,9 @@ def stay_busy(seconds: float, ctx: TaskContext) -> str:
             return "stopped early"
         time.sleep(0.05)
     return f"busy for {seconds:g}s"
+
+
+@tasks.mcp_task
+def fail_saying(words: str) -> str:
+    """Fails with `words` as its error (the console's test of long and odd text)."""
+    raise ValueError(words)

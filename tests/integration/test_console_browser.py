@@ -342,3 +342,34 @@ def test_a_row_changing_further_down_the_list_stays_there(
         assert first_page.query_selector(f"#row-{newer}") is not None
     finally:
         context.close()
+
+
+def test_a_long_unbroken_message_neither_widens_the_pages_nor_makes_its_row_tall(
+    deployment: tuple[Deployment, Proc, str], chromium: Any
+) -> None:
+    """A job's text is not the page's to lay out: a word longer than the screen wraps in the list, on the
+    task's page (its error too) and on the overview, and a long message shows its first lines in the list."""
+    running, _console, console_url = deployment
+    words = "w" * 300 + " " + " ".join(["many words on many lines"] * 12)
+    key = task_key(start_task(running.url, "fail_saying", {"words": words}))
+    context = chromium.new_context(viewport={"width": 1024, "height": 760})
+    page = context.new_page()
+    fits = "document.documentElement.scrollWidth <= window.innerWidth"
+    try:
+        page.goto(f"{console_url}/login?next=/tasks")
+        page.fill("input[name=name]", OPERATOR)
+        page.fill("input[name=token]", TOKEN)
+        page.click("form.login button[type=submit]")
+        page.wait_for_selector(f"#row-{key}[data-status=failed]")
+        assert page.evaluate(fits), page.evaluate("document.documentElement.scrollWidth")
+        line = page.evaluate("parseFloat(getComputedStyle(document.querySelector('#rows td')).lineHeight) || 20")
+        height = page.evaluate(f"document.querySelector('#row-{key} .cell-message').getBoundingClientRect().height")
+        assert height <= 3.5 * line, (height, line)  # its first three lines
+        assert "w" * 300 in page.text_content(f"#row-{key} .cell-message")  # clipped on screen, whole in the page
+        page.goto(f"{console_url}/tasks/{key}")
+        page.wait_for_selector("p.error")
+        assert page.evaluate(fits), page.evaluate("document.documentElement.scrollWidth")
+        page.goto(f"{console_url}/")
+        assert page.evaluate(fits), page.evaluate("document.documentElement.scrollWidth")
+    finally:
+        context.close()

@@ -18,6 +18,7 @@ from mcp.server.mcpserver.tools import Tool
 from pydantic import ValidationError
 
 from celery_mcp_tasks.mcp.wire import json_integer
+from celery_mcp_tasks.model import MAX_TOOL_NAME
 from celery_mcp_tasks.protocol import INPUT_CAPABILITIES
 
 TaskMode = Literal["optional", "required", "forbidden"]
@@ -82,6 +83,10 @@ class TaskTool:
     sdk_tool: Tool = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if not 0 < len(self.name) <= MAX_TOOL_NAME:  # every call of it would fail in the store's INSERT
+            raise ValueError(
+                f"task tool {self.name[:40]!r}: a name of 1 to {MAX_TOOL_NAME} characters, got {len(self.name)}"
+            )
         if self.mode not in _MODES:
             raise ValueError(f"task tool {self.name!r}: mode must be one of {_MODES}, got {self.mode!r}")
         unknown = set(self.needs) - set(INPUT_CAPABILITIES.values())

@@ -19,6 +19,7 @@ from typing import Any, Final, NamedTuple
 from celery_mcp_tasks.model import (
     ACTIVE_VALUES,
     ANONYMOUS,
+    MAX_TOOL_NAME,
     OWNER_CLAIMS,
     TERMINAL_VALUES,
     TaskRecord,
@@ -113,8 +114,8 @@ class Filter:
                 else:
                     raise BadFilter("status", f"unknown status (one of {', '.join(STATUS_NAMES)}, active, final)")
         tool = given("tool")
-        if tool is not None and len(tool) > 128:
-            raise BadFilter("tool", "a tool name has at most 128 characters")
+        if tool is not None and len(tool) > MAX_TOOL_NAME:
+            raise BadFilter("tool", f"a tool name has at most {MAX_TOOL_NAME} characters")
         owner = given("owner")
         if owner is not None and len(owner) > MAX_OWNER:
             raise BadFilter("owner", f"an owner filter has at most {MAX_OWNER} characters")

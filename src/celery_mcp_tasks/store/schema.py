@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
+from celery_mcp_tasks.model import MAX_TOOL_NAME
+
 TABLE_PREFIX = "mcp_tasks_"
 VERSION_TABLE = "mcp_tasks_alembic_version"
 
@@ -24,7 +26,7 @@ tasks = sa.Table(
     # sha256(task id), hex. The raw id is never stored.
     sa.Column("key", sa.String(64), primary_key=True),
     sa.Column("owner", sa.String(512), nullable=True),
-    sa.Column("tool", sa.String(128), nullable=False),
+    sa.Column("tool", sa.String(MAX_TOOL_NAME), nullable=False),
     sa.Column("status", sa.String(16), nullable=False),
     sa.Column("status_message", sa.Text, nullable=True),
     # Epoch milliseconds: portable, exact, and what the wire renders from.
