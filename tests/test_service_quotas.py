@@ -6,6 +6,7 @@ their own connections, as two replicas would be.
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from celery_mcp_tasks.model import (
     derived_task_id,
     task_key,
 )
-from celery_mcp_tasks.service import IdempotencyKeyReused, TaskExpired, TaskService
+from celery_mcp_tasks.service import IdempotencyKeyReused, TaskExpired, TaskService, _CapRefusals
 from celery_mcp_tasks.store.base import Quota, QuotaExceeded, TaskLimitReached, TaskNotFound
 from celery_mcp_tasks.store.quotas import RowGauge
 from celery_mcp_tasks.store.sql import SqlStore
@@ -460,3 +461,24 @@ def test_anonymous_callers_told_apart_have_a_quota_each(service: TaskService) ->
     assert other.caller == "client-2"
     # an authenticated caller is its owner: a caller value is not kept for it
     assert service.create(owner="sub:a", tool="t", arguments={}, quota=quota, caller="client-1")[1].caller is None
+
+
+def test_the_row_caps_refusals_are_said_in_a_line_a_minute_with_their_count(
+    store: SqlStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """At the cap every creation is refused: the operator reads it (a web process said nothing), but in one line
+    a minute at most, however many there are."""
+    service = TaskService(store, max_rows=1)
+    now = [100.0]
+    service._cap_refusals = _CapRefusals(clock=lambda: now[0])
+    service.create(owner=None, tool="t", arguments={})
+    with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks.service"):
+        for _ in range(3):
+            with pytest.raises(TaskLimitReached):
+                service.create(owner=None, tool="t", arguments={})
+        now[0] += _CapRefusals.EVERY_S
+        with pytest.raises(TaskLimitReached):
+            service.create(owner=None, tool="t", arguments={})
+    said = [r.getMessage() for r in caplog.records]
+    first = "tool 't': 1 creation refused since the last such line: the store holds MCP_TASKS_MAX_ROWS=1 rows"
+    assert [line.split(" (")[0] for line in said] == [first, first.replace("1 creation", "3 creations")]

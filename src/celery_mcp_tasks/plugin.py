@@ -67,8 +67,8 @@ class Plugin:
         """`after` was committed, replacing `before` (None: created), in the process that wrote it."""
 
     def creation_refused(self, tool: str, limit: str) -> None:
-        """A caller's quota refused a creation of `tool`; `limit` says which ("active", "active_tool",
-        "creations"). Never told who the caller was."""
+        """A caller's quota, or the store's row cap, refused a creation of `tool`; `limit` says which ("active",
+        "active_tool", "creations", "max_rows"). Never told who the caller was."""
 
     def swept(self, name: str, counts: dict[str, int]) -> None:
         """A janitor sweep reported `counts` under `name` (the `MetricHook` contract)."""

@@ -9,8 +9,10 @@ calls take the row key and are not.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from celery_mcp_tasks.model import (
@@ -36,7 +38,7 @@ from celery_mcp_tasks.model import (
 )
 from celery_mcp_tasks.notify.base import Notifier, safe_notify
 from celery_mcp_tasks.observe import Observer, safe_observe
-from celery_mcp_tasks.store.base import Eviction, Quota, Store, TaskNotFound
+from celery_mcp_tasks.store.base import Eviction, Quota, Store, TaskLimitReached, TaskNotFound
 from celery_mcp_tasks.store.codec import PayloadTooDeep, PayloadTooLarge, payload_bytes, same_json, too_deep
 
 if TYPE_CHECKING:
@@ -128,6 +130,36 @@ def _over(what: tuple[str, str, str], value: Any, limit: int | None, *, nesting:
     return PayloadTooDeep(what[0]) if nesting and too_deep(value) else None
 
 
+class _CapRefusals:
+    """A WARNING when the row cap refuses creations, at most one a minute per process (a full store refuses
+    every creation), saying how many it refused since the last."""
+
+    EVERY_S = 60.0
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._unsaid = 0
+        self._next_at: float | None = None
+
+    def refused(self, tool: str, max_rows: int | None) -> None:
+        with self._lock:
+            self._unsaid += 1
+            now = self._clock()
+            if self._next_at is not None and now < self._next_at:
+                return
+            refused, self._unsaid, self._next_at = self._unsaid, 0, now + self.EVERY_S
+        logger.warning(
+            "tool %r: %d creation%s refused since the last such line: the store holds MCP_TASKS_MAX_ROWS=%s rows "
+            "(expired tasks count until the janitor evicts them); raise the cap, or shorten TTLs or "
+            "MCP_TASKS_RETENTION_MS",
+            tool,
+            refused,
+            "" if refused == 1 else "s",
+            max_rows,
+        )
+
+
 @dataclass
 class TaskService:
     store: Store
@@ -144,6 +176,7 @@ class TaskService:
     answer_problem: Callable[[Mapping[str, Any], Any], str | None] | None = None
     """Why an answer is not of the kind its input request asks for, None when it is (the composition root:
     `protocol.answer_problem`)."""
+    _cap_refusals: _CapRefusals = field(default_factory=_CapRefusals, init=False, repr=False, compare=False)
 
     # -- request side (raw id, owner-scoped) ----------------------------------------
 
@@ -214,7 +247,7 @@ class TaskService:
         if will_send:  # the first dispatch is part of the insert: one write, then the send
             record = replace(record, dispatches=1, heartbeat_at=at)
         idempotent = idempotency_key is not None
-        stored = self.store.create(record, max_rows=self.max_rows, quota=quota, idempotent=idempotent, durable=durable)
+        stored = self._insert(record, quota, idempotent, durable)
         if stored is not record:  # an idempotent retry: nothing is decided on a row this process cannot open
             _require_readable(stored)
             if stored.expired(at) and stored.terminal:
@@ -222,9 +255,7 @@ class TaskService:
                 # racing retry freed it and created the next task already) and create again; every racing
                 # retry gets the one next task.
                 self.store.delete(stored.key, expected=stored)
-                stored = self.store.create(
-                    record, max_rows=self.max_rows, quota=quota, idempotent=idempotent, durable=durable
-                )
+                stored = self._insert(record, quota, idempotent, durable)
         if stored is not record:  # an idempotent retry: the key's task
             if not same_json(stored.arguments, arguments):
                 raise IdempotencyKeyReused()
@@ -236,6 +267,15 @@ class TaskService:
         if will_send:
             record = self._send(record)
         return task_id, record
+
+    def _insert(self, record: TaskRecord, quota: Quota | None, idempotent: bool, durable: bool) -> TaskRecord:
+        try:
+            return self.store.create(
+                record, max_rows=self.max_rows, quota=quota, idempotent=idempotent, durable=durable
+            )
+        except TaskLimitReached:
+            self._cap_refusals.refused(record.tool, self.max_rows)
+            raise
 
     def get(self, task_id: str, owner: str | None) -> TaskRecord:
         """The owner's task, or TaskNotFound (missing or foreign) / TaskExpired."""

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import base64
 
+import httpx
 import pytest
 import sqlalchemy as sa
 
 from celery_mcp_tasks.store.engine import normalize_url
-from tests.support import EXT, Deployment, McpHttp, celery_id_of, run_ended, wait_until, without_meta
+from tests.support import EXT, Deployment, McpHttp, celery_id_of, free_port, run_ended, wait_until, without_meta
 
 pytestmark = pytest.mark.integration
 
@@ -320,11 +321,18 @@ def test_cancel_of_a_finished_task_acks_and_changes_nothing(client: McpHttp):
 
 
 def test_the_row_cap_answers_task_limit_reached(backend, tmp_path):  # type: ignore[no-untyped-def]
+    """The caller reads "Task limit reached"; the operator a line naming the setting, and the refusal counter."""
+    ops_port = free_port()
     with Deployment("examples.conformance.app", backend, tmp_path) as capped:
-        capped.web("capped", MCP_TASKS_MAX_ROWS="1")
+        capped.web("capped", MCP_TASKS_MAX_ROWS="1", MCP_TASKS_METRICS="on", MCP_TASKS_OPS_PORT=str(ops_port))
         http = McpHttp(capped.url)
         base = rows(capped)
         replies = [http.call_tool("slow_compute", {"seconds": 60}) for _ in range(base + 2)]
         errors = [r["error"] for r in replies if "error" in r]
         assert errors and errors[-1] == {"code": -32603, "message": "Task limit reached"}
         http.close()
+        line = "tool 'slow_compute': 1 creation refused since the last such line: the store holds MCP_TASKS_MAX_ROWS=1"
+        wait_until(lambda: line in capped.logs(), 10, "the refusal's line")
+        assert capped.logs().count("creation refused since the last such line") == 1  # a line a minute at most
+        metrics = httpx.get(f"http://127.0.0.1:{ops_port}/metrics", timeout=10).text
+        assert f'mcp_tasks_refused_total{{limit="max_rows",tool="slow_compute"}} {len(errors)}.0' in metrics

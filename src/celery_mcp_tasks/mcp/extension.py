@@ -65,7 +65,7 @@ class TasksExtension(Extension):
     `sync_timeout_s`: the bound on a synchronous call's silence (`SyncCalls`). `hub`: this process's
     push hub (`hub()` None: push is off). `sealed_state`: whether the SDK seals `requestState` here.
     `quota`: each principal's limits (a tool's `max_active` replaces `active_tool`; None: no quota).
-    `refused(tool, limit)`: told of each creation a quota refused (metrics). `anonymous_per_client`:
+    `refused(tool, limit)`: told of each creation a quota or the row cap refused (metrics). `anonymous_per_client`:
     anonymous callers' quotas count per client address (`principal.anonymous_caller`), not as one.
     """
 
@@ -224,7 +224,9 @@ class TasksExtension(Extension):
                     caller=caller if quota is not None else None,  # stored only for a quota to count by
                     durable=durable,
                 )
-        except TaskLimitReached:
+        except TaskLimitReached:  # the service logged it (a line a minute at most)
+            if self._refused is not None:
+                self._refused(tool.name, "max_rows")
             raise internal("Task limit reached") from None
         except QuotaExceeded as exc:
             if self._refused is not None:

@@ -97,6 +97,9 @@ def sweep(
     report = SweepReport(eviction.removed, done["resent"], done["failed"], done["expired_inputs"])
     counts = asdict(report)
     said = "removed={removed} resent={resent} failed={failed} expired_inputs={expired_inputs}".format(**counts)
+    unfinished = sum(eviction.unfinished.values())  # their TTL ran out before they ended: clients lost them
+    if unfinished:
+        said += f" (of the removed, {unfinished} expired unfinished)"
     if stopped is not None:
         reason = f"{stopped.operation or 'unknown'}: {stopped.reason or 'unknown'}"
         message = f"janitor sweep stopped, the task store failed ({reason}), after {said}; the next sweep goes on"
