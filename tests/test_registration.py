@@ -277,7 +277,7 @@ def test_a_tool_name_longer_than_a_task_keeps_is_refused_at_import(tasks: McpTas
     def longest() -> str:
         return "ok"
 
-    with pytest.raises(ValueError, match=r"^task tool 'u{40}': a name of 1 to 128 characters, got 129$"):
+    with pytest.raises(ValueError, match=r"^task tool 'u{40}…': its name must have 1 to 128 characters, it has 129$"):
 
         @tasks.mcp_task(name="u" * 129)
         def too_long() -> str:

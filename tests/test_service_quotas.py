@@ -480,5 +480,5 @@ def test_the_row_caps_refusals_are_said_in_a_line_a_minute_with_their_count(
         with pytest.raises(TaskLimitReached):
             service.create(owner=None, tool="t", arguments={})
     said = [r.getMessage() for r in caplog.records]
-    first = "tool 't': 1 creation refused since the last such line: the store holds MCP_TASKS_MAX_ROWS=1 rows"
-    assert [line.split(" (")[0] for line in said] == [first, first.replace("1 creation", "3 creations")]
+    first = "1 task creation refused since the last such line (the last of tool 't'): the store holds"
+    assert [line.split(" MCP_")[0] for line in said] == [first, first.replace("1 task creation", "3 task creations")]

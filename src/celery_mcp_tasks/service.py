@@ -143,6 +143,8 @@ class _CapRefusals:
         self._next_at: float | None = None
 
     def refused(self, tool: str, max_rows: int | None) -> None:
+        """Count a refusal of a creation of `tool`; say the count when the last line is a minute old (the rest
+        are said with the next refusal after that)."""
         with self._lock:
             self._unsaid += 1
             now = self._clock()
@@ -150,12 +152,12 @@ class _CapRefusals:
                 return
             refused, self._unsaid, self._next_at = self._unsaid, 0, now + self.EVERY_S
         logger.warning(
-            "tool %r: %d creation%s refused since the last such line: the store holds MCP_TASKS_MAX_ROWS=%s rows "
-            "(expired tasks count until the janitor evicts them); raise the cap, or shorten TTLs or "
-            "MCP_TASKS_RETENTION_MS",
-            tool,
+            "%d task creation%s refused since the last such line (the last of tool %r): the store holds "
+            "MCP_TASKS_MAX_ROWS=%s rows (expired tasks count until the janitor evicts them); raise the cap, or "
+            "shorten TTLs or MCP_TASKS_RETENTION_MS",
             refused,
             "" if refused == 1 else "s",
+            tool,
             max_rows,
         )
 

@@ -22,6 +22,7 @@ from celery_mcp_tasks import McpTasks
 from celery_mcp_tasks.app import internals
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.model import task_key
+from celery_mcp_tasks.protocol import IDEMPOTENCY_META_KEY
 from tests.support import EXT, PROTOCOL, wait_until
 
 
@@ -29,7 +30,8 @@ from tests.support import EXT, PROTOCOL, wait_until
 def served(store_url: str, tmp_path: Path) -> Iterator[tuple[McpTasks, TestClient, list[str]]]:
     """The app on a migrated store (no worker: the test settles the job), and every statement its store sends."""
     database = None if store_url.startswith("sqlite") else store_url
-    settings = Settings(data_dir=tmp_path, database_url=database, sync_timeout_s=10)
+    secret = "an idempotency secret of this test only, long enough"  # a test value, not a secret
+    settings = Settings(data_dir=tmp_path, database_url=database, sync_timeout_s=10, idempotency_secret=secret)
     tasks = McpTasks("flush", settings=settings, notifier=None)
 
     @tasks.mcp_task
@@ -43,7 +45,7 @@ def served(store_url: str, tmp_path: Path) -> Iterator[tuple[McpTasks, TestClien
         yield tasks, client, sent
 
 
-def call(client: TestClient, *, with_extension: bool) -> dict[str, Any]:
+def call(client: TestClient, *, with_extension: bool, idempotency_key: str | None = None) -> dict[str, Any]:
     headers = {
         "Accept": "application/json, text/event-stream",
         "Content-Type": "application/json",
@@ -55,6 +57,8 @@ def call(client: TestClient, *, with_extension: bool) -> dict[str, Any]:
         "io.modelcontextprotocol/protocolVersion": PROTOCOL,
         "io.modelcontextprotocol/clientCapabilities": {"extensions": {EXT: {}}} if with_extension else {},
     }
+    if idempotency_key is not None:
+        meta[IDEMPOTENCY_META_KEY] = idempotency_key
     body = {
         "jsonrpc": "2.0",
         "id": 1,
@@ -73,7 +77,7 @@ def inserts(sent: list[str]) -> list[str]:
     return [sql for sql in sent if sql.lstrip().upper().startswith("INSERT")]
 
 
-def test_only_a_synchronous_calls_hidden_task_skips_the_flush_and_its_outcome_does_not(
+def test_only_a_synchronous_calls_hidden_task_skips_the_flush_unless_idempotent_and_no_outcome_does(
     served: tuple[McpTasks, TestClient, list[str]],
 ) -> None:
     tasks, client, sent = served
@@ -85,24 +89,40 @@ def test_only_a_synchronous_calls_hidden_task_skips_the_flush_and_its_outcome_do
     (announced,) = inserts(sent)
     assert "set_config" not in announced  # its id was answered: durable before that
 
+    hidden = synchronously(tasks, client, sent, exclude=task_key(answer["result"]["taskId"]))
+    assert ("set_config" in hidden) is postgres  # SQLite: no flush to skip
+
+    idempotent = synchronously(tasks, client, sent, exclude=task_key(answer["result"]["taskId"]), key="order-1")
+    assert "set_config" not in idempotent  # its key promises one job: a lost row would let a retry run it again
+
+
+def synchronously(tasks: McpTasks, client: TestClient, sent: list[str], *, exclude: str, key: str | None = None) -> str:
+    """A synchronous call of `slow`, its hidden task completed from another thread as a job would: the hidden
+    task's INSERT (asserted: its outcome is durable)."""
+    engine = internals(tasks).service().store.engine  # type: ignore[attr-defined]  # the Store protocol has no engine
     sent.clear()
     outcome_sql: list[str] = []
+    failed: list[BaseException] = []
 
     def settle() -> None:
-        """The job's part, from another thread: complete the hidden task once it exists."""
-        wait_until(lambda: len(inserts(sent)) == 1, 10, "the hidden task's INSERT")
-        with engine.connect() as conn:  # the id is never answered: the row's key, read behind the app's back
-            query = sa.text("SELECT key FROM mcp_tasks_task WHERE key <> :first")
-            key = conn.execute(query, {"first": task_key(answer["result"]["taskId"])}).scalar_one()
-        start = len(sent)
-        tasks.task_handle(key).complete("done")
-        outcome_sql.extend(sql for sql in sent[start:] if sql.lstrip().upper().startswith("UPDATE"))
+        try:
+            wait_until(lambda: len(inserts(sent)) == 1, 10, "the hidden task's INSERT")
+            with engine.connect() as conn:  # the id is never answered: the row's key, read behind the app's back
+                query = sa.text("SELECT key FROM mcp_tasks_task WHERE key <> :first AND status = 'working'")
+                found = conn.execute(query, {"first": exclude}).scalar_one()
+            start = len(sent)
+            tasks.task_handle(found).complete("done")
+            outcome_sql.extend(sql for sql in sent[start:] if sql.lstrip().upper().startswith("UPDATE"))
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread, where pytest sees it
+            failed.append(exc)
 
     settler = threading.Thread(target=settle)
     settler.start()
-    outcome = call(client, with_extension=False)  # the same tool without it: the hidden task's outcome
+    outcome = call(client, with_extension=False, idempotency_key=key)  # without it: the hidden task's outcome
     settler.join(timeout=10)
+    if failed:
+        raise failed[0]
     assert outcome["result"]["content"][0]["text"] == "done", outcome
-    (hidden_insert,) = inserts(sent)
-    assert ("set_config" in hidden_insert) is postgres  # SQLite: no flush to skip
     assert outcome_sql and not any("set_config" in sql for sql in outcome_sql)  # what the caller hears is durable
+    (insert,) = inserts(sent)
+    return insert

@@ -184,8 +184,9 @@ class TasksExtension(Extension):
             idempotency_key=idempotency_key,
             key_sent=sent_key is not None,
             caller=anonymous_caller(ctx.request) if owner is None and self._per_client else None,
-            # A synchronous call's hidden task: its id is never answered, and what is (an outcome, a question)
-            # is a later durable write, which flushes the creation too. An idempotent one a retry may meet.
+            # A synchronous call's hidden task: nothing of it reaches the caller before a later durable write
+            # (the outcome, a question), which flushes the creation too. An idempotent call's stays durable:
+            # its key promises one job, and a lost row would let a retry run it again.
             durable=with_tasks or idempotency_key is not None,
         )
         task_id, record = await self._run(create, "tools/call")

@@ -84,8 +84,9 @@ class TaskTool:
 
     def __post_init__(self) -> None:
         if not 0 < len(self.name) <= MAX_TOOL_NAME:  # every call of it would fail in the store's INSERT
+            shown = self.name if len(self.name) <= 40 else self.name[:40] + "\u2026"
             raise ValueError(
-                f"task tool {self.name[:40]!r}: a name of 1 to {MAX_TOOL_NAME} characters, got {len(self.name)}"
+                f"task tool {shown!r}: its name must have 1 to {MAX_TOOL_NAME} characters, it has {len(self.name)}"
             )
         if self.mode not in _MODES:
             raise ValueError(f"task tool {self.name!r}: mode must be one of {_MODES}, got {self.mode!r}")
