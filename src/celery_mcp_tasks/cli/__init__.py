@@ -102,7 +102,8 @@ def _parser() -> argparse.ArgumentParser:
     log_level(
         dev,
         default=None,
-        text="uvicorn's log level (default info; warning with --call), and when given the worker's (else warning)",
+        text="uvicorn's log level (default info, without a line per request; warning with --call), and when given "
+        "the worker's (else warning); given as info, debug or trace, a line per request too",
     )
 
     db = sub.add_parser(

@@ -77,6 +77,9 @@ def run(options: argparse.Namespace) -> int:
     config = uvicorn.Config(
         tasks.asgi_app(host=options.host),
         log_level=log_level,
+        # A line per request only when asked for: a client following a task polls once a second, and the lines
+        # buried the worker's warnings and tracebacks in the terminal they share.
+        access_log=options.log_level in ("info", "debug", "trace"),
         timeout_graceful_shutdown=3,
         lifespan="on",
         log_config=uvicorn_logging(tasks),
