@@ -187,6 +187,14 @@ def _send(proc: subprocess.Popen[bytes], message: dict[str, Any]) -> None:
     proc.stdin.flush()
 
 
+def _initialize(proc: subprocess.Popen[bytes]) -> None:
+    """The handshake, by hand, on a 2025-11-25 session (no extension: calls are answered synchronously)."""
+    client = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}
+    _send(proc, {"id": 1, "method": "initialize", "params": client})
+    assert _read_message(proc, 60)["id"] == 1
+    _send(proc, {"method": "notifications/initialized"})
+
+
 def _launch(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[bytes], Path]:
     err = tmp_path / "stderr.log"
     # As a desktop client launches it: no settings of this machine, and Python's own buffering of stdout.
@@ -210,20 +218,7 @@ def test_stdout_carries_json_rpc_only_even_from_an_app_that_prints(tmp_path: Pat
     # Launched from / with --directory: what a client that cannot set a working directory does.
     proc, err = _launch(tmp_path, "noisy_app", "--directory", str(project))
     try:
-        _send(
-            proc,
-            {
-                "id": 1,
-                "method": "initialize",
-                "params": {
-                    "protocolVersion": "2025-11-25",
-                    "capabilities": {},
-                    "clientInfo": {"name": "t", "version": "0"},
-                },
-            },
-        )
-        assert _read_message(proc, 60)["id"] == 1
-        _send(proc, {"method": "notifications/initialized"})
+        _initialize(proc)
         _send(proc, {"id": 2, "method": "tools/call", "params": {"name": "shout", "arguments": {"text": "hi"}}})
         reply = _read_message(proc, 60)
         assert reply["id"] == 2 and reply["result"]["content"][0]["text"] == "HI", reply
@@ -244,6 +239,36 @@ def test_stdout_carries_json_rpc_only_even_from_an_app_that_prints(tmp_path: Pat
     assert "  data    .celery-mcp-tasks" in log  # the default data dir, in --directory
     assert (project / ".celery-mcp-tasks" / "tasks.db").is_file()
     _nothing_left(project)
+
+
+def test_a_client_gone_before_a_calls_answer_ends_the_server_without_a_traceback(tmp_path: Path) -> None:
+    """A desktop client killed outright leaves the server's stdout closed: its next write (a call's answer) fails
+    with a broken pipe. That is the client leaving, as closed stdin is: a clean exit, and no traceback in the
+    client's log (the SDK raises it inside an exception group, past the command's own handler)."""
+    proc, err = _launch(tmp_path, "tests.apps.runtime_app", "--directory", str(ROOT), "--data-dir", str(tmp_path))
+    marker = tmp_path / "started"
+    try:
+        _initialize(proc)
+        call = {"name": "work", "arguments": {"seconds": 1, "marker": str(marker)}}
+        _send(proc, {"id": 2, "method": "tools/call", "params": call})
+        wait_until(marker.exists, 60, "the job to start")
+        assert proc.stdout is not None and proc.stdin is not None
+        proc.stdout.close()  # as a killed client's end of the pipe is: the answer, a second later, meets it closed
+        with closing(sqlite3.connect(tmp_path / "tasks.db")) as db:
+            wait_until(
+                lambda: db.execute("SELECT status FROM mcp_tasks_task").fetchall() == [("completed",)],
+                60,
+                "the job to end, and its answer to be written",
+            )
+        proc.stdin.close()  # the SDK's reader, in a thread, leaves only now
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    log = err.read_text()
+    assert "Traceback" not in log and "BrokenPipeError" not in log, log
+    _nothing_left(tmp_path)
 
 
 def test_what_the_server_process_prints_never_follows_the_last_message_on_stdout(tmp_path: Path) -> None:
@@ -324,11 +349,12 @@ def test_a_dead_worker_ends_the_server_with_one_line(tmp_path: Path) -> None:
     _nothing_left(data)
 
 
-def _refused_start(tmp_path: Path, app: str) -> subprocess.CompletedProcess[str]:
-    """`stdio APP` run from `tmp_path` with stdin closed, for an APP that cannot start."""
+def _refused_start(cwd: Path, app: str, data: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`stdio APP` run from `cwd` (the data directory too, unless `data`) with stdin closed, for an APP that cannot
+    start."""
     return subprocess.run(
-        [sys.executable, "-m", "celery_mcp_tasks.cli", "stdio", app, "--data-dir", str(tmp_path)],
-        cwd=tmp_path,
+        [sys.executable, "-m", "celery_mcp_tasks.cli", "stdio", app, "--data-dir", str(data or cwd)],
+        cwd=cwd,
         env={k: v for k, v in os.environ.items() if not k.startswith(("MCP_TASKS_", "CELERY_"))},
         stdin=subprocess.DEVNULL,
         capture_output=True,
@@ -355,6 +381,19 @@ def test_an_app_missing_a_dependency_is_not_said_to_be_missing_itself(tmp_path: 
     assert run.returncode == 1 and run.stdout == ""
     assert "cannot import 'needy_tasks'" not in run.stderr
     assert "ModuleNotFoundError: No module named 'needy'" in run.stderr
+
+
+def test_a_data_directory_it_cannot_write_is_one_line_naming_the_option(tmp_path: Path) -> None:
+    """A desktop client may start the command in `/` or a read-only folder, where the default data directory
+    (`./.celery-mcp-tasks`) cannot be made: one line with the full path and the option, not a traceback."""
+    (tmp_path / "a-file").write_text("")
+    data = tmp_path / "a-file" / "data"  # under a file: not a directory, for any user (root writes read-only ones)
+    run = _refused_start(ROOT, "examples.quickstart.app", data)
+    assert run.returncode == 1 and run.stdout == ""
+    assert run.stderr.strip().splitlines() == [
+        f"celery-mcp-tasks stdio: cannot write the data directory {data} (Not a directory); give it one it can write"
+        " (--data-dir or MCP_TASKS_DATA_DIR)"
+    ], run.stderr
 
 
 def test_a_worker_is_started_by_default_only_on_the_embedded_broker() -> None:

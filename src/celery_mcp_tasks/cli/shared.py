@@ -278,8 +278,14 @@ def claim_data_dir(folder: Path, command: str) -> IO[str] | None:
         import fcntl
     except ImportError:  # pragma: no cover - Windows
         return None
-    folder.mkdir(parents=True, exist_ok=True)
-    claim = open(folder / "worker.lock", "a+")  # noqa: SIM115 - held open for the life of the worker
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        claim = open(folder / "worker.lock", "a+")  # noqa: SIM115 - held open for the life of the worker
+    except OSError as exc:  # a read-only working directory (a desktop client's `/`), a full disk: one line
+        raise SystemExit(
+            f"celery-mcp-tasks {command}: cannot write the data directory {folder.resolve()} "
+            f"({exc.strerror or type(exc).__name__}); give it one it can write (--data-dir or MCP_TASKS_DATA_DIR)"
+        ) from None
     try:
         fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

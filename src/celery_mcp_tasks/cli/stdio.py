@@ -32,9 +32,11 @@ from celery_mcp_tasks.cli.shared import (
 from celery_mcp_tasks.config import redact_url
 
 PREFIX = "celery-mcp-tasks stdio"
-# How long the worker gets to finish after the client leaves: under the SDK client's 2 s grace. A job
-# still running then is killed; the janitor re-sends (or fails) its task, as for any lost worker.
-WARM_SHUTDOWN_S = 1.5
+# How long the worker gets to finish after the client leaves, so that this wait and the process's own exit (a
+# few hundred ms) fit the SDK client's 2 s grace. A job still running then is killed; the janitor re-sends (or
+# fails) its task, as for any lost worker. (An idle prefork worker's own warm shutdown takes 3 s, its pool's
+# threads looking up once a second: it is killed all the same, and a job that ends within the wait is recorded.)
+WARM_SHUTDOWN_S = 1.0
 # How long a signal or the worker's death waits for the in-flight synchronous calls' tasks to be
 # cancelled: milliseconds normally, bounded so that a hung store cannot hold the exit.
 ABANDON_S = 1.0
@@ -100,6 +102,8 @@ async def serve(tasks: Any, worker: WorkerSupervisor | None) -> None:
         async with internals(tasks).serving(exit_signals=False):  # what `asgi_app()`'s lifespan runs
             try:
                 await tasks.server.run_stdio_async()
+            except* (BrokenPipeError, ConnectionResetError):
+                pass  # the client is gone (killed: stdout closed under an answer): it left, as closed stdin says
             finally:
                 wire_closed()
         group.cancel_scope.cancel()
