@@ -31,6 +31,7 @@ from celery_mcp_tasks.model import (
 from celery_mcp_tasks.service import IdempotencyKeyReused, TaskExpired, TaskService, _CapRefusals
 from celery_mcp_tasks.store.base import Quota, QuotaExceeded, TaskLimitReached, TaskNotFound
 from celery_mcp_tasks.store.quotas import RowGauge
+from celery_mcp_tasks.store.schema import tasks
 from celery_mcp_tasks.store.sql import SqlStore
 from tests.builders import SendOnly
 
@@ -482,3 +483,56 @@ def test_the_row_caps_refusals_are_said_in_a_line_a_minute_with_their_count(
     said = [r.getMessage() for r in caplog.records]
     first = "1 task creation refused since the last such line (the last of tool 't'): the store holds"
     assert [line.split(" MCP_")[0] for line in said] == [first, first.replace("1 task creation", "3 task creations")]
+
+
+@pytest.mark.parametrize(
+    ("owner", "caller", "quota"),
+    [
+        ("sub:a", None, Quota(active=5)),
+        ("sub:a", None, Quota(active_tool=5)),
+        (None, "client-1", Quota(active=5)),
+    ],
+)
+def test_the_active_counts_read_the_principals_unfinished_tasks_not_its_history(
+    store: SqlStore, clock: Clock, owner: str | None, caller: str | None, quota: Quota
+) -> None:
+    """A quota's count runs in every creation it checks, while the caller's creations queue on its lock: it is
+    planned on the partial index of unfinished tasks (migration 0009), not on the caller's settled history (a
+    scan of the table, 22 ms at 100,000 rows). Each database plans the statement the store sends, as it sends it."""
+    settled = [
+        {
+            "key": f"{n:064x}",
+            "owner": owner,
+            "caller": caller,
+            "tool": "t",
+            "status": "completed",
+            "created_at": n,
+            "updated_at": n,
+            "arguments": {},
+            "input_requests": {},
+            "input_responses": {},
+            "issued_keys": [],
+            "version": 2,
+            "dispatches": 1,
+        }
+        for n in range(3_000)
+    ]
+    with store.engine.begin() as conn:
+        conn.execute(tasks.insert(), settled)
+        conn.exec_driver_sql("ANALYZE")
+    sent: list[tuple[str, Any]] = []
+
+    def record(conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        if "count(" in statement:
+            sent.append((statement, parameters))
+
+    sa.event.listen(store.engine, "before_cursor_execute", record)
+    try:
+        TaskService(store, clock=clock).create(owner=owner, tool="t", arguments={}, quota=quota, caller=caller)
+    finally:
+        sa.event.remove(store.engine, "before_cursor_execute", record)
+    (statement, parameters), *_ = sent
+    with store.engine.connect() as conn:
+        explain = "EXPLAIN QUERY PLAN " if store.dialect == "sqlite" else "EXPLAIN "
+        plan = " ".join(str(row[-1]) for row in conn.exec_driver_sql(explain + statement, parameters))
+    assert "ix_mcp_tasks_task_owner_caller" in plan, plan

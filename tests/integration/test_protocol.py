@@ -321,7 +321,8 @@ def test_cancel_of_a_finished_task_acks_and_changes_nothing(client: McpHttp):
 
 
 def test_the_row_cap_answers_task_limit_reached(backend, tmp_path):  # type: ignore[no-untyped-def]
-    """The caller reads "Task limit reached"; the operator a line naming the setting, and the refusal counter."""
+    """The caller reads "Task limit reached" with the setting and the limit; the operator a line naming the setting,
+    and the refusal counter."""
     ops_port = free_port()
     with Deployment("examples.conformance.app", backend, tmp_path) as capped:
         capped.web("capped", MCP_TASKS_MAX_ROWS="1", MCP_TASKS_METRICS="on", MCP_TASKS_OPS_PORT=str(ops_port))
@@ -329,7 +330,12 @@ def test_the_row_cap_answers_task_limit_reached(backend, tmp_path):  # type: ign
         base = rows(capped)
         replies = [http.call_tool("slow_compute", {"seconds": 60}) for _ in range(base + 2)]
         errors = [r["error"] for r in replies if "error" in r]
-        assert errors and errors[-1] == {"code": -32603, "message": "Task limit reached"}
+        assert errors and errors[-1] == {
+            "code": -32603,
+            "message": "Task limit reached: this server stores at most 1 tasks (MCP_TASKS_MAX_ROWS); retry once older"
+            " tasks expire",
+            "data": {"limit": "max_rows", "allowed": 1, "retryAfterMs": None},
+        }
         http.close()
         line = "1 task creation refused since the last such line (the last of tool 'slow_compute'): the store holds"
         wait_until(lambda: line in capped.logs(), 10, "the refusal's line")

@@ -38,6 +38,7 @@ from celery_mcp_tasks.mcp.wire import (
     plain_responses,
     quota_exceeded,
     require_routing_name,
+    row_cap_reached,
     store_unavailable,
     task_id_of,
 )
@@ -228,7 +229,7 @@ class TasksExtension(Extension):
         except TaskLimitReached:  # the service logged it (a line a minute at most)
             if self._refused is not None:
                 self._refused(tool.name, "max_rows")
-            raise internal("Task limit reached") from None
+            raise row_cap_reached(self._service().max_rows) from None
         except QuotaExceeded as exc:
             if self._refused is not None:
                 self._refused(tool.name, exc.limit)

@@ -141,6 +141,17 @@ def quota_exceeded(exc: QuotaExceeded, tool: str) -> MCPError:
     return MCPError(code=QUOTA_EXCEEDED, message=message, data=data)
 
 
+def row_cap_reached(allowed: int | None) -> MCPError:
+    """The store holds as many tasks as the server allows (`MCP_TASKS_MAX_ROWS`): a server's condition, not the
+    caller's mistake (-32603), said with the setting and the limit's data a quota refusal carries."""
+    held = "" if allowed is None else f" at most {allowed} tasks"
+    return MCPError(
+        code=INTERNAL_ERROR,
+        message=f"Task limit reached: this server stores{held} (MCP_TASKS_MAX_ROWS); retry once older tasks expire",
+        data={"limit": "max_rows", "allowed": allowed, "retryAfterMs": None},
+    )
+
+
 def streams_quota_reached(allowed: int) -> MCPError:
     """A listen stream refused by the caller's stream quota (`MCP_TASKS_QUOTA_STREAMS`): never names the caller."""
     return MCPError(

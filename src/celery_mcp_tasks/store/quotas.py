@@ -21,9 +21,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from celery_mcp_tasks.model import TERMINAL_VALUES, TaskRecord, owner_bytes
+from celery_mcp_tasks.model import TaskRecord, owner_bytes
 from celery_mcp_tasks.store.base import Quota, QuotaExceeded
-from celery_mcp_tasks.store.schema import tasks
+from celery_mcp_tasks.store.schema import UNFINISHED, tasks
 
 _LOCK = sa.select(sa.func.pg_advisory_xact_lock(sa.bindparam("lock", type_=sa.BigInteger)))
 
@@ -110,10 +110,10 @@ class RowGauge:
 def _counts(anonymous: bool, per_client: bool, limits: tuple[str, ...]) -> Any:
     """One SELECT of the bounded counts of `limits` (built once per shape)."""
     mine = _owner(anonymous, per_client)
-    # Unfinished and not past its TTL: an expired task nobody can read or cancel any more must not hold a slot
-    # until the janitor deletes it.
+    # Unfinished (served by its partial index) and not past its TTL: an expired task nobody can read or cancel
+    # any more must not hold a slot until the janitor deletes it.
     live = sa.and_(
-        tasks.c.status.not_in(TERMINAL_VALUES),
+        UNFINISHED,
         sa.or_(tasks.c.expires_at.is_(None), tasks.c.expires_at > sa.bindparam("q_now")),
     )
     where = {

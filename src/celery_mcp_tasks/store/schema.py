@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from celery_mcp_tasks.model import MAX_TOOL_NAME
+from celery_mcp_tasks.model import MAX_TOOL_NAME, TERMINAL_VALUES
 
 TABLE_PREFIX = "mcp_tasks_"
 VERSION_TABLE = "mcp_tasks_alembic_version"
@@ -68,6 +68,15 @@ tasks = sa.Table(
     sa.Index(None, "tool", "created_at", "key"),
     sa.Index(None, "owner", "created_at", "key"),
 )
+
+UNFINISHED = tasks.c.status.not_in([sa.literal_column(f"'{value}'") for value in TERMINAL_VALUES])
+"""`status NOT IN ('cancelled', 'completed', 'failed')`, the values written into the SQL: a partial index's
+predicate (below), and what a query must say, word for word, for SQLite to use that index (PostgreSQL proves
+the match from bound values too; SQLite only from the same literal term)."""
+
+# A principal's unfinished tasks (migration 0009): what a quota counts on every creation it checks. Only
+# unfinished rows are in it, so the count walks the few the quota allows, not the principal's whole history.
+sa.Index(None, tasks.c.owner, tasks.c.caller, postgresql_where=UNFINISHED, sqlite_where=UNFINISHED)
 
 sweeps = sa.Table(
     f"{TABLE_PREFIX}sweep",
