@@ -287,6 +287,32 @@ def test_the_console_indexes_are_built_concurrently_on_postgresql(capsys: pytest
     assert sql.index("COMMIT") < sql.index("CREATE INDEX CONCURRENTLY")  # after the preceding transaction
 
 
+@pytest.mark.parametrize(
+    ("url", "dialect"), [("postgresql://user@localhost/db", "postgresql"), ("sqlite:///x.db", "sqlite")]
+)
+def test_migration_0009_builds_the_partial_index_the_schema_declares(
+    url: str, dialect: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The drift check compares an index's columns, not its WHERE: the migration's predicate is checked here against
+    the schema's (`UNFINISHED`), which the quota's count must repeat word for word to use the index."""
+    from alembic import command
+    from sqlalchemy.dialects import postgresql, sqlite
+    from sqlalchemy.schema import CreateIndex
+
+    from celery_mcp_tasks.store.schema import tasks
+
+    command.upgrade(migrate.alembic_config(url), "0008:0009", sql=True)
+    built = next(line for line in capsys.readouterr().out.splitlines() if "ix_mcp_tasks_task_owner_caller" in line)
+    (index,) = [index for index in tasks.indexes if index.name == "ix_mcp_tasks_task_owner_caller"]
+    declared = str(CreateIndex(index).compile(dialect=(postgresql if dialect == "postgresql" else sqlite).dialect()))
+
+    def shape(ddl: str) -> tuple[str, str]:
+        head, _, where = ddl.partition(" WHERE ")
+        return head[head.index(" ON ") :].strip(), "".join(ch for ch in where if ch not in "() ;\n")
+
+    assert shape(built) == shape(declared), (built, declared)
+
+
 @needs_postgres
 @pytest.mark.integration
 def test_two_migrators_at_once_both_end_at_head_through_the_concurrent_index_builds():

@@ -332,7 +332,7 @@ def test_the_row_cap_answers_task_limit_reached(backend, tmp_path):  # type: ign
         errors = [r["error"] for r in replies if "error" in r]
         assert errors and errors[-1] == {
             "code": -32603,
-            "message": "Task limit reached: this server stores at most 1 tasks (MCP_TASKS_MAX_ROWS); retry once older"
+            "message": "Task limit reached: the server stores at most 1 task (MCP_TASKS_MAX_ROWS); retry once older"
             " tasks expire",
             "data": {"limit": "max_rows", "allowed": 1, "retryAfterMs": None},
         }

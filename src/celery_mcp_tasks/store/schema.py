@@ -71,8 +71,9 @@ tasks = sa.Table(
 
 UNFINISHED = tasks.c.status.not_in([sa.literal_column(f"'{value}'") for value in TERMINAL_VALUES])
 """`status NOT IN ('cancelled', 'completed', 'failed')`, the values written into the SQL: a partial index's
-predicate (below), and what a query must say, word for word, for SQLite to use that index (PostgreSQL proves
-the match from bound values too; SQLite only from the same literal term)."""
+predicate (below), and what a query says to use that index. Both databases need the literal term: SQLite
+matches only the same term, and PostgreSQL proves a match from bound values only in a custom plan (a prepared
+statement's generic plan, which psycopg's automatic prepare leads to, would not use the index)."""
 
 # A principal's unfinished tasks (migration 0009): what a quota counts on every creation it checks. Only
 # unfinished rows are in it, so the count walks the few the quota allows, not the principal's whole history.
