@@ -13,6 +13,7 @@ WRITTEN_BY_USERS = {
     "McpTasks",
     "TaskContext",
     "elicit",
+    "elicit_url",
     "sample",
     "list_roots",
     "ConfigError",

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from celery_mcp_tasks.app import McpTasks
     from celery_mcp_tasks.config import ConfigError
     from celery_mcp_tasks.model import DuplicateInputKeys, TerminalTask
-    from celery_mcp_tasks.protocol import InvalidInputRequest, elicit, list_roots, sample
+    from celery_mcp_tasks.protocol import InvalidInputRequest, elicit, elicit_url, list_roots, sample
     from celery_mcp_tasks.store.base import StoreUnavailable
     from celery_mcp_tasks.worker.context import InputTimeout, TaskContext
 
@@ -31,6 +31,7 @@ _EXPORTS = {
     "TaskContext": "celery_mcp_tasks.worker.context",
     "TerminalTask": "celery_mcp_tasks.model",
     "elicit": "celery_mcp_tasks.protocol",
+    "elicit_url": "celery_mcp_tasks.protocol",
     "list_roots": "celery_mcp_tasks.protocol",
     "sample": "celery_mcp_tasks.protocol",
 }
@@ -53,6 +54,7 @@ __all__ = [
     "TaskContext",
     "TerminalTask",
     "elicit",
+    "elicit_url",
     "list_roots",
     "sample",
 ]

@@ -6,9 +6,11 @@ ask, checked against `mcp_types` (so a typo in a schema fails the job, not the c
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 from mcp_types import (
     INTERNAL_ERROR,
@@ -115,6 +117,21 @@ _JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", b
 _REQUEST = TypeAdapter(ElicitRequest | CreateMessageRequest | ListRootsRequest)
 INPUT_CAPABILITIES = {"elicitation/create": "elicitation", "sampling/createMessage": "sampling", "roots/list": "roots"}
 """The client capability each kind of input request needs."""
+URL_ELICITATION = "elicitation.url"
+"""What a URL-mode elicitation needs: a client declaring `elicitation` alone (`{}`) takes forms only."""
+NEEDS = frozenset({*INPUT_CAPABILITIES.values(), URL_ELICITATION})
+"""What a task tool's `needs=` may name."""
+
+
+def capability_of(request: Mapping[str, Any]) -> str | None:
+    """The client capability `request` (a wire shape) needs (`INPUT_CAPABILITIES`, `URL_ELICITATION` for a URL-mode
+    elicitation), or None for a method of no input kind."""
+    method = request.get("method")
+    capability = INPUT_CAPABILITIES.get(method) if isinstance(method, str) else None
+    params = request.get("params")
+    if capability == "elicitation" and isinstance(params, Mapping) and params.get("mode") == "url":
+        return URL_ELICITATION
+    return capability
 
 
 def answer_type(request: Mapping[str, Any]) -> type[BaseModel] | None:
@@ -154,7 +171,10 @@ def answer_problem(request: Mapping[str, Any], answer: Any) -> str | None:
         return f"{''.join(map(str, error['loc'])) or 'the answer'}: {error['msg']}"  # pydantic's msg quotes no input
     if isinstance(result, ElicitResult) and result.action != "accept" and result.content:
         return f"content: only an accepted answer carries content, not a {result.action}"
-    schema = (request.get("params") or {}).get("requestedSchema")
+    params = request.get("params") or {}
+    if isinstance(result, ElicitResult) and result.content is not None and params.get("mode") == "url":
+        return "content: the answer to a URL-mode elicitation carries none (the user gave it to the URL's site)"
+    schema = params.get("requestedSchema")
     if isinstance(result, ElicitResult) and result.action == "accept" and isinstance(schema, Mapping):
         return _form_problem(schema, result.content or {})
     return None
@@ -209,6 +229,19 @@ def elicit(message: str, fields: Mapping[str, Any], *, required: list[str] | Non
         "required": list(properties) if required is None else list(required),
     }
     return _checked({"method": "elicitation/create", "params": {"message": message, "requestedSchema": schema}})
+
+
+def elicit_url(message: str, url: str, *, elicitation_id: str | None = None) -> dict[str, Any]:
+    """A URL-mode elicitation: the user opens `url` (http or https) to do what the client must not see (a sign-in,
+    a payment), then answers accept, decline or cancel, without content; the job learns the outcome from the site
+    itself. `elicitation_id`: a fresh random one unless given. A tool asking one declares
+    `needs=("elicitation.url",)`, so a client that takes forms only is refused at its call."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise InvalidInputRequest("a URL-mode elicitation needs an absolute http or https URL")
+    eid = elicitation_id if elicitation_id is not None else secrets.token_urlsafe(16)
+    params = {"mode": "url", "message": message, "url": url, "elicitationId": eid}
+    return _checked({"method": "elicitation/create", "params": params})
 
 
 def sample(prompt: str | list[dict[str, Any]], *, max_tokens: int, **params: Any) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from celery_mcp_tasks.mcp.wire import (
     plain_responses,
     quota_exceeded,
     require_routing_name,
+    required_capabilities,
     row_cap_reached,
     store_unavailable,
     task_id_of,
@@ -142,7 +143,7 @@ class TasksExtension(Extension):
             raise missing_extension(what)
         missing = sorted(name for name in tool.needs if not declared_capability(ctx, name))
         if missing:
-            raise missing_capability({name: {} for name in missing}, ", ".join(missing))
+            raise missing_capability(required_capabilities(missing), ", ".join(missing))
 
         arguments = dict(params.arguments or {})
         try:

@@ -30,7 +30,7 @@ from celery_mcp_tasks.mcp.toolspec import TaskTool
 from celery_mcp_tasks.mcp.wire import declared_capability, internal, invalid_params, plain_responses
 from celery_mcp_tasks.model import InvalidInputResponse, TaskRecord, TaskStatus
 from celery_mcp_tasks.notify.hub import Hub, Watch
-from celery_mcp_tasks.protocol import INPUT_CAPABILITIES, answer_type, render_error
+from celery_mcp_tasks.protocol import answer_type, capability_of, render_error
 from celery_mcp_tasks.service import PayloadTooLarge, TaskExpired, TaskService
 from celery_mcp_tasks.store.base import TaskNotFound
 
@@ -310,10 +310,8 @@ def _reported(record: TaskRecord) -> tuple[Any, ...]:
 
 def can_answer(ctx: ServerRequestContext[Any, Any], requests: Mapping[str, Any]) -> bool:
     """The client declared the capability for every one of `requests` (wire shapes, by key)."""
-    methods = [request.get("method") if isinstance(request, Mapping) else None for request in requests.values()]
-    return bool(methods) and all(
-        method in INPUT_CAPABILITIES and declared_capability(ctx, INPUT_CAPABILITIES[method]) for method in methods
-    )
+    needed = [capability_of(request) if isinstance(request, Mapping) else None for request in requests.values()]
+    return bool(needed) and all(name is not None and declared_capability(ctx, name) for name in needed)
 
 
 async def ask_client(ctx: ServerRequestContext[Any, Any], request: Mapping[str, Any]) -> dict[str, Any]:

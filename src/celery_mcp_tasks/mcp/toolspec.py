@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from celery_mcp_tasks.mcp.wire import json_integer
 from celery_mcp_tasks.model import MAX_TOOL_NAME
-from celery_mcp_tasks.protocol import INPUT_CAPABILITIES
+from celery_mcp_tasks.protocol import NEEDS
 
 TaskMode = Literal["optional", "required", "forbidden"]
 _MODES = ("optional", "required", "forbidden")
@@ -90,7 +90,7 @@ class TaskTool:
             )
         if self.mode not in _MODES:
             raise ValueError(f"task tool {self.name!r}: mode must be one of {_MODES}, got {self.mode!r}")
-        unknown = set(self.needs) - set(INPUT_CAPABILITIES.values())
+        unknown = set(self.needs) - NEEDS
         if unknown:
             raise ValueError(f"task tool {self.name!r}: unknown client capabilities in needs: {sorted(unknown)}")
         if inspect.iscoroutinefunction(self.fn):

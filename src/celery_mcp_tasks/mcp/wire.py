@@ -4,7 +4,7 @@ leniently, and the `Mcp-Name` routing-header rule the SDK does not know for `tas
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from mcp.server.context import ServerRequestContext
@@ -59,8 +59,22 @@ def declared_extension(ctx: ServerRequestContext[Any, Any]) -> bool:
 
 
 def declared_capability(ctx: ServerRequestContext[Any, Any], name: str) -> bool:
-    capabilities = ctx.session.client_capabilities
-    return capabilities is not None and getattr(capabilities, name, None) is not None
+    """Whether the client declared capability `name`; a dotted one (`elicitation.url`) within its parent."""
+    found: Any = ctx.session.client_capabilities
+    for part in name.split("."):
+        found = getattr(found, part, None)
+    return found is not None
+
+
+def required_capabilities(names: Iterable[str]) -> dict[str, Any]:
+    """`data.requiredCapabilities` naming `names` (`elicitation.url` as `{"elicitation": {"url": {}}}`)."""
+    required: dict[str, Any] = {}
+    for name in names:
+        parent, _, child = name.partition(".")
+        required.setdefault(parent, {})
+        if child:
+            required[parent][child] = {}
+    return required
 
 
 def plain_responses(responses: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -144,10 +158,14 @@ def quota_exceeded(exc: QuotaExceeded, tool: str) -> MCPError:
 def row_cap_reached(allowed: int | None) -> MCPError:
     """The store holds as many tasks as the server allows (`MCP_TASKS_MAX_ROWS`): a server's condition, not the
     caller's mistake (-32603), said with the setting and the limit's data a quota refusal carries."""
-    held = "" if allowed is None else f" at most {allowed} tasks"
+    held = (
+        "the server's task store is full"
+        if allowed is None
+        else f"the server stores at most {allowed} task{'s' * (allowed != 1)}"
+    )
     return MCPError(
         code=INTERNAL_ERROR,
-        message=f"Task limit reached: this server stores{held} (MCP_TASKS_MAX_ROWS); retry once older tasks expire",
+        message=f"Task limit reached: {held} (MCP_TASKS_MAX_ROWS); retry once older tasks expire",
         data={"limit": "max_rows", "allowed": allowed, "retryAfterMs": None},
     )
 
