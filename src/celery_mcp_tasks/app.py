@@ -337,7 +337,7 @@ class McpTasks:
         name: str | None = None,
         description: str | None = None,
         mode: TaskMode = "optional",
-        needs: tuple[Literal["elicitation", "sampling", "roots"], ...] = (),
+        needs: tuple[Literal["elicitation", "elicitation.url", "sampling", "roots"], ...] = (),
         ttl_ms: int | Literal["default"] | None = "default",
         poll_interval_ms: int | Literal["default"] | None = "default",
         sync_timeout_s: float | None = None,

@@ -172,7 +172,7 @@ def answer_problem(request: Mapping[str, Any], answer: Any) -> str | None:
     if isinstance(result, ElicitResult) and result.action != "accept" and result.content:
         return f"content: only an accepted answer carries content, not a {result.action}"
     params = request.get("params") or {}
-    if isinstance(result, ElicitResult) and result.content is not None and params.get("mode") == "url":
+    if isinstance(result, ElicitResult) and result.content and params.get("mode") == "url":  # `{}` or null: none
         return "content: the answer to a URL-mode elicitation carries none (the user gave it to the URL's site)"
     schema = params.get("requestedSchema")
     if isinstance(result, ElicitResult) and result.action == "accept" and isinstance(schema, Mapping):
@@ -236,9 +236,14 @@ def elicit_url(message: str, url: str, *, elicitation_id: str | None = None) -> 
     a payment), then answers accept, decline or cancel, without content; the job learns the outcome from the site
     itself. `elicitation_id`: a fresh random one unless given. A tool asking one declares
     `needs=("elicitation.url",)`, so a client that takes forms only is refused at its call."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # an unclosed IPv6 bracket, ...
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.netloc or not url.isprintable():
         raise InvalidInputRequest("a URL-mode elicitation needs an absolute http or https URL")
+    if elicitation_id == "":
+        raise InvalidInputRequest("a URL-mode elicitation's id must not be empty")
     eid = elicitation_id if elicitation_id is not None else secrets.token_urlsafe(16)
     params = {"mode": "url", "message": message, "url": url, "elicitationId": eid}
     return _checked({"method": "elicitation/create", "params": params})

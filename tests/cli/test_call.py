@@ -254,11 +254,14 @@ def test_string_formats_and_lengths_are_checked() -> None:
     )
 
 
-def test_a_url_elicitation_is_shown_and_acknowledged() -> None:
+def test_a_url_elicitation_asks_consent_to_open_the_url_and_answers_without_content() -> None:
+    """URL mode: accepting is agreeing to go there (the spec), not saying it is done; nothing typed comes back."""
     params = ElicitRequestURLParams(message="Sign in", url="https://example.org/login", elicitation_id="e1")
     answer, screen, _ = _elicit(params, "a")
     assert answer == ElicitResult(action="accept")
-    assert "https://example.org/login" in screen
+    assert "https://example.org/login" in screen and "Open it?" in screen and "open it in your browser" in screen
+    answer, screen, _ = _elicit(params, "d")
+    assert answer == ElicitResult(action="decline") and "open it in your browser" not in screen
 
 
 # -- sampling and roots -------------------------------------------------------------------------

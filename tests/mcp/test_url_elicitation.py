@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from mcp_types import ClientCapabilities, ElicitationCapability, UrlElicitationCapability
+from mcp_types import ClientCapabilities, ElicitationCapability, FormElicitationCapability, UrlElicitationCapability
 from starlette.testclient import TestClient
 
 from celery_mcp_tasks import InvalidInputRequest, McpTasks, TaskContext, elicit, elicit_url
@@ -38,6 +38,8 @@ def test_the_builder_makes_a_url_request_with_a_fresh_id_each_time() -> None:
     }
     assert len(params["elicitationId"]) >= 16 and params["elicitationId"] != second["params"]["elicitationId"]
     assert elicit_url("m", "http://x.example", elicitation_id="mine")["params"]["elicitationId"] == "mine"
+    with pytest.raises(InvalidInputRequest, match="must not be empty"):
+        elicit_url("m", "http://x.example", elicitation_id="")
 
 
 @pytest.mark.parametrize(
@@ -116,3 +118,23 @@ def test_a_tool_needing_urls_refuses_a_client_that_takes_forms_only_and_creates_
     status, answer = _call(client, {"elicitation": {"form": {}, "url": {}}, "extensions": {EXT: {}}})
     assert status == 200 and answer["result"]["resultType"] == "task", answer
     assert _rows(engine) == 1
+
+
+def test_a_client_declaring_urls_alone_is_not_sent_forms() -> None:
+    """`elicitation: {"url": {}}` takes URLs only, as `{}` takes forms only: each is asked only what it takes."""
+    url, form = elicit_url("Sign in", "https://acme.example/"), elicit("Go?", {"ok": bool})
+    urls_only = _ctx(ClientCapabilities(elicitation=ElicitationCapability(url=UrlElicitationCapability())))
+    both = _ctx(
+        ClientCapabilities(
+            elicitation=ElicitationCapability(form=FormElicitationCapability(), url=UrlElicitationCapability())
+        )
+    )
+    assert can_answer(urls_only, {"in": url}) and not can_answer(urls_only, {"go": form})
+    assert can_answer(both, {"in": url}) and can_answer(both, {"go": form})
+
+
+def test_an_empty_content_is_no_content() -> None:
+    """A client library that sends `content: {}` with its URL answer is not refused: only data is."""
+    url = elicit_url("Pay", "https://pay.example/checkout")
+    assert answer_problem(url, {"action": "accept", "content": {}}) is None
+    assert answer_problem(url, {"action": "accept", "content": None}) is None

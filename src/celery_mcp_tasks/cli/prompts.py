@@ -121,9 +121,11 @@ class Prompter:
         self.console.print(
             Text.assemble(("? ", "bold yellow"), ("The task asks: ", "bold"), printable(params.message, lines=True))
         )
-        if not isinstance(params, ElicitRequestFormParams):
-            self.console.print(Text.assemble("  open ", (printable(params.url), "underline"), " and come back"))
-            action = await self._action("  Done there? [a]ccept / [d]ecline / [c]ancel (a): ")
+        if not isinstance(params, ElicitRequestFormParams):  # URL mode: accepting is consenting to go there
+            self.console.print(Text.assemble("  it asks you to open ", (printable(params.url), "underline")))
+            action = await self._action("  Open it? [a]ccept / [d]ecline / [c]ancel (a): ")
+            if action == "accept":
+                self.console.print("  [dim]open it in your browser: what you do there goes to that site, not here[/]")
             return ElicitResult(action=action)
         fields = parse_form(params.requested_schema)
         action = await self._action("  Answer? [a]ccept / [d]ecline / [c]ancel (a): ")

@@ -59,10 +59,14 @@ def declared_extension(ctx: ServerRequestContext[Any, Any]) -> bool:
 
 
 def declared_capability(ctx: ServerRequestContext[Any, Any], name: str) -> bool:
-    """Whether the client declared capability `name`; a dotted one (`elicitation.url`) within its parent."""
+    """Whether the client declared capability `name`; a dotted one (`elicitation.url`) within its parent. Plain
+    `elicitation` is forms: declared as `{}` (forms only, the spec's reading of an empty object) or with `form`,
+    not by a client declaring `url` alone."""
     found: Any = ctx.session.client_capabilities
     for part in name.split("."):
         found = getattr(found, part, None)
+    if name == "elicitation" and found is not None:
+        return found.form is not None or found.url is None
     return found is not None
 
 
