@@ -377,14 +377,15 @@ def audits(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("terminate", [False, True])  # a tool that cannot terminate: the task's state decides first
 async def test_a_cancel_that_loses_the_race_to_completed_is_a_conflict_and_changes_nothing(
-    console: Console, caplog: pytest.LogCaptureFixture
+    console: Console, caplog: pytest.LogCaptureFixture, terminate: bool
 ) -> None:
     caplog.set_level(logging.INFO, "celery_mcp_tasks.console.audit")
     _, rec = console.service.create(owner=ALICE, tool="t", arguments={})
     console.service.complete(rec.key, {"content": []})
     with pytest.raises(Conflict) as caught:
-        await console.cancel(rec.key, "ops ann", terminate=False)
+        await console.cancel(rec.key, "ops ann", terminate=terminate)
     assert caught.value.status == 409 and "completed" in caught.value.message
     after = console.service.store.get(rec.key)
     assert after is not None and after.status is TaskStatus.COMPLETED and after.version == rec.version + 1

@@ -355,10 +355,10 @@ class Console:
         """Cancel an active task; with `terminate`, also stop its running job (only where its tool allows)."""
 
         async def act(record: TaskRecord) -> tuple[str, TaskRecord]:
+            if record.terminal:  # first: a final task's answer is that, whatever was asked of its job
+                raise Conflict(f"the task is already {record.status.value}; nothing changed")
             if terminate and not self.terminable(record.tool):
                 raise Refused(f"tool {record.tool!r} does not allow terminate; cancel without it")
-            if record.terminal:
-                raise Conflict(f"the task is already {record.status.value}; nothing changed")
             message = f"Cancelled by an operator ({_operator(operator)})"
             record, changed = await anyio.to_thread.run_sync(
                 lambda: self.service.cancel_by_key(record.key, message, terminate=terminate)
