@@ -32,10 +32,11 @@ from celery_mcp_tasks.cli.shared import (
 from celery_mcp_tasks.config import redact_url
 
 PREFIX = "celery-mcp-tasks stdio"
-# How long the worker gets to finish after the client leaves: this wait and the process's own exit (a few hundred
-# ms, more on a loaded machine) are to fit the SDK client's 2 s grace. A job still running then is killed; the janitor re-sends (or
-# fails) its task, as for any lost worker. (An idle prefork worker's own warm shutdown takes 3 s, its pool's
-# threads looking up once a second: it is killed all the same, and a job that ends within the wait is recorded.)
+# How long the worker gets to finish after the client leaves: this wait and the process's own exit (a few
+# hundred ms, more on a loaded machine) are to fit the SDK client's 2 s grace. A job still running then is
+# killed; the janitor re-sends (or fails) its task, as for any lost worker. (An idle prefork worker's own warm
+# shutdown takes 3 s, its pool's threads looking up once a second: it is killed all the same, and a job that
+# ends within the wait is recorded.)
 WARM_SHUTDOWN_S = 1.0
 # How long a signal or the worker's death waits for the in-flight synchronous calls' tasks to be
 # cancelled: milliseconds normally, bounded so that a hung store cannot hold the exit.

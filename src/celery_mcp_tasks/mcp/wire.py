@@ -66,7 +66,7 @@ def declared_capability(ctx: ServerRequestContext[Any, Any], name: str) -> bool:
     for part in name.split("."):
         found = getattr(found, part, None)
     if name == "elicitation" and found is not None:
-        return found.form is not None or found.url is None
+        return getattr(found, "form", None) is not None or getattr(found, "url", None) is None
     return found is not None
 
 
