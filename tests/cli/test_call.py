@@ -41,7 +41,7 @@ from celery_mcp_tasks.cli.call import (
     run_call,
 )
 from celery_mcp_tasks.cli.prompts import FdLines, Prompter, parse_form
-from celery_mcp_tasks.cli.views import JsonView, PlainView, _StatusLine, result_text
+from celery_mcp_tasks.cli.views import JsonView, LiveView, PlainView, _StatusLine, result_text
 from celery_mcp_tasks.client.models import PROGRESS_META_KEY, TaskState
 
 NO_CONTEXT = cast(Any, None)  # the callbacks never read the request context
@@ -423,6 +423,18 @@ def test_plain_lines_are_one_per_change_then_the_result() -> None:
     assert "t-1" not in out.getvalue() and not err.getvalue()
     view.failed(ErrorData(code=-32603, message="Job failed: boom"))
     assert out.getvalue().splitlines()[-1] == "error -32603: Job failed: boom"
+
+
+def test_a_terminal_says_a_failures_message_once() -> None:
+    """The failed task's status message is its error's message: the final line and the error line repeated it."""
+    screen = io.StringIO()
+    console = Console(file=screen, width=120, color_system=None)  # not a terminal: no live frames, the final lines
+    view = LiveView(console, Console(file=io.StringIO()))
+    view.created(_state(message="Working"), attached=False, task_id="t-1")
+    view.update(_state("failed", message="Job failed: boom"))
+    view.failed(ErrorData(code=-32603, message="Job failed: boom"))
+    shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.getvalue())
+    assert shown.count("boom") == 1 and "error -32603: Job failed: boom" in shown and "✘ failed" in shown
 
 
 def test_json_prints_only_the_result() -> None:
