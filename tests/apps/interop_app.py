@@ -40,12 +40,22 @@ def count_up_pushed(steps: int, ctx: TaskContext, pause: float = 0.4) -> str:
 @tasks.mcp_task(needs=("elicitation",))
 def ask_name(greeting: str, ctx: TaskContext) -> str:
     """Asks the user for a name (one input round), then greets them."""
+    return _ask_name(greeting, ctx)
+
+
+def _ask_name(greeting: str, ctx: TaskContext) -> str:
     if "name" not in ctx.input_responses:
         ctx.require_input({"name": elicit("What is your name?", {"name": str})}, "Waiting for a name")
     answer = ctx.input_responses["name"]
     if answer.get("action") != "accept":
         return f"{greeting}, stranger! ({answer.get('action')})"
     return f"{greeting}, {answer['content']['name']}!"
+
+
+@tasks.mcp_task(needs=("elicitation",), poll_interval_ms=600_000)
+def ask_name_pushed(greeting: str, ctx: TaskContext) -> str:
+    """`ask_name` whose tasks ask pollers to wait ten minutes: a client that answers it heard the question pushed."""
+    return _ask_name(greeting, ctx)
 
 
 @tasks.mcp_task

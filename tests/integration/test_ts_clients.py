@@ -144,6 +144,16 @@ def test_ext_tasks_answers_an_input_required_task_with_tasks_update(clients: Cli
     assert report["errors"] == []
 
 
+def test_ext_tasks_hears_a_question_asked_before_it_listened(clients: Clients, interop: Deployment) -> None:
+    """The job asked before the listen, and the task's poll hint is ten minutes: without the stream's first
+    notification (the task as it stands) the package would wait ten minutes for the question."""
+    report = clients.run("ext_tasks_client.mjs", interop.url, "listenAfterAsked")
+    assert report["asked"] == ["What is your name?"], report
+    assert report["sent"].get("tasks/get") == report["reads"], report  # no poll of the package's own
+    assert report["outcome"] == {"status": "completed", "text": "Hi, Lin!", "isError": False, "error": None}
+    assert report["errors"] == []
+
+
 def test_ext_tasks_cancels_a_running_task(clients: Clients, interop: Deployment) -> None:
     ended = busy_runs_ended(interop)
     report = clients.run("ext_tasks_client.mjs", interop.url, "cancel")

@@ -220,6 +220,37 @@ const scenarios = {
     return report;
   },
 
+  /** A task that asked before the client listened, whose poll hint is ten minutes: the question reaches the
+   * package on the listen stream all the same (the stream starts with each task's state as it stands). */
+  async listenAfterAsked() {
+    const asked = [];
+    const onInputRequest = createApplicationInputHandler({
+      elicitation: async (request) => {
+        asked.push(request.params.message);
+        return { action: "accept", content: { name: "Lin" } };
+      },
+      sampling: async () => {
+        throw new Error("no sampling in this scenario");
+      },
+      roots: async () => ({ roots: [] }),
+    });
+    const { client, transport, session } = await connect(onInputRequest);
+    const execution = await session.callTool("ask_name_pushed", { greeting: "Hi" });
+    const taskId = execution.handle.taskId;
+    let reads = 0; // our own reads until the job has asked: then listen
+    for (let status = "working"; status === "working" && reads < 300; reads += 1) {
+      if (reads > 0) await new Promise((resolve) => setTimeout(resolve, 100));
+      ({ status } = await session.task(taskId).snapshot());
+    }
+    const subscription = await client.listen({ taskIds: [taskId] });
+    const { outcome, seen } = await settle(execution);
+    const report = { kind: execution.kind, asked, reads, outcome: describe(outcome), seen, sent: transport.sent };
+    await subscription.close();
+    await session.close();
+    await client.close();
+    return report;
+  },
+
   /** A task that asks for a name: the package's input handler answers it with tasks/update. */
   async input() {
     const asked = [];

@@ -25,6 +25,8 @@ from celery_mcp_tasks.store.base import ANY
 from celery_mcp_tasks.store.sql import SqlStore
 from tests.support import EXT
 
+ELICIT = {"method": "elicitation/create", "params": {"message": "ok?", "requestedSchema": {"type": "object"}}}
+
 pytestmark = pytest.mark.anyio
 SID = "io.modelcontextprotocol/subscriptionId"
 
@@ -135,6 +137,7 @@ async def test_each_visible_change_is_sent_as_tasks_get_renders_it(world: World)
     task_id, key = world.task()
     async with _open(world.handler(), _params(taskIds=[task_id])) as (session, _):
         await session.next()
+        assert (await session.next())["params"]["status"] == "working"  # its state as it stood
         world.service.progress(key, "half way")
         world.changed(key)
         sent = await session.next()
@@ -144,10 +147,26 @@ async def test_each_visible_change_is_sent_as_tasks_get_renders_it(world: World)
     assert sent["params"]["statusMessage"] == "half way"
 
 
+async def test_a_state_reached_before_the_listen_is_sent_right_after_the_ack(world: World) -> None:
+    """A question asked (or a task finished) before the client listened: a client reading nothing after the ack
+    (ext-tasks) would wait for a change that never comes."""
+    asking, asking_key = world.task()
+    world.service.require_input(asking_key, {"q": ELICIT}, "Waiting for you")
+    done, done_key = world.task()
+    world.service.complete(done_key, {"content": [{"type": "text", "text": "ok"}]})
+    async with _open(world.handler(), _params(taskIds=[asking, done])) as (session, _):
+        assert (await session.next())["method"] == "notifications/subscriptions/acknowledged"
+        first, second = await session.next(), await session.next()
+        assert first["params"]["status"] == "input_required" and list(first["params"]["inputRequests"]) == ["q"]
+        assert first["params"]["_meta"][SID] == 9
+        assert (second["params"]["taskId"], second["params"]["status"]) == (done, "completed")
+        assert session.idle()  # said once: the stream waits for changes
+
+
 async def test_a_write_clients_cannot_see_sends_nothing(world: World) -> None:
     task_id, key = world.task()
     async with _open(world.handler(), _params(taskIds=[task_id])) as (session, _):
-        await session.next()
+        await session.next(), await session.next()
         world.store.update(key, ANY, lambda r: replace(r, version=r.version + 1))  # bookkeeping only
         world.changed(key)
         world.changed(key)  # a duplicate hint, too
@@ -160,7 +179,7 @@ async def test_after_its_terminal_notification_a_task_is_no_longer_followed(worl
     task_id, key = world.task()
     other_id, other_key = world.task()
     async with _open(world.handler(), _params(taskIds=[task_id, other_id])) as (session, _):
-        await session.next()
+        await session.next(), await session.next(), await session.next()
         world.service.complete(key, {"content": [{"type": "text", "text": "ok"}]})
         world.changed(key)
         assert (await session.next())["params"]["status"] == "completed"
@@ -177,6 +196,7 @@ async def test_another_principals_stream_hears_nothing_of_the_task(world: World)
     sentinel, sentinel_key = world.task(owner="sub:mallory")
     async with _open(world.handler(), _params(taskIds=[task_id, sentinel])) as (session, _):
         assert (await session.next())["params"]["notifications"] == {"taskIds": [sentinel]}
+        assert (await session.next())["params"]["taskId"] == sentinel
         world.service.progress(key, "secret")
         world.changed(key)
         world.service.progress(sentinel_key, "mine")
@@ -187,7 +207,7 @@ async def test_another_principals_stream_hears_nothing_of_the_task(world: World)
 async def test_a_lost_hint_is_made_up_by_the_periodic_re_read(world: World) -> None:
     task_id, key = world.task()
     async with _open(world.handler(resync_interval_s=0.05), _params(taskIds=[task_id])) as (session, _):
-        await session.next()
+        await session.next(), await session.next()
         world.service.progress(key, "never hinted")
         assert (await session.next())["params"]["statusMessage"] == "never hinted"
 
@@ -303,7 +323,7 @@ async def test_a_store_outage_keeps_the_stream_and_the_change_arrives_later(
         return real_get(*args)
 
     async with _open(world.handler(), _params(taskIds=[task_id])) as (session, outcome):
-        await session.next()
+        await session.next(), await session.next()
         monkeypatch.setattr(world.service, "get", flaky_get)
         world.service.progress(key, "after the outage")
         world.changed(key)
@@ -322,6 +342,11 @@ async def test_a_stream_keeps_no_payload_and_drops_tasks_once_final(world: World
         (stream,) = handler._streams
         assert set(stream.followed) == {running_key}  # the finished one is acknowledged, not followed
         assert all(not isinstance(value, dict) for value in vars(stream.followed[running_key]).values())
+        now = [await session.next(), await session.next()]  # each one's state as it stood, then only changes
+        assert [(n["params"]["taskId"], n["params"]["status"]) for n in now] == [
+            (running, "working"),
+            (done, "completed"),
+        ]
         world.service.complete(running_key, {"content": [{"type": "text", "text": "another large result"}]})
         world.changed(running_key)
         final = await session.next()
@@ -330,14 +355,15 @@ async def test_a_stream_keeps_no_payload_and_drops_tasks_once_final(world: World
 
 
 class FailingOnce(FakeSession):
-    """A session whose first `notifications/tasks` send fails (a transport hiccup)."""
+    """A session whose first `notifications/tasks` send of a change fails (a transport hiccup)."""
 
     def __init__(self, extension: bool) -> None:
         super().__init__(extension)
         self.failed = False
 
     async def send_notification(self, notification: Any, related_request_id: Any = None) -> None:
-        if not self.failed and notification.method == "notifications/tasks":
+        changed = notification.method == "notifications/tasks" and notification.params.get("statusMessage")
+        if not self.failed and changed:
             self.failed = True
             raise anyio.BrokenResourceError
         await super().send_notification(notification, related_request_id)
@@ -350,7 +376,7 @@ async def test_a_notification_whose_send_failed_is_sent_again_and_not_skipped_as
     handler = world.handler()
     async with anyio.create_task_group() as tg:
         tg.start_soon(handler, ctx, _params(taskIds=[task_id]))
-        await session.next()  # the ack
+        await session.next(), await session.next()  # the ack, the task as it stood
         world.service.progress(key, "half way")
         world.changed(key)
         with anyio.fail_after(10):

@@ -127,7 +127,9 @@ async def _streams(
         session, _ = await stack.enter_async_context(
             _open(world.handler, _params(taskIds=task_ids), request_id=first_id + n)
         )
-        await session.next()  # the ack: the stream has read its owner and follows its rows
+        ack = await session.next()  # the ack: the stream has read its owner and follows its rows
+        for _ in ack["params"]["notifications"]["taskIds"]:
+            await session.next()  # each task as it stood
         sessions.append(session)
     return sessions
 
@@ -210,6 +212,9 @@ async def test_a_stream_following_many_tasks_reads_them_in_one_query(world: Worl
         ack = await session.next()
         assert world.store.queries == 1
         assert ack["params"]["notifications"] == {"taskIds": [task_id for task_id, _ in mine]}
+        now = [(await session.next())["params"] for _ in mine]  # each as it stood, from that one read
+        assert [(n["taskId"], n["status"]) for n in now[:2]] == [(mine[0][0], "cancelled"), (mine[1][0], "working")]
+        assert world.store.queries == 1
         world.change(mine[1][1], "moved")
         sent = await session.next()
         assert (sent["params"]["taskId"], sent["params"]["statusMessage"]) == (mine[1][0], "moved")

@@ -96,6 +96,12 @@ def test_a_task_followed_from_another_web_process_reports_every_change_in_order(
     foreign = flow.listen("mallory", [task_id, mallory_sentinel])
     assert stream.ack()["notifications"] == {"taskIds": [task_id, alice_sentinel]}
     assert foreign.ack()["notifications"] == {"taskIds": [mallory_sentinel]}
+    # each followed task as it stands, right after the ack (what was reached before the listen)
+    assert [(n["taskId"], n["statusMessage"]) for n in (_task(stream, task_id), _task(stream, alice_sentinel))] == [
+        (task_id, "at gate 1"),
+        (alice_sentinel, "idling"),
+    ]
+    assert _task(foreign, mallory_sentinel)["statusMessage"] == "idling"
 
     (main_gates / "1").touch()
     assert _task(stream, task_id) | {"_meta": None} == _task_like(flow, task_id, "working", "step 1")

@@ -86,6 +86,14 @@ def honored_core(requested: SubscriptionFilter) -> SubscriptionFilter:
     )
 
 
+async def _send_task(ctx: Any, rendered: dict[str, Any], meta: dict[str, Any]) -> None:
+    """`notifications/tasks` with a task's state as `tasks/get` renders it, on the listen request's stream."""
+    await ctx.session.send_notification(
+        TasksNotification(params={**rendered, "_meta": {**rendered.get("_meta", {}), **meta}}),
+        related_request_id=ctx.request_id,
+    )
+
+
 @dataclass
 class _Followed:
     """A followed task's last version and a digest of what was last sent: never the payload, so 10 000
@@ -226,8 +234,11 @@ class TaskListenHandler:
         try:
             unsubscribe = self._bus.subscribe(stream.deliver)  # a custom bus that raises keeps no slot
             honored = stream.honored.model_dump(by_alias=True, exclude_none=True)
+            current: list[dict[str, Any]] = []
             if followed_ids is not None:
-                honored[TASK_IDS] = await self._follow_owned(stream, followed_ids, owner) if followed_ids else []
+                honored[TASK_IDS] = (
+                    await self._follow_owned(stream, followed_ids, owner, current) if followed_ids else []
+                )
             await ctx.session.send_notification(
                 SubscriptionsAcknowledgedNotification(
                     params=SubscriptionsAcknowledgedNotificationParams(
@@ -236,6 +247,10 @@ class TaskListenHandler:
                 ),
                 related_request_id=subscription_id,
             )
+            # Each followed task's state as it stands: a state reached before the listen (a question asked, the
+            # task finished) would otherwise reach only a client that reads it after the ack.
+            for rendered in current:
+                await _send_task(ctx, rendered, meta)
             await self._pump(ctx, stream, owner, meta)
         finally:
             stream.ending = True
@@ -263,8 +278,11 @@ class TaskListenHandler:
     async def _in_thread(self, fn: Callable[[], T]) -> T:
         return await anyio.to_thread.run_sync(fn, limiter=self._limiter)
 
-    async def _follow_owned(self, stream: _Stream, task_ids: list[str], owner: str | None) -> list[str]:
-        """Follow the caller's own tasks among `task_ids`; the ones to acknowledge."""
+    async def _follow_owned(
+        self, stream: _Stream, task_ids: list[str], owner: str | None, current: list[dict[str, Any]]
+    ) -> list[str]:
+        """Follow the caller's own tasks among `task_ids`; the ones to acknowledge. Each one's state as read goes
+        to `current` (a finished one's too, and then it is not followed)."""
         try:
             records = await self._in_thread(lambda: self._service().get_many(task_ids, owner))  # one read for all
         except StoreUnavailable as exc:  # before the stream opens: an error with a fixed text, not the store's
@@ -277,10 +295,12 @@ class TaskListenHandler:
                 stream.watch.forget(key)  # unknown, foreign and expired look the same: simply not followed
                 continue
             acknowledged.append(task_id)
+            rendered = render_task(task_id, record)
+            current.append(rendered)
             if record.terminal:
                 stream.watch.forget(key)  # acknowledged (it is the caller's), but nothing more will come
                 continue
-            stream.followed[key] = _Followed(task_id, record.version, digest(render_task(task_id, record)))
+            stream.followed[key] = _Followed(task_id, record.version, digest(rendered))
         return acknowledged
 
     def _reread(self, due: dict[str, tuple[_Followed, int | None]], owner: str | None) -> dict[str, TaskRecord | None]:
@@ -339,10 +359,7 @@ class TaskListenHandler:
             if seen == followed.seen:
                 followed.version = record.version
                 continue  # a write clients cannot see (heartbeat, dispatch bookkeeping)
-            await ctx.session.send_notification(
-                TasksNotification(params={**rendered, "_meta": {**rendered.get("_meta", {}), **meta}}),
-                related_request_id=ctx.request_id,
-            )
+            await _send_task(ctx, rendered, meta)
             # Seen only once it went out: a send that fails leaves the row due, and the retry sends it.
             followed.version, followed.seen = record.version, seen
             if woke is not None:
