@@ -50,6 +50,10 @@ WRONG = [
     ("MCP_TASKS_ENCRYPTION_KEYS", "A" * 43 + "=,c2hvcnQ=", "key 2 of 2 is not a base64 32-byte key"),
     ("MCP_TASKS_REQUEST_STATE_SECRET", "s" * 40 + ",t" * 20, "at least 32 bytes"),
     ("MCP_TASKS_REQUEST_STATE_SECRET", ",".join(["s" * 40] * 2), "listed twice"),
+    # a stray comma: "," turned encryption off unseen, and "K,,bad" named the bad key's position wrongly
+    ("MCP_TASKS_ENCRYPTION_KEYS", ",", "entry 1 of 2 is empty"),
+    ("MCP_TASKS_ENCRYPTION_KEYS", "A" * 43 + "=,,c2hvcnQ=", "entry 2 of 3 is empty"),
+    ("MCP_TASKS_REQUEST_STATE_SECRET", "s" * 40 + ", ", "entry 2 of 2 is empty"),
 ]
 
 

@@ -118,6 +118,19 @@ def _list(env: Mapping[str, str], name: str) -> tuple[str, ...]:
     return tuple(item.strip() for item in (env.get(name) or "").split(",") if item.strip())
 
 
+def _ring(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    """A comma-separated key ring; an empty entry is a mistake (a ring of "," would turn encryption off
+    unseen, and every later key's position would shift), so it stops the process naming where it is."""
+    raw = (env.get(name) or "").strip()
+    if not raw:
+        return ()
+    entries = tuple(item.strip() for item in raw.split(","))
+    for position, entry in enumerate(entries, start=1):
+        if not entry:
+            raise ConfigError(f"{name}: entry {position} of {len(entries)} is empty (a stray comma?)")
+    return entries
+
+
 def redact_url(url: str) -> str:
     """A URL fit for a log line or a banner: the password replaced by `***`."""
     try:
@@ -355,9 +368,9 @@ class Settings:
             "max_answer_bytes": _int(env, "MCP_TASKS_MAX_ANSWER_BYTES", allow_none=True),
             "max_result_bytes": _int(env, "MCP_TASKS_MAX_RESULT_BYTES", allow_none=True),
             # Encryption at rest: a key ring, the first key seals, every one opens (comma-separated).
-            "encryption_keys": _list(env, "MCP_TASKS_ENCRYPTION_KEYS"),
+            "encryption_keys": _ring(env, "MCP_TASKS_ENCRYPTION_KEYS"),
             # A rotation ring: the first secret seals, every one unseals (comma-separated).
-            "request_state_secrets": _list(env, "MCP_TASKS_REQUEST_STATE_SECRET"),
+            "request_state_secrets": _ring(env, "MCP_TASKS_REQUEST_STATE_SECRET"),
         }
         values = {name: value for name, value in values.items() if value is not _UNSET}
         values.update(overrides)

@@ -423,6 +423,8 @@ def test_plain_lines_are_one_per_change_then_the_result() -> None:
     assert "t-1" not in out.getvalue() and not err.getvalue()
     view.failed(ErrorData(code=-32603, message="Job failed: boom"))
     assert out.getvalue().splitlines()[-1] == "error -32603: Job failed: boom"
+    view.failed(ErrorData(code=-32603, message="Job failed: a\x00b \u202eevil\x1b[2J"))  # the job's own text
+    assert out.getvalue().splitlines()[-1] == "error -32603: Job failed: a b  evil [2J"
 
 
 def test_a_terminal_says_a_failures_message_once() -> None:

@@ -28,6 +28,7 @@ from mcp_types import CallToolResult
 from rich.console import Console
 
 from celery_mcp_tasks.cli.prompts import FdLines, LineSource, Prompter
+from celery_mcp_tasks.cli.shared import printable
 from celery_mcp_tasks.cli.views import PROG, JsonView, LiveView, PlainView, View, result_text
 from celery_mcp_tasks.client import TaskCancelled, TaskHandle, TaskNotFound, TasksClient, TaskState
 from celery_mcp_tasks.model import now_ms
@@ -110,7 +111,7 @@ def _one_line(
         if isinstance(leaf, httpx2.HTTPError):
             return CallError(f"HTTP error talking to {options.url}: {_reason(leaf)}")
         if isinstance(leaf, MCPError):
-            return CallError(f"{options.url}: {leaf.message}")
+            return CallError(f"{options.url}: {printable(leaf.message)}")
     if isinstance(exc, BaseExceptionGroup) and len(leaves) == 1:
         return leaves[0]
     return exc
@@ -492,7 +493,7 @@ async def _start(
     except TaskNotFound:
         raise CallError("no such task: it expired, or it belongs to another user") from None
     except MCPError as exc:
-        raise CallError(exc.message + await _other_tools(client, options.tool)) from None
+        raise CallError(printable(exc.message) + await _other_tools(client, options.tool)) from None
 
 
 async def _other_tools(client: Client, tool: str | None) -> str:

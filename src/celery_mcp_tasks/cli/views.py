@@ -87,7 +87,7 @@ class PlainView:
         self._print(result_text(result))
 
     def failed(self, error: ErrorData) -> None:
-        self._print(f"error {error.code}: {error.message}")
+        self._print(f"error {error.code}: {printable(error.message)}")
 
     def stopped(self) -> None:
         pass  # cancelled: its status line says so
@@ -109,7 +109,7 @@ class JsonView(PlainView):
         self._print(json.dumps(_result_json(result), indent=2))
 
     def failed(self, error: ErrorData) -> None:
-        self.note(f"{PROG}: error {error.code}: {error.message}")
+        self.note(f"{PROG}: error {error.code}: {printable(error.message)}")
 
     def stopped(self) -> None:
         self.note(f"{PROG}: the task was cancelled")
@@ -227,7 +227,7 @@ class LiveView:
         self._console.print(result_text(result), markup=False, highlight=False, soft_wrap=True)
 
     def failed(self, error: ErrorData) -> None:
-        self._final(f"error {error.code}: {error.message}")
+        self._final(f"error {error.code}: {printable(error.message)}")
 
     def stopped(self) -> None:
         self._final()
