@@ -282,3 +282,51 @@ def test_a_tool_name_longer_than_a_task_keeps_is_refused_at_import(tasks: McpTas
         @tasks.mcp_task(name="u" * 129)
         def too_long() -> str:
             return "ok"
+
+
+def test_a_second_mcp_tasks_on_one_celery_app_is_refused_before_it_changes_the_app(tmp_path: Path) -> None:
+    """Both would share one janitor name and one job name per tool: the second's tasks were swept by nobody, and
+    a tool on both ran in the first one's store."""
+    app = Celery("shared")
+    McpTasks("first", celery=app, settings=Settings(data_dir=tmp_path / "first"))
+    before = dict(app.conf)
+    with pytest.raises(ValueError, match="this Celery app has an McpTasks already"):
+        McpTasks("second", celery=app, settings=Settings(data_dir=tmp_path / "second", queue="other"))
+    assert dict(app.conf) == before
+
+
+def test_a_job_whose_celery_name_another_task_has_is_refused(tasks: McpTasks) -> None:
+    """Celery keeps the first task of a name: the job, made at once, silently replaced one declared before it
+    (its `.delay()` ran the tool's body), or was replaced by one made before it."""
+
+    @tasks.celery.task(name=f"{__name__}.convert")  # declared, not made: the app is not finalized
+    def convert_legacy(path: str) -> str:
+        return f"legacy {path}"
+
+    with pytest.raises(ValueError, match=rf"task tool 'convert': the Celery app has a task named '{__name__}.convert'"):
+
+        @tasks.mcp_task
+        def convert(path: str) -> str:
+            return f"mcp {path}"
+
+    assert "convert" not in internals(tasks).tools
+    assert tasks.celery.tasks[f"{__name__}.convert"](path="a") == "legacy a"
+
+    @tasks.mcp_task(name="first")
+    def same() -> str:
+        return "first"
+
+    with pytest.raises(ValueError, match="task tool 'second': the Celery app has a task named"):
+
+        @tasks.mcp_task(name="second")  # another tool name, the same module and function: the same job name
+        def same() -> str:  # type: ignore[no-redef]
+            return "second"
+
+
+def test_a_celery_task_is_not_taken_for_a_tools_function(tasks: McpTasks) -> None:
+    @tasks.celery.task
+    def already(x: int) -> int:
+        return x
+
+    with pytest.raises(ValueError, match=r"@mcp_task\(already\): decorate the plain function, not a Celery task"):
+        tasks.mcp_task(already)

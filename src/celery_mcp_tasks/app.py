@@ -48,6 +48,7 @@ from celery_mcp_tasks.store.base import Quota
 from celery_mcp_tasks.store.ledger import Ledger
 from celery_mcp_tasks.store.sql import SqlStore
 from celery_mcp_tasks.worker import bridge, held, termination
+from celery_mcp_tasks.worker.celery_internals import task_name_taken
 from celery_mcp_tasks.worker.context import TaskContext
 from celery_mcp_tasks.worker.dispatch import CeleryDispatcher
 from celery_mcp_tasks.worker.fairness import consume_shards
@@ -161,6 +162,11 @@ class McpTasks:
         with _refusing_to_start():
             self.settings = settings or Settings.from_env()
         self.celery = celery or Celery(name)
+        if bridge.serves(self.celery):  # before anything of it changes
+            raise ValueError(
+                f"McpTasks({name!r}): this Celery app has an McpTasks already; give each McpTasks its own Celery "
+                "app (one app's workers run one store's jobs, its beat one janitor)"
+            )
         configure_celery(self.celery, self.settings)
         # Celery drops what was set on a configured app when it loads a configuration again (a project's
         # `config_from_object` after this line): set it again each time.
@@ -379,6 +385,10 @@ class McpTasks:
         return self._register(fn, **options)
 
     def _register(self, fn: Callable[..., _R], **celery_options: Any) -> McpTaskJob[_R]:
+        if isinstance(fn, Task):  # @mcp_task over @app.task: the job would be named after Celery's lazy wrapper
+            raise ValueError(
+                f"@mcp_task({fn.__name__}): decorate the plain function, not a Celery task (the tool is a Celery task)"
+            )
         tool_options = {key: celery_options.pop(key) for key in TOOL_OPTIONS & celery_options.keys()}
         tool_options["name"] = tool_options.get("name") or fn.__name__
         tool_options["description"] = tool_options.get("description") or (fn.__doc__ or "").strip() or fn.__name__
@@ -390,6 +400,12 @@ class McpTasks:
         tool = TaskTool(fn=fn, context_type=TaskContext, bound=bound, **tool_options)
         if tool.name in self._tools or self._known_tool(tool.name):
             raise ValueError(f"task tool {tool.name!r}: a tool of that name is already registered on this server")
+        celery_name = self.celery.gen_task_name(fn.__name__, fn.__module__)  # what Celery names the job below
+        if task_name_taken(self.celery, celery_name):  # Celery would keep one of the two, and drop the other unseen
+            raise ValueError(
+                f"task tool {tool.name!r}: the Celery app has a task named {celery_name!r} already; "
+                "rename the function (the job's Celery name is its module and function name)"
+            )
         # The user's base class (else the app's `task_cls`) under ours: its hooks and attributes are the job's,
         # over the defaults below.
         base = celery_options.pop("base", None) or self.celery.Task

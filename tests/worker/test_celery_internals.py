@@ -148,3 +148,23 @@ def test_a_stop_is_what_the_workers_shutdown_handlers_set_and_its_loops_read(mon
     from celery.worker import loops
 
     assert "drain_events(timeout=" in inspect.getsource(loops.synloop), WHERE
+
+
+def test_a_task_name_is_taken_by_a_task_made_or_only_declared() -> None:
+    app = Celery("names")
+
+    @app.task(name="named.declared")
+    def declared() -> None: ...
+
+    @app.task
+    def generated() -> None: ...
+
+    assert not declared.__evaluated__() and not app.finalized  # both only declared
+    assert celery_internals.task_name_taken(app, "named.declared"), WHERE
+    assert celery_internals.task_name_taken(app, f"{__name__}.generated"), WHERE  # Celery's name: module.function
+    assert not celery_internals.task_name_taken(app, "named.other")
+    assert generated.name and generated.__evaluated__()  # made now
+    assert celery_internals.task_name_taken(app, f"{__name__}.generated")
+    app.finalize()
+    assert celery_internals.task_name_taken(app, "celery.backend_cleanup")  # Celery's own, made at finalize
+    assert not celery_internals.task_name_taken(app, "named.other")

@@ -170,6 +170,11 @@ def on_worker_init(sender: Any = None, **_: Any) -> None:
         tracelog.install_consumer()
 
 
+def serves(celery: Any) -> bool:
+    """Whether an `McpTasks` alive in this process was built on `celery`."""
+    return bool(_services(celery))
+
+
 def install(celery: Any, service: Callable[[], TaskService]) -> None:
     """Connect the bridge once per process (worker main process and pool children alike), and know `celery`'s
     service (a bound method) for the messages its workers drop."""

@@ -22,6 +22,10 @@ tests/worker/test_celery_internals.py fails when one moves.
 8. `stop_requested`: `celery.worker.state.should_stop` / `should_terminate`, set by the worker's shutdown
    signal handlers and read by its loops, so the embedded broker's waits end when the worker is told to stop
    (`kombu_internals.filesystem_transport`). A stop event on the consumer would remove it.
+9. `task_name_taken`: the app's registry (`Celery._tasks`) and its tasks declared but not yet made
+   (`Celery._pending`, each a `PromiseProxy` holding the function and the options it will be made with), to
+   refuse a job whose name another task already has: Celery keeps the first task of a name, and ours, made at
+   once, would silently replace one declared before it. A public "is this name taken" would remove it.
 """
 
 from __future__ import annotations
@@ -101,3 +105,17 @@ def stop_requested() -> bool:
     from celery.worker import state
 
     return any(flag is not None and flag is not False for flag in (state.should_stop, state.should_terminate))
+
+
+def task_name_taken(app: Any, name: str) -> bool:
+    """Whether `app` has a task of that name, made or declared (`@app.task` on an app not finalized yet)."""
+    if name in app._tasks:
+        return True
+    for pending in app._pending:
+        if pending.__evaluated__():
+            continue  # made: in the registry above
+        (fun,) = object.__getattribute__(pending, "_Proxy__args")
+        options = object.__getattribute__(pending, "_Proxy__kwargs")
+        if (options.get("name") or app.gen_task_name(fun.__name__, fun.__module__)) == name:
+            return True
+    return False
