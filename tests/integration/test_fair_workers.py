@@ -12,11 +12,13 @@ from __future__ import annotations
 import sys
 import uuid
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
+from celery_mcp_tasks.mcp.principal import anonymous_caller
 from celery_mcp_tasks.store.engine import normalize_url
 from celery_mcp_tasks.worker.fairness import shard_queue
 from tests.support import Backend, Deployment, McpHttp, process_env, spawn, wait_until
@@ -36,12 +38,13 @@ def deployment(backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> It
         yield deployment
 
 
-def rows(deployment: Deployment, label: str) -> list[dict[str, Any]]:
+def rows(deployment: Deployment, label: str, tool: str = "echo") -> list[dict[str, Any]]:
     engine = sa.create_engine(normalize_url(deployment.backend.store_url))
     try:
         with engine.connect() as conn:
             found = conn.execute(
-                sa.text("SELECT owner, status, started_at, arguments FROM mcp_tasks_task WHERE tool = 'echo'")
+                sa.text("SELECT owner, status, started_at, arguments FROM mcp_tasks_task WHERE tool = :tool"),
+                {"tool": tool},
             )
             every = [dict(row) for row in found.mappings()]
     finally:
@@ -82,16 +85,7 @@ def test_a_burst_of_one_principal_does_not_hold_back_another_principals_job(depl
         steady.create("echo", {"label": label[name]})
         steady.close()
 
-    # One worker, one process, one message prefetched: it consumes the default queue and its shards.
-    argv = [sys.executable, "-m", "celery", "-A", APP, "worker", "-P", "prefork", "-c", "1"]
-    argv += ["--prefetch-multiplier", "1", "--without-mingle", "--without-gossip", "--loglevel", "INFO"]
-    argv += ["-n", f"fair-{uuid.uuid4().hex[:6]}@%h"]
-    env = process_env(
-        deployment.backend,
-        **deployment.env(MCP_TASKS_FAIR_QUEUES=SHARDS, MCP_TASKS_WORKER_METRICS_PORT="off", **SECRET),
-    )
-    worker = spawn("worker-fair", argv, env, deployment.log_dir)
-    deployment.procs.append(worker)
+    start_worker(deployment, APP)
 
     def drained() -> bool:
         every = rows(deployment, label["fair"]) + rows(deployment, label["plain"])
@@ -100,3 +94,52 @@ def test_a_burst_of_one_principal_does_not_hold_back_another_principals_job(depl
     wait_until(drained, 120, "the worker to run every job")
     assert start_rank(deployment, label["plain"], steady_owner) == BURST + 1  # the control: behind the burst
     assert start_rank(deployment, label["fair"], steady_owner) <= 3  # fair: about one of A's per turn
+
+
+def start_worker(deployment: Deployment, app: str) -> None:
+    """One worker, one process, one message prefetched: it consumes the default queue and its shards."""
+    argv = [sys.executable, "-m", "celery", "-A", app, "worker", "-P", "prefork", "-c", "1"]
+    argv += ["--prefetch-multiplier", "1", "--without-mingle", "--without-gossip", "--loglevel", "INFO"]
+    argv += ["-n", f"fair-{uuid.uuid4().hex[:6]}@%h"]
+    env = process_env(
+        deployment.backend,
+        **deployment.env(MCP_TASKS_FAIR_QUEUES=SHARDS, MCP_TASKS_WORKER_METRICS_PORT="off", **SECRET),
+    )
+    deployment.procs.append(spawn("worker-fair", argv, env, deployment.log_dir))
+
+
+def test_anonymous_clients_counted_per_client_each_take_their_turn(
+    backend: Backend, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """With MCP_TASKS_QUOTA_ANONYMOUS=per_client each client address is a caller of its own for the fair queues
+    as for the quotas: every anonymous job went to one shard, and one client's burst held back all others."""
+    app = "examples.guide.many_callers"  # no authentication: every caller is anonymous
+    with Deployment(app, backend, tmp_path_factory.mktemp(f"fair-anonymous-{backend.name}")) as deployment:
+        url = deployment.web(
+            "web-anonymous", MCP_TASKS_FAIR_QUEUES=SHARDS, MCP_TASKS_QUOTA_ANONYMOUS="per_client", **SECRET
+        )
+        queue = str(deployment.queue)
+
+        def shard(address: str) -> str:
+            client = anonymous_caller(SimpleNamespace(client=SimpleNamespace(host=address)))
+            return shard_queue(queue, None, int(SHARDS), client)
+
+        flood_address = "192.0.2.10"  # uvicorn trusts loopback's X-Forwarded-For: the test is that proxy
+        steady_address = next(a for a in (f"192.0.2.{n}" for n in range(11, 250)) if shard(a) != shard(flood_address))
+        label = f"anonymous-{uuid.uuid4().hex[:8]}"
+        flooder = McpHttp(url, headers={"X-Forwarded-For": flood_address})
+        for n in range(BURST):
+            flooder.create("charge", {"order_id": f"{label}-flood-{n}", "cents": 1})
+        flooder.close()
+        steady = McpHttp(url, headers={"X-Forwarded-For": steady_address})
+        steady.create("charge", {"order_id": f"{label}-steady", "cents": 1})
+        steady.close()
+        start_worker(deployment, app)
+
+        def drained() -> list[dict[str, Any]] | None:
+            every = rows(deployment, label, "charge")
+            return every if len(every) == BURST + 1 and all(row["status"] == "completed" for row in every) else None
+
+        ordered = sorted(wait_until(drained, 120, "the worker to run every job"), key=lambda row: row["started_at"])
+        rank = [f"{label}-steady" in str(row["arguments"]) for row in ordered].index(True) + 1
+        assert rank <= 3, rank  # its own shard's turn, not behind the other client's burst

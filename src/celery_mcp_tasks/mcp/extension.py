@@ -224,7 +224,7 @@ class TasksExtension(Extension):
                     trace_context=trace_context,
                     quota=quota,
                     idempotency_key=idempotency_key,
-                    caller=caller if quota is not None else None,  # stored only for a quota to count by
+                    caller=caller,  # an anonymous client's hash (per_client): its quotas and fair queue by it
                     durable=durable,
                 )
         except TaskLimitReached:  # the service logged it (a line a minute at most)

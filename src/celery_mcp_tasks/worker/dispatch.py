@@ -92,7 +92,8 @@ class CeleryDispatcher:
         headers = message_headers(record, with_arguments=self.send_arguments)
         route: dict[str, Any] = {}
         if self.fair_queues is not None and self._on_default_queue(tool.celery_name):
-            route["queue"] = shard_queue(str(self.app.conf.task_default_queue), record.owner, self.fair_queues)
+            queue = str(self.app.conf.task_default_queue)
+            route["queue"] = shard_queue(queue, record.owner, self.fair_queues, record.caller)
         try:
             with sending(record.trace_context, headers):  # the task's trace context, in the message headers
                 self.app.send_task(

@@ -1,7 +1,8 @@
 """Fair queues: one principal's burst cannot starve another's jobs.
 
 With MCP_TASKS_FAIR_QUEUES=N, a job sent to the default queue goes to one of its N shards
-(`<queue>.fair0` ..), chosen by a hash of the task's owner, and every worker consumes them all. Workers
+(`<queue>.fair0` ..), chosen by a hash of the task's owner (of its client for an anonymous caller counted
+per client), and every worker consumes them all. Workers
 take from their queues in turn, so a thousand queued jobs of one principal hold back another's next job
 by about one job per shard in use. Free at send time (a hash) and in the store. A tool routed to a queue
 of its own keeps it.
@@ -18,9 +19,11 @@ from celery_mcp_tasks.model import owner_bytes
 from celery_mcp_tasks.worker.celery_internals import exec_options
 
 
-def shard_queue(queue: str, owner: str | None, shards: int) -> str:
-    """The shard of `queue` the owner's jobs go to."""
-    digest = hashlib.sha256(owner_bytes(owner)).digest()
+def shard_queue(queue: str, owner: str | None, shards: int, caller: str | None = None) -> str:
+    """The shard of `queue` the owner's jobs go to; an anonymous one's by its client (`caller`, with
+    MCP_TASKS_QUOTA_ANONYMOUS=per_client), as its quotas count."""
+    who = owner_bytes(owner) if owner is not None or caller is None else owner_bytes(None) + caller.encode()
+    digest = hashlib.sha256(who).digest()
     return f"{queue}.fair{int.from_bytes(digest[:8], 'big') % shards}"
 
 
