@@ -51,7 +51,7 @@ from celery_mcp_tasks.worker import bridge, held, termination
 from celery_mcp_tasks.worker.celery_internals import task_name_taken
 from celery_mcp_tasks.worker.context import TaskContext
 from celery_mcp_tasks.worker.dispatch import CeleryDispatcher
-from celery_mcp_tasks.worker.fairness import consume_shards
+from celery_mcp_tasks.worker.fairness import consume_shards, shard_queues, unconsumed_shards
 from celery_mcp_tasks.worker.janitor import MetricHook, SweepReport, install_janitor, sweep
 from celery_mcp_tasks.worker.job import McpJob, McpTaskDecorator, McpTaskJob, WorkerRuntime, make_run
 from celery_mcp_tasks.worker.kombu_internals import fixed_transport
@@ -323,11 +323,22 @@ class McpTasks:
         if need_schema and role in ("serve", "stdio"):
             self._checked_pid = os.getpid()
 
-    def _startup_lines(self) -> list[str]:
-        return [
+    def _startup_lines(self, consumed: Collection[str]) -> list[str]:
+        lines = [
             f"celery-mcp-tasks: store {redact_url(self.settings.store_url)}",
             f"celery-mcp-tasks: task tools {', '.join(sorted(self._tools)) or '(none)'}",
         ]
+        shards = self.settings.fair_queues
+        queue = str(self.celery.conf.task_default_queue)
+        left_out = unconsumed_shards(queue, consumed, shards) if shards is not None else []
+        if left_out:  # a `-Q` naming the default queue alone: jobs sent to the shards would wait for nobody
+            every = ",".join([queue, *shard_queues(queue, shards or 0)])
+            lines.append(
+                f"celery-mcp-tasks: warning: this worker consumes {queue!r} but not its shards {', '.join(left_out)}"
+                f" (MCP_TASKS_FAIR_QUEUES={shards}): unless other workers do, their jobs wait until the janitor fails"
+                f" them as lost; consume them too (-Q {every})"
+            )
+        return lines
 
     # -- declaring tools ------------------------------------------------------------------
 

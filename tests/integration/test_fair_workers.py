@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from celery_mcp_tasks.mcp.principal import anonymous_caller
 from celery_mcp_tasks.store.engine import normalize_url
 from celery_mcp_tasks.worker.fairness import shard_queue
-from tests.support import Backend, Deployment, McpHttp, process_env, spawn, wait_until
+from tests.support import Backend, Deployment, McpHttp, Proc, process_env, spawn, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -96,16 +96,35 @@ def test_a_burst_of_one_principal_does_not_hold_back_another_principals_job(depl
     assert start_rank(deployment, label["fair"], steady_owner) <= 3  # fair: about one of A's per turn
 
 
-def start_worker(deployment: Deployment, app: str) -> None:
-    """One worker, one process, one message prefetched: it consumes the default queue and its shards."""
+def start_worker(deployment: Deployment, app: str, *queues: str) -> Proc:
+    """One worker, one process, one message prefetched: it consumes the default queue and its shards (or, with
+    `queues`, what its `-Q` names)."""
     argv = [sys.executable, "-m", "celery", "-A", app, "worker", "-P", "prefork", "-c", "1"]
     argv += ["--prefetch-multiplier", "1", "--without-mingle", "--without-gossip", "--loglevel", "INFO"]
-    argv += ["-n", f"fair-{uuid.uuid4().hex[:6]}@%h"]
+    argv += ["-n", f"fair-{uuid.uuid4().hex[:6]}@%h", *(["-Q", ",".join(queues)] if queues else [])]
     env = process_env(
         deployment.backend,
         **deployment.env(MCP_TASKS_FAIR_QUEUES=SHARDS, MCP_TASKS_WORKER_METRICS_PORT="off", **SECRET),
     )
-    deployment.procs.append(spawn("worker-fair", argv, env, deployment.log_dir))
+    worker = spawn("worker-fair", argv, env, deployment.log_dir)
+    deployment.procs.append(worker)
+    return worker
+
+
+def test_a_worker_whose_queues_leave_out_the_shards_says_so_at_start(deployment: Deployment) -> None:
+    """A worker given `-Q` consumes only what it names: with the default queue alone, every job sent to a shard
+    would wait for nobody."""
+    queue = str(deployment.queue)
+    worker = start_worker(deployment, APP, queue)
+    wait_until(lambda: " ready." in worker.text() or worker.popen.poll() is not None, 60, "the worker")
+    shards = ",".join(shard_queue_names := [f"{queue}.fair{n}" for n in range(int(SHARDS))])
+    assert (
+        f"celery-mcp-tasks: warning: this worker consumes {queue!r} but not its shards {', '.join(shard_queue_names)}"
+        in worker.text()
+    ), worker.text()
+    assert f"(-Q {queue},{shards})" in worker.text()
+    worker.stop()
+    deployment.procs.remove(worker)
 
 
 def test_anonymous_clients_counted_per_client_each_take_their_turn(

@@ -116,9 +116,11 @@ def _consumers_check(tasks: McpTasks, app_path: str, *, timeout_s: float) -> Ver
         others = [queue for queue in idle if queue not in shards]
         fixes = [_worker_command(app_path, others, default_queue)] if others else []
         if len(others) < len(idle):  # some are shards
+            every = ",".join([default_queue, *shard_queues(default_queue, fair or 0)])
             fixes.append(
-                f"give the workers MCP_TASKS_FAIR_QUEUES={fair}, as here: a worker consumes the shards its own "
-                "setting names, and jobs sent to a shard no worker consumes wait until the janitor fails them as lost"
+                f"give the workers MCP_TASKS_FAIR_QUEUES={fair}, as here, and a worker started with -Q the shards too"
+                f" (-Q {every}): a worker consumes the shards its own setting names, and jobs sent to a shard no"
+                " worker consumes wait until the janitor fails them as lost"
             )
         fix = "; and ".join(fixes)
         unconsumed = "; ".join(f"{queue!r} (tools {', '.join(needed[queue])})" for queue in idle)

@@ -11,6 +11,7 @@ of its own keeps it.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Collection
 from typing import Any
 
 from kombu.entity import Exchange, Queue
@@ -29,6 +30,14 @@ def shard_queue(queue: str, owner: str | None, shards: int, caller: str | None =
 
 def shard_queues(queue: str, shards: int) -> list[str]:
     return [f"{queue}.fair{index}" for index in range(shards)]
+
+
+def unconsumed_shards(queue: str, consumed: Collection[str], shards: int) -> list[str]:
+    """The shards of `queue` a worker consuming the queues `consumed` (its `-Q`) leaves out while it consumes
+    `queue` itself: someone chose its queues and forgot the shards (none: it consumes all, or not `queue`)."""
+    if queue not in consumed:
+        return []
+    return [name for name in shard_queues(queue, shards) if name not in consumed]
 
 
 def routed_queue(celery: Any, celery_name: str) -> str:

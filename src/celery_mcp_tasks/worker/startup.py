@@ -8,7 +8,7 @@ pool forks) and `beat_init` in a standalone beat (`worker -B`'s is covered by it
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from celery import Celery, signals
@@ -17,9 +17,10 @@ from celery_mcp_tasks.config import ConfigError
 
 
 def install_startup(
-    app: Celery, check: Callable[[str], None], describe: Callable[[], list[str]]
+    app: Celery, check: Callable[[str], None], describe: Callable[[Collection[str]], list[str]]
 ) -> list[Callable[..., None]]:
-    """`check(role)` raises `ConfigError` to refuse; `describe()` gives the lines printed before the banner.
+    """`check(role)` raises `ConfigError` to refuse; `describe(consumed)` gives the lines printed before the
+    banner, told the queues the worker consumes (those its `-Q` chose; every declared queue without it).
 
     The receivers are connected weakly and returned: their owner keeps them, and takes them along when it goes."""
     checked: list[str] = []  # this process (or the worker it was forked from) passed the check
@@ -40,7 +41,9 @@ def install_startup(
 
     def _banner(sender: Any = None, instance: Any = None, **_: Any) -> None:
         if getattr(instance, "app", None) is app and not getattr(instance, "quiet", False):
-            print("\n".join(describe()), file=sys.__stdout__, flush=True)
+            queues = instance.app.amqp.queues
+            consumed = set(queues.consume_from or queues)  # `-Q` selects; without it every declared queue
+            print("\n".join(describe(consumed)), file=sys.__stdout__, flush=True)
 
     def _beat(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", None) is app and not checked:
