@@ -98,7 +98,7 @@ def render_task(task_id: str, record: TaskRecord) -> dict[str, Any]:
     """
     fields = _task_fields(task_id, record)
     if record.status is TaskStatus.INPUT_REQUIRED and record.input_requests:
-        fields["inputRequests"] = dict(record.input_requests)
+        fields["inputRequests"] = {key: _as_sent(request) for key, request in record.input_requests.items()}
     elif record.status is TaskStatus.COMPLETED and record.result is not None:
         fields["result"] = record.result
     elif record.status is TaskStatus.FAILED:
@@ -112,6 +112,15 @@ def render_task(task_id: str, record: TaskRecord) -> dict[str, Any]:
 
 
 # -- input requests ------------------------------------------------------------------
+
+
+def _as_sent(request: Any) -> Any:
+    """An input request as a 2026-07-28 task carries it: a URL elicitation without its `elicitationId` (the era
+    has no such field; the stored request keeps it for a 2025-11-25 synchronous call's `elicitation/create`)."""
+    params = request.get("params") if isinstance(request, dict) else None
+    if not isinstance(params, dict) or params.get("mode") != "url" or "elicitationId" not in params:
+        return request
+    return {**request, "params": {name: value for name, value in params.items() if name != "elicitationId"}}
 
 _JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
 _REQUEST = TypeAdapter(ElicitRequest | CreateMessageRequest | ListRootsRequest)

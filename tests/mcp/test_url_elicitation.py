@@ -19,7 +19,9 @@ from celery_mcp_tasks import InvalidInputRequest, McpTasks, TaskContext, elicit,
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.mcp.sync import can_answer
 from celery_mcp_tasks.migrate import upgrade
-from celery_mcp_tasks.protocol import answer_problem
+from celery_mcp_tasks.protocol import answer_problem, render_task
+from celery_mcp_tasks.service import TaskService
+from celery_mcp_tasks.store.sql import SqlStore
 from tests.support import EXT, PROTOCOL
 
 CAPABILITIES_KEY = "io.modelcontextprotocol/clientCapabilities"
@@ -138,3 +140,20 @@ def test_an_empty_content_is_no_content() -> None:
     url = elicit_url("Pay", "https://pay.example/checkout")
     assert answer_problem(url, {"action": "accept", "content": {}}) is None
     assert answer_problem(url, {"action": "accept", "content": None}) is None
+
+
+def test_a_task_carries_a_url_question_without_its_id_and_a_form_as_asked(tmp_path: Path) -> None:
+    """2026-07-28 has no `elicitationId` (the SDK's model notes it was removed): `tasks/get` and `notifications/tasks`
+    carried the stored one; the row keeps it for a 2025-11-25 synchronous call's `elicitation/create`."""
+    url_of_store = f"sqlite:///{tmp_path / 'tasks.db'}"
+    upgrade(url_of_store)
+    store = SqlStore.from_url(url_of_store)
+    service = TaskService(store)
+    url, form = elicit_url("Pay", "https://pay.example/checkout"), elicit("Go?", {"ok": bool})
+    task_id, record = service.create(owner=None, tool="t", arguments={}, dispatch=False)
+    asking = service.require_input(record.key, {"pay": url, "go": form}, "Waiting")
+    sent = render_task(task_id, asking)["inputRequests"]
+    assert sent["pay"]["params"] == {"mode": "url", "message": "Pay", "url": "https://pay.example/checkout"}
+    assert sent["go"] == form
+    assert "elicitationId" in asking.input_requests["pay"]["params"]  # kept where it is stored
+    store.dispose()
