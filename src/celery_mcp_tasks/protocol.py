@@ -122,6 +122,7 @@ def _as_sent(request: Any) -> Any:
         return request
     return {**request, "params": {name: value for name, value in params.items() if name != "elicitationId"}}
 
+
 _JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
 _REQUEST = TypeAdapter(ElicitRequest | CreateMessageRequest | ListRootsRequest)
 INPUT_CAPABILITIES = {"elicitation/create": "elicitation", "sampling/createMessage": "sampling", "roots/list": "roots"}

@@ -214,7 +214,7 @@ class LiveView:
             return
         mark = _MARKS.get(state.status, "·")
         parts: list[tuple[str, str] | str] = [(f"{mark} {state.status}", _STYLES.get(state.status, ""))]
-        if state.status_message and not extra.endswith(f": {state.status_message}"):  # a failure's, said once
+        if state.status_message and not extra.endswith(f": {printable(state.status_message)}"):  # said once
             parts.append(f"  {printable(state.status_message)}")
         parts.append((f"  {self._line.elapsed()}", "dim"))
         self._console.print(Text.assemble(*parts), highlight=False)
