@@ -18,7 +18,16 @@ from typing import Any
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, ElicitRequest, InputRequiredResult, TextContent
 
-from celery_mcp_tasks import InputTimeout, McpTasks, TaskContext, TerminalTask, elicit, list_roots, sample
+from celery_mcp_tasks import (
+    InputTimeout,
+    McpTasks,
+    TaskContext,
+    TerminalTask,
+    elicit,
+    elicit_url,
+    list_roots,
+    sample,
+)
 
 tasks = McpTasks("runtime-tests")
 celery = tasks.celery
@@ -40,6 +49,14 @@ def two_rounds(ctx: TaskContext) -> str:
     if "colour" not in ctx.input_responses:
         ctx.require_input({"colour": elicit("Favourite colour?", {"colour": str})}, "Waiting for a colour")
     return f"{_answer(ctx, 'name', 'name')} likes {_answer(ctx, 'colour', 'colour')} (pid={os.getpid()})"
+
+
+@tasks.mcp_task(needs=("elicitation.url",))
+def sign_in(ctx: TaskContext) -> str:
+    """Asks the user to sign in at a URL (URL-mode elicitation), then says how that went."""
+    if "signed_in" not in ctx.input_responses:
+        ctx.require_input({"signed_in": elicit_url("Sign in to ACME", "https://acme.example/oauth")}, "Signing in")
+    return f"sign-in: {ctx.input_responses['signed_in']['action']}"
 
 
 @tasks.mcp_task(needs=("elicitation",))

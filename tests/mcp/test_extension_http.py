@@ -155,6 +155,21 @@ def test_a_2026_synchronous_caller_answers_the_jobs_questions_by_mrtr_rounds(
     assert rows_of(deployment, "two_rounds")[key]["status"] == "completed"
 
 
+def test_a_2026_synchronous_caller_gets_a_url_question_without_an_elicitation_id(client: McpHttp) -> None:
+    """2026-07-28 has no `elicitationId`: the MRTR round carries the URL question as a task would."""
+    urls = {"elicitation": {"url": {}}}
+    asked = client.call_tool("sign_in", {}, capabilities=urls)["result"]
+    assert asked["resultType"] == "input_required", asked
+    assert asked["inputRequests"]["signed_in"]["params"] == {
+        "mode": "url",
+        "message": "Sign in to ACME",
+        "url": "https://acme.example/oauth",
+    }
+    params = {"inputResponses": {"signed_in": {"action": "accept"}}, "requestState": asked["requestState"]}
+    done = client.rpc("tools/call", {"name": "sign_in", "arguments": {}, **params}, name="sign_in", capabilities=urls)
+    assert done["result"]["content"][0]["text"] == "sign-in: accept", done
+
+
 def test_a_job_whose_question_the_client_cannot_answer_fails_the_synchronous_call_and_is_cancelled(
     deployment: Deployment, client: McpHttp
 ) -> None:

@@ -249,8 +249,9 @@ class TaskListenHandler:
             )
             # Each followed task's state as it stands: a state reached before the listen (a question asked, the
             # task finished) would otherwise reach only a client that reads it after the ack.
-            for rendered in current:
-                await _send_task(ctx, rendered, meta)
+            current.reverse()
+            while current:  # each dropped once sent: the stream keeps no payload (`_Followed`)
+                await _send_task(ctx, current.pop(), meta)
             await self._pump(ctx, stream, owner, meta)
         finally:
             stream.ending = True
