@@ -27,7 +27,7 @@ _DATABASE = "MCP_TASKS_DATABASE_URL"
 UPGRADE = "run `celery-mcp-tasks db upgrade`"
 NOT_CREATED = f"the task store does not exist yet; {UPGRADE}"
 
-_WHO = {"serve": "web process", "stdio": "stdio server"}
+_WHO = {"serve": "web process", "stdio": "stdio server", "db": "db command"}
 """How a role reads in a message (`dev` checks as "serve" does)."""
 
 logger = logging.getLogger("celery_mcp_tasks")
@@ -37,17 +37,16 @@ _said: set[str] = set()  # the lines this process has logged (serve checks twice
 def preflight(settings: Settings, *, role: str, need_schema: bool = True, broker_url: str | None = None) -> None:
     """Raise `ConfigError` (one line, naming the setting) if a `role` process must not start.
 
-    `role`: "serve", "stdio", "worker", "beat" or "db" (which neither checks the broker nor needs a
-    schema). `broker_url`: the Celery app's effective broker (default: the settings').
+    `role`: "serve", "stdio", "worker", "beat" or "db" (which needs no schema, and has no app: its broker is
+    the settings'). `broker_url`: the Celery app's effective broker (default: the settings').
     `need_schema=False` for a caller that migrates right after (a store at a revision this release does not
     know is refused still: no migration can start from it).
     """
     check_environment()
     schema = need_schema and role != "db"
-    if role != "db":
-        problem = shared_store_problem(settings, role, broker_url or settings.celery_broker_url)
-        if problem is not None:
-            raise ConfigError(problem)
+    problem = shared_store_problem(settings, role, broker_url or settings.celery_broker_url)
+    if problem is not None:  # `db` too: it would migrate a file nobody serves, and say it succeeded
+        raise ConfigError(problem)
     url = settings.store_url
     if schema and missing_sqlite_file(url):  # said without creating the file
         raise ConfigError(f"{_store(settings)}: {NOT_CREATED}")

@@ -113,6 +113,43 @@ def test_db_says_what_it_did_and_never_downgrades_without_a_revision(
     assert said("current") == ["0099 (newer than this release of celery-mcp-tasks: upgrade the package)"]
 
 
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (
+            ["upgrade", "examples.quickstart.app"],  # the app's path, as every other command takes one
+            "unknown revision 'examples.quickstart.app': this release's are 0001 to ",
+        ),
+        (["check", "0005"], "db check takes no REVISION (got '0005')"),  # it checked head, saying nothing
+        (["current", "0005"], "db current takes no REVISION (got '0005')"),
+        (["upgrade", "--force"], "--force is for db reencrypt, not db upgrade"),
+    ],
+)
+def test_db_refuses_what_its_action_does_not_take_before_touching_the_store(
+    argv: list[str], said: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("MCP_TASKS_DATA_DIR", str(tmp_path))
+    for name in ("MCP_TASKS_DATABASE_URL", "CELERY_BROKER_URL"):
+        monkeypatch.delenv(name, raising=False)
+    assert main(["db", *argv]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"celery-mcp-tasks db: {said}"), line
+    assert not (tmp_path / "tasks.db").exists()
+
+
+def test_db_without_a_store_url_beside_a_remote_broker_refuses_as_every_process_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It migrated a SQLite file of its own, which nothing served, and said it had upgraded the task store."""
+    monkeypatch.setenv("MCP_TASKS_DATA_DIR", str(tmp_path))
+    monkeypatch.delenv("MCP_TASKS_DATABASE_URL", raising=False)
+    monkeypatch.setenv("CELERY_BROKER_URL", "redis://broker.invalid:6379/0")
+    assert main(["db", "upgrade"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("celery-mcp-tasks: configuration error: MCP_TASKS_DATABASE_URL: unset, so this db command")
+    assert not (tmp_path / "tasks.db").exists()
+
+
 def test_a_store_migrated_by_a_newer_release_is_one_line_naming_its_revision_and_the_fix(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

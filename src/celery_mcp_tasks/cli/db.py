@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 import sqlalchemy as sa
@@ -38,7 +39,30 @@ def _revisions(url: str) -> tuple[str, ...]:
         engine.dispose()
 
 
+def _usage_problem(action: str, revision: str | None, force: bool) -> str | None:
+    """Why `db ACTION [REVISION] [--force]` is refused before anything runs (None: it is not): what the action
+    takes none of, or a REVISION no migration of this release names (the app's module path, out of habit)."""
+    if force and action != "reencrypt":
+        return f"--force is for db reencrypt, not db {action}"
+    if revision is None:
+        return None
+    if action not in ("upgrade", "downgrade"):
+        return f"db {action} takes no REVISION (got {revision!r})"
+    known = sorted(script_heads()[1])
+    # alembic's own names and relative steps (head, base, +1, -1, head-1, ...) are alembic's to read
+    if revision in known or re.fullmatch(r"(heads?|base)?([+-]\d+)?", revision):
+        return None
+    return (
+        f"unknown revision {revision!r}: this release's are {known[0]} to {known[-1]}, or head, or base "
+        "(db takes no APP: the store is MCP_TASKS_DATABASE_URL's)"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
+    problem = _usage_problem(args.action, args.revision, args.force)
+    if problem is not None:
+        print(f"celery-mcp-tasks db: {problem}", file=sys.stderr)
+        return 2
     if args.action == "newkey":
         print(new_key())
         return 0
