@@ -78,6 +78,8 @@ def test_db_says_what_it_did_and_never_downgrades_without_a_revision(
         f"celery-mcp-tasks db: upgraded the task store {store} from base (no tables) to {head} (head)"
     ]
     assert said("upgrade") == [f"celery-mcp-tasks db: the task store {store} is already at {head} (head)"]
+    assert said("downgrade", "0003+1")[0].endswith(f"from {head} (head) to 0004")  # alembic's steps, as it reads them
+    assert said("upgrade", "head")[0].endswith(f"from 0004 to {head} (head)")
     assert said("upgrade", "0003") == [  # an upgrade never goes back: it says how to
         f"celery-mcp-tasks db: the task store {store} is already at {head} (head), past 0003: to go back to it, "
         "`celery-mcp-tasks db downgrade 0003`"
@@ -123,6 +125,7 @@ def test_db_says_what_it_did_and_never_downgrades_without_a_revision(
         (["check", "0005"], "db check takes no REVISION (got '0005')"),  # it checked head, saying nothing
         (["current", "0005"], "db current takes no REVISION (got '0005')"),
         (["upgrade", "--force"], "--force is for db reencrypt, not db upgrade"),
+        (["upgrade", "0005+x"], "unknown revision '0005+x'"),
     ],
 )
 def test_db_refuses_what_its_action_does_not_take_before_touching_the_store(
@@ -144,9 +147,10 @@ def test_db_without_a_store_url_beside_a_remote_broker_refuses_as_every_process_
     monkeypatch.setenv("MCP_TASKS_DATA_DIR", str(tmp_path))
     monkeypatch.delenv("MCP_TASKS_DATABASE_URL", raising=False)
     monkeypatch.setenv("CELERY_BROKER_URL", "redis://broker.invalid:6379/0")
-    assert main(["db", "upgrade"]) == 2
-    (line,) = capsys.readouterr().err.splitlines()
-    assert line.startswith("celery-mcp-tasks: configuration error: MCP_TASKS_DATABASE_URL: unset, so this db command")
+    for action in ("upgrade", "check", "current"):  # not "run db upgrade" first, then a refusal
+        assert main(["db", action]) == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        assert line.startswith("celery-mcp-tasks: configuration error: MCP_TASKS_DATABASE_URL: unset, so this db")
     assert not (tmp_path / "tasks.db").exists()
 
 

@@ -20,6 +20,7 @@ from celery_mcp_tasks.preflight import (
     probe_engine,
     revision_problem,
     script_heads,
+    shared_store_problem,
     short_reason,
 )
 from celery_mcp_tasks.store.codec import new_key
@@ -49,8 +50,9 @@ def _usage_problem(action: str, revision: str | None, force: bool) -> str | None
     if action not in ("upgrade", "downgrade"):
         return f"db {action} takes no REVISION (got {revision!r})"
     known = sorted(script_heads()[1])
-    # alembic's own names and relative steps (head, base, +1, -1, head-1, ...) are alembic's to read
-    if revision in known or re.fullmatch(r"(heads?|base)?([+-]\d+)?", revision):
+    # a revision, alembic's names (head, base), or a step from either or from here (0005+2, head-1, -1)
+    named = re.fullmatch(r"(\w+)?([+-]\d+)?", revision)
+    if named and named[1] in {None, "head", "heads", "base", *known}:
         return None
     return (
         f"unknown revision {revision!r}: this release's are {known[0]} to {known[-1]}, or head, or base "
@@ -74,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     settings = Settings.from_env()
+    shared = shared_store_problem(settings, "db", settings.celery_broker_url)
+    if shared is not None:  # before `check` or `current` says to create a file `upgrade` would then refuse
+        raise ConfigError(shared)
     url = settings.store_url
     if args.action in ("current", "check") and missing_sqlite_file(url):  # asked, never created (a mistyped path)
         print(f"celery-mcp-tasks db: {NOT_CREATED} ({redact_url(url)})", file=sys.stderr)
