@@ -132,7 +132,8 @@ def test_payloads_nested_too_deeply_are_refused_whatever_the_limits(
 ) -> None:
     """A few hundred brackets (~1 KB) would stop a prefork worker at every redelivery (its pool pickles the
     arguments) or leave a row no process can parse: refused like a payload over its limit, nothing stored. A
-    job's result is its own code's, never pickled: not held to it."""
+    job's result too: the SDK's client parses ~190 levels, and a task completed with a deeper result was one no
+    client could read (`call` asked for it again and again); it fails, saying why."""
     service = TaskService(store, limits=limits)  # type: ignore[arg-type]
     deep = {"ok": "yes", "extra": nested(500)}
     with caplog.at_level(logging.WARNING), pytest.raises(PayloadTooDeep) as refused:
@@ -151,6 +152,10 @@ def test_payloads_nested_too_deeply_are_refused_whatever_the_limits(
     assert store.get(record.key) == asking
 
     resumed = service.answer(task_id, "sub:a", {"q": {"action": "accept", "content": {"x": "y"}}})
-    tree = {"content": [], "structuredContent": {"tree": nested(200)}}  # a job's own result: not a client's input
-    done = service.complete(record.key, tree, expected=resumed)
-    assert done.status is TaskStatus.COMPLETED and store.get(record.key) == done and done.result == tree
+    tree = {"content": [], "structuredContent": {"tree": nested(200)}}
+    failed = service.complete(record.key, tree, expected=resumed)
+    assert failed.status is TaskStatus.FAILED and failed.result is None
+    assert failed.status_message == (
+        f"The job's result was not stored: Result nested too deeply: more than {MAX_NESTING} levels of objects and "
+        "arrays"
+    )

@@ -120,14 +120,14 @@ _RESULT = ("Result", "MCP_TASKS_MAX_RESULT_BYTES", "max_result_bytes")
 _UNLIMITED = PayloadLimits()
 
 
-def _over(what: tuple[str, str, str], value: Any, limit: int | None, *, nesting: bool = True) -> PayloadTooLarge | None:
-    """The refusal for `value` over `limit` bytes, or (a client's, `nesting`) nested too deeply whatever the
-    limits (`PayloadTooDeep`); None when it fits."""
+def _over(what: tuple[str, str, str], value: Any, limit: int | None) -> PayloadTooLarge | None:
+    """The refusal for `value` over `limit` bytes, or nested too deeply whatever the limits (`PayloadTooDeep`);
+    None when it fits."""
     if limit is not None:
         size = payload_bytes(value)
         if size > limit:
             return PayloadTooLarge(what[0], size, limit, what[1], what[2])
-    return PayloadTooDeep(what[0]) if nesting and too_deep(value) else None
+    return PayloadTooDeep(what[0]) if too_deep(value) else None
 
 
 class _CapRefusals:
@@ -475,7 +475,7 @@ class TaskService:
             if not record.terminal:
                 if not refusals:
                     limit = None if self.limits is None else self.limits(record.tool).result
-                    refusals.append(_over(_RESULT, result, limit, nesting=False))  # no client's input
+                    refusals.append(_over(_RESULT, result, limit))  # deeper, no client could read it
                 refused = refusals[0]
                 if refused is not None:
                     logger.warning("tool %r: the job's result was refused, the task fails: %s", record.tool, refused)

@@ -69,10 +69,10 @@ def payload_bytes(value: Any) -> int:
 
 
 MAX_NESTING: Final = 100
-"""The deepest a client's payload (arguments, answers) may nest objects and arrays. What carries a job is
+"""The deepest a payload (arguments, answers, a job's result) may nest objects and arrays. What carries a job is
 recursive (the prefork pool pickles its arguments, a read parses the row's JSON): a few hundred nested brackets,
-~1 KB, would stop a worker at every redelivery, or leave a row no process can read. No tool's input needs a
-tenth of it. A job's own result is not held to it (it is no client's input, and never pickled)."""
+~1 KB, would stop a worker at every redelivery, or leave a row no process can read; and the SDK's client parses
+about 190 levels, so a deeper result completes a task no client can read. No tool's input needs a tenth of it."""
 
 
 _CONTAINERS = (dict, list, tuple)  # what `encode` writes as JSON objects and arrays (another Mapping: a string)
