@@ -103,7 +103,7 @@ class PayloadTooLarge(ValueError):
 
 
 class PayloadTooDeep(PayloadTooLarge):
-    """A client's payload nested deeper than `MAX_NESTING` levels: too large in depth, whatever its bytes
+    """A payload nested deeper than `MAX_NESTING` levels: too large in depth, whatever its bytes
     (refused wherever `PayloadTooLarge` is). A fixed limit of the runtime, no setting."""
 
     def __init__(self, what: str) -> None:
