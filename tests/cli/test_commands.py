@@ -448,12 +448,20 @@ def test_tasks_without_a_console_at_its_address_says_how_to_give_or_start_one(tm
     handler = functools.partial(SimpleHTTPRequestHandler, directory=str(tmp_path))
     other = ThreadingHTTPServer(("127.0.0.1", 0), handler)  # answers 404 "File not found" to the API's path
     threading.Thread(target=other.serve_forever, daemon=True).start()
+
+    class Failing(SimpleHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_error(500, "Internal Server Error")  # a console's crash, as Starlette answers it: no JSON
+
+    failing = ThreadingHTTPServer(("127.0.0.1", 0), Failing)
+    threading.Thread(target=failing.serve_forever, daemon=True).start()
     where = "give its address with --url or MCP_TASKS_CONSOLE_URL, or start one: celery-mcp-tasks console APP"
     try:
         said = {}
         for name, url in [
             ("nothing", f"http://127.0.0.1:{free_port()}"),
             ("other", f"http://127.0.0.1:{other.server_address[1]}"),
+            ("failing", f"http://127.0.0.1:{failing.server_address[1]}"),
         ]:
             run = subprocess.run(
                 [sys.executable, "-m", "celery_mcp_tasks.cli", "tasks", "ls", "--url", url],
@@ -463,14 +471,19 @@ def test_tasks_without_a_console_at_its_address_says_how_to_give_or_start_one(tm
                 timeout=60,
                 cwd=tmp_path,
             )
-            assert run.returncode == 2 and run.stdout == "", run  # nothing was asked of a console
+            assert run.returncode == (1 if name == "failing" else 2) and run.stdout == "", run
             said[name] = (url, run.stderr.splitlines())
     finally:
         other.shutdown()
+        failing.shutdown()
     url, lines = said["nothing"]
     assert lines == [f"celery-mcp-tasks tasks ls: cannot reach the console at {url}: Connection refused ({where})"]
     url, lines = said["other"]
     assert lines == [f"celery-mcp-tasks tasks ls: no console at {url}: HTTP 404 File not found ({where})"]
+    url, lines = said["failing"]  # a console that failed is no "no console there"
+    assert lines == [
+        f"celery-mcp-tasks tasks ls: the server at {url} failed (Internal Server Error): its log says why (HTTP 500)"
+    ]
 
 
 # -- `tasks`: the console's API from a terminal ------------------------------------------------------

@@ -166,7 +166,14 @@ def test_keyset_pages_list_every_row_once_in_order_even_with_ties(store: SqlStor
 def test_a_malformed_or_foreign_cursor_is_a_bad_filter_naming_the_cursor(store: SqlStore) -> None:
     put(store, 1)
     good = encode_cursor("-created", row_of(record(key=key(1))))
-    for cursor, sort in [("not base64!", "-created"), ("e30", "-created"), (good, "updated"), (good[:-3], "-created")]:
+    deep = base64.urlsafe_b64encode(b"[" * 1200 + b"]" * 1200).decode()  # json.loads: RecursionError
+    for cursor, sort in [
+        ("not base64!", "-created"),
+        ("e30", "-created"),
+        (good, "updated"),
+        (good[:-3], "-created"),
+        (deep, "-created"),
+    ]:
         with pytest.raises(BadFilter) as caught:
             store.browse(Filter(), sort, cursor, 10, now_ms=NOW)
         assert caught.value.field == "cursor"
@@ -204,6 +211,43 @@ def test_filters_by_status_tool_owner_age_and_text_alike_in_pages_and_for_given_
     assert keys(q="data") == {key(1)}
     assert keys(q="50%") == {key(1)} and keys(q="5_%") == set()  # LIKE wildcards are literal
     assert keys(tool="slow", status="failed", owner=str(owner_tag(BOB))) == {key(2)}
+
+
+def same_case_rules(store: SqlStore) -> None:
+    put(store, 1, owner=ALICE, status_message="Äpfel and DATA")
+    put(store, 2, owner="sub:https%3A%2F%2FIDP.example:bob", status_message="äpfel and data")
+    every_key = [key(1), key(2)]
+
+    def keys(**query: str) -> set[str]:
+        listed = {r.key for r in everything(store, Filter.parse(query), "-created", 1)}
+        assert listed == {r.key for r in store.rows(every_key, Filter.parse(query), now_ms=NOW)}, query
+        return listed
+
+    assert keys(owner="sub:https://idp.example") == {key(1)}
+    assert keys(owner="sub:https://IDP.example") == {key(2)}
+    assert keys(owner=f"sub:https://IDP.example {owner_tag(ALICE)}") == set()
+    assert keys(q="data") == keys(q="DaTa") == {key(1), key(2)}
+    assert keys(q="äpfel") == {key(2)} and keys(q="ÄPFEL") == {key(1)}
+
+
+def test_a_namespace_keeps_its_letters_case_and_text_ignores_the_case_of_a_to_z_only(store: SqlStore) -> None:
+    """One rule on every store: SQLite's LIKE ignores the case of A-Z (PostgreSQL's does not), so another issuer
+    spelled in capitals was listed under a namespace on SQLite only; and an ICU database's lower() lowers "Ä"
+    where SQLite's and a C database's do not."""
+    same_case_rules(store)
+
+
+@pytest.mark.postgres
+def test_the_case_rules_hold_in_an_icu_database() -> None:
+    if not POSTGRES_URL:
+        pytest.skip("set MCP_TASKS_TEST_POSTGRES_URL to run")
+    with fresh_postgres_database(POSTGRES_URL, "TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US'") as url:
+        upgrade(url)
+        store = SqlStore.from_url(url)
+        try:
+            same_case_rules(store)
+        finally:
+            store.dispose()
 
 
 @pytest.mark.postgres

@@ -108,7 +108,9 @@ def _request(args: argparse.Namespace, method: str, path: str, body: dict[str, A
             message = str(error.get("message") or exc.reason)
             if error.get("field"):
                 message = f"{error['field']}: {message}"
-        except (ValueError, AttributeError):  # not the console's answer: another server at that address
+        except (ValueError, AttributeError):  # not the console's JSON
+            if exc.code >= 500:  # a console (or a proxy in front of it) that failed: not "no console there"
+                raise ApiError(exc.code, f"the server at {args.url} failed ({exc.reason}): its log says why") from None
             raise ApiError(0, f"no console at {args.url}: HTTP {exc.code} {exc.reason} ({_WHERE})") from None
         raise ApiError(exc.code, message) from None
     except (urllib.error.URLError, OSError) as exc:

@@ -8,6 +8,7 @@ the distinct owners, hashed here.
 
 from __future__ import annotations
 
+import string
 from collections.abc import Iterable
 from typing import Any
 
@@ -45,6 +46,23 @@ def _rows(conn: Connection, *where: Any, order_by: Any = (), limit: int | None =
     return [row_from(values) for values in conn.execute(query).mappings()]
 
 
+def _exactly_starts(column: Any, prefix: Any) -> sa.ColumnElement[bool]:
+    """`column` starts with `prefix`, letter case included: SQLite's LIKE ignores the case of A-Z (PostgreSQL's
+    does not), so beside a LIKE (which an index can serve) this keeps `sub:https://IDP.example`'s owners out of
+    `sub:https://idp.example`."""
+    starts: sa.ColumnElement[bool] = sa.func.substr(column, 1, sa.func.length(prefix)) == prefix
+    return starts
+
+
+_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
+
+
+def _ascii_lower(text: str) -> str:
+    """`text` with A-Z lowered and nothing else: the text filter ignores the case of ASCII letters only, on every
+    store (a `C` or SQLite `lower()` leaves "Ä" as it is, an ICU one would not)."""
+    return text.translate(_ASCII_LOWER)
+
+
 def _distinct_owners() -> Any:
     """A loose index scan: one probe of the owner index per distinct owner, not a scan of every row; at most
     `cap` probes, from the namespace's prefix (`low`) on. Its owners are not always consecutive in the index:
@@ -69,7 +87,10 @@ _DISTINCT_OWNERS = _distinct_owners()
 _OWNERS_WITHIN = (
     sa.select(tasks.c.owner)
     .distinct()
-    .where(tasks.c.owner.like(sa.bindparam("within"), escape="/"))
+    .where(
+        tasks.c.owner.like(sa.bindparam("within"), escape="/"),
+        _exactly_starts(tasks.c.owner, sa.bindparam("low", type_=sa.String)),
+    )
     .limit(sa.bindparam("limit"))
 )
 """A namespace's owners, when the walk above stopped before its end: up to `:limit` of them, wherever they sort."""
@@ -85,7 +106,7 @@ def _owners_tagged(conn: Connection, namespace: str | None, tag: str) -> list[st
     found = conn.execute(_DISTINCT_OWNERS, {"low": low, "within": within, "cap": _MAX_OWNERS}).all()
     owners = [owner for owner, n in found if n <= _MAX_OWNERS]
     if len(owners) < len(found):  # the walk stopped early; past it, other namespaces' owners may be what it counted
-        owners = list(conn.execute(_OWNERS_WITHIN, {"within": within, "limit": _MAX_OWNERS + 1}).scalars())
+        owners = list(conn.execute(_OWNERS_WITHIN, {"within": within, "low": low, "limit": _MAX_OWNERS + 1}).scalars())
         if len(owners) > _MAX_OWNERS:
             instead = (
                 "filter by the namespace alone" if namespace else "give the owner's namespace too: `<namespace> <hash>`"
@@ -114,13 +135,17 @@ def _where(conn: Connection, filter: Filter, now_ms: int, *, tags: bool = True) 
             return None
         where.append(tasks.c.owner == owners[0] if len(owners) == 1 else tasks.c.owner.in_(owners))
     elif namespace is not None:
-        where.append(tasks.c.owner.startswith(namespace + ":", autoescape=True))
+        prefix = namespace + ":"
+        where += [tasks.c.owner.startswith(prefix, autoescape=True), _exactly_starts(tasks.c.owner, prefix)]
     if filter.min_age_s is not None:
         where.append(tasks.c.created_at <= now_ms - filter.min_age_s * 1000)
     if filter.max_age_s is not None:
         where.append(tasks.c.created_at >= now_ms - filter.max_age_s * 1000)
     if filter.text is not None:
-        where.append(tasks.c.status_message.icontains(filter.text, autoescape=True))
+        message: sa.ColumnElement[Any] = tasks.c.status_message
+        if conn.dialect.name == "postgresql":  # lower() in "C" changes A-Z only, as SQLite's does, in any database
+            message = message.collate("C")
+        where.append(sa.func.lower(message).contains(_ascii_lower(filter.text), autoescape=True))
     return where
 
 

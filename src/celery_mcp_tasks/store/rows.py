@@ -293,7 +293,7 @@ def decode_cursor(sort: str, cursor: str) -> tuple[int, str]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         made_for, value, key = json.loads(raw)
-    except (binascii.Error, ValueError, TypeError):
+    except (binascii.Error, ValueError, TypeError, RecursionError):  # RecursionError: JSON nested too deep
         raise BadFilter("cursor", "malformed page cursor (take it from a page's next_cursor)") from None
     if made_for != sort:
         made = f"the {made_for!r} order" if made_for in SORTS else "another order"
