@@ -13,6 +13,7 @@ from celery_mcp_tasks.model import (
     InvalidTransition,
     Run,
     Superseded,
+    TaskExpired,
     TaskRecord,
     TaskStatus,
     TerminalTask,
@@ -222,6 +223,14 @@ def test_a_start_says_which_start_it_is_and_moves_last_updated(start: TaskRecord
     began = start.began(run, 5000, stale_before_ms=4000)
     assert (began.status_message, began.updated_at, began.version) == (said, 5000, start.version + 1)
     assert began.started_at == 5000 and began.attempt == run.attempt
+
+
+def test_a_run_of_a_task_past_its_ttl_does_not_start() -> None:
+    """Its client was told it expired; until the janitor removes it, a late message must not run its body."""
+    assert FIRST.expires_at is not None
+    FIRST.began(Run(1), FIRST.expires_at - 1, stale_before_ms=0)
+    with pytest.raises(TaskExpired):
+        FIRST.began(Run(1), FIRST.expires_at, stale_before_ms=0)
 
 
 def test_a_start_keeps_the_numeric_progress_of_an_earlier_run() -> None:

@@ -100,6 +100,10 @@ class TerminalTask(Exception):
     """The task already reached `completed`, `failed` or `cancelled`; nothing may change it."""
 
 
+class TaskExpired(TerminalTask):
+    """The task's TTL ran out before its job started: its client was told it expired, so its body must not run."""
+
+
 class Superseded(TerminalTask):
     """A newer dispatch or attempt of the job owns the task: this run's writes no longer count."""
 
@@ -437,7 +441,7 @@ class TaskRecord:
         """A copy of the job's message starts `run`: it claims the run (and beats), or it raises.
 
         `Superseded`: not the current run (an older dispatch or attempt, or any run while the task waits for
-        input). `RunInProgress`: a second copy of the current run (a redelivery) while the claiming copy beats
+        input). `TaskExpired`: past its TTL. `RunInProgress`: a second copy of the current run (a redelivery) while the claiming copy beats
         after `stale_before_ms`; once that beat is stale, this copy takes over. The status message says which
         start this is (`_start_message`), replacing the runtime's own word ("Queued", "Retrying ...") or that
         of a copy that is gone; unless it already says exactly that, `lastUpdatedAt` moves.
@@ -445,6 +449,8 @@ class TaskRecord:
         self._require_active(run)
         if self.status is not TaskStatus.WORKING:
             raise Superseded("no run is expected while the task waits for input")
+        if self.expired(at_ms):  # not evicted yet (the janitor sweeps once an interval), but gone for its client
+            raise TaskExpired("the task expired before its job started")
         late_retry = run.attempt > self.attempt  # the retry signal is late (or was lost)
         if (
             not late_retry

@@ -176,7 +176,7 @@ def test_a_failure_and_a_cancel_count_once_each_and_a_late_write_counts_nothing(
 def test_a_retry_s_countdown_is_not_queue_wait_in_the_metric_nor_the_log(
     service: TaskService, clock: Clock, registry: CollectorRegistry, changes: Changes
 ) -> None:
-    _, created = service.create(owner=None, tool="report", arguments={})
+    _, created = service.create(owner=None, tool="report", arguments={}, ttl_ms=3_600_000)  # outlives the countdown
     clock.now += 100
     service.begin(created.key, Run(1), stale_before_ms=clock.now - STALE_MS)
     clock.now += 1_000

@@ -69,6 +69,29 @@ def test_a_task_cancelled_before_its_job_starts_never_runs_the_body(tasks: McpTa
     assert calls == [] and status(tasks, task_id).status is TaskStatus.CANCELLED
 
 
+def test_a_message_that_waited_past_its_tasks_ttl_never_runs_the_body(
+    tasks: McpTasks, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A queue nobody consumed for longer than the TTL: the client was told the task expired; a worker that
+    starts then must not do the work (the row waits for the janitor's next sweep)."""
+    calls: list[int] = []
+
+    @tasks.mcp_task
+    def late_work() -> str:
+        calls.append(1)
+        return "done"
+
+    task_id, _ = internals(tasks).service().create(owner=None, tool="late_work", arguments={})
+    expires = status(tasks, task_id).expires_at
+    assert expires is not None
+    later = TaskService(internals(tasks).service().store, clock=lambda: expires + 1)
+    monkeypatch.setattr(tasks, "_service", lambda: later)
+    with caplog.at_level(logging.INFO, logger="celery_mcp_tasks.worker"):
+        late_work.apply(headers=headers(task_id))
+    assert calls == [] and status(tasks, task_id).started_at is None
+    assert "job for tool 'late_work' skipped: its task expired before the job started" in caplog.text
+
+
 def test_a_message_of_an_older_dispatch_is_skipped_and_the_current_one_runs(tasks: McpTasks) -> None:
     calls: list[str] = []
 

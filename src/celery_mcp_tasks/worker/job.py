@@ -24,6 +24,7 @@ from celery_mcp_tasks.model import (
     Run,
     RunInProgress,
     Superseded,
+    TaskExpired,
     TaskRecord,
     TaskStatus,
     TerminalTask,
@@ -82,6 +83,7 @@ _SKIPS: tuple[tuple[type[Exception], str, str], ...] = (
         " job again once the heartbeat is stale)",
     ),
     (Superseded, "superseded by a newer dispatch or attempt", ""),
+    (TaskExpired, "its task expired before the job started", " (its client was told so; the janitor removes it)"),
     # a record this process cannot open reads as failed too (a line before this one says why)
     (TerminalTask, "its task is already final, or cannot be read in this process", ""),
 )
