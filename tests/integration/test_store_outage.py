@@ -132,3 +132,30 @@ def test_a_synchronous_call_and_its_job_outlive_a_short_store_outage(
         outage.end()
         caller.join(5)
         plain.close()
+
+
+def test_a_job_that_ends_during_a_store_outage_records_its_outcome_once_the_store_is_back(
+    down: tuple[Deployment, Outage], tmp_path: Path
+) -> None:
+    """A failover of a few seconds as the job ends: the worker tries the outcome again until the store answers,
+    and the task completes from that run. Before, the outcome was dropped (with a traceback per job in the
+    worker's log) and the task stayed `working` until the janitor ran the job again, minutes later."""
+    deployment, outage = down
+    worker = deployment.worker()
+    client = McpHttp(deployment.url)
+    marker = tmp_path / "started"
+    try:
+        task_id = client.create("work", {"seconds": 1.5, "marker": str(marker)})
+        wait_until(lambda: "working" in (client.get(task_id).get("statusMessage") or ""), 30, "the job's report")
+        outage.begin()
+        wait_until(lambda: "trying again for up to 30 s" in worker.text(), 20, "the outcome to meet the outage")
+        outage.end()
+        done = wait_until(lambda: (t := client.get(task_id))["status"] != "working" and t, 20, "the outcome")
+        assert done["status"] == "completed", done
+        result = client.task("tasks/get", task_id)["result"]
+        assert result["result"]["content"][0]["text"] == "worked 1.5s on attempt 1"
+    finally:
+        outage.end()
+        client.close()
+    log = worker.text()
+    assert "Traceback" not in log and task_id not in log  # the janitor (300 s stale timeout) did nothing here

@@ -263,38 +263,137 @@ def test_a_bridge_that_cannot_write_says_so_loudly(
 
 
 class UnavailableStore(SqlStore):
+    """A store whose writes fail while `down` (a failover, a restart), then work again."""
+
+    down = True
+
     def update(self, *args: Any, **kwargs: Any) -> TaskRecord:
-        raise StoreUnavailable("_locked", "OperationalError")
+        if self.down:
+            raise StoreUnavailable("_locked", "OperationalError")
+        return super().update(*args, **kwargs)
 
 
-def test_a_store_outage_at_the_outcome_is_one_warning_line_naming_the_setting(
-    tasks: McpTasks, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The database is down as the job ends: one line, no traceback, nothing of the store's internals; the
-    exception itself, as Celery logs a job's, names no method either."""
+class SteppedClock:
+    """`bridge`'s clock: each sleep moves it on, and `during` runs at each (what the outage does meanwhile)."""
 
+    def __init__(self, during: Any = None) -> None:
+        self.now, self.slept, self.during = 1000.0, [], during
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+        if self.during is not None:
+            self.during(len(self.slept))
+
+
+def settle_through(
+    tasks: McpTasks, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, clock: SteppedClock, store: Any
+) -> tuple[str, list[logging.LogRecord]]:
     @tasks.mcp_task
     def outage_body() -> str:
         return "ran"
 
     task_id, _ = internals(tasks).service().create(owner=None, tool="outage_body", arguments={})
-    down = TaskService(UnavailableStore(internals(tasks).service().store.engine))
+    down = TaskService(store)
     monkeypatch.setattr(tasks, "_service", lambda: down)
+    monkeypatch.setattr(bridge, "time", clock)
     outage_body.push_request(headers=headers(task_id), retries=0, **{OUTCOME: {"content": []}})
     try:
         with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks.worker"):
             bridge.on_success(sender=outage_body, result=None)
     finally:
         outage_body.pop_request()
-    [record] = [r for r in caplog.records if r.name.startswith("celery_mcp_tasks.worker")]
-    assert record.levelno == logging.WARNING and record.exc_info is None
-    assert record.getMessage() == (
-        "tool 'outage_body': could not record completion, the task store is unavailable (OperationalError; "
-        "MCP_TASKS_DATABASE_URL); the janitor sends the job again or fails the task after the stale timeout"
+    return task_id, [r for r in caplog.records if r.name.startswith("celery_mcp_tasks.worker")]
+
+
+def test_a_store_outage_at_the_outcome_is_waited_out_for_a_while_then_one_warning_line_naming_the_setting(
+    tasks: McpTasks, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database is down as the job ends and stays down: tried again for 30 s (half the default stale
+    timeout is more), then left to the janitor; a line when it starts waiting and one when it gives up, no
+    traceback, nothing of the store's internals; the exception itself, as Celery logs a job's, names no method."""
+    clock = SteppedClock()
+    store = UnavailableStore(internals(tasks).service().store.engine)
+    task_id, records = settle_through(tasks, monkeypatch, caplog, clock, store)
+    assert 25 <= sum(clock.slept) <= bridge.OUTCOME_PATIENCE_S and clock.slept[:3] == [0.25, 0.5, 1.0]
+    assert [r.levelno for r in records] == [logging.WARNING] * 2 and not [r for r in records if r.exc_info]
+    said = "tool 'outage_body': could not record completion, the task store is unavailable (OperationalError; "
+    assert records[0].getMessage() == said + "MCP_TASKS_DATABASE_URL); trying again for up to 30 s"
+    assert records[1].getMessage() == (
+        said + "MCP_TASKS_DATABASE_URL); the janitor sends the job again or fails the task after the stale timeout"
     )
+    assert status(tasks, task_id).status is TaskStatus.WORKING
     assert repr(StoreUnavailable("_locked", "OperationalError")) == "StoreUnavailable('The task store is unavailable')"
     again = pickle.loads(pickle.dumps(StoreUnavailable("_locked", "OperationalError")))
     assert (again.operation, again.reason, str(again)) == ("_locked", "OperationalError", StoreUnavailable.MESSAGE)
+
+
+def test_an_outcome_through_a_short_store_outage_lands_without_running_the_job_again(
+    tasks: McpTasks, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failover of a few seconds as the job ends: the outcome, held in memory, is written once the store
+    answers (before, it was dropped and the job ran again after the stale timeout, five minutes by default)."""
+    store = UnavailableStore(internals(tasks).service().store.engine)
+
+    def recovers(sleeps: int) -> None:
+        store.down = sleeps < 3
+
+    clock = SteppedClock(recovers)
+    task_id, records = settle_through(tasks, monkeypatch, caplog, clock, store)
+    assert clock.slept == [0.25, 0.5, 1.0]
+    assert [r.getMessage().rsplit("; ", 1)[1] for r in records] == ["trying again for up to 30 s"]
+    assert status(tasks, task_id).status is TaskStatus.COMPLETED
+
+
+def test_a_short_stale_timeout_bounds_the_wait_for_the_store_to_half_of_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = Settings(data_dir=tmp_path, janitor_interval_s=None, stale_timeout_s=10)
+    upgrade(settings.store_url)
+    tasks = McpTasks("guards-short", celery=Celery("guards-short"), settings=settings)
+    clock = SteppedClock()
+    settle_through(tasks, monkeypatch, caplog, clock, UnavailableStore(internals(tasks).service().store.engine))
+    assert 3 <= sum(clock.slept) <= 5
+
+
+def test_progress_reports_the_store_cannot_take_are_dropped_and_the_job_goes_on(
+    tasks: McpTasks, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A report is information: one lost in an outage is no reason to lose the work (the job failed, its failure
+    could not be written either, and the janitor ran it again after the stale timeout). One line an outage."""
+    store = UnavailableStore(internals(tasks).service().store.engine)
+    store.down = False
+
+    @tasks.mcp_task
+    def reporting(ctx: TaskContext) -> str:
+        store.down = True
+        for n in range(3):
+            ctx.progress(f"step {n}")
+        store.down = False
+        ctx.progress("step 3")
+        store.down = True
+        ctx.progress("step 4")  # a second outage says so again
+        store.down = False
+        return "done"
+
+    task_id, _ = internals(tasks).service().create(owner=None, tool="reporting", arguments={})
+    service = TaskService(store)
+    monkeypatch.setattr(tasks, "_service", lambda: service)  # what the job's runtime asks
+    with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks.worker"):
+        reporting.apply(headers=headers(task_id))
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("celery_mcp_tasks.worker")]
+    assert (
+        said
+        == [
+            "a progress report was dropped: the task store is unavailable (OperationalError; MCP_TASKS_DATABASE_URL); "
+            "the job goes on"
+        ]
+        * 2
+    )
+    assert status(tasks, task_id).status is TaskStatus.COMPLETED
 
 
 # -- the context ---------------------------------------------------------------------------------

@@ -11,7 +11,9 @@ backwards. Celery swallows exceptions raised in signal handlers; ours log them l
 
 from __future__ import annotations
 
+import itertools
 import logging
+import time
 import weakref
 from collections.abc import Callable
 from datetime import datetime
@@ -45,41 +47,80 @@ def _services(celery: Any) -> list[Callable[[], TaskService]]:
 Op = Callable[[TaskService, str, "Run | None", "TaskRecord | None"], object]
 
 
-def _settle(sender: Any, request: Any, what: str, op: Op, *, next_attempt: bool = False) -> None:
+OUTCOME_PATIENCE_S = 30.0
+"""How long a run's outcome is tried again through a store outage (at most half the stale timeout), in the
+process that ran the job; past it the janitor's re-send runs the job again."""
+_RETRY_STEPS_S = (0.25, 0.5, 1.0, 2.0, 4.0)  # the last one repeats
+
+
+def _settle(sender: Any, request: Any, what: str, op: Op, *, next_attempt: bool = False, patient: bool = False) -> None:
     """Apply `op(service, key, run, expected)` for one of our jobs; anything else is not ours to touch.
 
     `expected`: the record the job's run last read or wrote, so the write is one conditional UPDATE while
     nothing else changed the task meanwhile. Where the job did not run (the worker's main process: a revoke,
     a lost pool process) it is read first, unlocked: most often the task is final already (our own cancel
     revoked it), and then nothing is written, and no write lock taken while the pool may be forking.
+
+    `patient`: the run's own outcome, in the process that ran it: through a store outage (a failover, a
+    restart) it is tried again for up to `OUTCOME_PATIENCE_S`, rather than dropped for the janitor to run the
+    job again after the stale timeout. A try whose commit was in doubt and landed makes the next one find the
+    task final, and it is left so.
     """
     if not isinstance(sender, McpJob):
         return
     key = row_key(request)
     if key is None:
         return  # a plain `.delay()` of the job: no MCP task behind it
+    with soft_limits.settling():  # the body is over: a soft time limit coming now is dropped
+        _settle_patiently(sender, request, key, what, op, next_attempt, patient)
+
+
+def _settle_patiently(
+    sender: McpJob, request: Any, key: str, what: str, op: Op, next_attempt: bool, patient: bool
+) -> None:
+    deadline = time.monotonic() + min(OUTCOME_PATIENCE_S, sender.mcp_runtime.stale_timeout_s / 2) if patient else 0.0
+    for step in itertools.chain(_RETRY_STEPS_S, itertools.repeat(_RETRY_STEPS_S[-1])):
+        try:
+            return _settle_once(sender, request, key, what, op, next_attempt)
+        except StoreUnavailable as exc:  # said in one line: the cause is the database's, and the janitor recovers
+            if time.monotonic() + step < deadline:
+                if step == _RETRY_STEPS_S[0]:
+                    logger.warning(
+                        "tool %r: could not record %s, the task store is unavailable (%s; MCP_TASKS_DATABASE_URL); "
+                        "trying again for up to %.0f s",
+                        sender.mcp_tool.name,
+                        what,
+                        exc.reason or "no answer",
+                        deadline - time.monotonic(),
+                    )
+                time.sleep(step)
+                continue
+            logger.warning(
+                "tool %r: could not record %s, the task store is unavailable (%s; MCP_TASKS_DATABASE_URL); the "
+                "janitor sends the job again or fails the task after the stale timeout",
+                sender.mcp_tool.name,
+                what,
+                exc.reason or "no answer",
+            )
+            return
+
+
+def _settle_once(sender: McpJob, request: Any, key: str, what: str, op: Op, next_attempt: bool) -> None:
     run = run_of(request, next_attempt=next_attempt)
     expected = getattr(request, LAST_RECORD, None)
     try:
-        with soft_limits.settling():  # the body is over: a soft time limit coming now is dropped
-            service = sender.mcp_runtime.service()
-            if not isinstance(expected, TaskRecord) or expected.key != key:
-                expected = service.record(key)
-                if expected is None:
-                    raise TaskNotFound()
-                if expected.terminal:
-                    raise TerminalTask()
-            op(service, key, run, expected)
+        service = sender.mcp_runtime.service()
+        if not isinstance(expected, TaskRecord) or expected.key != key:
+            expected = service.record(key)
+            if expected is None:
+                raise TaskNotFound()
+            if expected.terminal:
+                raise TerminalTask()
+        op(service, key, run, expected)
     except (TerminalTask, TaskNotFound):
         logger.debug("tool %r: %s ignored, task final, superseded or gone", sender.mcp_tool.name, what)
-    except StoreUnavailable as exc:  # said in one line: the cause is the database's, and the janitor recovers
-        logger.warning(
-            "tool %r: could not record %s, the task store is unavailable (%s; MCP_TASKS_DATABASE_URL); the janitor "
-            "sends the job again or fails the task after the stale timeout",
-            sender.mcp_tool.name,
-            what,
-            exc.reason or "no answer",
-        )
+    except StoreUnavailable:
+        raise
     except Exception:
         logger.exception("tool %r: could not record %s; the janitor will settle the task", sender.mcp_tool.name, what)
 
@@ -97,6 +138,7 @@ def on_success(sender: Any = None, **_: Any) -> None:
             request,
             "completion",
             lambda service, key, run, expected: service.complete(key, result, run=run, expected=expected),
+            patient=True,
         )
 
 
@@ -106,7 +148,7 @@ def on_failure(sender: Any = None, exception: BaseException | None = None, **_: 
     if said is None and exception is not None:
         said = failure_text(exception)
     message = f"Job failed: {said}" if said else "Job failed"
-    _settle(sender, request, "failure", _fail(message[:_MAX_MESSAGE]))
+    _settle(sender, request, "failure", _fail(message[:_MAX_MESSAGE]), patient=True)
 
 
 def on_retry(sender: Any = None, request: Any = None, reason: Any = None, **_: Any) -> None:

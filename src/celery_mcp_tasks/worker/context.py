@@ -6,6 +6,7 @@ It talks to the store through the service, never to Celery. After a final state 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -14,6 +15,8 @@ from celery_mcp_tasks.model import Run, Superseded, TaskRecord, TaskStatus, Term
 from celery_mcp_tasks.protocol import tool_result, validate_input_requests
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.base import StoreUnavailable
+
+logger = logging.getLogger("celery_mcp_tasks.worker")
 
 
 class EndRun(BaseException):
@@ -59,6 +62,7 @@ class TaskContext:
         self._record = record
         self._run = run
         self._detached_attempt = 0
+        self._dropping = False  # progress reports are being dropped (a store outage)
         self._checked_at = time.monotonic() if record is not None else 0.0
 
     @classmethod
@@ -122,9 +126,24 @@ class TaskContext:
         one call to the next); `total` how much there is, when known. A call with
         `current` replaces both numbers; one without keeps the last ones. `total`
         without `current` is a `ValueError`. Raises `TerminalTask` once the task is final.
+        A report the task store cannot take (an outage) is dropped with a warning, and
+        the work goes on: the next report, or the outcome, says where it is.
         """
         checked_progress(current, total)  # even when detached: a bad call fails in a plain `.delay()` too
-        self._write(lambda s, k: s.progress(k, message, self._run, current=current, total=total, expected=self._record))
+        try:
+            self._write(
+                lambda s, k: s.progress(k, message, self._run, current=current, total=total, expected=self._record)
+            )
+        except StoreUnavailable as exc:
+            if not self._dropping:  # one line an outage, not one a report
+                logger.warning(
+                    "a progress report was dropped: the task store is unavailable (%s; MCP_TASKS_DATABASE_URL); "
+                    "the job goes on",
+                    exc.reason or "no answer",
+                )
+            self._dropping = True
+        else:
+            self._dropping = False
 
     def complete(self, result: dict[str, Any] | str, message: str | None = None) -> None:
         """Finish with a CallToolResult (a str becomes one text block), stored as a job's return value is. Mostly
