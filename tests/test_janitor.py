@@ -88,9 +88,14 @@ def test_unlimited_tasks_go_only_once_final_and_older_than_the_retention(store: 
 # -- the stale reaper ------------------------------------------------------------------------
 
 
-def lose(store: SqlStore, key: str) -> None:
-    """Make the task's last sign of life two minutes old (as if its worker died then)."""
-    store.update(key, ANY, lambda r: replace(r, heartbeat_at=now_ms() - 2 * MINUTE, version=r.version + 1))
+def lose(store: SqlStore, key: str, *, started: bool = True) -> None:
+    """Make the task's last sign of life two minutes old (as if its worker died then, having started the job)."""
+    at = now_ms() - 2 * MINUTE
+    store.update(
+        key,
+        ANY,
+        lambda r: replace(r, heartbeat_at=at, started_at=at if started else None, version=r.version + 1),
+    )
 
 
 def test_a_stale_working_task_is_sent_again_then_failed_once_its_sends_are_spent(
@@ -98,7 +103,7 @@ def test_a_stale_working_task_is_sent_again_then_failed_once_its_sends_are_spent
 ) -> None:
     sends = Sends()
     svc = service(store, sends)
-    add(store, "lost", heartbeat_at=now_ms() - 2 * MINUTE)
+    add(store, "lost", heartbeat_at=now_ms() - 2 * MINUTE, started_at=now_ms() - 3 * MINUTE)
 
     with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks.janitor"):
         assert sweep(svc, SETTINGS) == SweepReport(resent=1)
@@ -119,6 +124,27 @@ def test_a_stale_working_task_is_sent_again_then_failed_once_its_sends_are_spent
     final = store.get("lost")
     assert final is not None and final.status is TaskStatus.FAILED and len(sends.sent) == 2
     assert final.error == {"message": "The job was lost: no worker reported for 60s (sent 3 times)"}
+
+
+def test_a_job_no_worker_ever_started_is_not_called_lost_and_its_failure_says_to_check_the_queue(
+    store: SqlStore,
+) -> None:
+    """A queue no worker consumes: no worker took the message (one holding it beats), so "the worker was lost"
+    sent the operator looking for a crash."""
+    svc = service(store, Sends())
+    add(store, "unstarted", heartbeat_at=now_ms() - 2 * MINUTE)
+    assert sweep(svc, SETTINGS) == SweepReport(resent=1)
+    record = store.get("unstarted")
+    assert record is not None and record.status_message == "No worker started the job; sending it again (send 2 of 3)"
+    for _ in range(2):
+        lose(store, "unstarted", started=False)
+        sweep(svc, SETTINGS)
+    final = store.get("unstarted")
+    assert final is not None and final.status is TaskStatus.FAILED
+    assert final.error == {
+        "message": "The job was not started: no worker took it from its queue within 60s (sent 3 times); "
+        "check that a worker consumes the tool's queue"
+    }
 
 
 def test_a_tool_can_bound_its_own_sends(store: SqlStore) -> None:

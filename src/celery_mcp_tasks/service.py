@@ -592,8 +592,9 @@ class TaskService:
         """Fail a task nobody answered since the bound (the input timeout), inside the CAS: an answer first wins."""
         return self._fail_if(key, lambda record: record.unanswered(changed_before_ms), message)
 
-    def reap(self, key: str, *, stale_before_ms: int, max_sends: int, lost_message: str) -> str:
-        """Settle a task whose job seems lost: send it again while the run has sends left, then fail it.
+    def reap(self, key: str, *, stale_before_ms: int, max_sends: int, lost_message: Callable[[TaskRecord], str]) -> str:
+        """Settle a task whose job seems lost: send it again while the run has sends left, then fail it
+        (`lost_message(record)` says why).
 
         Decided inside the compare-and-swap, so two janitors at once act only once.
         Returns "resent", "failed" (a send the broker refused too) or "skipped" (it showed life or ended meanwhile).
@@ -608,10 +609,15 @@ class TaskService:
             sends = record.resends + 1
             if sends < max_sends:
                 outcome = "resent"
-                message = f"The worker was lost; running the job again (send {sends + 1} of {max_sends})"
-                return record.dispatched(self.clock(), message, resend=True)
+                said = (
+                    "No worker started the job; sending it again"  # no worker took it, or the one holding it died
+                    if record.started_at is None
+                    else "The worker was lost; running the job again"  # or it could not reach the store to beat
+                )
+                return record.dispatched(self.clock(), f"{said} (send {sends + 1} of {max_sends})", resend=True)
             outcome = "failed"
-            return record.failed(failure(lost_message), self.clock(), lost_message)
+            message = lost_message(record)
+            return record.failed(failure(message), self.clock(), message)
 
         try:
             record = self._write(key, transition)

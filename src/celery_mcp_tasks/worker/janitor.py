@@ -7,6 +7,7 @@ each task inside a compare-and-swap. Counts are logged and told to the metric ho
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -17,7 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from celery_mcp_tasks.config import Settings
-from celery_mcp_tasks.model import now_ms, stale_cutoff
+from celery_mcp_tasks.model import TaskRecord, now_ms, stale_cutoff
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.base import Eviction, StoreUnavailable
 from celery_mcp_tasks.store.ledger import JANITOR, Ledger, SweepRecord
@@ -53,10 +54,17 @@ class SweepReport:
     expired_inputs: int = 0  # `input_required` tasks failed by the input timeout
 
 
-def lost_message(stale_timeout_s: float, sends: int) -> str:
-    return (
-        f"The job was lost: no worker reported for {stale_timeout_s:g}s (sent {sends} time{'s' if sends != 1 else ''})"
-    )
+def lost_message(stale_timeout_s: float, record: TaskRecord) -> str:
+    """Why a task whose sends are spent failed: its last send's job went silent, or no worker ever started it
+    (no worker consumes the tool's queue, or each that took it died before starting it)."""
+    sends = record.resends + 1
+    sent = f"sent {sends} time{'s' if sends != 1 else ''}"
+    if record.started_at is None:
+        return (
+            f"The job was not started: no worker took it from its queue within {stale_timeout_s:g}s ({sent}); "
+            "check that a worker consumes the tool's queue"
+        )
+    return f"The job was lost: no worker reported for {stale_timeout_s:g}s ({sent})"
 
 
 def input_timeout_message(timeout_s: float) -> str:
@@ -143,7 +151,7 @@ def _reap(
                 record.key,
                 stale_before_ms=stale_before,
                 max_sends=(max_sends(record.tool) if max_sends else None) or settings.max_sends,
-                lost_message=lost_message(settings.stale_timeout_s, record.resends + 1),
+                lost_message=functools.partial(lost_message, settings.stale_timeout_s),
             )
             outcomes[outcome] += 1
             acted += outcome != "skipped"
