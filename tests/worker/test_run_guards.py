@@ -31,7 +31,7 @@ from celery_mcp_tasks.model import Run, Superseded, TaskRecord, TaskStatus, Term
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.base import StoreUnavailable
 from celery_mcp_tasks.store.sql import SqlStore
-from celery_mcp_tasks.worker import bridge
+from celery_mcp_tasks.worker import bridge, outages
 from celery_mcp_tasks.worker.context import InputTimeout
 from celery_mcp_tasks.worker.dispatch import message_headers
 from celery_mcp_tasks.worker.job import DISPATCH_HEADER, KEY_HEADER, OUTCOME, RECORD_HEADER
@@ -274,7 +274,7 @@ class UnavailableStore(SqlStore):
 
 
 class SteppedClock:
-    """`bridge`'s clock: each sleep moves it on, and `during` runs at each (what the outage does meanwhile)."""
+    """The worker's clock while it waits for the store (`outages`): each sleep moves it on, and `during` runs at each (what the outage does meanwhile)."""
 
     def __init__(self, during: Any = None) -> None:
         self.now, self.slept, self.during = 1000.0, [], during
@@ -289,6 +289,14 @@ class SteppedClock:
             self.during(len(self.slept))
 
 
+def created_behind(tasks: McpTasks, monkeypatch: pytest.MonkeyPatch, store: SqlStore, *tools: str) -> list[str]:
+    """Tasks of `tools` created as usual; from then on the jobs' runtime writes through `store`."""
+    created = [internals(tasks).service().create(owner=None, tool=tool, arguments={})[0] for tool in tools]
+    behind = TaskService(store)
+    monkeypatch.setattr(tasks, "_service", lambda: behind)  # what the job's runtime asks
+    return created
+
+
 def settle_through(
     tasks: McpTasks, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, clock: SteppedClock, store: Any
 ) -> tuple[str, list[logging.LogRecord]]:
@@ -296,10 +304,8 @@ def settle_through(
     def outage_body() -> str:
         return "ran"
 
-    task_id, _ = internals(tasks).service().create(owner=None, tool="outage_body", arguments={})
-    down = TaskService(store)
-    monkeypatch.setattr(tasks, "_service", lambda: down)
-    monkeypatch.setattr(bridge, "time", clock)
+    [task_id] = created_behind(tasks, monkeypatch, store, "outage_body")
+    monkeypatch.setattr(outages, "time", clock)
     outage_body.push_request(headers=headers(task_id), retries=0, **{OUTCOME: {"content": []}})
     try:
         with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks.worker"):
@@ -318,7 +324,7 @@ def test_a_store_outage_at_the_outcome_is_waited_out_for_a_while_then_one_warnin
     clock = SteppedClock()
     store = UnavailableStore(internals(tasks).service().store.engine)
     task_id, records = settle_through(tasks, monkeypatch, caplog, clock, store)
-    assert 25 <= sum(clock.slept) <= bridge.OUTCOME_PATIENCE_S and clock.slept[:3] == [0.25, 0.5, 1.0]
+    assert 25 <= sum(clock.slept) <= outages.PATIENCE_S and clock.slept[:3] == [0.25, 0.5, 1.0]
     assert [r.levelno for r in records] == [logging.WARNING] * 2 and not [r for r in records if r.exc_info]
     said = "tool 'outage_body': could not record completion, the task store is unavailable (OperationalError; "
     assert records[0].getMessage() == said + "MCP_TASKS_DATABASE_URL); trying again for up to 30 s"
@@ -359,6 +365,73 @@ def test_a_short_stale_timeout_bounds_the_wait_for_the_store_to_half_of_it(
     assert 3 <= sum(clock.slept) <= 5
 
 
+def test_a_claim_through_a_short_store_outage_waits_and_the_job_runs(
+    tasks: McpTasks, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = UnavailableStore(internals(tasks).service().store.engine)
+
+    def recovers(sleeps: int) -> None:
+        store.down = sleeps < 2
+
+    monkeypatch.setattr(outages, "time", SteppedClock(recovers))
+
+    @tasks.mcp_task
+    def patient_work() -> str:
+        return "done"
+
+    [task_id] = created_behind(tasks, monkeypatch, store, "patient_work")
+    with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks.worker"):
+        patient_work.apply(headers=headers(task_id))
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("celery_mcp_tasks.worker")]
+    assert said == [
+        "job for tool 'patient_work' waits to start: the task store is unavailable (OperationalError; "
+        "MCP_TASKS_DATABASE_URL); trying again for up to 30 s"
+    ]
+    assert status(tasks, task_id).status is TaskStatus.COMPLETED
+
+
+def test_a_run_the_store_cannot_claim_or_serve_ends_leaving_the_task_to_the_janitor_not_failed(
+    tasks: McpTasks, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store is still down once the claim has waited, or a write the body needs (its question) fails: the
+    run ends without an outcome, and the task stays `working` for the janitor's re-send, as after a lost worker.
+    Before, the job failed and its failure, written once the store was back, ended for good a task nothing had
+    run (or whose next run could succeed)."""
+    store = UnavailableStore(internals(tasks).service().store.engine)
+    clock = SteppedClock()
+    monkeypatch.setattr(outages, "time", clock)
+    bodies: list[str] = []
+
+    @tasks.mcp_task
+    def never_claimed() -> str:
+        bodies.append("never_claimed")
+        return "done"
+
+    @tasks.mcp_task(needs=("elicitation",))
+    def asks(ctx: TaskContext) -> str:
+        bodies.append("asks")
+        store.down = True
+        ctx.require_input({"go": elicit("Go?", {"ok": bool})})
+        return "asked"
+
+    unclaimed, asking = created_behind(tasks, monkeypatch, store, "never_claimed", "asks")
+    with caplog.at_level(logging.INFO):
+        never_claimed.apply(headers=headers(unclaimed))
+        store.down = False
+        asks.apply(headers=headers(asking))
+    assert bodies == ["asks"] and 25 <= sum(clock.slept) <= 30
+    for task_id in (unclaimed, asking):
+        assert status(tasks, task_id).status is TaskStatus.WORKING
+    worker = [r.getMessage() for r in caplog.records if r.name.startswith("celery_mcp_tasks.worker")]
+    end = "the task store is unavailable (OperationalError; MCP_TASKS_DATABASE_URL); the janitor sends the job again"
+    assert f"job for tool 'never_claimed' not started: {end} after the stale timeout" in worker
+    assert f"job for tool 'asks' stopped: {end} after the stale timeout" in worker
+    traced = [r.getMessage() for r in caplog.records if r.name == "celery.app.trace"]
+    assert any(line.endswith("s: not started, the task store is unavailable") for line in traced), traced
+    assert any(line.endswith("s: stopped, the task store is unavailable") for line in traced), traced
+    assert not [r for r in caplog.records if r.exc_info]
+
+
 def test_progress_reports_the_store_cannot_take_are_dropped_and_the_job_goes_on(
     tasks: McpTasks, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -379,9 +452,7 @@ def test_progress_reports_the_store_cannot_take_are_dropped_and_the_job_goes_on(
         store.down = False
         return "done"
 
-    task_id, _ = internals(tasks).service().create(owner=None, tool="reporting", arguments={})
-    service = TaskService(store)
-    monkeypatch.setattr(tasks, "_service", lambda: service)  # what the job's runtime asks
+    [task_id] = created_behind(tasks, monkeypatch, store, "reporting")
     with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks.worker"):
         reporting.apply(headers=headers(task_id))
     said = [r.getMessage() for r in caplog.records if r.name.startswith("celery_mcp_tasks.worker")]

@@ -140,30 +140,6 @@ def test_failures_and_retries_carry_no_arguments(tasks: McpTasks, trace_records:
     assert_nothing_secret(trace_records)
 
 
-def test_a_job_failing_on_a_store_outage_is_one_line_without_its_traceback(
-    tasks: McpTasks, trace_records: TraceRecords
-) -> None:
-    """An outage fails every job that writes meanwhile: each with ~150 lines of driver frames buried the line
-    saying what happened. Any other failure keeps its traceback."""
-    from celery_mcp_tasks.store.base import StoreUnavailable
-
-    @tasks.mcp_task
-    def unlucky() -> str:
-        raise StoreUnavailable("update", "OperationalError")
-
-    @tasks.mcp_task
-    def broken() -> str:
-        raise RuntimeError("a bug")
-
-    run_as_task(tasks, unlucky, "unlucky")
-    run_as_task(tasks, broken, "broken")
-    [outage] = [r for r in trace_records if "unlucky" in r.getMessage()]
-    [bug] = [r for r in trace_records if "broken" in r.getMessage()]
-    assert outage.getMessage().endswith("raised unexpected: StoreUnavailable('The task store is unavailable')")
-    assert outage.exc_info is None and outage.exc_text is None
-    assert bug.exc_info is not None
-
-
 def test_plain_celery_tasks_and_a_delay_of_a_job_keep_celerys_own_lines(
     tasks: McpTasks, trace_records: TraceRecords
 ) -> None:

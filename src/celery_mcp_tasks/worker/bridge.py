@@ -11,9 +11,7 @@ backwards. Celery swallows exceptions raised in signal handlers; ours log them l
 
 from __future__ import annotations
 
-import itertools
 import logging
-import time
 import weakref
 from collections.abc import Callable
 from datetime import datetime
@@ -27,6 +25,7 @@ from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.base import StoreUnavailable, TaskNotFound
 from celery_mcp_tasks.worker import soft_limits, tracelog
 from celery_mcp_tasks.worker.job import FAILED_WITH, LAST_RECORD, OUTCOME, McpJob, failure_text, row_key, run_of
+from celery_mcp_tasks.worker.outages import patience_s, patiently
 
 logger = logging.getLogger("celery_mcp_tasks.worker")
 
@@ -47,12 +46,6 @@ def _services(celery: Any) -> list[Callable[[], TaskService]]:
 Op = Callable[[TaskService, str, "Run | None", "TaskRecord | None"], object]
 
 
-OUTCOME_PATIENCE_S = 30.0
-"""How long a run's outcome is tried again through a store outage (at most half the stale timeout), in the
-process that ran the job; past it the janitor's re-send runs the job again."""
-_RETRY_STEPS_S = (0.25, 0.5, 1.0, 2.0, 4.0)  # the last one repeats
-
-
 def _settle(sender: Any, request: Any, what: str, op: Op, *, next_attempt: bool = False, patient: bool = False) -> None:
     """Apply `op(service, key, run, expected)` for one of our jobs; anything else is not ours to touch.
 
@@ -62,7 +55,7 @@ def _settle(sender: Any, request: Any, what: str, op: Op, *, next_attempt: bool 
     revoked it), and then nothing is written, and no write lock taken while the pool may be forking.
 
     `patient`: the run's own outcome, in the process that ran it: through a store outage (a failover, a
-    restart) it is tried again for up to `OUTCOME_PATIENCE_S`, rather than dropped for the janitor to run the
+    restart) it is tried again for a while (`outages`), rather than dropped for the janitor to run the
     job again after the stale timeout. A try whose commit was in doubt and landed makes the next one find the
     task final, and it is left so.
     """
@@ -78,31 +71,29 @@ def _settle(sender: Any, request: Any, what: str, op: Op, *, next_attempt: bool 
 def _settle_patiently(
     sender: McpJob, request: Any, key: str, what: str, op: Op, next_attempt: bool, patient: bool
 ) -> None:
-    deadline = time.monotonic() + min(OUTCOME_PATIENCE_S, sender.mcp_runtime.stale_timeout_s / 2) if patient else 0.0
-    for step in itertools.chain(_RETRY_STEPS_S, itertools.repeat(_RETRY_STEPS_S[-1])):
-        try:
-            return _settle_once(sender, request, key, what, op, next_attempt)
-        except StoreUnavailable as exc:  # said in one line: the cause is the database's, and the janitor recovers
-            if time.monotonic() + step < deadline:
-                if step == _RETRY_STEPS_S[0]:
-                    logger.warning(
-                        "tool %r: could not record %s, the task store is unavailable (%s; MCP_TASKS_DATABASE_URL); "
-                        "trying again for up to %.0f s",
-                        sender.mcp_tool.name,
-                        what,
-                        exc.reason or "no answer",
-                        deadline - time.monotonic(),
-                    )
-                time.sleep(step)
-                continue
-            logger.warning(
-                "tool %r: could not record %s, the task store is unavailable (%s; MCP_TASKS_DATABASE_URL); the "
-                "janitor sends the job again or fails the task after the stale timeout",
-                sender.mcp_tool.name,
-                what,
-                exc.reason or "no answer",
-            )
-            return
+    tool = sender.mcp_tool.name
+
+    def waiting(exc: StoreUnavailable, left_s: float) -> None:
+        logger.warning(
+            "tool %r: could not record %s, the task store is unavailable (%s; MCP_TASKS_DATABASE_URL); "
+            "trying again for up to %.0f s",
+            tool,
+            what,
+            exc.reason or "no answer",
+            left_s,
+        )
+
+    within_s = patience_s(sender.mcp_runtime.stale_timeout_s) if patient else 0.0
+    try:
+        patiently(lambda: _settle_once(sender, request, key, what, op, next_attempt), within_s, waiting)
+    except StoreUnavailable as exc:  # said in one line: the cause is the database's, and the janitor recovers
+        logger.warning(
+            "tool %r: could not record %s, the task store is unavailable (%s; MCP_TASKS_DATABASE_URL); the "
+            "janitor sends the job again or fails the task after the stale timeout",
+            tool,
+            what,
+            exc.reason or "no answer",
+        )
 
 
 def _settle_once(sender: McpJob, request: Any, key: str, what: str, op: Op, next_attempt: bool) -> None:

@@ -32,9 +32,10 @@ from celery_mcp_tasks.model import (
     stale_cutoff,
 )
 from celery_mcp_tasks.service import TaskService
-from celery_mcp_tasks.store.base import TaskNotFound
+from celery_mcp_tasks.store.base import StoreUnavailable, TaskNotFound
 from celery_mcp_tasks.worker.context import EndRun, HandedOff, InputRequested, TaskContext
 from celery_mcp_tasks.worker.heartbeats import heartbeats
+from celery_mcp_tasks.worker.outages import patience_s, patiently
 from celery_mcp_tasks.worker.soft_limits import shielded
 
 if TYPE_CHECKING:
@@ -234,6 +235,19 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
     def _ended(self, why: str) -> None:
         setattr(self.request, RUN_END, why)
 
+    def _unreachable(self, exc: StoreUnavailable, how: str) -> None:
+        """The run ends without an outcome: the store could not take its claim or a write its body needed. The
+        task stays `working`, as after a lost worker: the janitor sends the job again once the stale timeout
+        passes (a failure written now would end, for good, a task whose next run could succeed)."""
+        logger.warning(
+            "job for tool %r %s: the task store is unavailable (%s; MCP_TASKS_DATABASE_URL); the janitor sends the "
+            "job again after the stale timeout",
+            self.mcp_tool.name,
+            how,
+            exc.reason or "no answer",
+        )
+        self._ended(f"{how}, the task store is unavailable")
+
     def _outcome(self, result: dict[str, Any]) -> None:
         setattr(self.request, OUTCOME, result)
 
@@ -241,9 +255,11 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
         tool = self.mcp_tool
         service = shielded(self.mcp_runtime.service())  # a soft time limit waits for the store call in flight
         interval = self.mcp_runtime.heartbeat_interval_s
-        run = run_of(self.request)
-        try:
+        carried = run_of(self.request)
+
+        def claim() -> tuple[Run, TaskRecord]:
             # What the claim is computed on: the record the message carries (no read), else the row (one read).
+            run = carried
             found = None if run is None else dispatched_record(self.request, key, run)
             if found is None:
                 found = service.record(key)
@@ -252,11 +268,25 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
             if run is None:  # a message from before the dispatch header: adopt the current run
                 run = Run(found.dispatches, self.request.retries or 0, found.created_at)
             stale_before = stale_cutoff(now_ms(), self.mcp_runtime.stale_timeout_s)
-            record = service.begin(key, run, stale_before_ms=stale_before, expected=found)
+            return run, service.begin(key, run, stale_before_ms=stale_before, expected=found)
+
+        def waiting(exc: StoreUnavailable, left_s: float) -> None:
+            logger.warning(
+                "job for tool %r waits to start: the task store is unavailable (%s; MCP_TASKS_DATABASE_URL); "
+                "trying again for up to %.0f s",
+                tool.name,
+                exc.reason or "no answer",
+                left_s,
+            )
+
+        try:
+            run, record = patiently(claim, patience_s(self.mcp_runtime.stale_timeout_s), waiting)
         except _SKIPPED as exc:
             why, detail = next((why, detail) for kind, why, detail in _SKIPS if isinstance(exc, kind))
             logger.info("job for tool %r skipped: %s%s", tool.name, why, detail)
             return self._ended(f"skipped, {why}")
+        except StoreUnavailable as exc:  # nothing ran: the task stays `working`, for the janitor to send again
+            return self._unreachable(exc, "not started")
         setattr(self.request, LAST_RECORD, record)  # a failure from here on is written on the claimed record
         try:
             kwargs = tool.validate(record.arguments)
@@ -282,6 +312,8 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
         except TerminalTask:
             logger.info("job for tool %r stopped: its task was settled elsewhere", tool.name)
             return self._ended("stopped, its task was settled elsewhere")
+        except StoreUnavailable as exc:  # a write the job needed (a question, a result through the context) failed
+            return self._unreachable(exc, "stopped")
         except Exception as exc:
             setattr(self.request, FAILED_WITH, failure_text(exc))
             raise

@@ -18,7 +18,6 @@ from typing import Any
 
 from celery import current_task
 
-from celery_mcp_tasks.store.base import StoreUnavailable
 from celery_mcp_tasks.worker.celery_internals import (
     CONSUMER_LOGGER,
     TRACE_LOGGER,
@@ -58,10 +57,6 @@ class JobTraceFilter(logging.Filter):
             else:
                 record.msg = SUCCEEDED
         record.args = scrubbed
-        if record.exc_info and isinstance(record.exc_info[1], StoreUnavailable):
-            # A store outage fails every job that writes meanwhile: its line says so; a traceback each (~150 lines
-            # of SQLAlchemy and psycopg frames, many a second) would bury it. The bridge's line names the setting.
-            record.exc_info = record.exc_text = None
         if isinstance(getattr(record, "data", None), dict):
             record.data = scrubbed  # what custom (e.g. JSON) handlers read
         return True
