@@ -132,6 +132,9 @@ def test_a_synchronous_call_and_its_job_outlive_a_short_store_outage(
         outage.end()
         caller.join(5)
         plain.close()
+    log = deployment.procs[0].text()  # once a call and once an outage, not at each re-read and poll (24 lines)
+    assert log.count("tools/call: the task store is unavailable (") == 1, log
+    assert log.count("task change poll failed (StoreUnavailable)") == 1 and "poll reads the store again" in log, log
 
 
 def test_a_job_that_ends_during_a_store_outage_records_its_outcome_once_the_store_is_back(

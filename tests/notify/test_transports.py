@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -174,3 +175,81 @@ async def test_the_broker_fanout_reaches_every_listener() -> None:
                     assert await watch.next(20) == {KEY: 4}
     finally:
         publish_conn.release()
+
+
+@pytest.mark.anyio
+@pytest.mark.postgres
+async def test_a_postgres_outage_is_one_warning_and_its_end_one_line(
+    postgres_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The listener retries with backoff through an outage: a warning at each try was 8-10 lines for 20 s, and
+    nothing said when it was over."""
+    name = sa.engine.make_url(postgres_url).database
+    admin = sa.create_engine(
+        sa.engine.make_url(normalize_url(postgres_url)).set(database="postgres"), isolation_level="AUTOCOMMIT"
+    )
+
+    def connections(allowed: bool) -> None:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {str(allowed).lower()}'))
+            if not allowed:
+                conn.execute(
+                    sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :name"),
+                    {"name": name},
+                )
+
+    async def until(condition: Any) -> None:
+        with anyio.fail_after(20):
+            while not condition():
+                await anyio.sleep(0.01)
+
+    def said(level: int) -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == postgres.__name__ and r.levelno == level]
+
+    caplog.set_level(logging.DEBUG, logger=postgres.__name__)
+    hub = Hub()
+    watch = hub.watch([KEY])  # listening: an idle listener reads nothing, so it notices no outage
+    listener = PgListener(postgres_url, hub)
+    try:
+        async with _running(listener):
+            await until(lambda: listener.listening)
+            await anyio.to_thread.run_sync(connections, False)
+            await until(lambda: len(said(logging.DEBUG)) >= 3)  # the listener tried again and again
+            await anyio.to_thread.run_sync(connections, True)
+            await until(lambda: said(logging.INFO))
+    finally:
+        watch.close()
+        await anyio.to_thread.run_sync(connections, True)
+        admin.dispose()
+    [warned] = said(logging.WARNING)
+    assert warned.startswith("task change listener lost PostgreSQL (")
+    assert said(logging.INFO) == ["task change listener reached PostgreSQL again"]
+
+
+@pytest.mark.anyio
+async def test_a_store_the_poller_cannot_read_is_one_warning_and_its_end_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The embedded default polls every 100 ms: an outage (a locked file) was ten warnings a second."""
+    from celery_mcp_tasks.notify.polling import RowPoller
+
+    failures = [OSError("unreadable")] * 5
+
+    def versions(keys: Any) -> dict[str, int]:
+        if failures:
+            raise failures.pop()
+        return dict.fromkeys(keys, 1)
+
+    hub = Hub()
+    watch = hub.watch([KEY])
+    poller = RowPoller(versions, hub)
+    with caplog.at_level(logging.DEBUG, logger="celery_mcp_tasks.notify.polling"):
+        for _ in range(6):
+            await poller.poll_once()
+    watch.close()
+    levels = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "celery_mcp_tasks.notify.polling"]
+    assert levels == [
+        (logging.WARNING, "task change poll failed (OSError); retrying"),
+        *[(logging.DEBUG, "task change poll failed (OSError); retrying")] * 4,
+        (logging.INFO, "task change poll reads the store again"),
+    ]

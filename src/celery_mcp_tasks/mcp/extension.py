@@ -99,13 +99,14 @@ class TasksExtension(Extension):
         """Cancel the hidden task of every synchronous call in flight (`SyncCalls.abandon_all`)."""
         self._sync.abandon_all(message)
 
-    async def _run(self, fn: Callable[[], T], method: str) -> T:
-        """`fn` on the bounded pool; a store outage answers -32603 with a fixed message, and an answer or a cancel
-        for a row this process cannot open -32603 saying why (not an acknowledgement of a write that was dropped)."""
+    async def _run(self, fn: Callable[[], T], method: str, *, logged: bool = True) -> T:
+        """`fn` on the bounded pool; a store outage answers -32603 with a fixed message (and a log line unless not
+        `logged`: a re-read that already said so), and an answer or a cancel for a row this process cannot open
+        -32603 saying why (not an acknowledgement of a write that was dropped)."""
         try:
             return await anyio.to_thread.run_sync(fn, limiter=self._limiter)
         except StoreUnavailable as exc:
-            raise store_unavailable(method, exc) from None
+            raise store_unavailable(method, exc, logged=logged) from None
         except TaskUnreadable as exc:
             raise internal(str(exc)) from None
 

@@ -49,7 +49,7 @@ _ABANDON_S = 5.0
 
 
 class Run(Protocol):  # `TasksExtension._run`: `fn` on the bounded pool; a store outage answers -32603
-    def __call__(self, fn: Callable[[], T], method: str) -> Awaitable[T]: ...
+    def __call__(self, fn: Callable[[], T], method: str, *, logged: bool = True) -> Awaitable[T]: ...
 
 
 class _Latest:
@@ -133,6 +133,7 @@ class SyncCalls:
         reported = _reported(record)
         progress = CallProgress(ctx, record)
         delay = _POLL_FIRST_S
+        failing = False  # the store failed the last re-read: said once in the log, not at every re-read
         while not record.terminal:
             if record.status is TaskStatus.INPUT_REQUIRED:
                 asked = await self._ask(tool, ctx, record)
@@ -155,12 +156,14 @@ class SyncCalls:
                 await anyio.sleep(min(delay, remaining))
                 delay = min(delay * 1.5, _POLL_MAX_S)
             try:
-                read = await self._run(partial(service.record, record.key), "tools/call")
+                read = await self._run(partial(service.record, record.key), "tools/call", logged=not failing)
             except MCPError:  # the store failed this read (logged): it may be back by the next, within the bound
+                failing = True
                 if remaining > 0:
                     continue
                 await self._abandon(record, "Timed out waiting synchronously")  # best effort: else the reaper
                 raise
+            failing = False
             if read is None:
                 raise internal(f"Tool {tool.name}: the job's task is gone")
             latest.record = record = read

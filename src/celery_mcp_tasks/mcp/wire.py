@@ -224,14 +224,15 @@ def internal(message: str) -> MCPError:
     return MCPError(code=INTERNAL_ERROR, message=message)
 
 
-def store_unavailable(method: str, exc: StoreUnavailable) -> MCPError:
+def store_unavailable(method: str, exc: StoreUnavailable, *, logged: bool = True) -> MCPError:
     """-32603 with a fixed message (never the database's text, which quotes SQL, as the SDK's fallback would
-    send on earlier eras: `str(exc)`), and one log line naming the method, the store operation and the
-    failure's `reason`."""
-    logger.error(
-        "%s: the task store is unavailable (%s failed: %s; MCP_TASKS_DATABASE_URL)",
-        method,
-        exc.operation or "store",
-        exc.reason or "unknown",
-    )
+    send on earlier eras: `str(exc)`), and (when `logged`) one log line naming the method, the store operation
+    and the failure's `reason`."""
+    if logged:
+        logger.error(
+            "%s: the task store is unavailable (%s failed: %s; MCP_TASKS_DATABASE_URL)",
+            method,
+            exc.operation or "store",
+            exc.reason or "unknown",
+        )
     return MCPError(code=INTERNAL_ERROR, message=StoreUnavailable.MESSAGE)

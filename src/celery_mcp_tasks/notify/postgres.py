@@ -90,6 +90,7 @@ class PgListener:
         import psycopg  # the `postgres` extra; imported only where PostgreSQL is used
 
         delay = 0.1
+        failing = False  # said once an outage (then DEBUG at each try), and once more when it is over
         while True:
             try:
                 # A vanished peer is noticed in seconds (libpq_deadlines): then it reconnects and every watch re-reads.
@@ -97,9 +98,17 @@ class PgListener:
                 conn: Any = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
                 async with conn:
                     delay = 0.1
+                    if failing:
+                        logger.info("task change listener reached PostgreSQL again")
+                        failing = False
                     await self._serve(conn)
             except Exception as exc:  # noqa: BLE001 - never let the listener take the web app down: back off, reconnect
-                logger.warning("task change listener lost PostgreSQL (%s); reconnecting", type(exc).__name__)
+                logger.log(
+                    logging.DEBUG if failing else logging.WARNING,
+                    "task change listener lost PostgreSQL (%s); reconnecting",
+                    type(exc).__name__,
+                )
+                failing = True
             finally:
                 self.listening = False
             await anyio.sleep(delay)
