@@ -49,7 +49,7 @@ FIRST = TaskRecord(key="k", owner=None, tool="t", status=TaskStatus.WORKING, cre
 async def follow(rows: Any, latest: sync._Latest, sync_timeout_s: float | None = None) -> Any:
     """`SyncCalls._follow` over `rows` (a service's reads and cancels), polling, for a tool with that bound."""
 
-    async def run(fn: Callable[[], T], method: str) -> T:
+    async def run(fn: Callable[[], T], method: str, *, logged: bool = True) -> T:
         return fn()
 
     calls = sync.SyncCalls(lambda: rows, run, sync_timeout_s=60, hub=None, sealed_state=None)  # type: ignore[arg-type]
@@ -93,7 +93,7 @@ async def test_the_claims_hint_is_not_read_the_outcomes_is(tmp_path: Any) -> Non
     hub.bind()
     watch = hub.watch([created.key])
 
-    async def run(fn: Callable[[], T], method: str) -> T:
+    async def run(fn: Callable[[], T], method: str, *, logged: bool = True) -> T:
         return fn()
 
     calls = sync.SyncCalls(lambda: service, run, sync_timeout_s=60, hub=lambda: hub, sealed_state=None)
