@@ -190,6 +190,7 @@ def start_worker(
     pool: str = "prefork",
     concurrency: int = 2,
     beat: bool = False,
+    queues: str | None = None,
     **extra_env: str,
 ) -> Proc:
     argv = [
@@ -212,6 +213,8 @@ def start_worker(
     ]
     if beat:
         argv += ["-B", "-s", str(log_dir / f"{name}-beat-schedule")]
+    if queues is not None:
+        argv += ["-Q", queues]
     # Many test workers share one machine: none claims the default metrics port unless a test asks.
     extra_env.setdefault("MCP_TASKS_WORKER_METRICS_PORT", "off")
     proc = spawn(name, argv, process_env(backend, **extra_env), log_dir)

@@ -124,6 +124,23 @@ def test_healthy_then_worker_stopped_then_broker_stopped(tmp_path: Path, probe: 
         assert statuses(document)["broker"] == "OK"
         assert readyz(probe, base)[0] == 200, "readiness is the web process's: a missing worker does not fail it"
 
+        # Fair workers given the shards alone: every tool is served, but beat sends the janitor to the default
+        # queue, which nobody consumes now: nothing would ever sweep.
+        shards = f"{deployment.queue}.fair0,{deployment.queue}.fair1"
+        sharded = deployment.worker("worker-shards", queues=shards, env={"MCP_TASKS_FAIR_QUEUES": "2"})
+        code, document, table = doctor(deployment.backend, **env, MCP_TASKS_FAIR_QUEUES="2")
+        workers = row(document, "workers")
+        assert code == 1 and workers["status"] == "FAIL", table
+        assert workers["detail"] == (
+            f"no worker consumes queue {deployment.queue!r}, where beat sends the janitor: nothing re-sends lost "
+            "jobs, fails unanswered questions or removes expired tasks"
+        )
+        assert workers["fix"] == (
+            f"add {deployment.queue!r} to a worker's -Q (`celery -A {APP} worker -Q {shards},{deployment.queue}`), "
+            "or set MCP_TASKS_JANITOR=worker to sweep inside the workers"
+        )
+        sharded.stop()
+
         # The worker ran beat too: three intervals later the janitor is stale everywhere.
         wait_until(
             lambda: readyz(probe, base)[1]["checks"]["janitor"]["status"] == "warn",

@@ -35,7 +35,7 @@ from celery_mcp_tasks.ops.probes import (
     store_probe,
 )
 from celery_mcp_tasks.preflight import short_reason
-from celery_mcp_tasks.worker.fairness import shard_queues
+from celery_mcp_tasks.worker.fairness import routed_queue, shard_queues
 
 if TYPE_CHECKING:
     from celery_mcp_tasks.app import Internals, McpTasks
@@ -88,6 +88,15 @@ def workers_check(tasks: McpTasks, app_path: str, *, timeout_s: float) -> Verdic
     return Verdict("WARN", detail, fix)
 
 
+def _janitor_queue(tasks: McpTasks) -> str | None:
+    """The queue beat sends the janitor to (routed as Celery routes it), when beat sends it; else None."""
+    from celery_mcp_tasks.worker.janitor import JANITOR_TASK
+
+    if tasks.settings.janitor != "beat" or tasks.settings.janitor_interval_s is None:
+        return None
+    return routed_queue(tasks.celery, JANITOR_TASK)
+
+
 def _consumers_check(tasks: McpTasks, app_path: str, *, timeout_s: float) -> Verdict:
     needed = tool_queues(tasks)
     if not needed:
@@ -126,6 +135,15 @@ def _consumers_check(tasks: McpTasks, app_path: str, *, timeout_s: float) -> Ver
         unconsumed = "; ".join(f"{queue!r} (tools {', '.join(needed[queue])})" for queue in idle)
         said = f"{len(active)} worker(s) answered, none consumes queue{'s' if len(idle) > 1 else ''} {unconsumed}"
         return Verdict("FAIL", said, fix)
+    sweeps = _janitor_queue(tasks)
+    if sweeps is not None and not any(q.get("name") == sweeps for qs in active.values() for q in qs or ()):
+        return Verdict(
+            "FAIL",
+            f"no worker consumes queue {sweeps!r}, where beat sends the janitor: nothing re-sends lost jobs, fails "
+            "unanswered questions or removes expired tasks",
+            f"add {sweeps!r} to a worker's -Q (`celery -A {app_path} worker -Q {','.join([*sorted(needed), sweeps])}`),"
+            " or set MCP_TASKS_JANITOR=worker to sweep inside the workers",
+        )
     answering = sorted({name for names in consumers.values() for name in names})
     try:
         registered: dict[str, Any] = (
