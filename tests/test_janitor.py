@@ -142,8 +142,8 @@ def test_a_job_no_worker_ever_started_is_not_called_lost_and_its_failure_says_to
     final = store.get("unstarted")
     assert final is not None and final.status is TaskStatus.FAILED
     assert final.error == {
-        "message": "The job was not started: no worker took it from its queue within 60s (sent 3 times); "
-        "check that a worker consumes the tool's queue"
+        "message": "The job was not started: no worker took it from its queue, or reached the task store, within "
+        "60s (sent 3 times); check that a worker consumes the tool's queue"
     }
 
 

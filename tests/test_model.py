@@ -11,9 +11,9 @@ from celery_mcp_tasks.model import (
     DuplicateInputKeys,
     InvalidInputResponse,
     InvalidTransition,
+    PastTtl,
     Run,
     Superseded,
-    TaskExpired,
     TaskRecord,
     TaskStatus,
     TerminalTask,
@@ -229,7 +229,7 @@ def test_a_run_of_a_task_past_its_ttl_does_not_start() -> None:
     """Its client was told it expired; until the janitor removes it, a late message must not run its body."""
     assert FIRST.expires_at is not None
     FIRST.began(Run(1), FIRST.expires_at - 1, stale_before_ms=0)
-    with pytest.raises(TaskExpired):
+    with pytest.raises(PastTtl):
         FIRST.began(Run(1), FIRST.expires_at, stale_before_ms=0)
 
 

@@ -100,8 +100,9 @@ class TerminalTask(Exception):
     """The task already reached `completed`, `failed` or `cancelled`; nothing may change it."""
 
 
-class TaskExpired(TerminalTask):
-    """The task's TTL ran out before its job started: its client was told it expired, so its body must not run."""
+class PastTtl(TerminalTask):
+    """The task's TTL ran out before this run of its job started: its client was told it expired, so the body
+    must not run. (Not `service.TaskExpired`, which a client's read of such a task raises.)"""
 
 
 class Superseded(TerminalTask):
@@ -390,6 +391,11 @@ class TaskRecord:
         expires = self.expires_at
         return expires is not None and at_ms >= expires
 
+    @property
+    def never_started(self) -> bool:
+        """No copy of this dispatch's job has claimed it (a Celery retry also clears `started_at`: not this)."""
+        return self.started_at is None and self.attempt == 0
+
     def stale(self, heartbeat_before_ms: int) -> bool:
         """`working` with no sign of life since the bound: its job was probably lost."""
         return self.status is TaskStatus.WORKING and (
@@ -441,7 +447,7 @@ class TaskRecord:
         """A copy of the job's message starts `run`: it claims the run (and beats), or it raises.
 
         `Superseded`: not the current run (an older dispatch or attempt, or any run while the task waits for
-        input). `TaskExpired`: past its TTL. `RunInProgress`: a second copy of the current run (a redelivery) while the claiming copy beats
+        input). `PastTtl`: past its TTL. `RunInProgress`: a second copy of the current run (a redelivery) while the claiming copy beats
         after `stale_before_ms`; once that beat is stale, this copy takes over. The status message says which
         start this is (`_start_message`), replacing the runtime's own word ("Queued", "Retrying ...") or that
         of a copy that is gone; unless it already says exactly that, `lastUpdatedAt` moves.
@@ -450,7 +456,7 @@ class TaskRecord:
         if self.status is not TaskStatus.WORKING:
             raise Superseded("no run is expected while the task waits for input")
         if self.expired(at_ms):  # not evicted yet (the janitor sweeps once an interval), but gone for its client
-            raise TaskExpired("the task expired before its job started")
+            raise PastTtl("the task expired before this run started")
         late_retry = run.attempt > self.attempt  # the retry signal is late (or was lost)
         if (
             not late_retry

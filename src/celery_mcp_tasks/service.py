@@ -610,8 +610,8 @@ class TaskService:
             if sends < max_sends:
                 outcome = "resent"
                 said = (
-                    "No worker started the job; sending it again"  # no worker took it, or the one holding it died
-                    if record.started_at is None
+                    "No worker started the job; sending it again"  # none took it, or could reach the store to
+                    if record.never_started  # claim it, or the one holding it died before starting it
                     else "The worker was lost; running the job again"  # or it could not reach the store to beat
                 )
                 return record.dispatched(self.clock(), f"{said} (send {sends + 1} of {max_sends})", resend=True)

@@ -141,7 +141,10 @@ def test_a_hurried_job_beats_now_then_at_its_pace() -> None:
     assert job.beats == 1  # the next one a minute later
 
 
-def test_a_store_outage_is_one_line_a_beat_not_a_traceback(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_store_outage_is_one_line_not_one_a_beat_nor_a_traceback_and_its_end_one_more(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every running job beats: a line a beat was a line per job every few seconds for the whole outage."""
     from celery_mcp_tasks.store.base import StoreUnavailable
 
     registry = Heartbeats()
@@ -149,13 +152,18 @@ def test_a_store_outage_is_one_line_a_beat_not_a_traceback(caplog: pytest.LogCap
 
     def unreachable() -> bool:
         calls.append(1)
+        if len(calls) > 3:
+            return True  # the store is back
         try:
             raise ConnectionRefusedError("connection refused")
         except ConnectionRefusedError as exc:
             raise StoreUnavailable("the task store is unavailable") from exc
 
-    with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks.worker"), registry.running(unreachable, INTERVAL):
-        _until(lambda: len(calls) >= 3)
-    said = [record for record in caplog.records if "task heartbeat failed" in record.getMessage()]
-    assert said and all(record.exc_info is None for record in said)
-    assert said[0].getMessage() == "task heartbeat failed (ConnectionRefusedError); will retry"
+    with caplog.at_level(logging.INFO, logger="celery_mcp_tasks.worker"), registry.running(unreachable, INTERVAL):
+        _until(lambda: len(calls) >= 5)
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if "heartbeat" in r.getMessage()]
+    assert not [r for r in caplog.records if r.exc_info]
+    assert said == [
+        (logging.WARNING, "task heartbeat failed (ConnectionRefusedError); will retry"),
+        (logging.INFO, "task heartbeats reach the task store again"),
+    ]

@@ -34,7 +34,7 @@ from celery_mcp_tasks.store.sql import SqlStore
 from celery_mcp_tasks.worker import bridge, outages
 from celery_mcp_tasks.worker.context import InputTimeout
 from celery_mcp_tasks.worker.dispatch import message_headers
-from celery_mcp_tasks.worker.job import DISPATCH_HEADER, KEY_HEADER, OUTCOME, RECORD_HEADER
+from celery_mcp_tasks.worker.job import DISPATCH_HEADER, KEY_HEADER, LAST_RECORD, OUTCOME, RECORD_HEADER, RUN_END
 from tests.builders import SendOnly
 
 
@@ -89,7 +89,7 @@ def test_a_message_that_waited_past_its_tasks_ttl_never_runs_the_body(
     with caplog.at_level(logging.INFO, logger="celery_mcp_tasks.worker"):
         late_work.apply(headers=headers(task_id))
     assert calls == [] and status(tasks, task_id).started_at is None
-    assert "job for tool 'late_work' skipped: its task expired before the job started" in caplog.text
+    assert "job for tool 'late_work' skipped: its task expired (its client was told so" in caplog.text
 
 
 def test_a_message_of_an_older_dispatch_is_skipped_and_the_current_one_runs(tasks: McpTasks) -> None:
@@ -298,21 +298,36 @@ def created_behind(tasks: McpTasks, monkeypatch: pytest.MonkeyPatch, store: SqlS
 
 
 def settle_through(
-    tasks: McpTasks, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, clock: SteppedClock, store: Any
-) -> tuple[str, list[logging.LogRecord]]:
+    tasks: McpTasks,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    clock: SteppedClock,
+    store: Any,
+    *,
+    ran_here: bool = True,
+    timelimit: tuple[float | None, float | None] | None = None,
+    signal: Any = bridge.on_success,
+) -> tuple[str, list[logging.LogRecord], Any]:
+    """The job's end signalled with `store` behind it: (task id, the worker's log records, the run's RUN_END).
+    `ran_here`: in the process whose job ran (its claimed record on the request), else as the main process."""
+
     @tasks.mcp_task
     def outage_body() -> str:
         return "ran"
 
     [task_id] = created_behind(tasks, monkeypatch, store, "outage_body")
     monkeypatch.setattr(outages, "time", clock)
-    outage_body.push_request(headers=headers(task_id), retries=0, **{OUTCOME: {"content": []}})
+    extra: dict[str, Any] = {OUTCOME: {"content": []}} if signal is bridge.on_success else {}
+    if ran_here:
+        extra[LAST_RECORD] = status(tasks, task_id)
+    outage_body.push_request(headers=headers(task_id), retries=0, timelimit=timelimit, **extra)
     try:
         with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks.worker"):
-            bridge.on_success(sender=outage_body, result=None)
+            signal(sender=outage_body, result=None, exception=RuntimeError("boom"))
+        run_end = getattr(outage_body.request, RUN_END, None)
     finally:
         outage_body.pop_request()
-    return task_id, [r for r in caplog.records if r.name.startswith("celery_mcp_tasks.worker")]
+    return task_id, [r for r in caplog.records if r.name.startswith("celery_mcp_tasks.worker")], run_end
 
 
 def test_a_store_outage_at_the_outcome_is_waited_out_for_a_while_then_one_warning_line_naming_the_setting(
@@ -323,8 +338,9 @@ def test_a_store_outage_at_the_outcome_is_waited_out_for_a_while_then_one_warnin
     traceback, nothing of the store's internals; the exception itself, as Celery logs a job's, names no method."""
     clock = SteppedClock()
     store = UnavailableStore(internals(tasks).service().store.engine)
-    task_id, records = settle_through(tasks, monkeypatch, caplog, clock, store)
-    assert 25 <= sum(clock.slept) <= outages.PATIENCE_S and clock.slept[:3] == [0.25, 0.5, 1.0]
+    task_id, records, run_end = settle_through(tasks, monkeypatch, caplog, clock, store)
+    assert sum(clock.slept) == outages.PATIENCE_S and clock.slept[:3] == [0.25, 0.5, 1.0]
+    assert run_end == "its completion could not be recorded, the task store is unavailable"  # not "succeeded"
     assert [r.levelno for r in records] == [logging.WARNING] * 2 and not [r for r in records if r.exc_info]
     said = "tool 'outage_body': could not record completion, the task store is unavailable (OperationalError; "
     assert records[0].getMessage() == said + "MCP_TASKS_DATABASE_URL); trying again for up to 30 s"
@@ -348,8 +364,8 @@ def test_an_outcome_through_a_short_store_outage_lands_without_running_the_job_a
         store.down = sleeps < 3
 
     clock = SteppedClock(recovers)
-    task_id, records = settle_through(tasks, monkeypatch, caplog, clock, store)
-    assert clock.slept == [0.25, 0.5, 1.0]
+    task_id, records, run_end = settle_through(tasks, monkeypatch, caplog, clock, store)
+    assert clock.slept == [0.25, 0.5, 1.0] and run_end is None
     assert [r.getMessage().rsplit("; ", 1)[1] for r in records] == ["trying again for up to 30 s"]
     assert status(tasks, task_id).status is TaskStatus.COMPLETED
 
@@ -362,7 +378,48 @@ def test_a_short_stale_timeout_bounds_the_wait_for_the_store_to_half_of_it(
     tasks = McpTasks("guards-short", celery=Celery("guards-short"), settings=settings)
     clock = SteppedClock()
     settle_through(tasks, monkeypatch, caplog, clock, UnavailableStore(internals(tasks).service().store.engine))
-    assert 3 <= sum(clock.slept) <= 5
+    assert sum(clock.slept) == 5
+
+
+def test_the_store_is_tried_once_more_at_the_end_of_the_wait(
+    tasks: McpTasks, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The waits double to 4 s: the last one is cut to the deadline, and the store tried there (a failover of
+    29 s was given up at 27.75 s)."""
+    store = UnavailableStore(internals(tasks).service().store.engine)
+    clock = SteppedClock()
+    start = clock.now
+
+    def recovers(_: int) -> None:
+        store.down = clock.now - start < 29
+
+    clock.during = recovers
+    task_id, _, _ = settle_through(tasks, monkeypatch, caplog, clock, store)
+    assert sum(clock.slept) == 30 and clock.slept[-1] == 2.25
+    assert status(tasks, task_id).status is TaskStatus.COMPLETED
+
+
+def test_a_failure_reported_by_the_main_process_does_not_wait_for_the_store(
+    tasks: McpTasks, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Celery reports a hard time limit or a lost pool process from the worker's main process: waiting there
+    would stop its loop (and the hard limit's kill) for up to 30 s a job."""
+    clock = SteppedClock()
+    store = UnavailableStore(internals(tasks).service().store.engine)
+    _, records, _ = settle_through(tasks, monkeypatch, caplog, clock, store, ran_here=False, signal=bridge.on_failure)
+    assert clock.slept == []
+    assert [r.getMessage().rsplit("; ", 1)[-1] for r in records] == [
+        "the janitor sends the job again or fails the task after the stale timeout"
+    ]
+
+
+def test_the_outcome_waits_no_longer_than_the_jobs_hard_time_limit_allows(
+    tasks: McpTasks, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = SteppedClock()
+    store = UnavailableStore(internals(tasks).service().store.engine)
+    settle_through(tasks, monkeypatch, caplog, clock, store, timelimit=(10, 5))  # (hard, soft): soft is over
+    assert sum(clock.slept) == 9  # a second short of the kill
 
 
 def test_a_claim_through_a_short_store_outage_waits_and_the_job_runs(
@@ -430,6 +487,73 @@ def test_a_run_the_store_cannot_claim_or_serve_ends_leaving_the_task_to_the_jani
     assert any(line.endswith("s: not started, the task store is unavailable") for line in traced), traced
     assert any(line.endswith("s: stopped, the task store is unavailable") for line in traced), traced
     assert not [r for r in caplog.records if r.exc_info]
+
+
+class LandedButUnansweredStore(SqlStore):
+    """The first write commits, and its answer is lost with the connection (a failover at the commit)."""
+
+    lost = 1
+
+    def update(self, *args: Any, **kwargs: Any) -> TaskRecord:
+        written = super().update(*args, **kwargs)
+        if self.lost:
+            self.lost -= 1
+            raise StoreUnavailable("update", "OperationalError")
+        return written
+
+
+def test_a_claim_that_landed_though_its_answer_was_lost_runs_the_body(
+    tasks: McpTasks, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The retry finds the run claimed and beating: by this very copy, so the body runs (it was skipped as
+    "another copy of this run is already running", and the task waited out the stale timeout)."""
+    monkeypatch.setattr(outages, "time", SteppedClock())
+    bodies: list[int] = []
+
+    @tasks.mcp_task
+    def landed() -> str:
+        bodies.append(1)
+        return "done"
+
+    store = LandedButUnansweredStore(internals(tasks).service().store.engine)
+    [task_id] = created_behind(tasks, monkeypatch, store, "landed")
+    landed.apply(headers=headers(task_id))
+    assert bodies == [1] and status(tasks, task_id).status is TaskStatus.COMPLETED
+
+
+def test_a_soft_time_limit_while_the_claim_waits_leaves_the_task_to_the_janitor(
+    tasks: McpTasks, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wait is bounded by the soft limit (a second short of it), and a soft limit that comes anyway ends the
+    run unstarted: it failed the task ("did not catch SoftTimeLimitExceeded") though its body never ran."""
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    clock = SteppedClock()
+    monkeypatch.setattr(outages, "time", clock)
+    store = UnavailableStore(internals(tasks).service().store.engine)
+
+    @tasks.mcp_task(soft_time_limit=8)
+    def limited() -> str:
+        return "done"
+
+    [task_id] = created_behind(tasks, monkeypatch, store, "limited")
+    with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks.worker"):
+        limited.apply(headers=headers(task_id))
+    assert sum(clock.slept) == pytest.approx(7, abs=0.1)
+
+    def limit_comes(_: int) -> None:
+        raise SoftTimeLimitExceeded()
+
+    clock.during = limit_comes
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks.worker"):
+        limited.apply(headers=headers(task_id))
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("celery_mcp_tasks.worker")]
+    assert said[-1] == (
+        "job for tool 'limited' not started: the task store is unavailable (its soft time limit came first; "
+        "MCP_TASKS_DATABASE_URL); the janitor sends the job again after the stale timeout"
+    )
+    assert status(tasks, task_id).status is TaskStatus.WORKING
 
 
 def test_progress_reports_the_store_cannot_take_are_dropped_and_the_job_goes_on(
@@ -527,6 +651,37 @@ def test_wait_for_input_ends_when_the_task_is_cancelled(parked: Any) -> None:
     threading.Timer(0.2, lambda: service.cancel(task_id, None)).start()
     with pytest.raises(TerminalTask):
         ctx.wait_for_input(ask(), timeout=10, poll_interval=0.02)
+
+
+def test_wait_for_input_reads_through_a_store_outage_within_its_timeout(
+    parked: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One failed read ended the run and left the task waiting for an answer with nobody to take it."""
+    service, sends = parked
+    task_id, ctx = job_context(service)
+    down = threading.Event()
+    failed: list[int] = []
+    real_get = CountingStore.get
+
+    def get(self: CountingStore, key: str, owner: Any = None) -> TaskRecord | None:
+        if down.is_set():
+            failed.append(1)
+            raise StoreUnavailable("get", "OperationalError")
+        return real_get(self, key, owner)
+
+    monkeypatch.setattr(CountingStore, "get", get)
+    answers: list[dict[str, Any]] = []
+    waiter = threading.Thread(target=lambda: answers.append(ctx.wait_for_input(ask(), timeout=10, poll_interval=0.02)))
+    waiter.start()
+    while service.get(task_id, None).status is not TaskStatus.INPUT_REQUIRED:
+        time.sleep(0.01)
+    down.set()
+    while len(failed) < 3:
+        time.sleep(0.01)
+    down.clear()
+    service.answer(task_id, None, {"ok": {"action": "accept", "content": {"ok": True}}})
+    waiter.join(10)
+    assert answers == [{"ok": {"action": "accept", "content": {"ok": True}}}] and len(sends) == 1
 
 
 class FrozenClock:

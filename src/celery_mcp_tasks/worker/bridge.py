@@ -24,7 +24,17 @@ from celery_mcp_tasks.model import Run, TaskRecord, TerminalTask, failure, now_m
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.base import StoreUnavailable, TaskNotFound
 from celery_mcp_tasks.worker import soft_limits, tracelog
-from celery_mcp_tasks.worker.job import FAILED_WITH, LAST_RECORD, OUTCOME, McpJob, failure_text, row_key, run_of
+from celery_mcp_tasks.worker.job import (
+    FAILED_WITH,
+    LAST_RECORD,
+    OUTCOME,
+    RUN_END,
+    McpJob,
+    failure_text,
+    limit_left_s,
+    row_key,
+    run_of,
+)
 from celery_mcp_tasks.worker.outages import patience_s, patiently
 
 logger = logging.getLogger("celery_mcp_tasks.worker")
@@ -83,10 +93,16 @@ def _settle_patiently(
             left_s,
         )
 
-    within_s = patience_s(sender.mcp_runtime.stale_timeout_s) if patient else 0.0
+    # Only where the run's body ran (it left its record): Celery also reports failures from the worker's main
+    # process (a hard time limit, a lost pool process), whose loop must not stop for the store.
+    ran_here = isinstance(getattr(request, LAST_RECORD, None), TaskRecord)
+    left = limit_left_s(sender, request, soft=False)  # the hard limit still runs while the outcome waits
+    within_s = patience_s(sender.mcp_runtime.stale_timeout_s, left) if patient and ran_here else 0.0
     try:
         patiently(lambda: _settle_once(sender, request, key, what, op, next_attempt), within_s, waiting)
     except StoreUnavailable as exc:  # said in one line: the cause is the database's, and the janitor recovers
+        if getattr(request, OUTCOME, None) is not None:  # Celery's line says so, not "succeeded"
+            setattr(request, RUN_END, f"its {what} could not be recorded, the task store is unavailable")
         logger.warning(
             "tool %r: could not record %s, the task store is unavailable (%s; MCP_TASKS_DATABASE_URL); the "
             "janitor sends the job again or fails the task after the stale timeout",

@@ -216,7 +216,13 @@ class TaskContext:
         assert self._service is not None and self._key is not None
         deadline = time.monotonic() + timeout
         while True:
-            record = self.record()
+            try:
+                record = self.record()
+            except StoreUnavailable:  # an outage is neither an answer nor an end: read again, within the timeout
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(min(poll_interval, max(deadline - time.monotonic(), 0.0)))
+                continue
             if record is None or record.terminal:
                 raise TerminalTask("the task ended while waiting for input")
             if record.status is TaskStatus.WORKING and all(key in record.input_responses for key in keys):

@@ -50,6 +50,7 @@ class Heartbeats:
         self._thread: threading.Thread | None = None
         self._wake_at: float | None = None  # when the thread looks again at the latest (None: never on its own)
         self._idle_s: float | None = None  # with no job running, the thread looks again after this long
+        self._failing = False  # the last beat failed on the store: said once an outage, and once it is over
 
     @contextmanager
     def running(self, beat: Beat, interval: float) -> Iterator[None]:
@@ -106,12 +107,17 @@ class Heartbeats:
             for job in due:
                 try:
                     alive = job.beat()
-                except StoreUnavailable as exc:  # an outage: one line a beat, as the janitor says it
-                    logger.warning("task heartbeat failed (%s); will retry", loggable(exc.__cause__ or exc))
+                except StoreUnavailable as exc:  # an outage: one line for it in this process, not one a beat
+                    level = logging.DEBUG if self._failing else logging.WARNING
+                    logger.log(level, "task heartbeat failed (%s); will retry", loggable(exc.__cause__ or exc))
+                    self._failing = True
                     continue
                 except Exception:  # a missed beat is only a later reap; never kill the job for it
                     logger.warning("task heartbeat failed; will retry", exc_info=True)
                     continue
+                if self._failing:
+                    logger.info("task heartbeats reach the task store again")
+                    self._failing = False
                 if not alive:  # final, or a newer run owns the task: nothing left to keep alive
                     with self._changed:
                         self._jobs.discard(job)

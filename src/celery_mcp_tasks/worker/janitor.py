@@ -55,14 +55,14 @@ class SweepReport:
 
 
 def lost_message(stale_timeout_s: float, record: TaskRecord) -> str:
-    """Why a task whose sends are spent failed: its last send's job went silent, or no worker ever started it
-    (no worker consumes the tool's queue, or each that took it died before starting it)."""
+    """Why a task whose sends are spent failed: its last send's job went silent, or no worker started it (none
+    consumes the tool's queue, none could reach the task store to claim it, or the one that took it died first)."""
     sends = record.resends + 1
     sent = f"sent {sends} time{'s' if sends != 1 else ''}"
-    if record.started_at is None:
+    if record.never_started:
         return (
-            f"The job was not started: no worker took it from its queue within {stale_timeout_s:g}s ({sent}); "
-            "check that a worker consumes the tool's queue"
+            f"The job was not started: no worker took it from its queue, or reached the task store, within "
+            f"{stale_timeout_s:g}s ({sent}); check that a worker consumes the tool's queue"
         )
     return f"The job was lost: no worker reported for {stale_timeout_s:g}s ({sent})"
 

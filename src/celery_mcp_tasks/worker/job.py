@@ -10,6 +10,7 @@ import contextvars
 import inspect
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
@@ -21,10 +22,10 @@ from mcp_types import CallToolResult, TextContent
 from pydantic import ValidationError
 
 from celery_mcp_tasks.model import (
+    PastTtl,
     Run,
     RunInProgress,
     Superseded,
-    TaskExpired,
     TaskRecord,
     TaskStatus,
     TerminalTask,
@@ -60,6 +61,8 @@ HIDDEN_ARGS = {"argsrepr": "()", "kwargsrepr": "<tool arguments are not logged>"
 """What Celery's logs and events (Flower) show instead of an MCP task's arguments."""
 RUN_END = "mcp_run_end"
 """Request attribute: why a run ended without an outcome (the log line says it instead of "succeeded: None")."""
+RUN_CLOCK = "mcp_run_clock"
+"""Request attribute: when this process began the run (`time.monotonic()`): its time limits count from there."""
 LAST_RECORD = "mcp_last_record"
 """Request attribute: the task's record as the run last read or wrote it, so the signal bridge's final
 write is one conditional UPDATE on it (`Store.update(expected=...)`) instead of a locked read and write."""
@@ -84,7 +87,7 @@ _SKIPS: tuple[tuple[type[Exception], str, str], ...] = (
         " job again once the heartbeat is stale)",
     ),
     (Superseded, "superseded by a newer dispatch or attempt", ""),
-    (TaskExpired, "its task expired before the job started", " (its client was told so; the janitor removes it)"),
+    (PastTtl, "its task expired", " (its client was told so; the janitor removes it)"),
     # a record this process cannot open reads as failed too (a line before this one says why)
     (TerminalTask, "its task is already final, or cannot be read in this process", ""),
 )
@@ -256,6 +259,8 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
         service = shielded(self.mcp_runtime.service())  # a soft time limit waits for the store call in flight
         interval = self.mcp_runtime.heartbeat_interval_s
         carried = run_of(self.request)
+        setattr(self.request, RUN_CLOCK, time.monotonic())
+        failed_tries: list[tuple[int, int]] = []  # the store's clock before and after each claim the store failed
 
         def claim() -> tuple[Run, TaskRecord]:
             # What the claim is computed on: the record the message carries (no read), else the row (one read).
@@ -268,7 +273,19 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
             if run is None:  # a message from before the dispatch header: adopt the current run
                 run = Run(found.dispatches, self.request.retries or 0, found.created_at)
             stale_before = stale_cutoff(now_ms(), self.mcp_runtime.stale_timeout_s)
-            return run, service.begin(key, run, stale_before_ms=stale_before, expected=found)
+            before = service.clock()
+            try:
+                return run, service.begin(key, run, stale_before_ms=stale_before, expected=found)
+            except StoreUnavailable:
+                failed_tries.append((before, service.clock()))
+                raise
+            except RunInProgress:
+                # A claim whose commit landed but whose answer was lost (the connection died with it): the copy
+                # now "running" is this one. Its start falls inside one of the tries that failed.
+                row = service.record(key) if failed_tries else None
+                if row is not None and _claimed_by(row, run, failed_tries):
+                    return run, row
+                raise
 
         def waiting(exc: StoreUnavailable, left_s: float) -> None:
             logger.warning(
@@ -279,14 +296,17 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
                 left_s,
             )
 
+        within_s = patience_s(self.mcp_runtime.stale_timeout_s, limit_left_s(self, self.request, soft=True))
         try:
-            run, record = patiently(claim, patience_s(self.mcp_runtime.stale_timeout_s), waiting)
+            run, record = patiently(claim, within_s, waiting)
         except _SKIPPED as exc:
             why, detail = next((why, detail) for kind, why, detail in _SKIPS if isinstance(exc, kind))
             logger.info("job for tool %r skipped: %s%s", tool.name, why, detail)
             return self._ended(f"skipped, {why}")
         except StoreUnavailable as exc:  # nothing ran: the task stays `working`, for the janitor to send again
             return self._unreachable(exc, "not started")
+        except SoftTimeLimitExceeded:  # it came while the claim waited for the store: the body never ran
+            return self._unreachable(StoreUnavailable(reason="its soft time limit came first"), "not started")
         setattr(self.request, LAST_RECORD, record)  # a failure from here on is written on the claimed record
         try:
             kwargs = tool.validate(record.arguments)
@@ -309,6 +329,9 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
             return self._ended("handed off")
         except EndRun:
             return self._ended("ended without an outcome")
+        except Superseded:  # e.g. the janitor sent the job again while this run could not beat
+            logger.info("job for tool %r stopped: a newer run of its task took over", tool.name)
+            return self._ended("stopped, a newer run of its task took over")
         except TerminalTask:
             logger.info("job for tool %r stopped: its task was settled elsewhere", tool.name)
             return self._ended("stopped, its task was settled elsewhere")
@@ -321,6 +344,25 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
             _current.reset(token)
             setattr(self.request, LAST_RECORD, ctx.last_record)
         return self._outcome(tool.to_result(value))
+
+
+def _claimed_by(row: TaskRecord, run: Run, tries: list[tuple[int, int]]) -> bool:
+    """`row` holds `run`'s claim made by one of `tries` (a claim's start is stamped with the store's clock)."""
+    started = row.started_at
+    ours = row.dispatches == run.dispatch and row.attempt == run.attempt and run.of(row)
+    return ours and started is not None and any(before <= started <= after for before, after in tries)
+
+
+def limit_left_s(job: Task, request: Any, *, soft: bool) -> float | None:
+    """Seconds left before the run's hard time limit (with `soft`, or its soft one if sooner), counted from its
+    start in this process (`RUN_CLOCK`); None when the job has neither."""
+    hard_limit, soft_limit = getattr(request, "timelimit", None) or (None, None)
+    limits = [hard_limit or job.time_limit, (soft_limit or job.soft_time_limit) if soft else None]
+    bounds = [float(limit) for limit in limits if limit]
+    if not bounds:
+        return None
+    started = getattr(request, RUN_CLOCK, None)
+    return min(bounds) - (time.monotonic() - started if isinstance(started, float) else 0.0)
 
 
 def failure_text(exc: BaseException) -> str:
