@@ -510,20 +510,24 @@ class TaskService:
             key, lambda r: r.requiring_input(requests, self.clock(), message, park=park, run=run), expected
         )
 
-    def begin(self, key: str, run: Run, *, stale_before_ms: int, expected: TaskRecord | None = None) -> TaskRecord:
+    def begin(
+        self, key: str, run: Run, *, stale_before_ms: int, expected: TaskRecord | None = None, at_ms: int | None = None
+    ) -> TaskRecord:
         """A copy of the job's message starts `run`: it claims the run, or it must not run the body.
 
         One read (none with `expected`, the record as the caller or the job's message has it) and one
         conditional UPDATE recording the claim and a beat, not flushed at commit (`durable=False`). Raises
         `TaskNotFound`, `TerminalTask`, `Superseded` (not the current run) or `RunInProgress` (a redelivered
         copy while the claiming one beats since `stale_before_ms`). Clients hear of the start ("Started",
-        "Started (attempt 2)", ...) unless the task already said exactly that.
+        "Started (attempt 2)", ...) unless the task already said exactly that. `at_ms`: the claim's time (the
+        clock's by default), which its `started_at` records: a claim tried again can tell its own.
         """
         said = False
+        at = self.clock() if at_ms is None else at_ms
 
         def transition(record: TaskRecord) -> TaskRecord:
             nonlocal said
-            nxt = record.began(run, self.clock(), stale_before_ms=stale_before_ms)
+            nxt = record.began(run, at, stale_before_ms=stale_before_ms)
             said = nxt.status_message != record.status_message
             return nxt
 

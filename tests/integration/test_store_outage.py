@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from celery_mcp_tasks.model import task_key
+from celery_mcp_tasks.store.sql import SqlStore
 from tests.integration.test_protocol_eras import WITHOUT_EXT, LegacySession
 from tests.support import POSTGRES_URL, Backend, Deployment, McpHttp, fresh_postgres_database, wait_until
 
@@ -162,5 +164,9 @@ def test_a_job_that_ends_during_a_store_outage_records_its_outcome_once_the_stor
         client.close()
     log = worker.text()
     assert "Traceback" not in log and task_id not in log
-    # From that run, not a re-send: the janitor's stale timeout (300 s) is far from spent, and the result says
-    # "attempt 1" of the first dispatch.
+    store = SqlStore.from_url(deployment.backend.store_url)
+    try:  # from that run: the job was sent once (a janitor's re-send would be dispatch 2)
+        record = store.get(task_key(task_id))
+        assert record is not None and (record.dispatches, record.resends) == (1, 0)
+    finally:
+        store.dispose()

@@ -167,3 +167,26 @@ def test_a_store_outage_is_one_line_not_one_a_beat_nor_a_traceback_and_its_end_o
         (logging.WARNING, "task heartbeat failed (ConnectionRefusedError); will retry"),
         (logging.INFO, "task heartbeats reach the task store again"),
     ]
+
+
+def test_an_outage_that_outlived_the_jobs_beating_through_it_is_reported_again_for_the_next(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The warning is said once an outage: a job that ended before any beat got through must not leave the
+    next outage, hours later, said at DEBUG only."""
+    from celery_mcp_tasks.store.base import StoreUnavailable
+
+    registry = Heartbeats()
+    calls: list[int] = []
+
+    def unreachable() -> bool:
+        calls.append(1)
+        raise StoreUnavailable("the task store is unavailable")
+
+    with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks.worker"):
+        for want in (2, 4):
+            with registry.running(unreachable, INTERVAL):
+                _until(lambda want=want: len(calls) >= want)  # type: ignore[misc]
+    assert [r.getMessage() for r in caplog.records if "heartbeat" in r.getMessage()] == [
+        "task heartbeat failed (StoreUnavailable); will retry"
+    ] * 2

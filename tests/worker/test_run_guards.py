@@ -521,6 +521,60 @@ def test_a_claim_that_landed_though_its_answer_was_lost_runs_the_body(
     assert bodies == [1] and status(tasks, task_id).status is TaskStatus.COMPLETED
 
 
+def test_another_copys_claim_made_while_ours_failed_is_not_taken_for_ours(
+    tasks: McpTasks, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A redelivered copy of the message claims the run while this copy's claim fails on the store: the retry
+    finds a claim at another time, so this copy stands aside (one body, not two at once)."""
+    monkeypatch.setattr(outages, "time", SteppedClock())
+    bodies: list[int] = []
+
+    @tasks.mcp_task
+    def contested() -> str:
+        bodies.append(1)
+        return "done"
+
+    plain = internals(tasks).service()
+
+    class OtherCopyFirst(SqlStore):
+        first = True
+
+        def update(self, *args: Any, **kwargs: Any) -> TaskRecord:
+            if self.first:
+                self.first = False
+                record = plain.store.get(args[0])
+                assert record is not None
+                plain.begin(args[0], Run(1, 0, record.created_at), stale_before_ms=0, at_ms=now_ms() - 5000)
+                raise StoreUnavailable("update", "OperationalError")
+            return super().update(*args, **kwargs)
+
+    [task_id] = created_behind(tasks, monkeypatch, OtherCopyFirst(plain.store.engine), "contested")
+    with caplog.at_level(logging.INFO, logger="celery_mcp_tasks.worker"):
+        contested.apply(headers=headers(task_id))
+    assert bodies == []
+    assert "skipped: another copy of this run is already running" in caplog.text
+
+
+def test_time_limits_are_the_messages_else_the_jobs_else_the_workers(
+    tasks: McpTasks, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As Celery decides them: `celery worker --time-limit` reaches the pool, not the task's attributes."""
+    from celery_mcp_tasks.worker import job as job_module
+
+    @tasks.mcp_task(soft_time_limit=20)
+    def timed() -> str:
+        return "done"
+
+    request = Context(timelimit=None)
+    assert job_module.limit_left_s(timed, request, soft=False) is None
+    assert job_module.limit_left_s(timed, request, soft=True) == 20
+    monkeypatch.setattr(job_module, "_worker_limits", (60.0, 30.0))
+    assert job_module.limit_left_s(timed, request, soft=False) == 60
+    assert job_module.limit_left_s(timed, Context(timelimit=[40, 10]), soft=True) == 10
+    started = Context(timelimit=[40, None], **{job_module.RUN_CLOCK: time.monotonic() - 15})
+    assert 24 < job_module.limit_left_s(timed, started, soft=False) <= 25  # counted from the run's start
+
+
 def test_a_soft_time_limit_while_the_claim_waits_leaves_the_task_to_the_janitor(
     tasks: McpTasks, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

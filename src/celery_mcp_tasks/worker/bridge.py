@@ -34,6 +34,7 @@ from celery_mcp_tasks.worker.job import (
     limit_left_s,
     row_key,
     run_of,
+    worker_limits,
 )
 from celery_mcp_tasks.worker.outages import patience_s, patiently
 
@@ -214,9 +215,11 @@ def on_prerun(sender: Any = None, **_: Any) -> None:
 
 def on_worker_init(sender: Any = None, **_: Any) -> None:
     """A worker starts in this process: its consumer's line for a dropped message of one of our jobs leaves the
-    arguments out (`tracelog`). Installed here, not with the bridge: constructing `McpTasks` filters no logger."""
+    arguments out (`tracelog`), and its own time limits bound a job's waits for the store (`job.limit_left_s`).
+    Installed here, not with the bridge: constructing `McpTasks` filters no logger."""
     if _services(getattr(sender, "app", None)):
         tracelog.install_consumer()
+        worker_limits(getattr(sender, "time_limit", None), getattr(sender, "soft_time_limit", None))
 
 
 def serves(celery: Any) -> bool:

@@ -165,7 +165,10 @@ class TaskContext:
         if self._service is None or self._key is None:
             return
         if not self._service.heartbeat(self._key, self._run, ahead_ms=int(within_s * 1000)):
-            raise Superseded("the task is final or a newer run owns it")
+            found = self.record()  # which of the two: the job's line says
+            if found is None or found.terminal:
+                raise TerminalTask("the task is final")
+            raise Superseded("a newer run owns the task")
 
     def require_input(self, requests: dict[str, Any], message: str | None = None) -> NoReturn:
         """Ask the client for input and end this run; the job runs again once every key is answered.

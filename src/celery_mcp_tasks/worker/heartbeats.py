@@ -76,6 +76,8 @@ class Heartbeats:
             self._reset(pid)
         job = Job(beat, interval, self._clock() + interval)
         with self._changed:
+            if not self._jobs:
+                self._failing = False  # an outage the last jobs beat through is not this job's to report on
             self._jobs.add(job)
             self._idle_s = interval  # the next job is likely to beat at the same pace
             if self._thread is None or not self._thread.is_alive():  # first job, or a thread that died

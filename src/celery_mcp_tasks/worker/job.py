@@ -260,7 +260,7 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
         interval = self.mcp_runtime.heartbeat_interval_s
         carried = run_of(self.request)
         setattr(self.request, RUN_CLOCK, time.monotonic())
-        failed_tries: list[tuple[int, int]] = []  # the store's clock before and after each claim the store failed
+        failed_at: set[int] = set()  # the times of the claims the store failed (one may have landed)
 
         def claim() -> tuple[Run, TaskRecord]:
             # What the claim is computed on: the record the message carries (no read), else the row (one read).
@@ -273,17 +273,19 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
             if run is None:  # a message from before the dispatch header: adopt the current run
                 run = Run(found.dispatches, self.request.retries or 0, found.created_at)
             stale_before = stale_cutoff(now_ms(), self.mcp_runtime.stale_timeout_s)
-            before = service.clock()
+            at = service.clock()
+            if at in failed_at:
+                at += 1  # each try its own time
             try:
-                return run, service.begin(key, run, stale_before_ms=stale_before, expected=found)
+                return run, service.begin(key, run, stale_before_ms=stale_before, expected=found, at_ms=at)
             except StoreUnavailable:
-                failed_tries.append((before, service.clock()))
+                failed_at.add(at)
                 raise
             except RunInProgress:
                 # A claim whose commit landed but whose answer was lost (the connection died with it): the copy
-                # now "running" is this one. Its start falls inside one of the tries that failed.
-                row = service.record(key) if failed_tries else None
-                if row is not None and _claimed_by(row, run, failed_tries):
+                # now "running" is this one, its start the time of one of the tries that failed.
+                row = service.record(key) if failed_at else None
+                if row is not None and _claimed_by(row, run, failed_at):
                     return run, row
                 raise
 
@@ -346,18 +348,32 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
         return self._outcome(tool.to_result(value))
 
 
-def _claimed_by(row: TaskRecord, run: Run, tries: list[tuple[int, int]]) -> bool:
-    """`row` holds `run`'s claim made by one of `tries` (a claim's start is stamped with the store's clock)."""
-    started = row.started_at
+def _claimed_by(row: TaskRecord, run: Run, failed_at: set[int]) -> bool:
+    """`row` holds `run`'s claim made by one of the tries at `failed_at` (a claim's `started_at` is its time, to
+    the millisecond: another copy's claim would have to land in the same one)."""
     ours = row.dispatches == run.dispatch and row.attempt == run.attempt and run.of(row)
-    return ours and started is not None and any(before <= started <= after for before, after in tries)
+    return ours and row.started_at in failed_at
+
+
+_worker_limits: tuple[float | None, float | None] = (None, None)
+"""The worker's own `--time-limit` and `--soft-time-limit` (`bridge.on_worker_init`; a pool process inherits it):
+Celery gives those to the pool, not to the tasks."""
+
+
+def worker_limits(hard: float | None, soft: float | None) -> None:
+    global _worker_limits
+    _worker_limits = (hard, soft)
 
 
 def limit_left_s(job: Task, request: Any, *, soft: bool) -> float | None:
     """Seconds left before the run's hard time limit (with `soft`, or its soft one if sooner), counted from its
-    start in this process (`RUN_CLOCK`); None when the job has neither."""
+    start in this process (`RUN_CLOCK`); None when the job has neither. As Celery decides them: the message's,
+    else the job's (its options, `task_time_limit`), else the worker's."""
     hard_limit, soft_limit = getattr(request, "timelimit", None) or (None, None)
-    limits = [hard_limit or job.time_limit, (soft_limit or job.soft_time_limit) if soft else None]
+    limits = [
+        hard_limit or job.time_limit or _worker_limits[0],
+        (soft_limit or job.soft_time_limit or _worker_limits[1]) if soft else None,
+    ]
     bounds = [float(limit) for limit in limits if limit]
     if not bounds:
         return None
