@@ -190,3 +190,44 @@ def test_an_outage_that_outlived_the_jobs_beating_through_it_is_reported_again_f
     assert [r.getMessage() for r in caplog.records if "heartbeat" in r.getMessage()] == [
         "task heartbeat failed (StoreUnavailable); will retry"
     ] * 2
+
+
+def test_a_job_that_starts_while_the_last_jobs_failed_beat_is_being_said_hears_of_the_outage_itself(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The interleaving that made the test above flaky, forced: the next job starts (and forgets the old
+    outage) after the beat thread chose DEBUG for the last job's failed beat, before it noted the failure."""
+    from celery_mcp_tasks.store.base import StoreUnavailable
+
+    registry = Heartbeats()
+    first, second = ExitStack(), ExitStack()
+    calls: list[str] = []
+    started: list[str] = []
+
+    def unreachable(name: str) -> Callable[[], bool]:
+        def beat() -> bool:
+            calls.append(name)
+            raise StoreUnavailable("the task store is unavailable")
+
+        return beat
+
+    class NextJobStarts(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno == logging.DEBUG and "heartbeat" in record.getMessage() and not started:
+                started.append("second")
+                first.close()  # in the beat thread, while it says the first job's second failure
+                second.enter_context(registry.running(unreachable("second"), INTERVAL))
+
+    worker_log = logging.getLogger("celery_mcp_tasks.worker")
+    handler = NextJobStarts(logging.DEBUG)
+    worker_log.addHandler(handler)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="celery_mcp_tasks.worker"):
+            first.enter_context(registry.running(unreachable("first"), INTERVAL))
+            _until(lambda: calls.count("second") >= 2)
+            second.close()
+    finally:
+        worker_log.removeHandler(handler)
+        first.close()
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "heartbeat" in r.getMessage()]
+    assert warned == ["task heartbeat failed (StoreUnavailable); will retry"] * 2

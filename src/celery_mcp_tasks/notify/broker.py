@@ -24,6 +24,7 @@ from kombu.messaging import Consumer
 from celery_mcp_tasks.model import TaskRecord
 from celery_mcp_tasks.notify.base import listeners_possible
 from celery_mcp_tasks.notify.hub import Hub
+from celery_mcp_tasks.outage_log import OutageLog
 from celery_mcp_tasks.preflight import short_reason
 
 logger = logging.getLogger(__name__)
@@ -114,7 +115,7 @@ class BrokerListener:
     def _consume(self) -> None:
         delay = 0.1
         connected_before = False
-        failing = False  # the first failure of an outage is a warning with the fix; its retries are debug
+        outage = OutageLog(logger)  # the first failure of an outage is a warning with the fix; its retries debug
         while not self._stop.is_set():
             connection = self._connection()
             try:
@@ -130,9 +131,8 @@ class BrokerListener:
                     with Consumer(conn, queues=[queue], callbacks=[self._on_message], accept=["json"], no_ack=True):
                         if connected_before:
                             self._hub.from_thread(self._hub.resync)
-                        if failing:
-                            logger.info("task change listener reached the broker %s again", self._url or conn.as_uri())
-                        connected_before, failing = True, False
+                        outage.answered("task change listener reached the broker %s again", self._url or conn.as_uri())
+                        connected_before = True
                         self._connected.set()
                         delay = 0.1
                         while not self._stop.is_set():
@@ -144,14 +144,12 @@ class BrokerListener:
             except Exception as exc:  # noqa: BLE001 - any broker failure: back off, reconnect, resync
                 if self._stop.is_set():
                     return
-                logger.log(
-                    logging.DEBUG if failing else logging.WARNING,
+                outage.failed(
                     "task change listener cannot reach the broker %s (%s); retrying every few seconds, and listen "
                     "streams catch up by polling meanwhile: start the broker or fix CELERY_BROKER_URL",
                     self._url or connection.as_uri(),
                     short_reason(exc),
                 )
-                failing = True
             self._stop.wait(delay)
             delay = min(delay * 2, _RETRY_MAX_S)
 

@@ -14,6 +14,7 @@ import anyio
 import anyio.to_thread
 
 from celery_mcp_tasks.notify.hub import Hub
+from celery_mcp_tasks.outage_log import OutageLog
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +26,7 @@ class RowPoller:
         self._versions = versions
         self._hub = hub
         self._seen: dict[str, int] = {}
-        self._failing = False
+        self._outage = OutageLog(logger)  # a store outage: said once, and once more when it is over
         self.ready = anyio.Event()
 
     async def poll_once(self) -> None:
@@ -36,17 +37,9 @@ class RowPoller:
         try:
             found = await anyio.to_thread.run_sync(self._versions, keys)
         except Exception as exc:  # noqa: BLE001 - a locked or unreachable store: try again next tick
-            # said once an outage (then DEBUG at each tick), and once more when it is over
-            logger.log(
-                logging.DEBUG if self._failing else logging.WARNING,
-                "task change poll failed (%s); retrying",
-                type(exc).__name__,
-            )
-            self._failing = True
+            self._outage.failed("task change poll failed (%s); retrying", type(exc).__name__)
             return
-        if self._failing:
-            logger.info("task change poll reads the store again")
-            self._failing = False
+        self._outage.answered("task change poll reads the store again")
         for key, version in found.items():
             # A key seen for the first time is hinted too: its stream may have read it
             # just before a change, and it drops a hint that brings nothing new.

@@ -19,6 +19,7 @@ from sqlalchemy.engine import Engine, make_url
 from celery_mcp_tasks.model import TaskRecord
 from celery_mcp_tasks.notify.base import listeners_possible
 from celery_mcp_tasks.notify.hub import Hub
+from celery_mcp_tasks.outage_log import OutageLog
 from celery_mcp_tasks.store.base import ChangeHint
 from celery_mcp_tasks.store.engine import libpq_deadlines
 
@@ -90,7 +91,7 @@ class PgListener:
         import psycopg  # the `postgres` extra; imported only where PostgreSQL is used
 
         delay = 0.1
-        failing = False  # said once an outage (then DEBUG at each try), and once more when it is over
+        outage = OutageLog(logger)  # said once an outage, and once more when it is over
         while True:
             try:
                 # A vanished peer is noticed in seconds (libpq_deadlines): then it reconnects and every watch re-reads.
@@ -98,17 +99,10 @@ class PgListener:
                 conn: Any = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
                 async with conn:
                     delay = 0.1
-                    if failing:
-                        logger.info("task change listener reached PostgreSQL again")
-                        failing = False
+                    outage.answered("task change listener reached PostgreSQL again")
                     await self._serve(conn)
             except Exception as exc:  # noqa: BLE001 - never let the listener take the web app down: back off, reconnect
-                logger.log(
-                    logging.DEBUG if failing else logging.WARNING,
-                    "task change listener lost PostgreSQL (%s); reconnecting",
-                    type(exc).__name__,
-                )
-                failing = True
+                outage.failed("task change listener lost PostgreSQL (%s); reconnecting", type(exc).__name__)
             finally:
                 self.listening = False
             await anyio.sleep(delay)

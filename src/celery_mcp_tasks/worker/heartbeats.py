@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from celery_mcp_tasks.outage_log import OutageLog
 from celery_mcp_tasks.store.base import StoreUnavailable
 from celery_mcp_tasks.store.failures import loggable
 from celery_mcp_tasks.worker.termination import start_thread
@@ -50,7 +51,7 @@ class Heartbeats:
         self._thread: threading.Thread | None = None
         self._wake_at: float | None = None  # when the thread looks again at the latest (None: never on its own)
         self._idle_s: float | None = None  # with no job running, the thread looks again after this long
-        self._failing = False  # the last beat failed on the store: said once an outage, and once it is over
+        self._outage = OutageLog(logger)  # a store outage: said once, and once more when it is over
 
     @contextmanager
     def running(self, beat: Beat, interval: float) -> Iterator[None]:
@@ -77,7 +78,7 @@ class Heartbeats:
         job = Job(beat, interval, self._clock() + interval)
         with self._changed:
             if not self._jobs:
-                self._failing = False  # an outage the last jobs beat through is not this job's to report on
+                self._outage.forget()  # an outage the last jobs beat through is not this job's to report on
             self._jobs.add(job)
             self._idle_s = interval  # the next job is likely to beat at the same pace
             if self._thread is None or not self._thread.is_alive():  # first job, or a thread that died
@@ -110,16 +111,12 @@ class Heartbeats:
                 try:
                     alive = job.beat()
                 except StoreUnavailable as exc:  # an outage: one line for it in this process, not one a beat
-                    level = logging.DEBUG if self._failing else logging.WARNING
-                    logger.log(level, "task heartbeat failed (%s); will retry", loggable(exc.__cause__ or exc))
-                    self._failing = True
+                    self._outage.failed("task heartbeat failed (%s); will retry", loggable(exc.__cause__ or exc))
                     continue
                 except Exception:  # a missed beat is only a later reap; never kill the job for it
                     logger.warning("task heartbeat failed; will retry", exc_info=True)
                     continue
-                if self._failing:
-                    logger.info("task heartbeats reach the task store again")
-                    self._failing = False
+                self._outage.answered("task heartbeats reach the task store again")
                 if not alive:  # final, or a newer run owns the task: nothing left to keep alive
                     with self._changed:
                         self._jobs.discard(job)
