@@ -38,6 +38,11 @@ from celery_mcp_tasks.worker.job import DISPATCH_HEADER, KEY_HEADER, LAST_RECORD
 from tests.builders import SendOnly
 
 
+def worker_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """What the package's worker side said, in order."""
+    return [r.getMessage() for r in caplog.records if r.name.startswith("celery_mcp_tasks.worker")]
+
+
 @pytest.fixture
 def tasks(tmp_path: Path) -> McpTasks:
     settings = Settings(data_dir=tmp_path, janitor_interval_s=None)
@@ -439,7 +444,7 @@ def test_a_claim_through_a_short_store_outage_waits_and_the_job_runs(
     [task_id] = created_behind(tasks, monkeypatch, store, "patient_work")
     with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks.worker"):
         patient_work.apply(headers=headers(task_id))
-    said = [r.getMessage() for r in caplog.records if r.name.startswith("celery_mcp_tasks.worker")]
+    said = worker_lines(caplog)
     assert said == [
         "job for tool 'patient_work' waits to start: the task store is unavailable (OperationalError; "
         "MCP_TASKS_DATABASE_URL); trying again for up to 30 s"
@@ -479,7 +484,7 @@ def test_a_run_the_store_cannot_claim_or_serve_ends_leaving_the_task_to_the_jani
     assert bodies == ["asks"] and 25 <= sum(clock.slept) <= 30
     for task_id in (unclaimed, asking):
         assert status(tasks, task_id).status is TaskStatus.WORKING
-    worker = [r.getMessage() for r in caplog.records if r.name.startswith("celery_mcp_tasks.worker")]
+    worker = worker_lines(caplog)
     end = "the task store is unavailable (OperationalError; MCP_TASKS_DATABASE_URL); the janitor sends the job again"
     assert f"job for tool 'never_claimed' not started: {end} after the stale timeout" in worker
     assert f"job for tool 'asks' stopped: {end} after the stale timeout" in worker
@@ -602,7 +607,7 @@ def test_a_soft_time_limit_while_the_claim_waits_leaves_the_task_to_the_janitor(
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks.worker"):
         limited.apply(headers=headers(task_id))
-    said = [r.getMessage() for r in caplog.records if r.name.startswith("celery_mcp_tasks.worker")]
+    said = worker_lines(caplog)
     assert said[-1] == (
         "job for tool 'limited' not started: the task store is unavailable (its soft time limit came first; "
         "MCP_TASKS_DATABASE_URL); the janitor sends the job again after the stale timeout"
@@ -633,7 +638,7 @@ def test_progress_reports_the_store_cannot_take_are_dropped_and_the_job_goes_on(
     [task_id] = created_behind(tasks, monkeypatch, store, "reporting")
     with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks.worker"):
         reporting.apply(headers=headers(task_id))
-    said = [r.getMessage() for r in caplog.records if r.name.startswith("celery_mcp_tasks.worker")]
+    said = worker_lines(caplog)
     assert (
         said
         == [
