@@ -251,14 +251,17 @@ def test_a_report_with_current_replaces_both_numbers_and_one_without_keeps_them(
     assert (unbounded.progress, unbounded.progress_total) == (2.5, None)
 
 
-def test_a_final_state_keeps_the_last_numbers() -> None:
-    counted = record().with_progress("a", 2, current=3, total=3)
-    for final in (
-        counted.completed({"content": []}, 3),
-        counted.failed({"message": "boom"}, 3),
-        counted.cancelled(3),
-    ):
-        assert (final.progress, final.progress_total) == (3.0, 3.0)
+def test_a_failed_or_cancelled_task_keeps_the_last_numbers_and_a_completed_one_fills_its_bar() -> None:
+    """How far a task that did not finish got; and a job that said "2 of 3" before the last step is done."""
+    counted = record().with_progress("a", 2, current=2, total=3)
+    for final in (counted.failed({"message": "boom"}, 3), counted.cancelled(3)):
+        assert (final.progress, final.progress_total) == (2.0, 3.0)
+    done = counted.completed({"content": []}, 3)
+    assert (done.progress, done.progress_total) == (3.0, 3.0)
+    unbounded = record().with_progress("a", 2, current=7).completed({"content": []}, 3)
+    assert (unbounded.progress, unbounded.progress_total) == (7.0, None)
+    silent = record().completed({"content": []}, 3)
+    assert (silent.progress, silent.progress_total) == (None, None)
 
 
 @pytest.mark.parametrize(

@@ -143,7 +143,8 @@ def test_numeric_progress_is_stored_and_notified_and_bad_numbers_never_write(
         service.progress(record.key, "x", current=-1)
     assert service.record(record.key) == counted and len(seen.notified) == notified
     done = service.complete(record.key, {"content": []})
-    assert (done.progress, done.progress_total) == (2.0, 3.0)  # a final state keeps the last numbers
+    assert (done.progress, done.progress_total) == (3.0, 3.0)  # the work is done: its bar is full
+    assert service.record(record.key) == done
 
 
 @pytest.mark.parametrize("finish", ["complete", "fail"])

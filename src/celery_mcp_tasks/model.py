@@ -435,7 +435,8 @@ class TaskRecord:
 
         A report with `current` replaces both numbers (`total` None: unknown); one
         without keeps the last numbers, so a message-only report never moves a
-        progress bar backwards. A final state keeps them too.
+        progress bar backwards. A final state keeps them too (a failed or cancelled task
+        shows how far it got), but `completed` fills a bar that had a total.
         """
         self._require_active(run)
         current, total = checked_progress(current, total)
@@ -539,7 +540,16 @@ class TaskRecord:
         self, result: dict[str, Any], at_ms: int, message: str | None = None, run: Run | None = None
     ) -> TaskRecord:
         self._require_active(run)
-        return self._next(at_ms, status=TaskStatus.COMPLETED, result=result, input_requests={}, status_message=message)
+        # The work is done: a job that said "section 3 of 3" before writing it did not say it again after.
+        done = self.progress_total if self.progress is not None and self.progress_total else self.progress
+        return self._next(
+            at_ms,
+            status=TaskStatus.COMPLETED,
+            result=result,
+            input_requests={},
+            status_message=message,
+            progress=done,
+        )
 
     def failed(
         self, error: dict[str, Any], at_ms: int, message: str | None = None, run: Run | None = None

@@ -48,6 +48,7 @@ APP = """
 from celery_mcp_tasks import McpTasks
 
 tasks = McpTasks("doctor-test")
+celery = tasks.celery
 tasks.celery.conf.task_routes = {"*.report": {"queue": "reports"}}
 
 
@@ -96,6 +97,21 @@ def test_the_embedded_store_before_its_first_upgrade_is_a_database_fail_with_its
     assert rows["schema"] == Row("schema", "SKIP", "needs database")
     assert rows["janitor"].status == rows["clock"].status == "SKIP"
     assert rows["broker"].status == "OK"
+
+
+def test_an_app_without_the_attribute_celery_finds_is_a_config_warning_naming_the_line_to_add(
+    app_module: str, tmp_path: Path
+) -> None:
+    """`celery -A APP worker` finds a Celery app by a module attribute; a worker started as the docs say would
+    stop at once with Celery's own error, and the workers row would then only say none has the tools."""
+    module = tmp_path / f"{app_module}.py"
+    module.write_text(module.read_text().replace("celery = tasks.celery\n", ""))
+    config = by_name(diagnose(app_module, timeout_s=0.5))["config"]
+    assert config.status == "WARN"
+    assert config.detail.startswith(
+        f"`celery -A {app_module} worker` cannot find this app's Celery app: add `celery = tasks.celery` to "
+        f"{app_module}; store sqlite:///"
+    )
 
 
 def test_a_misspelled_setting_is_a_config_warning_and_under_strict_settings_a_fail(

@@ -22,7 +22,7 @@ from typing import IO, TYPE_CHECKING, Any, Literal
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
-from celery_mcp_tasks.cli.shared import load_app, tool_queues
+from celery_mcp_tasks.cli.shared import celery_target, load_app, tool_queues
 from celery_mcp_tasks.config import ConfigError, redact_url, unknown_settings
 from celery_mcp_tasks.model import TaskRecord, TaskStatus, now_ms
 from celery_mcp_tasks.ops.probes import (
@@ -401,10 +401,15 @@ def _load(app_path: str) -> tuple[McpTasks | None, Verdict]:
         return tasks, Verdict("FAIL", f"configuration error: {exc}", "fix the setting the message names")
     tools = sorted(_internals(tasks).tools)
     where = f"store {redact_url(tasks.settings.store_url)}, broker {redact_url(str(tasks.celery.conf.broker_url))}"
-    if unknown:
-        return tasks, Verdict("WARN", f"{'; '.join(unknown)}; {where}", "")
+    found = list(unknown)
+    try:  # what `dev` refuses: a worker started as the docs say would not start
+        celery_target(app_path, tasks)
+    except SystemExit as exc:
+        found.append(str(exc.code).removeprefix("celery-mcp-tasks: "))
     if not tools:
-        return tasks, Verdict("WARN", f"{app_path} loads but declares no task tools; {where}", "")
+        found.append(f"{app_path} loads but declares no task tools")
+    if found:
+        return tasks, Verdict("WARN", f"{'; '.join(found)}; {where}", "")
     return tasks, Verdict("OK", f"{len(tools)} task tool(s) ({', '.join(tools)}); {where}")
 
 
