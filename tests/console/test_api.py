@@ -257,6 +257,9 @@ def test_the_cli_lists_shows_and_cancels(deployment: tuple[Deployment, str], mcp
     assert key in [row["key"] for row in listed["rows"]]
     shown = cli("show", key)
     assert shown.returncode == 0 and "slow_compute" in shown.stdout and task_id not in shown.stdout
+    by_id = cli("show", task_id)  # what a user's ticket quotes: hashed in the command, never sent
+    assert by_id.returncode == 0 and key in by_id.stdout and task_id not in by_id.stdout + by_id.stderr
+    assert task_id not in dep.logs()
     bad = cli("ls", "--status", "running")
     assert bad.returncode == 2 and "status:" in bad.stderr
     assert cli("cancel", key).returncode == 0

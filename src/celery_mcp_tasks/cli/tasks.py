@@ -1,7 +1,8 @@
 """`celery-mcp-tasks tasks ls|show|cancel|resend|delete [--url URL]`: the console's JSON API from a terminal.
 
 Rows are named by their row key (sha256 of the task id) or a prefix of 8+ of its digits that only one row's key
-starts with; the operator token is MCP_TASKS_CONSOLE_TOKEN (sent as a bearer token, never printed).
+starts with, or by the task id itself (a user's ticket quotes it): hashed here, it never leaves this process; the
+operator token is MCP_TASKS_CONSOLE_TOKEN (sent as a bearer token, never printed).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import getpass
 import http.client
 import json
 import os
+import re
 import shlex
 import sys
 import urllib.error
@@ -20,6 +22,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from celery_mcp_tasks.cli.shared import printable
+from celery_mcp_tasks.model import task_key
+
+_TASK_ID = re.compile(r"[A-Za-z0-9_-]{43}")  # `new_task_id` and `derived_task_id`
+_HEX = re.compile(r"[0-9a-fA-F]+")
 
 TOKEN_SETTING = "MCP_TASKS_CONSOLE_TOKEN"
 URL_SETTING = "MCP_TASKS_CONSOLE_URL"
@@ -76,7 +82,9 @@ def add_parser(sub: Any) -> None:
         command = commands.add_parser(name, help=text)
         common(command)
         command.add_argument(
-            "key", metavar="KEY", help="the row key, or a unique prefix of it (the ROW column of `ls`)"
+            "key",
+            metavar="KEY",
+            help="the row key, a unique prefix of it (the ROW column of `ls`), or the task's id (hashed here)",
         )
         if name == "cancel":
             command.add_argument("--terminate", action="store_true", help="also stop the running job (if allowed)")
@@ -139,6 +147,15 @@ def _when(ms: int | None) -> str:
     if ms is None:
         return "-"
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _row_key(given: str) -> str:
+    """The row key to ask the console for: a task id (43 base64url characters, not all of them hex digits) is
+    hashed as the store hashes it; a key or a prefix of one goes as given."""
+    given = given.strip()
+    if _TASK_ID.fullmatch(given) and not _HEX.fullmatch(given):
+        return task_key(given)
+    return given
 
 
 def _progress(row: dict[str, Any]) -> str:
@@ -214,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
                     more = shlex.join(["celery-mcp-tasks", "tasks", "ls", *again, f"--cursor={page['next_cursor']}"])
                     print(f"more: {more}", file=sys.stderr)
             return 0
-        key = urllib.parse.quote(args.key.strip(), safe="")
+        key = urllib.parse.quote(_row_key(args.key), safe="")
         if command == "show":
             detail = _request(args, "GET", f"/api/tasks/{key}")
             print(json.dumps(detail, indent=2) if args.json_output else _show(detail))
