@@ -106,6 +106,41 @@ def test_a_hint_failure_of_another_cause_is_said_again_with_its_own_fix(caplog: 
     assert first.endswith("raise broker_pool_limit") and second.endswith("start the broker or fix CELERY_BROKER_URL")
 
 
+def test_a_broker_that_hangs_costs_a_writer_one_wait_a_pause_not_one_a_write() -> None:
+    """A frozen or cut-off broker: each publish waits out the socket timeout (a job's progress stalled 6-15 s
+    a report in an audit). After a publish that hung, hints are given up for three times the wait; a broker
+    that refuses at once (stopped, restarting) costs nothing and is tried at every write."""
+    now = [100.0]
+
+    class Pool:
+        def __init__(self) -> None:
+            self.tries: list[float] = []
+            self.hangs = True
+
+        def acquire(self, **_: object) -> object:
+            self.tries.append(now[0])
+            if self.hangs:
+                now[0] += 5.0  # the socket timeout, waited out
+            raise OperationalError("timed out" if self.hangs else "refused")
+
+    pool = Pool()
+    publisher = BrokerPublisher(lambda: pool, hint_exchange("t"), clock=lambda: now[0])
+    for version in range(2, 6):
+        publisher.task_changed(record(key="ab" * 32, version=version))
+    assert pool.tries == [100.0]  # one wait; the writes after it do not try within the pause
+    now[0] += 3 * 5.0 - 0.1  # the pause is three times the wait
+    publisher.task_changed(record(key="ab" * 32, version=6))
+    assert len(pool.tries) == 1
+    now[0] += 0.2
+    publisher.task_changed(record(key="ab" * 32, version=7))
+    assert len(pool.tries) == 2  # tried again after the pause (and it hung again)
+    now[0] += 15.1
+    pool.hangs = False
+    for version in range(8, 11):
+        publisher.task_changed(record(key="ab" * 32, version=version))
+    assert len(pool.tries) == 5  # refused at once: every write tries (the broker may be back at the next)
+
+
 def test_the_hint_listener_warns_once_then_retries_quietly(down: Celery, caplog: pytest.LogCaptureFixture) -> None:
     listener = BrokerListener(down.connection_for_read, hint_exchange("t"), Hub(), url="redis://:***@down:1/0")
     with caplog.at_level(logging.DEBUG, logger="celery_mcp_tasks"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -31,6 +32,13 @@ logger = logging.getLogger(__name__)
 
 # A hint is worth one quick retry, not a stalled job: the seam swallows the failure.
 _RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.1, "interval_max": 0.1}
+# A publish that failed only after this long met a broker that hangs (frozen, or cut off by a partition: each
+# try waits out the socket timeout) rather than one that refuses at once (stopped, restarting) ...
+_HUNG_S = 1.0
+# ... and hints are then given up for three times as long as it waited (at least `_PAUSE_S`): the writer (a job
+# reporting progress, a request) spends at most a quarter of its time waiting on a broker that hangs, not every
+# write. A lost hint costs a listen stream latency, never a change (`notify.hub`).
+_PAUSE_S = 10.0
 _DRAIN_TIMEOUT_S = 0.5
 _RETRY_MAX_S = 5.0
 
@@ -45,14 +53,26 @@ def hint_exchange(namespace: str) -> Exchange:
 class BrokerPublisher:
     """A `Notifier`: one small transient message per change, through the producer pool."""
 
-    def __init__(self, producer_pool: Callable[[], Any], exchange: Exchange, *, url: str = "") -> None:
+    def __init__(
+        self,
+        producer_pool: Callable[[], Any],
+        exchange: Exchange,
+        *,
+        url: str = "",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._producer_pool = producer_pool
         self._exchange = exchange
         self._url = url  # for a log line: the broker URL, its password masked
         self._said: set[str] = set()  # the fixes said in this outage: each once, not with a traceback per write
+        self._clock = clock
+        self._paused_until = float("-inf")  # after a publish that hung: no hint is tried before then
 
     def task_changed(self, record: TaskRecord) -> None:
         if not listeners_possible(record):
+            return
+        started = self._clock()
+        if started < self._paused_until:
             return
         try:
             with self._producer_pool().acquire(block=True, timeout=2) as producer:
@@ -67,14 +87,19 @@ class BrokerPublisher:
                     retry_policy=_RETRY_POLICY,
                 )
         except OperationalError as exc:
-            return self._unpublished(short_reason(exc), "start the broker or fix CELERY_BROKER_URL")
-        except LimitExceeded:  # every pooled producer is busy (many threads writing at once)
-            return self._unpublished("no pooled broker connection was free within 2 s", "raise broker_pool_limit")
+            return self._unpublished(started, short_reason(exc), "start the broker or fix CELERY_BROKER_URL")
+        except LimitExceeded:  # every pooled producer is busy (many threads writing at once, or hung)
+            return self._unpublished(
+                started, "no pooled broker connection was free within 2 s", "raise broker_pool_limit"
+            )
         if self._said:
             self._said.clear()
             logger.info("task change hints reach the broker again")
 
-    def _unpublished(self, reason: str, fix: str) -> None:
+    def _unpublished(self, started: float, reason: str, fix: str) -> None:
+        now = self._clock()
+        if now - started >= _HUNG_S:
+            self._paused_until = now + max(_PAUSE_S, 3 * (now - started))
         if fix not in self._said:  # once per outage and cause: causes that alternate under load say each once
             self._said.add(fix)
             logger.warning(
