@@ -1,6 +1,6 @@
 """What a retrying loop says of a dependency that stops answering: one line per outage, not one per try.
 
-The first failure is a WARNING (with the fix, where the caller knows it), the retries that follow are DEBUG, and
+The first failure is a WARNING (with the fix, where the caller knows it; an ERROR where calls fail), the retries that follow are DEBUG, and
 one INFO line says when the dependency answers again. Used by the heartbeats, the change listeners and the poll.
 """
 
@@ -13,24 +13,25 @@ import threading
 class OutageLog:
     """One outage's log lines for one retrying loop; safe to share between threads."""
 
-    def __init__(self, logger: logging.Logger) -> None:
+    def __init__(self, logger: logging.Logger, *, first: int = logging.WARNING) -> None:
         self._logger = logger
+        self._first = first  # the level of an outage's first line
         self._lock = threading.Lock()  # a failure and a `forget` from another thread never interleave halfway
         self._failing = False
 
     def failed(self, msg: str, *args: object) -> None:
-        """A try failed: WARNING if it is the outage's first, else DEBUG."""
+        """A try failed: WARNING (or `first`) if it is the outage's first, else DEBUG."""
         with self._lock:
-            level = logging.DEBUG if self._failing else logging.WARNING
+            level = logging.DEBUG if self._failing else self._first
             self._failing = True
-        self._logger.log(level, msg, *args)
+        self._logger.log(level, msg, *args, stacklevel=2)  # the line is the caller's
 
     def answered(self, msg: str, *args: object) -> None:
         """A try got through: says `msg` (INFO) if it ends an outage, else nothing."""
         with self._lock:
             ended, self._failing = self._failing, False
         if ended:
-            self._logger.info(msg, *args)
+            self._logger.info(msg, *args, stacklevel=2)
 
     def forget(self) -> None:
         """Start afresh, without a line: the next failure is a new outage's first."""

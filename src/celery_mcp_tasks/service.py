@@ -70,13 +70,19 @@ class Dispatcher(Protocol):
     only for committed rows."""
 
     def send(self, record: TaskRecord) -> None:
-        """Send the job for this record's current dispatch (e.g. a Celery message). May raise."""
+        """Send the job for this record's current dispatch (e.g. a Celery message). May raise (an outage of
+        the job runner: `DispatchUnavailable`)."""
 
     def revoke(self, record: TaskRecord) -> None:
         """This call just cancelled the task: stop its job, if its tool asked for that.
 
         Must return at once (a broker outage may not hold a request); best effort.
         """
+
+
+class DispatchUnavailable(Exception):
+    """What a `Dispatcher` raises when the job runner cannot take jobs at all (its broker is down): it has said
+    why in its log, once an outage, so the failed tasks do not each say it again. The text is the cause's name."""
 
 
 class NotLost(Exception):
@@ -704,9 +710,11 @@ class TaskService:
         try:
             self.dispatcher.send(record)
         except Exception as exc:  # noqa: BLE001 - broker down, serialization, routing: the task must still end readable
-            logger.error("could not send the job for tool %r: %s", record.tool, type(exc).__name__)
+            reason = str(exc) if isinstance(exc, DispatchUnavailable) else type(exc).__name__
+            if not isinstance(exc, DispatchUnavailable):  # this job's own failure; an outage was said once
+                logger.error("could not send the job for tool %r: %s", record.tool, reason)
             try:
-                return self.fail(record.key, failure(ENQUEUE_FAILED, type(exc).__name__))
+                return self.fail(record.key, failure(ENQUEUE_FAILED, reason))
             except TerminalTask:
                 return self.store.get(record.key, ANY) or record
         return record

@@ -28,7 +28,7 @@ from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.model import TaskRecord
 from celery_mcp_tasks.notify.broker import BrokerListener, BrokerPublisher, hint_exchange
 from celery_mcp_tasks.notify.hub import Hub
-from celery_mcp_tasks.service import ENQUEUE_FAILED
+from celery_mcp_tasks.service import ENQUEUE_FAILED, DispatchUnavailable
 from celery_mcp_tasks.worker.dispatch import CeleryDispatcher
 from tests.builders import record
 from tests.support import free_port, silent_server
@@ -55,12 +55,38 @@ def test_a_send_to_a_broker_that_is_down_names_it_and_what_to_do(
     down: Celery, caplog: pytest.LogCaptureFixture
 ) -> None:
     tools = {"report": SimpleNamespace(name="report", celery_name="jobs.report", terminate=False)}
-    with caplog.at_level(logging.ERROR, logger="celery_mcp_tasks"), pytest.raises(OperationalError):
+    with caplog.at_level(logging.ERROR, logger="celery_mcp_tasks"), pytest.raises(DispatchUnavailable) as raised:
         CeleryDispatcher(down, tools).send(record(key="ab" * 32, tool="report", dispatches=1))  # type: ignore[arg-type]
+    assert isinstance(raised.value.__cause__, OperationalError) and str(raised.value) == "OperationalError"
     (line,) = said(caplog, logging.ERROR)
     assert line.startswith("cannot reach the broker redis://:***@127.0.0.1:") and "Connection refused" in line
     assert line.endswith("start the broker or fix CELERY_BROKER_URL") and SECRET not in line
     assert "ab" * 32 not in line and not any(r.exc_info for r in caplog.records)
+
+
+def test_calls_while_the_broker_is_down_each_fail_readable_and_the_log_says_it_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two ERROR lines a call (the dispatcher's and the service's) grew with the call rate in an outage."""
+    broker = f"redis://:{SECRET}@127.0.0.1:{free_port()}/0"
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'tasks.db'}", broker_url=broker)
+    tasks = McpTasks("down-calls", settings=settings, notifier=None)
+    tasks.celery.conf.broker_transport_options = {"max_retries": 1, "interval_start": 0, "interval_step": 0.1}
+
+    @tasks.mcp_task(shared=False)
+    def report() -> str:
+        return "ok"
+
+    upgrade(settings.store_url)
+    service = internals(tasks).service()
+    with caplog.at_level(logging.DEBUG, logger="celery_mcp_tasks"):
+        created = [service.create(owner=None, tool="report", arguments={})[1] for _ in range(3)]
+    assert [(r.status, r.error) for r in created] == [
+        ("failed", {"message": ENQUEUE_FAILED, "data": "OperationalError"})
+    ] * 3
+    (line,) = said(caplog, logging.ERROR)
+    assert line.startswith("cannot reach the broker redis://:***@127.0.0.1:")
+    assert [r for r in said(caplog, logging.DEBUG) if r.startswith("cannot reach the broker")] == [line] * 2
 
 
 def test_the_hint_publisher_says_so_once_per_outage(down: Celery, caplog: pytest.LogCaptureFixture) -> None:

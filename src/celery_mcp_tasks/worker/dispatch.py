@@ -27,7 +27,9 @@ from kombu.exceptions import OperationalError
 
 from celery_mcp_tasks.config import redact_url
 from celery_mcp_tasks.model import TaskRecord, celery_message_id
+from celery_mcp_tasks.outage_log import OutageLog
 from celery_mcp_tasks.propagation import sending
+from celery_mcp_tasks.service import DispatchUnavailable
 from celery_mcp_tasks.worker.celery_internals import pool_terminates
 from celery_mcp_tasks.worker.fairness import routed_queue, shard_queue
 from celery_mcp_tasks.worker.job import (
@@ -81,6 +83,7 @@ class CeleryDispatcher:
         self._sharded: dict[str, bool] = {}
         self.send_arguments = send_arguments  # False (encryption at rest): the job reads them from the row
         self.revoker = revoker or BackgroundRevoker(app)
+        self._outage = OutageLog(logger, first=logging.ERROR)  # the broker refusing sends: said once an outage
         self._receivers = warn_unless_pool_terminates(
             app,
             lambda: sorted(t.name for t in self.tools.values() if t.terminate),
@@ -108,14 +111,15 @@ class CeleryDispatcher:
                     retry_policy=_SEND_RETRY,
                     **route,
                 )
-        except OperationalError as exc:  # the broker is down or refuses us: say which, and what to do
-            logger.error(
-                "cannot reach the broker %s (%s); the task fails as not enqueued: start the broker or fix "
-                "CELERY_BROKER_URL",
+        except OperationalError as exc:  # the broker is down or refuses us: say which, and what to do (once)
+            self._outage.failed(
+                "cannot reach the broker %s (%s); the tasks created meanwhile fail as not enqueued: start the "
+                "broker or fix CELERY_BROKER_URL",
                 redact_url(str(self.app.conf.broker_url)),
                 str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
             )
-            raise
+            raise DispatchUnavailable(type(exc).__name__) from exc
+        self._outage.answered("the broker %s takes jobs again", redact_url(str(self.app.conf.broker_url)))
 
     def _on_default_queue(self, celery_name: str) -> bool:
         """Whether the job goes to the default queue (then it is sharded); decided once per tool."""
