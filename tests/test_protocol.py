@@ -47,7 +47,10 @@ def test_numeric_progress_rides_in_meta_only_once_reported():
     counted = record().with_progress("2 of 3", 2000, current=2, total=3)
     assert render_task("ID", counted)["_meta"] == {PROGRESS_META_KEY: {"progress": 2, "total": 3}}
     assert render_task("ID", counted.completed({"content": []}, 3000))["_meta"] == {
-        PROGRESS_META_KEY: {"progress": 2, "total": 3}
+        PROGRESS_META_KEY: {"progress": 3, "total": 3}  # the work is done: the bar is full
+    }
+    assert render_task("ID", counted.failed({"message": "boom"}, 3000))["_meta"] == {
+        PROGRESS_META_KEY: {"progress": 2, "total": 3}  # how far it got
     }
     unbounded = counted.with_progress("more", 4000, current=2.5)
     assert render_task("ID", unbounded)["_meta"] == {PROGRESS_META_KEY: {"progress": 2.5}}  # no total: unknown

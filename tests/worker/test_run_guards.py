@@ -853,7 +853,7 @@ def test_a_job_that_never_reports_shows_its_start_and_numbers_ride_along_when_it
     counting.apply(headers=headers(task_id))
     assert seen == [("Started", None, None), ("still 1 of 4", 1.0, 4.0)]
     done = status(tasks, task_id)
-    assert done.status is TaskStatus.COMPLETED and (done.progress, done.progress_total) == (1.0, 4.0)
+    assert done.status is TaskStatus.COMPLETED and (done.progress, done.progress_total) == (4.0, 4.0)  # done: full
     assert done.updated_at >= created.updated_at
 
 
@@ -896,7 +896,7 @@ def test_a_job_costs_one_read_and_one_update_to_claim_and_one_update_per_report_
     # SQLite: the read's deferred BEGIN, its SELECT; then the claim, the report and the outcome: one UPDATE each.
     assert [word for word in seen if word != "BEGIN"] == ["SELECT", "UPDATE", "UPDATE", "UPDATE"]
     done = status(tasks, task_id)
-    assert done.status is TaskStatus.COMPLETED and done.progress == 1 and done.version == 4
+    assert done.status is TaskStatus.COMPLETED and done.progress == 2 and done.version == 4  # its bar full
 
 
 def test_a_message_carrying_its_dispatched_record_claims_with_one_update_and_no_read(tasks: McpTasks) -> None:
