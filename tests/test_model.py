@@ -258,6 +258,8 @@ def test_a_failed_or_cancelled_task_keeps_the_last_numbers_and_a_completed_one_f
         assert (final.progress, final.progress_total) == (2.0, 3.0)
     done = counted.completed({"content": []}, 3)
     assert (done.progress, done.progress_total) == (3.0, 3.0)
+    beyond = record().with_progress("a", 2, current=5, total=3).completed({"content": []}, 3)
+    assert (beyond.progress, beyond.progress_total) == (5.0, 3.0)  # never backwards
     unbounded = record().with_progress("a", 2, current=7).completed({"content": []}, 3)
     assert (unbounded.progress, unbounded.progress_total) == (7.0, None)
     silent = record().completed({"content": []}, 3)

@@ -541,7 +541,11 @@ class TaskRecord:
     ) -> TaskRecord:
         self._require_active(run)
         # The work is done: a job that said "section 3 of 3" before writing it did not say it again after.
-        done = self.progress_total if self.progress is not None and self.progress_total else self.progress
+        done = (
+            max(self.progress, self.progress_total)
+            if self.progress is not None and self.progress_total
+            else self.progress
+        )
         return self._next(
             at_ms,
             status=TaskStatus.COMPLETED,

@@ -1,7 +1,8 @@
 """What a retrying loop says of a dependency that stops answering: one line per outage, not one per try.
 
-The first failure is a WARNING (with the fix, where the caller knows it; an ERROR where calls fail), the retries that follow are DEBUG, and
-one INFO line says when the dependency answers again. Used by the heartbeats, the change listeners and the poll.
+The first failure is a WARNING (with the fix, where the caller knows it; an ERROR where calls fail), the tries
+that follow are DEBUG, and one INFO line says when the dependency answers again. Used by the heartbeats, the
+change listeners, the poll and the job dispatcher.
 """
 
 from __future__ import annotations

@@ -142,9 +142,13 @@ def test_a_broker_that_hangs_costs_a_writer_one_wait_a_pause_not_one_a_write() -
         def __init__(self) -> None:
             self.tries: list[float] = []
             self.hangs = True
+            self.busy = False
 
         def acquire(self, **_: object) -> object:
             self.tries.append(now[0])
+            if self.busy:
+                now[0] += 2.0  # `acquire(block=True, timeout=2)` with every producer in use
+                raise LimitExceeded(1)
             if self.hangs:
                 now[0] += 5.0  # the socket timeout, waited out
             raise OperationalError("timed out" if self.hangs else "refused")
@@ -165,6 +169,10 @@ def test_a_broker_that_hangs_costs_a_writer_one_wait_a_pause_not_one_a_write() -
     for version in range(8, 11):
         publisher.task_changed(record(key="ab" * 32, version=version))
     assert len(pool.tries) == 5  # refused at once: every write tries (the broker may be back at the next)
+    pool.busy = True
+    for version in range(11, 13):
+        publisher.task_changed(record(key="ab" * 32, version=version))
+    assert len(pool.tries) == 7  # a full pool waits 2 s for a producer: a busy broker, not a hanging one
 
 
 def test_the_hint_listener_warns_once_then_retries_quietly(down: Celery, caplog: pytest.LogCaptureFixture) -> None:

@@ -88,17 +88,15 @@ class BrokerPublisher:
                 )
         except OperationalError as exc:
             return self._unpublished(started, short_reason(exc), "start the broker or fix CELERY_BROKER_URL")
-        except LimitExceeded:  # every pooled producer is busy (many threads writing at once, or hung)
-            return self._unpublished(
-                started, "no pooled broker connection was free within 2 s", "raise broker_pool_limit"
-            )
+        except LimitExceeded:  # every pooled producer is busy (many threads writing at once): not a hang of its own
+            return self._unpublished(None, "no pooled broker connection was free within 2 s", "raise broker_pool_limit")
         if self._said:
             self._said.clear()
             logger.info("task change hints reach the broker again")
 
-    def _unpublished(self, started: float, reason: str, fix: str) -> None:
+    def _unpublished(self, started: float | None, reason: str, fix: str) -> None:
         now = self._clock()
-        if now - started >= _HUNG_S:
+        if started is not None and now - started >= _HUNG_S:
             self._paused_until = now + max(_PAUSE_S, 3 * (now - started))
         if fix not in self._said:  # once per outage and cause: causes that alternate under load say each once
             self._said.add(fix)
