@@ -40,3 +40,22 @@ def test_forget_makes_the_next_failure_a_new_outages_first_without_a_line(caplog
         outage.answered("back")
         outage.failed("down")
     assert _said(caplog) == [("WARNING", "down"), ("WARNING", "down")]
+
+
+def test_a_failure_long_after_the_last_one_said_is_said_again(caplog: pytest.LogCaptureFixture) -> None:
+    """A long outage is recalled every few minutes; and a dependency that came back with no try in between
+    (the broker of a quiet server) and went away again hours later is not a DEBUG line of the old outage."""
+    now = [0.0]
+    outage = OutageLog(logger, again_after_s=300, clock=lambda: now[0])
+    with caplog.at_level(logging.DEBUG, logger=logger.name):
+        for at in (0.0, 100.0, 299.0, 300.0, 301.0, 10_000.0):
+            now[0] = at
+            outage.failed("down at %g", at)
+    assert _said(caplog) == [
+        ("WARNING", "down at 0"),
+        ("DEBUG", "down at 100"),
+        ("DEBUG", "down at 299"),
+        ("WARNING", "down at 300"),
+        ("DEBUG", "down at 301"),
+        ("WARNING", "down at 10000"),
+    ]

@@ -9,21 +9,40 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Callable
+
+REMIND_S = 300.0
+"""A failure is said at the first level again once this long has passed since the last time it was."""
 
 
 class OutageLog:
     """One outage's log lines for one retrying loop; safe to share between threads."""
 
-    def __init__(self, logger: logging.Logger, *, first: int = logging.WARNING) -> None:
+    def __init__(
+        self,
+        logger: logging.Logger,
+        *,
+        first: int = logging.WARNING,
+        again_after_s: float = REMIND_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._logger = logger
         self._first = first  # the level of an outage's first line
+        self._again_after_s = again_after_s
+        self._clock = clock
         self._lock = threading.Lock()  # a failure and a `forget` from another thread never interleave halfway
         self._failing = False
+        self._said_at = float("-inf")  # when a failure was last said at `first`
 
     def failed(self, msg: str, *args: object) -> None:
-        """A try failed: WARNING (or `first`) if it is the outage's first, else DEBUG."""
+        """A try failed: WARNING (or `first`) if it is the outage's first, or the first for `again_after_s` (the
+        outage goes on, or it ended without a try that got through and this is the next), else DEBUG."""
         with self._lock:
-            level = logging.DEBUG if self._failing else self._first
+            now = self._clock()
+            level = logging.DEBUG if self._failing and now - self._said_at < self._again_after_s else self._first
+            if level != logging.DEBUG:
+                self._said_at = now
             self._failing = True
         self._logger.log(level, msg, *args, stacklevel=2)  # the line is the caller's
 
