@@ -301,7 +301,10 @@ def test_a_legacy_caller_that_cannot_answer_gets_an_error_and_the_task_is_cancel
     refused = run(scenario)
     assert (refused.code, refused.message) == (
         -32603,
-        "Tool asks_undeclared needs input from the user; call it with the tasks extension",
+        (
+            "Tool asks_undeclared needs input from the user, and this client did not declare sampling: call it "
+            "from a client that does, or with the tasks extension"
+        ),
     )
     (row,) = [row for row in rows_of(runtime, "asks_undeclared") if row["key"] not in before]
     assert (row["status"], row["status_message"]) == ("cancelled", "The job needs input; call it as a task")

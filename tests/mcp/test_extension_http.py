@@ -177,7 +177,10 @@ def test_a_job_whose_question_the_client_cannot_answer_fails_the_synchronous_cal
     error = client.call_tool("asks_undeclared", {}, capabilities=WITHOUT_EXT)["error"]  # it asks for sampling
     assert error == {
         "code": -32603,
-        "message": "Tool asks_undeclared needs input from the user; call it with the tasks extension",
+        "message": (
+            "Tool asks_undeclared needs input from the user, and this client did not declare sampling: call it "
+            "from a client that does, or with the tasks extension"
+        ),
     }
     (row,) = [row for key, row in rows_of(deployment, "asks_undeclared").items() if key not in before]
     assert (row["status"], row["status_message"]) == ("cancelled", "The job needs input; call it as a task")

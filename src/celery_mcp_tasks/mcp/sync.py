@@ -213,6 +213,14 @@ class SyncCalls:
                     await self._abandon(record, "The client's answer did not fit the job's question")
                     raise invalid_params(str(exc)) from None
         await self._abandon(record, "The job needs input; call it as a task")
+        missing = sorted(
+            {name for r in requests.values() if (name := capability_of(r)) and not declared_capability(ctx, name)}
+        )
+        if missing:  # a desktop client cannot pick the extension: it can be told what the tool needs of it
+            raise internal(
+                f"Tool {tool.name} needs input from the user, and this client did not declare {', '.join(missing)}: "
+                "call it from a client that does, or with the tasks extension"
+            )
         raise internal(f"Tool {tool.name} needs input from the user; call it with the tasks extension")
 
     async def resume(self, tool: TaskTool, params: CallToolRequestParams) -> TaskRecord | None:
