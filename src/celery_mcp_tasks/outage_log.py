@@ -46,6 +46,11 @@ class OutageLog:
             self._failing = True
         self._logger.log(level, msg, *args, stacklevel=2)  # the line is the caller's
 
+    @property
+    def failing(self) -> bool:
+        """Whether the last try failed (a hint for callers whose line costs something to build)."""
+        return self._failing
+
     def answered(self, msg: str, *args: object) -> None:
         """A try got through: says `msg` (INFO) if it ends an outage, else nothing."""
         with self._lock:

@@ -64,6 +64,23 @@ def test_a_send_to_a_broker_that_is_down_names_it_and_what_to_do(
     assert "ab" * 32 not in line and not any(r.exc_info for r in caplog.records)
 
 
+def test_the_first_send_after_an_outage_says_the_broker_takes_jobs_again(
+    down: Celery, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tools = {"report": SimpleNamespace(name="report", celery_name="jobs.report", terminate=False)}
+    dispatcher = CeleryDispatcher(down, tools)  # type: ignore[arg-type]
+    job = record(key="ab" * 32, tool="report", dispatches=1)
+    with caplog.at_level(logging.INFO, logger="celery_mcp_tasks"):
+        with pytest.raises(DispatchUnavailable):
+            dispatcher.send(job)
+        monkeypatch.setattr(down, "send_task", lambda *_, **__: None)  # the broker is back
+        dispatcher.send(job)
+        dispatcher.send(job)
+    assert [r for r in said(caplog, logging.INFO) if "takes jobs" in r] == [
+        "the broker redis://:***@127.0.0.1:" + down.conf.broker_url.rsplit(":", 1)[1] + " takes jobs again"
+    ]
+
+
 def test_calls_while_the_broker_is_down_each_fail_readable_and_the_log_says_it_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -119,7 +119,8 @@ class CeleryDispatcher:
                 str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
             )
             raise DispatchUnavailable(type(exc).__name__) from exc
-        self._outage.answered("the broker %s takes jobs again", redact_url(str(self.app.conf.broker_url)))
+        if self._outage.failing:  # the line's URL is built only when there is an outage to end
+            self._outage.answered("the broker %s takes jobs again", redact_url(str(self.app.conf.broker_url)))
 
     def _on_default_queue(self, celery_name: str) -> bool:
         """Whether the job goes to the default queue (then it is sharded); decided once per tool."""
