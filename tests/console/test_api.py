@@ -260,6 +260,8 @@ def test_the_cli_lists_shows_and_cancels(deployment: tuple[Deployment, str], mcp
     by_id = cli("show", task_id)  # what a user's ticket quotes: hashed in the command, never sent
     assert by_id.returncode == 0 and key in by_id.stdout and task_id not in by_id.stdout + by_id.stderr
     assert task_id not in dep.logs()
+    mistyped = cli("show", task_id[:-1])  # neither a row key nor an id: refused before anything is sent
+    assert mistyped.returncode == 2 and "neither a row key" in mistyped.stderr and task_id[:-1] not in mistyped.stderr
     bad = cli("ls", "--status", "running")
     assert bad.returncode == 2 and "status:" in bad.stderr
     assert cli("cancel", key).returncode == 0

@@ -143,7 +143,8 @@ def _say(*lines: str) -> None:
 
 
 def run(options: argparse.Namespace) -> int:
-    """Serve APP over stdio (with a supervised worker when asked); the exit status says what happened."""
+    """Serve APP over stdio (with a supervised worker when asked). It leaves the process itself (`exit_now`),
+    its exit status saying what happened; it returns only by raising."""
     import anyio
 
     worker: WorkerSupervisor | None = None

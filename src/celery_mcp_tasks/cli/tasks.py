@@ -25,7 +25,7 @@ from celery_mcp_tasks.cli.shared import printable
 from celery_mcp_tasks.model import task_key
 
 _TASK_ID = re.compile(r"[A-Za-z0-9_-]{43}")  # `new_task_id` and `derived_task_id`
-_HEX = re.compile(r"[0-9a-fA-F]+")
+_KEY_OR_PREFIX = re.compile(r"[0-9a-fA-F]{8,64}")  # the console takes 8 or more digits
 
 TOKEN_SETTING = "MCP_TASKS_CONSOLE_TOKEN"
 URL_SETTING = "MCP_TASKS_CONSOLE_URL"
@@ -151,11 +151,14 @@ def _when(ms: int | None) -> str:
 
 def _row_key(given: str) -> str:
     """The row key to ask the console for: a task id (43 base64url characters, not all of them hex digits) is
-    hashed as the store hashes it; a key or a prefix of one goes as given."""
+    hashed as the store hashes it; a key or a prefix of one goes as given; anything else is refused here, so
+    nothing that might be an id mistyped reaches the console (its URLs, its logs)."""
     given = given.strip()
-    if _TASK_ID.fullmatch(given) and not _HEX.fullmatch(given):
+    if _KEY_OR_PREFIX.fullmatch(given):
+        return given
+    if _TASK_ID.fullmatch(given):
         return task_key(given)
-    return given
+    raise ApiError(0, "KEY is neither a row key (8 to 64 hex digits of it) nor a task id (43 characters)")
 
 
 def _progress(row: dict[str, Any]) -> str:

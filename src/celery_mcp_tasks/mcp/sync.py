@@ -214,7 +214,11 @@ class SyncCalls:
                     raise invalid_params(str(exc)) from None
         await self._abandon(record, "The job needs input; call it as a task")
         missing = sorted(
-            {name for r in requests.values() if (name := capability_of(r)) and not declared_capability(ctx, name)}
+            {
+                name
+                for r in requests.values()
+                if isinstance(r, Mapping) and (name := capability_of(r)) and not declared_capability(ctx, name)
+            }
         )
         if missing:  # a desktop client cannot pick the extension: it can be told what the tool needs of it
             raise internal(
