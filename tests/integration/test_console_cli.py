@@ -127,8 +127,10 @@ def test_an_operator_lists_shows_and_cancels_a_task_by_the_row_prefix_the_list_s
     page = json.loads(printed)
     assert [r["status"] for r in page["rows"] if r["key"] == key] == ["cancelled"]
 
-    for refused, code in [("0123456", "404"), ("running-task", "404")]:
+    for refused in ("0123456", "running-task", task_id[:-1]):  # too short, no key, an id mistyped: never sent
         status, printed = shell.run(tasks.format("show") + f" {refused}")
-        assert status == 1 and printed.strip().count("\n") == 0 and code in printed, printed
+        assert status == 2 and printed.strip().count("\n") == 0 and "neither a row key" in printed, printed
+    status, printed = shell.run(tasks.format("show") + " 0123abcd")  # a prefix no row's key starts with
+    assert status == 1 and printed.strip().count("\n") == 0 and "404" in printed, printed
 
     assert task_id not in deployment.logs()
