@@ -710,8 +710,10 @@ class TaskService:
         try:
             self.dispatcher.send(record)
         except Exception as exc:  # noqa: BLE001 - broker down, serialization, routing: the task must still end readable
-            reason = str(exc) if isinstance(exc, DispatchUnavailable) else type(exc).__name__
-            if not isinstance(exc, DispatchUnavailable):  # this job's own failure; an outage was said once
+            if isinstance(exc, DispatchUnavailable):  # an outage: the dispatcher said it once
+                reason = str(exc)
+            else:  # this job's own failure
+                reason = type(exc).__name__
                 logger.error("could not send the job for tool %r: %s", record.tool, reason)
             try:
                 return self.fail(record.key, failure(ENQUEUE_FAILED, reason))

@@ -97,6 +97,29 @@ def test_a_message_that_waited_past_its_tasks_ttl_never_runs_the_body(
     assert "job for tool 'late_work' skipped: its task expired (its client was told so" in caplog.text
 
 
+def test_a_message_for_a_task_this_store_does_not_hold_is_skipped_naming_a_shared_queue(
+    tasks: McpTasks, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A job for a deleted task, or another deployment's job taken from a queue both consume: the line says
+    which setting keeps two deployments apart."""
+    calls: list[int] = []
+
+    @tasks.mcp_task
+    def elsewhere() -> str:
+        calls.append(1)
+        return "done"
+
+    task_id, _ = internals(tasks).service().create(owner=None, tool="elsewhere", arguments={})
+    internals(tasks).service().cancel(task_id, None)
+    assert internals(tasks).service().store.delete(task_key(task_id))
+    with caplog.at_level(logging.INFO, logger="celery_mcp_tasks.worker"):
+        elsewhere.apply(headers=headers(task_id))
+    assert calls == []
+    assert "job for tool 'elsewhere' skipped: its task no longer exists (deleted before its job ran;" in caplog.text
+    assert "give each deployment its own MCP_TASKS_QUEUE" in caplog.text
+    assert task_id not in caplog.text
+
+
 def test_a_message_of_an_older_dispatch_is_skipped_and_the_current_one_runs(tasks: McpTasks) -> None:
     calls: list[str] = []
 

@@ -213,14 +213,8 @@ class SyncCalls:
                     await self._abandon(record, "The client's answer did not fit the job's question")
                     raise invalid_params(str(exc)) from None
         await self._abandon(record, "The job needs input; call it as a task")
-        missing = sorted(
-            {
-                name
-                for r in requests.values()
-                if isinstance(r, Mapping) and (name := capability_of(r)) and not declared_capability(ctx, name)
-            }
-        )
-        if missing:  # a desktop client cannot pick the extension: it can be told what the tool needs of it
+        # a desktop client cannot pick the extension: it can be told what the tool needs of it
+        if missing := undeclared(ctx, requests):
             raise internal(
                 f"Tool {tool.name} needs input from the user, and this client did not declare {', '.join(missing)}: "
                 "call it from a client that does, or with the tasks extension"
@@ -325,8 +319,19 @@ def _reported(record: TaskRecord) -> tuple[Any, ...]:
 
 def can_answer(ctx: ServerRequestContext[Any, Any], requests: Mapping[str, Any]) -> bool:
     """The client declared the capability for every one of `requests` (wire shapes, by key)."""
-    needed = [capability_of(request) if isinstance(request, Mapping) else None for request in requests.values()]
-    return bool(needed) and all(name is not None and declared_capability(ctx, name) for name in needed)
+    known = all(isinstance(request, Mapping) and capability_of(request) for request in requests.values())
+    return bool(requests) and known and not undeclared(ctx, requests)
+
+
+def undeclared(ctx: ServerRequestContext[Any, Any], requests: Mapping[str, Any]) -> list[str]:
+    """The capabilities `requests` need that the client did not declare, sorted (requests of no known kind need none)."""
+    return sorted(
+        {
+            name
+            for request in requests.values()
+            if isinstance(request, Mapping) and (name := capability_of(request)) and not declared_capability(ctx, name)
+        }
+    )
 
 
 async def ask_client(ctx: ServerRequestContext[Any, Any], request: Mapping[str, Any]) -> dict[str, Any]:

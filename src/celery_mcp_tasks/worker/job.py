@@ -78,7 +78,12 @@ which Celery would repr on every success (a tenth of a no-op run's work) and sto
 
 # Why a job skips its body (first match), and what its log line adds.
 _SKIPS: tuple[tuple[type[Exception], str, str], ...] = (
-    (TaskNotFound, "its task no longer exists", ""),
+    (
+        TaskNotFound,
+        "its task no longer exists",
+        " (deleted before its job ran; if every job says so, a deployment with another database shares this"
+        " queue and loses its jobs to this worker: give each deployment its own MCP_TASKS_QUEUE)",
+    ),
     # e.g. Redis redelivered the message after its visibility timeout
     (
         RunInProgress,
