@@ -35,7 +35,7 @@ from celery_mcp_tasks.mcp.serving import (
     with_serving,
 )
 from celery_mcp_tasks.mcp.toolspec import TOOL_OPTIONS, IdempotencyKey, Prepare, TaskMode, TaskTool
-from celery_mcp_tasks.model import DEFAULT, _Default
+from celery_mcp_tasks.model import DEFAULT, TaskRecord, _Default
 from celery_mcp_tasks.notify.base import Notifier
 from celery_mcp_tasks.notify.push import BrokerAccess, Push
 from celery_mcp_tasks.observe import Observers
@@ -501,17 +501,14 @@ class McpTasks:
             self._serving_contexts.append(lambda: serving(console))
         return app
 
-    def _queue_of(self, tool: str) -> str | None:
-        """The Celery queue a tool's job is sent to: its routing (`task_routes`), else the default queue."""
-        default = str(self.celery.conf.task_default_queue or "celery")
-        spec = self._tools.get(tool)
-        if spec is None:
+    def _queue_of(self, record: TaskRecord) -> str | None:
+        """The Celery queue the task's job is sent to, as the dispatcher routes it (None: a tool this app lacks)."""
+        if record.tool not in self._tools:
             return None
         try:
-            queue = self.celery.amqp.router.route({}, spec.celery_name, args=(), kwargs={}).get("queue")
+            return self._dispatcher.queue_of(record)
         except Exception:  # noqa: BLE001 - a router of the user's that fails: the default is the best guess
-            return default
-        return str(getattr(queue, "name", queue) or default)
+            return str(self.celery.conf.task_default_queue or "celery")
 
     def lifespan(self, _parent: Any = None) -> Any:
         """The served app's lifespan (the SDK's session manager, the push listener), for an

@@ -409,7 +409,7 @@ def console(store: SqlStore) -> Console:
     return Console(
         service,
         hub=Hub(),
-        queue_of=lambda tool: "celery",
+        queue_of=lambda record: "celery",
         terminable=lambda tool: tool == "killable",
         stale_timeout_s=30,
         clock=clock,
@@ -537,7 +537,7 @@ async def test_on_an_encrypted_store_the_console_reveals_payloads_only_through_t
         console = Console(
             TaskService(store, dispatcher=Runner()),
             hub=Hub(),
-            queue_of=lambda tool: "celery",
+            queue_of=lambda record: "celery",
             terminable=lambda tool: False,
             stale_timeout_s=30,
             payloads_allowed=True,

@@ -50,7 +50,7 @@ class Deployment:
         self.console = Console(
             self.service,
             hub=None,
-            queue_of=lambda tool: "celery",
+            queue_of=lambda record: "celery",
             terminable=lambda tool: tool == "slow",
             stale_timeout_s=60,
             payloads_allowed=payloads,
@@ -574,7 +574,7 @@ def test_while_the_store_is_unreachable_every_page_says_so_in_a_503_not_a_500(tm
     console = Console(
         TaskService(down, dispatcher=SendOnly(lambda record: None)),
         hub=None,
-        queue_of=lambda tool: "celery",
+        queue_of=lambda record: "celery",
         terminable=lambda tool: False,
         stale_timeout_s=60,
         payloads_allowed=False,

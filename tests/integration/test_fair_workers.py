@@ -15,10 +15,12 @@ from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
+import httpx
 import pytest
 import sqlalchemy as sa
 
 from celery_mcp_tasks.mcp.principal import anonymous_caller
+from celery_mcp_tasks.model import task_key
 from celery_mcp_tasks.store.engine import normalize_url
 from celery_mcp_tasks.worker.fairness import shard_queue
 from tests.support import Backend, Deployment, McpHttp, Proc, process_env, spawn, wait_until
@@ -94,6 +96,23 @@ def test_a_burst_of_one_principal_does_not_hold_back_another_principals_job(depl
     wait_until(drained, 120, "the worker to run every job")
     assert start_rank(deployment, label["plain"], steady_owner) == BURST + 1  # the control: behind the burst
     assert start_rank(deployment, label["fair"], steady_owner) <= 3  # fair: about one of A's per turn
+
+
+def test_the_console_shows_the_shard_a_fair_routed_job_went_to(deployment: Deployment) -> None:
+    """The console's detail names the queue the dispatcher sent the job to: the owner's shard, not the
+    default queue no job of the tool goes to."""
+    token = f"console-{uuid.uuid4().hex[:10]}"
+    root = deployment.console("fair-console-token-0123456789", MCP_TASKS_FAIR_QUEUES=SHARDS, **SECRET)
+    caller = McpHttp(deployment.url, headers={"Authorization": f"Bearer {token}"})
+    label = f"console-{uuid.uuid4().hex[:8]}"
+    task_id = caller.create("echo", {"label": label})
+    caller.close()
+    owner = rows(deployment, label)[0]["owner"]
+    with httpx.Client(
+        base_url=root, headers={"Authorization": "Bearer fair-console-token-0123456789"}, timeout=10
+    ) as api:
+        detail = api.get(f"/api/tasks/{task_key(task_id)}").json()
+    assert detail["queue"] == shard_queue(str(deployment.queue), owner, int(SHARDS))
 
 
 def start_worker(deployment: Deployment, app: str, *queues: str) -> Proc:

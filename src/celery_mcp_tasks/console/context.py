@@ -206,7 +206,7 @@ class _Subscriber:
 class Console:
     """The operators' view of one deployment's store.
 
-    `queue_of(tool)`: the Celery queue the tool's job goes to (its routing, else the default queue);
+    `queue_of(record)`: the Celery queue the task's job goes to (its routing or fair-queue shard, else the default);
     `terminable(tool)`: whether a cancel may terminate its running job. `stale_timeout_s`: a `working` task
     whose heartbeat is older is judged lost (and may be re-sent). `poll_s`: how often rows written since the
     last look are read for live updates (every tick under the polling transport, whose hints cover only
@@ -218,7 +218,7 @@ class Console:
         service: TaskService | Callable[[], TaskService],
         *,
         hub: Hub | None,
-        queue_of: Callable[[str], str | None],
+        queue_of: Callable[[TaskRecord], str | None],
         terminable: Callable[[str], bool],
         stale_timeout_s: float,
         payloads_allowed: bool = False,
@@ -291,7 +291,7 @@ class Console:
     async def detail(self, key: str) -> TaskDetail:
         """The task page's view, without payloads."""
         record = await self._record(key)
-        return detail_of(record, queue=self.queue_of(record.tool))
+        return detail_of(record, queue=self.queue_of(record))
 
     # -- actions --------------------------------------------------------------------------
 
@@ -347,7 +347,7 @@ class Console:
             raise PayloadsHidden(_HIDDEN)
 
         async def act(record: TaskRecord) -> tuple[str, TaskDetail]:
-            return "revealed", detail_of(record, queue=self.queue_of(record.tool), reveal=True)
+            return "revealed", detail_of(record, queue=self.queue_of(record), reveal=True)
 
         return await self._audited("reveal", key, operator, act)
 

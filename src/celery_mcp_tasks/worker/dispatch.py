@@ -93,10 +93,8 @@ class CeleryDispatcher:
     def send(self, record: TaskRecord) -> None:
         tool = self.tools[record.tool]
         headers = message_headers(record, with_arguments=self.send_arguments)
-        route: dict[str, Any] = {}
-        if self.fair_queues is not None and self._on_default_queue(tool.celery_name):
-            queue = str(self.app.conf.task_default_queue)
-            route["queue"] = shard_queue(queue, record.owner, self.fair_queues, record.caller)
+        shard = self._shard(record, tool.celery_name)
+        route: dict[str, Any] = {} if shard is None else {"queue": shard}
         try:
             with sending(record.trace_context, headers):  # the task's trace context, in the message headers
                 self.app.send_task(
@@ -121,6 +119,18 @@ class CeleryDispatcher:
             raise DispatchUnavailable(type(exc).__name__) from exc
         if self._outage.failing:  # the line's URL is built only when there is an outage to end
             self._outage.answered("the broker %s takes jobs again", redact_url(str(self.app.conf.broker_url)))
+
+    def queue_of(self, record: TaskRecord) -> str:
+        """The queue `send` sends `record`'s job to: its routing (`queue=`, `task_routes`), else the default
+        queue, or the owner's shard of it with fair queues. A router of the user's may raise."""
+        celery_name = self.tools[record.tool].celery_name
+        return self._shard(record, celery_name) or routed_queue(self.app, celery_name)
+
+    def _shard(self, record: TaskRecord, celery_name: str) -> str | None:
+        """The shard of the default queue `record`'s job goes to with fair queues (None: its routing decides)."""
+        if self.fair_queues is None or not self._on_default_queue(celery_name):
+            return None
+        return shard_queue(str(self.app.conf.task_default_queue), record.owner, self.fair_queues, record.caller)
 
     def _on_default_queue(self, celery_name: str) -> bool:
         """Whether the job goes to the default queue (then it is sharded); decided once per tool."""
