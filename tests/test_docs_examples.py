@@ -210,7 +210,7 @@ async def test_the_writing_page_results_retries_and_terminate_examples(mcp_tasks
     handle = await mcp_tasks_extension.start(mcp_tasks_client, "fetch", {"url": f"http://127.0.0.1:{_closed_port()}/"})
     messages = [state.status_message async for state in handle.updates()]
     assert handle.status == "failed"
-    assert "Retrying (attempt 3)" in messages  # two retries, then the failure
+    assert "Retrying (attempt 3) after URLError" in messages  # two retries, then the failure
 
     handle = await mcp_tasks_extension.start(mcp_tasks_client, "render", {"frames": 2})
     await handle.cancel()

@@ -486,8 +486,9 @@ class TaskRecord:
             return RESUMED
         return STARTED
 
-    def retrying(self, run: Run, at_ms: int, start_by_ms: int) -> TaskRecord:
-        """Attempt `run.attempt` is scheduled (a Celery retry). A late signal changes nothing.
+    def retrying(self, run: Run, at_ms: int, start_by_ms: int, after: str | None = None) -> TaskRecord:
+        """Attempt `run.attempt` is scheduled (a Celery retry), `after` the named failure (an exception's class).
+        A late signal changes nothing.
 
         The heartbeat moves to the scheduled start, so a long countdown is not mistaken for a lost job.
         """
@@ -502,7 +503,7 @@ class TaskRecord:
         return self._next(
             at_ms,
             attempt=run.attempt,
-            status_message=f"Retrying (attempt {run.attempt + 1})",
+            status_message=f"Retrying (attempt {run.attempt + 1})" + (f" after {after}" if after else ""),
             heartbeat_at=max(start_by_ms, self.heartbeat_at or 0),
             started_at=None,
         )

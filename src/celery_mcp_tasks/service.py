@@ -552,9 +552,11 @@ class TaskService:
             safe_notify(self.notifier, record)
         return record
 
-    def retrying(self, key: str, run: Run, start_by_ms: int, *, expected: TaskRecord | None = None) -> TaskRecord:
-        """Celery scheduled attempt `run.attempt`: the task stays `working` and says so."""
-        return self._write(key, lambda r: r.retrying(run, self.clock(), start_by_ms), expected)
+    def retrying(
+        self, key: str, run: Run, start_by_ms: int, *, after: str | None = None, expected: TaskRecord | None = None
+    ) -> TaskRecord:
+        """Celery scheduled attempt `run.attempt` (`after`: the failure's name): the task stays `working`, says so."""
+        return self._write(key, lambda r: r.retrying(run, self.clock(), start_by_ms, after), expected)
 
     def unpark(self, key: str, *, expected: TaskRecord | None = None) -> TaskRecord:
         return self._write(key, lambda r: r.unparked(), expected)

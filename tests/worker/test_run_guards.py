@@ -34,7 +34,15 @@ from celery_mcp_tasks.store.sql import SqlStore
 from celery_mcp_tasks.worker import bridge, outages
 from celery_mcp_tasks.worker.context import InputTimeout
 from celery_mcp_tasks.worker.dispatch import message_headers
-from celery_mcp_tasks.worker.job import DISPATCH_HEADER, KEY_HEADER, LAST_RECORD, OUTCOME, RECORD_HEADER, RUN_END
+from celery_mcp_tasks.worker.job import (
+    DISPATCH_HEADER,
+    KEY_HEADER,
+    LAST_RECORD,
+    OUTCOME,
+    RECORD_HEADER,
+    RUN_END,
+    failure_text,
+)
 from tests.builders import SendOnly
 
 
@@ -197,9 +205,18 @@ def test_a_countdown_retry_is_not_reaped_early_but_a_lost_process_retry_is_not_w
             reason=Retry(exc=exc, when=countdown),
         )
         record = status(tasks, task_id)
-        assert record.status_message == "Retrying (attempt 2)"
+        assert record.status_message == f"Retrying (attempt 2) after {type(exc).__name__}"
         assert record.heartbeat_at is not None
         assert (record.heartbeat_at >= before + countdown * 1000) is deferred
+
+
+def test_a_lost_pool_process_fails_the_task_without_the_pools_job_counter() -> None:
+    """billiard's text ends with its pool's own counter ("Job: 1."), which means nothing to a client."""
+    lost = WorkerLostError("Worker exited prematurely: signal 9 (SIGKILL) Job: 12.")
+    assert failure_text(lost) == "WorkerLostError: Worker exited prematurely: signal 9 (SIGKILL)"
+    assert failure_text(WorkerLostError("Worker exited prematurely: exitcode 1")) == (
+        "WorkerLostError: Worker exited prematurely: exitcode 1"
+    )
 
 
 def test_retry_signal_and_next_attempt_in_either_order_end_saying_the_attempt_started(tmp_path: Path) -> None:

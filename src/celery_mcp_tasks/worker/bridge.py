@@ -163,7 +163,9 @@ def on_retry(sender: Any = None, request: Any = None, reason: Any = None, **_: A
     # When the next attempt is due (Retry.when: a countdown in seconds or an ETA). After a lost pool process
     # it is due now as far as the reaper is concerned: its delay is Celery's `default_retry_delay`, not a
     # promise the job made, and its message often dies with the worker that held it.
-    when = None if isinstance(getattr(reason, "exc", None), WorkerLostError) else getattr(reason, "when", None)
+    cause = getattr(reason, "exc", None)
+    when = None if isinstance(cause, WorkerLostError) else getattr(reason, "when", None)
+    after = type(cause).__name__ if isinstance(cause, BaseException) else None  # a bare `self.retry()`: none
     if isinstance(when, datetime):
         start_by = int(when.timestamp() * 1000)
     else:
@@ -171,7 +173,7 @@ def on_retry(sender: Any = None, request: Any = None, reason: Any = None, **_: A
 
     def retrying(service: TaskService, key: str, run: Run | None, expected: TaskRecord | None) -> None:
         if run is not None:
-            service.retrying(key, run, start_by, expected=expected)
+            service.retrying(key, run, start_by, after=after, expected=expected)
 
     _settle(sender, request, "retry", retrying, next_attempt=True)
 

@@ -10,13 +10,14 @@ import contextvars
 import inspect
 import json
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from celery import Task, current_task
-from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
+from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded, WorkerLostError
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent
 from pydantic import ValidationError
@@ -392,17 +393,22 @@ def failure_text(exc: BaseException) -> str:
     if isinstance(exc, TimeLimitExceeded):
         limit = exc.args[0] if exc.args and isinstance(exc.args[0], int | float) else None
         seconds = "" if limit is None else f"{limit:g} s, "
-        text = f"the job ran longer than its time limit ({seconds}time_limit or task_time_limit) and was stopped"
+        text = (
+            f"the job ran longer than its time limit ({seconds}time_limit, task_time_limit or the worker's "
+            "--time-limit) and was stopped"
+        )
     elif isinstance(exc, SoftTimeLimitExceeded):
         text = (
-            "the job ran longer than its soft time limit (soft_time_limit or task_soft_time_limit) "
-            "and did not catch SoftTimeLimitExceeded"
+            "the job ran longer than its soft time limit (soft_time_limit, task_soft_time_limit or the worker's "
+            "--soft-time-limit) and did not catch SoftTimeLimitExceeded"
         )
     else:
         try:
             text = str(exc).strip()
         except Exception:  # noqa: BLE001 - a broken __str__ still fails the task readably
             text = ""
+        if isinstance(exc, WorkerLostError):  # billiard's text ends with its pool's own job counter
+            text = re.sub(r"\s*Job: \d+\.?$", "", text)
     return type(exc).__name__ + (f": {text}" if text else "")
 
 
