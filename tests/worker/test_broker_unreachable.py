@@ -28,6 +28,7 @@ from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.model import TaskRecord
 from celery_mcp_tasks.notify.broker import BrokerListener, BrokerPublisher, hint_exchange
 from celery_mcp_tasks.notify.hub import Hub
+from celery_mcp_tasks.outage_log import REMIND_S
 from celery_mcp_tasks.service import ENQUEUE_FAILED, DispatchUnavailable
 from celery_mcp_tasks.worker.dispatch import CeleryDispatcher
 from tests.builders import record
@@ -147,6 +148,29 @@ def test_a_hint_failure_of_another_cause_is_said_again_with_its_own_fix(caplog: 
             publisher.task_changed(record(key="ab" * 32, version=version))
     first, second = said(caplog, logging.WARNING)
     assert first.endswith("raise broker_pool_limit") and second.endswith("start the broker or fix CELERY_BROKER_URL")
+
+
+def test_a_quiet_servers_next_outage_is_said_again_though_no_hint_got_through_between(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Writes are rare: the broker came back and went away again between two of them, and no hint got
+    through to clear the outage. Five minutes on, the warning is said again, not at DEBUG only."""
+    now = [100.0]
+
+    class Pool:
+        def acquire(self, **_: object) -> object:
+            raise OperationalError("refused")
+
+    publisher = BrokerPublisher(lambda: Pool(), hint_exchange("t"), clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks"):
+        publisher.task_changed(record(key="ab" * 32, version=2))
+        now[0] += REMIND_S - 1
+        publisher.task_changed(record(key="ab" * 32, version=3))
+        assert len(said(caplog, logging.WARNING)) == 1
+        now[0] += 1
+        publisher.task_changed(record(key="ab" * 32, version=4))
+    lines = said(caplog, logging.WARNING)
+    assert len(lines) == 2 and all(line.startswith("cannot publish task change hints") for line in lines)
 
 
 def test_a_broker_that_hangs_costs_a_writer_one_wait_a_pause_not_one_a_write() -> None:

@@ -25,7 +25,7 @@ from kombu.messaging import Consumer
 from celery_mcp_tasks.model import TaskRecord
 from celery_mcp_tasks.notify.base import listeners_possible
 from celery_mcp_tasks.notify.hub import Hub
-from celery_mcp_tasks.outage_log import OutageLog
+from celery_mcp_tasks.outage_log import REMIND_S, OutageLog
 from celery_mcp_tasks.preflight import short_reason
 
 logger = logging.getLogger(__name__)
@@ -64,7 +64,8 @@ class BrokerPublisher:
         self._producer_pool = producer_pool
         self._exchange = exchange
         self._url = url  # for a log line: the broker URL, its password masked
-        self._said: set[str] = set()  # the fixes said in this outage: each once, not with a traceback per write
+        # The fixes said in this outage, and when: each once (again after REMIND_S), never a traceback per write.
+        self._said: dict[str, float] = {}
         self._clock = clock
         self._paused_until = float("-inf")  # after a publish that hung: no hint is tried before then
 
@@ -98,8 +99,10 @@ class BrokerPublisher:
         now = self._clock()
         if started is not None and now - started >= _HUNG_S:
             self._paused_until = now + max(_PAUSE_S, 3 * (now - started))
-        if fix not in self._said:  # once per outage and cause: causes that alternate under load say each once
-            self._said.add(fix)
+        # Once per outage and cause (causes that alternate under load say each once), and again after REMIND_S:
+        # a server whose writes are rare may see its next outage begin before any hint got through.
+        if now - self._said.get(fix, float("-inf")) >= REMIND_S:
+            self._said[fix] = now
             logger.warning(
                 "cannot publish task change hints to the broker %s (%s); the changes are stored and "
                 "listen streams catch up by polling: %s",
