@@ -1,6 +1,6 @@
 """Two web replicas behind a real round-robin proxy, per broker: what must work on any replica.
 
-Debian's haproxy (http mode, `balance roundrobin`, no stickiness, a generated config on free
+Debian's haproxy (http mode, `balance roundrobin`, sticky only for an earlier era's `Mcp-Session-Id`, a generated config on free
 ports, `X-Served-By` naming the replica that answered) in front of two `celery-mcp-tasks serve`
 processes of the conformance app sharing MCP_TASKS_REQUEST_STATE_SECRET, with a `celery worker`,
 on PostgreSQL: once with Celery on Redis (push by PostgreSQL NOTIFY), once on RabbitMQ with
@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 from celery_mcp_tasks.migrate import upgrade
+from tests.integration.test_protocol_eras import LegacySession
 from tests.mcp.listen_client import SUBSCRIPTION_ID, ListenStream
 from tests.support import (
     POSTGRES_URL,
@@ -64,6 +65,10 @@ frontend mcp
     default_backend replicas
 backend replicas
     balance roundrobin
+    # An earlier protocol era's session lives in one replica: its requests go where its initialize went.
+    stick-table type string len 64 size 100k expire 1h
+    stick store-response res.hdr(mcp-session-id)
+    stick match req.hdr(mcp-session-id)
     http-response set-header X-Served-By %[srv_name]
     server a 127.0.0.1:{a}
     server b 127.0.0.1:{b}
@@ -196,6 +201,22 @@ def test_the_proxy_sends_each_request_to_the_next_replica(replicas: Replicas, pr
         assert "tools" in proxied.http.rpc("tools/list")["result"]
     assert proxied.served in (["a", "b"] * 3, ["b", "a"] * 3), proxied.served
     assert replicas.served(before) == {"a": 3, "b": 3}  # haproxy's own counters agree
+
+
+def test_an_earlier_era_session_stays_on_the_replica_that_holds_it(replicas: Replicas) -> None:
+    """A 2025-era client keeps its session (`Mcp-Session-Id`) in the replica its `initialize` reached: the
+    proxy's stick table sends every later request there (round robin sent every other one to the replica
+    that answers `Session not found`), while requests without a session still take turns."""
+    session = LegacySession(replicas.proxy, "2025-11-25", {}).open()
+    served: list[str] = []
+    session.http.event_hooks["response"] = [lambda r: served.append(r.headers.get("x-served-by", "?"))]
+    try:
+        for n in range(4):
+            reply = session.call_tool("greet", {"name": f"era-{n}"})
+            assert reply["result"]["content"][0]["text"] == f"Hello, era-{n}!", reply
+    finally:
+        session.close()
+    assert len(served) == 4 and len(set(served)) == 1, served
 
 
 def test_a_question_sealed_by_one_replica_is_answered_on_the_other(proxied: Proxied) -> None:

@@ -39,6 +39,7 @@ from mcp_types import (
     TextContent,
 )
 
+from celery_mcp_tasks.mcp.serving import STOPPED
 from celery_mcp_tasks.mcp.sync import CallProgress
 from celery_mcp_tasks.model import TaskRecord, TaskStatus
 from celery_mcp_tasks.protocol import IDEMPOTENCY_META_KEY
@@ -427,6 +428,7 @@ def test_a_web_process_told_to_stop_cancels_its_synchronous_calls_and_answers_th
 
         run(scenario)
         assert isinstance(errors[0], MCPError), errors
+        assert str(errors[0]).endswith(STOPPED), errors
         row = ended_row(deployment, "work", marker=str(marker))
         assert (row["status"], row["status_message"]) == ("cancelled", "The server stopped before the job finished")
         wait_until(lambda: Path(f"{marker}.stopped").exists(), 15, "the job to see the cancel and stop")
