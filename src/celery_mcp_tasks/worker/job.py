@@ -77,13 +77,15 @@ OUTCOME = "mcp_outcome"
 returns None to Celery: an MCP run's outcome belongs to the task store, not to Celery's return value,
 which Celery would repr on every success (a tenth of a no-op run's work) and store in a result backend."""
 
-# Why a job skips its body (first match), and what its log line adds.
-_SKIPS: tuple[tuple[type[Exception], str, str], ...] = (
+# Why a job skips its body (first match), what its log line adds, and at which level: a WARNING only for what
+# an operator must see at a worker's default level (one deployment's job taken by another's worker).
+_SKIPS: tuple[tuple[type[Exception], str, str, int], ...] = (
     (
         TaskNotFound,
         "its task no longer exists",
         " (deleted before its job ran; if every job says so, a deployment with another database shares this"
         " queue and loses its jobs to this worker: give each deployment its own MCP_TASKS_QUEUE)",
+        logging.WARNING,
     ),
     # e.g. Redis redelivered the message after its visibility timeout
     (
@@ -91,13 +93,14 @@ _SKIPS: tuple[tuple[type[Exception], str, str], ...] = (
         "another copy of this run is already running",
         " (a redelivered message; that copy's last heartbeat is recent: if it stopped, the janitor sends the"
         " job again once the heartbeat is stale)",
+        logging.INFO,
     ),
-    (Superseded, "superseded by a newer dispatch or attempt", ""),
-    (PastTtl, "its task expired", " (its client was told so; the janitor removes it)"),
+    (Superseded, "superseded by a newer dispatch or attempt", "", logging.INFO),
+    (PastTtl, "its task expired", " (its client was told so; the janitor removes it)", logging.INFO),
     # a record this process cannot open reads as failed too (a line before this one says why)
-    (TerminalTask, "its task is already final, or cannot be read in this process", ""),
+    (TerminalTask, "its task is already final, or cannot be read in this process", "", logging.INFO),
 )
-_SKIPPED = tuple(kind for kind, _, _ in _SKIPS)  # what `begin` raises that skips the body: the table decides
+_SKIPPED = tuple(skip[0] for skip in _SKIPS)  # what `begin` raises that skips the body: the table decides
 
 _current: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar("mcp_task_context", default=None)
 
@@ -308,8 +311,8 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
         try:
             run, record = patiently(claim, within_s, waiting)
         except _SKIPPED as exc:
-            why, detail = next((why, detail) for kind, why, detail in _SKIPS if isinstance(exc, kind))
-            logger.info("job for tool %r skipped: %s%s", tool.name, why, detail)
+            why, detail, level = next(skip[1:] for skip in _SKIPS if isinstance(exc, skip[0]))
+            logger.log(level, "job for tool %r skipped: %s%s", tool.name, why, detail)
             return self._ended(f"skipped, {why}")
         except StoreUnavailable as exc:  # nothing ran: the task stays `working`, for the janitor to send again
             return self._unreachable(exc, "not started")
