@@ -434,3 +434,39 @@ def test_a_web_process_told_to_stop_cancels_its_synchronous_calls_and_answers_th
         wait_until(lambda: Path(f"{marker}.stopped").exists(), 15, "the job to see the cancel and stop")
         assert ended_row(deployment, "work", marker=str(kept))["status"] == "completed"  # never cancelled
         assert ended_row(deployment, "work", marker=str(done))["status"] == "completed"  # finished in the drain
+
+
+def test_an_earlier_eras_synchronous_call_loses_its_stream_at_sigterm_and_its_job_stops(
+    backend: Backend, tmp_path: Path
+) -> None:
+    """What docs/operations.md says of a 2025-era caller: the SDK answers its session's calls over
+    sse-starlette, which ends every such stream as soon as uvicorn is told to exit, before the drain could
+    answer; the call's hidden task is cancelled as its caller went away, and the job stops. If this starts
+    failing because the caller is answered, the docs can promise it the 2026-07-28 answer."""
+    from tests.integration.test_protocol_eras import LegacySession
+
+    marker = tmp_path / "legacy"
+    with Deployment(APP, backend, tmp_path) as deployment:
+        deployment.web()
+        web = deployment.procs[-1]
+        deployment.worker()
+        session = LegacySession(deployment.url, "2025-11-25", {}).open()
+        outcome: list[object] = []
+
+        def call() -> None:
+            try:
+                outcome.append(session.call_tool("work", {"seconds": 60, "marker": str(marker)}))
+            except Exception as exc:  # noqa: BLE001 - what the caller got is the point
+                outcome.append(exc)
+
+        caller = threading.Thread(target=call, daemon=True)
+        caller.start()
+        wait_until(marker.exists, 30, "the job to start")
+        web.popen.send_signal(signal.SIGTERM)
+        caller.join(20)
+        session.close()
+        assert len(outcome) == 1 and isinstance(outcome[0], AssertionError), outcome  # a stream without an answer
+        assert "without a final message" in str(outcome[0])
+        row = ended_row(deployment, "work", marker=str(marker))
+        assert (row["status"], row["status_message"]) == ("cancelled", "The synchronous caller went away")
+        wait_until(lambda: Path(f"{marker}.stopped").exists(), 15, "the job to see the cancel and stop")

@@ -126,7 +126,7 @@ def test_a_message_for_a_task_this_store_does_not_hold_is_skipped_naming_a_share
     (line,) = [r for r in caplog.records if r.getMessage().startswith("job for tool 'elsewhere' skipped")]
     assert line.levelno == logging.WARNING  # seen at a worker's default level: it may be every job of a deployment
     assert "skipped: its task no longer exists (deleted before its job ran;" in caplog.text
-    assert "give each deployment its own MCP_TASKS_QUEUE" in caplog.text
+    assert "(MCP_TASKS_DATABASE_URL)" in caplog.text and "give each deployment its own MCP_TASKS_QUEUE" in caplog.text
     assert task_id not in caplog.text
 
 
@@ -212,11 +212,31 @@ def test_a_countdown_retry_is_not_reaped_early_but_a_lost_process_retry_is_not_w
         assert (record.heartbeat_at >= before + countdown * 1000) is deferred
 
 
+def test_a_retry_names_the_class_of_an_exception_celery_could_not_pickle(tasks: McpTasks) -> None:
+    """`Retry` keeps a picklable stand-in for what the job raised; the task says the job's own class."""
+
+    class NeedsAnOption(Exception):
+        def __init__(self, message: str, *, option: int) -> None:
+            super().__init__(message)
+
+    @tasks.mcp_task
+    def picky_body() -> str:
+        return "ran"
+
+    task_id, _ = internals(tasks).service().create(owner=None, tool="picky_body", arguments={})
+    bridge.on_retry(
+        sender=picky_body,
+        request=Context(retries=0, headers=headers(task_id)),
+        reason=Retry(exc=NeedsAnOption("no", option=1), when=1),
+    )
+    assert status(tasks, task_id).status_message == "Retrying (attempt 2) after NeedsAnOption"
+
+
 def test_a_lost_pool_process_fails_the_task_without_the_pools_job_counter() -> None:
     """billiard's text ends with its pool's own counter ("Job: 1."), which means nothing to a client."""
-    lost = WorkerLostError("Worker exited prematurely: signal 9 (SIGKILL) Job: 12.")
+    lost = WorkerLostError("Worker exited prematurely: signal 9 (SIGKILL) Job: 12.")  # billiard's text
     assert failure_text(lost) == "WorkerLostError: Worker exited prematurely: signal 9 (SIGKILL)"
-    assert failure_text(WorkerLostError("Worker exited prematurely: exitcode 1")) == (
+    assert failure_text(WorkerLostError("Worker exited prematurely: exitcode 1.")) == (  # Celery's own
         "WorkerLostError: Worker exited prematurely: exitcode 1"
     )
 

@@ -165,7 +165,9 @@ def on_retry(sender: Any = None, request: Any = None, reason: Any = None, **_: A
     # promise the job made, and its message often dies with the worker that held it.
     cause = getattr(reason, "exc", None)
     when = None if isinstance(cause, WorkerLostError) else getattr(reason, "when", None)
-    after = type(cause).__name__ if isinstance(cause, BaseException) else None  # a bare `self.retry()`: none
+    # A bare `self.retry()` names none. Celery keeps a picklable stand-in for an exception that is not: its
+    # wrapper says the original class (`exc_cls_name`).
+    after = (getattr(cause, "exc_cls_name", None) or type(cause).__name__) if isinstance(cause, BaseException) else None
     if isinstance(when, datetime):
         start_by = int(when.timestamp() * 1000)
     else:

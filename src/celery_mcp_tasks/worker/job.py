@@ -83,8 +83,9 @@ _SKIPS: tuple[tuple[type[Exception], str, str, int], ...] = (
     (
         TaskNotFound,
         "its task no longer exists",
-        " (deleted before its job ran; if every job says so, a deployment with another database shares this"
-        " queue and loses its jobs to this worker: give each deployment its own MCP_TASKS_QUEUE)",
+        " (deleted before its job ran; if every job says so, this worker's store is not the web processes'"
+        " (MCP_TASKS_DATABASE_URL), or a deployment with another database shares this queue and loses its"
+        " jobs to this worker: give each deployment its own MCP_TASKS_QUEUE)",
         logging.WARNING,
     ),
     # e.g. Redis redelivered the message after its visibility timeout
@@ -411,7 +412,7 @@ def failure_text(exc: BaseException) -> str:
         except Exception:  # noqa: BLE001 - a broken __str__ still fails the task readably
             text = ""
         if isinstance(exc, WorkerLostError):  # billiard's text ends with its pool's own job counter
-            text = re.sub(r"\s*Job: \d+\.?$", "", text)
+            text = re.sub(r"\s*Job: \d+\.?$", "", text).rstrip(".")
     return type(exc).__name__ + (f": {text}" if text else "")
 
 
