@@ -502,13 +502,14 @@ class McpTasks:
         return app
 
     def _queue_of(self, record: TaskRecord) -> str | None:
-        """The Celery queue the task's job is sent to, as the dispatcher routes it (None: a tool this app lacks)."""
+        """The Celery queue the task's job is sent to, as the dispatcher routes it (None: a tool this app lacks, a
+        route by exchange alone, or a router of the user's that fails, as its send would)."""
         if record.tool not in self._tools:
             return None
         try:
             return self._dispatcher.queue_of(record)
-        except Exception:  # noqa: BLE001 - a router of the user's that fails: the default is the best guess
-            return str(self.celery.conf.task_default_queue or "celery")
+        except Exception:  # noqa: BLE001 - a user's router: the console shows no queue rather than a guess
+            return None
 
     def lifespan(self, _parent: Any = None) -> Any:
         """The served app's lifespan (the SDK's session manager, the push listener), for an

@@ -457,7 +457,8 @@ def tool_queues(tasks: Any) -> dict[str, list[str]]:
 
     queues: dict[str, list[str]] = {}
     for tool in sorted(internals(tasks).tools.values(), key=lambda t: t.name):
-        queues.setdefault(routed_queue(tasks.celery, tool.celery_name), []).append(tool.name)
+        if (queue := routed_queue(tasks.celery, tool.celery_name)) is not None:  # None: routed by exchange alone
+            queues.setdefault(queue, []).append(tool.name)
     default = str(tasks.celery.conf.task_default_queue)
     if tasks.settings.fair_queues is not None and default in queues:
         on_default = queues.pop(default)

@@ -120,9 +120,10 @@ class CeleryDispatcher:
         if self._outage.failing:  # the line's URL is built only when there is an outage to end
             self._outage.answered("the broker %s takes jobs again", redact_url(str(self.app.conf.broker_url)))
 
-    def queue_of(self, record: TaskRecord) -> str:
+    def queue_of(self, record: TaskRecord) -> str | None:
         """The queue `send` sends `record`'s job to: its routing (`queue=`, `task_routes`), else the default
-        queue, or the owner's shard of it with fair queues. A router of the user's may raise."""
+        queue, or the owner's shard of it with fair queues; None for a route by exchange alone. A router of the
+        user's may raise."""
         celery_name = self.tools[record.tool].celery_name
         return self._shard(record, celery_name) or routed_queue(self.app, celery_name)
 

@@ -40,12 +40,13 @@ def unconsumed_shards(queue: str, consumed: Collection[str], shards: int) -> lis
     return [name for name in shard_queues(queue, shards) if name not in consumed]
 
 
-def routed_queue(celery: Any, celery_name: str) -> str:
-    """The queue `send_task` routes a job to (its own options, `task_routes`, else the default queue)."""
+def routed_queue(celery: Any, celery_name: str) -> str | None:
+    """The queue `send_task` routes a job to (its own options, `task_routes`, else the default queue); None for
+    a route naming only an exchange and routing key (the broker's bindings decide)."""
     job = celery.tasks.get(celery_name)
     options = exec_options(job) if job else {}
     queue = celery.amqp.router.route(options, celery_name, (), {}, job).get("queue")
-    return str(getattr(queue, "name", queue))
+    return None if queue is None else str(getattr(queue, "name", queue))
 
 
 def consume_shards(conf: Any, shards: int) -> None:
