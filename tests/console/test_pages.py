@@ -117,11 +117,20 @@ def test_nothing_is_served_before_signing_in_but_the_form_and_the_static_files(d
     assert client.get("/static/live.js").status_code == 200
 
 
-def test_a_wrong_token_is_refused_and_the_right_one_sets_a_strict_httponly_cookie(deployment: Deployment) -> None:
+def test_a_wrong_token_is_refused_and_the_right_one_sets_a_strict_httponly_cookie(
+    deployment: Deployment, caplog: pytest.LogCaptureFixture
+) -> None:
     client = TestClient(console_app(deployment), follow_redirects=False)
-    wrong = client.post("/login", data={"name": "ada", "token": "guess", "next": "/"})
-    assert wrong.status_code == 401
+    with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks.console.audit"):
+        wrong = client.post("/login", data={"name": "ada", "token": "guess-one", "next": "/"})
+        api = client.get("/api/overview", headers={"Authorization": "Bearer guess-two", "X-Console-Operator": "bot"})
+    assert wrong.status_code == 401 and api.status_code == 401
     assert "Wrong operator token." in wrong.text
+    refused = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert refused == [  # for whoever watches for a guess at the token; never the token itself
+        "operator=ada action=sign-in outcome=refused (wrong operator token) client=testclient",
+        "operator=bot action=api outcome=refused (wrong operator token) client=testclient",
+    ]
     assert "set-cookie" not in wrong.headers
     bad_name = client.post("/login", data={"name": "ada\nforged=1", "token": TOKEN, "next": "/"})
     assert bad_name.status_code == 400

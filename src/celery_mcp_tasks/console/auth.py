@@ -28,6 +28,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, RedirectRespons
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from celery_mcp_tasks.config import ConfigError
+from celery_mcp_tasks.console.context import audit_log
 from celery_mcp_tasks.store.base import StoreUnavailable
 
 COOKIE: Final = "mcp_tasks_console"
@@ -125,9 +126,20 @@ def has_session(request: Request) -> bool:
     return getattr(request.state, "auth_via", None) == "session"
 
 
-def token_ok(request: Request, token: str) -> bool:
-    """The login form's token is the operator token (constant-time)."""
-    return _config(request).token_matches(token)
+def token_ok(request: Request, token: str, name: str) -> bool:
+    """The login form's token is the operator token (constant-time); a wrong one is an audit WARNING."""
+    if _config(request).token_matches(token):
+        return True
+    _refused(request, name, "sign-in")
+    return False
+
+
+def _refused(request: Request, operator: str, action: str) -> None:
+    """One audit WARNING per wrong operator token (never the token), for whoever watches for guessing."""
+    client = request.client.host if request.client else "unknown"
+    audit_log.warning(
+        "operator=%s action=%s outcome=refused (wrong operator token) client=%s", operator, action, client
+    )
 
 
 def start_session(request: Request, response: Response, name: str) -> None:
@@ -229,8 +241,10 @@ class ConsoleAuth:
         header = request.headers.get("authorization", "")
         scheme, _, given = header.partition(" ")
         if scheme.lower() == "bearer":
+            operator = clean_name(request.headers.get(OPERATOR_HEADER)) or "api"
             if self.config.token_matches(given.strip()):
-                return clean_name(request.headers.get(OPERATOR_HEADER)) or "api", "bearer"
+                return operator, "bearer"
+            _refused(request, operator, "api")
             return None, None  # a wrong token is never helped by a cookie
         if self.config.operator is not None:
             found = self.config.operator(request)

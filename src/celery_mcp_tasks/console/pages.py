@@ -332,7 +332,7 @@ class Pages:
         target = _next(str(form.get("next", "")), root)
         if not _NAME.fullmatch(name):
             status, name, error = 400, "", "Your name: 1 to 64 letters, digits or . _ @ - (it goes into the audit log)."
-        elif not auth.token_ok(request, token):
+        elif not auth.token_ok(request, token, name):
             status, error = 401, "Wrong operator token."
         else:
             response = RedirectResponse(target, status_code=303)
