@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import sqlite3
@@ -401,15 +402,18 @@ def test_output_piped_into_a_reader_that_leaves_early_ends_without_a_traceback(t
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("broker", ["embedded", "unreachable"])
+@pytest.mark.parametrize("broker", ["embedded", "unreachable", "unreachable-json"])
 def test_serve_says_at_start_when_it_cannot_reach_the_broker_and_serves_all_the_same(
     broker: str, tmp_path: Path
 ) -> None:
     """A web process may start before its broker (compose, a restart): it serves, and says at once why every task
-    call would fail until the broker answers, naming the setting; a reachable broker gets no such line."""
+    call would fail until the broker answers, naming the setting; a reachable broker gets no such line. With
+    JSON logs the line is a JSON record like every other."""
     from tests.support import free_port, port_open, spawn, wait_until
 
     extra = {"MCP_TASKS_DATA_DIR": str(tmp_path / "data")}
+    if broker == "unreachable-json":
+        broker, extra["MCP_TASKS_LOG_FORMAT"] = "unreachable", "json"
     if broker == "unreachable":
         refused = free_port()  # nothing listens there: connections are refused at once
         extra.update(
@@ -423,7 +427,12 @@ def test_serve_says_at_start_when_it_cannot_reach_the_broker_and_serves_all_the_
         assert proc.popen.poll() is None, proc.text()
     finally:
         proc.stop()
-    warnings = [line for line in proc.text().splitlines() if line.startswith("celery-mcp-tasks: warning:")]
+    lines = proc.text().splitlines()
+    if extra.get("MCP_TASKS_LOG_FORMAT") == "json":
+        records = [json.loads(line) for line in lines if line.startswith("{")]
+        assert all(line.startswith("{") for line in lines if "warning" in line), lines
+        lines = [str(record.get("message", "")) for record in records]
+    warnings = [line for line in lines if line.startswith("celery-mcp-tasks: warning:")]
     if broker == "embedded":
         assert warnings == []
     else:

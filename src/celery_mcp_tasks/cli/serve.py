@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from typing import Any
 
 import uvicorn
 
 from celery_mcp_tasks.cli.shared import bind_port, load_app, prepare, start_ops_server, uvicorn_logging
+
+_logger = logging.getLogger("celery_mcp_tasks.cli")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,9 +62,9 @@ def warn_unless_broker_answers(tasks: Any) -> None:
     if finding.status == "fail":
         url = redact_url(str(tasks.celery.conf.broker_url))
         reason = finding.detail.rstrip(".")
-        print(
-            f"celery-mcp-tasks: warning: {reason}; every task call fails until it answers; "
-            f"start the broker or fix CELERY_BROKER_URL (now {url})",
-            file=sys.stderr,
-            flush=True,
+        _logger.warning(  # through logging: a JSON record under MCP_TASKS_LOG_FORMAT=json, as every other line
+            "celery-mcp-tasks: warning: %s; every task call fails until it answers; "
+            "start the broker or fix CELERY_BROKER_URL (now %s)",
+            reason,
+            url,
         )
