@@ -223,6 +223,20 @@ def test_tool_queues_follow_the_jobs_own_routing(tmp_path: Path) -> None:
     assert tool_queues(tasks) == {"main": ["one"], "slow": ["two"]}
 
 
+def test_a_tool_routed_by_exchange_alone_has_no_queue_to_consume_or_check(tmp_path: Path) -> None:
+    tasks = McpTasks("exchanges", settings=Settings(data_dir=tmp_path, queue="main"))
+
+    @tasks.mcp_task
+    def one() -> None: ...
+
+    @tasks.mcp_task
+    def two() -> None: ...
+
+    tasks.celery.conf.task_routes = {"*.two": {"exchange": "jobs", "routing_key": "two"}}
+
+    assert tool_queues(tasks) == {"main": ["one"]}  # never a queue called "None"
+
+
 def test_with_fair_queues_the_default_queues_tools_are_sent_to_each_shard(tmp_path: Path) -> None:
     tasks = McpTasks("fair", settings=Settings(data_dir=tmp_path, queue="main", fair_queues=2))
 

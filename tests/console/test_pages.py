@@ -123,13 +123,15 @@ def test_a_wrong_token_is_refused_and_the_right_one_sets_a_strict_httponly_cooki
     client = TestClient(console_app(deployment), follow_redirects=False)
     with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks.console.audit"):
         wrong = client.post("/login", data={"name": "ada", "token": "guess-one", "next": "/"})
-        api = client.get("/api/overview", headers={"Authorization": "Bearer guess-two", "X-Console-Operator": "bot"})
-    assert wrong.status_code == 401 and api.status_code == 401
+        forged = {"Authorization": "Bearer guess-two", "X-Console-Operator": "bot outcome=ok"}
+        api = client.get("/api/overview", headers=forged)
+        empty = client.get("/api/overview", headers={"Authorization": "Bearer "})  # no guess: not a line
+    assert wrong.status_code == 401 and api.status_code == 401 and empty.status_code == 401
     assert "Wrong operator token." in wrong.text
     refused = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert refused == [  # for whoever watches for a guess at the token; never the token itself
         "operator=ada action=sign-in outcome=refused (wrong operator token) client=testclient",
-        "operator=bot action=api outcome=refused (wrong operator token) client=testclient",
+        "operator=bot_outcome_ok action=api outcome=refused (wrong operator token) client=testclient",
     ]
     assert "set-cookie" not in wrong.headers
     bad_name = client.post("/login", data={"name": "ada\nforged=1", "token": TOKEN, "next": "/"})

@@ -89,7 +89,8 @@ def workers_check(tasks: McpTasks, app_path: str, *, timeout_s: float) -> Verdic
 
 
 def _janitor_queue(tasks: McpTasks) -> str | None:
-    """The queue beat sends the janitor to (routed as Celery routes it), when beat sends it; else None."""
+    """The queue beat sends the janitor to (routed as Celery routes it), when beat sends it; else None (also for
+    a route naming only an exchange: no queue to check)."""
     from celery_mcp_tasks.worker.janitor import JANITOR_TASK
 
     if tasks.settings.janitor != "beat" or tasks.settings.janitor_interval_s is None:
@@ -100,6 +101,8 @@ def _janitor_queue(tasks: McpTasks) -> str | None:
 def _consumers_check(tasks: McpTasks, app_path: str, *, timeout_s: float) -> Verdict:
     needed = tool_queues(tasks)
     if not needed:
+        if _internals(tasks).tools:
+            return Verdict("SKIP", "the task tools are routed by exchange alone: no queue to check")
         return Verdict("SKIP", "the app declares no task tools")
     celery = tasks.celery
     default_queue = str(celery.conf.task_default_queue)

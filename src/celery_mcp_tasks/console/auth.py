@@ -28,7 +28,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, RedirectRespons
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from celery_mcp_tasks.config import ConfigError
-from celery_mcp_tasks.console.context import audit_log
+from celery_mcp_tasks.console.context import audit_refused
 from celery_mcp_tasks.store.base import StoreUnavailable
 
 COOKIE: Final = "mcp_tasks_console"
@@ -135,11 +135,8 @@ def token_ok(request: Request, token: str, name: str) -> bool:
 
 
 def _refused(request: Request, operator: str, action: str) -> None:
-    """One audit WARNING per wrong operator token (never the token), for whoever watches for guessing."""
-    client = request.client.host if request.client else "unknown"
-    audit_log.warning(
-        "operator=%s action=%s outcome=refused (wrong operator token) client=%s", operator, action, client
-    )
+    """One audit WARNING per wrong operator token given (never the token), for whoever watches for guessing."""
+    audit_refused(operator, action, request.client.host if request.client else "unknown")
 
 
 def start_session(request: Request, response: Response, name: str) -> None:
@@ -244,7 +241,8 @@ class ConsoleAuth:
             operator = clean_name(request.headers.get(OPERATOR_HEADER)) or "api"
             if self.config.token_matches(given.strip()):
                 return operator, "bearer"
-            _refused(request, operator, "api")
+            if self.config.token is not None and given.strip():  # a guess at the token (not another app's Bearer)
+                _refused(request, operator, "api")
             return None, None  # a wrong token is never helped by a cookie
         if self.config.operator is not None:
             found = self.config.operator(request)

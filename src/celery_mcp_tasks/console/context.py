@@ -193,6 +193,13 @@ def audit(operator: str | None, action: str, key: str, outcome: str) -> None:
     audit_log.info("operator=%s action=%s row=%s outcome=%s", _operator(operator), action, _row(key), outcome)
 
 
+def audit_refused(operator: str | None, action: str, client: str) -> None:
+    """A wrong operator token (never the token): a WARNING, for whoever watches for a guess at it."""
+    audit_log.warning(
+        "operator=%s action=%s outcome=refused (wrong operator token) client=%s", _operator(operator), action, client
+    )
+
+
 @dataclass(eq=False)  # hashed by identity: one per open page
 class _Subscriber:
     pending: dict[str, Change] = field(default_factory=dict)
