@@ -554,3 +554,19 @@ def test_tasks_against_a_server_answering_a_page_not_json_says_so_in_one_line(
         server.shutdown()
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("celery-mcp-tasks tasks ls: no console's answer at http://127.0.0.1:"), line
+
+
+def test_a_task_id_that_begins_with_a_dash_is_taken_for_key_not_for_an_option() -> None:
+    """One task id in 64 begins with `-` (base64url): argparse took it for an unknown option and answered
+    "the following arguments are required: KEY" (found by a flaky run of the console CLI test)."""
+    from celery_mcp_tasks.cli.tasks import id_as_key
+
+    task_id = "-" + "Ab_9" * 10 + "xy"
+    assert len(task_id) == 43
+    shown = _parser().parse_args(id_as_key(["tasks", "show", task_id, "--json"]))
+    assert (shown.key, shown.json_output) == (task_id, True)
+    cancelled = _parser().parse_args(id_as_key(["tasks", "cancel", "--terminate", task_id, "--url", "http://c"]))
+    assert (cancelled.key, cancelled.terminate, cancelled.url) == (task_id, True, "http://c")
+    assert id_as_key(["tasks", "show", "--", task_id]) == ["tasks", "show", "--", task_id]  # the user's own `--`
+    assert id_as_key(["tasks", "ls", "--cursor", task_id]) == ["tasks", "ls", "--cursor", task_id]
+    assert id_as_key(["serve", "tasks", "show", task_id]) == ["serve", "tasks", "show", task_id]

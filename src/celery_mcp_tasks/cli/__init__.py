@@ -251,7 +251,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _command(argv: list[str] | None) -> int:
-    args = _parser().parse_args(argv)
+    from celery_mcp_tasks.cli.tasks import id_as_key
+
+    args = _parser().parse_args(id_as_key(sys.argv[1:] if argv is None else argv))
     from celery_mcp_tasks.config import ConfigError
 
     try:

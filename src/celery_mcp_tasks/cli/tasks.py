@@ -149,6 +149,21 @@ def _when(ms: int | None) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
+_KEYED = ("show", "cancel", "resend", "delete")  # the commands whose one positional is KEY
+
+
+def id_as_key(argv: list[str]) -> list[str]:
+    """`argv` with a task id that begins with `-` (one in 64 of them: base64url) moved after `--`, so argparse
+    takes it for KEY, not for an unknown option ("the following arguments are required: KEY")."""
+    at = next((n for n, arg in enumerate(argv) if not arg.startswith("-")), len(argv))  # the command's name
+    if argv[at : at + 1] != ["tasks"] or at + 1 >= len(argv) or argv[at + 1] not in _KEYED or "--" in argv:
+        return argv
+    ids = [n for n, arg in enumerate(argv) if n > at + 1 and arg.startswith("-") and _TASK_ID.fullmatch(arg)]
+    if len(ids) != 1:
+        return argv
+    return [*argv[: ids[0]], *argv[ids[0] + 1 :], "--", argv[ids[0]]]
+
+
 def _row_key(given: str) -> str:
     """The row key to ask the console for: a task id (43 base64url characters, not all of them hex digits) is
     hashed as the store hashes it; a key or a prefix of one goes as given; anything else is refused here, so
