@@ -466,8 +466,8 @@ def test_an_earlier_eras_synchronous_call_loses_its_stream_at_sigterm_and_its_jo
         web.popen.send_signal(signal.SIGTERM)
         caller.join(20)
         session.close()
-        assert len(outcome) == 1 and isinstance(outcome[0], AssertionError), outcome  # a stream without an answer
-        assert "without a final message" in str(outcome[0])
+        (got,) = outcome  # a stream that ended without an answer (or, cut mid-chunk, a transport error)
+        assert isinstance(got, httpx.TransportError) or "without a final message" in str(got), got
         row = ended_row(deployment, "work", marker=str(marker))
         # Whichever comes first cancels it: the call seeing its caller gone, or the exiting server's own cancel.
         assert row["status"] == "cancelled", row
