@@ -330,3 +330,17 @@ def test_a_reported_message_is_kept_as_a_line_for_a_person() -> None:
     assert working.with_progress("y" * MAX_STATUS_MESSAGE, 2).status_message == "y" * MAX_STATUS_MESSAGE
     failed = working.failed({"message": "boom"}, 3, "Job failed: " + "z" * MAX_STATUS_MESSAGE)
     assert failed.status_message is not None and len(failed.status_message) == MAX_STATUS_MESSAGE
+
+
+@pytest.mark.parametrize("issuer", ["https://idp.example/realms/a b", "", "urn:x:y"])
+@pytest.mark.parametrize("principal", ["alice", "alice@example.com", "a:b/c d"])
+def test_an_owner_within_its_namespace_is_the_owner_string_its_principal_gets(issuer: str, principal: str) -> None:
+    """`tasks ls --owner NAMESPACE --subject WHO` hashes the owner string the server made for that principal,
+    whether the operator writes the issuer as the provider does or percent-encoded as the console shows it."""
+    from urllib.parse import quote
+
+    from celery_mcp_tasks.model import owner_of, owner_within
+
+    for spelled in (issuer, quote(issuer, safe="")):
+        assert owner_within(f"sub:{spelled}", principal) == owner_of(issuer, subject=principal)
+        assert owner_within(f"client_id:{spelled}", principal) == owner_of(issuer, client_id=principal)

@@ -280,6 +280,12 @@ def owner_of(issuer: str | None, *, subject: str | None = None, client_id: str |
     return None
 
 
+def owner_within(namespace: str, principal: str) -> str:
+    """The owner string of `principal` (a subject, or a client id) within `namespace` (`sub:<issuer>` or
+    `client_id:<issuer>`, its issuer written either way `spelled_namespace` takes): what `owner_of` makes."""
+    return f"{spelled_namespace(namespace)}:{quote(principal, safe='')}"
+
+
 def owner_namespace(owner: str | None) -> str:
     """`sub:<issuer>`, `client_id:<issuer>` or `anonymous`: who vouched for the owner, not who it is."""
     if owner is None:

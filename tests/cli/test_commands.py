@@ -518,6 +518,9 @@ def test_tasks_shows_no_control_character_a_jobs_message_may_hold() -> None:
         (["--url", "http://127.0.0.1:abc"], "--url is not a usable address"),
         (["--url", "http://[::1"], "--url is not a usable address"),
         (["--operator", "\u674e"], "--operator: an HTTP header carries printable ASCII only"),
+        (["--subject", "alice"], "--subject needs --owner NAMESPACE"),
+        (["--owner", "0a1b2c3d", "--subject", "alice"], "--subject needs --owner NAMESPACE"),
+        (["--owner", "sub:https://idp", "--subject", ""], "--subject is empty"),
     ],
 )
 def test_tasks_refuses_a_bad_address_or_operator_in_one_line(

@@ -12,6 +12,7 @@ import anyio
 import pytest
 import sqlalchemy as sa
 
+from celery_mcp_tasks.cli.tasks import _owner_label
 from celery_mcp_tasks.console.context import Ambiguous, Conflict, Console, NotFound, PayloadsHidden, Refused
 from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.model import Run, TaskRecord, TaskStatus, celery_message_id, new_task_id
@@ -206,6 +207,10 @@ def test_filters_by_status_tool_owner_age_and_text_alike_in_pages_and_for_given_
     assert keys(owner=str(owner_tag(BOB))[:5]) >= {key(2)}
     assert keys(owner=row_of(record(key=key(1), owner=ALICE)).owner_label) == {key(1), key(400)}
     assert keys(owner="0000000000") == set()
+    # `tasks ls --owner NAMESPACE --subject WHO`: one owner by name, its tag computed by the command
+    assert keys(owner=_owner_label("sub:https://idp.example", "alice")) == {key(1), key(400)}
+    assert keys(owner=_owner_label("client_id:https%3A%2F%2Fidp.example", "robot")) == {key(2)}
+    assert keys(owner=_owner_label("sub:https://idp.example", "bob")) == set()
     assert keys(min_age="60") == {key(400)}
     assert keys(max_age="1m") == {key(1), key(2), key(3)}
     assert keys(q="data") == {key(1)}

@@ -22,7 +22,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from celery_mcp_tasks.cli.shared import printable
-from celery_mcp_tasks.model import task_key
+from celery_mcp_tasks.model import OWNER_CLAIMS, owner_within, task_key
+from celery_mcp_tasks.store.rows import owner_tag
 
 _TASK_ID = re.compile(r"[A-Za-z0-9_-]{43}")  # `new_task_id` and `derived_task_id`
 _KEY_OR_PREFIX = re.compile(r"[0-9a-fA-F]{8,64}")  # the console takes 8 or more digits
@@ -66,6 +67,10 @@ def add_parser(sub: Any) -> None:
     ls.add_argument("--status", help="comma-separated: working, input_required, completed, failed, cancelled")
     ls.add_argument("--tool", help="the tool's name")
     ls.add_argument("--owner", help="anonymous, a namespace (sub:<issuer>) or an owner tag")
+    ls.add_argument(
+        "--subject",
+        help="with --owner NAMESPACE: one owner in it, by its subject (or client id); hashed here, never sent",
+    )
     ls.add_argument("--min-age", help="older than (90, 15m, 2h, 7d)")
     ls.add_argument("--max-age", help="younger than (90, 15m, 2h, 7d)")
     ls.add_argument("-q", "--text", help="text in the status message")
@@ -176,6 +181,17 @@ def _row_key(given: str) -> str:
     raise ApiError(0, "KEY is neither a row key (8 to 64 hex digits of it) nor a task id (43 characters)")
 
 
+def _owner_label(namespace: str | None, subject: str) -> str:
+    """The console's label for one owner (`<namespace> <tag>`): its tag is the hash of the whole owner string,
+    computed here, so the subject reaches neither the console's URLs nor its logs."""
+    if namespace is None or not namespace.startswith(OWNER_CLAIMS) or " " in namespace.strip():
+        raise ApiError(0, "--subject needs --owner NAMESPACE (sub:<issuer> or client_id:<issuer>) beside it")
+    if not subject:
+        raise ApiError(0, "--subject is empty")
+    namespace = namespace.strip()
+    return f"{namespace} {owner_tag(owner_within(namespace, subject))}"
+
+
 def _progress(row: dict[str, Any]) -> str:
     if row.get("percent") is not None:
         return f"{row['percent']:.0f}%"
@@ -233,6 +249,8 @@ def run(args: argparse.Namespace) -> int:
     command = args.tasks_command
     try:
         if command == "ls":
+            if args.subject is not None:
+                args.owner = _owner_label(args.owner, args.subject)
             filters = ("status", "tool", "owner", "min_age", "max_age", "text", "sort", "limit", "cursor")
             query = {("q" if name == "text" else name): getattr(args, name) for name in filters if getattr(args, name)}
             page = _request(args, "GET", "/api/tasks?" + urllib.parse.urlencode(query))
