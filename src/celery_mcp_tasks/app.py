@@ -490,6 +490,7 @@ class McpTasks:
             payloads_allowed=self.settings.console_payloads,
             tools=lambda: list(self._tools),
             poll_s=0.1 if self._push.mode in ("poll", "off") else 1.0,
+            quota_active=self.settings.quota_active,
         )
         app = create_app(
             console,

@@ -21,11 +21,14 @@ from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.codec import KeyRing, new_key
 from celery_mcp_tasks.store.rows import (
     SORTS,
+    TOP_OWNERS,
     BadFilter,
     Filter,
+    OwnerCount,
     Row,
     detail_of,
     encode_cursor,
+    owner_label,
     owner_tag,
     parse_limit,
     parse_sort,
@@ -357,6 +360,29 @@ def test_the_overview_counts_active_tasks_and_those_ended_in_the_hour_by_status_
     assert seen.oldest_working is not None and seen.oldest_working.key == key(1)
     assert seen.oldest_input_required is not None and seen.oldest_input_required.key == key(4)
     assert seen.last_sweep is None
+    assert seen.by_owner == [OwnerCount("anonymous", 1, 1)] and seen.owners_active == 1
+
+
+def test_the_overview_lists_the_owners_with_the_most_active_tasks_by_label_never_by_name(store: SqlStore) -> None:
+    """The tenants of a deployment at a glance: finished tasks do not count, the busiest come first, and at most
+    `TOP_OWNERS` of them are listed while `owners_active` counts them all."""
+    put(store, 1, owner=ALICE)
+    put(store, 2, owner=ALICE, status=TaskStatus.INPUT_REQUIRED)
+    put(store, 3, owner=ALICE, status=TaskStatus.COMPLETED)
+    put(store, 4, owner=BOB, status=TaskStatus.INPUT_REQUIRED)
+    put(store, 5, owner=None)
+    for n in range(TOP_OWNERS):
+        put(store, 100 + n, owner=f"sub::tenant-{n}")
+    seen = store.overview(NOW)
+    assert seen.owners_active == TOP_OWNERS + 3
+    assert len(seen.by_owner) == TOP_OWNERS
+    assert seen.by_owner[0] == OwnerCount(owner_label(ALICE), 1, 1) and seen.by_owner[0].active == 2
+    assert seen.by_owner[0].owner == f"sub:https%3A%2F%2Fidp.example {owner_tag(ALICE)}"
+    assert OwnerCount("anonymous", 1, 0) in seen.by_owner
+    assert all("alice" not in counted.owner and "tenant" not in counted.owner for counted in seen.by_owner)
+    # the label is the owner filter of that owner's tasks
+    listed = {r.key for r in everything(store, Filter.parse({"owner": seen.by_owner[0].owner}), "-created", 5)}
+    assert listed == {key(1), key(2), key(3)}
 
 
 def test_a_detail_shows_questions_error_trace_and_message_id_and_payloads_only_revealed() -> None:

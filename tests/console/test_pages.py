@@ -29,6 +29,7 @@ from celery_mcp_tasks.migrate import upgrade
 from celery_mcp_tasks.model import TaskRecord, now_ms
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.base import ANY
+from celery_mcp_tasks.store.rows import owner_label
 from celery_mcp_tasks.store.sql import SqlStore
 from tests.builders import SendOnly
 
@@ -152,7 +153,7 @@ def test_a_wrong_token_is_refused_and_the_right_one_sets_a_strict_httponly_cooki
 
 def test_every_page_renders_escaped_with_csrf_fields_and_no_task_id(deployment: Deployment) -> None:
     hostile = deployment.add("hostile", message=HOSTILE)
-    deployment.add("quick", tool="quick", owner=None)
+    quick = deployment.add("quick", tool="quick", owner=None)
     client = signed_in(deployment)
 
     overview = client.get("/")
@@ -160,6 +161,10 @@ def test_every_page_renders_escaped_with_csrf_fields_and_no_task_id(deployment: 
     assert overview.text.count("<polyline") == 3
     assert 'data-status-count="working">2<' in overview.text
     assert overview.headers["content-security-policy"].startswith("default-src 'self'")
+    # each owner's active tasks, by its label, linked to its list
+    (link,) = re.findall(rf'<a href="([^"]+)"><bdi>{re.escape(owner_label(OWNER))}</bdi></a>', overview.text)
+    owned = client.get(link.replace("&amp;", "&"))
+    assert f'href="/tasks/{hostile}"' in owned.text and f'href="/tasks/{quick}"' not in owned.text
 
     listing = client.get("/tasks")
     assert listing.status_code == 200

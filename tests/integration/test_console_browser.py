@@ -64,6 +64,15 @@ def deployment(backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> It
         yield running, console, url
 
 
+def sign_in(page: Any, console_url: str) -> None:
+    """Sign in with the token form and wait for the overview (a click returns before the page it leads to loads)."""
+    page.goto(f"{console_url}/login")
+    page.fill("input[name=name]", OPERATOR)
+    page.fill("input[name=token]", TOKEN)
+    page.click("form.login button[type=submit]")
+    page.wait_for_url(re.compile(r".*/$"))
+
+
 def start_task(url: str, tool_name: str, arguments: dict[str, Any]) -> str:
     """Start a task with the official SDK client and the Tasks extension; return its id (the client's secret)."""
     from mcp import Client
@@ -251,11 +260,7 @@ def test_the_dark_theme_and_the_keyboard(
     context = chromium.new_context(viewport={"width": 1280, "height": 760}, color_scheme="dark")
     page = context.new_page()
     try:
-        page.goto(f"{console_url}/login")
-        page.fill("input[name=name]", OPERATOR)
-        page.fill("input[name=token]", TOKEN)
-        page.click("form.login button[type=submit]")
-        page.wait_for_url(re.compile(r".*/$"))
+        sign_in(page, console_url)
         background = page.evaluate("getComputedStyle(document.body).backgroundColor")
         assert background == "rgb(21, 23, 27)", background  # the dark palette
         page.goto(f"{console_url}/tasks")
@@ -284,11 +289,7 @@ def test_pages_read_without_javascript(deployment: tuple[Deployment, Proc, str],
     context = chromium.new_context(java_script_enabled=False)
     page = context.new_page()
     try:
-        page.goto(f"{console_url}/login")
-        page.fill("input[name=name]", OPERATOR)
-        page.fill("input[name=token]", TOKEN)
-        page.click("form.login button[type=submit]")
-        page.wait_for_url(re.compile(r".*/$"))  # signed in (a click returns before the page it leads to loads)
+        sign_in(page, console_url)
         page.goto(f"{console_url}/tasks?max_age=2h")  # an age as the docs write it stays in its field
         assert page.input_value("input[name=max_age]") == "2h"
         page.check("input[name=status][value=completed]")
@@ -309,6 +310,36 @@ def test_pages_read_without_javascript(deployment: tuple[Deployment, Proc, str],
         assert "sleeping" not in page.inner_text("main")  # a refusal never repeats what was typed
     finally:
         context.close()
+
+
+def test_the_overview_counts_active_tasks_by_owner_and_links_to_them(
+    deployment: tuple[Deployment, Proc, str], chromium: Any
+) -> None:
+    """The operator sees which owner has active tasks (here every caller is anonymous: no authentication) and
+    follows the owner's link to the list of them."""
+    import httpx
+
+    running, _console, console_url = deployment
+    task_id = start_task(running.url, "count_up", {"steps": 60, "pause": 1})
+    context = chromium.new_context()
+    page = context.new_page()
+    try:
+        sign_in(page, console_url)
+        row = page.locator("table.by-owner tbody tr", has_text="anonymous")
+        assert int(row.locator("td").nth(0).inner_text()) >= 1  # working
+        row.locator("a").click()
+        page.wait_for_url(re.compile(r".*/tasks\?owner=anonymous&status=active$"))
+        page.wait_for_selector(f"#row-{task_key(task_id)}")
+        statuses = page.eval_on_selector_all("#rows tr", "rows => rows.map(r => r.dataset.status)")
+        assert set(statuses) <= {"working", "input_required"}, statuses
+    finally:
+        context.close()
+        httpx.post(
+            f"{console_url}/api/tasks/{task_key(task_id)}/cancel",
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            json={},
+            timeout=10,
+        )
 
 
 def test_a_row_changing_further_down_the_list_stays_there(

@@ -19,7 +19,10 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
+from celery_mcp_tasks.cli import main
+from celery_mcp_tasks.model import task_key
 from celery_mcp_tasks.store.engine import normalize_url
+from celery_mcp_tasks.store.rows import owner_tag
 from tests.integration.test_protocol_eras import LegacySession
 from tests.support import Backend, Deployment, McpHttp, free_port, wait_until
 
@@ -301,6 +304,36 @@ def test_refusals_are_counted_by_tool_never_by_caller(deployment: Deployment) ->
     text = wait_until(scraped, 20, "the refusal counter")
     assert 'mcp_tasks_refused_total{limit="active",tool="asks"} 1.0' in text
     assert "caller-" not in text
+    client.close()
+
+
+def test_an_operator_sees_each_callers_active_tasks_and_lists_one_caller_by_name(
+    deployment: Deployment, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The console's overview counts active tasks per owner, by label (its subject never shown, the quota beside
+    it), and `tasks ls --owner NAMESPACE --subject NAME` lists one caller's tasks by the name its token carries."""
+    token = "quota-console-" + uuid.uuid4().hex
+    console = deployment.console(token, MCP_TASKS_QUOTA_ACTIVE="5", MCP_TASKS_IDEMPOTENCY_SECRET=SECRET)
+    subject = f"caller-{uuid.uuid4().hex[:12]}"
+    client = McpHttp(deployment.url, headers={"Authorization": f"Bearer {subject}"})
+    label = f"tenant-{uuid.uuid4().hex[:8]}"
+    created = [client.create("asks", {"label": label}) for _ in range(2)]
+    for task in created:
+        client.wait_for(task, "input_required")
+    caller(deployment.url).create("asks", {"label": label})  # another caller's: not theirs
+
+    overview = httpx.get(f"{console}/api/overview", headers={"Authorization": f"Bearer {token}"}, timeout=10).json()
+    theirs = f"sub: {owner_tag('sub::' + subject)}"  # no issuer in the tokens: the namespace is `sub:`
+    assert {"owner": theirs, "working": 0, "input_required": 2} in overview["by_owner"]
+    assert overview["quota_active"] == 5 and overview["owners_active"] >= 2
+    assert subject not in json.dumps(overview)
+
+    monkeypatch.setenv("MCP_TASKS_CONSOLE_TOKEN", token)
+    argv = ["tasks", "ls", "--url", console, "--owner", "sub:", "--subject", subject, "--json"]
+    assert main(argv) == 0
+    listed = json.loads(capsys.readouterr().out)["rows"]
+    assert sorted(row["key"] for row in listed) == sorted(task_key(task) for task in created)
+    assert {row["owner"] for row in listed} == {theirs}
     client.close()
 
 

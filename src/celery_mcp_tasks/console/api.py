@@ -57,6 +57,9 @@ async def _overview(request: Request, console: Console) -> Response:
             and {k: getattr(sweep, k) for k in ("swept_at", "duration_ms", "sweeps", "report", "read_at")},
             "lost_resent": overview.lost_resent,
             "lost_failed": overview.lost_failed,
+            "by_owner": [counted._asdict() for counted in overview.by_owner],
+            "owners_active": overview.owners_active,
+            "quota_active": console.quota_active,
         }
     )
 

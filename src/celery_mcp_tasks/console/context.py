@@ -217,7 +217,8 @@ class Console:
     `terminable(tool)`: whether a cancel may terminate its running job. `stale_timeout_s`: a `working` task
     whose heartbeat is older is judged lost (and may be re-sent). `poll_s`: how often rows written since the
     last look are read for live updates (every tick under the polling transport, whose hints cover only
-    watched keys; ~1 s otherwise, for new rows).
+    watched keys; ~1 s otherwise, for new rows). `quota_active`: how many active tasks one caller may have
+    (`MCP_TASKS_QUOTA_ACTIVE`), shown beside each owner's count.
     """
 
     def __init__(
@@ -231,6 +232,7 @@ class Console:
         payloads_allowed: bool = False,
         tools: Callable[[], list[str]] | None = None,
         poll_s: float = 1.0,
+        quota_active: int | None = None,
         clock: Callable[[], int] = now_ms,
     ) -> None:
         self._service = service
@@ -241,6 +243,7 @@ class Console:
         self.payloads_allowed = payloads_allowed
         self._tools = tools
         self.poll_s = poll_s
+        self.quota_active = quota_active
         self.clock = clock
         self._subscribers: set[_Subscriber] = set()
         self._has_subscribers = anyio.Event()

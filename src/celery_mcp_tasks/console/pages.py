@@ -212,7 +212,9 @@ class Pages:
 
     async def overview(self, request: Request) -> Response:
         overview = await self.console.overview()
-        return self.render(request, "overview.html", "overview", ov=overview, chart=chart_of(overview))
+        return self.render(
+            request, "overview.html", "overview", ov=overview, chart=chart_of(overview), quota=self.console.quota_active
+        )
 
     async def tasks(self, request: Request) -> Response:
         root = auth.mount_root(request)

@@ -19,14 +19,17 @@ from celery_mcp_tasks.model import ACTIVE_VALUES, TERMINAL_VALUES, TaskStatus
 from celery_mcp_tasks.model import now_ms as clock_ms
 from celery_mcp_tasks.store.rows import (
     ROW_COLUMNS,
+    TOP_OWNERS,
     BadFilter,
     Filter,
     MinuteCount,
     Overview,
+    OwnerCount,
     Page,
     Row,
     decode_cursor,
     encode_cursor,
+    owner_label,
     owner_tag,
     row_from,
 )
@@ -222,6 +225,18 @@ def overview(conn: Connection, now_ms: int) -> Overview:
     )
     for tool, status, n in conn.execute(query).all():
         count(tool, status, int(n))
+    by_owner: dict[str, dict[str, int]] = {}
+    query = (
+        sa.select(tasks.c.owner, tasks.c.status, sa.func.count())
+        .where(tasks.c.status.in_(ACTIVE_VALUES))
+        .group_by(tasks.c.owner, tasks.c.status)
+    )
+    for owner, status, n in conn.execute(query).all():
+        by_owner.setdefault(owner, dict.fromkeys(ACTIVE_VALUES, 0))[str(status)] = int(n)
+    owners = sorted(
+        (OwnerCount(owner_label(owner), n["working"], n["input_required"]) for owner, n in by_owner.items()),
+        key=lambda counted: (-counted.active, counted.owner),
+    )
 
     # The last hour in whole minutes, the current (partial) minute last.
     first = (now_ms // MINUTE_MS - (HOUR_MINUTES - 1)) * MINUTE_MS
@@ -257,4 +272,6 @@ def overview(conn: Connection, now_ms: int) -> Overview:
         oldest_working=_oldest(conn, TaskStatus.WORKING),
         oldest_input_required=_oldest(conn, TaskStatus.INPUT_REQUIRED),
         last_sweep=read_sweep(conn, JANITOR),
+        by_owner=owners[:TOP_OWNERS],
+        owners_active=len(owners),
     )

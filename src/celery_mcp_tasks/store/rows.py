@@ -64,6 +64,16 @@ def owner_tag(owner: str | None) -> str | None:
     return hashlib.sha256(owner.encode("utf-8", "surrogatepass")).hexdigest()[:OWNER_TAG_LEN]
 
 
+def _label(namespace: str, tag: str | None) -> str:
+    return namespace if tag is None else f"{namespace} {tag}"
+
+
+def owner_label(owner: str | None) -> str:
+    """How the console names an owner: its namespace and tag (`sub:<issuer> 0a1b2c3d4e`), or `anonymous`; an
+    owner filter takes it as it is."""
+    return _label(owner_namespace(owner), owner_tag(owner))
+
+
 def _duration_s(name: str, value: str) -> int:
     """Seconds from `90`, `90s`, `15m`, `2h` or `7d`."""
     match = _DURATION.fullmatch(value.strip().lower())
@@ -223,7 +233,7 @@ class Row:
 
     @property
     def owner_label(self) -> str:
-        return self.owner_namespace if self.owner_tag is None else f"{self.owner_namespace} {self.owner_tag}"
+        return _label(self.owner_namespace, self.owner_tag)
 
     @property
     def final(self) -> bool:
@@ -315,14 +325,31 @@ class MinuteCount(NamedTuple):
     failed: int
 
 
+class OwnerCount(NamedTuple):
+    """One owner's active tasks. `owner`: its label as a row shows it (namespace and tag, never the subject)."""
+
+    owner: str
+    working: int
+    input_required: int
+
+    @property
+    def active(self) -> int:
+        return self.working + self.input_required
+
+
+TOP_OWNERS: Final = 20
+"""How many owners the overview lists: those with the most active tasks."""
+
+
 @dataclass(frozen=True)
 class Overview:
     """The state of the store at `now_ms`, read without scanning it.
 
     `by_status` / `by_tool`: every active task, and the final ones that ended since `final_since_ms` (the chart's
     hour: counting every finished task kept for its TTL would read every row). `per_minute`: the last 60 minutes,
-    oldest first, a final task counted at its `updated_at` (it is never written again). `last_sweep`: the
-    janitor's ledger row.
+    oldest first, a final task counted at its `updated_at` (it is never written again). `by_owner`: the
+    `TOP_OWNERS` owners with the most active tasks, most first; `owners_active`: how many owners have any.
+    `last_sweep`: the janitor's ledger row.
     """
 
     now_ms: int
@@ -333,6 +360,8 @@ class Overview:
     oldest_working: Row | None
     oldest_input_required: Row | None
     last_sweep: SweepRecord | None
+    by_owner: list[OwnerCount]
+    owners_active: int
 
     @property
     def lost_resent(self) -> int:
