@@ -439,6 +439,23 @@ def test_a_terminal_says_a_failures_message_once() -> None:
     assert shown.count("boom") == 1 and "error -32603: Job failed: boom" in shown and "✘ failed" in shown
 
 
+def test_a_terminal_shows_a_results_text_without_its_escape_sequences() -> None:
+    """A job's result cleared the screen and retitled the window: it is shown as its status lines are, each
+    control character a space, its lines and tabs kept. Piped output (`PlainView`) is the result as it is."""
+    screen = io.StringIO()
+    console = Console(file=screen, width=120, force_terminal=True, color_system=None)
+    view = LiveView(console, Console(file=io.StringIO()))
+    hostile = "done\x1b]0;TITLE\x07 \x1b[2Jcleared\n\tnext line \u202eevil"
+    view.result(CallToolResult(content=[TextContent(type="text", text=hostile)]))
+    assert (
+        "\x1b]0;" not in screen.getvalue() and "\x1b[2J" not in screen.getvalue() and "\u202e" not in screen.getvalue()
+    )
+    assert screen.getvalue().splitlines() == ["done ]0;TITLE   [2Jcleared", "        next line  evil"]
+    out = io.StringIO()
+    PlainView(out, io.StringIO()).result(CallToolResult(content=[TextContent(type="text", text=hostile)]))
+    assert out.getvalue() == hostile + "\n"
+
+
 def test_json_prints_only_the_result() -> None:
     out, err = io.StringIO(), io.StringIO()
     view = JsonView(out, err)

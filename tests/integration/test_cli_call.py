@@ -199,6 +199,8 @@ def test_mistakes_are_one_line_each(runtime: Deployment) -> None:
         f"celery-mcp-tasks call: {root}: no MCP endpoint there (HTTP 404); the MCP endpoint is usually at /mcp: "
         f"{root}/mcp\n",
     )
+    wrong_path = _call(f"{root}/wrong", "work", "{}")  # the usual endpoint, not one below the wrong path
+    assert wrong_path.stderr.endswith(f"; the MCP endpoint is usually at /mcp: {root}/mcp\n"), wrong_path.stderr
     not_json = _call(runtime.url, "work", "{seconds: 1}")
     assert not_json.returncode == 2 and not_json.stderr.startswith("celery-mcp-tasks call: ARGS is not JSON: ")
     not_object = _call(runtime.url, "work", "[1]")
@@ -214,6 +216,36 @@ def test_mistakes_are_one_line_each(runtime: Deployment) -> None:
         1,
         "celery-mcp-tasks call: no such task: it expired, or it belongs to another user\n",
     )
+
+
+def test_a_reader_that_leaves_early_ends_the_command_saying_so_and_how_to_resume(runtime: Deployment) -> None:
+    """`call ... | head -1`: once the pipe's reader is gone, the next line cannot be written. That is said as it
+    is (it was "cannot reach URL: Broken pipe"), without a traceback, and the task goes on."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery_mcp_tasks.cli", "call", runtime.url, "work", '{"seconds": 30}'],
+        cwd=ROOT,
+        env=_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline() == b"created task: status=working\n"
+    proc.stdout.close()  # `head -1` is done
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 1
+    found = re.fullmatch(
+        rf"celery-mcp-tasks call: the output was closed \(its reader left\); the task may still be running: "
+        rf"celery-mcp-tasks call {re.escape(runtime.url)} --resume=(\S+)\n",
+        stderr,
+    )
+    assert found, stderr
+    client = McpHttp(runtime.url)
+    try:
+        assert client.get(found.group(1))["status"] == "working"
+        client.task("tasks/cancel", found.group(1))
+    finally:
+        client.close()
 
 
 def test_args_come_from_a_file_with_at_or_from_stdin_with_a_dash(runtime: Deployment, tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ import ssl
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, fields, replace
 from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -98,8 +98,10 @@ def _one_line(
         if isinstance(leaf, CallError):
             return leaf
     if 404 in refused:
-        at_mcp = urlsplit(options.url).path.rstrip("/").endswith("/mcp")
-        hint = "" if at_mcp else f"; the MCP endpoint is usually at /mcp: {options.url.rstrip('/')}/mcp"
+        parts = urlsplit(options.url)
+        at_mcp = parts.path.rstrip("/").endswith("/mcp")
+        usual = f"{parts.scheme}://{parts.netloc}/mcp"
+        hint = "" if at_mcp else f"; the MCP endpoint is usually at /mcp: {usual}"
         return CallError(f"{options.url}: no MCP endpoint there (HTTP 404){hint}")
     if refused:
         if has_token:
@@ -115,6 +117,20 @@ def _one_line(
     if isinstance(exc, BaseExceptionGroup) and len(leaves) == 1:
         return leaves[0]
     return exc
+
+
+class _OutputClosed(CallError):
+    """Stdout's reader went away (`call ... | head`): nothing more can be shown. After a Ctrl-C (which ends the
+    reader too, `| cat`) the task was cancelled as asked: 130; otherwise the task goes on, and stderr says how
+    to follow it."""
+
+    def __init__(self, resume: str | None, interrupts: _Interrupts) -> None:
+        if interrupts.count:
+            super().__init__("the output was closed (its reader left)", EXIT_CANCELLED)
+        elif resume:
+            super().__init__(f"the output was closed (its reader left); the task may still be running: {resume}")
+        else:
+            super().__init__("the output was closed (its reader left)")
 
 
 def _reason(exc: BaseException) -> str:
@@ -360,6 +376,9 @@ async def _run(options: CallOptions, io: CallIo, abort: Callable[[], bool] | Non
             except CallError as exc:
                 _stop(io.view, str(exc))
                 code = exc.code
+                if isinstance(exc, _OutputClosed):  # what stdout's buffer still holds would fail at exit's flush
+                    with suppress(OSError, ValueError):
+                        os.dup2(os.open(os.devnull, os.O_WRONLY), io.out.fileno())
             finally:
                 group.cancel_scope.cancel()
     if interrupts.forced is not None and outer.cancelled_caught:
@@ -439,6 +458,9 @@ async def _session(options: CallOptions, arguments: dict[str, Any], io: CallIo, 
                 with anyio.CancelScope(shield=True):
                     await tasks.stop_following(client)
     except Exception as exc:  # noqa: BLE001 - an ExceptionGroup from the SDK's task groups, or one error: one line
+        if any(isinstance(leaf, BrokenPipeError) for leaf in _leaves(exc)):  # stdout's reader left (`| head`)
+            resume = task_id and f"celery-mcp-tasks call {options.url} --resume={task_id}"
+            raise _OutputClosed(resume, interrupts) from None
         error = _one_line(exc, options, refused, bool(token), bool(session_gone))
         ours = any(isinstance(e, CallError) for e in _leaves(exc)) and not session_gone
         if task_id and isinstance(error, CallError) and not ours:

@@ -224,7 +224,9 @@ class LiveView:
     def result(self, result: CallToolResult) -> None:
         if self._line.state is not None:
             self._final()
-        self._console.print(result_text(result), markup=False, highlight=False, soft_wrap=True)
+        # A job's text, as every other line of its shown here: no escape sequence reaches the terminal
+        text = printable(result_text(result).expandtabs(), lines=True)
+        self._console.print(text, markup=False, highlight=False, soft_wrap=True)
 
     def failed(self, error: ErrorData) -> None:
         self._final(f"error {error.code}: {printable(error.message)}")
