@@ -340,7 +340,7 @@ def test_reencrypt_waits_for_the_processes_to_seal_with_the_first_key_and_says_w
     refused = reencrypt(own_store, f"{NEW},{OLD}")
     assert refused.returncode == 1 and refused.stdout == "", refused
     assert refused.stderr == (
-        f"celery-mcp-tasks db reencrypt: the store's newest payloads are sealed with key "
+        f"celery-mcp-tasks db reencrypt: the tasks created last are sealed with key "
         f"{KeyRing.parse([OLD]).primary_id}, not with {new_id}, the ring's first key: the running processes do not appear to "
         "seal with it yet, and a row sealed with a key they lack reads as failed to them. Restart every web "
         f"process, worker and beat with {new_id} first in MCP_TASKS_ENCRYPTION_KEYS, then run this again "

@@ -13,7 +13,7 @@ from celery_mcp_tasks.model import TaskRecord, TaskStatus, TaskUnreadable, Termi
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store import ANY
 from celery_mcp_tasks.store.codec import KeyRing, UnreadablePayload, new_key, payload_bytes
-from celery_mcp_tasks.store.rekeying import reencrypt, ring_check
+from celery_mcp_tasks.store.rekeying import newest_sealed_key, reencrypt, ring_check
 from celery_mcp_tasks.store.schema import tasks
 from celery_mcp_tasks.store.sql import SqlStore
 from tests.builders import SendOnly
@@ -253,6 +253,24 @@ def test_the_start_up_check_refuses_a_missing_or_wrong_ring(store_url: str):
         engine.dispose()
     assert missing is not None and missing.startswith("MCP_TASKS_ENCRYPTION_KEYS: unset")
     assert wrong is not None and wrong.startswith("MCP_TASKS_ENCRYPTION_KEYS: none of its keys")
+
+
+def test_the_key_processes_seal_with_is_read_from_the_tasks_created_last(store_url: str):
+    """`db reencrypt` goes ahead once the running processes seal with the ring's first key. A task created
+    under the old key and finished after the change (its row the last one written) does not hide a task
+    created since: its arguments were sealed before the change."""
+    old = with_ring(store_url, OLD)
+    old.create(make("long-job", arguments={"a": 1}), max_rows=None)
+    old.dispose()
+    both = with_ring(store_url, NEW, OLD)
+    try:
+        both.create(make("created-since", arguments={"a": 2}, created_at=2_000, updated_at=2_000), max_rows=None)
+        both.update("long-job", ANY, lambda r: r.completed({"content": []}, 5_000))
+        with both.engine.connect() as conn:
+            assert newest_sealed_key(conn) == KeyRing.parse([NEW]).primary_id
+            assert ring_check(conn, KeyRing.parse([NEW])) is None
+    finally:
+        both.dispose()
 
 
 def test_a_ring_refuses_malformed_keys_naming_the_setting():

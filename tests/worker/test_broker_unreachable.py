@@ -8,11 +8,13 @@ Nothing listens on the port these use, so each fails at once with "Connection re
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from urllib.parse import urlsplit
 
 import pytest
 from celery import Celery
@@ -63,6 +65,35 @@ def test_a_send_to_a_broker_that_is_down_names_it_and_what_to_do(
     assert line.startswith("cannot reach the broker redis://:***@127.0.0.1:") and "Connection refused" in line
     assert line.endswith("start the broker or fix CELERY_BROKER_URL") and SECRET not in line
     assert "ab" * 32 not in line and not any(r.exc_info for r in caplog.records)
+
+
+@pytest.mark.parametrize("refusal", ["vhost", "password"])
+def test_a_rabbitmq_refusing_the_vhost_or_the_login_is_said_as_an_outage_naming_the_setting(
+    refusal: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """RabbitMQ refuses a vhost that does not exist (NotAllowed) or a wrong password (AccessRefused) without
+    kombu's retry: each call's send logged an ERROR naming neither the broker nor the setting."""
+    url = os.environ.get("MCP_TASKS_TEST_RABBITMQ_URL")
+    if not url:
+        pytest.skip("set MCP_TASKS_TEST_RABBITMQ_URL to run")
+    parts = urlsplit(url)
+    host = f"{parts.hostname}:{parts.port or 5672}"
+    broker = {
+        "vhost": f"amqp://{parts.username}:{parts.password}@{host}/mcp-tasks-no-such-vhost",
+        "password": f"amqp://{parts.username}:{SECRET}@{host}//",
+    }[refusal]
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'tasks.db'}", broker_url=broker)
+    app = McpTasks("refused", settings=settings, notifier=None).celery
+    tools = {"report": SimpleNamespace(name="report", celery_name="jobs.report", terminate=False)}
+    dispatcher = CeleryDispatcher(app, tools)  # type: ignore[arg-type]
+    with caplog.at_level(logging.DEBUG, logger="celery_mcp_tasks"):
+        for _ in range(2):
+            with pytest.raises(DispatchUnavailable):
+                dispatcher.send(record(key="ab" * 32, tool="report", dispatches=1))
+    (line,) = said(caplog, logging.ERROR)
+    assert line.startswith(f"cannot reach the broker amqp://{parts.username}:***@{host}/"), line
+    assert line.endswith("start the broker or fix CELERY_BROKER_URL") and SECRET not in line
+    assert ("NOT_ALLOWED" if refusal == "vhost" else "ACCESS_REFUSED") in line
 
 
 def test_the_first_send_after_an_outage_says_the_broker_takes_jobs_again(

@@ -128,7 +128,7 @@ def _parser() -> argparse.ArgumentParser:
     db.add_argument(
         "--force",
         action="store_true",
-        help="reencrypt only: go ahead although the store's newest payloads are not sealed with the ring's first "
+        help="reencrypt only: go ahead although the tasks created last are not sealed with the ring's first "
         "key (no running process is seen sealing with it)",
     )
 

@@ -146,8 +146,8 @@ def _check(url: str) -> int:
 def _reencrypt(settings: Settings, *, force: bool = False) -> int:
     """Seal every row's payloads with the ring's first key, in batches, while everything runs.
 
-    Unless `force`d, only once the running processes are seen sealing with that key (the store's newest
-    payloads are): a row re-encrypted with a key they lack would read as failed to every one of them."""
+    Unless `force`d, only once the running processes are seen sealing with that key (the tasks created last
+    are): a row re-encrypted with a key they lack would read as failed to every one of them."""
     ring = settings.key_ring()
     if ring is None:
         raise ConfigError("MCP_TASKS_ENCRYPTION_KEYS: unset; set the ring to re-encrypt with (the new key first)")
@@ -159,9 +159,9 @@ def _reencrypt(settings: Settings, *, force: bool = False) -> int:
         newest = None if force else read(engine, newest_sealed_key)
         if not force and newest != ring.primary_id:
             sealed = (
-                "none of the store's newest payloads is sealed"
+                "none of the tasks created last is sealed"
                 if newest is None
-                else f"the store's newest payloads are sealed with key {newest}"
+                else f"the tasks created last are sealed with key {newest}"
             )
             print(
                 f"celery-mcp-tasks db reencrypt: {sealed}, not with {ring.primary_id}, the ring's first key: the "

@@ -35,15 +35,19 @@ _READ = sa.select(tasks.c.key, tasks.c.version, tasks.c.created_at, *(tasks.c[na
 
 
 def _newest_sealed(conn: Connection) -> list[tuple[str, str]]:
-    """(row key, stored arguments) of the newest rows whose arguments are sealed, newest first."""
-    query = sa.select(tasks.c.key, tasks.c.arguments).order_by(tasks.c.updated_at.desc(), tasks.c.key.desc())
+    """(row key, stored arguments) of the newest rows whose arguments are sealed, newest first.
+
+    Newest by creation: a row's arguments are sealed once, by the process that created it. By last change, a
+    task created before a key change and finished after it (a long job, a late answer) came first, its
+    arguments sealed with the key of before."""
+    query = sa.select(tasks.c.key, tasks.c.arguments).order_by(tasks.c.created_at.desc(), tasks.c.key.desc())
     found = conn.execute(query.limit(_NEWEST)).all()  # read whole: the cursor is done before a caller returns
     return [(str(key), stored) for key, stored in found if sealed_key_id(stored) is not None]
 
 
 def newest_sealed_key(conn: Connection) -> str | None:
-    """The id of the key that sealed the store's newest payloads: the one the running processes seal with
-    (None: nothing sealed among the newest rows)."""
+    """The id of the key that sealed the arguments of the tasks created last: the one the running processes
+    seal with (None: nothing sealed among the newest rows)."""
     newest = _newest_sealed(conn)
     return sealed_key_id(newest[0][1]) if newest else None
 

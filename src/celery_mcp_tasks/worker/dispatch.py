@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from amqp.exceptions import AccessRefused
+from amqp.exceptions import ConnectionError as AmqpConnectionError
 from celery import Celery, signals
 from kombu.exceptions import OperationalError
 
@@ -46,6 +48,9 @@ from celery_mcp_tasks.worker.termination import start_thread
 
 logger = logging.getLogger("celery_mcp_tasks.worker")
 
+_BROKER_REFUSALS = (OperationalError, AmqpConnectionError, AccessRefused)
+"""A send's errors that mean the broker is down or refuses this app: what kombu retried, then gave up on, and
+RabbitMQ refusing the login or the vhost (not retried: the AMQP client's own errors reach the caller)."""
 # Fail fast when the broker is down: the caller is an HTTP request, and the task
 # is marked failed (readable by the client) instead of hanging.
 _SEND_RETRY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
@@ -109,7 +114,7 @@ class CeleryDispatcher:
                     retry_policy=_SEND_RETRY,
                     **route,
                 )
-        except OperationalError as exc:  # the broker is down or refuses us: say which, and what to do (once)
+        except _BROKER_REFUSALS as exc:  # the broker is down or refuses us: say which, and what to do (once)
             self._outage.failed(
                 "cannot reach the broker %s (%s); the tasks created meanwhile fail as not enqueued: start the "
                 "broker or fix CELERY_BROKER_URL",
