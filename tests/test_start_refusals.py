@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import sqlalchemy as sa
@@ -173,6 +174,34 @@ def test_a_broker_url_naming_no_transport_and_a_notify_that_cannot_work_are_one_
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"celery-mcp-tasks: configuration error: {said}"), output
         assert not (tmp_path / "data" / "tasks.db").exists()
+
+
+@pytest.mark.parametrize("argv", [WORKER, BEAT], ids=["worker", "beat"])
+@pytest.mark.parametrize("refusal", ["vhost", "password"])
+def test_a_rabbitmq_refusing_the_vhost_or_the_login_is_one_line_naming_the_setting(
+    argv: list[str], refusal: str, tmp_path: Path
+) -> None:
+    """A vhost RabbitMQ does not have: the worker's consumer reconnected several times a second, a traceback
+    each time, for ever; a wrong password: one CRITICAL traceback. Neither named the setting."""
+    url = os.environ.get("MCP_TASKS_TEST_RABBITMQ_URL")
+    if not url:
+        pytest.skip("set MCP_TASKS_TEST_RABBITMQ_URL to run")
+    parts = urlsplit(url)
+    host = f"{parts.hostname}:{parts.port or 5672}"
+    broker, reason = {
+        "vhost": (f"amqp://{parts.username}:{parts.password}@{host}/mcp-tasks-no-such-vhost", "NOT_ALLOWED"),
+        "password": (f"amqp://{parts.username}:{SECRET}@{host}//", "ACCESS_REFUSED"),
+    }[refusal]
+    store = f"sqlite:///{tmp_path / 'tasks.db'}"
+    migrate.upgrade(store)
+    done = run(argv, tmp_path, MCP_TASKS_DATABASE_URL=store, CELERY_BROKER_URL=broker)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0 and "Traceback" not in output and SECRET not in output, output
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(
+        f"celery-mcp-tasks: configuration error: CELERY_BROKER_URL: the broker amqp://{parts.username}:***@{host}/"
+    ), line
+    assert reason in line and line.endswith("check its user, password and vhost"), line
 
 
 MOUNTED = ["-m", "uvicorn", "tests.apps.mounted_app:app", "--port", "0"]

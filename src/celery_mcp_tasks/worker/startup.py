@@ -11,9 +11,36 @@ import sys
 from collections.abc import Callable, Collection
 from typing import Any
 
+from amqp.exceptions import AccessRefused, NotAllowed
 from celery import Celery, signals
 
-from celery_mcp_tasks.config import ConfigError
+from celery_mcp_tasks.config import ConfigError, redact_url
+
+_REFUSALS = (AccessRefused, NotAllowed)
+"""RabbitMQ refusing the login (403) or the vhost (530): Celery's consumer retried a vhost several times a
+second, logging a traceback each time, and died on a login with one; neither line named the setting."""
+_PROBE_TIMEOUT_S = 3.0
+
+
+def broker_refusal(app: Celery) -> str | None:
+    """Why the broker refuses this app for good, as one line naming the setting; None when it lets the app in,
+    or cannot be reached (a broker down is waited for, as Celery does). One attempt, no retries."""
+    if str(app.conf.broker_url).split("://", 1)[0].lower() in ("memory", "filesystem"):
+        return None
+    conn = app.connection_for_write(connect_timeout=_PROBE_TIMEOUT_S)
+    try:
+        conn.ensure_connection(max_retries=0)
+    except _REFUSALS as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return (
+            f"CELERY_BROKER_URL: the broker {redact_url(str(app.conf.broker_url))} refuses this app ({reason}); "
+            "check its user, password and vhost"
+        )
+    except Exception:  # noqa: BLE001 - down, or slow: Celery's own reconnecting handles it
+        return None
+    finally:
+        conn.release()
+    return None
 
 
 def install_startup(
@@ -28,6 +55,9 @@ def install_startup(
     def refuse_unless_ready(role: str) -> None:
         try:
             check(role)
+            refused = broker_refusal(app)
+            if refused is not None:
+                raise ConfigError(refused)
         except ConfigError as exc:
             # The real stderr: beat has already redirected sys.stderr into its logger by now.
             print(f"celery-mcp-tasks: configuration error: {exc}", file=sys.__stderr__, flush=True)
