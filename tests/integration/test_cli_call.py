@@ -76,6 +76,16 @@ def _ok(run: subprocess.CompletedProcess[str], code: int = 0) -> list[str]:
     return run.stdout.splitlines()
 
 
+def _cancel_running(url: str, task_id: str) -> None:
+    """The task the command left is still running (leaving did not cancel it); cancel it now."""
+    client = McpHttp(url)
+    try:
+        assert client.get(task_id)["status"] == "working"
+        client.task("tasks/cancel", task_id)
+    finally:
+        client.close()
+
+
 # -- plain lines, --json, --no-wait / --resume, failures -----------------------------------------
 
 
@@ -116,12 +126,7 @@ def test_timeout_leaves_the_task_running_and_says_how_to_resume(runtime: Deploym
     _ok(run, 124)
     found = re.search(rf"celery-mcp-tasks call {re.escape(runtime.url)} --resume=(\S+)$", run.stderr.strip())
     assert found, run.stderr
-    client = McpHttp(runtime.url)
-    try:
-        assert client.get(found.group(1))["status"] == "working"
-        client.task("tasks/cancel", found.group(1))
-    finally:
-        client.close()
+    _cancel_running(runtime.url, found.group(1))
 
 
 def test_timeout_bounds_a_call_answered_without_a_task_too(runtime: Deployment, tmp_path: Path) -> None:
@@ -240,12 +245,7 @@ def test_a_reader_that_leaves_early_ends_the_command_saying_so_and_how_to_resume
         stderr,
     )
     assert found, stderr
-    client = McpHttp(runtime.url)
-    try:
-        assert client.get(found.group(1))["status"] == "working"
-        client.task("tasks/cancel", found.group(1))
-    finally:
-        client.close()
+    _cancel_running(runtime.url, found.group(1))
 
 
 def test_args_come_from_a_file_with_at_or_from_stdin_with_a_dash(runtime: Deployment, tmp_path: Path) -> None:
