@@ -646,3 +646,19 @@ def test_the_sdk_clients_errors_are_one_line_each_and_its_warnings_none(capsys: 
     finally:
         logger.removeHandler(handler)
     assert capsys.readouterr().err == "celery-mcp-tasks call: the MCP client: Error in post_writer\n"
+
+
+def test_the_tools_a_server_lists_after_an_unknown_name_are_shown_without_control_characters() -> None:
+    """A server's tool names are its own text, as a job's messages are: no escape sequence reaches the terminal."""
+    from types import SimpleNamespace
+
+    from celery_mcp_tasks.cli.call import _other_tools
+
+    class Server:
+        async def list_tools(self, cursor: str | None = None) -> Any:
+            return SimpleNamespace(
+                tools=[SimpleNamespace(name="report\x1b[2J"), SimpleNamespace(name="ok")], next_cursor=None
+            )
+
+    hint = anyio.run(_other_tools, Server(), "reprot")
+    assert hint == " (this server's tools: ok, report [2J)"

@@ -512,6 +512,17 @@ def test_tasks_shows_no_control_character_a_jobs_message_may_hold() -> None:
     assert len(table.splitlines()) == 2 and "half done" in table and "forged line" in table
 
 
+def test_tasks_ls_on_a_terminal_cuts_each_message_to_the_columns_the_others_leave() -> None:
+    from celery_mcp_tasks.cli.tasks import _table
+
+    row = {"key": "k" * 64, "row": "k" * 12, "status": "failed", "tool": "report", "owner": "anonymous"}
+    rows = [{**row, "created_at": 0, "status_message": "Job failed: " + "x" * 48}]
+    on_100 = _table(rows, wide=False, columns=100).splitlines()
+    assert max(len(line) for line in on_100) == 100 and on_100[1].endswith("x…")
+    assert _table(rows, wide=False, columns=20).splitlines()[1].endswith("  Job failed:…")  # at least 12 shown
+    assert _table(rows, wide=False).splitlines()[1].endswith("x" * 48)  # piped: whole
+
+
 @pytest.mark.parametrize(
     ("argv", "says"),
     [

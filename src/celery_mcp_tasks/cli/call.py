@@ -538,7 +538,7 @@ async def _other_tools(client: Client, tool: str | None) -> str:
     names = sorted(found)
     if lookup.cancelled_caught or cursor or tool in names:  # not every page seen: no hint rather than a wrong one
         return ""
-    shown = ", ".join(names[:_TOOLS_SHOWN]) + (", ..." if len(names) > _TOOLS_SHOWN else "")
+    shown = printable(", ".join(names[:_TOOLS_SHOWN]) + (", ..." if len(names) > _TOOLS_SHOWN else ""))
     return f" (this server's tools: {shown})" if names else " (this server has no tools)"
 
 

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import sys
 import urllib.error
 import urllib.parse
@@ -200,7 +201,9 @@ def _progress(row: dict[str, Any]) -> str:
     return ""
 
 
-def _table(rows: list[dict[str, Any]], wide: bool) -> str:
+def _table(rows: list[dict[str, Any]], wide: bool, columns: int | None = None) -> str:
+    """The rows as a table; on a terminal `columns` wide, each message cut to what the other columns leave (at
+    least 12 characters), so a row stays one line where it can."""
     header = ["ROW", "STATUS", "TOOL", "OWNER", "CREATED (UTC)", "PROGRESS", "MESSAGE"]
     lines = [header]
     for row in rows:
@@ -215,8 +218,14 @@ def _table(rows: list[dict[str, Any]], wide: bool) -> str:
         ]
         lines.append([printable(cell) for cell in cells])
     widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
+    room = None if columns is None else max(columns - sum(widths) - 2 * len(widths), 12)
+
+    def message(text: str) -> str:
+        return text if room is None or len(text) <= room else text[: room - 1] + "…"
+
     return "\n".join(
-        "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(line[:-1])) + "  " + line[-1] for line in lines
+        "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(line[:-1])) + "  " + message(line[-1])
+        for line in lines
     )
 
 
@@ -257,7 +266,8 @@ def run(args: argparse.Namespace) -> int:
             if args.json_output:
                 print(json.dumps(page, indent=2))
             else:
-                print(_table(page["rows"], args.wide))
+                columns = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+                print(_table(page["rows"], args.wide, columns))
                 if page.get("next_cursor"):  # the same filters and sort with it, or the next page is another list's
                     again = [
                         f"--{name.replace('_', '-')}={getattr(args, name)}"
