@@ -220,3 +220,12 @@ def test_every_name_the_code_and_docs_mention_is_known() -> None:
     flagged = unknown_settings(dict.fromkeys(mentioned - {*RETIRED_SETTINGS, "MCP_TASKS_STRICT_SETTINGS"}, "1"))
     assert flagged == []
     assert "MCP_TASKS_DATABASE_URL" in known_settings() and "MCP_TASKS_OPS_HOST" in known_settings()
+
+
+def test_a_redacted_url_shows_no_password_of_any_url_in_a_failover_list() -> None:
+    from celery_mcp_tasks.config import redact_url
+
+    assert redact_url("amqp://u:secret1@a:5672/v;amqp://u:secret2@b:5672/v") == (
+        "amqp://u:***@a:5672/v;amqp://u:***@b:5672/v"
+    )
+    assert redact_url("redis://:pw@h:6379/0") == "redis://:***@h:6379/0"

@@ -662,3 +662,25 @@ def test_the_tools_a_server_lists_after_an_unknown_name_are_shown_without_contro
 
     hint = anyio.run(_other_tools, Server(), "reprot")
     assert hint == " (this server's tools: ok, report [2J)"
+
+
+async def _closed_output_cases() -> None:
+    from celery_mcp_tasks.cli.call import EXIT_CANCELLED, EXIT_FAILED, _Interrupts, _OutputClosed
+
+    resume = "celery-mcp-tasks call http://h/mcp --resume=ID"
+    interrupts = _Interrupts(anyio.CancelScope())
+    interrupts.count = 1  # a Ctrl-C arrived, its cancel not yet answered
+    early = _OutputClosed(resume, interrupts)
+    assert (early.code, str(early)) == (
+        EXIT_FAILED,
+        f"the output was closed (its reader left); the task may still be running: {resume}",
+    )
+    interrupts.cancelled = True
+    assert _OutputClosed(resume, interrupts).code == EXIT_CANCELLED
+    assert str(_OutputClosed(None, _Interrupts(anyio.CancelScope()))) == "the output was closed (its reader left)"
+
+
+def test_a_closed_output_exits_130_only_once_a_cancel_was_answered_and_else_says_how_to_resume() -> None:
+    """A Ctrl-C ends `| cat` as well: the command exits 130 only when its cancel went through; a reader gone
+    before that (or without any Ctrl-C) leaves the task running, and stderr says how to follow it."""
+    anyio.run(_closed_output_cases)

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from celery_mcp_tasks.cli.tasks import _owner_label
 from celery_mcp_tasks.console.context import Ambiguous, Conflict, Console, NotFound, PayloadsHidden, Refused
 from celery_mcp_tasks.migrate import upgrade
-from celery_mcp_tasks.model import Run, TaskRecord, TaskStatus, celery_message_id, new_task_id
+from celery_mcp_tasks.model import Run, TaskRecord, TaskStatus, celery_message_id, new_task_id, owner_of
 from celery_mcp_tasks.notify.hub import Hub
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.codec import KeyRing, new_key
@@ -219,6 +219,9 @@ def test_filters_by_status_tool_owner_age_and_text_alike_in_pages_and_for_given_
     assert keys(q="data") == {key(1)}
     assert keys(q="50%") == {key(1)} and keys(q="5_%") == set()  # LIKE wildcards are literal
     assert keys(tool="slow", status="failed", owner=str(owner_tag(BOB))) == {key(2)}
+    put(store, 7, owner=owner_of("https://idp.example/realms/a b", subject="carol"))  # a space in its issuer
+    carol = Filter.parse({"owner": _owner_label("sub:https://idp.example/realms/a b", "carol")})
+    assert {r.key for r in everything(store, carol, "-created", 2)} == {key(7)}
 
 
 def same_case_rules(store: SqlStore) -> None:

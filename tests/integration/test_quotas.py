@@ -324,7 +324,11 @@ def test_an_operator_sees_each_callers_active_tasks_and_lists_one_caller_by_name
 
     overview = httpx.get(f"{console}/api/overview", headers={"Authorization": f"Bearer {token}"}, timeout=10).json()
     theirs = f"sub: {owner_tag('sub::' + subject)}"  # no issuer in the tokens: the namespace is `sub:`
-    assert {"owner": theirs, "working": 0, "input_required": 2} in overview["by_owner"]
+    listed = overview["by_owner"]  # the 20 busiest owners of a store other tests' callers share: theirs among
+    last = listed[-1]  # them, or 20 with as many active tasks (ties go by the random tag)
+    assert {"owner": theirs, "working": 0, "input_required": 2} in listed or (
+        len(listed) == 20 and last["working"] + last["input_required"] >= 2
+    ), listed
     assert overview["quota_active"] == 5 and overview["owners_active"] >= 2
     assert subject not in json.dumps(overview)
 

@@ -120,17 +120,27 @@ def _one_line(
 
 
 class _OutputClosed(CallError):
-    """Stdout's reader went away (`call ... | head`): nothing more can be shown. After a Ctrl-C (which ends the
-    reader too, `| cat`) the task was cancelled as asked: 130; otherwise the task goes on, and stderr says how
-    to follow it."""
+    """Stdout's reader went away (`call ... | head`): nothing more can be shown. Once a Ctrl-C's cancel was
+    answered (the Ctrl-C ends the reader too, `| cat`): 130; otherwise the task goes on, and stderr says how to
+    follow it."""
 
     def __init__(self, resume: str | None, interrupts: _Interrupts) -> None:
-        if interrupts.count:
-            super().__init__("the output was closed (its reader left)", EXIT_CANCELLED)
+        if interrupts.cancelled:
+            super().__init__("the output was closed (its reader left); the task was cancelled", EXIT_CANCELLED)
         elif resume:
             super().__init__(f"the output was closed (its reader left); the task may still be running: {resume}")
         else:
             super().__init__("the output was closed (its reader left)")
+
+
+def _closed(out: IO[str]) -> None:
+    """Point a stream whose reader left at /dev/null."""
+    with suppress(OSError, ValueError):
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, out.fileno())
+        finally:
+            os.close(null)
 
 
 def _reason(exc: BaseException) -> str:
@@ -252,6 +262,7 @@ class _Interrupts:
         self.forced: int | None = None
         self.message: str | None = None
         self.resume: str | None = None  # the command that follows the task again, once there is one
+        self.cancelled = False  # the first one's `tasks/cancel` was answered
 
     def interrupt(self) -> None:
         self.count += 1
@@ -373,12 +384,14 @@ async def _run(options: CallOptions, io: CallIo, abort: Callable[[], bool] | Non
                 group.start_soon(_watch_abort, abort, interrupts)
             try:
                 code = await _session(options, arguments, io, interrupts)
+            except _OutputClosed as exc:
+                _closed(io.out)  # what stdout's buffer still holds would fail again at exit's flush
+                with suppress(BrokenPipeError):  # `2>&1 | head`: stderr went with it
+                    _stop(io.view, str(exc))
+                code = exc.code
             except CallError as exc:
                 _stop(io.view, str(exc))
                 code = exc.code
-                if isinstance(exc, _OutputClosed):  # what stdout's buffer still holds would fail at exit's flush
-                    with suppress(OSError, ValueError):
-                        os.dup2(os.open(os.devnull, os.O_WRONLY), io.out.fileno())
             finally:
                 group.cancel_scope.cancel()
     if interrupts.forced is not None and outer.cancelled_caught:
@@ -557,7 +570,7 @@ async def _follow(
         shown.ended(answer)
         if options.no_wait:  # stdout holds a task id or nothing: a script's ID=$(...) never takes a result for one
             view.note(f"{PROG}: the tool answered without a task, so there is no id to print; its result:")
-            view.note(result_text(answer))
+            view.note(printable(result_text(answer).expandtabs(), lines=True))
         else:
             view.result(answer)
         return exit_code("completed", is_error=bool(answer.is_error))
@@ -608,10 +621,10 @@ async def _follow(
         return EXIT_TIMEOUT
     code = _show_end(view, state, result)
     if code == EXIT_CANCELLED and problem is not None:  # e.g. a question this client could not answer
-        view.note(f"{PROG}: {problem.message}")
+        view.note(f"{PROG}: {printable(problem.message)}")
     if code is not None:
         return code
-    _stop(view, problem.message if problem is not None else "the task ended without an outcome")
+    _stop(view, printable(problem.message) if problem is not None else "the task ended without an outcome")
     if not isinstance(problem, TaskNotFound):
         view.note(f"{PROG}: the task may still be running: celery-mcp-tasks call {options.url} --resume={task_id}")
     return EXIT_FAILED
@@ -624,6 +637,7 @@ async def _cancel(io: CallIo, interrupts: _Interrupts, handle: TaskHandle) -> in
     try:
         with anyio.fail_after(10):
             await handle.cancel()
+            interrupts.cancelled = True
             if not handle.finished:
                 await handle.wait(answer_input=False)
     except TaskNotFound:

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from celery_mcp_tasks.cli.shared import printable
-from celery_mcp_tasks.model import OWNER_CLAIMS, owner_within, task_key
+from celery_mcp_tasks.model import OWNER_CLAIMS, owner_within, spelled_namespace, task_key
 from celery_mcp_tasks.store.rows import owner_tag
 
 _TASK_ID = re.compile(r"[A-Za-z0-9_-]{43}")  # `new_task_id` and `derived_task_id`
@@ -185,12 +185,12 @@ def _row_key(given: str) -> str:
 def _owner_label(namespace: str | None, subject: str) -> str:
     """The console's label for one owner (`<namespace> <tag>`): its tag is the hash of the whole owner string,
     computed here, so the subject reaches neither the console's URLs nor its logs."""
-    if namespace is None or not namespace.startswith(OWNER_CLAIMS) or " " in namespace.strip():
+    if namespace is None or not namespace.strip().startswith(OWNER_CLAIMS):
         raise ApiError(0, "--subject needs --owner NAMESPACE (sub:<issuer> or client_id:<issuer>) beside it")
     if not subject:
         raise ApiError(0, "--subject is empty")
-    namespace = namespace.strip()
-    return f"{namespace} {owner_tag(owner_within(namespace, subject))}"
+    namespace = namespace.strip()  # an issuer as its provider writes it may hold a space: spelled, it holds none
+    return f"{spelled_namespace(namespace)} {owner_tag(owner_within(namespace, subject))}"
 
 
 def _progress(row: dict[str, Any]) -> str:

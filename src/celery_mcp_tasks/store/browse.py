@@ -33,7 +33,7 @@ from celery_mcp_tasks.store.rows import (
     owner_tag,
     row_from,
 )
-from celery_mcp_tasks.store.schema import tasks
+from celery_mcp_tasks.store.schema import UNFINISHED, tasks
 from celery_mcp_tasks.store.sweeps import JANITOR, read_sweep
 
 MINUTE_MS = 60_000
@@ -226,9 +226,9 @@ def overview(conn: Connection, now_ms: int) -> Overview:
     for tool, status, n in conn.execute(query).all():
         count(tool, status, int(n))
     by_owner: dict[str, dict[str, int]] = {}
-    query = (
+    query = (  # active as the quotas count it: on the partial (owner, caller) index of unfinished rows
         sa.select(tasks.c.owner, tasks.c.status, sa.func.count())
-        .where(tasks.c.status.in_(ACTIVE_VALUES))
+        .where(UNFINISHED)
         .group_by(tasks.c.owner, tasks.c.status)
     )
     for owner, status, n in conn.execute(query).all():

@@ -16,28 +16,37 @@ from celery import Celery, signals
 
 from celery_mcp_tasks.config import ConfigError, redact_url
 
-_REFUSALS = (AccessRefused, NotAllowed)
-"""RabbitMQ refusing the login (403) or the vhost (530): Celery's consumer retried a vhost several times a
-second, logging a traceback each time, and died on a login with one; neither line named the setting."""
+_AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
 _PROBE_TIMEOUT_S = 3.0
 
 
+def _for_good(exc: Exception) -> bool:
+    """RabbitMQ refusing what no wait mends: a vhost it does not have (530 "vhost ... not found") or the user's
+    login (403 "Login was refused"). Not a vhost that is down or over its connection limit, nor a login backend
+    that is down: those pass, and Celery's reconnecting waits for them."""
+    text = str(exc)
+    return (isinstance(exc, NotAllowed) and "not found" in text) or (
+        isinstance(exc, AccessRefused) and "Login was refused" in text
+    )
+
+
 def broker_refusal(app: Celery) -> str | None:
-    """Why the broker refuses this app for good, as one line naming the setting; None when it lets the app in,
-    or cannot be reached (a broker down is waited for, as Celery does). One attempt, no retries."""
-    if str(app.conf.broker_url).split("://", 1)[0].lower() in ("memory", "filesystem"):
+    """Why RabbitMQ refuses this app for good, as one line naming the setting; else None (it lets the app in,
+    cannot be reached, or refuses for a while: Celery waits, as it does). Celery's consumer reconnected to a
+    vhost that does not exist several times a second, a traceback each time, and died on a wrong password with
+    one; neither named the setting. One attempt, no retries; a failover list (`;`) is left to Celery, which
+    tries its next broker."""
+    url = app.conf.broker_url
+    if not isinstance(url, str) or ";" in url or url.split("://", 1)[0].lower() not in _AMQP_SCHEMES:
         return None
     conn = app.connection_for_write(connect_timeout=_PROBE_TIMEOUT_S)
     try:
         conn.ensure_connection(max_retries=0)
-    except _REFUSALS as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return (
-            f"CELERY_BROKER_URL: the broker {redact_url(str(app.conf.broker_url))} refuses this app ({reason}); "
-            "check its user, password and vhost"
-        )
-    except Exception:  # noqa: BLE001 - down, or slow: Celery's own reconnecting handles it
-        return None
+    except Exception as exc:  # noqa: BLE001 - down, or slow: Celery's own reconnecting handles it
+        if not _for_good(exc):
+            return None
+        reason = str(exc).strip().splitlines()[0]
+        return f"CELERY_BROKER_URL: the broker {redact_url(url)} refuses this app ({reason}); check its user, password and vhost"
     finally:
         conn.release()
     return None
