@@ -229,3 +229,4 @@ def test_a_redacted_url_shows_no_password_of_any_url_in_a_failover_list() -> Non
         "amqp://u:***@a:5672/v;amqp://u:***@b:5672/v"
     )
     assert redact_url("redis://:pw@h:6379/0") == "redis://:***@h:6379/0"
+    assert redact_url("postgresql+psycopg://app:s3;cr3t@db:5432/tasks") == "postgresql+psycopg://app:***@db:5432/tasks"

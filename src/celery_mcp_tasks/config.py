@@ -134,8 +134,9 @@ def _ring(env: Mapping[str, str], name: str) -> tuple[str, ...]:
 def redact_url(url: str) -> str:
     """A URL fit for a log line or a banner: the password replaced by `***` (in each URL of a `;`-separated
     failover list, as Celery takes a broker's)."""
-    if ";" in url:
-        return ";".join(redact_url(part) for part in url.split(";"))
+    parts = url.split(";")
+    if len(parts) > 1 and all("://" in part for part in parts):  # not a `;` in a store's password
+        return ";".join(redact_url(part) for part in parts)
     try:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:  # noqa: BLE001 - not an RFC-1738 URL: keep only what follows the credentials

@@ -323,3 +323,19 @@ def test_the_broker_url_is_checked_at_construction_without_importing_its_transpo
     assert "CELERY_BROKER_URL: not a URL kombu can read" in str(unreadable.value) and SECRET not in str(
         unreadable.value
     )
+
+
+def test_only_what_no_wait_mends_stops_a_worker_at_start() -> None:
+    """RabbitMQ also answers NOT_ALLOWED for a vhost that is down or full, and ACCESS_REFUSED for a resource a
+    channel may not use: a worker waits those out, as Celery does."""
+    from amqp.exceptions import AccessRefused, NotAllowed
+
+    from celery_mcp_tasks.worker.startup import _for_good
+
+    assert _for_good(NotAllowed("Connection.open: (530) NOT_ALLOWED - vhost aud1 not found"))
+    assert _for_good(NotAllowed("(530) NOT_ALLOWED - access to vhost 'v' refused for user 'u'"))
+    assert _for_good(AccessRefused("(403) ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN"))
+    assert not _for_good(NotAllowed("(530) NOT_ALLOWED - vhost v is down"))
+    assert not _for_good(NotAllowed("(530) NOT_ALLOWED - connection refused: virtual host 'v' connection limit"))
+    assert not _for_good(AccessRefused("(403) ACCESS_REFUSED - access to queue 'q' in vhost '/' refused"))
+    assert not _for_good(ConnectionRefusedError(111, "Connection refused"))

@@ -120,9 +120,9 @@ def _one_line(
 
 
 class _OutputClosed(CallError):
-    """Stdout's reader went away (`call ... | head`): nothing more can be shown. Once a Ctrl-C's cancel was
-    answered (the Ctrl-C ends the reader too, `| cat`): 130; otherwise the task goes on, and stderr says how to
-    follow it."""
+    """Stdout's reader went away (`call ... | head`): nothing more can be shown. Once a Ctrl-C's cancel ended
+    the task (the Ctrl-C ends the reader too, `| cat`): 130; otherwise the task may go on, and stderr says how
+    to follow it."""
 
     def __init__(self, resume: str | None, interrupts: _Interrupts) -> None:
         if interrupts.cancelled:
@@ -262,7 +262,7 @@ class _Interrupts:
         self.forced: int | None = None
         self.message: str | None = None
         self.resume: str | None = None  # the command that follows the task again, once there is one
-        self.cancelled = False  # the first one's `tasks/cancel` was answered
+        self.cancelled = False  # the first one's `tasks/cancel` ended the task cancelled
 
     def interrupt(self) -> None:
         self.count += 1
@@ -637,9 +637,9 @@ async def _cancel(io: CallIo, interrupts: _Interrupts, handle: TaskHandle) -> in
     try:
         with anyio.fail_after(10):
             await handle.cancel()
-            interrupts.cancelled = True
             if not handle.finished:
                 await handle.wait(answer_input=False)
+            interrupts.cancelled = handle.state is not None and handle.state.status == "cancelled"
     except TaskNotFound:
         _stop(view, "the task is gone (expired)")
         return EXIT_FAILED

@@ -27,6 +27,7 @@ from celery_mcp_tasks.model import OWNER_CLAIMS, owner_within, spelled_namespace
 from celery_mcp_tasks.store.rows import owner_tag
 
 _TASK_ID = re.compile(r"[A-Za-z0-9_-]{43}")  # `new_task_id` and `derived_task_id`
+_DASHED = re.compile(r"-[A-Za-z0-9_-]{19,}")  # a task id, or most of one, that begins with `-`: never an option
 _KEY_OR_PREFIX = re.compile(r"[0-9a-fA-F]{8,64}")  # the console takes 8 or more digits
 
 TOKEN_SETTING = "MCP_TASKS_CONSOLE_TOKEN"
@@ -160,11 +161,13 @@ _KEYED = ("show", "cancel", "resend", "delete")  # the commands whose one positi
 
 def id_as_key(argv: list[str]) -> list[str]:
     """`argv` with a task id that begins with `-` (one in 64 of them: base64url) moved after `--`, so argparse
-    takes it for KEY, not for an unknown option ("the following arguments are required: KEY")."""
+    takes it for KEY, not for an unknown option ("the following arguments are required: KEY"). So is a
+    mistyped one (20 characters or more; no option is that long): `KEY` refuses it without repeating it, where
+    argparse's error would have shown it."""
     at = next((n for n, arg in enumerate(argv) if not arg.startswith("-")), len(argv))  # the command's name
     if argv[at : at + 1] != ["tasks"] or at + 1 >= len(argv) or argv[at + 1] not in _KEYED or "--" in argv:
         return argv
-    ids = [n for n, arg in enumerate(argv) if n > at + 1 and arg.startswith("-") and _TASK_ID.fullmatch(arg)]
+    ids = [n for n, arg in enumerate(argv) if n > at + 1 and _DASHED.fullmatch(arg)]
     if len(ids) != 1:
         return argv
     return [*argv[: ids[0]], *argv[ids[0] + 1 :], "--", argv[ids[0]]]

@@ -21,11 +21,11 @@ _PROBE_TIMEOUT_S = 3.0
 
 
 def _for_good(exc: Exception) -> bool:
-    """RabbitMQ refusing what no wait mends: a vhost it does not have (530 "vhost ... not found") or the user's
-    login (403 "Login was refused"). Not a vhost that is down or over its connection limit, nor a login backend
+    """RabbitMQ refusing what no wait mends: a vhost it does not have (530 "vhost ... not found"), the user's
+    permission on it (530 "access to vhost ... refused for user") or the user's login (403 "Login was refused"). Not a vhost that is down or over its connection limit, nor a login backend
     that is down: those pass, and Celery's reconnecting waits for them."""
     text = str(exc)
-    return (isinstance(exc, NotAllowed) and "not found" in text) or (
+    return (isinstance(exc, NotAllowed) and ("not found" in text or "refused for user" in text)) or (
         isinstance(exc, AccessRefused) and "Login was refused" in text
     )
 
