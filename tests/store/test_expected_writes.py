@@ -19,7 +19,7 @@ from celery_mcp_tasks.model import Run, RunInProgress, Superseded, TaskRecord, T
 from celery_mcp_tasks.notify.postgres import CHANNEL, PG_HINT, hint_payload, libpq_url
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.base import ANY, Quota, TaskNotFound
-from celery_mcp_tasks.store.quotas import RowGauge
+from celery_mcp_tasks.store.quotas import ROOM_CHECK_S, RowGauge
 from celery_mcp_tasks.store.sql import SqlStore
 from tests.builders import SendOnly
 
@@ -101,16 +101,21 @@ def test_a_write_that_need_not_be_durable_is_the_same_one_statement_and_seen_at_
 
 
 def test_a_creation_is_one_statement(store: SqlStore) -> None:
-    """The row cap is counted in the INSERT once a second per process (and near the cap): never a statement more."""
-    store._row_gauge = RowGauge(clock=lambda: 0.0)  # the clock stands still: the second's one count, then none
+    """The row cap is counted in the INSERT once a second per process (and near the cap): never a statement more,
+    but for the janitor's last count of the rows, where that count starts, read by key every `BASE_REFRESH_S`."""
+    now = [0.0]
+    store._row_gauge = RowGauge(clock=lambda: now[0])  # the clock stands still: the second's one count, then none
     seen = Statements(store)
     store.create(_record("c1"), max_rows=None)
     store.create(_record("c2"), max_rows=1_000)  # the process's first creation under the cap counts the rows
     store.create(_record("c3"), max_rows=1_000)
+    now[0] += ROOM_CHECK_S
+    store.create(_record("c4"), max_rows=1_000)  # counts again, from the base it read a second ago
     per_write = ["INSERT", "COMMIT"] if store.dialect == "sqlite" else ["INSERT"]
-    assert seen.seen == per_write * 3
+    assert seen.seen == [*per_write, "SELECT", *per_write * 3]
+    assert "mcp_tasks_sweep" in seen.texts[1]  # texts: statements only
     inserts = [text.lower() for text in seen.texts if text.lstrip().upper().startswith("INSERT")]
-    assert ["count" in text for text in inserts] == [False, True, False]
+    assert ["count" in text for text in inserts] == [False, True, False, True]
 
 
 def test_a_creation_that_need_not_be_durable_is_the_same_one_statement_and_seen_at_once(store: SqlStore) -> None:

@@ -16,6 +16,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -23,6 +24,7 @@ from sqlalchemy.engine import Connection
 
 from celery_mcp_tasks.model import TaskRecord, owner_bytes
 from celery_mcp_tasks.store.base import Quota, QuotaExceeded
+from celery_mcp_tasks.store.ledger import SweepRecord
 from celery_mcp_tasks.store.schema import UNFINISHED, tasks
 
 _LOCK = sa.select(sa.func.pg_advisory_xact_lock(sa.bindparam("lock", type_=sa.BigInteger)))
@@ -55,12 +57,42 @@ def bounded_count(limit: str, *where: Any) -> Any:
 ROOM_CHECK_S = 1.0
 """How old a process's count of the rows may be before its next creation counts them again (`RowGauge`)."""
 
+BASE_REFRESH_S = 15.0
+"""How old a process's reading of the janitor's last count of the rows (`RowBase`) may be before a creation that
+counts reads it again (a sweep a minute by default: more often would read the same row)."""
+
+BASE_MARGIN_MS = 5_000
+"""Rows created up to this long before the janitor recorded its count are counted again on top of it: the
+creating hosts' clocks may trail the database's (whose clock the ledger keeps), and a creation stamped just
+before the count may commit just after it."""
+
+
+@dataclass(frozen=True)
+class RowBase:
+    """Where the row cap's count starts: the rows the janitor's last sweep counted (`statuses`, in the ledger),
+    plus every row created since shortly before that count (an index range on `created_at`). A row deleted
+    since still counts until the next sweep, so this is never fewer than the rows there are, and it walks a
+    sweep interval's creations, not the table: at a million rows the whole count took most of a second of the
+    database's CPU each time."""
+
+    rows: int
+    since_ms: int | None  # None: no count to start from, every row is counted
+
+    @classmethod
+    def of(cls, sweep: SweepRecord | None) -> RowBase:
+        """The base the ledger's janitor row gives (none recorded yet: count every row)."""
+        if sweep is None or sweep.swept_at is None or not sweep.statuses:
+            return cls(0, None)
+        counted_at = sweep.swept_at + (sweep.duration_ms or 0)  # when the sweep recorded what it had just counted
+        return cls(sum(int(count) for count in sweep.statuses.values()), counted_at - BASE_MARGIN_MS)
+
 
 class RowGauge:
     """A process's estimate of how many rows the store holds, for the row cap (`MCP_TASKS_MAX_ROWS`).
 
-    The cap's count (`bounded_count`) walks up to the cap's number of index entries: at 10,000 rows about 2 ms
-    of the database's CPU, more than the INSERT it guards. So a creation's INSERT counts the rows (`plan`) only
+    The cap's count (`bounded_count`) walks the index entries of the rows created since the janitor last counted
+    them all (`RowBase`; every row before its first sweep): about 2 ms of the database's CPU at 10,000 entries,
+    more than the INSERT it guards. So a creation's INSERT counts the rows (`plan`) only
     when this process's last count is over `ROOM_CHECK_S` old or a tenth of the cap's creations of its own ago
     (that INSERT also returns what it counted), or when that count plus the rows this process created since
     comes within a tenth of the cap. A process that creates often counts once a second; one that creates
@@ -77,6 +109,8 @@ class RowGauge:
         self._created = 0  # creations of this process that stored a row, ever
         self._counted_at = -math.inf  # when the last count was planned
         self._planned = 0  # `_created` then
+        self._base: RowBase | None = None  # where the count starts, as last read from the ledger
+        self._based_at = -math.inf  # when
 
     def plan(self, max_rows: int) -> tuple[bool, int | None]:
         """(whether this creation's INSERT counts the rows, and if it is to say what it counted: the mark to pass
@@ -104,6 +138,17 @@ class RowGauge:
     def created(self) -> None:
         with self._lock:
             self._created += 1
+
+    def base(self, read: Callable[[], RowBase]) -> RowBase:
+        """Where this creation's count starts: the last base read, or `read()`'s when that is `BASE_REFRESH_S` old."""
+        now = self._clock()
+        with self._lock:
+            if self._base is not None and now - self._based_at < BASE_REFRESH_S:
+                return self._base
+        base = read()
+        with self._lock:
+            self._base, self._based_at = base, now
+        return base
 
 
 @functools.cache

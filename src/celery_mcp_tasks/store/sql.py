@@ -53,7 +53,7 @@ from celery_mcp_tasks.store.engine import create_store_engine, is_postgres, read
 from celery_mcp_tasks.store.failures import _CommitInDoubt, _in_doubt, _operation, _reconnecting, _reported
 from celery_mcp_tasks.store.rows import Filter, Overview, Page, Row
 from celery_mcp_tasks.store.schema import signouts, tasks
-from celery_mcp_tasks.store.sweeps import SweepLedger, count_by_status, evict, unanswered
+from celery_mcp_tasks.store.sweeps import SweepLedger, count_by_status, evict, read_sweep, unanswered
 
 logger = logging.getLogger(__name__)
 _SIGNOUT_KEPT_MS = 3_600_000
@@ -107,13 +107,12 @@ def _unless_landed(transition: Transition, doubt: _CommitInDoubt) -> Transition:
     return step
 
 
-# `INSERT ... SELECT :values WHERE (count bounded by the cap) < :max_rows`. Its caller asks RETURNING key,
-# not rowcount: psycopg reports -1 for INSERT ... SELECT.
-_ROOM = quotas.bounded_count("max_rows") < sa.bindparam("max_rows")
-_INSERT_IF_ROOM = tasks.insert().from_select(
-    [c.name for c in tasks.columns],
-    sa.select(*(sa.bindparam(c.name, type_=c.type).label(c.name) for c in tasks.columns)).where(_ROOM),
-)
+def _rows_counted(based: bool) -> Any:
+    """The row cap's count, no further than the room the base leaves (`quotas.RowBase`): the rows created since
+    the base (`based`, an index range on `created_at`), or every row (no base: the smallest index, walked whole;
+    a `created_at` bound below every row would make PostgreSQL read the table instead)."""
+    since = (tasks.c.created_at > sa.bindparam("rows_since", type_=sa.BigInteger),) if based else ()
+    return quotas.bounded_count("rows_room", *since)
 
 
 def _hinted(statement: Any, returning: tuple[Any, ...], hinted: bool, *, durable: bool = True) -> Any:
@@ -128,18 +127,20 @@ def _hinted(statement: Any, returning: tuple[Any, ...], hinted: bool, *, durable
     return statement.returning(*returning, *folded)
 
 
-_ROWS_SEEN = quotas.bounded_count("max_rows").label("rows_seen")
-"""The capped INSERT's count, again in its RETURNING (`quotas.RowGauge`): the rows before it on PostgreSQL (the
-statement's snapshot), with it on SQLite."""
-
-
 @functools.cache
-def _insert_statement(capped: bool, counted: bool, hinted: bool, durable: bool) -> Any:
-    """A creation's one statement: RETURNING key, so a row back means inserted; `counted`, the rows it saw too."""
+def _insert_statement(capped: bool, counted: bool, hinted: bool, durable: bool, based: bool = False) -> Any:
+    """A creation's one statement: RETURNING key, so a row back means inserted; `counted`, the rows it saw too.
+
+    Capped: `INSERT ... SELECT :values WHERE (the row cap's count) < :rows_room`, and when `counted` that count
+    again in its RETURNING (`quotas.RowGauge`: the rows before it on PostgreSQL, the statement's snapshot, with
+    it on SQLite). RETURNING key, not rowcount: psycopg reports -1 for INSERT ... SELECT."""
     if not capped:
         return _hinted(tasks.insert(), (tasks.c.key,), hinted, durable=durable)
-    returning = (tasks.c.key, _ROWS_SEEN) if counted else (tasks.c.key,)
-    return _hinted(_INSERT_IF_ROOM, returning, hinted, durable=durable)
+    room = _rows_counted(based) < sa.bindparam("rows_room")
+    values = sa.select(*(sa.bindparam(c.name, type_=c.type).label(c.name) for c in tasks.columns)).where(room)
+    insert = tasks.insert().from_select([c.name for c in tasks.columns], values)
+    returning = (tasks.c.key, _rows_counted(based).label("rows_seen")) if counted else (tasks.c.key,)
+    return _hinted(insert, returning, hinted, durable=durable)
 
 
 @functools.cache
@@ -447,22 +448,29 @@ class SqlStore:
 
     def _inserted(self, conn: Connection, record: TaskRecord, max_rows: int | None, durable: bool) -> bool:
         """The creation's INSERT: whether it stored the row (False: no room under the cap). Whether it counts the
-        rows, and tells the gauge what it counted, is `quotas.RowGauge`'s to say."""
+        rows, and tells the gauge what it counted, is `quotas.RowGauge`'s to say; the count starts from the
+        janitor's last (`quotas.RowBase`, read from the ledger at most every `BASE_REFRESH_S`)."""
         params = _to_row(record)
         if self.ring is not None:
             params = seal_columns(self.ring, record.key, params)
         capped, mark = self._row_gauge.plan(max_rows) if max_rows is not None else (False, None)
-        if capped:
-            params["max_rows"] = max_rows
-        statement = _insert_statement(capped, mark is not None, self._hint(record, params), durable)
+        base = quotas.RowBase(0, None)
         try:
+            if capped and max_rows is not None:
+                base = self._row_gauge.base(lambda: quotas.RowBase.of(read_sweep(conn)))
+                params["rows_room"] = max(max_rows - base.rows, 0)
+                if base.since_ms is not None:
+                    params["rows_since"] = base.since_ms
+            statement = _insert_statement(
+                capped, mark is not None, self._hint(record, params), durable, base.since_ms is not None
+            )
             inserted = conn.execute(statement, params).first()
         except BaseException:
             if mark is not None:
                 self._row_gauge.uncounted()
             raise
         if mark is not None and max_rows is not None:
-            self._row_gauge.counted(max_rows if inserted is None else int(inserted.rows_seen), mark)
+            self._row_gauge.counted(max_rows if inserted is None else base.rows + int(inserted.rows_seen), mark)
         return inserted is not None
 
     def _insert(self, record: TaskRecord, max_rows: int | None, durable: bool) -> None:
