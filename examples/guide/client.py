@@ -12,7 +12,7 @@ import anyio
 # --8<-- [start:call]
 from mcp import Client
 from mcp.client.session import ClientRequestContext  # these two: for the questions example below
-from mcp_types import ElicitRequestParams, ElicitResult
+from mcp_types import ElicitRequestParams, ElicitResult, TextContent
 
 from celery_mcp_tasks.client import TasksClient
 
@@ -21,7 +21,9 @@ async def call(url: str) -> str:
     """A plain call_tool: it waits for the task and returns the tool's CallToolResult."""
     async with Client(url, extensions=[TasksClient()]) as client:
         result = await client.call_tool("crunch", {"steps": 3})
-        return result.content[0].text  # "Crunched 3 steps."
+        first = result.content[0]
+        assert isinstance(first, TextContent)  # a tool may answer images, audio, resources too
+        return first.text  # "Crunched 3 steps."
 
 
 # --8<-- [end:call]
@@ -48,7 +50,9 @@ async def say_yes(context: ClientRequestContext, params: ElicitRequestParams) ->
 async def deploy(url: str) -> str:
     async with Client(url, extensions=[TasksClient()], elicitation_callback=say_yes) as client:
         result = await client.call_tool("deploy", {"service": "web"})
-        return result.content[0].text  # "web: deployed"
+        first = result.content[0]
+        assert isinstance(first, TextContent)
+        return first.text  # "web: deployed"
 
 
 # --8<-- [end:questions]
@@ -61,15 +65,16 @@ async def start_then_follow(url: str) -> list[str]:
     async with Client(url, extensions=[tasks]) as client:
         handle = await tasks.start(client, "crunch", {"steps": 3})
         task_id = handle.id  # a bearer capability: store it like a secret
+        assert task_id is not None  # None only when the tool answered at once, with no task
         await tasks.stop_following(client)  # leaving while it runs: end following before the connection
 
-    seen = []
+    seen: list[str] = []
     async with Client(url, extensions=[tasks]) as client:
         handle = await tasks.attach(client, task_id)
         async for state in handle.updates():  # the current state, then each change, ending after the last
             seen.append(f"{state.status}: {state.status_message}")
         result = await handle.result()
-        seen.append(result.content[0].text)
+        seen.append(" ".join(item.text for item in result.content if isinstance(item, TextContent)))
     return seen
 
 
@@ -82,7 +87,7 @@ async def follow_and_answer(url: str) -> list[str]:
     tasks = TasksClient()
     async with Client(url, extensions=[tasks], elicitation_callback=say_yes) as client:
         handle = await tasks.start(client, "deploy", {"service": "web"})
-        seen = []
+        seen: list[str] = []
         async for state in handle.updates():
             seen.append(state.status)
             if state.status == "input_required":

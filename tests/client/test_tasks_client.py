@@ -236,6 +236,7 @@ def test_a_callback_that_raises_is_a_refusal_that_cancels_the_task(runtime: Depl
 
     refused, status = run(scenario)
     assert "callback raised ValueError" in refused.message and status == "cancelled"
+    assert isinstance(refused.__cause__, ValueError) and str(refused.__cause__) == "a bug in the callback"
 
 
 def test_cancelling_the_caller_cancels_the_task_and_its_job_stops(runtime: Deployment, tmp_path: Path):
@@ -267,6 +268,21 @@ def test_a_wait_past_the_clients_timeout_cancels_the_task(runtime: Deployment, t
                 await client.call_tool("work", {"seconds": 60, "marker": str(marker)})
 
     run(scenario)
+    wait_until(lambda: Path(f"{marker}.stopped").exists(), 30, "the job to stop for the cancel")
+
+
+def test_a_calls_own_read_timeout_bounds_its_task_as_without_the_extension(runtime: Deployment, tmp_path: Path):
+    """`call_tool(..., read_timeout_seconds=)` is this call's bound, the client's `timeout` notwithstanding: past
+    it the task is cancelled and the SDK's request timeout raised, as a call without the extension would."""
+    marker = tmp_path / "started"
+
+    async def scenario() -> MCPError:
+        async with Client(runtime.url, extensions=[TasksClient(timeout=600)]) as client:
+            with anyio.fail_after(60), pytest.raises(MCPError) as timed_out:
+                await client.call_tool("work", {"seconds": 60, "marker": str(marker)}, read_timeout_seconds=1.5)
+            return timed_out.value
+
+    assert run(scenario).code == -32001  # REQUEST_TIMEOUT
     wait_until(lambda: Path(f"{marker}.stopped").exists(), 30, "the job to stop for the cancel")
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, cast
 import anyio
 from mcp.client.extension import ClaimContext, ClientExtension, NotificationBinding, ResultClaim
 from mcp.shared.exceptions import MCPError
-from mcp_types import INVALID_REQUEST, CallToolResult, RequestParamsMeta, TextContent
+from mcp_types import INVALID_REQUEST, REQUEST_TIMEOUT, CallToolResult, RequestParamsMeta, TextContent
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from celery_mcp_tasks.client import calls
@@ -45,7 +45,9 @@ class TasksClient(ClientExtension):
     does not follow tasks on listen (the server's `pollIntervalMs` inside them, growing
     by `backoff` while nothing changes).
     timeout: the longest a plain `call_tool` waits for a task (None: as long as it runs);
-    past it the task is cancelled and `TimeoutError` raised.
+    past it the task is cancelled and `TimeoutError` raised. A call's own `read_timeout_seconds`
+    bounds its task instead: past it the task is cancelled and the SDK's `MCPError` (-32001,
+    request timeout) raised, as without the extension.
     cancel_timeout: how long a `tasks/cancel` on the way out may take.
     listen: follow tasks on `subscriptions/listen` when the server offers it.
     """
@@ -109,12 +111,15 @@ class TasksClient(ClientExtension):
         if capture is not None:  # start(): the caller wants the handle, not the wait
             capture.append(handle)
             return CallToolResult(content=[TextContent(type="text", text="(task started)")], is_error=True)
+        per_call = ctx.read_timeout_seconds  # `call_tool(..., read_timeout_seconds=)`: this call's own bound, first
         try:
-            with anyio.fail_after(self.timeout):
+            with anyio.fail_after(self.timeout if per_call is None else per_call):
                 return await handle.result()
-        except BaseException:
+        except BaseException as exc:
             if not handle.finished:
                 await handle._cancel_on_the_way_out()
+            if per_call is not None and isinstance(exc, TimeoutError):  # what the SDK raises for it without us
+                raise MCPError(code=REQUEST_TIMEOUT, message="Request 'tools/call' timed out") from None
             raise
         finally:
             handle.close()

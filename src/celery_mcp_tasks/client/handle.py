@@ -221,9 +221,10 @@ class TaskHandle:
 
         responses: dict[str, Any] = {}
         refused: tuple[str, ErrorData] | None = None
+        cause: Exception | None = None  # what the user's callback raised for it, if it raised
 
         async def ask(key: str, raw: Any) -> None:
-            nonlocal refused
+            nonlocal refused, cause
             try:
                 request = _INPUT_REQUEST.validate_python(raw, by_name=False)
             except ValidationError:
@@ -233,12 +234,14 @@ class TaskHandle:
                 )
                 return
             ctx = ClientRequestContext(session=self._session, request_id=key, meta=None)
+            raised: Exception | None = None
             try:
                 answer = await self._session.dispatch_input_request(ctx, request)
             except Exception as exc:  # noqa: BLE001 - the user's callback: a refusal, not an ExceptionGroup
                 answer = ErrorData(code=INTERNAL_ERROR, message=f"its callback raised {type(exc).__name__}")
+                raised = exc
             if isinstance(answer, ErrorData):
-                refused = (request.method, answer)
+                refused, cause = (request.method, answer), raised
                 group.cancel_scope.cancel()
                 return
             responses[key] = answer.model_dump(by_alias=True, mode="json", exclude_none=True)
@@ -253,7 +256,7 @@ class TaskHandle:
                 error.code,
                 f"The task asked for {method}, which this client did not answer ({error.message});"
                 " the task was cancelled",
-            )
+            ) from cause
         await self._deliver(responses)
 
     async def _deliver(self, responses: dict[str, Any]) -> None:
