@@ -19,7 +19,7 @@ from mcp.client.session import ClientRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult, ElicitRequestParams, ElicitResult, ErrorData
 
-from celery_mcp_tasks.client import InputNotAnswered, TaskCancelled, TaskNotFound, TasksClient, calls
+from celery_mcp_tasks.client import InputNotAnswered, TaskCancelled, TaskFailed, TaskNotFound, TasksClient, calls
 from tests.support import Backend, Deployment, wait_until
 
 pytestmark = pytest.mark.integration
@@ -77,6 +77,7 @@ def test_a_failed_task_raises_the_sdk_error_and_an_iserror_result_is_returned(ru
 
     failed, refused = run(scenario)
     assert failed.code == -32603 and not isinstance(failed, TaskNotFound)
+    assert isinstance(failed, TaskFailed) and failed.state.status == "failed" and "boom" in failed.message
     assert refused.is_error and "no" in text(refused)
 
 

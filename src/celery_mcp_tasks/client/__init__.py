@@ -10,7 +10,7 @@ It imports the SDK's client side and the shared wire constants only: no
 server code, no Celery, no SQLAlchemy.
 """
 
-from celery_mcp_tasks.client.calls import InputNotAnswered, TaskCancelled, TaskNotFound
+from celery_mcp_tasks.client.calls import InputNotAnswered, TaskCancelled, TaskFailed, TaskNotFound
 from celery_mcp_tasks.client.extension import TasksClient
 from celery_mcp_tasks.client.handle import TaskHandle
 from celery_mcp_tasks.client.models import CreateTaskResult, TaskState
@@ -19,6 +19,7 @@ __all__ = [
     "CreateTaskResult",
     "InputNotAnswered",
     "TaskCancelled",
+    "TaskFailed",
     "TaskHandle",
     "TaskNotFound",
     "TaskState",

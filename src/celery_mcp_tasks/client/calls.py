@@ -29,6 +29,16 @@ class TaskCancelled(Exception):
         self.state = state
 
 
+class TaskFailed(MCPError):
+    """The task ended `failed`: the SDK's `MCPError` with the task's error (code, message, data), as the
+    synchronous call would have raised it, and the task's last state in `state`."""
+
+    def __init__(self, state: TaskState) -> None:
+        error = state.error_data()
+        super().__init__(error.code, error.message, error.data)
+        self.state = state
+
+
 class TaskNotFound(MCPError):
     """The server no longer knows the task (expired, evicted, or never this caller's)."""
 

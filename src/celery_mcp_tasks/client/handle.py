@@ -14,7 +14,7 @@ from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, CallToolResult, ErrorData,
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from celery_mcp_tasks.client import calls
-from celery_mcp_tasks.client.calls import InputNotAnswered, TaskCancelled, TaskNotFound
+from celery_mcp_tasks.client.calls import InputNotAnswered, TaskCancelled, TaskFailed, TaskNotFound
 from celery_mcp_tasks.client.following import Pacing, Tracked, outcome_missing
 from celery_mcp_tasks.client.models import CancelTaskRequest, TaskIdParams, TaskState, UpdateParams, UpdateTaskRequest
 
@@ -168,7 +168,7 @@ class TaskHandle:
     async def result(self, *, answer_input: bool = True) -> CallToolResult:
         """The task's `CallToolResult` once it completes (bound it with `anyio.fail_after`).
 
-        failed -> `MCPError` with the task's error; cancelled -> `TaskCancelled`.
+        failed -> `TaskFailed` (an `MCPError` with the task's error); cancelled -> `TaskCancelled`.
         """
         if self._immediate is not None:
             return self._immediate
@@ -180,8 +180,7 @@ class TaskHandle:
             except ValidationError as exc:
                 raise MCPError(INVALID_PARAMS, f"The completed task's result is not a CallToolResult: {exc}") from None
         if state.status == "failed":
-            error = state.error_data()
-            raise MCPError(error.code, error.message, error.data)
+            raise TaskFailed(state)
         raise TaskCancelled(state)
 
     async def respond(self, state: TaskState) -> None:
