@@ -16,7 +16,14 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from celery_mcp_tasks.client import calls
 from celery_mcp_tasks.client.calls import InputNotAnswered, TaskCancelled, TaskFailed, TaskNotFound
 from celery_mcp_tasks.client.following import Pacing, Tracked, outcome_missing
-from celery_mcp_tasks.client.models import CancelTaskRequest, TaskIdParams, TaskState, UpdateParams, UpdateTaskRequest
+from celery_mcp_tasks.client.models import (
+    CancelTaskRequest,
+    TaskIdParams,
+    TaskState,
+    TaskStatus,
+    UpdateParams,
+    UpdateTaskRequest,
+)
 
 if TYPE_CHECKING:
     from mcp.client.session import ClientSession
@@ -64,7 +71,7 @@ class TaskHandle:
         return self._tracked.state if self._tracked is not None else None
 
     @property
-    def status(self) -> str:
+    def status(self) -> TaskStatus:
         """The latest status seen (`"completed"` when the tool answered at once)."""
         return self._tracked.state.status if self._tracked is not None else "completed"
 
