@@ -60,11 +60,24 @@ def test_the_count_starts_from_the_janitors_last_count(store: SqlStore) -> None:
     SweepLedger(store.engine).record(JANITOR, duration_ms=0, report={}, statuses={"working": 0})
     now[0] += BASE_REFRESH_S
     assert not _refused(store, _record("later", now_ms()), max_rows=3)  # 0 + 2: the two since (the margin's)
+    now[0] += 1.0
+    assert _refused(store, _record("later2", now_ms()), max_rows=3)  # 0 + 3
 
 
-def test_the_base_is_where_the_sweep_recorded_its_count_less_the_margin() -> None:
+def test_a_row_created_while_the_sweep_ran_counts_however_long_it_ran(store: SqlStore) -> None:
+    """Created after the sweep counted (so not in its count) and stamped seconds before it recorded that count:
+    a sweep whose count and record took longer than the margin must not lose it."""
+    store.create(_record("during", now_ms() - 5_500), max_rows=None)
+    SweepLedger(store.engine).record(JANITOR, duration_ms=6_000, report={}, statuses={"working": 0})
+    store._row_gauge = RowGauge(clock=lambda: 0.0)
+    assert _refused(store, _record("new", now_ms()), max_rows=1)
+
+
+def test_the_base_starts_before_the_sweep_that_counted() -> None:
+    """From the sweep's start, not its record: a row created while it counted, or between its count and its
+    record (a wait for a connection), is counted on top of it."""
     sweep = SweepRecord(JANITOR, 10_000, 2_500, 1, {}, {"working": 4, "completed": 6}, None, None)
-    assert RowBase.of(sweep) == RowBase(10, 12_500 - BASE_MARGIN_MS)
+    assert RowBase.of(sweep) == RowBase(10, 10_000 - BASE_MARGIN_MS)
     assert RowBase.of(None) == RowBase(0, None)
     assert RowBase.of(replace(sweep, statuses={})) == RowBase(0, None)  # a ledger row with no count yet
     assert RowBase.of(replace(sweep, swept_at=None)) == RowBase(0, None)

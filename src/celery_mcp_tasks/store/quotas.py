@@ -62,15 +62,15 @@ BASE_REFRESH_S = 15.0
 counts reads it again (a sweep a minute by default: more often would read the same row)."""
 
 BASE_MARGIN_MS = 5_000
-"""Rows created up to this long before the janitor recorded its count are counted again on top of it: the
-creating hosts' clocks may trail the database's (whose clock the ledger keeps), and a creation stamped just
-before the count may commit just after it."""
+"""Rows created up to this long before the janitor's sweep began are counted again on top of its count: the
+creating hosts' clocks may trail the database's (whose clock the ledger keeps), and a creation stamped before
+the count may commit after it."""
 
 
 @dataclass(frozen=True)
 class RowBase:
     """Where the row cap's count starts: the rows the janitor's last sweep counted (`statuses`, in the ledger),
-    plus every row created since shortly before that count (an index range on `created_at`). A row deleted
+    plus every row created since shortly before that sweep began (an index range on `created_at`). A row deleted
     since still counts until the next sweep, so this is never fewer than the rows there are, and it walks a
     sweep interval's creations, not the table: at a million rows the whole count took most of a second of the
     database's CPU each time."""
@@ -83,8 +83,9 @@ class RowBase:
         """The base the ledger's janitor row gives (none recorded yet: count every row)."""
         if sweep is None or sweep.swept_at is None or not sweep.statuses:
             return cls(0, None)
-        counted_at = sweep.swept_at + (sweep.duration_ms or 0)  # when the sweep recorded what it had just counted
-        return cls(sum(int(count) for count in sweep.statuses.values()), counted_at - BASE_MARGIN_MS)
+        # From the sweep's start (the database's clock), before it counted: what its count missed, created and
+        # committed after it, was stamped after that, unless its stamp came BASE_MARGIN_MS before its commit.
+        return cls(sum(int(count) for count in sweep.statuses.values()), sweep.swept_at - BASE_MARGIN_MS)
 
 
 class RowGauge:
