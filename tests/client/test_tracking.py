@@ -3,13 +3,14 @@ follows it (each change once) and delivers answers (sent again only after an int
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 import anyio
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from celery_mcp_tasks.client import calls
+from celery_mcp_tasks.client import TaskCancelled, TaskFailed, calls
 from celery_mcp_tasks.client import handle as handle_module
 from celery_mcp_tasks.client.calls import TaskNotFound, translate
 from celery_mcp_tasks.client.following import Tracked
@@ -220,3 +221,14 @@ def test_answers_are_sent_again_only_after_an_internal_error_and_only_for_a_whil
     with pytest.raises(MCPError):
         deliver(*[-32603] * 10)
     assert len(sent) == 2
+
+
+def test_a_final_states_errors_survive_pickling_with_their_state():
+    """A client inside a Celery task: its exception is pickled to the result backend, and read back whole."""
+    failed = TaskFailed(state("failed", error={"code": -32603, "message": "Job failed: boom"}))
+    cancelled = TaskCancelled(state("cancelled", statusMessage="stopped by the user"))
+    again_failed, again_cancelled = pickle.loads(pickle.dumps((failed, cancelled)))
+    assert (again_failed.code, again_failed.message, again_failed.state) == (-32603, "Job failed: boom", failed.state)
+    assert isinstance(again_failed, MCPError)
+    assert str(again_cancelled) == "The task was cancelled: stopped by the user"
+    assert again_cancelled.state == cancelled.state

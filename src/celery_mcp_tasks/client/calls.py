@@ -28,6 +28,9 @@ class TaskCancelled(Exception):
         super().__init__(f"The task was cancelled{reason}")
         self.state = state
 
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled (a Celery task's exception, say) as it was made
+        return type(self), (self.state,)
+
 
 class TaskFailed(MCPError):
     """The task ended `failed`: the SDK's `MCPError` with the task's error (code, message, data), as the
@@ -37,6 +40,9 @@ class TaskFailed(MCPError):
         error = state.error_data()
         super().__init__(error.code, error.message, error.data)
         self.state = state
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.state,)
 
 
 class TaskNotFound(MCPError):

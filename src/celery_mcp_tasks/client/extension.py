@@ -46,8 +46,9 @@ class TasksClient(ClientExtension):
     by `backoff` while nothing changes).
     timeout: the longest a plain `call_tool` waits for a task (None: as long as it runs);
     past it the task is cancelled and `TimeoutError` raised. A call's own `read_timeout_seconds`
-    bounds its task instead: past it the task is cancelled and the SDK's `MCPError` (-32001,
-    request timeout) raised, as without the extension.
+    bounds its task too (the smaller of the two applies): past it the task is cancelled and the
+    SDK's `MCPError` (-32001, request timeout) raised, as without the extension. The client's
+    `Client(read_timeout_seconds=)` bounds each request, not a task.
     cancel_timeout: how long a `tasks/cancel` on the way out may take.
     listen: follow tasks on `subscriptions/listen` when the server offers it.
     """
@@ -111,14 +112,16 @@ class TasksClient(ClientExtension):
         if capture is not None:  # start(): the caller wants the handle, not the wait
             capture.append(handle)
             return CallToolResult(content=[TextContent(type="text", text="(task started)")], is_error=True)
-        per_call = ctx.read_timeout_seconds  # `call_tool(..., read_timeout_seconds=)`: this call's own bound, first
+        per_call = ctx.read_timeout_seconds  # `call_tool(..., read_timeout_seconds=)`: this call's own bound
+        limit = min((bound for bound in (self.timeout, per_call) if bound is not None), default=None)
+        scope: anyio.CancelScope | None = None
         try:
-            with anyio.fail_after(self.timeout if per_call is None else per_call):
+            with anyio.fail_after(limit) as scope:
                 return await handle.result()
-        except BaseException as exc:
+        except BaseException:
             if not handle.finished:
                 await handle._cancel_on_the_way_out()
-            if per_call is not None and isinstance(exc, TimeoutError):  # what the SDK raises for it without us
+            if scope is not None and scope.cancelled_caught and limit == per_call:  # as the SDK says it without us
                 raise MCPError(code=REQUEST_TIMEOUT, message="Request 'tools/call' timed out") from None
             raise
         finally:
