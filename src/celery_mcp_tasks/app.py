@@ -79,7 +79,7 @@ def configure_celery(app: Celery, settings: Settings) -> None:
     transport = fixed_transport(conf)
     if transport is not None:
         conf.broker_transport = transport
-    if str(conf.broker_url).partition("://")[0].lower() in ("redis", "rediss"):
+    if str(conf.broker_url).partition("://")[0].lower() in ("redis", "rediss", "sentinel"):
         options = dict(conf.broker_transport_options or {})
         options.setdefault("socket_timeout", REDIS_SOCKET_TIMEOUT_S)
         options.setdefault("socket_connect_timeout", REDIS_SOCKET_TIMEOUT_S)

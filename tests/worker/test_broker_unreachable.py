@@ -295,8 +295,10 @@ def test_a_send_to_a_redis_broker_that_stops_answering_fails_its_task_in_seconds
     assert (created[0].status, created[0].status_message) == ("failed", ENQUEUE_FAILED)
 
 
-def test_a_redis_brokers_socket_timeouts_are_defaults_the_application_may_set() -> None:
-    settings = Settings(broker_url="redis://127.0.0.1:6379/0")
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:6379/0", "sentinel://127.0.0.1:26379/0"])
+def test_a_redis_brokers_socket_timeouts_are_defaults_the_application_may_set(url: str) -> None:
+    """Sentinel too: a primary frozen mid-failover held sends and consumers for as long as it stayed frozen."""
+    settings = Settings(broker_url=url)
     options = McpTasks("defaults", settings=settings, notifier=None).celery.conf.broker_transport_options
     assert (options["socket_timeout"], options["socket_connect_timeout"]) == (5.0, 5.0)
     own = Celery("own")

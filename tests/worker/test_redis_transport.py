@@ -14,8 +14,13 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from celery_mcp_tasks.app import configure_celery
 from celery_mcp_tasks.config import Settings
 from celery_mcp_tasks.worker import kombu_internals
-from celery_mcp_tasks.worker.kombu_internals import REDIS_TRANSPORT
-from celery_mcp_tasks.worker.kombu_internals.redis_transport import Channel, Transport
+from celery_mcp_tasks.worker.kombu_internals import REDIS_TRANSPORT, SENTINEL_TRANSPORT
+from celery_mcp_tasks.worker.kombu_internals.redis_transport import (
+    Channel,
+    SentinelChannel,
+    SentinelTransport,
+    Transport,
+)
 
 
 def test_the_fix_is_written_against_this_kombu() -> None:
@@ -25,10 +30,13 @@ def test_the_fix_is_written_against_this_kombu() -> None:
     )
     assert callable(getattr(kombu_redis.Channel, "_connparams", None)), "kombu moved Channel._connparams"
     assert Transport.Channel is Channel and issubclass(Transport, kombu_redis.Transport)
+    assert SentinelTransport.Channel is SentinelChannel and issubclass(SentinelTransport, kombu_redis.SentinelTransport)
+    assert issubclass(kombu_redis.SentinelChannel, kombu_redis.Channel), "the Sentinel channel left the Redis one"
 
 
-def test_a_channel_whose_connection_is_gone_raises_a_connection_error() -> None:
-    channel = object.__new__(Channel)
+@pytest.mark.parametrize("fixed", [Channel, SentinelChannel])
+def test_a_channel_whose_connection_is_gone_raises_a_connection_error(fixed: type) -> None:
+    channel = object.__new__(fixed)
     channel.connection = SimpleNamespace(client=None)
     with pytest.raises(RedisConnectionError):
         channel._connparams()
@@ -51,6 +59,15 @@ def test_this_apps_redis_connections_use_the_fixed_transport_and_kombus_table_is
         assert conn.transport_cls == REDIS_TRANSPORT and conn.hostname in ("127.0.0.1", "h")
     assert aliases == TRANSPORT_ALIASES
     assert Celery("another", broker=url, set_as_current=False).connection_for_write().transport_cls != REDIS_TRANSPORT
+
+
+def test_a_sentinel_broker_uses_the_fixed_sentinel_transport() -> None:
+    app = _configured(
+        "sentinel://127.0.0.1:26379/0;sentinel://127.0.0.1:26380/0", broker_transport_options={"master_name": "m"}
+    )
+    assert app.conf.broker_transport == SENTINEL_TRANSPORT
+    with app.connection_for_write() as conn:
+        assert conn.transport_cls == SENTINEL_TRANSPORT and conn.transport.Channel is SentinelChannel
 
 
 def test_a_transport_the_application_chose_and_an_unconfigured_rediss_are_left_to_kombu() -> None:
