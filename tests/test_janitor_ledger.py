@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import pytest
@@ -61,6 +62,37 @@ def test_every_sweep_records_its_time_counts_and_statuses(store: SqlStore) -> No
     assert last.duration_ms is not None and last.duration_ms >= 0
     assert last.report == {"removed": 0, "resent": 0, "failed": 0, "expired_inputs": 0}  # the last sweep's
     assert last.statuses == {"working": 1, "input_required": 0, "completed": 0, "failed": 0, "cancelled": 0}
+
+
+def test_a_sweeps_start_is_before_its_count_however_late_its_record(store: SqlStore) -> None:
+    """The row cap counts the rows created since the sweep began on top of its count (`store.quotas.RowBase`):
+    a record that waited for a connection must not move that start past the count, or a row created between
+    them is counted by neither."""
+    janitor = service(store)
+    sweep(janitor, SETTINGS)  # the ledger's row, and its clock, exist from here on
+    ledger = janitor.ledger()
+    counted_at: list[int] = []
+    count = janitor.count_by_status
+    write = ledger.record
+
+    def count_then_read_the_clock() -> dict[str, int]:
+        statuses = count()
+        clock = ledger.last()
+        assert clock is not None and clock.read_at is not None
+        counted_at.append(clock.read_at)
+        return statuses
+
+    def record_late(*args: Any, **kwargs: Any) -> None:
+        time.sleep(0.3)  # a wait for a pooled connection: the database's clock moves on meanwhile
+        write(*args, **kwargs)
+
+    janitor.count_by_status = count_then_read_the_clock  # type: ignore[method-assign]
+    janitor.ledger = lambda: ledger  # type: ignore[method-assign]
+    ledger.record = record_late  # type: ignore[method-assign]
+    sweep(janitor, SETTINGS)
+    last = ledger.last()
+    assert last is not None and last.swept_at is not None and last.sweeps == 2
+    assert last.swept_at <= counted_at[0]
 
 
 def test_a_sweep_whose_record_cannot_be_written_still_reports(

@@ -14,12 +14,22 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+import redis
 import sqlalchemy as sa
 
 from celery_mcp_tasks import migrate
 from celery_mcp_tasks.store.schema import VERSION_TABLE
 from tests.conftest import needs_pg_redis, needs_postgres
-from tests.support import POSTGRES_URL, REDIS_URL, ROOT, free_port, fresh_postgres_database, spawn, wait_until
+from tests.support import (
+    POSTGRES_URL,
+    REDIS_URL,
+    ROOT,
+    free_port,
+    fresh_postgres_database,
+    spawn,
+    tool,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -202,6 +212,49 @@ def test_a_rabbitmq_refusing_the_vhost_or_the_login_is_one_line_naming_the_setti
         f"celery-mcp-tasks: configuration error: CELERY_BROKER_URL: the broker amqp://{parts.username}:***@{host}/"
     ), line
     assert reason in line and line.endswith("check its user, password and vhost"), line
+
+
+@pytest.fixture(scope="module")
+def redis_with_a_password(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    """A `redis-server` of the module's own that asks for a password: its port."""
+    port = free_port()
+    log = (tmp_path_factory.mktemp("redis-auth") / "redis.log").open("ab")
+    binary = tool("redis-server", "Debian: apt-get install redis-server")
+    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--requirepass", "the-right-one"]
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: _answers(port), 10, "redis-server to answer")
+        yield port
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def _answers(port: int) -> bool:
+    try:
+        redis.Redis(port=port, password="the-right-one", socket_connect_timeout=0.2).ping()
+    except redis.RedisError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("argv", [WORKER, BEAT], ids=["worker", "beat"])
+@pytest.mark.parametrize("password", [SECRET, None], ids=["wrong", "none"])
+def test_a_redis_refusing_the_password_is_one_line_naming_the_setting(
+    argv: list[str], password: str | None, redis_with_a_password: int, tmp_path: Path
+) -> None:
+    """The worker retried a wrong Redis password for ever, an ERROR line each time, naming no setting."""
+    host = f"127.0.0.1:{redis_with_a_password}"
+    broker = f"redis://:{password}@{host}/0" if password else f"redis://{host}/0"
+    store = f"sqlite:///{tmp_path / 'tasks.db'}"
+    migrate.upgrade(store)
+    done = run(argv, tmp_path, MCP_TASKS_DATABASE_URL=store, CELERY_BROKER_URL=broker)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0 and "Traceback" not in output and SECRET not in output, output
+    (line,) = done.stderr.strip().splitlines()
+    shown = f"redis://:***@{host}/0" if password else f"redis://{host}/0"
+    assert line.startswith(f"celery-mcp-tasks: configuration error: CELERY_BROKER_URL: the broker {shown} "), line
+    assert line.endswith("check its password (and user)"), line
 
 
 MOUNTED = ["-m", "uvicorn", "tests.apps.mounted_app:app", "--port", "0"]

@@ -341,3 +341,23 @@ def test_only_what_no_wait_mends_stops_a_worker_at_start() -> None:
     assert not _for_good(NotAllowed("(530) NOT_ALLOWED - connection refused: virtual host 'v' connection limit"))
     assert not _for_good(AccessRefused("(403) ACCESS_REFUSED - access to queue 'q' in vhost '/' refused"))
     assert not _for_good(ConnectionRefusedError(111, "Connection refused"))
+
+
+def test_a_redis_refusing_the_password_stops_a_worker_at_start_and_nothing_else_does() -> None:
+    """As kombu raises it: its `OperationalError` from redis-py's error."""
+    from kombu.exceptions import OperationalError
+    from redis.exceptions import AuthenticationError
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from celery_mcp_tasks.worker.startup import _for_good
+
+    def kombus(cause: Exception) -> OperationalError:
+        try:
+            raise OperationalError(str(cause)) from cause
+        except OperationalError as exc:
+            return exc
+
+    assert _for_good(kombus(AuthenticationError("invalid username-password pair or user is disabled.")))
+    assert _for_good(kombus(AuthenticationError("Authentication required.")))
+    assert not _for_good(kombus(RedisConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")))
+    assert not _for_good(kombus(RedisConnectionError("Timeout connecting to server")))

@@ -38,6 +38,15 @@ class Ledger(Protocol):
         """Take the duty for this interval: True for exactly one of any number of claimants at once."""
         ...
 
-    def record(self, name: str, *, duration_ms: int, report: dict[str, int], statuses: dict[str, int]) -> None:
-        """A sweep that just ended after `duration_ms`."""
+    def record(
+        self,
+        name: str,
+        *,
+        duration_ms: int,
+        report: dict[str, int],
+        statuses: dict[str, int],
+        swept_at: int | None = None,
+    ) -> None:
+        """A sweep that just ended after `duration_ms`, begun at `swept_at` on the database's clock (None: that
+        clock now, less `duration_ms`)."""
         ...

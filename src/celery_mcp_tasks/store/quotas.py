@@ -70,10 +70,11 @@ the count may commit after it."""
 @dataclass(frozen=True)
 class RowBase:
     """Where the row cap's count starts: the rows the janitor's last sweep counted (`statuses`, in the ledger),
-    plus every row created since shortly before that sweep began (an index range on `created_at`). A row deleted
-    since still counts until the next sweep, so this is never fewer than the rows there are, and it walks a
-    sweep interval's creations, not the table: at a million rows the whole count took most of a second of the
-    database's CPU each time."""
+    plus every row created since shortly before that sweep began (an index range on `created_at`): a sweep
+    interval's creations, not the table (at a million rows the whole count took most of a second of the
+    database's CPU each time). It errs high (a row deleted since counts until the next sweep's count is read; one
+    created while the sweep ran counts twice), and low only for a creation committed more than `BASE_MARGIN_MS`
+    after it was stamped or stamped by a clock trailing the database's by more."""
 
     rows: int
     since_ms: int | None  # None: no count to start from, every row is counted

@@ -75,10 +75,19 @@ class SweepLedger:
             return conn.execute(stmt).first() is not None
 
     @_operation
-    def record(self, name: str, *, duration_ms: int, report: dict[str, int], statuses: dict[str, int]) -> None:
-        """`swept_at` (when it began) is the database's clock minus `duration_ms`."""
+    def record(
+        self,
+        name: str,
+        *,
+        duration_ms: int,
+        report: dict[str, int],
+        statuses: dict[str, int],
+        swept_at: int | None = None,
+    ) -> None:
+        """`swept_at` (when it began, on the database's clock): the caller's, else the database's clock minus
+        `duration_ms` (later than the sweep began by however long this call waited for a connection)."""
         values = {
-            "swept_at": db_now_ms(self.engine.dialect.name) - duration_ms,
+            "swept_at": db_now_ms(self.engine.dialect.name) - duration_ms if swept_at is None else swept_at,
             "duration_ms": duration_ms,
             "report": dict(report),
             "statuses": dict(statuses),

@@ -180,9 +180,16 @@ def _record(service: TaskService, settings: Settings, started: float, counts: di
     """The sweep in the ledger, and a warning near the row cap. A failure here is a log line:
     the sweep itself happened (the ledger's age will show that recording stopped)."""
     try:
+        ledger = service.ledger()
+        # The database's clock before the count, back to the sweep's start: where the row cap's count of the rows
+        # created since starts (`store.quotas.RowBase`), so no row the count missed is stamped before it, however
+        # long the record below waits for a connection. (No ledger row yet, no clock: the record's own.)
+        before = ledger.last()
+        elapsed_ms = int((time.monotonic() - started) * 1000)
         statuses = service.count_by_status()
         duration_ms = int((time.monotonic() - started) * 1000)
-        service.ledger().record(JANITOR, duration_ms=duration_ms, report=counts, statuses=statuses)
+        swept_at = None if before is None or before.read_at is None else before.read_at - elapsed_ms
+        ledger.record(JANITOR, duration_ms=duration_ms, report=counts, statuses=statuses, swept_at=swept_at)
     except Exception as exc:  # noqa: BLE001 - the sweep ran; only its record is missing
         logger.warning("could not record the janitor sweep in the store: %s", type(exc).__name__)
         return

@@ -17,27 +17,49 @@ from celery import Celery, signals
 from celery_mcp_tasks.config import ConfigError, redact_url
 
 _AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
+_REDIS_SCHEMES = ("redis", "rediss", "sentinel")  # sentinel: its `;` list names the sentinels, not failovers
 _PROBE_TIMEOUT_S = 3.0
 
 
 def _for_good(exc: Exception) -> bool:
-    """RabbitMQ refusing what no wait mends: a vhost it does not have (530 "vhost ... not found"), the user's
-    permission on it (530 "access to vhost ... refused for user") or the user's login (403 "Login was refused"). Not a vhost that is down or over its connection limit, nor a login backend
-    that is down: those pass, and Celery's reconnecting waits for them."""
+    """A broker refusing what no wait mends. RabbitMQ: a vhost it does not have (530 "vhost ... not found"), the
+    user's permission on it (530 "access to vhost ... refused for user") or the user's login (403 "Login was
+    refused"); not a vhost that is down or over its connection limit, nor a login backend that is down: those
+    pass, and Celery's reconnecting waits for them. Redis: the password."""
     text = str(exc)
-    return (isinstance(exc, NotAllowed) and ("not found" in text or "refused for user" in text)) or (
-        isinstance(exc, AccessRefused) and "Login was refused" in text
+    return (
+        (isinstance(exc, NotAllowed) and ("not found" in text or "refused for user" in text))
+        or (isinstance(exc, AccessRefused) and "Login was refused" in text)
+        or _redis_login_refused(exc)
     )
 
 
+def _redis_login_refused(exc: BaseException) -> bool:
+    """Redis refusing the password (or asking for one): redis-py's `AuthenticationError`, which kombu re-raises
+    as its own `OperationalError` from it. Redis checks passwords itself, so no wait mends one."""
+    try:  # the `redis` extra: not installed, not the broker
+        from redis.exceptions import AuthenticationError
+    except ImportError:
+        return False
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, AuthenticationError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def broker_refusal(app: Celery) -> str | None:
-    """Why RabbitMQ refuses this app for good, as one line naming the setting; else None (it lets the app in,
-    cannot be reached, or refuses for a while: Celery waits, as it does). Celery's consumer reconnected to a
-    vhost that does not exist several times a second, a traceback each time, and died on a wrong password with
-    one; neither named the setting. One attempt, no retries; a failover list (`;`) is left to Celery, which
-    tries its next broker."""
+    """Why RabbitMQ or Redis refuses this app for good, as one line naming the setting; else None (it lets the app
+    in, cannot be reached, or refuses for a while: Celery waits, as it does). Celery's consumer reconnected to a
+    vhost that does not exist several times a second, a traceback each time, died on a wrong RabbitMQ password
+    with one, and retried a wrong Redis password for ever; none named the setting. One attempt, no retries; a
+    failover list (`;`) is left to Celery, which tries its next broker (a `sentinel://` list is one broker)."""
     url = app.conf.broker_url
-    if not isinstance(url, str) or ";" in url or url.split("://", 1)[0].lower() not in _AMQP_SCHEMES:
+    scheme = url.split("://", 1)[0].lower() if isinstance(url, str) else ""
+    if not isinstance(url, str) or (";" in url and scheme != "sentinel"):
+        return None
+    if scheme not in _AMQP_SCHEMES and scheme not in _REDIS_SCHEMES:
         return None
     conn = app.connection_for_write(connect_timeout=_PROBE_TIMEOUT_S)
     try:
@@ -46,7 +68,8 @@ def broker_refusal(app: Celery) -> str | None:
         if not _for_good(exc):
             return None
         reason = str(exc).strip().splitlines()[0]
-        return f"CELERY_BROKER_URL: the broker {redact_url(url)} refuses this app ({reason}); check its user, password and vhost"
+        check = "user, password and vhost" if scheme in _AMQP_SCHEMES else "password (and user)"
+        return f"CELERY_BROKER_URL: the broker {redact_url(url)} refuses this app ({reason}); check its {check}"
     finally:
         conn.release()
     return None
