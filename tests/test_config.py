@@ -230,3 +230,12 @@ def test_a_redacted_url_shows_no_password_of_any_url_in_a_failover_list() -> Non
     )
     assert redact_url("redis://:pw@h:6379/0") == "redis://:***@h:6379/0"
     assert redact_url("postgresql+psycopg://app:s3;cr3t@db:5432/tasks") == "postgresql+psycopg://app:***@db:5432/tasks"
+
+
+def test_a_password_with_an_at_sign_is_hidden_whole() -> None:
+    """kombu takes the password to the last `@`, SQLAlchemy's parser to the first: a near-miss password showed
+    its tail in the refusal meant to name it."""
+    from celery_mcp_tasks.config import redact_url
+
+    assert redact_url("redis://:p@ss@127.0.0.1:6379/0") == "redis://***@127.0.0.1:6379/0"
+    assert redact_url("amqp://u:a@b@c@rabbit:5672/v@x") == "amqp://***@rabbit:5672/v@x"

@@ -218,10 +218,10 @@ def test_a_rabbitmq_refusing_the_vhost_or_the_login_is_one_line_naming_the_setti
 def redis_with_a_password(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     """A `redis-server` of the module's own that asks for a password: its port."""
     port = free_port()
-    log = (tmp_path_factory.mktemp("redis-auth") / "redis.log").open("ab")
     binary = tool("redis-server", "Debian: apt-get install redis-server")
     argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--requirepass", "the-right-one"]
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    with (tmp_path_factory.mktemp("redis-auth") / "redis.log").open("ab") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_until(lambda: _answers(port), 10, "redis-server to answer")
         yield port

@@ -137,10 +137,13 @@ def redact_url(url: str) -> str:
     parts = url.split(";")
     if len(parts) > 1 and all("://" in part for part in parts):  # not a `;` in a store's password
         return ";".join(redact_url(part) for part in parts)
+    scheme, sep, rest = url.partition("://")
+    authority = rest.split("/", 1)[0]
+    if authority.count("@") > 1:  # an `@` in the password: parsers disagree on where it ends, so hide all of it
+        return f"{scheme}{sep}***@{authority.rsplit('@', 1)[1]}{rest[len(authority) :]}"
     try:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:  # noqa: BLE001 - not an RFC-1738 URL: keep only what follows the credentials
-        scheme, sep, rest = url.partition("://")
         return f"{scheme}{sep}***@{rest.rsplit('@', 1)[1]}" if "@" in rest else url
 
 

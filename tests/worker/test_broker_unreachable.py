@@ -343,6 +343,30 @@ def test_only_what_no_wait_mends_stops_a_worker_at_start() -> None:
     assert not _for_good(ConnectionRefusedError(111, "Connection refused"))
 
 
+def test_the_start_probe_of_a_redis_that_never_answers_gives_up_in_its_own_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A server that accepts and never answers, and an app that set Redis's socket timeouts to None (wait for
+    ever): the probe still gives up after its own timeout, and leaves the waiting to Celery."""
+    import socket
+
+    from celery_mcp_tasks.worker import startup
+
+    monkeypatch.setattr(startup, "_PROBE_TIMEOUT_S", 0.3)
+    silent = socket.create_server(("127.0.0.1", 0))
+    app = Celery("silent-redis", set_as_current=False)
+    app.conf.broker_url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
+    app.conf.broker_transport_options = {"socket_timeout": None, "socket_connect_timeout": None}
+    answers: list[str | None] = []
+    probe = threading.Thread(target=lambda: answers.append(startup.broker_refusal(app)), daemon=True)
+    try:
+        probe.start()
+        probe.join(timeout=20)
+        assert answers == [None], "the probe is still waiting for a server that never answers"
+    finally:
+        silent.close()
+
+
 def test_a_redis_refusing_the_password_stops_a_worker_at_start_and_nothing_else_does() -> None:
     """As kombu raises it: its `OperationalError` from redis-py's error."""
     from kombu.exceptions import OperationalError

@@ -70,7 +70,15 @@ class DrivenLedger:
     def last(self, name: str = JANITOR) -> None:
         return None
 
-    def record(self, name: str, *, duration_ms: int, report: dict[str, int], statuses: dict[str, int]) -> None:
+    def record(
+        self,
+        name: str,
+        *,
+        duration_ms: int,
+        report: dict[str, int],
+        statuses: dict[str, int],
+        swept_at: int | None = None,
+    ) -> None:
         pass
 
 

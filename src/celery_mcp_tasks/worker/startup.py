@@ -61,7 +61,11 @@ def broker_refusal(app: Celery) -> str | None:
         return None
     if scheme not in _AMQP_SCHEMES and scheme not in _REDIS_SCHEMES:
         return None
-    conn = app.connection_for_write(connect_timeout=_PROBE_TIMEOUT_S)
+    # Redis's transport takes its timeouts from the transport options (Celery adds these to the app's), not
+    # from `connect_timeout`: a server that accepts and never answers held the probe as long as they said.
+    bounded = {"socket_timeout": _PROBE_TIMEOUT_S, "socket_connect_timeout": _PROBE_TIMEOUT_S}
+    options = bounded if scheme in _REDIS_SCHEMES else None
+    conn = app.connection_for_write(connect_timeout=_PROBE_TIMEOUT_S, transport_options=options)
     try:
         conn.ensure_connection(max_retries=0)
     except Exception as exc:  # noqa: BLE001 - down, or slow: Celery's own reconnecting handles it
