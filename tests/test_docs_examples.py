@@ -205,7 +205,7 @@ async def test_the_writing_page_results_retries_and_terminate_examples(mcp_tasks
     structured = await mcp_tasks_client.call_tool("forecast", {"city": "Oslo"})
     assert structured.structured_content == {"city": "Oslo", "high_c": 21.5, "low_c": 12.0}
     refused = await mcp_tasks_client.call_tool("forecast", {"city": " "})
-    assert refused.is_error and refused.content[0].text == "Name a city."
+    assert refused.is_error and refused.content[0].text == "Error executing tool forecast: Name a city."
 
     handle = await mcp_tasks_extension.start(mcp_tasks_client, "fetch", {"url": f"http://127.0.0.1:{_closed_port()}/"})
     messages = [state.status_message async for state in handle.updates()]

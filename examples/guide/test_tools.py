@@ -55,7 +55,7 @@ async def test_fetch_fails_once_its_retries_are_spent(mcp_tasks_client):
 @pytest.mark.anyio
 async def test_forecast_without_a_city_is_a_tool_error(mcp_tasks_client):
     result = await mcp_tasks_client.call_tool("forecast", {"city": " "})
-    assert result.is_error and result.content[0].text == "Name a city."
+    assert result.is_error and result.content[0].text == "Error executing tool forecast: Name a city."
 
 
 # --8<-- [end:tests]

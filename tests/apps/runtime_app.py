@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult, ElicitRequest, InputRequiredResult, TextContent
 
 from celery_mcp_tasks import (
@@ -244,6 +245,23 @@ def refuse(message: str) -> CallToolResult:
 def refuse_by_raising(message: str) -> str:
     """Raises the SDK's ToolError: the same tool error result as for a synchronous SDK tool."""
     raise ToolError(message)
+
+
+@tasks.server.tool()
+def refuse_by_raising_plainly(message: str) -> str:
+    """The same as a plain SDK tool: what a task tool's tool error must look like."""
+    raise ToolError(message)
+
+
+@tasks.mcp_task
+def refuse_by_protocol(message: str) -> str:
+    """Raises the SDK's MCPError: a protocol error, which the task fails with as it is."""
+    raise MCPError(-32602, message, data={"field": "message"})
+
+
+@tasks.server.tool()
+def refuse_by_protocol_plainly(message: str) -> str:
+    raise MCPError(-32602, message, data={"field": "message"})
 
 
 @tasks.mcp_task(sync_timeout_s=1)

@@ -120,14 +120,33 @@ def test_a_raised_tool_error_is_a_result_with_is_error_too(deployment: Deploymen
     reply = client.call_tool("refuse_by_raising", {"message": message}, capabilities=WITHOUT_EXT)
     assert hidden_row(deployment, "refuse_by_raising", message=message)["status"] == "completed"
     assert reply.get("result", {}).get("isError") is True, reply
-    assert reply["result"]["content"] == [{"type": "text", "text": message}]
+    plain = client.call_tool("refuse_by_raising_plainly", {"message": message}, capabilities=WITHOUT_EXT)
+    assert plain["result"]["content"] == [
+        {"type": "text", "text": f"Error executing tool refuse_by_raising_plainly: {message}"}
+    ]
+    assert reply["result"]["content"] == [
+        {"type": "text", "text": f"Error executing tool refuse_by_raising: {message}"}
+    ]
 
 
 def test_a_raised_tool_error_ends_the_task_completed_with_is_error(client: McpHttp) -> None:
     message = unique("quota exceeded")
     done = client.wait_for(client.create("refuse_by_raising", {"message": message}))
-    assert done["status"] == "completed"
-    assert done["result"]["isError"] is True and done["result"]["content"] == [{"type": "text", "text": message}]
+    assert done["status"] == "completed" and done["result"]["isError"] is True
+    assert done["result"]["content"] == [{"type": "text", "text": f"Error executing tool refuse_by_raising: {message}"}]
+
+
+def test_a_raised_protocol_error_fails_the_task_and_the_synchronous_call_with_its_own_code(
+    deployment: Deployment, client: McpHttp
+) -> None:
+    message = unique("no such region")
+    plain = client.call_tool("refuse_by_protocol_plainly", {"message": message}, capabilities=WITHOUT_EXT)
+    assert plain["error"] == {"code": -32602, "message": message, "data": {"field": "message"}}
+    reply = client.call_tool("refuse_by_protocol", {"message": message}, capabilities=WITHOUT_EXT)
+    assert reply["error"] == plain["error"]
+    assert hidden_row(deployment, "refuse_by_protocol", message=message)["status"] == "failed"
+    failed = client.wait_for(client.create("refuse_by_protocol", {"message": message}))
+    assert failed["status"] == "failed" and failed["error"] == plain["error"]
 
 
 def test_a_2026_synchronous_caller_answers_the_jobs_questions_by_mrtr_rounds(

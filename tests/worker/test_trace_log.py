@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from mcp.server.mcpserver.exceptions import ResourceError, ToolError
+from mcp.shared.exceptions import MCPError
 
 from celery_mcp_tasks import McpTasks, TaskContext, elicit
 from celery_mcp_tasks.app import internals
@@ -173,6 +175,50 @@ def test_stored_arguments_that_no_longer_fit_fail_naming_the_field_not_its_value
     [line] = lines(trace_records, "count")  # the failure was logged (so the check below looked at something)
     assert " raised unexpected: ValueError" in line
     assert_nothing_secret(trace_records)
+
+
+def test_a_result_that_does_not_fit_the_output_schema_fails_naming_the_field_not_the_value(
+    tasks: McpTasks, trace_records: TraceRecords
+) -> None:
+    @tasks.mcp_task
+    def count(topic: str) -> int:
+        return topic  # type: ignore[return-value]  # the value returned is the secret: it must not be quoted
+
+    task_id = run_as_task(tasks, count, "count", topic=SECRET)
+    record = internals(tasks).service().record(task_key(task_id))
+    assert record is not None and record.status.value == "failed"
+    assert record.status_message == "Job failed: ValueError: the result does not fit the tool's output schema: result"
+    assert SECRET not in repr(record.error)
+    [line] = lines(trace_records, "count")
+    assert " raised unexpected: ValueError" in line
+    assert_nothing_secret(trace_records)
+
+
+def test_tool_and_resource_errors_complete_the_task_with_is_error_as_the_sdk_words_them(tasks: McpTasks) -> None:
+    @tasks.mcp_task
+    def refuse(topic: str) -> str:
+        raise ToolError(f"no {topic}")
+
+    @tasks.mcp_task
+    def unreadable(topic: str) -> str:
+        raise ResourceError(f"cannot read {topic}")
+
+    for name, job, text in [("refuse", refuse, "no x"), ("unreadable", unreadable, "cannot read x")]:
+        record = internals(tasks).service().record(task_key(run_as_task(tasks, job, name, topic="x")))
+        assert record is not None and record.status.value == "completed", name
+        assert record.result is not None and record.result["isError"] is True
+        assert record.result["content"] == [{"type": "text", "text": f"Error executing tool {name}: {text}"}]
+
+
+def test_a_protocol_error_fails_the_task_with_its_own_code_message_and_data(tasks: McpTasks) -> None:
+    @tasks.mcp_task
+    def strict(topic: str) -> str:
+        raise MCPError(-32602, f"unknown topic {topic}", data={"field": "topic"})
+
+    record = internals(tasks).service().record(task_key(run_as_task(tasks, strict, "strict", topic="x")))
+    assert record is not None and record.status.value == "failed"
+    assert record.error == {"code": -32602, "message": "unknown topic x", "data": {"field": "topic"}}
+    assert record.status_message == "Job failed: MCPError: unknown topic x"
 
 
 def test_a_self_retry_that_runs_out_fails_without_quoting_the_arguments(

@@ -25,6 +25,7 @@ from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.store.base import StoreUnavailable, TaskNotFound
 from celery_mcp_tasks.worker import soft_limits, tracelog
 from celery_mcp_tasks.worker.job import (
+    FAILED_ERROR,
     FAILED_WITH,
     LAST_RECORD,
     OUTCOME,
@@ -133,8 +134,10 @@ def _settle_once(sender: McpJob, request: Any, key: str, what: str, op: Op, next
         logger.exception("tool %r: could not record %s; the janitor will settle the task", sender.mcp_tool.name, what)
 
 
-def _fail(message: str) -> Op:
-    return lambda service, key, run, expected: service.fail(key, failure(message), message, run=run, expected=expected)
+def _fail(message: str, error: dict[str, Any] | None = None) -> Op:
+    """Fail the task saying `message`, with `error` (a JSON-RPC error) or the runtime's own (-32603, `message`)."""
+    error = error or failure(message)
+    return lambda service, key, run, expected: service.fail(key, error, message, run=run, expected=expected)
 
 
 def on_success(sender: Any = None, **_: Any) -> None:
@@ -156,7 +159,9 @@ def on_failure(sender: Any = None, exception: BaseException | None = None, **_: 
     if said is None and exception is not None:
         said = failure_text(exception)
     message = f"Job failed: {said}" if said else "Job failed"
-    _settle(sender, request, "failure", _fail(message[:_MAX_MESSAGE]), patient=True)
+    _settle(
+        sender, request, "failure", _fail(message[:_MAX_MESSAGE], getattr(request, FAILED_ERROR, None)), patient=True
+    )
 
 
 def on_retry(sender: Any = None, request: Any = None, reason: Any = None, **_: Any) -> None:

@@ -11,6 +11,7 @@ import inspect
 import json
 import logging
 import re
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import fields
@@ -18,7 +19,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from celery import Task, current_task
 from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded, WorkerLostError
-from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.exceptions import ResourceError, ToolError
+from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult, TextContent
 from pydantic import ValidationError
 
@@ -71,6 +73,9 @@ write is one conditional UPDATE on it (`Store.update(expected=...)`) instead of 
 FAILED_WITH = "mcp_failed_with"
 """Request attribute: the exception the body raised, as the task's error names it (`failure_text`), taken
 before Celery makes it picklable for its signal (a base class of it, or a wrapper naming another class)."""
+FAILED_ERROR = "mcp_failed_error"
+"""Request attribute: the JSON-RPC error of an `MCPError` the body raised, which the task fails with as is (its
+code, message and data), as the SDK answers one raised by a synchronous tool."""
 
 OUTCOME = "mcp_outcome"
 """Request attribute: the CallToolResult of a run that produced one, for the signal bridge to record. The job
@@ -223,7 +228,15 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
         key = row_key(self.request)
         if key is None:
             return super().__call__(*args, **kwargs)
-        return self._run_for_task(key)
+        try:
+            return self._run_for_task(key)
+        except BaseException as exc:
+            limit = _greenlet_time_limit(self, exc)
+            if limit is None:
+                raise
+            # Celery's gevent pool reports its own only once the run's request is gone, where the bridge
+            # cannot tell which task it was: the run fails now, as a prefork run past its limit does.
+            raise TimeLimitExceeded(limit) from None
 
     def signature_from_request(
         self, request: Any = None, args: Any = None, kwargs: Any = None, queue: Any = None, **extra_options: Any
@@ -329,12 +342,18 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
         try:
             with heartbeats.running(lambda: service.heartbeat(key, run), interval):
                 value = self.run(**kwargs)
-        except ToolError as exc:
-            # As a synchronous MCP tool: a deliberate tool error is a result with isError (built by the
-            # SDK's own model, so it carries everything a result needs on every era, resultType included).
+        except (ToolError, ResourceError) as exc:
+            # As the SDK answers a synchronous tool's: a deliberate tool error is a result with isError, its text
+            # after the tool's name (built by the SDK's own model, so it carries everything a result needs on
+            # every era, resultType included).
+            text = f"Error executing tool {tool.name}: {exc}"
             return self._outcome(
-                tool.to_result(CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True))
+                tool.to_result(CallToolResult(content=[TextContent(type="text", text=text)], is_error=True))
             )
+        except MCPError as exc:  # a protocol error: the task fails with it, not with -32603
+            setattr(self.request, FAILED_ERROR, exc.error.model_dump(mode="json", exclude_none=True))
+            setattr(self.request, FAILED_WITH, failure_text(exc))
+            raise
         except InputRequested:
             return self._ended("waiting for input")
         except HandedOff:
@@ -355,7 +374,12 @@ class McpJob(Task):  # type: ignore[misc]  # Celery ships no types: its Task is 
         finally:
             _current.reset(token)
             setattr(self.request, LAST_RECORD, ctx.last_record)
-        return self._outcome(tool.to_result(value))
+        try:
+            result = tool.to_result(value)
+        except ValidationError as exc:  # its text quotes the value returned: name the fields only
+            names = ", ".join(tool.invalid_fields(exc))
+            raise ValueError(f"the result does not fit the tool's output schema: {names}") from None
+        return self._outcome(result)
 
 
 def _claimed_by(row: TaskRecord, run: Run, failed_at: set[int]) -> bool:
@@ -389,6 +413,17 @@ def limit_left_s(job: Task, request: Any, *, soft: bool) -> float | None:
         return None
     started = getattr(request, RUN_CLOCK, None)
     return min(bounds) - (time.monotonic() - started if isinstance(started, float) else 0.0)
+
+
+def _greenlet_time_limit(job: Task, exc: BaseException) -> float | None:
+    """The hard time limit `exc` says the run exceeded, when it is the `gevent.Timeout` a gevent pool raises in
+    the job's greenlet at the run's hard time limit (None for anything else, a job's own Timeout included)."""
+    gevent = sys.modules.get("gevent")
+    if gevent is None or not isinstance(exc, gevent.Timeout):
+        return None
+    hard_limit = (getattr(job.request, "timelimit", None) or (None, None))[0]
+    limit = hard_limit or job.time_limit or _worker_limits[0]
+    return float(limit) if limit and exc.seconds == limit else None
 
 
 def failure_text(exc: BaseException) -> str:
