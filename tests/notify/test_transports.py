@@ -18,7 +18,7 @@ from celery_mcp_tasks.notify import postgres
 from celery_mcp_tasks.notify.hub import Hub
 from celery_mcp_tasks.notify.postgres import CHANNEL, PgListener, hint_payload, parse_hint
 from celery_mcp_tasks.notify.push import select_mode
-from celery_mcp_tasks.store.engine import normalize_url
+from celery_mcp_tasks.store.engine import create_store_engine, normalize_url
 from tests.support import REDIS_URL
 
 KEY = "a" * 64
@@ -147,6 +147,29 @@ async def test_postgres_is_listened_to_only_while_a_watch_follows_a_row(
                 await until(lambda: not listener.listening)  # idle: UNLISTEN
     finally:
         engine.dispose()
+
+
+@pytest.mark.anyio
+@pytest.mark.postgres
+async def test_the_listener_and_the_store_name_their_connections_unless_the_url_does(postgres_url: str) -> None:
+    """An operator finds them in `pg_stat_activity` by name (the listener's is idle between its LISTENs)."""
+    hub = Hub()
+    store = create_store_engine(postgres_url)
+    own = create_store_engine(f"{postgres_url}{'&' if '?' in postgres_url else '?'}application_name=billing")
+
+    def names() -> list[str]:
+        query = "SELECT application_name FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
+        with store.connect() as conn, own.connect() as mine:
+            assert conn.scalar(sa.text("SELECT current_setting('application_name')")) == "celery-mcp-tasks"
+            assert mine.scalar(sa.text("SELECT current_setting('application_name')")) == "billing"
+            return list(conn.scalars(sa.text(query)))
+
+    try:
+        async with _running(PgListener(postgres_url, hub)):
+            assert "celery-mcp-tasks listener" in await anyio.to_thread.run_sync(names)
+    finally:
+        store.dispose()
+        own.dispose()
 
 
 @pytest.mark.anyio

@@ -21,7 +21,7 @@ from celery_mcp_tasks.notify.base import listeners_possible
 from celery_mcp_tasks.notify.hub import Hub
 from celery_mcp_tasks.outage_log import OutageLog
 from celery_mcp_tasks.store.base import ChangeHint
-from celery_mcp_tasks.store.engine import libpq_deadlines
+from celery_mcp_tasks.store.engine import APPLICATION_NAME, application_name, libpq_deadlines
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +83,7 @@ class PgListener:
 
     def __init__(self, url: str, hub: Hub) -> None:
         self._conninfo = libpq_url(url)
+        self._named = application_name(url, f"{APPLICATION_NAME} listener")
         self._hub = hub
         self.ready = anyio.Event()
         self.listening = False
@@ -95,7 +96,7 @@ class PgListener:
         while True:
             try:
                 # A vanished peer is noticed in seconds (libpq_deadlines): then it reconnects and every watch re-reads.
-                conninfo = psycopg.conninfo.make_conninfo(self._conninfo, **libpq_deadlines())
+                conninfo = psycopg.conninfo.make_conninfo(self._conninfo, **libpq_deadlines(), **self._named)
                 conn: Any = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
                 async with conn:
                     delay = 0.1

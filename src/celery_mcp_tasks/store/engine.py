@@ -225,6 +225,17 @@ def libpq_deadlines(timeout_s: int | None = None) -> dict[str, int]:
     }
 
 
+APPLICATION_NAME = "celery-mcp-tasks"
+
+
+def application_name(url: str, name: str = APPLICATION_NAME) -> dict[str, str]:
+    """libpq's `application_name`, naming this package's connections in `pg_stat_activity` and the server's
+    log, unless the URL or `PGAPPNAME` names them already."""
+    if "application_name" in make_url(url).query or os.environ.get("PGAPPNAME"):
+        return {}
+    return {"application_name": name}
+
+
 def create_store_engine(url: str, **kwargs: Any) -> Engine:
     """An engine whose errors never carry bound parameters (arguments, results, owners), which writes
     JSON compact (`store.codec.encode`), which a forked child never shares with its parent, and which never
@@ -239,7 +250,7 @@ def create_store_engine(url: str, **kwargs: Any) -> Engine:
         engine = _sqlite_engine(url, parsed.database, **kwargs)
     else:
         kwargs.setdefault("pool_pre_ping", False)
-        kwargs["connect_args"] = {**libpq_deadlines(), **kwargs.get("connect_args", {})}
+        kwargs["connect_args"] = {**libpq_deadlines(), **application_name(url), **kwargs.get("connect_args", {})}
         if "poolclass" not in kwargs:
             kwargs.setdefault("pool_size", 10)
             kwargs.setdefault("max_overflow", kwargs["pool_size"])  # as many again at a peak
