@@ -136,6 +136,17 @@ def _over(what: tuple[str, str, str], value: Any, limit: int | None) -> PayloadT
     return PayloadTooDeep(what[0]) if too_deep(value) else None
 
 
+def _bounded(error: dict[str, Any], refused: PayloadTooLarge, tool: str) -> dict[str, Any]:
+    """What a failed task keeps of an error over its result limits: its code and its message's start."""
+    logger.warning("tool %r: the job's error was cut to its code and message: %s", tool, refused)
+    kept = failure(f"{str(error.get('message') or '')[:_KEPT_MESSAGE]} (the error's data was not stored: {refused})")
+    code = error.get("code")
+    return {"code": code, **kept} if isinstance(code, int) and not isinstance(code, bool) else kept
+
+
+_KEPT_MESSAGE = 500
+
+
 class _CapRefusals:
     """A WARNING when the row cap refuses creations, at most one a minute per process (a full store refuses
     every creation), saying how many it refused since the last."""
@@ -500,7 +511,18 @@ class TaskService:
         *,
         expected: TaskRecord | None = None,
     ) -> TaskRecord:
-        return self._write(key, lambda r: r.failed(error, self.clock(), message, run), expected)
+        """Failed with `error` (a JSON-RPC error: a job's `MCPError`, `ctx.fail`'s), held to the tool's result
+        limits as a result is: over them, its code and the start of its message are kept, its data is not."""
+        kept: list[dict[str, Any]] = []  # judged once, however many times a CAS retry recomputes
+
+        def transition(record: TaskRecord) -> TaskRecord:
+            if not kept:
+                limit = None if self.limits is None else self.limits(record.tool).result
+                refused = None if record.terminal else _over(_RESULT, error, limit)
+                kept.append(error if refused is None else _bounded(error, refused, record.tool))
+            return record.failed(kept[0], self.clock(), message, run)
+
+        return self._write(key, transition, expected)
 
     def require_input(
         self,

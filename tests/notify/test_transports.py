@@ -155,21 +155,24 @@ async def test_the_listener_and_the_store_name_their_connections_unless_the_url_
     """An operator finds them in `pg_stat_activity` by name (the listener's is idle between its LISTENs)."""
     hub = Hub()
     store = create_store_engine(postgres_url)
-    own = create_store_engine(f"{postgres_url}{'&' if '?' in postgres_url else '?'}application_name=billing")
+    joined = "&" if "?" in postgres_url else "?"
+    own = create_store_engine(f"{postgres_url}{joined}application_name=billing")
+    by_options = create_store_engine(f"{postgres_url}{joined}options=-c%20application_name%3Dledger")
 
     def names() -> list[str]:
         query = "SELECT application_name FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
-        with store.connect() as conn, own.connect() as mine:
-            assert conn.scalar(sa.text("SELECT current_setting('application_name')")) == "celery-mcp-tasks"
-            assert mine.scalar(sa.text("SELECT current_setting('application_name')")) == "billing"
+        setting = sa.text("SELECT current_setting('application_name')")
+        with store.connect() as conn, own.connect() as mine, by_options.connect() as theirs:
+            assert conn.scalar(setting) == "celery-mcp-tasks"
+            assert (mine.scalar(setting), theirs.scalar(setting)) == ("billing", "ledger")
             return list(conn.scalars(sa.text(query)))
 
     try:
         async with _running(PgListener(postgres_url, hub)):
             assert "celery-mcp-tasks listener" in await anyio.to_thread.run_sync(names)
     finally:
-        store.dispose()
-        own.dispose()
+        for engine in (store, own, by_options):
+            engine.dispose()
 
 
 @pytest.mark.anyio

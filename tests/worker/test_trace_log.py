@@ -221,6 +221,28 @@ def test_a_protocol_error_fails_the_task_with_its_own_code_message_and_data(task
     assert record.status_message == "Job failed: MCPError: unknown topic x"
 
 
+def test_a_protocol_error_over_the_result_limits_keeps_its_code_and_its_message_start(tasks: McpTasks) -> None:
+    """An error is the task's outcome as a result is: held to the same limits, by size and by depth."""
+
+    @tasks.mcp_task(max_result_bytes=1_000)
+    def wordy(topic: str) -> str:
+        raise MCPError(-32000, "m" * 2_000, data="d" * 5_000)
+
+    nested: Any = "leaf"
+    for _ in range(150):
+        nested = [nested]
+
+    @tasks.mcp_task
+    def deep(topic: str) -> str:
+        raise MCPError(-32000, "too deep", data=nested)
+
+    for name, job, start in [("wordy", wordy, "m" * 500 + " (the error's data"), ("deep", deep, "too deep (")]:
+        record = internals(tasks).service().record(task_key(run_as_task(tasks, job, name, topic="x")))
+        assert record is not None and record.status.value == "failed" and record.error is not None, name
+        assert set(record.error) == {"code", "message"} and record.error["code"] == -32000, name
+        assert record.error["message"].startswith(start) and len(record.error["message"]) < 1_000, record.error
+
+
 def test_a_self_retry_that_runs_out_fails_without_quoting_the_arguments(
     tasks: McpTasks, trace_records: TraceRecords
 ) -> None:

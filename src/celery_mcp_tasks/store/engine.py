@@ -229,11 +229,12 @@ APPLICATION_NAME = "celery-mcp-tasks"
 
 
 def application_name(url: str, name: str = APPLICATION_NAME) -> dict[str, str]:
-    """libpq's `application_name`, naming this package's connections in `pg_stat_activity` and the server's
-    log, unless the URL or `PGAPPNAME` names them already."""
-    if "application_name" in make_url(url).query or os.environ.get("PGAPPNAME"):
+    """libpq's `fallback_application_name`, naming this package's connections in `pg_stat_activity` and the
+    server's log unless something else names them: libpq gives way to the URL's `application_name`,
+    `PGAPPNAME` and a service file by itself; a name set in the URL's `options` needs the check here."""
+    if "application_name" in str(make_url(url).query.get("options", "")):
         return {}
-    return {"application_name": name}
+    return {"fallback_application_name": name}
 
 
 def create_store_engine(url: str, **kwargs: Any) -> Engine:

@@ -417,13 +417,22 @@ def limit_left_s(job: Task, request: Any, *, soft: bool) -> float | None:
 
 def _greenlet_time_limit(job: Task, exc: BaseException) -> float | None:
     """The hard time limit `exc` says the run exceeded, when it is the `gevent.Timeout` a gevent pool raises in
-    the job's greenlet at the run's hard time limit (None for anything else, a job's own Timeout included)."""
+    the job's greenlet at the run's hard time limit: of that many seconds, once the run has lasted them (None
+    for anything else; a job's own Timeout of the same length, ending within the tolerance of the limit,
+    reads as it)."""
     gevent = sys.modules.get("gevent")
     if gevent is None or not isinstance(exc, gevent.Timeout):
         return None
     hard_limit = (getattr(job.request, "timelimit", None) or (None, None))[0]
     limit = hard_limit or job.time_limit or _worker_limits[0]
-    return float(limit) if limit and exc.seconds == limit else None
+    left = limit_left_s(job, job.request, soft=False)
+    if not limit or exc.seconds != limit or left is None or left > _LIMIT_TOLERANCE_S:
+        return None
+    return float(limit)
+
+
+_LIMIT_TOLERANCE_S = 0.5
+"""How early a run's own clock may read its hard limit's end: it starts after the pool's timer did."""
 
 
 def failure_text(exc: BaseException) -> str:
