@@ -50,6 +50,8 @@ NO_CONTEXT = cast(Any, None)  # the callbacks never read the request context
 class Typed:
     """Lines typed at the prompt, then the end of input."""
 
+    echoed = True
+
     def __init__(self, *lines: str) -> None:
         self.lines = list(lines)
 
@@ -341,6 +343,23 @@ def test_lines_are_read_from_a_pipe_until_its_end() -> None:
         assert anyio.run(read_all) == ["first", "second", "last", None]
     finally:
         os.close(read_end)
+
+
+def test_a_piped_answer_ends_its_prompts_line_as_a_typed_one_does() -> None:
+    """A terminal echoes a typed answer and its newline; a piped one is not shown, so the prompt's line is
+    ended for it: the next question or status line does not run on after the prompt."""
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"a\n")
+    os.close(write_end)
+    screen = io.StringIO()
+    prompter = Prompter(Console(file=screen, width=100, color_system=None, force_terminal=False), FdLines(read_end))
+    try:
+        assert not FdLines(read_end).echoed
+        result = anyio.run(prompter.elicit, NO_CONTEXT, _form("Ship it?", {}))
+    finally:
+        os.close(read_end)
+    assert isinstance(result, ElicitResult) and result.action == "accept"
+    assert screen.getvalue().endswith("\n") and "Ship it?" in screen.getvalue()
 
 
 def test_lines_are_read_from_a_regular_file(tmp_path: Path) -> None:

@@ -101,6 +101,23 @@ def test_dev_keeping_the_environment_runs_beat_and_names_the_broker_its_app_uses
     assert (data / "beat-schedule.dat").is_file() or (data / "beat-schedule").is_file()
 
 
+def test_dev_says_it_ignores_a_database_and_broker_set_in_the_environment(tmp_path: Path):
+    """Exported for `serve`, they would leave a user wondering why `dev` showed SQLite: one line says so."""
+    env = _env(
+        MCP_TASKS_DATABASE_URL="postgresql://nobody@127.0.0.1:1/none", CELERY_BROKER_URL="redis://:s3cr3tpw@x:1/0"
+    )
+    run = _tides(tmp_path, env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert (
+        "celery-mcp-tasks dev: ignoring MCP_TASKS_DATABASE_URL, CELERY_BROKER_URL: dev runs embedded "
+        "(--keep-env uses them)"
+    ) in run.stderr.splitlines()
+    assert (
+        "s3cr3tpw" not in run.stderr
+        and f"  store   sqlite:///{tmp_path / 'data' / 'tasks.db'}" in run.stdout.splitlines()
+    )
+
+
 def test_dev_takes_the_servers_and_workers_log_level(tmp_path: Path):
     port = str(free_port())
     call = ("--call", "write_report", '{"topic": "tides", "sections": 1}')

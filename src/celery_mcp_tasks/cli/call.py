@@ -335,6 +335,8 @@ def _make_io(options: CallOptions) -> CallIo:
 
 
 class _NoLines:
+    echoed = True
+
     async def readline(self) -> str | None:
         return None
 

@@ -50,8 +50,9 @@ def run(options: argparse.Namespace) -> int:
     # --data-dir wins over MCP_TASKS_DATA_DIR; the worker inherits the one chosen here.
     os.environ["MCP_TASKS_DATA_DIR"] = options.data_dir or os.environ.get("MCP_TASKS_DATA_DIR") or ".celery-mcp-tasks"
     if not options.keep_env:
-        for name in ("MCP_TASKS_DATABASE_URL", "CELERY_BROKER_URL"):
-            os.environ.pop(name, None)
+        ignored = [name for name in ("MCP_TASKS_DATABASE_URL", "CELERY_BROKER_URL") if os.environ.pop(name, None)]
+        if ignored:
+            print(f"{PREFIX}: ignoring {', '.join(ignored)}: dev runs embedded (--keep-env uses them)", file=sys.stderr)
     tasks = load_app(options.app)
     target = celery_target(options.app, tasks)
     if options.call:

@@ -37,6 +37,9 @@ DECLINED_SAMPLING = -1  # the spec's code for "the user rejected the sampling re
 
 
 class LineSource(Protocol):
+    echoed: bool
+    """Whether a line read shows on the screen with its newline (typed at a terminal); a piped one does not."""
+
     async def readline(self) -> str | None:
         """The next line typed (without its newline), None at the end of input."""
         ...
@@ -47,6 +50,7 @@ class FdLines:
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
+        self.echoed = os.isatty(fd)
         self._buffer = b""
         self._eof = False
 
@@ -193,8 +197,9 @@ class Prompter:
         except anyio.get_cancelled_exc_class():
             self.console.print()  # Ctrl-C or --timeout mid-answer: what follows starts on its own line
             raise
+        if line is None or not self.lines.echoed:
+            self.console.print()  # what follows the prompt starts on its own line, as after a typed answer
         if line is None:
-            self.console.print()
             raise _EndOfInput
         return line
 
