@@ -85,6 +85,19 @@ def test_a_result_over_the_limit_fails_the_task_naming_it_and_keeps_none_of_it(
     assert "over the limit of 128 bytes" in caplog.text and "zzzz" not in caplog.text
 
 
+def test_an_error_over_the_limits_keeps_its_code_and_its_message_start(service: TaskService):
+    """`ctx.fail(error)` and a job's `MCPError`: the error is the failed task's outcome, held as a result is,
+    by size and by depth (one nested past what Python's encoder recurses is refused, not raised)."""
+    nested: object = "leaf"
+    for _ in range(2_000):
+        nested = [nested]
+    for tool, data, reason in [("small", "d" * 200, "Error too large"), ("free", nested, "Error nested too deeply")]:
+        _, record = service.create(owner=None, tool=tool, arguments={})
+        done = service.fail(record.key, {"code": -32000, "message": "m" * 600, "data": data}, "Job failed")
+        assert done.status is TaskStatus.FAILED and done.error is not None and set(done.error) == {"code", "message"}
+        assert done.error["message"].startswith("m" * 500 + f" (the rest was not stored: {reason}"), done.error
+
+
 def test_a_result_within_the_limit_completes(service: TaskService):
     _, record = service.create(owner=None, tool="small", arguments={})
     done = service.complete(record.key, {"content": []})

@@ -121,6 +121,7 @@ class PayloadLimits:
 _ARGUMENTS = ("Arguments", "MCP_TASKS_MAX_ARGUMENTS_BYTES", "max_arguments_bytes")
 _ANSWERS = ("Answers", "MCP_TASKS_MAX_ANSWER_BYTES", "max_answer_bytes")
 _RESULT = ("Result", "MCP_TASKS_MAX_RESULT_BYTES", "max_result_bytes")
+_ERROR = ("Error", *_RESULT[1:])  # a failed task's outcome, held to its result's limits
 
 
 _UNLIMITED = PayloadLimits()
@@ -128,18 +129,20 @@ _UNLIMITED = PayloadLimits()
 
 def _over(what: tuple[str, str, str], value: Any, limit: int | None) -> PayloadTooLarge | None:
     """The refusal for `value` over `limit` bytes, or nested too deeply whatever the limits (`PayloadTooDeep`);
-    None when it fits."""
+    None when it fits. Depth first: encoding a value nested deeper than Python recurses would raise."""
+    if too_deep(value):
+        return PayloadTooDeep(what[0])
     if limit is not None:
         size = payload_bytes(value)
         if size > limit:
             return PayloadTooLarge(what[0], size, limit, what[1], what[2])
-    return PayloadTooDeep(what[0]) if too_deep(value) else None
+    return None
 
 
 def _bounded(error: dict[str, Any], refused: PayloadTooLarge, tool: str) -> dict[str, Any]:
     """What a failed task keeps of an error over its result limits: its code and its message's start."""
     logger.warning("tool %r: the job's error was cut to its code and message: %s", tool, refused)
-    kept = failure(f"{str(error.get('message') or '')[:_KEPT_MESSAGE]} (the error's data was not stored: {refused})")
+    kept = failure(f"{str(error.get('message') or '')[:_KEPT_MESSAGE]} (the rest was not stored: {refused})")
     code = error.get("code")
     return {"code": code, **kept} if isinstance(code, int) and not isinstance(code, bool) else kept
 
@@ -518,7 +521,7 @@ class TaskService:
         def transition(record: TaskRecord) -> TaskRecord:
             if not kept:
                 limit = None if self.limits is None else self.limits(record.tool).result
-                refused = None if record.terminal else _over(_RESULT, error, limit)
+                refused = None if record.terminal else _over(_ERROR, error, limit)
                 kept.append(error if refused is None else _bounded(error, refused, record.tool))
             return record.failed(kept[0], self.clock(), message, run)
 

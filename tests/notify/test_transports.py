@@ -158,20 +158,30 @@ async def test_the_listener_and_the_store_name_their_connections_unless_the_url_
     joined = "&" if "?" in postgres_url else "?"
     own = create_store_engine(f"{postgres_url}{joined}application_name=billing")
     by_options = create_store_engine(f"{postgres_url}{joined}options=-c%20application_name%3Dledger")
+    by_fallback = create_store_engine(f"{postgres_url}{joined}fallback_application_name=reports")
 
     def names() -> list[str]:
         query = "SELECT application_name FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
         setting = sa.text("SELECT current_setting('application_name')")
-        with store.connect() as conn, own.connect() as mine, by_options.connect() as theirs:
+        with (
+            store.connect() as conn,
+            own.connect() as mine,
+            by_options.connect() as theirs,
+            by_fallback.connect() as fb,
+        ):
             assert conn.scalar(setting) == "celery-mcp-tasks"
-            assert (mine.scalar(setting), theirs.scalar(setting)) == ("billing", "ledger")
+            assert (mine.scalar(setting), theirs.scalar(setting), fb.scalar(setting)) == (
+                "billing",
+                "ledger",
+                "reports",
+            )
             return list(conn.scalars(sa.text(query)))
 
     try:
         async with _running(PgListener(postgres_url, hub)):
             assert "celery-mcp-tasks listener" in await anyio.to_thread.run_sync(names)
     finally:
-        for engine in (store, own, by_options):
+        for engine in (store, own, by_options, by_fallback):
             engine.dispose()
 
 

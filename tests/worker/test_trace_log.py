@@ -236,7 +236,10 @@ def test_a_protocol_error_over_the_result_limits_keeps_its_code_and_its_message_
     def deep(topic: str) -> str:
         raise MCPError(-32000, "too deep", data=nested)
 
-    for name, job, start in [("wordy", wordy, "m" * 500 + " (the error's data"), ("deep", deep, "too deep (")]:
+    for name, job, start in [
+        ("wordy", wordy, "m" * 500 + " (the rest was not stored: Error too large"),
+        ("deep", deep, "too deep (the rest was not stored: Error nested too deeply"),
+    ]:
         record = internals(tasks).service().record(task_key(run_as_task(tasks, job, name, topic="x")))
         assert record is not None and record.status.value == "failed" and record.error is not None, name
         assert set(record.error) == {"code", "message"} and record.error["code"] == -32000, name

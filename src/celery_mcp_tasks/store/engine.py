@@ -232,7 +232,8 @@ def application_name(url: str, name: str = APPLICATION_NAME) -> dict[str, str]:
     """libpq's `fallback_application_name`, naming this package's connections in `pg_stat_activity` and the
     server's log unless something else names them: libpq gives way to the URL's `application_name`,
     `PGAPPNAME` and a service file by itself; a name set in the URL's `options` needs the check here."""
-    if "application_name" in str(make_url(url).query.get("options", "")):
+    query = make_url(url).query
+    if "fallback_application_name" in query or "application_name" in str(query.get("options", "")):
         return {}
     return {"fallback_application_name": name}
 
