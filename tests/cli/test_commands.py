@@ -512,6 +512,16 @@ def test_tasks_shows_no_control_character_a_jobs_message_may_hold() -> None:
     assert len(table.splitlines()) == 2 and "half done" in table and "forged line" in table
 
 
+def test_tasks_show_gives_a_failed_tasks_error_code_as_its_page_does() -> None:
+    from celery_mcp_tasks.cli.tasks import _show
+
+    row = {"key": "k" * 64, "row": "k" * 12, "status": "failed", "tool": "report", "owner": "anonymous"}
+    detail = {**row, "created_at": 0, "updated_at": 0, "dispatches": 1, "resends": 0, "attempt": 0}
+    lines = _show({**detail, "error": {"code": -32602, "message": "no such region"}}).splitlines()
+    assert "error        -32602 no such region" in lines
+    assert "error        no such region" in _show({**detail, "error": {"message": "no such region"}}).splitlines()
+
+
 def test_tasks_ls_on_a_terminal_cuts_each_message_to_the_columns_the_others_leave() -> None:
     from celery_mcp_tasks.cli.tasks import _table
 

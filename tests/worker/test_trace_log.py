@@ -246,6 +246,22 @@ def test_a_protocol_error_over_the_result_limits_keeps_its_code_and_its_message_
         assert record.error["message"].startswith(start) and len(record.error["message"]) < 1_000, record.error
 
 
+def test_a_failed_runs_line_shows_the_start_of_its_exception_not_its_data(
+    tasks: McpTasks, trace_records: TraceRecords
+) -> None:
+    """An MCPError's repr carries its data (a URL elicitation's URLs, whatever the job attached) whole."""
+
+    @tasks.mcp_task
+    def refuse(topic: str) -> str:
+        raise MCPError(-32042, "open the page", data={"pad": "x" * 2_000, "url": SECRET})
+
+    run_as_task(tasks, refuse, "refuse", topic="x")
+    [line] = lines(trace_records, "refuse")
+    assert " raised unexpected: MCPError(-32042, 'open the page'" in line and line.endswith("…"), line
+    assert len(line) < 1_000
+    assert_nothing_secret(trace_records)
+
+
 def test_a_self_retry_that_runs_out_fails_without_quoting_the_arguments(
     tasks: McpTasks, trace_records: TraceRecords
 ) -> None:

@@ -249,8 +249,9 @@ def _show(detail: dict[str, Any]) -> str:
         ("queue", detail.get("queue") or "-"),
         ("trace id", detail.get("trace_id") or "-"),
     ]
-    if detail.get("error"):
-        fields.append(("error", detail["error"]["message"]))
+    if error := detail.get("error"):  # its code as the task page shows it
+        code = error.get("code")
+        fields.append(("error", error["message"] if code is None else f"{code} {error['message']}"))
     for question in detail.get("questions", []):
         text = f" ({question['message']})" if question.get("message") else ""
         fields.append((f"input {question['key']}", question["state"] + text))

@@ -27,6 +27,8 @@ from celery_mcp_tasks.worker.celery_internals import (
 from celery_mcp_tasks.worker.job import HIDDEN_ARGS, RUN_END, McpJob, row_key
 
 _HIDDEN = "<not logged>"
+_MAX_EXC = 500
+"""How much of a failed run's exception (its repr) the line shows."""
 SUCCEEDED = "Task %(name)s[%(id)s] succeeded in %(runtime)ss"
 ENDED = "Task %(name)s[%(id)s] ended its run in %(runtime)ss: %(run_end)s"
 
@@ -48,6 +50,9 @@ class JobTraceFilter(logging.Filter):
         for field in ("args", "kwargs"):
             if field in scrubbed:
                 scrubbed[field] = HIDDEN_ARGS[f"{field}repr"]
+        said = scrubbed.get("exc")
+        if isinstance(said, str) and len(said) > _MAX_EXC:  # an MCPError's repr carries its data whole
+            scrubbed["exc"] = said[:_MAX_EXC] + "…"
         if record.msg == self._succeeded:
             scrubbed["return_value"] = _HIDDEN
             run_end = getattr(request, RUN_END, None)
