@@ -183,3 +183,22 @@ def test_a_worker_says_once_which_of_the_tools_time_limits_its_pool_ignores(
     with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks.worker"):
         signals.worker_ready.send(sender=Consumer(app, instance))
     assert [r.getMessage() for r in caplog.records] == [line]
+
+
+class _Eventlet(_Gevent):
+    __module__ = "celery.concurrency.eventlet"
+
+
+def test_an_eventlet_worker_says_a_slow_store_call_stalls_it(caplog: pytest.LogCaptureFixture) -> None:
+    """psycopg waits cooperatively under gevent's hub only (sqlite3 never): under eventlet a store call that waits
+    (a locked row, a slow database) stops every job, heartbeat and revoke of the worker."""
+    from celery import signals
+
+    app = Celery("eventlet", broker="memory://")
+    _dispatcher = CeleryDispatcher(app, {"quick": Tool("quick", False)})  # holds its receiver (weakly)
+    with caplog.at_level(logging.WARNING, logger="celery_mcp_tasks.worker"):
+        signals.worker_ready.send(sender=Consumer(app, _Eventlet()))
+    assert [r.getMessage() for r in caplog.records] == [
+        "this worker's eventlet pool cannot run other jobs while one waits on the task store: a slow store call "
+        "stalls every job, heartbeat and revoke of this worker (a gevent, threads or prefork worker does not)"
+    ]
