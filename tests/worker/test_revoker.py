@@ -200,5 +200,6 @@ def test_an_eventlet_worker_says_a_slow_store_call_stalls_it(caplog: pytest.LogC
         signals.worker_ready.send(sender=Consumer(app, _Eventlet()))
     assert [r.getMessage() for r in caplog.records] == [
         "this worker's eventlet pool cannot run other jobs while one waits on the task store: a slow store call "
-        "stalls every job, heartbeat and revoke of this worker (a gevent, threads or prefork worker does not)"
+        "stalls every job, heartbeat and revoke of this worker (a threads or prefork worker does not; on PostgreSQL, "
+        "a gevent one neither)"
     ]

@@ -278,8 +278,8 @@ def warn_unless_pool_terminates(
         if kind == "eventlet":  # psycopg yields to gevent's hub only; sqlite3 to none
             logger.warning(
                 "this worker's eventlet pool cannot run other jobs while one waits on the task store: a slow "
-                "store call stalls every job, heartbeat and revoke of this worker (a gevent, threads or prefork "
-                "worker does not)"
+                "store call stalls every job, heartbeat and revoke of this worker (a threads or prefork worker does "
+                "not; on PostgreSQL, a gevent one neither)"
             )
         ignores = _IGNORED_LIMITS.get(kind)
         if ignores is not None:
