@@ -76,7 +76,9 @@ try {
 
   report.step = "connect";
   await page.goto(url);
-  await page.getByRole("switch", { name: /Connect or disconnect/ }).check({ force: true }); // Mantine hides the input
+  // A click, not check(): the switch turns on once the connection is made, not at the click, and check() fails
+  // when the state has not changed right after it (a loaded machine). The server card's era line waits for it.
+  await page.getByRole("switch", { name: /Connect or disconnect/ }).click({ force: true }); // Mantine hides the input
   report.protocol = await page.getByText(/^MCP \d{4}-\d{2}-\d{2}$/).first().innerText(); // on the server card
   const badge = page.getByText(/^legacy$/i); // the Messages list's era mark ("Legacy", shown upper-case)
   report.messagesBadge = await badge.waitFor().then(
