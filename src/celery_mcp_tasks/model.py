@@ -31,6 +31,7 @@ __all__ = [
     "ACTIVE_VALUES",
     "ANONYMOUS",
     "ANY",
+    "MAX_OWNER",
     "OWNER_CLAIMS",
     "TERMINAL",
     "TERMINAL_VALUES",
@@ -270,20 +271,39 @@ _ENCODED = re.compile(r"(?:[A-Za-z0-9_.~-]|%[0-9a-fA-F]{2})*")
 """An issuer as `quote(issuer, safe="")` writes it: unreserved characters and `%XX` escapes."""
 
 
+MAX_OWNER: Final = 512
+"""The longest owner string (the owner column's length): a longer one names its principal by a digest."""
+
+
 def owner_of(issuer: str | None, *, subject: str | None = None, client_id: str | None = None) -> str | None:
     """The owner string of a principal: its subject's when it has one, else its client's, else None."""
     iss = quote(issuer or "", safe="")
     if subject:
-        return f"sub:{iss}:{quote(subject, safe='')}"
+        return _bounded(f"sub:{iss}", subject)
     if client_id:
-        return f"client_id:{iss}:{quote(client_id, safe='')}"
+        return _bounded(f"client_id:{iss}", client_id)
     return None
 
 
 def owner_within(namespace: str, principal: str) -> str:
     """The owner string of `principal` (a subject, or a client id) within `namespace` (`sub:<issuer>` or
     `client_id:<issuer>`, its issuer written either way `spelled_namespace` takes): what `owner_of` makes."""
-    return f"{spelled_namespace(namespace)}:{quote(principal, safe='')}"
+    return _bounded(spelled_namespace(namespace), principal)
+
+
+def _bounded(namespace: str, principal: str) -> str:
+    """`<namespace>:<principal, percent-encoded>`, at most `MAX_OWNER` characters: past that (a subject or an
+    issuer of hundreds of characters, percent-encoding triples every non-ASCII byte) the principal is named
+    by its SHA-256, and with an issuer that long the whole owner is, under its claim. `sha256=` holds a
+    character percent-encoding never leaves, so no principal's own spelling equals a digest's."""
+    owner = f"{namespace}:{quote(principal, safe='')}"
+    if len(owner) <= MAX_OWNER:
+        return owner
+    digested = f"{namespace}:sha256={hashlib.sha256(principal.encode('utf-8', 'surrogatepass')).hexdigest()}"
+    if len(digested) <= MAX_OWNER:
+        return digested
+    claim = namespace.split(":", 1)[0]
+    return f"{claim}:sha256={hashlib.sha256(owner.encode('utf-8', 'surrogatepass')).hexdigest()}"
 
 
 def owner_namespace(owner: str | None) -> str:

@@ -24,9 +24,17 @@ TOKENS = ("alice", "mallory")
 
 
 class StaticTokens:
-    """Any token in TOKENS is valid and names its own subject."""
+    """Any token in TOKENS is valid and names its own subject; `<name>@<epoch s>` is that subject's token
+    expiring then; `long:<n>` names a subject of n "é"; `nobody` names no principal (a verifier's mistake)."""
 
     async def verify_token(self, token: str) -> AccessToken | None:
+        name, _, until = token.partition("@")
+        if name in TOKENS and until.isdigit():
+            return AccessToken(token=token, client_id=f"{name}-client", scopes=[], subject=name, expires_at=int(until))
+        if token.startswith("long:") and token[5:].isdigit():
+            return AccessToken(token=token, client_id="long-client", scopes=[], subject="é" * int(token[5:]))
+        if token == "nobody":
+            return AccessToken(token=token, client_id="", scopes=[])
         if token not in TOKENS:
             return None
         return AccessToken(token=token, client_id=f"{token}-client", scopes=[], subject=token)

@@ -50,3 +50,26 @@ def test_requests_without_a_token_are_refused_before_anything_runs(authed: Deplo
     response = anonymous.raw("tasks/get", {"taskId": "x"}, name="x")
     assert response.status_code == 401
     anonymous.close()
+
+
+def test_a_principal_longer_than_the_owner_column_owns_its_tasks(authed: Deployment, tmp_path: Path):
+    """A subject whose owner string passes the column's length (200 "é": 1,200 characters encoded) creates and
+    reads its tasks on PostgreSQL too, which refuses an over-long value; a subject one character longer is
+    another principal."""
+    long, longer = as_user(authed, "long:200"), as_user(authed, "long:201")
+    task_id = long.create("idle", {"gate_dir": str(tmp_path)})
+    assert long.get(task_id)["status"] == "working"
+    assert longer.task("tasks/get", task_id)["error"] == NOT_FOUND
+    assert long.task("tasks/cancel", task_id)["result"]["resultType"] == "complete"
+    long.close()
+    longer.close()
+
+
+def test_a_token_naming_no_principal_is_refused_and_creates_nothing(authed: Deployment, tmp_path: Path):
+    """No subject and an empty client id: taken as anonymous, every such token would share one owner's tasks."""
+    nobody = as_user(authed, "nobody")
+    reply = nobody.call_tool("idle", {"gate_dir": str(tmp_path)})
+    assert reply["error"]["code"] == -32600, reply
+    assert "token_verifier" in reply["error"]["message"]
+    assert nobody.task("tasks/get", "no-such-task-id-at-all-just-a-probe-000000")["error"]["code"] == -32600
+    nobody.close()

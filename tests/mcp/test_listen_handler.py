@@ -392,3 +392,27 @@ async def test_a_notification_whose_send_failed_is_sent_again_and_not_skipped_as
         world.changed(key)
         assert (await session.next())["params"]["statusMessage"] == "then the next change"
         tg.cancel_scope.cancel()
+
+
+async def test_a_stream_ends_when_its_callers_token_expires_and_sends_nothing_after(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [999.9]
+    monkeypatch.setattr(listen_module, "token_expiry", lambda: 1000.0)
+    task_id, key = world.task()
+    handler = world.handler(clock=lambda: now[0])
+    async with _open(handler, _params(taskIds=[task_id]), request_id=6) as (session, outcome):
+        await session.next(), await session.next()  # the ack, the task as it stands
+        world.service.progress(key, "before the expiry")
+        world.changed(key)
+        assert (await session.next())["params"]["statusMessage"] == "before the expiry"
+        assert not outcome  # still open: its token is still good
+        now[0] = 1000.0
+        world.service.progress(key, "after the expiry")
+        world.changed(key)
+        with anyio.fail_after(10):
+            while not outcome:
+                await anyio.sleep(0.01)
+        assert session.idle()  # the change after the expiry never went out
+    assert isinstance(outcome[0], SubscriptionsListenResult) and outcome[0].meta == {SID: 6}
+    assert handler.open_streams == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -107,6 +108,25 @@ def test_the_stream_sends_keep_alive_comments(url: str) -> None:
         assert stream.messages.empty()
     finally:
         stream.close()
+
+
+def test_a_stream_ends_with_its_result_when_the_callers_token_expires(url: str) -> None:
+    """A listen stream never outlives its credentials: a request with that token would get a 401 from then on."""
+    stream = ListenStream(url, {"toolsListChanged": True}, token=f"alice@{int(time.time()) + 3}", request_id=7)
+    lasting = ListenStream(url, {"toolsListChanged": True}, token="alice", request_id=8)
+    try:
+        stream.ack(), lasting.ack()
+        final = stream.next(timeout=30)
+        assert final is not None and final["id"] == 7 and final["result"]["resultType"] == "complete", final
+        assert stream.next(timeout=10) is None  # and then the stream ends
+        client = McpHttp(url, headers={"Authorization": "Bearer alice"})
+        assert "error" not in client.call_tool("announce", {"uri": "push://a"})
+        client.close()
+        tools = lasting.next()  # a stream whose token does not expire stays open
+        assert tools is not None and tools["method"] == "notifications/tools/list_changed"
+    finally:
+        stream.close()
+        lasting.close()
 
 
 def _open_streams(metrics_port: int) -> float:

@@ -33,7 +33,7 @@ from mcp_types import (
 from pydantic import BaseModel
 
 from celery_mcp_tasks.mcp.listen_reads import SharedRead, SharedReads, digest
-from celery_mcp_tasks.mcp.principal import anonymous_caller, current_principal
+from celery_mcp_tasks.mcp.principal import anonymous_caller, current_principal, token_expiry
 from celery_mcp_tasks.mcp.wire import (
     declared_extension,
     invalid_params,
@@ -105,8 +105,9 @@ class _Followed:
 
 
 class _Stream:
-    def __init__(self, honored: SubscriptionFilter, watch: Watch) -> None:
+    def __init__(self, honored: SubscriptionFilter, watch: Watch, expires_at: float | None = None) -> None:
         self.honored = honored
+        self.expires_at = expires_at  # the caller's token's expiry (epoch seconds): the stream ends then
         self.uris = frozenset(honored.resource_subscriptions or ())
         self.watch = watch
         self.events: deque[ServerEvent] | None = None  # made on the first core event (most streams get none)
@@ -165,8 +166,10 @@ class TaskListenHandler:
         per_client: bool = False,
         resync_interval_s: float = 30.0,
         max_threads: int = 16,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._bus = bus
+        self._clock = clock
         self._service = service
         self._hub = hub
         self.max_streams = max_streams
@@ -226,7 +229,7 @@ class TaskListenHandler:
         followed_ids = task_ids if hub is not None else None
         # Watch before reading, so a change between the read and the ack is not missed.
         watch = hub.watch(map(task_key, followed_ids or ())) if hub is not None else Watch()
-        stream = _Stream(honored_core(params.notifications), watch)
+        stream = _Stream(honored_core(params.notifications), watch, token_expiry())
         self._streams.add(stream)
         self._by_caller[caller] += 1
         unsubscribe: Callable[[], None] | None = None
@@ -370,9 +373,20 @@ class TaskListenHandler:
 
     # -- the stream ------------------------------------------------------------------
 
+    def _expired(self, stream: _Stream) -> bool:
+        return stream.expires_at is not None and self._clock() >= stream.expires_at
+
     async def _pump(self, ctx: Any, stream: _Stream, owner: str | None, meta: dict[str, Any]) -> None:
-        while not (stream.ending or self._closing):
-            hints = await stream.watch.next(self._resync_interval_s if stream.followed else None)
+        """Until the stream ends: at the server's exit, or when the caller's token expires (the client listens
+        again with a fresh token, as a request's would be checked: a stream never outlives its credentials)."""
+        while not (stream.ending or self._closing or self._expired(stream)):
+            wait = self._resync_interval_s if stream.followed else None
+            if stream.expires_at is not None:
+                left = stream.expires_at - self._clock()
+                wait = left if wait is None else min(wait, left)
+            hints = await stream.watch.next(wait)
+            if self._expired(stream):
+                return
             woke = time.monotonic() if hints else None
             while stream.events:
                 await ctx.session.send_notification(

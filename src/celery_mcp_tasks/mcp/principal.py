@@ -12,20 +12,39 @@ from typing import Any
 
 from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.auth.provider import AccessToken, principal_components
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_REQUEST
 
 from celery_mcp_tasks.model import owner_of
 
 
 def principal_of(token: AccessToken | None) -> str | None:
-    """The owner string of the token's principal (`model.owner_of`), None without a token."""
+    """The owner string of the token's principal (`model.owner_of`), None without a token.
+
+    A token naming nobody (no subject, an empty client id) is refused (-32600): taken as anonymous, every
+    such token would share one owner's tasks and quota."""
     if token is None:
         return None
     client_id, issuer, subject = principal_components(token)
-    return owner_of(issuer, subject=subject, client_id=client_id)
+    owner = owner_of(issuer, subject=subject, client_id=client_id)
+    if owner is None:
+        raise MCPError(
+            INVALID_REQUEST,
+            "The access token names no principal (no subject, an empty client_id): the server's token_verifier "
+            "must give every token one",
+        )
+    return owner
 
 
 def current_principal() -> str | None:
     return principal_of(get_access_token())
+
+
+def token_expiry() -> float | None:
+    """When the request's access token expires (epoch seconds), None without a token or an expiry: what a
+    listen stream ends at."""
+    token = get_access_token()
+    return None if token is None or token.expires_at is None else float(token.expires_at)
 
 
 def anonymous_caller(request: Any) -> str | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from celery_mcp_tasks.model import MAX_TOOL_NAME, TERMINAL_VALUES
+from celery_mcp_tasks.model import MAX_OWNER, MAX_TOOL_NAME, TERMINAL_VALUES
 
 TABLE_PREFIX = "mcp_tasks_"
 VERSION_TABLE = "mcp_tasks_alembic_version"
@@ -25,7 +25,7 @@ tasks = sa.Table(
     metadata,
     # sha256(task id), hex. The raw id is never stored.
     sa.Column("key", sa.String(64), primary_key=True),
-    sa.Column("owner", sa.String(512), nullable=True),
+    sa.Column("owner", sa.String(MAX_OWNER), nullable=True),
     sa.Column("tool", sa.String(MAX_TOOL_NAME), nullable=False),
     sa.Column("status", sa.String(16), nullable=False),
     sa.Column("status_message", sa.Text, nullable=True),
