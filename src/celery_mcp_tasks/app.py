@@ -22,6 +22,7 @@ from celery import Celery, Task
 from celery_mcp_tasks.config import ConfigError, Settings, redact_url
 from celery_mcp_tasks.mcp.extension import TasksExtension
 from celery_mcp_tasks.mcp.listen import TaskListenHandler
+from celery_mcp_tasks.mcp.principal import GuardedVerifier
 from celery_mcp_tasks.mcp.request_state import share_request_state, warn_unless_shared
 from celery_mcp_tasks.mcp.security import transport_security
 from celery_mcp_tasks.mcp.server import TasksServer
@@ -210,6 +211,8 @@ class McpTasks:
         self._shared_state = share_request_state(self.settings, server_options)  # MCP_TASKS_REQUEST_STATE_SECRET
         if version is not None:  # the server's version is the application's; the SDK's default otherwise
             server_options["version"] = version
+        if server_options.get("token_verifier") is not None:  # a verifier that raises: a 401, not a 500
+            server_options["token_verifier"] = GuardedVerifier(server_options["token_verifier"])
         self.server = TasksServer(name, extensions=[self._extension], **server_options)
         self._listen = attach_listen(
             self.server,

@@ -25,7 +25,8 @@ TOKENS = ("alice", "mallory")
 
 class StaticTokens:
     """Any token in TOKENS is valid and names its own subject; `<name>@<epoch s>` is that subject's token
-    expiring then; `long:<n>` names a subject of n "é"; `nobody` names no principal (a verifier's mistake)."""
+    expiring then; `long:<n>` names a subject of n "é"; `nobody` names no principal (a verifier's mistake);
+    `raises` makes it raise."""
 
     async def verify_token(self, token: str) -> AccessToken | None:
         name, _, until = token.partition("@")
@@ -33,6 +34,8 @@ class StaticTokens:
             return AccessToken(token=token, client_id=f"{name}-client", scopes=[], subject=name, expires_at=int(until))
         if token.startswith("long:") and token[5:].isdigit():
             return AccessToken(token=token, client_id="long-client", scopes=[], subject="é" * int(token[5:]))
+        if token == "raises":  # a verifier's failure (an unreachable identity provider, a token it cannot decode)
+            raise ConnectionError("identity provider unreachable")
         if token == "nobody":
             return AccessToken(token=token, client_id="", scopes=[])
         if token not in TOKENS:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import Backend, Deployment, McpHttp
+from tests.support import Backend, Deployment, McpHttp, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -73,3 +73,18 @@ def test_a_token_naming_no_principal_is_refused_and_creates_nothing(authed: Depl
     assert "token_verifier" in reply["error"]["message"]
     assert nobody.task("tasks/get", "no-such-task-id-at-all-just-a-probe-000000")["error"]["code"] == -32600
     nobody.close()
+
+
+def test_a_verifier_that_raises_is_a_401_and_the_connection_serves_on(authed: Deployment):
+    """The SDK answers a verifier's exception with a plain-text 500 that drops the connection; here it is the
+    refusal a token the verifier cannot vouch for gets, said in the log by its class, never with the token."""
+    client = McpHttp(authed.url, headers={"Authorization": "Bearer raises"})
+    for _ in range(2):  # the same keep-alive connection answers again
+        response = client.raw("tasks/get", {"taskId": "x"}, name="x")
+        assert response.status_code == 401, response.text
+        assert "invalid_token" in response.headers["www-authenticate"]
+    client.close()
+    web = authed.procs[0]
+    wait_until(lambda: "token_verifier raised ConnectionError" in web.text(), 10, "the verifier's failure logged")
+    assert web.text().count("token_verifier raised") == 1  # once per outage, not once per request
+    assert "Bearer raises" not in web.text() and "Traceback" not in web.text()

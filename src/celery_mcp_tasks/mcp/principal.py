@@ -8,14 +8,18 @@ runs without authentication, and the task id alone protects the task.
 from __future__ import annotations
 
 import hashlib
+import logging
 from typing import Any
 
 from mcp.server.auth.middleware.auth_context import get_access_token
-from mcp.server.auth.provider import AccessToken, principal_components
+from mcp.server.auth.provider import AccessToken, TokenVerifier, principal_components
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_REQUEST
 
 from celery_mcp_tasks.model import owner_of
+from celery_mcp_tasks.outage_log import OutageLog
+
+logger = logging.getLogger("celery_mcp_tasks.mcp")
 
 
 def principal_of(token: AccessToken | None) -> str | None:
@@ -56,3 +60,25 @@ def anonymous_caller(request: Any) -> str | None:
     if not host:
         return None
     return hashlib.sha256(b"celery-mcp-tasks caller\0" + str(host).encode()).hexdigest()
+
+
+class GuardedVerifier:
+    """The application's `token_verifier`, answering None (HTTP 401, `invalid_token`) where it raises: a
+    token its JWT library cannot decode, an identity provider it cannot reach. The SDK lets such an exception
+    through as a plain-text 500 that also drops the connection. Said once per five minutes (`OutageLog`), by
+    its class only: an exception's text may quote the token."""
+
+    def __init__(self, verifier: TokenVerifier) -> None:
+        self.verifier = verifier
+        self._log = OutageLog(logger)
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        try:
+            return await self.verifier.verify_token(token)
+        except Exception as exc:  # noqa: BLE001 - the application's code: its failure is a refusal, not a 500
+            self._log.failed(
+                "token_verifier raised %s: the request is answered 401 invalid_token (a verifier should return "
+                "None for a token it cannot verify)",
+                type(exc).__name__,
+            )
+            return None
