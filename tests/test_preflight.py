@@ -6,7 +6,9 @@ The same refusals from real `serve`, `db`, worker and beat processes: tests/test
 from __future__ import annotations
 
 import socket
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import sqlalchemy as sa
@@ -201,3 +203,25 @@ def test_an_unknown_setting_is_said_once_per_process_and_strict_refuses(
     monkeypatch.setenv("MCP_TASKS_STRICT_SETTINGS", "on")
     with pytest.raises(ConfigError, match=r"^MCP_TASKS_JANITOR_INTERVAL is not a celery-mcp-tasks setting"):
         preflight(settings, role="db", need_schema=False)
+
+
+@needs_postgres
+def test_a_host_clock_off_the_databases_is_said_at_start(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Heartbeats, TTLs and input timeouts are stamped on one host's clock and judged on another's: a process
+    whose clock is off the database's says so once at start (and still starts); one that agrees says nothing."""
+    assert POSTGRES_URL
+    with fresh_postgres_database(POSTGRES_URL) as url:
+        upgrade(url)
+        settings = Settings(database_url=url, broker_url="redis://127.0.0.1:1/0")
+        with caplog.at_level("WARNING", logger="celery_mcp_tasks"):
+            preflight(settings, role="worker")
+            assert "clock" not in caplog.text
+            behind = SimpleNamespace(time=lambda: time.time() - 50)  # this host's clock, driven 50 s back
+            monkeypatch.setattr(preflight_module, "time", behind)
+            monkeypatch.setattr(preflight_module, "_said", set())
+            preflight(settings, role="worker")
+            preflight(settings, role="serve")  # said once per process (serve checks twice when it migrates)
+    (line,) = [record.getMessage() for record in caplog.records if "clock" in record.getMessage()]
+    assert line.startswith("this host's clock is 50.0 s behind the database's") and "NTP" in line

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,9 @@ LOCAL_BROKERS = ("filesystem://", "memory://")
 _DATABASE = "MCP_TASKS_DATABASE_URL"
 UPGRADE = "run `celery-mcp-tasks db upgrade`"
 NOT_CREATED = f"the task store does not exist yet; {UPGRADE}"
+
+SKEW_WARN_S = 1.0
+"""How far this host's clock may be from the database's before a process says so at start (`doctor`: WARN)."""
 
 _WHO = {"serve": "web process", "stdio": "stdio server", "db": "db command"}
 """How a role reads in a message (`dev` checks as "serve" does)."""
@@ -57,6 +61,7 @@ def preflight(settings: Settings, *, role: str, need_schema: bool = True, broker
         engine = probe_engine(url)
         with engine.connect() as conn:
             current = current_revisions(conn)
+            offset = clock_offset(conn) if conn.dialect.name == "postgresql" and role != "db" else None
             # A wrong or missing MCP_TASKS_ENCRYPTION_KEYS for this store, or None.
             keys = ring_check(conn, settings.key_ring()) if schema and revision_problem(current) is None else None
     except sa.exc.DBAPIError as exc:
@@ -72,6 +77,25 @@ def preflight(settings: Settings, *, role: str, need_schema: bool = True, broker
         raise ConfigError(f"{_store(settings)}: {problem}")
     if keys is not None:
         raise ConfigError(keys)
+    if offset is not None and abs(offset[0]) - offset[1] > SKEW_WARN_S and "clock" not in _said:
+        _said.add("clock")
+        # Heartbeats, TTLs and input timeouts are stamped on one host's clock and judged on another's: a worker
+        # behind by more than the stale timeout less a heartbeat interval has its live jobs taken for lost.
+        logger.warning(
+            "this host's clock is %.1f s %s the database's: heartbeats, TTLs and input timeouts compare times "
+            "across hosts; synchronize the clocks (NTP, chrony); `celery-mcp-tasks doctor` measures it",
+            abs(offset[0]),
+            "behind" if offset[0] > 0 else "ahead of",
+        )
+
+
+def clock_offset(conn: sa.Connection) -> tuple[float, float]:
+    """The database's clock less this host's, in seconds, and how uncertain that reading is (half its round
+    trip). PostgreSQL only."""
+    before = time.time()
+    database = float(conn.execute(sa.text("SELECT extract(epoch FROM clock_timestamp())")).scalar_one())
+    after = time.time()
+    return database - (before + after) / 2, (after - before) / 2
 
 
 def check_environment() -> None:

@@ -19,7 +19,6 @@ from concurrent.futures import wait
 from dataclasses import asdict, dataclass
 from typing import IO, TYPE_CHECKING, Any, Literal
 
-import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 from celery_mcp_tasks.cli.shared import celery_target, load_app, tool_queues
@@ -34,7 +33,7 @@ from celery_mcp_tasks.ops.probes import (
     schema_probe,
     store_probe,
 )
-from celery_mcp_tasks.preflight import short_reason
+from celery_mcp_tasks.preflight import SKEW_WARN_S, clock_offset, short_reason
 from celery_mcp_tasks.worker.fairness import routed_queue, shard_queues
 
 if TYPE_CHECKING:
@@ -45,7 +44,6 @@ if TYPE_CHECKING:
 
 Level = Literal["OK", "WARN", "FAIL", "SKIP"]
 
-SKEW_WARN_S = 1.0
 SKEW_FAIL_S = 30.0
 
 
@@ -277,14 +275,8 @@ def clock_check(probe: ProbeEngine) -> Verdict:
     if not probe.postgres:
         return Verdict("OK", "SQLite: the store is on this machine, one clock")
 
-    def skew(conn: sa.Connection) -> tuple[float, float]:
-        before = time.time()
-        database = float(conn.execute(sa.text("SELECT extract(epoch FROM clock_timestamp())")).scalar_one())
-        after = time.time()
-        return database - (before + after) / 2, (after - before) / 2
-
     try:
-        offset, uncertainty = probe.read(skew)
+        offset, uncertainty = probe.read(clock_offset)
     except Exception as exc:  # noqa: BLE001
         return Verdict(
             "FAIL", f"cannot read the database's clock: {short_reason(exc)}", "check the database (see above)"
