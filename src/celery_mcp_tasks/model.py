@@ -267,6 +267,7 @@ ANONYMOUS: Final = "anonymous"
 """How an owner-less task's owner is named (`owner_namespace`)."""
 
 
+_DIGESTED = re.compile(r"sha256=[0-9a-f]{64}")
 _ENCODED = re.compile(r"(?:[A-Za-z0-9_.~-]|%[0-9a-fA-F]{2})*")
 """An issuer as `quote(issuer, safe="")` writes it: unreserved characters and `%XX` escapes."""
 
@@ -292,18 +293,25 @@ def owner_within(namespace: str, principal: str) -> str:
 
 
 def _bounded(namespace: str, principal: str) -> str:
-    """`<namespace>:<principal, percent-encoded>`, at most `MAX_OWNER` characters: past that (a subject or an
-    issuer of hundreds of characters, percent-encoding triples every non-ASCII byte) the principal is named
-    by its SHA-256, and with an issuer that long the whole owner is, under its claim. `sha256=` holds a
-    character percent-encoding never leaves, so no principal's own spelling equals a digest's."""
+    """`<namespace>:<principal, percent-encoded>`, at most `MAX_OWNER` characters: past that (a subject of
+    hundreds of characters; percent-encoding triples every non-ASCII byte) the principal is named by its digest.
+    A digest is `sha256=<hex>`: percent-encoding never leaves a `=`, so no principal's spelling equals one."""
+    namespace = _fitting(namespace)
     owner = f"{namespace}:{quote(principal, safe='')}"
-    if len(owner) <= MAX_OWNER:
-        return owner
-    digested = f"{namespace}:sha256={hashlib.sha256(principal.encode('utf-8', 'surrogatepass')).hexdigest()}"
-    if len(digested) <= MAX_OWNER:
-        return digested
-    claim = namespace.split(":", 1)[0]
-    return f"{claim}:sha256={hashlib.sha256(owner.encode('utf-8', 'surrogatepass')).hexdigest()}"
+    return owner if len(owner) <= MAX_OWNER else f"{namespace}:{_digest(principal)}"
+
+
+def _fitting(namespace: str) -> str:
+    """A spelled namespace, its issuer named by its digest when it is too long to leave room for a digested
+    principal beside it (an issuer of over 400 characters)."""
+    if len(namespace) + 1 + len(_digest("")) <= MAX_OWNER:
+        return namespace
+    claim, _, issuer = namespace.partition(":")
+    return f"{claim}:{_digest(issuer)}"
+
+
+def _digest(text: str) -> str:
+    return "sha256=" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def owner_namespace(owner: str | None) -> str:
@@ -321,13 +329,16 @@ def spelled_namespace(namespace: str) -> str:
     percent-encoded or as the identity provider writes it (`sub:https://idp`).
 
     An issuer holding only what the encoding leaves as it is, and `%` escapes, is taken as encoded (its
-    escapes upper-cased, as `quote` writes them); any other is encoded, a `%` in it included."""
+    escapes upper-cased, as `quote` writes them); any other is encoded, a `%` in it included. An issuer
+    too long for the owner column is named by its digest, as owner strings name it (`_fitting`)."""
     for prefix in OWNER_CLAIMS:
         if namespace.startswith(prefix):
             issuer = namespace.removeprefix(prefix)
+            if _DIGESTED.fullmatch(issuer):  # an issuer too long for the owner column, as owners spell it
+                return namespace
             if _ENCODED.fullmatch(issuer):
-                return prefix + re.sub(r"%[0-9a-fA-F]{2}", lambda escape: escape[0].upper(), issuer)
-            return prefix + quote(issuer, safe="")
+                return _fitting(prefix + re.sub(r"%[0-9a-fA-F]{2}", lambda escape: escape[0].upper(), issuer))
+            return _fitting(prefix + quote(issuer, safe=""))
     return namespace
 
 

@@ -1,9 +1,13 @@
 """Principals: the owner a task is scoped to, namespaced by the claim (and issuer) that produced it."""
 
+import re
+
+from mcp.server.auth.middleware.auth_context import auth_context_var
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 
-from celery_mcp_tasks.mcp.principal import principal_of
-from celery_mcp_tasks.model import MAX_OWNER, owner_namespace, owner_within
+from celery_mcp_tasks.mcp.principal import principal_of, token_expiry
+from celery_mcp_tasks.model import MAX_OWNER, owner_namespace, owner_of, owner_within, spelled_namespace
 
 
 def test_principals_are_namespaced_by_claim_and_issuer():
@@ -27,8 +31,29 @@ def test_a_principal_longer_than_the_owner_column_is_named_by_its_digest():
     assert len(set(owners)) == 3
     assert owners[0] == principal_of(long_sub)
     assert owners[0] is not None and owners[0].startswith("sub:https%3A%2F%2Fa:sha256=")
-    assert owner_namespace(owners[0]) == "sub:https%3A%2F%2Fa" and owner_namespace(owners[2]) == "sub"
-    # what an operator types to find that principal's tasks names the same owner
+    assert owner_namespace(owners[0]) == "sub:https%3A%2F%2Fa"
+    # an issuer too long to leave room for a digest beside it is named by its own, and the subject kept
+    long_ns = owner_namespace(owners[2])
+    assert owners[2] == f"{long_ns}:42" and re.fullmatch(r"sub:sha256=[0-9a-f]{64}", long_ns)
+    # what an operator types to find that principal's tasks names the same owner, the issuer as its provider
+    # writes it or as the console shows it
     assert owner_within("sub:https://a", "é" * 100) == owners[0]
+    assert owner_within("sub:" + "x" * 600, "42") == owner_within(long_ns, "42") == owners[2]
+    assert spelled_namespace("sub:" + "x" * 600) == spelled_namespace(long_ns) == long_ns
+    # past that bound the issuer is digested whatever the subject's length, so a namespace filter finds them all
+    short = owner_of("x" * 450, subject="4")
+    assert short is not None and owner_namespace(short) == spelled_namespace("sub:" + "x" * 450) != "sub:" + "x" * 450
     # a short principal is spelled as before
     assert principal_of(AccessToken(token="t", client_id="app", scopes=[], subject="b" * 400)) == "sub::" + "b" * 400
+
+
+def test_a_listen_stream_ends_at_its_tokens_expiry_and_an_expiry_of_0_is_none():
+    """The SDK reads a falsy `expires_at` as no expiry: a stream must not end at once for it."""
+    for expires_at, expected in ((None, None), (0, None), (1_900_000_000, 1_900_000_000.0)):
+        token = AccessToken(token="t", client_id="app", scopes=[], subject="42", expires_at=expires_at)
+        bound = auth_context_var.set(AuthenticatedUser(token))
+        try:
+            assert token_expiry() == expected
+        finally:
+            auth_context_var.reset(bound)
+    assert token_expiry() is None  # no token at all

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from celery_mcp_tasks.cli.shared import printable
-from celery_mcp_tasks.model import OWNER_CLAIMS, owner_within, spelled_namespace, task_key
+from celery_mcp_tasks.model import OWNER_CLAIMS, owner_namespace, owner_within, task_key
 from celery_mcp_tasks.store.rows import owner_tag
 
 _TASK_ID = re.compile(r"[A-Za-z0-9_-]{43}")  # `new_task_id` and `derived_task_id`
@@ -193,7 +193,8 @@ def _owner_label(namespace: str | None, subject: str) -> str:
     if not subject:
         raise ApiError(0, "--subject is empty")
     namespace = namespace.strip()  # an issuer as its provider writes it may hold a space: spelled, it holds none
-    return f"{spelled_namespace(namespace)} {owner_tag(owner_within(namespace, subject))}"
+    owner = owner_within(namespace, subject)
+    return f"{owner_namespace(owner)} {owner_tag(owner)}"
 
 
 def _progress(row: dict[str, Any]) -> str:

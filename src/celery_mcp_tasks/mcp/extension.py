@@ -156,6 +156,7 @@ class TasksExtension(Extension):
             # cut, on every era and path). Nothing is created.
             return await call_next(ctx)
 
+        owner = current_principal()  # a token naming nobody is refused before the tool's own code runs
         if not with_tasks:
             resumed = await self._sync.resume(tool, params)
             if resumed is not None:  # the retry of a synchronous call's MRTR round: answered, wait again
@@ -172,7 +173,6 @@ class TasksExtension(Extension):
                 raise TypeError(f"task tool {tool.name!r}: prepare returned {type(prepared).__name__}, not a dict")
             seeded = dict(prepared or {})
 
-        owner = current_principal()
         idempotency_key = sent_key if sent_key is not None else tool.derived_idempotency_key(arguments)
         if idempotency_key is not None and sent_key is None and self._service().idempotency_secret is None:
             # `serve` refuses to start so; a server started otherwise must not run the job twice either

@@ -48,7 +48,7 @@ def token_expiry() -> float | None:
     """When the request's access token expires (epoch seconds), None without a token or an expiry: what a
     listen stream ends at."""
     token = get_access_token()
-    return None if token is None or token.expires_at is None else float(token.expires_at)
+    return float(token.expires_at) if token is not None and token.expires_at else None  # 0: none, as the SDK reads it
 
 
 def anonymous_caller(request: Any) -> str | None:
