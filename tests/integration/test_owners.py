@@ -75,15 +75,20 @@ def test_a_token_naming_no_principal_is_refused_and_creates_nothing(authed: Depl
     nobody.close()
 
 
-def test_a_verifier_that_raises_is_a_401_and_the_connection_serves_on(authed: Deployment):
-    """The SDK answers a verifier's exception with a plain-text 500 that drops the connection; here it is the
-    refusal a token the verifier cannot vouch for gets, said in the log by its class, never with the token."""
+def test_a_verifier_that_raises_is_a_503_to_retry_and_the_connection_serves_on(authed: Deployment):
+    """The SDK answers a verifier's exception with a plain-text 500 that drops the connection, and a 401 would
+    send an OAuth client to sign in again: here it is a 503 to retry, with a JSON-RPC error the SDK's client
+    shows, said in the log once by the exception's class, never with the token."""
     client = McpHttp(authed.url, headers={"Authorization": "Bearer raises"})
     for _ in range(2):  # the same keep-alive connection answers again
         response = client.raw("tasks/get", {"taskId": "x"}, name="x")
-        assert response.status_code == 401, response.text
-        assert "invalid_token" in response.headers["www-authenticate"]
+        assert response.status_code == 503 and response.headers["retry-after"] == "5", response.text
+        error = response.json()["error"]
+        assert error["message"] == "The server cannot verify access tokens right now; try again shortly"
     client.close()
+    alice = as_user(authed, "alice")  # the others' requests are not touched
+    assert alice.task("tasks/get", "no-such-task-id-at-all-just-a-probe-000000")["error"] == NOT_FOUND
+    alice.close()
     web = authed.procs[0]
     wait_until(lambda: "token_verifier raised ConnectionError" in web.text(), 10, "the verifier's failure logged")
     assert web.text().count("token_verifier raised") == 1  # once per outage, not once per request

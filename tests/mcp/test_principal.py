@@ -2,11 +2,13 @@
 
 import re
 
+import anyio
+import pytest
 from mcp.server.auth.middleware.auth_context import auth_context_var
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 
-from celery_mcp_tasks.mcp.principal import principal_of, token_expiry
+from celery_mcp_tasks.mcp.principal import GuardedVerifier, VerifierFailed, principal_of, token_expiry
 from celery_mcp_tasks.model import MAX_OWNER, owner_namespace, owner_of, owner_within, spelled_namespace
 
 
@@ -57,3 +59,21 @@ def test_a_listen_stream_ends_at_its_tokens_expiry_and_an_expiry_of_0_is_none():
         finally:
             auth_context_var.reset(bound)
     assert token_expiry() is None  # no token at all
+
+
+def test_a_verifiers_failures_are_said_once_per_exception_class(caplog: pytest.LogCaptureFixture) -> None:
+    """A stray token that breaks the verifier's decoder must not hide an identity provider's outage after it."""
+    raised: list[Exception] = [ValueError("bad"), ValueError("bad"), ConnectionError("down"), ValueError("bad")]
+
+    class Failing:
+        async def verify_token(self, token: str) -> AccessToken | None:
+            raise raised.pop(0)
+
+    guarded = GuardedVerifier(Failing())
+    with caplog.at_level("DEBUG", logger="celery_mcp_tasks.mcp"):
+        for _ in range(4):
+            with pytest.raises(VerifierFailed):
+                anyio.run(guarded.verify_token, "secret-token")
+    warnings = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
+    assert [line.split()[2] for line in warnings] == ["ValueError:", "ConnectionError:"]
+    assert "secret-token" not in caplog.text

@@ -62,23 +62,32 @@ def anonymous_caller(request: Any) -> str | None:
     return hashlib.sha256(b"celery-mcp-tasks caller\0" + str(host).encode()).hexdigest()
 
 
+class VerifierFailed(Exception):
+    """The application's token verifier raised: the request cannot be authenticated now (answered 503 by
+    `serving.VerifierOutage`)."""
+
+
 class GuardedVerifier:
-    """The application's `token_verifier`, answering None (HTTP 401, `invalid_token`) where it raises: a
-    token its JWT library cannot decode, an identity provider it cannot reach. The SDK lets such an exception
-    through as a plain-text 500 that also drops the connection. Said once per five minutes (`OutageLog`), by
-    its class only: an exception's text may quote the token."""
+    """The application's `token_verifier`, whose exception (an identity provider it cannot reach, a token its
+    JWT library cannot decode) becomes `VerifierFailed`: answered 503 with `Retry-After`, so a client keeps its
+    token and tries again, where the SDK lets it through as a plain-text 500 that also drops the connection
+    (and a 401 would send an OAuth client to sign in again). Said once per five minutes per exception class
+    (`OutageLog`: a stray token that breaks the decoder does not hide an outage), by the class only: an
+    exception's text may quote the token."""
 
     def __init__(self, verifier: TokenVerifier) -> None:
         self.verifier = verifier
-        self._log = OutageLog(logger)
+        self._logs: dict[str, OutageLog] = {}
 
     async def verify_token(self, token: str) -> AccessToken | None:
         try:
             return await self.verifier.verify_token(token)
-        except Exception as exc:  # noqa: BLE001 - the application's code: its failure is a refusal, not a 500
-            self._log.failed(
-                "token_verifier raised %s: the request is answered 401 invalid_token (a verifier should return "
-                "None for a token it cannot verify)",
-                type(exc).__name__,
+        except Exception as exc:  # noqa: BLE001 - the application's code: its failure is a 503, not a 500
+            name = type(exc).__name__
+            log = self._logs.setdefault(name, OutageLog(logger))
+            log.failed(
+                "token_verifier raised %s: requests it cannot verify are answered 503 (a verifier should return "
+                "None for a token it refuses)",
+                name,
             )
-            return None
+            raise VerifierFailed(name) from None

@@ -19,10 +19,11 @@ import anyio.to_thread
 from mcp.server.mcpserver import MCPServer
 from mcp.server.request_state import RequestStateBoundary
 from mcp.server.subscriptions import InMemorySubscriptionBus, SubscriptionBus
-from mcp_types import HEADER_MISMATCH, INVALID_REQUEST, SubscriptionsListenRequestParams
+from mcp_types import HEADER_MISMATCH, INTERNAL_ERROR, INVALID_REQUEST, SubscriptionsListenRequestParams
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from celery_mcp_tasks.mcp.listen import TaskListenHandler
+from celery_mcp_tasks.mcp.principal import VerifierFailed
 from celery_mcp_tasks.notify.hub import Hub
 from celery_mcp_tasks.notify.push import Push
 from celery_mcp_tasks.sdk_internals import Lifespan, decode_routing_name, replace_listen_handler, wrap_lifespan
@@ -146,8 +147,8 @@ def _error_body(error: dict[str, Any]) -> bytes:
     return json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
 
 
-async def _send_json(send: Send, status: int, body: bytes) -> None:
-    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+async def _send_json(send: Send, status: int, body: bytes, *extra: tuple[bytes, bytes]) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)), *extra]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -205,9 +206,29 @@ class MalformedRoutingName:
         await self.app(scope, receive, send)
 
 
+class VerifierOutage:
+    """ASGI middleware, outside the SDK's authentication: a request whose token the application's verifier
+    failed to check (`principal.GuardedVerifier`) answered 503, `Retry-After: 5`, with a JSON-RPC error the
+    SDK's client shows as it is. Authentication runs before any response starts, so nothing was sent yet."""
+
+    BODY = _error_body(
+        {"code": INTERNAL_ERROR, "message": "The server cannot verify access tokens right now; try again shortly"}
+    )
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self.app(scope, receive, send)
+        except VerifierFailed:
+            await _send_json(send, 503, self.BODY, (b"retry-after", b"5"))
+
+
 def with_request_guards(app: Any, limit: int) -> Any:
-    """`app` (the SDK's Starlette app, built with `max_request_body_size=limit`) answering 413 as JSON-RPC, and a
-    malformed `Mcp-Name` as -32020."""
+    """`app` (the SDK's Starlette app, built with `max_request_body_size=limit`) answering 413 as JSON-RPC, a
+    malformed `Mcp-Name` as -32020, and a token verifier's failure as 503."""
     app.add_middleware(BodyLimitMessage, limit=limit)
     app.add_middleware(MalformedRoutingName)
+    app.add_middleware(VerifierOutage)
     return app
