@@ -416,3 +416,32 @@ async def test_a_stream_ends_when_its_callers_token_expires_and_sends_nothing_af
         assert session.idle()  # the change after the expiry never went out
     assert isinstance(outcome[0], SubscriptionsListenResult) and outcome[0].meta == {SID: 6}
     assert handler.open_streams == 0
+
+
+async def test_a_stream_following_many_tasks_reads_their_states_a_few_at_a_time_as_they_go_out(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that stops reading holds at most `_HELD` task states in the web process (each may be a result
+    of megabytes), not every followed task's: after the ack the states are read in batches as they are sent,
+    each once, in the order asked."""
+    tasks = [world.task() for _ in range(3 * listen_module._HELD + 2)]
+    for _, key in tasks[::2]:
+        world.service.complete(key, {"content": [{"type": "text", "text": "x" * 1000}]})
+    read_sizes: list[int] = []
+    get_many = world.service.get_many
+
+    def counted(task_ids: Any, owner: Any) -> Any:
+        task_ids = list(task_ids)
+        read_sizes.append(len(task_ids))
+        return get_many(task_ids, owner)
+
+    monkeypatch.setattr(world.service, "get_many", counted)
+    async with _open(world.handler(), _params(taskIds=[task_id for task_id, _ in tasks])) as (session, _):
+        ack = await session.next()
+        assert len(ack["params"]["notifications"]["taskIds"]) == len(tasks)
+        sent = [(await session.next())["params"]["taskId"] for _ in tasks]
+        assert sent == [task_id for task_id, _ in tasks]
+        await anyio.sleep(0.2)
+        assert session.idle()  # each state went out once
+    assert read_sizes[0] == len(tasks)  # the one owner-scoped read that decides the ack
+    assert read_sizes[1:] and max(read_sizes[1:]) <= listen_module._HELD

@@ -13,6 +13,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal, Protocol, TypeVar
 
 import anyio
@@ -54,6 +55,7 @@ T = TypeVar("T")
 MAX_TASK_IDS = 1000
 MAX_BUFFERED_EVENTS = 1024  # a stream's backlog of core events: a client that stopped reading is ended there
 _RETRY_S = 1.0
+_HELD = 8  # the most task states a stream reads ahead of sending them (a client that stops reading holds these)
 TASK_IDS = "taskIds"
 
 
@@ -285,8 +287,10 @@ class TaskListenHandler:
     async def _follow_owned(
         self, stream: _Stream, task_ids: list[str], owner: str | None, current: list[dict[str, Any]]
     ) -> list[str]:
-        """Follow the caller's own tasks among `task_ids`; the ones to acknowledge. Each one's state as read goes
-        to `current` (a finished one's too, and then it is not followed)."""
+        """Follow the caller's own tasks among `task_ids`; the ones to acknowledge. The first `_HELD` ones' states
+        as read go to `current` (a finished one's too, and then it is not followed), sent right after the ack;
+        every further one is followed as not sent yet and offered to the pump, which reads and sends them
+        `_HELD` at a time: a client that does not read holds that many states here, not a thousand results."""
         try:
             records = await self._in_thread(lambda: self._service().get_many(task_ids, owner))  # one read for all
         except StoreUnavailable as exc:  # before the stream opens: an error with a fixed text, not the store's
@@ -299,6 +303,10 @@ class TaskListenHandler:
                 stream.watch.forget(key)  # unknown, foreign and expired look the same: simply not followed
                 continue
             acknowledged.append(task_id)
+            if len(current) == _HELD:
+                stream.followed[key] = _Followed(task_id, -1, b"")  # its state is the pump's to read and send
+                stream.watch.offer(key, None)
+                continue
             rendered = render_task(task_id, record)
             current.append(rendered)
             if record.terminal:
@@ -309,8 +317,8 @@ class TaskListenHandler:
 
     def _reread(self, due: dict[str, tuple[_Followed, int | None]], owner: str | None) -> dict[str, TaskRecord | None]:
         """One owner-scoped read (in a worker thread); hints without a version (a resync) first ask every such
-        row's version in one query, and only the rows that changed are read in full."""
-        unknown = [key for key, (_, hint) in due.items() if hint is None]
+        row's version in one query, and only the rows that changed are read in full (a row not sent yet is)."""
+        unknown = [key for key, (followed, hint) in due.items() if hint is None and followed.version >= 0]
         current = self._service().versions(unknown) if unknown else {}
         wanted = {
             key: followed.task_id
@@ -344,9 +352,24 @@ class TaskListenHandler:
             ((key, (followed, _)),) = due.items()
             task_id = followed.task_id
             read = await self._reads.read(key, owner, lambda: self._read(task_id, owner))
-            records: dict[str, SharedRead | TaskRecord | None] = {key: read}
-        else:
-            records = dict(await self._in_thread(lambda: self._reread(due, owner)))
+            await self._send_read(ctx, stream, due, {key: read}, meta, woke)
+            return
+        rows = list(due.items())
+        for start in range(0, len(rows), _HELD):  # read as they go out: a slow client holds `_HELD` states
+            batch = dict(rows[start : start + _HELD])
+            records = await self._in_thread(partial(self._reread, batch, owner))
+            await self._send_read(ctx, stream, batch, dict(records), meta, woke)
+
+    async def _send_read(
+        self,
+        ctx: Any,
+        stream: _Stream,
+        due: dict[str, tuple[_Followed, int | None]],
+        records: dict[str, SharedRead | TaskRecord | None],
+        meta: dict[str, Any],
+        woke: float | None,
+    ) -> None:
+        """Send each row read whose client-visible state moved on; unfollow the gone and the finished."""
         for key, got in records.items():
             followed = due[key][0]
             record = got.record if isinstance(got, SharedRead) else got
