@@ -108,3 +108,40 @@ def test_a_connection_the_server_refuses_says_why_in_the_store_error(pg_store: S
             conn.execute(sa.text(f"DROP ROLE IF EXISTS {role}"))
             conn.commit()
         admin.dispose()
+
+
+def test_a_read_only_database_and_a_lock_timeout_are_said_in_the_settings_words(pg_store: SqlStore):
+    """What an operator can act on reaches the log in its words (PostgreSQL's own text may quote values): a
+    row lock not granted within `lock_timeout`, and a database turned read-only (a failover to a standby)."""
+    from celery_mcp_tasks.store.engine import create_store_engine
+    from celery_mcp_tasks.store.schema import tasks
+
+    record = TaskRecord(
+        key="k", owner=None, tool="t", status=TaskStatus.WORKING, created_at=1, updated_at=1, ttl_ms=None
+    )
+    pg_store.create(record, max_rows=None)
+    url = pg_store.engine.url.render_as_string(hide_password=False)
+    database = pg_store.engine.url.database
+    admin = sa.create_engine(normalize_url(url), isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
+    holder = create_store_engine(url)
+    try:
+        with admin.connect() as conn:  # this database's own settings, dropped with it
+            conn.execute(sa.text(f'ALTER DATABASE "{database}" SET lock_timeout = 100'))
+        drop_every_connection(pg_store)  # new sessions take the setting
+        with holder.connect() as lock:
+            lock.execute(sa.select(tasks.c.key).where(tasks.c.key == "k").with_for_update())  # the row stays locked
+            with pytest.raises(StoreUnavailable) as waited:
+                pg_store.update("k", ANY, lambda r: r.with_progress("blocked", 2))
+            assert waited.value.reason == "LockNotAvailable: a row lock was not granted in time (lock_timeout)"
+            lock.rollback()
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'ALTER DATABASE "{database}" SET default_transaction_read_only = on'))
+        drop_every_connection(pg_store)
+        with pytest.raises(StoreUnavailable) as refused:
+            pg_store.update("k", ANY, lambda r: r.with_progress("refused", 2))
+        assert refused.value.reason == (
+            "ReadOnlySqlTransaction: the database is read-only (a standby, or default_transaction_read_only)"
+        )
+    finally:
+        holder.dispose()
+        admin.dispose()

@@ -55,11 +55,24 @@ def _reported(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+_SQLSTATES = {
+    "25006": "the database is read-only (a standby, or default_transaction_read_only)",
+    "57014": "a statement was cancelled (statement_timeout, or an operator's cancel)",
+    "55P03": "a row lock was not granted in time (lock_timeout)",
+    "25P03": "the session sat idle in a transaction too long (idle_in_transaction_session_timeout)",
+    "42501": "permission denied: the role needs SELECT, INSERT, UPDATE and DELETE on the mcp_tasks_ tables",
+    "53100": "the database's disk is full",
+    "40P01": "a deadlock was detected",
+}
+"""PostgreSQL's conditions a person can act on, said in the setting's words (its own text may quote values)."""
+
+
 def loggable(exc: BaseException) -> str:
     """What a log line may say of a database failure: SQLite's own first line ("database disk image is
     malformed", "disk I/O error": it never quotes a value); PostgreSQL's refusal of a connection (the server's
     FATAL line, "too many connections for role ...": no statement ran yet, so it quotes none), after the driver
-    error's type; else that type alone (PostgreSQL's text may quote a statement's values)."""
+    error's type; a condition in `_SQLSTATES`, in its words; else that type alone (PostgreSQL's text may quote
+    a statement's values)."""
     orig = exc.orig if isinstance(exc, sa.exc.DBAPIError) and exc.orig is not None else exc
     text = str(orig).strip()
     if isinstance(orig, sqlite3.Error) and text:
@@ -67,7 +80,8 @@ def loggable(exc: BaseException) -> str:
     _, fatal, refusal = text.partition("FATAL:")
     if fatal and text.startswith("connection") and refusal.strip():
         return f"{type(orig).__name__}: {refusal.strip().splitlines()[0][:200]}"
-    return type(orig).__name__
+    said = _SQLSTATES.get(getattr(orig, "sqlstate", None) or "")
+    return f"{type(orig).__name__}: {said}" if said else type(orig).__name__
 
 
 def _operation(method: F) -> F:
