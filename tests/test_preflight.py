@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 import time
+import uuid
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -225,3 +226,32 @@ def test_a_host_clock_off_the_databases_is_said_at_start(
             preflight(settings, role="serve")  # said once per process (serve checks twice when it migrates)
     (line,) = [record.getMessage() for record in caplog.records if "clock" in record.getMessage()]
     assert line.startswith("this host's clock is 50.0 s behind the database's") and "NTP" in line
+
+
+@needs_postgres
+def test_a_role_that_cannot_write_the_tables_is_refused_in_one_line() -> None:
+    """Without UPDATE the store would answer reads and fail every write, each taken for an outage."""
+    assert POSTGRES_URL
+    role = f"mcp_tasks_reader_{uuid.uuid4().hex[:8]}"
+    with fresh_postgres_database(POSTGRES_URL) as url:
+        upgrade(url)
+        admin = sa.create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1), isolation_level="AUTOCOMMIT")
+        try:
+            with admin.connect() as conn:
+                conn.execute(sa.text(f'CREATE ROLE "{role}" LOGIN'))
+                conn.execute(
+                    sa.text(f'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO "{role}"')
+                )
+                conn.execute(sa.text(f'REVOKE UPDATE, DELETE ON mcp_tasks_task FROM "{role}"'))
+            as_role = sa.engine.make_url(url).set(username=role, password=None).render_as_string(hide_password=False)
+            message = refusal(Settings(database_url=as_role), role="serve")
+            assert message.endswith(
+                "the database role lacks mcp_tasks_task: UPDATE, DELETE: GRANT SELECT, INSERT, UPDATE, DELETE ON "
+                "the mcp_tasks_ tables TO it"
+            ), message
+            preflight(Settings(database_url=url), role="serve")  # the owner passes
+        finally:
+            with admin.connect() as conn:
+                conn.execute(sa.text(f'DROP OWNED BY "{role}"'))
+                conn.execute(sa.text(f'DROP ROLE IF EXISTS "{role}"'))
+            admin.dispose()

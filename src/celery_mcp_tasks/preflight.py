@@ -61,7 +61,9 @@ def preflight(settings: Settings, *, role: str, need_schema: bool = True, broker
         engine = probe_engine(url)
         with engine.connect() as conn:
             current = current_revisions(conn)
-            offset = clock_offset(conn) if conn.dialect.name == "postgresql" and role != "db" else None
+            postgres = conn.dialect.name == "postgresql" and role != "db"
+            offset = clock_offset(conn) if postgres else None
+            denied = missing_privileges(conn) if postgres and schema and revision_problem(current) is None else []
             # A wrong or missing MCP_TASKS_ENCRYPTION_KEYS for this store, or None.
             keys = ring_check(conn, settings.key_ring()) if schema and revision_problem(current) is None else None
     except sa.exc.DBAPIError as exc:
@@ -77,6 +79,11 @@ def preflight(settings: Settings, *, role: str, need_schema: bool = True, broker
         raise ConfigError(f"{_store(settings)}: {problem}")
     if keys is not None:
         raise ConfigError(keys)
+    if denied:
+        raise ConfigError(
+            f"{_store(settings)}: the database role lacks {'; '.join(denied)}: GRANT SELECT, INSERT, UPDATE, DELETE "
+            "ON the mcp_tasks_ tables TO it"
+        )
     if offset is not None and abs(offset[0]) - offset[1] > SKEW_WARN_S and "clock" not in _said:
         _said.add("clock")
         # Heartbeats, TTLs and input timeouts are stamped on one host's clock and judged on another's: a worker
@@ -87,6 +94,25 @@ def preflight(settings: Settings, *, role: str, need_schema: bool = True, broker
             abs(offset[0]),
             "behind" if offset[0] > 0 else "ahead of",
         )
+
+
+def missing_privileges(conn: sa.Connection) -> list[str]:
+    """What the connected role may not do to the package's tables (PostgreSQL), as `mcp_tasks_task: UPDATE,
+    DELETE`: without it the store answers reads and fails every write, each taken for an outage."""
+    from celery_mcp_tasks.store.schema import metadata
+
+    rows = conn.execute(
+        sa.text(
+            "SELECT t, p FROM unnest(CAST(:tables AS text[])) WITH ORDINALITY AS tables(t, n), "
+            "unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE']) WITH ORDINALITY AS privileges(p, m) "
+            "WHERE NOT has_table_privilege(t, p) ORDER BY n, m"
+        ),
+        {"tables": [table.name for table in metadata.sorted_tables]},
+    ).all()
+    denied: dict[str, list[str]] = {}
+    for table, privilege in rows:
+        denied.setdefault(table, []).append(privilege)
+    return [f"{table}: {', '.join(privileges)}" for table, privileges in denied.items()]
 
 
 def clock_offset(conn: sa.Connection) -> tuple[float, float]:
