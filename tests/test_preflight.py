@@ -230,7 +230,8 @@ def test_a_host_clock_off_the_databases_is_said_at_start(
 
 @needs_postgres
 def test_a_role_that_cannot_write_the_tables_is_refused_in_one_line() -> None:
-    """Without UPDATE the store would answer reads and fail every write, each taken for an outage."""
+    """Without UPDATE the store would answer reads and fail every write, each taken for an outage; without
+    SELECT too, the encryption keys' check (which reads the table) must not say it first as a connection error."""
     assert POSTGRES_URL
     role = f"mcp_tasks_reader_{uuid.uuid4().hex[:8]}"
     with fresh_postgres_database(POSTGRES_URL) as url:
@@ -242,11 +243,11 @@ def test_a_role_that_cannot_write_the_tables_is_refused_in_one_line() -> None:
                 conn.execute(
                     sa.text(f'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO "{role}"')
                 )
-                conn.execute(sa.text(f'REVOKE UPDATE, DELETE ON mcp_tasks_task FROM "{role}"'))
+                conn.execute(sa.text(f'REVOKE SELECT, UPDATE, DELETE ON mcp_tasks_task FROM "{role}"'))
             as_role = sa.engine.make_url(url).set(username=role, password=None).render_as_string(hide_password=False)
             message = refusal(Settings(database_url=as_role), role="serve")
             assert message.endswith(
-                "the database role lacks mcp_tasks_task: UPDATE, DELETE: GRANT SELECT, INSERT, UPDATE, DELETE ON "
+                "the database role lacks mcp_tasks_task: SELECT, UPDATE, DELETE: GRANT SELECT, INSERT, UPDATE, DELETE ON "
                 "the mcp_tasks_ tables TO it"
             ), message
             preflight(Settings(database_url=url), role="serve")  # the owner passes

@@ -211,7 +211,7 @@ class McpTasks:
         self._shared_state = share_request_state(self.settings, server_options)  # MCP_TASKS_REQUEST_STATE_SECRET
         if version is not None:  # the server's version is the application's; the SDK's default otherwise
             server_options["version"] = version
-        if server_options.get("token_verifier") is not None:  # a verifier that raises: a 401, not a 500
+        if server_options.get("token_verifier") is not None:  # a verifier that raises: a 503 to retry, not a 500
             server_options["token_verifier"] = GuardedVerifier(server_options["token_verifier"])
         self.server = TasksServer(name, extensions=[self._extension], **server_options)
         self._listen = attach_listen(

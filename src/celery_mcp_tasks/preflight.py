@@ -61,11 +61,12 @@ def preflight(settings: Settings, *, role: str, need_schema: bool = True, broker
         engine = probe_engine(url)
         with engine.connect() as conn:
             current = current_revisions(conn)
+            at_head = schema and revision_problem(current) is None
             postgres = conn.dialect.name == "postgresql" and role != "db"
             offset = clock_offset(conn) if postgres else None
-            denied = missing_privileges(conn) if postgres and schema and revision_problem(current) is None else []
-            # A wrong or missing MCP_TASKS_ENCRYPTION_KEYS for this store, or None.
-            keys = ring_check(conn, settings.key_ring()) if schema and revision_problem(current) is None else None
+            denied = missing_privileges(conn) if postgres and at_head else []
+            # A wrong or missing MCP_TASKS_ENCRYPTION_KEYS for this store, or None (it reads the task table).
+            keys = ring_check(conn, settings.key_ring()) if at_head and not denied else None
     except sa.exc.DBAPIError as exc:
         raise ConfigError(f"{_store(settings)}: cannot connect to the task store ({short_reason(exc)})") from None
     except OSError as exc:  # e.g. the SQLite file's directory cannot be created (the engine makes it)

@@ -315,18 +315,21 @@ class TaskListenHandler:
             stream.followed[key] = _Followed(task_id, record.version, digest(rendered))
         return acknowledged
 
-    def _reread(self, due: dict[str, tuple[_Followed, int | None]], owner: str | None) -> dict[str, TaskRecord | None]:
-        """One owner-scoped read (in a worker thread); hints without a version (a resync) first ask every such
-        row's version in one query, and only the rows that changed are read in full (a row not sent yet is)."""
+    def _moved(self, due: dict[str, tuple[_Followed, int | None]]) -> list[str]:
+        """The rows worth reading in full (in a worker thread): hints without a version (a resync) first ask
+        every such row's version in one query, so only the rows that moved are read (a row not sent yet is)."""
         unknown = [key for key, (followed, hint) in due.items() if hint is None and followed.version >= 0]
         current = self._service().versions(unknown) if unknown else {}
-        wanted = {
-            key: followed.task_id
+        return [
+            key
             for key, (followed, hint) in due.items()
             if not (hint is None and key in current and current[key] <= followed.version)
-        }
-        found = self._service().get_many(wanted.values(), owner) if wanted else {}
-        return {key: found.get(task_id) for key, task_id in wanted.items()}
+        ]
+
+    def _read_many(self, task_ids: dict[str, str], owner: str | None) -> dict[str, TaskRecord | None]:
+        """One owner-scoped read of these rows (by key: task id), in a worker thread."""
+        found = self._service().get_many(task_ids.values(), owner)
+        return {key: found.get(task_id) for key, task_id in task_ids.items()}
 
     async def _refresh(
         self,
@@ -354,11 +357,13 @@ class TaskListenHandler:
             read = await self._reads.read(key, owner, lambda: self._read(task_id, owner))
             await self._send_read(ctx, stream, due, {key: read}, meta, woke)
             return
-        rows = list(due.items())
-        for start in range(0, len(rows), _HELD):  # read as they go out: a slow client holds `_HELD` states
-            batch = dict(rows[start : start + _HELD])
-            records = await self._in_thread(partial(self._reread, batch, owner))
-            await self._send_read(ctx, stream, batch, dict(records), meta, woke)
+        moved = await self._in_thread(partial(self._moved, due))
+        for start in range(0, len(moved), _HELD):  # read as they go out: a slow client holds `_HELD` states
+            if self._over(stream):
+                return
+            batch = {key: due[key][0].task_id for key in moved[start : start + _HELD]}
+            records = await self._in_thread(partial(self._read_many, batch, owner))
+            await self._send_read(ctx, stream, due, dict(records), meta, woke)
 
     async def _send_read(
         self,
@@ -399,10 +404,14 @@ class TaskListenHandler:
     def _expired(self, stream: _Stream) -> bool:
         return stream.expires_at is not None and self._clock() >= stream.expires_at
 
+    def _over(self, stream: _Stream) -> bool:
+        """The stream must stop: the client left, the server is closing, or the caller's token expired."""
+        return stream.ending or self._closing or self._expired(stream)
+
     async def _pump(self, ctx: Any, stream: _Stream, owner: str | None, meta: dict[str, Any]) -> None:
         """Until the stream ends: at the server's exit, or when the caller's token expires (the client listens
         again with a fresh token, as a request's would be checked: a stream never outlives its credentials)."""
-        while not (stream.ending or self._closing or self._expired(stream)):
+        while not self._over(stream):
             wait = self._resync_interval_s if stream.followed else None
             if stream.expires_at is not None:
                 left = stream.expires_at - self._clock()

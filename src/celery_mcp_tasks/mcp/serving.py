@@ -219,6 +219,9 @@ class VerifierOutage:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":  # a websocket is refused otherwise
+            await self.app(scope, receive, send)
+            return
         try:
             await self.app(scope, receive, send)
         except VerifierFailed:
