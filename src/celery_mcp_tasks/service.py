@@ -311,12 +311,18 @@ class TaskService:
         self._require_unexpired(record)
         return record
 
-    def get_many(self, task_ids: Iterable[str], owner: str | None) -> dict[str, TaskRecord]:
-        """`get` of many tasks in one read: the owner's unexpired ones by task id, the others left out."""
+    def get_many(self, task_ids: Iterable[str], owner: str | None, *, final_too: bool = False) -> dict[str, TaskRecord]:
+        """`get` of many tasks in one read: the owner's unexpired ones by task id, the others left out. With
+        `final_too`, an expired task that reached its final state is kept (a listen stream owes it that state,
+        committed before the expiry, once)."""
         by_key = {task_key(task_id): task_id for task_id in task_ids}
         now = self.clock()
         found = self.store.get_many(by_key, owner)
-        return {by_key[key]: record for key, record in found.items() if not record.expired(now)}
+        return {
+            by_key[key]: record
+            for key, record in found.items()
+            if not record.expired(now) or (final_too and record.terminal)
+        }
 
     def versions(self, keys: Iterable[str]) -> dict[str, int]:
         """The current version of each of these rows that exists (any owner): a cheap "did it move?"

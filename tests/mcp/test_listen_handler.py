@@ -430,10 +430,10 @@ async def test_a_stream_following_many_tasks_reads_their_states_a_few_at_a_time_
     read_sizes: list[int] = []
     get_many = world.service.get_many
 
-    def counted(task_ids: Any, owner: Any) -> Any:
+    def counted(task_ids: Any, owner: Any, **options: Any) -> Any:
         task_ids = list(task_ids)
         read_sizes.append(len(task_ids))
-        return get_many(task_ids, owner)
+        return get_many(task_ids, owner, **options)
 
     monkeypatch.setattr(world.service, "get_many", counted)
     async with _open(world.handler(), _params(taskIds=[task_id for task_id, _ in tasks])) as (session, _):
@@ -445,3 +445,22 @@ async def test_a_stream_following_many_tasks_reads_their_states_a_few_at_a_time_
         assert session.idle()  # each state went out once
     assert read_sizes[0] == len(tasks)  # the one owner-scoped read that decides the ack
     assert read_sizes[1:] and max(read_sizes[1:]) <= listen_module._HELD
+
+
+async def test_a_final_state_committed_before_the_ttl_ends_is_sent_though_read_after_it(world: World) -> None:
+    """A cancel that lands just before the task's TTL ends is its last word: the stream's re-read comes after the
+    expiry, and must still send it (once), not drop the task as expired (found by a race audit, 1 in 200)."""
+    now = [1_000_000]
+    world.service.clock = lambda: now[0]
+    task_id, record = world.service.create(owner="sub:alice", tool="t", arguments={}, ttl_ms=1000, dispatch=False)
+    async with _open(world.handler(), _params(taskIds=[task_id]), request_id=3) as (session, _):
+        await session.next(), await session.next()  # the ack, the task as it stands
+        now[0] += 900
+        world.service.cancel(task_id, "sub:alice")
+        now[0] += 200  # past the TTL before the stream re-reads
+        world.changed(record.key)
+        final = (await session.next())["params"]
+        assert (final["taskId"], final["status"]) == (task_id, "cancelled")
+        world.changed(record.key)  # a late hint sends nothing more
+        await anyio.sleep(0.2)
+        assert session.idle()

@@ -45,8 +45,8 @@ from celery_mcp_tasks.mcp.wire import (
 from celery_mcp_tasks.model import TaskRecord, task_key
 from celery_mcp_tasks.notify.hub import Hub, Watch
 from celery_mcp_tasks.protocol import render_task
-from celery_mcp_tasks.service import TaskExpired, TaskService
-from celery_mcp_tasks.store.base import StoreUnavailable, TaskNotFound
+from celery_mcp_tasks.service import TaskService
+from celery_mcp_tasks.store.base import StoreUnavailable
 
 logger = logging.getLogger("celery_mcp_tasks.mcp")
 
@@ -276,10 +276,9 @@ class TaskListenHandler:
     # -- tasks -----------------------------------------------------------------------
 
     def _read(self, task_id: str, owner: str | None) -> TaskRecord | None:
-        try:
-            return self._service().get(task_id, owner)
-        except (TaskNotFound, TaskExpired):
-            return None
+        """A followed row as the stream sends it: its final state even past its TTL (a cancel committed just
+        before the expiry is still the task's last word), None when it is gone or expired unfinished."""
+        return self._service().get_many([task_id], owner, final_too=True).get(task_id)
 
     async def _in_thread(self, fn: Callable[[], T]) -> T:
         return await anyio.to_thread.run_sync(fn, limiter=self._limiter)
@@ -328,7 +327,7 @@ class TaskListenHandler:
 
     def _read_many(self, task_ids: dict[str, str], owner: str | None) -> dict[str, TaskRecord | None]:
         """One owner-scoped read of these rows (by key: task id), in a worker thread."""
-        found = self._service().get_many(task_ids.values(), owner)
+        found = self._service().get_many(task_ids.values(), owner, final_too=True)
         return {key: found.get(task_id) for key, task_id in task_ids.items()}
 
     async def _refresh(
