@@ -313,15 +313,15 @@ class TaskService:
 
     def get_many(self, task_ids: Iterable[str], owner: str | None, *, final_too: bool = False) -> dict[str, TaskRecord]:
         """`get` of many tasks in one read: the owner's unexpired ones by task id, the others left out. With
-        `final_too`, an expired task that reached its final state is kept (a listen stream owes it that state,
-        committed before the expiry, once)."""
+        `final_too`, an expired task that reached its final state before its expiry is kept (a listen stream
+        owes it that state, once); a final state written after it (a job finishing late) is not."""
         by_key = {task_key(task_id): task_id for task_id in task_ids}
         now = self.clock()
         found = self.store.get_many(by_key, owner)
         return {
             by_key[key]: record
             for key, record in found.items()
-            if not record.expired(now) or (final_too and record.terminal)
+            if not record.expired(now) or (final_too and record.terminal and not record.expired(record.updated_at))
         }
 
     def versions(self, keys: Iterable[str]) -> dict[str, int]:

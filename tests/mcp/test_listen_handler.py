@@ -449,18 +449,25 @@ async def test_a_stream_following_many_tasks_reads_their_states_a_few_at_a_time_
 
 async def test_a_final_state_committed_before_the_ttl_ends_is_sent_though_read_after_it(world: World) -> None:
     """A cancel that lands just before the task's TTL ends is its last word: the stream's re-read comes after the
-    expiry, and must still send it (once), not drop the task as expired (found by a race audit, 1 in 200)."""
+    expiry, and must still send it (once), not drop the task as expired (found by a race audit, 1 in 200). A
+    final state written after the expiry (a job finishing late) is not sent: `tasks/get` answers it expired."""
     now = [1_000_000]
     world.service.clock = lambda: now[0]
     task_id, record = world.service.create(owner="sub:alice", tool="t", arguments={}, ttl_ms=1000, dispatch=False)
-    async with _open(world.handler(), _params(taskIds=[task_id]), request_id=3) as (session, _):
-        await session.next(), await session.next()  # the ack, the task as it stands
+    late_id, late = world.service.create(owner="sub:alice", tool="t", arguments={}, ttl_ms=1000, dispatch=False)
+    handler = world.handler()
+    async with _open(handler, _params(taskIds=[task_id, late_id]), request_id=3) as (session, _):
+        await session.next(), await session.next(), await session.next()  # the ack, each task as it stands
+        (stream,) = handler._streams
         now[0] += 900
         world.service.cancel(task_id, "sub:alice")
         now[0] += 200  # past the TTL before the stream re-reads
         world.changed(record.key)
         final = (await session.next())["params"]
         assert (final["taskId"], final["status"]) == (task_id, "cancelled")
-        world.changed(record.key)  # a late hint sends nothing more
-        await anyio.sleep(0.2)
+        world.service.complete(late.key, {"content": [{"type": "text", "text": "too late"}]})
+        world.changed(late.key)
+        with anyio.fail_after(10):
+            while stream.followed:  # each dropped: one sent its final state, the other expired unfinished
+                await anyio.sleep(0.01)
         assert session.idle()
