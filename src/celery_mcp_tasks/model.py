@@ -304,7 +304,7 @@ def _bounded(namespace: str, principal: str) -> str:
 def _fitting(namespace: str) -> str:
     """A spelled namespace, its issuer named by its digest when it is too long to leave room for a digested
     principal beside it (an issuer of over 400 characters)."""
-    if len(namespace) + 1 + len(_digest("")) <= MAX_OWNER:
+    if len(namespace) + 1 + _DIGEST_LEN <= MAX_OWNER:
         return namespace
     claim, _, issuer = namespace.partition(":")
     return f"{claim}:{_digest(issuer)}"
@@ -312,6 +312,9 @@ def _fitting(namespace: str) -> str:
 
 def _digest(text: str) -> str:
     return "sha256=" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+_DIGEST_LEN: Final = len("sha256=") + 64
 
 
 def owner_namespace(owner: str | None) -> str:
@@ -427,6 +430,12 @@ class TaskRecord:
     def expired(self, at_ms: int) -> bool:
         expires = self.expires_at
         return expires is not None and at_ms >= expires
+
+    @property
+    def final_in_time(self) -> bool:
+        """It reached its final state before its TTL ended: past the expiry, that state is still the last word a
+        listen stream owes its client (a final state written later, a job finishing late, is not)."""
+        return self.terminal and not self.expired(self.updated_at)
 
     @property
     def never_started(self) -> bool:

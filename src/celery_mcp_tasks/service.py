@@ -299,29 +299,30 @@ class TaskService:
             self._cap_refusals.refused(record.tool, self.max_rows)
             raise
 
-    def get(self, task_id: str, owner: str | None) -> TaskRecord:
-        """The owner's task, or TaskNotFound (missing or foreign) / TaskExpired."""
-        return self.get_by_key(task_key(task_id), owner)
+    def get(self, task_id: str, owner: str | None, *, final_too: bool = False) -> TaskRecord:
+        """The owner's task, or TaskNotFound (missing or foreign) / TaskExpired. With `final_too`, an expired task
+        whose final state came in time is returned (`TaskRecord.final_in_time`: what a listen stream owes)."""
+        return self.get_by_key(task_key(task_id), owner, final_too=final_too)
 
-    def get_by_key(self, key: str, owner: str | None) -> TaskRecord:
+    def get_by_key(self, key: str, owner: str | None, *, final_too: bool = False) -> TaskRecord:
         """`get` for a task known by its row key (a synchronous call's hidden task): owner-scoped alike."""
         record = self.store.get(key, owner)
         if record is None:
             raise TaskNotFound()
-        self._require_unexpired(record)
+        if not (final_too and record.final_in_time):
+            self._require_unexpired(record)
         return record
 
     def get_many(self, task_ids: Iterable[str], owner: str | None, *, final_too: bool = False) -> dict[str, TaskRecord]:
-        """`get` of many tasks in one read: the owner's unexpired ones by task id, the others left out. With
-        `final_too`, an expired task that reached its final state before its expiry is kept (a listen stream
-        owes it that state, once); a final state written after it (a job finishing late) is not."""
+        """`get` of many tasks in one read: the owner's unexpired ones by task id, the others left out (`final_too`
+        as for `get`)."""
         by_key = {task_key(task_id): task_id for task_id in task_ids}
         now = self.clock()
         found = self.store.get_many(by_key, owner)
         return {
             by_key[key]: record
             for key, record in found.items()
-            if not record.expired(now) or (final_too and record.terminal and not record.expired(record.updated_at))
+            if not record.expired(now) or (final_too and record.final_in_time)
         }
 
     def versions(self, keys: Iterable[str]) -> dict[str, int]:

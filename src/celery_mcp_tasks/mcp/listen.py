@@ -45,8 +45,8 @@ from celery_mcp_tasks.mcp.wire import (
 from celery_mcp_tasks.model import TaskRecord, task_key
 from celery_mcp_tasks.notify.hub import Hub, Watch
 from celery_mcp_tasks.protocol import render_task
-from celery_mcp_tasks.service import TaskService
-from celery_mcp_tasks.store.base import StoreUnavailable
+from celery_mcp_tasks.service import TaskExpired, TaskService
+from celery_mcp_tasks.store.base import StoreUnavailable, TaskNotFound
 
 logger = logging.getLogger("celery_mcp_tasks.mcp")
 
@@ -278,7 +278,10 @@ class TaskListenHandler:
     def _read(self, task_id: str, owner: str | None) -> TaskRecord | None:
         """A followed row as the stream sends it: its final state even past its TTL (a cancel committed just
         before the expiry is still the task's last word), None when it is gone or expired unfinished."""
-        return self._service().get_many([task_id], owner, final_too=True).get(task_id)
+        try:
+            return self._service().get(task_id, owner, final_too=True)
+        except (TaskNotFound, TaskExpired):
+            return None
 
     async def _in_thread(self, fn: Callable[[], T]) -> T:
         return await anyio.to_thread.run_sync(fn, limiter=self._limiter)
