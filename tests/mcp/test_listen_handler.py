@@ -443,8 +443,8 @@ async def test_a_stream_following_many_tasks_reads_their_states_a_few_at_a_time_
         assert sent == [task_id for task_id, _ in tasks]
         await anyio.sleep(0.2)
         assert session.idle()  # each state went out once
-    assert read_sizes[0] == len(tasks)  # the one owner-scoped read that decides the ack
-    assert read_sizes[1:] and max(read_sizes[1:]) <= listen_module._HELD
+    assert len(read_sizes) > 2 * len(tasks) // listen_module._HELD  # the ack's reads, then the pump's
+    assert max(read_sizes) <= listen_module._HELD  # never more rows at once, the ack's reads included
 
 
 async def test_a_final_state_committed_before_the_ttl_ends_is_sent_though_read_after_it(world: World) -> None:

@@ -200,11 +200,11 @@ async def test_two_owners_never_share_a_read_and_a_foreign_task_reaches_only_its
         assert (world.store.reads[alice_key], world.store.reads[mallory_key]) == (1, 1), world.store.reads
 
 
-async def test_a_stream_following_many_tasks_decides_its_ack_in_one_query(world: World) -> None:
-    """A stream's `taskIds` (up to 1 000) are read together when it opens: one owner-scoped query, not one each;
-    the caller's own are acknowledged (a final one too), another's and unknown ones are not. The states after
-    the first `_HELD` are read again as they go out, `_HELD` to a query (a client that stops reading holds no
-    more than those)."""
+async def test_a_stream_following_many_tasks_decides_its_ack_a_few_rows_to_a_query(world: World) -> None:
+    """A stream's `taskIds` (up to 1 000) are read `_HELD` to an owner-scoped query when it opens, not one each
+    and not all at once (a thousand results at the size limit held together were gigabytes); the caller's own
+    are acknowledged (a final one too), another's and unknown ones are not. The states after the first `_HELD`
+    are read again as they go out, `_HELD` to a query (a client that stops reading holds no more than those)."""
     mine = [world.task("sub:alice") for _ in range(40)]
     theirs = [world.task("sub:bob")[0] for _ in range(5)]
     world.service.cancel(mine[0][0], "sub:alice")
@@ -213,12 +213,13 @@ async def test_a_stream_following_many_tasks_decides_its_ack_in_one_query(world:
     requested = [*theirs, *(task_id for task_id, _ in mine), "no-such-task"]
     async with _open(world.handler, _params(taskIds=requested), request_id=7) as (session, _):
         ack = await session.next()
-        assert world.store.queries == 1
+        acked = math.ceil(len(requested) / listen_module._HELD)
+        assert world.store.queries == acked
         assert ack["params"]["notifications"] == {"taskIds": [task_id for task_id, _ in mine]}
         now = [(await session.next())["params"] for _ in mine]  # each as it stood, in the order asked
         assert [(n["taskId"], n["status"]) for n in now[:2]] == [(mine[0][0], "cancelled"), (mine[1][0], "working")]
         assert [n["taskId"] for n in now] == [task_id for task_id, _ in mine]
-        assert world.store.queries == 1 + math.ceil((len(mine) - listen_module._HELD) / listen_module._HELD)
+        assert world.store.queries == acked + math.ceil((len(mine) - listen_module._HELD) / listen_module._HELD)
         world.change(mine[1][1], "moved")
         sent = await session.next()
         assert (sent["params"]["taskId"], sent["params"]["statusMessage"]) == (mine[1][0], "moved")

@@ -294,18 +294,18 @@ class TaskListenHandler:
         every further one is followed as not sent yet and offered to the pump, which reads and sends them
         `_HELD` at a time: a client that does not read holds that many states here, not a thousand results."""
         try:
-            records = await self._in_thread(lambda: self._service().get_many(task_ids, owner))  # one read for all
+            records = await self._in_thread(lambda: self._owned(task_ids, owner))
         except StoreUnavailable as exc:  # before the stream opens: an error with a fixed text, not the store's
             raise store_unavailable("subscriptions/listen", exc) from None
         acknowledged = []
         for task_id in task_ids:
             key = task_key(task_id)
-            record = records.get(task_id)
-            if record is None:
+            if task_id not in records:
                 stream.watch.forget(key)  # unknown, foreign and expired look the same: simply not followed
                 continue
             acknowledged.append(task_id)
-            if len(current) == _HELD:
+            record = records[task_id]
+            if record is None:
                 stream.followed[key] = _Followed(task_id, -1, b"")  # its state is the pump's to read and send
                 stream.watch.offer(key, None)
                 continue
@@ -316,6 +316,19 @@ class TaskListenHandler:
                 continue
             stream.followed[key] = _Followed(task_id, record.version, digest(rendered))
         return acknowledged
+
+    def _owned(self, task_ids: list[str], owner: str | None) -> dict[str, TaskRecord | None]:
+        """The caller's unexpired tasks among `task_ids`: the first `_HELD` with their records, the rest as None.
+        Read `_HELD` at a time, so the ack of a thousand finished tasks never holds more than a few results
+        (one read of them all held every result at once: 4 GB for a thousand at the size limit)."""
+        found: dict[str, TaskRecord | None] = {}
+        for start in range(0, len(task_ids), _HELD):
+            batch = task_ids[start : start + _HELD]
+            records = self._service().get_many(batch, owner)
+            for task_id in batch:
+                if task_id in records:
+                    found[task_id] = records[task_id] if len(found) < _HELD else None
+        return found
 
     def _moved(self, due: dict[str, tuple[_Followed, int | None]]) -> list[str]:
         """The rows worth reading in full (in a worker thread): hints without a version (a resync) first ask
