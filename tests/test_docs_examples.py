@@ -191,6 +191,7 @@ async def test_the_clients_page_examples_run_against_the_guide_app(mcp_tasks_ser
     followed = await client_examples.follow_and_answer(mcp_tasks_server)
     assert "input_required" in followed and followed[-1] == "completed"
     assert await client_examples.cancel(mcp_tasks_server) == "cancelled"
+    assert await client_examples.call_with_token(mcp_tasks_server, "unchecked here") == "Crunched 2 steps."
 
 
 def _closed_port() -> int:

@@ -10,9 +10,11 @@ import sys
 import anyio
 
 # --8<-- [start:call]
+import httpx2  # for the example with a token below
 from mcp import Client
-from mcp.client.session import ClientRequestContext  # these two: for the questions example below
-from mcp_types import ElicitRequestParams, ElicitResult, TextContent
+from mcp.client.session import ClientRequestContext  # for the questions example below
+from mcp.client.streamable_http import streamable_http_client  # for the example with a token below
+from mcp_types import ElicitRequestParams, ElicitResult, TextContent  # the first two: for the questions example
 
 from celery_mcp_tasks.client import TasksClient
 
@@ -111,12 +113,30 @@ async def cancel(url: str) -> str:
 # --8<-- [end:cancel]
 
 
+# --8<-- [start:token]
+async def call_with_token(url: str, token: str) -> str:
+    """The transport's HTTP client sends the token with every request: the call, `tasks/get`, listen."""
+    http = httpx2.AsyncClient(
+        headers={"Authorization": f"Bearer {token}"},  # or auth=OAuthClientProvider(...) (mcp.client.auth)
+        timeout=httpx2.Timeout(30, read=300),  # the SDK's own defaults: a listen stream stays open
+    )
+    async with http, Client(streamable_http_client(url, http_client=http), extensions=[TasksClient()]) as client:
+        result = await client.call_tool("crunch", {"steps": 2})
+        first = result.content[0]
+        assert isinstance(first, TextContent)
+        return first.text  # "Crunched 2 steps."
+
+
+# --8<-- [end:token]
+
+
 async def main(url: str) -> None:
     print(await call(url))
     print(await deploy(url))
     print("\n".join(await start_then_follow(url)))
     print(await follow_and_answer(url))
     print(await cancel(url))
+    print(await call_with_token(url, "not checked by the guide app"))
 
 
 if __name__ == "__main__":

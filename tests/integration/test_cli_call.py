@@ -270,6 +270,29 @@ def test_args_come_from_a_file_with_at_or_from_stdin_with_a_dash(runtime: Deploy
     )
 
 
+def test_a_token_that_expires_while_following_ends_the_command_with_how_to_follow_again(authed: Deployment) -> None:
+    """The SDK reports each 401 as a server error, which the client retries: the command polled for ever once
+    its token expired (found in an OAuth audit). It now stops at the first refusal, says why and how to go on,
+    and leaves the task running."""
+    arguments = json.dumps({"gate_dir": str(ROOT / "no-such-gate-dir")})
+    expiring = f"alice@{int(time.time()) + 10}"  # long enough to start the task on a loaded machine
+    run = _call(authed.url, "idle", arguments, "--token", expiring, timeout=60)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "Traceback" not in run.stderr and expiring not in run.stdout + run.stderr
+    last = run.stderr.splitlines()[-1]
+    found = re.search(r"--resume=(\S+) with a token it takes$", last)
+    assert found and last.startswith(
+        "celery-mcp-tasks call: the server refused the token (HTTP 401; expired?) while following the task; "
+        "it may still be running: celery-mcp-tasks call "
+    ), run.stderr
+    client = McpHttp(authed.url, headers={"Authorization": "Bearer alice"})
+    try:
+        assert client.get(found[1])["status"] == "working"  # leaving did not end it
+        client.task("tasks/cancel", found[1])
+    finally:
+        client.close()
+
+
 def test_arguments_over_the_servers_limit_say_the_limit_and_its_setting(runtime: Deployment, tmp_path: Path) -> None:
     big = tmp_path / "big.json"
     big.write_text(json.dumps({"seconds": 0, "marker": "x" * (5 * 1024 * 1024)}))  # 5 MiB, over the default 4

@@ -414,6 +414,7 @@ async def _session(options: CallOptions, arguments: dict[str, Any], io: CallIo, 
     token = options.token if options.token is not None else os.environ.get("MCP_TASKS_TOKEN")
     refused: list[int] = []
     session_gone: list[bool] = []
+    following: list[anyio.CancelScope] = []  # the task's following, once it exists
 
     async def note_refusal(response: httpx2.Response) -> None:
         # A 404 to a request in a session is the SDK's "session gone" (a restarted server), not a missing endpoint
@@ -423,6 +424,11 @@ async def _session(options: CallOptions, arguments: dict[str, Any], io: CallIo, 
                 session_gone.append(True)
         elif response.status_code in (401, 403, 404):
             refused.append(response.status_code)
+            if response.status_code != 404:
+                # A token refused once the task exists (it expired, it was revoked) is refused at every poll
+                # after it: the SDK reports each as a server error, which the client retries for ever.
+                for scope in following:
+                    scope.cancel()
 
     http = httpx2.AsyncClient(
         headers={"Authorization": f"Bearer {token}"} if token else {},
@@ -464,7 +470,14 @@ async def _session(options: CallOptions, arguments: dict[str, Any], io: CallIo, 
                 if task_id is not None:
                     interrupts.resume = f"celery-mcp-tasks call {options.url} --resume={task_id}"
                 try:
-                    return await _follow(options, io, interrupts, handle, deadline, shown)
+                    with anyio.CancelScope() as refusal:
+                        following.append(refusal)
+                        return await _follow(options, io, interrupts, handle, deadline, shown)
+                    again = f": {interrupts.resume} with a token it takes" if interrupts.resume else ""
+                    raise CallError(
+                        f"the server refused the token (HTTP {refused[-1]}; expired?) while following the task; "
+                        f"it may still be running{again}"
+                    )
                 finally:
                     handle.close()
             finally:
