@@ -383,6 +383,31 @@ def test_mounted_under_a_path_every_link_and_the_cookie_stay_under_it(deployment
         assert links and all(link.startswith("/ops/console/") for link in links), links
 
 
+def test_behind_a_proxy_that_strips_a_prefix_the_console_answers_where_the_app_mounts_it(
+    deployment: Deployment,
+) -> None:
+    """`uvicorn --root-path /api/agents` behind a proxy that strips the prefix: the server's root path is outside
+    the application, so `console_app(path="/console")` mounted at /console answers (its links under the whole
+    prefix), and one mounted elsewhere is still refused (found in an audit behind haproxy: every page was 404)."""
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    console = create_app(deployment.console, AuthConfig(token=TOKEN), mount_path="/console")
+    bearer = {"Authorization": f"Bearer {TOKEN}", "Accept": "text/html"}
+    host = Starlette(
+        routes=[Mount("/console", app=console), Mount("/elsewhere", app=console)],
+        lifespan=lambda _: serving(deployment.console),
+    )
+    with TestClient(host, root_path="/api/agents", follow_redirects=False) as client:
+        page = client.get("/api/agents/console/", headers=bearer)  # an ASGI path includes the root path
+        assert page.status_code == 200, page.text
+        assert 'data-root="/api/agents/console"' in page.text
+        links = re.findall(r'(?:href|action)="(/[^"]*)"', page.text)
+        assert links and all(link.startswith("/api/agents/console/") for link in links), links
+        elsewhere = client.get("/api/agents/elsewhere/", headers=bearer)
+        assert elsewhere.status_code == 404 and elsewhere.json()["error"]["code"] == "misplaced"
+
+
 def test_an_expired_form_is_refused_and_nothing_changes(deployment: Deployment) -> None:
     now = [1_000_000.0]
     config = AuthConfig(token=TOKEN, clock=lambda: now[0], csrf_ttl_s=600, session_ttl_s=3600)

@@ -95,7 +95,12 @@ class _MountGuard:
         self.warned = False
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        # Where it is mounted inside the application: the ASGI server's own root path (`uvicorn --root-path`
+        # behind a proxy that strips a prefix) is outside it (Starlette's `app_root_path`).
         root = str(scope.get("root_path", "")).rstrip("/")
+        outside = str(scope.get("app_root_path", "")).rstrip("/")
+        if outside and root.startswith(outside):
+            root = root[len(outside) :]
         if scope["type"] != "http":
             await self.app(scope, receive, send)
         elif not self.console.serving:
