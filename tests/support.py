@@ -251,6 +251,27 @@ def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.05
     raise TimeoutError(f"timed out waiting for {what}")
 
 
+@contextmanager
+def served_in_thread(app: Any, host: str = "127.0.0.1") -> Iterator[str]:
+    """`app` served by uvicorn (its lifespan on) in a thread of this process, on a free port of `host`; yields
+    its base URL (`http://host:port`)."""
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind((host, 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: server.started, 10, "the server to start")
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
 def without_meta(task: dict[str, Any]) -> dict[str, Any]:
     """A task as tasks/get renders it, minus the per-response `_meta`: what must not change between reads."""
     return {key: value for key, value in task.items() if key != "_meta"}

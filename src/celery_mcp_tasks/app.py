@@ -455,7 +455,7 @@ class McpTasks:
         app = self.server.streamable_http_app(
             streamable_http_path=path, host=host, transport_security=security, max_request_body_size=limit
         )
-        self._app = with_serving(with_request_guards(app, limit), self._serving)
+        self._app = with_serving(with_request_guards(app, limit), self._serving, path)
         return self._app
 
     def ops_app(self) -> Any:

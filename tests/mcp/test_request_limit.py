@@ -9,8 +9,6 @@ the setting, which the SDK's client (so `TasksClient`) raises as it is instead o
 from __future__ import annotations
 
 import json
-import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +16,6 @@ from typing import Any
 import anyio
 import pytest
 import sqlalchemy as sa
-import uvicorn
 from mcp import Client
 from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE
 from mcp.shared.exceptions import MCPError
@@ -28,7 +25,7 @@ from celery_mcp_tasks import McpTasks, TaskContext
 from celery_mcp_tasks.client import TasksClient
 from celery_mcp_tasks.config import DEFAULT_MAX_REQUEST_BYTES, ConfigError, Settings
 from celery_mcp_tasks.migrate import upgrade
-from tests.support import EXT, PROTOCOL, wait_until
+from tests.support import EXT, PROTOCOL, served_in_thread
 
 HEADERS = {
     "Accept": "application/json, text/event-stream",
@@ -131,27 +128,18 @@ def test_the_default_limit_refuses_five_mib(tmp_path: Path) -> None:
 
 def test_the_sdk_client_and_tasks_client_show_the_limit(tmp_path: Path) -> None:
     tasks, engine = _app(tmp_path, max_request_bytes=50_000)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(tasks.asgi_app(), log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
     try:
-        wait_until(lambda: server.started, 10, "the server to start")
+        with served_in_thread(tasks.asgi_app()) as base:
 
-        async def start() -> MCPError:
-            client_ext = TasksClient()
-            async with Client(f"http://127.0.0.1:{port}/mcp", extensions=[client_ext]) as client:
-                with pytest.raises(MCPError) as raised:
-                    await client_ext.start(client, "ingest", {"document": "x" * 60_000})
-                return raised.value
+            async def start() -> MCPError:
+                client_ext = TasksClient()
+                async with Client(f"{base}/mcp", extensions=[client_ext]) as client:
+                    with pytest.raises(MCPError) as raised:
+                        await client_ext.start(client, "ingest", {"document": "x" * 60_000})
+                    return raised.value
 
-        error = anyio.run(start)
+            error = anyio.run(start)
         assert "MCP_TASKS_MAX_REQUEST_BYTES" in error.error.message and "50000 bytes" in error.error.message
         assert rows(engine) == 0
     finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
         engine.dispose()

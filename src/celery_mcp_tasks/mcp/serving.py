@@ -9,6 +9,7 @@ stream never does: so the streams end when the server *receives* SIGTERM or SIGI
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
@@ -29,6 +30,8 @@ from celery_mcp_tasks.notify.push import Push
 from celery_mcp_tasks.sdk_internals import Lifespan, decode_routing_name, replace_listen_handler, wrap_lifespan
 from celery_mcp_tasks.service import TaskService
 from celery_mcp_tasks.uvicorn_internals import on_server_exit
+
+logger = logging.getLogger(__name__)
 
 STOPPED = "The server stopped before the job finished"
 """The status message of a synchronous call's hidden task cancelled because its server is exiting."""
@@ -84,22 +87,65 @@ async def serving(
                     await anyio.to_thread.run_sync(abandon, STOPPED, abandon_on_cancel=True)
 
 
-def with_serving(app: Any, run: Callable[[], AbstractAsyncContextManager[None]]) -> Any:
+def with_serving(app: Any, run: Callable[[], AbstractAsyncContextManager[None]], path: str) -> Any:
     """Wrap a Starlette app's lifespan (the SDK's session manager) in `run()` (`serving`): the app's whole
     life, so an application mounting this app runs it as its own lifespan (`McpTasks.lifespan`). `run()` is
-    called first: it runs the start-up checks, whose refusal then ends the start-up as one `ConfigError`."""
+    called first: it runs the start-up checks, whose refusal then ends the start-up as one `ConfigError`.
+    Until it runs, the MCP endpoint (`path`) answers `NoLifespan`'s 503."""
+
+    running = threading.Event()  # the lifespan runs: the SDK's session manager can take requests
 
     def wrap(inner: Lifespan) -> Lifespan:
         @asynccontextmanager
         async def lifespan(asgi_app: Any) -> AsyncIterator[Any]:
             serving_app = run()  # the start-up checks refuse here, as themselves: not inside the SDK's task group
             async with inner(asgi_app) as state, serving_app:
-                yield state
+                running.set()
+                try:
+                    yield state
+                finally:
+                    running.clear()
 
         return lifespan
 
     wrap_lifespan(app, wrap)
+    app.add_middleware(NoLifespan, running=running, path=path)
     return app
+
+
+NO_LIFESPAN = (
+    "the MCP app is mounted, but the host app does not run its lifespan: pass lifespan=tasks.lifespan to your "
+    "Starlette or FastAPI app (a mounted app's own lifespan never runs)"
+)
+
+
+class NoLifespan:
+    """ASGI middleware: while the app's lifespan is not running (mounted in a host app not given
+    `lifespan=tasks.lifespan`, or an ASGI server run with `--lifespan off`), every request to the MCP endpoint
+    (`path`) answered 503 with a JSON-RPC error saying what to pass, logged once, instead of the SDK's 500
+    and traceback ("Task group is not initialized"). Its other routes (OAuth metadata) need no lifespan."""
+
+    def __init__(self, app: ASGIApp, running: threading.Event, path: str) -> None:
+        self.app = app
+        self.running = running
+        self.path = path.rstrip("/")
+        self.warned = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self.running.is_set() or not self._endpoint(scope):
+            await self.app(scope, receive, send)
+            return
+        if not self.warned:
+            self.warned = True
+            logger.error("celery-mcp-tasks: %s", NO_LIFESPAN)
+        await _send_json(send, 503, _error_body({"code": INTERNAL_ERROR, "message": NO_LIFESPAN}))
+
+    def _endpoint(self, scope: Scope) -> bool:
+        """Whether the request is for the MCP endpoint (its path inside this app: a mount's prefix, in
+        `root_path`, is also at the start of `path`)."""
+        path, root = str(scope["path"]), str(scope.get("root_path", ""))
+        inside = path[len(root) :] if root and path.startswith(root) else path
+        return inside.rstrip("/") == self.path
 
 
 def listen_bus(server_options: dict[str, Any]) -> SubscriptionBus | None:
@@ -153,36 +199,69 @@ async def _send_json(send: Send, status: int, body: bytes, *extra: tuple[bytes, 
     await send({"type": "http.response.body", "body": body})
 
 
-class BodyLimitMessage:
-    """ASGI middleware: the SDK's 413 for a body over the limit, re-said as a JSON-RPC error naming it.
+class PlainRefusals:
+    """ASGI middleware: the SDK's plain-text refusals re-said as JSON-RPC errors naming the setting to change: a
+    body over the limit (413), and a `Host` (421) or an `Origin` (403) its DNS-rebinding protection refuses.
 
-    The SDK's plain-text 413 reaches its own client (so `TasksClient` and `call`) only as `-32603 Server
-    returned an error response`; this one is shown as it is.
+    The SDK's own client (so `TasksClient` and `call`) shows a plain-text refusal only as `-32603 Server returned
+    an error response`; these are shown as they are. A 403 of another kind (an OAuth scope) goes on untouched.
     """
+
+    HOSTS = "MCP_TASKS_ALLOWED_HOSTS"
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app = app
-        message = (
+        too_large = (
             f"Request body too large: this server reads at most {limit} bytes "
             f"({limit / 1024 / 1024:.3g} MiB; set by MCP_TASKS_MAX_REQUEST_BYTES)"
         )
-        self.body = _error_body({"code": INVALID_REQUEST, "message": message, "data": {"maxRequestBytes": limit}})
+        self.bodies: dict[tuple[int, bytes | None], bytes] = {
+            (413, None): _error_body(
+                {"code": INVALID_REQUEST, "message": too_large, "data": {"maxRequestBytes": limit}}
+            ),
+            (421, b"Invalid Host header"): _error_body(
+                {
+                    "code": INVALID_REQUEST,
+                    "message": f"This server does not answer for the Host this request names (DNS-rebinding "
+                    f"protection): add that host name to {self.HOSTS} on the server",
+                }
+            ),
+            (403, b"Invalid Origin header"): _error_body(
+                {
+                    "code": INVALID_REQUEST,
+                    "message": f"This server does not answer requests from this Origin (DNS-rebinding "
+                    f"protection): add its host name to {self.HOSTS} on the server",
+                }
+            ),
+        }
+        self.statuses = {status for status, _ in self.bodies}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        replacing = False
+        held: Message | None = None  # a refusal's start, until its body says which it is
+        replaced = False
 
-        async def send_json_error(message: Message) -> None:
-            nonlocal replacing
-            if message["type"] == "http.response.start" and message["status"] == 413:
-                replacing = True
-                await _send_json(send, 413, self.body)
-            elif not (replacing and message["type"] == "http.response.body"):
-                await send(message)
+        async def restate(message: Message) -> None:
+            nonlocal held, replaced
+            if replaced:  # the plain body's rest
+                return
+            if message["type"] == "http.response.start" and message["status"] in self.statuses:
+                held = message
+                return
+            if held is not None and message["type"] == "http.response.body":
+                status, text = held["status"], message.get("body", b"")
+                body = self.bodies.get((status, None)) or self.bodies.get((status, text))
+                if body is not None:
+                    replaced = True
+                    await _send_json(send, status, body)
+                    return
+                await send(held)
+                held = None
+            await send(message)
 
-        await self.app(scope, receive, send_json_error)
+        await self.app(scope, receive, restate)
 
 
 class MalformedRoutingName:
@@ -229,9 +308,9 @@ class VerifierOutage:
 
 
 def with_request_guards(app: Any, limit: int) -> Any:
-    """`app` (the SDK's Starlette app, built with `max_request_body_size=limit`) answering 413 as JSON-RPC, a
-    malformed `Mcp-Name` as -32020, and a token verifier's failure as 503."""
-    app.add_middleware(BodyLimitMessage, limit=limit)
+    """`app` (the SDK's Starlette app, built with `max_request_body_size=limit`) answering 413 and its
+    DNS-rebinding refusals as JSON-RPC, a malformed `Mcp-Name` as -32020, and a token verifier's failure as 503."""
+    app.add_middleware(PlainRefusals, limit=limit)
     app.add_middleware(MalformedRoutingName)
     app.add_middleware(VerifierOutage)
     return app
