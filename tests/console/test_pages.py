@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 from starlette.testclient import TestClient
@@ -400,12 +401,30 @@ def test_behind_a_proxy_that_strips_a_prefix_the_console_answers_where_the_app_m
     )
     with TestClient(host, root_path="/api/agents", follow_redirects=False) as client:
         page = client.get("/api/agents/console/", headers=bearer)  # an ASGI path includes the root path
+
         assert page.status_code == 200, page.text
         assert 'data-root="/api/agents/console"' in page.text
         links = re.findall(r'(?:href|action)="(/[^"]*)"', page.text)
         assert links and all(link.startswith("/api/agents/console/") for link in links), links
         elsewhere = client.get("/api/agents/elsewhere/", headers=bearer)
         assert elsewhere.status_code == 404 and elsewhere.json()["error"]["code"] == "misplaced"
+
+
+def test_a_root_path_given_with_its_slash_is_outside_the_mount_too() -> None:
+    """`uvicorn --root-path /api/agents/`: Starlette then makes the mount's root path `/api/agents//console`."""
+    from types import SimpleNamespace
+
+    from celery_mcp_tasks.console.app import _MountGuard
+
+    reached: list[str] = []
+
+    async def console(scope: Any, receive: Any, send: Any) -> None:
+        reached.append(scope["root_path"])
+
+    guard = _MountGuard(console, path="/console", console=SimpleNamespace(serving=True))  # type: ignore[arg-type]
+    scope = {"type": "http", "root_path": "/api/agents//console", "app_root_path": "/api/agents/"}
+    anyio.run(guard, scope, None, None)
+    assert reached == ["/api/agents//console"]
 
 
 def test_an_expired_form_is_refused_and_nothing_changes(deployment: Deployment) -> None:

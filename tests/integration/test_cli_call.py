@@ -275,7 +275,7 @@ def test_a_token_that_expires_while_following_ends_the_command_with_how_to_follo
     its token expired (found in an OAuth audit). It now stops at the first refusal, says why and how to go on,
     and leaves the task running."""
     arguments = json.dumps({"gate_dir": str(ROOT / "no-such-gate-dir")})
-    expiring = f"alice@{int(time.time()) + 10}"  # long enough to start the task on a loaded machine
+    expiring = f"alice@{int(time.time()) + 20}"  # long enough to start the task on a loaded machine
     run = _call(authed.url, "idle", arguments, "--token", expiring, timeout=60)
     assert run.returncode == 1, run.stdout + run.stderr
     assert "Traceback" not in run.stderr and expiring not in run.stdout + run.stderr

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -71,6 +72,32 @@ def test_another_403_goes_on_as_it_was() -> None:
     app = PlainRefusals(Starlette(routes=[Route("/mcp", scope_refused, methods=["POST"])]), limit=1000)
     answer = TestClient(app).post("/mcp", content=b"{}")
     assert (answer.status_code, answer.text) == (403, "insufficient_scope")
+
+
+def test_a_refusal_the_app_sent_no_body_for_goes_out_as_it_was() -> None:
+    """A start held to read its body is sent on when no body follows (nothing swallowed); a restated one once."""
+    sent: list[dict[str, object]] = []
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, object]:
+        return {"type": "http.disconnect"}
+
+    async def start_only(scope: object, receive: object, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 421, "headers": []})
+
+    async def refused(scope: object, receive: object, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 421, "headers": []})
+        await send({"type": "http.response.body", "body": b"Invalid Host header"})
+
+    scope = {"type": "http", "method": "POST", "path": "/mcp", "headers": []}
+    anyio.run(PlainRefusals(start_only, limit=1000), scope, receive, send)
+    assert sent == [{"type": "http.response.start", "status": 421, "headers": []}]
+    sent.clear()
+    anyio.run(PlainRefusals(refused, limit=1000), scope, receive, send)
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+    assert b"MCP_TASKS_ALLOWED_HOSTS" in sent[1]["body"]  # type: ignore[operator]
 
 
 def test_mounted_without_its_lifespan_every_request_says_what_to_pass_logged_once(

@@ -474,8 +474,9 @@ async def _session(options: CallOptions, arguments: dict[str, Any], io: CallIo, 
                         following.append(refusal)
                         return await _follow(options, io, interrupts, handle, deadline, shown)
                     again = f": {interrupts.resume} with a token it takes" if interrupts.resume else ""
+                    status = "HTTP 401; expired?" if refused[-1] == 401 else f"HTTP {refused[-1]}"
                     raise CallError(
-                        f"the server refused the token (HTTP {refused[-1]}; expired?) while following the task; "
+                        f"the server refused the token ({status}) while following the task; "
                         f"it may still be running{again}"
                     )
                 finally:

@@ -101,6 +101,7 @@ class _MountGuard:
         outside = str(scope.get("app_root_path", "")).rstrip("/")
         if outside and root.startswith(outside):
             root = root[len(outside) :]
+            root = "/" + root.lstrip("/") if root else ""  # a root path given with its slash: `/api/` + `/console`
         if scope["type"] != "http":
             await self.app(scope, receive, send)
         elif not self.console.serving:

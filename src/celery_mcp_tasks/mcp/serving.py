@@ -247,14 +247,18 @@ class PlainRefusals:
             nonlocal held, replaced
             if replaced:  # the plain body's rest
                 return
+            if message["type"] == "http.response.start" and message["status"] == 413:  # always the body limit
+                replaced = True
+                await _send_json(send, 413, self.bodies[413, None])
+                return
             if message["type"] == "http.response.start" and message["status"] in self.statuses:
                 held = message
                 return
             if held is not None and message["type"] == "http.response.body":
                 status, text = held["status"], message.get("body", b"")
-                body = self.bodies.get((status, None)) or self.bodies.get((status, text))
+                body = self.bodies.get((status, text))
                 if body is not None:
-                    replaced = True
+                    replaced, held = True, None
                     await _send_json(send, status, body)
                     return
                 await send(held)
@@ -262,6 +266,8 @@ class PlainRefusals:
             await send(message)
 
         await self.app(scope, receive, restate)
+        if held is not None:  # a start that no body followed: as it was
+            await send(held)
 
 
 class MalformedRoutingName:
