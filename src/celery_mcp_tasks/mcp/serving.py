@@ -215,10 +215,10 @@ class PlainRefusals:
             f"Request body too large: this server reads at most {limit} bytes "
             f"({limit / 1024 / 1024:.3g} MiB; set by MCP_TASKS_MAX_REQUEST_BYTES)"
         )
-        self.bodies: dict[tuple[int, bytes | None], bytes] = {
-            (413, None): _error_body(
-                {"code": INVALID_REQUEST, "message": too_large, "data": {"maxRequestBytes": limit}}
-            ),
+        self.too_large = _error_body(
+            {"code": INVALID_REQUEST, "message": too_large, "data": {"maxRequestBytes": limit}}
+        )
+        self.bodies: dict[tuple[int, bytes], bytes] = {  # (status, the SDK's text): what to say instead
             (421, b"Invalid Host header"): _error_body(
                 {
                     "code": INVALID_REQUEST,
@@ -249,7 +249,7 @@ class PlainRefusals:
                 return
             if message["type"] == "http.response.start" and message["status"] == 413:  # always the body limit
                 replaced = True
-                await _send_json(send, 413, self.bodies[413, None])
+                await _send_json(send, 413, self.too_large)
                 return
             if message["type"] == "http.response.start" and message["status"] in self.statuses:
                 held = message
